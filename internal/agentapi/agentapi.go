@@ -1,0 +1,102 @@
+// Package agentapi is the contract between the controller and the agents: what the controller
+// asks a storage or compute node to do. Every call is idempotent — asking twice for the same
+// fragment, namespace, mount or stage has the effect of asking once — because the controller
+// re-issues calls after it restarts.
+//
+// Two implementations exist: the agent itself (in-process, used by `spillway run`) and the HTTP
+// client in package agentclient (a remote `spillway agent`).
+package agentapi
+
+import (
+	"context"
+)
+
+// FragmentSpec asks a storage node to hold part of an instance.
+type FragmentSpec struct {
+	ID         int64  `json:"id"`
+	InstanceID int64  `json:"instance"`
+	Capacity   uint64 `json:"capacity"` // bytes this fragment may hold
+}
+
+// NamespaceSpec asks a storage node to create a file tree inside one of its fragments.
+type NamespaceSpec struct {
+	ID         int64  `json:"id"`
+	FragmentID int64  `json:"fragment"`
+	InstanceID int64  `json:"instance"`
+	Owner      uint32 `json:"owner"` // uid of the namespace root
+	Group      uint32 `json:"group"` // gid of the namespace root
+	Mode       uint32 `json:"mode"`  // permission bits of the namespace root, e.g. 0o755
+}
+
+// MountSpec asks a compute node to expose a namespace at a mount path.
+type MountSpec struct {
+	ActivationID int64  `json:"activation"`
+	MountPath    string `json:"mount_path"`
+	StorageNode  string `json:"storage_node"` // the node holding the namespace
+	FragmentID   int64  `json:"fragment"`
+	NamespaceID  int64  `json:"namespace"`
+	InstanceID   int64  `json:"instance"`
+	Capacity     uint64 `json:"capacity"` // the instance's capacity (shown by df, enforced)
+	ReadOnly     bool   `json:"read_only"`
+	Owner        uint32 `json:"owner"` // the session owner: the only user who may reach a job mount in embedded mode
+	Label        string `json:"label"` // shown as the file system name in /proc/mounts
+}
+
+// StageSpec asks the storage node holding the namespace to move data for a session, as the
+// session's user. DW-side paths start with a variable such as $DW_JOB_STRIPED that Roots
+// resolves to a namespace directory on this node.
+type StageSpec struct {
+	ID        int64             `json:"id"`
+	Direction string            `json:"direction"` // in | out
+	Type      string            `json:"type"`      // file | directory | list
+	PFSPath   string            `json:"pfs_path"`  // absolute; for list: the list file
+	DWPath    string            `json:"dw_path"`   // "$DW_JOB_STRIPED/sub/file"; empty for list
+	Roots     map[string]string `json:"roots"`     // variable name -> namespace directory on this node
+	Quotas    map[string]int64  `json:"quotas"`    // variable name -> instance id (for capacity accounting)
+	UID       uint32            `json:"uid"`
+	GID       uint32            `json:"gid"`
+	Line      int               `json:"line,omitempty"` // directive line, for messages
+	Parallel  int               `json:"parallel"`       // files copied at once
+}
+
+// StageStatus is what a storage node knows about a stage it was asked to run.
+type StageStatus struct {
+	ID         int64  `json:"id"`
+	Known      bool   `json:"known"`  // false: never started here (or the agent restarted)
+	Status     string `json:"status"` // running | complete | failed | canceled
+	FilesTotal int64  `json:"files_total"`
+	FilesDone  int64  `json:"files_done"`
+	BytesTotal uint64 `json:"bytes_total"`
+	BytesDone  uint64 `json:"bytes_done"`
+	Error      string `json:"error,omitempty"`
+}
+
+// NodeReport is what an agent tells the controller about itself.
+type NodeReport struct {
+	Name     string   `json:"name"`
+	Pool     string   `json:"pool,omitempty"`
+	Capacity uint64   `json:"capacity"`
+	Address  string   `json:"address"`
+	Roles    []string `json:"roles"`
+	Version  string   `json:"version"`
+	Health   string   `json:"health"`
+	Written  uint64   `json:"bytes_written"`
+}
+
+// Agent is everything the controller asks of one node.
+type Agent interface {
+	Report(ctx context.Context) (NodeReport, error)
+
+	CreateFragment(ctx context.Context, spec FragmentSpec) error
+	DeleteFragment(ctx context.Context, id int64) error
+	CreateNamespace(ctx context.Context, spec NamespaceSpec) error
+	DeleteNamespace(ctx context.Context, fragmentID, id int64) error
+
+	Mount(ctx context.Context, spec MountSpec) error
+	Unmount(ctx context.Context, activationID int64, mountPath string) error
+
+	// StartStage begins a stage and returns at once; StageStatus polls it; CancelStage stops it.
+	StartStage(ctx context.Context, spec StageSpec) error
+	StageStatus(ctx context.Context, id int64) (StageStatus, error)
+	CancelStage(ctx context.Context, id int64) error
+}

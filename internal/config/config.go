@@ -1,0 +1,309 @@
+// Package config is Spillway's configuration: one TOML file in which every queue, retry,
+// timeout and size limit has a name. `spillway config defaults` prints this file with every
+// key and its default; docs/config.md explains each.
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/spillway-hpc/spillway/internal/units"
+)
+
+// Size is a byte count written like "1GiB" or "3.5TB" in the file.
+type Size uint64
+
+// UnmarshalText reads a size with every DataWarp unit.
+func (s *Size) UnmarshalText(b []byte) error {
+	n, err := units.ParseSize(string(b))
+	if err != nil {
+		return err
+	}
+	*s = Size(n)
+	return nil
+}
+
+// MarshalText writes the size exactly.
+func (s Size) MarshalText() ([]byte, error) { return []byte(units.FormatExact(uint64(s))), nil }
+
+// Duration is a time span written like "30s" or "5m" in the file.
+type Duration time.Duration
+
+// UnmarshalText reads a Go duration ("250ms", "30s", "24h").
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration; write it like 250ms, 30s, 5m or 24h", string(b))
+	}
+	if v < 0 {
+		return fmt.Errorf("%q is negative", string(b))
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Config is the whole file.
+type Config struct {
+	Controller Controller `toml:"controller"`
+	Executor   Executor   `toml:"executor"`
+	Stage      Stage      `toml:"stage"`
+	Agent      Agent      `toml:"agent"`
+	Mount      Mount      `toml:"mount"`
+	Client     Client     `toml:"client"`
+	Pools      []Pool     `toml:"pool"`
+}
+
+// Controller is the DataWarp service.
+type Controller struct {
+	StateDir string `toml:"state_dir"` // where the state database lives
+	Socket   string `toml:"socket"`    // Unix socket of the API (always on)
+	Listen   string `toml:"listen"`    // optional TCP address of the API, e.g. "10.0.0.1:7700"
+	// TokenFile holds the shared secret that TCP clients and agents present. Required when
+	// Listen is set or agents are remote.
+	TokenFile   string   `toml:"token_file"`
+	WLMUsers    []string `toml:"wlm_users"`    // users allowed to act on any session (the SlurmUser)
+	MountRoot   string   `toml:"mount_root"`   // where job instances appear on compute nodes
+	DefaultPool string   `toml:"default_pool"` // pool used when a directive names none
+	// NodeTimeout is how long an agent may stay silent before its node counts as offline.
+	NodeTimeout Duration `toml:"node_timeout"`
+	// RequestTimeout bounds one API request (the long lifecycle steps return at once and are
+	// polled, so no request needs long).
+	RequestTimeout Duration `toml:"request_timeout"`
+	// MaxRequestBytes bounds a request body (a job script travels in it).
+	MaxRequestBytes Size `toml:"max_request_bytes"`
+	// MaxSessions bounds the number of sessions (jobs + persistent instances) alive at once.
+	MaxSessions int `toml:"max_sessions"`
+}
+
+// Executor drives every object to its goal.
+type Executor struct {
+	// MaxAttempts is how often an effect (create a fragment, mount, ...) is tried before the
+	// object's fuse blows and an operator must look.
+	MaxAttempts     int      `toml:"max_attempts"`
+	RetryBackoff    Duration `toml:"retry_backoff"`     // first wait between attempts; doubles
+	RetryBackoffMax Duration `toml:"retry_backoff_max"` // the longest wait between attempts
+	MaxInFlight     int      `toml:"max_in_flight"`     // agent calls running at once
+	Tick            Duration `toml:"tick"`              // how often the executor looks even if nothing woke it
+	AgentTimeout    Duration `toml:"agent_timeout"`     // one call to an agent
+}
+
+// Stage limits the data movers.
+type Stage struct {
+	MaxRunning        int      `toml:"max_running"`         // stages running at once, all sessions
+	FilesInFlight     int      `toml:"files_in_flight"`     // files copied at once within one stage
+	PollInterval      Duration `toml:"poll_interval"`       // how often the controller asks an agent for progress
+	Timeout           Duration `toml:"timeout"`             // one stage, end to end
+	MaxAttempts       int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
+	ProgressInterval  Duration `toml:"progress_interval"`   // how often a worker reports progress
+	MaxFilesPerStage  int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
+	WorkerOutputLimit Size     `toml:"worker_output_limit"` // longest line a stage worker may print
+}
+
+// Agent is a storage and/or compute node daemon.
+type Agent struct {
+	Name              string   `toml:"name"`               // node name; default the host name
+	Pool              string   `toml:"pool"`               // pool of this node's storage; "" = compute only
+	SSDPath           string   `toml:"ssd_path"`           // directory holding fragments
+	Capacity          Size     `toml:"capacity"`           // bytes offered; 0 = half the free space at first start
+	Listen            string   `toml:"listen"`             // "unix:/path" or "host:port"
+	Advertise         string   `toml:"advertise"`          // address the controller uses; default Listen
+	Controller        string   `toml:"controller"`         // the controller's API address
+	TokenFile         string   `toml:"token_file"`         // shared secret (see controller.token_file)
+	HeartbeatInterval Duration `toml:"heartbeat_interval"` // how often it reports to the controller
+}
+
+// Mount is the compute-node side: how instances appear to jobs.
+type Mount struct {
+	// ClientCacheTimeout is the attribute/entry cache of a client_cache mount; without
+	// client_cache nothing is cached, so every node sees every change at once.
+	ClientCacheTimeout Duration `toml:"client_cache_timeout"`
+	MaxWrite           Size     `toml:"max_write"`       // largest FUSE request
+	UnmountTimeout     Duration `toml:"unmount_timeout"` // wait for open files before a lazy unmount
+}
+
+// Client is how commands (dw_wlm_cli, dwstat, spillway run) reach the controller.
+type Client struct {
+	Controller     string   `toml:"controller"`      // "unix:/path" or "http://host:port"
+	TokenFile      string   `toml:"token_file"`      // for TCP controllers
+	ConnectRetries int      `toml:"connect_retries"` // attempts while the controller restarts
+	RetryWait      Duration `toml:"retry_wait"`      // wait between them
+	PollInterval   Duration `toml:"poll_interval"`   // how often a waiting command asks for progress
+	StepTimeout    Duration `toml:"step_timeout"`    // the longest a command waits for one non-staging step
+}
+
+// Pool is a pool the controller creates at start if missing.
+type Pool struct {
+	Name        string `toml:"name"`
+	Granularity Size   `toml:"granularity"`
+}
+
+// Defaults returns the configuration of a system install (root, systemd).
+func Defaults() Config {
+	return Config{
+		Controller: Controller{
+			StateDir:        "/var/lib/spillway/controller",
+			Socket:          "/run/spillway/controller.sock",
+			WLMUsers:        []string{"slurm"},
+			MountRoot:       "/var/opt/spillway/mounts/batch",
+			DefaultPool:     "wlm_pool",
+			NodeTimeout:     Duration(30 * time.Second),
+			RequestTimeout:  Duration(30 * time.Second),
+			MaxRequestBytes: Size(4 << 20),
+			MaxSessions:     100000,
+		},
+		Executor: Executor{
+			MaxAttempts:     5,
+			RetryBackoff:    Duration(500 * time.Millisecond),
+			RetryBackoffMax: Duration(30 * time.Second),
+			MaxInFlight:     32,
+			Tick:            Duration(500 * time.Millisecond),
+			AgentTimeout:    Duration(60 * time.Second),
+		},
+		Stage: Stage{
+			MaxRunning:        8,
+			FilesInFlight:     8,
+			PollInterval:      Duration(200 * time.Millisecond),
+			Timeout:           Duration(24 * time.Hour),
+			MaxAttempts:       3,
+			ProgressInterval:  Duration(250 * time.Millisecond),
+			MaxFilesPerStage:  10_000_000,
+			WorkerOutputLimit: Size(1 << 20),
+		},
+		Agent: Agent{
+			SSDPath:           "/var/lib/spillway/ssd",
+			Listen:            "unix:/run/spillway/agent.sock",
+			Controller:        "unix:/run/spillway/controller.sock",
+			HeartbeatInterval: Duration(5 * time.Second),
+		},
+		Mount: Mount{
+			ClientCacheTimeout: Duration(1 * time.Second),
+			MaxWrite:           Size(1 << 20),
+			UnmountTimeout:     Duration(10 * time.Second),
+		},
+		Client: Client{
+			Controller:     "unix:/run/spillway/controller.sock",
+			ConnectRetries: 30,
+			RetryWait:      Duration(1 * time.Second),
+			PollInterval:   Duration(100 * time.Millisecond),
+			StepTimeout:    Duration(10 * time.Minute),
+		},
+		Pools: []Pool{{Name: "wlm_pool", Granularity: Size(1 << 30)}},
+	}
+}
+
+// DefaultPath is where system installs keep the file; SPILLWAY_CONFIG overrides it.
+const DefaultPath = "/etc/spillway/spillway.toml"
+
+// Load reads a file over the defaults. Unknown keys are errors (a misspelt limit must not be
+// silently ignored).
+func Load(path string) (Config, error) {
+	cfg := Defaults()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("config: %w", err)
+	}
+	return Parse(raw, path, cfg)
+}
+
+// Parse reads TOML text over base.
+func Parse(raw []byte, name string, base Config) (Config, error) {
+	cfg := base
+	// [[pool]] tables replace the default pool list rather than append to it.
+	var probe struct {
+		Pools []Pool `toml:"pool"`
+	}
+	if _, err := toml.Decode(string(raw), &probe); err == nil && len(probe.Pools) > 0 {
+		cfg.Pools = nil
+	}
+	md, err := toml.Decode(string(raw), &cfg)
+	if err != nil {
+		return cfg, fmt.Errorf("config %s: %w", name, err)
+	}
+	if undecoded := md.Undecoded(); len(undecoded) > 0 {
+		var keys []string
+		for _, k := range undecoded {
+			keys = append(keys, k.String())
+		}
+		sort.Strings(keys)
+		return cfg, fmt.Errorf("config %s: unknown key(s) %s; `spillway config defaults` lists every key", name, strings.Join(keys, ", "))
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("config %s: %w", name, err)
+	}
+	return cfg, nil
+}
+
+// Validate checks the limits make sense.
+func (c *Config) Validate() error {
+	var problems []string
+	positive := func(name string, v int64) {
+		if v <= 0 {
+			problems = append(problems, fmt.Sprintf("%s must be greater than 0", name))
+		}
+	}
+	positive("executor.max_attempts", int64(c.Executor.MaxAttempts))
+	positive("executor.max_in_flight", int64(c.Executor.MaxInFlight))
+	positive("executor.tick", int64(c.Executor.Tick))
+	positive("executor.retry_backoff", int64(c.Executor.RetryBackoff))
+	positive("executor.agent_timeout", int64(c.Executor.AgentTimeout))
+	positive("stage.max_running", int64(c.Stage.MaxRunning))
+	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
+	positive("stage.poll_interval", int64(c.Stage.PollInterval))
+	positive("stage.timeout", int64(c.Stage.Timeout))
+	positive("stage.max_attempts", int64(c.Stage.MaxAttempts))
+	positive("stage.max_files_per_stage", c.Stage.MaxFilesPerStage)
+	positive("controller.node_timeout", int64(c.Controller.NodeTimeout))
+	positive("controller.request_timeout", int64(c.Controller.RequestTimeout))
+	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))
+	positive("controller.max_sessions", int64(c.Controller.MaxSessions))
+	positive("agent.heartbeat_interval", int64(c.Agent.HeartbeatInterval))
+	positive("client.connect_retries", int64(c.Client.ConnectRetries))
+	positive("client.poll_interval", int64(c.Client.PollInterval))
+	positive("client.step_timeout", int64(c.Client.StepTimeout))
+	if c.Agent.HeartbeatInterval >= c.Controller.NodeTimeout {
+		problems = append(problems, "agent.heartbeat_interval must be shorter than controller.node_timeout, or nodes flap offline")
+	}
+	if !filepath.IsAbs(c.Controller.MountRoot) {
+		problems = append(problems, fmt.Sprintf("controller.mount_root %q must be an absolute path", c.Controller.MountRoot))
+	}
+	seen := map[string]bool{}
+	for i, p := range c.Pools {
+		if p.Name == "" {
+			problems = append(problems, fmt.Sprintf("pool #%d has no name", i+1))
+		}
+		if seen[p.Name] {
+			problems = append(problems, fmt.Sprintf("pool %q is declared twice", p.Name))
+		}
+		seen[p.Name] = true
+		if p.Granularity == 0 {
+			problems = append(problems, fmt.Sprintf("pool %q: granularity must be greater than 0 (e.g. \"1GiB\")", p.Name))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// Encode renders a configuration as TOML (used by `spillway config defaults` and to write the
+// embedded home's file).
+func Encode(c Config) string {
+	var buf bytes.Buffer
+	enc := toml.NewEncoder(&buf)
+	enc.Indent = ""
+	enc.Encode(c)
+	return buf.String()
+}

@@ -1,0 +1,695 @@
+package lifecycle
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/alloc"
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/units"
+)
+
+// Params are the controller settings the decisions depend on.
+type Params struct {
+	MountRoot   string // where instances appear on compute nodes
+	MaxSessions int
+	// MaxNodesPerInstance caps how many storage nodes one instance spans. The local data
+	// path keeps an instance's files on one node, so the controller sets 1 until striping
+	// across nodes (warpfs) lands.
+	MaxNodesPerInstance int
+	MaxAttempts         int           // tries of an effect before the object's fuse blows
+	RetryBackoff        time.Duration // first wait between tries; doubles
+	RetryBackoffMax     time.Duration
+	StageMaxAttempts    int // restarts of a stage after its agent lost it
+	StageMaxRunning     int // stages running at once, all sessions
+}
+
+// Step names, recorded as the session's phase.
+const (
+	PhaseSetup    = "setup"
+	PhaseDataIn   = "data_in"
+	PhasePreRun   = "pre_run"
+	PhasePostRun  = "post_run"
+	PhaseDataOut  = "data_out"
+	PhaseTeardown = "teardown"
+)
+
+// ErrNoSession is returned for a token the controller does not know. Slurm treats DataWarp's
+// "No matching session" / "token not found" answers as success for data_in, data_out and
+// teardown, so callers map it to those words.
+var ErrNoSession = errors.New("token not found")
+
+// ErrBusy is returned when a request cannot be taken now but may be later (teardown of the same
+// token still running); the caller retries.
+var ErrBusy = errors.New("busy")
+
+// UserError is a request that is wrong as asked: the message says what and how to fix it.
+type UserError struct{ Msg string }
+
+func (e *UserError) Error() string { return e.Msg }
+
+func userErr(format string, args ...any) error { return &UserError{Msg: fmt.Sprintf(format, args...)} }
+
+// InstanceRequest describes the capacity a session asks for.
+type InstanceRequest struct {
+	Capacity              uint64   `json:"capacity"` // bytes; rounded up to the pool granularity
+	Pool                  string   `json:"pool"`
+	Type                  string   `json:"type"`         // scratch (cache and swap are refused for now)
+	AccessModes           []string `json:"access_modes"` // striped, private, loadbalance
+	Strategy              string   `json:"optimization_strategy"`
+	MaxFileSize           uint64   `json:"max_file_size,omitempty"`
+	ClientCache           bool     `json:"client_cache,omitempty"`
+	WriteWindowLength     int64    `json:"write_window_length,omitempty"`
+	WriteWindowMultiplier int64    `json:"write_window_multiplier,omitempty"`
+}
+
+// Setup creates a job session (WLM setup) or a persistent one (create_persistent).
+type Setup struct {
+	Token       string           `json:"token"`
+	Creator     string           `json:"creator"`
+	Owner       uint32           `json:"owner"`
+	Group       uint32           `json:"group"`
+	Persistent  bool             `json:"persistent"`
+	Instance    *InstanceRequest `json:"instance,omitempty"` // nil: no capacity of its own
+	Uses        []string         `json:"uses,omitempty"`     // persistent instances (#DW persistentdw)
+	ClientNodes []string         `json:"client_nodes,omitempty"`
+}
+
+// StageRequest is one stage directive, resolved by the caller to a variable and a path.
+type StageRequest struct {
+	Type    string `json:"type"`     // file | directory | list
+	PFSPath string `json:"pfs_path"` // absolute
+	DWVar   string `json:"dw_var"`   // DW_JOB_STRIPED, DW_JOB_LDBAL, DW_PERSISTENT_STRIPED_<name>; "" for list
+	DWPath  string `json:"dw_path"`  // inside the namespace, starting with "/"
+	Line    int    `json:"line,omitempty"`
+}
+
+// Variables that name a job's own namespaces, and the prefix of persistent ones.
+const (
+	VarJobStriped     = "DW_JOB_STRIPED"
+	VarJobPrivate     = "DW_JOB_PRIVATE"
+	VarJobLoadbalance = "DW_JOB_LDBAL"
+	VarPersistentPre  = "DW_PERSISTENT_STRIPED_"
+)
+
+// ApplySetup creates the session, its instance (placed by the allocator), configurations,
+// namespaces and registrations. A second setup of the same token by the same owner is a no-op.
+func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) error {
+	if req.Token == "" {
+		return userErr("setup: empty token")
+	}
+	if existing := w.SessionByToken(req.Token); existing != nil {
+		if existing.State.Goal == model.GoalDestroy {
+			return fmt.Errorf("%w: %q is being torn down; try again when it is gone", ErrBusy, req.Token)
+		}
+		if existing.Owner != req.Owner {
+			return userErr("token %q already belongs to uid %d", req.Token, existing.Owner)
+		}
+		if existing.Persistent != req.Persistent {
+			return userErr("token %q is already used by a %s", req.Token, kindWord(existing))
+		}
+		return nil // idempotent: Slurm re-sends setup after a restart
+	}
+	if req.Persistent {
+		if err := checkPersistentName(req.Token); err != nil {
+			return err
+		}
+		if req.Instance == nil || req.Instance.Capacity == 0 {
+			return userErr("create_persistent %s: capacity must be greater than 0", req.Token)
+		}
+	}
+	if p.MaxSessions > 0 && len(w.Sessions) >= p.MaxSessions {
+		return userErr("too many sessions (%d, the limit controller.max_sessions); wait for some to end", len(w.Sessions))
+	}
+	var used []*model.Session
+	for _, name := range req.Uses {
+		ps := w.PersistentByName(name)
+		if ps == nil {
+			return userErr("persistentdw name=%s: no persistent instance of that name exists; create it first with #BB create_persistent name=%s", name, name)
+		}
+		if ps.State.Goal == model.GoalDestroy {
+			return userErr("persistentdw name=%s: the persistent instance is being destroyed", name)
+		}
+		used = append(used, ps)
+	}
+
+	sid, err := ids.NewID(KindSession)
+	if err != nil {
+		return err
+	}
+	sess := &model.Session{
+		ID: sid, Token: req.Token, Creator: req.Creator, Owner: req.Owner, Group: req.Group,
+		Created: now, ClientNodes: req.ClientNodes, Persistent: req.Persistent,
+		State: model.Creating(), Phase: PhaseSetup, Uses: req.Uses,
+	}
+	if req.Instance != nil && req.Instance.Capacity > 0 {
+		if err := createInstance(w, sess, *req.Instance, ids, p, now); err != nil {
+			return err
+		}
+	}
+	w.put(sess)
+	for _, ps := range used {
+		inst := w.InstanceOf(ps.ID)
+		if inst == nil {
+			continue
+		}
+		for _, c := range w.ConfigurationsOf(inst.ID) {
+			if err := addRegistration(w, sess, c, ids); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func kindWord(s *model.Session) string {
+	if s.Persistent {
+		return "persistent instance"
+	}
+	return "job"
+}
+
+func checkPersistentName(name string) error {
+	if name[0] >= '0' && name[0] <= '9' {
+		return userErr("persistent instance name %q must not start with a digit (numeric tokens are job ids)", name)
+	}
+	for _, r := range name {
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return userErr("persistent instance name %q: only letters, digits and _ are allowed (it becomes part of $DW_PERSISTENT_STRIPED_<name>)", name)
+		}
+	}
+	if len(name) > 64 {
+		return userErr("persistent instance name %q is longer than 64 characters", name)
+	}
+	return nil
+}
+
+func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSource, p Params, now time.Time) error {
+	switch req.Type {
+	case "", model.TypeScratch:
+	case model.TypeCache:
+		return userErr("type=cache is not supported by this Spillway version yet; use type=scratch with #DW stage_in/stage_out")
+	case model.TypeSwap:
+		return userErr("swap is not supported by this Spillway version yet")
+	default:
+		return userErr("type=%s: expected scratch", req.Type)
+	}
+	pool := w.Pools[req.Pool]
+	if pool == nil {
+		var names []string
+		for n := range w.Pools {
+			names = append(names, n)
+		}
+		return userErr("pool %q does not exist; pools: %s", req.Pool, strings.Join(sortedStrings(names), ", "))
+	}
+	grains := units.Grains(req.Capacity, pool.Granularity)
+	var candidates []alloc.Node
+	for _, name := range w.NodeNames() {
+		n := w.Nodes[name]
+		if n.Pool != req.Pool {
+			continue
+		}
+		u := w.UsageOfNode(name)
+		candidates = append(candidates, alloc.Node{Name: name, Grains: u.Grains, Used: u.Used, Instances: u.Instances, Online: n.Online, Drain: n.Drain})
+	}
+	placements, err := alloc.PlaceAtMost(candidates, grains, req.Strategy, p.MaxNodesPerInstance)
+	if err != nil {
+		var ie *alloc.InsufficientError
+		if errors.As(err, &ie) {
+			return userErr("pool %s cannot hold %s (%d grains of %s): %s; %s free in the pool",
+				req.Pool, units.FormatHuman(req.Capacity), grains, units.FormatHuman(pool.Granularity), ie.Error(),
+				units.FormatHuman(w.UsageOfPool(req.Pool).Free*pool.Granularity))
+		}
+		return userErr("pool %s: %v", req.Pool, err)
+	}
+	iid, err := ids.NewID(KindInstance)
+	if err != nil {
+		return err
+	}
+	inst := &model.Instance{
+		ID: iid, SessionID: sess.ID, Pool: req.Pool, Requested: req.Capacity,
+		Capacity: grains * pool.Granularity, Grains: grains, Label: model.InstanceLabel(iid),
+		Public: sess.Persistent, Strategy: orDefault(req.Strategy, alloc.Bandwidth), Created: now,
+		State:                 model.Creating(),
+		WriteWindowLength:     orDefault64(req.WriteWindowLength, 86400),
+		WriteWindowMultiplier: orDefault64(req.WriteWindowMultiplier, 10),
+	}
+	if sess.Persistent {
+		inst.Label = sess.Token
+	}
+	w.put(inst)
+	var mds *model.Fragment
+	for _, pl := range placements {
+		fid, err := ids.NewID(KindFragment)
+		if err != nil {
+			return err
+		}
+		f := &model.Fragment{ID: fid, InstanceID: iid, Node: pl.Node, Grains: pl.Grains, Capacity: pl.Grains * pool.Granularity, State: model.Creating()}
+		w.put(f)
+		if mds == nil {
+			mds = f
+		}
+	}
+	modes := req.AccessModes
+	if len(modes) == 0 {
+		modes = []string{model.AccessStriped}
+	}
+	rootMode := uint32(0o700) // a job's files are its user's alone, even on shared compute nodes
+	if sess.Persistent {
+		rootMode = 0o755 // persistent instances are shared by their owner's jobs; the owner may chmod
+	}
+	for _, mode := range modes {
+		if mode != model.AccessStriped && mode != model.AccessPrivate && mode != model.AccessLoadbalance {
+			return userErr("access_mode=%s: expected striped, private or loadbalance", mode)
+		}
+		cid, err := ids.NewID(KindConfiguration)
+		if err != nil {
+			return err
+		}
+		c := &model.Configuration{
+			ID: cid, InstanceID: iid, Type: model.TypeScratch, AccessMode: mode,
+			RootPermissions: rootMode, Owner: sess.Owner, Group: sess.Group,
+			MaxFileSize: req.MaxFileSize, ClientCache: req.ClientCache, State: model.Created(),
+		}
+		w.put(c)
+		if mode != model.AccessPrivate { // private namespaces are made per compute node at pre_run
+			if err := addNamespace(w, c, mds, "", ids); err != nil {
+				return err
+			}
+		}
+		if !sess.Persistent {
+			if err := addRegistration(w, sess, c, ids); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func addNamespace(w *World, c *model.Configuration, mds *model.Fragment, node string, ids IDSource) error {
+	nid, err := ids.NewID(KindNamespace)
+	if err != nil {
+		return err
+	}
+	w.put(&model.Namespace{ID: nid, ConfigurationID: c.ID, FragmentID: mds.ID, ClientNode: node, State: model.Creating()})
+	return nil
+}
+
+func addRegistration(w *World, s *model.Session, c *model.Configuration, ids IDSource) error {
+	rid, err := ids.NewID(KindRegistration)
+	if err != nil {
+		return err
+	}
+	w.put(&model.Registration{ID: rid, SessionID: s.ID, ConfigurationID: c.ID, Wait: true, State: model.Created()})
+	return nil
+}
+
+// liveSession finds a session that may take a lifecycle request.
+func liveSession(w *World, token, step string) (*model.Session, error) {
+	s := w.SessionByToken(token)
+	if s == nil {
+		return nil, ErrNoSession
+	}
+	if s.State.Goal == model.GoalDestroy {
+		return nil, userErr("%s: %q is being torn down", step, token)
+	}
+	return s, nil
+}
+
+// ApplyStages adds stage-in (direction in) or stage-out (out) requests to a session. Asking
+// again for a stage that exists keeps it; a failed one is retried.
+func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDSource, now time.Time) error {
+	step := PhaseDataIn
+	if direction == model.StageOut {
+		step = PhaseDataOut
+	}
+	s, err := liveSession(w, token, step)
+	if err != nil {
+		return err
+	}
+	type target struct {
+		config *model.Configuration
+		ns     *model.Namespace
+	}
+	var resolved []target
+	for _, r := range reqs {
+		if !path.IsAbs(r.PFSPath) {
+			return userErr("%s line %d: %q is not an absolute path", step, r.Line, r.PFSPath)
+		}
+		if r.Type != model.StageList && (r.DWPath == "" || !strings.HasPrefix(r.DWPath, "/") || path.Clean(r.DWPath) != r.DWPath && path.Clean(r.DWPath)+"/" != r.DWPath) {
+			return userErr("%s line %d: instance path %q must start with / and must not contain . or .. components", step, r.Line, r.DWPath)
+		}
+		var cfg *model.Configuration
+		if r.Type == model.StageList {
+			// A list names its files inside the list; it stages into the job's striped namespace
+			// or the first persistent one when the job has no instance of its own.
+			cfg = listTarget(w, s)
+			if cfg == nil {
+				return userErr("%s line %d: type=list needs a striped instance (#DW jobdw access_mode=striped or #DW persistentdw)", step, r.Line)
+			}
+		} else {
+			cfg, err = configForVar(w, s, r.DWVar)
+			if err != nil {
+				return userErr("%s line %d: %v", step, r.Line, err)
+			}
+		}
+		if cfg.AccessMode == model.AccessLoadbalance && direction == model.StageIn && len(w.ActivationsOf(s.ID)) > 0 {
+			return userErr("%s line %d: a loadbalance instance is read-only once mounted; stage in before the job starts", step, r.Line)
+		}
+		ns := w.NamespaceFor(cfg, "")
+		if ns == nil {
+			return userErr("%s line %d: the instance has no namespace to stage into", step, r.Line)
+		}
+		resolved = append(resolved, target{cfg, ns})
+	}
+	existing := w.StagesOf(s.ID)
+	for i, r := range reqs {
+		var found *model.Stage
+		for _, st := range existing {
+			if st.Direction == direction && st.Type == r.Type && st.PFSPath == r.PFSPath && st.DWPath == joinVar(r.DWVar, r.DWPath) {
+				found = st
+			}
+		}
+		if found != nil {
+			if found.Status == model.StageFailed || found.Status == model.StageCanceled {
+				found.Status, found.Error, found.Attempts = model.StagePending, "", 0
+				found.FilesDone, found.BytesDone = 0, 0
+				found.State = model.Creating()
+				w.put(found)
+			}
+			continue
+		}
+		id, err := ids.NewID(KindStage)
+		if err != nil {
+			return err
+		}
+		w.put(&model.Stage{
+			ID: id, SessionID: s.ID, ConfigurationID: resolved[i].config.ID, NamespaceID: resolved[i].ns.ID,
+			Direction: direction, Type: r.Type, PFSPath: r.PFSPath, DWPath: joinVar(r.DWVar, r.DWPath),
+			Line: r.Line, Status: model.StagePending, State: model.Creating(),
+		})
+	}
+	s.Phase = step
+	s.Failure = ""
+	w.put(s)
+	return nil
+}
+
+// joinVar writes a DW path the way the stage worker resolves it: "$VAR/rest".
+func joinVar(v, p string) string {
+	if v == "" {
+		return ""
+	}
+	return "$" + v + p
+}
+
+func listTarget(w *World, s *model.Session) *model.Configuration {
+	if inst := w.InstanceOf(s.ID); inst != nil {
+		if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); c != nil {
+			return c
+		}
+		if c := w.ConfigurationByMode(inst.ID, model.AccessLoadbalance); c != nil {
+			return c
+		}
+	}
+	for _, name := range s.Uses {
+		if ps := w.PersistentByName(name); ps != nil {
+			if inst := w.InstanceOf(ps.ID); inst != nil {
+				if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); c != nil {
+					return c
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// configForVar resolves a DW variable to the configuration it names for this session.
+func configForVar(w *World, s *model.Session, v string) (*model.Configuration, error) {
+	switch {
+	case v == VarJobStriped || v == VarJobLoadbalance || v == VarJobPrivate:
+		if v == VarJobPrivate {
+			return nil, fmt.Errorf("$%s: staging is not supported for access_mode=private (by design in DataWarp); use access_mode=striped,private and stage through $%s", v, VarJobStriped)
+		}
+		mode := model.AccessStriped
+		if v == VarJobLoadbalance {
+			mode = model.AccessLoadbalance
+		}
+		inst := w.InstanceOf(s.ID)
+		if inst == nil {
+			return nil, fmt.Errorf("$%s: the job has no #DW jobdw instance", v)
+		}
+		c := w.ConfigurationByMode(inst.ID, mode)
+		if c == nil {
+			return nil, fmt.Errorf("$%s: the job's instance has no access_mode=%s", v, mode)
+		}
+		return c, nil
+	case strings.HasPrefix(v, VarPersistentPre):
+		name := strings.TrimPrefix(v, VarPersistentPre)
+		if !contains(s.Uses, name) && !(s.Persistent && s.Token == name) {
+			return nil, fmt.Errorf("$%s: the job has no #DW persistentdw name=%s", v, name)
+		}
+		ps := w.PersistentByName(name)
+		if ps == nil {
+			return nil, fmt.Errorf("$%s: persistent instance %s does not exist", v, name)
+		}
+		inst := w.InstanceOf(ps.ID)
+		if inst == nil {
+			return nil, fmt.Errorf("$%s: persistent instance %s has no capacity", v, name)
+		}
+		if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); c != nil {
+			return c, nil
+		}
+		return nil, fmt.Errorf("$%s: persistent instance %s is not striped", v, name)
+	}
+	return nil, fmt.Errorf("unknown variable $%s; expected $%s, $%s or $%s<name>", v, VarJobStriped, VarJobLoadbalance, VarPersistentPre)
+}
+
+// MountPath is where a configuration appears on a compute node, DataWarp's way:
+// <root>/<token>_striped_scratch, and <root>/<name>_<job>_striped_scratch for a persistent
+// instance used by a job.
+func MountPath(root string, job *model.Session, owner *model.Session, c *model.Configuration) string {
+	base := job.Token
+	if owner.ID != job.ID {
+		base = owner.Token + "_" + job.Token
+	}
+	return path.Join(root, fmt.Sprintf("%s_%s_%s", base, c.AccessMode, c.Type))
+}
+
+// Exposure is one configuration a job sees, and the variable that names it.
+type Exposure struct {
+	Var    string
+	Config *model.Configuration
+	Owner  *model.Session // the session owning the instance (the job or a persistent one)
+}
+
+// Exposures lists what a job sees: its own configurations and the striped configuration of
+// every persistent instance it uses.
+func Exposures(w *World, s *model.Session) []Exposure {
+	var out []Exposure
+	if inst := w.InstanceOf(s.ID); inst != nil {
+		for _, c := range w.ConfigurationsOf(inst.ID) {
+			v := map[string]string{model.AccessStriped: VarJobStriped, model.AccessPrivate: VarJobPrivate, model.AccessLoadbalance: VarJobLoadbalance}[c.AccessMode]
+			out = append(out, Exposure{Var: v, Config: c, Owner: s})
+		}
+	}
+	for _, name := range s.Uses {
+		ps := w.PersistentByName(name)
+		if ps == nil {
+			continue
+		}
+		if inst := w.InstanceOf(ps.ID); inst != nil {
+			if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); c != nil {
+				out = append(out, Exposure{Var: VarPersistentPre + name, Config: c, Owner: ps})
+			}
+		}
+	}
+	return out
+}
+
+// Paths returns the job's environment: each variable and its mount path, ending in "/".
+func Paths(w *World, token, root string) (map[string]string, error) {
+	s := w.SessionByToken(token)
+	if s == nil {
+		return nil, ErrNoSession
+	}
+	env := map[string]string{}
+	for _, e := range Exposures(w, s) {
+		env[e.Var] = MountPath(root, s, e.Owner, e.Config) + "/"
+	}
+	return env, nil
+}
+
+// ApplyPreRun mounts every configuration the job sees on every compute node.
+func ApplyPreRun(w *World, token string, nodes []string, ids IDSource, p Params) error {
+	s, err := liveSession(w, token, PhasePreRun)
+	if err != nil {
+		return err
+	}
+	if len(nodes) == 0 {
+		nodes = s.ClientNodes
+	}
+	if len(nodes) == 0 {
+		return userErr("pre_run %s: no compute nodes given", token)
+	}
+	for _, node := range nodes {
+		if _, ok := w.Nodes[node]; !ok {
+			return userErr("pre_run %s: compute node %q has no Spillway agent registered (start `spillway agent` there)", token, node)
+		}
+	}
+	for _, e := range Exposures(w, s) {
+		for _, node := range nodes {
+			ns := w.NamespaceFor(e.Config, node)
+			if ns == nil && e.Config.AccessMode == model.AccessPrivate {
+				frags := w.FragmentsOf(e.Config.InstanceID)
+				if len(frags) == 0 {
+					return userErr("pre_run %s: instance has no fragments", token)
+				}
+				if err := addNamespace(w, e.Config, frags[0], node, ids); err != nil {
+					return err
+				}
+				ns = w.NamespaceFor(e.Config, node)
+			}
+			if ns == nil {
+				return fmt.Errorf("pre_run %s: configuration %d has no namespace", token, e.Config.ID)
+			}
+			if findActivation(w, s.ID, e.Config.ID, node) != nil {
+				continue
+			}
+			aid, err := ids.NewID(KindActivation)
+			if err != nil {
+				return err
+			}
+			w.put(&model.Activation{
+				ID: aid, SessionID: s.ID, ConfigurationID: e.Config.ID, NamespaceID: ns.ID, Node: node,
+				MountPath: MountPath(p.MountRoot, s, e.Owner, e.Config),
+				ReadOnly:  e.Config.AccessMode == model.AccessLoadbalance, State: model.Creating(),
+			})
+		}
+	}
+	s.ClientNodes = nodes
+	s.Phase = PhasePreRun
+	s.Failure = ""
+	w.put(s)
+	return nil
+}
+
+func findActivation(w *World, sessionID, configID ID, node string) *model.Activation {
+	for _, a := range w.ActivationsOf(sessionID) {
+		if a.ConfigurationID == configID && a.Node == node {
+			return a
+		}
+	}
+	return nil
+}
+
+// ApplyPostRun unmounts the job's configurations from its compute nodes.
+func ApplyPostRun(w *World, token string) error {
+	s, err := liveSession(w, token, PhasePostRun)
+	if err != nil {
+		return err
+	}
+	for _, a := range w.ActivationsOf(s.ID) {
+		if a.State.Goal != model.GoalDestroy {
+			a.State = model.Destroying()
+			w.put(a)
+		}
+	}
+	s.Phase = PhasePostRun
+	s.Failure = ""
+	w.put(s)
+	return nil
+}
+
+// ApplyTeardown destroys a session. Without hurry it first lets the session's stage-outs
+// finish (unless every registration was released with --no-wait); with hurry they are cancelled.
+func ApplyTeardown(w *World, token string, hurry bool) error {
+	s := w.SessionByToken(token)
+	if s == nil {
+		return ErrNoSession
+	}
+	if s.Persistent {
+		if users := usersOf(w, s); len(users) > 0 {
+			return userErr("persistent instance %s is in use by job(s) %s; destroy it after they end", s.Token, strings.Join(users, ", "))
+		}
+	}
+	if s.State.Goal != model.GoalDestroy {
+		s.State = model.Destroying()
+	}
+	s.Hurry = s.Hurry || hurry
+	s.Phase = PhaseTeardown
+	w.put(s)
+	return nil
+}
+
+// usersOf lists the other sessions that use a persistent session's instance.
+func usersOf(w *World, ps *model.Session) []string {
+	var users []string
+	for _, s := range w.SortedSessions() {
+		if s.ID != ps.ID && contains(s.Uses, ps.Token) {
+			users = append(users, s.Token)
+		}
+	}
+	return users
+}
+
+// ReleaseRegistration clears a registration's wait flag (dwcli update registration --no-wait).
+func ReleaseRegistration(w *World, id ID) error {
+	r := w.Registrations[id]
+	if r == nil {
+		return userErr("registration %d does not exist", id)
+	}
+	r.Wait = false
+	w.put(r)
+	return nil
+}
+
+// SetNodeDrain drains or fills a node.
+func SetNodeDrain(w *World, name string, drain bool, reason string) error {
+	n := w.Nodes[name]
+	if n == nil {
+		return userErr("node %q does not exist; `dwstat nodes` lists them", name)
+	}
+	n.Drain = drain
+	n.Reason = reason
+	w.put(n)
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+func orDefault64(v, d int64) int64 {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+func sortedStrings(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,510 @@
+package lifecycle
+
+import (
+	"errors"
+	"fmt"
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/model"
+)
+
+// harness drives the pure core the way the executor does, with a simulated set of agents
+// whose answers the test chooses.
+type harness struct {
+	t      *testing.T
+	w      *World
+	p      Params
+	now    time.Time
+	nextID map[string]ID
+	// fail returns the error an effect meets (nil: success).
+	fail func(e Effect) error
+	// stageResult decides what a poll of a running stage answers.
+	stageResult func(e Effect) agentapi.StageStatus
+	log         []string
+}
+
+func (h *harness) NewID(kind string) (ID, error) {
+	h.nextID[kind]++
+	return h.nextID[kind], nil
+}
+
+func newHarness(t *testing.T, nodes ...string) *harness {
+	w := NewWorld()
+	w.Pools["wlm_pool"] = &model.Pool{Name: "wlm_pool", Granularity: 1 << 30}
+	for _, n := range nodes {
+		w.Nodes[n] = &model.Node{Name: n, Pool: "wlm_pool", Capacity: 10 << 30, Online: true}
+	}
+	w.Nodes["cn1"] = &model.Node{Name: "cn1", Online: true}
+	w.Nodes["cn2"] = &model.Node{Name: "cn2", Online: true}
+	w.TakeChanges()
+	return &harness{
+		t: t, w: w, now: time.Unix(1_700_000_000, 0), nextID: map[string]ID{},
+		p: Params{MountRoot: "/mnt/bb", MaxSessions: 100, MaxNodesPerInstance: 0, MaxAttempts: 3,
+			RetryBackoff: time.Second, RetryBackoffMax: 4 * time.Second, StageMaxAttempts: 2, StageMaxRunning: 4},
+		fail:        func(Effect) error { return nil },
+		stageResult: func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} },
+	}
+}
+
+// settle runs steps until nothing is left to do (or a bound is reached), advancing time so
+// that retries come due.
+func (h *harness) settle() {
+	for i := 0; i < 200; i++ {
+		effects := Step(h.w, h.p, h.now)
+		h.w.TakeChanges()
+		if len(effects) == 0 {
+			// Nothing runnable now; a retry may be due later.
+			if !h.pendingRetry() {
+				return
+			}
+		}
+		for _, e := range effects {
+			h.log = append(h.log, e.Op)
+			r := Result{Err: h.fail(e)}
+			if e.Op == OpPollStage && r.Err == nil {
+				r.Stage = h.stageResult(e)
+			}
+			Complete(h.w, e, r, h.p, h.now)
+			h.w.TakeChanges()
+		}
+		h.now = h.now.Add(time.Second)
+	}
+	h.t.Fatalf("the world did not settle in 200 steps; effects: %v", h.log[max(0, len(h.log)-10):])
+}
+
+func (h *harness) pendingRetry() bool {
+	check := func(s model.State) bool { return s.Transitioning && !s.FuseBlown && s.RetryAt.After(h.now) }
+	for _, f := range h.w.Fragments {
+		if check(f.State) {
+			return true
+		}
+	}
+	for _, n := range h.w.Namespaces {
+		if check(n.State) {
+			return true
+		}
+	}
+	for _, a := range h.w.Activations {
+		if check(a.State) {
+			return true
+		}
+	}
+	for _, s := range h.w.Stages {
+		if !s.Ended() && check(s.State) {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *harness) must(err error) {
+	h.t.Helper()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.w.TakeChanges()
+}
+
+func (h *harness) status(token, step string) StepStatus { return Status(h.w, token, step) }
+
+func jobSetup(token string, capacity uint64, modes ...string) Setup {
+	return Setup{Token: token, Creator: "SLURM", Owner: 1001, Group: 1001,
+		Instance: &InstanceRequest{Capacity: capacity, Pool: "wlm_pool", Type: "scratch", AccessModes: modes}}
+}
+
+func TestJobLifecycle(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2")
+	h.must(ApplySetup(h.w, jobSetup("42", 3<<30+1, "striped"), h, h.p, h.now))
+	if st := h.status("42", PhaseSetup); st.Done {
+		t.Fatal("setup cannot be done before the fragments exist")
+	}
+	h.settle()
+	if st := h.status("42", PhaseSetup); !st.Done || st.Failed {
+		t.Fatalf("setup: %+v", st)
+	}
+	inst := h.w.InstanceOf(h.w.SessionByToken("42").ID)
+	if inst.Grains != 4 || inst.Capacity != 4<<30 {
+		t.Fatalf("3GiB+1 byte must round up to 4 grains: %+v", inst)
+	}
+	if got := len(h.w.FragmentsOf(inst.ID)); got != 2 {
+		t.Fatalf("bandwidth strategy over 2 nodes: %d fragments", got)
+	}
+
+	h.must(ApplyStages(h.w, "42", model.StageIn, []StageRequest{
+		{Type: "file", PFSPath: "/pfs/in.dat", DWVar: VarJobStriped, DWPath: "/in.dat", Line: 3},
+		{Type: "directory", PFSPath: "/pfs/dir", DWVar: VarJobStriped, DWPath: "/dir", Line: 4},
+	}, h, h.now))
+	h.settle()
+	if st := h.status("42", PhaseDataIn); !st.Done || st.Failed || len(st.Stages) != 2 {
+		t.Fatalf("data_in: %+v", st)
+	}
+
+	env, err := Paths(h.w, "42", h.p.MountRoot)
+	if err != nil || env[VarJobStriped] != "/mnt/bb/42_striped_scratch/" || len(env) != 1 {
+		t.Fatalf("paths: %v %v", env, err)
+	}
+
+	h.must(ApplyPreRun(h.w, "42", []string{"cn1", "cn2"}, h, h.p))
+	h.settle()
+	if st := h.status("42", PhasePreRun); !st.Done {
+		t.Fatalf("pre_run: %+v", st)
+	}
+	acts := h.w.ActivationsOf(h.w.SessionByToken("42").ID)
+	if len(acts) != 2 || acts[0].NamespaceID != acts[1].NamespaceID {
+		t.Fatalf("striped: one namespace shared by both compute nodes: %+v", acts)
+	}
+
+	h.must(ApplyPostRun(h.w, "42"))
+	h.settle()
+	if st := h.status("42", PhasePostRun); !st.Done {
+		t.Fatalf("post_run: %+v", st)
+	}
+	h.must(ApplyStages(h.w, "42", model.StageOut, []StageRequest{{Type: "file", PFSPath: "/pfs/out.dat", DWVar: VarJobStriped, DWPath: "/out.dat"}}, h, h.now))
+	h.settle()
+	if st := h.status("42", PhaseDataOut); !st.Done || st.Failed {
+		t.Fatalf("data_out: %+v", st)
+	}
+	h.must(ApplyTeardown(h.w, "42", false))
+	h.settle()
+	if st := h.status("42", PhaseTeardown); !st.Done {
+		t.Fatalf("teardown: %+v", st)
+	}
+	assertEmpty(t, h.w)
+	if errors.Is(ApplyTeardown(h.w, "42", false), ErrNoSession) == false {
+		t.Fatal("a second teardown must say the token is not found")
+	}
+}
+
+func assertEmpty(t *testing.T, w *World) {
+	t.Helper()
+	if n := len(w.Sessions) + len(w.Instances) + len(w.Fragments) + len(w.Configurations) + len(w.Namespaces) + len(w.Registrations) + len(w.Activations) + len(w.Stages); n != 0 {
+		t.Fatalf("%d objects left behind: sessions %d instances %d fragments %d configurations %d namespaces %d registrations %d activations %d stages %d",
+			n, len(w.Sessions), len(w.Instances), len(w.Fragments), len(w.Configurations), len(w.Namespaces), len(w.Registrations), len(w.Activations), len(w.Stages))
+	}
+}
+
+func TestTeardownWaitsForStageOutUnlessHurried(t *testing.T) {
+	for _, mode := range []string{"wait", "hurry", "no-wait"} {
+		t.Run(mode, func(t *testing.T) {
+			h := newHarness(t, "ssd1")
+			h.must(ApplySetup(h.w, jobSetup("7", 1<<30), h, h.p, h.now))
+			h.settle()
+			h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: "running", BytesDone: 5} }
+			h.must(ApplyStages(h.w, "7", model.StageOut, []StageRequest{{Type: "file", PFSPath: "/pfs/o", DWVar: VarJobStriped, DWPath: "/o"}}, h, h.now))
+			for i := 0; i < 3; i++ {
+				Complete(h.w, Effect{}, Result{}, h.p, h.now)
+				for _, e := range Step(h.w, h.p, h.now) {
+					r := Result{}
+					if e.Op == OpPollStage {
+						r.Stage = h.stageResult(e)
+					}
+					Complete(h.w, e, r, h.p, h.now)
+				}
+				h.w.TakeChanges()
+			}
+			if mode == "no-wait" {
+				for _, r := range h.w.RegistrationsOf(h.w.SessionByToken("7").ID) {
+					h.must(ReleaseRegistration(h.w, r.ID))
+				}
+			}
+			h.must(ApplyTeardown(h.w, "7", mode == "hurry"))
+			for i := 0; i < 5; i++ {
+				for _, e := range Step(h.w, h.p, h.now) {
+					r := Result{}
+					if e.Op == OpPollStage {
+						r.Stage = h.stageResult(e)
+					}
+					Complete(h.w, e, r, h.p, h.now)
+				}
+				h.w.TakeChanges()
+			}
+			gone := h.w.SessionByToken("7") == nil
+			if mode == "wait" && gone {
+				t.Fatal("teardown must wait for a running stage-out")
+			}
+			if mode != "wait" && !gone {
+				t.Fatalf("%s teardown must not wait", mode)
+			}
+			if mode == "wait" {
+				// The stage-out finishes: the teardown completes.
+				h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+				h.settle()
+				assertEmpty(t, h.w)
+			}
+		})
+	}
+}
+
+func TestFailingAgentBlowsTheFuseAndTeardownStillCleans(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	h.fail = func(e Effect) error {
+		if e.Op == OpCreateFragment {
+			return errors.New("disk on fire")
+		}
+		return nil
+	}
+	h.must(ApplySetup(h.w, jobSetup("9", 1<<30), h, h.p, h.now))
+	h.settle()
+	st := h.status("9", PhaseSetup)
+	if !st.Failed || !strings.Contains(st.Message, "disk on fire") || st.Done {
+		t.Fatalf("setup after %d failures: %+v", h.p.MaxAttempts, st)
+	}
+	if n := strings.Count(strings.Join(h.log, " "), OpCreateFragment); n != h.p.MaxAttempts {
+		t.Fatalf("create-fragment tried %d times, limit %d", n, h.p.MaxAttempts)
+	}
+	h.fail = func(Effect) error { return nil }
+	h.must(ApplyTeardown(h.w, "9", true))
+	h.settle()
+	assertEmpty(t, h.w)
+}
+
+func TestOfflineNodeDoesNotBlockTeardown(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	h.must(ApplySetup(h.w, jobSetup("5", 1<<30), h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "5", []string{"cn1"}, h, h.p))
+	h.settle()
+	h.w.Nodes["ssd1"].Online = false
+	h.w.Nodes["cn1"].Online = false
+	h.fail = func(e Effect) error { return fmt.Errorf("%s unreachable", e.Node) }
+	h.must(ApplyTeardown(h.w, "5", true))
+	h.settle()
+	assertEmpty(t, h.w)
+}
+
+func TestLostStageIsRestartedThenFails(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	h.must(ApplySetup(h.w, jobSetup("3", 1<<30), h, h.p, h.now))
+	h.settle()
+	h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: false} }
+	h.must(ApplyStages(h.w, "3", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/pfs/a", DWVar: VarJobStriped, DWPath: "/a", Line: 2}}, h, h.now))
+	h.settle()
+	st := h.status("3", PhaseDataIn)
+	if !st.Done || !st.Failed || !strings.Contains(st.Message, "stage.max_attempts") || !strings.Contains(st.Message, "line 2") {
+		t.Fatalf("%+v", st)
+	}
+	if n := strings.Count(strings.Join(h.log, " "), OpStartStage); n != h.p.StageMaxAttempts {
+		t.Fatalf("started %d times, limit %d", n, h.p.StageMaxAttempts)
+	}
+	// Asking for data_in again retries the failed stage.
+	h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+	h.must(ApplyStages(h.w, "3", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/pfs/a", DWVar: VarJobStriped, DWPath: "/a", Line: 2}}, h, h.now))
+	h.settle()
+	if st := h.status("3", PhaseDataIn); !st.Done || st.Failed || len(st.Stages) != 1 {
+		t.Fatalf("retry: %+v", st)
+	}
+}
+
+func TestPersistentInstanceUsedByJobs(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	create := Setup{Token: "foo", Creator: "CLI", Owner: 1001, Group: 1001, Persistent: true,
+		Instance: &InstanceRequest{Capacity: 2 << 30, Pool: "wlm_pool", Type: "scratch"}}
+	h.must(ApplySetup(h.w, create, h, h.p, h.now))
+	h.settle()
+	job := Setup{Token: "11", Creator: "SLURM", Owner: 1001, Group: 1001, Uses: []string{"foo"}}
+	h.must(ApplySetup(h.w, job, h, h.p, h.now))
+	h.settle()
+	env, _ := Paths(h.w, "11", h.p.MountRoot)
+	if env["DW_PERSISTENT_STRIPED_foo"] != "/mnt/bb/foo_11_striped_scratch/" || len(env) != 1 {
+		t.Fatalf("paths: %v", env)
+	}
+	h.must(ApplyStages(h.w, "11", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/pfs/a", DWVar: "DW_PERSISTENT_STRIPED_foo", DWPath: "/a"}}, h, h.now))
+	h.must(ApplyPreRun(h.w, "11", []string{"cn1"}, h, h.p))
+	h.settle()
+	if err := ApplyTeardown(h.w, "foo", false); err == nil || !strings.Contains(err.Error(), "in use by job(s) 11") {
+		t.Fatalf("destroying a persistent instance in use: %v", err)
+	}
+	h.must(ApplyPostRun(h.w, "11"))
+	h.must(ApplyTeardown(h.w, "11", false))
+	h.settle()
+	if h.w.PersistentByName("foo") == nil {
+		t.Fatal("the job's teardown must not touch the persistent instance")
+	}
+	h.must(ApplyTeardown(h.w, "foo", false))
+	h.settle()
+	assertEmpty(t, h.w)
+}
+
+func TestPrivateHasANamespacePerNodeAndStripedPrivateBoth(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	h.must(ApplySetup(h.w, jobSetup("8", 1<<30, "striped", "private"), h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "8", []string{"cn1", "cn2"}, h, h.p))
+	h.settle()
+	env, _ := Paths(h.w, "8", h.p.MountRoot)
+	if env[VarJobStriped] == "" || env[VarJobPrivate] != "/mnt/bb/8_private_scratch/" {
+		t.Fatalf("paths: %v", env)
+	}
+	privNS := map[ID]bool{}
+	stripedNS := map[ID]bool{}
+	for _, a := range h.w.ActivationsOf(h.w.SessionByToken("8").ID) {
+		if strings.Contains(a.MountPath, "private") {
+			privNS[a.NamespaceID] = true
+		} else {
+			stripedNS[a.NamespaceID] = true
+		}
+	}
+	if len(privNS) != 2 || len(stripedNS) != 1 {
+		t.Fatalf("private: one namespace per node (%d), striped: one shared (%d)", len(privNS), len(stripedNS))
+	}
+	if err := ApplyStages(h.w, "8", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/pfs/a", DWVar: VarJobPrivate, DWPath: "/a"}}, h, h.now); err == nil || !strings.Contains(err.Error(), "private") {
+		t.Fatalf("staging into private: %v", err)
+	}
+	h.must(ApplyTeardown(h.w, "8", true))
+	h.settle()
+	assertEmpty(t, h.w)
+}
+
+func TestLoadbalanceMountsReadOnly(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	h.must(ApplySetup(h.w, jobSetup("6", 1<<30, "loadbalance"), h, h.p, h.now))
+	h.settle()
+	h.must(ApplyStages(h.w, "6", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/pfs/a", DWVar: VarJobLoadbalance, DWPath: "/a"}}, h, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "6", []string{"cn1"}, h, h.p))
+	h.settle()
+	a := h.w.ActivationsOf(h.w.SessionByToken("6").ID)[0]
+	if !a.ReadOnly {
+		t.Fatal("loadbalance is read-only once mounted")
+	}
+	if err := ApplyStages(h.w, "6", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/pfs/b", DWVar: VarJobLoadbalance, DWPath: "/b"}}, h, h.now); err == nil {
+		t.Fatal("stage-in into a mounted loadbalance instance must be refused")
+	}
+}
+
+func TestRequestErrors(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	cases := []struct {
+		req  Setup
+		want string
+	}{
+		{Setup{Token: "1", Owner: 1, Instance: &InstanceRequest{Capacity: 1, Pool: "nosuch"}}, `pool "nosuch" does not exist; pools: wlm_pool`},
+		{Setup{Token: "1", Owner: 1, Instance: &InstanceRequest{Capacity: 11 << 30, Pool: "wlm_pool"}}, "cannot hold 11GiB"},
+		{Setup{Token: "1", Owner: 1, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool", Type: "cache"}}, "type=cache is not supported"},
+		{Setup{Token: "1", Owner: 1, Uses: []string{"ghost"}}, "persistentdw name=ghost"},
+		{Setup{Token: "9lives", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "must not start with a digit"},
+		{Setup{Token: "a-b", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "only letters, digits and _"},
+	}
+	for _, c := range cases {
+		err := ApplySetup(h.w, c.req, h, h.p, h.now)
+		var ue *UserError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: got %v, want a user error containing %q", c.req, err, c.want)
+		}
+		if !h.w.TakeChanges().Empty() && err == nil {
+			t.Errorf("a refused request must change nothing")
+		}
+	}
+	if err := ApplyStages(h.w, "404", model.StageIn, nil, h, h.now); !errors.Is(err, ErrNoSession) {
+		t.Fatalf("data_in of an unknown token: %v", err)
+	}
+}
+
+func TestSetupIsIdempotentAndBusyDuringTeardown(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	h.must(ApplySetup(h.w, jobSetup("4", 1<<30), h, h.p, h.now))
+	h.must(ApplySetup(h.w, jobSetup("4", 1<<30), h, h.p, h.now))
+	if len(h.w.Sessions) != 1 || len(h.w.Instances) != 1 {
+		t.Fatal("a repeated setup must not allocate twice")
+	}
+	other := jobSetup("4", 1<<30)
+	other.Owner = 2
+	if err := ApplySetup(h.w, other, h, h.p, h.now); err == nil {
+		t.Fatal("another user's setup of the same token must be refused")
+	}
+	h.must(ApplyTeardown(h.w, "4", false))
+	if err := ApplySetup(h.w, jobSetup("4", 1<<30), h, h.p, h.now); !errors.Is(err, ErrBusy) {
+		t.Fatalf("setup during teardown: %v", err)
+	}
+}
+
+// TestRandomHistories drives random requests against agents that fail at random, then tears
+// everything down with healthy agents: nothing may be over-committed at any point and nothing
+// may be left at the end.
+func TestRandomHistories(t *testing.T) {
+	for seed := int64(1); seed <= 40; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		h := newHarness(t, "a", "b", "c")
+		h.p.MaxNodesPerInstance = rng.Intn(3)
+		h.fail = func(Effect) error {
+			if rng.Intn(4) == 0 {
+				return errors.New("flaky")
+			}
+			return nil
+		}
+		h.stageResult = func(Effect) agentapi.StageStatus {
+			switch rng.Intn(5) {
+			case 0:
+				return agentapi.StageStatus{Known: false}
+			case 1:
+				return agentapi.StageStatus{Known: true, Status: model.StageFailed, Error: "eperm"}
+			case 2:
+				return agentapi.StageStatus{Known: true, Status: "running"}
+			}
+			return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+		}
+		tokens := []string{"1", "2", "3", "4", "5"}
+		for i := 0; i < 60; i++ {
+			tok := tokens[rng.Intn(len(tokens))]
+			switch rng.Intn(7) {
+			case 0:
+				ApplySetup(h.w, jobSetup(tok, uint64(1+rng.Intn(12))<<30, []string{"striped", "private", "loadbalance"}[rng.Intn(3)]), h, h.p, h.now)
+			case 1:
+				ApplyStages(h.w, tok, model.StageIn, []StageRequest{{Type: "file", PFSPath: "/p", DWVar: VarJobStriped, DWPath: "/x"}}, h, h.now)
+			case 2:
+				ApplyPreRun(h.w, tok, []string{"cn1", "cn2"}[:1+rng.Intn(2)], h, h.p)
+			case 3:
+				ApplyPostRun(h.w, tok)
+			case 4:
+				ApplyStages(h.w, tok, model.StageOut, []StageRequest{{Type: "file", PFSPath: "/p", DWVar: VarJobStriped, DWPath: "/x"}}, h, h.now)
+			case 5:
+				ApplyTeardown(h.w, tok, rng.Intn(2) == 0)
+			case 6:
+				for _, e := range Step(h.w, h.p, h.now) {
+					r := Result{Err: h.fail(e)}
+					if e.Op == OpPollStage && r.Err == nil {
+						r.Stage = h.stageResult(e)
+					}
+					Complete(h.w, e, r, h.p, h.now)
+				}
+				h.now = h.now.Add(3 * time.Second)
+			}
+			h.w.TakeChanges()
+			for name := range h.w.Nodes {
+				if u := h.w.UsageOfNode(name); u.Used > u.Grains {
+					t.Fatalf("seed %d: node %s over-committed: %d of %d grains", seed, name, u.Used, u.Grains)
+				}
+			}
+		}
+		h.fail = func(Effect) error { return nil }
+		h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+		for _, s := range h.w.SortedSessions() {
+			if err := ApplyTeardown(h.w, s.Token, true); err != nil {
+				t.Fatalf("seed %d: teardown %s: %v", seed, s.Token, err)
+			}
+		}
+		// Fuses blown by the flaky phase need an operator; here the test plays one.
+		clearFuses(h.w)
+		h.settle()
+		assertEmpty(t, h.w)
+	}
+}
+
+func clearFuses(w *World) {
+	for _, f := range w.Fragments {
+		f.State.FuseBlown, f.State.Attempts = false, 0
+	}
+	for _, n := range w.Namespaces {
+		n.State.FuseBlown, n.State.Attempts = false, 0
+	}
+	for _, a := range w.Activations {
+		a.State.FuseBlown, a.State.Attempts = false, 0
+	}
+	for _, s := range w.Stages {
+		s.State.FuseBlown, s.State.Attempts = false, 0
+	}
+}

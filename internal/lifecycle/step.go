@@ -1,0 +1,543 @@
+package lifecycle
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/model"
+)
+
+// Operations an Effect asks the executor to perform on an agent.
+const (
+	OpCreateFragment  = "create-fragment"
+	OpDeleteFragment  = "delete-fragment"
+	OpCreateNamespace = "create-namespace"
+	OpDeleteNamespace = "delete-namespace"
+	OpMount           = "mount"
+	OpUnmount         = "unmount"
+	OpStartStage      = "start-stage"
+	OpPollStage       = "poll-stage"
+	OpCancelStage     = "cancel-stage"
+)
+
+// Effect is one call the executor makes on one agent. The specs are complete: the executor
+// needs nothing else to perform it.
+type Effect struct {
+	Op        string
+	Ref       Ref
+	Node      string // the agent to call
+	Fragment  agentapi.FragmentSpec
+	Namespace agentapi.NamespaceSpec
+	Mount     agentapi.MountSpec
+	Stage     agentapi.StageSpec
+}
+
+// Key identifies the effect's object, so the executor runs one effect per object at a time.
+func (e Effect) Key() Ref { return e.Ref }
+
+// Result is the outcome of an effect.
+type Result struct {
+	Err   error
+	Stage agentapi.StageStatus // for poll-stage
+}
+
+// Step settles what needs no agent (records whose dependents are gone, sessions that reached
+// their goal) and returns the effects that can run now. Effects whose retry time has not come
+// are left for a later step.
+func Step(w *World, p Params, now time.Time) []Effect {
+	var effects []Effect
+	running := 0
+	for _, st := range w.Stages {
+		if st.Status == model.StageRunning {
+			running++
+		}
+	}
+	for _, s := range w.SortedSessions() {
+		if s.State.Goal == model.GoalDestroy {
+			effects = append(effects, stepDestroy(w, s, p, now, &running)...)
+		} else {
+			effects = append(effects, stepCreate(w, s, p, now, &running)...)
+		}
+	}
+	return effects
+}
+
+func ready(st model.State, now time.Time) bool {
+	return !st.FuseBlown && !now.Before(st.RetryAt)
+}
+
+func nodeOnline(w *World, name string) bool {
+	n := w.Nodes[name]
+	return n != nil && n.Online
+}
+
+func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *int) []Effect {
+	var effects []Effect
+	inst := w.InstanceOf(s.ID)
+	allReady := true
+	if inst != nil {
+		for _, f := range w.FragmentsOf(inst.ID) {
+			if f.State.Actualized {
+				continue
+			}
+			allReady = false
+			if ready(f.State, now) {
+				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
+					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity}})
+			}
+		}
+		for _, c := range w.ConfigurationsOf(inst.ID) {
+			for _, ns := range w.NamespacesOf(c.ID) {
+				if ns.State.Actualized || ns.State.Goal != model.GoalCreate {
+					continue
+				}
+				if ns.ClientNode == "" {
+					allReady = false
+				}
+				f := w.Fragments[ns.FragmentID]
+				if f == nil || !f.State.Actualized || !ready(ns.State, now) {
+					continue
+				}
+				effects = append(effects, Effect{Op: OpCreateNamespace, Ref: Ref{KindNamespace, ns.ID}, Node: f.Node,
+					Namespace: agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID, Owner: c.Owner, Group: c.Group, Mode: c.RootPermissions}})
+			}
+		}
+	}
+	if allReady && !s.State.Actualized {
+		s.State = model.Created()
+		w.put(s)
+		if inst != nil && !inst.State.Actualized {
+			inst.State = model.Created()
+			w.put(inst)
+		}
+	}
+	effects = append(effects, stepStages(w, s, p, now, running)...)
+	for _, a := range w.ActivationsOf(s.ID) {
+		effects = append(effects, stepActivation(w, s, a, p, now)...)
+	}
+	return effects
+}
+
+// stepStages starts pending stages (within the global limit) and polls running ones.
+func stepStages(w *World, s *model.Session, p Params, now time.Time, running *int) []Effect {
+	var effects []Effect
+	for _, st := range w.StagesOf(s.ID) {
+		switch st.Status {
+		case model.StagePending:
+			ns := w.Namespaces[st.NamespaceID]
+			if ns == nil || !ns.State.Actualized || !ready(st.State, now) || *running >= p.StageMaxRunning {
+				continue
+			}
+			spec, node, err := stageSpec(w, s, st)
+			if err != nil {
+				failStage(w, st, err.Error(), now)
+				continue
+			}
+			if !nodeOnline(w, node) {
+				retryLater(w, &st.State, fmt.Sprintf("storage node %s is offline", node), p, now)
+				w.put(st)
+				if st.State.FuseBlown {
+					failStage(w, st, st.State.Error, now)
+				}
+				continue
+			}
+			*running++
+			effects = append(effects, Effect{Op: OpStartStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: spec})
+		case model.StageRunning:
+			if !ready(st.State, now) {
+				continue
+			}
+			_, node, _ := stageSpec(w, s, st)
+			effects = append(effects, Effect{Op: OpPollStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: agentapi.StageSpec{ID: st.ID}})
+		}
+	}
+	return effects
+}
+
+func stepActivation(w *World, s *model.Session, a *model.Activation, p Params, now time.Time) []Effect {
+	if a.State.Actualized && a.State.Goal == model.GoalCreate {
+		return nil
+	}
+	if a.State.Goal == model.GoalDestroy {
+		if !nodeOnline(w, a.Node) {
+			// The node is gone, and its mounts with it.
+			w.remove(KindActivation, a.ID)
+			return nil
+		}
+		if !ready(a.State, now) {
+			return nil
+		}
+		return []Effect{{Op: OpUnmount, Ref: Ref{KindActivation, a.ID}, Node: a.Node, Mount: agentapi.MountSpec{ActivationID: a.ID, MountPath: a.MountPath}}}
+	}
+	ns := w.Namespaces[a.NamespaceID]
+	if ns == nil || !ns.State.Actualized || !ready(a.State, now) {
+		return nil
+	}
+	f := w.Fragments[ns.FragmentID]
+	c := w.Configurations[a.ConfigurationID]
+	inst := w.Instances[c.InstanceID]
+	return []Effect{{Op: OpMount, Ref: Ref{KindActivation, a.ID}, Node: a.Node, Mount: agentapi.MountSpec{
+		ActivationID: a.ID, MountPath: a.MountPath, StorageNode: f.Node, FragmentID: f.ID, NamespaceID: ns.ID,
+		InstanceID: inst.ID, Capacity: inst.Capacity, ReadOnly: a.ReadOnly, Owner: c.Owner,
+		Label: fmt.Sprintf("spillway:%s", strings.TrimSuffix(a.MountPath[strings.LastIndex(a.MountPath, "/")+1:], "")),
+	}}}
+}
+
+// NamespaceLocator is how the controller names a namespace to the agent that holds it; the
+// agent turns it into a directory under its SSD path.
+func NamespaceLocator(fragmentID, namespaceID ID) string {
+	return fmt.Sprintf("fragment/%d/namespace/%d", fragmentID, namespaceID)
+}
+
+// stageSpec builds the agent's order for a stage: every namespace of the session on the stage's
+// storage node, by variable, so that lists may address any of them.
+func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec, string, error) {
+	ns := w.Namespaces[st.NamespaceID]
+	if ns == nil {
+		return agentapi.StageSpec{}, "", fmt.Errorf("the stage's namespace is gone")
+	}
+	f := w.Fragments[ns.FragmentID]
+	if f == nil {
+		return agentapi.StageSpec{}, "", fmt.Errorf("the stage's fragment is gone")
+	}
+	spec := agentapi.StageSpec{
+		ID: st.ID, Direction: st.Direction, Type: st.Type, PFSPath: st.PFSPath, DWPath: st.DWPath,
+		Roots: map[string]string{}, Quotas: map[string]int64{}, UID: s.Owner, GID: s.Group, Line: st.Line,
+	}
+	for _, e := range Exposures(w, s) {
+		ens := w.NamespaceFor(e.Config, "")
+		if ens == nil || e.Config.AccessMode == model.AccessPrivate {
+			continue
+		}
+		ef := w.Fragments[ens.FragmentID]
+		if ef == nil || ef.Node != f.Node {
+			continue
+		}
+		spec.Roots[e.Var] = NamespaceLocator(ef.ID, ens.ID)
+		spec.Quotas[e.Var] = e.Config.InstanceID
+	}
+	return spec, f.Node, nil
+}
+
+func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *int) []Effect {
+	var effects []Effect
+	stages := w.StagesOf(s.ID)
+	if waitsForStageOut(w, s, stages) {
+		// Let the stage-outs run to their end; nothing is destroyed meanwhile.
+		return stepStages(w, s, p, now, running)
+	}
+	busyStages := false
+	for _, st := range stages {
+		switch st.Status {
+		case model.StagePending:
+			st.Status = model.StageCanceled
+			st.Error = "canceled by teardown"
+			st.Finished = now
+			w.put(st)
+		case model.StageRunning:
+			busyStages = true
+			_, node, _ := stageSpec(w, s, st)
+			if !nodeOnline(w, node) {
+				st.Status, st.Error, st.Finished = model.StageCanceled, "canceled by teardown (storage node offline)", now
+				w.put(st)
+				continue
+			}
+			if ready(st.State, now) {
+				effects = append(effects, Effect{Op: OpCancelStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: agentapi.StageSpec{ID: st.ID}})
+			}
+		}
+	}
+	activations := w.ActivationsOf(s.ID)
+	for _, a := range activations {
+		if a.State.Goal != model.GoalDestroy {
+			a.State = model.Destroying()
+			w.put(a)
+		}
+		effects = append(effects, stepActivation(w, s, a, p, now)...)
+	}
+	if busyStages || len(w.ActivationsOf(s.ID)) > 0 {
+		return effects
+	}
+	inst := w.InstanceOf(s.ID)
+	if inst != nil {
+		if inst.State.Goal != model.GoalDestroy {
+			inst.State = model.Destroying()
+			w.put(inst)
+		}
+		nsLeft := false
+		for _, c := range w.ConfigurationsOf(inst.ID) {
+			for _, ns := range w.NamespacesOf(c.ID) {
+				f := w.Fragments[ns.FragmentID]
+				if ns.State.Goal != model.GoalDestroy {
+					ns.State = model.Destroying()
+					w.put(ns)
+				}
+				if f == nil || !nodeOnline(w, f.Node) {
+					// The node is offline: its agent deletes what the controller no longer
+					// knows when it comes back.
+					w.remove(KindNamespace, ns.ID)
+					continue
+				}
+				nsLeft = true
+				if ready(ns.State, now) {
+					effects = append(effects, Effect{Op: OpDeleteNamespace, Ref: Ref{KindNamespace, ns.ID}, Node: f.Node,
+						Namespace: agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID}})
+				}
+			}
+		}
+		if nsLeft {
+			return effects
+		}
+		fragsLeft := false
+		for _, f := range w.FragmentsOf(inst.ID) {
+			if f.State.Goal != model.GoalDestroy {
+				f.State = model.Destroying()
+				w.put(f)
+			}
+			if !nodeOnline(w, f.Node) {
+				w.remove(KindFragment, f.ID)
+				continue
+			}
+			fragsLeft = true
+			if ready(f.State, now) {
+				effects = append(effects, Effect{Op: OpDeleteFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
+					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity}})
+			}
+		}
+		if fragsLeft {
+			return effects
+		}
+		for _, c := range w.ConfigurationsOf(inst.ID) {
+			for _, r := range w.Registrations {
+				if r.ConfigurationID == c.ID {
+					w.remove(KindRegistration, r.ID)
+				}
+			}
+			w.remove(KindConfiguration, c.ID)
+		}
+		w.remove(KindInstance, inst.ID)
+	}
+	for _, r := range w.RegistrationsOf(s.ID) {
+		w.remove(KindRegistration, r.ID)
+	}
+	for _, st := range stages {
+		w.remove(KindStage, st.ID)
+	}
+	w.remove(KindSession, s.ID)
+	return effects
+}
+
+// waitsForStageOut reports whether a teardown must still wait: not hurried, a stage-out is
+// unfinished, and its configuration's registration still asks to wait.
+func waitsForStageOut(w *World, s *model.Session, stages []*model.Stage) bool {
+	if s.Hurry {
+		return false
+	}
+	for _, st := range stages {
+		if st.Direction != model.StageOut || st.Ended() {
+			continue
+		}
+		for _, r := range w.RegistrationsOf(s.ID) {
+			if r.ConfigurationID == st.ConfigurationID && r.Wait {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// retryLater records a failed attempt and when to try again; after MaxAttempts the object's
+// fuse blows and it waits for an operator.
+func retryLater(w *World, st *model.State, msg string, p Params, now time.Time) {
+	st.Attempts++
+	st.Error = msg
+	st.Transitioning = true
+	if st.Attempts >= p.MaxAttempts {
+		st.FuseBlown = true
+		return
+	}
+	wait := p.RetryBackoff << (st.Attempts - 1)
+	if wait > p.RetryBackoffMax || wait <= 0 {
+		wait = p.RetryBackoffMax
+	}
+	st.RetryAt = now.Add(wait)
+}
+
+func failStage(w *World, st *model.Stage, msg string, now time.Time) {
+	st.Status = model.StageFailed
+	st.Error = msg
+	st.Finished = now
+	st.State.Transitioning = false
+	w.put(st)
+	if s := w.Sessions[st.SessionID]; s != nil {
+		s.Failure = stageLabel(st) + ": " + msg
+		w.put(s)
+	}
+}
+
+func stageLabel(st *model.Stage) string {
+	dir := "stage_in"
+	if st.Direction == model.StageOut {
+		dir = "stage_out"
+	}
+	if st.Line > 0 {
+		return fmt.Sprintf("%s (line %d)", dir, st.Line)
+	}
+	return dir
+}
+
+// Complete records an effect's outcome.
+func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
+	switch e.Op {
+	case OpCreateFragment:
+		if f := w.Fragments[e.Ref.ID]; f != nil && f.State.Goal == model.GoalCreate {
+			settle(w, f, &f.State, r.Err, fmt.Sprintf("create fragment %d on %s", f.ID, f.Node), p, now)
+		}
+	case OpCreateNamespace:
+		if ns := w.Namespaces[e.Ref.ID]; ns != nil && ns.State.Goal == model.GoalCreate {
+			settle(w, ns, &ns.State, r.Err, fmt.Sprintf("create namespace %d on %s", ns.ID, e.Node), p, now)
+		}
+	case OpMount:
+		if a := w.Activations[e.Ref.ID]; a != nil && a.State.Goal == model.GoalCreate {
+			settle(w, a, &a.State, r.Err, fmt.Sprintf("mount %s on %s", a.MountPath, a.Node), p, now)
+		}
+	case OpDeleteFragment:
+		if f := w.Fragments[e.Ref.ID]; f != nil && f.State.Goal == model.GoalDestroy {
+			removeOrRetry(w, KindFragment, f.ID, f, &f.State, r.Err, fmt.Sprintf("delete fragment %d on %s", f.ID, f.Node), p, now)
+		}
+	case OpDeleteNamespace:
+		if ns := w.Namespaces[e.Ref.ID]; ns != nil && ns.State.Goal == model.GoalDestroy {
+			removeOrRetry(w, KindNamespace, ns.ID, ns, &ns.State, r.Err, fmt.Sprintf("delete namespace %d on %s", ns.ID, e.Node), p, now)
+		}
+	case OpUnmount:
+		if a := w.Activations[e.Ref.ID]; a != nil && a.State.Goal == model.GoalDestroy {
+			removeOrRetry(w, KindActivation, a.ID, a, &a.State, r.Err, fmt.Sprintf("unmount %s on %s", a.MountPath, a.Node), p, now)
+		}
+	case OpStartStage:
+		st := w.Stages[e.Ref.ID]
+		if st == nil || st.Status != model.StagePending {
+			return
+		}
+		if r.Err != nil {
+			retryLater(w, &st.State, r.Err.Error(), p, now)
+			w.put(st)
+			if st.State.FuseBlown {
+				failStage(w, st, "could not start: "+r.Err.Error(), now)
+			}
+			return
+		}
+		st.Status = model.StageRunning
+		st.Started = now
+		st.Attempts++
+		w.put(st)
+	case OpPollStage:
+		st := w.Stages[e.Ref.ID]
+		if st == nil || st.Status != model.StageRunning {
+			return
+		}
+		if r.Err != nil {
+			// The agent did not answer: try again later; a node that stays away goes offline
+			// and the stage fails then.
+			retryLater(w, &st.State, r.Err.Error(), p, now)
+			w.put(st)
+			if st.State.FuseBlown {
+				failStage(w, st, "lost contact with the storage node: "+r.Err.Error(), now)
+			}
+			return
+		}
+		applyStageStatus(w, st, r.Stage, p, now)
+	case OpCancelStage:
+		st := w.Stages[e.Ref.ID]
+		if st == nil || st.Ended() {
+			return
+		}
+		if r.Err != nil {
+			retryLater(w, &st.State, r.Err.Error(), p, now)
+			if st.State.FuseBlown {
+				st.Status, st.Finished = model.StageCanceled, now
+			}
+			w.put(st)
+			return
+		}
+		st.Status, st.Error, st.Finished = model.StageCanceled, "canceled by teardown", now
+		w.put(st)
+	}
+}
+
+func applyStageStatus(w *World, st *model.Stage, ss agentapi.StageStatus, p Params, now time.Time) {
+	if !ss.Known {
+		// The agent restarted and lost the stage: start it again, a bounded number of times.
+		if st.Attempts >= p.StageMaxAttempts {
+			failStage(w, st, fmt.Sprintf("the storage node restarted during the stage %d times (limit stage.max_attempts)", st.Attempts), now)
+			return
+		}
+		st.Status = model.StagePending
+		st.FilesDone, st.BytesDone = 0, 0
+		w.put(st)
+		return
+	}
+	st.FilesTotal, st.FilesDone = ss.FilesTotal, ss.FilesDone
+	st.BytesTotal, st.BytesDone = ss.BytesTotal, ss.BytesDone
+	st.State.Attempts, st.State.Error = 0, ""
+	switch ss.Status {
+	case model.StageComplete:
+		st.Status = model.StageComplete
+		st.Finished = now
+		st.State = model.Created()
+	case model.StageFailed:
+		failStage(w, st, ss.Error, now)
+		return
+	case model.StageCanceled:
+		st.Status, st.Finished, st.Error = model.StageCanceled, now, orDefault(ss.Error, "canceled")
+	}
+	w.put(st)
+}
+
+func settle(w *World, obj any, st *model.State, err error, what string, p Params, now time.Time) {
+	if err == nil {
+		*st = model.Created()
+	} else {
+		retryLater(w, st, what+": "+err.Error(), p, now)
+		if st.FuseBlown {
+			noteFailure(w, obj, st.Error)
+		}
+	}
+	w.put(obj)
+}
+
+func removeOrRetry(w *World, kind string, id ID, obj any, st *model.State, err error, what string, p Params, now time.Time) {
+	if err == nil {
+		w.remove(kind, id)
+		return
+	}
+	retryLater(w, st, what+": "+err.Error(), p, now)
+	if st.FuseBlown {
+		noteFailure(w, obj, st.Error)
+	}
+	w.put(obj)
+}
+
+// noteFailure records on the owning session why an object gave up, for the WLM to show.
+func noteFailure(w *World, obj any, msg string) {
+	var sid ID
+	switch o := obj.(type) {
+	case *model.Fragment:
+		if inst := w.Instances[o.InstanceID]; inst != nil {
+			sid = inst.SessionID
+		}
+	case *model.Namespace:
+		if c := w.Configurations[o.ConfigurationID]; c != nil {
+			if inst := w.Instances[c.InstanceID]; inst != nil {
+				sid = inst.SessionID
+			}
+		}
+	case *model.Activation:
+		sid = o.SessionID
+	}
+	if s := w.Sessions[sid]; s != nil {
+		s.Failure = msg
+		w.put(s)
+	}
+}

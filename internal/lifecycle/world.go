@@ -1,0 +1,394 @@
+// Package lifecycle is the pure core of Spillway's controller: given a snapshot of every
+// object (a World) it decides what a WLM request changes (Apply), what the executor must do
+// next (Step) and what an effect's outcome changes (Complete). It performs no I/O and reads no
+// clock: time and new ids are passed in. The executor in package controller persists every
+// change before it runs the side effects Step asks for, and every side effect is idempotent,
+// so a controller killed at any point resumes where it was.
+//
+// A job session moves through DataWarp's steps, each requested by the WLM:
+//
+//	setup → data_in → pre_run → (job runs) → post_run → data_out → teardown
+//
+// A persistent session is created by setup (Persistent) and destroyed by teardown. Every
+// object carries a goal (create or destroy) and whether it is actualized; a step is finished
+// when the objects it touched have reached their goals.
+package lifecycle
+
+import (
+	"sort"
+
+	"github.com/spillway-hpc/spillway/internal/model"
+)
+
+// ID is an object id.
+type ID = model.ID
+
+// World is a consistent snapshot of the controller's state.
+type World struct {
+	Pools          map[string]*model.Pool
+	Nodes          map[string]*model.Node
+	Sessions       map[ID]*model.Session
+	Instances      map[ID]*model.Instance
+	Fragments      map[ID]*model.Fragment
+	Configurations map[ID]*model.Configuration
+	Namespaces     map[ID]*model.Namespace
+	Registrations  map[ID]*model.Registration
+	Activations    map[ID]*model.Activation
+	Stages         map[ID]*model.Stage
+
+	changes Changes
+}
+
+// NewWorld returns an empty world.
+func NewWorld() *World {
+	return &World{
+		Pools:          map[string]*model.Pool{},
+		Nodes:          map[string]*model.Node{},
+		Sessions:       map[ID]*model.Session{},
+		Instances:      map[ID]*model.Instance{},
+		Fragments:      map[ID]*model.Fragment{},
+		Configurations: map[ID]*model.Configuration{},
+		Namespaces:     map[ID]*model.Namespace{},
+		Registrations:  map[ID]*model.Registration{},
+		Activations:    map[ID]*model.Activation{},
+		Stages:         map[ID]*model.Stage{},
+	}
+}
+
+// Kinds of objects, as the store names them.
+const (
+	KindPool          = "pool"
+	KindNode          = "node"
+	KindSession       = "session"
+	KindInstance      = "instance"
+	KindFragment      = "fragment"
+	KindConfiguration = "configuration"
+	KindNamespace     = "namespace"
+	KindRegistration  = "registration"
+	KindActivation    = "activation"
+	KindStage         = "stage"
+)
+
+// Ref names one object.
+type Ref struct {
+	Kind string
+	ID   ID
+}
+
+// Changes is what a decision did to the world: objects to store (new or modified) and
+// objects to delete. The executor persists them in one transaction.
+type Changes struct {
+	Put    []any // *model.Session, *model.Fragment, ...
+	Delete []Ref
+}
+
+// Empty reports whether nothing changed.
+func (c Changes) Empty() bool { return len(c.Put) == 0 && len(c.Delete) == 0 }
+
+// TakeChanges returns the changes recorded since the last call and forgets them.
+func (w *World) TakeChanges() Changes {
+	c := w.changes
+	w.changes = Changes{}
+	return dedupe(c)
+}
+
+// dedupe keeps one Put per object (the last state wins: they are the same pointer) and drops
+// Puts of objects deleted afterwards.
+func dedupe(c Changes) Changes {
+	deleted := map[Ref]bool{}
+	for _, r := range c.Delete {
+		deleted[r] = true
+	}
+	seen := map[any]bool{}
+	var puts []any
+	for _, p := range c.Put {
+		if seen[p] || deleted[refOf(p)] {
+			continue
+		}
+		seen[p] = true
+		puts = append(puts, p)
+	}
+	return Changes{Put: puts, Delete: c.Delete}
+}
+
+func refOf(obj any) Ref {
+	switch o := obj.(type) {
+	case *model.Session:
+		return Ref{KindSession, o.ID}
+	case *model.Instance:
+		return Ref{KindInstance, o.ID}
+	case *model.Fragment:
+		return Ref{KindFragment, o.ID}
+	case *model.Configuration:
+		return Ref{KindConfiguration, o.ID}
+	case *model.Namespace:
+		return Ref{KindNamespace, o.ID}
+	case *model.Registration:
+		return Ref{KindRegistration, o.ID}
+	case *model.Activation:
+		return Ref{KindActivation, o.ID}
+	case *model.Stage:
+		return Ref{KindStage, o.ID}
+	case *model.Node:
+		return Ref{KindNode, 0}
+	case *model.Pool:
+		return Ref{KindPool, 0}
+	}
+	panic("lifecycle: unknown object type")
+}
+
+// put records a new or modified object and adds it to the world.
+func (w *World) put(obj any) {
+	switch o := obj.(type) {
+	case *model.Session:
+		w.Sessions[o.ID] = o
+	case *model.Instance:
+		w.Instances[o.ID] = o
+	case *model.Fragment:
+		w.Fragments[o.ID] = o
+	case *model.Configuration:
+		w.Configurations[o.ID] = o
+	case *model.Namespace:
+		w.Namespaces[o.ID] = o
+	case *model.Registration:
+		w.Registrations[o.ID] = o
+	case *model.Activation:
+		w.Activations[o.ID] = o
+	case *model.Stage:
+		w.Stages[o.ID] = o
+	case *model.Node:
+		w.Nodes[o.Name] = o
+	}
+	w.changes.Put = append(w.changes.Put, obj)
+}
+
+// remove deletes an object from the world and records the deletion.
+func (w *World) remove(kind string, id ID) {
+	switch kind {
+	case KindSession:
+		delete(w.Sessions, id)
+	case KindInstance:
+		delete(w.Instances, id)
+	case KindFragment:
+		delete(w.Fragments, id)
+	case KindConfiguration:
+		delete(w.Configurations, id)
+	case KindNamespace:
+		delete(w.Namespaces, id)
+	case KindRegistration:
+		delete(w.Registrations, id)
+	case KindActivation:
+		delete(w.Activations, id)
+	case KindStage:
+		delete(w.Stages, id)
+	}
+	w.changes.Delete = append(w.changes.Delete, Ref{kind, id})
+}
+
+// SessionByToken finds a session by token.
+func (w *World) SessionByToken(token string) *model.Session {
+	for _, s := range w.Sessions {
+		if s.Token == token {
+			return s
+		}
+	}
+	return nil
+}
+
+// InstanceOf returns the session's instance, or nil when it has no capacity of its own.
+func (w *World) InstanceOf(sessionID ID) *model.Instance {
+	for _, id := range sortedIDs(w.Instances) {
+		if w.Instances[id].SessionID == sessionID {
+			return w.Instances[id]
+		}
+	}
+	return nil
+}
+
+// FragmentsOf returns an instance's fragments in id order.
+func (w *World) FragmentsOf(instanceID ID) []*model.Fragment {
+	var out []*model.Fragment
+	for _, id := range sortedIDs(w.Fragments) {
+		if f := w.Fragments[id]; f.InstanceID == instanceID {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// ConfigurationsOf returns an instance's configurations in id order.
+func (w *World) ConfigurationsOf(instanceID ID) []*model.Configuration {
+	var out []*model.Configuration
+	for _, id := range sortedIDs(w.Configurations) {
+		if c := w.Configurations[id]; c.InstanceID == instanceID {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// ConfigurationByMode returns the instance's configuration with the access mode, or nil.
+func (w *World) ConfigurationByMode(instanceID ID, mode string) *model.Configuration {
+	for _, c := range w.ConfigurationsOf(instanceID) {
+		if c.AccessMode == mode {
+			return c
+		}
+	}
+	return nil
+}
+
+// NamespacesOf returns a configuration's namespaces in id order.
+func (w *World) NamespacesOf(configID ID) []*model.Namespace {
+	var out []*model.Namespace
+	for _, id := range sortedIDs(w.Namespaces) {
+		if n := w.Namespaces[id]; n.ConfigurationID == configID {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// NamespaceFor returns the namespace of a configuration seen by a client node: the shared one
+// for striped and loadbalance, the node's own for private.
+func (w *World) NamespaceFor(c *model.Configuration, node string) *model.Namespace {
+	for _, n := range w.NamespacesOf(c.ID) {
+		if c.AccessMode != model.AccessPrivate || n.ClientNode == node {
+			return n
+		}
+	}
+	return nil
+}
+
+// ActivationsOf returns a session's activations in id order.
+func (w *World) ActivationsOf(sessionID ID) []*model.Activation {
+	var out []*model.Activation
+	for _, id := range sortedIDs(w.Activations) {
+		if a := w.Activations[id]; a.SessionID == sessionID {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// StagesOf returns a session's stages in id order.
+func (w *World) StagesOf(sessionID ID) []*model.Stage {
+	var out []*model.Stage
+	for _, id := range sortedIDs(w.Stages) {
+		if s := w.Stages[id]; s.SessionID == sessionID {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// RegistrationsOf returns a session's registrations in id order.
+func (w *World) RegistrationsOf(sessionID ID) []*model.Registration {
+	var out []*model.Registration
+	for _, id := range sortedIDs(w.Registrations) {
+		if r := w.Registrations[id]; r.SessionID == sessionID {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// PersistentByName returns the persistent session with the name, or nil.
+func (w *World) PersistentByName(name string) *model.Session {
+	s := w.SessionByToken(name)
+	if s != nil && s.Persistent {
+		return s
+	}
+	return nil
+}
+
+// SortedSessions returns every session in id order.
+func (w *World) SortedSessions() []*model.Session {
+	var out []*model.Session
+	for _, id := range sortedIDs(w.Sessions) {
+		out = append(out, w.Sessions[id])
+	}
+	return out
+}
+
+func sortedIDs[T any](m map[ID]T) []ID {
+	ids := make([]ID, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+// NodeNames returns the node names in order.
+func (w *World) NodeNames() []string {
+	names := make([]string, 0, len(w.Nodes))
+	for n := range w.Nodes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// PoolUsage is a pool's size as DataWarp reports it: quantity and free in grains.
+type PoolUsage struct {
+	Pool     *model.Pool
+	Quantity uint64 // grains on every node of the pool
+	Free     uint64 // grains free on nodes that take new fragments (online, not drained)
+}
+
+// NodeUsage is one storage node's share of its pool.
+type NodeUsage struct {
+	Node        *model.Node
+	Grains      uint64
+	Used        uint64
+	Instances   int
+	Activations int
+}
+
+// UsageOfNode computes a node's grains, used grains, instance and activation counts.
+func (w *World) UsageOfNode(name string) NodeUsage {
+	n := w.Nodes[name]
+	u := NodeUsage{Node: n}
+	if n == nil {
+		return u
+	}
+	if p := w.Pools[n.Pool]; p != nil && p.Granularity > 0 {
+		u.Grains = n.Capacity / p.Granularity
+	}
+	instances := map[ID]bool{}
+	for _, f := range w.Fragments {
+		if f.Node == name {
+			u.Used += f.Grains
+			instances[f.InstanceID] = true
+		}
+	}
+	u.Instances = len(instances)
+	for _, a := range w.Activations {
+		if a.Node == name {
+			u.Activations++
+		}
+	}
+	return u
+}
+
+// UsageOfPool computes a pool's quantity and free grains.
+func (w *World) UsageOfPool(name string) PoolUsage {
+	u := PoolUsage{Pool: w.Pools[name]}
+	for _, nodeName := range w.NodeNames() {
+		n := w.Nodes[nodeName]
+		if n.Pool != name {
+			continue
+		}
+		nu := w.UsageOfNode(nodeName)
+		u.Quantity += nu.Grains
+		if n.Online && !n.Drain && nu.Grains > nu.Used {
+			u.Free += nu.Grains - nu.Used
+		}
+	}
+	return u
+}
+
+// IDSource hands out new object ids (from the store's sequences, inside the transaction).
+type IDSource interface {
+	NewID(kind string) (ID, error)
+}

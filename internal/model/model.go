@@ -1,0 +1,252 @@
+// Package model holds DataWarp's object model, kept as DataWarp named it: pools, nodes,
+// sessions, instances, fragments, configurations, namespaces, registrations, activations and
+// stages. The types are plain data: no I/O, no behaviour beyond small derived values, so the
+// pure cores (allocator, lifecycle) and the store can share them.
+package model
+
+import (
+	"fmt"
+	"time"
+)
+
+// ID identifies an object of one kind. IDs are positive and never reused.
+type ID = int64
+
+// Goal values of State.Goal.
+const (
+	GoalCreate  = "create"
+	GoalDestroy = "destroy"
+)
+
+// State is DataWarp's per-object state: where the object should be (Goal) and whether it is
+// there (Actualized). The executor drives every object whose goal is not actualized; this is
+// what makes a controller killed at any point resume correctly.
+type State struct {
+	Goal          string `json:"goal"`
+	Actualized    bool   `json:"actualized"`
+	Transitioning bool   `json:"transitioning"`
+	FuseBlown     bool   `json:"fuse_blown"`
+	Mixed         bool   `json:"mixed"`
+	// Attempts counts failed tries of the current goal; RetryAt is when the next may start;
+	// Error is the last failure. They reset when the goal changes or is reached.
+	Attempts int       `json:"attempts,omitempty"`
+	RetryAt  time.Time `json:"retry_at,omitzero"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// Flags renders the state as dwstat's five-character column: goal (C/D), actualized (A),
+// fuse blown (F), transitioning (T), mixed (M); '-' where unset. Example: "CA---", "D--T-".
+func (s State) Flags() string {
+	b := []byte("-----")
+	switch s.Goal {
+	case GoalCreate:
+		b[0] = 'C'
+	case GoalDestroy:
+		b[0] = 'D'
+	}
+	if s.Actualized {
+		b[1] = 'A'
+	}
+	if s.FuseBlown {
+		b[2] = 'F'
+	}
+	if s.Transitioning {
+		b[3] = 'T'
+	}
+	if s.Mixed {
+		b[4] = 'M'
+	}
+	return string(b)
+}
+
+// Creating is the state of a new object that the executor has yet to make real.
+func Creating() State { return State{Goal: GoalCreate, Transitioning: true} }
+
+// Created is the state of an object that exists as asked.
+func Created() State { return State{Goal: GoalCreate, Actualized: true} }
+
+// Destroying is the state of an object the executor has to remove.
+func Destroying() State { return State{Goal: GoalDestroy, Transitioning: true} }
+
+// Done reports whether the object has reached its goal.
+func (s State) Done() bool { return s.Actualized }
+
+// Pool is a set of storage nodes with an allocation granularity.
+type Pool struct {
+	Name        string `json:"id"`
+	Granularity uint64 `json:"granularity"` // bytes per grain
+}
+
+// Node is an agent: a storage server (Pool set, Capacity > 0) or a compute node, or both.
+type Node struct {
+	Name     string    `json:"id"`
+	Pool     string    `json:"pool,omitempty"`    // "" for compute-only nodes
+	Capacity uint64    `json:"capacity"`          // bytes offered for fragments
+	Address  string    `json:"address,omitempty"` // agent API: unix:/path or http://host:port; "" = in-process
+	Online   bool      `json:"online"`            // heartbeat within the configured timeout
+	Drain    bool      `json:"drain"`             // admin drain: takes no new fragments
+	LastSeen time.Time `json:"last_seen"`         //
+	Reason   string    `json:"reason,omitempty"`  // why it is offline or drained, for operators
+	Written  uint64    `json:"bytes_written"`     // endurance: bytes written to fragments
+	Roles    []string  `json:"roles,omitempty"`   // "storage", "client"
+	Version  string    `json:"version,omitempty"` // agent software version
+	Health   string    `json:"health,omitempty"`  // last health message from the agent
+	Labels   []string  `json:"labels,omitempty"`  // reserved for placement policies
+}
+
+// Session owns storage: one job (token = job id) or one persistent instance (token = name).
+type Session struct {
+	ID          ID        `json:"id"`
+	Token       string    `json:"token"`
+	Creator     string    `json:"creator"` // SLURM, CLI, RUN (spillway run)
+	Owner       uint32    `json:"owner"`   // uid
+	Group       uint32    `json:"group"`   // gid
+	Created     time.Time `json:"created"`
+	Expiration  int64     `json:"expiration"` // epoch seconds, 0 = never
+	ClientNodes []string  `json:"client_nodes"`
+	Persistent  bool      `json:"persistent"`
+	State       State     `json:"state"`
+	Phase       string    `json:"phase"`             // lifecycle phase, see package lifecycle
+	Hurry       bool      `json:"hurry"`             // teardown without waiting for stage-out
+	Failure     string    `json:"failure,omitempty"` // why the last step failed
+	Uses        []string  `json:"uses,omitempty"`    // persistent instances named by #DW persistentdw
+}
+
+// IsJob reports whether the session belongs to a job (its token is the job id).
+func (s *Session) IsJob() bool { return !s.Persistent }
+
+// Instance is capacity allocated to a session in a pool.
+type Instance struct {
+	ID        ID        `json:"id"`
+	SessionID ID        `json:"session"`
+	Pool      string    `json:"pool"`
+	Requested uint64    `json:"requested"` // bytes asked for
+	Capacity  uint64    `json:"capacity"`  // bytes granted: grains × granularity
+	Grains    uint64    `json:"grains"`
+	Label     string    `json:"label"` // I<id>-0 for job instances, the name for persistent ones
+	Public    bool      `json:"public"`
+	Strategy  string    `json:"optimization_strategy"`
+	Created   time.Time `json:"created"`
+	State     State     `json:"state"`
+	// WriteWindowLength (seconds) and WriteWindowMultiplier (× capacity per window) are the
+	// endurance limits DataWarp exposes as instance limits.
+	WriteWindowLength     int64 `json:"write_window_length"`
+	WriteWindowMultiplier int64 `json:"write_window_multiplier"`
+}
+
+// Fragment is the part of an instance on one storage node.
+type Fragment struct {
+	ID         ID     `json:"id"`
+	InstanceID ID     `json:"instance"`
+	Node       string `json:"node"`
+	Grains     uint64 `json:"grains"`
+	Capacity   uint64 `json:"capacity"`
+	State      State  `json:"state"`
+}
+
+// Configuration types.
+const (
+	TypeScratch = "scratch"
+	TypeCache   = "cache"
+	TypeSwap    = "swap"
+)
+
+// Access modes (canonical spellings; the parser accepts DataWarp's aliases).
+const (
+	AccessStriped     = "striped"
+	AccessPrivate     = "private"
+	AccessLoadbalance = "loadbalance"
+)
+
+// Configuration is one way an instance is used.
+type Configuration struct {
+	ID              ID     `json:"id"`
+	InstanceID      ID     `json:"instance"`
+	Type            string `json:"type"`
+	AccessMode      string `json:"access_mode"`
+	RootPermissions uint32 `json:"root_permissions"`
+	Owner           uint32 `json:"owner"`
+	Group           uint32 `json:"group"`
+	BackingPath     string `json:"backing_path,omitempty"` // cache: the PFS directory
+	MaxFileSize     uint64 `json:"max_file_size,omitempty"`
+	ClientCache     bool   `json:"client_cache,omitempty"`
+	State           State  `json:"state"`
+}
+
+// Namespace is the file tree of a configuration: one for striped and loadbalance, one per
+// compute node (ClientNode) for private. It lives on the fragment named by FragmentID (its
+// metadata server).
+type Namespace struct {
+	ID              ID     `json:"id"`
+	ConfigurationID ID     `json:"configuration"`
+	FragmentID      ID     `json:"fragment"`
+	ClientNode      string `json:"client_node,omitempty"`
+	State           State  `json:"state"`
+}
+
+// Registration ties a session to a configuration it uses; while Wait is true, teardown waits
+// for the session's stage-outs from that configuration.
+type Registration struct {
+	ID              ID    `json:"id"`
+	SessionID       ID    `json:"session"`
+	ConfigurationID ID    `json:"configuration"`
+	Wait            bool  `json:"wait"`
+	State           State `json:"state"`
+}
+
+// Activation is a configuration mounted on one compute node at a mount path.
+type Activation struct {
+	ID              ID     `json:"id"`
+	SessionID       ID     `json:"session"`
+	ConfigurationID ID     `json:"configuration"`
+	NamespaceID     ID     `json:"namespace"`
+	Node            string `json:"node"`
+	MountPath       string `json:"mount"`
+	ReadOnly        bool   `json:"read_only"`
+	State           State  `json:"state"`
+}
+
+// Stage directions and types.
+const (
+	StageIn       = "in"
+	StageOut      = "out"
+	StageFile     = "file"
+	StageDir      = "directory"
+	StageList     = "list"
+	StagePending  = "pending"
+	StageRunning  = "running"
+	StageComplete = "complete"
+	StageFailed   = "failed"
+	StageCanceled = "canceled"
+)
+
+// Stage is one stage-in or stage-out directive (or API call) of a session.
+type Stage struct {
+	ID              ID        `json:"id"`
+	SessionID       ID        `json:"session"`
+	ConfigurationID ID        `json:"configuration"`
+	NamespaceID     ID        `json:"namespace"`
+	Direction       string    `json:"direction"` // in | out
+	Type            string    `json:"type"`      // file | directory | list
+	PFSPath         string    `json:"pfs_path"`  // absolute path on the PFS
+	DWPath          string    `json:"dw_path"`   // path inside the namespace, starting with /
+	Line            int       `json:"line,omitempty"`
+	Status          string    `json:"status"` // pending | running | complete | failed | canceled
+	Attempts        int       `json:"attempts"`
+	FilesTotal      int64     `json:"files_total"`
+	FilesDone       int64     `json:"files_done"`
+	BytesTotal      uint64    `json:"bytes_total"`
+	BytesDone       uint64    `json:"bytes_done"`
+	Error           string    `json:"error,omitempty"`
+	Started         time.Time `json:"started,omitzero"`
+	Finished        time.Time `json:"finished,omitzero"`
+	State           State     `json:"state"`
+}
+
+// Ended reports whether the stage will move no more data.
+func (s *Stage) Ended() bool {
+	return s.Status == StageComplete || s.Status == StageFailed || s.Status == StageCanceled
+}
+
+// InstanceLabel is DataWarp's label for a job instance.
+func InstanceLabel(id ID) string { return fmt.Sprintf("I%d-0", id) }

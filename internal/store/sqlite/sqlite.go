@@ -1,0 +1,223 @@
+// Package sqlite is the embedded store engine: one SQLite file in WAL mode, one controller.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/spillway-hpc/spillway/internal/store"
+
+	_ "modernc.org/sqlite" // the pure-Go SQLite driver
+)
+
+const schema = `
+CREATE TABLE IF NOT EXISTS kv (
+	kind  TEXT NOT NULL,
+	key   TEXT NOT NULL,
+	value BLOB NOT NULL,
+	PRIMARY KEY (kind, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS seq (
+	name  TEXT PRIMARY KEY,
+	value INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (
+	key   TEXT PRIMARY KEY,
+	value TEXT NOT NULL
+) WITHOUT ROWID;
+`
+
+// schemaVersion is bumped when the layout above changes; Open refuses newer databases.
+const schemaVersion = 1
+
+// Engine is a store.Engine on one SQLite database file.
+type Engine struct {
+	db      *sql.DB
+	lock    *os.File
+	writeMu sync.Mutex // one writer at a time: SQLite serializes writers anyway, this avoids SQLITE_BUSY
+}
+
+// Open opens (creating if needed) the database at path. Only one process may hold it: a second
+// controller on the same file is refused with the holder's pid.
+func Open(path string) (*Engine, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	lock, err := lockFile(path + ".lock")
+	if err != nil {
+		return nil, err
+	}
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(ON)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("open state database %s: %w", path, err)
+	}
+	// A handful of connections: readers run beside the writer in WAL mode.
+	db.SetMaxOpenConns(4)
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		lock.Close()
+		return nil, fmt.Errorf("state database %s: create schema: %w", path, err)
+	}
+	if err := checkVersion(db); err != nil {
+		db.Close()
+		lock.Close()
+		return nil, fmt.Errorf("state database %s: %w", path, err)
+	}
+	return &Engine{db: db, lock: lock}, nil
+}
+
+func checkVersion(db *sql.DB) error {
+	var text string
+	err := db.QueryRow(`SELECT value FROM meta WHERE key = 'schema_version'`).Scan(&text)
+	if errors.Is(err, sql.ErrNoRows) {
+		_, err = db.Exec(`INSERT INTO meta(key, value) VALUES ('schema_version', ?)`, strconv.Itoa(schemaVersion))
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	v, _ := strconv.Atoi(text)
+	if v > schemaVersion {
+		return fmt.Errorf("schema version %d is newer than this Spillway understands (%d); upgrade Spillway", v, schemaVersion)
+	}
+	return nil
+}
+
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("state lock %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		return nil, fmt.Errorf("state database is in use by another process (pid %s, lock %s): stop it, or point this one at another state directory", strings.TrimSpace(string(holder)), path)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
+}
+
+// Close closes the database and releases the lock.
+func (e *Engine) Close() error {
+	err := e.db.Close()
+	e.lock.Close()
+	return err
+}
+
+// Update runs fn in a write transaction.
+func (e *Engine) Update(ctx context.Context, fn func(store.KV) error) error {
+	e.writeMu.Lock()
+	defer e.writeMu.Unlock()
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			tx.Rollback()
+		}
+	}()
+	if err := fn(&kv{tx: tx, ctx: ctx, writable: true}); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	committed = true
+	return nil
+}
+
+// View runs fn in a read transaction.
+func (e *Engine) View(ctx context.Context, fn func(store.KV) error) error {
+	tx, err := e.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	return fn(&kv{tx: tx, ctx: ctx})
+}
+
+type kv struct {
+	tx       *sql.Tx
+	ctx      context.Context
+	writable bool
+}
+
+func (k *kv) Get(kind, key string) ([]byte, error) {
+	var v []byte
+	err := k.tx.QueryRowContext(k.ctx, `SELECT value FROM kv WHERE kind = ? AND key = ?`, kind, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, store.ErrNotFound
+	}
+	return v, err
+}
+
+func (k *kv) Put(kind, key string, value []byte) error {
+	if !k.writable {
+		return store.ErrReadOnly
+	}
+	_, err := k.tx.ExecContext(k.ctx, `INSERT INTO kv(kind, key, value) VALUES (?, ?, ?)
+		ON CONFLICT(kind, key) DO UPDATE SET value = excluded.value`, kind, key, value)
+	return err
+}
+
+func (k *kv) Delete(kind, key string) error {
+	if !k.writable {
+		return store.ErrReadOnly
+	}
+	_, err := k.tx.ExecContext(k.ctx, `DELETE FROM kv WHERE kind = ? AND key = ?`, kind, key)
+	return err
+}
+
+func (k *kv) Scan(kind string, fn func(key string, value []byte) error) error {
+	rows, err := k.tx.QueryContext(k.ctx, `SELECT key, value FROM kv WHERE kind = ? ORDER BY key`, kind)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	// Read everything first: fn may issue queries on the same transaction.
+	type pair struct {
+		key   string
+		value []byte
+	}
+	var pairs []pair
+	for rows.Next() {
+		var p pair
+		if err := rows.Scan(&p.key, &p.value); err != nil {
+			return err
+		}
+		pairs = append(pairs, p)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows.Close()
+	for _, p := range pairs {
+		if err := fn(p.key, p.value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (k *kv) NextSeq(name string) (int64, error) {
+	if !k.writable {
+		return 0, store.ErrReadOnly
+	}
+	var v int64
+	err := k.tx.QueryRowContext(k.ctx, `INSERT INTO seq(name, value) VALUES (?, 1)
+		ON CONFLICT(name) DO UPDATE SET value = value + 1 RETURNING value`, name).Scan(&v)
+	return v, err
+}

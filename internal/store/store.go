@@ -1,0 +1,39 @@
+// Package store keeps Spillway's state: DataWarp's objects behind one transactional interface.
+//
+// Two layers, as in JuiceFS's metadata engines: an Engine is a small transactional key-value
+// store (SQLite today, etcd later) that every engine implements the same way — the
+// conformance suite in package storetest proves it — and the typed layer here (Tables and the
+// session-token index) turns bytes into model objects once, for every engine.
+package store
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrNotFound is returned by Get when the key does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrReadOnly is returned when a View transaction tries to write.
+var ErrReadOnly = errors.New("write in a read-only transaction")
+
+// Engine is a transactional key-value store. Every Update is atomic and serializable: either all
+// of its writes are durable when Update returns nil, or none are. Update and View may be
+// called from many goroutines.
+type Engine interface {
+	Update(ctx context.Context, fn func(KV) error) error
+	View(ctx context.Context, fn func(KV) error) error
+	Close() error
+}
+
+// KV is one transaction's view of the store. Keys are grouped by kind; Scan visits one kind in
+// ascending key order. A transaction reads its own writes.
+type KV interface {
+	Get(kind, key string) ([]byte, error)
+	Put(kind, key string, value []byte) error
+	Delete(kind, key string) error // deleting a missing key is not an error
+	Scan(kind string, fn func(key string, value []byte) error) error
+	// NextSeq returns the next number of the named sequence, starting at 1. Numbers handed
+	// out by committed transactions are never handed out again.
+	NextSeq(name string) (int64, error)
+}

@@ -1,0 +1,325 @@
+// Package storetest is the conformance suite every store engine must pass.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/store"
+)
+
+// Factory opens the engine under test. Calling it again with the same dir after Close must
+// reopen the same data (the persistence test relies on it).
+type Factory func(t *testing.T, dir string) store.Engine
+
+// Run runs the whole suite.
+func Run(t *testing.T, open Factory) {
+	t.Run("GetMissing", func(t *testing.T) { testGetMissing(t, open) })
+	t.Run("PutGetScanDelete", func(t *testing.T) { testPutGetScanDelete(t, open) })
+	t.Run("ReadYourWrites", func(t *testing.T) { testReadYourWrites(t, open) })
+	t.Run("RollbackOnError", func(t *testing.T) { testRollback(t, open) })
+	t.Run("ViewIsReadOnly", func(t *testing.T) { testViewReadOnly(t, open) })
+	t.Run("Sequences", func(t *testing.T) { testSequences(t, open) })
+	t.Run("SerializableUpdates", func(t *testing.T) { testSerializable(t, open) })
+	t.Run("Persistence", func(t *testing.T) { testPersistence(t, open) })
+	t.Run("TypedTables", func(t *testing.T) { testTyped(t, open) })
+	t.Run("SessionTokenIndex", func(t *testing.T) { testTokenIndex(t, open) })
+}
+
+var ctx = context.Background()
+
+func engine(t *testing.T, open Factory) store.Engine {
+	e := open(t, t.TempDir())
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func testGetMissing(t *testing.T, open Factory) {
+	e := engine(t, open)
+	err := e.View(ctx, func(kv store.KV) error {
+		_, err := kv.Get("k", "missing")
+		return err
+	})
+	if !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get of a missing key: got %v, want ErrNotFound", err)
+	}
+}
+
+func testPutGetScanDelete(t *testing.T, open Factory) {
+	e := engine(t, open)
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		for _, k := range []string{"b", "a", "c"} {
+			if err := kv.Put("letters", k, []byte("v"+k)); err != nil {
+				return err
+			}
+		}
+		return kv.Put("other", "a", []byte("x"))
+	}))
+	must(t, e.Update(ctx, func(kv store.KV) error { return kv.Put("letters", "b", []byte("vb2")) }))
+	var keys, values []string
+	must(t, e.View(ctx, func(kv store.KV) error {
+		return kv.Scan("letters", func(k string, v []byte) error {
+			keys = append(keys, k)
+			values = append(values, string(v))
+			return nil
+		})
+	}))
+	if fmt.Sprint(keys) != "[a b c]" || fmt.Sprint(values) != "[va vb2 vc]" {
+		t.Fatalf("scan = %v %v, want keys in order and the overwritten value", keys, values)
+	}
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		if err := kv.Delete("letters", "b"); err != nil {
+			return err
+		}
+		return kv.Delete("letters", "never-there")
+	}))
+	must(t, e.View(ctx, func(kv store.KV) error {
+		if _, err := kv.Get("letters", "b"); !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("deleted key still readable: %v", err)
+		}
+		v, err := kv.Get("other", "a")
+		if err != nil || string(v) != "x" {
+			return fmt.Errorf("kinds are not separate: %q %v", v, err)
+		}
+		return nil
+	}))
+}
+
+func testReadYourWrites(t *testing.T, open Factory) {
+	e := engine(t, open)
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		if err := kv.Put("k", "x", []byte("1")); err != nil {
+			return err
+		}
+		v, err := kv.Get("k", "x")
+		if err != nil || string(v) != "1" {
+			return fmt.Errorf("a transaction must read its own write: %q %v", v, err)
+		}
+		n := 0
+		kv.Scan("k", func(string, []byte) error { n++; return nil })
+		if n != 1 {
+			return fmt.Errorf("scan inside the transaction saw %d keys, want 1", n)
+		}
+		return nil
+	}))
+}
+
+func testRollback(t *testing.T, open Factory) {
+	e := engine(t, open)
+	boom := errors.New("boom")
+	err := e.Update(ctx, func(kv store.KV) error {
+		kv.Put("k", "x", []byte("1"))
+		kv.NextSeq("s")
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Update must return fn's error, got %v", err)
+	}
+	must(t, e.View(ctx, func(kv store.KV) error {
+		if _, err := kv.Get("k", "x"); !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("write of a failed transaction is visible: %v", err)
+		}
+		return nil
+	}))
+}
+
+func testViewReadOnly(t *testing.T, open Factory) {
+	e := engine(t, open)
+	err := e.View(ctx, func(kv store.KV) error { return kv.Put("k", "x", []byte("1")) })
+	if !errors.Is(err, store.ErrReadOnly) {
+		t.Fatalf("Put in View: got %v, want ErrReadOnly", err)
+	}
+}
+
+func testSequences(t *testing.T, open Factory) {
+	e := engine(t, open)
+	var got []int64
+	for i := 0; i < 3; i++ {
+		must(t, e.Update(ctx, func(kv store.KV) error {
+			a, err := kv.NextSeq("job")
+			if err != nil {
+				return err
+			}
+			got = append(got, a)
+			return nil
+		}))
+	}
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		b, err := kv.NextSeq("other")
+		if b != 1 {
+			return fmt.Errorf("a new sequence starts at 1, got %d", b)
+		}
+		return err
+	}))
+	if fmt.Sprint(got) != "[1 2 3]" {
+		t.Fatalf("sequence = %v, want [1 2 3]", got)
+	}
+}
+
+func testSerializable(t *testing.T, open Factory) {
+	e := engine(t, open)
+	const workers, each = 8, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				err := e.Update(ctx, func(kv store.KV) error {
+					n := 0
+					if v, err := kv.Get("c", "n"); err == nil {
+						fmt.Sscan(string(v), &n)
+					} else if !errors.Is(err, store.ErrNotFound) {
+						return err
+					}
+					return kv.Put("c", "n", []byte(fmt.Sprint(n+1)))
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	// Readers alongside the writers must see whole numbers, never fail.
+	stop := make(chan struct{})
+	var readErr error
+	var rwg sync.WaitGroup
+	rwg.Add(1)
+	go func() {
+		defer rwg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := e.View(ctx, func(kv store.KV) error { _, err := kv.Get("c", "n"); return err }); err != nil && !errors.Is(err, store.ErrNotFound) {
+				readErr = err
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	rwg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if readErr != nil {
+		t.Fatalf("reader failed beside writers: %v", readErr)
+	}
+	must(t, e.View(ctx, func(kv store.KV) error {
+		v, err := kv.Get("c", "n")
+		if err != nil || string(v) != fmt.Sprint(workers*each) {
+			return fmt.Errorf("counter = %q (%v), want %d: lost updates", v, err, workers*each)
+		}
+		return nil
+	}))
+}
+
+func testPersistence(t *testing.T, open Factory) {
+	dir := t.TempDir()
+	e := open(t, dir)
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		kv.NextSeq("s")
+		return kv.Put("k", "x", []byte("kept"))
+	}))
+	must(t, e.Close())
+	e = open(t, dir)
+	defer e.Close()
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		v, err := kv.Get("k", "x")
+		if err != nil || string(v) != "kept" {
+			return fmt.Errorf("after reopen: %q %v", v, err)
+		}
+		n, err := kv.NextSeq("s")
+		if n != 2 {
+			return fmt.Errorf("sequence after reopen = %d, want 2 (never reuse)", n)
+		}
+		return err
+	}))
+}
+
+func testTyped(t *testing.T, open Factory) {
+	s := store.New(engine(t, open))
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		if err := store.Pools.Put(tx, &model.Pool{Name: "wlm_pool", Granularity: 1 << 30}); err != nil {
+			return err
+		}
+		for i := 0; i < 12; i++ { // more than 9: ids must sort numerically
+			id, err := store.Fragments.NewID(tx)
+			if err != nil {
+				return err
+			}
+			if err := store.Fragments.Put(tx, &model.Fragment{ID: id, InstanceID: int64(i % 2), Node: "n"}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	must(t, s.View(ctx, func(tx *store.Tx) error {
+		p, err := store.Pools.Get(tx, "wlm_pool")
+		if err != nil || p.Granularity != 1<<30 {
+			return fmt.Errorf("pool: %+v %v", p, err)
+		}
+		all, err := store.Fragments.List(tx)
+		if err != nil || len(all) != 12 {
+			return fmt.Errorf("fragments: %d %v", len(all), err)
+		}
+		for i, f := range all {
+			if f.ID != int64(i+1) {
+				return fmt.Errorf("fragment %d has id %d: list must be in id order", i, f.ID)
+			}
+		}
+		odd, _ := store.Fragments.Filter(tx, func(f *model.Fragment) bool { return f.InstanceID == 1 })
+		if len(odd) != 6 {
+			return fmt.Errorf("filter found %d, want 6", len(odd))
+		}
+		if _, err := store.Fragments.Get(tx, 99); !store.IsNotFound(err) {
+			return fmt.Errorf("missing fragment: %v", err)
+		}
+		return nil
+	}))
+}
+
+func testTokenIndex(t *testing.T, open Factory) {
+	s := store.New(engine(t, open))
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		return store.PutSession(tx, &model.Session{ID: 7, Token: "1234", Owner: 1001})
+	}))
+	err := s.Update(ctx, func(tx *store.Tx) error {
+		return store.PutSession(tx, &model.Session{ID: 8, Token: "1234"})
+	})
+	if err == nil {
+		t.Fatal("a second session with the same token must be refused")
+	}
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		got, err := store.SessionByToken(tx, "1234")
+		if err != nil || got.ID != 7 || got.Owner != 1001 {
+			return fmt.Errorf("by token: %+v %v", got, err)
+		}
+		return store.DeleteSession(tx, got)
+	}))
+	must(t, s.View(ctx, func(tx *store.Tx) error {
+		if _, err := store.SessionByToken(tx, "1234"); !store.IsNotFound(err) {
+			return fmt.Errorf("deleted session still found by token: %v", err)
+		}
+		return nil
+	}))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
