@@ -16,6 +16,9 @@ type FragmentSpec struct {
 	ID         int64  `json:"id"`
 	InstanceID int64  `json:"instance"`
 	Capacity   uint64 `json:"capacity"` // bytes this fragment may hold
+	// InstanceCapacity is the whole instance's capacity: while an instance's files live on
+	// one node (until warpfs stripes them), it is what the node enforces.
+	InstanceCapacity uint64 `json:"instance_capacity"`
 }
 
 // NamespaceSpec asks a storage node to create a file tree inside one of its fragments.
@@ -38,8 +41,9 @@ type MountSpec struct {
 	InstanceID   int64  `json:"instance"`
 	Capacity     uint64 `json:"capacity"` // the instance's capacity (shown by df, enforced)
 	ReadOnly     bool   `json:"read_only"`
-	Owner        uint32 `json:"owner"` // the session owner: the only user who may reach a job mount in embedded mode
-	Label        string `json:"label"` // shown as the file system name in /proc/mounts
+	Owner        uint32 `json:"owner"`                  // the session owner
+	ClientCache  bool   `json:"client_cache,omitempty"` // DataWarp's client_cache: close-to-open caching
+	Label        string `json:"label"`                  // shown as the file system name in /proc/mounts
 }
 
 // StageSpec asks the storage node holding the namespace to move data for a session, as the
@@ -52,11 +56,13 @@ type StageSpec struct {
 	PFSPath   string            `json:"pfs_path"`  // absolute; for list: the list file
 	DWPath    string            `json:"dw_path"`   // "$DW_JOB_STRIPED/sub/file"; empty for list
 	Roots     map[string]string `json:"roots"`     // variable name -> namespace directory on this node
-	Quotas    map[string]int64  `json:"quotas"`    // variable name -> instance id (for capacity accounting)
-	UID       uint32            `json:"uid"`
-	GID       uint32            `json:"gid"`
-	Line      int               `json:"line,omitempty"` // directive line, for messages
-	Parallel  int               `json:"parallel"`       // files copied at once
+	// Instance is the instance whose capacity a stage-in is charged to: the one holding the
+	// stage's namespace.
+	Instance int64  `json:"instance"`
+	UID      uint32 `json:"uid"`
+	GID      uint32 `json:"gid"`
+	Line     int    `json:"line,omitempty"` // directive line, for messages
+	Parallel int    `json:"parallel"`       // files copied at once
 }
 
 // StageStatus is what a storage node knows about a stage it was asked to run.
@@ -99,4 +105,15 @@ type Agent interface {
 	StartStage(ctx context.Context, spec StageSpec) error
 	StageStatus(ctx context.Context, id int64) (StageStatus, error)
 	CancelStage(ctx context.Context, id int64) error
+}
+
+// Assignment is the controller's answer to a heartbeat: what it keeps on the node. An agent
+// that restarted restores the mounts; an agent that holds fragments or namespaces the
+// controller no longer knows removes them (after a grace period, and only if the controller
+// is the one it has served before: same ClusterID).
+type Assignment struct {
+	ClusterID  string          `json:"cluster_id"`
+	Fragments  []int64         `json:"fragments"`
+	Namespaces []NamespaceSpec `json:"namespaces"`
+	Mounts     []MountSpec     `json:"mounts"`
 }

@@ -102,14 +102,17 @@ type Executor struct {
 
 // Stage limits the data movers.
 type Stage struct {
-	MaxRunning        int      `toml:"max_running"`         // stages running at once, all sessions
-	FilesInFlight     int      `toml:"files_in_flight"`     // files copied at once within one stage
-	PollInterval      Duration `toml:"poll_interval"`       // how often the controller asks an agent for progress
-	Timeout           Duration `toml:"timeout"`             // one stage, end to end
-	MaxAttempts       int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
-	ProgressInterval  Duration `toml:"progress_interval"`   // how often a worker reports progress
-	MaxFilesPerStage  int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
-	WorkerOutputLimit Size     `toml:"worker_output_limit"` // longest line a stage worker may print
+	MaxRunning       int      `toml:"max_running"`         // stages running at once, all sessions
+	FilesInFlight    int      `toml:"files_in_flight"`     // files copied at once within one stage
+	PollInterval     Duration `toml:"poll_interval"`       // how often the controller asks an agent for progress
+	Timeout          Duration `toml:"timeout"`             // one stage, end to end
+	MaxAttempts      int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
+	ProgressInterval Duration `toml:"progress_interval"`   // how often a worker reports progress
+	MaxFilesPerStage int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
+	// AllowRoot lets stages run for uid 0. Off on system installs (Slurm never runs root
+	// jobs; a uid of 0 there is a bug); `spillway run` started by root turns it on.
+	AllowRoot         bool `toml:"allow_root"`
+	WorkerOutputLimit Size `toml:"worker_output_limit"` // longest line a stage worker may print
 }
 
 // Agent is a storage and/or compute node daemon.
@@ -123,6 +126,9 @@ type Agent struct {
 	Controller        string   `toml:"controller"`         // the controller's API address
 	TokenFile         string   `toml:"token_file"`         // shared secret (see controller.token_file)
 	HeartbeatInterval Duration `toml:"heartbeat_interval"` // how often it reports to the controller
+	// GCGrace is how old a fragment or namespace the controller no longer knows must be before
+	// the agent removes it (younger ones may simply be newer than the controller's answer).
+	GCGrace Duration `toml:"gc_grace"`
 }
 
 // Mount is the compute-node side: how instances appear to jobs.
@@ -187,6 +193,7 @@ func Defaults() Config {
 			Listen:            "unix:/run/spillway/agent.sock",
 			Controller:        "unix:/run/spillway/controller.sock",
 			HeartbeatInterval: Duration(5 * time.Second),
+			GCGrace:           Duration(2 * time.Minute),
 		},
 		Mount: Mount{
 			ClientCacheTimeout: Duration(1 * time.Second),

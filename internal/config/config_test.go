@@ -52,12 +52,12 @@ granularity = "1TiB"
 
 func TestParseErrorsNameTheKey(t *testing.T) {
 	cases := map[string]string{
-		"[stage]\nmax_runing = 3\n":                  "stage.max_runing",
-		"[agent]\ncapacity = \"12XB\"\n":             "XB",
-		"[stage]\ntimeout = \"soon\"\n":              "soon",
-		"[executor]\nmax_attempts = 0\n":             "executor.max_attempts must be greater than 0",
+		"[stage]\nmax_runing = 3\n":                   "stage.max_runing",
+		"[agent]\ncapacity = \"12XB\"\n":              "XB",
+		"[stage]\ntimeout = \"soon\"\n":               "soon",
+		"[executor]\nmax_attempts = 0\n":              "executor.max_attempts must be greater than 0",
 		"[[pool]]\nname = \"p\"\ngranularity = \"0\"": "granularity must be greater than 0",
-		"[controller]\nmount_root = \"rel/dir\"\n":   "must be an absolute path",
+		"[controller]\nmount_root = \"rel/dir\"\n":    "must be an absolute path",
 	}
 	for text, want := range cases {
 		_, err := Parse([]byte(text), "bad.toml", Defaults())

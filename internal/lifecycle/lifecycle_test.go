@@ -45,8 +45,10 @@ func newHarness(t *testing.T, nodes ...string) *harness {
 		t: t, w: w, now: time.Unix(1_700_000_000, 0), nextID: map[string]ID{},
 		p: Params{MountRoot: "/mnt/bb", MaxSessions: 100, MaxNodesPerInstance: 0, MaxAttempts: 3,
 			RetryBackoff: time.Second, RetryBackoffMax: 4 * time.Second, StageMaxAttempts: 2, StageMaxRunning: 4},
-		fail:        func(Effect) error { return nil },
-		stageResult: func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} },
+		fail: func(Effect) error { return nil },
+		stageResult: func(Effect) agentapi.StageStatus {
+			return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+		},
 	}
 }
 
@@ -193,7 +195,9 @@ func TestTeardownWaitsForStageOutUnlessHurried(t *testing.T) {
 			h := newHarness(t, "ssd1")
 			h.must(ApplySetup(h.w, jobSetup("7", 1<<30), h, h.p, h.now))
 			h.settle()
-			h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: "running", BytesDone: 5} }
+			h.stageResult = func(Effect) agentapi.StageStatus {
+				return agentapi.StageStatus{Known: true, Status: "running", BytesDone: 5}
+			}
 			h.must(ApplyStages(h.w, "7", model.StageOut, []StageRequest{{Type: "file", PFSPath: "/pfs/o", DWVar: VarJobStriped, DWPath: "/o"}}, h, h.now))
 			for i := 0; i < 3; i++ {
 				Complete(h.w, Effect{}, Result{}, h.p, h.now)
@@ -231,7 +235,9 @@ func TestTeardownWaitsForStageOutUnlessHurried(t *testing.T) {
 			}
 			if mode == "wait" {
 				// The stage-out finishes: the teardown completes.
-				h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+				h.stageResult = func(Effect) agentapi.StageStatus {
+					return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+				}
 				h.settle()
 				assertEmpty(t, h.w)
 			}
@@ -291,7 +297,9 @@ func TestLostStageIsRestartedThenFails(t *testing.T) {
 		t.Fatalf("started %d times, limit %d", n, h.p.StageMaxAttempts)
 	}
 	// Asking for data_in again retries the failed stage.
-	h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+	}
 	h.must(ApplyStages(h.w, "3", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/pfs/a", DWVar: VarJobStriped, DWPath: "/a", Line: 2}}, h, h.now))
 	h.settle()
 	if st := h.status("3", PhaseDataIn); !st.Done || st.Failed || len(st.Stages) != 1 {
@@ -481,7 +489,9 @@ func TestRandomHistories(t *testing.T) {
 			}
 		}
 		h.fail = func(Effect) error { return nil }
-		h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+		h.stageResult = func(Effect) agentapi.StageStatus {
+			return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+		}
 		for _, s := range h.w.SortedSessions() {
 			if err := ApplyTeardown(h.w, s.Token, true); err != nil {
 				t.Fatalf("seed %d: teardown %s: %v", seed, s.Token, err)

@@ -2,7 +2,7 @@ package lifecycle
 
 import (
 	"fmt"
-	"strings"
+	"path"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
@@ -85,7 +85,7 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 			allReady = false
 			if ready(f.State, now) {
 				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
-					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity}})
+					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity}})
 			}
 		}
 		for _, c := range w.ConfigurationsOf(inst.ID) {
@@ -175,14 +175,39 @@ func stepActivation(w *World, s *model.Session, a *model.Activation, p Params, n
 	if ns == nil || !ns.State.Actualized || !ready(a.State, now) {
 		return nil
 	}
-	f := w.Fragments[ns.FragmentID]
+	return []Effect{{Op: OpMount, Ref: Ref{KindActivation, a.ID}, Node: a.Node, Mount: mountSpec(w, a)}}
+}
+
+// mountSpec is the agent's order to mount an activation.
+func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
+	spec := agentapi.MountSpec{ActivationID: a.ID, MountPath: a.MountPath, ReadOnly: a.ReadOnly,
+		Label: "spillway:" + path.Base(a.MountPath)}
+	ns := w.Namespaces[a.NamespaceID]
 	c := w.Configurations[a.ConfigurationID]
-	inst := w.Instances[c.InstanceID]
-	return []Effect{{Op: OpMount, Ref: Ref{KindActivation, a.ID}, Node: a.Node, Mount: agentapi.MountSpec{
-		ActivationID: a.ID, MountPath: a.MountPath, StorageNode: f.Node, FragmentID: f.ID, NamespaceID: ns.ID,
-		InstanceID: inst.ID, Capacity: inst.Capacity, ReadOnly: a.ReadOnly, Owner: c.Owner,
-		Label: fmt.Sprintf("spillway:%s", strings.TrimSuffix(a.MountPath[strings.LastIndex(a.MountPath, "/")+1:], "")),
-	}}}
+	if ns == nil || c == nil {
+		return spec
+	}
+	spec.NamespaceID, spec.Owner, spec.InstanceID = ns.ID, c.Owner, c.InstanceID
+	if f := w.Fragments[ns.FragmentID]; f != nil {
+		spec.StorageNode, spec.FragmentID = f.Node, f.ID
+	}
+	if inst := w.Instances[c.InstanceID]; inst != nil {
+		spec.Capacity = inst.Capacity
+	}
+	return spec
+}
+
+// LiveMounts lists the mounts that should exist on a compute node now: its actualized
+// activations. An agent that restarted uses it to restore them.
+func LiveMounts(w *World, node string) []agentapi.MountSpec {
+	var out []agentapi.MountSpec
+	for _, id := range sortedIDs(w.Activations) {
+		a := w.Activations[id]
+		if a.Node == node && a.State.Goal == model.GoalCreate && a.State.Actualized {
+			out = append(out, mountSpec(w, a))
+		}
+	}
+	return out
 }
 
 // NamespaceLocator is how the controller names a namespace to the agent that holds it; the
@@ -204,7 +229,10 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 	}
 	spec := agentapi.StageSpec{
 		ID: st.ID, Direction: st.Direction, Type: st.Type, PFSPath: st.PFSPath, DWPath: st.DWPath,
-		Roots: map[string]string{}, Quotas: map[string]int64{}, UID: s.Owner, GID: s.Group, Line: st.Line,
+		Roots: map[string]string{}, UID: s.Owner, GID: s.Group, Line: st.Line,
+	}
+	if c := w.Configurations[st.ConfigurationID]; c != nil {
+		spec.Instance = c.InstanceID
 	}
 	for _, e := range Exposures(w, s) {
 		ens := w.NamespaceFor(e.Config, "")
@@ -216,7 +244,6 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 			continue
 		}
 		spec.Roots[e.Var] = NamespaceLocator(ef.ID, ens.ID)
-		spec.Quotas[e.Var] = e.Config.InstanceID
 	}
 	return spec, f.Node, nil
 }

@@ -183,3 +183,12 @@ func (tx *Tx) NextSeq(name string) (int64, error) { return tx.kv.NextSeq(name) }
 
 // IsNotFound reports whether err says an object does not exist.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// MetaValue is one setting the controller keeps about itself (its cluster id, for one).
+type MetaValue struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// Meta holds the controller's own settings.
+var Meta = NameTable[MetaValue]{Table[MetaValue]{kind: "meta", key: func(m *MetaValue) string { return m.Key }}}

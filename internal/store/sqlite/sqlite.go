@@ -38,6 +38,9 @@ CREATE TABLE IF NOT EXISTS meta (
 // schemaVersion is bumped when the layout above changes; Open refuses newer databases.
 const schemaVersion = 1
 
+// ErrLocked is wrapped by Open's error when another process holds the database.
+var ErrLocked = errors.New("state database locked")
+
 // Engine is a store.Engine on one SQLite database file.
 type Engine struct {
 	db      *sql.DB
@@ -101,7 +104,7 @@ func lockFile(path string) (*os.File, error) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(path)
 		f.Close()
-		return nil, fmt.Errorf("state database is in use by another process (pid %s, lock %s): stop it, or point this one at another state directory", strings.TrimSpace(string(holder)), path)
+		return nil, fmt.Errorf("%w: the state database is in use by another process (pid %s, lock %s): stop it, or point this one at another state directory", ErrLocked, strings.TrimSpace(string(holder)), path)
 	}
 	f.Truncate(0)
 	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)

@@ -1,0 +1,298 @@
+// Package apiclient talks to the controller's REST API: every command (dw_wlm_cli, dwstat,
+// dwcli, spillway run) goes through it. It retries while the controller restarts, a bounded
+// number of times, and turns error answers into errors that say what went wrong.
+package apiclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/views"
+)
+
+// Client is a controller connection.
+type Client struct {
+	base    string // http://spillway for Unix sockets, or the TCP base URL
+	http    *http.Client
+	token   string
+	retries int
+	wait    time.Duration
+	address string
+}
+
+// Options are the connection limits (config section [client]).
+type Options struct {
+	Token          string
+	ConnectRetries int           // attempts while the controller is unreachable
+	RetryWait      time.Duration // between attempts
+	RequestTimeout time.Duration // one request
+}
+
+// New connects to address: "unix:/path/to.sock", a bare socket path, or "http://host:port".
+func New(address string, o Options) (*Client, error) {
+	if o.ConnectRetries <= 0 {
+		o.ConnectRetries = 1
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 60 * time.Second
+	}
+	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address}
+	switch {
+	case strings.HasPrefix(address, "http://") || strings.HasPrefix(address, "https://"):
+		c.base = strings.TrimRight(address, "/")
+		c.http = &http.Client{Timeout: o.RequestTimeout}
+	default:
+		sock := strings.TrimPrefix(address, "unix:")
+		if sock == "" {
+			return nil, fmt.Errorf("empty controller address")
+		}
+		c.base = "http://spillway"
+		c.http = &http.Client{Timeout: o.RequestTimeout, Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", sock)
+			},
+		}}
+	}
+	return c, nil
+}
+
+// Address is what the client connects to.
+func (c *Client) Address() string { return c.address }
+
+// Error is an error answer of the API.
+type Error struct {
+	Status int
+	Kind   string // user, not_found, busy, forbidden, unauthorized, internal
+	Msg    string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// IsNotFound reports whether the controller said the token does not exist.
+func IsNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Kind == "not_found"
+}
+
+// IsBusy reports whether the controller asked to retry later.
+func IsBusy(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Kind == "busy"
+}
+
+// Unreachable is returned when the controller could not be reached within the retries.
+type Unreachable struct {
+	Address string
+	Err     error
+}
+
+func (e *Unreachable) Error() string {
+	return fmt.Sprintf("cannot reach the Spillway controller at %s: %v (is `spillway controller` running? see docs/admin.md)", e.Address, e.Err)
+}
+
+func retryable(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// Do sends one request and decodes the answer into out (when not nil).
+func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
+	var raw []byte
+	if body != nil {
+		var err error
+		if raw, err = json.Marshal(body); err != nil {
+			return err
+		}
+	}
+	var lastErr error
+	for attempt := 0; attempt < c.retries; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(c.wait):
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(raw))
+		if err != nil {
+			return err
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			lastErr = err
+			if retryable(err) && ctx.Err() == nil {
+				continue
+			}
+			return &Unreachable{Address: c.address, Err: err}
+		}
+		data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		resp.Body.Close()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if resp.StatusCode >= 300 {
+			var apiErr controller.APIError
+			if json.Unmarshal(data, &apiErr) != nil || apiErr.Error == "" {
+				apiErr.Error = fmt.Sprintf("controller answered %s: %s", resp.Status, strings.TrimSpace(string(data)))
+			}
+			return &Error{Status: resp.StatusCode, Kind: apiErr.Kind, Msg: apiErr.Error}
+		}
+		if out != nil {
+			if err := json.Unmarshal(data, out); err != nil {
+				return fmt.Errorf("controller answer to %s %s: %v", method, path, err)
+			}
+		}
+		return nil
+	}
+	return &Unreachable{Address: c.address, Err: lastErr}
+}
+
+func esc(s string) string { return url.PathEscape(s) }
+
+// All returns every table.
+func (c *Client) All(ctx context.Context) (views.All, error) {
+	var a views.All
+	err := c.Do(ctx, "GET", "/dw/v1/all", nil, &a)
+	return a, err
+}
+
+// Setup creates a session.
+func (c *Client) Setup(ctx context.Context, req lifecycle.Setup) error {
+	return c.Do(ctx, "POST", "/dw/v1/sessions", req, nil)
+}
+
+// Stages asks for stage-ins ("in") or stage-outs ("out").
+func (c *Client) Stages(ctx context.Context, token, direction string, reqs []lifecycle.StageRequest) error {
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/data_"+direction, controller.StagesRequest{Stages: reqs}, nil)
+}
+
+// PreRun mounts the session on compute nodes.
+func (c *Client) PreRun(ctx context.Context, token string, nodes []string) error {
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/pre_run", controller.PreRunRequest{Nodes: nodes}, nil)
+}
+
+// PostRun unmounts it.
+func (c *Client) PostRun(ctx context.Context, token string) error {
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/post_run", nil, nil)
+}
+
+// Teardown destroys a session.
+func (c *Client) Teardown(ctx context.Context, token string, hurry bool) error {
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/teardown", controller.TeardownRequest{Hurry: hurry}, nil)
+}
+
+// Status reports progress with a step. With wait > 0 the controller answers as soon as the
+// step finishes or fails, or after wait.
+func (c *Client) Status(ctx context.Context, token, step string, wait time.Duration) (lifecycle.StepStatus, error) {
+	var st lifecycle.StepStatus
+	q := "?step=" + url.QueryEscape(step)
+	if wait > 0 {
+		q += "&wait=" + wait.String()
+	}
+	err := c.Do(ctx, "GET", "/dw/v1/sessions/"+esc(token)+"/status"+q, nil, &st)
+	return st, err
+}
+
+// Paths returns the job's environment variables.
+func (c *Client) Paths(ctx context.Context, token string) (map[string]string, error) {
+	var out struct {
+		Paths map[string]string `json:"paths"`
+	}
+	err := c.Do(ctx, "GET", "/dw/v1/sessions/"+esc(token)+"/paths", nil, &out)
+	return out.Paths, err
+}
+
+// ReleaseRegistration sets a registration's wait flag to false.
+func (c *Client) ReleaseRegistration(ctx context.Context, id int64) error {
+	return c.Do(ctx, "PATCH", fmt.Sprintf("/dw/v1/registrations/%d", id), controller.RegistrationUpdate{Wait: false}, nil)
+}
+
+// SetDrain drains or fills a node.
+func (c *Client) SetDrain(ctx context.Context, node string, drain bool, reason string) error {
+	return c.Do(ctx, "PATCH", "/dw/v1/nodes/"+esc(node), controller.NodeUpdate{Drain: &drain, Reason: reason}, nil)
+}
+
+// CreatePool creates a pool.
+func (c *Client) CreatePool(ctx context.Context, name string, granularity uint64) error {
+	return c.Do(ctx, "POST", "/dw/v1/pools", controller.PoolCreate{ID: name, Granularity: granularity}, nil)
+}
+
+// Heartbeat reports an agent.
+func (c *Client) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agentapi.Assignment, error) {
+	var reply agentapi.Assignment
+	err := c.Do(ctx, "POST", "/dw/v1/nodes/"+esc(r.Name)+"/heartbeat", r, &reply)
+	return reply, err
+}
+
+// WaitStep waits for a step to finish or fail, calling progress on each answer (at least every
+// poll). It gives up after timeout (0 = never) — staging steps pass 0 and rely on the WLM's own
+// timeout.
+func (c *Client) WaitStep(ctx context.Context, token, step string, poll, timeout time.Duration, progress func(lifecycle.StepStatus)) (lifecycle.StepStatus, error) {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		st, err := c.Status(ctx, token, step, poll)
+		if err != nil {
+			return st, err
+		}
+		if progress != nil {
+			progress(st)
+		}
+		if st.Done || (st.Failed && step != lifecycle.PhaseDataIn && step != lifecycle.PhaseDataOut) {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-deadline:
+			return st, fmt.Errorf("%s of %s did not finish within %s (client.step_timeout)", step, token, timeout)
+		default:
+		}
+	}
+}
+
+// TokenFromFile reads a shared-secret file ("" = no token).
+func TokenFromFile(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// NextRunID draws a job id for `spillway run`.
+func (c *Client) NextRunID(ctx context.Context) (int64, error) {
+	var out struct {
+		ID int64 `json:"id"`
+	}
+	err := c.Do(ctx, "POST", "/dw/v1/run_ids", nil, &out)
+	return out.ID, err
+}

@@ -1,0 +1,421 @@
+package controller
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/httpapi"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/views"
+)
+
+// APIVersion is the version of the REST API under /dw/.
+const APIVersion = "v1"
+
+//go:embed openapi.json
+var openAPIDocument []byte
+
+// OpenAPI returns the API's OpenAPI 3 document.
+func OpenAPI() []byte { return openAPIDocument }
+
+// APIError is the body of every error answer.
+type APIError = httpapi.Error
+
+// Serve serves the API on a listener until ctx ends.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error { return httpapi.Serve(ctx, l, s) }
+
+// Tables are the object lists served under /dw/v1/<table>, in dwstat's order.
+var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations", "registrations", "activations", "fragments", "namespaces", "stages"}
+
+// caller is who sent a request.
+type caller struct {
+	uid        uint32
+	known      bool // the uid was read from the socket, or a token was presented
+	privileged bool // root, the controller's own user, a WLM user, or a token holder
+}
+
+type callerKey struct{}
+
+// Server is the HTTP face of a Controller.
+type Server struct {
+	c          *Controller
+	log        *slog.Logger
+	token      string
+	privileged map[uint32]bool
+	mux        *http.ServeMux
+	// Routes lists "METHOD /path" patterns, for the OpenAPI consistency test.
+	Routes []string
+}
+
+// NewServer builds the API. token is the shared secret TCP clients must present ("" = TCP
+// refused); wlmUsers are user names allowed to act on any session.
+func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger) *Server {
+	s := &Server{c: c, log: log, token: token, privileged: map[uint32]bool{0: true, uint32(os.Getuid()): true}, mux: http.NewServeMux()}
+	for _, name := range wlmUsers {
+		if u, err := user.Lookup(name); err == nil {
+			if uid, err := strconv.ParseUint(u.Uid, 10, 32); err == nil {
+				s.privileged[uint32(uid)] = true
+			}
+		}
+	}
+	s.handle("GET /dw/", s.versions)
+	s.handle("GET /dw/v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(openAPIDocument)
+	})
+	s.handle("GET /dw/v1/all", s.all)
+	s.handle("GET /dw/v1/{table}", s.table)
+	s.handle("POST /dw/v1/sessions", s.setup)
+	s.handle("POST /dw/v1/sessions/{token}/data_in", s.stages(model.StageIn))
+	s.handle("POST /dw/v1/sessions/{token}/data_out", s.stages(model.StageOut))
+	s.handle("POST /dw/v1/sessions/{token}/pre_run", s.preRun)
+	s.handle("POST /dw/v1/sessions/{token}/post_run", s.postRun)
+	s.handle("POST /dw/v1/sessions/{token}/teardown", s.teardown)
+	s.handle("GET /dw/v1/sessions/{token}/status", s.status)
+	s.handle("GET /dw/v1/sessions/{token}/paths", s.paths)
+	s.handle("PATCH /dw/v1/registrations/{id}", s.registration)
+	s.handle("PATCH /dw/v1/nodes/{name}", s.node)
+	s.handle("POST /dw/v1/pools", s.pool)
+	s.handle("POST /dw/v1/nodes/{name}/heartbeat", s.heartbeat)
+	s.handle("POST /dw/v1/run_ids", s.runID)
+	return s
+}
+
+func (s *Server) handle(pattern string, h http.HandlerFunc) {
+	s.Routes = append(s.Routes, pattern)
+	s.mux.HandleFunc(pattern, h)
+}
+
+// ServeHTTP authenticates the caller and dispatches.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	peer := httpapi.PeerOf(r)
+	who := caller{uid: peer.UID, known: peer.Known}
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		if s.token != "" && auth == "Bearer "+s.token {
+			who.known, who.privileged = true, true
+		} else {
+			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "the token presented does not match controller.token_file")
+			return
+		}
+	}
+	if !who.known {
+		httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "TCP clients must present the shared token (Authorization: Bearer ...); local clients use the Unix socket")
+		return
+	}
+	who.privileged = who.privileged || s.privileged[who.uid]
+	r.Body = http.MaxBytesReader(w, r.Body, int64(s.c.cfg.Controller.MaxRequestBytes))
+	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), callerKey{}, who), s.c.cfg.Controller.RequestTimeout.D())
+	defer cancel()
+	s.mux.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func (s *Server) fail(w http.ResponseWriter, err error) {
+	kind := ErrorKind(err)
+	status := map[string]int{"user": 400, "not_found": 404, "busy": 409}[kind]
+	if status == 0 {
+		status = 500
+		s.log.Error("request failed", "err", err)
+	}
+	httpapi.WriteError(w, status, kind, err.Error())
+}
+
+func who(r *http.Request) caller { c, _ := r.Context().Value(callerKey{}).(caller); return c }
+
+// mayActOn checks that the caller owns the session (or is privileged).
+func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) bool {
+	c := who(r)
+	if c.privileged {
+		return true
+	}
+	world, err := s.c.view(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return false
+	}
+	sess := world.SessionByToken(token)
+	if sess == nil || sess.Owner == c.uid {
+		return true // unknown tokens get their own answer (not found)
+	}
+	httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("session %s belongs to uid %d, not to uid %d", token, sess.Owner, c.uid))
+	return false
+}
+
+func (s *Server) requirePrivileged(w http.ResponseWriter, r *http.Request) bool {
+	if who(r).privileged {
+		return true
+	}
+	httpapi.WriteError(w, http.StatusForbidden, "forbidden", "this operation is for administrators (root or a controller.wlm_users user)")
+	return false
+}
+
+func (s *Server) versions(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/dw/" {
+		httpapi.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint: "+r.URL.Path+"; see /dw/v1/openapi.json")
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]any{"versions": []map[string]string{{"id": APIVersion}}})
+}
+
+func (s *Server) all(w http.ResponseWriter, r *http.Request) {
+	world, err := s.c.view(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, views.Build(world))
+}
+
+func (s *Server) table(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("table")
+	world, err := s.c.view(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	all := views.Build(world)
+	var rows any
+	switch name {
+	case "pools":
+		rows = all.Pools
+	case "nodes":
+		rows = all.Nodes
+	case "sessions":
+		rows = all.Sessions
+	case "instances":
+		rows = all.Instances
+	case "configurations":
+		rows = all.Configurations
+	case "fragments":
+		rows = all.Fragments
+	case "namespaces":
+		rows = all.Namespaces
+	case "registrations":
+		rows = all.Registrations
+	case "activations":
+		rows = all.Activations
+	case "stages":
+		rows = all.Stages
+	default:
+		httpapi.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no table %q; tables: %s", name, strings.Join(Tables, ", ")))
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]any{name: rows})
+}
+
+func (s *Server) setup(w http.ResponseWriter, r *http.Request) {
+	var req lifecycle.Setup
+	if !httpapi.Decode(w, r, &req) {
+		return
+	}
+	c := who(r)
+	if !c.privileged && req.Owner != c.uid {
+		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("uid %d may not create a session for uid %d", c.uid, req.Owner))
+		return
+	}
+	if err := s.c.Setup(r.Context(), req); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": req.Token})
+}
+
+// StagesRequest is the body of data_in and data_out.
+type StagesRequest struct {
+	Stages []lifecycle.StageRequest `json:"stages"`
+}
+
+func (s *Server) stages(direction string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		token := r.PathValue("token")
+		var req StagesRequest
+		if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
+			return
+		}
+		if err := s.c.Stages(r.Context(), token, direction, req.Stages); err != nil {
+			s.fail(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": token})
+	}
+}
+
+// PreRunRequest is the body of pre_run.
+type PreRunRequest struct {
+	Nodes []string `json:"nodes"`
+}
+
+func (s *Server) preRun(w http.ResponseWriter, r *http.Request) {
+	token := r.PathValue("token")
+	var req PreRunRequest
+	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
+		return
+	}
+	if err := s.c.PreRun(r.Context(), token, req.Nodes); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": token})
+}
+
+func (s *Server) postRun(w http.ResponseWriter, r *http.Request) {
+	token := r.PathValue("token")
+	if !s.mayActOn(w, r, token) {
+		return
+	}
+	if err := s.c.PostRun(r.Context(), token); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": token})
+}
+
+// TeardownRequest is the body of teardown.
+type TeardownRequest struct {
+	Hurry bool `json:"hurry"`
+}
+
+func (s *Server) teardown(w http.ResponseWriter, r *http.Request) {
+	token := r.PathValue("token")
+	var req TeardownRequest
+	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
+		return
+	}
+	if err := s.c.Teardown(r.Context(), token, req.Hurry); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": token})
+}
+
+// maxStatusWait bounds how long a status request may wait for its step (?wait=).
+const maxStatusWait = 10 * time.Second
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	var wait time.Duration
+	if v := r.URL.Query().Get("wait"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			httpapi.WriteError(w, 400, "user", "wait must be a duration such as 5s")
+			return
+		}
+		wait = min(d, maxStatusWait, s.c.cfg.Controller.RequestTimeout.D()/2)
+	}
+	st, err := s.c.WaitStatus(r.Context(), r.PathValue("token"), r.URL.Query().Get("step"), wait)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, st)
+}
+
+func (s *Server) paths(w http.ResponseWriter, r *http.Request) {
+	env, err := s.c.Paths(r.Context(), r.PathValue("token"))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]any{"paths": env})
+}
+
+// RegistrationUpdate is the body of PATCH /registrations/{id}.
+type RegistrationUpdate struct {
+	Wait bool `json:"wait"`
+}
+
+func (s *Server) registration(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		httpapi.WriteError(w, 400, "user", "registration id must be a number")
+		return
+	}
+	var req RegistrationUpdate
+	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
+		return
+	}
+	if req.Wait {
+		httpapi.WriteError(w, 400, "user", "only wait=false (--no-wait) can be set")
+		return
+	}
+	if err := s.c.ReleaseRegistration(r.Context(), id); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]int64{"id": id})
+}
+
+// NodeUpdate is the body of PATCH /nodes/{name}.
+type NodeUpdate struct {
+	Drain  *bool  `json:"drain"`
+	Reason string `json:"reason"`
+}
+
+func (s *Server) node(w http.ResponseWriter, r *http.Request) {
+	var req NodeUpdate
+	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
+		return
+	}
+	if req.Drain == nil {
+		httpapi.WriteError(w, 400, "user", `give "drain": true or false`)
+		return
+	}
+	if err := s.c.SetDrain(r.Context(), r.PathValue("name"), *req.Drain, req.Reason); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]string{"id": r.PathValue("name")})
+}
+
+// PoolCreate is the body of POST /pools.
+type PoolCreate struct {
+	ID          string `json:"id"`
+	Granularity uint64 `json:"granularity"`
+}
+
+func (s *Server) pool(w http.ResponseWriter, r *http.Request) {
+	var req PoolCreate
+	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
+		return
+	}
+	if err := s.c.CreatePool(r.Context(), req.ID, req.Granularity); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 201, map[string]string{"id": req.ID})
+}
+
+func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
+	var report agentapi.NodeReport
+	if !httpapi.Decode(w, r, &report) || !s.requirePrivileged(w, r) {
+		return
+	}
+	if report.Name != r.PathValue("name") {
+		httpapi.WriteError(w, 400, "user", "the report's name differs from the URL's")
+		return
+	}
+	reply, err := s.c.Heartbeat(r.Context(), report)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, reply)
+}
+
+func (s *Server) runID(w http.ResponseWriter, r *http.Request) {
+	id, err := s.c.NextRunID(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]int64{"id": id})
+}

@@ -1,0 +1,431 @@
+// Package controller is Spillway's DataWarp service: it owns all state, takes the WLM's
+// requests, and drives every object to its goal by calling agents (the executor).
+//
+// Every request and every effect outcome is decided by the pure core (package lifecycle) on a
+// world loaded inside a store transaction, and persisted in that same transaction before any
+// side effect runs. Side effects are idempotent, so after a crash the executor simply looks
+// again: whatever is not at its goal gets its effect re-run.
+package controller
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/config"
+	"github.com/spillway-hpc/spillway/internal/crashpoint"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/store"
+)
+
+// AgentDialer returns the agent of a node, given what the node registered.
+type AgentDialer func(node *model.Node) (agentapi.Agent, error)
+
+// Controller is the service. Create it with New, start the executor with Run.
+type Controller struct {
+	cfg    config.Config
+	store  *store.Store
+	dial   AgentDialer
+	params lifecycle.Params
+	log    *slog.Logger
+	now    func() time.Time
+
+	wake chan struct{}
+
+	changeMu sync.Mutex
+	changed  chan struct{} // closed (and replaced) whenever the state changes
+
+	mu       sync.Mutex
+	inflight map[lifecycle.Ref]bool
+	lastPoll map[int64]time.Time
+	local    map[string]agentapi.Agent // in-process agents by node name
+	remote   map[string]agentapi.Agent // dialled agents by node name (and the address used)
+	remoteAt map[string]string
+}
+
+// New creates a controller over a store. Pools listed in the configuration are created if
+// missing.
+func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger) (*Controller, error) {
+	c := &Controller{
+		cfg: cfg, store: st, dial: dial, log: log, now: time.Now,
+		wake:     make(chan struct{}, 1),
+		changed:  make(chan struct{}),
+		inflight: map[lifecycle.Ref]bool{},
+		lastPoll: map[int64]time.Time{},
+		local:    map[string]agentapi.Agent{},
+		remote:   map[string]agentapi.Agent{},
+		remoteAt: map[string]string{},
+		params: lifecycle.Params{
+			MountRoot:   cfg.Controller.MountRoot,
+			MaxSessions: cfg.Controller.MaxSessions,
+			// The local data path keeps an instance's files on one storage node; striping
+			// across nodes arrives with warpfs. See docs/architecture.md.
+			MaxNodesPerInstance: 1,
+			MaxAttempts:         cfg.Executor.MaxAttempts,
+			RetryBackoff:        cfg.Executor.RetryBackoff.D(),
+			RetryBackoffMax:     cfg.Executor.RetryBackoffMax.D(),
+			StageMaxAttempts:    cfg.Stage.MaxAttempts,
+			StageMaxRunning:     cfg.Stage.MaxRunning,
+		},
+	}
+	err := st.Update(context.Background(), func(tx *store.Tx) error {
+		for _, p := range cfg.Pools {
+			existing, err := store.Pools.Get(tx, p.Name)
+			if err == nil && existing.Granularity == uint64(p.Granularity) {
+				continue
+			}
+			if err == nil && existing.Granularity != uint64(p.Granularity) {
+				inUse, err := store.Instances.Filter(tx, func(i *model.Instance) bool { return i.Pool == p.Name })
+				if err != nil {
+					return err
+				}
+				if len(inUse) > 0 {
+					log.Warn("pool granularity in the config differs from the live pool, which has instances; keeping the live value",
+						"pool", p.Name, "config", uint64(p.Granularity), "live", existing.Granularity)
+					continue
+				}
+			} else if !store.IsNotFound(err) {
+				return err
+			}
+			if err := store.Pools.Put(tx, &model.Pool{Name: p.Name, Granularity: uint64(p.Granularity)}); err != nil {
+				return err
+			}
+		}
+		return ensureClusterID(tx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+const clusterIDKey = "cluster_id"
+
+// ensureClusterID gives the state database a random identity, so that agents never delete
+// data on the word of a controller that lost its state (a fresh database has a new id).
+func ensureClusterID(tx *store.Tx) error {
+	if _, err := store.Meta.Get(tx, clusterIDKey); err == nil {
+		return nil
+	}
+	b := make([]byte, 16)
+	rand.Read(b)
+	return store.Meta.Put(tx, &store.MetaValue{Key: clusterIDKey, Value: hex.EncodeToString(b)})
+}
+
+// ClusterID returns the state database's identity.
+func (c *Controller) ClusterID(ctx context.Context) (string, error) {
+	var id string
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		v, err := store.Meta.Get(tx, clusterIDKey)
+		if err == nil {
+			id = v.Value
+		}
+		return err
+	})
+	return id, err
+}
+
+// Params returns the decision parameters (for tests and status views).
+func (c *Controller) Params() lifecycle.Params { return c.params }
+
+// AddLocalAgent registers an in-process agent (the embedded default of `spillway run`).
+func (c *Controller) AddLocalAgent(name string, a agentapi.Agent) {
+	c.mu.Lock()
+	c.local[name] = a
+	c.mu.Unlock()
+}
+
+// notifyChange wakes everyone waiting for the state to change.
+func (c *Controller) notifyChange() {
+	c.changeMu.Lock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.changeMu.Unlock()
+}
+
+// Changed returns a channel closed at the next change of the state.
+func (c *Controller) Changed() <-chan struct{} {
+	c.changeMu.Lock()
+	defer c.changeMu.Unlock()
+	return c.changed
+}
+
+// WaitStatus is Status that waits, up to wait, for the step to finish or fail.
+func (c *Controller) WaitStatus(ctx context.Context, token, step string, wait time.Duration) (lifecycle.StepStatus, error) {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		changed := c.Changed()
+		st, err := c.Status(ctx, token, step)
+		if err != nil || st.Done || st.Failed || wait <= 0 {
+			return st, err
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return st, nil
+		case <-ctx.Done():
+			return st, nil
+		}
+	}
+}
+
+// wakeUp asks the executor to look now.
+func (c *Controller) wakeUp() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// view loads a consistent world.
+func (c *Controller) view(ctx context.Context) (*lifecycle.World, error) {
+	var w *lifecycle.World
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		w, err = loadWorld(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
+		return err
+	})
+	return w, err
+}
+
+// World returns a snapshot of every object, for status views.
+func (c *Controller) World(ctx context.Context) (*lifecycle.World, error) { return c.view(ctx) }
+
+// decide runs fn on a world loaded in a write transaction and persists what it changed.
+func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		now := c.now()
+		w, err := loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+		if err != nil {
+			return err
+		}
+		if err := fn(w, txIDs{tx}, now); err != nil {
+			return err
+		}
+		return persist(tx, w.TakeChanges())
+	})
+	if err != nil {
+		return err
+	}
+	c.notifyChange()
+	if crashName != "" {
+		crashpoint.Hit(crashName)
+	}
+	c.wakeUp()
+	return nil
+}
+
+// Setup creates a job or persistent session.
+func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup) error {
+	if req.Instance != nil && req.Instance.Pool == "" {
+		req.Instance.Pool = c.cfg.Controller.DefaultPool
+	}
+	return c.decide(ctx, "request-persisted:setup", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.ApplySetup(w, req, ids, c.params, now)
+	})
+}
+
+// Stages asks for stage-ins (direction "in") or stage-outs ("out").
+func (c *Controller) Stages(ctx context.Context, token, direction string, reqs []lifecycle.StageRequest) error {
+	if direction != model.StageIn && direction != model.StageOut {
+		return &lifecycle.UserError{Msg: fmt.Sprintf("stage direction %q: expected in or out", direction)}
+	}
+	return c.decide(ctx, "request-persisted:data_"+direction, func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.ApplyStages(w, token, direction, reqs, ids, now)
+	})
+}
+
+// PreRun mounts the session's configurations on compute nodes.
+func (c *Controller) PreRun(ctx context.Context, token string, nodes []string) error {
+	return c.decide(ctx, "request-persisted:pre_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.ApplyPreRun(w, token, nodes, ids, c.params)
+	})
+}
+
+// PostRun unmounts them.
+func (c *Controller) PostRun(ctx context.Context, token string) error {
+	return c.decide(ctx, "request-persisted:post_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.ApplyPostRun(w, token)
+	})
+}
+
+// Teardown destroys a session.
+func (c *Controller) Teardown(ctx context.Context, token string, hurry bool) error {
+	return c.decide(ctx, "request-persisted:teardown", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.ApplyTeardown(w, token, hurry)
+	})
+}
+
+// ReleaseRegistration lets teardown proceed without waiting for a registration's stage-outs.
+func (c *Controller) ReleaseRegistration(ctx context.Context, id int64) error {
+	return c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.ReleaseRegistration(w, id)
+	})
+}
+
+// SetDrain drains (or fills) a storage node.
+func (c *Controller) SetDrain(ctx context.Context, node string, drain bool, reason string) error {
+	return c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.SetNodeDrain(w, node, drain, reason)
+	})
+}
+
+// CreatePool adds a pool, or changes the granularity of an unused one.
+func (c *Controller) CreatePool(ctx context.Context, name string, granularity uint64) error {
+	if name == "" || granularity == 0 {
+		return &lifecycle.UserError{Msg: "a pool needs a name and a granularity greater than 0"}
+	}
+	return c.store.Update(ctx, func(tx *store.Tx) error {
+		inUse, err := store.Instances.Filter(tx, func(i *model.Instance) bool { return i.Pool == name })
+		if err != nil {
+			return err
+		}
+		if existing, err := store.Pools.Get(tx, name); err == nil && existing.Granularity != granularity && len(inUse) > 0 {
+			return &lifecycle.UserError{Msg: fmt.Sprintf("pool %s has %d instance(s); its granularity cannot change until they are gone", name, len(inUse))}
+		}
+		return store.Pools.Put(tx, &model.Pool{Name: name, Granularity: granularity})
+	})
+}
+
+// NextRunID draws the job id of a `spillway run` job.
+func (c *Controller) NextRunID(ctx context.Context) (int64, error) {
+	var id int64
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		var err error
+		id, err = tx.NextSeq("run_job")
+		return err
+	})
+	return id, err
+}
+
+// Status reports a session's progress with a step.
+func (c *Controller) Status(ctx context.Context, token, step string) (lifecycle.StepStatus, error) {
+	w, err := c.view(ctx)
+	if err != nil {
+		return lifecycle.StepStatus{}, err
+	}
+	return lifecycle.Status(w, token, step), nil
+}
+
+// Paths returns the job's DataWarp environment variables.
+func (c *Controller) Paths(ctx context.Context, token string) (map[string]string, error) {
+	w, err := c.view(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return lifecycle.Paths(w, token, c.params.MountRoot)
+}
+
+// Heartbeat records an agent's report and returns what lives on its node.
+func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agentapi.Assignment, error) {
+	var reply agentapi.Assignment
+	if r.Name == "" {
+		return reply, &lifecycle.UserError{Msg: "heartbeat without a node name"}
+	}
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		n, err := store.Nodes.Get(tx, r.Name)
+		if store.IsNotFound(err) {
+			n = &model.Node{Name: r.Name}
+		} else if err != nil {
+			return err
+		}
+		wasOnline := c.now().Sub(n.LastSeen) < c.cfg.Controller.NodeTimeout.D()
+		if r.Pool != "" {
+			if _, err := store.Pools.Get(tx, r.Pool); err != nil {
+				return &lifecycle.UserError{Msg: fmt.Sprintf("node %s reports pool %q, which does not exist; create it (dwcli create pool --name %s --granularity 1GiB) or fix agent.pool", r.Name, r.Pool, r.Pool)}
+			}
+		}
+		n.Pool, n.Capacity, n.Address, n.Roles = r.Pool, r.Capacity, r.Address, r.Roles
+		n.Version, n.Health, n.Written = r.Version, r.Health, r.Written
+		n.LastSeen = c.now()
+		n.Online = true
+		if !wasOnline {
+			c.log.Info("node online", "node", r.Name, "address", r.Address)
+		}
+		if err := store.Nodes.Put(tx, n); err != nil {
+			return err
+		}
+		w, err := loadWorld(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
+		if err != nil {
+			return err
+		}
+		reply = liveOn(w, r.Name)
+		v, err := store.Meta.Get(tx, clusterIDKey)
+		if err != nil {
+			return err
+		}
+		reply.ClusterID = v.Value
+		return nil
+	})
+	c.mu.Lock()
+	if c.remoteAt[r.Name] != r.Address {
+		delete(c.remote, r.Name)
+	}
+	c.mu.Unlock()
+	c.wakeUp()
+	return reply, err
+}
+
+// liveOn lists the fragments, namespaces and actualized mounts the world keeps on a node.
+func liveOn(w *lifecycle.World, node string) agentapi.Assignment {
+	var r agentapi.Assignment
+	for _, f := range w.Fragments {
+		if f.Node == node {
+			r.Fragments = append(r.Fragments, f.ID)
+		}
+	}
+	for _, ns := range w.Namespaces {
+		if f := w.Fragments[ns.FragmentID]; f != nil && f.Node == node {
+			r.Namespaces = append(r.Namespaces, agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: f.InstanceID})
+		}
+	}
+	r.Mounts = lifecycle.LiveMounts(w, node)
+	return r
+}
+
+// agentFor returns the agent of a node.
+func (c *Controller) agentFor(w *lifecycle.World, name string) (agentapi.Agent, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a, ok := c.local[name]; ok {
+		return a, nil
+	}
+	n := w.Nodes[name]
+	if n == nil {
+		return nil, fmt.Errorf("node %s is not registered", name)
+	}
+	if a, ok := c.remote[name]; ok && c.remoteAt[name] == n.Address {
+		return a, nil
+	}
+	if c.dial == nil || n.Address == "" {
+		return nil, fmt.Errorf("node %s has no agent address", name)
+	}
+	a, err := c.dial(n)
+	if err != nil {
+		return nil, err
+	}
+	c.remote[name], c.remoteAt[name] = a, n.Address
+	return a, nil
+}
+
+// ErrorKind classifies an error for the API: user (400), not_found (404), busy (409), internal (500).
+func ErrorKind(err error) string {
+	var ue *lifecycle.UserError
+	switch {
+	case errors.As(err, &ue):
+		return "user"
+	case errors.Is(err, lifecycle.ErrNoSession):
+		return "not_found"
+	case errors.Is(err, lifecycle.ErrBusy):
+		return "busy"
+	}
+	return "internal"
+}

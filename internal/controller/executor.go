@@ -1,0 +1,170 @@
+package controller
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/crashpoint"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/store"
+)
+
+// Run is the executor: until ctx ends, it looks at the world whenever something changed (or
+// every executor.tick), settles what needs no agent, and runs the effects that are due, at
+// most executor.max_in_flight at once and one per object.
+func (c *Controller) Run(ctx context.Context) error {
+	tick := time.NewTicker(c.cfg.Executor.Tick.D())
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		next := c.runOnce(ctx, &wg)
+		var due <-chan time.Time
+		if next > 0 {
+			t := time.NewTimer(next)
+			due = t.C
+			defer t.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.wake:
+		case <-tick.C:
+		case <-due:
+		}
+	}
+}
+
+// RunOnce performs one pass (tests use it to drive the executor step by step).
+func (c *Controller) RunOnce(ctx context.Context) {
+	var wg sync.WaitGroup
+	c.runOnce(ctx, &wg)
+	wg.Wait()
+}
+
+// runOnce returns how soon a skipped effect (a stage poll not yet due) wants another pass;
+// 0 when none.
+func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Duration {
+	var effects []lifecycle.Effect
+	var w *lifecycle.World
+	changed := false
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		now := c.now()
+		var err error
+		w, err = loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+		if err != nil {
+			return err
+		}
+		effects = lifecycle.Step(w, c.params, now)
+		ch := w.TakeChanges()
+		changed = !ch.Empty()
+		return persist(tx, ch)
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Error("executor: cannot load or settle the state", "err", err)
+		}
+		return 0
+	}
+	if changed {
+		c.notifyChange()
+	}
+	now := c.now()
+	var next time.Duration
+	for _, e := range effects {
+		c.mu.Lock()
+		busy := c.inflight[e.Ref] || len(c.inflight) >= c.cfg.Executor.MaxInFlight
+		if e.Op == lifecycle.OpPollStage && !busy {
+			if wait := c.cfg.Stage.PollInterval.D() - now.Sub(c.lastPoll[e.Ref.ID]); wait > 0 {
+				busy = true
+				if next == 0 || wait < next {
+					next = wait
+				}
+			}
+		}
+		if !busy {
+			c.inflight[e.Ref] = true
+			if e.Op == lifecycle.OpPollStage {
+				c.lastPoll[e.Ref.ID] = now
+			}
+		}
+		c.mu.Unlock()
+		if busy {
+			continue
+		}
+		wg.Add(1)
+		go func(e lifecycle.Effect) {
+			defer wg.Done()
+			c.perform(ctx, w, e)
+		}(e)
+	}
+	return next
+}
+
+// perform runs one effect on its agent and records the outcome.
+func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycle.Effect) {
+	defer func() {
+		c.mu.Lock()
+		delete(c.inflight, e.Ref)
+		c.mu.Unlock()
+		c.wakeUp()
+	}()
+	if e.Op != lifecycle.OpPollStage {
+		crashpoint.Hit("before-effect:" + e.Op)
+	}
+	var r lifecycle.Result
+	agent, err := c.agentFor(w, e.Node)
+	if err != nil {
+		r.Err = err
+	} else {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.Executor.AgentTimeout.D())
+		switch e.Op {
+		case lifecycle.OpCreateFragment:
+			r.Err = agent.CreateFragment(actx, e.Fragment)
+		case lifecycle.OpDeleteFragment:
+			r.Err = agent.DeleteFragment(actx, e.Fragment.ID)
+		case lifecycle.OpCreateNamespace:
+			r.Err = agent.CreateNamespace(actx, e.Namespace)
+		case lifecycle.OpDeleteNamespace:
+			r.Err = agent.DeleteNamespace(actx, e.Namespace.FragmentID, e.Namespace.ID)
+		case lifecycle.OpMount:
+			r.Err = agent.Mount(actx, e.Mount)
+		case lifecycle.OpUnmount:
+			r.Err = agent.Unmount(actx, e.Mount.ActivationID, e.Mount.MountPath)
+		case lifecycle.OpStartStage:
+			e.Stage.Parallel = c.cfg.Stage.FilesInFlight
+			r.Err = agent.StartStage(actx, e.Stage)
+		case lifecycle.OpPollStage:
+			r.Stage, r.Err = agent.StageStatus(actx, e.Stage.ID)
+		case lifecycle.OpCancelStage:
+			r.Err = agent.CancelStage(actx, e.Stage.ID)
+		}
+		cancel()
+	}
+	if ctx.Err() != nil {
+		return // shutting down: the outcome is found again after restart
+	}
+	if r.Err != nil && e.Op != lifecycle.OpPollStage {
+		c.log.Warn("effect failed", "op", e.Op, "node", e.Node, "object", e.Ref, "err", r.Err)
+	}
+	if e.Op != lifecycle.OpPollStage {
+		crashpoint.Hit("after-effect:" + e.Op)
+	}
+	err = c.store.Update(ctx, func(tx *store.Tx) error {
+		now := c.now()
+		w, err := loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+		if err != nil {
+			return err
+		}
+		lifecycle.Complete(w, e, r, c.params, now)
+		return persist(tx, w.TakeChanges())
+	})
+	if err != nil && ctx.Err() == nil {
+		c.log.Error("executor: cannot record an effect's outcome; it will be redone", "op", e.Op, "err", err)
+	}
+	c.notifyChange()
+	if e.Op != lifecycle.OpPollStage {
+		crashpoint.Hit("outcome-persisted:" + e.Op)
+	}
+}

@@ -1,0 +1,294 @@
+// Package dwstat renders DataWarp's status tables from the controller's views, with the
+// headers, units and empty-table messages of Cray's dwstat (which scripts and Slurm parse).
+package dwstat
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/units"
+	"github.com/spillway-hpc/spillway/internal/views"
+)
+
+// Options change how tables print.
+type Options struct {
+	Bytes         bool           // -b: raw byte counts instead of human units
+	ConfigDetails bool           // --cd: configurations with amode and backing_path
+	Location      *time.Location // for timestamps; nil = local time
+}
+
+// Tables lists every table name dwstat knows, in the order `all` prints them.
+var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations", "registrations", "activations", "fragments", "namespaces", "stages"}
+
+// Most is what `dwstat most` prints.
+var Most = []string{"pools", "sessions", "instances", "configurations", "registrations", "activations"}
+
+// Aliases maps the singular and short names DataWarp users type to table names.
+var Aliases = map[string]string{
+	"pool": "pools", "node": "nodes", "session": "sessions", "sess": "sessions", "instance": "instances", "inst": "instances",
+	"configuration": "configurations", "config": "configurations", "configs": "configurations", "conf": "configurations", "confs": "configurations",
+	"registration": "registrations", "reg": "registrations", "regs": "registrations",
+	"activation": "activations", "activ": "activations", "activs": "activations",
+	"fragment": "fragments", "frag": "fragments", "frags": "fragments",
+	"namespace": "namespaces", "nss": "namespaces", "ns": "namespaces", "stage": "stages",
+}
+
+// Resolve turns command-line words into table names: aliases, `most`, `all`; no words means
+// the pools table. Unknown words are an error that lists the valid ones.
+func Resolve(words []string) ([]string, bool, error) {
+	if len(words) == 0 {
+		return []string{"pools"}, false, nil
+	}
+	var out []string
+	summary := false
+	seen := map[string]bool{}
+	add := func(t string) {
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	for _, w := range words {
+		switch w {
+		case "most":
+			summary = true
+			for _, t := range Most {
+				add(t)
+			}
+			continue
+		case "all":
+			summary = true
+			for _, t := range Tables {
+				add(t)
+			}
+			continue
+		}
+		if a, ok := Aliases[w]; ok {
+			w = a
+		}
+		known := false
+		for _, t := range Tables {
+			known = known || t == w
+		}
+		if !known {
+			return nil, false, fmt.Errorf("unknown table %q; tables: %s, most, all", w, strings.Join(Tables, ", "))
+		}
+		add(w)
+	}
+	return out, summary, nil
+}
+
+// Render prints the tables. With summary (most, all) empty tables are not printed one by one
+// but named on a last "did not find any ..." line, as DataWarp does.
+func Render(a views.All, tables []string, summary bool, o Options) string {
+	var b strings.Builder
+	var missing []string
+	first := true
+	for _, t := range tables {
+		rows, header, empty := table(a, t, o)
+		if t == "configurations" && summary {
+			for _, typ := range []string{"scratch", "cache", "swap"} {
+				if !hasType(a, typ) {
+					missing = append(missing, typ+" configurations")
+				}
+			}
+			if len(rows) == 0 {
+				continue
+			}
+		} else if len(rows) == 0 {
+			if summary {
+				missing = append(missing, t)
+				continue
+			}
+			if !first {
+				b.WriteString("\n")
+			}
+			b.WriteString(empty + "\n")
+			first = false
+			continue
+		}
+		if !first {
+			b.WriteString("\n")
+		}
+		first = false
+		b.WriteString(align(append([][]string{header}, rows...)))
+	}
+	if summary && len(missing) > 0 {
+		if !first {
+			b.WriteString("\n")
+		}
+		b.WriteString("did not find any " + strings.Join(missing, ", ") + "\n")
+	}
+	return b.String()
+}
+
+func hasType(a views.All, typ string) bool {
+	for _, c := range a.Configurations {
+		if c.Type == typ {
+			return true
+		}
+	}
+	return false
+}
+
+// align right-aligns every column, separated by one space.
+func align(rows [][]string) string {
+	widths := make([]int, len(rows[0]))
+	for _, r := range rows {
+		for i, c := range r {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	var b strings.Builder
+	for _, r := range rows {
+		for i, c := range r {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(strings.Repeat(" ", widths[i]-len(c)))
+			b.WriteString(c)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func table(a views.All, name string, o Options) (rows [][]string, header []string, empty string) {
+	size := func(n uint64) string {
+		if o.Bytes {
+			return strconv.FormatUint(n, 10)
+		}
+		return units.FormatHuman(n)
+	}
+	loc := o.Location
+	if loc == nil {
+		loc = time.Local
+	}
+	stamp := func(epoch int64) string { return time.Unix(epoch, 0).In(loc).Format("2006-01-02T15:04:05") }
+	expiration := func(e int64) string {
+		if e == 0 {
+			return "never"
+		}
+		return stamp(e)
+	}
+	tf := func(b bool) string { return strconv.FormatBool(b) }
+	id := func(i int64) string { return strconv.FormatInt(i, 10) }
+	switch name {
+	case "pools":
+		header, empty = []string{"pool", "units", "quantity", "free", "gran"}, "no pools"
+		for _, p := range a.Pools {
+			rows = append(rows, []string{p.ID, p.Units, size(p.Quantity * p.Granularity), size(p.Free * p.Granularity), size(p.Granularity)})
+		}
+	case "nodes":
+		header, empty = []string{"node", "pool", "online", "drain", "gran", "capacity", "insts", "activs"}, "no nodes"
+		for _, n := range a.Nodes {
+			online, drain, pool := "offline", "fill", n.Pool
+			if n.Online {
+				online = "online"
+			}
+			if n.Drain {
+				drain = "drain"
+			}
+			if pool == "" {
+				pool, drain = "-", "-"
+			}
+			rows = append(rows, []string{n.ID, pool, online, drain, size(n.Granularity), size(n.Capacity), strconv.Itoa(n.Instances), strconv.Itoa(n.Activations)})
+		}
+	case "sessions":
+		header, empty = []string{"sess", "state", "token", "creator", "owner", "created", "expiration", "nodes"}, "no sessions"
+		for _, s := range a.Sessions {
+			rows = append(rows, []string{id(s.ID), s.State.Flags(), s.Token, s.Creator, strconv.FormatUint(uint64(s.Owner), 10), stamp(s.Created), expiration(s.Expiration), strconv.Itoa(len(s.Links.ClientNodes))})
+		}
+	case "instances":
+		header, empty = []string{"inst", "state", "sess", "bytes", "nodes", "created", "expiration", "intact", "label", "public", "confs"}, "no instances"
+		for _, i := range a.Instances {
+			rows = append(rows, []string{id(i.ID), i.State.Flags(), id(i.Links.Session), size(i.Capacity.Bytes), strconv.Itoa(i.Capacity.Nodes), stamp(i.Created), expiration(i.Expiration), tf(i.Intact), i.Label, tf(i.Public), strconv.Itoa(len(i.Links.Configurations))})
+		}
+	case "configurations":
+		header, empty = []string{"conf", "state", "inst", "type", "activs"}, "no scratch, cache, swap configurations"
+		if o.ConfigDetails {
+			header = []string{"conf", "state", "inst", "type", "amode", "activs", "backing_path"}
+		}
+		for _, c := range a.Configurations {
+			if o.ConfigDetails {
+				rows = append(rows, []string{id(c.ID), c.State.Flags(), id(c.Links.Instance), c.Type, c.AccessType, strconv.Itoa(c.Activations), orDash(c.BackingPath)})
+			} else {
+				rows = append(rows, []string{id(c.ID), c.State.Flags(), id(c.Links.Instance), c.Type, strconv.Itoa(c.Activations)})
+			}
+		}
+	case "registrations":
+		header, empty = []string{"reg", "state", "sess", "conf", "wait"}, "no registrations"
+		for _, r := range a.Registrations {
+			rows = append(rows, []string{id(r.ID), r.State.Flags(), id(r.Session), id(r.Configuration), tf(r.Wait)})
+		}
+	case "activations":
+		header, empty = []string{"activ", "state", "sess", "conf", "nodes", "mount"}, "no activations"
+		for _, act := range a.Activations {
+			rows = append(rows, []string{id(act.ID), act.State.Flags(), id(act.Session), id(act.Configuration), act.Node, act.Mount})
+		}
+	case "fragments":
+		header, empty = []string{"frag", "state", "inst", "capacity", "node"}, "no fragments"
+		for _, f := range a.Fragments {
+			rows = append(rows, []string{id(f.ID), f.State.Flags(), id(f.Instance), size(f.Capacity), f.Node})
+		}
+	case "namespaces":
+		header, empty = []string{"nss", "state", "conf", "frag", "span"}, "no namespaces"
+		for _, n := range a.Namespaces {
+			rows = append(rows, []string{id(n.ID), n.State.Flags(), id(n.Configuration), id(n.Fragment), strconv.Itoa(n.Span)})
+		}
+	case "stages":
+		header, empty = []string{"stage", "sess", "token", "dir", "type", "status", "files", "bytes", "source", "destination"}, "no stages"
+		for _, s := range a.Stages {
+			src, dst := s.PFSPath, s.DWPath
+			if s.Direction == "out" {
+				src, dst = s.DWPath, s.PFSPath
+			}
+			status := s.Status
+			if s.Error != "" {
+				status += ": " + s.Error
+			}
+			rows = append(rows, []string{id(s.ID), id(s.Session), s.Token, s.Direction, s.Type, status,
+				fmt.Sprintf("%d/%d", s.FilesDone, s.FilesTotal), size(s.BytesDone) + "/" + size(s.BytesTotal), orDash(src), orDash(dst)})
+		}
+	}
+	return rows, header, empty
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// Select returns the named tables of a as a map, for --json.
+func Select(a views.All, tables []string) map[string]any {
+	out := map[string]any{}
+	for _, t := range tables {
+		switch t {
+		case "pools":
+			out[t] = a.Pools
+		case "nodes":
+			out[t] = a.Nodes
+		case "sessions":
+			out[t] = a.Sessions
+		case "instances":
+			out[t] = a.Instances
+		case "configurations":
+			out[t] = a.Configurations
+		case "registrations":
+			out[t] = a.Registrations
+		case "activations":
+			out[t] = a.Activations
+		case "fragments":
+			out[t] = a.Fragments
+		case "namespaces":
+			out[t] = a.Namespaces
+		case "stages":
+			out[t] = a.Stages
+		}
+	}
+	return out
+}

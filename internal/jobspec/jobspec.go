@@ -1,0 +1,107 @@
+// Package jobspec turns a job script's parsed directives into the controller's requests. It
+// is shared by `spillway run` and `dw_wlm_cli`, so both drive the lifecycle the same way.
+package jobspec
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spillway-hpc/spillway/internal/directive"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/units"
+)
+
+// Supported refuses what this version of Spillway parses but cannot run yet, naming the line.
+func Supported(s *directive.Script) error {
+	var problems []string
+	if s.JobDW != nil && s.JobDW.Type == model.TypeCache {
+		problems = append(problems, fmt.Sprintf("line %d: #DW jobdw type=cache is not supported by this Spillway version yet; use type=scratch with #DW stage_in/stage_out", s.JobDW.Line))
+	}
+	if s.Swap != nil {
+		problems = append(problems, fmt.Sprintf("line %d: #DW swap is not supported by this Spillway version yet", s.Swap.Line))
+	}
+	for _, c := range s.Create {
+		if c.Type == model.TypeCache {
+			problems = append(problems, fmt.Sprintf("line %d: #BB create_persistent type=cache is not supported by this Spillway version yet", c.Line))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// Setup is the setup request of a job: its #DW jobdw instance and the persistent instances it
+// uses. pool is the pool for a jobdw without pool= ("" = the controller's default).
+func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []string) lifecycle.Setup {
+	req := lifecycle.Setup{Token: token, Creator: creator, Owner: uid, Group: gid, ClientNodes: nodes}
+	if j := s.JobDW; j != nil {
+		req.Instance = &lifecycle.InstanceRequest{
+			Capacity: j.Capacity, Pool: j.Pool, Type: j.Type, AccessModes: j.AccessModes,
+			Strategy: j.OptimizationStrategy, MaxFileSize: j.MaxFileSize, ClientCache: j.ClientCache,
+			WriteWindowLength: j.WriteWindowLength, WriteWindowMultiplier: j.WriteWindowMultiplier,
+		}
+	}
+	for _, p := range s.Persistent {
+		req.Uses = append(req.Uses, p.Name)
+	}
+	return req
+}
+
+// CreatePersistent is the setup request of a #BB create_persistent directive.
+func CreatePersistent(c directive.CreatePersistent, creator string, uid, gid uint32) lifecycle.Setup {
+	return lifecycle.Setup{Token: c.Name, Creator: creator, Owner: uid, Group: gid, Persistent: true,
+		Instance: &lifecycle.InstanceRequest{Capacity: c.Capacity, Pool: c.Pool, Type: c.Type, AccessModes: c.AccessModes, Strategy: c.OptimizationStrategy}}
+}
+
+// Stages converts stage directives of one direction (model.StageIn or model.StageOut).
+func Stages(stages []directive.Stage, direction string) ([]lifecycle.StageRequest, error) {
+	var out []lifecycle.StageRequest
+	for _, st := range stages {
+		r := lifecycle.StageRequest{Type: st.Type, Line: st.Line}
+		pfs, dw := st.Source, st.Destination
+		if direction == model.StageOut {
+			pfs, dw = st.Destination, st.Source
+		}
+		if st.Type == model.StageList {
+			r.PFSPath = st.Source
+			out = append(out, r)
+			continue
+		}
+		v, rest, ok := directive.SplitDWPath(dw)
+		if !ok {
+			return nil, fmt.Errorf("line %d: %q must start with $DW_JOB_STRIPED, $DW_JOB_LDBAL or $DW_PERSISTENT_STRIPED_<name> and stay inside the instance", st.Line, dw)
+		}
+		r.PFSPath, r.DWVar, r.DWPath = pfs, v, rest
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Summary describes a script's requests in one line, for `spillway run`'s job_process phase.
+func Summary(s *directive.Script) string {
+	var parts []string
+	if j := s.JobDW; j != nil {
+		parts = append(parts, fmt.Sprintf("jobdw %s %s %s", units.FormatHuman(j.Capacity), j.Type, strings.Join(j.AccessModes, ",")))
+	}
+	for _, p := range s.Persistent {
+		parts = append(parts, "persistentdw "+p.Name)
+	}
+	for _, c := range s.Create {
+		parts = append(parts, fmt.Sprintf("create_persistent %s %s", c.Name, units.FormatHuman(c.Capacity)))
+	}
+	for _, d := range s.Destroy {
+		parts = append(parts, "destroy_persistent "+d.Name)
+	}
+	if n := len(s.StageIn); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d stage_in", n))
+	}
+	if n := len(s.StageOut); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d stage_out", n))
+	}
+	if len(parts) == 0 {
+		return "no burst-buffer directives"
+	}
+	return strings.Join(parts, "; ")
+}

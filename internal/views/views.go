@@ -1,0 +1,341 @@
+// Package views renders the controller's objects in DataWarp's JSON shapes: what the REST API
+// returns, what `dw_wlm_cli --function show_*` prints for Slurm, and what dwstat reads. All
+// numbers are JSON integers and times are epoch seconds, as Slurm's parser requires.
+package views
+
+import (
+	"sort"
+
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
+)
+
+// State is DataWarp's state object.
+type State struct {
+	Actualized    bool   `json:"actualized"`
+	FuseBlown     bool   `json:"fuse_blown"`
+	Goal          string `json:"goal"`
+	Mixed         bool   `json:"mixed"`
+	Transitioning bool   `json:"transitioning"`
+	Error         string `json:"error,omitempty"`
+}
+
+func stateOf(s model.State) State {
+	return State{Actualized: s.Actualized, FuseBlown: s.FuseBlown, Goal: s.Goal, Mixed: s.Mixed, Transitioning: s.Transitioning, Error: s.Error}
+}
+
+// Flags renders the state as dwstat's five-character column.
+func (s State) Flags() string {
+	return model.State{Goal: s.Goal, Actualized: s.Actualized, FuseBlown: s.FuseBlown, Transitioning: s.Transitioning, Mixed: s.Mixed}.Flags()
+}
+
+// Pool is one element of {"pools": [...]}.
+type Pool struct {
+	ID          string `json:"id"`
+	Units       string `json:"units"`
+	Granularity uint64 `json:"granularity"`
+	Quantity    uint64 `json:"quantity"`
+	Free        uint64 `json:"free"`
+}
+
+// Node is a storage or compute node.
+type Node struct {
+	ID          string   `json:"id"`
+	Pool        string   `json:"pool"`
+	Online      bool     `json:"online"`
+	Drain       bool     `json:"drain"`
+	Granularity uint64   `json:"granularity"`
+	Capacity    uint64   `json:"capacity"` // bytes offered
+	Used        uint64   `json:"used"`     // bytes held by fragments
+	Instances   int      `json:"instances"`
+	Activations int      `json:"activations"`
+	LastSeen    int64    `json:"last_seen"`
+	Address     string   `json:"address,omitempty"`
+	Roles       []string `json:"roles,omitempty"`
+	Reason      string   `json:"reason,omitempty"`
+	Health      string   `json:"health,omitempty"`
+	Written     uint64   `json:"bytes_written"`
+	Version     string   `json:"version,omitempty"`
+}
+
+// Session is one element of {"sessions": [...]}.
+type Session struct {
+	Created    int64        `json:"created"`
+	Creator    string       `json:"creator"`
+	Expiration int64        `json:"expiration"`
+	Expired    bool         `json:"expired"`
+	ID         int64        `json:"id"`
+	Links      SessionLinks `json:"links"`
+	Owner      uint32       `json:"owner"`
+	State      State        `json:"state"`
+	Token      string       `json:"token"`
+	// Spillway additions (Slurm ignores unknown keys).
+	Group      uint32   `json:"group"`
+	Persistent bool     `json:"persistent"`
+	Phase      string   `json:"phase"`
+	Hurry      bool     `json:"hurry,omitempty"`
+	Failure    string   `json:"failure,omitempty"`
+	Uses       []string `json:"uses,omitempty"`
+}
+
+// SessionLinks are a session's links.
+type SessionLinks struct {
+	ClientNodes []string `json:"client_nodes"`
+}
+
+// Instance is one element of {"instances": [...]}.
+type Instance struct {
+	Capacity   Capacity      `json:"capacity"`
+	Created    int64         `json:"created"`
+	Expiration int64         `json:"expiration"`
+	Expired    bool          `json:"expired"`
+	ID         int64         `json:"id"`
+	Intact     bool          `json:"intact"`
+	Label      string        `json:"label"`
+	Limits     Limits        `json:"limits"`
+	Links      InstanceLinks `json:"links"`
+	Public     bool          `json:"public"`
+	State      State         `json:"state"`
+	Pool       string        `json:"pool"`
+	Requested  uint64        `json:"requested"`
+	Strategy   string        `json:"optimization_strategy"`
+}
+
+// Capacity is an instance's size and server count.
+type Capacity struct {
+	Bytes uint64 `json:"bytes"`
+	Nodes int    `json:"nodes"`
+}
+
+// Limits are an instance's write-window limits.
+type Limits struct {
+	WriteWindowLength     int64 `json:"write_window_length"`
+	WriteWindowMultiplier int64 `json:"write_window_multiplier"`
+}
+
+// InstanceLinks are an instance's links.
+type InstanceLinks struct {
+	Configurations []int64 `json:"configurations"`
+	Session        int64   `json:"session"`
+}
+
+// Configuration is one element of {"configurations": [...]}.
+type Configuration struct {
+	ID              int64             `json:"id"`
+	Type            string            `json:"type"`
+	AccessType      string            `json:"access_type"` // DataWarp's words: stripe, private, ldbal
+	AccessMode      string            `json:"access_mode"` // Spillway's: striped, private, loadbalance
+	RootPermissions uint32            `json:"root_permissions"`
+	Group           uint32            `json:"group"`
+	BackingPath     string            `json:"backing_path,omitempty"`
+	Activations     int               `json:"activs"`
+	Links           ConfigurationLink `json:"links"`
+	State           State             `json:"state"`
+}
+
+// ConfigurationLink links a configuration to its instance.
+type ConfigurationLink struct {
+	Instance int64 `json:"instance"`
+}
+
+// Fragment is one element of {"fragments": [...]}.
+type Fragment struct {
+	ID       int64  `json:"id"`
+	Instance int64  `json:"instance"`
+	Capacity uint64 `json:"capacity"`
+	Node     string `json:"node"`
+	State    State  `json:"state"`
+}
+
+// Namespace is one element of {"namespaces": [...]}.
+type Namespace struct {
+	ID            int64  `json:"id"`
+	Configuration int64  `json:"configuration"`
+	Fragment      int64  `json:"fragment"`
+	Span          int    `json:"span"` // storage nodes the namespace's data spans
+	ClientNode    string `json:"client_node,omitempty"`
+	State         State  `json:"state"`
+}
+
+// Registration is one element of {"registrations": [...]}.
+type Registration struct {
+	ID            int64 `json:"id"`
+	Session       int64 `json:"session"`
+	Configuration int64 `json:"configuration"`
+	Wait          bool  `json:"wait"`
+	State         State `json:"state"`
+}
+
+// Activation is one element of {"activations": [...]}.
+type Activation struct {
+	ID            int64  `json:"id"`
+	Session       int64  `json:"session"`
+	Configuration int64  `json:"configuration"`
+	Namespace     int64  `json:"namespace"`
+	Node          string `json:"node"`
+	Mount         string `json:"mount"`
+	ReadOnly      bool   `json:"read_only"`
+	State         State  `json:"state"`
+}
+
+// Stage is one element of {"stages": [...]}.
+type Stage struct {
+	ID         int64  `json:"id"`
+	Session    int64  `json:"session"`
+	Token      string `json:"token"`
+	Direction  string `json:"direction"`
+	Type       string `json:"type"`
+	PFSPath    string `json:"pfs_path"`
+	DWPath     string `json:"dw_path"`
+	Line       int    `json:"line,omitempty"`
+	Status     string `json:"status"`
+	FilesTotal int64  `json:"files_total"`
+	FilesDone  int64  `json:"files_done"`
+	BytesTotal uint64 `json:"bytes_total"`
+	BytesDone  uint64 `json:"bytes_done"`
+	Error      string `json:"error,omitempty"`
+	Started    int64  `json:"started,omitempty"`
+	Finished   int64  `json:"finished,omitempty"`
+}
+
+// All is every table at once: GET /dw/v1/all, dwstat all, and the layout snapshot bbsim reads.
+type All struct {
+	Pools          []Pool          `json:"pools"`
+	Nodes          []Node          `json:"nodes"`
+	Sessions       []Session       `json:"sessions"`
+	Instances      []Instance      `json:"instances"`
+	Configurations []Configuration `json:"configurations"`
+	Fragments      []Fragment      `json:"fragments"`
+	Namespaces     []Namespace     `json:"namespaces"`
+	Registrations  []Registration  `json:"registrations"`
+	Activations    []Activation    `json:"activations"`
+	Stages         []Stage         `json:"stages"`
+}
+
+// Build renders the whole world.
+func Build(w *lifecycle.World) All {
+	var a All
+	a.Pools = []Pool{}
+	var poolNames []string
+	for n := range w.Pools {
+		poolNames = append(poolNames, n)
+	}
+	sort.Strings(poolNames)
+	for _, name := range poolNames {
+		u := w.UsageOfPool(name)
+		a.Pools = append(a.Pools, Pool{ID: name, Units: "bytes", Granularity: u.Pool.Granularity, Quantity: u.Quantity, Free: u.Free})
+	}
+	a.Nodes = []Node{}
+	for _, name := range w.NodeNames() {
+		n := w.Nodes[name]
+		u := w.UsageOfNode(name)
+		var gran uint64
+		if p := w.Pools[n.Pool]; p != nil {
+			gran = p.Granularity
+		}
+		a.Nodes = append(a.Nodes, Node{ID: name, Pool: n.Pool, Online: n.Online, Drain: n.Drain, Granularity: gran,
+			Capacity: n.Capacity, Used: u.Used * gran, Instances: u.Instances, Activations: u.Activations,
+			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Written: n.Written, Version: n.Version})
+	}
+	a.Sessions = []Session{}
+	for _, s := range w.SortedSessions() {
+		nodes := s.ClientNodes
+		if nodes == nil {
+			nodes = []string{}
+		}
+		a.Sessions = append(a.Sessions, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, ID: s.ID,
+			Links: SessionLinks{ClientNodes: nodes}, Owner: s.Owner, State: stateOf(s.State), Token: s.Token,
+			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: s.Failure, Uses: s.Uses})
+	}
+	a.Instances = []Instance{}
+	for _, id := range ids(w.Instances) {
+		i := w.Instances[id]
+		var confs []int64
+		for _, c := range w.ConfigurationsOf(i.ID) {
+			confs = append(confs, c.ID)
+		}
+		if confs == nil {
+			confs = []int64{}
+		}
+		intact := true
+		for _, f := range w.FragmentsOf(i.ID) {
+			if f.State.FuseBlown {
+				intact = false
+			}
+		}
+		a.Instances = append(a.Instances, Instance{Capacity: Capacity{Bytes: i.Capacity, Nodes: len(w.FragmentsOf(i.ID))}, Created: i.Created.Unix(),
+			ID: i.ID, Intact: intact, Label: i.Label, Limits: Limits{i.WriteWindowLength, i.WriteWindowMultiplier},
+			Links: InstanceLinks{Configurations: confs, Session: i.SessionID}, Public: i.Public, State: stateOf(i.State),
+			Pool: i.Pool, Requested: i.Requested, Strategy: i.Strategy})
+	}
+	activs := map[int64]int{}
+	for _, act := range w.Activations {
+		activs[act.ConfigurationID]++
+	}
+	a.Configurations = []Configuration{}
+	for _, id := range ids(w.Configurations) {
+		c := w.Configurations[id]
+		a.Configurations = append(a.Configurations, Configuration{ID: c.ID, Type: c.Type, AccessType: AccessType(c.AccessMode), AccessMode: c.AccessMode,
+			RootPermissions: c.RootPermissions, Group: c.Group, BackingPath: c.BackingPath, Activations: activs[c.ID],
+			Links: ConfigurationLink{Instance: c.InstanceID}, State: stateOf(c.State)})
+	}
+	a.Fragments = []Fragment{}
+	for _, id := range ids(w.Fragments) {
+		f := w.Fragments[id]
+		a.Fragments = append(a.Fragments, Fragment{ID: f.ID, Instance: f.InstanceID, Capacity: f.Capacity, Node: f.Node, State: stateOf(f.State)})
+	}
+	a.Namespaces = []Namespace{}
+	for _, id := range ids(w.Namespaces) {
+		ns := w.Namespaces[id]
+		a.Namespaces = append(a.Namespaces, Namespace{ID: ns.ID, Configuration: ns.ConfigurationID, Fragment: ns.FragmentID, Span: 1, ClientNode: ns.ClientNode, State: stateOf(ns.State)})
+	}
+	a.Registrations = []Registration{}
+	for _, id := range ids(w.Registrations) {
+		r := w.Registrations[id]
+		a.Registrations = append(a.Registrations, Registration{ID: r.ID, Session: r.SessionID, Configuration: r.ConfigurationID, Wait: r.Wait, State: stateOf(r.State)})
+	}
+	a.Activations = []Activation{}
+	for _, id := range ids(w.Activations) {
+		act := w.Activations[id]
+		a.Activations = append(a.Activations, Activation{ID: act.ID, Session: act.SessionID, Configuration: act.ConfigurationID, Namespace: act.NamespaceID,
+			Node: act.Node, Mount: act.MountPath, ReadOnly: act.ReadOnly, State: stateOf(act.State)})
+	}
+	a.Stages = []Stage{}
+	for _, id := range ids(w.Stages) {
+		s := w.Stages[id]
+		token := ""
+		if sess := w.Sessions[s.SessionID]; sess != nil {
+			token = sess.Token
+		}
+		v := Stage{ID: s.ID, Session: s.SessionID, Token: token, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,
+			Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error}
+		if !s.Started.IsZero() {
+			v.Started = s.Started.Unix()
+		}
+		if !s.Finished.IsZero() {
+			v.Finished = s.Finished.Unix()
+		}
+		a.Stages = append(a.Stages, v)
+	}
+	return a
+}
+
+// AccessType is DataWarp's word for an access mode in configuration listings.
+func AccessType(mode string) string {
+	switch mode {
+	case model.AccessStriped:
+		return "stripe"
+	case model.AccessLoadbalance:
+		return "ldbal"
+	}
+	return mode
+}
+
+func ids[T any](m map[int64]T) []int64 {
+	out := make([]int64, 0, len(m))
+	for id := range m {
+		out = append(out, id)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
