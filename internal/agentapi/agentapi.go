@@ -41,9 +41,10 @@ type MountSpec struct {
 	InstanceID   int64  `json:"instance"`
 	Capacity     uint64 `json:"capacity"` // the instance's capacity (shown by df, enforced)
 	ReadOnly     bool   `json:"read_only"`
-	Owner        uint32 `json:"owner"`                  // the session owner
-	ClientCache  bool   `json:"client_cache,omitempty"` // DataWarp's client_cache: close-to-open caching
-	Label        string `json:"label"`                  // shown as the file system name in /proc/mounts
+	Owner        uint32 `json:"owner"`                   // the session owner
+	ClientCache  bool   `json:"client_cache,omitempty"`  // DataWarp's client_cache: close-to-open caching
+	MaxFileSize  uint64 `json:"max_file_size,omitempty"` // DataWarp's MFS: larger files fail with EFBIG (0 = no limit)
+	Label        string `json:"label"`                   // shown as the file system name in /proc/mounts
 }
 
 // StageSpec asks the storage node holding the namespace to move data for a session, as the
@@ -75,6 +76,8 @@ type StageStatus struct {
 	BytesTotal uint64 `json:"bytes_total"`
 	BytesDone  uint64 `json:"bytes_done"`
 	Error      string `json:"error,omitempty"`
+	// Warnings are what the stage skipped or could not keep (special files, metadata).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // NodeReport is what an agent tells the controller about itself.

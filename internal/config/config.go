@@ -185,7 +185,7 @@ func Defaults() Config {
 			Timeout:           Duration(24 * time.Hour),
 			MaxAttempts:       3,
 			ProgressInterval:  Duration(250 * time.Millisecond),
-			MaxFilesPerStage:  10_000_000,
+			MaxFilesPerStage:  2_000_000,
 			WorkerOutputLimit: Size(1 << 20),
 		},
 		Agent: Agent{

@@ -65,7 +65,14 @@ func Stages(stages []directive.Stage, direction string) ([]lifecycle.StageReques
 			pfs, dw = st.Destination, st.Source
 		}
 		if st.Type == model.StageList {
+			// Each line names its own paths; a stage-in list's destination names the buffer
+			// whose capacity it fills.
 			r.PFSPath = st.Source
+			if direction == model.StageIn {
+				if v, _, ok := directive.SplitDWPath(st.Destination); ok {
+					r.DWVar = v
+				}
+			}
 			out = append(out, r)
 			continue
 		}

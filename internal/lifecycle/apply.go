@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/alloc"
+	"github.com/spillway-hpc/spillway/internal/directive"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/units"
 )
@@ -87,12 +88,13 @@ type StageRequest struct {
 	Line    int    `json:"line,omitempty"`
 }
 
-// Variables that name a job's own namespaces, and the prefix of persistent ones.
+// Variables that name a job's own namespaces, and the prefix of persistent ones: the
+// directive parser's names.
 const (
-	VarJobStriped     = "DW_JOB_STRIPED"
-	VarJobPrivate     = "DW_JOB_PRIVATE"
-	VarJobLoadbalance = "DW_JOB_LDBAL"
-	VarPersistentPre  = "DW_PERSISTENT_STRIPED_"
+	VarJobStriped     = directive.VarJobStriped
+	VarJobPrivate     = directive.VarJobPrivate
+	VarJobLoadbalance = directive.VarJobLoadbalance
+	VarPersistentPre  = directive.VarPersistentPrefix
 )
 
 // ApplySetup creates the session, its instance (placed by the allocator), configurations,
@@ -173,16 +175,8 @@ func kindWord(s *model.Session) string {
 }
 
 func checkPersistentName(name string) error {
-	if name[0] >= '0' && name[0] <= '9' {
-		return userErr("persistent instance name %q must not start with a digit (numeric tokens are job ids)", name)
-	}
-	for _, r := range name {
-		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return userErr("persistent instance name %q: only letters, digits and _ are allowed (it becomes part of $DW_PERSISTENT_STRIPED_<name>)", name)
-		}
-	}
-	if len(name) > 64 {
-		return userErr("persistent instance name %q is longer than 64 characters", name)
+	if err := directive.CheckName(name); err != nil {
+		return userErr("persistent instance name %q: %v", name, err)
 	}
 	return nil
 }
@@ -343,7 +337,7 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 			return userErr("%s line %d: instance path %q must start with / and must not contain . or .. components", step, r.Line, r.DWPath)
 		}
 		var cfg *model.Configuration
-		if r.Type == model.StageList {
+		if r.Type == model.StageList && r.DWVar == "" {
 			// A list names its files inside the list; it stages into the job's striped namespace
 			// or the first persistent one when the job has no instance of its own.
 			cfg = listTarget(w, s)
@@ -369,7 +363,7 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 	for i, r := range reqs {
 		var found *model.Stage
 		for _, st := range existing {
-			if st.Direction == direction && st.Type == r.Type && st.PFSPath == r.PFSPath && st.DWPath == joinVar(r.DWVar, r.DWPath) {
+			if st.Direction == direction && st.Type == r.Type && st.PFSPath == r.PFSPath && st.DWPath == dwPathOf(r) {
 				found = st
 			}
 		}
@@ -388,7 +382,7 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 		}
 		w.put(&model.Stage{
 			ID: id, SessionID: s.ID, ConfigurationID: resolved[i].config.ID, NamespaceID: resolved[i].ns.ID,
-			Direction: direction, Type: r.Type, PFSPath: r.PFSPath, DWPath: joinVar(r.DWVar, r.DWPath),
+			Direction: direction, Type: r.Type, PFSPath: r.PFSPath, DWPath: dwPathOf(r),
 			Line: r.Line, Status: model.StagePending, State: model.Creating(),
 		})
 	}
@@ -398,12 +392,13 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 	return nil
 }
 
-// joinVar writes a DW path the way the stage worker resolves it: "$VAR/rest".
-func joinVar(v, p string) string {
-	if v == "" {
+// dwPathOf writes a stage's DW path the way the stage worker resolves it: "$VAR/rest"; empty
+// for a list, whose lines carry their own paths.
+func dwPathOf(r StageRequest) string {
+	if r.DWVar == "" || r.Type == model.StageList {
 		return ""
 	}
-	return "$" + v + p
+	return "$" + r.DWVar + r.DWPath
 }
 
 func listTarget(w *World, s *model.Session) *model.Configuration {

@@ -395,7 +395,7 @@ func TestRequestErrors(t *testing.T) {
 		{Setup{Token: "1", Owner: 1, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool", Type: "cache"}}, "type=cache is not supported"},
 		{Setup{Token: "1", Owner: 1, Uses: []string{"ghost"}}, "persistentdw name=ghost"},
 		{Setup{Token: "9lives", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "must not start with a digit"},
-		{Setup{Token: "a-b", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "only letters, digits and _"},
+		{Setup{Token: "a-b", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "letters, digits and _"},
 	}
 	for _, c := range cases {
 		err := ApplySetup(h.w, c.req, h, h.p, h.now)

@@ -21,18 +21,19 @@ type StepStatus struct {
 
 // StageProgress is one stage as a waiting command shows it.
 type StageProgress struct {
-	ID         ID     `json:"id"`
-	Direction  string `json:"direction"`
-	Type       string `json:"type"`
-	PFSPath    string `json:"pfs_path"`
-	DWPath     string `json:"dw_path"`
-	Line       int    `json:"line,omitempty"`
-	Status     string `json:"status"`
-	FilesTotal int64  `json:"files_total"`
-	FilesDone  int64  `json:"files_done"`
-	BytesTotal uint64 `json:"bytes_total"`
-	BytesDone  uint64 `json:"bytes_done"`
-	Error      string `json:"error,omitempty"`
+	ID         ID       `json:"id"`
+	Direction  string   `json:"direction"`
+	Type       string   `json:"type"`
+	PFSPath    string   `json:"pfs_path"`
+	DWPath     string   `json:"dw_path"`
+	Line       int      `json:"line,omitempty"`
+	Status     string   `json:"status"`
+	FilesTotal int64    `json:"files_total"`
+	FilesDone  int64    `json:"files_done"`
+	BytesTotal uint64   `json:"bytes_total"`
+	BytesDone  uint64   `json:"bytes_done"`
+	Error      string   `json:"error,omitempty"`
+	Warnings   []string `json:"warnings,omitempty"`
 }
 
 // Status reports a session's progress with a step.
@@ -135,7 +136,7 @@ func Status(w *World, token, step string) StepStatus {
 
 func progressOf(s *model.Stage) StageProgress {
 	return StageProgress{ID: s.ID, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,
-		Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error}
+		Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error, Warnings: s.Warnings}
 }
 
 func sourceOf(s *model.Stage) string {

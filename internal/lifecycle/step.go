@@ -22,6 +22,9 @@ const (
 	OpCancelStage     = "cancel-stage"
 )
 
+// maxStageWarnings bounds the warnings kept on a stage record.
+const maxStageWarnings = 20
+
 // Effect is one call the executor makes on one agent. The specs are complete: the executor
 // needs nothing else to perform it.
 type Effect struct {
@@ -188,6 +191,7 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 		return spec
 	}
 	spec.NamespaceID, spec.Owner, spec.InstanceID = ns.ID, c.Owner, c.InstanceID
+	spec.ClientCache, spec.MaxFileSize = c.ClientCache, c.MaxFileSize
 	if f := w.Fragments[ns.FragmentID]; f != nil {
 		spec.StorageNode, spec.FragmentID = f.Node, f.ID
 	}
@@ -507,6 +511,9 @@ func applyStageStatus(w *World, st *model.Stage, ss agentapi.StageStatus, p Para
 	}
 	st.FilesTotal, st.FilesDone = ss.FilesTotal, ss.FilesDone
 	st.BytesTotal, st.BytesDone = ss.BytesTotal, ss.BytesDone
+	if len(ss.Warnings) > 0 {
+		st.Warnings = ss.Warnings[:min(len(ss.Warnings), maxStageWarnings)]
+	}
 	st.State.Attempts, st.State.Error = 0, ""
 	switch ss.Status {
 	case model.StageComplete:

@@ -238,6 +238,7 @@ type Stage struct {
 	BytesTotal      uint64    `json:"bytes_total"`
 	BytesDone       uint64    `json:"bytes_done"`
 	Error           string    `json:"error,omitempty"`
+	Warnings        []string  `json:"warnings,omitempty"` // what the stage skipped or could not keep
 	Started         time.Time `json:"started,omitzero"`
 	Finished        time.Time `json:"finished,omitzero"`
 	State           State     `json:"state"`

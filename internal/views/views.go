@@ -180,22 +180,23 @@ type Activation struct {
 
 // Stage is one element of {"stages": [...]}.
 type Stage struct {
-	ID         int64  `json:"id"`
-	Session    int64  `json:"session"`
-	Token      string `json:"token"`
-	Direction  string `json:"direction"`
-	Type       string `json:"type"`
-	PFSPath    string `json:"pfs_path"`
-	DWPath     string `json:"dw_path"`
-	Line       int    `json:"line,omitempty"`
-	Status     string `json:"status"`
-	FilesTotal int64  `json:"files_total"`
-	FilesDone  int64  `json:"files_done"`
-	BytesTotal uint64 `json:"bytes_total"`
-	BytesDone  uint64 `json:"bytes_done"`
-	Error      string `json:"error,omitempty"`
-	Started    int64  `json:"started,omitempty"`
-	Finished   int64  `json:"finished,omitempty"`
+	ID         int64    `json:"id"`
+	Session    int64    `json:"session"`
+	Token      string   `json:"token"`
+	Direction  string   `json:"direction"`
+	Type       string   `json:"type"`
+	PFSPath    string   `json:"pfs_path"`
+	DWPath     string   `json:"dw_path"`
+	Line       int      `json:"line,omitempty"`
+	Status     string   `json:"status"`
+	FilesTotal int64    `json:"files_total"`
+	FilesDone  int64    `json:"files_done"`
+	BytesTotal uint64   `json:"bytes_total"`
+	BytesDone  uint64   `json:"bytes_done"`
+	Error      string   `json:"error,omitempty"`
+	Warnings   []string `json:"warnings,omitempty"`
+	Started    int64    `json:"started,omitempty"`
+	Finished   int64    `json:"finished,omitempty"`
 }
 
 // All is every table at once: GET /dw/v1/all, dwstat all, and the layout snapshot bbsim reads.
@@ -308,7 +309,7 @@ func Build(w *lifecycle.World) All {
 			token = sess.Token
 		}
 		v := Stage{ID: s.ID, Session: s.SessionID, Token: token, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,
-			Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error}
+			Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error, Warnings: s.Warnings}
 		if !s.Started.IsZero() {
 			v.Started = s.Started.Unix()
 		}

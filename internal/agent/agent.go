@@ -1,0 +1,554 @@
+// Package agent is the daemon on every storage and compute node. Its storage role keeps
+// fragments (a directory per fragment under the SSD path, capacity enforced), the namespaces
+// inside them, and runs its share of every stage as the job's user. Its client role makes
+// namespaces appear at mount paths on compute nodes (the FUSE client of package localfs).
+//
+// Every call is idempotent: the controller repeats calls after it restarts.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/localfs"
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/stage"
+	"github.com/spillway-hpc/spillway/internal/units"
+	"github.com/spillway-hpc/spillway/internal/usage"
+)
+
+// Version is the software version agents report.
+var Version = "dev"
+
+// Options configure an agent.
+type Options struct {
+	Name        string   // node name
+	Pool        string   // pool of this node's storage; "" for a compute-only node
+	SSDPath     string   // directory holding fragments
+	Capacity    uint64   // bytes offered; 0 = half the free space at first start, then fixed
+	Address     string   // where the controller reaches this agent ("" = in-process)
+	WorkerExe   []string // argv prefix of the stage worker, e.g. [/proc/self/exe stage-worker]
+	StageLimits stage.Limits
+	Mount       localfs.Limits
+	Log         *slog.Logger
+}
+
+// Agent serves one node.
+type Agent struct {
+	opt      Options
+	ssd      string
+	capacity uint64
+	root     bool
+
+	trackers *usage.Registry
+
+	mu       sync.Mutex
+	mounts   map[string]*mounted // by mount path
+	stages   map[int64]*stage.Run
+	fragLock sync.Mutex // serializes fragment/namespace creation and removal
+}
+
+// stateFile records what the agent decided at its first start (its capacity), so that a
+// restart offers the same capacity whatever the disk's free space is by then.
+const stateFile = "agent.json"
+
+type persisted struct {
+	Capacity uint64 `json:"capacity"`
+}
+
+// New prepares the agent's directories.
+func New(opt Options) (*Agent, error) {
+	if opt.Name == "" {
+		return nil, errors.New("agent: no node name")
+	}
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
+		mounts: map[string]*mounted{}, stages: map[int64]*stage.Run{}}
+	if opt.Pool == "" {
+		return a, nil // compute node: no storage
+	}
+	ssd, err := filepath.Abs(opt.SSDPath)
+	if err != nil {
+		return nil, err
+	}
+	a.ssd = ssd
+	if err := os.MkdirAll(filepath.Join(ssd, "fragment"), 0o711); err != nil {
+		return nil, fmt.Errorf("agent: SSD path %s: %w (set agent.ssd_path to a writable directory)", ssd, err)
+	}
+	// Users reach their namespaces through mounts and stage workers that know the path; nobody
+	// needs to list the fragments (and a stage_in "from" another user's fragment must not be
+	// able to find it).
+	os.Chmod(filepath.Join(ssd, "fragment"), 0o711)
+	capacity, err := a.decideCapacity(opt.Capacity)
+	if err != nil {
+		return nil, err
+	}
+	a.capacity = capacity
+	return a, nil
+}
+
+func (a *Agent) decideCapacity(configured uint64) (uint64, error) {
+	path := filepath.Join(a.ssd, stateFile)
+	var p persisted
+	if raw, err := os.ReadFile(path); err == nil {
+		json.Unmarshal(raw, &p)
+	}
+	if configured > 0 {
+		p.Capacity = configured
+	} else if p.Capacity == 0 {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(a.ssd, &st); err != nil {
+			return 0, fmt.Errorf("agent: statfs %s: %w", a.ssd, err)
+		}
+		p.Capacity = st.Bavail * uint64(st.Bsize) / 2
+		a.opt.Log.Info("offering half of the free space of the SSD path", "path", a.ssd, "capacity", units.FormatHuman(p.Capacity))
+	}
+	raw, _ := json.Marshal(p)
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		return 0, fmt.Errorf("agent: %s: %w", path, err)
+	}
+	return p.Capacity, nil
+}
+
+// Name is the node's name.
+func (a *Agent) Name() string { return a.opt.Name }
+
+// Report tells the controller about this node.
+func (a *Agent) Report(ctx context.Context) (agentapi.NodeReport, error) {
+	roles := []string{"client"}
+	health := "ok"
+	if a.opt.Pool != "" {
+		roles = append([]string{"storage"}, roles...)
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(a.ssd, &st); err != nil {
+			health = "SSD path unreadable: " + err.Error()
+		}
+	}
+	return agentapi.NodeReport{Name: a.opt.Name, Pool: a.opt.Pool, Capacity: a.capacity, Address: a.opt.Address,
+		Roles: roles, Version: Version, Health: health}, nil
+}
+
+func (a *Agent) fragmentDir(id int64) string {
+	return filepath.Join(a.ssd, "fragment", strconv.FormatInt(id, 10))
+}
+
+func (a *Agent) namespaceDir(fragmentID, id int64) string {
+	return filepath.Join(a.fragmentDir(fragmentID), "namespace", strconv.FormatInt(id, 10))
+}
+
+func (a *Agent) requireStorage() error {
+	if a.ssd == "" {
+		return fmt.Errorf("node %s has no storage role (agent.pool is empty)", a.opt.Name)
+	}
+	return nil
+}
+
+type fragmentMeta struct {
+	ID               int64  `json:"id"`
+	InstanceID       int64  `json:"instance"`
+	Capacity         uint64 `json:"capacity"`
+	InstanceCapacity uint64 `json:"instance_capacity"`
+}
+
+// CreateFragment makes the fragment's directory.
+func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) error {
+	if err := a.requireStorage(); err != nil {
+		return err
+	}
+	a.fragLock.Lock()
+	defer a.fragLock.Unlock()
+	dir := a.fragmentDir(spec.ID)
+	if err := os.MkdirAll(filepath.Join(dir, "namespace"), 0o711); err != nil {
+		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
+	}
+	raw, _ := json.Marshal(fragmentMeta{ID: spec.ID, InstanceID: spec.InstanceID, Capacity: spec.Capacity, InstanceCapacity: spec.InstanceCapacity})
+	if err := writeFileAtomic(filepath.Join(dir, "fragment.json"), raw); err != nil {
+		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
+	}
+	return nil
+}
+
+// DeleteFragment removes the fragment and everything in it.
+func (a *Agent) DeleteFragment(ctx context.Context, id int64) error {
+	if err := a.requireStorage(); err != nil {
+		return err
+	}
+	a.fragLock.Lock()
+	defer a.fragLock.Unlock()
+	meta, _ := a.readFragment(id)
+	if err := removeAll(a.fragmentDir(id)); err != nil {
+		return fmt.Errorf("delete fragment %d: %w", id, err)
+	}
+	if meta != nil {
+		a.forgetTrackerIfUnused(meta.InstanceID)
+	}
+	return nil
+}
+
+func (a *Agent) readFragment(id int64) (*fragmentMeta, error) {
+	raw, err := os.ReadFile(filepath.Join(a.fragmentDir(id), "fragment.json"))
+	if err != nil {
+		return nil, err
+	}
+	var m fragmentMeta
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("fragment %d: corrupt fragment.json: %w", id, err)
+	}
+	return &m, nil
+}
+
+// CreateNamespace makes a namespace root owned by the session's user.
+func (a *Agent) CreateNamespace(ctx context.Context, spec agentapi.NamespaceSpec) error {
+	if err := a.requireStorage(); err != nil {
+		return err
+	}
+	a.fragLock.Lock()
+	defer a.fragLock.Unlock()
+	if _, err := os.Stat(a.fragmentDir(spec.FragmentID)); err != nil {
+		return fmt.Errorf("create namespace %d: fragment %d does not exist on %s", spec.ID, spec.FragmentID, a.opt.Name)
+	}
+	dir := a.namespaceDir(spec.FragmentID, spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create namespace %d: %w", spec.ID, err)
+	}
+	if a.root {
+		if err := os.Lchown(dir, int(spec.Owner), int(spec.Group)); err != nil {
+			return fmt.Errorf("create namespace %d: chown: %w", spec.ID, err)
+		}
+	} else if spec.Owner != uint32(os.Geteuid()) {
+		return fmt.Errorf("create namespace %d for uid %d: this agent runs as uid %d, not root, and can only serve its own user", spec.ID, spec.Owner, os.Geteuid())
+	}
+	if err := os.Chmod(dir, os.FileMode(spec.Mode&0o7777)); err != nil {
+		return fmt.Errorf("create namespace %d: chmod: %w", spec.ID, err)
+	}
+	return nil
+}
+
+// DeleteNamespace removes a namespace and its files.
+func (a *Agent) DeleteNamespace(ctx context.Context, fragmentID, id int64) error {
+	if err := a.requireStorage(); err != nil {
+		return err
+	}
+	a.fragLock.Lock()
+	defer a.fragLock.Unlock()
+	if err := removeAll(a.namespaceDir(fragmentID, id)); err != nil {
+		return fmt.Errorf("delete namespace %d: %w", id, err)
+	}
+	if meta, err := a.readFragment(fragmentID); err == nil {
+		if t, ok := a.trackers.Lookup(meta.InstanceID); ok {
+			a.rescan(meta.InstanceID, t)
+		}
+	}
+	return nil
+}
+
+// tracker returns the capacity tracker of an instance, scanning its namespaces on first use
+// (after a restart the files on disk are the truth). The capacity is the instance's, as its
+// fragments on this node recorded it.
+func (a *Agent) tracker(instanceID int64) (*usage.Tracker, error) {
+	capacity := a.instanceCapacity(instanceID)
+	if capacity == 0 {
+		return nil, fmt.Errorf("instance %d has no fragment on %s", instanceID, a.opt.Name)
+	}
+	t, created := a.trackers.Get(instanceID, capacity)
+	if created {
+		if err := a.rescan(instanceID, t); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// rescan recomputes an instance's usage from its namespaces on this node.
+func (a *Agent) rescan(instanceID int64, t *usage.Tracker) error {
+	return t.Scan(a.instanceNamespaceDirs(instanceID)...)
+}
+
+func (a *Agent) instanceCapacity(instanceID int64) uint64 {
+	frags, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
+	for _, f := range frags {
+		id, err := strconv.ParseInt(f.Name(), 10, 64)
+		if err != nil {
+			continue
+		}
+		if meta, err := a.readFragment(id); err == nil && meta.InstanceID == instanceID {
+			return meta.InstanceCapacity
+		}
+	}
+	return 0
+}
+
+func (a *Agent) instanceNamespaceDirs(instanceID int64) []string {
+	var dirs []string
+	frags, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
+	for _, f := range frags {
+		id, err := strconv.ParseInt(f.Name(), 10, 64)
+		if err != nil {
+			continue
+		}
+		meta, err := a.readFragment(id)
+		if err != nil || meta.InstanceID != instanceID {
+			continue
+		}
+		nss, _ := os.ReadDir(filepath.Join(a.fragmentDir(id), "namespace"))
+		for _, ns := range nss {
+			dirs = append(dirs, filepath.Join(a.fragmentDir(id), "namespace", ns.Name()))
+		}
+	}
+	return dirs
+}
+
+func (a *Agent) forgetTrackerIfUnused(instanceID int64) {
+	if len(a.instanceNamespaceDirs(instanceID)) == 0 {
+		a.trackers.Forget(instanceID)
+	}
+}
+
+// Mount exposes a namespace at a mount path. The namespace must be on this node until the
+// striped data path (warpfs) lets compute nodes reach other nodes' fragments.
+func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
+	if spec.StorageNode != a.opt.Name {
+		return fmt.Errorf("mount %s: the namespace lives on storage node %s and this is %s; reaching another node's storage needs the striped data path (warpfs), which this version does not have — run the agent's storage and client roles on the same host", spec.MountPath, spec.StorageNode, a.opt.Name)
+	}
+	if err := a.requireStorage(); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if m := a.mounts[spec.MountPath]; m != nil && m.alive() {
+		return nil
+	}
+	src := a.namespaceDir(spec.FragmentID, spec.NamespaceID)
+	if _, err := os.Stat(src); err != nil {
+		return fmt.Errorf("mount %s: namespace %d is missing on %s", spec.MountPath, spec.NamespaceID, a.opt.Name)
+	}
+	t, err := a.tracker(spec.InstanceID)
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
+	}
+	m, err := localfs.Mount(localfs.Spec{
+		MountPath: spec.MountPath, SourceDir: src, Tracker: t, ReadOnly: spec.ReadOnly,
+		AllowOther: a.root, FsName: spec.Label, ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
+	})
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
+	}
+	a.mounts[spec.MountPath] = &mounted{m: m, instance: spec.InstanceID, since: time.Now()}
+	return nil
+}
+
+// Unmount removes a mount.
+func (a *Agent) Unmount(ctx context.Context, activationID int64, mountPath string) error {
+	a.mu.Lock()
+	m := a.mounts[mountPath]
+	delete(a.mounts, mountPath)
+	a.mu.Unlock()
+	var err error
+	if m != nil {
+		err = m.m.Unmount()
+	} else {
+		err = localfs.UnmountPath(mountPath, a.opt.Mount)
+	}
+	if errors.Is(err, localfs.ErrDetached) {
+		a.opt.Log.Warn("unmount detached a busy mount lazily", "path", mountPath, "err", err)
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w", mountPath, err)
+	}
+	os.Remove(mountPath) // the empty mount point; harmless if it is not empty or gone
+	return nil
+}
+
+// StartStage begins a stage as the session's user.
+func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
+	if err := a.requireStorage(); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r := a.stages[spec.ID]; r != nil {
+		return nil // already running or finished: the controller polls it
+	}
+	if len(spec.Roots) == 0 {
+		return fmt.Errorf("stage %d: no namespace of the session lives on %s", spec.ID, a.opt.Name)
+	}
+	roots := map[string]string{}
+	for v, loc := range spec.Roots {
+		dir, err := a.locate(loc)
+		if err != nil {
+			return fmt.Errorf("stage %d: %w", spec.ID, err)
+		}
+		roots[v] = dir
+	}
+	spec.Roots = roots
+	var charged *usage.Tracker
+	if spec.Direction == model.StageIn {
+		t, err := a.tracker(spec.Instance)
+		if err != nil {
+			return fmt.Errorf("stage %d: %w", spec.ID, err)
+		}
+		charged = t
+	}
+	// The worker plans first; the bytes it will write are reserved before it writes any.
+	var reserved uint64
+	reserve := func(bytes uint64) error {
+		if charged == nil {
+			return nil
+		}
+		if err := charged.Reserve(bytes); err != nil {
+			return err
+		}
+		reserved = bytes
+		return nil
+	}
+	run := stage.Start(context.Background(), a.opt.WorkerExe, spec, a.opt.StageLimits, reserve)
+	a.stages[spec.ID] = run
+	if charged != nil {
+		go func() {
+			st := run.Wait()
+			// Usage after a stage-in is what landed on disk (files overwritten, a stage that
+			// failed half way). Rescan when no mount of the instance is writing meanwhile
+			// (a rescan would race with its accounting); otherwise give back what the stage
+			// reserved and did not write.
+			if !a.mountedHere(spec.Instance) {
+				a.rescan(spec.Instance, charged)
+			} else if st.BytesDone < reserved {
+				charged.Release(reserved - st.BytesDone)
+			}
+		}()
+	}
+	return nil
+}
+
+// mountedHere reports whether this agent serves a mount of the instance.
+func (a *Agent) mountedHere(instanceID int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range a.mounts {
+		if m.instance == instanceID && m.alive() {
+			return true
+		}
+	}
+	return false
+}
+
+// locate turns the controller's namespace locator into a directory on this node.
+func (a *Agent) locate(loc string) (string, error) {
+	var fid, nid int64
+	if _, err := fmt.Sscanf(loc, "fragment/%d/namespace/%d", &fid, &nid); err != nil {
+		return "", fmt.Errorf("bad namespace locator %q", loc)
+	}
+	dir := a.namespaceDir(fid, nid)
+	if _, err := os.Stat(dir); err != nil {
+		return "", fmt.Errorf("namespace %d of fragment %d is missing on %s", nid, fid, a.opt.Name)
+	}
+	return dir, nil
+}
+
+// StageStatus reports a stage's progress.
+func (a *Agent) StageStatus(ctx context.Context, id int64) (agentapi.StageStatus, error) {
+	a.mu.Lock()
+	r := a.stages[id]
+	a.mu.Unlock()
+	if r == nil {
+		return agentapi.StageStatus{ID: id, Known: false}, nil
+	}
+	st := r.Status()
+	st.ID, st.Known = id, true
+	st.Warnings, _ = r.Warnings()
+	if st.Status != "running" {
+		// Finished stages are forgotten once reported; the controller has recorded them.
+		a.mu.Lock()
+		delete(a.stages, id)
+		a.mu.Unlock()
+	}
+	return st, nil
+}
+
+// CancelStage stops a stage.
+func (a *Agent) CancelStage(ctx context.Context, id int64) error {
+	a.mu.Lock()
+	r := a.stages[id]
+	delete(a.stages, id)
+	a.mu.Unlock()
+	if r != nil {
+		r.Cancel()
+		r.Wait()
+	}
+	return nil
+}
+
+// Close unmounts everything this agent serves and stops its stages.
+func (a *Agent) Close() {
+	a.mu.Lock()
+	mounts := a.mounts
+	a.mounts = map[string]*mounted{}
+	stages := a.stages
+	a.stages = map[int64]*stage.Run{}
+	a.mu.Unlock()
+	for _, r := range stages {
+		r.Cancel()
+	}
+	for _, r := range stages {
+		r.Wait()
+	}
+	for path, m := range mounts {
+		if err := m.m.Unmount(); err != nil {
+			a.opt.Log.Warn("unmount at shutdown", "path", path, "err", err)
+		}
+	}
+}
+
+// mounted is a mount this agent serves.
+type mounted struct {
+	m        *localfs.Mounted
+	instance int64
+	since    time.Time
+}
+
+// alive reports whether the mount is still served.
+func (m *mounted) alive() bool {
+	select {
+	case <-m.m.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// removeAll deletes a tree, making read-only directories writable first (a user may chmod
+// their own directories 0555; the agent must still be able to clean up as root or as owner).
+func removeAll(dir string) error {
+	err := os.RemoveAll(dir)
+	if err == nil || errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/httpapi"
+)
+
+// Handler serves the agent API to the controller. Callers must be root or this agent's own
+// user on the Unix socket, or present the shared token over TCP.
+func Handler(a agentapi.Agent, token string) http.Handler {
+	mux := http.NewServeMux()
+	do := func(w http.ResponseWriter, err error) {
+		if err != nil {
+			httpapi.WriteError(w, http.StatusInternalServerError, "internal", err.Error())
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusOK, map[string]bool{"ok": true})
+	}
+	id := func(r *http.Request, name string) int64 {
+		v, _ := strconv.ParseInt(r.PathValue(name), 10, 64)
+		return v
+	}
+	mux.HandleFunc("GET /agent/v1/report", func(w http.ResponseWriter, r *http.Request) {
+		rep, err := a.Report(r.Context())
+		if err != nil {
+			do(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, 200, rep)
+	})
+	mux.HandleFunc("PUT /agent/v1/fragments/{id}", func(w http.ResponseWriter, r *http.Request) {
+		var spec agentapi.FragmentSpec
+		if httpapi.Decode(w, r, &spec) {
+			do(w, a.CreateFragment(r.Context(), spec))
+		}
+	})
+	mux.HandleFunc("DELETE /agent/v1/fragments/{id}", func(w http.ResponseWriter, r *http.Request) {
+		do(w, a.DeleteFragment(r.Context(), id(r, "id")))
+	})
+	mux.HandleFunc("PUT /agent/v1/namespaces/{id}", func(w http.ResponseWriter, r *http.Request) {
+		var spec agentapi.NamespaceSpec
+		if httpapi.Decode(w, r, &spec) {
+			do(w, a.CreateNamespace(r.Context(), spec))
+		}
+	})
+	mux.HandleFunc("DELETE /agent/v1/fragments/{fid}/namespaces/{id}", func(w http.ResponseWriter, r *http.Request) {
+		do(w, a.DeleteNamespace(r.Context(), id(r, "fid"), id(r, "id")))
+	})
+	mux.HandleFunc("PUT /agent/v1/mounts/{id}", func(w http.ResponseWriter, r *http.Request) {
+		var spec agentapi.MountSpec
+		if httpapi.Decode(w, r, &spec) {
+			do(w, a.Mount(r.Context(), spec))
+		}
+	})
+	mux.HandleFunc("DELETE /agent/v1/mounts/{id}", func(w http.ResponseWriter, r *http.Request) {
+		do(w, a.Unmount(r.Context(), id(r, "id"), r.URL.Query().Get("path")))
+	})
+	mux.HandleFunc("PUT /agent/v1/stages/{id}", func(w http.ResponseWriter, r *http.Request) {
+		var spec agentapi.StageSpec
+		if httpapi.Decode(w, r, &spec) {
+			do(w, a.StartStage(r.Context(), spec))
+		}
+	})
+	mux.HandleFunc("GET /agent/v1/stages/{id}", func(w http.ResponseWriter, r *http.Request) {
+		st, err := a.StageStatus(r.Context(), id(r, "id"))
+		if err != nil {
+			do(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, 200, st)
+	})
+	mux.HandleFunc("DELETE /agent/v1/stages/{id}", func(w http.ResponseWriter, r *http.Request) {
+		do(w, a.CancelStage(r.Context(), id(r, "id")))
+	})
+	self := uint32(os.Geteuid())
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peer := httpapi.PeerOf(r)
+		allowed := peer.Known && (peer.UID == 0 || peer.UID == self)
+		if auth := r.Header.Get("Authorization"); auth != "" {
+			allowed = token != "" && auth == "Bearer "+token
+		}
+		if !allowed {
+			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "only the controller may call an agent: root or the agent's user on its Unix socket, or the shared token (agent.token_file) over TCP")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// Serve serves the agent API on l until ctx ends.
+func Serve(ctx context.Context, l net.Listener, a agentapi.Agent, token string) error {
+	err := httpapi.Serve(ctx, l, Handler(a, token))
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,228 @@
+// Package cli holds the command mains of the multi-call `spillway` binary: thin layers that
+// parse flags, connect to the controller and print. The behaviour lives in the libraries.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/config"
+	"github.com/spillway-hpc/spillway/internal/embedded"
+	"github.com/spillway-hpc/spillway/internal/stage"
+)
+
+// Version is set at build time (-ldflags "-X .../cli.Version=...").
+var Version = "0.1.0-dev"
+
+const mainUsage = `spillway — an open-source, DataWarp-compatible burst buffer
+
+Usage:
+  spillway <command> [options] [arguments]
+
+Commands for everyone:
+  run SCRIPT [ARGS]     run a job script with #DW/#BB directives on this machine
+  persistent            create, list and destroy persistent instances
+  dwstat [TABLE...]     show pools, sessions, instances, ... (DataWarp's dwstat)
+  config defaults       print every configuration key with its default
+
+Daemons (administrators):
+  controller            the DataWarp service: state, API, executor
+  agent                 the daemon of a storage and/or compute node
+  dwcli                 administrative changes: pools, drain, registrations
+
+Other:
+  version               print the version
+  help [COMMAND]        show a command's usage
+
+The binary also answers to the names dwstat and dwcli (make symbolic links to it).
+Every command takes --help. Documentation: docs/ in the source tree (README.md to start).
+`
+
+// Main runs the command named by argv and returns the exit status.
+func Main(argv []string) int {
+	name := filepath.Base(argv[0])
+	args := argv[1:]
+	switch name {
+	case "dwstat":
+		return dwstatMain(args, os.Stdout, os.Stderr)
+	case "dwcli":
+		return dwcliMain(args, os.Stdout, os.Stderr)
+	}
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, mainUsage)
+		return 64
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return runMain(rest, os.Stdout, os.Stderr)
+	case "persistent":
+		return persistentMain(rest, os.Stdout, os.Stderr)
+	case "dwstat":
+		return dwstatMain(rest, os.Stdout, os.Stderr)
+	case "dwcli":
+		return dwcliMain(rest, os.Stdout, os.Stderr)
+	case "controller":
+		return controllerMain(rest, os.Stdout, os.Stderr)
+	case "agent":
+		return agentMain(rest, os.Stdout, os.Stderr)
+	case "config":
+		return configMain(rest, os.Stdout, os.Stderr)
+	case "stage-worker":
+		// Hidden: the agent starts it, as the job's user, to move one stage's data.
+		return stage.WorkerMain(os.Stdin, os.Stdout)
+	case "version", "--version":
+		fmt.Println("spillway", Version)
+		return 0
+	case "help", "-h", "--help":
+		if len(rest) > 0 {
+			return Main([]string{argv[0], rest[0], "--help"})
+		}
+		fmt.Print(mainUsage)
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "spillway: unknown command %q\n\n%s", cmd, mainUsage)
+	return 64
+}
+
+// newFlags makes a flag set whose -h/--help prints usage to stdout and exits 0, and whose
+// errors print the usage to stderr.
+func newFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fmt.Fprintln(fs.Output(), "\nOptions:")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses flags; it returns (exit status, false) when the command should stop.
+func parse(fs *flag.FlagSet, args []string, stdout io.Writer) (int, bool) {
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return 0, false
+	}
+	if err != nil {
+		return 64, false
+	}
+	return 0, true
+}
+
+// connection says how a command reaches a controller.
+type connection struct {
+	configPath string // --config: a system install's file
+	controller string // --controller: an address
+	tokenFile  string // --token-file
+	home       string // --home: a one-machine home
+}
+
+func (c *connection) flags(fs *flag.FlagSet, withHome bool) {
+	fs.StringVar(&c.configPath, "config", "", "configuration file of a system install (default $SPILLWAY_CONFIG, else "+config.DefaultPath+" if it exists)")
+	fs.StringVar(&c.controller, "controller", "", "controller address: unix:/path/to/socket or http://host:port (overrides the configuration)")
+	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the shared secret of a TCP controller")
+	if withHome {
+		fs.StringVar(&c.home, "home", "", "use the one-machine Spillway in this directory (default $SPILLWAY_HOME, else ~/.local/share/spillway)")
+	}
+}
+
+// systemConfigPath returns the system configuration to use, "" for none.
+func (c *connection) systemConfigPath(embeddedByDefault bool) string {
+	if c.configPath != "" {
+		return c.configPath
+	}
+	if p := os.Getenv("SPILLWAY_CONFIG"); p != "" {
+		return p
+	}
+	if embeddedByDefault || c.home != "" {
+		return ""
+	}
+	if _, err := os.Stat(config.DefaultPath); err == nil {
+		return config.DefaultPath
+	}
+	return ""
+}
+
+// session is a connected command: its client, and the one-machine Spillway it started (if any).
+type session struct {
+	client  *apiclient.Client
+	running *embedded.Running
+	cfg     config.Config
+	home    *embedded.Home
+}
+
+func (s *session) Close() {
+	if s.running != nil {
+		s.running.Close()
+	}
+}
+
+// connect reaches the controller: an explicit address, a system configuration, or the
+// one-machine home (starting it in this process when no other process runs it).
+func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session, error) {
+	token, err := apiclient.TokenFromFile(c.tokenFile)
+	if err != nil {
+		return nil, err
+	}
+	path := c.systemConfigPath(embeddedByDefault)
+	if c.controller != "" || path != "" {
+		cfg := config.Defaults()
+		if path != "" {
+			if cfg, err = config.Load(path); err != nil {
+				return nil, err
+			}
+		}
+		addr := c.controller
+		if addr == "" {
+			addr = cfg.Client.Controller
+		}
+		if token == "" && cfg.Client.TokenFile != "" && strings.HasPrefix(addr, "http") {
+			if token, err = apiclient.TokenFromFile(cfg.Client.TokenFile); err != nil {
+				return nil, err
+			}
+		}
+		cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(), RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second})
+		if err != nil {
+			return nil, err
+		}
+		return &session{client: cl, cfg: cfg}, nil
+	}
+	dir := c.home
+	if dir == "" {
+		if dir, err = embedded.DefaultDir(); err != nil {
+			return nil, err
+		}
+	}
+	home, err := embedded.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cl, running, err := home.Connect(log, []string{exe, "stage-worker"})
+	if err != nil {
+		return nil, err
+	}
+	return &session{client: cl, running: running, cfg: home.Config, home: home}, nil
+}
+
+// quietLogger logs warnings and errors to stderr (daemons log more).
+func quietLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func background() context.Context { return context.Background() }

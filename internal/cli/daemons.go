@@ -1,0 +1,213 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/spillway-hpc/spillway/internal/agent"
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/agentclient"
+	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/config"
+	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/embedded"
+	"github.com/spillway-hpc/spillway/internal/httpapi"
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/store"
+	"github.com/spillway-hpc/spillway/internal/store/sqlite"
+)
+
+const controllerUsage = `Usage: spillway controller [--config FILE]
+
+Run the DataWarp service: it keeps the state (an SQLite database in
+controller.state_dir), serves the REST API (/dw/v1/..., OpenAPI at
+/dw/v1/openapi.json) on the Unix socket controller.socket and, if controller.listen is
+set, on TCP, and drives every session through its lifecycle by calling the agents.
+
+Run it once per cluster, on the slurmctld host, as root (it needs to read nothing of the
+users', but agents on other hosts trust only root or the shared token). It stops cleanly
+on SIGTERM or SIGINT; killed at any point, it resumes where it was when started again.
+
+Logs go to stderr (journald under systemd). See docs/admin.md and docs/config.md.
+`
+
+func loadSystemConfig(path string) (config.Config, string, error) {
+	if path == "" {
+		path = os.Getenv("SPILLWAY_CONFIG")
+	}
+	if path == "" {
+		path = config.DefaultPath
+	}
+	if _, err := os.Stat(path); os.IsNotExist(err) && path == config.DefaultPath {
+		return config.Defaults(), "(built-in defaults)", nil
+	}
+	cfg, err := config.Load(path)
+	return cfg, path, err
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+func controllerMain(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("spillway controller", controllerUsage, stderr)
+	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
+	if code, ok := parse(fs, args, stdout); !ok {
+		return code
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	cfg, from, err := loadSystemConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
+		return 78
+	}
+	token, err := apiclient.TokenFromFile(cfg.Controller.TokenFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
+		return 78
+	}
+	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
+		return 1
+	}
+	st := store.New(eng)
+	defer st.Close()
+	dial := func(n *model.Node) (agentapi.Agent, error) {
+		return agentclient.New(n.Address, apiclient.Options{Token: token, ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D()})
+	}
+	ctl, err := controller.New(cfg, st, dial, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
+		return 1
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	srv := controller.NewServer(ctl, token, cfg.Controller.WLMUsers, log)
+	var wg sync.WaitGroup
+	listeners := []string{"unix:" + cfg.Controller.Socket}
+	if cfg.Controller.Listen != "" {
+		if token == "" {
+			fmt.Fprintln(stderr, "spillway controller: controller.listen is set but controller.token_file is not: TCP clients could not authenticate; set both")
+			return 78
+		}
+		listeners = append(listeners, cfg.Controller.Listen)
+	}
+	for _, addr := range listeners {
+		l, err := httpapi.Listen(addr)
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway controller: listen %s: %v\n", addr, err)
+			return 1
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); srv.Serve(ctx, l) }()
+	}
+	log.Info("controller started", "config", from, "state", cfg.Controller.StateDir, "listen", listeners, "mount_root", cfg.Controller.MountRoot)
+	ctl.Run(ctx)
+	wg.Wait()
+	log.Info("controller stopped")
+	return 0
+}
+
+const agentUsage = `Usage: spillway agent [--config FILE]
+
+Run the daemon of a storage node and/or compute node.
+
+Storage role (agent.pool set): offers agent.capacity bytes of agent.ssd_path to the pool
+(by default half the free space at first start, then fixed), keeps each fragment as a
+directory there, and runs stages as the job's user.
+Client role (always): mounts instances at their mount paths (FUSE) when a job starts and
+unmounts them when it ends.
+
+It reports to the controller (agent.controller) every agent.heartbeat_interval and serves
+the controller's calls on agent.listen (a Unix socket, or host:port with
+agent.token_file). Run it as root: it changes ownership of namespace roots, runs stage
+workers as the job's users, and mounts with allow_other. See docs/admin.md.
+`
+
+func agentMain(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("spillway agent", agentUsage, stderr)
+	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
+	if code, ok := parse(fs, args, stdout); !ok {
+		return code
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	cfg, from, err := loadSystemConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
+		return 78
+	}
+	token, err := apiclient.TokenFromFile(cfg.Agent.TokenFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
+		return 78
+	}
+	name := cfg.Agent.Name
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	advertise := cfg.Agent.Advertise
+	if advertise == "" {
+		advertise = cfg.Agent.Listen
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
+		return 1
+	}
+	ag, err := agent.New(agent.Options{
+		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity), Address: advertise,
+		WorkerExe: []string{exe, "stage-worker"}, StageLimits: embedded.StageLimits(cfg), Mount: embedded.MountLimits(cfg), Log: log,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
+		return 1
+	}
+	defer ag.Close()
+	l, err := httpapi.Listen(cfg.Agent.Listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: listen %s: %v\n", cfg.Agent.Listen, err)
+		return 1
+	}
+	client, err := apiclient.New(cfg.Agent.Controller, apiclient.Options{Token: token, ConnectRetries: 1, RequestTimeout: cfg.Controller.RequestTimeout.D()})
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
+		return 78
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); agent.Serve(ctx, l, ag, token) }()
+	log.Info("agent started", "config", from, "node", name, "pool", cfg.Agent.Pool, "ssd_path", cfg.Agent.SSDPath, "listen", cfg.Agent.Listen, "controller", cfg.Agent.Controller)
+	ag.RunHeartbeats(ctx, cfg.Agent.HeartbeatInterval.D(), cfg.Agent.GCGrace.D(), client.Heartbeat)
+	wg.Wait()
+	log.Info("agent stopped")
+	return 0
+}
+
+const configUsage = `Usage: spillway config defaults
+
+Print the configuration file with every key at its default value. Every queue, retry,
+timeout and size limit has a key; docs/config.md explains each.
+`
+
+func configMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && args[0] == "defaults" {
+		fmt.Fprint(stdout, config.Encode(config.Defaults()))
+		return 0
+	}
+	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
+		fmt.Fprint(stdout, configUsage)
+		return 0
+	}
+	fmt.Fprint(stderr, configUsage)
+	return 64
+}

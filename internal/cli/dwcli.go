@@ -1,0 +1,171 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/spillway-hpc/spillway/internal/units"
+)
+
+const dwcliUsage = `Usage: dwcli ls TABLE
+       dwcli create pool --name NAME --granularity SIZE
+       dwcli update node --name NODE (--drain [--reason TEXT] | --fill)
+       dwcli update registration -i ID --no-wait
+       dwcli rm session -i ID [--hurry]
+
+Administrative changes, as DataWarp's dwcli makes them.
+
+  ls TABLE                 list the ids of a table (nodes, pools, sessions, ...)
+  create pool              add a pool (or change the granularity of an unused one)
+  update node --drain      take a storage node out of new allocations (existing instances
+                           stay); --fill puts it back
+  update registration      let a session's teardown proceed without waiting for its
+    --no-wait              stage-outs (they are cancelled)
+  rm session -i ID         tear a session down (a job's or a persistent instance's)
+
+Administrative changes need root or a controller.wlm_users user.
+`
+
+func dwcliMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stdout, dwcliUsage)
+		if len(args) == 0 {
+			return 64
+		}
+		return 0
+	}
+	verb := args[0]
+	object := ""
+	rest := args[1:]
+	if len(rest) > 0 {
+		object, rest = rest[0], rest[1:]
+	}
+	fs := newFlags("dwcli "+verb+" "+object, dwcliUsage, stderr)
+	var conn connection
+	conn.flags(fs, true)
+	name := fs.String("name", "", "pool or node name")
+	gran := fs.String("granularity", "", "pool granularity, e.g. 16MiB")
+	drain := fs.Bool("drain", false, "drain the node")
+	fill := fs.Bool("fill", false, "return a drained node to service")
+	reason := fs.String("reason", "", "why the node is drained (shown in dwstat nodes --json)")
+	id := fs.Int64("i", 0, "object id")
+	noWait := fs.Bool("no-wait", false, "registration: do not wait for stage-out at teardown")
+	hurry := fs.Bool("hurry", false, "rm session: do not wait for stage-outs")
+	if code, ok := parse(fs, rest, stdout); !ok {
+		return code
+	}
+	sess, err := conn.connect(false, quietLogger(stderr))
+	if err != nil {
+		fmt.Fprintf(stderr, "dwcli: %v\n", err)
+		return 1
+	}
+	defer sess.Close()
+	ctx := background()
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "dwcli %s %s: %v\n", verb, object, err)
+		return 1
+	}
+	switch verb + " " + object {
+	case "ls nodes", "ls pools", "ls sessions", "ls instances", "ls configurations", "ls fragments", "ls namespaces", "ls registrations", "ls activations":
+		all, err := sess.client.All(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		switch object {
+		case "nodes":
+			for _, n := range all.Nodes {
+				fmt.Fprintln(stdout, n.ID)
+			}
+		case "pools":
+			for _, p := range all.Pools {
+				fmt.Fprintln(stdout, p.ID)
+			}
+		case "sessions":
+			for _, s := range all.Sessions {
+				fmt.Fprintln(stdout, s.ID)
+			}
+		case "instances":
+			for _, x := range all.Instances {
+				fmt.Fprintln(stdout, x.ID)
+			}
+		case "configurations":
+			for _, x := range all.Configurations {
+				fmt.Fprintln(stdout, x.ID)
+			}
+		case "fragments":
+			for _, x := range all.Fragments {
+				fmt.Fprintln(stdout, x.ID)
+			}
+		case "namespaces":
+			for _, x := range all.Namespaces {
+				fmt.Fprintln(stdout, x.ID)
+			}
+		case "registrations":
+			for _, x := range all.Registrations {
+				fmt.Fprintln(stdout, x.ID)
+			}
+		case "activations":
+			for _, x := range all.Activations {
+				fmt.Fprintln(stdout, x.ID)
+			}
+		}
+		return 0
+	case "create pool":
+		g, err := units.ParseSize(*gran)
+		if *name == "" || err != nil || g == 0 {
+			fmt.Fprintln(stderr, "dwcli create pool: give --name and a --granularity greater than 0, e.g. --granularity 16MiB")
+			return 64
+		}
+		if err := sess.client.CreatePool(ctx, *name, g); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "create request for pools entity with id = %s accepted, \"dwstat pools\" for status\n", *name)
+		return 0
+	case "update node":
+		if *name == "" || *drain == *fill {
+			fmt.Fprintln(stderr, "dwcli update node: give --name and exactly one of --drain or --fill")
+			return 64
+		}
+		if err := sess.client.SetDrain(ctx, *name, *drain, *reason); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "update request for nodes entity with id = %s accepted, \"dwstat nodes\" for status\n", *name)
+		return 0
+	case "update registration":
+		if *id == 0 || !*noWait {
+			fmt.Fprintln(stderr, "dwcli update registration: give -i ID and --no-wait")
+			return 64
+		}
+		if err := sess.client.ReleaseRegistration(ctx, *id); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "update request for registrations entity with id = %d accepted, \"dwstat registrations\" for status\n", *id)
+		return 0
+	case "rm session":
+		if *id == 0 {
+			fmt.Fprintln(stderr, "dwcli rm session: give -i ID (dwstat sessions lists them)")
+			return 64
+		}
+		all, err := sess.client.All(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		token := ""
+		for _, s := range all.Sessions {
+			if s.ID == *id {
+				token = s.Token
+			}
+		}
+		if token == "" {
+			return fail(fmt.Errorf("no session with id %s", strconv.FormatInt(*id, 10)))
+		}
+		if err := sess.client.Teardown(ctx, token, *hurry); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "delete request for sessions entity with id = %d accepted, \"dwstat sessions\" for status\n", *id)
+		return 0
+	}
+	fmt.Fprintf(stderr, "dwcli: unknown command %q\n\n%s", verb+" "+object, dwcliUsage)
+	return 64
+}

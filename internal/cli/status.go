@@ -1,0 +1,249 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/dwstat"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/units"
+)
+
+const dwstatUsage = `Usage: dwstat [options] [TABLE...]
+
+Show the state of the burst buffer, as DataWarp's dwstat does. With no TABLE, the pools.
+TABLEs: pools, nodes, sessions, instances, configurations, registrations, activations,
+fragments, namespaces, stages (Spillway's: staging progress), and the words most
+(pools, sessions, instances, configurations, registrations, activations) and all.
+Singular and short names work too (instance, inst, frag, nss, ...).
+
+Sizes print in binary units with at most two decimals (7.28TiB) unless -b; times are
+local, YYYY-MM-DDTHH:MM:SS; an expiration of never means none. The state column has five
+flags: C/D (goal create/destroy), A (actualized), F (fuse blown: an operator must look),
+T (transitioning), M (mixed); - where unset.
+
+Examples:
+  dwstat                  the pools
+  dwstat most
+  dwstat instances fragments
+  dwstat -b pools         granularity and sizes in bytes
+  dwstat --json sessions
+`
+
+func dwstatMain(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("dwstat", dwstatUsage, stderr)
+	var conn connection
+	conn.flags(fs, true)
+	bytes := fs.Bool("b", false, "print sizes in bytes")
+	cd := fs.Bool("cd", false, "configuration details: add amode and backing_path")
+	asJSON := fs.Bool("json", false, "print the tables as JSON")
+	allFlag := fs.Bool("all", false, "the same as the table word all")
+	if code, ok := parse(fs, args, stdout); !ok {
+		return code
+	}
+	words := fs.Args()
+	if *allFlag {
+		words = append(words, "all")
+	}
+	tables, summary, err := dwstat.Resolve(words)
+	if err != nil {
+		fmt.Fprintf(stderr, "dwstat: %v\n", err)
+		return 64
+	}
+	sess, err := conn.connect(false, quietLogger(stderr))
+	if err != nil {
+		fmt.Fprintf(stderr, "dwstat: %v\n", err)
+		return 1
+	}
+	defer sess.Close()
+	all, err := sess.client.All(background())
+	if err != nil {
+		fmt.Fprintf(stderr, "dwstat: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(dwstat.Select(all, tables))
+		return 0
+	}
+	fmt.Fprint(stdout, dwstat.Render(all, tables, summary, dwstat.Options{Bytes: *bytes, ConfigDetails: *cd}))
+	return 0
+}
+
+const persistentUsage = `Usage: spillway persistent create NAME --capacity SIZE [options]
+       spillway persistent list [--json]
+       spillway persistent destroy NAME [--hurry]
+
+Manage persistent instances: burst-buffer storage that outlives jobs, shared by your jobs
+with #DW persistentdw name=NAME (the job then sees $DW_PERSISTENT_STRIPED_NAME). The same
+as #BB create_persistent / #BB destroy_persistent in a job script.
+
+NAME: letters, digits and _, not starting with a digit, at most 64 characters.
+SIZE: 100GiB, 3.5TB, ... rounded up to the pool's granularity.
+destroy refuses while a job uses the instance; its data is gone afterwards.
+
+Examples:
+  spillway persistent create myproject --capacity 200GiB
+  spillway persistent list
+  spillway persistent destroy myproject
+`
+
+func persistentMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, persistentUsage)
+		if len(args) == 0 {
+			return 64
+		}
+		return 0
+	}
+	verb, rest := args[0], args[1:]
+	fs := newFlags("spillway persistent "+verb, persistentUsage, stderr)
+	var conn connection
+	conn.flags(fs, true)
+	capacity := fs.String("capacity", "", "create: the capacity, e.g. 200GiB")
+	pool := fs.String("pool", "", "create: the pool (default: the controller's default pool)")
+	access := fs.String("access", "striped", "create: access mode: striped, private or loadbalance")
+	strategy := fs.String("optimization", "bandwidth", "create: optimization_strategy: bandwidth or interference")
+	hurry := fs.Bool("hurry", false, "destroy: do not wait for stage-outs")
+	asJSON := fs.Bool("json", false, "list: print JSON")
+	// Flags may come after the name.
+	var positional []string
+	for len(rest) > 0 {
+		if code, ok := parse(fs, rest, stdout); !ok {
+			return code
+		}
+		rest = fs.Args()
+		if len(rest) > 0 {
+			positional = append(positional, rest[0])
+			rest = rest[1:]
+		}
+	}
+	sess, err := conn.connect(false, quietLogger(stderr))
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway persistent: %v\n", err)
+		return 1
+	}
+	defer sess.Close()
+	ctx := background()
+	poll, timeout := sess.cfg.Client.PollInterval.D(), sess.cfg.Client.StepTimeout.D()
+	switch verb {
+	case "create":
+		if len(positional) != 1 || *capacity == "" {
+			fmt.Fprintln(stderr, "spillway persistent create: give one NAME and --capacity SIZE")
+			return 64
+		}
+		size, err := units.ParseSize(*capacity)
+		if err != nil || size == 0 {
+			fmt.Fprintf(stderr, "spillway persistent create: --capacity %q: %v\n", *capacity, orZero(err))
+			return 64
+		}
+		req := lifecycle.Setup{Token: positional[0], Creator: "CLI", Owner: uint32(os.Getuid()), Group: uint32(os.Getgid()), Persistent: true,
+			Instance: &lifecycle.InstanceRequest{Capacity: size, Pool: *pool, Type: "scratch", AccessModes: strings.Split(*access, ","), Strategy: *strategy}}
+		if err := sess.client.Setup(ctx, req); err != nil {
+			fmt.Fprintf(stderr, "spillway persistent create: %v\n", err)
+			return 1
+		}
+		st, err := sess.client.WaitStep(ctx, req.Token, lifecycle.PhaseSetup, poll, timeout, nil)
+		if err == nil && st.Failed {
+			err = fmt.Errorf("%s", st.Message)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway persistent create: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "created persistent instance %s\n", req.Token)
+		return 0
+	case "destroy":
+		if len(positional) != 1 {
+			fmt.Fprintln(stderr, "spillway persistent destroy: give one NAME")
+			return 64
+		}
+		if err := sess.client.Teardown(ctx, positional[0], *hurry); err != nil {
+			if apiclient.IsNotFound(err) {
+				err = fmt.Errorf("no persistent instance named %s", positional[0])
+			}
+			fmt.Fprintf(stderr, "spillway persistent destroy: %v\n", err)
+			return 1
+		}
+		st, err := sess.client.WaitStep(ctx, positional[0], lifecycle.PhaseTeardown, poll, timeout, nil)
+		if err == nil && st.Failed {
+			err = fmt.Errorf("%s", st.Message)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway persistent destroy: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "destroyed persistent instance %s\n", positional[0])
+		return 0
+	case "list":
+		all, err := sess.client.All(ctx)
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway persistent list: %v\n", err)
+			return 1
+		}
+		type row struct {
+			Name     string   `json:"name"`
+			Owner    uint32   `json:"owner"`
+			Capacity uint64   `json:"capacity"`
+			Pool     string   `json:"pool"`
+			Created  string   `json:"created"`
+			State    string   `json:"state"`
+			UsedBy   []string `json:"used_by"`
+		}
+		var rows []row
+		for _, s := range all.Sessions {
+			if !s.Persistent {
+				continue
+			}
+			r := row{Name: s.Token, Owner: s.Owner, Created: time.Unix(s.Created, 0).Format("2006-01-02T15:04:05"), State: s.State.Flags(), UsedBy: []string{}}
+			for _, i := range all.Instances {
+				if i.Links.Session == s.ID {
+					r.Capacity, r.Pool = i.Capacity.Bytes, i.Pool
+				}
+			}
+			for _, other := range all.Sessions {
+				for _, u := range other.Uses {
+					if u == s.Token {
+						r.UsedBy = append(r.UsedBy, other.Token)
+					}
+				}
+			}
+			rows = append(rows, r)
+		}
+		sort.Slice(rows, func(i, j int) bool { return rows[i].Name < rows[j].Name })
+		if *asJSON {
+			if rows == nil {
+				rows = []row{}
+			}
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			enc.Encode(map[string]any{"persistent": rows})
+			return 0
+		}
+		if len(rows) == 0 {
+			fmt.Fprintln(stdout, "no persistent instances")
+			return 0
+		}
+		fmt.Fprintf(stdout, "%-20s %6s %10s %-12s %-19s %-5s %s\n", "name", "owner", "capacity", "pool", "created", "state", "used_by")
+		for _, r := range rows {
+			fmt.Fprintf(stdout, "%-20s %6d %10s %-12s %-19s %-5s %s\n", r.Name, r.Owner, units.FormatHuman(r.Capacity), r.Pool, r.Created, r.State, strings.Join(r.UsedBy, ","))
+		}
+		return 0
+	}
+	fmt.Fprintf(stderr, "spillway persistent: unknown verb %q\n\n%s", verb, persistentUsage)
+	return 64
+}
+
+func orZero(err error) error {
+	if err == nil {
+		return fmt.Errorf("must be greater than 0")
+	}
+	return err
+}

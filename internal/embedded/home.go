@@ -1,0 +1,234 @@
+// Package embedded is the one-machine Spillway behind `spillway run`: the controller and an
+// agent in one process, with the state, the pool's storage and the mounts under one home
+// directory ($SPILLWAY_HOME, by default a per-user data directory), created on first use.
+//
+// It is the same controller, agent, store, lifecycle and data path as a cluster install; only
+// the wiring differs (in-process calls instead of the agent's HTTP API).
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agent"
+	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/config"
+	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/localfs"
+	"github.com/spillway-hpc/spillway/internal/stage"
+	"github.com/spillway-hpc/spillway/internal/store"
+	"github.com/spillway-hpc/spillway/internal/store/sqlite"
+)
+
+// Home is a one-machine Spillway's directory.
+type Home struct {
+	Dir    string
+	Config config.Config
+}
+
+// DefaultDir is $SPILLWAY_HOME, else $XDG_DATA_HOME/spillway, else ~/.local/share/spillway.
+func DefaultDir() (string, error) {
+	if d := os.Getenv("SPILLWAY_HOME"); d != "" {
+		return filepath.Abs(d)
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "spillway"), nil
+	}
+	h, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("no home directory to keep Spillway's state in; set SPILLWAY_HOME")
+	}
+	return filepath.Join(h, ".local", "share", "spillway"), nil
+}
+
+// ConfigName is the home's configuration file.
+const ConfigName = "spillway.toml"
+
+// Defaults is the configuration of a new home: everything under dir, one pool on dir/ssd.
+func Defaults(dir string) config.Config {
+	c := config.Defaults()
+	c.Controller.StateDir = filepath.Join(dir, "state")
+	c.Controller.Socket = filepath.Join(dir, "controller.sock")
+	c.Controller.MountRoot = filepath.Join(dir, "mounts")
+	c.Controller.WLMUsers = nil
+	c.Agent.SSDPath = filepath.Join(dir, "ssd")
+	c.Agent.Pool = "wlm_pool"
+	c.Agent.Listen = ""
+	c.Agent.Controller = ""
+	c.Client.Controller = "unix:" + c.Controller.Socket
+	c.Client.ConnectRetries = 3
+	c.Client.RetryWait = config.Duration(200 * time.Millisecond)
+	c.Executor.Tick = config.Duration(200 * time.Millisecond)
+	c.Stage.PollInterval = config.Duration(50 * time.Millisecond)
+	c.Stage.AllowRoot = os.Geteuid() == 0
+	return c
+}
+
+// Open opens a home, creating it (and its configuration file) on first use.
+func Open(dir string) (*Home, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("spillway home %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, ConfigName)
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		header := "# Spillway's one-machine configuration (spillway run). Every key and its default:\n# `spillway config defaults`; the meaning of each: docs/config.md.\n\n"
+		if err := os.WriteFile(path, []byte(header+config.Encode(Defaults(dir))), 0o600); err != nil {
+			return nil, fmt.Errorf("spillway home %s: %w", dir, err)
+		}
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("spillway home: %w", err)
+	}
+	cfg, err := config.Parse(raw, path, Defaults(dir))
+	if err != nil {
+		return nil, err
+	}
+	return &Home{Dir: dir, Config: cfg}, nil
+}
+
+// ErrInUse is returned when another process already runs this home's controller.
+var ErrInUse = errors.New("in use")
+
+// Running is a started one-machine Spillway.
+type Running struct {
+	Home       *Home
+	Controller *controller.Controller
+	Agent      *agent.Agent
+	Client     *apiclient.Client
+	NodeName   string
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	store  *store.Store
+	closed sync.Once
+}
+
+// Start brings up the controller, the agent and the API socket. workerExe is the argv prefix
+// of the stage worker (the spillway binary and "stage-worker").
+func (h *Home) Start(log *slog.Logger, workerExe []string) (*Running, error) {
+	cfg := h.Config
+	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
+	if err != nil {
+		if errors.Is(err, sqlite.ErrLocked) {
+			return nil, fmt.Errorf("%w: %v", ErrInUse, err)
+		}
+		return nil, err
+	}
+	st := store.New(eng)
+	ctl, err := controller.New(cfg, st, nil, log)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	name := cfg.Agent.Name
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	ag, err := agent.New(agent.Options{
+		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity),
+		WorkerExe: workerExe, StageLimits: StageLimits(cfg), Mount: MountLimits(cfg), Log: log,
+	})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	ctl.AddLocalAgent(name, ag)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Running{Home: h, Controller: ctl, Agent: ag, NodeName: name, cancel: cancel, store: st}
+	// Register the node before anything asks for capacity.
+	report, _ := ag.Report(ctx)
+	if _, err := ctl.Heartbeat(ctx, report); err != nil {
+		r.Close()
+		return nil, err
+	}
+	l, err := listen(cfg.Controller.Socket)
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	srv := controller.NewServer(ctl, "", nil, log)
+	r.wg.Add(3)
+	go func() { defer r.wg.Done(); srv.Serve(ctx, l) }()
+	go func() { defer r.wg.Done(); ctl.Run(ctx) }()
+	go func() {
+		defer r.wg.Done()
+		ag.RunHeartbeats(ctx, cfg.Agent.HeartbeatInterval.D(), cfg.Agent.GCGrace.D(), ctl.Heartbeat)
+	}()
+	r.Client, err = apiclient.New("unix:"+cfg.Controller.Socket, apiclient.Options{
+		ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(), RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second,
+	})
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	os.Remove(path) // we hold the state lock, so any socket here is stale
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("controller socket %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// Close stops everything: unmounts, stops stages, closes the state.
+func (r *Running) Close() {
+	r.closed.Do(func() {
+		r.cancel()
+		r.wg.Wait()
+		r.Agent.Close()
+		r.store.Close()
+		os.Remove(r.Home.Config.Controller.Socket)
+	})
+}
+
+// Connect returns a client of this home's controller: the one already running in another
+// process (a `spillway run` in progress) if there is one, else one started here. close
+// releases what was started.
+func (h *Home) Connect(log *slog.Logger, workerExe []string) (client *apiclient.Client, running *Running, err error) {
+	sock := h.Config.Controller.Socket
+	if conn, err := net.DialTimeout("unix", sock, time.Second); err == nil {
+		conn.Close()
+		c, err := apiclient.New("unix:"+sock, apiclient.Options{ConnectRetries: 1, RequestTimeout: h.Config.Controller.RequestTimeout.D() + 5*time.Second})
+		return c, nil, err
+	}
+	r, err := h.Start(log, workerExe)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r.Client, r, nil
+}
+
+// StageLimits maps the configuration onto the stage engine's limits.
+func StageLimits(cfg config.Config) stage.Limits {
+	return stage.Limits{
+		Timeout:          cfg.Stage.Timeout.D(),
+		ProgressInterval: cfg.Stage.ProgressInterval.D(),
+		DefaultParallel:  cfg.Stage.FilesInFlight,
+		MaxEntries:       int(cfg.Stage.MaxFilesPerStage),
+		MaxLineBytes:     int(cfg.Stage.WorkerOutputLimit),
+		AllowRoot:        cfg.Stage.AllowRoot,
+	}
+}
+
+// MountLimits maps the configuration onto the FUSE client's limits.
+func MountLimits(cfg config.Config) localfs.Limits {
+	return localfs.Limits{
+		ClientCacheTimeout: cfg.Mount.ClientCacheTimeout.D(),
+		MaxWrite:           int(cfg.Mount.MaxWrite),
+		UnmountBusyTimeout: cfg.Mount.UnmountTimeout.D(),
+	}
+}

@@ -1,0 +1,755 @@
+// Package localfs is the compute-node client of a burst-buffer namespace: it exposes the
+// namespace at a mount path (such as $DW_JOB_STRIPED) with FUSE, enforces the instance's
+// capacity, and makes mounting and unmounting idempotent and robust against the leftovers of
+// a crashed agent.
+//
+// In this stage of the project the namespace is an ordinary directory on the same host and
+// is served by a loopback backend (loopback.go). The mount lifecycle here only sees a go-fuse
+// root node, so a later backend (warpfs, striped over several servers) replaces the backend,
+// not this file.
+//
+// What users see: `df` shows the instance's capacity and free space, not the host disk's; a
+// write or truncate that would grow the instance past its capacity fails with ENOSPC; a
+// read-only (loadbalance) mount fails every change with EROFS; files created by a user
+// through a root agent's mount belong to that user. See docs/mounts.md.
+package localfs
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/usage"
+)
+
+// Spec says which namespace to expose where, and how.
+type Spec struct {
+	// MountPath is where users see the namespace, e.g.
+	// /var/opt/spillway/mounts/batch/42_striped_scratch. Absolute. Its parent is created
+	// (0755) if missing, and so is the directory itself.
+	MountPath string
+	// SourceDir is the namespace root: the directory holding the files. Absolute; it must
+	// exist, and must not contain MountPath or lie under it.
+	SourceDir string
+	// Tracker counts the instance's usage against its capacity; it is shared with everything
+	// else writing into the instance on this node (the stage engine).
+	Tracker *usage.Tracker
+	// ReadOnly mounts the namespace read-only (loadbalance after stage-in): every change
+	// fails with EROFS.
+	ReadOnly bool
+	// AllowOther lets users other than the agent's reach the mount. Set it when the agent is
+	// root so that the job's user can use the mount; the kernel then checks file modes
+	// (default_permissions, always on) and files are created as the calling user.
+	AllowOther bool
+	// FsName is the first column of /proc/mounts and df ("Filesystem"), e.g. the instance
+	// label "I42-0". Defaults to "spillway". The type column is always fuse.spillway.
+	FsName string
+	// ClientCache turns on close-to-open client caching (DataWarp's client_cache=yes): the
+	// kernel keeps file data cached across opens while the file is unchanged, and names and
+	// attributes for Limits.ClientCacheTimeout. Off by default: every open, lookup and stat
+	// asks the server, which keeps nodes coherent.
+	ClientCache bool
+	// Limits are the tunables; the zero value means the defaults (DefaultLimits).
+	Limits Limits
+	// MaxFileSize is DataWarp's MFS suboption: no file may grow beyond it; writes past it are
+	// cut short and then fail with EFBIG, truncates and fallocates past it fail with EFBIG.
+	// 0 means no limit.
+	MaxFileSize uint64
+	// DisablePassthrough turns off FUSE passthrough on read-only mounts. With it on (the
+	// default), a root agent on a kernel that supports it (Linux 6.9+) lets the kernel read
+	// the namespace's files directly: reads at the speed of the backing file system. Writable
+	// mounts never use passthrough, since every write must be counted.
+	DisablePassthrough bool
+	// Logger receives diagnostics (stale mounts cleaned, tuning that failed). Defaults to
+	// log.Default().
+	Logger *log.Logger
+	// Debug logs every FUSE request and reply to Logger (very verbose; for diagnosis).
+	Debug bool
+}
+
+// Limits are the tunables of a mount, each a named field so the agent's configuration can
+// set it. A zero field means its default (for the three cache timeouts the default is zero).
+type Limits struct {
+	// EntryTimeout, AttrTimeout and NegativeTimeout are how long the kernel may cache a name,
+	// a file's attributes, and a name's absence. Default 0: ask the server every time
+	// (coherent across nodes — DataWarp's default).
+	EntryTimeout    time.Duration
+	AttrTimeout     time.Duration
+	NegativeTimeout time.Duration
+	// ClientCacheTimeout replaces a zero EntryTimeout and AttrTimeout when Spec.ClientCache
+	// is on. Default 1s.
+	ClientCacheTimeout time.Duration
+
+	// MaxWrite is the largest FUSE read or write request, in bytes. Default and maximum 1 MiB
+	// (the kernel's limit, 256 pages); each request costs a round trip, so big is fast.
+	MaxWrite int
+	// MaxReadahead is how far ahead the kernel reads a file being read sequentially, in bytes.
+	// Default 1 MiB. The kernel starts FUSE mounts at 128 KiB; a root agent raises it after
+	// mounting (/sys/class/bdi/<dev>/read_ahead_kb), a non-root agent cannot.
+	MaxReadahead int
+	// MaxBackground is how many asynchronous requests (readahead, direct I/O) the kernel keeps
+	// in flight to the server. Default 32.
+	MaxBackground int
+	// PreferredIOSize is the st_blksize reported for regular files, which stdio and many tools
+	// use as their buffer size. Default 1 MiB.
+	PreferredIOSize int
+
+	// ProbeTimeout bounds the stat of a mount path before mounting or unmounting: a mount
+	// whose server does not answer within it is treated as hung and aborted. Default 5s.
+	ProbeTimeout time.Duration
+	// UnmountBusyTimeout is how long Unmount retries while processes still use the mount
+	// before it detaches the mount lazily. Default 10s.
+	UnmountBusyTimeout time.Duration
+	// UnmountRetryInterval is the pause between unmount attempts while busy. Default 100ms.
+	UnmountRetryInterval time.Duration
+	// ServerExitTimeout bounds the wait for the server to stop after a clean unmount; past it
+	// the connection is aborted. Default 5s.
+	ServerExitTimeout time.Duration
+	// DetachedServeTimeout is how long a lazily detached mount keeps serving the files still
+	// open in it before its connection is aborted (their next access fails). Default 5m.
+	DetachedServeTimeout time.Duration
+}
+
+// DefaultLimits returns the defaults of every limit.
+func DefaultLimits() Limits {
+	return Limits{}.withDefaults()
+}
+
+// kernelMaxRequest is the largest FUSE request the kernel accepts (max_pages 256).
+const kernelMaxRequest = 1 << 20
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.ClientCacheTimeout, time.Second)
+	defInt(&l.MaxWrite, kernelMaxRequest)
+	defInt(&l.MaxReadahead, kernelMaxRequest)
+	defInt(&l.MaxBackground, 32)
+	defInt(&l.PreferredIOSize, kernelMaxRequest)
+	def(&l.ProbeTimeout, 5*time.Second)
+	def(&l.UnmountBusyTimeout, 10*time.Second)
+	def(&l.UnmountRetryInterval, 100*time.Millisecond)
+	def(&l.ServerExitTimeout, 5*time.Second)
+	def(&l.DetachedServeTimeout, 5*time.Minute)
+	l.MaxWrite = min(max(l.MaxWrite, 4096), kernelMaxRequest)
+	l.MaxReadahead = min(l.MaxReadahead, kernelMaxRequest)
+	l.MaxBackground = min(l.MaxBackground, 65535)
+	return l
+}
+
+// ErrAlreadyMounted is wrapped by Mount's error when another mount holds the mount path.
+var ErrAlreadyMounted = errors.New("mount path already in use")
+
+// ErrDetached is wrapped by an unmount that found the mount busy past UnmountBusyTimeout and
+// detached it lazily. The mount path is free afterwards; treat it as a warning.
+var ErrDetached = errors.New("busy mount detached lazily")
+
+// DetachedError is the unmount of a busy mount that was detached lazily.
+type DetachedError struct {
+	Path       string
+	Waited     time.Duration // how long the unmount retried
+	Holders    []string      // "pid (command) path" of processes using the mount, at most 10
+	ServeLimit time.Duration // open files are served at most this long (0: not bounded, see docs)
+}
+
+func (e *DetachedError) Error() string {
+	who := "no process found using it (a process in another mount namespace, or a mount below it?)"
+	if len(e.Holders) > 0 {
+		who = "used by " + strings.Join(e.Holders, ", ")
+	}
+	served := "until they are closed"
+	if e.ServeLimit > 0 {
+		served = fmt.Sprintf("until they are closed, at most %s", e.ServeLimit)
+	}
+	return fmt.Sprintf("%s was still busy after %s (%s); detached it lazily: the path is free, "+
+		"and files still open in it are served %s", e.Path, e.Waited, who, served)
+}
+
+// Is makes errors.Is(err, ErrDetached) true.
+func (e *DetachedError) Is(target error) bool { return target == ErrDetached }
+
+// Mounted is a namespace mounted by this process.
+type Mounted struct {
+	path         string // canonical mount path
+	spec         Spec
+	limits       Limits
+	logger       *log.Logger
+	server       *fuse.Server
+	conn         uint32        // the FUSE connection (fusectl id), for aborting
+	served       chan struct{} // closed when the server has stopped
+	createdDir   bool          // Mount created the mount path directory; Unmount removes it
+	cleanedStale bool
+	backend      *backend
+
+	unmounted bool // guarded by the path lock
+}
+
+// Path is the canonical mount path (symbolic links in its parent resolved).
+func (m *Mounted) Path() string { return m.path }
+
+// Done is closed when the file system has stopped being served (after Unmount, or when
+// someone unmounted it behind the agent's back).
+func (m *Mounted) Done() <-chan struct{} { return m.served }
+
+// CleanedStaleMount reports whether Mount found a dead or hung mount at the path (left by a
+// crashed agent) and removed it first.
+func (m *Mounted) CleanedStaleMount() bool { return m.cleanedStale }
+
+// registry is this process's mounts, and a lock per mount path so that mounting and
+// unmounting one path never interleave while other paths proceed.
+var registry = struct {
+	sync.Mutex
+	mounts map[string]*Mounted
+	locks  map[string]*pathLock
+}{mounts: map[string]*Mounted{}, locks: map[string]*pathLock{}}
+
+type pathLock struct {
+	mu    sync.Mutex
+	users int
+}
+
+func lockPath(path string) (unlock func()) {
+	registry.Lock()
+	l := registry.locks[path]
+	if l == nil {
+		l = &pathLock{}
+		registry.locks[path] = l
+	}
+	l.users++
+	registry.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		registry.Lock()
+		l.users--
+		if l.users == 0 {
+			delete(registry.locks, path)
+		}
+		registry.Unlock()
+	}
+}
+
+func activeMount(path string) *Mounted {
+	registry.Lock()
+	defer registry.Unlock()
+	return registry.mounts[path]
+}
+
+func setActive(path string, m *Mounted) {
+	registry.Lock()
+	defer registry.Unlock()
+	if m == nil {
+		delete(registry.mounts, path)
+	} else {
+		registry.mounts[path] = m
+	}
+}
+
+// maxStackedMounts bounds how many of our mounts stacked on one path are cleaned up.
+const maxStackedMounts = 8
+
+// Mount exposes spec.SourceDir at spec.MountPath and serves it until Unmount.
+//
+// It is idempotent: if this process already serves the same namespace there, it returns that
+// mount. A dead or hung Spillway mount at the path (a crashed agent's) is aborted and detached
+// first. A live mount by another process, or a mount of another kind, is an error wrapping
+// ErrAlreadyMounted.
+func Mount(spec Spec) (*Mounted, error) {
+	if err := spec.validate(); err != nil {
+		return nil, err
+	}
+	limits := spec.Limits.withDefaults()
+	logger := spec.Logger
+	if logger == nil {
+		logger = log.Default()
+	}
+	if err := currentFUSEEnv().check(spec.AllowOther); err != nil {
+		return nil, err
+	}
+	path, err := canonicalMountPath(spec.MountPath, true)
+	if err != nil {
+		return nil, err
+	}
+	unlock := lockPath(path)
+	defer unlock()
+
+	if m := activeMount(path); m != nil {
+		select {
+		case <-m.served: // its server stopped: the leftover is cleaned below
+			setActive(path, nil)
+		default:
+			if m.spec.SourceDir == spec.SourceDir && m.spec.ReadOnly == spec.ReadOnly && m.spec.Tracker == spec.Tracker {
+				return m, nil
+			}
+			return nil, fmt.Errorf("cannot mount %s at %s: this agent already serves %s there "+
+				"(read-only %v); unmount it first: %w", spec.SourceDir, path, m.spec.SourceDir, m.spec.ReadOnly, ErrAlreadyMounted)
+		}
+	}
+	created, cleaned, err := preparePath(path, limits, logger)
+	if err != nil {
+		return nil, err
+	}
+	removeCreated := func() {
+		if created {
+			os.Remove(path)
+		}
+	}
+
+	asRoot := os.Geteuid() == 0
+	be := &backend{
+		tracker:   spec.Tracker,
+		readOnly:  spec.ReadOnly,
+		keepCache: spec.ClientCache,
+		blockSize: uint32(limits.PreferredIOSize),
+		asRoot:    asRoot,
+		umask:     processUmask(),
+		// Passthrough only where nothing can write: mixing passthrough and cached opens of
+		// one file makes the kernel fail the later open with EIO.
+		passthrough: spec.ReadOnly && !spec.DisablePassthrough && asRoot,
+		logger:      logger,
+		mountPath:   path,
+		maxFileSize: int64(min(spec.MaxFileSize, math.MaxInt64)),
+	}
+	root, err := newLoopbackRoot(spec.SourceDir, be)
+	if err != nil {
+		removeCreated()
+		return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
+	}
+	opts := mountOptions(spec, limits, asRoot, logger)
+	server, err := fuse.NewServer(gofs.NewNodeFS(root, opts), path, &opts.MountOptions)
+	if err != nil {
+		// go-fuse leaves the mount in place when the handshake after mount(2) fails.
+		if mounts, _ := mountsAt(path); len(mounts) > 0 && mounts[len(mounts)-1].fsType == fsType {
+			unmountOnce(path, true)
+		}
+		removeCreated()
+		return nil, fmt.Errorf("cannot mount FUSE at %s: %w", path, explainMountError(err, asRoot))
+	}
+	m := &Mounted{
+		path:         path,
+		spec:         spec,
+		limits:       limits,
+		logger:       logger,
+		server:       server,
+		served:       make(chan struct{}),
+		createdDir:   created,
+		cleanedStale: cleaned,
+		backend:      be,
+	}
+	go func() {
+		server.Serve()
+		close(m.served)
+	}()
+	if err := server.WaitMount(); err != nil {
+		unmountOnce(path, true)
+		removeCreated()
+		return nil, fmt.Errorf("FUSE mount at %s did not come up: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err == nil {
+		m.conn = unix.Minor(st.Dev)
+		if asRoot {
+			raiseReadahead(st.Dev, limits.MaxReadahead, logger)
+		}
+	}
+	setActive(path, m)
+	return m, nil
+}
+
+func (s Spec) validate() error {
+	if s.MountPath == "" || !filepath.IsAbs(s.MountPath) {
+		return fmt.Errorf("mount path %q is not an absolute path; pass the activation's mount path, "+
+			"e.g. /var/opt/spillway/mounts/batch/42_striped_scratch", s.MountPath)
+	}
+	if s.SourceDir == "" || !filepath.IsAbs(s.SourceDir) {
+		return fmt.Errorf("namespace directory %q is not an absolute path", s.SourceDir)
+	}
+	info, err := os.Stat(s.SourceDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("namespace directory %s does not exist; the storage node must create "+
+			"the namespace (CreateNamespace) before it is mounted", s.SourceDir)
+	}
+	if err != nil {
+		return fmt.Errorf("cannot use namespace directory %s: %w", s.SourceDir, err)
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("namespace directory %s is not a directory", s.SourceDir)
+	}
+	if s.Tracker == nil {
+		return fmt.Errorf("no usage tracker for the mount at %s; every mount needs its instance's "+
+			"tracker (usage.Registry.Get) so that capacity is enforced", s.MountPath)
+	}
+	mount, source := filepath.Clean(s.MountPath), filepath.Clean(s.SourceDir)
+	if within(mount, source) || within(source, mount) {
+		return fmt.Errorf("mount path %s and namespace directory %s contain one another; "+
+			"the server would read its own mount — mount elsewhere", mount, source)
+	}
+	return nil
+}
+
+// within reports whether p is dir or lies under it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// canonicalMountPath cleans path and resolves symbolic links in its parent (the kernel's
+// mount table holds resolved paths). With create, a missing parent is created 0755.
+func canonicalMountPath(path string, create bool) (string, error) {
+	if !filepath.IsAbs(path) {
+		return "", fmt.Errorf("mount path %q is not an absolute path", path)
+	}
+	path = filepath.Clean(path)
+	if path == "/" {
+		return "", fmt.Errorf("refusing to use / as a mount path")
+	}
+	parent := filepath.Dir(path)
+	if create {
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			return "", fmt.Errorf("cannot create the parent directory of mount path %s: %w; "+
+				"check that the agent may write there", path, err)
+		}
+	}
+	realParent, err := filepath.EvalSymlinks(parent)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(realParent, filepath.Base(path)), nil
+}
+
+// preparePath makes path ready to mount on: a directory with no mount of ours. It removes a
+// dead or hung Spillway mount there and refuses anything else.
+func preparePath(path string, limits Limits, logger *log.Logger) (created, cleaned bool, err error) {
+	for range maxStackedMounts {
+		mounts, err := mountsAt(path)
+		if err != nil {
+			return false, cleaned, err
+		}
+		state, err := probe(path, limits.ProbeTimeout)
+		if err != nil {
+			return false, cleaned, err
+		}
+		if len(mounts) == 0 {
+			switch state {
+			case pathDirectory:
+				return false, cleaned, nil
+			case pathAbsent:
+				if err := os.Mkdir(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+					return false, cleaned, fmt.Errorf("cannot create mount path %s: %w", path, err)
+				}
+				return true, cleaned, nil
+			case pathNotDirectory:
+				return false, cleaned, fmt.Errorf("mount path %s exists and is not a directory; "+
+					"remove it or choose another mount path", path)
+			case pathForbidden:
+				return false, cleaned, fmt.Errorf("cannot access mount path %s: permission denied; "+
+					"the agent must be able to reach it", path)
+			default:
+				return false, cleaned, fmt.Errorf("mount path %s is unusable (%s) though nothing is "+
+					"mounted on it: a mount above it is broken; check `findmnt -T %s`", path, state, path)
+			}
+		}
+		top := mounts[len(mounts)-1]
+		if top.fsType != fsType {
+			return false, cleaned, fmt.Errorf("mount path %s is already a mount point of a %s file system "+
+				"(source %s); refusing to mount over it — unmount it or choose another path: %w",
+				path, top.fsType, top.source, ErrAlreadyMounted)
+		}
+		switch state {
+		case pathStale, pathHung:
+			if err := removeDeadMount(path, top, state); err != nil {
+				return false, cleaned, err
+			}
+			logger.Printf("localfs: removed a %s at %s (FUSE connection %d), left by an agent that crashed or hung",
+				state, path, top.minor)
+			cleaned = true
+		default:
+			return false, cleaned, fmt.Errorf("mount path %s is already served by another process "+
+				"(a Spillway mount of %s, not this agent's); stop that agent, or unmount it with "+
+				"`fusermount3 -u %s`: %w", path, top.source, path, ErrAlreadyMounted)
+		}
+	}
+	return false, cleaned, fmt.Errorf("mount path %s still has a Spillway mount after removing %d; "+
+		"unmount them by hand (`umount -l %s`)", path, maxStackedMounts, path)
+}
+
+// removeDeadMount detaches a stale or hung mount; a hung one is aborted first so that the
+// processes blocked in it wake up.
+func removeDeadMount(path string, top mountEntry, state pathState) error {
+	if state == pathHung && os.Geteuid() == 0 {
+		if err := abortConnection(top.minor); err != nil {
+			return fmt.Errorf("mount at %s does not answer: %w", path, err)
+		}
+	}
+	if err := unmountOnce(path, true); err != nil && !errors.Is(err, errNotMounted) {
+		return fmt.Errorf("cannot remove the %s at %s: %w", state, path, err)
+	}
+	return nil
+}
+
+func mountOptions(spec Spec, l Limits, asRoot bool, logger *log.Logger) *gofs.Options {
+	entry, attr := l.EntryTimeout, l.AttrTimeout
+	if spec.ClientCache {
+		if entry == 0 {
+			entry = l.ClientCacheTimeout
+		}
+		if attr == 0 {
+			attr = l.ClientCacheTimeout
+		}
+	}
+	negative := l.NegativeTimeout
+	fsName := spec.FsName
+	if fsName == "" {
+		fsName = fsSubtype
+	}
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	// default_permissions: the kernel checks modes, as the server (root) would not.
+	options := []string{"default_permissions"}
+	if spec.ReadOnly {
+		flags |= unix.MS_RDONLY
+		if !asRoot {
+			options = append(options, "ro") // fusermount3 takes it as an option
+		}
+	}
+	return &gofs.Options{
+		MountOptions: fuse.MountOptions{
+			AllowOther:    spec.AllowOther,
+			Options:       options,
+			MaxWrite:      l.MaxWrite,
+			MaxReadAhead:  l.MaxReadahead,
+			MaxBackground: l.MaxBackground,
+			FsName:        fsName,
+			Name:          fsSubtype,
+			// Root mounts with mount(2) itself and needs no setuid helper.
+			DirectMountStrict: asRoot,
+			DirectMountFlags:  flags,
+			Logger:            logger,
+			Debug:             spec.Debug,
+			// The server clears set-user-ID bits on writes (see node.write). Without this the
+			// kernel asks for security.capability before every write: a round trip per write.
+			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2,
+			// go-fuse splices reads only through a pipe larger than one request; with the
+			// default 1 MiB pipe-max-size every 1 MiB read would try, fail and log.
+			DisableSplice: !spliceFits(l.MaxWrite),
+		},
+		EntryTimeout:    &entry,
+		AttrTimeout:     &attr,
+		NegativeTimeout: &negative,
+		Logger:          logger,
+	}
+}
+
+// explainMountError adds the likely fix to a failed mount.
+func explainMountError(err error, asRoot bool) error {
+	switch {
+	case errors.Is(err, unix.EPERM) && asRoot:
+		return fmt.Errorf("%w (mount(2) refused: is the agent in a container or user namespace without CAP_SYS_ADMIN?)", err)
+	case errors.Is(err, unix.ENODEV):
+		return fmt.Errorf("%w (the kernel has no FUSE support: modprobe fuse)", err)
+	case !asRoot && strings.Contains(err.Error(), "fusermount"):
+		return fmt.Errorf("%w (fusermount3 failed; its message is in the agent's stderr)", err)
+	}
+	return err
+}
+
+// raiseReadahead lifts the readahead of the new mount's backing device from the kernel's
+// 128 KiB to the configured size: sequential reads then travel in 1 MiB requests.
+func raiseReadahead(dev uint64, bytes int, logger *log.Logger) {
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(dev), unix.Minor(dev))
+	if err := os.WriteFile(p, []byte(strconv.Itoa(bytes/1024)), 0o644); err != nil {
+		logger.Printf("localfs: cannot raise readahead (%s): %v", p, err)
+	}
+}
+
+// spliceFits reports whether the system's pipes can hold a whole read reply of maxRequest
+// bytes (header and one spare page included), which go-fuse needs to splice reads.
+func spliceFits(maxRequest int) bool {
+	data, err := os.ReadFile("/proc/sys/fs/pipe-max-size")
+	if err != nil {
+		return false
+	}
+	limit, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	return err == nil && limit >= maxRequest+2*os.Getpagesize()
+}
+
+// processUmask reads this process's umask without changing it.
+func processUmask() uint32 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0o022
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			if u, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32); err == nil {
+				return uint32(u)
+			}
+		}
+	}
+	return 0o022
+}
+
+// Unmount stops serving the mount and removes it. It is idempotent. When processes still use
+// the mount after Limits.UnmountBusyTimeout, the mount is detached lazily and the error wraps
+// ErrDetached (the path is free; open files are served at most Limits.DetachedServeTimeout).
+func (m *Mounted) Unmount() error {
+	unlock := lockPath(m.path)
+	defer unlock()
+	return m.unmountLocked()
+}
+
+func (m *Mounted) unmountLocked() error {
+	if m.unmounted {
+		return nil
+	}
+	err := unmountLive(m.path, m.limits, m.served, m.conn, m.logger)
+	if err != nil && !errors.Is(err, ErrDetached) {
+		return err
+	}
+	m.unmounted = true
+	if activeMount(m.path) == m {
+		setActive(m.path, nil)
+	}
+	if m.createdDir {
+		os.Remove(m.path) // only if empty: never anything the user left there
+	}
+	return err
+}
+
+// unmountLive unmounts a mount whose server answers, retrying while busy and detaching it
+// lazily past the limit. served and conn are those of our own server (nil, 0 otherwise).
+func unmountLive(path string, l Limits, served <-chan struct{}, conn uint32, logger *log.Logger) error {
+	start := time.Now()
+	for {
+		err := unmountOnce(path, false)
+		if err == nil || errors.Is(err, errNotMounted) {
+			break
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("cannot unmount %s: %w", path, err)
+		}
+		if time.Since(start) < l.UnmountBusyTimeout {
+			time.Sleep(l.UnmountRetryInterval)
+			continue
+		}
+		var holders []string
+		for _, h := range holdersOf(path) {
+			holders = append(holders, h.String())
+		}
+		if err := unmountOnce(path, true); err != nil && !errors.Is(err, errNotMounted) {
+			return fmt.Errorf("%s is busy and cannot be detached: %w", path, err)
+		}
+		detached := &DetachedError{Path: path, Waited: time.Since(start).Round(time.Millisecond), Holders: holders}
+		if served != nil && os.Geteuid() == 0 {
+			detached.ServeLimit = l.DetachedServeTimeout
+			go abortWhenOverdue(served, conn, l.DetachedServeTimeout, logger)
+		}
+		return detached
+	}
+	if served == nil {
+		return nil
+	}
+	timer := time.NewTimer(l.ServerExitTimeout)
+	defer timer.Stop()
+	select {
+	case <-served:
+		return nil
+	case <-timer.C:
+	}
+	// Unmounted, but the server still reads the device: cut the connection.
+	if err := abortConnection(conn); err != nil {
+		logger.Printf("localfs: server of %s did not stop after unmount: %v", path, err)
+	}
+	return nil
+}
+
+// abortWhenOverdue aborts the connection of a detached mount that is still served after limit.
+func abortWhenOverdue(served <-chan struct{}, conn uint32, limit time.Duration, logger *log.Logger) {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case <-served:
+	case <-timer.C:
+		if err := abortConnection(conn); err != nil {
+			logger.Printf("localfs: detached mount still served after %s: %v", limit, err)
+		} else {
+			logger.Printf("localfs: aborted FUSE connection %d: files stayed open %s after a lazy unmount", conn, limit)
+		}
+	}
+}
+
+// UnmountPath unmounts the Spillway mount at path when the Mounted handle is gone (after an
+// agent restart). It is idempotent: a path that is not mounted is fine. A dead or hung mount
+// is aborted and detached; a live one is unmounted like Mounted.Unmount (including the lazy
+// detach when busy). It refuses to touch a mount that is not Spillway's. A zero limits means
+// the defaults.
+func UnmountPath(path string, limits Limits) error {
+	limits = limits.withDefaults()
+	canonical, err := canonicalMountPath(path, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // no parent, so nothing mounted
+	}
+	if err != nil {
+		return err
+	}
+	unlock := lockPath(canonical)
+	defer unlock()
+	if m := activeMount(canonical); m != nil {
+		return m.unmountLocked()
+	}
+	var detached error
+	for range maxStackedMounts {
+		mounts, err := mountsAt(canonical)
+		if err != nil {
+			return err
+		}
+		if len(mounts) == 0 {
+			return detached
+		}
+		top := mounts[len(mounts)-1]
+		if top.fsType != fsType {
+			if detached != nil {
+				return detached
+			}
+			return fmt.Errorf("refusing to unmount %s: it is a %s mount (source %s), not a Spillway mount",
+				canonical, top.fsType, top.source)
+		}
+		state, err := probe(canonical, limits.ProbeTimeout)
+		if err != nil {
+			return err
+		}
+		switch state {
+		case pathStale, pathHung:
+			if err := removeDeadMount(canonical, top, state); err != nil {
+				return err
+			}
+		default:
+			err := unmountLive(canonical, limits, nil, top.minor, log.Default())
+			if errors.Is(err, ErrDetached) {
+				detached = err
+			} else if err != nil {
+				return err
+			}
+		}
+	}
+	return fmt.Errorf("%s still has a Spillway mount after removing %d; unmount it by hand (`umount -l %s`)",
+		canonical, maxStackedMounts, canonical)
+}

@@ -1,0 +1,440 @@
+package stage
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"os/user"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/units"
+	"golang.org/x/sys/unix"
+)
+
+// workerEnv is the whole environment of a worker: nothing of the agent's (tokens, keys,
+// proxies) reaches a process that runs as a user.
+var workerEnv = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+
+// Why a run was stopped from the agent side.
+const (
+	stopCanceled = "canceled"
+	stopTimeout  = "timeout"
+	stopProtocol = "protocol"
+)
+
+// Run is one stage running in a worker process. Its methods are safe for concurrent use.
+type Run struct {
+	spec   agentapi.StageSpec
+	limits Limits
+	prefix string
+
+	mu         sync.Mutex
+	status     agentapi.StageStatus
+	warnings   []string
+	dropped    int    // warnings beyond MaxWarnings
+	stopReason string // set once, by stop
+	exited     bool   // the worker has been reaped: its pid may be reused
+	refused    error  // the reserve function's answer
+	protoErr   error
+
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	stderr   *headBuffer
+	cancelCh chan struct{}
+	cancel   sync.Once
+	done     chan struct{}
+}
+
+// Start runs spec in a new worker process and returns at once; the stage's fate is read with
+// Status, Wait or Done. exe is the worker's argv prefix, e.g. {"/proc/self/exe",
+// "stage-worker"}; it must be executable by the stage's user.
+//
+// When the agent runs as root the worker gets the stage's uid, gid and the uid's supplementary
+// groups (from the user database); otherwise the agent may only stage for its own uid.
+//
+// reserve is called once with the planned byte count, before any byte is written, for either
+// direction; an error refuses the stage (status failed, nothing written). A nil reserve
+// accepts every plan.
+//
+// ctx bounds the whole run: canceling it cancels the stage. Pass a context that lives as long
+// as the agent, not one of a single request.
+func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Limits, reserve func(bytes uint64) error) *Run {
+	r := &Run{
+		spec:     spec,
+		limits:   limits.WithDefaults(),
+		prefix:   directivePrefix(spec),
+		status:   agentapi.StageStatus{ID: spec.ID, Known: true, Status: "running"},
+		cancelCh: make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	if err := limits.Validate(); err != nil {
+		r.finishEarly(err)
+		return r
+	}
+	if len(exe) == 0 || exe[0] == "" {
+		r.finishEarly(errors.New("no staging worker program configured"))
+		return r
+	}
+	credential, err := workerCredential(spec, os.Getuid(), r.limits.AllowRoot, userGroups)
+	if err != nil {
+		r.finishEarly(err)
+		return r
+	}
+	request, err := json.Marshal(workerRequest{StageSpec: spec, Limits: &r.limits})
+	if err != nil {
+		r.finishEarly(fmt.Errorf("cannot encode the stage request: %v", err))
+		return r
+	}
+
+	cmd := exec.Command(exe[0], exe[1:]...)
+	cmd.Env = workerEnv
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setpgid:    true, // Cancel signals the whole group
+		Credential: credential,
+		// No Pdeathsig: it fires when the forking thread exits, not the agent. A worker
+		// outlives no agent anyway: the agent's end of its stdin closes when the agent dies,
+		// and a worker whose stdin ends stops, removes its partial file and exits.
+	}
+	r.stderr = &headBuffer{max: r.limits.MaxStderrBytes}
+	cmd.Stderr = r.stderr
+	cmd.WaitDelay = r.limits.CancelGrace
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		r.finishEarly(fmt.Errorf("cannot start the staging worker: %v", err))
+		return r
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		r.finishEarly(fmt.Errorf("cannot start the staging worker: %v", err))
+		return r
+	}
+	markDescriptorsCloseOnExec()
+	if err := cmd.Start(); err != nil {
+		r.finishEarly(fmt.Errorf("cannot start the staging worker %s as uid %d: %v", exe[0], spec.UID, err))
+		return r
+	}
+	r.cmd, r.stdin = cmd, stdin
+	// Written aside so that a large request never blocks supervise; a worker that dies before
+	// reading it is noticed by Wait.
+	go stdin.Write(append(request, '\n'))
+	go r.watch(ctx)
+	go r.supervise(stdout, reserve)
+	return r
+}
+
+// markDescriptorsCloseOnExec keeps descriptors the agent inherited from whoever started it
+// (a careless init script, a shell) out of workers, which run as users. Go opens every
+// descriptor of its own close-on-exec, so only inherited ones change; the agent itself keeps
+// them. Done before every start, since non-Go code may open more.
+func markDescriptorsCloseOnExec() {
+	if unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return
+	}
+	// Kernels before 5.11: one descriptor at a time.
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd <= 2 {
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
+			unix.FcntlInt(uintptr(fd), unix.F_SETFD, flags|unix.FD_CLOEXEC)
+		}
+	}
+}
+
+// workerCredential decides the identity of the worker. agentUID is the agent's own uid.
+func workerCredential(spec agentapi.StageSpec, agentUID int, allowRoot bool, groups func(uid, gid uint32) ([]uint32, error)) (*syscall.Credential, error) {
+	if spec.UID == 0 && !allowRoot {
+		return nil, errors.New("refusing to stage as uid 0 (root): the stage names no user; if root's own jobs must stage, set AllowRoot in the staging limits")
+	}
+	if agentUID != 0 {
+		if int64(spec.UID) != int64(agentUID) {
+			return nil, fmt.Errorf("cannot stage as uid %d: this agent runs as uid %d, not root", spec.UID, agentUID)
+		}
+		return nil, nil // the worker inherits the agent's own identity
+	}
+	list, err := groups(spec.UID, spec.GID)
+	if err != nil {
+		return nil, err
+	}
+	return &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: list}, nil
+}
+
+// userGroups lists the supplementary groups of uid from the user database, as login would.
+func userGroups(uid, gid uint32) ([]uint32, error) {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return nil, fmt.Errorf("cannot find the groups of uid %d: %v; the storage nodes must know the same users as the login nodes (nsswitch, sssd)", uid, err)
+	}
+	ids, err := u.GroupIds()
+	if err != nil {
+		return nil, fmt.Errorf("cannot find the groups of uid %d (%s): %v", uid, u.Username, err)
+	}
+	list := []uint32{}
+	for _, id := range ids {
+		n, err := strconv.ParseUint(id, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("group id %q of user %s is not a number", id, u.Username)
+		}
+		list = append(list, uint32(n))
+	}
+	return list, nil
+}
+
+// finishEarly fails a run that never started a worker.
+func (r *Run) finishEarly(err error) {
+	r.status.Status = "failed"
+	r.status.Error = r.prefix + ": " + err.Error()
+	close(r.done)
+}
+
+// watch stops the worker on timeout, on Cancel, or when ctx ends.
+func (r *Run) watch(ctx context.Context) {
+	timer := time.NewTimer(r.limits.Timeout)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		r.stop(stopTimeout)
+	case <-ctx.Done():
+		r.stop(stopCanceled)
+	case <-r.cancelCh:
+		r.stop(stopCanceled)
+	case <-r.done:
+	}
+}
+
+// stop asks the worker to stop (stdin closed, SIGTERM to its group) and kills the group after
+// CancelGrace. Only the first reason counts.
+func (r *Run) stop(reason string) {
+	r.mu.Lock()
+	if r.stopReason != "" || r.exited {
+		r.mu.Unlock()
+		return
+	}
+	r.stopReason = reason
+	r.mu.Unlock()
+	r.stdin.Close()
+	r.signal(syscall.SIGTERM)
+	time.AfterFunc(r.limits.CancelGrace, func() { r.signal(syscall.SIGKILL) })
+}
+
+// signal sends sig to the worker's process group while the worker is known not to have been
+// reaped (after that its pid, and so its group id, may belong to someone else).
+func (r *Run) signal(sig syscall.Signal) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.exited {
+		return
+	}
+	syscall.Kill(-r.cmd.Process.Pid, sig)
+}
+
+// supervise reads the worker's events until it exits, answers its plan, and settles the status.
+func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
+	scanner := bufio.NewScanner(stdout)
+	scanner.Buffer(make([]byte, 0, 4096), r.limits.MaxLineBytes)
+	var final *event
+	planned := false
+	var protoErr error
+	for protoErr == nil && scanner.Scan() {
+		var ev event
+		if err := json.Unmarshal(scanner.Bytes(), &ev); err != nil {
+			protoErr = fmt.Errorf("the staging worker sent a line that is not a JSON event: %v", err)
+			break
+		}
+		switch {
+		case final != nil:
+			protoErr = fmt.Errorf("the staging worker sent %q after its final event", ev.Event)
+		case ev.Event == eventWarning:
+			r.addWarning(ev.Message)
+		case ev.Event == eventPlan && !planned:
+			planned = true
+			r.mu.Lock()
+			r.status.FilesTotal, r.status.BytesTotal = ev.Files, ev.Bytes
+			r.mu.Unlock()
+			answer, _ := json.Marshal(r.decide(reserve, ev.Bytes))
+			r.stdin.Write(append(answer, '\n')) // a worker that is gone is noticed by Wait
+		case ev.Event == eventProgress && planned, ev.Event == eventDone && planned:
+			r.mu.Lock()
+			r.status.FilesDone = max(r.status.FilesDone, ev.Files)
+			r.status.BytesDone = max(r.status.BytesDone, ev.Bytes)
+			r.mu.Unlock()
+			if ev.Event == eventDone {
+				final = &ev
+			}
+		case ev.Event == eventFailed:
+			final = &ev
+		default:
+			protoErr = fmt.Errorf("the staging worker sent an unexpected %q event", ev.Event)
+		}
+	}
+	if err := scanner.Err(); err != nil && protoErr == nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			protoErr = fmt.Errorf("the staging worker sent a line longer than %d bytes (limit MaxLineBytes)", r.limits.MaxLineBytes)
+		} else {
+			protoErr = fmt.Errorf("cannot read the staging worker's output: %v", err)
+		}
+	}
+	if protoErr != nil {
+		r.mu.Lock()
+		r.protoErr = protoErr
+		r.mu.Unlock()
+		r.stop(stopProtocol)
+		io.Copy(io.Discard, stdout) // until the worker is gone
+	}
+	waitErr := r.cmd.Wait()
+	r.mu.Lock()
+	r.exited = true
+	r.settle(final, waitErr)
+	r.mu.Unlock()
+	r.stdin.Close()
+	close(r.done)
+}
+
+// decide asks reserve about the plan unless the run is already stopping.
+func (r *Run) decide(reserve func(bytes uint64) error, bytes uint64) decision {
+	r.mu.Lock()
+	stopping := r.stopReason != ""
+	r.mu.Unlock()
+	if stopping {
+		return decision{Refuse: "canceled"}
+	}
+	if reserve != nil {
+		if err := reserve(bytes); err != nil {
+			r.mu.Lock()
+			r.refused = err
+			r.mu.Unlock()
+			return decision{Refuse: err.Error()}
+		}
+	}
+	return decision{Go: true}
+}
+
+// settle decides the final status from the last event, the exit status and why the agent
+// stopped the worker, if it did. The worker's exit status and final event must agree.
+func (r *Run) settle(final *event, waitErr error) {
+	s := &r.status
+	fail := func(format string, args ...any) {
+		s.Status = "failed"
+		s.Error = r.prefix + ": " + fmt.Sprintf(format, args...)
+	}
+	switch {
+	case final != nil && final.Event == eventDone && waitErr == nil:
+		s.Status = "complete"
+	case r.stopReason == stopCanceled:
+		s.Status = "canceled"
+		s.Error = r.prefix + ": canceled"
+	case r.stopReason == stopTimeout:
+		fail("timed out after %v (limit Timeout) with %d of %d files and %s of %s copied", r.limits.Timeout, s.FilesDone, s.FilesTotal, units.FormatHuman(s.BytesDone), units.FormatHuman(s.BytesTotal))
+	case r.protoErr != nil:
+		fail("%v", r.protoErr)
+	case r.refused != nil:
+		fail("not started: %v", r.refused)
+	case final != nil && final.Event == eventFailed:
+		s.Status = "failed"
+		s.Error = final.Error
+		if waitErr == nil {
+			s.Error += " (the staging worker then exited with status 0)"
+		}
+	case final != nil && final.Event == eventDone:
+		fail("the staging worker reported success but then %v", exitText(waitErr))
+	default:
+		fail("the staging worker %s without reporting a result%s", exitText(waitErr), r.stderr.tail())
+	}
+}
+
+func exitText(err error) string {
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "was killed by " + ws.Signal().String()
+		}
+		return fmt.Sprintf("exited with status %d", exitErr.ExitCode())
+	}
+	if err != nil {
+		return "failed: " + err.Error()
+	}
+	return "exited with status 0"
+}
+
+func (r *Run) addWarning(message string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.warnings) >= r.limits.MaxWarnings {
+		r.dropped++
+		return
+	}
+	r.warnings = append(r.warnings, message)
+}
+
+// Status returns a snapshot of the stage's status.
+func (r *Run) Status() agentapi.StageStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// Warnings returns the warnings the worker reported (skipped special files, metadata it could
+// not keep), at most MaxWarnings, and how many more were dropped.
+func (r *Run) Warnings() (warnings []string, dropped int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.warnings...), r.dropped
+}
+
+// Cancel asks the stage to stop and returns at once; Wait reports the outcome ("canceled",
+// or "complete" if it finished first). Canceling twice is canceling once.
+func (r *Run) Cancel() {
+	r.cancel.Do(func() { close(r.cancelCh) })
+}
+
+// Done is closed when the stage has ended and its worker is gone.
+func (r *Run) Done() <-chan struct{} { return r.done }
+
+// Wait blocks until the stage has ended and returns its final status.
+func (r *Run) Wait() agentapi.StageStatus {
+	<-r.done
+	return r.Status()
+}
+
+// headBuffer keeps the first max bytes written to it: the start of a crash report says why.
+type headBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func (b *headBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - len(b.buf); room > 0 {
+		b.buf = append(b.buf, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (b *headBuffer) tail() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	text := strings.TrimSpace(string(b.buf))
+	if text == "" {
+		return ""
+	}
+	return "; its error output: " + text
+}

@@ -1,0 +1,198 @@
+// Package stage moves data between the parallel file system (PFS) and a burst-buffer namespace:
+// DataWarp's stage_in and stage_out of a file, a directory or a list of files.
+//
+// Two halves live here. The launcher (Start, Run) runs on the storage agent, which is often
+// root; it never touches user data itself. It starts a worker process (WorkerMain, wired as the
+// hidden subcommand `spillway stage-worker`) with the job user's uid, gid and supplementary
+// groups, so every open, read and write is checked by the kernel against the user's own
+// rights. The worker first plans (walks the source: how many files, how many bytes), lets the
+// agent reserve that capacity, then copies.
+//
+// Every access to the burst-buffer side goes through os.Root opened at the namespace root, and
+// the last component of every written path is opened with O_NOFOLLOW, so neither ".." nor a
+// symbolic link planted in the instance can make a stage read or write outside the instance.
+//
+// The launcher and the worker talk JSON lines over the worker's stdin and stdout:
+//
+//	agent → worker  {StageSpec fields…, "limits":{…}}      one line
+//	worker → agent  {"event":"warning","message":"…"}      any number, at any time
+//	worker → agent  {"event":"plan","files":N,"bytes":B}    once
+//	agent → worker  {"go":true}  or  {"refuse":"<reason>"}  once
+//	worker → agent  {"event":"progress","files":n,"bytes":b} at most once per ProgressInterval
+//	worker → agent  {"event":"done",…} or {"event":"failed","error":"…"}  last line
+//
+// After the decision the agent keeps the worker's stdin open; closing it (or SIGTERM) asks the
+// worker to stop, remove the file it was writing and report "failed".
+package stage
+
+import (
+	"fmt"
+	"time"
+)
+
+// Limits bounds everything a stage may consume. The zero value of a field means "use the
+// default" (see DefaultLimits); negative values are rejected by Validate.
+type Limits struct {
+	// Timeout bounds a whole stage, plan and copy together. DataWarp sites run with Slurm's
+	// StageInTimeout/StageOutTimeout of 86400 s, so the default matches.
+	Timeout time.Duration
+	// CancelGrace is how long a worker asked to stop (cancel, timeout) may take to remove its
+	// partial file and exit before it is killed with SIGKILL.
+	CancelGrace time.Duration
+	// ProgressInterval is the shortest gap between two progress lines from the worker.
+	ProgressInterval time.Duration
+	// ChunkBytes is how much one copy call moves before the worker updates its counters and
+	// checks for cancellation.
+	ChunkBytes int64
+	// BufferBytes is the size of the buffer used when the kernel cannot copy between the two
+	// files itself (copy_file_range unsupported); one buffer per parallel copy.
+	BufferBytes int
+	// DefaultParallel is how many files are copied at once when the stage does not say.
+	DefaultParallel int
+	// MaxParallel caps StageSpec.Parallel; larger requests are lowered to it.
+	MaxParallel int
+	// MaxEntries caps the files, directories and links one stage may name (a directory tree or
+	// the lines of a list). The plan is kept in the worker's memory, about 100 bytes an entry.
+	MaxEntries int
+	// MaxListBytes caps the size of a list file.
+	MaxListBytes int64
+	// MaxLineBytes caps one line of worker output; a longer line is a protocol error that
+	// kills the worker. Messages are shortened by the worker to fit.
+	MaxLineBytes int
+	// MaxWarnings caps the warnings kept for one stage; later ones are counted, not kept.
+	MaxWarnings int
+	// MaxStderrBytes caps the worker's standard error kept for diagnosing a crash.
+	MaxStderrBytes int
+	// SyncAtEnd replaces the fsync of each file as it completes (DataWarp's documented
+	// behaviour, the default) by one syncfs of each destination file system when all files are
+	// written. Both guarantee every byte is on disk when the stage reports complete; for many
+	// small files one flush is far cheaper than one per file. syncfs also flushes other
+	// writers' data on that file system, which is why it is not the default.
+	SyncAtEnd bool
+	// AllowRoot permits stages for uid 0. Off by default: a stage for uid 0 is far more often
+	// a missing uid (the zero value) than a real root-owned job, and staging as root would
+	// bypass every permission on the PFS.
+	AllowRoot bool
+}
+
+// DefaultLimits returns the limits used for every zero field.
+func DefaultLimits() Limits {
+	return Limits{
+		Timeout:          24 * time.Hour,
+		CancelGrace:      10 * time.Second,
+		ProgressInterval: 250 * time.Millisecond,
+		ChunkBytes:       64 << 20,
+		BufferBytes:      1 << 20,
+		DefaultParallel:  8,
+		MaxParallel:      64,
+		MaxEntries:       2_000_000,
+		MaxListBytes:     64 << 20,
+		MaxLineBytes:     64 << 10,
+		MaxWarnings:      100,
+		MaxStderrBytes:   16 << 10,
+	}
+}
+
+// WithDefaults returns l with every zero field replaced by its default.
+func (l Limits) WithDefaults() Limits {
+	d := DefaultLimits()
+	if l.Timeout == 0 {
+		l.Timeout = d.Timeout
+	}
+	if l.CancelGrace == 0 {
+		l.CancelGrace = d.CancelGrace
+	}
+	if l.ProgressInterval == 0 {
+		l.ProgressInterval = d.ProgressInterval
+	}
+	if l.ChunkBytes == 0 {
+		l.ChunkBytes = d.ChunkBytes
+	}
+	if l.BufferBytes == 0 {
+		l.BufferBytes = d.BufferBytes
+	}
+	if l.DefaultParallel == 0 {
+		l.DefaultParallel = d.DefaultParallel
+	}
+	if l.MaxParallel == 0 {
+		l.MaxParallel = d.MaxParallel
+	}
+	if l.MaxEntries == 0 {
+		l.MaxEntries = d.MaxEntries
+	}
+	if l.MaxListBytes == 0 {
+		l.MaxListBytes = d.MaxListBytes
+	}
+	if l.MaxLineBytes == 0 {
+		l.MaxLineBytes = d.MaxLineBytes
+	}
+	if l.MaxWarnings == 0 {
+		l.MaxWarnings = d.MaxWarnings
+	}
+	if l.MaxStderrBytes == 0 {
+		l.MaxStderrBytes = d.MaxStderrBytes
+	}
+	return l
+}
+
+// minLineBytes keeps MaxLineBytes large enough for a plan line and a shortened message.
+const minLineBytes = 1024
+
+// Validate reports the first limit that cannot work, naming the field.
+func (l Limits) Validate() error {
+	type check struct {
+		name string
+		bad  bool
+	}
+	for _, c := range []check{
+		{"Timeout", l.Timeout < 0},
+		{"CancelGrace", l.CancelGrace < 0},
+		{"ProgressInterval", l.ProgressInterval < 0},
+		{"ChunkBytes", l.ChunkBytes < 0},
+		{"BufferBytes", l.BufferBytes < 0},
+		{"DefaultParallel", l.DefaultParallel < 0},
+		{"MaxParallel", l.MaxParallel < 0},
+		{"MaxEntries", l.MaxEntries < 0},
+		{"MaxListBytes", l.MaxListBytes < 0},
+		{"MaxLineBytes", l.MaxLineBytes < 0},
+		{"MaxWarnings", l.MaxWarnings < 0},
+		{"MaxStderrBytes", l.MaxStderrBytes < 0},
+	} {
+		if c.bad {
+			return fmt.Errorf("staging limit %s is negative; use a positive value, or 0 for the default", c.name)
+		}
+	}
+	if l.MaxLineBytes > 0 && l.MaxLineBytes < minLineBytes {
+		return fmt.Errorf("staging limit MaxLineBytes is %d; it must be at least %d", l.MaxLineBytes, minLineBytes)
+	}
+	return nil
+}
+
+// MaxRequestBytes caps the first line the worker reads (the stage request). A request is a few
+// paths and a map of namespace roots, far below this.
+const MaxRequestBytes = 1 << 20
+
+// Worker events.
+const (
+	eventPlan     = "plan"
+	eventProgress = "progress"
+	eventWarning  = "warning"
+	eventDone     = "done"
+	eventFailed   = "failed"
+)
+
+// event is one line of worker output. Files and Bytes are totals in a plan line and counts
+// done so far in progress and done lines.
+type event struct {
+	Event   string `json:"event"`
+	Files   int64  `json:"files"`
+	Bytes   uint64 `json:"bytes"`
+	Message string `json:"message,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// decision is the agent's answer to a plan.
+type decision struct {
+	Go     bool   `json:"go,omitempty"`
+	Refuse string `json:"refuse,omitempty"`
+}

@@ -1,0 +1,271 @@
+// Package usage tracks how much of an instance's capacity is used on this node.
+//
+// One Tracker per instance is shared by everything that writes into the instance here — the
+// FUSE mount (package localfs) and the stage engine — so that together they never grow the
+// instance beyond its capacity. "Used" is the sum of the apparent sizes of the regular files
+// in the instance's namespaces (a sparse file counts its full length; a file with several hard
+// links counts once), which is what a user expects when they compare `ls -l` with `df`.
+//
+// Writers Reserve growth before they make it and Release what they give back (truncate,
+// unlink of the last link, a failed or short write). After a restart Scan recomputes Used
+// from the files themselves.
+package usage
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/spillway-hpc/spillway/internal/units"
+)
+
+// FullError is the refusal of a reservation that would take an instance past its capacity.
+// It wraps syscall.ENOSPC, so errors.Is(err, syscall.ENOSPC) holds and a FUSE server can
+// return it to the kernel as is.
+type FullError struct {
+	Name      string // what the tracker counts, e.g. "instance 42"
+	Requested uint64 // bytes the caller asked to add
+	Used      uint64 // bytes in use when asked
+	Capacity  uint64 // the instance's capacity
+}
+
+func (e *FullError) Error() string {
+	return fmt.Sprintf("%s is full: adding %s would exceed its capacity (%s used of %s, %s free); "+
+		"delete files from it or request a larger capacity (#DW jobdw capacity=...)",
+		e.Name, units.FormatHuman(e.Requested), units.FormatHuman(e.Used),
+		units.FormatHuman(e.Capacity), units.FormatHuman(e.Capacity-min(e.Used, e.Capacity)))
+}
+
+// Unwrap makes errors.Is(err, syscall.ENOSPC) true.
+func (e *FullError) Unwrap() error { return syscall.ENOSPC }
+
+// Tracker counts the bytes used in one instance against its capacity. It is safe for
+// concurrent use.
+type Tracker struct {
+	name string
+
+	mu       sync.Mutex
+	capacity uint64
+	used     uint64
+}
+
+// New returns a tracker for capacity bytes with nothing used. name appears in errors
+// ("instance 42").
+func New(name string, capacity uint64) *Tracker {
+	return &Tracker{name: name, capacity: capacity}
+}
+
+// Name is what the tracker counts, as shown in its errors.
+func (t *Tracker) Name() string { return t.name }
+
+// Capacity is the instance's size in bytes.
+func (t *Tracker) Capacity() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.capacity
+}
+
+// SetCapacity changes the capacity. Bytes already used stay used even if they now exceed it;
+// only new growth is refused.
+func (t *Tracker) SetCapacity(capacity uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.capacity = capacity
+}
+
+// Used is the number of bytes counted as used.
+func (t *Tracker) Used() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.used
+}
+
+// Free is Capacity − Used, or 0 when more than the capacity is used.
+func (t *Tracker) Free() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.freeLocked()
+}
+
+func (t *Tracker) freeLocked() uint64 {
+	if t.used >= t.capacity {
+		return 0
+	}
+	return t.capacity - t.used
+}
+
+// Reserve counts n more bytes as used, or refuses with a *FullError (wrapping
+// syscall.ENOSPC) naming used and capacity if that would exceed the capacity. Reserving 0
+// always succeeds.
+func (t *Tracker) Reserve(n uint64) error {
+	if n == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n > t.freeLocked() {
+		return &FullError{Name: t.name, Requested: n, Used: t.used, Capacity: t.capacity}
+	}
+	t.used += n
+	return nil
+}
+
+// ReserveUpTo counts as used as many of n bytes as fit (possibly 0) and returns that number.
+// A writer uses it to fill the instance to the brim with a short write, as a full disk does.
+func (t *Tracker) ReserveUpTo(n uint64) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	granted := min(n, t.freeLocked())
+	t.used += granted
+	return granted
+}
+
+// Charge counts n bytes as used even if that exceeds the capacity: for growth that has
+// already happened and was not reserved (a file found larger than accounted for).
+func (t *Tracker) Charge(n uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.used+n < t.used { // overflow: saturate rather than wrap
+		t.used = ^uint64(0)
+		return
+	}
+	t.used += n
+}
+
+// Release gives n bytes back. Releasing more than is used leaves 0 (accounting drift after
+// files were changed behind the tracker's back is corrected by the next Scan).
+func (t *Tracker) Release(n uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n >= t.used {
+		t.used = 0
+		return
+	}
+	t.used -= n
+}
+
+// Scan sets Used to the total apparent size of the regular files under dirs (each inode
+// counted once, however many hard links it has): the truth after an agent restart. It does
+// not follow symbolic links. Call it when no writer is active on the instance — growth
+// reserved while the scan runs may be counted twice or lost. On error Used is unchanged.
+func (t *Tracker) Scan(dirs ...string) error {
+	total, err := ApparentSize(dirs...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.name, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.used = total
+	return nil
+}
+
+// ApparentSize is the total apparent size of the regular files under dirs, each inode once.
+// Files that vanish while it walks are skipped; any other error names the path.
+func ApparentSize(dirs ...string) (uint64, error) {
+	type fileID struct{ dev, ino uint64 }
+	seen := map[fileID]bool{} // only inodes with more than one link are remembered
+	var total uint64
+	for _, dir := range dirs {
+		info, err := os.Stat(dir)
+		if err != nil {
+			return 0, fmt.Errorf("cannot scan namespace directory %s: %w; "+
+				"check that the fragment still exists on this node", dir, err)
+		}
+		if !info.IsDir() {
+			return 0, fmt.Errorf("cannot scan %s: it is not a directory; "+
+				"pass the namespace root directories of the instance", dir)
+		}
+		err = filepath.WalkDir(dir, func(path string, entry fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil // removed while we walked
+				}
+				return fmt.Errorf("cannot scan %s: %w", path, err)
+			}
+			if !entry.Type().IsRegular() {
+				return nil
+			}
+			info, err := entry.Info()
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return fmt.Errorf("cannot stat %s: %w", path, err)
+			}
+			if st, ok := info.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
+				id := fileID{uint64(st.Dev), st.Ino}
+				if seen[id] {
+					return nil
+				}
+				seen[id] = true
+			}
+			total += uint64(info.Size())
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return total, nil
+}
+
+// Registry holds the trackers of the instances present on this node, keyed by instance id.
+// It is safe for concurrent use.
+type Registry struct {
+	mu       sync.Mutex
+	trackers map[int64]*Tracker
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{trackers: map[int64]*Tracker{}}
+}
+
+// Get returns the tracker of instance id, creating it with capacity if it does not exist
+// (created reports which). If it exists with another capacity, the capacity is updated: the
+// controller's word is the latest truth. A caller that creates a tracker for an instance that
+// may already hold data (after an agent restart) should Scan it before writing.
+func (r *Registry) Get(id int64, capacity uint64) (tracker *Tracker, created bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.trackers[id]; ok {
+		if t.Capacity() != capacity {
+			t.SetCapacity(capacity)
+		}
+		return t, false
+	}
+	t := New(fmt.Sprintf("instance %d", id), capacity)
+	r.trackers[id] = t
+	return t, true
+}
+
+// Lookup returns the tracker of instance id if there is one.
+func (r *Registry) Lookup(id int64) (*Tracker, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.trackers[id]
+	return t, ok
+}
+
+// Forget drops the tracker of instance id (the instance left this node). Holders of the
+// tracker may keep using it; a later Get creates a fresh one.
+func (r *Registry) Forget(id int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.trackers, id)
+}
+
+// IDs returns the ids of the instances tracked, in no particular order.
+func (r *Registry) IDs() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]int64, 0, len(r.trackers))
+	for id := range r.trackers {
+		ids = append(ids, id)
+	}
+	return ids
+}

@@ -1,0 +1,248 @@
+"""Spillway layout snapshots (format version 1) and `predict`: what a job will get from the
+instances a running Spillway gave it.
+
+The snapshot lists the controller's pools, storage nodes, instances with their fragments,
+configurations and sessions (docs/bbsim.md, "Spillway layout snapshot, format version 1";
+JSON Schema in bbsim/schemas/spillway-layout-v1.json). Hostnames are placed on the machine
+by its `hostnames` section: an explicit map first, then the rule (`nid`: hostname
+<prefix><number> sits at that nid; `ordered`: storage nodes take the machine's burst-buffer
+positions and client nodes its compute positions, both in natural hostname order).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .ior import IorSpec, flow_groups_for
+from .machine import Machine
+from .model import ServerTable, build_problem
+from .units import GB
+
+ACCESS_MODES = ("striped", "private", "loadbalance")
+
+
+def schema() -> dict:
+    return json.loads((resources.files("bbsim") / "schemas" / "spillway-layout-v1.json").read_text())
+
+
+@dataclass
+class Snapshot:
+    source: str
+    data: dict
+    nodes: dict = field(default_factory=dict)          # hostname -> node object
+    instances: dict = field(default_factory=dict)      # id -> instance
+    sessions: dict = field(default_factory=dict)       # token -> session
+    configurations: dict = field(default_factory=dict)  # instance id -> [configuration]
+
+
+def load_snapshot(path) -> Snapshot:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(source, None, "no such snapshot file", "check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(source, None, f"cannot read ({exc})", "pass a readable UTF-8 JSON file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(source, f"line {exc.lineno}, column {exc.colno}", f"malformed JSON: {exc.msg}",
+                         "fix the JSON syntax there") from None
+    return parse_snapshot(data, source)
+
+
+def _field(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def parse_snapshot(data, source: str = "snapshot") -> Snapshot:
+    import jsonschema
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        err = jsonschema.exceptions.best_match(errors)
+        where = f"field {_field(err.absolute_path)}"
+        if err.validator == "required":
+            missing = re.findall(r"'([^']+)' is a required property", err.message)
+            fix = f"add the field '{missing[0]}'" if missing else "add the missing field"
+        elif err.validator == "additionalProperties":
+            fix = "remove the unknown field, or prefix an extension field with 'x_'"
+        elif err.validator in ("const", "enum"):
+            fix = f"use {err.validator_value!r}" if err.validator == "const" else \
+                f"use one of {', '.join(map(str, err.validator_value))}"
+        elif err.validator == "minimum":
+            fix = f"use a value >= {err.validator_value}"
+        else:
+            fix = "see docs/bbsim.md, 'Spillway layout snapshot, format version 1'"
+        raise InputError(source, where, err.message, fix)
+
+    snap = Snapshot(source=source, data=data)
+    pools = {p["id"] for p in data["pools"]}
+    for i, node in enumerate(data["nodes"]):
+        if node["id"] in snap.nodes:
+            raise InputError(source, f"field nodes[{i}].id", f"duplicate node '{node['id']}'", "list each node once")
+        if node["pool"] not in pools:
+            raise InputError(source, f"field nodes[{i}].pool", f"unknown pool '{node['pool']}'",
+                             f"use one of the pools listed: {', '.join(sorted(pools))}")
+        snap.nodes[node["id"]] = node
+    for i, sess in enumerate(data["sessions"]):
+        if sess["token"] in snap.sessions:
+            raise InputError(source, f"field sessions[{i}].token", f"duplicate session token '{sess['token']}'",
+                             "tokens are unique")
+        snap.sessions[sess["token"]] = sess
+    for i, inst in enumerate(data["instances"]):
+        if inst["id"] in snap.instances:
+            raise InputError(source, f"field instances[{i}].id", f"duplicate instance id {inst['id']}", "ids are unique")
+        if inst["session"] not in snap.sessions:
+            raise InputError(source, f"field instances[{i}].session", f"no session with token '{inst['session']}'",
+                             "add the session to 'sessions' or correct the token")
+        for f, frag in enumerate(inst["fragments"]):
+            if frag["node"] not in snap.nodes:
+                raise InputError(source, f"field instances[{i}].fragments[{f}].node",
+                                 f"fragment on unknown storage node '{frag['node']}'",
+                                 "list the node under 'nodes' or correct the hostname")
+        snap.instances[inst["id"]] = inst
+    for i, conf in enumerate(data["configurations"]):
+        if conf["instance"] not in snap.instances:
+            raise InputError(source, f"field configurations[{i}].instance", f"no instance with id {conf['instance']}",
+                             "correct the instance id")
+        snap.configurations.setdefault(conf["instance"], []).append(conf)
+    return snap
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def map_hostnames(machine: Machine, storage: list, clients: list, rule: str | None = None,
+                  source: str = "snapshot") -> dict:
+    """hostname -> nid for every storage and client hostname (see module docstring)."""
+    rule = rule or machine.hostname_rule
+    out = {h: machine.hostname_map[h] for h in storage + clients if h in machine.hostname_map}
+    if rule == "nid":
+        pattern = re.compile(rf"^{re.escape(machine.hostname_prefix)}0*(\d+)$")
+        for host in storage + clients:
+            if host in out:
+                continue
+            match = pattern.match(host)
+            if not match:
+                raise InputError(source, f"hostname '{host}'",
+                                 f"does not follow the machine's nid rule ('{machine.hostname_prefix}' + number)",
+                                 f"add '{host}' to hostnames.map in {machine.source}, or use --mapping ordered")
+            nid = int(match.group(1))
+            if nid >= machine.shape.nodes:
+                raise InputError(source, f"hostname '{host}'", f"nid {nid} is outside {machine.name} "
+                                 f"(0 to {machine.shape.nodes - 1})", "check the machine file")
+            out[host] = nid
+    else:
+        for hosts, positions, what in ((storage, machine.bb_nids, "burst-buffer"),
+                                       (clients, machine.compute_nids, "compute")):
+            todo = sorted((h for h in dict.fromkeys(hosts) if h not in out), key=_natural)
+            taken = set(out.values())
+            free = [n for n in positions if n not in taken]
+            if len(todo) > len(free):
+                raise InputError(source, None, f"{len(todo)} {what} hostnames but {machine.name} has "
+                                 f"{len(free)} free {what} positions", "use a larger machine description")
+            out.update(zip(todo, (int(n) for n in free)))
+    seen: dict = {}
+    for host, nid in out.items():
+        if nid in seen:
+            raise InputError(source, f"hostname '{host}'", f"maps to nid {nid}, as '{seen[nid]}' does",
+                             "give each hostname its own position (hostnames.map)")
+        seen[nid] = host
+    return out
+
+
+def instance_of(snap: Snapshot, token: str, instance_id: int | None = None) -> dict:
+    if token not in snap.sessions:
+        raise InputError("--session", token, "no session with that token in the snapshot",
+                         f"use one of: {', '.join(sorted(snap.sessions)) or '(none)'}")
+    mine = [i for i in snap.instances.values() if i["session"] == token]
+    if instance_id is not None:
+        mine = [i for i in mine if i["id"] == instance_id]
+    if not mine:
+        raise InputError("--session", token, "the session has no instance" +
+                         (f" with id {instance_id}" if instance_id is not None else ""),
+                         "pick a session that owns an instance (see 'instances' in the snapshot)")
+    if len(mine) > 1:
+        raise InputError("--session", token, f"the session has {len(mine)} instances",
+                         f"choose one with --instance ({', '.join(str(i['id']) for i in mine)})")
+    return mine[0]
+
+
+def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, instance_id=None,
+            concurrent: list | None = None, rule: str | None = None) -> dict:
+    """Expected bandwidth of session `token`'s job on its instance, and what limits it.
+
+    `concurrent` lists other session tokens whose jobs run the same kind of I/O at the same
+    time on their own instances (a what-if: "what will X get if Y starts too?").
+    """
+    storage = sorted(snap.nodes, key=_natural)
+    tokens = [token] + [t for t in (concurrent or []) if t != token]
+    clients = []
+    for t in tokens:
+        instance_of(snap, t)
+        clients += snap.sessions[t]["client_nodes"]
+    position = map_hostnames(machine, storage, clients, rule, snap.source)
+    table = ServerTable(nids=np.array([position[h] for h in storage], dtype=np.int64), names=storage)
+    index = {h: i for i, h in enumerate(storage)}
+    groups, warnings, described = [], [], []
+    for t in tokens:
+        inst = instance_of(snap, t, instance_id if t == token else None)
+        session = snap.sessions[t]
+        if not session["client_nodes"]:
+            raise InputError("--session", t, "the session has no client nodes (no job is running on it)",
+                             "pick a job session, or add client_nodes")
+        frags = [f for f in inst["fragments"] if snap.nodes[f["node"]]["online"]]
+        offline = sorted({f["node"] for f in inst["fragments"]} - {f["node"] for f in frags})
+        if offline:
+            warnings.append(f"instance {inst['id']}: offline storage nodes {', '.join(offline)} are left out")
+        if not frags:
+            raise InputError(snap.source, f"instance {inst['id']}", "every storage node of the instance is offline",
+                             "bring a node online, or predict another session")
+        capacity = np.array([f["capacity"] for f in frags], float)
+        servers = np.array([index[f["node"]] for f in frags])
+        shares = capacity / capacity.sum()        # striping follows capacity (grains per node)
+        merged = np.bincount(servers, weights=shares, minlength=len(storage))
+        servers = np.flatnonzero(merged)
+        shares = merged[servers]
+        confs = snap.configurations.get(inst["id"], [])
+        mode = confs[0]["access_mode"] if confs else "striped"
+        if len(confs) > 1:
+            warnings.append(f"instance {inst['id']}: {len(confs)} configurations, using the first ({mode})")
+        nids = np.array([position[h] for h in session["client_nodes"]], dtype=np.int64)
+        job_spec = IorSpec(nodes=len(nids), op=spec.op, pattern=spec.pattern, transfer_size=spec.transfer_size,
+                           block_size=spec.block_size, ppn=spec.ppn, access_mode=mode, job=t)
+        groups += flow_groups_for(machine, job_spec, nids, servers, shares)
+        described.append({"session": t, "instance": inst["id"], "access_mode": mode,
+                          "client_nodes": len(nids), "servers": [storage[s] for s in servers],
+                          "instance_capacity": inst["capacity"]})
+    problem = build_problem(machine, groups, table)
+    solution = problem.solve()
+    mine = [i for i, fg in enumerate(groups) if fg.job == token]
+    rate = sum(solution.group_rate(i) for i in mine)
+    from .ior import _merge_bottlenecks
+    bottlenecks = _merge_bottlenecks([solution.bottlenecks(i) for i in mine])
+    others = {fg.job: 0.0 for fg in groups if fg.job != token}
+    for i, fg in enumerate(groups):
+        if fg.job != token:
+            others[fg.job] += solution.group_rate(i)
+    nodes = len(snap.sessions[token]["client_nodes"])
+    return {"machine": machine.name, "snapshot": snap.source, "session": token, "op": spec.op,
+            "pattern": spec.pattern, "transfer_size": spec.transfer_size, "ppn": spec.ppn,
+            "gbps": rate, "gbps_per_node": rate / nodes,
+            "binding": bottlenecks[0]["constraint"] if bottlenecks else "none",
+            "bottlenecks": bottlenecks, "concurrent": others, "jobs": described,
+            "placement": {h: machine.position(n) for h, n in position.items()
+                          if h in described[0]["servers"]},
+            "warnings": warnings, "seconds_per_GiB_per_node": (1024**3 / GB) / (rate / nodes) if rate else None}

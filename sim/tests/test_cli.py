@@ -1,0 +1,73 @@
+"""The command line: help, JSON and files."""
+
+import json
+
+import pytest
+
+from bbsim import cli
+
+COMMANDS = ["ior", "replay", "validate", "predict", "machine"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: bbsim " + command) and "--json" in out
+
+
+def test_top_level_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert all(c in out for c in COMMANDS) and "Exit status" in out
+
+
+def test_ior_writes_csv_json_png(tmp_path, capsys):
+    code = cli.main(["ior", "--machine", "trinity", "--servers", "230", "--nodes", "64,512,2048",
+                     "--variant", "rr:topology.global_port_assignment=round_robin", "--out", str(tmp_path)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "client node cap" in text and "green" in text and "server bandwidth" in text
+    rows = (tmp_path / "ior.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 2 * 3
+    data = json.loads((tmp_path / "ior.json").read_text())
+    assert {p["variant"] for p in data["points"]} == {"base", "rr"}
+    assert (tmp_path / "ior.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ior_json(capsys):
+    assert cli.main(["ior", "--nodes", "16", "--op", "read", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["points"][0]["gbps"] == pytest.approx(32.0)
+
+
+def test_bad_options_are_clear(capsys):
+    assert cli.main(["ior", "--nodes", "16", "--transfer", "1XB"]) == 2
+    assert "unknown unit" in capsys.readouterr().err
+    assert cli.main(["ior", "--nodes", "999999"]) == 2
+    assert "compute nodes" in capsys.readouterr().err
+    assert cli.main(["ior", "--nodes", "16", "--op", "append"]) == 2
+
+
+def test_replay_json_and_files(wheel_logs, tmp_path, capsys):
+    logs = [str(wheel_logs["sample-badost.darshan"]), str(wheel_logs["example.darshan"]) + ":32"]
+    assert cli.main(["replay", *logs, "--ranks-per-node", "24", "--align", "--out", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["jobs"]) == 2 and len(data["slowdown"]["slowdown"]) == 2
+    assert (tmp_path / "timeline.png").exists() and (tmp_path / "timeline.csv").exists()
+
+
+def test_validate_json(capsys):
+    assert cli.main(["validate", "--only", "S1,S2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] and {r["id"] for r in data["rows"]} == {"S1", "S2"}
+
+
+def test_machine_summary(capsys):
+    assert cli.main(["machine", "trinity"]) == 0
+    out = capsys.readouterr().out
+    assert "20520 compute" in out and "570 burst buffer" in out
+    assert cli.main(["machine", "--list"]) == 0

@@ -1,0 +1,111 @@
+"""Spillway layout snapshots: schema, errors, mapping and predict."""
+
+import copy
+import json
+
+import pytest
+
+from bbsim import cli
+from bbsim.errors import InputError
+from bbsim.ior import IorSpec
+from bbsim.layout import load_snapshot, map_hostnames, parse_snapshot, predict, schema
+
+from pathlib import Path
+
+EXAMPLE_SNAPSHOT = Path(__file__).resolve().parents[1] / "examples" / "spillway-layout-trinity.json"
+
+
+@pytest.fixture
+def example():
+    return json.loads(EXAMPLE_SNAPSHOT.read_text())
+
+
+def test_example_validates_against_the_schema(example):
+    import jsonschema
+    jsonschema.Draft202012Validator.check_schema(schema())
+    jsonschema.validate(example, schema())
+    snap = load_snapshot(EXAMPLE_SNAPSHOT)
+    assert set(snap.sessions) == {"4242", "4243", "shared-data"}
+
+
+def test_predict_names_bandwidth_and_limit(trinity):
+    snap = load_snapshot(EXAMPLE_SNAPSHOT)
+    r = predict(trinity, snap, "4242", IorSpec(nodes=1))
+    online = [f for f in snap.instances[101]["fragments"] if snap.nodes[f["node"]]["online"]]
+    assert r["gbps"] == pytest.approx(len(online) * trinity.server_bandwidth("write", 1 << 20, 64 * 32 / len(online)))
+    assert r["binding"] == "server bandwidth"
+    assert any("offline" in w for w in r["warnings"])
+
+
+def test_concurrent_session_lowers_the_prediction(trinity):
+    snap = load_snapshot(EXAMPLE_SNAPSHOT)
+    alone = predict(trinity, snap, "4242", IorSpec(nodes=1))["gbps"]
+    both = predict(trinity, snap, "4242", IorSpec(nodes=1), concurrent=["4243"])
+    assert both["gbps"] < alone and both["concurrent"]["4243"] > 0
+
+
+def err(data):
+    with pytest.raises(InputError) as info:
+        parse_snapshot(data, "snap.json")
+    return str(info.value)
+
+
+def test_missing_field(example):
+    bad = copy.deepcopy(example)
+    del bad["instances"][0]["fragments"][1]["node"]
+    msg = err(bad)
+    assert "instances[0].fragments[1]" in msg and "add the field 'node'" in msg
+
+
+def test_unknown_field(example):
+    bad = copy.deepcopy(example)
+    bad["nodes"][0]["colour"] = "blue"
+    assert "nodes[0]" in err(bad) and "x_" in err(bad)
+    ok = copy.deepcopy(example)
+    ok["nodes"][0]["x_rack"] = "r12"                 # extension fields are allowed
+    parse_snapshot(ok)
+
+
+def test_wrong_version_and_negative_capacity(example):
+    bad = copy.deepcopy(example)
+    bad["version"] = 2
+    assert "field version" in err(bad)
+    bad = copy.deepcopy(example)
+    bad["nodes"][0]["capacity"] = -1
+    assert "nodes[0].capacity" in err(bad) and ">= 0" in err(bad)
+
+
+def test_references_must_resolve(example):
+    bad = copy.deepcopy(example)
+    bad["instances"][0]["fragments"][0]["node"] = "nid99999"
+    assert "unknown storage node 'nid99999'" in err(bad)
+    bad = copy.deepcopy(example)
+    bad["instances"][0]["session"] = "nope"
+    assert "no session with token 'nope'" in err(bad)
+
+
+def test_malformed_json_names_the_line(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text('{\n  "format": "spillway-layout",\n  "version": 1,,\n}')
+    with pytest.raises(InputError, match="line 3"):
+        load_snapshot(path)
+
+
+def test_hostnames_outside_the_rule_are_named(trinity):
+    with pytest.raises(InputError, match="'bb01'"):
+        map_hostnames(trinity, ["bb01"], ["cn1"])
+    placed = map_hostnames(trinity, ["bb01", "bb02"], ["cn2", "cn10"], rule="ordered")
+    assert placed["bb01"] == trinity.bb_nids[0] and placed["cn2"] == trinity.compute_nids[0]
+    assert placed["cn10"] == trinity.compute_nids[1]       # natural order: cn2 before cn10
+
+
+def test_cli_predict_json(capsys):
+    assert cli.main(["predict", str(EXAMPLE_SNAPSHOT), "--machine", "trinity", "--session", "4242",
+                     "--op", "read", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["op"] == "read" and out["gbps"] > 0 and out["bottlenecks"]
+
+
+def test_cli_unknown_session(capsys):
+    assert cli.main(["predict", str(EXAMPLE_SNAPSHOT), "--session", "nope"]) == 2
+    assert "no session with that token" in capsys.readouterr().err

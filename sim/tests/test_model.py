@@ -1,0 +1,88 @@
+"""IOR workloads on small and full machines: regimes, aggregation, conservation."""
+
+import numpy as np
+import pytest
+
+from bbsim.ior import IorSpec, flow_groups_for, run_point, select_nodes, select_servers
+from bbsim.machine import load_machine
+from bbsim.model import FlowGroup, build_problem
+
+MiB = 1 << 20
+
+
+def test_client_bound_point_is_nodes_times_node_cap(trinity):
+    for n in (1, 7, 100):
+        p = run_point(trinity, IorSpec(nodes=n, servers=230))
+        assert p["gbps"] == pytest.approx(n * trinity.node_cap)
+        assert p["binding"] == "client node cap"
+
+
+def test_server_bound_point_is_servers_times_server_bandwidth(trinity):
+    p = run_point(trinity, IorSpec(nodes=8192, servers=100))
+    streams_per_server = 8192 * 32 / 100
+    expected = 100 * trinity.server_bandwidth("write", MiB, streams_per_server)
+    assert p["gbps"] == pytest.approx(expected, rel=1e-9)
+    assert p["binding"] == "server bandwidth"
+
+
+def test_router_classes_equal_per_node_classes(trinity):
+    """Aggregating a router's nodes into one class changes nothing."""
+    spec = IorSpec(nodes=600, servers=230)
+    nids = select_nodes(trinity, 600)
+    servers = select_servers(trinity, 230)
+    grouped = build_problem(trinity, flow_groups_for(trinity, spec, nids, servers)).solve()
+    fg = FlowGroup(job="x", op="write", routers=trinity.router_of(nids), nodes=np.ones(600),
+                   streams=np.full(600, 32.0), servers=servers, shares=np.full(230, 1 / 230),
+                   transfer_size=MiB)
+    single = build_problem(trinity, [fg]).solve()
+    assert single.group_rate(0) == pytest.approx(grouped.group_rate(0), rel=1e-9)
+    rates = dict(zip(grouped.problem.groups[0].routers, grouped.allocation.rate))
+    per_node = single.allocation.rate
+    assert np.allclose(per_node, [rates[r] for r in trinity.router_of(nids)])
+
+
+def test_bytes_are_conserved_through_servers_and_links(trinity):
+    spec = IorSpec(nodes=1000, servers=57)
+    nids, servers = select_nodes(trinity, 1000), select_servers(trinity, 57)
+    sol = build_problem(trinity, flow_groups_for(trinity, spec, nids, servers)).solve()
+    p = sol.problem
+    total = sum(sol.group_rate(i) for i in range(len(p.groups)))
+    into_servers = sol.allocation.load[p.offsets["bb_in"]:p.offsets["bb_out"]].sum()
+    assert into_servers == pytest.approx(total, rel=1e-9)
+    # with minimal routing, what leaves the job's groups crosses exactly one global link
+    topo = trinity.topology
+    job_groups = set(np.unique(trinity.group_of(nids)))
+    server_groups = trinity.group_of(trinity.bb_nids[servers])
+    remote_share = np.mean([g not in job_groups for g in server_groups])
+    on_global = sol.allocation.load[topo.global_offset:topo.n_links].sum()
+    assert on_global >= total * remote_share * 0.99
+
+
+def test_regime_two_needs_the_calibrated_wiring(trinity):
+    """The plateau disappears when the same machine spreads its global ports."""
+    flat = load_machine("trinity", (("topology.global_port_assignment", "round_robin"),))
+    base = run_point(trinity, IorSpec(nodes=512, servers=230))
+    spread = run_point(flat, IorSpec(nodes=512, servers=230))
+    assert base["gbps"] < 0.7 * 1024 < spread["gbps"]
+    assert base["binding"] in ("green", "black")
+
+
+def test_shared_file_and_iops_factors_apply():
+    m = load_machine("cori-p1")
+    nn = run_point(m, IorSpec(nodes=1120, ppn=4, servers=140))
+    n1 = run_point(m, IorSpec(nodes=1120, ppn=4, servers=140, pattern="n1"))
+    assert n1["gbps"] == pytest.approx(nn["gbps"] * m.shared_file_efficiency["write"])
+    small = run_point(m, IorSpec(nodes=1120, ppn=4, servers=140, transfer_size=4096))
+    assert small["iops"] == pytest.approx(140 * m.iops["write"])
+    assert small["binding"] == "server IOPS"
+
+
+def test_loadbalance_reads_one_replica_per_node(trinity):
+    p = run_point(trinity, IorSpec(nodes=4, op="read", servers=4, access_mode="loadbalance", ppn=1))
+    assert p["gbps"] == pytest.approx(4 * trinity.stream_cap["read"])
+
+
+def test_full_machine_point_runs(trinity):
+    p = run_point(trinity, IorSpec(nodes=len(trinity.compute_nids)))
+    assert p["binding"] == "server bandwidth"
+    assert p["stats"]["classes"] == len(np.unique(trinity.router_of(trinity.compute_nids)))
