@@ -74,10 +74,21 @@ type cmdOpts struct {
 
 func spillway(t *testing.T, o cmdOpts, args ...string) result {
 	t.Helper()
+	return runAs(t, binary, o, args...)
+}
+
+// run runs a program (the binary under another name) with default options.
+func run(t *testing.T, program string, args ...string) result {
+	t.Helper()
+	return runAs(t, program, cmdOpts{}, args...)
+}
+
+func runAs(t *testing.T, program string, o cmdOpts, args ...string) result {
+	t.Helper()
 	if o.timeout == 0 {
 		o.timeout = 2 * time.Minute
 	}
-	cmd := exec.Command(binary, args...)
+	cmd := exec.Command(program, args...)
 	cmd.Dir = o.dir
 	cmd.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=" + o.home}, o.env...)
 	if o.home != "" {
