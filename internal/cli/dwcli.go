@@ -1,9 +1,14 @@
 package cli
 
 import (
+	"encoding/json"
+
 	"fmt"
 	"io"
 	"strconv"
+
+	"github.com/spillway-hpc/spillway/internal/dwstat"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
 
 	"github.com/spillway-hpc/spillway/internal/units"
 )
@@ -72,43 +77,14 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		switch object {
-		case "nodes":
-			for _, n := range all.Nodes {
-				fmt.Fprintln(stdout, n.ID)
-			}
-		case "pools":
-			for _, p := range all.Pools {
-				fmt.Fprintln(stdout, p.ID)
-			}
-		case "sessions":
-			for _, s := range all.Sessions {
-				fmt.Fprintln(stdout, s.ID)
-			}
-		case "instances":
-			for _, x := range all.Instances {
-				fmt.Fprintln(stdout, x.ID)
-			}
-		case "configurations":
-			for _, x := range all.Configurations {
-				fmt.Fprintln(stdout, x.ID)
-			}
-		case "fragments":
-			for _, x := range all.Fragments {
-				fmt.Fprintln(stdout, x.ID)
-			}
-		case "namespaces":
-			for _, x := range all.Namespaces {
-				fmt.Fprintln(stdout, x.ID)
-			}
-		case "registrations":
-			for _, x := range all.Registrations {
-				fmt.Fprintln(stdout, x.ID)
-			}
-		case "activations":
-			for _, x := range all.Activations {
-				fmt.Fprintln(stdout, x.ID)
-			}
+		// Every row has an "id"; print them in the table's order.
+		raw, _ := json.Marshal(dwstat.Select(all, []string{object})[object])
+		var rows []struct {
+			ID any `json:"id"`
+		}
+		json.Unmarshal(raw, &rows)
+		for _, r := range rows {
+			fmt.Fprintln(stdout, r.ID)
 		}
 		return 0
 	case "create pool":
@@ -164,6 +140,14 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		fmt.Fprintf(stdout, "delete request for sessions entity with id = %d accepted, \"dwstat sessions\" for status\n", *id)
+		// Wait for it: a one-machine controller lives only as long as this command.
+		st, err := sess.client.WaitStep(ctx, token, lifecycle.PhaseTeardown, sess.cfg.Client.PollInterval.D(), sess.cfg.Client.StepTimeout.D(), nil)
+		if err == nil && st.Failed {
+			err = fmt.Errorf("%s", st.Message)
+		}
+		if err != nil {
+			return fail(err)
+		}
 		return 0
 	}
 	fmt.Fprintf(stderr, "dwcli: unknown command %q\n\n%s", verb+" "+object, dwcliUsage)

@@ -35,3 +35,48 @@ func TestHelpOnEveryCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestDwcliAdmin: pools, drain and fill, listing, and removing a session.
+func TestDwcliAdmin(t *testing.T) {
+	requireRoot(t)
+	w := newWorld(t, false)
+	node, _ := os.Hostname()
+	if r := w.run("dwcli", "create", "pool", "--name", "sm_pool", "--granularity", "16MiB"); r.code != 0 {
+		t.Fatalf("create pool: %s", r)
+	}
+	if r := w.run("dwcli", "ls", "pools"); r.stdout != "sm_pool\nwlm_pool\n" {
+		t.Errorf("ls pools: %s", r)
+	}
+	if r := w.run("dwcli", "update", "node", "--name", node, "--drain", "--reason", "maintenance"); r.code != 0 {
+		t.Fatalf("drain: %s", r)
+	}
+	mustContain(t, w.run("dwstat", "nodes"), node+" wlm_pool online drain")
+	mustContain(t, w.run("dwstat", "pools"), "wlm_pool bytes 4GiB 0B 1GiB")
+	job := w.script("j.sh", "#!/bin/sh\n#DW jobdw type=scratch capacity=1GiB\ntrue\n")
+	r := w.run("run", job)
+	if r.code != 69 {
+		t.Fatalf("a job on a drained pool must be refused: %s", r)
+	}
+	mustContain(t, r, node+" drained")
+	w.run("dwcli", "update", "node", "--name", node, "--fill")
+	if r := w.run("run", job); r.code != 0 {
+		t.Fatalf("after fill: %s", r)
+	}
+	if r := w.run("dwcli", "update", "node", "--name", "nosuch", "--drain"); r.code == 0 || !strings.Contains(r.stderr, `node "nosuch" does not exist`) {
+		t.Errorf("drain of an unknown node: %s", r)
+	}
+	if r := w.run("persistent", "create", "p1", "--capacity", "1GiB"); r.code != 0 {
+		t.Fatal(r)
+	}
+	ids := strings.Fields(w.run("dwcli", "ls", "sessions").stdout)
+	if len(ids) != 1 {
+		t.Fatalf("one session expected: %v", ids)
+	}
+	if r := w.run("dwcli", "rm", "session", "-i", "99"); r.code == 0 || !strings.Contains(r.stderr, "no session with id 99") {
+		t.Errorf("rm of an unknown session: %s", r)
+	}
+	if r := w.run("dwcli", "rm", "session", "-i", ids[0]); r.code != 0 {
+		t.Fatalf("rm session: %s", r)
+	}
+	w.assertClean()
+}
