@@ -38,12 +38,13 @@ Daemons (administrators):
   controller            the DataWarp service: state, API, executor
   agent                 the daemon of a storage and/or compute node
   dwcli                 administrative changes: pools, drain, registrations
+  dw_wlm_cli            the workload manager's interface (Slurm's GetSysState)
 
 Other:
   version               print the version
   help [COMMAND]        show a command's usage
 
-The binary also answers to the names dwstat and dwcli (make symbolic links to it).
+The binary also answers to the names dwstat, dwcli and dw_wlm_cli (make symbolic links).
 Every command takes --help. Documentation: docs/ in the source tree (README.md to start).
 `
 
@@ -56,6 +57,9 @@ func Main(argv []string) int {
 		return dwstatMain(args, os.Stdout, os.Stderr)
 	case "dwcli":
 		return dwcliMain(args, os.Stdout, os.Stderr)
+	case "dw_wlm_cli":
+		// Slurm merges stdout and stderr: everything goes to stdout.
+		return dwWLMMain(args, os.Stdout, os.Stdout)
 	}
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, mainUsage)
@@ -71,6 +75,8 @@ func Main(argv []string) int {
 		return dwstatMain(rest, os.Stdout, os.Stderr)
 	case "dwcli":
 		return dwcliMain(rest, os.Stdout, os.Stderr)
+	case "dw_wlm_cli":
+		return dwWLMMain(rest, os.Stdout, os.Stdout)
 	case "controller":
 		return controllerMain(rest, os.Stdout, os.Stderr)
 	case "agent":
