@@ -42,6 +42,7 @@ Functions:
   real_size    --token T                     {"token": T, "capacity": BYTES, "units": "bytes"}
   paths        --token T --job F --pathfile P  write NAME=value lines of the job's variables
   pre_run      --token T --job F --nodehostnamefile F  mount on the job's compute nodes
+               (or --nodes A,B,...)
   post_run     --token T --job F             unmount
   data_out     --token T --job F             stage out (waits until done)
   teardown     --token T --job F [--hurry]   destroy a job's session, or a persistent
@@ -56,8 +57,8 @@ apostrophe.
 
 // wlmArgs are dw_wlm_cli's options (long and short, in any order).
 type wlmArgs struct {
-	function, token, caller, user, group, capacity, job, pathfile, nodefile, access, typ string
-	hurry, help                                                                          bool
+	function, token, caller, user, group, capacity, job, pathfile, nodefile, nodes, access, typ string
+	hurry, help                                                                                 bool
 }
 
 func parseWLMArgs(args []string) (wlmArgs, error) {
@@ -73,6 +74,7 @@ func parseWLMArgs(args []string) (wlmArgs, error) {
 		"--pathfile": &a.pathfile, "-p": &a.pathfile,
 		"--nodehostnamefile": &a.nodefile, "--nidlistfile": &a.nodefile,
 		"--jobexecutionnodefile": new(string),
+		"--nodes":                &a.nodes,
 		"--access":               &a.access, "-a": &a.access,
 		"--type": &a.typ, "-T": &a.typ,
 	}
@@ -436,6 +438,9 @@ func (w *wlm) preRun() int {
 	nodes, err := readNodeFile(w.a.nodefile)
 	if err != nil {
 		return w.fail("%v", err)
+	}
+	if w.a.nodes != "" { // Spillway's burst_buffer.lua passes the nodes as a list
+		nodes = append(nodes, strings.Split(w.a.nodes, ",")...)
 	}
 	return w.step(lifecycle.PhasePreRun, func() error { return w.client.PreRun(w.ctx, w.a.token, nodes) })
 }
