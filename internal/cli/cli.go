@@ -113,17 +113,44 @@ func newFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parse parses flags; it returns (exit status, false) when the command should stop.
+// parse parses flags; it returns (exit status, false) when the command should stop. Help
+// goes to stdout once; a bad flag prints the flag package's message and the usage to stderr.
 func parse(fs *flag.FlagSet, args []string, stdout io.Writer) (int, bool) {
+	usage := fs.Usage
+	fs.Usage = func() {} // the flag package would print it on -h too, to stderr
 	err := fs.Parse(args)
+	fs.Usage = usage
 	if errors.Is(err, flag.ErrHelp) {
 		fs.SetOutput(stdout)
 		fs.Usage()
 		return 0, false
 	}
 	if err != nil {
+		fs.Usage()
 		return 64, false
 	}
+	return 0, true
+}
+
+// parseInterspersed is parse for commands whose arguments are names, never a program's
+// arguments: options may follow them (dwstat sessions --json). "--" ends the options.
+func parseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) (int, bool) {
+	var names []string
+	for {
+		if code, ok := parse(fs, args, stdout); !ok {
+			return code, false
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if len(args) > 0 && len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			names = append(names, rest...) // everything after "--" is a name
+			break
+		}
+		names, args = append(names, rest[0]), rest[1:]
+	}
+	fs.Parse(append([]string{"--"}, names...)) // leaves fs.Args() == names
 	return 0, true
 }
 

@@ -44,7 +44,7 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 	cd := fs.Bool("cd", false, "configuration details: add amode and backing_path")
 	asJSON := fs.Bool("json", false, "print the tables as JSON")
 	allFlag := fs.Bool("all", false, "the same as the table word all")
-	if code, ok := parse(fs, args, stdout); !ok {
+	if code, ok := parseInterspersed(fs, args, stdout); !ok {
 		return code
 	}
 	words := fs.Args()
@@ -113,18 +113,10 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 	strategy := fs.String("optimization", "bandwidth", "create: optimization_strategy: bandwidth or interference")
 	hurry := fs.Bool("hurry", false, "destroy: do not wait for stage-outs")
 	asJSON := fs.Bool("json", false, "list: print JSON")
-	// Flags may come after the name.
-	var positional []string
-	for len(rest) > 0 {
-		if code, ok := parse(fs, rest, stdout); !ok {
-			return code
-		}
-		rest = fs.Args()
-		if len(rest) > 0 {
-			positional = append(positional, rest[0])
-			rest = rest[1:]
-		}
+	if code, ok := parseInterspersed(fs, rest, stdout); !ok {
+		return code
 	}
+	positional := fs.Args()
 	sess, err := conn.connect(false, quietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway persistent: %v\n", err)
