@@ -21,7 +21,8 @@ Differences from the datawarp plugin, all Slurm's:
     lua plugin, create and destroy persistent instances with `spillway persistent` and use
     them with `#DW persistentdw name=...` as usual.
 
-Slurm passes every argument as a string. Functions marked "fast" run inside slurmctld with
+It runs under Lua 5.1 (Debian's Slurm) and 5.3/5.4 (other builds). Slurm passes every
+argument as a string. Functions marked "fast" run inside slurmctld with
 locks held; they only run dw_wlm_cli calls that answer in milliseconds.
 --]]
 
@@ -37,6 +38,10 @@ local function quote(s)
 	return "'" .. string.gsub(tostring(s), "'", "'\\''") .. "'"
 end
 
+-- The shell prints a command's exit status after its output, on a line of its own: Lua 5.1
+-- (which Debian's Slurm embeds) does not report the status of an io.popen'ed command.
+local status_marker = "spillway_exit_status="  -- no pattern magic characters
+
 -- run executes a program with arguments and returns its exit status and its output
 -- (stdout and stderr together, as the datawarp plugin reads them).
 local function run(program, args)
@@ -44,17 +49,18 @@ local function run(program, args)
 	for _, a in ipairs(args) do
 		words[#words + 1] = quote(a)
 	end
-	local cmd = table.concat(words, " ") .. " 2>&1"
+	local cmd = table.concat(words, " ") .. " 2>&1; printf '\\n" .. status_marker .. "%d\\n' $?"
 	local p = io.popen(cmd, "r")
 	if p == nil then
 		return 1, "cannot run " .. program
 	end
-	local out = p:read("a") or ""
-	local ok, _, code = p:close()
-	if ok then
-		return 0, out
+	local all = p:read("*a") or ""
+	p:close()
+	local out, code = string.match(all, "^(.*)\n" .. status_marker .. "(%d+)\n$")
+	if out == nil then
+		return 1, "cannot run " .. program .. ": " .. all
 	end
-	return code or 1, out
+	return tonumber(code), out
 end
 
 -- reason shortens an answer for the job's reason field.

@@ -8,17 +8,26 @@ import (
 	"testing"
 )
 
-// TestBurstBufferLua runs deploy/slurm/burst_buffer.lua under the Lua interpreter Slurm embeds
-// (5.3), calling its slurm_bb_* functions in the order the burst_buffer/lua plugin does,
-// against a real controller and agent. (Running it inside a real slurmctld is tests/slurm's
-// part; here the lua's own logic — argument mapping, exit statuses, real_size parsing — is
-// checked, except pre_run's node lookup, which needs Slurm's squeue.)
+// TestBurstBufferLua runs deploy/slurm/burst_buffer.lua under the Lua interpreters Slurm
+// embeds (5.1 in Debian's Slurm, 5.3 in other builds), calling its slurm_bb_* functions in the
+// order the burst_buffer/lua plugin does, against a real controller and agent. (Running it
+// inside a real slurmctld is tests/slurm's part; here the lua's own logic — argument mapping,
+// exit statuses, real_size parsing — is checked, except pre_run's node lookup, which needs
+// Slurm's squeue.)
 func TestBurstBufferLua(t *testing.T) {
 	requireRoot(t)
-	lua, err := exec.LookPath("lua5.3")
-	if err != nil {
-		t.Skip("lua5.3 is not installed (scripts/install-deps --test installs it)")
+	for _, interpreter := range []string{"lua5.1", "lua5.3"} {
+		t.Run(interpreter, func(t *testing.T) {
+			lua, err := exec.LookPath(interpreter)
+			if err != nil {
+				t.Skipf("%s is not installed (scripts/install-deps --test installs it)", interpreter)
+			}
+			testBurstBufferLua(t, lua)
+		})
 	}
+}
+
+func testBurstBufferLua(t *testing.T, lua string) {
 	c := newCluster(t)
 	c.startController()
 	c.startAgent()
