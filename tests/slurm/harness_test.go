@@ -76,9 +76,9 @@ func TestMain(m *testing.M) {
 type cluster struct {
 	t      *testing.T // the running test or scenario
 	root   *testing.T // the test that brought the cluster up
-	dir    string // up.sh's --dir
-	plugin string // datawarp or lua
-	pfs    string // the user's directory: job scripts, stage sources and destinations
+	dir    string     // up.sh's --dir
+	plugin string     // datawarp or lua
+	pfs    string     // the user's directory: job scripts, stage sources and destinations
 	uid    int
 	gid    int
 	env    []string // SLURM_CONF, SPILLWAY_CONFIG, PATH
