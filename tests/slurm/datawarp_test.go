@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +27,7 @@ func TestDatawarpPlugin(t *testing.T) {
 	c.run("scancel_hurry", (*cluster).cancelHurry)
 	c.run("afterburstbuffer", (*cluster).afterBurstBuffer)
 	c.run("slurmctld_restart_during_stage_out", (*cluster).restartDuringStageOut)
+	c.run("scontrol_show_dwstat", (*cluster).showDwstat)
 	c.assertClean()
 }
 
@@ -383,4 +385,27 @@ echo end > "$DW_JOB_STRIPED/many/zz-last"
 	}
 	c.assertGone(id)
 	c.assertClean()
+}
+
+// scontrol show dwstat (bbstat with the lua plugin) runs Spillway's dwstat through Slurm,
+// within Slurm's fixed 2 s, with the headers Slurm's own test expects.
+func (c *cluster) showDwstat(t *testing.T) {
+	word := "dwstat"
+	if c.plugin == "lua" {
+		word = "bbstat"
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, `(?m)^ *pool +units +quantity +free +gran$`},
+		{[]string{"pools"}, `(?m)^ *wlm_pool +bytes +16GiB +16GiB +1GiB$`},
+		{[]string{"sessions"}, `(?m)^no sessions$|sess +state +token +creator +owner +created +expiration +nodes`},
+		{[]string{"configurations"}, `(?m)^no scratch, cache, swap configurations$|conf +state +inst +type +activs`},
+	} {
+		r := c.user("scontrol", append([]string{"show", word}, tc.args...)...)
+		if r.code != 0 || !regexp.MustCompile(tc.want).MatchString(r.stdout) {
+			t.Errorf("scontrol show %s %v: want %s\n%s", word, tc.args, tc.want, r)
+		}
+	}
 }

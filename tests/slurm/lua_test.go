@@ -20,6 +20,7 @@ func TestLuaPlugin(t *testing.T) {
 	c.run("invalid_directives", (*cluster).invalidDirectives)
 	c.run("unreadable_stage_in", (*cluster).unreadableStageIn)
 	c.run("scancel_hurry", (*cluster).cancelHurry)
+	c.run("scontrol_show_bbstat", (*cluster).showDwstat)
 	c.assertClean()
 }
 
