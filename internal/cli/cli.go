@@ -90,7 +90,8 @@ func Main(argv []string) int {
 		fmt.Println("spillway", Version)
 		return 0
 	case "help", "-h", "--help":
-		if len(rest) > 0 {
+		// "help COMMAND" is "COMMAND --help"; help about help (or an option) is the main usage.
+		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") && rest[0] != "help" {
 			return Main([]string{argv[0], rest[0], "--help"})
 		}
 		fmt.Print(mainUsage)

@@ -13,7 +13,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/units"
 )
 
-const dwcliUsage = `Usage: dwcli ls TABLE
+const dwcliUsage = `Usage: dwcli ls TABLE [--json]
        dwcli create pool --name NAME --granularity SIZE
        dwcli update node --name NODE (--drain [--reason TEXT] | --fill)
        dwcli update registration -i ID --no-wait
@@ -21,7 +21,8 @@ const dwcliUsage = `Usage: dwcli ls TABLE
 
 Administrative changes, as DataWarp's dwcli makes them.
 
-  ls TABLE                 list the ids of a table (nodes, pools, sessions, ...)
+  ls TABLE                 list the ids of a table (nodes, pools, sessions, ...);
+                           --json prints {"TABLE": [ids]}
   create pool              add a pool (or change the granularity of an unused one)
   update node --drain      take a storage node out of new allocations (existing instances
                            stay); --fill puts it back
@@ -29,6 +30,7 @@ Administrative changes, as DataWarp's dwcli makes them.
     --no-wait              stage-outs (they are cancelled)
   rm session -i ID         tear a session down (a job's or a persistent instance's)
 
+Options may come anywhere (dwcli rm session -i 7 --hurry, dwcli --home DIR ls pools).
 Administrative changes need root or a controller.wlm_users user.
 `
 
@@ -40,13 +42,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	verb := args[0]
-	object := ""
-	rest := args[1:]
-	if len(rest) > 0 {
-		object, rest = rest[0], rest[1:]
-	}
-	fs := newFlags("dwcli "+verb+" "+object, dwcliUsage, stderr)
+	fs := newFlags("dwcli", dwcliUsage, stderr)
 	var conn connection
 	conn.flags(fs, true)
 	name := fs.String("name", "", "pool or node name")
@@ -57,8 +53,15 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	id := fs.Int64("i", 0, "object id")
 	noWait := fs.Bool("no-wait", false, "registration: do not wait for stage-out at teardown")
 	hurry := fs.Bool("hurry", false, "rm session: do not wait for stage-outs")
-	if code, ok := parse(fs, rest, stdout); !ok {
+	asJSON := fs.Bool("json", false, "ls: print JSON")
+	if code, ok := parseInterspersed(fs, args, stdout); !ok {
 		return code
+	}
+	words := append(fs.Args(), "", "")
+	verb, object := words[0], words[1]
+	if len(fs.Args()) > 2 {
+		fmt.Fprintf(stderr, "dwcli: unexpected %q after %s %s\n\n%s", fs.Args()[2], verb, object, dwcliUsage)
+		return 64
 	}
 	sess, err := conn.connect(false, quietLogger(stderr))
 	if err != nil {
@@ -83,8 +86,18 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			ID any `json:"id"`
 		}
 		json.Unmarshal(raw, &rows)
+		ids := []any{}
 		for _, r := range rows {
-			fmt.Fprintln(stdout, r.ID)
+			ids = append(ids, r.ID)
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			enc.Encode(map[string][]any{object: ids})
+			return 0
+		}
+		for _, id := range ids {
+			fmt.Fprintln(stdout, id)
 		}
 		return 0
 	case "create pool":

@@ -33,7 +33,7 @@ point it at a running controller instead; this machine's agent must then be regi
 with it (--node names it).
 
 The job runs as you, in the current directory, with your environment plus the DataWarp
-variables, SPILLWAY_JOB_ID (the job id, also what %%j becomes in directives) and
+variables, SPILLWAY_JOB_ID (the job id, also what %j becomes in directives) and
 SPILLWAY_TOKEN (the session's token, run<id>). SIGINT and SIGTERM are passed to the job;
 stage-out and teardown still run afterwards.
 

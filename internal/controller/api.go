@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"os/user"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +43,7 @@ var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations
 // caller is who sent a request.
 type caller struct {
 	uid        uint32
+	gid        uint32 // from the socket: the caller's group when it connected
 	known      bool // the uid was read from the socket, or a token was presented
 	privileged bool // root, the controller's own user, a WLM user, or a token holder
 }
@@ -100,7 +103,7 @@ func (s *Server) handle(pattern string, h http.HandlerFunc) {
 // ServeHTTP authenticates the caller and dispatches.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	peer := httpapi.PeerOf(r)
-	who := caller{uid: peer.UID, known: peer.Known}
+	who := caller{uid: peer.UID, gid: peer.GID, known: peer.Known}
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		if s.token != "" && auth == "Bearer "+s.token {
 			who.known, who.privileged = true, true
@@ -218,16 +221,56 @@ func (s *Server) setup(w http.ResponseWriter, r *http.Request) {
 	if !httpapi.Decode(w, r, &req) {
 		return
 	}
-	c := who(r)
-	if !c.privileged && req.Owner != c.uid {
-		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("uid %d may not create a session for uid %d", c.uid, req.Owner))
-		return
+	if c := who(r); !c.privileged {
+		if err := checkUserSetup(c.uid, groupsOf(c), req); err != nil {
+			httpapi.WriteError(w, http.StatusForbidden, "forbidden", err.Error())
+			return
+		}
 	}
 	if err := s.c.Setup(r.Context(), req); err != nil {
 		s.fail(w, err)
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": req.Token})
+}
+
+// runToken is the form of the job tokens ordinary users make (spillway run): never a job id,
+// which belongs to the workload manager.
+var runToken = regexp.MustCompile(`^run[0-9]+$`)
+
+// checkUserSetup says whether an ordinary (unprivileged) user may create this session: their
+// own, with a group they belong to (stages run with it), and with a token that cannot take a
+// job id from the workload manager.
+func checkUserSetup(uid uint32, groups []uint32, req lifecycle.Setup) error {
+	if req.Owner != uid {
+		return fmt.Errorf("uid %d may not create a session for uid %d", uid, req.Owner)
+	}
+	if !slices.Contains(groups, req.Group) {
+		return fmt.Errorf("uid %d is not in group %d: a session's group must be one of its owner's groups (stages run with it)", uid, req.Group)
+	}
+	if !req.Persistent && !runToken.MatchString(req.Token) {
+		return fmt.Errorf("token %q is reserved for the workload manager (job ids); an ordinary user's job sessions are run<N> (spillway run), and persistent instances have names", req.Token)
+	}
+	if req.Creator == "SLURM" {
+		return fmt.Errorf("creator SLURM is reserved for the workload manager (controller.wlm_users)")
+	}
+	return nil
+}
+
+// groupsOf lists the groups a caller belongs to: its group on the socket and its groups in
+// the user database.
+func groupsOf(c caller) []uint32 {
+	groups := []uint32{c.gid}
+	if u, err := user.LookupId(strconv.FormatUint(uint64(c.uid), 10)); err == nil {
+		if ids, err := u.GroupIds(); err == nil {
+			for _, g := range ids {
+				if gid, err := strconv.ParseUint(g, 10, 32); err == nil {
+					groups = append(groups, uint32(gid))
+				}
+			}
+		}
+	}
+	return groups
 }
 
 // StagesRequest is the body of data_in and data_out.

@@ -145,6 +145,8 @@ func (d *dctx) size(field, value string) (uint64, bool) {
 		d.fail(field, value, "a size cannot be negative", sizeFix)
 	case number == "" || number == ".":
 		d.fail(field, value, "not a size", sizeFix)
+	case strings.HasPrefix(suffix, "."):
+		d.fail(field, value, "not a size: more than one decimal point", sizeFix)
 	case isNodeUnit(suffix):
 		d.fail(field, value, "sizes in nodes (N, node, nodes) are a Slurm extension that DataWarp does not accept", "give bytes, e.g. 100GiB; the pool granularity decides how many servers you get")
 	case !knownUnit(suffix):

@@ -141,6 +141,8 @@ func TestJobDWErrors(t *testing.T) {
 		{"capacity=2nodes", "capacity", []string{"Slurm extension"}},
 		{"capacity=1GiB,foo", "capacity", []string{`unknown unit "GiB,foo"`}},
 		{"capacity=99999999999PiB", "capacity", []string{"too large"}},
+		{"capacity=1.5.5GiB", "capacity", []string{"more than one decimal point", "expected a size such as"}},
+		{"capacity=3.5.TB", "capacity", []string{"more than one decimal point"}},
 		{"type=scratch", "capacity", []string{"capacity is required", "capacity=<size>"}},
 		{"capacity=", "capacity", []string{"Malformed keyword[=value]: capacity=", "give capacity a value"}},
 		{"capacity=1GiB capacity=2GiB", "capacity", []string{"given twice"}},

@@ -59,7 +59,8 @@ func Decode(w http.ResponseWriter, r *http.Request, into any) bool {
 // Peer is who is on the other end of a connection.
 type Peer struct {
 	UID   uint32
-	Known bool // read from a Unix socket's SO_PEERCRED
+	GID   uint32 // the peer's group when it connected
+	Known bool   // read from a Unix socket's SO_PEERCRED
 }
 
 type peerKey struct{}
@@ -81,7 +82,7 @@ func ConnContext(ctx context.Context, conn net.Conn) context.Context {
 	if err != nil || cred == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, peerKey{}, Peer{UID: cred.Uid, Known: true})
+	return context.WithValue(ctx, peerKey{}, Peer{UID: cred.Uid, GID: cred.Gid, Known: true})
 }
 
 // PeerOf returns the request's peer.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"sort"
 	"strings"
 	"time"
 
@@ -97,6 +98,39 @@ const (
 	VarPersistentPre  = directive.VarPersistentPrefix
 )
 
+// sameInstance refuses to "create" a persistent instance that exists with other parameters:
+// answering yes would let the user believe the new capacity or access mode took effect.
+func sameInstance(w *World, existing *model.Session, req Setup) error {
+	inst := w.InstanceOf(existing.ID)
+	if inst == nil || req.Instance == nil {
+		return nil
+	}
+	r := req.Instance
+	var differ []string
+	if pool := w.Pools[inst.Pool]; pool != nil && pool.Granularity > 0 {
+		if grains := (r.Capacity + pool.Granularity - 1) / pool.Granularity; grains != inst.Grains {
+			differ = append(differ, fmt.Sprintf("capacity %s, not %s", units.FormatHuman(inst.Capacity), units.FormatHuman(r.Capacity)))
+		}
+	}
+	if r.Pool != "" && r.Pool != inst.Pool {
+		differ = append(differ, fmt.Sprintf("pool %s, not %s", inst.Pool, r.Pool))
+	}
+	var have []string
+	for _, c := range w.ConfigurationsOf(inst.ID) {
+		have = append(have, c.AccessMode)
+	}
+	sort.Strings(have)
+	want := append([]string(nil), r.AccessModes...)
+	sort.Strings(want)
+	if len(want) > 0 && strings.Join(have, ",") != strings.Join(want, ",") {
+		differ = append(differ, fmt.Sprintf("access mode %s, not %s", strings.Join(have, ","), strings.Join(want, ",")))
+	}
+	if len(differ) > 0 {
+		return userErr("persistent instance %q already exists with %s; destroy it first, or create it with the same parameters", req.Token, strings.Join(differ, ", "))
+	}
+	return nil
+}
+
 // ApplySetup creates the session, its instance (placed by the allocator), configurations,
 // namespaces and registrations. A second setup of the same token by the same owner is a no-op.
 func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) error {
@@ -112,6 +146,11 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 		}
 		if existing.Persistent != req.Persistent {
 			return userErr("token %q is already used by a %s", req.Token, kindWord(existing))
+		}
+		if existing.Persistent {
+			if err := sameInstance(w, existing, req); err != nil {
+				return err
+			}
 		}
 		return nil // idempotent: Slurm re-sends setup after a restart
 	}

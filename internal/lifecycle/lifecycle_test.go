@@ -518,3 +518,31 @@ func clearFuses(w *World) {
 		s.State.FuseBlown, s.State.Attempts = false, 0
 	}
 }
+
+// Creating an existing persistent instance again is a no-op with the same parameters (Slurm
+// re-sends create_persistent) and an error naming the difference with others.
+func TestPersistentCreateAgain(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	create := func(capacity uint64, modes ...string) Setup {
+		return Setup{Token: "dup", Creator: "CLI", Owner: 1001, Group: 1001, Persistent: true,
+			Instance: &InstanceRequest{Capacity: capacity, Pool: "wlm_pool", Type: "scratch", AccessModes: modes}}
+	}
+	h.must(ApplySetup(h.w, create(2<<30, "striped"), h, h.p, h.now))
+	h.settle()
+	h.must(ApplySetup(h.w, create(2<<30-5, "striped"), h, h.p, h.now)) // same grains
+	for _, tc := range []struct {
+		req  Setup
+		want string
+	}{
+		{create(5<<30, "striped"), "capacity 2GiB, not 5GiB"},
+		{create(2<<30, "private"), "access mode striped, not private"},
+	} {
+		err := ApplySetup(h.w, tc.req, h, h.p, h.now)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "destroy it first") {
+			t.Errorf("create again with other parameters: %v, want %q", err, tc.want)
+		}
+	}
+	if inst := h.w.InstanceOf(h.w.PersistentByName("dup").ID); inst.Capacity != 2<<30 {
+		t.Errorf("capacity changed to %d", inst.Capacity)
+	}
+}

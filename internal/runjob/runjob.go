@@ -113,7 +113,13 @@ func Run(ctx context.Context, o Options) int {
 		r.fail("job_process", began, fmt.Errorf("%s: invalid burst-buffer directives:\n%v", o.Script, err))
 		return ExitDirectives
 	}
-	for _, w := range script.Warnings {
+	// Warnings are about what the user wrote: a literal %% must not read as an unknown
+	// symbol once substituted.
+	warnings := script.Warnings
+	if original, err := directive.Parse(raw); err == nil {
+		warnings = original.Warnings
+	}
+	for _, w := range warnings {
 		fmt.Fprintf(o.Out, "[spillway] warning: %s: %s\n", o.Script, w)
 	}
 	r.phase("job_process", began, "job %s (token %s): %s", jobID, r.token, jobspec.Summary(script))

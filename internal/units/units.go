@@ -53,6 +53,9 @@ func ParseSize(s string) (uint64, error) {
 	if !seenDigit {
 		return 0, fmt.Errorf("%q is not a size; expected %s", s, Expected)
 	}
+	if strings.HasPrefix(suffix, ".") {
+		return 0, fmt.Errorf("%q is not a size: more than one decimal point; expected %s", s, Expected)
+	}
 	factor, ok := unitFactors[suffix]
 	if !ok {
 		return 0, fmt.Errorf("%q has unknown unit %q; expected %s", s, text[i:], Expected)

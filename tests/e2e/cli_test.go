@@ -13,9 +13,11 @@ func TestHelpOnEveryCommand(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"run", "--help"}, {"persistent", "--help"}, {"dwstat", "--help"}, {"dwcli", "--help"},
 		{"controller", "--help"}, {"agent", "--help"}, {"config", "--help"}, {"help", "run"},
+		{"help", "help"}, {"help", "--help"}, {"help", "-h"}, {"dw_wlm_cli", "--help"},
 	} {
 		r := spillway(t, cmdOpts{}, args...)
-		if r.code != 0 || !strings.Contains(r.stdout, "Usage") {
+		// The usage once, on stdout; nothing on stderr.
+		if r.code != 0 || strings.Count(r.stdout, "Usage") != 1 || r.stderr != "" {
 			t.Errorf("spillway %s: %s", strings.Join(args, " "), r)
 		}
 	}
@@ -46,6 +48,13 @@ func TestDwcliAdmin(t *testing.T) {
 	}
 	if r := w.run("dwcli", "ls", "pools"); r.stdout != "sm_pool\nwlm_pool\n" {
 		t.Errorf("ls pools: %s", r)
+	}
+	// Options anywhere, and JSON on the status command.
+	if r := w.run("dwcli", "ls", "pools", "--json"); strings.Join(strings.Fields(r.stdout), "") != `{"pools":["sm_pool","wlm_pool"]}` {
+		t.Errorf("ls pools --json: %s", r)
+	}
+	if r := w.run("dwstat", "pools", "-b"); r.code != 0 || !strings.Contains(r.stdout, "16777216") {
+		t.Errorf("dwstat pools -b: %s", r)
 	}
 	if r := w.run("dwcli", "update", "node", "--name", node, "--drain", "--reason", "maintenance"); r.code != 0 {
 		t.Fatalf("drain: %s", r)

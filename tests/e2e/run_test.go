@@ -257,3 +257,25 @@ ls "$DW_JOB_STRIPED/tree"
 	}
 	w.assertClean()
 }
+
+// TestPercentSymbols: %j becomes the job id in stage paths and %% a literal %, with no warning
+// about the literal (warnings are about what the user wrote, not the substituted text).
+func TestPercentSymbols(t *testing.T) {
+	requireRoot(t)
+	w := newWorld(t, true)
+	os.Chown(w.pfs, nobodyUID, nobodyGID)
+	script := w.script("pct.sh", `#!/bin/bash
+#DW jobdw type=scratch access_mode=striped capacity=1GiB
+#DW stage_out type=file source=$DW_JOB_STRIPED/x destination=`+w.pfs+`/out-100%%-%j
+echo hi > "$DW_JOB_STRIPED/x"
+`)
+	r := w.run("run", script)
+	if r.code != 0 || strings.Contains(r.stdout+r.stderr, "warning") {
+		t.Fatalf("%s", r)
+	}
+	matches, _ := filepath.Glob(filepath.Join(w.pfs, "out-100%-[0-9]*"))
+	if len(matches) != 1 {
+		t.Errorf("staged-out file with %%%% and %%j replaced: %v", matches)
+	}
+	w.assertClean()
+}

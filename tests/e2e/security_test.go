@@ -1,0 +1,69 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestOrdinaryUserCannotImpersonate sends setup requests to a real controller's socket as the
+// ordinary user nobody: another user's session, a group nobody is not in (stages would run
+// with it), and a job id's token (which would block the workload manager's job) are refused;
+// the user's own run<N> session is accepted.
+func TestOrdinaryUserCannotImpersonate(t *testing.T) {
+	requireRoot(t)
+	python, err := exec.LookPath("/usr/bin/python3") // Debian's, reachable by nobody
+	if err != nil {
+		t.Skip("/usr/bin/python3 (the HTTP client run as nobody) is not installed")
+	}
+	c := newCluster(t)
+	c.startController()
+	c.startAgent()
+	post := func(body string) (int, string) {
+		t.Helper()
+		client := `
+import http.client, socket, sys
+class Unix(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(sys.argv[1])
+c = Unix("localhost")
+c.request("POST", "/dw/v1/sessions", body=sys.argv[2], headers={"Content-Type": "application/json"})
+r = c.getresponse()
+print(r.status)
+print(r.read().decode())
+`
+		cmd := exec.Command(python, "-c", client, c.dir+"/controller.sock", body)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("client as nobody: %v\n%s", err, out)
+		}
+		status, rest, _ := strings.Cut(string(out), "\n")
+		code := 0
+		json.Unmarshal([]byte(status), &code)
+		return code, rest
+	}
+	instance := `"instance":{"capacity":1073741824,"pool":"wlm_pool","type":"scratch","access_modes":["striped"]}`
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"another user's session", `{"token":"run900","creator":"RUN","owner":0,"group":65534,` + instance + `}`, "may not create a session for uid 0"},
+		{"a group nobody is not in", `{"token":"run901","creator":"RUN","owner":65534,"group":42,` + instance + `}`, "not in group 42"},
+		{"a job id", `{"token":"5000","creator":"RUN","owner":65534,"group":65534,` + instance + `}`, "reserved for the workload manager"},
+	} {
+		code, body := post(tc.body)
+		if code != 403 || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %s, want 403 %q", tc.name, code, body, tc.want)
+		}
+	}
+	if code, body := post(`{"token":"run902","creator":"RUN","owner":65534,"group":65534,` + instance + `}`); code != 202 {
+		t.Fatalf("nobody's own session: %d %s", code, body)
+	}
+	c.step("run902", "setup", func() error { return nil })
+	c.step("run902", "teardown", func() error { return c.client.Teardown(context.Background(), "run902", true) })
+	c.assertClean()
+}
