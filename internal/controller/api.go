@@ -44,8 +44,8 @@ var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations
 type caller struct {
 	uid        uint32
 	gid        uint32 // from the socket: the caller's group when it connected
-	known      bool // the uid was read from the socket, or a token was presented
-	privileged bool // root, the controller's own user, a WLM user, or a token holder
+	known      bool   // the uid was read from the socket, or a token was presented
+	privileged bool   // root, the controller's own user, a WLM user, or a token holder
 }
 
 type callerKey struct{}
