@@ -89,17 +89,21 @@ condition in the note. Exits 1 if any row fails.
 
 PREDICT_HELP = """\
 Predict the bandwidth a Spillway session's job gets from its instance, using a layout snapshot
-of a running Spillway (format: docs/bbsim.md, 'Spillway layout snapshot, format version 1';
-schema bbsim/schemas/spillway-layout-v1.json) placed on a machine description. The job is the
-session's client nodes running an IOR-like phase (--op, --pattern, --transfer, --ppn) on the
-instance's fragments (shares by fragment capacity; offline nodes left out). --concurrent adds
-other sessions' jobs running at the same time (what-if).
+of a running Spillway placed on a machine description. The snapshot is what `spillway layout`
+writes (format: docs/bbsim.md, 'Spillway layout snapshot, format version 1'; schema
+bbsim/schemas/spillway-layout-v1.json). The job is the session's client nodes running an
+IOR-like phase (--op, --pattern, --transfer, --ppn) on the instance's fragments (shares by
+fragment capacity; offline nodes left out). --concurrent adds other sessions' jobs running at
+the same time (what-if); --nodes models sessions that list no client nodes yet.
 """
 
 PREDICT_EPILOG = """\
 examples:
+  spillway layout -o snap.json && bbsim predict snap.json --machine trinity --session 4242
   bbsim predict sim/examples/spillway-layout-trinity.json --machine trinity --session 4242
   bbsim predict snap.json --machine trinity --session 4242 --concurrent 4243 --json
+  bbsim predict snap.json --machine trinity --session project --nodes 128
+      a persistent instance used by a 128-node job
 
 hostnames: the machine's 'hostnames' section places each hostname: its map first, then its
 rule ('nid': hostname = prefix + nid; 'ordered': storage nodes take burst-buffer positions and
@@ -197,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrent", action="append", default=[], metavar="TOKEN",
                    help="another session whose job runs at the same time (repeatable)")
     p.add_argument("--mapping", choices=("nid", "ordered"), help="hostname rule, overriding the machine's")
+    p.add_argument("--nodes", type=int, metavar="N",
+                   help="compute nodes to model for a session that lists no client nodes (a persistent "
+                        "instance, or a job not started yet): the first free ones in nid order")
     _add_job_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -464,7 +471,7 @@ def cmd_predict(args) -> int:
     spec = IorSpec(nodes=1, pattern=args.pattern, transfer_size=_size("--transfer", args.transfer),
                    block_size=_size("--block", args.block), ppn=args.ppn)
     results = [predict(machine, snap, args.session, replace(spec, op=op), instance_id=args.instance,
-                       concurrent=args.concurrent, rule=args.mapping) for op in ops]
+                       concurrent=args.concurrent, rule=args.mapping, nodes=args.nodes) for op in ops]
     if args.json:
         _print(output.dumps(results if len(results) > 1 else results[0]))
         return 0
