@@ -165,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write ior.csv, ior.json and ior.png into DIR")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--detail", action="store_true", help="print the full bottleneck report of each point")
+    p.add_argument("--classes", action="store_true",
+                   help="also name the binding constraint of every flow class (one per compute router of "
+                        "the job): a table per point, and 'classes' in the JSON")
 
     p = sub.add_parser("replay", help="replay Darshan logs together", description=REPLAY_HELP,
                        epilog=REPLAY_EPILOG, formatter_class=fmt)
@@ -204,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, metavar="N",
                    help="compute nodes to model for a session that lists no client nodes (a persistent "
                         "instance, or a job not started yet): the first free ones in nid order")
+    p.add_argument("--classes", action="store_true",
+                   help="also name the binding constraint of every flow class of the job (one per compute router)")
     _add_job_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -312,7 +317,7 @@ def cmd_ior(args) -> int:
                              "use smaller node counts")
         for op in ops:
             for n in usable:
-                point = run_point(machine, replace(spec, nodes=n, op=op))
+                point = run_point(machine, replace(spec, nodes=n, op=op), classes=args.classes)
                 point["variant"] = label
                 points.append(point)
     title = f"{points[0]['machine']}: IOR {args.pattern.upper()} {format_size(spec_base.transfer_size)}, " \
@@ -332,10 +337,12 @@ def cmd_ior(args) -> int:
         rows.append([p["variant"], p["op"], p["nodes"], f"{p['gbps']:.1f}", f"{p['gbps_per_node']:.3f}",
                      p["binding"], output.example_of(p)])
     _print(output.table(rows, ["variant", "op", "nodes", "GB/s", "GB/s/node", "bound by", "e.g."], "llrrrll"))
-    if args.detail:
+    if args.detail or args.classes:
         for p in points:
             _print(f"\n{p['variant']} {p['op']} {p['nodes']} nodes: {p['gbps']:.1f} GB/s")
             _print(_report_lines(p["bottlenecks"]))
+            if args.classes:
+                _print(_class_table(p["classes"]))
     if args.out:
         _print(f"\nwrote {args.out}/ior.csv, ior.json, ior.png")
     return 0
@@ -351,6 +358,14 @@ def _report_lines(bottlenecks) -> str:
                 what += ", e.g. " + "; ".join(e["name"] for e in b["examples"])
         lines.append(f"  {b['nodes']} nodes, {b['streams']} streams, {b['gbps']:.1f} GB/s bound by {what}")
     return "\n".join(lines)
+
+
+def _class_table(classes) -> str:
+    from . import output
+    rows = [[c["router"], c["nodes"], c["streams"], f"{c['gbps_per_stream']:.4f}", f"{c['gbps']:.2f}", c["bound_by"]]
+            for c in classes]
+    return "  " + output.table(rows, ["class (router)", "nodes", "streams", "GB/s/stream", "GB/s", "bound by"],
+                               "lrrrrl").replace("\n", "\n  ")
 
 
 def cmd_replay(args) -> int:
@@ -471,7 +486,8 @@ def cmd_predict(args) -> int:
     spec = IorSpec(nodes=1, pattern=args.pattern, transfer_size=_size("--transfer", args.transfer),
                    block_size=_size("--block", args.block), ppn=args.ppn)
     results = [predict(machine, snap, args.session, replace(spec, op=op), instance_id=args.instance,
-                       concurrent=args.concurrent, rule=args.mapping, nodes=args.nodes) for op in ops]
+                       concurrent=args.concurrent, rule=args.mapping, nodes=args.nodes, classes=args.classes)
+               for op in ops]
     if args.json:
         _print(output.dumps(results if len(results) > 1 else results[0]))
         return 0
@@ -487,6 +503,8 @@ def cmd_predict(args) -> int:
             _print(f"  concurrent session {other}: {gbps:.1f} GB/s")
         for w in r["warnings"]:
             _print(f"  warning: {w}")
+        if args.classes:
+            _print(_class_table(r["classes"]))
     return 0
 
 

@@ -101,8 +101,10 @@ def flow_groups_for(machine: Machine, spec: IorSpec, nids: np.ndarray, servers: 
     return out
 
 
-def run_point(machine: Machine, spec: IorSpec, server_table: ServerTable | None = None) -> dict:
-    """Steady-state bandwidth of one IOR run and what limits it."""
+def run_point(machine: Machine, spec: IorSpec, server_table: ServerTable | None = None,
+              classes: bool = False) -> dict:
+    """Steady-state bandwidth of one IOR run and what limits it; with `classes`, also the
+    binding constraint of every flow class (one per compute router of the job)."""
     started = time.perf_counter()
     nids = np.asarray(spec.nids) if spec.nids is not None else \
         select_nodes(machine, spec.nodes, spec.node_selection, spec.node_offset, spec.seed)
@@ -132,6 +134,7 @@ def run_point(machine: Machine, spec: IorSpec, server_table: ServerTable | None 
                   "iterations": solution.allocation.iterations,
                   "build_s": built - started, "solve_s": solved - built},
         "spec": {k: v for k, v in asdict(spec).items()},
+        **({"classes": [row for i in range(len(groups)) for row in solution.class_bindings(i)]} if classes else {}),
     }
 
 

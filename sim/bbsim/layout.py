@@ -216,7 +216,8 @@ def instance_of(snap: Snapshot, token: str, instance_id: int | None = None) -> d
 
 
 def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, instance_id=None,
-            concurrent: list | None = None, rule: str | None = None, nodes: int | None = None) -> dict:
+            concurrent: list | None = None, rule: str | None = None, nodes: int | None = None,
+            classes: bool = False) -> dict:
     """Expected bandwidth of session `token`'s job on its instance, and what limits it.
 
     `concurrent` lists other session tokens whose jobs run the same kind of I/O at the same
@@ -296,4 +297,5 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
             "bottlenecks": bottlenecks, "concurrent": others, "jobs": described,
             "placement": {h: machine.position(n) for h, n in position.items()
                           if h in described[0]["servers"]},
-            "warnings": warnings, "seconds_per_GiB_per_node": (1024**3 / GB) / (rate / nodes) if rate else None}
+            "warnings": warnings, "seconds_per_GiB_per_node": (1024**3 / GB) / (rate / nodes) if rate else None,
+            **({"classes": [row for i in mine for row in solution.class_bindings(i)]} if classes else {})}

@@ -214,6 +214,37 @@ class Solution:
             })
         return out
 
+    def class_bindings(self, index: int) -> list:
+        """Every running class of flow group `index`: where its flows start, their rate, and the
+        constraint that froze them, named (a client cap; a link with its class and endpoints; a
+        server resource with its server)."""
+        p = self.problem
+        fg = p.groups[index]
+        topo = p.machine.topology
+        util = self.utilization()
+        binding = self.allocation.binding
+        named: dict = {}
+        out = []
+        for k, c in enumerate(np.flatnonzero(p.class_group == index)):
+            if not self.active[c]:
+                continue
+            b = int(binding[c])
+            if b == BOUND_BY_CAP:
+                reason = CAP_REASONS[int(p.class_cap_reason[c])]
+                info = {"constraint": reason, "bound_by": f"{reason} ({p.class_cap[c]:.3g} GB/s per stream)"}
+            elif b >= 0:
+                if b not in named:
+                    d = p.describe(b)
+                    named[b] = {"constraint": d["class"], "bound_by": d["name"], "utilization": float(util[b])}
+                info = named[b]
+            else:
+                info = {"constraint": "none", "bound_by": "not running"}
+            out.append({"job": fg.job, "op": fg.op, "router": topo.router_name(fg.routers[k]),
+                        "nodes": int(fg.nodes[k]), "streams": int(fg.streams[k]),
+                        "gbps_per_stream": float(self.allocation.rate[c]), "gbps": float(self.class_rate[c]),
+                        **info})
+        return out
+
     def _first(self, index: int) -> int:
         if index not in self._groups:
             self._groups[index] = int(np.flatnonzero(self.problem.class_group == index)[0])
