@@ -409,7 +409,7 @@ def cmd_replay(args) -> int:
     record = {"machine": machine.name, "layout": args.layout, "fairness": args.fairness,
               "inputs": [{"log": j.path, "job": n, "nprocs": j.nprocs, "ranks_per_node": j.ranks_per_node,
                           "nodes": j.nodes, "phases": len(j.phases), "used_dxt": j.used_dxt,
-                          "posix_bytes": j.posix_bytes, "offset_s": o}
+                          "posix_bytes": j.posix_bytes, "access_sizes": j.access_sizes(), "offset_s": o}
                          for n, j, o in zip(names, jobs_in, offsets)],
               "jobs": result.jobs, "events": result.events, "solves": result.solves,
               "wall_s": result.wall_s, "slowdown": matrix,

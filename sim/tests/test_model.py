@@ -123,3 +123,26 @@ def test_every_class_of_a_point_is_named_and_adds_up(trinity):
             assert c["bound_by"].startswith(c["constraint"] + " g") and c["utilization"] == pytest.approx(1.0)
         else:
             assert c["gbps"] == pytest.approx(c["nodes"] * trinity.node_cap)
+
+
+def test_mixed_access_sizes_use_the_harmonic_mean_efficiency(trinity):
+    """Half the bytes in 256 KiB calls and half in 4 MiB calls: each byte takes 1/eff(size)
+    of the server's time, so the server delivers peak x f(streams) / mean(1/eff)."""
+    router = trinity.nid_at(0, 2, 8, 0) // 4
+    mix = ((256 * 1024, 0.5), (4 * MiB, 0.5))
+    mean_call = 1.0 / (0.5 / (256 * 1024) + 0.5 / (4 * MiB))      # bytes over calls
+
+    def rate(**kw):
+        fg = FlowGroup(job="j", op="read", routers=[router], nodes=[4], streams=[128], servers=[0],
+                       shares=[1.0], **kw)
+        sol = build_problem(trinity, [fg]).solve()
+        assert sol.class_bindings(0)[0]["constraint"] == "server bandwidth"
+        return sol.group_rate(0)
+
+    p = trinity.profile
+    harmonic = 1.0 / (0.5 / p.size_factor(256 * 1024) + 0.5 / p.size_factor(4 * MiB))
+    expected = p.peak["read"] * float(p.stream_factor(128)) * harmonic
+    assert rate(transfer_size=mean_call, size_mix=mix) == pytest.approx(expected, rel=1e-9)
+    # the same bytes at one size: the plain eff(size)
+    assert rate(transfer_size=4 * MiB) == pytest.approx(trinity.server_bandwidth("read", 4 * MiB, 128))
+    assert rate(transfer_size=mean_call) != pytest.approx(expected, rel=1e-3)   # the mix matters
