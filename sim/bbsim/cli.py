@@ -125,9 +125,8 @@ def _add_machine_args(p, default="trinity"):
                         "(repeatable)")
 
 
-def _add_job_args(p, ppn_default=32):
-    p.add_argument("--op", default="write,read", metavar="OPS",
-                   help="write, read, or write,read (default: write,read)")
+def _add_job_args(p, ppn_default=32, op_help="write, read, or write,read (default: write,read)"):
+    p.add_argument("--op", default=None, metavar="OPS", help=op_help)
     p.add_argument("--pattern", choices=("nn", "n1"), default="nn",
                    help="nn: a file per process (IOR -F); n1: one shared file (default: nn)")
     p.add_argument("--transfer", default="1MiB", metavar="SIZE",
@@ -209,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "instance, or a job not started yet): the first free ones in nid order")
     p.add_argument("--classes", action="store_true",
                    help="also name the binding constraint of every flow class of the job (one per compute router)")
-    _add_job_args(p)
+    _add_job_args(p, op_help="write, read, or write,read (default: write,read; read only for a "
+                             "loadbalance instance, which jobs cannot write)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     p = sub.add_parser("machine", help="check and summarise a machine description", description=MACHINE_HELP,
@@ -229,7 +229,9 @@ def _machine(args, extra=()):
     return load_machine(args.machine, overrides)
 
 
-def _ops(text: str) -> list:
+def _ops(text: str | None) -> list:
+    if text is None:
+        return ["write", "read"]
     ops = [o.strip() for o in text.split(",") if o.strip()]
     bad = [o for o in ops if o not in ("write", "read")]
     if not ops or bad:
@@ -266,8 +268,24 @@ def _int_list(option, text):
     return values
 
 
-JOB_KEYS = {"servers": int, "server_selection": str, "node_selection": str, "ppn": int, "pattern": str,
-            "transfer_size": parse_size, "access_mode": str}
+def _choice(*options):
+    def check(value):
+        if str(value) not in options:
+            raise ValueError(f"'{value}' is not one of: {', '.join(options)}")
+        return str(value)
+    return check
+
+
+def _positive_int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+        raise ValueError(f"'{value}' is not a whole number >= 1")
+    return int(value)
+
+
+JOB_KEYS = {"servers": _positive_int, "server_selection": _choice("spread", "packed"),
+            "node_selection": _choice("contiguous", "spread", "random"), "ppn": _positive_int,
+            "pattern": _choice("nn", "n1"), "transfer_size": parse_size,
+            "access_mode": _choice("striped", "private", "loadbalance")}
 
 
 def _variant(text):
@@ -283,7 +301,7 @@ def _variant(text):
             try:
                 job_over[key] = JOB_KEYS[key](value)
             except (TypeError, ValueError) as exc:
-                raise InputError("--variant", item, str(exc), "give a valid value") from None
+                raise InputError("--variant", item, str(exc), f"give a valid value for the job setting '{key}'") from None
         else:
             machine_over.append((key, value))
     return label.strip(), tuple(machine_over), job_over
@@ -315,7 +333,9 @@ def cmd_ior(args) -> int:
         if not usable:
             raise InputError("--nodes", args.nodes, f"{machine.name} has only {len(machine.compute_nids)} compute nodes",
                              "use smaller node counts")
-        for op in ops:
+        # jobs cannot write a loadbalance instance: with the default ops, model its reads only
+        variant_ops = [o for o in ops if not (args.op is None and spec.access_mode == "loadbalance" and o == "write")]
+        for op in variant_ops:
             for n in usable:
                 point = run_point(machine, replace(spec, nodes=n, op=op), classes=args.classes)
                 point["variant"] = label
@@ -380,6 +400,10 @@ def cmd_replay(args) -> int:
             path, rpn = item.rsplit(":", 1)[0], int(item.rsplit(":", 1)[1])
         jobs_in.append(read_darshan(path, rpn, use_dxt=not args.no_dxt, dxt_window=args.dxt_window,
                                     path_prefix=args.path_prefix))
+    for j in jobs_in:
+        if not j.phases:
+            sys.stderr.write(f"bbsim replay: warning: {j.path}: no POSIX reads or writes to replay"
+                             + (f" under {args.path_prefix}" if args.path_prefix else "") + "\n")
     names = []
     for j in jobs_in:                       # two logs of the same name get distinct job names
         name, k = j.name, 2
@@ -479,15 +503,22 @@ def cmd_validate(args) -> int:
 def cmd_predict(args) -> int:
     from . import output
     from .ior import IorSpec
-    from .layout import load_snapshot, predict
+    from .layout import ReadOnlyInstance, load_snapshot, predict
     machine = _machine(args)
     ops = _ops(args.op)
     snap = load_snapshot(args.snapshot)
     spec = IorSpec(nodes=1, pattern=args.pattern, transfer_size=_size("--transfer", args.transfer),
                    block_size=_size("--block", args.block), ppn=args.ppn)
-    results = [predict(machine, snap, args.session, replace(spec, op=op), instance_id=args.instance,
-                       concurrent=args.concurrent, rule=args.mapping, nodes=args.nodes, classes=args.classes)
-               for op in ops]
+    results = []
+    for op in ops:
+        try:
+            results.append(predict(machine, snap, args.session, replace(spec, op=op), instance_id=args.instance,
+                                   concurrent=args.concurrent, rule=args.mapping, nodes=args.nodes,
+                                   classes=args.classes))
+        except ReadOnlyInstance:
+            if args.op is not None or op != "write":
+                raise              # asked for explicitly: say why it cannot be
+            # default ops: a loadbalance instance is only read
     if args.json:
         _print(output.dumps(results if len(results) > 1 else results[0]))
         return 0

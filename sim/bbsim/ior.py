@@ -84,6 +84,9 @@ def select_servers(machine: Machine, count: int | None, selection: str = "spread
 def flow_groups_for(machine: Machine, spec: IorSpec, nids: np.ndarray, servers: np.ndarray,
                     server_shares: np.ndarray | None = None) -> list:
     """Flow groups of one IOR phase of nodes `nids` against server indices `servers`."""
+    if spec.access_mode == "loadbalance" and spec.op == "write":
+        raise InputError("--access-mode", "loadbalance", "a loadbalance instance is read-only for jobs "
+                         "(its data is staged in to every replica)", "model reads (--op read), or use striped")
     shares = np.full(len(servers), 1.0 / len(servers)) if server_shares is None else server_shares
     common = dict(job=spec.job, op=spec.op, transfer_size=spec.transfer_size,
                   shared_file=spec.pattern == "n1")

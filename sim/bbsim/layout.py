@@ -28,6 +28,10 @@ from .units import GB
 ACCESS_MODES = ("striped", "private", "loadbalance")
 
 
+class ReadOnlyInstance(InputError):
+    """A write predicted on a loadbalance instance (read-only for jobs)."""
+
+
 def schema() -> dict:
     return json.loads((resources.files("bbsim") / "schemas" / "spillway-layout-v1.json").read_text())
 
@@ -271,6 +275,10 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
         mode = confs[0]["access_mode"] if confs else "striped"
         if len(confs) > 1:
             warnings.append(f"instance {inst['id']}: {len(confs)} configurations, using the first ({mode})")
+        if mode == "loadbalance" and spec.op == "write":
+            raise ReadOnlyInstance("--op", "write", f"session {t}'s instance {inst['id']} is loadbalance: "
+                                   "read-only for jobs (its data is staged in to every replica)",
+                                   "predict reads (--op read)")
         job_spec = IorSpec(nodes=len(nids), op=spec.op, pattern=spec.pattern, transfer_size=spec.transfer_size,
                            block_size=spec.block_size, ppn=spec.ppn, access_mode=mode, job=t)
         groups += flow_groups_for(machine, job_spec, nids, servers, shares)

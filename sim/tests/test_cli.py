@@ -84,3 +84,31 @@ def test_classes_are_named_in_text_and_json(capsys):
     assert {c["bound_by"] for c in point["classes"]} == {"client node cap (0.0625 GB/s per stream)"}
     assert cli.main(["ior", "--nodes", "6", "--op", "write", "--json"]) == 0
     assert "classes" not in json.loads(capsys.readouterr().out)["points"][0]
+
+
+def test_set_errors_name_the_option_not_a_file_line(capsys):
+    assert cli.main(["machine", "trinity", "--set", "topology.groups=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "field topology.groups (from --set topology.groups=abc)" in err and "expected an integer" in err
+    assert "line" not in err.split("fix:")[0]
+
+
+def test_loadbalance_is_read_only(capsys):
+    assert cli.main(["ior", "--nodes", "4", "--access-mode", "loadbalance", "--op", "write"]) == 2
+    assert "read-only" in capsys.readouterr().err
+    assert cli.main(["ior", "--nodes", "4", "--access-mode", "loadbalance", "--json"]) == 0
+    assert [p["op"] for p in json.loads(capsys.readouterr().out)["points"]] == ["read"]
+
+
+def test_variant_job_settings_are_checked(capsys):
+    assert cli.main(["ior", "--nodes", "4", "--variant", "x:access_mode=stripy"]) == 2
+    err = capsys.readouterr().err
+    assert "--variant" in err and "'stripy' is not one of: striped, private, loadbalance" in err
+    assert cli.main(["ior", "--nodes", "4", "--variant", "x:ppn=0"]) == 2
+    assert "ppn" in capsys.readouterr().err
+
+
+def test_replay_warns_when_a_log_has_nothing_to_replay(wheel_logs, capsys):
+    log = str(wheel_logs["sample-badost.darshan"])
+    assert cli.main(["replay", log, "--path-prefix", "/no/such/dir", "--no-matrix"]) == 0
+    assert "no POSIX reads or writes to replay under /no/such/dir" in capsys.readouterr().err

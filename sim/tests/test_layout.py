@@ -164,3 +164,15 @@ def test_predict_rejects_zero_streams(trinity):
     snap = load_snapshot(EXAMPLE_SNAPSHOT)
     with pytest.raises(InputError, match="--ppn"):
         predict(trinity, snap, "4242", IorSpec(nodes=1, ppn=0))
+
+
+def test_loadbalance_instance_predicts_reads_only(example, tmp_path, capsys):
+    data = copy.deepcopy(example)
+    data["configurations"][0]["access_mode"] = "loadbalance"          # instance 101, session 4242
+    path = tmp_path / "lb.json"
+    path.write_text(json.dumps(data))
+    assert cli.main(["predict", str(path), "--session", "4242", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["op"] == "read" and out["jobs"][0]["access_mode"] == "loadbalance"
+    assert cli.main(["predict", str(path), "--session", "4242", "--op", "write"]) == 2
+    assert "instance 101 is loadbalance" in capsys.readouterr().err
