@@ -311,6 +311,29 @@ def _print(text=""):
     sys.stdout.write(text + "\n")
 
 
+_ARGV: list = []
+
+
+def _sha256(path) -> str | None:
+    import hashlib
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _run_record(machines, inputs=()) -> dict:
+    """What produced a result: bbsim's version, the command, and the hashes of its input files."""
+    seen, files = set(), []
+    for m in machines:
+        for kind, path in (("machine", m.source), ("server profile", m.profile.source)):
+            if path not in seen:
+                seen.add(path)
+                files.append({"kind": kind, "file": str(path), "sha256": _sha256(path)})
+    files += [{"kind": kind, "file": str(path), "sha256": _sha256(path)} for kind, path in inputs]
+    return {"bbsim": __version__, "command": ["bbsim", *_ARGV], "inputs": files}
+
+
 # -- commands ---------------------------------------------------------------------------------
 
 def cmd_ior(args) -> int:
@@ -325,9 +348,10 @@ def cmd_ior(args) -> int:
     ops = _ops(args.op)
     counts = _int_list("--nodes", args.nodes)
     variants = [("base", (), {})] + [_variant(v) for v in args.variant]
-    points = []
+    points, machines = [], []
     for label, machine_over, job_over in variants:
         machine = _machine(args, machine_over)
+        machines.append(machine)
         spec = replace(spec_base, **job_over)
         usable = [n for n in counts if n <= len(machine.compute_nids)]
         if not usable:
@@ -346,10 +370,10 @@ def cmd_ior(args) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         output.write_ior_csv(out / "ior.csv", points)
-        output.write_json(out / "ior.json", {"title": title, "points": points})
+        output.write_json(out / "ior.json", {"title": title, "run": _run_record(machines), "points": points})
         output.plot_ior(out / "ior.png", points, title)
     if args.json:
-        _print(output.dumps({"title": title, "points": points}))
+        _print(output.dumps({"title": title, "run": _run_record(machines), "points": points}))
         return 0
     _print(title)
     rows = []
@@ -431,6 +455,7 @@ def cmd_replay(args) -> int:
     matrix = None if args.no_matrix or len(jobs) < 2 else slowdown_matrix(machine, jobs)
     busiest = sorted(result.per_server.items(), key=lambda kv: -kv[1]["mean_busy"])[:5]
     record = {"machine": machine.name, "layout": args.layout, "fairness": args.fairness,
+              "run": _run_record([machine], [("darshan log", j.path) for j in jobs_in]),
               "inputs": [{"log": j.path, "job": n, "nprocs": j.nprocs, "ranks_per_node": j.ranks_per_node,
                           "nodes": j.nodes, "phases": len(j.phases), "used_dxt": j.used_dxt,
                           "posix_bytes": j.posix_bytes, "access_sizes": j.access_sizes(), "offset_s": o}
@@ -519,6 +544,9 @@ def cmd_predict(args) -> int:
             if args.op is not None or op != "write":
                 raise              # asked for explicitly: say why it cannot be
             # default ops: a loadbalance instance is only read
+    run = _run_record([machine], [("layout snapshot", args.snapshot)])
+    for r in results:
+        r["run"] = run
     if args.json:
         _print(output.dumps(results if len(results) > 1 else results[0]))
         return 0
@@ -592,6 +620,7 @@ COMMANDS = {"ior": cmd_ior, "replay": cmd_replay, "validate": cmd_validate, "pre
 
 def main(argv=None) -> int:
     parser = build_parser()
+    _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

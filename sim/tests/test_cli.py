@@ -112,3 +112,19 @@ def test_replay_warns_when_a_log_has_nothing_to_replay(wheel_logs, capsys):
     log = str(wheel_logs["sample-badost.darshan"])
     assert cli.main(["replay", log, "--path-prefix", "/no/such/dir", "--no-matrix"]) == 0
     assert "no POSIX reads or writes to replay under /no/such/dir" in capsys.readouterr().err
+
+
+def test_json_results_record_what_produced_them(wheel_logs, capsys):
+    import hashlib
+    from pathlib import Path
+    assert cli.main(["ior", "--nodes", "4", "--op", "write", "--set", "routing.valiant_fraction=0.1", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["run"]
+    assert run["command"][:3] == ["bbsim", "ior", "--nodes"] and "routing.valiant_fraction=0.1" in run["command"]
+    machine = next(f for f in run["inputs"] if f["kind"] == "machine")
+    assert machine["file"].endswith("trinity.yaml")
+    assert machine["sha256"] == hashlib.sha256(Path(machine["file"]).read_bytes()).hexdigest()
+    log = str(wheel_logs["sample-goodost.darshan"])
+    assert cli.main(["replay", log, "--no-matrix", "--json"]) == 0
+    inputs = json.loads(capsys.readouterr().out)["run"]["inputs"]
+    assert [f["kind"] for f in inputs] == ["machine", "server profile", "darshan log"]
+    assert inputs[2]["sha256"] == hashlib.sha256(Path(log).read_bytes()).hexdigest()
