@@ -32,6 +32,7 @@ Commands for everyone:
   run SCRIPT [ARGS]     run a job script with #DW/#BB directives on this machine
   persistent            create, list and destroy persistent instances
   dwstat [TABLE...]     show pools, sessions, instances, ... (DataWarp's dwstat)
+  layout [-o FILE]      snapshot of pools, nodes and instances for the bbsim simulator
   config defaults       print every configuration key with its default
 
 Daemons (administrators):
@@ -73,6 +74,8 @@ func Main(argv []string) int {
 		return persistentMain(rest, os.Stdout, os.Stderr)
 	case "dwstat":
 		return dwstatMain(rest, os.Stdout, os.Stderr)
+	case "layout":
+		return layoutMain(rest, os.Stdout, os.Stderr)
 	case "dwcli":
 		return dwcliMain(rest, os.Stdout, os.Stderr)
 	case "dw_wlm_cli":

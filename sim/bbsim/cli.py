@@ -89,17 +89,21 @@ condition in the note. Exits 1 if any row fails.
 
 PREDICT_HELP = """\
 Predict the bandwidth a Spillway session's job gets from its instance, using a layout snapshot
-of a running Spillway (format: docs/bbsim.md, 'Spillway layout snapshot, format version 1';
-schema bbsim/schemas/spillway-layout-v1.json) placed on a machine description. The job is the
-session's client nodes running an IOR-like phase (--op, --pattern, --transfer, --ppn) on the
-instance's fragments (shares by fragment capacity; offline nodes left out). --concurrent adds
-other sessions' jobs running at the same time (what-if).
+of a running Spillway placed on a machine description. The snapshot is what `spillway layout`
+writes (format: docs/bbsim.md, 'Spillway layout snapshot, format version 1'; schema
+bbsim/schemas/spillway-layout-v1.json). The job is the session's client nodes running an
+IOR-like phase (--op, --pattern, --transfer, --ppn) on the instance's fragments (shares by
+fragment capacity; offline nodes left out). --concurrent adds other sessions' jobs running at
+the same time (what-if); --nodes models sessions that list no client nodes yet.
 """
 
 PREDICT_EPILOG = """\
 examples:
+  spillway layout -o snap.json && bbsim predict snap.json --machine trinity --session 4242
   bbsim predict sim/examples/spillway-layout-trinity.json --machine trinity --session 4242
   bbsim predict snap.json --machine trinity --session 4242 --concurrent 4243 --json
+  bbsim predict snap.json --machine trinity --session project --nodes 128
+      a persistent instance used by a 128-node job
 
 hostnames: the machine's 'hostnames' section places each hostname: its map first, then its
 rule ('nid': hostname = prefix + nid; 'ordered': storage nodes take burst-buffer positions and
@@ -121,9 +125,8 @@ def _add_machine_args(p, default="trinity"):
                         "(repeatable)")
 
 
-def _add_job_args(p, ppn_default=32):
-    p.add_argument("--op", default="write,read", metavar="OPS",
-                   help="write, read, or write,read (default: write,read)")
+def _add_job_args(p, ppn_default=32, op_help="write, read, or write,read (default: write,read)"):
+    p.add_argument("--op", default=None, metavar="OPS", help=op_help)
     p.add_argument("--pattern", choices=("nn", "n1"), default="nn",
                    help="nn: a file per process (IOR -F); n1: one shared file (default: nn)")
     p.add_argument("--transfer", default="1MiB", metavar="SIZE",
@@ -161,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write ior.csv, ior.json and ior.png into DIR")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--detail", action="store_true", help="print the full bottleneck report of each point")
+    p.add_argument("--classes", action="store_true",
+                   help="also name the binding constraint of every flow class (one per compute router of "
+                        "the job): a table per point, and 'classes' in the JSON")
 
     p = sub.add_parser("replay", help="replay Darshan logs together", description=REPLAY_HELP,
                        epilog=REPLAY_EPILOG, formatter_class=fmt)
@@ -197,7 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrent", action="append", default=[], metavar="TOKEN",
                    help="another session whose job runs at the same time (repeatable)")
     p.add_argument("--mapping", choices=("nid", "ordered"), help="hostname rule, overriding the machine's")
-    _add_job_args(p)
+    p.add_argument("--nodes", type=int, metavar="N",
+                   help="compute nodes to model for a session that lists no client nodes (a persistent "
+                        "instance, or a job not started yet): the first free ones in nid order")
+    p.add_argument("--classes", action="store_true",
+                   help="also name the binding constraint of every flow class of the job (one per compute router)")
+    _add_job_args(p, op_help="write, read, or write,read (default: write,read; read only for a "
+                             "loadbalance instance, which jobs cannot write)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     p = sub.add_parser("machine", help="check and summarise a machine description", description=MACHINE_HELP,
@@ -217,7 +229,9 @@ def _machine(args, extra=()):
     return load_machine(args.machine, overrides)
 
 
-def _ops(text: str) -> list:
+def _ops(text: str | None) -> list:
+    if text is None:
+        return ["write", "read"]
     ops = [o.strip() for o in text.split(",") if o.strip()]
     bad = [o for o in ops if o not in ("write", "read")]
     if not ops or bad:
@@ -254,8 +268,24 @@ def _int_list(option, text):
     return values
 
 
-JOB_KEYS = {"servers": int, "server_selection": str, "node_selection": str, "ppn": int, "pattern": str,
-            "transfer_size": parse_size, "access_mode": str}
+def _choice(*options):
+    def check(value):
+        if str(value) not in options:
+            raise ValueError(f"'{value}' is not one of: {', '.join(options)}")
+        return str(value)
+    return check
+
+
+def _positive_int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+        raise ValueError(f"'{value}' is not a whole number >= 1")
+    return int(value)
+
+
+JOB_KEYS = {"servers": _positive_int, "server_selection": _choice("spread", "packed"),
+            "node_selection": _choice("contiguous", "spread", "random"), "ppn": _positive_int,
+            "pattern": _choice("nn", "n1"), "transfer_size": parse_size,
+            "access_mode": _choice("striped", "private", "loadbalance")}
 
 
 def _variant(text):
@@ -271,7 +301,7 @@ def _variant(text):
             try:
                 job_over[key] = JOB_KEYS[key](value)
             except (TypeError, ValueError) as exc:
-                raise InputError("--variant", item, str(exc), "give a valid value") from None
+                raise InputError("--variant", item, str(exc), f"give a valid value for the job setting '{key}'") from None
         else:
             machine_over.append((key, value))
     return label.strip(), tuple(machine_over), job_over
@@ -279,6 +309,29 @@ def _variant(text):
 
 def _print(text=""):
     sys.stdout.write(text + "\n")
+
+
+_ARGV: list = []
+
+
+def _sha256(path) -> str | None:
+    import hashlib
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _run_record(machines, inputs=()) -> dict:
+    """What produced a result: bbsim's version, the command, and the hashes of its input files."""
+    seen, files = set(), []
+    for m in machines:
+        for kind, path in (("machine", m.source), ("server profile", m.profile.source)):
+            if path not in seen:
+                seen.add(path)
+                files.append({"kind": kind, "file": str(path), "sha256": _sha256(path)})
+    files += [{"kind": kind, "file": str(path), "sha256": _sha256(path)} for kind, path in inputs]
+    return {"bbsim": __version__, "command": ["bbsim", *_ARGV], "inputs": files}
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -295,17 +348,20 @@ def cmd_ior(args) -> int:
     ops = _ops(args.op)
     counts = _int_list("--nodes", args.nodes)
     variants = [("base", (), {})] + [_variant(v) for v in args.variant]
-    points = []
+    points, machines = [], []
     for label, machine_over, job_over in variants:
         machine = _machine(args, machine_over)
+        machines.append(machine)
         spec = replace(spec_base, **job_over)
         usable = [n for n in counts if n <= len(machine.compute_nids)]
         if not usable:
             raise InputError("--nodes", args.nodes, f"{machine.name} has only {len(machine.compute_nids)} compute nodes",
                              "use smaller node counts")
-        for op in ops:
+        # jobs cannot write a loadbalance instance: with the default ops, model its reads only
+        variant_ops = [o for o in ops if not (args.op is None and spec.access_mode == "loadbalance" and o == "write")]
+        for op in variant_ops:
             for n in usable:
-                point = run_point(machine, replace(spec, nodes=n, op=op))
+                point = run_point(machine, replace(spec, nodes=n, op=op), classes=args.classes)
                 point["variant"] = label
                 points.append(point)
     title = f"{points[0]['machine']}: IOR {args.pattern.upper()} {format_size(spec_base.transfer_size)}, " \
@@ -314,10 +370,10 @@ def cmd_ior(args) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         output.write_ior_csv(out / "ior.csv", points)
-        output.write_json(out / "ior.json", {"title": title, "points": points})
+        output.write_json(out / "ior.json", {"title": title, "run": _run_record(machines), "points": points})
         output.plot_ior(out / "ior.png", points, title)
     if args.json:
-        _print(output.dumps({"title": title, "points": points}))
+        _print(output.dumps({"title": title, "run": _run_record(machines), "points": points}))
         return 0
     _print(title)
     rows = []
@@ -325,10 +381,12 @@ def cmd_ior(args) -> int:
         rows.append([p["variant"], p["op"], p["nodes"], f"{p['gbps']:.1f}", f"{p['gbps_per_node']:.3f}",
                      p["binding"], output.example_of(p)])
     _print(output.table(rows, ["variant", "op", "nodes", "GB/s", "GB/s/node", "bound by", "e.g."], "llrrrll"))
-    if args.detail:
+    if args.detail or args.classes:
         for p in points:
             _print(f"\n{p['variant']} {p['op']} {p['nodes']} nodes: {p['gbps']:.1f} GB/s")
             _print(_report_lines(p["bottlenecks"]))
+            if args.classes:
+                _print(_class_table(p["classes"]))
     if args.out:
         _print(f"\nwrote {args.out}/ior.csv, ior.json, ior.png")
     return 0
@@ -346,6 +404,14 @@ def _report_lines(bottlenecks) -> str:
     return "\n".join(lines)
 
 
+def _class_table(classes) -> str:
+    from . import output
+    rows = [[c["router"], c["nodes"], c["streams"], f"{c['gbps_per_stream']:.4f}", f"{c['gbps']:.2f}", c["bound_by"]]
+            for c in classes]
+    return "  " + output.table(rows, ["class (router)", "nodes", "streams", "GB/s/stream", "GB/s", "bound by"],
+                               "lrrrrl").replace("\n", "\n  ")
+
+
 def cmd_replay(args) -> int:
     from . import output
     from .darshan_ingest import read_darshan
@@ -358,6 +424,10 @@ def cmd_replay(args) -> int:
             path, rpn = item.rsplit(":", 1)[0], int(item.rsplit(":", 1)[1])
         jobs_in.append(read_darshan(path, rpn, use_dxt=not args.no_dxt, dxt_window=args.dxt_window,
                                     path_prefix=args.path_prefix))
+    for j in jobs_in:
+        if not j.phases:
+            sys.stderr.write(f"bbsim replay: warning: {j.path}: no POSIX reads or writes to replay"
+                             + (f" under {args.path_prefix}" if args.path_prefix else "") + "\n")
     names = []
     for j in jobs_in:                       # two logs of the same name get distinct job names
         name, k = j.name, 2
@@ -385,9 +455,10 @@ def cmd_replay(args) -> int:
     matrix = None if args.no_matrix or len(jobs) < 2 else slowdown_matrix(machine, jobs)
     busiest = sorted(result.per_server.items(), key=lambda kv: -kv[1]["mean_busy"])[:5]
     record = {"machine": machine.name, "layout": args.layout, "fairness": args.fairness,
+              "run": _run_record([machine], [("darshan log", j.path) for j in jobs_in]),
               "inputs": [{"log": j.path, "job": n, "nprocs": j.nprocs, "ranks_per_node": j.ranks_per_node,
                           "nodes": j.nodes, "phases": len(j.phases), "used_dxt": j.used_dxt,
-                          "posix_bytes": j.posix_bytes, "offset_s": o}
+                          "posix_bytes": j.posix_bytes, "access_sizes": j.access_sizes(), "offset_s": o}
                          for n, j, o in zip(names, jobs_in, offsets)],
               "jobs": result.jobs, "events": result.events, "solves": result.solves,
               "wall_s": result.wall_s, "slowdown": matrix,
@@ -457,14 +528,25 @@ def cmd_validate(args) -> int:
 def cmd_predict(args) -> int:
     from . import output
     from .ior import IorSpec
-    from .layout import load_snapshot, predict
+    from .layout import ReadOnlyInstance, load_snapshot, predict
     machine = _machine(args)
     ops = _ops(args.op)
     snap = load_snapshot(args.snapshot)
     spec = IorSpec(nodes=1, pattern=args.pattern, transfer_size=_size("--transfer", args.transfer),
                    block_size=_size("--block", args.block), ppn=args.ppn)
-    results = [predict(machine, snap, args.session, replace(spec, op=op), instance_id=args.instance,
-                       concurrent=args.concurrent, rule=args.mapping) for op in ops]
+    results = []
+    for op in ops:
+        try:
+            results.append(predict(machine, snap, args.session, replace(spec, op=op), instance_id=args.instance,
+                                   concurrent=args.concurrent, rule=args.mapping, nodes=args.nodes,
+                                   classes=args.classes))
+        except ReadOnlyInstance:
+            if args.op is not None or op != "write":
+                raise              # asked for explicitly: say why it cannot be
+            # default ops: a loadbalance instance is only read
+    run = _run_record([machine], [("layout snapshot", args.snapshot)])
+    for r in results:
+        r["run"] = run
     if args.json:
         _print(output.dumps(results if len(results) > 1 else results[0]))
         return 0
@@ -480,6 +562,8 @@ def cmd_predict(args) -> int:
             _print(f"  concurrent session {other}: {gbps:.1f} GB/s")
         for w in r["warnings"]:
             _print(f"  warning: {w}")
+        if args.classes:
+            _print(_class_table(r["classes"]))
     return 0
 
 
@@ -536,6 +620,7 @@ COMMANDS = {"ior": cmd_ior, "replay": cmd_replay, "validate": cmd_validate, "pre
 
 def main(argv=None) -> int:
     parser = build_parser()
+    _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

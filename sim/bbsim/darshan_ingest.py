@@ -7,6 +7,11 @@ the spec asks for: a file both read and written becomes a read phase and a write
   * ranks map to nodes as rank // ranks_per_node (Darshan does not record the node of a
     rank outside DXT, so ranks per node is an input);
   * a shared record (rank -1) is divided evenly over all ranks, as CODES does;
+  * access sizes: a record that only writes (or only reads) has its four most common access
+    sizes in POSIX_ACCESS1..4_ACCESS/COUNT, the rest of its bytes at the mean size of its
+    other calls; with DXT, each segment's length; a record that both reads and writes (its
+    access counters mix the two) counts at its mean size per op. A phase keeps the bytes
+    per access size, which set the server's size efficiency; the op counts set its IOPS load;
   * without DXT, a node's phase for one op spans the logged first start to last end of that
     op over the node's ranks; with DXT, segments are binned into windows (default 0.1 s,
     widened so a node has at most `max_windows` windows) and the POSIX byte and op counters
@@ -41,10 +46,17 @@ class Phase:
     ops: float
     streams: int
     shared: bool
+    sizes: tuple = ()        # ((access size, bytes), ...), most bytes first; () = unknown
 
     @property
     def transfer_size(self) -> float:
+        """Mean bytes per call (what the op count implies)."""
         return self.bytes / max(self.ops, 1.0)
+
+    @property
+    def access_size(self) -> float:
+        """The access size that moved the most bytes (the mean when the sizes are unknown)."""
+        return self.sizes[0][0] if self.sizes else self.transfer_size
 
 
 @dataclass
@@ -63,6 +75,16 @@ class DarshanJob:
     @property
     def nodes(self) -> int:
         return -(-self.nprocs // self.ranks_per_node)
+
+    def access_sizes(self, top: int = 4) -> dict:
+        """Per op, the access sizes that moved the most bytes: [(size, share of the op's bytes)]."""
+        out = {}
+        for op in ("write", "read"):
+            mix = _merge_mix([p.sizes for p in self.phases if p.op == op])
+            total = sum(b for _, b in mix)
+            if total > 0:
+                out[op] = [(size, b / total) for size, b in mix[:top]]
+        return out
 
     def phase_bytes(self) -> dict:
         out = {"write": 0.0, "read": 0.0}
@@ -196,9 +218,12 @@ def _read(path, ranks_per_node, use_dxt, dxt_window, max_windows, path_prefix) -
     opmap = {"write": ("POSIX_BYTES_WRITTEN", "POSIX_WRITES", "WRITE"),
              "read": ("POSIX_BYTES_READ", "POSIX_READS", "READ")}
     used_dxt = False
+    access = np.stack([counters[f"POSIX_ACCESS{k}_ACCESS"].to_numpy(float) for k in range(1, 5)], axis=1)
+    access_n = np.stack([counters[f"POSIX_ACCESS{k}_COUNT"].to_numpy(float) for k in range(1, 5)], axis=1)
     for op, (bytes_col, ops_col, ts) in opmap.items():
         nbytes = counters[bytes_col].to_numpy(float)
         nops = counters[ops_col].to_numpy(float)
+        other = counters[opmap["read" if op == "write" else "write"][1]].to_numpy(float)
         start = fcounters[f"POSIX_F_{ts}_START_TIMESTAMP"].to_numpy(float)
         end = fcounters[f"POSIX_F_{ts}_END_TIMESTAMP"].to_numpy(float)
         for i in np.flatnonzero(keep & (nbytes > 0)):
@@ -207,19 +232,40 @@ def _read(path, ranks_per_node, use_dxt, dxt_window, max_windows, path_prefix) -
             if segs is not None and segs["length"].sum() > 0:
                 used_dxt = True
                 pieces += _dxt_pieces(segs, rank[i], op, nbytes[i], nops[i], rpn, n_nodes)
-            elif rank[i] >= 0:
+                continue
+            mix = _access_mix(nbytes[i], nops[i], access[i], access_n[i] if other[i] == 0 else None)
+            if rank[i] >= 0:
                 pieces.append((min(rank[i] // rpn, n_nodes - 1), op, start[i], max(end[i], start[i]),
-                               nbytes[i], nops[i], int(rank[i]), False))
+                               nbytes[i], nops[i], int(rank[i]), False, mix))
             else:   # shared file: every rank did nbytes / nprocs
                 for node in range(n_nodes):
                     share = ranks_on_node[node] / nprocs
                     pieces.append((node, op, start[i], max(end[i], start[i]), nbytes[i] * share,
-                                   nops[i] * share, -1 - node, True))
+                                   nops[i] * share, -1 - node, True, tuple((x, float(b * share)) for x, b in mix)))
     phases = _merge(pieces, ranks_on_node, dxt_window if used_dxt else None, max_windows)
     name = Path(path).name.split(".darshan")[0]
     return DarshanJob(path=path, name=name, nprocs=nprocs, ranks_per_node=rpn, run_time=run_time,
                       phases=phases, posix_bytes={k: float(v) for k, v in posix.items()},
                       used_dxt=used_dxt, exe=exe)
+
+
+def _access_mix(nbytes, nops, sizes, counts) -> tuple:
+    """((access size, bytes), ...) of one record's op. `counts` is None when the record's
+    access counters mix reads and writes: then every call counts at the mean size."""
+    mean = nbytes / max(nops, 1.0)
+    if counts is None:
+        return ((float(mean), float(nbytes)),)
+    ok = (sizes > 0) & (counts > 0)
+    covered_bytes = float((sizes[ok] * counts[ok]).sum())
+    covered_calls = float(counts[ok].sum())
+    if not ok.any() or covered_bytes > nbytes * (1 + 1e-9) or covered_calls > nops:
+        return ((float(mean), float(nbytes)),)       # counters inconsistent with the totals
+    mix = {float(x): float(x * c) for x, c in zip(sizes[ok], counts[ok])}
+    rest = float(nbytes) - covered_bytes
+    if rest > 0:
+        size = rest / (nops - covered_calls) if nops > covered_calls else mean
+        mix[size] = mix.get(size, 0.0) + rest
+    return tuple(mix.items())
 
 
 def _read_dxt(report) -> dict:
@@ -247,8 +293,25 @@ def _dxt_pieces(segs, record_rank, op, nbytes, nops, rpn, n_nodes) -> list:
         ranks = np.full(len(ranks), record_rank)
     starts = segs["start_time"].to_numpy(float)
     ends = np.maximum(segs["end_time"].to_numpy(float), starts)
-    return [(min(int(r) // rpn, n_nodes - 1), op, s, e, nbytes * f, nops * f, int(r), record_rank < 0)
-            for r, s, e, f in zip(ranks, starts, ends, share)]
+    return [(min(int(r) // rpn, n_nodes - 1), op, s, e, nbytes * f, nops * f, int(r), record_rank < 0,
+             ((float(size), float(nbytes * f)),))
+            for r, s, e, f, size in zip(ranks, starts, ends, share, length)]
+
+
+def _merge_mix(mixes, keep: int = 16) -> tuple:
+    """Bytes per access size over pieces, most bytes first; beyond `keep` sizes the rest is
+    folded into one entry at its mean call size (its bytes over its calls)."""
+    total: dict = {}
+    for mix in mixes:
+        for size, b in mix:
+            total[size] = total.get(size, 0.0) + b
+    items = sorted(((x, b) for x, b in total.items() if b > 0), key=lambda kv: (-kv[1], kv[0]))
+    if len(items) > keep:
+        head, tail = items[:keep - 1], items[keep - 1:]
+        rest_bytes = sum(b for _, b in tail)
+        rest_calls = sum(b / x for x, b in tail)
+        items = sorted(head + [(rest_bytes / rest_calls, rest_bytes)], key=lambda kv: (-kv[1], kv[0]))
+    return tuple(items)
 
 
 def _merge(pieces, ranks_on_node, window, max_windows) -> list:
@@ -263,6 +326,7 @@ def _merge(pieces, ranks_on_node, window, max_windows) -> list:
     nops = np.array([p[5] for p in pieces])
     who = np.array([p[6] for p in pieces])
     shared = np.array([p[7] for p in pieces])
+    mixes = [p[8] for p in pieces]
     if window:
         span = max(end.max() - start.min(), window)
         window = max(window, span / max_windows)
@@ -280,6 +344,7 @@ def _merge(pieces, ranks_on_node, window, max_windows) -> list:
         streams = int(ranks_on_node[n]) if is_shared else len(np.unique(who[idx]))
         phases.append(Phase(node=n, op=str(op[idx[0]]), start=float(start[idx].min()),
                             end=float(end[idx].max()), bytes=float(nbytes[idx].sum()),
-                            ops=float(nops[idx].sum()), streams=max(streams, 1), shared=is_shared))
+                            ops=float(nops[idx].sum()), streams=max(streams, 1), shared=is_shared,
+                            sizes=_merge_mix(mixes[k] for k in idx)))
     phases.sort(key=lambda p: (p.start, p.node, p.op))
     return phases

@@ -84,6 +84,9 @@ def select_servers(machine: Machine, count: int | None, selection: str = "spread
 def flow_groups_for(machine: Machine, spec: IorSpec, nids: np.ndarray, servers: np.ndarray,
                     server_shares: np.ndarray | None = None) -> list:
     """Flow groups of one IOR phase of nodes `nids` against server indices `servers`."""
+    if spec.access_mode == "loadbalance" and spec.op == "write":
+        raise InputError("--access-mode", "loadbalance", "a loadbalance instance is read-only for jobs "
+                         "(its data is staged in to every replica)", "model reads (--op read), or use striped")
     shares = np.full(len(servers), 1.0 / len(servers)) if server_shares is None else server_shares
     common = dict(job=spec.job, op=spec.op, transfer_size=spec.transfer_size,
                   shared_file=spec.pattern == "n1")
@@ -101,8 +104,10 @@ def flow_groups_for(machine: Machine, spec: IorSpec, nids: np.ndarray, servers: 
     return out
 
 
-def run_point(machine: Machine, spec: IorSpec, server_table: ServerTable | None = None) -> dict:
-    """Steady-state bandwidth of one IOR run and what limits it."""
+def run_point(machine: Machine, spec: IorSpec, server_table: ServerTable | None = None,
+              classes: bool = False) -> dict:
+    """Steady-state bandwidth of one IOR run and what limits it; with `classes`, also the
+    binding constraint of every flow class (one per compute router of the job)."""
     started = time.perf_counter()
     nids = np.asarray(spec.nids) if spec.nids is not None else \
         select_nodes(machine, spec.nodes, spec.node_selection, spec.node_offset, spec.seed)
@@ -132,6 +137,7 @@ def run_point(machine: Machine, spec: IorSpec, server_table: ServerTable | None 
                   "iterations": solution.allocation.iterations,
                   "build_s": built - started, "solve_s": solved - built},
         "spec": {k: v for k, v in asdict(spec).items()},
+        **({"classes": [row for i in range(len(groups)) for row in solution.class_bindings(i)]} if classes else {}),
     }
 
 

@@ -20,12 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
-from .ior import IorSpec, flow_groups_for
+from .ior import IorSpec, flow_groups_for, select_nodes
 from .machine import Machine
 from .model import ServerTable, build_problem
 from .units import GB
 
 ACCESS_MODES = ("striped", "private", "loadbalance")
+
+
+class ReadOnlyInstance(InputError):
+    """A write predicted on a loadbalance instance (read-only for jobs)."""
 
 
 def schema() -> dict:
@@ -82,11 +86,22 @@ def parse_snapshot(data, source: str = "snapshot") -> Snapshot:
                 f"use one of {', '.join(map(str, err.validator_value))}"
         elif err.validator == "minimum":
             fix = f"use a value >= {err.validator_value}"
+        elif err.validator == "type":
+            fix = f"write {_TYPE_WORDS.get(err.validator_value, err.validator_value)}" + \
+                  (" (sizes are plain byte counts, not strings with units)" if err.validator_value == "integer" else "")
+        elif err.validator == "minItems":
+            fix = "list at least one item (an instance without fragments cannot be placed; leave it out)"
+        elif err.validator == "minLength":
+            fix = "write a non-empty name"
         else:
             fix = "see docs/bbsim.md, 'Spillway layout snapshot, format version 1'"
         raise InputError(source, where, err.message, fix)
 
     snap = Snapshot(source=source, data=data)
+    for table, key in (("pools", "id"), ("sessions", "id"), ("configurations", "id")):
+        _unique(data[table], table, key, source)
+    _unique([f for inst in data["instances"] for f in inst["fragments"]], "fragments", "id", source,
+            where=lambda i: _fragment_field(data, i))
     pools = {p["id"] for p in data["pools"]}
     for i, node in enumerate(data["nodes"]):
         if node["id"] in snap.nodes:
@@ -118,6 +133,30 @@ def parse_snapshot(data, source: str = "snapshot") -> Snapshot:
                              "correct the instance id")
         snap.configurations.setdefault(conf["instance"], []).append(conf)
     return snap
+
+
+_TYPE_WORDS = {"integer": "a whole number", "boolean": "true or false", "string": "a JSON string",
+               "array": "a JSON list [...]", "object": "a JSON object {...}"}
+
+
+def _unique(items, table, key, source, where=None) -> None:
+    seen = {}
+    for i, item in enumerate(items):
+        value = item[key]
+        if value in seen:
+            place = where(i) if where else f"field {table}[{i}].{key}"
+            first = where(seen[value]).removeprefix("field ") if where else f"{table}[{seen[value]}]"
+            raise InputError(source, place, f"duplicate {table[:-1]} {key} {value!r} (also at {first})",
+                             f"give every {table[:-1]} its own {key}")
+        seen[value] = i
+
+
+def _fragment_field(data, index) -> str:
+    for i, inst in enumerate(data["instances"]):
+        if index < len(inst["fragments"]):
+            return f"field instances[{i}].fragments[{index}].id"
+        index -= len(inst["fragments"])
+    return "field instances"
 
 
 def _natural(name: str):
@@ -181,12 +220,20 @@ def instance_of(snap: Snapshot, token: str, instance_id: int | None = None) -> d
 
 
 def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, instance_id=None,
-            concurrent: list | None = None, rule: str | None = None) -> dict:
+            concurrent: list | None = None, rule: str | None = None, nodes: int | None = None,
+            classes: bool = False) -> dict:
     """Expected bandwidth of session `token`'s job on its instance, and what limits it.
 
     `concurrent` lists other session tokens whose jobs run the same kind of I/O at the same
-    time on their own instances (a what-if: "what will X get if Y starts too?").
+    time on their own instances (a what-if: "what will X get if Y starts too?"). A session
+    that lists no client nodes (a persistent instance, or a job whose nodes are not known
+    yet) is modelled on `nodes` compute nodes: the first ones, in nid order, that no other
+    job of the prediction uses.
     """
+    if spec.ppn < 1:
+        raise InputError("--ppn", str(spec.ppn), "must be at least 1", "give the processes (client streams) per node")
+    if nodes is not None and nodes < 1:
+        raise InputError("--nodes", str(nodes), "must be at least 1", "give a compute node count")
     storage = sorted(snap.nodes, key=_natural)
     tokens = [token] + [t for t in (concurrent or []) if t != token]
     clients = []
@@ -194,15 +241,23 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
         instance_of(snap, t)
         clients += snap.sessions[t]["client_nodes"]
     position = map_hostnames(machine, storage, clients, rule, snap.source)
+    taken = np.array(sorted({position[h] for h in clients}), dtype=np.int64)
     table = ServerTable(nids=np.array([position[h] for h in storage], dtype=np.int64), names=storage)
     index = {h: i for i, h in enumerate(storage)}
     groups, warnings, described = [], [], []
     for t in tokens:
         inst = instance_of(snap, t, instance_id if t == token else None)
         session = snap.sessions[t]
-        if not session["client_nodes"]:
-            raise InputError("--session", t, "the session has no client nodes (no job is running on it)",
-                             "pick a job session, or add client_nodes")
+        if session["client_nodes"]:
+            nids = np.array([position[h] for h in session["client_nodes"]], dtype=np.int64)
+        elif nodes is not None:
+            nids = select_nodes(machine, nodes, "contiguous", exclude=taken)
+            taken = np.union1d(taken, nids)
+        else:
+            raise InputError("--session" if t == token else "--concurrent", t,
+                             "the session lists no client nodes (a persistent instance, or a job whose "
+                             "workload manager has not named its nodes yet)",
+                             "give --nodes N to model the job on N compute nodes")
         frags = [f for f in inst["fragments"] if snap.nodes[f["node"]]["online"]]
         offline = sorted({f["node"] for f in inst["fragments"]} - {f["node"] for f in frags})
         if offline:
@@ -220,12 +275,17 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
         mode = confs[0]["access_mode"] if confs else "striped"
         if len(confs) > 1:
             warnings.append(f"instance {inst['id']}: {len(confs)} configurations, using the first ({mode})")
-        nids = np.array([position[h] for h in session["client_nodes"]], dtype=np.int64)
+        if mode == "loadbalance" and spec.op == "write":
+            raise ReadOnlyInstance("--op", "write", f"session {t}'s instance {inst['id']} is loadbalance: "
+                                   "read-only for jobs (its data is staged in to every replica)",
+                                   "predict reads (--op read)")
         job_spec = IorSpec(nodes=len(nids), op=spec.op, pattern=spec.pattern, transfer_size=spec.transfer_size,
                            block_size=spec.block_size, ppn=spec.ppn, access_mode=mode, job=t)
         groups += flow_groups_for(machine, job_spec, nids, servers, shares)
         described.append({"session": t, "instance": inst["id"], "access_mode": mode,
-                          "client_nodes": len(nids), "servers": [storage[s] for s in servers],
+                          "client_nodes": len(nids), "client_nodes_from": "snapshot" if session["client_nodes"] else "--nodes",
+                          **({} if session["client_nodes"] else {"modelled_nodes": [machine.hostname(n) for n in nids]}),
+                          "servers": [storage[s] for s in servers],
                           "instance_capacity": inst["capacity"]})
     problem = build_problem(machine, groups, table)
     solution = problem.solve()
@@ -237,7 +297,7 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
     for i, fg in enumerate(groups):
         if fg.job != token:
             others[fg.job] += solution.group_rate(i)
-    nodes = len(snap.sessions[token]["client_nodes"])
+    nodes = described[0]["client_nodes"]
     return {"machine": machine.name, "snapshot": snap.source, "session": token, "op": spec.op,
             "pattern": spec.pattern, "transfer_size": spec.transfer_size, "ppn": spec.ppn,
             "gbps": rate, "gbps_per_node": rate / nodes,
@@ -245,4 +305,5 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
             "bottlenecks": bottlenecks, "concurrent": others, "jobs": described,
             "placement": {h: machine.position(n) for h, n in position.items()
                           if h in described[0]["servers"]},
-            "warnings": warnings, "seconds_per_GiB_per_node": (1024**3 / GB) / (rate / nodes) if rate else None}
+            "warnings": warnings, "seconds_per_GiB_per_node": (1024**3 / GB) / (rate / nodes) if rate else None,
+            **({"classes": [row for i in mine for row in solution.class_bindings(i)]} if classes else {})}

@@ -210,6 +210,7 @@ def _apply_overrides(doc: yamlio.Document, overrides: tuple) -> None:
             raise InputError("--set", key, "the parent is not a section", "name a key inside a section")
         node[parts[-1]] = value
         doc.lines.pop(tuple(parts), None)
+        doc.overrides[tuple(parts)] = f"--set {key}={value}"
         # an overridden value no longer comes from the file's cited source
         sources = doc.data.get("sources") if isinstance(doc.data, dict) else None
         if isinstance(sources, dict):

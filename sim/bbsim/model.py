@@ -53,10 +53,13 @@ class FlowGroup:
     streams: np.ndarray              # flows (client streams) in each class
     servers: np.ndarray              # indices into the ServerTable
     shares: np.ndarray               # share of every flow's bytes going to each server (sum 1)
-    transfer_size: float             # bytes per I/O call
+    transfer_size: float             # bytes per I/O call (the mean: sets the IOPS load)
     shared_file: bool = False        # N-1: one file for all ranks
     fairness_weight: float = 1.0     # max-min weight of each flow
     label: str = ""
+    size_mix: tuple | None = None    # ((access size, bytes), ...) when calls differ in size:
+                                     # the server's size efficiency is their byte-weighted
+                                     # harmonic mean; None = every call is transfer_size
 
     def __post_init__(self):
         self.routers = np.asarray(self.routers, dtype=np.int64)
@@ -214,6 +217,37 @@ class Solution:
             })
         return out
 
+    def class_bindings(self, index: int) -> list:
+        """Every running class of flow group `index`: where its flows start, their rate, and the
+        constraint that froze them, named (a client cap; a link with its class and endpoints; a
+        server resource with its server)."""
+        p = self.problem
+        fg = p.groups[index]
+        topo = p.machine.topology
+        util = self.utilization()
+        binding = self.allocation.binding
+        named: dict = {}
+        out = []
+        for k, c in enumerate(np.flatnonzero(p.class_group == index)):
+            if not self.active[c]:
+                continue
+            b = int(binding[c])
+            if b == BOUND_BY_CAP:
+                reason = CAP_REASONS[int(p.class_cap_reason[c])]
+                info = {"constraint": reason, "bound_by": f"{reason} ({p.class_cap[c]:.3g} GB/s per stream)"}
+            elif b >= 0:
+                if b not in named:
+                    d = p.describe(b)
+                    named[b] = {"constraint": d["class"], "bound_by": d["name"], "utilization": float(util[b])}
+                info = named[b]
+            else:
+                info = {"constraint": "none", "bound_by": "not running"}
+            out.append({"job": fg.job, "op": fg.op, "router": topo.router_name(fg.routers[k]),
+                        "nodes": int(fg.nodes[k]), "streams": int(fg.streams[k]),
+                        "gbps_per_stream": float(self.allocation.rate[c]), "gbps": float(self.class_rate[c]),
+                        **info})
+        return out
+
     def _first(self, index: int) -> int:
         if index not in self._groups:
             self._groups[index] = int(np.flatnonzero(self.problem.class_group == index)[0])
@@ -235,6 +269,20 @@ def flow_caps(machine: Machine, op: str, nodes, streams):
                         machine.bandwidth["compute_node_link"] / per_node])
     reason = np.argmin(options, axis=0)
     return options.min(axis=0), reason
+
+
+def size_efficiency(machine: Machine, fg: FlowGroup) -> float:
+    """Fraction of a server's peak the flow group's calls get: eff(transfer size), or for a
+    mix of sizes the byte-weighted harmonic mean (each byte takes 1/eff(its call's size) of
+    the server's time per byte at peak)."""
+    if not fg.size_mix:
+        return machine.profile.size_factor(fg.transfer_size)
+    sizes = np.array([s for s, _ in fg.size_mix], float)
+    nbytes = np.array([b for _, b in fg.size_mix], float)
+    if (sizes <= 0).any() or (nbytes < 0).any() or nbytes.sum() <= 0:
+        raise ValueError("size_mix needs positive sizes and a positive byte total")
+    eff = np.array([machine.profile.size_factor(x) for x in sizes])
+    return float(nbytes.sum() / (nbytes / eff).sum())
 
 
 def build_problem(machine: Machine, groups: list, servers: ServerTable | None = None) -> Problem:
@@ -284,7 +332,7 @@ def build_problem(machine: Machine, groups: list, servers: ServerTable | None = 
         s_idx = np.flatnonzero(w)
         w_s, h_s, q_s = w[s_idx], srv_group[s_idx], srv_local[s_idx]
         W = np.bincount(h_s, weights=w_s, minlength=G)
-        coef_bw = 1.0 / (machine.profile.peak[fg.op] * machine.profile.size_factor(fg.transfer_size) *
+        coef_bw = 1.0 / (machine.profile.peak[fg.op] * size_efficiency(machine, fg) *
                          (machine.shared_file_efficiency[fg.op] if fg.shared_file else 1.0))
         coef_iops = GB / (fg.transfer_size * machine.iops[fg.op])
         server_cols = np.concatenate([offsets["bb_in" if write else "bb_out"] + s_idx,

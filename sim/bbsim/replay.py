@@ -76,7 +76,8 @@ def replay(machine: Machine, jobs: list, server_table: ServerTable | None = None
             groups.append(FlowGroup(job=job.name, op=p.op, routers=[int(machine.router_of(nid))],
                                     nodes=[1], streams=[p.streams], servers=job.servers,
                                     shares=np.full(len(job.servers), 1.0 / len(job.servers)),
-                                    transfer_size=max(p.transfer_size, 1.0), shared_file=p.shared,
+                                    transfer_size=max(p.transfer_size, 1.0), size_mix=p.sizes or None,
+                                    shared_file=p.shared,
                                     fairness_weight=job.weight))
             owner.append(j), node_of.append((j, p.node)), bytes_left.append(p.bytes)
             ready.append(p.start + job.offset)

@@ -27,6 +27,24 @@ class Document:
     source: str
     data: object
     lines: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)    # key path -> "--set KEY=VALUE" that set it
+
+    def override_of(self, path: tuple) -> str | None:
+        """The --set that gave this path (or a section above it) its value, if any."""
+        while path:
+            if path in self.overrides:
+                return self.overrides[path]
+            path = path[:-1]
+        return None
+
+    def place(self, path: tuple) -> str:
+        """'line N, field a.b', or 'field a.b (from --set ...)' for a value set on the command line."""
+        name = dotted(path) or "(top level)"
+        given = self.override_of(path)
+        if given:
+            return f"field {name} (from {given})"
+        line = self.line_of(path)
+        return f"line {line}, field {name}" if line else f"field {name}"
 
     def line_of(self, path: tuple) -> int | None:
         while path:
@@ -106,20 +124,14 @@ class Section:
 
     # -- errors -------------------------------------------------------------------------------
     def where(self, key=None) -> str:
-        path = self.path + ((key,) if key is not None else ())
-        line = self.doc.line_of(path)
-        name = dotted(path) or "(top level)"
-        return f"line {line}, field {name}" if line else f"field {name}"
+        return self.doc.place(self.path + ((key,) if key is not None else ()))
 
     def error(self, key, problem: str, fix: str) -> InputError:
         return InputError(self.doc.source, self.where(key), problem, fix)
 
     def error_at(self, subpath: tuple, problem: str, fix: str) -> InputError:
         """An error about a value nested below this section, e.g. (key, index)."""
-        path = self.path + tuple(subpath)
-        line = self.doc.line_of(path)
-        where = f"line {line}, field {dotted(path)}" if line else f"field {dotted(path)}"
-        return InputError(self.doc.source, where, problem, fix)
+        return InputError(self.doc.source, self.doc.place(self.path + tuple(subpath)), problem, fix)
 
     # -- access -------------------------------------------------------------------------------
     def has(self, key) -> bool:

@@ -108,3 +108,38 @@ def test_cli_bad_log_exits_2_without_traceback(tmp_path, capsys):
     assert cli.main(["replay", str(bad), "--no-matrix"]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", WITH_POSIX)
+def test_access_sizes_account_for_every_byte(wheel_logs, name):
+    job = read_darshan(wheel_logs[name], ranks_per_node=24)
+    for p in job.phases:
+        assert sum(b for _, b in p.sizes) == pytest.approx(p.bytes, rel=1e-12)
+        assert all(size > 0 for size, _ in p.sizes)
+        assert [b for _, b in p.sizes] == sorted((b for _, b in p.sizes), reverse=True)
+
+
+def test_access_counters_give_the_sizes(wheel_logs):
+    # VPIC: 16,384 writes of 128 MiB carry the data; 12 small HDF5 metadata writes
+    job = read_darshan(wheel_logs["example.darshan"], ranks_per_node=32, use_dxt=False)
+    sizes = dict(job.phases[0].sizes)
+    assert job.phases[0].access_size == 128 * 1024 * 1024
+    assert {272.0, 544.0, 328.0} <= set(sizes)
+    total = sum(sizes.values())
+    assert sizes[128 * 1024 * 1024] / total == pytest.approx(16384 * 2**27 / 2199023259968)
+    assert job.access_sizes()["write"][0] == (128 * 1024 * 1024, pytest.approx(1.0, abs=1e-8))
+
+
+def test_dxt_segment_lengths_give_the_sizes(wheel_logs):
+    job = read_darshan(wheel_logs["ior_hdf5_example.darshan"], ranks_per_node=1)
+    assert job.used_dxt
+    writes = [p for p in job.phases if p.op == "write"]
+    assert all(p.access_size == 262144 for p in writes if p.bytes > 1e6)
+
+
+def test_a_record_that_reads_and_writes_counts_at_its_mean_size(wheel_logs):
+    # MACSio's data file both reads and writes: its access counters mix the two ops
+    name = [n for n in WITH_POSIX if n.startswith("shane_macsio")][0]
+    job = read_darshan(wheel_logs[name], ranks_per_node=16, use_dxt=False)
+    write = max((p for p in job.phases if p.op == "write"), key=lambda p: p.bytes)
+    assert write.access_size == pytest.approx(54579416 / 7699)

@@ -109,3 +109,70 @@ def test_cli_predict_json(capsys):
 def test_cli_unknown_session(capsys):
     assert cli.main(["predict", str(EXAMPLE_SNAPSHOT), "--session", "nope"]) == 2
     assert "no session with that token" in capsys.readouterr().err
+
+
+def test_duplicate_ids_are_named(example):
+    bad = copy.deepcopy(example)
+    bad["configurations"][1]["id"] = bad["configurations"][0]["id"]
+    msg = err(bad)
+    assert "configurations[1].id" in msg and "duplicate configuration id 201" in msg
+    bad = copy.deepcopy(example)
+    bad["instances"][1]["fragments"][2]["id"] = 1001          # also fragment 0 of instance 0
+    msg = err(bad)
+    assert "instances[1].fragments[2].id" in msg and "instances[0].fragments[0].id" in msg
+    bad = copy.deepcopy(example)
+    bad["sessions"][2]["id"] = 11
+    assert "duplicate session id 11" in err(bad)
+
+
+def test_type_errors_say_what_to_write(example):
+    bad = copy.deepcopy(example)
+    bad["nodes"][0]["capacity"] = "3TiB"
+    msg = err(bad)
+    assert "nodes[0].capacity" in msg and "a whole number" in msg and "byte counts" in msg
+    bad = copy.deepcopy(example)
+    bad["instances"][0]["fragments"] = []
+    assert "instances[0].fragments" in err(bad) and "instance without fragments" in err(bad)
+
+
+def test_session_without_client_nodes_needs_a_node_count(trinity):
+    snap = load_snapshot(EXAMPLE_SNAPSHOT)
+    with pytest.raises(InputError, match="--nodes N"):
+        predict(trinity, snap, "shared-data", IorSpec(nodes=1))
+    r = predict(trinity, snap, "shared-data", IorSpec(nodes=1, ppn=1), nodes=3)
+    assert r["jobs"][0]["client_nodes"] == 3 and r["jobs"][0]["client_nodes_from"] == "--nodes"
+    # 3 single-stream clients are held by their stream caps, far below 4 servers' bandwidth
+    assert r["gbps"] == pytest.approx(3 * trinity.stream_cap["write"])
+    assert r["binding"] == "client stream cap"
+
+
+def test_modelled_nodes_avoid_the_other_jobs_nodes(trinity):
+    snap = load_snapshot(EXAMPLE_SNAPSHOT)
+    # the first compute nids are free; job 4242 uses nid00124-nid00187
+    alone = predict(trinity, snap, "shared-data", IorSpec(nodes=1), nodes=200)
+    both = predict(trinity, snap, "shared-data", IorSpec(nodes=1), nodes=200, concurrent=["4242"])
+    first = trinity.hostname(trinity.compute_nids[0])
+    assert alone["jobs"][0]["modelled_nodes"][:2] == [first, trinity.hostname(trinity.compute_nids[1])]
+    modelled = both["jobs"][0]["modelled_nodes"]
+    assert len(modelled) == len(set(modelled)) == 200
+    assert not set(modelled) & set(snap.sessions["4242"]["client_nodes"])
+    assert set(alone["jobs"][0]["modelled_nodes"]) & set(snap.sessions["4242"]["client_nodes"])
+    assert both["concurrent"]["4242"] > 0
+
+
+def test_predict_rejects_zero_streams(trinity):
+    snap = load_snapshot(EXAMPLE_SNAPSHOT)
+    with pytest.raises(InputError, match="--ppn"):
+        predict(trinity, snap, "4242", IorSpec(nodes=1, ppn=0))
+
+
+def test_loadbalance_instance_predicts_reads_only(example, tmp_path, capsys):
+    data = copy.deepcopy(example)
+    data["configurations"][0]["access_mode"] = "loadbalance"          # instance 101, session 4242
+    path = tmp_path / "lb.json"
+    path.write_text(json.dumps(data))
+    assert cli.main(["predict", str(path), "--session", "4242", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["op"] == "read" and out["jobs"][0]["access_mode"] == "loadbalance"
+    assert cli.main(["predict", str(path), "--session", "4242", "--op", "write"]) == 2
+    assert "instance 101 is loadbalance" in capsys.readouterr().err

@@ -153,3 +153,21 @@ def test_the_documented_example_machine_loads(tmp_path):
     counts = m.counts()
     assert counts["burst_buffer"] == 4 * 4 * 2 and counts["lnet"] == 2
     assert m.hostname_map == {"bbserver01": 4, "bbserver02": 5}
+
+
+@pytest.mark.parametrize("path", sorted(shipped_dir().glob("*.yaml")) + sorted((shipped_dir() / "profiles").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_cited_reference_is_defined_in_the_file(path):
+    """Sources cite references as [tag ...]; each tag is defined in the file's header as
+    '# [tag] authors, title (where)'. 'seed NNN' points into shared/seeds directly."""
+    import re
+    text = path.read_text()
+    defined = set(re.findall(r"^# \[([a-z][a-z0-9-]*)\] \S", text, re.M))
+    data = yaml.safe_load(text)
+    cited = set()
+    for citation in data["sources"].values():
+        cited |= set(re.findall(r"\[([a-z][a-z0-9-]*)\b", str(citation)))
+        cited |= set(re.findall(r"\b(peng2018|cray-dw|kaust|nersc-[a-z]+)\b", str(citation)))
+    cited.discard("seed")
+    assert cited, "the sources cite nothing"
+    assert cited <= defined, f"cited but not defined in the header: {sorted(cited - defined)}"

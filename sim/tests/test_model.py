@@ -86,3 +86,63 @@ def test_full_machine_point_runs(trinity):
     p = run_point(trinity, IorSpec(nodes=len(trinity.compute_nids)))
     assert p["binding"] == "server bandwidth"
     assert p["stats"]["classes"] == len(np.unique(trinity.router_of(trinity.compute_nids)))
+
+
+def test_class_report_names_each_class_binding(trinity):
+    """Two classes of one job on one server: a node whose 64 streams share its 2 GB/s cap
+    (below the server's fair share), and a router of 4 nodes x 8 streams bound by the server."""
+    server = 0                                           # nid00004: group 0, chassis 0, slot 1
+    assert trinity.bb_nids[server] == trinity.nid_at(0, 0, 1, 0)
+    a = trinity.nid_at(0, 3, 8, 0) // 4                  # routers in other chassis and slots
+    b = trinity.nid_at(0, 2, 8, 0) // 4
+    fg = FlowGroup(job="j", op="write", routers=[a, b], nodes=[1, 4], streams=[64, 32], servers=[server],
+                   shares=[1.0], transfer_size=MiB)
+    sol = build_problem(trinity, [fg]).solve()
+    rows = sol.class_bindings(0)
+    assert [r["router"] for r in rows] == ["g0:c3s8", "g0:c2s8"]
+    capped, shared = rows
+    assert capped["constraint"] == "client node cap" and capped["gbps"] == pytest.approx(trinity.node_cap)
+    assert capped["gbps_per_stream"] == pytest.approx(trinity.node_cap / 64)
+    server_gbps = trinity.server_bandwidth("write", MiB, 96)
+    assert shared["constraint"] == "server bandwidth" and shared["bound_by"] == "server bandwidth nid00004"
+    assert shared["utilization"] == pytest.approx(1.0)
+    assert shared["gbps"] == pytest.approx(server_gbps - trinity.node_cap)
+    assert capped["gbps"] + shared["gbps"] == pytest.approx(sol.group_rate(0))
+
+
+def test_every_class_of_a_point_is_named_and_adds_up(trinity):
+    p = run_point(trinity, IorSpec(nodes=384, servers=230), classes=True)
+    classes = p["classes"]
+    assert len(classes) == p["stats"]["classes"]
+    assert sum(c["nodes"] for c in classes) == 384
+    assert sum(c["gbps"] for c in classes) == pytest.approx(p["gbps"])
+    kinds = {c["constraint"] for c in classes}
+    assert kinds <= {"green", "black", "client node cap"} and kinds & {"green", "black"}
+    for c in classes:
+        if c["constraint"] in ("green", "black"):
+            assert c["bound_by"].startswith(c["constraint"] + " g") and c["utilization"] == pytest.approx(1.0)
+        else:
+            assert c["gbps"] == pytest.approx(c["nodes"] * trinity.node_cap)
+
+
+def test_mixed_access_sizes_use_the_harmonic_mean_efficiency(trinity):
+    """Half the bytes in 256 KiB calls and half in 4 MiB calls: each byte takes 1/eff(size)
+    of the server's time, so the server delivers peak x f(streams) / mean(1/eff)."""
+    router = trinity.nid_at(0, 2, 8, 0) // 4
+    mix = ((256 * 1024, 0.5), (4 * MiB, 0.5))
+    mean_call = 1.0 / (0.5 / (256 * 1024) + 0.5 / (4 * MiB))      # bytes over calls
+
+    def rate(**kw):
+        fg = FlowGroup(job="j", op="read", routers=[router], nodes=[4], streams=[128], servers=[0],
+                       shares=[1.0], **kw)
+        sol = build_problem(trinity, [fg]).solve()
+        assert sol.class_bindings(0)[0]["constraint"] == "server bandwidth"
+        return sol.group_rate(0)
+
+    p = trinity.profile
+    harmonic = 1.0 / (0.5 / p.size_factor(256 * 1024) + 0.5 / p.size_factor(4 * MiB))
+    expected = p.peak["read"] * float(p.stream_factor(128)) * harmonic
+    assert rate(transfer_size=mean_call, size_mix=mix) == pytest.approx(expected, rel=1e-9)
+    # the same bytes at one size: the plain eff(size)
+    assert rate(transfer_size=4 * MiB) == pytest.approx(trinity.server_bandwidth("read", 4 * MiB, 128))
+    assert rate(transfer_size=mean_call) != pytest.approx(expected, rel=1e-3)   # the mix matters

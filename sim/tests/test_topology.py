@@ -63,6 +63,33 @@ def _single_flow_problem(machine, router, server_index, op="write"):
     return build_problem(machine, [fg], servers)
 
 
+def _router_flow(topo, row):
+    """Edges (from router, to router, flow) of the network links a usage row loads."""
+    edges = []
+    for r in np.flatnonzero(row[:topo.n_links] > 1e-12):
+        d = topo.describe_link(r)
+        edges.append((d["from_router"], d["to_router"], row[r], d["class"]))
+    return edges
+
+
+def _longest_path(edges, start):
+    """Hops of the longest path from `start` over the edges (which must form a DAG)."""
+    out = {}
+    for a, b, _, _ in edges:
+        out.setdefault(a, []).append(b)
+    memo, visiting = {}, set()
+
+    def walk(node):
+        if node in memo:
+            return memo[node]
+        assert node not in visiting, "the routes form a cycle"
+        visiting.add(node)
+        memo[node] = max((1 + walk(n) for n in out.get(node, [])), default=0)
+        visiting.discard(node)
+        return memo[node]
+    return walk(start)
+
+
 @pytest.mark.parametrize("valiant", [0.0, 0.4])
 @pytest.mark.parametrize("op", ["write", "read"])
 def test_inter_group_route_hops_and_conservation(valiant, op):
@@ -70,16 +97,41 @@ def test_inter_group_route_hops_and_conservation(valiant, op):
     topo = m.topology
     server = 50                                          # a server in group 5
     router = int(m.router_of(m.compute_nids[0]))         # a compute router in group 0
+    server_router = int(m.router_of(m.bb_nids[server]))
     p = _single_flow_problem(m, router, server, op)
     row = (p.usage.left @ p.usage.right).toarray()[0]
-    local, glob = row[:topo.global_offset], row[topo.global_offset:topo.n_links]
+    glob = row[topo.global_offset:topo.n_links]
     # every byte crosses one global link minimally, two via an intermediate group
     assert np.isclose(glob.sum(), 1.0 + valiant)
-    # router links: <= 2 local in each group visited plus the global hops
-    assert local.sum() + glob.sum() <= (2 + 1 + 2) * (1 - valiant) + (2 + 1 + 2 + 1 + 2) * valiant + 1e-9
+    # the loaded links carry one unit of flow from the source router to the sink router:
+    # conservation at every router
+    src, dst = (router, server_router) if op == "write" else (server_router, router)
+    edges = _router_flow(topo, row)
+    net = {}
+    for a, b, f, _ in edges:
+        net[a] = net.get(a, 0.0) + f
+        net[b] = net.get(b, 0.0) - f
+    for node, value in net.items():
+        expected = 1.0 if node == src else -1.0 if node == dst else 0.0
+        assert np.isclose(value, expected, atol=1e-9), (node, value)
+    # hop bounds on every path: minimal <= 2 local + 1 global + 2 local = 5 router links;
+    # through an intermediate group <= 2 + 1 + 2 + 1 + 2 = 8
+    longest = _longest_path(edges, src)
+    assert longest <= (8 if valiant else 5)
+    assert sum(1 for e in edges if e[3] == "global") == (1 if not valiant else 1 + 2 * 55)
     # the server's node link carries the whole flow in the right direction
     link = p.offsets["bb_in" if op == "write" else "bb_out"] + server
     assert np.isclose(row[link], 1.0)
+
+
+def test_intra_group_route_to_a_server_has_at_most_two_hops(trinity):
+    server = 0                                           # group 0, chassis 0, slot 1
+    router = trinity.nid_at(0, 4, 9, 0) // 4             # other chassis and column: two 2-hop paths
+    p = _single_flow_problem(trinity, router, server)
+    row = (p.usage.left @ p.usage.right).toarray()[0]
+    edges = _router_flow(trinity.topology, row)
+    assert _longest_path(edges, router) == 2 and len(edges) == 4
+    assert all(e[3] in ("green", "black") and np.isclose(e[2], 0.5) for e in edges)
 
 
 def test_too_few_global_ports_is_rejected():

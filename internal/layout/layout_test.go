@@ -1,0 +1,259 @@
+package layout
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/views"
+)
+
+const gib = uint64(1) << 30
+
+// world is a controller state with two pools, three storage nodes (one offline, one
+// drained), a compute-only node, a job with two instances' worth of objects, a persistent
+// instance and a session without capacity.
+func world() views.All {
+	return views.All{
+		Pools: []views.Pool{
+			{ID: "fast", Units: "bytes", Granularity: gib, Quantity: 12, Free: 7},
+			{ID: "wlm_pool", Units: "bytes", Granularity: 4 * gib, Quantity: 4, Free: 4},
+		},
+		Nodes: []views.Node{
+			{ID: "bb1", Pool: "fast", Online: true, Capacity: 4 * gib, Used: 3 * gib, Roles: []string{"storage"}, Address: "http://bb1:7070", LastSeen: 1700000000},
+			{ID: "bb2", Pool: "fast", Online: true, Drain: true, Capacity: 4 * gib, Used: 1 * gib},
+			{ID: "bb3", Pool: "fast", Online: false, Capacity: 4 * gib, Used: 1 * gib},
+			{ID: "bb4", Pool: "wlm_pool", Online: true, Capacity: 16 * gib},
+			{ID: "nid00100", Online: true, Roles: []string{"client"}}, // compute-only
+		},
+		Sessions: []views.Session{
+			{ID: 1, Token: "4242", Owner: 1000, Creator: "SLURM", Links: views.SessionLinks{ClientNodes: []string{"nid00100", "nid00101"}}},
+			{ID: 2, Token: "project", Owner: 1001, Persistent: true, Links: views.SessionLinks{ClientNodes: []string{}}},
+			{ID: 3, Token: "4243", Owner: 1002}, // no capacity of its own, nil client nodes
+		},
+		Instances: []views.Instance{
+			{ID: 10, Capacity: views.Capacity{Bytes: 3 * gib, Nodes: 3}, Links: views.InstanceLinks{Session: 1, Configurations: []int64{20}}, Pool: "fast", Label: "I10-0"},
+			{ID: 11, Capacity: views.Capacity{Bytes: 2 * gib, Nodes: 2}, Links: views.InstanceLinks{Session: 2, Configurations: []int64{21}}, Pool: "fast", Label: "project"},
+		},
+		Configurations: []views.Configuration{
+			{ID: 20, Type: "scratch", AccessType: "stripe", AccessMode: "striped", Links: views.ConfigurationLink{Instance: 10}},
+			{ID: 21, Type: "scratch", AccessType: "private", AccessMode: "private", Links: views.ConfigurationLink{Instance: 11}},
+		},
+		Fragments: []views.Fragment{ // interleaved between instances, as ids are handed out
+			{ID: 30, Instance: 10, Capacity: gib, Node: "bb1"},
+			{ID: 31, Instance: 11, Capacity: gib, Node: "bb1"},
+			{ID: 32, Instance: 10, Capacity: gib, Node: "bb2"},
+			{ID: 33, Instance: 10, Capacity: gib, Node: "bb3"},
+			{ID: 34, Instance: 11, Capacity: gib, Node: "bb2"},
+		},
+		Namespaces:  []views.Namespace{{ID: 40, Configuration: 20, Fragment: 30}},
+		Activations: []views.Activation{{ID: 50, Session: 1, Configuration: 20, Node: "nid00100"}},
+	}
+}
+
+func TestFromAllKeepsWhatBbsimNeeds(t *testing.T) {
+	when := time.Date(2026, 11, 22, 11, 0, 0, 0, time.FixedZone("CET", 3600))
+	snap, warnings, err := FromAll(world(), Options{Generated: when, Controller: "unix:/run/spillway/controller.sock"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) != 0 {
+		t.Errorf("warnings: %v", warnings)
+	}
+	want := Snapshot{
+		Format: "spillway-layout", Version: 1,
+		Generated:  "2026-11-22T10:00:00Z", // UTC
+		Controller: "unix:/run/spillway/controller.sock",
+		Pools: []Pool{
+			{ID: "fast", Granularity: gib, Quantity: 12, Free: 7},
+			{ID: "wlm_pool", Granularity: 4 * gib, Quantity: 4, Free: 4},
+		},
+		Nodes: []Node{ // storage nodes only
+			{ID: "bb1", Pool: "fast", Capacity: 4 * gib, Online: true},
+			{ID: "bb2", Pool: "fast", Capacity: 4 * gib, Online: true, Drain: true},
+			{ID: "bb3", Pool: "fast", Capacity: 4 * gib},
+			{ID: "bb4", Pool: "wlm_pool", Capacity: 16 * gib, Online: true},
+		},
+		Instances: []Instance{
+			{ID: 10, Capacity: 3 * gib, Session: "4242", Pool: "fast", Fragments: []Fragment{
+				{ID: 30, Node: "bb1", Capacity: gib}, {ID: 32, Node: "bb2", Capacity: gib}, {ID: 33, Node: "bb3", Capacity: gib}}},
+			{ID: 11, Capacity: 2 * gib, Session: "project", Pool: "fast", Fragments: []Fragment{
+				{ID: 31, Node: "bb1", Capacity: gib}, {ID: 34, Node: "bb2", Capacity: gib}}},
+		},
+		Configurations: []Configuration{
+			{ID: 20, Instance: 10, Type: "scratch", AccessMode: "striped"},
+			{ID: 21, Instance: 11, Type: "scratch", AccessMode: "private"},
+		},
+		Sessions: []Session{
+			{ID: 1, Token: "4242", Owner: 1000, ClientNodes: []string{"nid00100", "nid00101"}},
+			{ID: 2, Token: "project", Owner: 1001, ClientNodes: []string{}},
+			{ID: 3, Token: "4243", Owner: 1002, ClientNodes: []string{}},
+		},
+	}
+	if !reflect.DeepEqual(snap, want) {
+		got, _ := json.MarshalIndent(snap, "", " ")
+		exp, _ := json.MarshalIndent(want, "", " ")
+		t.Fatalf("snapshot\n%s\nwant\n%s", got, exp)
+	}
+	// Each instance's capacity is the sum of its fragments' (bbsim uses the fragments).
+	for _, i := range snap.Instances {
+		var sum uint64
+		for _, f := range i.Fragments {
+			sum += f.Capacity
+		}
+		if sum != i.Capacity {
+			t.Errorf("instance %d: fragments hold %d bytes of %d", i.ID, sum, i.Capacity)
+		}
+	}
+}
+
+func TestFromAllDoesNotShareTheViewsSlices(t *testing.T) {
+	all := world()
+	snap, _, err := FromAll(all, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap.Sessions[0].ClientNodes[0] = "changed"
+	if all.Sessions[0].Links.ClientNodes[0] != "nid00100" {
+		t.Fatal("the snapshot aliases the views' client node list")
+	}
+}
+
+func TestInstanceWithoutFragmentsIsLeftOutWithItsConfigurations(t *testing.T) {
+	all := world()
+	all.Instances = append(all.Instances, views.Instance{ID: 12, Capacity: views.Capacity{Bytes: gib}, Links: views.InstanceLinks{Session: 3}})
+	all.Configurations = append(all.Configurations, views.Configuration{ID: 22, Type: "scratch", AccessMode: "striped", Links: views.ConfigurationLink{Instance: 12}})
+	snap, warnings, err := FromAll(all, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "instance 12 (session 4243) has no fragments") {
+		t.Errorf("warnings: %q", warnings)
+	}
+	for _, i := range snap.Instances {
+		if i.ID == 12 {
+			t.Error("instance 12 has no fragments but is listed")
+		}
+	}
+	for _, c := range snap.Configurations {
+		if c.Instance == 12 {
+			t.Error("the configuration of a left-out instance is listed")
+		}
+	}
+	if len(snap.Instances) != 2 || len(snap.Configurations) != 2 {
+		t.Errorf("%d instances, %d configurations", len(snap.Instances), len(snap.Configurations))
+	}
+}
+
+func TestInconsistentStateIsAnErrorNamingTheObject(t *testing.T) {
+	cases := []struct {
+		name   string
+		change func(*views.All)
+		want   string
+	}{
+		{"fragment on a compute-only node", func(a *views.All) { a.Fragments[0].Node = "nid00100" }, `fragment 30 of instance 10 is on node "nid00100"`},
+		{"fragment on an unknown node", func(a *views.All) { a.Fragments[1].Node = "ghost" }, `fragment 31 of instance 11 is on node "ghost"`},
+		{"instance of an unknown session", func(a *views.All) { a.Instances[1].Links.Session = 99 }, "instance 11 belongs to session 99"},
+		{"node in an unlisted pool", func(a *views.All) { a.Nodes[3].Pool = "gone" }, "node bb4 belongs to pool gone"},
+		{"pool without granularity", func(a *views.All) { a.Pools[1].Granularity = 0 }, "pool wlm_pool has granularity 0"},
+		{"unknown access mode", func(a *views.All) { a.Configurations[0].AccessMode = "stripe" }, `configuration 20 has access mode "stripe"`},
+		{"unknown type", func(a *views.All) { a.Configurations[1].Type = "tmpfs" }, `configuration 21 has type "tmpfs"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			all := world()
+			c.change(&all)
+			_, _, err := FromAll(all, Options{})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestEmptyStateIsAValidSnapshot(t *testing.T) {
+	snap, warnings, err := FromAll(views.All{}, Options{})
+	if err != nil || warnings != nil {
+		t.Fatal(err, warnings)
+	}
+	raw, _ := json.Marshal(snap)
+	want := `{"format":"spillway-layout","version":1,"pools":[],"nodes":[],"instances":[],"configurations":[],"sessions":[]}`
+	if string(raw) != want {
+		t.Fatalf("got %s\nwant %s", raw, want)
+	}
+}
+
+// TestFieldsFollowTheSchema reads the JSON Schema bbsim validates snapshots against
+// (sim/bbsim/schemas/spillway-layout-v1.json) and checks every object of a converted
+// snapshot: each field is one the schema defines, and each required field is present.
+func TestFieldsFollowTheSchema(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "sim", "bbsim", "schemas", "spillway-layout-v1.json"))
+	if err != nil {
+		t.Skipf("the bbsim schema is not beside this checkout: %v", err)
+	}
+	var schema struct {
+		Required   []string                   `json:"required"`
+		Properties map[string]json.RawMessage `json:"properties"`
+		Defs       map[string]struct {
+			Required   []string                   `json:"required"`
+			Properties map[string]json.RawMessage `json:"properties"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	snap, _, err := FromAll(world(), Options{Generated: time.Now(), Controller: "unix:/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := json.Marshal(snap)
+	var doc map[string]any
+	json.Unmarshal(out, &doc)
+
+	check := func(where string, obj map[string]any, props map[string]json.RawMessage, required []string) {
+		t.Helper()
+		if len(props) == 0 {
+			t.Fatalf("%s: the schema defines no properties", where)
+		}
+		var keys []string
+		for k := range obj {
+			keys = append(keys, k)
+			if _, ok := props[k]; !ok {
+				t.Errorf("%s: field %q is not in the schema", where, k)
+			}
+		}
+		for _, r := range required {
+			if _, ok := obj[r]; !ok {
+				sort.Strings(keys)
+				t.Errorf("%s: required field %q missing (has %v)", where, r, keys)
+			}
+		}
+	}
+	check("snapshot", doc, schema.Properties, schema.Required)
+	for list, def := range map[string]string{"pools": "pool", "nodes": "node", "instances": "instance", "configurations": "configuration", "sessions": "session"} {
+		items := doc[list].([]any)
+		if len(items) == 0 {
+			t.Fatalf("the test world has no %s", list)
+		}
+		d := schema.Defs[def]
+		for i, item := range items {
+			obj := item.(map[string]any)
+			check(fmt.Sprintf("%s[%d]", list, i), obj, d.Properties, d.Required)
+			if def == "instance" {
+				f := schema.Defs["fragment"]
+				for _, frag := range obj["fragments"].([]any) {
+					check(list+" fragment", frag.(map[string]any), f.Properties, f.Required)
+				}
+			}
+		}
+	}
+	if doc["format"] != Format || doc["version"].(float64) != Version {
+		t.Errorf("format %v version %v", doc["format"], doc["version"])
+	}
+}
