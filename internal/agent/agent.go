@@ -84,13 +84,13 @@ func New(opt Options) (*Agent, error) {
 		return nil, err
 	}
 	a.ssd = ssd
-	if err := os.MkdirAll(filepath.Join(ssd, "fragment"), 0o711); err != nil {
+	if err := os.MkdirAll(filepath.Join(ssd, "fragment"), 0o700); err != nil {
 		return nil, fmt.Errorf("agent: SSD path %s: %w (set agent.ssd_path to a writable directory)", ssd, err)
 	}
-	// Users reach their namespaces through mounts and stage workers that know the path; nobody
-	// needs to list the fragments (and a stage_in "from" another user's fragment must not be
-	// able to find it).
-	os.Chmod(filepath.Join(ssd, "fragment"), 0o711)
+	// The fragments are the agent's alone: users reach their files through mounts (which count
+	// capacity and keep loadbalance read-only) and stage workers (handed their namespaces as
+	// open descriptors), never by path — writing there directly would bypass both.
+	os.Chmod(filepath.Join(ssd, "fragment"), 0o700)
 	capacity, err := a.decideCapacity(opt.Capacity)
 	if err != nil {
 		return nil, err

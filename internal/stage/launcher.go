@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,7 +92,13 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		r.finishEarly(err)
 		return r
 	}
-	request, err := json.Marshal(workerRequest{StageSpec: spec, Limits: &r.limits})
+	workerSpec, rootFiles, err := passRoots(spec)
+	if err != nil {
+		r.finishEarly(err)
+		return r
+	}
+	defer closeAll(rootFiles) // the worker has its own copies once started
+	request, err := json.Marshal(workerRequest{StageSpec: workerSpec, Limits: &r.limits})
 	if err != nil {
 		r.finishEarly(fmt.Errorf("cannot encode the stage request: %v", err))
 		return r
@@ -109,6 +116,7 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	}
 	r.stderr = &headBuffer{max: r.limits.MaxStderrBytes}
 	cmd.Stderr = r.stderr
+	cmd.ExtraFiles = rootFiles
 	cmd.WaitDelay = r.limits.CancelGrace
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -132,6 +140,37 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	go r.watch(ctx)
 	go r.supervise(stdout, reserve)
 	return r
+}
+
+// passRoots opens the stage's namespace directories for the worker, which gets them as
+// inherited descriptors (fd 3, 4, ...) and reaches them as /proc/self/fd/N: the SSD tree
+// above them is the agent's alone, so that users reach their files only through mounts
+// (which count capacity and keep loadbalance read-only) and through stages — never by path.
+func passRoots(spec agentapi.StageSpec) (agentapi.StageSpec, []*os.File, error) {
+	names := make([]string, 0, len(spec.Roots))
+	for name := range spec.Roots {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	out := spec
+	out.Roots = map[string]string{}
+	var files []*os.File
+	for i, name := range names {
+		f, err := os.OpenFile(spec.Roots[name], os.O_RDONLY|syscall.O_DIRECTORY, 0)
+		if err != nil {
+			closeAll(files)
+			return spec, nil, fmt.Errorf("cannot open the burst buffer $%s on this node: %v", name, err)
+		}
+		files = append(files, f)
+		out.Roots[name] = fmt.Sprintf("/proc/self/fd/%d", 3+i)
+	}
+	return out, files, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }
 
 // markDescriptorsCloseOnExec keeps descriptors the agent inherited from whoever started it

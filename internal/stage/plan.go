@@ -66,7 +66,7 @@ func (w *worker) locateDW(text string) (location, error) {
 		}
 		s, err = openDWSide(p.variable, rootDir)
 		if err != nil {
-			return location{}, fmt.Errorf("cannot open the burst buffer $%s (namespace %s on this node): %s", p.variable, rootDir, w.reason(err))
+			return location{}, fmt.Errorf("cannot open the burst buffer $%s on this node: %s", p.variable, w.reason(err))
 		}
 		w.dwSides[p.variable] = s
 	}

@@ -530,3 +530,35 @@ func TestParentsCreatedByAStageAre0755(t *testing.T) {
 		}
 	}
 }
+
+// The namespace sits below a directory only root may enter (the agent's SSD tree): the worker,
+// running as the user, still stages both ways, since the agent hands it the namespace as an
+// open descriptor rather than a path.
+func TestNamespaceBehindRootOnlyDirectory(t *testing.T) {
+	if !isRoot() {
+		t.Skip("needs root: the worker must run as another user than the owner of the SSD tree")
+	}
+	a := newArea(t)
+	private := filepath.Join(a.base, "ssd")
+	mkdir(t, private, 0o700)
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a.ns = filepath.Join(private, "fragment", "ns")
+	mkdir(t, a.ns, 0o755)
+	owned(t, a.ns)
+	src := filepath.Join(a.pfs, "in.txt")
+	writeFile(t, src, "through a descriptor\n", 0o644, past)
+	owned(t, src)
+	mustComplete(t, spec(a, "in", "file", src, "$DW_JOB_STRIPED/in.txt"))
+	if got := readFile(t, filepath.Join(a.ns, "in.txt")); got != "through a descriptor\n" {
+		t.Errorf("staged in: %q", got)
+	}
+	out := filepath.Join(a.pfs, "back")
+	mkdir(t, out, 0o755)
+	owned(t, out)
+	mustComplete(t, spec(a, "out", "file", out+"/copy.txt", "$DW_JOB_STRIPED/in.txt"))
+	if got := readFile(t, filepath.Join(out, "copy.txt")); got != "through a descriptor\n" {
+		t.Errorf("staged out: %q", got)
+	}
+}

@@ -246,7 +246,7 @@ func TestWorkerGetsTheUserIdentityAndNothingElse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(leak)
-	st := fakeWorker(t, a, `echo "ids=$(id -u):$(id -g):$(id -G | tr ' ' ,)" >&2; open=; for n in $(seq 0 1023); do [ -e /proc/$$/fd/$n ] && open="$open$n "; done; echo "fds=$open" >&2; echo "cwd=$(pwd)" >&2; env >&2; exit 1`, testLimits())
+	st := fakeWorker(t, a, `echo "ids=$(id -u):$(id -g):$(id -G | tr ' ' ,)" >&2; open=; for n in $(seq 0 1023); do [ -e /proc/$$/fd/$n ] && open="$open$n "; done; echo "fds=$open" >&2; echo "fd3=$(readlink /proc/$$/fd/3)" >&2; echo "cwd=$(pwd)" >&2; env >&2; exit 1`, testLimits())
 	uid, gid := stageIdentity()
 	wantGroups := []string{fmt.Sprint(gid)}
 	if !isRoot() {
@@ -272,11 +272,15 @@ func TestWorkerGetsTheUserIdentityAndNothingElse(t *testing.T) {
 			t.Errorf("worker groups %v, want %v (the user's, not the agent's)", got, wantGroups)
 		}
 	}
-	// Outside a redirection or a glob the shell holds no descriptor of its own: these are inherited.
+	// Outside a redirection or a glob the shell holds no descriptor of its own: these are
+	// inherited. Besides 0, 1 and 2, the worker holds its one namespace, as fd 3.
 	fds := strings.Fields(between(out, "fds=", "\n"))
 	slices.Sort(fds)
-	if !slices.Equal(fds, []string{"0", "1", "2"}) {
-		t.Errorf("worker holds descriptors %v, want only 0, 1 and 2", fds)
+	if !slices.Equal(fds, []string{"0", "1", "2", "3"}) {
+		t.Errorf("worker holds descriptors %v, want only 0, 1, 2 and its namespace (3)", fds)
+	}
+	if ns := between(out, "fd3=", "\n"); ns != a.ns {
+		t.Errorf("descriptor 3 of the worker is %q, want the namespace %s", ns, a.ns)
 	}
 	if cwd := between(out, "cwd=", "\n"); cwd != "/" {
 		t.Errorf("worker runs in %q, want /", cwd)

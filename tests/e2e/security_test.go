@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,7 +13,8 @@ import (
 // TestOrdinaryUserCannotImpersonate sends setup requests to a real controller's socket as the
 // ordinary user nobody: another user's session, a group nobody is not in (stages would run
 // with it), and a job id's token (which would block the workload manager's job) are refused;
-// the user's own run<N> session is accepted.
+// the user's own run<N> session is accepted, and its backing directory on the storage node
+// cannot be reached around the mount.
 func TestOrdinaryUserCannotImpersonate(t *testing.T) {
 	requireRoot(t)
 	python, err := exec.LookPath("/usr/bin/python3") // Debian's, reachable by nobody
@@ -64,6 +66,17 @@ print(r.read().decode())
 		t.Fatalf("nobody's own session: %d %s", code, body)
 	}
 	c.step("run902", "setup", func() error { return nil })
+	// The namespace's backing directory is nobody's, but nobody cannot reach it by path: the
+	// SSD tree is the agent's, so writes go through mounts that count capacity.
+	backing, _ := filepath.Glob(filepath.Join(c.dir, "ssd", "fragment", "*", "namespace", "*"))
+	if len(backing) != 1 {
+		t.Fatalf("namespace directories on the storage node: %v", backing)
+	}
+	touch := exec.Command("/usr/bin/touch", filepath.Join(backing[0], "around-the-mount"))
+	touch.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+	if out, err := touch.CombinedOutput(); err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Errorf("nobody wrote into the SSD tree directly: %v %s", err, out)
+	}
 	c.step("run902", "teardown", func() error { return c.client.Teardown(context.Background(), "run902", true) })
 	c.assertClean()
 }
