@@ -196,3 +196,60 @@ func TestPlaceAtMost(t *testing.T) {
 		t.Fatalf("two nodes: %s %v", show(p), err)
 	}
 }
+
+// TestPlaceAtMostProperties: with a node limit (what the controller runs with), a placement
+// never over-commits a node, never uses an ineligible one, places exactly the grains asked,
+// stays within the limit, and is refused only when no set of that many nodes can hold it.
+func TestPlaceAtMostProperties(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	for iter := 0; iter < 5000; iter++ {
+		var ns []Node
+		for i := 0; i < 1+rng.Intn(10); i++ {
+			g := uint64(rng.Intn(20))
+			ns = append(ns, Node{Name: fmt.Sprintf("n%02d", i), Grains: g, Used: uint64(rng.Intn(int(g) + 1)), Instances: rng.Intn(4), Online: rng.Intn(8) > 0, Drain: rng.Intn(8) == 0})
+		}
+		want := uint64(1 + rng.Intn(40))
+		maxNodes := 1 + rng.Intn(3)
+		strategy := []string{Bandwidth, Interference}[rng.Intn(2)]
+		var frees []uint64
+		byName := map[string]Node{}
+		for _, n := range ns {
+			byName[n.Name] = n
+			if n.eligible() && n.Free() > 0 {
+				frees = append(frees, n.Free())
+			}
+		}
+		// The most any maxNodes nodes can hold: the largest free counts.
+		sort.Slice(frees, func(i, j int) bool { return frees[i] > frees[j] })
+		var best uint64
+		for i := 0; i < len(frees) && i < maxNodes; i++ {
+			best += frees[i]
+		}
+		p, err := PlaceAtMost(append([]Node(nil), ns...), want, strategy, maxNodes)
+		if want > best {
+			if err == nil {
+				t.Fatalf("iter %d: placed %d grains on at most %d nodes that hold %d", iter, want, maxNodes, best)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("iter %d: %d grains, at most %d nodes (best %d): %v", iter, want, maxNodes, best, err)
+		}
+		if len(p) > maxNodes {
+			t.Fatalf("iter %d: %d nodes used, limit %d", iter, len(p), maxNodes)
+		}
+		var total uint64
+		seen := map[string]bool{}
+		for _, x := range p {
+			n := byName[x.Node]
+			if seen[x.Node] || !n.eligible() || x.Grains == 0 || n.Used+x.Grains > n.Grains {
+				t.Fatalf("iter %d: bad placement %+v on %+v", iter, x, n)
+			}
+			seen[x.Node] = true
+			total += x.Grains
+		}
+		if total != want {
+			t.Fatalf("iter %d: placed %d grains, asked %d", iter, total, want)
+		}
+	}
+}

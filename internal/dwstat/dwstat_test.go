@@ -51,6 +51,34 @@ func TestHeadersMatchWhatSlurmAndScriptsParse(t *testing.T) {
 	}
 }
 
+// Every table's header, word for word as DataWarp's dwstat prints it (the interface spec's
+// §3.1), over one row of each.
+func TestEveryHeader(t *testing.T) {
+	a := sample()
+	a.Nodes = []views.Node{{ID: "bb1", Pool: "wlm_pool", Online: true, Granularity: 1 << 30, Capacity: 4 << 40}}
+	a.Registrations = []views.Registration{{ID: 6, Session: 3, Configuration: 5, Wait: true}}
+	a.Activations = []views.Activation{{ID: 7, Session: 3, Configuration: 5, Namespace: 9, Node: "nid1", Mount: "/mnt/x"}}
+	a.Fragments = []views.Fragment{{ID: 8, Instance: 4, Capacity: 1 << 30, Node: "bb1"}}
+	a.Namespaces = []views.Namespace{{ID: 9, Configuration: 5, Fragment: 8, Span: 1}}
+	for tbl, header := range map[string]string{
+		"pools":          "pool units quantity free gran",
+		"nodes":          "node pool online drain gran capacity insts activs",
+		"sessions":       "sess state token creator owner created expiration nodes",
+		"instances":      "inst state sess bytes nodes created expiration intact label public confs",
+		"configurations": "conf state inst type activs",
+		"registrations":  "reg state sess conf wait",
+		"activations":    "activ state sess conf nodes",
+		"fragments":      "frag state inst capacity node",
+		"namespaces":     "nss state conf frag span",
+	} {
+		out := Render(a, []string{tbl}, false, Options{Location: time.UTC})
+		first := strings.Join(strings.Fields(strings.SplitN(out, "\n", 2)[0]), " ")
+		if !strings.HasPrefix(first, header) {
+			t.Errorf("%s header %q, want %q", tbl, first, header)
+		}
+	}
+}
+
 func TestEmptyMessages(t *testing.T) {
 	var a views.All
 	if out := Render(a, []string{"sessions"}, false, Options{}); out != "no sessions\n" {
