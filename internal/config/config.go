@@ -104,7 +104,7 @@ type Executor struct {
 type Stage struct {
 	MaxRunning       int      `toml:"max_running"`         // stages running at once, all sessions
 	FilesInFlight    int      `toml:"files_in_flight"`     // files copied at once within one stage
-	PollInterval     Duration `toml:"poll_interval"`       // how often the controller asks an agent for progress
+	PollInterval     Duration `toml:"poll_interval"`       // the longest wait between polls of a running stage (the first ones are sooner)
 	Timeout          Duration `toml:"timeout"`             // one stage, end to end
 	MaxAttempts      int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
 	ProgressInterval Duration `toml:"progress_interval"`   // how often a worker reports progress

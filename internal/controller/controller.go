@@ -44,7 +44,7 @@ type Controller struct {
 
 	mu       sync.Mutex
 	inflight map[lifecycle.Ref]bool
-	lastPoll map[int64]time.Time
+	polls    map[int64]pollState // running stages: when each was last polled, and the next gap
 	local    map[string]agentapi.Agent // in-process agents by node name
 	remote   map[string]agentapi.Agent // dialled agents by node name (and the address used)
 	remoteAt map[string]string
@@ -58,7 +58,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 		wake:     make(chan struct{}, 1),
 		changed:  make(chan struct{}),
 		inflight: map[lifecycle.Ref]bool{},
-		lastPoll: map[int64]time.Time{},
+		polls:    map[int64]pollState{},
 		local:    map[string]agentapi.Agent{},
 		remote:   map[string]agentapi.Agent{},
 		remoteAt: map[string]string{},

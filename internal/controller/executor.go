@@ -72,22 +72,32 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	}
 	now := c.now()
 	var next time.Duration
+	polled := map[int64]bool{}
 	for _, e := range effects {
 		c.mu.Lock()
 		busy := c.inflight[e.Ref] || len(c.inflight) >= c.cfg.Executor.MaxInFlight
-		if e.Op == lifecycle.OpPollStage && !busy {
-			if wait := c.cfg.Stage.PollInterval.D() - now.Sub(c.lastPoll[e.Ref.ID]); wait > 0 {
+		if e.Op == lifecycle.OpPollStage {
+			polled[e.Ref.ID] = true
+			p, seen := c.polls[e.Ref.ID]
+			if !seen {
+				p = pollState{gap: firstPollGap(c.cfg.Stage.PollInterval.D())}
+			}
+			if wait := p.gap - now.Sub(p.last); !busy && seen && wait > 0 {
 				busy = true
 				if next == 0 || wait < next {
 					next = wait
 				}
 			}
+			if !busy {
+				if seen {
+					p.gap = min(2*p.gap, c.cfg.Stage.PollInterval.D())
+				}
+				p.last = now
+			}
+			c.polls[e.Ref.ID] = p
 		}
 		if !busy {
 			c.inflight[e.Ref] = true
-			if e.Op == lifecycle.OpPollStage {
-				c.lastPoll[e.Ref.ID] = now
-			}
 		}
 		c.mu.Unlock()
 		if busy {
@@ -99,8 +109,26 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 			c.perform(ctx, w, e)
 		}(e)
 	}
+	c.mu.Lock()
+	for id := range c.polls { // stages no longer running
+		if !polled[id] {
+			delete(c.polls, id)
+		}
+	}
+	c.mu.Unlock()
 	return next
 }
+
+// pollState paces the polls of one running stage: a stage is asked about soon after it
+// starts (most stages are short), then less and less often, up to stage.poll_interval.
+type pollState struct {
+	last time.Time
+	gap  time.Duration
+}
+
+// firstPollGap is the wait before the second poll of a stage: 1/16 of stage.poll_interval,
+// doubling at each poll after it.
+func firstPollGap(max time.Duration) time.Duration { return max / 16 }
 
 // perform runs one effect on its agent and records the outcome.
 func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycle.Effect) {
