@@ -44,7 +44,7 @@ type Controller struct {
 
 	mu       sync.Mutex
 	inflight map[lifecycle.Ref]bool
-	polls    map[int64]pollState // running stages: when each was last polled, and the next gap
+	polls    map[int64]pollState       // running stages: when each was last polled, and the next gap
 	local    map[string]agentapi.Agent // in-process agents by node name
 	remote   map[string]agentapi.Agent // dialled agents by node name (and the address used)
 	remoteAt map[string]string
