@@ -1,0 +1,560 @@
+package proto
+
+// The bodies of every operation. Paths are relative to the namespace root, "" being the root
+// itself, components separated by "/" (the server refuses "", ".", ".." components and
+// anything that would leave the namespace). Handles are the server's, valid on the connection
+// that opened them.
+
+// Timespec is a time with nanoseconds.
+type Timespec struct {
+	Sec  int64
+	Nsec uint32
+}
+
+func (t *Timespec) Encode(e *Enc) { e.I64(t.Sec); e.U32(t.Nsec) }
+func (t *Timespec) Decode(d *Dec) { t.Sec = d.I64(); t.Nsec = d.U32() }
+
+// Attr is a file's attributes, as stat(2) gives them on the storage node.
+type Attr struct {
+	Ino, Size, Blocks                    uint64
+	Atime, Mtime, Ctime                  Timespec
+	Mode, Nlink, UID, GID, Rdev, Blksize uint32
+}
+
+func (a *Attr) Encode(e *Enc) {
+	e.U64(a.Ino)
+	e.U64(a.Size)
+	e.U64(a.Blocks)
+	a.Atime.Encode(e)
+	a.Mtime.Encode(e)
+	a.Ctime.Encode(e)
+	e.U32(a.Mode)
+	e.U32(a.Nlink)
+	e.U32(a.UID)
+	e.U32(a.GID)
+	e.U32(a.Rdev)
+	e.U32(a.Blksize)
+}
+
+func (a *Attr) Decode(d *Dec) {
+	a.Ino, a.Size, a.Blocks = d.U64(), d.U64(), d.U64()
+	a.Atime.Decode(d)
+	a.Mtime.Decode(d)
+	a.Ctime.Decode(d)
+	a.Mode, a.Nlink, a.UID, a.GID, a.Rdev, a.Blksize = d.U32(), d.U32(), d.U32(), d.U32(), d.U32(), d.U32()
+}
+
+// Empty is a body with nothing in it.
+type Empty struct{}
+
+func (*Empty) Encode(*Enc) {}
+func (*Empty) Decode(*Dec) {}
+
+// Hello opens a connection.
+type Hello struct {
+	Magic                  uint32
+	MinVersion, MaxVersion uint16
+	Nonce                  [ClientNonceSize]byte
+}
+
+func (m *Hello) Encode(e *Enc) {
+	e.U32(m.Magic)
+	e.U16(m.MinVersion)
+	e.U16(m.MaxVersion)
+	e.Raw(m.Nonce[:])
+}
+func (m *Hello) Decode(d *Dec) {
+	m.Magic, m.MinVersion, m.MaxVersion = d.U32(), d.U16(), d.U16()
+	copy(m.Nonce[:], d.Raw(ClientNonceSize))
+}
+
+// Challenge is the server's answer to HELLO.
+type Challenge struct {
+	Version uint16
+	Nonce   [ServerNonceSize]byte
+}
+
+func (m *Challenge) Encode(e *Enc) { e.U16(m.Version); e.Raw(m.Nonce[:]) }
+func (m *Challenge) Decode(d *Dec) { m.Version = d.U16(); copy(m.Nonce[:], d.Raw(ServerNonceSize)) }
+
+// Auth proves the token and names the namespace: a fragment's namespace on the server's
+// node, and the instance it belongs to (the server checks they agree).
+type Auth struct {
+	Proof       [32]byte
+	Client      string // the client node's name, for the server's logs
+	Fragment    int64
+	Namespace   int64
+	Instance    int64
+	ReadOnly    bool   // every change fails with EROFS
+	MaxFileSize uint64 // DataWarp's MFS; 0 = no limit
+}
+
+func (m *Auth) Encode(e *Enc) {
+	e.Raw(m.Proof[:])
+	e.Str(m.Client)
+	e.I64(m.Fragment)
+	e.I64(m.Namespace)
+	e.I64(m.Instance)
+	e.Bool(m.ReadOnly)
+	e.U64(m.MaxFileSize)
+}
+
+func (m *Auth) Decode(d *Dec) {
+	copy(m.Proof[:], d.Raw(32))
+	m.Client = d.Str(MaxName)
+	m.Fragment, m.Namespace, m.Instance = d.I64(), d.I64(), d.I64()
+	m.ReadOnly = d.Bool()
+	m.MaxFileSize = d.U64()
+}
+
+// Welcome accepts AUTH. A refusal is a failed reply whose body is a Refusal.
+type Welcome struct {
+	Proof [32]byte
+	MaxIO uint32 // the largest READ or WRITE the server takes
+	Root  Attr   // the namespace root
+}
+
+func (m *Welcome) Encode(e *Enc) { e.Raw(m.Proof[:]); e.U32(m.MaxIO); m.Root.Encode(e) }
+func (m *Welcome) Decode(d *Dec) { copy(m.Proof[:], d.Raw(32)); m.MaxIO = d.U32(); m.Root.Decode(d) }
+
+// Refusal says why the handshake failed.
+type Refusal struct{ Message string }
+
+func (m *Refusal) Encode(e *Enc) { e.Str(m.Message) }
+func (m *Refusal) Decode(d *Dec) { m.Message = d.Str(4096) }
+
+// PathReq names a node by path (LOOKUP, READLINK, OPENDIR).
+type PathReq struct{ Path string }
+
+func (m *PathReq) Encode(e *Enc) { e.Str(m.Path) }
+func (m *PathReq) Decode(d *Dec) { m.Path = d.Str(MaxPath) }
+
+// NodeReq names a node by an open handle, or by path when Handle is 0 (GETATTR).
+type NodeReq struct {
+	Path   string
+	Handle uint64
+}
+
+func (m *NodeReq) Encode(e *Enc) { e.Str(m.Path); e.U64(m.Handle) }
+func (m *NodeReq) Decode(d *Dec) { m.Path = d.Str(MaxPath); m.Handle = d.U64() }
+
+// Setattr validity bits (the FUSE ones).
+const (
+	SetMode        = 1 << 0
+	SetUID         = 1 << 1
+	SetGID         = 1 << 2
+	SetSize        = 1 << 3
+	SetAtime       = 1 << 4
+	SetMtime       = 1 << 5
+	SetAtimeNow    = 1 << 7
+	SetMtimeNow    = 1 << 8
+	SetKillSUIDGID = 1 << 11
+)
+
+// SetattrReq changes what Valid says of a node (by handle, or path when Handle is 0).
+type SetattrReq struct {
+	Path         string
+	Handle       uint64
+	Valid        uint32
+	Mode         uint32
+	UID, GID     uint32
+	Size         uint64
+	Atime, Mtime Timespec
+}
+
+func (m *SetattrReq) Encode(e *Enc) {
+	e.Str(m.Path)
+	e.U64(m.Handle)
+	e.U32(m.Valid)
+	e.U32(m.Mode)
+	e.U32(m.UID)
+	e.U32(m.GID)
+	e.U64(m.Size)
+	m.Atime.Encode(e)
+	m.Mtime.Encode(e)
+}
+
+func (m *SetattrReq) Decode(d *Dec) {
+	m.Path = d.Str(MaxPath)
+	m.Handle, m.Valid, m.Mode, m.UID, m.GID, m.Size = d.U64(), d.U32(), d.U32(), d.U32(), d.U32(), d.U64()
+	m.Atime.Decode(d)
+	m.Mtime.Decode(d)
+}
+
+// AttrReply carries a node's attributes.
+type AttrReply struct{ Attr Attr }
+
+func (m *AttrReply) Encode(e *Enc) { m.Attr.Encode(e) }
+func (m *AttrReply) Decode(d *Dec) { m.Attr.Decode(d) }
+
+// OpenReq opens an existing file with open(2) flags.
+type OpenReq struct {
+	Path  string
+	Flags uint32
+}
+
+func (m *OpenReq) Encode(e *Enc) { e.Str(m.Path); e.U32(m.Flags) }
+func (m *OpenReq) Decode(d *Dec) { m.Path = d.Str(MaxPath); m.Flags = d.U32() }
+
+// OpenReply is an open file: its handle and attributes.
+type OpenReply struct {
+	Handle uint64
+	Attr   Attr
+}
+
+func (m *OpenReply) Encode(e *Enc) { e.U64(m.Handle); m.Attr.Encode(e) }
+func (m *OpenReply) Decode(d *Dec) { m.Handle = d.U64(); m.Attr.Decode(d) }
+
+// CreateReq creates and opens a file Name in directory Dir (CREATE), or an unnamed file in
+// Dir (TMPFILE, Name ""), owned by the caller.
+type CreateReq struct {
+	Dir, Name   string
+	Flags, Mode uint32
+}
+
+func (m *CreateReq) Encode(e *Enc) { e.Str(m.Dir); e.Str(m.Name); e.U32(m.Flags); e.U32(m.Mode) }
+func (m *CreateReq) Decode(d *Dec) {
+	m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxName)
+	m.Flags, m.Mode = d.U32(), d.U32()
+}
+
+// MkdirReq creates a directory (MKDIR) or a special file (MKNOD, with Rdev).
+type MkdirReq struct {
+	Dir, Name  string
+	Mode, Rdev uint32
+}
+
+func (m *MkdirReq) Encode(e *Enc) { e.Str(m.Dir); e.Str(m.Name); e.U32(m.Mode); e.U32(m.Rdev) }
+func (m *MkdirReq) Decode(d *Dec) {
+	m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxName)
+	m.Mode, m.Rdev = d.U32(), d.U32()
+}
+
+// SymlinkReq creates a symbolic link Name in Dir pointing to Target.
+type SymlinkReq struct{ Dir, Name, Target string }
+
+func (m *SymlinkReq) Encode(e *Enc) { e.Str(m.Dir); e.Str(m.Name); e.Str(m.Target) }
+func (m *SymlinkReq) Decode(d *Dec) {
+	m.Dir, m.Name, m.Target = d.Str(MaxPath), d.Str(MaxName), d.Str(MaxPath)
+}
+
+// LinkReq makes Dir/Name a hard link to the file at Path.
+type LinkReq struct{ Path, Dir, Name string }
+
+func (m *LinkReq) Encode(e *Enc) { e.Str(m.Path); e.Str(m.Dir); e.Str(m.Name) }
+func (m *LinkReq) Decode(d *Dec) {
+	m.Path, m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxPath), d.Str(MaxName)
+}
+
+// EntryReq names a directory entry (UNLINK, RMDIR).
+type EntryReq struct{ Dir, Name string }
+
+func (m *EntryReq) Encode(e *Enc) { e.Str(m.Dir); e.Str(m.Name) }
+func (m *EntryReq) Decode(d *Dec) { m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxName) }
+
+// RenameReq renames Dir/Name to NewDir/NewName with renameat2(2) flags.
+type RenameReq struct {
+	Dir, Name, NewDir, NewName string
+	Flags                      uint32
+}
+
+func (m *RenameReq) Encode(e *Enc) {
+	e.Str(m.Dir)
+	e.Str(m.Name)
+	e.Str(m.NewDir)
+	e.Str(m.NewName)
+	e.U32(m.Flags)
+}
+
+func (m *RenameReq) Decode(d *Dec) {
+	m.Dir, m.Name, m.NewDir, m.NewName = d.Str(MaxPath), d.Str(MaxName), d.Str(MaxPath), d.Str(MaxName)
+	m.Flags = d.U32()
+}
+
+// HandleReq names an open handle (RELEASE).
+type HandleReq struct{ Handle uint64 }
+
+func (m *HandleReq) Encode(e *Enc) { e.U64(m.Handle) }
+func (m *HandleReq) Decode(d *Dec) { m.Handle = d.U64() }
+
+// HandleReply is a new handle (OPENDIR).
+type HandleReply struct{ Handle uint64 }
+
+func (m *HandleReply) Encode(e *Enc) { e.U64(m.Handle) }
+func (m *HandleReply) Decode(d *Dec) { m.Handle = d.U64() }
+
+// DataReply is a byte string (READLINK).
+type DataReply struct{ Data []byte }
+
+func (m *DataReply) Encode(e *Enc) { e.Bytes(m.Data) }
+func (m *DataReply) Decode(d *Dec) { m.Data = d.Bytes(MaxBody) }
+
+// ReaddirReq reads a directory handle from Offset (0 = the start, else an entry's Off).
+type ReaddirReq struct {
+	Handle, Offset uint64
+}
+
+func (m *ReaddirReq) Encode(e *Enc) { e.U64(m.Handle); e.U64(m.Offset) }
+func (m *ReaddirReq) Decode(d *Dec) { m.Handle, m.Offset = d.U64(), d.U64() }
+
+// Dirent is one directory entry: Off is where the entry after it starts; Type holds only
+// the S_IFMT bits.
+type Dirent struct {
+	Ino, Off uint64
+	Type     uint32
+	Name     string
+}
+
+// ReaddirReply is a batch of entries; EOF when the directory has no more.
+type ReaddirReply struct {
+	Entries []Dirent
+	EOF     bool
+}
+
+func (m *ReaddirReply) Encode(e *Enc) {
+	e.U32(uint32(len(m.Entries)))
+	for i := range m.Entries {
+		de := &m.Entries[i]
+		e.U64(de.Ino)
+		e.U64(de.Off)
+		e.U32(de.Type)
+		e.Str(de.Name)
+	}
+	e.Bool(m.EOF)
+}
+
+// direntMin is the smallest encoded entry: it bounds the count a body can claim.
+const direntMin = 8 + 8 + 4 + 2
+
+func (m *ReaddirReply) Decode(d *Dec) {
+	n := d.U32()
+	if d.err == nil && int64(n)*direntMin > int64(len(d.B)) {
+		d.fail("more directory entries than the body holds")
+		return
+	}
+	m.Entries = make([]Dirent, 0, n)
+	for i := uint32(0); i < n && d.err == nil; i++ {
+		m.Entries = append(m.Entries, Dirent{Ino: d.U64(), Off: d.U64(), Type: d.U32(), Name: d.Str(MaxName)})
+	}
+	m.EOF = d.Bool()
+}
+
+// ReadReq reads up to Size bytes at Offset. The reply's body is the data.
+type ReadReq struct {
+	Handle, Offset uint64
+	Size           uint32
+}
+
+func (m *ReadReq) Encode(e *Enc) { e.U64(m.Handle); e.U64(m.Offset); e.U32(m.Size) }
+func (m *ReadReq) Decode(d *Dec) { m.Handle, m.Offset, m.Size = d.U64(), d.U64(), d.U32() }
+
+// WriteReq writes Data at Offset. Data is the rest of the body (not length-prefixed).
+type WriteReq struct {
+	Handle, Offset uint64
+	Data           []byte
+}
+
+func (m *WriteReq) Encode(e *Enc) { e.U64(m.Handle); e.U64(m.Offset); e.Raw(m.Data) }
+func (m *WriteReq) Decode(d *Dec) { m.Handle, m.Offset = d.U64(), d.U64(); m.Data = d.Rest() }
+
+// CountReply is a number: bytes written or copied, a new offset.
+type CountReply struct{ N uint64 }
+
+func (m *CountReply) Encode(e *Enc) { e.U64(m.N) }
+func (m *CountReply) Decode(d *Dec) { m.N = d.U64() }
+
+// FsyncReq flushes a handle; Flags bit 0 = data only (fdatasync).
+type FsyncReq struct {
+	Handle uint64
+	Flags  uint32
+}
+
+func (m *FsyncReq) Encode(e *Enc) { e.U64(m.Handle); e.U32(m.Flags) }
+func (m *FsyncReq) Decode(d *Dec) { m.Handle, m.Flags = d.U64(), d.U32() }
+
+// FallocateReq is fallocate(2) on a handle.
+type FallocateReq struct {
+	Handle, Offset, Length uint64
+	Mode                   uint32
+}
+
+func (m *FallocateReq) Encode(e *Enc) {
+	e.U64(m.Handle)
+	e.U64(m.Offset)
+	e.U64(m.Length)
+	e.U32(m.Mode)
+}
+func (m *FallocateReq) Decode(d *Dec) {
+	m.Handle, m.Offset, m.Length, m.Mode = d.U64(), d.U64(), d.U64(), d.U32()
+}
+
+// LseekReq is lseek(2) on a handle (SEEK_DATA and SEEK_HOLE are what the kernel forwards).
+type LseekReq struct {
+	Handle, Offset uint64
+	Whence         uint32
+}
+
+func (m *LseekReq) Encode(e *Enc) { e.U64(m.Handle); e.U64(m.Offset); e.U32(m.Whence) }
+func (m *LseekReq) Decode(d *Dec) { m.Handle, m.Offset, m.Whence = d.U64(), d.U64(), d.U32() }
+
+// CopyRangeReq is copy_file_range(2) between two handles of the connection.
+type CopyRangeReq struct {
+	In, OffIn, Out, OffOut, Length, Flags uint64
+}
+
+func (m *CopyRangeReq) Encode(e *Enc) {
+	e.U64(m.In)
+	e.U64(m.OffIn)
+	e.U64(m.Out)
+	e.U64(m.OffOut)
+	e.U64(m.Length)
+	e.U64(m.Flags)
+}
+
+func (m *CopyRangeReq) Decode(d *Dec) {
+	m.In, m.OffIn, m.Out, m.OffOut, m.Length, m.Flags = d.U64(), d.U64(), d.U64(), d.U64(), d.U64(), d.U64()
+}
+
+// StatfsReply is the instance seen as a file system: blocks of Bsize bytes.
+type StatfsReply struct {
+	Blocks, Bfree, Bavail, Files, Ffree uint64
+	Bsize, Frsize, NameLen              uint32
+}
+
+func (m *StatfsReply) Encode(e *Enc) {
+	e.U64(m.Blocks)
+	e.U64(m.Bfree)
+	e.U64(m.Bavail)
+	e.U64(m.Files)
+	e.U64(m.Ffree)
+	e.U32(m.Bsize)
+	e.U32(m.Frsize)
+	e.U32(m.NameLen)
+}
+
+func (m *StatfsReply) Decode(d *Dec) {
+	m.Blocks, m.Bfree, m.Bavail, m.Files, m.Ffree = d.U64(), d.U64(), d.U64(), d.U64(), d.U64()
+	m.Bsize, m.Frsize, m.NameLen = d.U32(), d.U32(), d.U32()
+}
+
+// XattrReq is an extended attribute operation on a node (by handle, or path when Handle is
+// 0). GETXATTR uses Name and Size; LISTXATTR Size; SETXATTR Name, Value and Flags;
+// REMOVEXATTR Name. Size 0 asks for the size only.
+type XattrReq struct {
+	Path   string
+	Handle uint64
+	Name   string
+	Size   uint32
+	Value  []byte
+	Flags  uint32
+}
+
+func (m *XattrReq) Encode(e *Enc) {
+	e.Str(m.Path)
+	e.U64(m.Handle)
+	e.Str(m.Name)
+	e.U32(m.Size)
+	e.Bytes(m.Value)
+	e.U32(m.Flags)
+}
+
+func (m *XattrReq) Decode(d *Dec) {
+	m.Path = d.Str(MaxPath)
+	m.Handle = d.U64()
+	m.Name = d.Str(MaxName)
+	m.Size = d.U32()
+	m.Value = d.Bytes(MaxXattr)
+	m.Flags = d.U32()
+}
+
+// XattrReply is an attribute's value or the list of names; Size is the full size, Data
+// empty when the request asked for the size only.
+type XattrReply struct {
+	Size uint32
+	Data []byte
+}
+
+func (m *XattrReply) Encode(e *Enc) { e.U32(m.Size); e.Bytes(m.Data) }
+func (m *XattrReply) Decode(d *Dec) { m.Size = d.U32(); m.Data = d.Bytes(MaxXattr) }
+
+// NewRequest returns an empty request body for op (nil for an unknown op, and for READ
+// replies, which have no message).
+func NewRequest(op Op) Message {
+	switch op {
+	case OpHello:
+		return &Hello{}
+	case OpAuth:
+		return &Auth{}
+	case OpPing, OpStatfs:
+		return &Empty{}
+	case OpLookup, OpReadlink, OpOpendir:
+		return &PathReq{}
+	case OpGetattr:
+		return &NodeReq{}
+	case OpSetattr:
+		return &SetattrReq{}
+	case OpOpen:
+		return &OpenReq{}
+	case OpCreate, OpTmpfile:
+		return &CreateReq{}
+	case OpMkdir, OpMknod:
+		return &MkdirReq{}
+	case OpSymlink:
+		return &SymlinkReq{}
+	case OpLink:
+		return &LinkReq{}
+	case OpUnlink, OpRmdir:
+		return &EntryReq{}
+	case OpRename:
+		return &RenameReq{}
+	case OpReaddir:
+		return &ReaddirReq{}
+	case OpRelease:
+		return &HandleReq{}
+	case OpRead:
+		return &ReadReq{}
+	case OpWrite:
+		return &WriteReq{}
+	case OpFsync:
+		return &FsyncReq{}
+	case OpFallocate:
+		return &FallocateReq{}
+	case OpLseek:
+		return &LseekReq{}
+	case OpCopyRange:
+		return &CopyRangeReq{}
+	case OpGetxattr, OpListxattr, OpSetxattr, OpRemovexattr:
+		return &XattrReq{}
+	}
+	return nil
+}
+
+// NewReply returns an empty reply body for a successful op (nil for READ, whose body is raw
+// data, and for unknown ops).
+func NewReply(op Op) Message {
+	switch op {
+	case OpHello:
+		return &Challenge{}
+	case OpAuth:
+		return &Welcome{}
+	case OpLookup, OpGetattr, OpSetattr, OpMkdir, OpMknod, OpSymlink, OpLink:
+		return &AttrReply{}
+	case OpOpen, OpCreate, OpTmpfile:
+		return &OpenReply{}
+	case OpOpendir:
+		return &HandleReply{}
+	case OpReadlink:
+		return &DataReply{}
+	case OpReaddir:
+		return &ReaddirReply{}
+	case OpWrite, OpLseek, OpCopyRange:
+		return &CountReply{}
+	case OpStatfs:
+		return &StatfsReply{}
+	case OpGetxattr, OpListxattr:
+		return &XattrReply{}
+	case OpPing, OpUnlink, OpRmdir, OpRename, OpRelease, OpFsync, OpFallocate, OpSetxattr, OpRemovexattr:
+		return &Empty{}
+	}
+	return nil
+}
