@@ -48,10 +48,12 @@ func statOf(t *testing.T, path string) *syscall.Stat_t {
 	return &st
 }
 
-func TestRoundTrips(t *testing.T) {
+func TestRoundTrips(t *testing.T) { eachBackend(t, testRoundTrips) }
+
+func testRoundTrips(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 1", 64*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, FsName: "I1-0"})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, FsName: "I1-0"})
 	root := m.Path()
 
 	if err := os.MkdirAll(filepath.Join(root, "a", "b"), 0o755); err != nil {
@@ -157,10 +159,14 @@ func mountOptionsOf(t *testing.T, path string) []string {
 }
 
 func TestWriteBeyondCapacityFailsWithENOSPC(t *testing.T) {
+	eachBackend(t, testWriteBeyondCapacityFailsWithENOSPC)
+}
+
+func testWriteBeyondCapacityFailsWithENOSPC(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 2", 1*mib)
 	var logged bytes.Buffer
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, Logger: log.New(&logged, "", 0)})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, Logger: log.New(&logged, "", 0)})
 	first := filepath.Join(m.Path(), "first")
 	if err := os.WriteFile(first, make([]byte, 768*kib), 0o644); err != nil {
 		t.Fatalf("writing 768 KiB of 1 MiB: %v", err)
@@ -208,10 +214,12 @@ func TestWriteBeyondCapacityFailsWithENOSPC(t *testing.T) {
 	checkAccounting(t, tr, src)
 }
 
-func TestTruncateAccounting(t *testing.T) {
+func TestTruncateAccounting(t *testing.T) { eachBackend(t, testTruncateAccounting) }
+
+func testTruncateAccounting(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 3", 1*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
 	p := filepath.Join(m.Path(), "f")
 	if err := os.WriteFile(p, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -261,9 +269,13 @@ func TestTruncateAccounting(t *testing.T) {
 }
 
 func TestSparseWritesCountApparentSize(t *testing.T) {
+	eachBackend(t, testSparseWritesCountApparentSize)
+}
+
+func testSparseWritesCountApparentSize(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 4", 4*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
 	f, err := os.Create(filepath.Join(m.Path(), "sparse"))
 	if err != nil {
 		t.Fatal(err)
@@ -292,10 +304,12 @@ func TestSparseWritesCountApparentSize(t *testing.T) {
 	checkAccounting(t, tr, src)
 }
 
-func TestStatfsShowsTheInstance(t *testing.T) {
+func TestStatfsShowsTheInstance(t *testing.T) { eachBackend(t, testStatfsShowsTheInstance) }
+
+func testStatfsShowsTheInstance(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 5", 100*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, FsName: "I5-0"})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, FsName: "I5-0"})
 	if err := os.WriteFile(filepath.Join(m.Path(), "data"), make([]byte, 10*mib), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -332,6 +346,10 @@ func TestStatfsShowsTheInstance(t *testing.T) {
 }
 
 func TestReadOnlyMountRefusesEveryChange(t *testing.T) {
+	eachBackend(t, testReadOnlyMountRefusesEveryChange)
+}
+
+func testReadOnlyMountRefusesEveryChange(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	if err := os.WriteFile(filepath.Join(src, "input"), []byte("staged in"), 0o644); err != nil {
 		t.Fatal(err)
@@ -343,7 +361,7 @@ func TestReadOnlyMountRefusesEveryChange(t *testing.T) {
 	if err := tr.Scan(src); err != nil {
 		t.Fatal(err)
 	}
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, ReadOnly: true})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, ReadOnly: true})
 	root := m.Path()
 	if got, err := os.ReadFile(filepath.Join(root, "input")); err != nil || string(got) != "staged in" {
 		t.Fatalf("reading a read-only mount: %q, %v", got, err)
@@ -382,6 +400,10 @@ func TestReadOnlyMountRefusesEveryChange(t *testing.T) {
 // As root with allow_other, files a user creates through the mount are the user's, and the
 // kernel checks modes on the server's behalf.
 func TestRootMountCreatesFilesAsTheCaller(t *testing.T) {
+	eachBackend(t, testRootMountCreatesFilesAsTheCaller)
+}
+
+func testRootMountCreatesFilesAsTheCaller(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	if err := os.Chown(src, 65534, 65534); err != nil { // the namespace root belongs to the job's user
 		t.Fatal(err)
@@ -414,7 +436,7 @@ func TestRootMountCreatesFilesAsTheCaller(t *testing.T) {
 	if err := tr.Scan(src); err != nil {
 		t.Fatal(err)
 	}
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, AllowOther: true})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, AllowOther: true})
 	root := m.Path()
 
 	out, err := asNobody(t, "set -e; umask 002; cd "+root+"; echo data > mine; mkdir mydir; ln -s mine mylink; "+
@@ -722,11 +744,13 @@ func TestMountRejectsBadSpecs(t *testing.T) {
 
 // Unmounting while a process still has a file open detaches lazily after the limit and says
 // who was holding it; the open file keeps working until closed.
-func TestUnmountBusyDetachesLazily(t *testing.T) {
+func TestUnmountBusyDetachesLazily(t *testing.T) { eachBackend(t, testUnmountBusyDetachesLazily) }
+
+func testUnmountBusyDetachesLazily(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 11", 1*mib)
-	m, err := Mount(Spec{MountPath: mp, SourceDir: src, Tracker: tr,
-		Limits: Limits{UnmountBusyTimeout: 300 * time.Millisecond, UnmountRetryInterval: 50 * time.Millisecond}})
+	m, err := Mount(b.prepare(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr,
+		Limits: Limits{UnmountBusyTimeout: 300 * time.Millisecond, UnmountRetryInterval: 50 * time.Millisecond}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -766,9 +790,13 @@ func TestUnmountBusyDetachesLazily(t *testing.T) {
 }
 
 func TestUnlinkedOpenFileReleasesAtLastClose(t *testing.T) {
+	eachBackend(t, testUnlinkedOpenFileReleasesAtLastClose)
+}
+
+func testUnlinkedOpenFileReleasesAtLastClose(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 12", 1*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, Debug: os.Getenv("XDEBUG") != ""})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, Debug: os.Getenv("XDEBUG") != ""})
 	p := filepath.Join(m.Path(), "tmp")
 	f, err := os.Create(p)
 	if err != nil {
@@ -808,10 +836,12 @@ func TestUnlinkedOpenFileReleasesAtLastClose(t *testing.T) {
 	checkAccounting(t, tr, src)
 }
 
-func TestHardLinksAndRenameOver(t *testing.T) {
+func TestHardLinksAndRenameOver(t *testing.T) { eachBackend(t, testHardLinksAndRenameOver) }
+
+func testHardLinksAndRenameOver(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 13", 1*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
 	root := m.Path()
 	if err := os.WriteFile(filepath.Join(root, "a"), make([]byte, 300*kib), 0o644); err != nil {
 		t.Fatal(err)
@@ -841,10 +871,12 @@ func TestHardLinksAndRenameOver(t *testing.T) {
 	checkAccounting(t, tr, src)
 }
 
-func TestFallocateAndCopyFileRange(t *testing.T) {
+func TestFallocateAndCopyFileRange(t *testing.T) { eachBackend(t, testFallocateAndCopyFileRange) }
+
+func testFallocateAndCopyFileRange(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 14", 1*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
 	f, err := os.Create(filepath.Join(m.Path(), "prealloc"))
 	if err != nil {
 		t.Fatal(err)
@@ -886,9 +918,13 @@ func TestFallocateAndCopyFileRange(t *testing.T) {
 // Writers racing on one shared file (N-to-1, as MPI-IO does) and on their own files keep the
 // count exact.
 func TestConcurrentWritersKeepCountExact(t *testing.T) {
+	eachBackend(t, testConcurrentWritersKeepCountExact)
+}
+
+func testConcurrentWritersKeepCountExact(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 15", 64*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
 	shared, err := os.Create(filepath.Join(m.Path(), "shared"))
 	if err != nil {
 		t.Fatal(err)
@@ -925,10 +961,12 @@ func TestConcurrentWritersKeepCountExact(t *testing.T) {
 	checkAccounting(t, tr, src)
 }
 
-func TestClientCacheMount(t *testing.T) {
+func TestClientCacheMount(t *testing.T) { eachBackend(t, testClientCacheMount) }
+
+func testClientCacheMount(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 16", 1*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, ClientCache: true})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, ClientCache: true})
 	p := filepath.Join(m.Path(), "f")
 	for _, content := range []string{"first", "second version"} {
 		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
@@ -1075,10 +1113,12 @@ func TestReadOnlyMountReadsThroughPassthrough(t *testing.T) {
 }
 
 // DataWarp's MFS: no file grows beyond the maximum file size.
-func TestMaxFileSize(t *testing.T) {
+func TestMaxFileSize(t *testing.T) { eachBackend(t, testMaxFileSize) }
+
+func testMaxFileSize(t *testing.T, b testBackend) {
 	src, mp := dirs(t)
 	tr := usage.New("instance 18", 4*mib)
-	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, MaxFileSize: 100 * kib})
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, MaxFileSize: 100 * kib})
 	f, err := os.Create(filepath.Join(m.Path(), "f"))
 	if err != nil {
 		t.Fatal(err)

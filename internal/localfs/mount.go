@@ -3,10 +3,11 @@
 // capacity, and makes mounting and unmounting idempotent and robust against the leftovers of
 // a crashed agent.
 //
-// In this stage of the project the namespace is an ordinary directory on the same host and
-// is served by a loopback backend (loopback.go). The mount lifecycle here only sees a go-fuse
-// root node, so a later backend (warpfs, striped over several servers) replaces the backend,
-// not this file.
+// Two backends serve a namespace. When it lives on this host, the loopback (loopback.go)
+// serves its directory directly: the fast path. When it lives on another host, the remote
+// backend (remote.go) forwards every operation to that host's storage agent over warpfs
+// (packages warpfs/client, warpfs/proto, warpfs/server). The mount lifecycle here only sees a
+// go-fuse root node; a striped backend over several servers will be a third.
 //
 // What users see: `df` shows the instance's capacity and free space, not the host disk's; a
 // write or truncate that would grow the instance past its capacity fails with ENOSPC; a
@@ -15,6 +16,7 @@
 package localfs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -32,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 )
 
 // Spec says which namespace to expose where, and how.
@@ -41,11 +44,15 @@ type Spec struct {
 	// (0755) if missing, and so is the directory itself.
 	MountPath string
 	// SourceDir is the namespace root: the directory holding the files. Absolute; it must
-	// exist, and must not contain MountPath or lie under it.
+	// exist, and must not contain MountPath or lie under it. Empty for a remote namespace.
 	SourceDir string
 	// Tracker counts the instance's usage against its capacity; it is shared with everything
-	// else writing into the instance on this node (the stage engine).
+	// else writing into the instance on this node (the stage engine). Nil for a remote
+	// namespace: its storage node counts.
 	Tracker *usage.Tracker
+	// Remote, instead of SourceDir and Tracker, names a namespace held by another host's
+	// storage agent, reached over the network.
+	Remote *Remote
 	// ReadOnly mounts the namespace read-only (loadbalance after stage-in): every change
 	// fails with EROFS.
 	ReadOnly bool
@@ -77,6 +84,21 @@ type Spec struct {
 	Logger *log.Logger
 	// Debug logs every FUSE request and reply to Logger (very verbose; for diagnosis).
 	Debug bool
+}
+
+// Remote is a namespace on another host: its storage agent's data address, and which
+// namespace. The storage agent enforces the capacity, the read-only mode and the maximum file
+// size.
+type Remote struct {
+	Address     string // host:port of the storage agent's data server (agent.data_listen)
+	Token       string // the cluster's shared secret
+	Client      string // this node's name, for the storage agent's logs
+	FragmentID  int64
+	NamespaceID int64
+	InstanceID  int64
+	// Limits bound the network client (timeouts, retries, requests in flight); zero fields
+	// mean the defaults of package warpfs/client.
+	Limits client.Limits
 }
 
 // Limits are the tunables of a mount, each a named field so the agent's configuration can
@@ -199,7 +221,8 @@ type Mounted struct {
 	served       chan struct{} // closed when the server has stopped
 	createdDir   bool          // Mount created the mount path directory; Unmount removes it
 	cleanedStale bool
-	backend      *backend
+	backend      *backend       // the loopback's, or nil
+	remote       *remoteBackend // the remote backend's, or nil
 
 	unmounted bool // guarded by the path lock
 }
@@ -298,11 +321,15 @@ func Mount(spec Spec) (*Mounted, error) {
 		case <-m.served: // its server stopped: the leftover is cleaned below
 			setActive(path, nil)
 		default:
-			if m.spec.SourceDir == spec.SourceDir && m.spec.ReadOnly == spec.ReadOnly && m.spec.Tracker == spec.Tracker {
+			same := m.spec.SourceDir == spec.SourceDir && m.spec.Tracker == spec.Tracker && m.spec.Remote == nil && spec.Remote == nil
+			if spec.Remote != nil {
+				same = remoteEqual(m.spec.Remote, spec.Remote)
+			}
+			if same && m.spec.ReadOnly == spec.ReadOnly {
 				return m, nil
 			}
 			return nil, fmt.Errorf("cannot mount %s at %s: this agent already serves %s there "+
-				"(read-only %v); unmount it first: %w", spec.SourceDir, path, m.spec.SourceDir, m.spec.ReadOnly, ErrAlreadyMounted)
+				"(read-only %v); unmount it first: %w", spec.source(), path, m.spec.source(), m.spec.ReadOnly, ErrAlreadyMounted)
 		}
 	}
 	created, cleaned, err := preparePath(path, limits, logger)
@@ -316,28 +343,49 @@ func Mount(spec Spec) (*Mounted, error) {
 	}
 
 	asRoot := os.Geteuid() == 0
-	be := &backend{
-		tracker:   spec.Tracker,
-		readOnly:  spec.ReadOnly,
-		keepCache: spec.ClientCache,
-		blockSize: uint32(limits.PreferredIOSize),
-		asRoot:    asRoot,
-		umask:     processUmask(),
-		// Passthrough only where nothing can write: mixing passthrough and cached opens of
-		// one file makes the kernel fail the later open with EIO.
-		passthrough: spec.ReadOnly && !spec.DisablePassthrough && asRoot,
-		logger:      logger,
-		mountPath:   path,
-		maxFileSize: int64(min(spec.MaxFileSize, math.MaxInt64)),
+	var (
+		root gofs.InodeEmbedder
+		be   *backend
+		rbe  *remoteBackend
+	)
+	if spec.Remote != nil {
+		rbe, err = dialRemote(spec, limits, logger)
+		if err != nil {
+			removeCreated()
+			return nil, err
+		}
+		root = newRemoteRoot(rbe)
+	} else {
+		be = &backend{
+			tracker:   spec.Tracker,
+			readOnly:  spec.ReadOnly,
+			keepCache: spec.ClientCache,
+			blockSize: uint32(limits.PreferredIOSize),
+			asRoot:    asRoot,
+			umask:     processUmask(),
+			// Passthrough only where nothing can write: mixing passthrough and cached opens
+			// of one file makes the kernel fail the later open with EIO.
+			passthrough: spec.ReadOnly && !spec.DisablePassthrough && asRoot,
+			logger:      logger,
+			mountPath:   path,
+			maxFileSize: int64(min(spec.MaxFileSize, math.MaxInt64)),
+		}
+		lb, err := newLoopbackRoot(spec.SourceDir, be)
+		if err != nil {
+			removeCreated()
+			return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
+		}
+		root = lb
 	}
-	root, err := newLoopbackRoot(spec.SourceDir, be)
-	if err != nil {
-		removeCreated()
-		return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
+	closeRemote := func() {
+		if rbe != nil {
+			rbe.client.Close()
+		}
 	}
 	opts := mountOptions(spec, limits, asRoot, logger)
 	server, err := fuse.NewServer(gofs.NewNodeFS(root, opts), path, &opts.MountOptions)
 	if err != nil {
+		closeRemote()
 		// go-fuse leaves the mount in place when the handshake after mount(2) fails.
 		if mounts, _ := mountsAt(path); len(mounts) > 0 && mounts[len(mounts)-1].fsType == fsType {
 			unmountOnce(path, true)
@@ -355,9 +403,11 @@ func Mount(spec Spec) (*Mounted, error) {
 		createdDir:   created,
 		cleanedStale: cleaned,
 		backend:      be,
+		remote:       rbe,
 	}
 	go func() {
 		server.Serve()
+		closeRemote()
 		close(m.served)
 	}()
 	if err := server.WaitMount(); err != nil {
@@ -376,10 +426,28 @@ func Mount(spec Spec) (*Mounted, error) {
 	return m, nil
 }
 
+// source names what the mount serves, for messages.
+func (s Spec) source() string {
+	if s.Remote != nil {
+		return fmt.Sprintf("namespace %d on %s", s.Remote.NamespaceID, s.Remote.Address)
+	}
+	return s.SourceDir
+}
+
 func (s Spec) validate() error {
 	if s.MountPath == "" || !filepath.IsAbs(s.MountPath) {
 		return fmt.Errorf("mount path %q is not an absolute path; pass the activation's mount path, "+
 			"e.g. /var/opt/spillway/mounts/batch/42_striped_scratch", s.MountPath)
+	}
+	if s.Remote != nil {
+		if s.SourceDir != "" || s.Tracker != nil {
+			return fmt.Errorf("mount at %s names both a remote namespace and a directory; choose one", s.MountPath)
+		}
+		if s.Remote.Address == "" {
+			return fmt.Errorf("mount at %s: the remote namespace has no address; the storage node "+
+				"must set agent.data_listen", s.MountPath)
+		}
+		return nil
 	}
 	if s.SourceDir == "" || !filepath.IsAbs(s.SourceDir) {
 		return fmt.Errorf("namespace directory %q is not an absolute path", s.SourceDir)
@@ -550,6 +618,9 @@ func mountOptions(spec Spec, l Limits, asRoot bool, logger *log.Logger) *gofs.Op
 			// go-fuse splices reads only through a pipe larger than one request; with the
 			// default 1 MiB pipe-max-size every 1 MiB read would try, fail and log.
 			DisableSplice: !spliceFits(l.MaxWrite),
+			// A remote listing with attributes costs a round trip per entry, which nothing
+			// uses when attributes are not cached.
+			DisableReadDirPlus: spec.Remote != nil && entry == 0 && attr == 0,
 		},
 		EntryTimeout:    &entry,
 		AttrTimeout:     &attr,
@@ -752,4 +823,24 @@ func UnmountPath(path string, limits Limits) error {
 	}
 	return fmt.Errorf("%s still has a Spillway mount after removing %d; unmount it by hand (`umount -l %s`)",
 		canonical, maxStackedMounts, canonical)
+}
+
+// dialRemote connects to the storage agent holding a remote namespace.
+func dialRemote(spec Spec, l Limits, logger *log.Logger) (*remoteBackend, error) {
+	r := spec.Remote
+	c, err := client.Dial(context.Background(), client.Options{
+		Address: r.Address, Token: r.Token, Client: r.Client,
+		Fragment: r.FragmentID, Namespace: r.NamespaceID, Instance: r.InstanceID,
+		ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize, Limits: r.Limits, Log: logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach namespace %d on storage node %s: %w", r.NamespaceID, r.Address, err)
+	}
+	return &remoteBackend{
+		client:    c,
+		readOnly:  spec.ReadOnly,
+		keepCache: spec.ClientCache,
+		blockSize: uint32(l.PreferredIOSize),
+		timeout:   c.Limits().RequestTimeout,
+	}, nil
 }

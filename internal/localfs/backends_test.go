@@ -1,0 +1,202 @@
+package localfs
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+)
+
+// testBackend is one way of serving a namespace. The POSIX behaviour tests run against each: the
+// loopback over a local directory, and the remote backend reaching a warpfs server over TCP
+// (here on the loopback interface; tests/e2e runs it across network namespaces).
+type testBackend struct {
+	name   string
+	remote bool
+}
+
+var backends = []testBackend{{name: "loopback"}, {name: "remote", remote: true}}
+
+// eachBackend runs a test once per backend, as subtests named after them.
+func eachBackend(t *testing.T, test func(t *testing.T, b testBackend)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) { test(t, b) })
+	}
+}
+
+const testToken = "localfs-test-token"
+
+// testServer is a warpfs server in this process, serving one directory.
+type testServer struct {
+	addr   string
+	srv    *server.Server
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startServer serves dir with tracker t on 127.0.0.1 (on addr if given, else any port) until
+// stop or the end of the test.
+func startServer(t *testing.T, addr, dir string, tr *usage.Tracker, logTo *slog.Logger) *testServer {
+	t.Helper()
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if logTo == nil {
+		logTo = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	}
+	srv := server.New(server.Options{Token: testToken, Log: logTo,
+		Resolve: func(fragment, namespace, instance int64) (server.Target, error) {
+			return server.Target{Dir: dir, Tracker: tr}, nil
+		}})
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &testServer{addr: l.Addr().String(), srv: srv, cancel: cancel, done: make(chan struct{})}
+	go func() { srv.Serve(ctx, l); close(s.done) }()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *testServer) stop() {
+	s.cancel()
+	<-s.done
+}
+
+// prepare turns a loopback spec into this backend's.
+func (b testBackend) prepare(t *testing.T, spec Spec) Spec {
+	t.Helper()
+	if !b.remote {
+		return spec
+	}
+	var logTo *slog.Logger
+	if spec.Logger != nil {
+		logTo = slog.New(slog.NewTextHandler(spec.Logger.Writer(), nil))
+	}
+	s := startServer(t, "", spec.SourceDir, spec.Tracker, logTo)
+	spec.Remote = &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: 2, InstanceID: 3}
+	spec.SourceDir, spec.Tracker = "", nil
+	return spec
+}
+
+// mount mounts spec with this backend and unmounts it when the test ends.
+func (b testBackend) mount(t *testing.T, spec Spec) *Mounted {
+	t.Helper()
+	return mount(t, b.prepare(t, spec))
+}
+
+// The storage node refuses clients without the token, and says why; the mount fails with its
+// reason.
+func TestRemoteMountRefusesAWrongToken(t *testing.T) {
+	src, mp := dirs(t)
+	s := startServer(t, "", src, usage.New("instance 30", mib), nil)
+	_, err := Mount(Spec{MountPath: mp, Remote: &Remote{Address: s.addr, Token: "not-the-token", NamespaceID: 1}})
+	if err == nil || !strings.Contains(err.Error(), "wrong token") || !strings.Contains(err.Error(), "agent.token_file") {
+		t.Fatalf("mounting with a wrong token: %v", err)
+	}
+	if mounts, _ := mountsAt(mp); len(mounts) != 0 {
+		t.Errorf("a refused mount left %v", mounts)
+	}
+	_, err = Mount(Spec{MountPath: mp, SourceDir: src, Remote: &Remote{Address: s.addr}})
+	if err == nil || !strings.Contains(err.Error(), "choose one") {
+		t.Errorf("a spec with a directory and a remote namespace: %v", err)
+	}
+}
+
+// A storage node that dies gives the job's processes an error within the request timeout,
+// never a hang; the mount can still be removed.
+func TestRemoteDeadServerFailsWithinTheTimeout(t *testing.T) {
+	src, mp := dirs(t)
+	tr := usage.New("instance 31", 4*mib)
+	s := startServer(t, "", src, tr, nil)
+	const timeout = 1500 * time.Millisecond
+	m := mount(t, Spec{MountPath: mp, Logger: quietLogger(t), Remote: &Remote{Address: s.addr, Token: testToken,
+		Limits: client.Limits{RequestTimeout: timeout, KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond}}})
+	f, err := os.Create(filepath.Join(m.Path(), "open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+
+	for what, op := range map[string]func() error{
+		"writing to an open file": func() error { _, err := f.Write([]byte("after")); return err },
+		"stat":                    func() error { _, err := os.Stat(filepath.Join(m.Path(), "other")); return err },
+		"creating a file":         func() error { return os.WriteFile(filepath.Join(m.Path(), "new"), nil, 0o644) },
+	} {
+		start := time.Now()
+		err := op()
+		took := time.Since(start)
+		if !errors.Is(err, syscall.EIO) && !errors.Is(err, syscall.ENOTCONN) {
+			t.Errorf("%s on a dead storage node: %v, want EIO or ENOTCONN", what, err)
+		}
+		// The first request waits the timeout; once the node is known down the next fail at once.
+		if took > timeout+time.Second {
+			t.Errorf("%s failed after %s; the request timeout is %s", what, took, timeout)
+		}
+		t.Logf("%s: %v after %s", what, err, took.Round(time.Millisecond))
+	}
+}
+
+// A storage agent that restarts (same address) is reconnected to; a file open across the
+// restart is opened again by its name and keeps working.
+func TestRemoteServerRestart(t *testing.T) {
+	src, mp := dirs(t)
+	tr := usage.New("instance 32", 4*mib)
+	s := startServer(t, "", src, tr, nil)
+	m := mount(t, Spec{MountPath: mp, Logger: quietLogger(t), Remote: &Remote{Address: s.addr, Token: testToken,
+		Limits: client.Limits{RequestTimeout: 10 * time.Second, KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond}}})
+	p := filepath.Join(m.Path(), "kept")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte("one ")); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	time.Sleep(100 * time.Millisecond)
+	startServer(t, s.addr, src, tr, nil)
+	if _, err := f.Write([]byte("two")); err != nil {
+		t.Fatalf("writing to a file open across the restart: %v", err)
+	}
+	if got, err := os.ReadFile(p); err != nil || string(got) != "one two" {
+		t.Errorf("after the restart: %q, %v", got, err)
+	}
+	checkAccounting(t, tr, src)
+}
+
+// A path that leaves the namespace never reaches the backing file system: the server refuses
+// it even when the client is compromised (exercised in package server); through the mount the
+// kernel resolves symbolic links on the client, so a link pointing outside leads outside the
+// mount, on the compute node, and not into the storage node.
+func TestRemoteSymlinkOutsideStaysOnTheClient(t *testing.T) {
+	src, mp := dirs(t)
+	tr := usage.New("instance 33", mib)
+	m := backends[1].mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
+	outside := filepath.Join(filepath.Dir(src), "outside")
+	if err := os.WriteFile(outside, []byte("client side"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(m.Path(), "escape")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(m.Path(), "escape")); err != nil || string(got) != "client side" {
+		t.Errorf("reading through an absolute link: %q, %v", got, err)
+	}
+}

@@ -1,0 +1,681 @@
+// Package client is the compute side of warpfs's connection to one storage node: it
+// authenticates, multiplexes many requests on one TCP connection (each with its id, replies
+// in any order), bounds every request in time, notices a dead peer with pings, and reconnects.
+// The FUSE file system over it is in package localfs (remote.go); a striped client will hold
+// one Client per server of an instance.
+//
+// Failure model. Every request ends within Limits.RequestTimeout, whatever the storage node
+// does: a reply, a timeout (EIO), or, when the connection cannot be (re)established in that
+// time, ENOTCONN; once a request has waited that long in vain, the next ones make a single
+// connection attempt and fail at once until the storage node answers again. A request in flight when its connection breaks fails with EIO, except the
+// ones that can safely be sent again (lookups, attributes, opens), which are retried on the
+// new connection. Open handles belong to the connection that opened them: after a
+// reconnection a request on an old handle — or one lost in flight with its connection —
+// fails with ESTALE, and the caller reopens the file by its path and sends it again (localfs
+// does, transparently, while the file still has a name; reads and writes at an offset are
+// safe to repeat).
+package client
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+)
+
+// Limits bound the client in time and memory. Zero fields mean the defaults.
+type Limits struct {
+	// ConnectTimeout bounds one connection attempt: TCP connect and handshake. Default 5s.
+	ConnectTimeout time.Duration
+	// RequestTimeout bounds one file operation, waiting for a connection included: the
+	// longest a process waits before it gets an error from a dead storage node. Default 30s.
+	RequestTimeout time.Duration
+	// KeepaliveInterval: a connection that received nothing for this long is pinged, and one
+	// whose ping is unanswered this long is closed. Default 5s.
+	KeepaliveInterval time.Duration
+	// ReconnectWait is the pause between connection attempts while a request waits for the
+	// storage node. Default 200ms.
+	ReconnectWait time.Duration
+	// MaxInFlight is how many requests may wait for replies on the connection at once;
+	// more wait for a slot (within their RequestTimeout). Default 64.
+	MaxInFlight int
+}
+
+// DefaultLimits are the limits' defaults.
+func DefaultLimits() Limits { return Limits{}.withDefaults() }
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.ConnectTimeout, 5*time.Second)
+	def(&l.RequestTimeout, 30*time.Second)
+	def(&l.KeepaliveInterval, 5*time.Second)
+	def(&l.ReconnectWait, 200*time.Millisecond)
+	if l.MaxInFlight <= 0 {
+		l.MaxInFlight = 64
+	}
+	return l
+}
+
+// Options say which namespace of which storage node to reach.
+type Options struct {
+	Address     string // the storage node's data address, host:port
+	Token       string // the cluster's shared secret
+	Client      string // this node's name, for the server's logs
+	Fragment    int64
+	Namespace   int64
+	Instance    int64
+	ReadOnly    bool
+	MaxFileSize uint64
+	Limits      Limits
+	Log         *log.Logger
+}
+
+// RefusedError is the storage node refusing the handshake: wrong token, unknown namespace,
+// incompatible version. Retrying does not help.
+type RefusedError struct {
+	Address string
+	Errno   syscall.Errno
+	Message string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("storage node %s refused the connection: %s", e.Address, e.Message)
+}
+
+func (e *RefusedError) Unwrap() error { return e.Errno }
+
+// Client is a connection to one storage node's namespace, re-established when it breaks.
+type Client struct {
+	opt Options
+	lim Limits
+	log *log.Logger
+
+	root proto.Attr
+	sem  chan struct{} // in-flight slots
+
+	dialing chan struct{} // a 1-slot lock: one goroutine reconnects, the others wait
+
+	mu      sync.Mutex
+	cur     *conn
+	gen     uint64
+	closed  bool
+	closeCh chan struct{}
+	downLog time.Time // when the last "cannot reconnect" was logged
+	// down is set when a request waited its whole timeout for a connection in vain: until a
+	// connection succeeds again, requests make one attempt and fail at once, so that a
+	// process's every system call does not wait the full timeout again.
+	down bool
+}
+
+// Dial connects and authenticates. It fails at once (with the reason) rather than retrying:
+// the caller is mounting, and the controller retries a failed mount.
+func Dial(ctx context.Context, opt Options) (*Client, error) {
+	c := &Client{opt: opt, lim: opt.Limits.withDefaults(), log: opt.Log, dialing: make(chan struct{}, 1), closeCh: make(chan struct{})}
+	if c.log == nil {
+		c.log = log.Default()
+	}
+	c.sem = make(chan struct{}, c.lim.MaxInFlight)
+	cn, root, err := c.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.root = root
+	c.gen = 1
+	cn.gen = 1
+	c.cur = cn
+	cn.start()
+	return c, nil
+}
+
+// Root is the namespace root's attributes at connection time.
+func (c *Client) Root() proto.Attr { return c.root }
+
+// Address is the storage node's data address.
+func (c *Client) Address() string { return c.opt.Address }
+
+// Limits are the limits in force.
+func (c *Client) Limits() Limits { return c.lim }
+
+// Close ends the connection; requests in flight fail.
+func (c *Client) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	close(c.closeCh)
+	cn := c.cur
+	c.mu.Unlock()
+	if cn != nil {
+		cn.fail(errClosed)
+	}
+}
+
+// Call is one request.
+type Call struct {
+	Op       proto.Op
+	UID, GID uint32
+	Req      proto.Message
+	Data     []byte        // WRITE: the data, sent after Req (a WriteReq without Data)
+	Reply    proto.Message // decoded from a successful reply; nil to ignore it
+	Dest     []byte        // READ: the reply's data is read into Dest
+	N        int           // READ: bytes read into Dest
+	// Gen, when not 0, is the connection generation the request's handle belongs to: if the
+	// connection was re-established since, the call fails with ESTALE without being sent.
+	Gen uint64
+	// NoReconnect fails the call with ENOTCONN at once if the connection is down (RELEASE:
+	// its handle is gone anyway).
+	NoReconnect bool
+	// UsedGen is the generation the call was sent on (a handle an OPEN returns belongs to it).
+	UsedGen uint64
+}
+
+// retriable reports whether an op may be sent again on a new connection after the first was
+// lost in flight: it changes nothing on the storage node.
+func retriable(op proto.Op) bool {
+	switch op {
+	case proto.OpLookup, proto.OpGetattr, proto.OpSetattr, proto.OpReadlink, proto.OpStatfs,
+		proto.OpGetxattr, proto.OpListxattr, proto.OpOpen, proto.OpOpendir:
+		// OPEN and OPENDIR too: a handle opened on a lost connection was closed with it.
+		return true
+	}
+	return false
+}
+
+var (
+	errClosed    = errors.New("the mount is closing")
+	errLost      = errors.New("connection lost")
+	errKeepalive = errors.New("the storage node did not answer a ping")
+	errTimeout   = errors.New("request timed out")
+)
+
+// Do runs a call and returns 0 or the errno the caller should see.
+func (c *Client) Do(ctx context.Context, call *Call) syscall.Errno {
+	deadline := time.Now().Add(c.lim.RequestTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case c.sem <- struct{}{}:
+	case <-timer.C:
+		c.log.Printf("warpfs: %s: %s waited %s for one of %d request slots; failing it with EIO",
+			c.opt.Address, call.Op, c.lim.RequestTimeout, c.lim.MaxInFlight)
+		return syscall.EIO
+	case <-ctx.Done():
+		if expired(ctx) {
+			return syscall.EIO
+		}
+		return syscall.EINTR
+	}
+	defer func() { <-c.sem }()
+	for {
+		cn, errno := c.conn(ctx, timer, deadline, call)
+		if errno != 0 {
+			return errno
+		}
+		call.UsedGen = cn.gen
+		errno, err := cn.roundTrip(ctx, timer, call)
+		switch {
+		case err == nil:
+			return errno
+		case errors.Is(err, errTimeout):
+			c.log.Printf("warpfs: %s: %s got no answer within %s; failing it with EIO", c.opt.Address, call.Op, c.lim.RequestTimeout)
+			return syscall.EIO
+		case errors.Is(err, context.Canceled):
+			return syscall.EINTR
+		case call.Gen != 0:
+			return syscall.ESTALE // the handle went with the connection: the caller reopens
+		case retriable(call.Op) && time.Now().Before(deadline):
+			continue // sent again on the next connection
+		default:
+			return syscall.EIO
+		}
+	}
+}
+
+// conn returns the live connection, re-establishing it if it broke, until the deadline.
+func (c *Client) conn(ctx context.Context, timer *time.Timer, deadline time.Time, call *Call) (*conn, syscall.Errno) {
+	for {
+		c.mu.Lock()
+		cn, closed := c.cur, c.closed
+		c.mu.Unlock()
+		if closed {
+			return nil, syscall.ENOTCONN
+		}
+		if cn != nil && !cn.dead() {
+			if call.Gen != 0 && call.Gen != cn.gen {
+				return nil, syscall.ESTALE
+			}
+			return cn, 0
+		}
+		if call.Gen != 0 { // the handle's connection is gone
+			return nil, syscall.ESTALE
+		}
+		if call.NoReconnect {
+			return nil, syscall.ENOTCONN
+		}
+		select {
+		case c.dialing <- struct{}{}:
+		case <-timer.C:
+			c.setDown()
+			return nil, syscall.ENOTCONN
+		case <-ctx.Done():
+			return nil, c.interrupted(ctx)
+		}
+		c.mu.Lock()
+		cur, down := c.cur, c.down
+		c.mu.Unlock()
+		if cur != cn { // someone else reconnected meanwhile
+			<-c.dialing
+			continue
+		}
+		dctx, cancel := context.WithDeadline(ctx, deadline)
+		fresh, _, err := c.connect(dctx)
+		cancel()
+		if err == nil {
+			c.mu.Lock()
+			if c.closed {
+				c.mu.Unlock()
+				<-c.dialing
+				fresh.fail(errClosed)
+				return nil, syscall.ENOTCONN
+			}
+			c.gen++
+			fresh.gen = c.gen
+			c.cur = fresh
+			c.downLog = time.Time{}
+			c.down = false
+			c.mu.Unlock()
+			fresh.start()
+			<-c.dialing
+			c.log.Printf("warpfs: reconnected to storage node %s (namespace %d)", c.opt.Address, c.opt.Namespace)
+			continue
+		}
+		<-c.dialing
+		c.mu.Lock()
+		logIt := time.Since(c.downLog) > 10*time.Second
+		if logIt {
+			c.downLog = time.Now()
+		}
+		c.mu.Unlock()
+		if logIt {
+			c.log.Printf("warpfs: cannot reach storage node %s: %v; requests fail after warpfs.request_timeout (%s)",
+				c.opt.Address, err, c.lim.RequestTimeout)
+		}
+		var refused *RefusedError
+		if errors.As(err, &refused) {
+			return nil, syscall.EIO
+		}
+		if down {
+			return nil, syscall.ENOTCONN
+		}
+		wait := time.NewTimer(c.lim.ReconnectWait)
+		select {
+		case <-wait.C:
+		case <-timer.C:
+			wait.Stop()
+			c.setDown()
+			return nil, syscall.ENOTCONN
+		case <-ctx.Done():
+			wait.Stop()
+			return nil, c.interrupted(ctx)
+		}
+	}
+}
+
+// expired reports whether ctx ended by its deadline (the caller's time budget), not by an
+// interruption.
+func expired(ctx context.Context) bool { return errors.Is(ctx.Err(), context.DeadlineExceeded) }
+
+// interrupted is the errno of a wait for a connection that ctx ended.
+func (c *Client) interrupted(ctx context.Context) syscall.Errno {
+	if expired(ctx) {
+		c.setDown()
+		return syscall.ENOTCONN
+	}
+	return syscall.EINTR
+}
+
+func (c *Client) setDown() {
+	c.mu.Lock()
+	c.down = true
+	c.mu.Unlock()
+}
+
+// handshakeMaxBody bounds the frames of the handshake.
+const handshakeMaxBody = 4096
+
+// connect dials and authenticates.
+func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.lim.ConnectTimeout)
+	defer cancel()
+	d := net.Dialer{KeepAlive: 15 * time.Second}
+	nc, err := d.DialContext(ctx, "tcp", c.opt.Address)
+	if err != nil {
+		return nil, proto.Attr{}, err
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	deadline, _ := ctx.Deadline()
+	nc.SetDeadline(deadline)
+	br := bufio.NewReaderSize(nc, 64<<10)
+	fail := func(err error) (*conn, proto.Attr, error) {
+		nc.Close()
+		if ctx.Err() != nil && !errors.As(err, new(*RefusedError)) {
+			return nil, proto.Attr{}, fmt.Errorf("handshake with %s did not finish within %s", c.opt.Address, c.lim.ConnectTimeout)
+		}
+		return nil, proto.Attr{}, err
+	}
+	hello := proto.Hello{Magic: proto.Magic, MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion}
+	rand.Read(hello.Nonce[:])
+	if _, err := nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpHello, ID: 1}, &hello)); err != nil {
+		return fail(err)
+	}
+	var ch proto.Challenge
+	if err := c.handshakeReply(br, proto.OpHello, &ch); err != nil {
+		return fail(err)
+	}
+	if ch.Version < proto.MinVersion || ch.Version > proto.MaxVersion {
+		return fail(fmt.Errorf("%w: the server chose version %d", proto.ErrMalformed, ch.Version))
+	}
+	auth := proto.Auth{Proof: proto.ClientProof([]byte(c.opt.Token), ch.Nonce, hello.Nonce), Client: c.opt.Client,
+		Fragment: c.opt.Fragment, Namespace: c.opt.Namespace, Instance: c.opt.Instance,
+		ReadOnly: c.opt.ReadOnly, MaxFileSize: c.opt.MaxFileSize}
+	if _, err := nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, ID: 2}, &auth)); err != nil {
+		return fail(err)
+	}
+	var w proto.Welcome
+	if err := c.handshakeReply(br, proto.OpAuth, &w); err != nil {
+		return fail(err)
+	}
+	if !proto.ProofEqual(w.Proof, proto.ServerProof([]byte(c.opt.Token), ch.Nonce, hello.Nonce)) {
+		return fail(&RefusedError{Address: c.opt.Address, Errno: syscall.EACCES,
+			Message: "it could not prove it holds the cluster's token; is another service listening on that address?"})
+	}
+	if w.MaxIO < proto.MaxIO {
+		return fail(fmt.Errorf("%w: the server takes requests of only %d bytes", proto.ErrMalformed, w.MaxIO))
+	}
+	nc.SetDeadline(time.Time{})
+	cn := &conn{c: c, nc: nc, br: br, pending: map[uint64]*waiter{}, done: make(chan struct{})}
+	now := time.Now().UnixNano()
+	cn.lastRecv.Store(now)
+	cn.lastSend.Store(now)
+	return cn, w.Root, nil
+}
+
+func (c *Client) handshakeReply(br *bufio.Reader, op proto.Op, m proto.Message) error {
+	var hdr [proto.HeaderSize]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return fmt.Errorf("handshake with %s: %w", c.opt.Address, err)
+	}
+	h, err := proto.ParseHeader(hdr[:], handshakeMaxBody)
+	if err != nil {
+		return err
+	}
+	body := make([]byte, h.BodyLen)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return fmt.Errorf("handshake with %s: %w", c.opt.Address, err)
+	}
+	if h.Kind != proto.KindReply || h.Op != op {
+		return fmt.Errorf("%w: expected the reply to %s", proto.ErrMalformed, op)
+	}
+	if h.Errno != 0 {
+		var r proto.Refusal
+		proto.Decode(body, &r)
+		return &RefusedError{Address: c.opt.Address, Errno: syscall.Errno(h.Errno), Message: r.Message}
+	}
+	return proto.Decode(body, m)
+}
+
+// conn is one TCP connection, past its handshake.
+type conn struct {
+	c   *Client
+	nc  net.Conn
+	br  *bufio.Reader
+	gen uint64
+
+	wmu sync.Mutex
+
+	mu      sync.Mutex
+	pending map[uint64]*waiter
+	nextID  uint64
+	done    chan struct{}
+	err     error
+
+	lastRecv, lastSend atomic.Int64 // unix nanoseconds
+}
+
+// waiter is a request waiting for its reply.
+type waiter struct {
+	ch    chan struct{}
+	op    proto.Op
+	dest  []byte
+	reply proto.Message
+	errno uint32
+	n     int
+	err   error
+	taken bool // the reader is delivering the reply (guarded by conn.mu)
+}
+
+func (cn *conn) start() {
+	go cn.readLoop()
+	go cn.keepalive()
+}
+
+func (cn *conn) dead() bool {
+	select {
+	case <-cn.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// fail ends the connection: every request waiting on it fails.
+func (cn *conn) fail(err error) {
+	cn.mu.Lock()
+	if cn.err != nil {
+		cn.mu.Unlock()
+		return
+	}
+	cn.err = err
+	close(cn.done)
+	waiting := cn.pending
+	cn.pending = map[uint64]*waiter{}
+	cn.mu.Unlock()
+	cn.nc.Close()
+	for _, w := range waiting {
+		w.err = errLost
+		w.ch <- struct{}{}
+	}
+	if !errors.Is(err, errClosed) {
+		cn.c.log.Printf("warpfs: connection to storage node %s lost: %v", cn.c.opt.Address, err)
+	}
+}
+
+// roundTrip sends a call and waits for its reply until the timer fires. It returns the
+// reply's errno, or an error when there was no reply.
+func (cn *conn) roundTrip(ctx context.Context, timer *time.Timer, call *Call) (syscall.Errno, error) {
+	w := &waiter{ch: make(chan struct{}, 1), op: call.Op, dest: call.Dest, reply: call.Reply}
+	cn.mu.Lock()
+	if cn.err != nil {
+		cn.mu.Unlock()
+		return 0, errLost
+	}
+	cn.nextID++
+	id := cn.nextID
+	cn.pending[id] = w
+	cn.mu.Unlock()
+
+	h := proto.Header{Op: call.Op, Kind: proto.KindRequest, ID: id, UID: call.UID, GID: call.GID}
+	frame := proto.AppendFrame(make([]byte, 0, 256), h, call.Req)
+	if len(call.Data) > 0 {
+		h.BodyLen = uint32(len(frame) - proto.HeaderSize + len(call.Data))
+		proto.PutHeader(frame, h)
+	}
+	if err := cn.write(frame, call.Data); err != nil {
+		cn.fail(err)
+	}
+	select {
+	case <-w.ch:
+		if w.err != nil {
+			return 0, w.err
+		}
+		call.N = w.n
+		return syscall.Errno(w.errno), nil
+	case <-timer.C:
+		return 0, cn.abandon(id, w, errTimeout)
+	case <-ctx.Done():
+		if expired(ctx) {
+			return 0, cn.abandon(id, w, errTimeout)
+		}
+		return 0, cn.abandon(id, w, context.Canceled)
+	}
+}
+
+// abandon gives up on a request. If the reader is already delivering its reply into the
+// caller's buffer, the connection is cut (a frame stalled half way means it is broken
+// anyway) and the delivery waited for, so that no buffer is written after the caller has it
+// back.
+func (cn *conn) abandon(id uint64, w *waiter, why error) error {
+	cn.mu.Lock()
+	if !w.taken {
+		delete(cn.pending, id)
+		cn.mu.Unlock()
+		return why
+	}
+	cn.mu.Unlock()
+	cn.fail(why)
+	<-w.ch
+	return why
+}
+
+func (cn *conn) write(frame, data []byte) error {
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
+	cn.nc.SetWriteDeadline(time.Now().Add(cn.c.lim.RequestTimeout))
+	var err error
+	if len(data) > 0 {
+		bufs := net.Buffers{frame, data}
+		_, err = bufs.WriteTo(cn.nc)
+	} else {
+		_, err = cn.nc.Write(frame)
+	}
+	cn.lastSend.Store(time.Now().UnixNano())
+	return err
+}
+
+// readLoop delivers replies to their waiters until the connection ends.
+func (cn *conn) readLoop() {
+	var hdr [proto.HeaderSize]byte
+	for {
+		if _, err := io.ReadFull(cn.br, hdr[:]); err != nil {
+			cn.fail(err)
+			return
+		}
+		cn.lastRecv.Store(time.Now().UnixNano())
+		h, err := proto.ParseHeader(hdr[:], proto.MaxBody)
+		if err == nil && h.Kind != proto.KindReply {
+			err = fmt.Errorf("%w: a request sent to the client", proto.ErrMalformed)
+		}
+		if err != nil {
+			cn.fail(err)
+			return
+		}
+		cn.mu.Lock()
+		w := cn.pending[h.ID]
+		if w != nil {
+			delete(cn.pending, h.ID)
+			w.taken = true
+		}
+		cn.mu.Unlock()
+		if w == nil { // abandoned after a timeout
+			if _, err := io.CopyN(io.Discard, cn.br, int64(h.BodyLen)); err != nil {
+				cn.fail(err)
+				return
+			}
+			continue
+		}
+		if err := cn.deliver(h, w); err != nil {
+			w.err = errLost
+			w.ch <- struct{}{}
+			cn.fail(err)
+			return
+		}
+		w.ch <- struct{}{}
+	}
+}
+
+func (cn *conn) deliver(h proto.Header, w *waiter) error {
+	if h.Op != w.op {
+		return fmt.Errorf("%w: reply to %s carries op %s", proto.ErrMalformed, w.op, h.Op)
+	}
+	w.errno = h.Errno
+	if h.Errno != 0 || (w.op == proto.OpRead && h.BodyLen == 0) {
+		_, err := io.CopyN(io.Discard, cn.br, int64(h.BodyLen))
+		return err
+	}
+	if w.op == proto.OpRead {
+		if int(h.BodyLen) > len(w.dest) {
+			return fmt.Errorf("%w: READ reply of %d bytes for %d asked", proto.ErrMalformed, h.BodyLen, len(w.dest))
+		}
+		n, err := io.ReadFull(cn.br, w.dest[:h.BodyLen])
+		w.n = n
+		return err
+	}
+	body := make([]byte, h.BodyLen)
+	if _, err := io.ReadFull(cn.br, body); err != nil {
+		return err
+	}
+	if w.reply == nil {
+		return nil
+	}
+	if err := proto.Decode(body, w.reply); err != nil {
+		return fmt.Errorf("reply to %s: %w", w.op, err)
+	}
+	return nil
+}
+
+// keepalive pings a connection that has been quiet for KeepaliveInterval, and closes it if
+// the ping is not answered within another KeepaliveInterval.
+func (cn *conn) keepalive() {
+	interval := cn.c.lim.KeepaliveInterval
+	tick := time.NewTicker(interval / 2)
+	defer tick.Stop()
+	for {
+		select {
+		case <-cn.done:
+			return
+		case <-tick.C:
+		}
+		now := time.Now().UnixNano()
+		if now-cn.lastRecv.Load() < int64(interval) && now-cn.lastSend.Load() < int64(interval) {
+			continue
+		}
+		timer := time.NewTimer(interval)
+		_, err := cn.roundTrip(context.Background(), timer, &Call{Op: proto.OpPing})
+		timer.Stop()
+		if errors.Is(err, errTimeout) {
+			cn.fail(errKeepalive)
+			return
+		}
+	}
+}

@@ -1,0 +1,733 @@
+// Package server is the storage side of warpfs: it serves the namespaces of this node's
+// fragments to the FUSE clients of compute nodes (package client, mounted by package
+// localfs), over the protocol of package proto.
+//
+// A connection is one mount: after the handshake (the shared token proven without being sent,
+// the namespace named), every request is confined to that namespace (os.Root for directories,
+// *at calls that never follow a symbolic link for the last component), charged to the
+// instance's usage tracker (the one the stage engine and local mounts of the instance share,
+// so writes past the capacity fail with ENOSPC exactly as on a local mount), and files are
+// created as the calling user. Up to Limits.MaxInFlight requests of a connection run at
+// once; the server reads no further request until one finishes, so a client that floods it
+// is slowed by TCP, not by memory.
+package server
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+)
+
+// Target is a namespace this node serves: its directory and its instance's tracker.
+type Target struct {
+	Dir     string
+	Tracker *usage.Tracker
+}
+
+// Resolver finds the namespace a client names in its handshake, or says why it cannot be
+// served (the message goes back to the client).
+type Resolver func(fragment, namespace, instance int64) (Target, error)
+
+// Limits bound what the server spends on clients. Zero fields mean the defaults.
+type Limits struct {
+	// HandshakeTimeout bounds a connection's handshake; a client silent longer is dropped.
+	// Default 5s.
+	HandshakeTimeout time.Duration
+	// IdleTimeout closes a connection that sent nothing for this long (clients ping every
+	// keepalive interval, so only dead clients reach it), and bounds the write of a reply.
+	// Default 1m.
+	IdleTimeout time.Duration
+	// MaxInFlight is how many requests of one connection run at once. Default 64.
+	MaxInFlight int
+	// MaxConnections bounds the connections served at once; more are refused. Default 1024.
+	MaxConnections int
+	// MaxOpenFiles bounds the files and directories one connection keeps open; past it
+	// opens fail with EMFILE. Default 16384.
+	MaxOpenFiles int
+}
+
+// DefaultLimits are the limits' defaults.
+func DefaultLimits() Limits { return Limits{}.withDefaults() }
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.HandshakeTimeout, 5*time.Second)
+	def(&l.IdleTimeout, time.Minute)
+	defInt(&l.MaxInFlight, 64)
+	defInt(&l.MaxConnections, 1024)
+	defInt(&l.MaxOpenFiles, 16384)
+	return l
+}
+
+// Options configure a server.
+type Options struct {
+	Token   string // the cluster's shared secret; with none, every client is refused
+	Resolve Resolver
+	Limits  Limits
+	Log     *slog.Logger
+}
+
+// Server serves namespaces to remote mounts.
+type Server struct {
+	opt    Options
+	lim    Limits
+	log    *slog.Logger
+	inodes *inodeTable
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	active map[int64]int // instance → sessions
+	wg     sync.WaitGroup
+}
+
+// New returns a server; Serve runs it.
+func New(opt Options) *Server {
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	return &Server{opt: opt, lim: opt.Limits.withDefaults(), log: opt.Log, inodes: newInodeTable(),
+		conns: map[net.Conn]struct{}{}, active: map[int64]int{}}
+}
+
+// Serve accepts connections on l until ctx ends, then closes every connection and returns
+// once they are all finished.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	stop := context.AfterFunc(ctx, func() {
+		l.Close()
+		s.mu.Lock()
+		for c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+	})
+	defer stop()
+	defer s.wg.Wait()
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		s.mu.Lock()
+		if ctx.Err() != nil || len(s.conns) >= s.lim.MaxConnections {
+			n := len(s.conns)
+			s.mu.Unlock()
+			nc.Close()
+			if ctx.Err() == nil {
+				s.log.Warn("warpfs: too many connections; refusing one (raise warpfs.max_connections)",
+					"remote", nc.RemoteAddr().String(), "connections", n)
+			}
+			continue
+		}
+		s.conns[nc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serveConn(nc)
+	}
+}
+
+// Active reports whether a client has the instance mounted through this server.
+func (s *Server) Active(instance int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active[instance] > 0
+}
+
+// Connections is the number of connections open (for tests and status).
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+func (s *Server) serveConn(nc net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		nc.Close()
+		s.mu.Lock()
+		delete(s.conns, nc)
+		s.mu.Unlock()
+	}()
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	br := bufio.NewReaderSize(nc, 64<<10)
+	nc.SetDeadline(time.Now().Add(s.lim.HandshakeTimeout))
+	sess, err := s.handshake(nc, br)
+	if err != nil {
+		s.log.Warn("warpfs: connection refused", "remote", nc.RemoteAddr().String(), "err", err)
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	s.log.Info("warpfs: client connected", "client", sess.client, "remote", nc.RemoteAddr().String(),
+		"instance", sess.instance, "read_only", sess.v.readOnly)
+	c := &srvConn{s: s, nc: nc, br: br, sess: sess, sem: make(chan struct{}, s.lim.MaxInFlight)}
+	err = c.loop()
+	c.wg.Wait()
+	sess.closeAll()
+	sess.v.close()
+	s.mu.Lock()
+	s.active[sess.instance]--
+	if s.active[sess.instance] <= 0 {
+		delete(s.active, sess.instance)
+	}
+	s.mu.Unlock()
+	switch {
+	case errors.Is(err, proto.ErrMalformed):
+		s.log.Warn("warpfs: closing a connection that broke the protocol", "client", sess.client, "err", err)
+	case err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed):
+		s.log.Info("warpfs: client disconnected", "client", sess.client, "err", err)
+	default:
+		s.log.Info("warpfs: client disconnected", "client", sess.client)
+	}
+}
+
+// handshakeMaxBody bounds the frames of the handshake.
+const handshakeMaxBody = 4096
+
+// refused is a handshake failure the client is told about.
+type refused struct {
+	errno syscall.Errno
+	msg   string
+}
+
+func (r *refused) Error() string { return r.msg }
+
+func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
+	h, body, err := readFrame(br, handshakeMaxBody)
+	if err != nil {
+		return nil, err
+	}
+	var hello proto.Hello
+	if h.Op != proto.OpHello || h.Kind != proto.KindRequest {
+		return nil, fmt.Errorf("%w: expected HELLO, got %s", proto.ErrMalformed, h.Op)
+	}
+	if err := proto.Decode(body, &hello); err != nil {
+		return nil, err
+	}
+	if hello.Magic != proto.Magic {
+		return nil, fmt.Errorf("%w: not a warpfs client (magic %#x)", proto.ErrMalformed, hello.Magic)
+	}
+	version := min(hello.MaxVersion, proto.MaxVersion)
+	if version < max(hello.MinVersion, proto.MinVersion) {
+		return nil, s.refuse(nc, h, &refused{syscall.EPROTONOSUPPORT, fmt.Sprintf(
+			"the client speaks warpfs versions %d-%d, this storage node %d-%d; upgrade the older side",
+			hello.MinVersion, hello.MaxVersion, proto.MinVersion, proto.MaxVersion)})
+	}
+	var ch proto.Challenge
+	ch.Version = version
+	rand.Read(ch.Nonce[:])
+	if err := writeFrame(nc, proto.AppendFrame(nil, proto.Header{Op: proto.OpHello, Kind: proto.KindReply, ID: h.ID}, &ch)); err != nil {
+		return nil, err
+	}
+
+	h, body, err = readFrame(br, handshakeMaxBody)
+	if err != nil {
+		return nil, err
+	}
+	var auth proto.Auth
+	if h.Op != proto.OpAuth || h.Kind != proto.KindRequest {
+		return nil, fmt.Errorf("%w: expected AUTH, got %s", proto.ErrMalformed, h.Op)
+	}
+	if err := proto.Decode(body, &auth); err != nil {
+		return nil, err
+	}
+	if s.opt.Token == "" {
+		return nil, s.refuse(nc, h, &refused{syscall.EACCES,
+			"this storage node has no shared token (agent.token_file) and accepts no remote mounts"})
+	}
+	if !proto.ProofEqual(auth.Proof, proto.ClientProof([]byte(s.opt.Token), ch.Nonce, hello.Nonce)) {
+		return nil, s.refuse(nc, h, &refused{syscall.EACCES, fmt.Sprintf(
+			"client %q presented a wrong token; agent.token_file must hold the same secret on every node", auth.Client)})
+	}
+	if s.opt.Resolve == nil {
+		return nil, s.refuse(nc, h, &refused{syscall.ENOENT, "this node serves no namespaces"})
+	}
+	t, err := s.opt.Resolve(auth.Fragment, auth.Namespace, auth.Instance)
+	if err != nil {
+		return nil, s.refuse(nc, h, &refused{syscall.ENOENT, err.Error()})
+	}
+	v, err := openVolume(t.Dir, t.Tracker, s.inodes)
+	if err != nil {
+		return nil, s.refuse(nc, h, &refused{errnoOf(err), fmt.Sprintf("namespace %d: %v", auth.Namespace, err)})
+	}
+	v.readOnly = auth.ReadOnly
+	v.maxFileSize = int64(min(auth.MaxFileSize, 1<<62))
+	root, errno := v.lookup("")
+	if errno != 0 {
+		v.close()
+		return nil, s.refuse(nc, h, &refused{errno, fmt.Sprintf("namespace %d: %v", auth.Namespace, errno)})
+	}
+	sess := &session{s: s, v: v, client: auth.Client, instance: auth.Instance, handles: map[uint64]*handle{}}
+	v.noteFull = sess.noteFull
+	w := proto.Welcome{Proof: proto.ServerProof([]byte(s.opt.Token), ch.Nonce, hello.Nonce), MaxIO: proto.MaxIO, Root: root}
+	if err := writeFrame(nc, proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, Kind: proto.KindReply, ID: h.ID}, &w)); err != nil {
+		v.close()
+		return nil, err
+	}
+	s.mu.Lock()
+	s.active[sess.instance]++
+	s.mu.Unlock()
+	return sess, nil
+}
+
+// refuse tells the client why, and returns the reason as the error.
+func (s *Server) refuse(nc net.Conn, h proto.Header, r *refused) error {
+	writeFrame(nc, proto.AppendFrame(nil, proto.Header{Op: h.Op, Kind: proto.KindReply, ID: h.ID, Errno: uint32(r.errno)},
+		&proto.Refusal{Message: r.msg}))
+	return r
+}
+
+// readFrame reads one whole frame of at most maxBody bytes of body.
+func readFrame(r io.Reader, maxBody int) (proto.Header, []byte, error) {
+	var hdr [proto.HeaderSize]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return proto.Header{}, nil, err
+	}
+	h, err := proto.ParseHeader(hdr[:], maxBody)
+	if err != nil {
+		return h, nil, err
+	}
+	body := make([]byte, h.BodyLen)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return h, nil, err
+	}
+	return h, body, nil
+}
+
+func writeFrame(w io.Writer, frame []byte) error {
+	_, err := w.Write(frame)
+	return err
+}
+
+// session is one client's mount of one namespace.
+type session struct {
+	s          *Server
+	v          *volume
+	client     string
+	instance   int64
+	fullLogged atomic.Bool
+
+	mu      sync.Mutex
+	handles map[uint64]*handle
+	next    uint64
+}
+
+// noteFull logs, once per session, that the instance refused to grow: the user only sees
+// "No space left on device", the administrator gets the numbers.
+func (s *session) noteFull(requested uint64) {
+	if s.fullLogged.Swap(true) {
+		return
+	}
+	t := s.v.tracker
+	full := &usage.FullError{Name: t.Name(), Requested: requested, Used: t.Used(), Capacity: t.Capacity()}
+	s.s.log.Warn("warpfs: a remote mount hit the capacity (logged once per connection)", "client", s.client, "err", full.Error())
+}
+
+// add registers a new handle, or closes it and fails with EMFILE past the limit.
+func (s *session) add(h *handle) (uint64, syscall.Errno) {
+	s.mu.Lock()
+	if len(s.handles) >= s.s.lim.MaxOpenFiles {
+		s.mu.Unlock()
+		s.v.closeFile(h)
+		return 0, syscall.EMFILE
+	}
+	s.next++
+	h.id = s.next
+	h.refs = 1
+	s.handles[h.id] = h
+	s.mu.Unlock()
+	return h.id, 0
+}
+
+func (s *session) get(id uint64) *handle {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.handles[id]
+	if h != nil {
+		h.refs++
+	}
+	return h
+}
+
+func (s *session) put(h *handle) {
+	if h == nil {
+		return
+	}
+	s.mu.Lock()
+	h.refs--
+	last := h.refs == 0 && h.removed
+	s.mu.Unlock()
+	if last {
+		s.v.closeFile(h)
+	}
+}
+
+func (s *session) release(id uint64) syscall.Errno {
+	s.mu.Lock()
+	h := s.handles[id]
+	if h != nil {
+		delete(s.handles, id)
+		h.removed = true
+	}
+	s.mu.Unlock()
+	if h == nil {
+		return syscall.EBADF
+	}
+	s.put(h)
+	return 0
+}
+
+func (s *session) closeAll() {
+	s.mu.Lock()
+	ids := make([]uint64, 0, len(s.handles))
+	for id := range s.handles {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	for _, id := range ids {
+		s.release(id)
+	}
+}
+
+// srvConn is a connection past its handshake.
+type srvConn struct {
+	s    *Server
+	nc   net.Conn
+	br   *bufio.Reader
+	sess *session
+	sem  chan struct{}
+	wg   sync.WaitGroup
+	wmu  sync.Mutex
+}
+
+// loop reads requests until the connection ends or breaks the protocol.
+func (c *srvConn) loop() error {
+	var hdr [proto.HeaderSize]byte
+	for {
+		c.nc.SetReadDeadline(time.Now().Add(c.s.lim.IdleTimeout))
+		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
+			return err
+		}
+		h, err := proto.ParseHeader(hdr[:], proto.MaxBody)
+		if err != nil {
+			return err
+		}
+		if h.Kind != proto.KindRequest {
+			return fmt.Errorf("%w: a reply sent to the server", proto.ErrMalformed)
+		}
+		var m proto.Message
+		var buf *ioBuf
+		if h.Op == proto.OpWrite {
+			m, buf, err = c.readWrite(h)
+			if err != nil {
+				return err
+			}
+		} else {
+			body := make([]byte, h.BodyLen)
+			if _, err := io.ReadFull(c.br, body); err != nil {
+				return err
+			}
+			switch {
+			case h.Op == proto.OpPing:
+				c.reply(h, 0, nil)
+				continue
+			case h.Op == proto.OpHello || h.Op == proto.OpAuth:
+				return fmt.Errorf("%w: %s after the handshake", proto.ErrMalformed, h.Op)
+			}
+			m = proto.NewRequest(h.Op)
+			if m == nil {
+				c.reply(h, syscall.ENOSYS, nil)
+				continue
+			}
+			if err := proto.Decode(body, m); err != nil {
+				return fmt.Errorf("%s: %w", h.Op, err)
+			}
+		}
+		c.sem <- struct{}{}
+		c.wg.Add(1)
+		go c.handle(h, m, buf)
+	}
+}
+
+// readWrite reads a WRITE's body: its data lands in an aligned buffer (O_DIRECT files need
+// one).
+func (c *srvConn) readWrite(h proto.Header) (proto.Message, *ioBuf, error) {
+	if h.BodyLen < proto.WritePrefix || h.BodyLen-proto.WritePrefix > proto.MaxIO {
+		return nil, nil, fmt.Errorf("%w: WRITE of %d bytes", proto.ErrMalformed, h.BodyLen)
+	}
+	var prefix [proto.WritePrefix]byte
+	if _, err := io.ReadFull(c.br, prefix[:]); err != nil {
+		return nil, nil, err
+	}
+	w := &proto.WriteReq{}
+	if err := proto.Decode(prefix[:], w); err != nil {
+		return nil, nil, err
+	}
+	buf := getBuf()
+	n := int(h.BodyLen - proto.WritePrefix)
+	if _, err := io.ReadFull(c.br, buf.b[:n]); err != nil {
+		putBuf(buf)
+		return nil, nil, err
+	}
+	w.Data = buf.b[:n]
+	return w, buf, nil
+}
+
+// reply sends a reply with message m (nil: no body).
+func (c *srvConn) reply(h proto.Header, errno syscall.Errno, m proto.Message) {
+	if errno != 0 {
+		m = nil
+	}
+	frame := proto.AppendFrame(make([]byte, 0, 256), proto.Header{Op: h.Op, Kind: proto.KindReply, ID: h.ID, Errno: uint32(errno)}, m)
+	c.send(frame, nil)
+}
+
+// replyData sends a successful reply whose body is data (READ).
+func (c *srvConn) replyData(h proto.Header, data []byte) {
+	var hdr [proto.HeaderSize]byte
+	proto.PutHeader(hdr[:], proto.Header{Op: h.Op, Kind: proto.KindReply, ID: h.ID, BodyLen: uint32(len(data))})
+	c.send(hdr[:], data)
+}
+
+func (c *srvConn) send(frame, data []byte) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.nc.SetWriteDeadline(time.Now().Add(c.s.lim.IdleTimeout))
+	var err error
+	if len(data) > 0 {
+		bufs := net.Buffers{frame, data}
+		_, err = bufs.WriteTo(c.nc)
+	} else {
+		_, err = c.nc.Write(frame)
+	}
+	if err != nil {
+		c.nc.Close() // the reader ends the connection
+	}
+}
+
+// handle runs one request and replies.
+func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
+	defer func() {
+		if buf != nil {
+			putBuf(buf)
+		}
+		<-c.sem
+		c.wg.Done()
+	}()
+	sess, v := c.sess, c.sess.v
+	withHandle := func(id uint64, fn func(*handle) syscall.Errno) syscall.Errno {
+		hd := sess.get(id)
+		if hd == nil {
+			return syscall.EBADF
+		}
+		defer sess.put(hd)
+		return fn(hd)
+	}
+	// optional is a handle when the request names one (0 = by path).
+	optional := func(id uint64) (*handle, syscall.Errno) {
+		if id == 0 {
+			return nil, 0
+		}
+		hd := sess.get(id)
+		if hd == nil {
+			return nil, syscall.EBADF
+		}
+		return hd, 0
+	}
+	opened := func(hd *handle, attr proto.Attr, errno syscall.Errno) {
+		if errno != 0 {
+			c.reply(h, errno, nil)
+			return
+		}
+		id, errno := sess.add(hd)
+		c.reply(h, errno, &proto.OpenReply{Handle: id, Attr: attr})
+	}
+	attrReply := func(a proto.Attr, errno syscall.Errno) { c.reply(h, errno, &proto.AttrReply{Attr: a}) }
+
+	switch r := m.(type) {
+	case *proto.PathReq:
+		switch h.Op {
+		case proto.OpLookup:
+			attrReply(v.lookup(r.Path))
+		case proto.OpReadlink:
+			data, errno := v.readlink(r.Path)
+			c.reply(h, errno, &proto.DataReply{Data: data})
+		case proto.OpOpendir:
+			hd, errno := v.opendir(r.Path)
+			if errno == 0 {
+				var id uint64
+				id, errno = sess.add(hd)
+				c.reply(h, errno, &proto.HandleReply{Handle: id})
+				return
+			}
+			c.reply(h, errno, nil)
+		}
+	case *proto.NodeReq:
+		hd, errno := optional(r.Handle)
+		if errno != 0 {
+			c.reply(h, errno, nil)
+			return
+		}
+		defer sess.put(hd)
+		attrReply(v.getattr(r.Path, hd))
+	case *proto.SetattrReq:
+		hd, errno := optional(r.Handle)
+		if errno != 0 {
+			c.reply(h, errno, nil)
+			return
+		}
+		defer sess.put(hd)
+		attrReply(v.setattr(r, hd, h.UID))
+	case *proto.OpenReq:
+		opened(v.openFile(r.Path, r.Flags))
+	case *proto.CreateReq:
+		if h.Op == proto.OpTmpfile {
+			opened(v.tmpfile(r, h.UID, h.GID))
+		} else {
+			opened(v.create(r, h.UID, h.GID))
+		}
+	case *proto.MkdirReq:
+		if h.Op == proto.OpMknod {
+			attrReply(v.mknod(r, h.UID, h.GID))
+		} else {
+			attrReply(v.mkdir(r, h.UID, h.GID))
+		}
+	case *proto.SymlinkReq:
+		attrReply(v.symlink(r, h.UID, h.GID))
+	case *proto.LinkReq:
+		attrReply(v.link(r))
+	case *proto.EntryReq:
+		c.reply(h, v.unlink(r, h.Op == proto.OpRmdir), &proto.Empty{})
+	case *proto.RenameReq:
+		c.reply(h, v.rename(r), &proto.Empty{})
+	case *proto.ReaddirReq:
+		var rep proto.ReaddirReply
+		errno := withHandle(r.Handle, func(hd *handle) (e syscall.Errno) {
+			rep, e = v.readdir(hd, r.Offset)
+			return e
+		})
+		c.reply(h, errno, &rep)
+	case *proto.HandleReq:
+		c.reply(h, sess.release(r.Handle), &proto.Empty{})
+	case *proto.ReadReq:
+		hd := sess.get(r.Handle)
+		if hd == nil {
+			c.reply(h, syscall.EBADF, nil)
+			return
+		}
+		defer sess.put(hd)
+		if r.Offset > 1<<62 {
+			c.reply(h, syscall.EINVAL, nil)
+			return
+		}
+		out := getBuf()
+		defer putBuf(out)
+		n, err := unix.Pread(hd.fd, out.b[:min(int(r.Size), proto.MaxIO)], int64(r.Offset))
+		if err != nil {
+			c.reply(h, errnoOf(err), nil)
+			return
+		}
+		c.replyData(h, out.b[:n])
+	case *proto.WriteReq:
+		var n int
+		errno := withHandle(r.Handle, func(hd *handle) (e syscall.Errno) {
+			n, e = v.write(hd, int64(len(r.Data)), int64(min(r.Offset, 1<<62)), h.UID, func(l int64) (int, error) {
+				return unix.Pwrite(hd.fd, r.Data[:l], int64(r.Offset))
+			})
+			return e
+		})
+		c.reply(h, errno, &proto.CountReply{N: uint64(n)})
+	case *proto.FsyncReq:
+		c.reply(h, withHandle(r.Handle, func(hd *handle) syscall.Errno {
+			if r.Flags&1 != 0 {
+				return errnoOf(unix.Fdatasync(hd.fd))
+			}
+			return errnoOf(unix.Fsync(hd.fd))
+		}), &proto.Empty{})
+	case *proto.FallocateReq:
+		c.reply(h, withHandle(r.Handle, func(hd *handle) syscall.Errno {
+			return v.fallocate(hd, r.Offset, r.Length, r.Mode, h.UID)
+		}), &proto.Empty{})
+	case *proto.LseekReq:
+		var off int64
+		errno := withHandle(r.Handle, func(hd *handle) syscall.Errno {
+			var err error
+			off, err = unix.Seek(hd.fd, int64(min(r.Offset, 1<<62)), int(r.Whence))
+			return errnoOf(err)
+		})
+		c.reply(h, errno, &proto.CountReply{N: uint64(off)})
+	case *proto.CopyRangeReq:
+		var n int
+		errno := withHandle(r.In, func(in *handle) syscall.Errno {
+			return withHandle(r.Out, func(out *handle) (e syscall.Errno) {
+				n, e = v.copyRange(in, out, r, h.UID)
+				return e
+			})
+		})
+		c.reply(h, errno, &proto.CountReply{N: uint64(n)})
+	case *proto.Empty: // STATFS
+		rep, errno := v.statfs()
+		c.reply(h, errno, &rep)
+	case *proto.XattrReq:
+		hd, errno := optional(r.Handle)
+		if errno != 0 {
+			c.reply(h, errno, nil)
+			return
+		}
+		defer sess.put(hd)
+		rep, errno := v.xattr(h.Op, r, hd)
+		if h.Op == proto.OpSetxattr || h.Op == proto.OpRemovexattr {
+			c.reply(h, errno, &proto.Empty{})
+		} else {
+			c.reply(h, errno, &rep)
+		}
+	default:
+		c.reply(h, syscall.ENOSYS, nil)
+	}
+}
+
+// ioBuf is a buffer for one READ or WRITE's data, aligned for O_DIRECT.
+type ioBuf struct{ b []byte }
+
+var bufPool = sync.Pool{New: func() any {
+	raw := make([]byte, proto.MaxIO+directIOAlign)
+	off := 0
+	if rem := int(uintptrOf(raw) % directIOAlign); rem != 0 {
+		off = directIOAlign - rem
+	}
+	return &ioBuf{b: raw[off : off+proto.MaxIO : off+proto.MaxIO]}
+}}
+
+func getBuf() *ioBuf  { return bufPool.Get().(*ioBuf) }
+func putBuf(b *ioBuf) { bufPool.Put(b) }

@@ -1,0 +1,334 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+)
+
+const token = "server-test-token"
+
+// fixture is a server over TCP serving one namespace directory, inside a parent directory
+// holding files the namespace must never reach.
+type fixture struct {
+	t       *testing.T
+	addr    string
+	srv     *Server
+	dir     string // the namespace
+	outside string // a directory next to it
+	tracker *usage.Tracker
+	logs    *logBuffer
+}
+
+// logBuffer collects the server's log; safe for concurrent use.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newFixture(t *testing.T, lim Limits) *fixture {
+	t.Helper()
+	base := t.TempDir()
+	f := &fixture{t: t, dir: filepath.Join(base, "namespace"), outside: filepath.Join(base, "outside"),
+		tracker: usage.New("instance 9", 1<<20), logs: &logBuffer{}}
+	for _, d := range []string{f.dir, f.outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(f.outside, "secret"), []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.addr = l.Addr().String()
+	log := slog.New(slog.NewTextHandler(f.logs, nil))
+	f.srv = New(Options{Token: token, Log: log, Limits: lim, Resolve: func(fragment, namespace, instance int64) (Target, error) {
+		if namespace != 1 {
+			return Target{}, errors.New("namespace 2 does not exist on this node")
+		}
+		return Target{Dir: f.dir, Tracker: f.tracker}, nil
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.srv.Serve(ctx, l); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return f
+}
+
+func (f *fixture) dial(tok string, namespace int64) (*client.Client, error) {
+	return client.Dial(context.Background(), client.Options{Address: f.addr, Token: tok, Client: "test",
+		Namespace: namespace, Limits: client.Limits{RequestTimeout: 5 * time.Second}})
+}
+
+func (f *fixture) client() *client.Client {
+	f.t.Helper()
+	c, err := f.dial(token, 1)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(c.Close)
+	return c
+}
+
+func do(c *client.Client, op proto.Op, req, reply proto.Message) syscall.Errno {
+	return c.Do(context.Background(), &client.Call{Op: op, Req: req, Reply: reply})
+}
+
+func TestWrongTokenIsRefused(t *testing.T) {
+	f := newFixture(t, Limits{})
+	for _, tok := range []string{"wrong", ""} {
+		_, err := f.dial(tok, 1)
+		var refused *client.RefusedError
+		if !errors.As(err, &refused) || refused.Errno != syscall.EACCES || !strings.Contains(err.Error(), "wrong token") {
+			t.Errorf("token %q: %v, want a refusal naming the wrong token", tok, err)
+		}
+	}
+	_, err := f.dial(token, 2)
+	if err == nil || !strings.Contains(err.Error(), "namespace 2 does not exist") {
+		t.Errorf("an unknown namespace: %v", err)
+	}
+	if !strings.Contains(f.logs.String(), "wrong token") {
+		t.Errorf("the server's log does not record the refusal:\n%s", f.logs)
+	}
+	// The server is fine afterwards.
+	f.client()
+}
+
+// Every path stays inside the namespace: ".." is refused outright, a symbolic link that
+// leads outside is refused where it would be followed, and the last component of a path is
+// never followed.
+func TestPathsCannotEscape(t *testing.T) {
+	f := newFixture(t, Limits{})
+	c := f.client()
+	for name, target := range map[string]string{"abs": f.outside, "rel": "../outside", "up": "..",
+		"file": filepath.Join(f.outside, "secret")} {
+		if err := os.Symlink(target, filepath.Join(f.dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(f.dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var attr proto.AttrReply
+	for _, p := range []string{"../outside/secret", "..", "sub/../../outside", "/etc/passwd", "sub//x", "./sub", "a\x00b"} {
+		if errno := do(c, proto.OpLookup, &proto.PathReq{Path: p}, &attr); errno != syscall.EINVAL {
+			t.Errorf("LOOKUP %q: %v, want EINVAL", p, errno)
+		}
+	}
+	for _, p := range []string{"abs/secret", "rel/secret", "up/outside/secret"} {
+		if errno := do(c, proto.OpLookup, &proto.PathReq{Path: p}, &attr); errno != syscall.EACCES {
+			t.Errorf("LOOKUP %q through a link leading outside: %v, want EACCES", p, errno)
+		}
+		if errno := do(c, proto.OpCreate, &proto.CreateReq{Dir: filepath.Dir(p), Name: "planted", Flags: syscall.O_WRONLY, Mode: 0o644}, &proto.OpenReply{}); errno != syscall.EACCES {
+			t.Errorf("CREATE in %q: %v, want EACCES", filepath.Dir(p), errno)
+		}
+	}
+	// The link itself is an entry of the namespace: it can be looked at, not gone through.
+	if errno := do(c, proto.OpLookup, &proto.PathReq{Path: "file"}, &attr); errno != 0 || attr.Attr.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+		t.Errorf("LOOKUP of a link: %v, mode %o", errno, attr.Attr.Mode)
+	}
+	if errno := do(c, proto.OpOpen, &proto.OpenReq{Path: "file", Flags: syscall.O_RDONLY}, &proto.OpenReply{}); errno != syscall.ELOOP {
+		t.Errorf("OPEN of a link to a file outside: %v, want ELOOP", errno)
+	}
+	setattr := &proto.SetattrReq{Path: "file", Valid: proto.SetMode, Mode: 0o666}
+	if errno := do(c, proto.OpSetattr, setattr, &attr); errno != syscall.EOPNOTSUPP {
+		t.Errorf("chmod of a link: %v, want EOPNOTSUPP", errno)
+	}
+	setattr = &proto.SetattrReq{Path: "file", Valid: proto.SetSize, Size: 0}
+	if errno := do(c, proto.OpSetattr, setattr, &attr); errno != syscall.EINVAL {
+		t.Errorf("truncate of a link: %v, want EINVAL", errno)
+	}
+	if errno := do(c, proto.OpGetxattr, &proto.XattrReq{Path: "file", Name: "user.x", Size: 64}, &proto.XattrReply{}); errno != syscall.ENODATA {
+		t.Errorf("getxattr of a link: %v, want ENODATA", errno)
+	}
+	if errno := do(c, proto.OpLink, &proto.LinkReq{Path: "file", Dir: "", Name: "hard"}, &attr); errno != 0 {
+		t.Errorf("a hard link to the link itself: %v", errno)
+	}
+	if errno := do(c, proto.OpRename, &proto.RenameReq{Dir: "", Name: "sub", NewDir: "abs", NewName: "moved"}, nil); errno != syscall.EACCES {
+		t.Errorf("RENAME into a link leading outside: %v, want EACCES", errno)
+	}
+	if errno := do(c, proto.OpUnlink, &proto.EntryReq{Dir: "abs", Name: "secret"}, nil); errno != syscall.EACCES {
+		t.Errorf("UNLINK through a link leading outside: %v, want EACCES", errno)
+	}
+	st, err := os.Stat(filepath.Join(f.outside, "secret"))
+	if err != nil || st.Mode().Perm() != 0o600 || st.Size() != 6 {
+		t.Errorf("the file outside changed: %v %v", st, err)
+	}
+	if entries, _ := os.ReadDir(f.outside); len(entries) != 1 {
+		t.Errorf("something was created outside the namespace: %v", entries)
+	}
+	if !f.srv.Active(0) {
+		t.Error("the session does not count as active")
+	}
+}
+
+// handshake performs the handshake by hand on a raw connection.
+func handshake(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	br := bufio.NewReader(nc)
+	hello := proto.Hello{Magic: proto.Magic, MinVersion: 1, MaxVersion: 1}
+	nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpHello, ID: 1}, &hello))
+	var ch proto.Challenge
+	readReply(t, br, &ch)
+	auth := proto.Auth{Proof: proto.ClientProof([]byte(token), ch.Nonce, hello.Nonce), Namespace: 1}
+	nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, ID: 2}, &auth))
+	readReply(t, br, &proto.Welcome{})
+	return nc, br
+}
+
+func readReply(t *testing.T, br *bufio.Reader, m proto.Message) proto.Header {
+	t.Helper()
+	h, body, err := readFrame(br, proto.MaxBody)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Errno != 0 {
+		t.Fatalf("%s failed: %v", h.Op, syscall.Errno(h.Errno))
+	}
+	if m != nil {
+		if err := proto.Decode(body, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return h
+}
+
+// closed reports whether the server closed the connection (within a second).
+func closed(nc net.Conn, br *bufio.Reader) bool {
+	nc.SetReadDeadline(time.Now().Add(time.Second))
+	_, err := io.Copy(io.Discard, br)
+	return err == nil // EOF: closed by the peer; a timeout is an error
+}
+
+// A malformed frame closes its connection and nothing else: the server goes on serving.
+func TestMalformedFramesCloseTheConnection(t *testing.T) {
+	f := newFixture(t, Limits{})
+	good := proto.AppendFrame(nil, proto.Header{Op: proto.OpPing, ID: 5}, &proto.Empty{})
+	mutate := func(fn func(b []byte) []byte) []byte { return fn(append([]byte(nil), good...)) }
+	cases := map[string][]byte{
+		"reserved bytes set": mutate(func(b []byte) []byte { b[6] = 1; return b }),
+		"a reply":            mutate(func(b []byte) []byte { b[5] = byte(proto.KindReply); return b }),
+		"a huge length":      mutate(func(b []byte) []byte { b[0] = 0xff; return b }),
+		"a short length":     mutate(func(b []byte) []byte { b[3] = 2; return b }),
+		"a body that does not decode": proto.AppendFrame(nil, proto.Header{Op: proto.OpLookup, ID: 6},
+			&proto.HandleReq{Handle: 1}), // 8 bytes where a string is expected
+		"a second handshake": proto.AppendFrame(nil, proto.Header{Op: proto.OpHello, ID: 7}, &proto.Hello{}),
+		"a write too short":  mutate(func(b []byte) []byte { b[4] = byte(proto.OpWrite); return b }),
+	}
+	for name, frame := range cases {
+		nc, br := handshake(t, f.addr)
+		nc.Write(good)
+		readReply(t, br, nil)
+		nc.Write(frame)
+		if !closed(nc, br) {
+			t.Errorf("%s: the connection stayed open", name)
+		}
+	}
+	// Garbage before any handshake.
+	for _, garbage := range [][]byte{[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), make([]byte, 64)} {
+		nc, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Write(garbage)
+		if !closed(nc, bufio.NewReader(nc)) {
+			t.Errorf("garbage %q before the handshake: the connection stayed open", garbage[:8])
+		}
+		nc.Close()
+	}
+	// An unknown op is answered, not fatal: later versions may add some.
+	nc, br := handshake(t, f.addr)
+	nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.Op(200), ID: 9}, &proto.Empty{}))
+	h, _, err := readFrame(br, proto.MaxBody)
+	if err != nil || h.Errno != uint32(syscall.ENOSYS) || h.ID != 9 {
+		t.Errorf("an unknown op: %+v, %v; want ENOSYS", h, err)
+	}
+	c := f.client()
+	if errno := do(c, proto.OpStatfs, &proto.Empty{}, &proto.StatfsReply{}); errno != 0 {
+		t.Errorf("the server after all this: %v", errno)
+	}
+	if !strings.Contains(f.logs.String(), "broke the protocol") {
+		t.Errorf("the server's log does not say why it closed connections:\n%s", f.logs)
+	}
+}
+
+// A client that never finishes its handshake, or goes silent, is dropped.
+func TestSilentClientsAreDropped(t *testing.T) {
+	f := newFixture(t, Limits{HandshakeTimeout: 200 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
+	nc, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if !closed(nc, bufio.NewReader(nc)) {
+		t.Error("a client silent during the handshake was not dropped")
+	}
+	nc2, br := handshake(t, f.addr)
+	if !closed(nc2, br) {
+		t.Error("a silent client was not dropped after the idle timeout")
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for f.srv.Connections() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := f.srv.Connections(); n != 0 {
+		t.Errorf("%d connections still counted", n)
+	}
+}
+
+func TestOpenFilesAreBounded(t *testing.T) {
+	f := newFixture(t, Limits{MaxOpenFiles: 3})
+	c := f.client()
+	var errno syscall.Errno
+	for i := 0; i < 4 && errno == 0; i++ {
+		errno = do(c, proto.OpCreate, &proto.CreateReq{Name: "f" + string(rune('a'+i)), Flags: syscall.O_RDWR, Mode: 0o644}, &proto.OpenReply{})
+	}
+	if errno != syscall.EMFILE {
+		t.Errorf("the fourth open with a limit of 3: %v, want EMFILE", errno)
+	}
+	if n := f.srv.inodes.len(); n != 3 {
+		t.Errorf("%d inodes held, want the 3 open", n)
+	}
+	c.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for f.srv.inodes.len() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := f.srv.inodes.len(); n != 0 {
+		t.Errorf("%d inodes still held after the client left", n)
+	}
+}

@@ -1,0 +1,1176 @@
+package server
+
+// The file operations on one namespace, confined to it, with the instance's capacity
+// accounting. Directories are resolved with os.Root opened at the namespace root (as the stage
+// engine does): a path can never leave the namespace, through ".." or a symbolic link. The
+// last component of every path is then handled with *at system calls relative to the opened
+// parent, never following a symbolic link, so an operation acts on the very entry the client
+// named.
+//
+// Accounting follows the local loopback mount (package localfs) exactly: "used" is the sum of
+// the apparent sizes of the regular files; growth is reserved before it is made, a write that
+// crosses the capacity writes what fits and the next fails with ENOSPC; a file unlinked while
+// open keeps its space until its last handle closes.
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+)
+
+// volume is one session's view of a namespace.
+type volume struct {
+	root        *os.Root
+	rootFile    *os.File // the namespace root, open for the session
+	rootFd      int
+	tracker     *usage.Tracker
+	readOnly    bool
+	maxFileSize int64 // DataWarp's MFS; 0 = no limit
+	asRoot      bool  // the server runs as root: new entries are chowned to their creator
+	inodes      *inodeTable
+	noteFull    func(requested uint64)
+}
+
+func openVolume(dir string, t *usage.Tracker, inodes *inodeTable) (*volume, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	f, err := root.Open(".")
+	if err != nil {
+		root.Close()
+		return nil, err
+	}
+	return &volume{root: root, rootFile: f, rootFd: int(f.Fd()), tracker: t, inodes: inodes,
+		asRoot: os.Geteuid() == 0, noteFull: func(uint64) {}}, nil
+}
+
+func (v *volume) close() {
+	v.rootFile.Close()
+	v.root.Close()
+}
+
+// errnoOf turns an error into the errno the client sees. os.Root's refusal of a path that
+// leaves the namespace is EACCES.
+func errnoOf(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno
+	}
+	if escapes(err) {
+		return syscall.EACCES
+	}
+	return syscall.EIO
+}
+
+// escapes reports whether err is os.Root refusing a path that leaves the root (os does not
+// export the error; the stage engine matches it the same way).
+func escapes(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if e.Error() == "path escapes from parent" {
+			return true
+		}
+	}
+	return false
+}
+
+// validName reports whether name can be one component of a path.
+func validName(name string) bool {
+	return name != "" && name != "." && name != ".." && len(name) <= proto.MaxName &&
+		!strings.ContainsAny(name, "/\x00")
+}
+
+// validPath reports whether p is a clean relative path inside the namespace ("" = the root).
+func validPath(p string) bool {
+	if p == "" {
+		return true
+	}
+	if len(p) > proto.MaxPath {
+		return false
+	}
+	for part := range strings.SplitSeq(p, "/") {
+		if !validName(part) {
+			return false
+		}
+	}
+	return true
+}
+
+// dirAt opens the directory at path; done closes it.
+func (v *volume) dirAt(path string) (fd int, done func(), errno syscall.Errno) {
+	if path == "" {
+		return v.rootFd, func() {}, 0
+	}
+	if !validPath(path) {
+		return -1, nil, syscall.EINVAL
+	}
+	f, err := v.root.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, nil, errnoOf(err)
+	}
+	return int(f.Fd()), func() { f.Close() }, 0
+}
+
+// entry opens the parent of path; name is its last component ("" for the root itself, whose
+// "parent" is then the root's own descriptor).
+func (v *volume) entry(path string) (dirfd int, name string, done func(), errno syscall.Errno) {
+	if path == "" {
+		return v.rootFd, "", func() {}, 0
+	}
+	if !validPath(path) {
+		return -1, "", nil, syscall.EINVAL
+	}
+	dir, name := "", path
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		dir, name = path[:i], path[i+1:]
+	}
+	dirfd, done, errno = v.dirAt(dir)
+	return dirfd, name, done, errno
+}
+
+// target is a node opened for an operation on it: a real descriptor (an open handle, or the
+// root), or an O_PATH descriptor of the entry itself.
+type target struct {
+	fd    int
+	real  bool // fd may be read, written, fchmod'ed
+	st    unix.Stat_t
+	done  func()
+	dirfd int // the parent, and the name in it, when opened by path ("" for the root/handles)
+	name  string
+}
+
+func (t *target) link() bool    { return t.st.Mode&syscall.S_IFMT == syscall.S_IFLNK }
+func (t *target) regular() bool { return t.st.Mode&syscall.S_IFMT == syscall.S_IFREG }
+
+// procPath names a descriptor so that path-based calls (truncate, chmod, xattrs) reach its
+// inode without resolving any name.
+func procPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// open returns the node a request names: by handle when it has one, else by path.
+func (v *volume) open(path string, h *handle) (*target, syscall.Errno) {
+	t := &target{done: func() {}}
+	if h != nil {
+		t.fd, t.real = h.fd, true
+	} else {
+		dirfd, name, done, errno := v.entry(path)
+		if errno != 0 {
+			return nil, errno
+		}
+		if name == "" {
+			t.fd, t.real, t.done = v.rootFd, true, done
+		} else {
+			fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				done()
+				return nil, errnoOf(err)
+			}
+			t.fd, t.dirfd, t.name = fd, dirfd, name
+			t.done = func() { unix.Close(fd); done() }
+		}
+	}
+	if err := unix.Fstat(t.fd, &t.st); err != nil {
+		t.done()
+		return nil, errnoOf(err)
+	}
+	return t, 0
+}
+
+func toAttr(st *unix.Stat_t) proto.Attr {
+	return proto.Attr{
+		Ino: st.Ino, Size: uint64(st.Size), Blocks: uint64(st.Blocks),
+		Atime: proto.Timespec{Sec: st.Atim.Sec, Nsec: uint32(st.Atim.Nsec)},
+		Mtime: proto.Timespec{Sec: st.Mtim.Sec, Nsec: uint32(st.Mtim.Nsec)},
+		Ctime: proto.Timespec{Sec: st.Ctim.Sec, Nsec: uint32(st.Ctim.Nsec)},
+		Mode:  st.Mode, Nlink: uint32(st.Nlink), UID: st.Uid, GID: st.Gid, Rdev: uint32(st.Rdev),
+		Blksize: uint32(st.Blksize),
+	}
+}
+
+func keyOf(st *unix.Stat_t) inodeKey { return inodeKey{dev: st.Dev, ino: st.Ino} }
+
+// lookup stats the entry at path without following a symbolic link.
+func (v *volume) lookup(path string) (proto.Attr, syscall.Errno) {
+	dirfd, name, done, errno := v.entry(path)
+	if errno != 0 {
+		return proto.Attr{}, errno
+	}
+	defer done()
+	var st unix.Stat_t
+	var err error
+	if name == "" {
+		err = unix.Fstat(dirfd, &st)
+	} else {
+		err = unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	if err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	return toAttr(&st), 0
+}
+
+func (v *volume) getattr(path string, h *handle) (proto.Attr, syscall.Errno) {
+	if h == nil {
+		return v.lookup(path)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(h.fd, &st); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	return toAttr(&st), 0
+}
+
+func (v *volume) chmod(t *target, mode uint32) error {
+	if t.real {
+		return unix.Fchmod(t.fd, mode)
+	}
+	return unix.Chmod(procPath(t.fd), mode)
+}
+
+// dropSetID clears the set-user-ID bit (and set-group-ID with group execute) of a file being
+// changed by a caller other than root, as a local file system does; the kernel leaves it to
+// the server (FUSE_HANDLE_KILLPRIV_V2), and the backing file system would not, since the
+// server writes as root.
+func (v *volume) dropSetID(t *target, mode, caller uint32, always bool) {
+	if !v.asRoot {
+		return
+	}
+	kill := mode & syscall.S_ISUID
+	if mode&(syscall.S_ISGID|syscall.S_IXGRP) == syscall.S_ISGID|syscall.S_IXGRP {
+		kill |= syscall.S_ISGID
+	}
+	if kill == 0 || (!always && caller == 0) {
+		return
+	}
+	v.chmod(t, mode&0o7777&^kill)
+}
+
+// settle corrects the tracker once a size change is done: reserved bytes were counted
+// beforehand, the file went from before to after.
+func (v *volume) settle(reserved uint64, before, after int64) {
+	if after >= before {
+		grew := uint64(after - before)
+		switch {
+		case grew < reserved:
+			v.tracker.Release(reserved - grew)
+		case grew > reserved:
+			v.tracker.Charge(grew - reserved)
+		}
+		return
+	}
+	v.tracker.Release(reserved + uint64(before-after))
+}
+
+func sizeOf(fd int) (int64, error) {
+	var st unix.Stat_t
+	err := unix.Fstat(fd, &st)
+	return st.Size, err
+}
+
+// truncate sets a regular file's size, reserving growth first.
+func (v *volume) truncate(t *target, size uint64) syscall.Errno {
+	if v.maxFileSize > 0 && size > uint64(v.maxFileSize) {
+		return syscall.EFBIG
+	}
+	if size > 1<<62 {
+		return syscall.EFBIG
+	}
+	in := v.inodes.get(keyOf(&t.st))
+	defer v.inodes.put(in)
+	in.sizeMu.Lock()
+	defer in.sizeMu.Unlock()
+	before, err := sizeOf(t.fd)
+	if err != nil {
+		return errnoOf(err)
+	}
+	var reserved uint64
+	if int64(size) > before {
+		reserved = size - uint64(before)
+		if err := v.tracker.Reserve(reserved); err != nil {
+			v.noteFull(reserved)
+			return syscall.ENOSPC
+		}
+	}
+	err = unix.Truncate(procPath(t.fd), int64(size))
+	after, serr := sizeOf(t.fd)
+	if serr != nil {
+		after = before
+		if err == nil {
+			after = int64(size)
+		}
+	}
+	v.settle(reserved, before, after)
+	return errnoOf(err)
+}
+
+func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.Attr, syscall.Errno) {
+	if v.readOnly {
+		return proto.Attr{}, syscall.EROFS
+	}
+	t, errno := v.open(r.Path, h)
+	if errno != 0 {
+		return proto.Attr{}, errno
+	}
+	defer t.done()
+	if r.Valid&proto.SetSize != 0 {
+		switch {
+		case t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR:
+			return proto.Attr{}, syscall.EISDIR
+		case !t.regular():
+			return proto.Attr{}, syscall.EINVAL
+		}
+		if errno := v.truncate(t, r.Size); errno != 0 {
+			return proto.Attr{}, errno
+		}
+	}
+	if r.Valid&proto.SetMode != 0 {
+		if t.link() {
+			return proto.Attr{}, syscall.EOPNOTSUPP
+		}
+		if err := v.chmod(t, r.Mode&0o7777); err != nil {
+			return proto.Attr{}, errnoOf(err)
+		}
+	}
+	if r.Valid&(proto.SetUID|proto.SetGID) != 0 {
+		uid, gid := -1, -1
+		if r.Valid&proto.SetUID != 0 {
+			uid = int(r.UID)
+		}
+		if r.Valid&proto.SetGID != 0 {
+			gid = int(r.GID)
+		}
+		if err := unix.Fchownat(t.fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+			return proto.Attr{}, errnoOf(err)
+		}
+	}
+	if r.Valid&(proto.SetAtime|proto.SetMtime) != 0 {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+		set := func(i int, valid, now uint32, t proto.Timespec) {
+			switch {
+			case r.Valid&now != 0:
+				ts[i] = unix.Timespec{Nsec: unix.UTIME_NOW}
+			case r.Valid&valid != 0:
+				ts[i] = unix.Timespec{Sec: t.Sec, Nsec: int64(t.Nsec)}
+			}
+		}
+		set(0, proto.SetAtime, proto.SetAtimeNow, r.Atime)
+		set(1, proto.SetMtime, proto.SetMtimeNow, r.Mtime)
+		var err error
+		if t.link() {
+			err = unix.UtimesNanoAt(t.dirfd, t.name, ts, unix.AT_SYMLINK_NOFOLLOW)
+		} else {
+			err = unix.UtimesNanoAt(unix.AT_FDCWD, procPath(t.fd), ts, 0)
+		}
+		if err != nil {
+			return proto.Attr{}, errnoOf(err)
+		}
+	}
+	if r.Valid&proto.SetKillSUIDGID != 0 && r.Valid&proto.SetMode == 0 && t.regular() {
+		var st unix.Stat_t
+		if unix.Fstat(t.fd, &st) == nil {
+			v.dropSetID(t, st.Mode, caller, true)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(t.fd, &st); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	return toAttr(&st), 0
+}
+
+// openFlags keeps the open(2) flags that mean something for a file the server opens on a
+// client's behalf. O_APPEND is dropped (the kernel gives appends their offset), and so is
+// everything about creation and name resolution, which the server decides.
+func openFlags(flags uint32) int {
+	const keep = unix.O_ACCMODE | unix.O_DIRECT | unix.O_SYNC | unix.O_DSYNC | unix.O_NOATIME | unix.O_LARGEFILE
+	return int(flags)&keep | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY
+}
+
+func writes(flags uint32) bool { return flags&unix.O_ACCMODE != unix.O_RDONLY }
+
+// newFile makes a handle of a regular file just opened.
+func (v *volume) newFile(fd int, flags uint32, st *unix.Stat_t, orphan bool) *handle {
+	in := v.inodes.get(keyOf(st))
+	in.mu.Lock()
+	in.open++
+	if orphan {
+		in.orphan = true
+	}
+	in.mu.Unlock()
+	return &handle{fd: fd, flags: flags, in: in}
+}
+
+func (v *volume) openFile(path string, flags uint32) (*handle, proto.Attr, syscall.Errno) {
+	if flags&unix.O_ACCMODE == unix.O_ACCMODE {
+		return nil, proto.Attr{}, syscall.EINVAL
+	}
+	if v.readOnly && (writes(flags) || flags&unix.O_TRUNC != 0) {
+		return nil, proto.Attr{}, syscall.EROFS
+	}
+	dirfd, name, done, errno := v.entry(path)
+	if errno != 0 {
+		return nil, proto.Attr{}, errno
+	}
+	defer done()
+	if name == "" {
+		return nil, proto.Attr{}, syscall.EISDIR
+	}
+	fd, err := unix.Openat(dirfd, name, openFlags(flags), 0)
+	if err != nil {
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	return v.finishOpen(fd, flags, false, nil, 0, 0, 0)
+}
+
+// finishOpen checks that fd is a regular file, takes ownership of a new one, applies O_TRUNC
+// and returns the handle.
+func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Stat_t, uid, gid, mode uint32) (*handle, proto.Attr, syscall.Errno) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+	case syscall.S_IFDIR:
+		unix.Close(fd)
+		return nil, proto.Attr{}, syscall.EISDIR
+	default:
+		unix.Close(fd)
+		return nil, proto.Attr{}, syscall.ENXIO
+	}
+	t := &target{fd: fd, real: true, st: st, done: func() {}}
+	if created {
+		v.own(t, parent, uid, gid, mode)
+	}
+	h := v.newFile(fd, flags, &st, false)
+	if !created && flags&unix.O_TRUNC != 0 && st.Size > 0 {
+		if errno := v.truncate(t, 0); errno != 0 {
+			v.closeFile(h)
+			return nil, proto.Attr{}, errno
+		}
+	}
+	if err := unix.Fstat(fd, &st); err != nil {
+		v.closeFile(h)
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	return h, toAttr(&st), 0
+}
+
+// own gives a new entry to its creator: the caller's uid, and the caller's gid or the
+// directory's in a set-group-ID directory (whose new subdirectories inherit the bit); and the
+// permission bits the caller asked for (the server's own umask must not apply).
+func (v *volume) own(t *target, parent *unix.Stat_t, uid, gid uint32, mode uint32) {
+	if v.asRoot {
+		g := gid
+		if parent != nil && parent.Mode&syscall.S_ISGID != 0 {
+			g = parent.Gid
+		}
+		unix.Fchownat(t.fd, "", int(uid), int(g), unix.AT_EMPTY_PATH)
+	}
+	if t.link() {
+		return
+	}
+	want := mode & 0o7777
+	if t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR && parent != nil && parent.Mode&syscall.S_ISGID != 0 {
+		want |= syscall.S_ISGID
+	}
+	var st unix.Stat_t
+	if unix.Fstat(t.fd, &st) == nil && st.Mode&0o7777 != want {
+		v.chmod(t, want)
+	}
+}
+
+func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Attr, syscall.Errno) {
+	if v.readOnly {
+		return nil, proto.Attr{}, syscall.EROFS
+	}
+	if !validName(r.Name) {
+		return nil, proto.Attr{}, syscall.EINVAL
+	}
+	if r.Flags&unix.O_ACCMODE == unix.O_ACCMODE {
+		return nil, proto.Attr{}, syscall.EINVAL
+	}
+	dirfd, done, errno := v.dirAt(r.Dir)
+	if errno != 0 {
+		return nil, proto.Attr{}, errno
+	}
+	defer done()
+	var parent unix.Stat_t
+	if err := unix.Fstat(dirfd, &parent); err != nil {
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	base := openFlags(r.Flags)
+	created := true
+	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
+	if errors.Is(err, syscall.EEXIST) && r.Flags&unix.O_EXCL == 0 {
+		// Another client created it meanwhile: open it, and leave its owner alone.
+		created = false
+		fd, err = unix.Openat(dirfd, r.Name, base, 0)
+	}
+	if err != nil {
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	return v.finishOpen(fd, r.Flags, created, &parent, uid, gid, r.Mode)
+}
+
+// tmpfile creates a file with no name (O_TMPFILE): its space is released when it is closed.
+func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Attr, syscall.Errno) {
+	if v.readOnly {
+		return nil, proto.Attr{}, syscall.EROFS
+	}
+	if !writes(r.Flags) || r.Flags&unix.O_ACCMODE == unix.O_ACCMODE {
+		return nil, proto.Attr{}, syscall.EINVAL
+	}
+	dirfd, done, errno := v.dirAt(r.Dir)
+	if errno != 0 {
+		return nil, proto.Attr{}, errno
+	}
+	defer done()
+	var parent unix.Stat_t
+	if err := unix.Fstat(dirfd, &parent); err != nil {
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	fd, err := unix.Openat(dirfd, ".", openFlags(r.Flags)&^unix.O_NOFOLLOW|unix.O_TMPFILE, r.Mode&0o7777)
+	if err != nil {
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	v.own(&target{fd: fd, real: true, st: st}, &parent, uid, gid, r.Mode)
+	unix.Fstat(fd, &st)
+	return v.newFile(fd, r.Flags, &st, true), toAttr(&st), 0
+}
+
+// made finishes an entry mkdir, mknod or symlink created: owner, mode, attributes.
+func (v *volume) made(dirfd int, name string, parent *unix.Stat_t, flags int, uid, gid, mode uint32) (proto.Attr, syscall.Errno) {
+	fd, err := unix.Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	defer unix.Close(fd)
+	t := &target{fd: fd, real: flags&unix.O_PATH == 0}
+	if err := unix.Fstat(fd, &t.st); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	v.own(t, parent, uid, gid, mode)
+	if err := unix.Fstat(fd, &t.st); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	return toAttr(&t.st), 0
+}
+
+// newEntry opens the directory that gets a new entry, and stats it.
+func (v *volume) newEntry(dir, name string) (dirfd int, parent *unix.Stat_t, done func(), errno syscall.Errno) {
+	if v.readOnly {
+		return -1, nil, nil, syscall.EROFS
+	}
+	if !validName(name) {
+		return -1, nil, nil, syscall.EINVAL
+	}
+	dirfd, done, errno = v.dirAt(dir)
+	if errno != 0 {
+		return -1, nil, nil, errno
+	}
+	parent = &unix.Stat_t{}
+	if err := unix.Fstat(dirfd, parent); err != nil {
+		done()
+		return -1, nil, nil, errnoOf(err)
+	}
+	return dirfd, parent, done, 0
+}
+
+func (v *volume) mkdir(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.Errno) {
+	dirfd, parent, done, errno := v.newEntry(r.Dir, r.Name)
+	if errno != 0 {
+		return proto.Attr{}, errno
+	}
+	defer done()
+	if err := unix.Mkdirat(dirfd, r.Name, r.Mode&0o7777); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	return v.made(dirfd, r.Name, parent, unix.O_RDONLY|unix.O_DIRECTORY, uid, gid, r.Mode)
+}
+
+func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.Errno) {
+	dirfd, parent, done, errno := v.newEntry(r.Dir, r.Name)
+	if errno != 0 {
+		return proto.Attr{}, errno
+	}
+	defer done()
+	switch r.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG, syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
+	default:
+		return proto.Attr{}, syscall.EINVAL
+	}
+	if err := unix.Mknodat(dirfd, r.Name, r.Mode, int(r.Rdev)); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	return v.made(dirfd, r.Name, parent, unix.O_PATH, uid, gid, r.Mode)
+}
+
+func (v *volume) symlink(r *proto.SymlinkReq, uid, gid uint32) (proto.Attr, syscall.Errno) {
+	dirfd, parent, done, errno := v.newEntry(r.Dir, r.Name)
+	if errno != 0 {
+		return proto.Attr{}, errno
+	}
+	defer done()
+	if r.Target == "" || strings.IndexByte(r.Target, 0) >= 0 {
+		return proto.Attr{}, syscall.EINVAL
+	}
+	if err := unix.Symlinkat(r.Target, dirfd, r.Name); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	return v.made(dirfd, r.Name, parent, unix.O_PATH, uid, gid, 0o777)
+}
+
+func (v *volume) link(r *proto.LinkReq) (proto.Attr, syscall.Errno) {
+	dirfd, _, done, errno := v.newEntry(r.Dir, r.Name)
+	if errno != 0 {
+		return proto.Attr{}, errno
+	}
+	defer done()
+	srcDir, srcName, srcDone, errno := v.entry(r.Path)
+	if errno != 0 {
+		return proto.Attr{}, errno
+	}
+	defer srcDone()
+	if srcName == "" {
+		return proto.Attr{}, syscall.EPERM // the root directory
+	}
+	if err := unix.Linkat(srcDir, srcName, dirfd, r.Name, 0); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, r.Name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return proto.Attr{}, errnoOf(err)
+	}
+	return toAttr(&st), 0
+}
+
+// removal is what dropping one name of a regular file gives back.
+type removal struct {
+	in   *inode
+	size int64
+	last bool // the name was the file's last link
+}
+
+// prepareRemoval inspects the regular file about to lose dirfd/name and locks its inode
+// against size changes; finish must follow when ok.
+func (v *volume) prepareRemoval(dirfd int, name string) (removal, bool) {
+	var st unix.Stat_t
+	if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return removal{}, false
+	}
+	in := v.inodes.get(keyOf(&st))
+	in.sizeMu.Lock()
+	// Its size, now that nobody can change it.
+	if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || keyOf(&st) != in.key {
+		in.sizeMu.Unlock()
+		v.inodes.put(in)
+		return removal{}, false
+	}
+	return removal{in: in, size: st.Size, last: st.Nlink == 1}, true
+}
+
+// finish releases the file's size if the name removed was its last link, or defers that to
+// the last close while the file is still open.
+func (v *volume) finish(r removal, removed bool) {
+	defer v.inodes.put(r.in)
+	defer r.in.sizeMu.Unlock()
+	if !removed || !r.last {
+		return
+	}
+	r.in.mu.Lock()
+	open := r.in.open > 0
+	if open {
+		r.in.orphan = true
+	}
+	r.in.mu.Unlock()
+	if !open {
+		v.tracker.Release(uint64(r.size))
+	}
+}
+
+func (v *volume) unlink(r *proto.EntryReq, dir bool) syscall.Errno {
+	if v.readOnly {
+		return syscall.EROFS
+	}
+	if !validName(r.Name) {
+		return syscall.EINVAL
+	}
+	dirfd, done, errno := v.dirAt(r.Dir)
+	if errno != 0 {
+		return errno
+	}
+	defer done()
+	if dir {
+		return errnoOf(unix.Unlinkat(dirfd, r.Name, unix.AT_REMOVEDIR))
+	}
+	rm, isFile := v.prepareRemoval(dirfd, r.Name)
+	err := unix.Unlinkat(dirfd, r.Name, 0)
+	if isFile {
+		v.finish(rm, err == nil)
+	}
+	return errnoOf(err)
+}
+
+func (v *volume) rename(r *proto.RenameReq) syscall.Errno {
+	if v.readOnly {
+		return syscall.EROFS
+	}
+	if !validName(r.Name) || !validName(r.NewName) {
+		return syscall.EINVAL
+	}
+	if r.Flags&^(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE|unix.RENAME_WHITEOUT) != 0 {
+		return syscall.EINVAL
+	}
+	olddir, doneOld, errno := v.dirAt(r.Dir)
+	if errno != 0 {
+		return errno
+	}
+	defer doneOld()
+	newdir, doneNew, errno := v.dirAt(r.NewDir)
+	if errno != 0 {
+		return errno
+	}
+	defer doneNew()
+	// A rename that replaces a regular file removes the replaced file's name.
+	var rm removal
+	replacing := false
+	if r.Flags&(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE) == 0 {
+		var src unix.Stat_t
+		srcErr := unix.Fstatat(olddir, r.Name, &src, unix.AT_SYMLINK_NOFOLLOW)
+		var dst unix.Stat_t
+		if unix.Fstatat(newdir, r.NewName, &dst, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+			(srcErr != nil || keyOf(&src) != keyOf(&dst)) {
+			rm, replacing = v.prepareRemoval(newdir, r.NewName)
+		}
+	}
+	err := unix.Renameat2(olddir, r.Name, newdir, r.NewName, uint(r.Flags))
+	if replacing {
+		v.finish(rm, err == nil)
+	}
+	return errnoOf(err)
+}
+
+func (v *volume) readlink(path string) ([]byte, syscall.Errno) {
+	dirfd, name, done, errno := v.entry(path)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer done()
+	if name == "" {
+		return nil, syscall.EINVAL
+	}
+	buf := make([]byte, proto.MaxPath+1)
+	n, err := unix.Readlinkat(dirfd, name, buf)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	if n > proto.MaxPath {
+		return nil, syscall.ENAMETOOLONG
+	}
+	return buf[:n], 0
+}
+
+func (v *volume) opendir(path string) (*handle, syscall.Errno) {
+	dirfd, name, done, errno := v.entry(path)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer done()
+	if name == "" {
+		name = "."
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	return &handle{fd: fd, dir: true}, 0
+}
+
+// direntBufSize is how much of a directory one READDIR reads: its encoding stays under
+// proto.MaxDirReply.
+const direntBufSize = 32 << 10
+
+func (v *volume) readdir(h *handle, offset uint64) (proto.ReaddirReply, syscall.Errno) {
+	if !h.dir {
+		return proto.ReaddirReply{}, syscall.ENOTDIR
+	}
+	h.dirMu.Lock()
+	defer h.dirMu.Unlock()
+	if offset != h.dirPos {
+		if _, err := unix.Seek(h.fd, int64(offset), 0); err != nil {
+			return proto.ReaddirReply{}, errnoOf(err)
+		}
+		h.dirPos = offset
+	}
+	buf := make([]byte, direntBufSize)
+	n, err := unix.Getdents(h.fd, buf)
+	if err != nil {
+		return proto.ReaddirReply{}, errnoOf(err)
+	}
+	if n == 0 {
+		return proto.ReaddirReply{EOF: true}, 0
+	}
+	var out proto.ReaddirReply
+	for b := buf[:n]; len(b) >= 19; {
+		// struct linux_dirent64 { u64 ino; s64 off; u16 reclen; u8 type; char name[]; }
+		reclen := int(binary.NativeEndian.Uint16(b[16:]))
+		if reclen < 19 || reclen > len(b) {
+			break
+		}
+		name := b[19:reclen]
+		if i := indexZero(name); i >= 0 {
+			name = name[:i]
+		}
+		out.Entries = append(out.Entries, proto.Dirent{
+			Ino: binary.NativeEndian.Uint64(b[0:]), Off: binary.NativeEndian.Uint64(b[8:]),
+			Type: uint32(b[18]) << 12, Name: string(name),
+		})
+		b = b[reclen:]
+	}
+	if len(out.Entries) > 0 {
+		h.dirPos = out.Entries[len(out.Entries)-1].Off
+	}
+	return out, 0
+}
+
+func indexZero(b []byte) int {
+	for i, c := range b {
+		if c == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// write performs a write-like operation of length bytes at off through h, reserving growth
+// first. A write that would cross the capacity is shortened to what fits (as a full disk
+// does) and fails with ENOSPC when nothing fits.
+func (v *volume) write(h *handle, length, off int64, caller uint32, do func(length int64) (int, error)) (int, syscall.Errno) {
+	if v.readOnly {
+		return 0, syscall.EROFS
+	}
+	if h.dir || !writes(h.flags) {
+		return 0, syscall.EBADF
+	}
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	if length <= 0 {
+		w, err := do(0)
+		return max(w, 0), errnoOf(err)
+	}
+	if limit := v.maxFileSize; limit > 0 && off+length > limit {
+		// Past the maximum file size: write what fits, then EFBIG (as RLIMIT_FSIZE does).
+		if off >= limit {
+			return 0, syscall.EFBIG
+		}
+		length = limit - off
+	}
+	end := off + length
+	in := h.in
+	t := &target{fd: h.fd, real: true}
+
+	// Fast path: the write stays inside the file, its size cannot change meanwhile.
+	in.sizeMu.RLock()
+	if err := unix.Fstat(h.fd, &t.st); err != nil {
+		in.sizeMu.RUnlock()
+		return 0, errnoOf(err)
+	}
+	if end <= t.st.Size {
+		v.dropSetID(t, t.st.Mode, caller, false)
+		w, err := do(length)
+		in.sizeMu.RUnlock()
+		return max(w, 0), errnoOf(err)
+	}
+	in.sizeMu.RUnlock()
+
+	in.sizeMu.Lock()
+	defer in.sizeMu.Unlock()
+	if err := unix.Fstat(h.fd, &t.st); err != nil {
+		return 0, errnoOf(err)
+	}
+	v.dropSetID(t, t.st.Mode, caller, false)
+	size := t.st.Size
+	if end <= size { // another writer grew it while we waited
+		w, err := do(length)
+		return max(w, 0), errnoOf(err)
+	}
+	growth := uint64(end - size)
+	granted := v.tracker.ReserveUpTo(growth)
+	if granted < growth {
+		v.noteFull(growth)
+		allowedEnd := size + int64(granted)
+		if h.flags&unix.O_DIRECT != 0 {
+			allowedEnd &^= directIOAlign - 1 // O_DIRECT needs aligned lengths
+		}
+		if allowedEnd <= off {
+			v.tracker.Release(granted)
+			return 0, syscall.ENOSPC
+		}
+		length = allowedEnd - off
+	}
+	w, err := do(length)
+	after, serr := sizeOf(h.fd)
+	if serr != nil {
+		after = size + int64(granted) // count what we reserved: never under-count
+	}
+	v.settle(granted, size, after)
+	return max(w, 0), errnoOf(err)
+}
+
+// directIOAlign is the alignment O_DIRECT needs on the backing file system.
+const directIOAlign = 4096
+
+func (v *volume) fallocate(h *handle, off, size uint64, mode uint32, caller uint32) syscall.Errno {
+	if v.readOnly {
+		return syscall.EROFS
+	}
+	if h.dir || !writes(h.flags) {
+		return syscall.EBADF
+	}
+	if off > 1<<62 || size > 1<<62 {
+		return syscall.EFBIG
+	}
+	in := h.in
+	in.sizeMu.Lock()
+	defer in.sizeMu.Unlock()
+	t := &target{fd: h.fd, real: true}
+	if err := unix.Fstat(h.fd, &t.st); err != nil {
+		return errnoOf(err)
+	}
+	before := t.st.Size
+	v.dropSetID(t, t.st.Mode, caller, false)
+	var worst uint64 // the most the file can grow
+	switch {
+	case mode&unix.FALLOC_FL_INSERT_RANGE != 0:
+		worst = size
+	case mode&(unix.FALLOC_FL_KEEP_SIZE|unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) != 0:
+		worst = 0
+	case int64(off+size) > before:
+		worst = off + size - uint64(before)
+	}
+	if limit := v.maxFileSize; limit > 0 && int64(uint64(before)+worst) > limit {
+		return syscall.EFBIG
+	}
+	if err := v.tracker.Reserve(worst); err != nil {
+		v.noteFull(worst)
+		return syscall.ENOSPC
+	}
+	err := unix.Fallocate(h.fd, mode, int64(off), int64(size))
+	after, serr := sizeOf(h.fd)
+	if serr != nil {
+		after = before + int64(worst)
+	}
+	v.settle(worst, before, after)
+	return errnoOf(err)
+}
+
+// maxCopyChunk bounds one copy_file_range request (the kernel loops over short copies).
+const maxCopyChunk = 1 << 30
+
+func (v *volume) copyRange(in, out *handle, r *proto.CopyRangeReq, caller uint32) (int, syscall.Errno) {
+	if in.dir || out.dir {
+		return 0, syscall.EISDIR
+	}
+	if r.OffIn > 1<<62 || r.OffOut > 1<<62 {
+		return 0, syscall.EINVAL
+	}
+	srcSize, err := sizeOf(in.fd)
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	if int64(r.OffIn) >= srcSize {
+		return 0, 0
+	}
+	length := min(r.Length, uint64(srcSize)-r.OffIn, maxCopyChunk)
+	return v.write(out, int64(length), int64(r.OffOut), caller, func(l int64) (int, error) {
+		inOff, outOff := int64(r.OffIn), int64(r.OffOut)
+		return unix.CopyFileRange(in.fd, &inOff, out.fd, &outOff, int(l), int(r.Flags))
+	})
+}
+
+func (v *volume) statfs() (proto.StatfsReply, syscall.Errno) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(v.rootFd, &st); err != nil {
+		return proto.StatfsReply{}, errnoOf(err)
+	}
+	const unit = statfsBlockSize
+	free := v.tracker.Free() / unit
+	return proto.StatfsReply{
+		Blocks: v.tracker.Capacity() / unit, Bfree: free, Bavail: free,
+		Files: st.Files, Ffree: st.Ffree, Bsize: unit, Frsize: unit, NameLen: uint32(st.Namelen),
+	}, 0
+}
+
+// statfsBlockSize is the unit of the statfs block counts; 4 KiB keeps df exact for any
+// capacity that is a multiple of 4 KiB (every pool granularity is).
+const statfsBlockSize = 4096
+
+// xattrTarget opens the node of an extended-attribute request. Symbolic links have none that
+// users may touch.
+func (v *volume) xattrTarget(path string, h *handle) (*target, string, syscall.Errno) {
+	t, errno := v.open(path, h)
+	if errno != 0 {
+		return nil, "", errno
+	}
+	if t.link() {
+		t.done()
+		return nil, "", syscall.ENOTSUP
+	}
+	return t, procPath(t.fd), 0
+}
+
+func (v *volume) xattr(op proto.Op, r *proto.XattrReq, h *handle) (proto.XattrReply, syscall.Errno) {
+	if (op == proto.OpSetxattr || op == proto.OpRemovexattr) && v.readOnly {
+		return proto.XattrReply{}, syscall.EROFS
+	}
+	if op != proto.OpListxattr && (r.Name == "" || strings.IndexByte(r.Name, 0) >= 0) {
+		return proto.XattrReply{}, syscall.EINVAL
+	}
+	t, p, errno := v.xattrTarget(r.Path, h)
+	if errno != 0 {
+		if errno == syscall.ENOTSUP && op == proto.OpListxattr {
+			return proto.XattrReply{}, 0
+		}
+		if errno == syscall.ENOTSUP && op == proto.OpGetxattr {
+			return proto.XattrReply{}, syscall.ENODATA
+		}
+		return proto.XattrReply{}, errno
+	}
+	defer t.done()
+	var buf []byte
+	if r.Size > 0 {
+		buf = make([]byte, min(r.Size, proto.MaxXattr))
+	}
+	var n int
+	var err error
+	switch op {
+	case proto.OpGetxattr:
+		n, err = unix.Getxattr(p, r.Name, buf)
+	case proto.OpListxattr:
+		n, err = unix.Listxattr(p, buf)
+	case proto.OpSetxattr:
+		return proto.XattrReply{}, errnoOf(unix.Setxattr(p, r.Name, r.Value, int(r.Flags)))
+	case proto.OpRemovexattr:
+		return proto.XattrReply{}, errnoOf(unix.Removexattr(p, r.Name))
+	}
+	if err != nil {
+		return proto.XattrReply{}, errnoOf(err)
+	}
+	if r.Size == 0 {
+		return proto.XattrReply{Size: uint32(n)}, 0
+	}
+	return proto.XattrReply{Size: uint32(n), Data: buf[:n]}, 0
+}
+
+// closeFile closes a file handle; the last close of a file whose names are all gone gives
+// its space back.
+func (v *volume) closeFile(h *handle) {
+	if h.dir {
+		unix.Close(h.fd)
+		return
+	}
+	in := h.in
+	in.sizeMu.Lock()
+	in.mu.Lock()
+	in.open--
+	releaseSize := in.open == 0 && in.orphan
+	if releaseSize {
+		in.orphan = false
+	}
+	in.mu.Unlock()
+	if releaseSize {
+		if size, err := sizeOf(h.fd); err == nil {
+			v.tracker.Release(uint64(size))
+		}
+	}
+	in.sizeMu.Unlock()
+	unix.Close(h.fd)
+	v.inodes.put(in)
+}
+
+// inodeKey identifies a file on the storage node.
+type inodeKey struct{ dev, ino uint64 }
+
+// inode is what the server keeps about a file while anything uses it: the lock that orders
+// its size changes, and its open handles (of every connection).
+type inode struct {
+	key  inodeKey
+	refs int // guarded by the table's lock
+
+	// sizeMu orders size changes of this file against writes: a write that stays inside the
+	// current size holds it shared; anything that can change the size holds it exclusively.
+	sizeMu sync.RWMutex
+
+	mu     sync.Mutex // guards open and orphan
+	open   int        // handles open on it
+	orphan bool       // the last link is gone while handles are open: release at last close
+}
+
+// inodeTable holds the inodes in use, shared by all sessions of a server.
+type inodeTable struct {
+	mu sync.Mutex
+	m  map[inodeKey]*inode
+}
+
+func newInodeTable() *inodeTable { return &inodeTable{m: map[inodeKey]*inode{}} }
+
+func (t *inodeTable) get(k inodeKey) *inode {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	in := t.m[k]
+	if in == nil {
+		in = &inode{key: k}
+		t.m[k] = in
+	}
+	in.refs++
+	return in
+}
+
+func (t *inodeTable) put(in *inode) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	in.refs--
+	if in.refs == 0 {
+		delete(t.m, in.key)
+	}
+}
+
+func (t *inodeTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
+
+// handle is an open file or directory of a session.
+type handle struct {
+	id    uint64
+	fd    int
+	flags uint32
+	in    *inode // files
+	dir   bool
+
+	dirMu  sync.Mutex
+	dirPos uint64
+
+	refs    int // guarded by the session's handle lock
+	removed bool
+}
