@@ -1,7 +1,9 @@
 // Package agent is the daemon on every storage and compute node. Its storage role keeps
 // fragments (a directory per fragment under the SSD path, capacity enforced), the namespaces
-// inside them, and runs its share of every stage as the job's user. Its client role makes
-// namespaces appear at mount paths on compute nodes (the FUSE client of package localfs).
+// inside them, serves them to other hosts' mounts (warpfs, ServeData), and runs its share of
+// every stage as the job's user. Its client role makes namespaces appear at mount paths on
+// compute nodes (the FUSE client of package localfs): through a loopback when the namespace is
+// on the same host, over the network otherwise.
 //
 // Every call is idempotent: the controller repeats calls after it restarts.
 package agent
@@ -12,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,6 +28,8 @@ import (
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/units"
 	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 )
 
 // Version is the software version agents report.
@@ -41,6 +46,17 @@ type Options struct {
 	StageLimits stage.Limits
 	Mount       localfs.Limits
 	Log         *slog.Logger
+
+	// Token is the cluster's shared secret: the data server checks it, and remote mounts
+	// present it to other storage nodes.
+	Token string
+	// DataAddress is where other hosts reach this node's data server (ServeData); ""
+	// when it serves none.
+	DataAddress string
+	// Warpfs and WarpfsServer bound the network data path: the client of remote mounts and
+	// the data server.
+	Warpfs       client.Limits
+	WarpfsServer server.Limits
 }
 
 // Agent serves one node.
@@ -51,6 +67,9 @@ type Agent struct {
 	root     bool
 
 	trackers *usage.Registry
+
+	dataMu sync.Mutex
+	data   *server.Server // serves this node's namespaces to other hosts (ServeData), or nil
 
 	mu       sync.Mutex
 	mounts   map[string]*mounted // by mount path
@@ -136,8 +155,60 @@ func (a *Agent) Report(ctx context.Context) (agentapi.NodeReport, error) {
 			health = "SSD path unreadable: " + err.Error()
 		}
 	}
-	return agentapi.NodeReport{Name: a.opt.Name, Pool: a.opt.Pool, Capacity: a.capacity, Address: a.opt.Address,
-		Roles: roles, Version: Version, Health: health}, nil
+	rep := agentapi.NodeReport{Name: a.opt.Name, Pool: a.opt.Pool, Capacity: a.capacity, Address: a.opt.Address,
+		Roles: roles, Version: Version, Health: health}
+	if a.opt.Pool != "" {
+		a.dataMu.Lock()
+		rep.DataAddress = a.opt.DataAddress
+		a.dataMu.Unlock()
+	}
+	return rep, nil
+}
+
+// SetDataAddress sets the address other hosts reach the data server at (reported to the
+// controller, which hands it to compute nodes' mounts).
+func (a *Agent) SetDataAddress(addr string) {
+	a.dataMu.Lock()
+	defer a.dataMu.Unlock()
+	a.opt.DataAddress = addr
+}
+
+// ServeData serves this node's namespaces to the remote mounts of other hosts on l (warpfs)
+// until ctx ends. Clients must present Options.Token.
+func (a *Agent) ServeData(ctx context.Context, l net.Listener) error {
+	if err := a.requireStorage(); err != nil {
+		l.Close()
+		return err
+	}
+	if a.opt.Token == "" {
+		l.Close()
+		return errors.New("agent.data_listen is set but agent.token_file is not: compute nodes could not authenticate; set both")
+	}
+	srv := server.New(server.Options{Token: a.opt.Token, Resolve: a.resolveNamespace, Limits: a.opt.WarpfsServer, Log: a.opt.Log})
+	a.dataMu.Lock()
+	a.data = srv
+	a.dataMu.Unlock()
+	return srv.Serve(ctx, l)
+}
+
+// resolveNamespace finds the namespace a remote mount asks for.
+func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64) (server.Target, error) {
+	meta, err := a.readFragment(fragmentID)
+	if err != nil {
+		return server.Target{}, fmt.Errorf("fragment %d does not exist on %s", fragmentID, a.opt.Name)
+	}
+	if meta.InstanceID != instanceID {
+		return server.Target{}, fmt.Errorf("fragment %d on %s belongs to instance %d, not %d", fragmentID, a.opt.Name, meta.InstanceID, instanceID)
+	}
+	dir := a.namespaceDir(fragmentID, namespaceID)
+	if _, err := os.Stat(dir); err != nil {
+		return server.Target{}, fmt.Errorf("namespace %d is missing on %s", namespaceID, a.opt.Name)
+	}
+	t, err := a.tracker(instanceID)
+	if err != nil {
+		return server.Target{}, err
+	}
+	return server.Target{Dir: dir, Tracker: t}, nil
 }
 
 func (a *Agent) fragmentDir(id int64) string {
@@ -316,14 +387,11 @@ func (a *Agent) forgetTrackerIfUnused(instanceID int64) {
 	}
 }
 
-// Mount exposes a namespace at a mount path. The namespace must be on this node until the
-// striped data path (warpfs) lets compute nodes reach other nodes' fragments.
+// Mount exposes a namespace at a mount path: a namespace on this node through the loopback
+// (the fast path), one on another node through that node's data server (warpfs).
 func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
-	if spec.StorageNode != a.opt.Name {
-		return fmt.Errorf("mount %s: the namespace lives on storage node %s and this is %s; reaching another node's storage needs the striped data path (warpfs), which this version does not have — run the agent's storage and client roles on the same host", spec.MountPath, spec.StorageNode, a.opt.Name)
-	}
-	if err := a.requireStorage(); err != nil {
-		return err
+	if spec.StorageNode != a.opt.Name || a.ssd == "" {
+		return a.mountRemote(spec)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -346,6 +414,35 @@ func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
 		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
 	}
 	a.mounts[spec.MountPath] = &mounted{m: m, instance: spec.InstanceID, since: time.Now()}
+	return nil
+}
+
+// mountRemote mounts a namespace another node holds.
+func (a *Agent) mountRemote(spec agentapi.MountSpec) error {
+	if spec.DataAddress == "" {
+		return fmt.Errorf("mount %s: the namespace lives on storage node %s, which serves no remote mounts; "+
+			"set agent.data_listen (and agent.token_file) on %s, or run the job on %s", spec.MountPath, spec.StorageNode, spec.StorageNode, spec.StorageNode)
+	}
+	a.mu.Lock()
+	if m := a.mounts[spec.MountPath]; m != nil && m.alive() {
+		a.mu.Unlock()
+		return nil
+	}
+	a.mu.Unlock()
+	// Not under a.mu: reaching the storage node may take warpfs.connect_timeout, and the
+	// heartbeat must not wait (localfs serializes mounts of one path itself).
+	m, err := localfs.Mount(localfs.Spec{
+		MountPath: spec.MountPath, ReadOnly: spec.ReadOnly, AllowOther: a.root, FsName: spec.Label,
+		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
+		Remote: &localfs.Remote{Address: spec.DataAddress, Token: a.opt.Token, Client: a.opt.Name,
+			FragmentID: spec.FragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs},
+	})
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
+	}
+	a.mu.Lock()
+	a.mounts[spec.MountPath] = &mounted{m: m, instance: spec.InstanceID, since: time.Now(), remote: true}
+	a.mu.Unlock()
 	return nil
 }
 
@@ -433,16 +530,21 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	return nil
 }
 
-// mountedHere reports whether this agent serves a mount of the instance.
+// mountedHere reports whether a mount writes into the instance's files on this node: a local
+// mount, or a remote one through this node's data server.
 func (a *Agent) mountedHere(instanceID int64) bool {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	for _, m := range a.mounts {
-		if m.instance == instanceID && m.alive() {
+		if m.instance == instanceID && !m.remote && m.alive() {
+			a.mu.Unlock()
 			return true
 		}
 	}
-	return false
+	a.mu.Unlock()
+	a.dataMu.Lock()
+	data := a.data
+	a.dataMu.Unlock()
+	return data != nil && data.Active(instanceID)
 }
 
 // locate turns the controller's namespace locator into a directory on this node.
@@ -517,6 +619,7 @@ type mounted struct {
 	m        *localfs.Mounted
 	instance int64
 	since    time.Time
+	remote   bool // the namespace is on another node
 }
 
 // alive reports whether the mount is still served.

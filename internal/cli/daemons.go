@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -124,11 +125,13 @@ Storage role (agent.pool set): offers agent.capacity bytes of agent.ssd_path to 
 (by default half the free space at first start, then fixed), keeps each fragment as a
 directory there, and runs stages as the job's user.
 Client role (always): mounts instances at their mount paths (FUSE) when a job starts and
-unmounts them when it ends.
+unmounts them when it ends — a namespace on this host directly, one on another host over
+the network (warpfs), from that host's agent.data_listen.
 
 It reports to the controller (agent.controller) every agent.heartbeat_interval and serves
 the controller's calls on agent.listen (a Unix socket, or host:port with
-agent.token_file). Run it as root: it changes ownership of namespace roots, runs stage
+agent.token_file). A storage node with agent.data_listen serves its namespaces to the
+compute nodes' agents there (TCP, authenticated with agent.token_file). Run it as root: it changes ownership of namespace roots, runs stage
 workers as the job's users, and mounts with allow_other. See docs/admin.md.
 `
 
@@ -162,15 +165,39 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 1
 	}
+	var dataListener net.Listener
+	dataAddress := cfg.Agent.DataAdvertise
+	if cfg.Agent.DataListen != "" {
+		if cfg.Agent.Pool == "" {
+			fmt.Fprintln(stderr, "spillway agent: agent.data_listen is set on a compute-only node (agent.pool is empty): it has no namespaces to serve; remove it")
+			return 78
+		}
+		if token == "" {
+			fmt.Fprintln(stderr, "spillway agent: agent.data_listen is set but agent.token_file is not: compute nodes could not authenticate; set both")
+			return 78
+		}
+		dataListener, err = net.Listen("tcp", cfg.Agent.DataListen)
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway agent: data_listen %s: %v\n", cfg.Agent.DataListen, err)
+			return 1
+		}
+		if dataAddress == "" {
+			dataAddress = cfg.Agent.DataListen
+		}
+	}
 	ag, err := agent.New(agent.Options{
 		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity), Address: advertise,
 		WorkerExe: []string{exe, "stage-worker"}, StageLimits: embedded.StageLimits(cfg), Mount: embedded.MountLimits(cfg), Log: log,
+		Token: token, Warpfs: embedded.WarpfsClientLimits(cfg), WarpfsServer: embedded.WarpfsServerLimits(cfg),
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 1
 	}
 	defer ag.Close()
+	if dataListener != nil {
+		ag.SetDataAddress(dataAddress)
+	}
 	l, err := httpapi.Listen(cfg.Agent.Listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: listen %s: %v\n", cfg.Agent.Listen, err)
@@ -186,7 +213,16 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); agent.Serve(ctx, l, ag, token) }()
-	log.Info("agent started", "config", from, "node", name, "pool", cfg.Agent.Pool, "ssd_path", cfg.Agent.SSDPath, "listen", cfg.Agent.Listen, "controller", cfg.Agent.Controller)
+	if dataListener != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ag.ServeData(ctx, dataListener); err != nil {
+				log.Error("the data server stopped; remote mounts of this node's instances fail", "err", err)
+			}
+		}()
+	}
+	log.Info("agent started", "config", from, "node", name, "pool", cfg.Agent.Pool, "ssd_path", cfg.Agent.SSDPath, "listen", cfg.Agent.Listen, "data_listen", cfg.Agent.DataListen, "controller", cfg.Agent.Controller)
 	ag.RunHeartbeats(ctx, cfg.Agent.HeartbeatInterval.D(), cfg.Agent.GCGrace.D(), client.Heartbeat)
 	wg.Wait()
 	log.Info("agent stopped")

@@ -62,6 +62,7 @@ type Config struct {
 	Stage      Stage      `toml:"stage"`
 	Agent      Agent      `toml:"agent"`
 	Mount      Mount      `toml:"mount"`
+	Warpfs     Warpfs     `toml:"warpfs"`
 	Client     Client     `toml:"client"`
 	Pools      []Pool     `toml:"pool"`
 }
@@ -129,6 +130,25 @@ type Agent struct {
 	// GCGrace is how old a fragment or namespace the controller no longer knows must be before
 	// the agent removes it (younger ones may simply be newer than the controller's answer).
 	GCGrace Duration `toml:"gc_grace"`
+	// DataListen is the TCP address where a storage node serves its namespaces to the
+	// compute nodes' agents (warpfs); "" = only this host can mount its instances. Needs
+	// TokenFile.
+	DataListen string `toml:"data_listen"`
+	// DataAdvertise is the address compute nodes dial, if not DataListen (e.g. when
+	// DataListen is 0.0.0.0:7702).
+	DataAdvertise string `toml:"data_advertise"`
+}
+
+// Warpfs is the network data path between compute nodes' mounts and storage nodes.
+type Warpfs struct {
+	ConnectTimeout    Duration `toml:"connect_timeout"`    // one connection attempt, handshake included
+	RequestTimeout    Duration `toml:"request_timeout"`    // one file operation: the bound on a dead storage node
+	KeepaliveInterval Duration `toml:"keepalive_interval"` // ping a quiet connection; close it if unanswered as long
+	ReconnectWait     Duration `toml:"reconnect_wait"`     // pause between connection attempts
+	IdleTimeout       Duration `toml:"idle_timeout"`       // storage side: drop a client silent this long
+	MaxInFlight       int      `toml:"max_in_flight"`      // requests in flight on one connection
+	MaxConnections    int      `toml:"max_connections"`    // storage side: connections served at once
+	MaxOpenFiles      int      `toml:"max_open_files"`     // storage side: files one connection keeps open
 }
 
 // Mount is the compute-node side: how instances appear to jobs.
@@ -199,6 +219,16 @@ func Defaults() Config {
 			ClientCacheTimeout: Duration(1 * time.Second),
 			MaxWrite:           Size(1 << 20),
 			UnmountTimeout:     Duration(10 * time.Second),
+		},
+		Warpfs: Warpfs{
+			ConnectTimeout:    Duration(5 * time.Second),
+			RequestTimeout:    Duration(30 * time.Second),
+			KeepaliveInterval: Duration(5 * time.Second),
+			ReconnectWait:     Duration(200 * time.Millisecond),
+			IdleTimeout:       Duration(time.Minute),
+			MaxInFlight:       64,
+			MaxConnections:    1024,
+			MaxOpenFiles:      16384,
 		},
 		Client: Client{
 			Controller:     "unix:/run/spillway/controller.sock",
@@ -280,6 +310,17 @@ func (c *Config) Validate() error {
 	positive("client.connect_retries", int64(c.Client.ConnectRetries))
 	positive("client.poll_interval", int64(c.Client.PollInterval))
 	positive("client.step_timeout", int64(c.Client.StepTimeout))
+	positive("warpfs.connect_timeout", int64(c.Warpfs.ConnectTimeout))
+	positive("warpfs.request_timeout", int64(c.Warpfs.RequestTimeout))
+	positive("warpfs.keepalive_interval", int64(c.Warpfs.KeepaliveInterval))
+	positive("warpfs.reconnect_wait", int64(c.Warpfs.ReconnectWait))
+	positive("warpfs.idle_timeout", int64(c.Warpfs.IdleTimeout))
+	positive("warpfs.max_in_flight", int64(c.Warpfs.MaxInFlight))
+	positive("warpfs.max_connections", int64(c.Warpfs.MaxConnections))
+	positive("warpfs.max_open_files", int64(c.Warpfs.MaxOpenFiles))
+	if c.Warpfs.KeepaliveInterval >= c.Warpfs.IdleTimeout {
+		problems = append(problems, "warpfs.keepalive_interval must be shorter than warpfs.idle_timeout, or storage nodes drop idle mounts")
+	}
 	if c.Agent.HeartbeatInterval >= c.Controller.NodeTimeout {
 		problems = append(problems, "agent.heartbeat_interval must be shorter than controller.node_timeout, or nodes flap offline")
 	}

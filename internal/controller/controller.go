@@ -344,6 +344,7 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 			}
 		}
 		n.Pool, n.Capacity, n.Address, n.Roles = r.Pool, r.Capacity, r.Address, r.Roles
+		n.DataAddress = r.DataAddress
 		n.Version, n.Health, n.Written = r.Version, r.Health, r.Written
 		n.LastSeen = c.now()
 		n.Online = true

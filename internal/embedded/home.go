@@ -25,6 +25,8 @@ import (
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 )
 
 // Home is a one-machine Spillway's directory.
@@ -222,6 +224,20 @@ func StageLimits(cfg config.Config) stage.Limits {
 		MaxLineBytes:     int(cfg.Stage.WorkerOutputLimit),
 		AllowRoot:        cfg.Stage.AllowRoot,
 	}
+}
+
+// WarpfsClientLimits are the network client's limits of remote mounts.
+func WarpfsClientLimits(cfg config.Config) client.Limits {
+	w := cfg.Warpfs
+	return client.Limits{ConnectTimeout: w.ConnectTimeout.D(), RequestTimeout: w.RequestTimeout.D(),
+		KeepaliveInterval: w.KeepaliveInterval.D(), ReconnectWait: w.ReconnectWait.D(), MaxInFlight: w.MaxInFlight}
+}
+
+// WarpfsServerLimits are the limits of a storage node's data server.
+func WarpfsServerLimits(cfg config.Config) server.Limits {
+	w := cfg.Warpfs
+	return server.Limits{HandshakeTimeout: w.ConnectTimeout.D(), IdleTimeout: w.IdleTimeout.D(),
+		MaxInFlight: w.MaxInFlight, MaxConnections: w.MaxConnections, MaxOpenFiles: w.MaxOpenFiles}
 }
 
 // MountLimits maps the configuration onto the FUSE client's limits.

@@ -194,6 +194,9 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 	spec.ClientCache, spec.MaxFileSize = c.ClientCache, c.MaxFileSize
 	if f := w.Fragments[ns.FragmentID]; f != nil {
 		spec.StorageNode, spec.FragmentID = f.Node, f.ID
+		if n := w.Nodes[f.Node]; n != nil {
+			spec.DataAddress = n.DataAddress
+		}
 	}
 	if inst := w.Instances[c.InstanceID]; inst != nil {
 		spec.Capacity = inst.Capacity
