@@ -563,6 +563,11 @@ func (cn *conn) abandon(id uint64, w *waiter, why error) error {
 		return why
 	}
 	cn.mu.Unlock()
+	select {
+	case <-w.ch: // delivered meanwhile
+		return why
+	default:
+	}
 	cn.fail(why)
 	<-w.ch
 	return why
