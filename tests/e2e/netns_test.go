@@ -446,23 +446,37 @@ func (c *netCluster) killStorageUnderAJob(t *testing.T) {
 	if err := writer.Start(); err != nil {
 		t.Fatal(err)
 	}
-	lines := bufio.NewScanner(stdout)
-	if !lines.Scan() || lines.Text() != "started" {
-		t.Fatalf("the writer on hostb did not start: %q", lines.Text())
-	}
-	time.Sleep(300 * time.Millisecond)
-
-	c.stop("hosta", true)
-	killed := time.Now()
-	failed := make(chan string, 1)
+	// One goroutine reads the writer's output and reaps it; the cleanup kills it if the test
+	// ends first.
+	started, failed, writerDone := make(chan string, 1), make(chan string, 1), make(chan struct{})
 	go func() {
+		lines := bufio.NewScanner(stdout)
+		lines.Scan()
+		started <- lines.Text()
 		var rest []string
 		for lines.Scan() {
 			rest = append(rest, lines.Text())
 		}
 		writer.Wait()
+		close(writerDone)
 		failed <- strings.Join(rest, "\n")
 	}()
+	t.Cleanup(func() {
+		writer.Process.Kill()
+		<-writerDone
+	})
+	select {
+	case first := <-started:
+		if first != "started" {
+			t.Fatalf("the writer on hostb did not start: %q", first)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer on hostb did not start within 30s")
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	c.stop("hosta", true)
+	killed := time.Now()
 	select {
 	case rest := <-failed:
 		took := time.Since(killed)
@@ -475,7 +489,6 @@ func (c *netCluster) killStorageUnderAJob(t *testing.T) {
 		}
 		t.Logf("the writer on hostb failed %s after hosta died: %s", took.Round(10*time.Millisecond), rest)
 	case <-time.After(netRequestTimeout + netSlack + 5*time.Second):
-		writer.Process.Kill()
 		t.Fatal("the writer on hostb still runs: a dead storage node must fail its I/O, not hang it")
 	}
 	start := time.Now()
