@@ -57,6 +57,8 @@ type Options struct {
 	// the data server.
 	Warpfs       client.Limits
 	WarpfsServer server.Limits
+	// RemoteReadahead is the readahead of remote mounts, in bytes (0 = localfs's default).
+	RemoteReadahead int
 }
 
 // Agent serves one node.
@@ -435,7 +437,8 @@ func (a *Agent) mountRemote(spec agentapi.MountSpec) error {
 		MountPath: spec.MountPath, ReadOnly: spec.ReadOnly, AllowOther: a.root, FsName: spec.Label,
 		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
 		Remote: &localfs.Remote{Address: spec.DataAddress, Token: a.opt.Token, Client: a.opt.Name,
-			FragmentID: spec.FragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs},
+			FragmentID: spec.FragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs,
+			Readahead: a.opt.RemoteReadahead},
 	})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", spec.MountPath, err)

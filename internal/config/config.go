@@ -149,6 +149,7 @@ type Warpfs struct {
 	MaxInFlight       int      `toml:"max_in_flight"`      // requests in flight on one connection
 	MaxConnections    int      `toml:"max_connections"`    // storage side: connections served at once
 	MaxOpenFiles      int      `toml:"max_open_files"`     // storage side: files one connection keeps open
+	Readahead         Size     `toml:"readahead"`          // how far ahead a remote mount reads sequential files
 }
 
 // Mount is the compute-node side: how instances appear to jobs.
@@ -229,6 +230,7 @@ func Defaults() Config {
 			MaxInFlight:       64,
 			MaxConnections:    1024,
 			MaxOpenFiles:      16384,
+			Readahead:         Size(4 << 20),
 		},
 		Client: Client{
 			Controller:     "unix:/run/spillway/controller.sock",

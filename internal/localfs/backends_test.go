@@ -200,3 +200,40 @@ func TestRemoteSymlinkOutsideStaysOnTheClient(t *testing.T) {
 		t.Errorf("reading through an absolute link: %q, %v", got, err)
 	}
 }
+
+// A process reading a file sees what another process of the node writes into it, whether the
+// writer's descriptor goes through the page cache or (remote, write-only) around it.
+func TestReaderSeesAWriterOfTheSameNode(t *testing.T) {
+	eachBackend(t, testReaderSeesAWriterOfTheSameNode)
+}
+
+func testReaderSeesAWriterOfTheSameNode(t *testing.T, b testBackend) {
+	src, mp := dirs(t)
+	tr := usage.New("instance 34", mib)
+	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
+	p := filepath.Join(m.Path(), "shared")
+	if err := os.WriteFile(p, []byte("version 1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	buf := make([]byte, 9)
+	if _, err := r.ReadAt(buf, 0); err != nil || string(buf) != "version 1" {
+		t.Fatalf("first read: %q %v", buf, err)
+	}
+	w, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt([]byte("2"), 8); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if _, err := r.ReadAt(buf, 0); err != nil || string(buf) != "version 2" {
+		t.Errorf("the reader's descriptor after the write: %q %v", buf, err)
+	}
+	checkAccounting(t, tr, src)
+}

@@ -99,7 +99,14 @@ type Remote struct {
 	// Limits bound the network client (timeouts, retries, requests in flight); zero fields
 	// mean the defaults of package warpfs/client.
 	Limits client.Limits
+	// Readahead is how far ahead the kernel reads a file read sequentially, in bytes, instead
+	// of Limits.MaxReadahead: several requests in flight hide the network's round trip.
+	// Default 4 MiB (a root agent sets it; see raiseReadahead).
+	Readahead int
 }
+
+// defaultRemoteReadahead is Remote.Readahead's default.
+const defaultRemoteReadahead = 4 << 20
 
 // Limits are the tunables of a mount, each a named field so the agent's configuration can
 // set it. A zero field means its default (for the three cache timeouts the default is zero).
@@ -419,7 +426,14 @@ func Mount(spec Spec) (*Mounted, error) {
 	if err := unix.Stat(path, &st); err == nil {
 		m.conn = unix.Minor(st.Dev)
 		if asRoot {
-			raiseReadahead(st.Dev, limits.MaxReadahead, logger)
+			ra := limits.MaxReadahead
+			if spec.Remote != nil {
+				ra = spec.Remote.Readahead
+				if ra <= 0 {
+					ra = defaultRemoteReadahead
+				}
+			}
+			raiseReadahead(st.Dev, ra, logger)
 		}
 	}
 	setActive(path, m)

@@ -201,9 +201,17 @@ func (n *rnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 	return errno
 }
 
-func (n *rnode) openFlags() uint32 {
+// openFlags tells the kernel how to cache a file opened with flags. Without client caching,
+// a file opened only for writing bypasses the page cache (FOPEN_DIRECT_IO): its data goes
+// from the writer's buffer straight into the request, saving a copy and the page cache's
+// memory per byte written, and nothing stale can stay behind; such a file cannot be read or
+// mapped through that descriptor anyway.
+func (n *rnode) openFlags(flags uint32) uint32 {
 	if n.be.keepCache {
 		return fuse.FOPEN_KEEP_CACHE
+	}
+	if flags&syscall.O_ACCMODE == syscall.O_WRONLY {
+		return fuse.FOPEN_DIRECT_IO
 	}
 	return 0
 }
@@ -217,7 +225,7 @@ func (n *rnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, 
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	return h, n.openFlags(), 0
+	return h, n.openFlags(flags), 0
 }
 
 // open opens the node's file on the server and registers the handle.
@@ -264,7 +272,7 @@ func (n *rnode) created(ctx context.Context, op proto.Op, name string, flags, mo
 	if !ok {
 		return nil, nil, 0, syscall.EIO
 	}
-	return ch, child.addHandle(rep.Handle, call.UsedGen, flags), n.openFlags(), 0
+	return ch, child.addHandle(rep.Handle, call.UsedGen, flags), n.openFlags(flags), 0
 }
 
 func (n *rnode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
