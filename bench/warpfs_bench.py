@@ -292,7 +292,9 @@ def main():
         "The remote mount runs the job's process on hostb and the data on hosta, each in its own network "
         "namespace, over a veth pair and a bridge: FUSE on hostb, one TCP stream, the storage agent's "
         "server on hosta. On 2 cores that path is CPU-bound (FUSE + TCP + server ≈ 2.5–3.5 core-seconds "
-        "per GB, see the machine's specification), hence a ceiling near 0.55–0.8 GB/s whatever the disk.\n"
+        "per GB, see the machine's specification), hence a ceiling near 0.55–0.8 GB/s whatever the disk; one stream waits for each 1 MiB request in "
+        "turn, several streams keep both cores busy. On this shared VM the figures of one path vary by ±30 % "
+        "from run to run: compare the ratios.\n"
         "<!-- warpfs:end -->")
     path = os.path.join(ROOT, "BENCHMARKS.md")
     text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
