@@ -36,18 +36,19 @@ type MountSpec struct {
 	ActivationID int64  `json:"activation"`
 	MountPath    string `json:"mount_path"`
 	StorageNode  string `json:"storage_node"` // the node holding the namespace
+	FragmentID   int64  `json:"fragment"`
+	NamespaceID  int64  `json:"namespace"`
+	InstanceID   int64  `json:"instance"`
+	Capacity     uint64 `json:"capacity"` // the instance's capacity (shown by df, enforced)
+	ReadOnly     bool   `json:"read_only"`
+	Owner        uint32 `json:"owner"`                   // the session owner
+	ClientCache  bool   `json:"client_cache,omitempty"`  // DataWarp's client_cache: close-to-open caching
+	MaxFileSize  uint64 `json:"max_file_size,omitempty"` // DataWarp's MFS: larger files fail with EFBIG (0 = no limit)
+	Label        string `json:"label"`                   // shown as the file system name in /proc/mounts
+
 	// DataAddress is where the storage node serves its namespaces to other hosts' mounts
 	// (its agent.data_listen); "" if it serves none.
 	DataAddress string `json:"data_address,omitempty"`
-	FragmentID  int64  `json:"fragment"`
-	NamespaceID int64  `json:"namespace"`
-	InstanceID  int64  `json:"instance"`
-	Capacity    uint64 `json:"capacity"` // the instance's capacity (shown by df, enforced)
-	ReadOnly    bool   `json:"read_only"`
-	Owner       uint32 `json:"owner"`                   // the session owner
-	ClientCache bool   `json:"client_cache,omitempty"`  // DataWarp's client_cache: close-to-open caching
-	MaxFileSize uint64 `json:"max_file_size,omitempty"` // DataWarp's MFS: larger files fail with EFBIG (0 = no limit)
-	Label       string `json:"label"`                   // shown as the file system name in /proc/mounts
 }
 
 // StageSpec asks the storage node holding the namespace to move data for a session, as the
@@ -85,16 +86,17 @@ type StageStatus struct {
 
 // NodeReport is what an agent tells the controller about itself.
 type NodeReport struct {
-	Name     string `json:"name"`
-	Pool     string `json:"pool,omitempty"`
-	Capacity uint64 `json:"capacity"`
-	Address  string `json:"address"`
+	Name     string   `json:"name"`
+	Pool     string   `json:"pool,omitempty"`
+	Capacity uint64   `json:"capacity"`
+	Address  string   `json:"address"`
+	Roles    []string `json:"roles"`
+	Version  string   `json:"version"`
+	Health   string   `json:"health"`
+	Written  uint64   `json:"bytes_written"`
+
 	// DataAddress is where a storage node serves its namespaces to other hosts (warpfs).
-	DataAddress string   `json:"data_address,omitempty"`
-	Roles       []string `json:"roles"`
-	Version     string   `json:"version"`
-	Health      string   `json:"health"`
-	Written     uint64   `json:"bytes_written"`
+	DataAddress string `json:"data_address,omitempty"`
 }
 
 // Agent is everything the controller asks of one node.

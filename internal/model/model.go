@@ -79,22 +79,23 @@ type Pool struct {
 
 // Node is an agent: a storage server (Pool set, Capacity > 0) or a compute node, or both.
 type Node struct {
-	Name     string `json:"id"`
-	Pool     string `json:"pool,omitempty"`    // "" for compute-only nodes
-	Capacity uint64 `json:"capacity"`          // bytes offered for fragments
-	Address  string `json:"address,omitempty"` // agent API: unix:/path or http://host:port; "" = in-process
+	Name     string    `json:"id"`
+	Pool     string    `json:"pool,omitempty"`    // "" for compute-only nodes
+	Capacity uint64    `json:"capacity"`          // bytes offered for fragments
+	Address  string    `json:"address,omitempty"` // agent API: unix:/path or http://host:port; "" = in-process
+	Online   bool      `json:"online"`            // heartbeat within the configured timeout
+	Drain    bool      `json:"drain"`             // admin drain: takes no new fragments
+	LastSeen time.Time `json:"last_seen"`         //
+	Reason   string    `json:"reason,omitempty"`  // why it is offline or drained, for operators
+	Written  uint64    `json:"bytes_written"`     // endurance: bytes written to fragments
+	Roles    []string  `json:"roles,omitempty"`   // "storage", "client"
+	Version  string    `json:"version,omitempty"` // agent software version
+	Health   string    `json:"health,omitempty"`  // last health message from the agent
+	Labels   []string  `json:"labels,omitempty"`  // reserved for placement policies
+
 	// DataAddress is where the node serves its namespaces to other hosts' mounts
 	// (host:port of warpfs); "" = only its own host can mount its instances.
-	DataAddress string    `json:"data_address,omitempty"`
-	Online      bool      `json:"online"`            // heartbeat within the configured timeout
-	Drain       bool      `json:"drain"`             // admin drain: takes no new fragments
-	LastSeen    time.Time `json:"last_seen"`         //
-	Reason      string    `json:"reason,omitempty"`  // why it is offline or drained, for operators
-	Written     uint64    `json:"bytes_written"`     // endurance: bytes written to fragments
-	Roles       []string  `json:"roles,omitempty"`   // "storage", "client"
-	Version     string    `json:"version,omitempty"` // agent software version
-	Health      string    `json:"health,omitempty"`  // last health message from the agent
-	Labels      []string  `json:"labels,omitempty"`  // reserved for placement policies
+	DataAddress string `json:"data_address,omitempty"`
 }
 
 // Session owns storage: one job (token = job id) or one persistent instance (token = name).
