@@ -306,13 +306,16 @@ func (c *netCluster) onHost(name, script string) *exec.Cmd {
 	return cmd
 }
 
-// spillwayMounts lists the Spillway mounts in a host's mount namespace.
+// spillwayMounts lists the Spillway mounts under this cluster's directory in a host's mount
+// namespace (the namespace starts as a copy of the machine's, which may hold other mounts).
 func (c *netCluster) spillwayMounts(name string) []string {
 	raw, _ := os.ReadFile("/proc/" + strconv.Itoa(c.hosts[name].cmd.Process.Pid) + "/mountinfo")
 	var out []string
 	for _, line := range strings.Split(string(raw), "\n") {
 		if strings.Contains(line, " - fuse.spillway ") {
-			out = append(out, strings.Fields(line)[4])
+			if mp := strings.Fields(line)[4]; strings.HasPrefix(mp, c.dir+"/") {
+				out = append(out, mp)
+			}
 		}
 	}
 	return out
