@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks_md import write_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -155,14 +157,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if not a.no_write:
-        path = os.path.join(ROOT, "BENCHMARKS.md")
-        old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-        block = f"<!-- core:begin -->\n{text}\n<!-- core:end -->"
-        if "<!-- core:begin -->" in old:
-            old = re.sub(r"<!-- core:begin -->.*?<!-- core:end -->", lambda m: block, old, flags=re.S)
-        else:
-            old = old.replace("# Benchmarks\n", "# Benchmarks\n\n" + block + "\n", 1)
-        open(path, "w").write(old)
+        write_section("core", text)
     if not a.dir:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks_md import write_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER = "spwbench"
 
@@ -162,15 +164,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if not a.no_write:
-        path = os.path.join(ROOT, "BENCHMARKS.md")
-        old = open(path).read()
-        block = f"<!-- slurm:begin -->\n{text}\n<!-- slurm:end -->"
-        if "<!-- slurm:begin -->" in old:
-            old = re.sub(r"<!-- slurm:begin -->.*?<!-- slurm:end -->", lambda m: block, old, flags=re.S)
-        else:
-            old = old.replace("<!-- wlm:end -->", "<!-- wlm:end -->\n\n" + block, 1)
-        open(path, "w").write(old)
-
+        write_section("slurm", text)
 
 if __name__ == "__main__":
     main()

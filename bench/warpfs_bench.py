@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks_md import write_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOBODY = 65534
 
@@ -280,7 +282,7 @@ def main():
         return
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     section = (
-        "<!-- warpfs:begin -->\n## Data path: local and remote mounts (warpfs)\n\n"
+        "## Data path: local and remote mounts (warpfs)\n\n"
         f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with "
         f"`sudo python3 bench/warpfs_bench.py` (dd, 1 MiB blocks, {count} MiB in all: one file, or "
         f"{a.streams} files of {count // max(a.streams, 1)} MiB written and read by as many dd processes at once; "
@@ -295,17 +297,8 @@ def main():
         "per GB, see the machine's specification), hence a ceiling near 0.55–0.8 GB/s whatever the disk; one stream waits for each 1 MiB request in "
         "turn, several streams keep both cores busy. On this shared VM the figures of one path vary by ±30 % "
         "from run to run: compare the ratios.\n"
-        "<!-- warpfs:end -->")
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if "<!-- warpfs:begin -->" in text:
-        text = re.sub(r"<!-- warpfs:begin -->.*?<!-- warpfs:end -->", lambda _: section, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-    print(f"\nwrote {path}")
-
+        )
+    write_section("warpfs", section)
 
 if __name__ == "__main__":
     main()

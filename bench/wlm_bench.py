@@ -13,13 +13,14 @@ Needs root (the agent mounts the instance and chowns namespaces).
 import argparse
 import datetime
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchmarks_md import write_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,15 +114,7 @@ controller = "unix:{d}/controller.sock"
     text = "\n".join(lines)
     print(text)
     if not a.no_write:
-        path = os.path.join(ROOT, "BENCHMARKS.md")
-        old = open(path).read()
-        block = f"<!-- wlm:begin -->\n{text}\n<!-- wlm:end -->"
-        if "<!-- wlm:begin -->" in old:
-            old = re.sub(r"<!-- wlm:begin -->.*?<!-- wlm:end -->", lambda m: block, old, flags=re.S)
-        else:
-            old = old.replace("<!-- core:end -->", "<!-- core:end -->\n\n" + block, 1)
-        open(path, "w").write(old)
-
+        write_section("wlm", text)
 
 if __name__ == "__main__":
     main()

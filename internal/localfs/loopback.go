@@ -884,15 +884,7 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 	}
 	before := st.Size
 	n.dropSetID(ctx, h, st.Mode, false)
-	var worst uint64 // the most the file can grow
-	switch {
-	case mode&unix.FALLOC_FL_INSERT_RANGE != 0:
-		worst = size
-	case mode&(unix.FALLOC_FL_KEEP_SIZE|unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) != 0:
-		worst = 0
-	case int64(off+size) > before:
-		worst = off + size - uint64(before)
-	}
+	worst := usage.FallocateGrowth(mode, off, size, before) // the most the file can grow
 	if limit := n.be.maxFileSize; limit > 0 && int64(uint64(before)+worst) > limit {
 		return syscall.EFBIG
 	}

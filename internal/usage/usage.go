@@ -20,6 +20,8 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/spillway-hpc/spillway/internal/units"
 )
 
@@ -268,4 +270,20 @@ func (r *Registry) IDs() []int64 {
 		ids = append(ids, id)
 	}
 	return ids
+}
+
+// FallocateGrowth is the most an fallocate(2) of (mode, off, size) can grow a file of
+// before bytes: what a writer must reserve before it calls it. Inserting a range grows by its
+// size; keeping the size, punching or collapsing grows nothing; otherwise the file grows to
+// off+size if that is past its end.
+func FallocateGrowth(mode uint32, off, size uint64, before int64) uint64 {
+	switch {
+	case mode&unix.FALLOC_FL_INSERT_RANGE != 0:
+		return size
+	case mode&(unix.FALLOC_FL_KEEP_SIZE|unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) != 0:
+		return 0
+	case int64(off+size) > before:
+		return off + size - uint64(before)
+	}
+	return 0
 }

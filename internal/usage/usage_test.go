@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestReserveRefusesBeyondCapacity(t *testing.T) {
@@ -233,6 +235,27 @@ func TestRegistryConcurrentGetReturnsOneTracker(t *testing.T) {
 	for _, tr := range got {
 		if tr != got[0] {
 			t.Fatal("concurrent Get returned different trackers for one instance")
+		}
+	}
+}
+
+func TestFallocateGrowth(t *testing.T) {
+	for _, tc := range []struct {
+		mode      uint32
+		off, size uint64
+		before    int64
+		want      uint64
+	}{
+		{0, 0, 100, 0, 100},                        // allocate a new file's first 100 bytes
+		{0, 50, 100, 100, 50},                      // past the end by 50
+		{0, 0, 50, 100, 0},                         // inside the file
+		{unix.FALLOC_FL_KEEP_SIZE, 0, 1000, 10, 0}, // the size stays
+		{unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE, 0, 10, 10, 0},
+		{unix.FALLOC_FL_COLLAPSE_RANGE, 0, 4096, 8192, 0},
+		{unix.FALLOC_FL_INSERT_RANGE, 0, 4096, 8192, 4096}, // always grows by the range
+	} {
+		if got := FallocateGrowth(tc.mode, tc.off, tc.size, tc.before); got != tc.want {
+			t.Errorf("FallocateGrowth(%#x, %d, %d, %d) = %d, want %d", tc.mode, tc.off, tc.size, tc.before, got, tc.want)
 		}
 	}
 }
