@@ -79,8 +79,9 @@ def test_classes_are_named_in_text_and_json(capsys):
     assert "class (router)" in out and "g0:c0s6" in out and "client stream cap (0.41 GB/s per stream)" in out
     assert cli.main(["ior", "--nodes", "6", "--op", "write", "--classes", "--json"]) == 0
     point = json.loads(capsys.readouterr().out)["points"][0]
-    # nids 0-3 on router g0:c0s0; the next compute nids are ports 2-3 of the LNET router g0:c0s6
-    assert [(c["router"], c["nodes"]) for c in point["classes"]] == [("g0:c0s0", 4), ("g0:c0s6", 2)]
+    # nids 20-23 on router g0:c0s5 (slots 0-4 hold DataWarp nodes); the next compute nids are
+    # ports 2-3 of the LNET router g0:c0s6
+    assert [(c["router"], c["nodes"]) for c in point["classes"]] == [("g0:c0s5", 4), ("g0:c0s6", 2)]
     assert {c["bound_by"] for c in point["classes"]} == {"client node cap (0.0625 GB/s per stream)"}
     assert cli.main(["ior", "--nodes", "6", "--op", "write", "--json"]) == 0
     assert "classes" not in json.loads(capsys.readouterr().out)["points"][0]

@@ -118,14 +118,17 @@ def test_inter_group_route_hops_and_conservation(valiant, op):
     # through an intermediate group <= 2 + 1 + 2 + 1 + 2 = 8
     longest = _longest_path(edges, src)
     assert longest <= (8 if valiant else 5)
-    assert sum(1 for e in edges if e[3] == "global") == (1 if not valiant else 1 + 2 * 55)
+    # k links per pair: minimally the pair's k, through an intermediate group k per hop
+    k = topo.k
+    assert sum(1 for e in edges if e[3] == "global") == k * (1 if not valiant else 1 + 2 * 55)
     # the server's node link carries the whole flow in the right direction
     link = p.offsets["bb_in" if op == "write" else "bb_out"] + server
     assert np.isclose(row[link], 1.0)
 
 
 def test_intra_group_route_to_a_server_has_at_most_two_hops(trinity):
-    server = 0                                           # group 0, chassis 0, slot 1
+    server = 0                                           # group 0, chassis 0, slot 0
+    assert trinity.bb_nids[server] == trinity.nid_at(0, 0, 0, 0)
     router = trinity.nid_at(0, 4, 9, 0) // 4             # other chassis and column: two 2-hop paths
     p = _single_flow_problem(trinity, router, server)
     row = (p.usage.left @ p.usage.right).toarray()[0]
@@ -144,4 +147,5 @@ def test_route_uses_the_pair_gateways(trinity):
     p = _single_flow_problem(trinity, int(trinity.router_of(trinity.compute_nids[0])), 50)
     row = (p.usage.left @ p.usage.right).toarray()[0]
     used = np.flatnonzero(row[topo.global_offset:topo.n_links]) + topo.global_offset
-    assert [topo.describe_link(r)["to_group"] for r in used] == [5]
+    assert [topo.describe_link(r)["to_group"] for r in used] == [5] * topo.k       # the pair's k links
+    assert np.allclose(row[used], 1.0 / topo.k)
