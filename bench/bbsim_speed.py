@@ -25,8 +25,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks_md import write_section
+
 ROOT = Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- bbsim:begin -->", "<!-- bbsim:end -->"
 SWEEP_NODES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192]
 
 
@@ -92,7 +93,7 @@ def main() -> int:
     ]
     host = f"{os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()} {platform.release()}"
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [BEGIN, "## bbsim (burst-buffer simulator)", "",
+    lines = ["## bbsim (burst-buffer simulator)", "",
              f"Measured {stamp} on {host} with `python bench/bbsim_speed.py` "
              f"(median of {args.repeat} runs in a warm process; machine file parse + topology build "
              f"{load_s:.2f} s once, not included).", "",
@@ -100,23 +101,12 @@ def main() -> int:
     for name, secs, target in rows:
         lines.append(f"| {name} | {secs:.3f} | ≤ {target:g} | {'ok' if secs <= target else 'MISSED'} |")
     lines += ["", f"Cold command line, imports included: `bbsim replay` of the two logs (no slowdown matrix) "
-              f"took {cli_s:.2f} s wall.", END]
+              f"took {cli_s:.2f} s wall."]
     block = "\n".join(lines)
     print(block)
 
     if not args.no_write:
-        path = ROOT / "BENCHMARKS.md"
-        text = path.read_text() if path.exists() else "# Benchmarks\n"
-        if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
-            head, rest = text.split(BEGIN, 1)
-            tail = rest.split(END, 1)[1]
-            text = head + block + tail
-        else:
-            text = text.rstrip("\n") + "\n\n" + block + "\n"
-        tmp = path.with_suffix(".md.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-        print(f"\nwrote {path} (between {BEGIN} and {END})")
+        write_section("bbsim", block)
     return 0 if all(secs <= target for _, secs, target in rows[:3]) else 1
 
 
