@@ -64,6 +64,7 @@ type Config struct {
 	Mount      Mount      `toml:"mount"`
 	Warpfs     Warpfs     `toml:"warpfs"`
 	Client     Client     `toml:"client"`
+	Home       Home       `toml:"home"`
 	Pools      []Pool     `toml:"pool"`
 }
 
@@ -114,6 +115,15 @@ type Stage struct {
 	// jobs; a uid of 0 there is a bug); `spillway run` started by root turns it on.
 	AllowRoot         bool `toml:"allow_root"`
 	WorkerOutputLimit Size `toml:"worker_output_limit"` // longest line a stage worker may print
+	// CancelGrace is how long a worker asked to stop (teardown, timeout) may take to remove
+	// its partial file and exit before it is killed.
+	CancelGrace       Duration `toml:"cancel_grace"`
+	MaxParallel       int      `toml:"max_parallel"`        // cap on the files one stage copies at once, whatever it asks
+	MaxListSize       Size     `toml:"max_list_size"`       // largest list file (type=list)
+	CopyChunkSize     Size     `toml:"copy_chunk_size"`     // bytes one copy call moves before progress and cancellation are checked
+	CopyBufferSize    Size     `toml:"copy_buffer_size"`    // buffer of one copy when the kernel cannot copy itself
+	MaxWarnings       int      `toml:"max_warnings"`        // warnings kept per stage; later ones are counted
+	WorkerStderrLimit Size     `toml:"worker_stderr_limit"` // a worker's standard error kept to explain a crash
 }
 
 // Agent is a storage and/or compute node daemon.
@@ -169,6 +179,28 @@ type Client struct {
 	RetryWait      Duration `toml:"retry_wait"`      // wait between them
 	PollInterval   Duration `toml:"poll_interval"`   // how often a waiting command asks for progress
 	StepTimeout    Duration `toml:"step_timeout"`    // the longest a command waits for one non-staging step
+	// TeardownAttempts is how often `spillway run` asks for its session's teardown when the
+	// controller refuses or cannot be reached, TeardownRetryWait apart.
+	TeardownAttempts  int      `toml:"teardown_attempts"`
+	TeardownRetryWait Duration `toml:"teardown_retry_wait"`
+}
+
+// Home is the one-machine server behind `spillway run`, dwstat, dwcli and `spillway
+// persistent` when they use a home ($SPILLWAY_HOME) rather than a system install.
+type Home struct {
+	// IdleTimeout: the server exits once nothing has moved (no session being set up, staged,
+	// mounted or torn down) and no command has asked anything for this long.
+	IdleTimeout Duration `toml:"idle_timeout"`
+	// StartTimeout bounds how long a command waits for the server it started to answer.
+	StartTimeout Duration `toml:"start_timeout"`
+	// StopTimeout bounds how long `spillway home stop` waits for the server to exit.
+	StopTimeout Duration `toml:"stop_timeout"`
+	// ReapInterval is how often the server looks for sessions of `spillway run`s that are
+	// gone (killed) and cleans them up.
+	ReapInterval Duration `toml:"reap_interval"`
+	// LogMaxSize: the server's log (server.log in the home) is moved to server.log.1 when the
+	// server starts and finds it larger than this.
+	LogMaxSize Size `toml:"log_max_size"`
 }
 
 // Pool is a pool the controller creates at start if missing.
@@ -208,6 +240,13 @@ func Defaults() Config {
 			ProgressInterval:  Duration(250 * time.Millisecond),
 			MaxFilesPerStage:  2_000_000,
 			WorkerOutputLimit: Size(1 << 20),
+			CancelGrace:       Duration(10 * time.Second),
+			MaxParallel:       64,
+			MaxListSize:       Size(64 << 20),
+			CopyChunkSize:     Size(64 << 20),
+			CopyBufferSize:    Size(1 << 20),
+			MaxWarnings:       100,
+			WorkerStderrLimit: Size(16 << 10),
 		},
 		Agent: Agent{
 			SSDPath:           "/var/lib/spillway/ssd",
@@ -238,6 +277,16 @@ func Defaults() Config {
 			RetryWait:      Duration(1 * time.Second),
 			PollInterval:   Duration(100 * time.Millisecond),
 			StepTimeout:    Duration(10 * time.Minute),
+			// A refused teardown is usually a controller restarting or a step still settling.
+			TeardownAttempts:  3,
+			TeardownRetryWait: Duration(1 * time.Second),
+		},
+		Home: Home{
+			IdleTimeout:  Duration(1 * time.Minute),
+			StartTimeout: Duration(30 * time.Second),
+			StopTimeout:  Duration(30 * time.Second),
+			ReapInterval: Duration(2 * time.Second),
+			LogMaxSize:   Size(1 << 20),
 		},
 		Pools: []Pool{{Name: "wlm_pool", Granularity: Size(1 << 30)}},
 	}
@@ -285,6 +334,12 @@ func Parse(raw []byte, name string, base Config) (Config, error) {
 	return cfg, nil
 }
 
+// Bounds of limits that cannot work outside them.
+const (
+	minWorkerOutput = 1 << 10 // the stage worker's shortest usable protocol line
+	maxListSize     = 1 << 30
+)
+
 // Validate checks the limits make sense.
 func (c *Config) Validate() error {
 	var problems []string
@@ -322,6 +377,30 @@ func (c *Config) Validate() error {
 	positive("warpfs.max_open_files", int64(c.Warpfs.MaxOpenFiles))
 	if c.Warpfs.KeepaliveInterval >= c.Warpfs.IdleTimeout {
 		problems = append(problems, "warpfs.keepalive_interval must be shorter than warpfs.idle_timeout, or storage nodes drop idle mounts")
+	}
+	positive("client.teardown_attempts", int64(c.Client.TeardownAttempts))
+	positive("stage.cancel_grace", int64(c.Stage.CancelGrace))
+	positive("stage.max_parallel", int64(c.Stage.MaxParallel))
+	positive("stage.max_list_size", int64(c.Stage.MaxListSize))
+	positive("stage.copy_chunk_size", int64(c.Stage.CopyChunkSize))
+	positive("stage.copy_buffer_size", int64(c.Stage.CopyBufferSize))
+	positive("stage.max_warnings", int64(c.Stage.MaxWarnings))
+	positive("stage.worker_stderr_limit", int64(c.Stage.WorkerStderrLimit))
+	positive("home.idle_timeout", int64(c.Home.IdleTimeout))
+	positive("home.start_timeout", int64(c.Home.StartTimeout))
+	positive("home.stop_timeout", int64(c.Home.StopTimeout))
+	positive("home.reap_interval", int64(c.Home.ReapInterval))
+	positive("home.log_max_size", int64(c.Home.LogMaxSize))
+	// The stage worker's protocol lines carry a plan or a shortened message: below this a
+	// worker could not report at all.
+	if c.Stage.WorkerOutputLimit < minWorkerOutput {
+		problems = append(problems, fmt.Sprintf("stage.worker_output_limit must be at least %s", units.FormatExact(minWorkerOutput)))
+	}
+	if c.Stage.FilesInFlight > c.Stage.MaxParallel && c.Stage.MaxParallel > 0 {
+		problems = append(problems, fmt.Sprintf("stage.files_in_flight (%d) is above stage.max_parallel (%d); raise max_parallel or lower files_in_flight", c.Stage.FilesInFlight, c.Stage.MaxParallel))
+	}
+	if int64(c.Stage.MaxListSize) > maxListSize {
+		problems = append(problems, fmt.Sprintf("stage.max_list_size must be at most %s (the stage worker reads the whole list into memory)", units.FormatExact(maxListSize)))
 	}
 	if c.Agent.HeartbeatInterval >= c.Controller.NodeTimeout {
 		problems = append(problems, "agent.heartbeat_interval must be shorter than controller.node_timeout, or nodes flap offline")

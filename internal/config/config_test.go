@@ -58,11 +58,56 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		"[executor]\nmax_attempts = 0\n":              "executor.max_attempts must be greater than 0",
 		"[[pool]]\nname = \"p\"\ngranularity = \"0\"": "granularity must be greater than 0",
 		"[controller]\nmount_root = \"rel/dir\"\n":    "must be an absolute path",
+		"[client]\nteardown_attempts = 0\n":           "client.teardown_attempts must be greater than 0",
+		"[stage]\ncancel_grace = \"0s\"\n":            "stage.cancel_grace must be greater than 0",
+		"[stage]\nmax_parallel = 4\n":                 "stage.files_in_flight (8) is above stage.max_parallel (4)",
+		"[stage]\nmax_list_size = \"2GiB\"\n":         "stage.max_list_size must be at most 1GiB",
+		"[stage]\nworker_output_limit = \"100\"\n":    "stage.worker_output_limit must be at least 1KiB",
+		"[home]\nidle_timeout = \"0s\"\n":             "home.idle_timeout must be greater than 0",
+		"[home]\nidel_timeout = \"1s\"\n":             "home.idel_timeout",
 	}
 	for text, want := range cases {
 		_, err := Parse([]byte(text), "bad.toml", Defaults())
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "bad.toml") {
 			t.Errorf("%q: error %v, want one naming %q and the file", text, err, want)
+		}
+	}
+}
+
+// TestEveryLimitReadsItsKey: each limit added for the run path and the stage worker is read
+// from its key (a key that parsed but did nothing would be a silent lie).
+func TestEveryLimitReadsItsKey(t *testing.T) {
+	c, err := Parse([]byte(`
+[client]
+teardown_attempts = 7
+teardown_retry_wait = "3s"
+[stage]
+cancel_grace = "4s"
+max_parallel = 9
+max_list_size = "2MiB"
+copy_chunk_size = "8MiB"
+copy_buffer_size = "256KiB"
+max_warnings = 11
+worker_stderr_limit = "4KiB"
+[home]
+idle_timeout = "5s"
+start_timeout = "6s"
+stop_timeout = "7s"
+reap_interval = "8s"
+log_max_size = "3MiB"
+`), "t.toml", Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []any{c.Client.TeardownAttempts, c.Client.TeardownRetryWait.D(), c.Stage.CancelGrace.D(), c.Stage.MaxParallel,
+		uint64(c.Stage.MaxListSize), uint64(c.Stage.CopyChunkSize), uint64(c.Stage.CopyBufferSize), c.Stage.MaxWarnings,
+		uint64(c.Stage.WorkerStderrLimit), c.Home.IdleTimeout.D(), c.Home.StartTimeout.D(), c.Home.StopTimeout.D(),
+		c.Home.ReapInterval.D(), uint64(c.Home.LogMaxSize)}
+	want := []any{7, 3 * time.Second, 4 * time.Second, 9, uint64(2 << 20), uint64(8 << 20), uint64(256 << 10), 11,
+		uint64(4 << 10), 5 * time.Second, 6 * time.Second, 7 * time.Second, 8 * time.Second, uint64(3 << 20)}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("value %d: got %v, want %v", i, got[i], want[i])
 		}
 	}
 }

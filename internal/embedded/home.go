@@ -218,10 +218,17 @@ func (h *Home) Connect(log *slog.Logger, workerExe []string) (client *apiclient.
 func StageLimits(cfg config.Config) stage.Limits {
 	return stage.Limits{
 		Timeout:          cfg.Stage.Timeout.D(),
+		CancelGrace:      cfg.Stage.CancelGrace.D(),
 		ProgressInterval: cfg.Stage.ProgressInterval.D(),
+		ChunkBytes:       int64(cfg.Stage.CopyChunkSize),
+		BufferBytes:      int(cfg.Stage.CopyBufferSize),
 		DefaultParallel:  cfg.Stage.FilesInFlight,
+		MaxParallel:      cfg.Stage.MaxParallel,
 		MaxEntries:       int(cfg.Stage.MaxFilesPerStage),
+		MaxListBytes:     int64(cfg.Stage.MaxListSize),
 		MaxLineBytes:     int(cfg.Stage.WorkerOutputLimit),
+		MaxWarnings:      cfg.Stage.MaxWarnings,
+		MaxStderrBytes:   int(cfg.Stage.WorkerStderrLimit),
 		AllowRoot:        cfg.Stage.AllowRoot,
 	}
 }

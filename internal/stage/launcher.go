@@ -325,7 +325,7 @@ func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
 	}
 	if err := scanner.Err(); err != nil && protoErr == nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			protoErr = fmt.Errorf("the staging worker sent a line longer than %d bytes (limit MaxLineBytes)", r.limits.MaxLineBytes)
+			protoErr = fmt.Errorf("the staging worker sent a line longer than %d bytes (limit stage.worker_output_limit)", r.limits.MaxLineBytes)
 		} else {
 			protoErr = fmt.Errorf("cannot read the staging worker's output: %v", err)
 		}
@@ -380,7 +380,7 @@ func (r *Run) settle(final *event, waitErr error) {
 		s.Status = "canceled"
 		s.Error = r.prefix + ": canceled"
 	case r.stopReason == stopTimeout:
-		fail("timed out after %v (limit Timeout) with %d of %d files and %s of %s copied", r.limits.Timeout, s.FilesDone, s.FilesTotal, units.FormatHuman(s.BytesDone), units.FormatHuman(s.BytesTotal))
+		fail("timed out after %v (limit stage.timeout) with %d of %d files and %s of %s copied", r.limits.Timeout, s.FilesDone, s.FilesTotal, units.FormatHuman(s.BytesDone), units.FormatHuman(s.BytesTotal))
 	case r.protoErr != nil:
 		fail("%v", r.protoErr)
 	case r.refused != nil:

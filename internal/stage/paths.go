@@ -144,7 +144,7 @@ func parseList(data []byte, listName string, maxEntries int) ([]listLine, error)
 			return nil, fmt.Errorf("list %s line %d: expected \"<source> <destination>\", found %s (paths cannot contain spaces)", listName, number, found)
 		}
 		if len(lines) >= maxEntries {
-			return nil, fmt.Errorf("list %s has more than %d entries (limit MaxEntries); split it into several lists", listName, maxEntries)
+			return nil, fmt.Errorf("list %s has more than %d entries (limit stage.max_files_per_stage); split it into several lists", listName, maxEntries)
 		}
 		lines = append(lines, listLine{number: number, src: fields[0], dst: fields[1]})
 	}

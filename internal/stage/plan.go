@@ -306,7 +306,7 @@ func (w *worker) walk(ctx context.Context, job *copyJob) error {
 				}
 				if len(job.entries) >= w.limits.MaxEntries {
 					d.Close()
-					return fmt.Errorf("source %s holds more than %d files, directories and links (limit MaxEntries); stage it in parts", s.display(job.srcName), w.limits.MaxEntries)
+					return fmt.Errorf("source %s holds more than %d files, directories and links (limit stage.max_files_per_stage); stage it in parts", s.display(job.srcName), w.limits.MaxEntries)
 				}
 				switch t := de.Type(); {
 				case t.IsDir():
@@ -364,7 +364,7 @@ func (w *worker) planList(ctx context.Context, p *plan) error {
 		return fmt.Errorf("cannot read list %s: %s", list.name, w.reason(err))
 	}
 	if int64(len(data)) > w.limits.MaxListBytes {
-		return fmt.Errorf("list %s is larger than %d bytes (limit MaxListBytes); split it into several lists", list.name, w.limits.MaxListBytes)
+		return fmt.Errorf("list %s is larger than %d bytes (limit stage.max_list_size); split it into several lists", list.name, w.limits.MaxListBytes)
 	}
 	lines, err := parseList(data, list.name, w.limits.MaxEntries)
 	if err != nil {

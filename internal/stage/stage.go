@@ -31,37 +31,45 @@ import (
 )
 
 // Limits bounds everything a stage may consume. The zero value of a field means "use the
-// default" (see DefaultLimits); negative values are rejected by Validate.
+// default" (see DefaultLimits); negative values are rejected by Validate. Every field but
+// SyncAtEnd comes from the [stage] configuration key named in its comment (docs/config.md),
+// and the error messages name that key.
 type Limits struct {
-	// Timeout bounds a whole stage, plan and copy together. DataWarp sites run with Slurm's
-	// StageInTimeout/StageOutTimeout of 86400 s, so the default matches.
+	// Timeout (stage.timeout) bounds a whole stage, plan and copy together. DataWarp sites run
+	// with Slurm's StageInTimeout/StageOutTimeout of 86400 s, so the default matches.
 	Timeout time.Duration
-	// CancelGrace is how long a worker asked to stop (cancel, timeout) may take to remove its
-	// partial file and exit before it is killed with SIGKILL.
+	// CancelGrace (stage.cancel_grace) is how long a worker asked to stop (cancel, timeout) may
+	// take to remove its partial file and exit before it is killed with SIGKILL.
 	CancelGrace time.Duration
-	// ProgressInterval is the shortest gap between two progress lines from the worker.
+	// ProgressInterval (stage.progress_interval) is the shortest gap between two progress
+	// lines from the worker.
 	ProgressInterval time.Duration
-	// ChunkBytes is how much one copy call moves before the worker updates its counters and
-	// checks for cancellation.
+	// ChunkBytes (stage.copy_chunk_size) is how much one copy call moves before the worker
+	// updates its counters and checks for cancellation.
 	ChunkBytes int64
-	// BufferBytes is the size of the buffer used when the kernel cannot copy between the two
-	// files itself (copy_file_range unsupported); one buffer per parallel copy.
+	// BufferBytes (stage.copy_buffer_size) is the size of the buffer used when the kernel
+	// cannot copy between the two files itself (copy_file_range unsupported); one buffer per
+	// parallel copy.
 	BufferBytes int
-	// DefaultParallel is how many files are copied at once when the stage does not say.
+	// DefaultParallel (stage.files_in_flight) is how many files are copied at once when the
+	// stage does not say.
 	DefaultParallel int
-	// MaxParallel caps StageSpec.Parallel; larger requests are lowered to it.
+	// MaxParallel (stage.max_parallel) caps StageSpec.Parallel; larger requests are lowered to it.
 	MaxParallel int
-	// MaxEntries caps the files, directories and links one stage may name (a directory tree or
-	// the lines of a list). The plan is kept in the worker's memory, about 100 bytes an entry.
+	// MaxEntries (stage.max_files_per_stage) caps the files, directories and links one stage
+	// may name (a directory tree or the lines of a list). The plan is kept in the worker's
+	// memory, about 100 bytes an entry.
 	MaxEntries int
-	// MaxListBytes caps the size of a list file.
+	// MaxListBytes (stage.max_list_size) caps the size of a list file.
 	MaxListBytes int64
-	// MaxLineBytes caps one line of worker output; a longer line is a protocol error that
-	// kills the worker. Messages are shortened by the worker to fit.
+	// MaxLineBytes (stage.worker_output_limit) caps one line of worker output; a longer line is
+	// a protocol error that kills the worker. Messages are shortened by the worker to fit.
 	MaxLineBytes int
-	// MaxWarnings caps the warnings kept for one stage; later ones are counted, not kept.
+	// MaxWarnings (stage.max_warnings) caps the warnings kept for one stage; later ones are
+	// counted, not kept.
 	MaxWarnings int
-	// MaxStderrBytes caps the worker's standard error kept for diagnosing a crash.
+	// MaxStderrBytes (stage.worker_stderr_limit) caps the worker's standard error kept for
+	// diagnosing a crash.
 	MaxStderrBytes int
 	// SyncAtEnd replaces the fsync of each file as it completes (DataWarp's documented
 	// behaviour, the default) by one syncfs of each destination file system when all files are
@@ -69,9 +77,9 @@ type Limits struct {
 	// small files one flush is far cheaper than one per file. syncfs also flushes other
 	// writers' data on that file system, which is why it is not the default.
 	SyncAtEnd bool
-	// AllowRoot permits stages for uid 0. Off by default: a stage for uid 0 is far more often
-	// a missing uid (the zero value) than a real root-owned job, and staging as root would
-	// bypass every permission on the PFS.
+	// AllowRoot (stage.allow_root) permits stages for uid 0. Off by default: a stage for uid 0
+	// is far more often a missing uid (the zero value) than a real root-owned job, and staging
+	// as root would bypass every permission on the PFS.
 	AllowRoot bool
 }
 

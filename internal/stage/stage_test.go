@@ -387,7 +387,7 @@ func TestTimeoutFailsTheStage(t *testing.T) {
 	limits.ChunkBytes = 4 << 20
 	r := Start(context.Background(), workerExe, spec(a, "in", "file", src, "$DW_JOB_STRIPED/huge"), limits, nil)
 	st := r.Wait()
-	if st.Status != "failed" || !strings.Contains(st.Error, "stage_in: timed out after 300ms (limit Timeout) with 0 of 1 files and ") {
+	if st.Status != "failed" || !strings.Contains(st.Error, "stage_in: timed out after 300ms (limit stage.timeout) with 0 of 1 files and ") {
 		t.Errorf("status %q error %q", st.Status, st.Error)
 	}
 	if exists(filepath.Join(a.ns, "huge")) {
@@ -503,7 +503,7 @@ func TestSizeLimitsAreEnforced(t *testing.T) {
 	limits := testLimits()
 	limits.MaxEntries = 5
 	st := Start(context.Background(), workerExe, spec(a, "in", "directory", src, "$DW_JOB_STRIPED/t"), limits, nil).Wait()
-	if st.Status != "failed" || !strings.Contains(st.Error, "source "+src+" holds more than 5 files, directories and links (limit MaxEntries)") {
+	if st.Status != "failed" || !strings.Contains(st.Error, "source "+src+" holds more than 5 files, directories and links (limit stage.max_files_per_stage)") {
 		t.Errorf("status %q error %q", st.Status, st.Error)
 	}
 	list := filepath.Join(a.pfs, "list")
@@ -511,7 +511,7 @@ func TestSizeLimitsAreEnforced(t *testing.T) {
 	limits = testLimits()
 	limits.MaxListBytes = 1000
 	st = Start(context.Background(), workerExe, spec(a, "in", "list", list, ""), limits, nil).Wait()
-	if st.Status != "failed" || !strings.Contains(st.Error, "list "+list+" is larger than 1000 bytes (limit MaxListBytes)") {
+	if st.Status != "failed" || !strings.Contains(st.Error, "list "+list+" is larger than 1000 bytes (limit stage.max_list_size)") {
 		t.Errorf("status %q error %q", st.Status, st.Error)
 	}
 	emptyDir(t, a.ns)

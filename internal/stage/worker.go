@@ -211,7 +211,7 @@ func (e *emitter) flushWarnings() {
 	e.suppressed = 0
 	e.mu.Unlock()
 	if n > 0 {
-		e.send(event{Event: eventWarning, Message: fmt.Sprintf("%d more warnings not shown (limit MaxWarnings)", n)})
+		e.send(event{Event: eventWarning, Message: fmt.Sprintf("%d more warnings not shown (limit stage.max_warnings)", n)})
 	}
 }
 

@@ -218,7 +218,7 @@ func TestLauncherEnforcesTheProtocol(t *testing.T) {
 	cases := []struct {
 		name, script, want string
 	}{
-		{"line too long", `head -c 100000 /dev/zero | tr '\0' a; echo; sleep 30`, "stage_in: the staging worker sent a line longer than 65536 bytes (limit MaxLineBytes)"},
+		{"line too long", `head -c 100000 /dev/zero | tr '\0' a; echo; sleep 30`, "stage_in: the staging worker sent a line longer than 65536 bytes (limit stage.worker_output_limit)"},
 		{"not JSON", `echo hello; sleep 30`, "stage_in: the staging worker sent a line that is not a JSON event"},
 		{"progress before plan", `echo '{"event":"progress","files":1,"bytes":1}'; sleep 30`, `stage_in: the staging worker sent an unexpected "progress" event`},
 		{"no result", plan + `exit 0`, "stage_in: the staging worker exited with status 0 without reporting a result"},
