@@ -112,3 +112,53 @@ func Summary(s *directive.Script) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// SetupError ties the controller's refusal of a job's setup to the directive it is about, the
+// way the parser's errors read ("line 2: #DW jobdw pool=nosuch: pool "nosuch" does not exist;
+// pools: wlm_pool"): the controller knows the request, only the script knows its lines.
+// Errors about nothing the script wrote (too many sessions, a failing disk) are returned as
+// they are.
+func SetupError(s *directive.Script, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	for _, p := range s.Persistent {
+		prefix := "persistentdw name=" + p.Name + ": "
+		if strings.HasPrefix(msg, prefix) {
+			return fmt.Errorf("line %d: #DW persistentdw name=%s: %s%w", p.Line, p.Name, strings.TrimPrefix(msg, prefix), unwrapped{err})
+		}
+	}
+	j := s.JobDW
+	if j == nil {
+		return err
+	}
+	field := ""
+	switch {
+	case strings.HasPrefix(msg, "pool ") && strings.Contains(msg, "does not exist"):
+		field = " pool=" + j.Pool
+	case strings.Contains(msg, "cannot hold"):
+		field = " capacity=" + units.FormatExact(j.Capacity)
+		if j.Pool != "" {
+			field = " pool=" + j.Pool + field
+		}
+	case strings.HasPrefix(msg, "type=") || strings.HasPrefix(msg, "access_mode=") || strings.HasPrefix(msg, "pool "):
+	default:
+		return err
+	}
+	return fmt.Errorf("line %d: #DW jobdw%s: %s%w", j.Line, field, msg, unwrapped{err})
+}
+
+// CreateError ties a refused #BB create_persistent or destroy_persistent to its line.
+func CreateError(line int, directiveName, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("line %d: #BB %s name=%s: %s%w", line, directiveName, name, err.Error(), unwrapped{err})
+}
+
+// unwrapped keeps the original error reachable (errors.Is/As) without printing it twice.
+type unwrapped struct{ err error }
+
+func (u unwrapped) Error() string { return "" }
+func (u unwrapped) Unwrap() error { return u.err }
