@@ -32,6 +32,7 @@ type Client struct {
 	retries int
 	wait    time.Duration
 	address string
+	hint    string
 }
 
 // Options are the connection limits (config section [client]).
@@ -40,6 +41,12 @@ type Options struct {
 	ConnectRetries int           // attempts while the controller is unreachable
 	RetryWait      time.Duration // between attempts
 	RequestTimeout time.Duration // one request
+	// Dial, when set, opens the connections to a Unix-socket address instead of a plain dial
+	// (the one-machine home starts its server on demand here).
+	Dial func(ctx context.Context) (net.Conn, error)
+	// Hint ends the message of an Unreachable error: what to check ("" = the system
+	// install's advice).
+	Hint string
 }
 
 // New connects to address: "unix:/path/to.sock", a bare socket path, or "http://host:port".
@@ -50,7 +57,7 @@ func New(address string, o Options) (*Client, error) {
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 60 * time.Second
 	}
-	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address}
+	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address, hint: o.Hint}
 	switch {
 	case strings.HasPrefix(address, "http://") || strings.HasPrefix(address, "https://"):
 		c.base = strings.TrimRight(address, "/")
@@ -61,11 +68,15 @@ func New(address string, o Options) (*Client, error) {
 			return nil, fmt.Errorf("empty controller address")
 		}
 		c.base = "http://spillway"
-		c.http = &http.Client{Timeout: o.RequestTimeout, Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		dial := o.Dial
+		if dial == nil {
+			dial = func(ctx context.Context) (net.Conn, error) {
 				var d net.Dialer
 				return d.DialContext(ctx, "unix", sock)
-			},
+			}
+		}
+		c.http = &http.Client{Timeout: o.RequestTimeout, Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
 		}}
 	}
 	return c, nil
@@ -99,10 +110,15 @@ func IsBusy(err error) bool {
 type Unreachable struct {
 	Address string
 	Err     error
+	Hint    string // what to check; "" = the system install's advice
 }
 
 func (e *Unreachable) Error() string {
-	return fmt.Sprintf("cannot reach the Spillway controller at %s: %v (is `spillway controller` running? see docs/admin.md)", e.Address, e.Err)
+	hint := e.Hint
+	if hint == "" {
+		hint = "is `spillway controller` running? see docs/admin.md"
+	}
+	return fmt.Sprintf("cannot reach the Spillway controller at %s: %v (%s)", e.Address, e.Err, hint)
 }
 
 func retryable(err error) bool {
@@ -143,7 +159,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 			if retryable(err) && ctx.Err() == nil {
 				continue
 			}
-			return &Unreachable{Address: c.address, Err: err}
+			return &Unreachable{Address: c.address, Err: err, Hint: c.hint}
 		}
 		data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 		resp.Body.Close()
@@ -165,7 +181,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		}
 		return nil
 	}
-	return &Unreachable{Address: c.address, Err: lastErr}
+	return &Unreachable{Address: c.address, Err: lastErr, Hint: c.hint}
 }
 
 func esc(s string) string { return url.PathEscape(s) }
