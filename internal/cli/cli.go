@@ -32,6 +32,7 @@ Commands for everyone:
   run SCRIPT [ARGS]     run a job script with #DW/#BB directives on this machine
   persistent            create, list and destroy persistent instances
   dwstat [TABLE...]     show pools, sessions, instances, ... (DataWarp's dwstat)
+  home status|stop      the background server of a one-machine home ($SPILLWAY_HOME)
   layout [-o FILE]      snapshot of pools, nodes and instances for the bbsim simulator
   config defaults       print every configuration key with its default
 
@@ -86,6 +87,8 @@ func Main(argv []string) int {
 		return agentMain(rest, os.Stdout, os.Stderr)
 	case "config":
 		return configMain(rest, os.Stdout, os.Stderr)
+	case "home":
+		return homeMain(rest, os.Stdout, os.Stderr)
 	case "stage-worker":
 		// Hidden: the agent starts it, as the job's user, to move one stage's data.
 		return stage.WorkerMain(os.Stdin, os.Stdout)
@@ -192,22 +195,19 @@ func (c *connection) systemConfigPath(embeddedByDefault bool) string {
 	return ""
 }
 
-// session is a connected command: its client, and the one-machine Spillway it started (if any).
+// session is a connected command: its client, and the one-machine home it uses (if any).
 type session struct {
-	client  *apiclient.Client
-	running *embedded.Running
-	cfg     config.Config
-	home    *embedded.Home
+	client *apiclient.Client
+	cfg    config.Config
+	home   *embedded.Home
+	// connArgs reach the same controller again (for the commands a run prints).
+	connArgs []string
 }
 
-func (s *session) Close() {
-	if s.running != nil {
-		s.running.Close()
-	}
-}
+func (s *session) Close() {}
 
 // connect reaches the controller: an explicit address, a system configuration, or the
-// one-machine home (starting it in this process when no other process runs it).
+// one-machine home's server (started in the background when none runs).
 func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session, error) {
 	token, err := apiclient.TokenFromFile(c.tokenFile)
 	if err != nil {
@@ -234,15 +234,19 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 		if err != nil {
 			return nil, err
 		}
-		return &session{client: cl, cfg: cfg}, nil
-	}
-	dir := c.home
-	if dir == "" {
-		if dir, err = embedded.DefaultDir(); err != nil {
-			return nil, err
+		var connArgs []string
+		if c.configPath != "" || os.Getenv("SPILLWAY_CONFIG") != "" {
+			connArgs = append(connArgs, "--config", absOr(path))
 		}
+		if c.controller != "" {
+			connArgs = append(connArgs, "--controller", c.controller)
+		}
+		if c.tokenFile != "" {
+			connArgs = append(connArgs, "--token-file", absOr(c.tokenFile))
+		}
+		return &session{client: cl, cfg: cfg, connArgs: connArgs}, nil
 	}
-	home, err := embedded.Open(dir)
+	home, err := c.openHome()
 	if err != nil {
 		return nil, err
 	}
@@ -250,11 +254,55 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 	if err != nil {
 		return nil, err
 	}
-	cl, running, err := home.Connect(log, []string{exe, "stage-worker"})
+	cl, err := home.Client(exe)
 	if err != nil {
 		return nil, err
 	}
-	return &session{client: cl, running: running, cfg: home.Config, home: home}, nil
+	var connArgs []string
+	if c.home != "" || os.Getenv("SPILLWAY_HOME") != "" {
+		connArgs = []string{"--home", home.Dir}
+	}
+	return &session{client: cl, cfg: home.Config, home: home, connArgs: connArgs}, nil
+}
+
+// openHome opens the one-machine home: --home, else the default.
+func (c *connection) openHome() (*embedded.Home, error) {
+	dir := c.home
+	if dir == "" {
+		var err error
+		if dir, err = embedded.DefaultDir(); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	return embedded.Open(dir)
+}
+
+func absOr(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+// self is how this spillway was invoked, for the commands it prints: the name found on the
+// PATH, or the absolute path of the binary.
+func self() []string {
+	arg0 := os.Args[0]
+	if filepath.Base(arg0) != "spillway" {
+		// Invoked under another name (dwstat, ...): print the binary.
+		if exe, err := os.Executable(); err == nil {
+			return []string{exe}
+		}
+		return []string{"spillway"}
+	}
+	if strings.Contains(arg0, "/") {
+		return []string{absOr(arg0)}
+	}
+	return []string{arg0}
 }
 
 // quietLogger logs warnings and errors to stderr (daemons log more).

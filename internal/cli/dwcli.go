@@ -153,7 +153,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		fmt.Fprintf(stdout, "delete request for sessions entity with id = %d accepted, \"dwstat sessions\" for status\n", *id)
-		// Wait for it: a one-machine controller lives only as long as this command.
+		// Wait for it, so that the command's success means the session is gone.
 		st, err := sess.client.WaitStep(ctx, token, lifecycle.PhaseTeardown, sess.cfg.Client.PollInterval.D(), sess.cfg.Client.StepTimeout.D(), nil)
 		if err == nil && st.Failed {
 			err = fmt.Errorf("%s", st.Message)

@@ -1,6 +1,7 @@
 // Package embedded is the one-machine Spillway behind `spillway run`: the controller and an
-// agent in one process, with the state, the pool's storage and the mounts under one home
-// directory ($SPILLWAY_HOME, by default a per-user data directory), created on first use.
+// agent in one process (the home's server, see server.go), with the state, the pool's storage
+// and the mounts under one home directory ($SPILLWAY_HOME, by default a per-user data
+// directory), created on first use.
 //
 // It is the same controller, agent, store, lifecycle and data path as a cluster install; only
 // the wiring differs (in-process calls instead of the agent's HTTP API).
@@ -18,7 +19,6 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agent"
-	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/localfs"
@@ -45,7 +45,7 @@ func DefaultDir() (string, error) {
 	}
 	h, err := os.UserHomeDir()
 	if err != nil {
-		return "", fmt.Errorf("no home directory to keep Spillway's state in; set SPILLWAY_HOME")
+		return "", fmt.Errorf("no home directory to keep Spillway's state in: %v; give one with --home DIR or SPILLWAY_HOME=DIR", err)
 	}
 	return filepath.Join(h, ".local", "share", "spillway"), nil
 }
@@ -76,7 +76,7 @@ func Defaults(dir string) config.Config {
 // Open opens a home, creating it (and its configuration file) on first use.
 func Open(dir string) (*Home, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("spillway home %s: %w", dir, err)
+		return nil, fmt.Errorf("cannot create Spillway's home %s: %w; give a directory you can write with --home DIR or SPILLWAY_HOME=DIR", dir, err)
 	}
 	path := filepath.Join(dir, ConfigName)
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
@@ -96,15 +96,25 @@ func Open(dir string) (*Home, error) {
 	return &Home{Dir: dir, Config: cfg}, nil
 }
 
+func (h *Home) path(name string) string { return filepath.Join(h.Dir, name) }
+
+// NodeName is the name the home's agent registers: agent.name, else the host name.
+func (h *Home) NodeName() string {
+	if h.Config.Agent.Name != "" {
+		return h.Config.Agent.Name
+	}
+	name, _ := os.Hostname()
+	return name
+}
+
 // ErrInUse is returned when another process already runs this home's controller.
 var ErrInUse = errors.New("in use")
 
-// Running is a started one-machine Spillway.
+// Running is a started one-machine Spillway (inside the home's server).
 type Running struct {
 	Home       *Home
 	Controller *controller.Controller
 	Agent      *agent.Agent
-	Client     *apiclient.Client
 	NodeName   string
 
 	cancel context.CancelFunc
@@ -113,14 +123,14 @@ type Running struct {
 	closed sync.Once
 }
 
-// Start brings up the controller, the agent and the API socket. workerExe is the argv prefix
-// of the stage worker (the spillway binary and "stage-worker").
-func (h *Home) Start(log *slog.Logger, workerExe []string) (*Running, error) {
+// start brings up the controller and the agent (the server then serves the API). workerExe
+// is the argv prefix of the stage worker (the spillway binary and "stage-worker").
+func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 	cfg := h.Config
 	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
 	if err != nil {
 		if errors.Is(err, sqlite.ErrLocked) {
-			return nil, fmt.Errorf("%w: %v", ErrInUse, err)
+			return nil, fmt.Errorf("%w: %v (another server of this home runs)", ErrInUse, err)
 		}
 		return nil, err
 	}
@@ -130,10 +140,7 @@ func (h *Home) Start(log *slog.Logger, workerExe []string) (*Running, error) {
 		st.Close()
 		return nil, err
 	}
-	name := cfg.Agent.Name
-	if name == "" {
-		name, _ = os.Hostname()
-	}
+	name := h.NodeName()
 	ag, err := agent.New(agent.Options{
 		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity),
 		WorkerExe: workerExe, StageLimits: StageLimits(cfg), Mount: MountLimits(cfg), Log: log,
@@ -151,26 +158,12 @@ func (h *Home) Start(log *slog.Logger, workerExe []string) (*Running, error) {
 		r.Close()
 		return nil, err
 	}
-	l, err := listen(cfg.Controller.Socket)
-	if err != nil {
-		r.Close()
-		return nil, err
-	}
-	srv := controller.NewServer(ctl, "", nil, log)
-	r.wg.Add(3)
-	go func() { defer r.wg.Done(); srv.Serve(ctx, l) }()
+	r.wg.Add(2)
 	go func() { defer r.wg.Done(); ctl.Run(ctx) }()
 	go func() {
 		defer r.wg.Done()
 		ag.RunHeartbeats(ctx, cfg.Agent.HeartbeatInterval.D(), cfg.Agent.GCGrace.D(), ctl.Heartbeat)
 	}()
-	r.Client, err = apiclient.New("unix:"+cfg.Controller.Socket, apiclient.Options{
-		ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(), RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second,
-	})
-	if err != nil {
-		r.Close()
-		return nil, err
-	}
 	return r, nil
 }
 
@@ -197,21 +190,12 @@ func (r *Running) Close() {
 	})
 }
 
-// Connect returns a client of this home's controller: the one already running in another
-// process (a `spillway run` in progress) if there is one, else one started here. close
-// releases what was started.
-func (h *Home) Connect(log *slog.Logger, workerExe []string) (client *apiclient.Client, running *Running, err error) {
-	sock := h.Config.Controller.Socket
-	if conn, err := net.DialTimeout("unix", sock, time.Second); err == nil {
-		conn.Close()
-		c, err := apiclient.New("unix:"+sock, apiclient.Options{ConnectRetries: 1, RequestTimeout: h.Config.Controller.RequestTimeout.D() + 5*time.Second})
-		return c, nil, err
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
 	}
-	r, err := h.Start(log, workerExe)
-	if err != nil {
-		return nil, nil, err
-	}
-	return r.Client, r, nil
+	return os.Rename(tmp, path)
 }
 
 // StageLimits maps the configuration onto the stage engine's limits.

@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"os/user"
 	"path/filepath"
 	"sort"
@@ -31,38 +30,60 @@ import (
 
 // Exit statuses besides the job's own.
 const (
-	ExitUsage        = 64 // bad command line
-	ExitDirectives   = 65 // the script's directives are invalid
-	ExitBeforeJob    = 69 // the burst buffer failed before the job ran; the job did not run
-	ExitStageOut     = 74 // the job succeeded but stage-out failed
-	ExitInterrupted  = 130
-	creatorRun       = "RUN"
-	tokenPrefix      = "run"
-	maxScriptBytes   = 16 << 20
-	stepPollDefault  = 100 * time.Millisecond
-	stepWaitDefault  = 10 * time.Minute
-	teardownAttempts = 3
+	ExitUsage       = 64 // bad command line
+	ExitDirectives  = 65 // the script's directives are invalid
+	ExitBeforeJob   = 69 // the burst buffer failed before the job ran; the job did not run
+	ExitStageOut    = 74 // the job succeeded but stage-out (or post_run, or teardown) failed
+	creatorRun      = "RUN"
+	tokenPrefix     = "run"
+	maxScriptBytes  = 16 << 20
+	stepPollDefault = 100 * time.Millisecond
+	stepWaitDefault = 10 * time.Minute
 )
 
 // Options are what `spillway run` was asked.
 type Options struct {
-	Script       string
-	Args         []string
-	Client       *apiclient.Client
-	Node         string        // this compute node's name, as its agent registered
-	Out          io.Writer     // phase lines (stderr)
-	Poll         time.Duration // how often to ask for progress
-	StepTimeout  time.Duration // the longest wait for a step that moves no data
-	JobIDs       func(ctx context.Context) (int64, error)
-	Quiet        bool
-	KeepOnFailed bool // do not tear down after a failure (for inspection with dwstat)
+	Script      string
+	Args        []string
+	Client      *apiclient.Client
+	Node        string        // this compute node's name, as its agent registered
+	Out         io.Writer     // phase lines (stderr)
+	Poll        time.Duration // how often to ask for progress
+	StepTimeout time.Duration // the longest wait for a step that moves no data
+	JobIDs      func(ctx context.Context) (int64, error)
+	Quiet       bool
+	// KeepOnFailed keeps the session after a failure before the job (for inspection with
+	// dwstat) instead of tearing it down.
+	KeepOnFailed bool
+	// DiscardFailedStageOut tears the session down after a failed post_run or stage-out,
+	// losing the job's results; by default the session is kept so the stage-out can be retried.
+	DiscardFailedStageOut bool
+	// TeardownAttempts and TeardownRetryWait: how often the teardown is asked when the
+	// controller refuses it or cannot be reached (client.teardown_attempts, teardown_retry_wait).
+	TeardownAttempts  int
+	TeardownRetryWait time.Duration
+	// Self is how spillway was invoked and ConnArgs the options that reach the same controller
+	// (--home DIR, --controller ADDRESS): the commands printed for a kept session use them.
+	Self     []string
+	ConnArgs []string
+	// Records is the home's directory of run records (nil with a system install's controller),
+	// which lets a later command clean up after this run if it dies (see Reap).
+	Records *Records
+	// KeepAlive, when set, is how often the run asks the controller about its session while
+	// the job runs: a home's server that died is started again by the asking (and restores the
+	// job's mount) instead of when the job ends.
+	KeepAlive time.Duration
 }
 
 type runner struct {
-	o     Options
-	ctx   context.Context
-	token string
-	start time.Time
+	o         Options
+	ctx       context.Context
+	token     string
+	sessionID int64
+	start     time.Time
+	in        *interrupts
+	rec       *Record
+	stageOut  []lifecycle.StageRequest
 }
 
 func (r *runner) phase(name string, began time.Time, format string, args ...any) {
@@ -76,15 +97,43 @@ func (r *runner) fail(name string, began time.Time, err error) {
 	fmt.Fprintf(r.o.Out, "[spillway] %-12s %8.3fs  FAILED: %v\n", name, time.Since(began).Seconds(), err)
 }
 
-// Run runs the script and returns the exit status `spillway run` should exit with.
-func Run(ctx context.Context, o Options) int {
+func (r *runner) say(format string, args ...any) {
+	fmt.Fprintf(r.o.Out, "[spillway] "+format+"\n", args...)
+}
+
+func newRunner(ctx context.Context, o Options) *runner {
 	if o.Poll == 0 {
 		o.Poll = stepPollDefault
 	}
 	if o.StepTimeout == 0 {
 		o.StepTimeout = stepWaitDefault
 	}
+	if o.TeardownAttempts <= 0 {
+		o.TeardownAttempts = 1
+	}
+	if len(o.Self) == 0 {
+		o.Self = []string{"spillway"}
+	}
 	r := &runner{o: o, ctx: ctx, start: time.Now()}
+	r.in = watchSignals(ctx, r.say, r.leaving)
+	return r
+}
+
+// leaving says what becomes of the session when the run leaves without waiting.
+func (r *runner) leaving() string {
+	if r.token == "" {
+		return "nothing was allocated"
+	}
+	if r.o.Records != nil {
+		return fmt.Sprintf("the home's server cleans session %s up", r.token)
+	}
+	return fmt.Sprintf("session %s is left to the controller (spillway dwstat sessions shows it)", r.token)
+}
+
+// Run runs the script and returns the exit status `spillway run` should exit with.
+func Run(ctx context.Context, o Options) int {
+	r := newRunner(ctx, o)
+	defer r.in.stop()
 
 	began := time.Now()
 	raw, err := readScript(o.Script)
@@ -92,13 +141,17 @@ func Run(ctx context.Context, o Options) int {
 		fmt.Fprintf(o.Out, "spillway run: %v\n", err)
 		return ExitUsage
 	}
-	id, err := o.JobIDs(ctx)
+	id, err := o.JobIDs(r.in.abort)
 	if err != nil {
+		if r.in.aborted() {
+			return r.in.status()
+		}
 		fmt.Fprintf(o.Out, "spillway run: %v\n", err)
 		return ExitBeforeJob
 	}
 	jobID := strconv.FormatInt(id, 10)
 	r.token = tokenPrefix + jobID
+	r.begin(id)
 	me, _ := user.Current()
 	cwd, _ := os.Getwd()
 	substituted := directive.Substitute(raw, directive.Symbols{
@@ -109,8 +162,12 @@ func Run(ctx context.Context, o Options) int {
 	if err == nil {
 		err = jobspec.Supported(script)
 	}
+	if err == nil {
+		r.stageOut, err = jobspec.Stages(script.StageOut, model.StageOut)
+	}
 	if err != nil {
 		r.fail("job_process", began, fmt.Errorf("%s: invalid burst-buffer directives:\n%v", o.Script, err))
+		r.released()
 		return ExitDirectives
 	}
 	// Warnings are about what the user wrote: a literal %% must not read as an unknown
@@ -123,80 +180,277 @@ func Run(ctx context.Context, o Options) int {
 		fmt.Fprintf(o.Out, "[spillway] warning: %s: %s\n", o.Script, w)
 	}
 	r.phase("job_process", began, "job %s (token %s): %s", jobID, r.token, jobspec.Summary(script))
+	if r.in.aborted() {
+		r.released()
+		return r.in.status()
+	}
 
 	uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
 	for _, c := range script.Create {
 		began = time.Now()
+		r.enter("create")
 		if err := r.createPersistent(c, uid, gid); err != nil {
-			r.fail("create", began, err)
-			return ExitBeforeJob
+			return r.failBeforeSession("create", began, jobspec.CreateError(c.Line, "create_persistent", c.Name, err))
 		}
 		r.phase("create", began, "persistent instance %s (%s)", c.Name, units.FormatHuman(c.Capacity))
 	}
 	for _, d := range script.Destroy {
 		began = time.Now()
+		r.enter("destroy")
 		if err := r.destroyPersistent(d.Name, d.Hurry); err != nil {
-			r.fail("destroy", began, err)
-			return ExitBeforeJob
+			return r.failBeforeSession("destroy", began, jobspec.CreateError(d.Line, "destroy_persistent", d.Name, err))
 		}
 		r.phase("destroy", began, "persistent instance %s", d.Name)
 	}
 	if script.JobDW == nil && len(script.Persistent) == 0 {
 		// Nothing for the job itself: a plain script, or only #BB create/destroy.
-		return r.runJob(nil)
+		if r.in.aborted() {
+			r.released()
+			return r.in.status()
+		}
+		r.enter("job")
+		status, ran := r.runJob(nil)
+		r.released()
+		if !ran && r.in.aborted() {
+			return r.in.status()
+		}
+		return status
 	}
 
 	began = time.Now()
-	if err := r.step(lifecycle.PhaseSetup, func() error {
-		return o.Client.Setup(ctx, jobspec.Setup(script, r.token, creatorRun, uid, gid, []string{o.Node}))
+	r.enter(lifecycle.PhaseSetup)
+	if err := r.step(r.in.abort, lifecycle.PhaseSetup, func() error {
+		return o.Client.Setup(r.in.abort, jobspec.Setup(script, r.token, creatorRun, uid, gid, []string{o.Node}))
 	}); err != nil {
-		r.fail("setup", began, err)
-		r.teardown(true)
-		return ExitBeforeJob
+		return r.failBeforeJob("setup", began, jobspec.SetupError(script, err))
 	}
 	r.phase("setup", began, "%s", r.describeSetup())
 
-	if code, ok := r.stage(model.StageIn, script.StageIn); !ok {
-		r.teardown(true)
-		return code
+	r.enter(lifecycle.PhaseDataIn)
+	stageIn, err := jobspec.Stages(script.StageIn, model.StageIn)
+	if err != nil {
+		return r.failBeforeJob("data_in", time.Now(), err)
+	}
+	if _, ok := r.stage(r.in.abort, model.StageIn, stageIn); !ok {
+		return r.failBeforeJob("data_in", time.Now(), nil)
 	}
 
 	began = time.Now()
-	env, err := o.Client.Paths(ctx, r.token)
+	r.enter("paths")
+	env, err := o.Client.Paths(r.in.abort, r.token)
 	if err != nil {
-		r.fail("paths", began, err)
-		r.teardown(true)
-		return ExitBeforeJob
+		return r.failBeforeJob("paths", began, err)
 	}
 	r.phase("paths", began, "%s", describeEnv(env))
 
 	began = time.Now()
-	if err := r.step(lifecycle.PhasePreRun, func() error { return o.Client.PreRun(ctx, r.token, []string{o.Node}) }); err != nil {
-		r.fail("pre_run", began, err)
-		r.teardown(true)
-		return ExitBeforeJob
+	r.enter(lifecycle.PhasePreRun)
+	if err := r.step(r.in.abort, lifecycle.PhasePreRun, func() error { return o.Client.PreRun(r.in.abort, r.token, []string{o.Node}) }); err != nil {
+		return r.failBeforeJob("pre_run", began, err)
 	}
 	r.phase("pre_run", began, "mounted on %s", o.Node)
 
-	status := r.runJob(env)
+	if r.in.aborted() {
+		return r.failBeforeJob("pre_run", began, nil)
+	}
+	r.enter("job")
+	status, ran := r.runJob(env)
+	if !ran {
+		return r.failBeforeJob("job", time.Now(), nil)
+	}
+	return r.afterJob(status)
+}
 
-	began = time.Now()
-	if err := r.step(lifecycle.PhasePostRun, func() error { return o.Client.PostRun(context.Background(), r.token) }); err != nil {
+// afterJob unmounts, stages out and releases the session of a job that ran.
+func (r *runner) afterJob(status int) int {
+	r.in.setStage(afterJob)
+	interrupted := func() (int, bool) {
+		switch {
+		case r.in.left():
+			r.exited("interrupted; it left without waiting")
+			return orStatus(status, r.in.status()), true
+		case r.in.hurried():
+			return r.hurriedEnd(status), true
+		}
+		return 0, false
+	}
+	if code, ok := interrupted(); ok {
+		return code
+	}
+	began := time.Now()
+	r.enter(lifecycle.PhasePostRun)
+	if err := r.step(r.in.hurry, lifecycle.PhasePostRun, func() error { return r.o.Client.PostRun(r.in.hurry, r.token) }); err != nil {
+		if code, ok := interrupted(); ok {
+			r.phase("post_run", began, "interrupted")
+			return code
+		}
 		r.fail("post_run", began, err)
-		r.teardown(true)
-		return orStatus(status, ExitStageOut)
+		return r.keepResults(status, "post_run failed: "+err.Error())
 	}
 	r.phase("post_run", began, "unmounted")
 
-	code, ok := r.stage(model.StageOut, script.StageOut)
-	if !ok {
-		r.teardown(true)
-		return orStatus(status, code)
+	r.enter(lifecycle.PhaseDataOut)
+	if msg, ok := r.stage(r.in.hurry, model.StageOut, r.stageOut); !ok {
+		if code, ok := interrupted(); ok {
+			return code
+		}
+		return r.keepResults(status, msg)
 	}
+	r.enter(lifecycle.PhaseTeardown)
 	if !r.teardown(false) {
-		return orStatus(status, ExitStageOut)
+		return r.endWithout(status, ExitStageOut)
 	}
 	return status
+}
+
+// hurriedEnd tears the session down at once after a second interrupt.
+func (r *runner) hurriedEnd(status int) int {
+	r.enter(lifecycle.PhaseTeardown)
+	if !r.teardown(true) {
+		return r.endWithout(status, r.in.status())
+	}
+	return orStatus(status, r.in.status())
+}
+
+// endWithout is the status of a run that could not release its session.
+func (r *runner) endWithout(status, ours int) int {
+	if r.in.left() {
+		return orStatus(status, r.in.status())
+	}
+	return orStatus(status, ours)
+}
+
+// failBeforeSession ends a run whose #BB create/destroy failed: nothing of the job exists.
+func (r *runner) failBeforeSession(name string, began time.Time, err error) int {
+	r.released()
+	if r.in.aborted() {
+		r.phase(name, began, "interrupted")
+		return r.in.status()
+	}
+	r.fail(name, began, err)
+	return ExitBeforeJob
+}
+
+// failBeforeJob ends a run that failed or was interrupted before its job: the job does not
+// run and the session is released (or kept for inspection with --keep-on-failure). err nil:
+// the failure was printed already.
+func (r *runner) failBeforeJob(name string, began time.Time, err error) int {
+	if r.in.aborted() {
+		if err != nil {
+			r.phase(name, began, "interrupted")
+		}
+		r.teardown(true)
+		return r.in.status()
+	}
+	if err != nil {
+		r.fail(name, began, err)
+	}
+	if r.o.KeepOnFailed {
+		id := r.lookupSessionID()
+		if id == 0 {
+			r.released() // the setup was refused: there is nothing to keep
+			return ExitBeforeJob
+		}
+		_, discard := Commands(r.o.Self, r.o.ConnArgs, r.token, id)
+		inspect := shellJoin(append(append(append([]string{}, r.o.Self...), "dwstat"), append(append([]string{}, r.o.ConnArgs...), "all")...))
+		note := fmt.Sprintf("session %s (id %d) is kept for inspection (`%s`); remove it with `%s`", r.token, id, inspect, discard)
+		r.say("%s", note)
+		r.kept(note)
+		return ExitBeforeJob
+	}
+	r.teardown(true)
+	return ExitBeforeJob
+}
+
+// keepResults keeps the session of a job whose results could not be staged out: its instance
+// holds the only copy. With --discard-failed-stage-out it is torn down instead.
+func (r *runner) keepResults(status int, why string) int {
+	if r.o.DiscardFailedStageOut {
+		r.say("discarding the job's results as asked (--discard-failed-stage-out)")
+		r.enter(lifecycle.PhaseTeardown)
+		if !r.teardown(true) {
+			return r.endWithout(status, ExitStageOut)
+		}
+		return orStatus(status, ExitStageOut)
+	}
+	id := r.lookupSessionID()
+	retry, discard := Commands(r.o.Self, r.o.ConnArgs, r.token, id)
+	r.say("keeping session %s (id %d): its instance holds the job's results, which were not staged out", r.token, id)
+	r.say("  retry the stage-out once the cause is fixed:  %s", retry)
+	r.say("  or discard the results and release it:        %s", discard)
+	r.kept(fmt.Sprintf("session %s (id %d) was kept after %s; retry the stage-out with `%s`, or discard the results with `%s`", r.token, id, why, retry, discard))
+	return orStatus(status, ExitStageOut)
+}
+
+// lookupSessionID returns the session's id (0 if the controller cannot say).
+func (r *runner) lookupSessionID() int64 {
+	if r.sessionID != 0 {
+		return r.sessionID
+	}
+	all, err := r.o.Client.All(context.Background())
+	if err == nil {
+		if s := sessionOf(all, r.token); s != nil {
+			r.sessionID = s.ID
+		}
+	}
+	return r.sessionID
+}
+
+// RetryStageOut stages out a session kept after its stage-out (or post_run) failed, and
+// releases it once that succeeds: `spillway run --retry-stage-out TOKEN`. It asks again for
+// the session's own stage-outs, as the script's #DW stage_out directives named them.
+func RetryStageOut(ctx context.Context, o Options, token string) int {
+	r := newRunner(ctx, o)
+	defer r.in.stop()
+	r.token = token
+	// Any interrupt leaves: the stage-out goes on in the controller, and the home's server
+	// finishes it (releasing the session, or keeping it again) once this command is gone.
+	all, err := o.Client.All(r.in.abort)
+	if err != nil {
+		fmt.Fprintf(o.Out, "spillway run --retry-stage-out: %v\n", err)
+		return ExitStageOut
+	}
+	sess := sessionOf(all, token)
+	switch {
+	case sess == nil:
+		fmt.Fprintf(o.Out, "spillway run --retry-stage-out: no session %s (%s lists them)\n", token,
+			shellJoin(append(append(append([]string{}, r.o.Self...), "dwstat"), append(append([]string{}, r.o.ConnArgs...), "sessions")...)))
+		return ExitUsage
+	case sess.Persistent:
+		fmt.Fprintf(o.Out, "spillway run --retry-stage-out: %s is a persistent instance, not a job's session\n", token)
+		return ExitUsage
+	case sess.State.Goal == model.GoalDestroy:
+		fmt.Fprintf(o.Out, "spillway run --retry-stage-out: session %s is being torn down; its data can no longer be staged out\n", token)
+		return ExitStageOut
+	}
+	r.sessionID = sess.ID
+	jobID, _ := strconv.ParseInt(strings.TrimPrefix(token, tokenPrefix), 10, 64)
+	if o.Records != nil {
+		if rec, err := o.Records.Adopt(token, jobID, o.Self, o.ConnArgs); err == nil {
+			r.rec = rec
+		}
+	}
+	for _, st := range all.Stages {
+		if st.Session != sess.ID || st.Direction != model.StageOut {
+			continue
+		}
+		req := lifecycle.StageRequest{Type: st.Type, PFSPath: st.PFSPath, Line: st.Line}
+		if st.DWPath != "" {
+			v, rest, ok := directive.SplitDWPath(st.DWPath)
+			if !ok {
+				fmt.Fprintf(o.Out, "spillway run --retry-stage-out: stage %d: unexpected instance path %q\n", st.ID, st.DWPath)
+				return ExitStageOut
+			}
+			req.DWVar, req.DWPath = v, rest
+		}
+		r.stageOut = append(r.stageOut, req)
+	}
+	if len(r.stageOut) == 0 && r.rec != nil {
+		r.stageOut = r.rec.StageOut // kept before its stage-out was asked (post_run failed)
+	}
+	r.phase("retry", r.start, "session %s (id %d): %d stage-out(s)", token, sess.ID, len(r.stageOut))
+	r.in.leaveOnFirst()
+	return r.afterJob(0)
 }
 
 // orStatus keeps the job's failure status, else reports ours.
@@ -223,20 +477,25 @@ func readScript(path string) ([]byte, error) {
 	return raw, nil
 }
 
-// step sends a request and waits for its step to finish. A busy answer (the token's previous
-// teardown still running) is retried.
-func (r *runner) step(step string, send func() error) error {
+// step sends a request and waits for its step to finish, until ctx ends. A busy answer (the
+// token's previous teardown still running) is retried.
+func (r *runner) step(ctx context.Context, step string, send func() error) error {
 	var err error
 	for attempt := 0; attempt < 50; attempt++ {
 		if err = send(); err == nil || !apiclient.IsBusy(err) {
 			break
 		}
-		time.Sleep(r.o.Poll)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(r.o.Poll):
+		}
 	}
 	if err != nil {
 		return err
 	}
-	st, err := r.o.Client.WaitStep(context.Background(), r.token, step, r.o.Poll, r.o.StepTimeout, nil)
+	r.in.hit(step)
+	st, err := r.o.Client.WaitStep(ctx, r.token, step, r.o.Poll, r.o.StepTimeout, nil)
 	if err != nil {
 		return err
 	}
@@ -286,34 +545,34 @@ func describeEnv(env map[string]string) string {
 	return strings.Join(parts, " ")
 }
 
-// stage runs the stage-ins or stage-outs and prints their progress.
-func (r *runner) stage(direction string, stages []directive.Stage) (int, bool) {
-	name, failCode := "data_in", ExitBeforeJob
+// stage runs the stage-ins or stage-outs and prints their progress, until ctx ends. It
+// returns whether they all succeeded, and why not.
+func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.StageRequest) (string, bool) {
+	name := "data_in"
 	if direction == model.StageOut {
-		name, failCode = "data_out", ExitStageOut
+		name = "data_out"
 	}
 	began := time.Now()
-	if len(stages) == 0 {
+	if len(reqs) == 0 {
 		// Slurm calls data_in/data_out for every job; there is nothing to ask for here.
 		r.phase(name, began, "nothing to stage")
-		return 0, true
+		return "", true
 	}
-	reqs, err := jobspec.Stages(stages, direction)
-	if err == nil {
-		if direction == model.StageIn {
-			err = r.o.Client.Stages(r.ctx, r.token, direction, reqs)
-		} else {
-			err = r.o.Client.Stages(context.Background(), r.token, direction, reqs)
+	failed := func(err error) (string, bool) {
+		if ctx.Err() != nil {
+			r.phase(name, began, "interrupted")
+			return name + " interrupted", false
 		}
-	}
-	if err != nil {
 		r.fail(name, began, err)
-		return failCode, false
+		return name + " failed: " + err.Error(), false
 	}
-	st, err := r.o.Client.WaitStep(context.Background(), r.token, name, r.o.Poll, 0, nil)
+	if err := r.o.Client.Stages(ctx, r.token, direction, reqs); err != nil {
+		return failed(err)
+	}
+	r.in.hit(name)
+	st, err := r.o.Client.WaitStep(ctx, r.token, name, r.o.Poll, 0, nil)
 	if err != nil {
-		r.fail(name, began, err)
-		return failCode, false
+		return failed(err)
 	}
 	var files int64
 	var bytes uint64
@@ -325,8 +584,7 @@ func (r *runner) stage(direction string, stages []directive.Stage) (int, bool) {
 		}
 	}
 	if st.Failed {
-		r.fail(name, began, errors.New(st.Message))
-		return failCode, false
+		return failed(errors.New(st.Message))
 	}
 	secs := time.Since(began).Seconds()
 	rate := ""
@@ -334,36 +592,60 @@ func (r *runner) stage(direction string, stages []directive.Stage) (int, bool) {
 		rate = fmt.Sprintf(" (%s/s)", units.FormatHuman(uint64(float64(bytes)/secs)))
 	}
 	r.phase(name, began, "%d stage(s), %d file(s), %s%s", len(st.Stages), files, units.FormatHuman(bytes), rate)
-	return 0, true
+	return "", true
 }
 
-// teardown destroys the job's session. It waits for stage-out unless hurry. It reports whether
-// the teardown completed.
+// teardown destroys the job's session, asking up to client.teardown_attempts times. It waits
+// for stage-out unless hurry, and gives up waiting when the run leaves (a third interrupt). It
+// reports whether the session was released.
 func (r *runner) teardown(hurry bool) bool {
-	if r.o.KeepOnFailed && hurry {
-		fmt.Fprintf(r.o.Out, "[spillway] keeping session %s for inspection (dwstat all); remove it with: spillway persistent destroy --token %s --hurry\n", r.token, r.token)
-		return false
-	}
 	began := time.Now()
+	r.enter(lifecycle.PhaseTeardown)
+	r.in.setStage(releasing)
+	ctx := r.in.leave
 	var err error
-	for attempt := 0; attempt < teardownAttempts; attempt++ {
-		err = r.o.Client.Teardown(context.Background(), r.token, hurry)
+	attempts := 0
+	for attempts < r.o.TeardownAttempts {
+		if attempts > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(r.o.TeardownRetryWait):
+			}
+		}
+		attempts++
+		err = r.o.Client.Teardown(ctx, r.token, hurry)
 		if err == nil || apiclient.IsNotFound(err) {
 			err = nil
 			break
 		}
+		if ctx.Err() != nil {
+			break
+		}
 	}
 	if err == nil {
+		r.in.hit(lifecycle.PhaseTeardown)
 		var st lifecycle.StepStatus
-		st, err = r.o.Client.WaitStep(context.Background(), r.token, lifecycle.PhaseTeardown, r.o.Poll, r.o.StepTimeout, nil)
+		st, err = r.o.Client.WaitStep(ctx, r.token, lifecycle.PhaseTeardown, r.o.Poll, r.o.StepTimeout, nil)
 		if err == nil && st.Failed {
 			err = errors.New(st.Message)
 		}
+	} else if attempts > 1 {
+		err = fmt.Errorf("%w (asked %d times, client.teardown_attempts)", err, attempts)
 	}
 	if err != nil {
+		if r.in.left() {
+			r.phase("teardown", began, "not waited for (interrupted)")
+			r.exited("interrupted; it left without waiting")
+			return false
+		}
 		r.fail("teardown", began, err)
+		r.exited("teardown failed: " + err.Error())
+		if r.o.Records != nil {
+			r.say("the home's server retries releasing session %s", r.token)
+		}
 		return false
 	}
+	r.released()
 	how := ""
 	if hurry {
 		how = " (hurry)"
@@ -372,12 +654,74 @@ func (r *runner) teardown(hurry bool) bool {
 	return true
 }
 
+// The run's record (see Record): what a later command needs to clean up if this run dies.
+
+func (r *runner) begin(jobID int64) {
+	if r.o.Records == nil {
+		return
+	}
+	rec, err := r.o.Records.Begin(r.token, jobID, absPath(r.o.Script), r.o.Self, r.o.ConnArgs)
+	if err != nil {
+		r.say("warning: cannot record this run in %s (%v): if it is killed, its session stays until removed by hand", r.o.Records.Dir, err)
+		return
+	}
+	r.rec = rec
+}
+
+func absPath(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+func (r *runner) save() {
+	if r.rec != nil {
+		r.o.Records.Save(r.rec)
+	}
+}
+
+// enter records the phase the run is in.
+func (r *runner) enter(phase string) {
+	if r.rec != nil && r.rec.Phase != phase {
+		r.rec.Phase = phase
+		if phase == "job" || phase == lifecycle.PhasePreRun {
+			r.rec.StageOut = r.stageOut
+		}
+		r.save()
+	}
+}
+
+// released forgets the run: its session is gone (or never existed).
+func (r *runner) released() {
+	if r.rec != nil {
+		r.o.Records.Remove(r.token)
+		r.rec = nil
+	}
+}
+
+// kept marks the session as kept on purpose: cleanups leave it alone.
+func (r *runner) kept(note string) {
+	if r.rec != nil {
+		r.rec.State, r.rec.Note, r.rec.Reported = StateKept, note, true
+		r.save()
+	}
+}
+
+// exited hands the session over to the cleanup of gone runs (Reap).
+func (r *runner) exited(why string) {
+	if r.rec != nil {
+		r.rec.State, r.rec.Exit = StateExited, why
+		r.save()
+	}
+}
+
 func (r *runner) createPersistent(c directive.CreatePersistent, uid, gid uint32) error {
 	req := jobspec.CreatePersistent(c, creatorRun, uid, gid)
-	if err := r.o.Client.Setup(r.ctx, req); err != nil {
+	if err := r.o.Client.Setup(r.in.abort, req); err != nil {
 		return err
 	}
-	st, err := r.o.Client.WaitStep(r.ctx, c.Name, lifecycle.PhaseSetup, r.o.Poll, r.o.StepTimeout, nil)
+	st, err := r.o.Client.WaitStep(r.in.abort, c.Name, lifecycle.PhaseSetup, r.o.Poll, r.o.StepTimeout, nil)
 	if err == nil && st.Failed {
 		err = errors.New(st.Message)
 	}
@@ -385,27 +729,28 @@ func (r *runner) createPersistent(c directive.CreatePersistent, uid, gid uint32)
 }
 
 func (r *runner) destroyPersistent(name string, hurry bool) error {
-	if err := r.o.Client.Teardown(r.ctx, name, hurry); err != nil {
+	if err := r.o.Client.Teardown(r.in.abort, name, hurry); err != nil {
 		if apiclient.IsNotFound(err) {
 			return fmt.Errorf("no persistent instance named %s", name)
 		}
 		return err
 	}
-	st, err := r.o.Client.WaitStep(r.ctx, name, lifecycle.PhaseTeardown, r.o.Poll, r.o.StepTimeout, nil)
+	st, err := r.o.Client.WaitStep(r.in.abort, name, lifecycle.PhaseTeardown, r.o.Poll, r.o.StepTimeout, nil)
 	if err == nil && st.Failed {
 		err = errors.New(st.Message)
 	}
 	return err
 }
 
-// runJob runs the script with the DataWarp variables, forwarding SIGINT and SIGTERM to it, and
-// returns its exit status.
-func (r *runner) runJob(env map[string]string) int {
+// runJob runs the script with the DataWarp variables in its own process group (interrupts
+// reach it through the run's handler, see interrupts) and returns its exit status; ran is
+// false when the job did not start (an interrupt came first, or it could not be executed).
+func (r *runner) runJob(env map[string]string) (status int, ran bool) {
 	began := time.Now()
 	argv, err := interpreter(r.o.Script)
 	if err != nil {
 		r.fail("job", began, err)
-		return ExitBeforeJob
+		return ExitBeforeJob, false
 	}
 	cmd := exec.Command(argv[0], append(argv[1:], r.o.Args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
@@ -415,45 +760,78 @@ func (r *runner) runJob(env map[string]string) int {
 	}
 	cmd.Env = append(cmd.Env, "SPILLWAY_JOB_ID="+strings.TrimPrefix(r.token, tokenPrefix), "SPILLWAY_TOKEN="+r.token)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if !r.in.enterJob() {
+		return r.in.status(), false
+	}
 	if !r.o.Quiet {
 		fmt.Fprintf(r.o.Out, "[spillway] %-12s %8s  %s\n", "job", "", strings.Join(cmd.Args, " "))
 	}
 	if err := cmd.Start(); err != nil {
+		r.in.jobEnded()
 		r.fail("job", began, err)
-		return ExitBeforeJob
+		return ExitBeforeJob, false
 	}
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case s := <-sigs:
-				syscall.Kill(-cmd.Process.Pid, s.(syscall.Signal))
-			case <-done:
-				return
-			}
-		}
-	}()
+	if r.rec != nil {
+		r.rec.JobRan, r.rec.JobPID = true, cmd.Process.Pid
+		r.rec.JobStart, _ = ProcStart(cmd.Process.Pid)
+		r.save()
+	}
+	r.in.jobStarted(cmd.Process.Pid)
+	r.in.hit("job")
+	stopKeepAlive := r.keepAlive(env != nil)
 	err = cmd.Wait()
-	close(done)
-	signal.Stop(sigs)
-	status := 0
+	stopKeepAlive()
+	r.in.jobEnded()
+	if r.rec != nil {
+		r.rec.JobPID, r.rec.JobStart = 0, 0
+		r.save()
+	}
 	if err != nil {
 		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				status = 128 + int(ws.Signal())
-			} else {
-				status = ee.ExitCode()
-			}
-		} else {
+		if !errors.As(err, &ee) {
 			r.fail("job", began, err)
-			return ExitBeforeJob
+			return ExitBeforeJob, true
+		}
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			status = 128 + int(ws.Signal())
+		} else {
+			status = ee.ExitCode()
 		}
 	}
 	r.phase("job", began, "exit status %d", status)
-	return status
+	return status, true
+}
+
+// keepAlive asks about the session every Options.KeepAlive while the job runs (see there).
+func (r *runner) keepAlive(hasSession bool) (stop func()) {
+	if r.o.KeepAlive <= 0 || !hasSession {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(r.o.KeepAlive)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				ctx, cancel := context.WithCancel(r.in.leave)
+				go func() {
+					select {
+					case <-done:
+						cancel()
+					case <-ctx.Done():
+					}
+				}()
+				r.o.Client.Status(ctx, r.token, lifecycle.PhasePreRun, 0)
+				cancel()
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
 
 // interpreter returns how to run the script: its #! line, or /bin/sh.
