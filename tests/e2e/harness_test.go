@@ -141,10 +141,18 @@ func newWorld(t *testing.T, asUser bool) *world {
 	// A small pool keeps capacity tests quick and independent of the disk's free space.
 	w.writeConfig("")
 	t.Cleanup(func() {
+		w.stopServer()
 		w.unmountAll()
 		os.RemoveAll(root)
 	})
 	return w
+}
+
+// stopServer stops the home's background server (a test must leave no process behind).
+func (w *world) stopServer() {
+	if r := spillway(w.t, cmdOpts{home: w.home}, "home", "stop", "--force"); r.code != 0 {
+		w.t.Errorf("stopping the home's server: %s", r)
+	}
 }
 
 // writeConfig writes the home's configuration: a 4 GiB pool of 1 GiB grains plus extra.

@@ -86,9 +86,10 @@ func TestBadInputIsRefusedWithTheLine(t *testing.T) {
 		{"malformed capacity", "#DW jobdw type=scratch access_mode=striped capacity=3.5XB", 65, []string{"line 2", "capacity", "XB"}},
 		{"unknown option", "#DW jobdw type=scratch capacity=1GiB bogus=1", 65, []string{"line 2", "bogus"}},
 		{"escaping destination", "#DW jobdw type=scratch capacity=1GiB\n#DW stage_in type=file source=/etc/hostname destination=$DW_JOB_STRIPED/../../x", 65, []string{"line 3"}},
-		{"unknown pool", "#DW jobdw type=scratch capacity=1GiB pool=nosuch", 69, []string{"pool \"nosuch\" does not exist", "wlm_pool"}},
-		{"over capacity", "#DW jobdw type=scratch capacity=6GiB", 69, []string{"cannot hold 6GiB", "free"}},
-		{"missing persistent", "#DW persistentdw name=ghost", 69, []string{"persistentdw name=ghost"}},
+		{"unknown pool", "#DW jobdw type=scratch capacity=1GiB pool=nosuch", 69, []string{"line 2: #DW jobdw pool=nosuch: pool \"nosuch\" does not exist; pools: wlm_pool"}},
+		{"over capacity", "#DW jobdw type=scratch capacity=6GiB", 69, []string{"line 2: #DW jobdw capacity=6GiB: pool wlm_pool cannot hold 6GiB", "free"}},
+		{"missing persistent", "#DW persistentdw name=ghost", 69, []string{"line 2: #DW persistentdw name=ghost: no persistent instance of that name exists"}},
+		{"missing persistent to destroy", "#BB destroy_persistent name=ghost", 69, []string{"line 2: #BB destroy_persistent name=ghost: no persistent instance named ghost"}},
 		{"missing source", "#DW jobdw type=scratch capacity=1GiB\n#DW stage_in type=file source=/nonexistent/x destination=$DW_JOB_STRIPED/x", 69, []string{"/nonexistent/x"}},
 	}
 	for _, c := range cases {
