@@ -145,7 +145,7 @@ def main():
         "| figure | Spillway | `cp -a` | ratio | `cp -a` + `sync -f` | ratio |",
         "|---|---:|---:|---:|---:|---:|",
         f"| empty job, setup to teardown (median of {a.runs}) | {statistics.median(totals)*1000:.0f} ms | | | | |",
-        f"| empty job, whole `spillway run` command incl. start-up (median of {a.runs}) | {statistics.median(walls)*1000:.0f} ms | | | | |",
+        f"| empty job, whole `spillway run` command, the home's server already running (median of {a.runs}) | {statistics.median(walls)*1000:.0f} ms | | | | |",
     ]
     for name, (stage_s, cp_s, flush_s) in results.items():
         size = "1 GiB" if "GiB" in name else "10,000 × 4 KiB"
@@ -158,6 +158,9 @@ def main():
     print(text)
     if not a.no_write:
         write_section("core", text)
+    # The home's server outlives the commands (it exits when idle): stop it before the home goes.
+    subprocess.run([a.binary, "home", "stop", "--force"], env=dict(os.environ, SPILLWAY_HOME=home),
+                   capture_output=True)
     if not a.dir:
         shutil.rmtree(work, ignore_errors=True)
 
