@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/runjob"
@@ -128,7 +127,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		cleanUp(sess, o.Records, stderr)
 		if exe, err := os.Executable(); err == nil {
 			if why := sess.home.Stale(exe); why != "" {
-				fmt.Fprintf(stderr, "[spillway] note: %s; `%s` makes the next command start a fresh one\n", why, strings.Join(append(self(), append([]string{"home", "stop"}, sess.connArgs...)...), " "))
+				fmt.Fprintf(stderr, "[spillway] note: %s; `%s` makes the next command start a fresh one\n", why, runjob.ShellJoin(append(self(), append([]string{"home", "stop"}, sess.connArgs...)...)))
 			}
 		}
 	}

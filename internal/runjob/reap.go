@@ -245,15 +245,15 @@ func Commands(self, connArgs []string, token string, sessionID int64) (retry, di
 		for _, p := range parts {
 			all = append(all, p...)
 		}
-		return shellJoin(all)
+		return ShellJoin(all)
 	}
 	retry = words(self, []string{"run"}, connArgs, []string{"--retry-stage-out", token})
 	discard = words(self, []string{"dwcli", "rm", "session", "-i", fmt.Sprint(sessionID), "--hurry"}, connArgs)
 	return retry, discard
 }
 
-// shellJoin quotes words for a POSIX shell where they need it.
-func shellJoin(words []string) string {
+// ShellJoin quotes words for a POSIX shell where they need it.
+func ShellJoin(words []string) string {
 	out := make([]string, len(words))
 	for i, w := range words {
 		if w != "" && strings.IndexFunc(w, func(r rune) bool {

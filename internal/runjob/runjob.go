@@ -352,7 +352,7 @@ func (r *runner) failBeforeJob(name string, began time.Time, err error) int {
 			return ExitBeforeJob
 		}
 		_, discard := Commands(r.o.Self, r.o.ConnArgs, r.token, id)
-		inspect := shellJoin(append(append(append([]string{}, r.o.Self...), "dwstat"), append(append([]string{}, r.o.ConnArgs...), "all")...))
+		inspect := ShellJoin(append(append(append([]string{}, r.o.Self...), "dwstat"), append(append([]string{}, r.o.ConnArgs...), "all")...))
 		note := fmt.Sprintf("session %s (id %d) is kept for inspection (`%s`); remove it with `%s`", r.token, id, inspect, discard)
 		r.say("%s", note)
 		r.kept(note)
@@ -414,7 +414,7 @@ func RetryStageOut(ctx context.Context, o Options, token string) int {
 	switch {
 	case sess == nil:
 		fmt.Fprintf(o.Out, "spillway run --retry-stage-out: no session %s (%s lists them)\n", token,
-			shellJoin(append(append(append([]string{}, r.o.Self...), "dwstat"), append(append([]string{}, r.o.ConnArgs...), "sessions")...)))
+			ShellJoin(append(append(append([]string{}, r.o.Self...), "dwstat"), append(append([]string{}, r.o.ConnArgs...), "sessions")...)))
 		return ExitUsage
 	case sess.Persistent:
 		fmt.Fprintf(o.Out, "spillway run --retry-stage-out: %s is a persistent instance, not a job's session\n", token)
