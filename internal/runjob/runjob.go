@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/directive"
 	"github.com/spillway-hpc/spillway/internal/jobspec"
@@ -779,6 +781,14 @@ func (r *runner) runJob(env map[string]string) (status int, ran bool) {
 	r.in.jobStarted(cmd.Process.Pid)
 	r.in.hit("job")
 	stopKeepAlive := r.keepAlive(env != nil)
+	// When the script ends, what it left running in its process group is killed, as Slurm
+	// does at a job's end: nothing may write into the instance while it is unmounted and
+	// staged out. The script is waited for without being reaped first, so that its pid, the
+	// group's id, cannot be reused meanwhile.
+	var info unix.Siginfo
+	for unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	err = cmd.Wait()
 	stopKeepAlive()
 	r.in.jobEnded()

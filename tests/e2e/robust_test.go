@@ -236,8 +236,10 @@ func TestInterruptsInEveryPhase(t *testing.T) {
 		// The terminal closes while the job runs: the job gets SIGHUP, and its results are
 		// still staged out.
 		r := w.run("run", job("b.sh", `trap 'echo saved > "$DW_JOB_STRIPED/result"; exit 3' HUP
+sleep 300 &
 kill -HUP $PPID
-sleep 300 & wait`))
+for i in $(seq 600); do sleep 0.1; done
+exit 9`))
 		if r.code != 3 {
 			t.Fatalf("the job's own status (3) must pass through: %s", r)
 		}
@@ -576,6 +578,29 @@ echo after >> "$DW_JOB_STRIPED/out" || exit 9
 	}
 	if got, _ := os.ReadFile(filepath.Join(out, "out.txt")); string(got) != "before\nafter\n" {
 		t.Errorf("staged-out file %q", got)
+	}
+	w.assertClean()
+}
+
+// TestWhatAJobLeavesRunningIsKilled: when the job's script ends, what it left running in its
+// process group is killed before the instance is unmounted and staged out, as Slurm does.
+func TestWhatAJobLeavesRunningIsKilled(t *testing.T) {
+	requireRoot(t)
+	w := newWorld(t, true)
+	flags := w.pfsDir("flags")
+	job := w.script("j.sh", `#!/bin/bash
+#DW jobdw type=scratch access_mode=striped capacity=1GiB
+(cd "$DW_JOB_STRIPED" && exec sleep 300) &
+echo $! > `+flags+`/left
+`)
+	r := spillway(t, cmdOpts{home: w.home, asUser: true, dir: w.root, timeout: 30 * time.Second}, "run", job)
+	if r.code != 0 {
+		t.Fatalf("%s", r)
+	}
+	mustContain(t, r, "post_run", "unmounted", "instance released")
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(must(os.ReadFile(filepath.Join(flags, "left"))))))
+	if processAlive(pid) {
+		t.Errorf("the job's leftover process %d still runs", pid)
 	}
 	w.assertClean()
 }
