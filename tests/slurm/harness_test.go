@@ -2,6 +2,8 @@
 // slurmctld and slurmd started by deploy/single-host/up.sh in a throwaway directory and
 // stopped by deploy/single-host/down.sh (by PID), jobs submitted with sbatch, srun and salloc
 // as an ordinary user. The scenarios are those a site's users and administrators meet.
+// multinode_test.go does the same on four hosts made of network namespaces (a controller host,
+// a storage node and two compute nodes), with jobs spanning both compute nodes.
 //
 // The tests need root and the slurm-wlm packages (scripts/install-deps --test installs
 // them), take a few minutes, and run only when SPILLWAY_SLURM_TESTS=1 (scripts/test-all
@@ -82,6 +84,13 @@ type cluster struct {
 	uid    int
 	gid    int
 	env    []string // SLURM_CONF, SPILLWAY_CONFIG, PATH
+	// userExisted: the test user was there before up.sh (which then leaves it alone).
+	userExisted bool
+	// Set for a cluster of several hosts (multinode_test.go): Slurm's commands run in the
+	// network namespace of the controller host, and each compute host has its own mount table.
+	netns       string   // e.g. /run/netns/NAME; "" = this host's network
+	mountTables []string // /proc/PID/mounts of each compute host; nil = this process's
+	stop        func()   // brings the cluster down; nil = deploy/single-host/down.sh
 }
 
 // run runs one scenario as a subtest on the cluster.
@@ -112,6 +121,8 @@ func up(t *testing.T, plugin, capacity string) *cluster {
 		t.Fatal(err)
 	}
 	c := &cluster{t: t, root: t, dir: dir, plugin: plugin}
+	_, err = user.Lookup(testUser)
+	c.userExisted = err == nil
 	t.Cleanup(c.down)
 	r := run(3*time.Minute, "", nil, filepath.Join(top, "deploy/single-host/up.sh"), "--dir", dir, "--plugin", plugin,
 		"--user", testUser, "--capacity", capacity, "--no-install", "--spillway", binary)
@@ -138,6 +149,10 @@ func (c *cluster) down() {
 	if c.t.Failed() {
 		c.dumpLogs()
 	}
+	if c.stop != nil {
+		c.stop()
+		return
+	}
 	r := run(2*time.Minute, "", nil, filepath.Join(top, "deploy/single-host/down.sh"), "--dir", c.dir)
 	if r.code != 0 {
 		c.t.Errorf("down.sh: %s", r)
@@ -145,7 +160,7 @@ func (c *cluster) down() {
 	if _, err := os.Stat(c.dir); err == nil {
 		c.t.Errorf("down.sh left %s behind", c.dir)
 	}
-	if _, err := user.Lookup(testUser); err == nil {
+	if _, err := user.Lookup(testUser); err == nil && !c.userExisted {
 		c.t.Errorf("down.sh left user %s behind", testUser)
 	}
 }
@@ -169,8 +184,12 @@ func (c *cluster) dumpLogs() {
 		c.t.Logf("--- %s (last %d lines)\n%s", name, len(lines), strings.Join(lines, "\n"))
 	}
 	tail("slurmctld.log", regexp.MustCompile(`burst_buffer|error|Reason|_log_script_argv`), 80)
-	tail("spillway-controller.log", nil, 40)
-	tail("spillway-agent.log", nil, 40)
+	logs, _ := filepath.Glob(filepath.Join(c.dir, "log", "*.log"))
+	for _, l := range logs {
+		if name := filepath.Base(l); name != "slurmctld.log" {
+			tail(name, nil, 40)
+		}
+	}
 	c.t.Logf("--- squeue\n%s", c.admin("squeue", "-o", "%i %T %r").stdout)
 	c.t.Logf("--- dwstat all\n%s", c.admin("dwstat", "all", "stages").stdout)
 }
@@ -226,11 +245,21 @@ func lookPath(program string, env []string) string {
 
 // user runs a command as the test user, in the user's directory.
 func (c *cluster) user(program string, args ...string) result {
+	if c.netns != "" {
+		// Entering a namespace needs root: enter it, then become the user.
+		env := append(append([]string{}, c.env...), "HOME="+c.pfs, "USER="+testUser, "LOGNAME="+testUser)
+		return run(2*time.Minute, c.pfs, env, "nsenter", append([]string{"--net=" + c.netns, "--",
+			"setpriv", "--reuid", strconv.Itoa(c.uid), "--regid", strconv.Itoa(c.gid), "--clear-groups", "--",
+			lookPath(program, c.env)}, args...)...)
+	}
 	return runAs(c.uid, c.gid, 2*time.Minute, c.pfs, c.env, program, args...)
 }
 
 // admin runs a command as root with the cluster's environment.
 func (c *cluster) admin(program string, args ...string) result {
+	if c.netns != "" {
+		return run(time.Minute, c.dir, c.env, "nsenter", append([]string{"--net=" + c.netns, "--", lookPath(program, c.env)}, args...)...)
+	}
 	return run(time.Minute, c.dir, c.env, program, args...)
 }
 
@@ -364,18 +393,30 @@ func (c *cluster) sessions() map[string]bool {
 	return tokens
 }
 
-// mounts lists the mount points under the cluster's mount root.
+// mounts lists the mount points under the cluster's mount root, on every compute host.
 func (c *cluster) mounts() []string {
-	f, err := os.Open("/proc/self/mounts")
+	var found []string
+	tables := c.mountTables
+	if tables == nil {
+		tables = []string{"/proc/self/mounts"}
+	}
+	for _, table := range tables {
+		found = append(found, mountsIn(table, filepath.Join(c.dir, "mounts"))...)
+	}
+	return found
+}
+
+// mountsIn lists the mount points under root in one mount table (/proc/PID/mounts).
+func mountsIn(table, root string) []string {
+	f, err := os.Open(table)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
 	var found []string
-	root := filepath.Join(c.dir, "mounts") + "/"
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 1 && strings.HasPrefix(fields[1], root) {
+		if fields := strings.Fields(sc.Text()); len(fields) > 1 && strings.HasPrefix(fields[1], root+"/") {
 			found = append(found, fields[1])
 		}
 	}
