@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/netnstest"
 )
 
 // Several hosts on one machine: each "host" is a network namespace with its own address on a
@@ -58,23 +59,6 @@ func ip(t *testing.T, args ...string) {
 	}
 }
 
-// removeStaleNamespaces deletes namespaces a killed test run left (named after its pid).
-func removeStaleNamespaces() {
-	out, _ := exec.Command("ip", "netns", "list").Output()
-	for _, line := range strings.Split(string(out), "\n") {
-		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-		rest, ok := strings.CutPrefix(name, netnsPrefix)
-		if !ok {
-			continue
-		}
-		pidText, _, _ := strings.Cut(rest, "-")
-		if pid, err := strconv.Atoi(pidText); err == nil && syscall.Kill(pid, 0) == nil {
-			continue // its test is still running
-		}
-		exec.Command("ip", "netns", "del", name).Run()
-	}
-}
-
 func newNetCluster(t *testing.T) *netCluster {
 	t.Helper()
 	requireRoot(t)
@@ -86,7 +70,7 @@ func newNetCluster(t *testing.T) *netCluster {
 			t.Skipf("needs %s (util-linux)", tool)
 		}
 	}
-	removeStaleNamespaces()
+	netnstest.RemoveStale(netnsPrefix)
 	dir, err := os.MkdirTemp("", "spillway-netns-")
 	if err != nil {
 		t.Fatal(err)

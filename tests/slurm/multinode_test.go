@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spillway-hpc/spillway/internal/netnstest"
 )
 
 // A Slurm cluster of several hosts on this one machine. Each host is a network namespace with
@@ -59,23 +61,6 @@ func (m *multiCluster) host(name string) *multiHost {
 	panic("no host " + name)
 }
 
-// removeStaleMultiNamespaces deletes namespaces that a killed run of these tests left.
-func removeStaleMultiNamespaces() {
-	out, _ := exec.Command("ip", "netns", "list").Output()
-	for _, line := range strings.Split(string(out), "\n") {
-		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-		rest, ok := strings.CutPrefix(name, multiPrefix)
-		if !ok {
-			continue
-		}
-		pidText, _, _ := strings.Cut(rest, "-")
-		if pid, err := strconv.Atoi(pidText); err == nil && syscall.Kill(pid, 0) == nil {
-			continue
-		}
-		exec.Command("ip", "netns", "del", name).Run()
-	}
-}
-
 // must runs a command as root and fails the test if it fails.
 func (m *multiCluster) must(program string, args ...string) string {
 	m.t.Helper()
@@ -94,7 +79,7 @@ func upMulti(t *testing.T, plugin string) *multiCluster {
 			t.Fatalf("the multi-node tests need %s (iproute2, util-linux)", tool)
 		}
 	}
-	removeStaleMultiNamespaces()
+	netnstest.RemoveStale(multiPrefix)
 	dir, err := os.MkdirTemp("/var/tmp", "spillway-slurm-multi-")
 	if err != nil {
 		t.Fatal(err)
