@@ -7,6 +7,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -245,7 +246,7 @@ func (m *multiCluster) startSlurm() {
 	}
 	host, _ := os.Hostname()
 	host, _, _ = strings.Cut(host, ".")
-	cpus := strconv.Itoa(numCPU())
+	cpus := strconv.Itoa(runtime.NumCPU()) // what slurmd finds; a node may not claim more
 	d := m.dir
 	var nodes strings.Builder
 	for _, h := range m.hosts[2:] {
@@ -301,11 +302,10 @@ OtherTimeout=300
 	os.Chmod(filepath.Join(d, "slurm/state"), 0o700)
 
 	ctl := m.host("ctl")
-	m.must("nsenter", "--net=/run/netns/"+ctl.netns, "--", "env", "SLURM_CONF="+filepath.Join(d, "etc/slurm.conf"),
-		"SPILLWAY_CONFIG="+filepath.Join(d, "etc/spillway.toml"),
-		"SPILLWAY_DW_WLM_CLI="+filepath.Join(d, "bin/dw_wlm_cli"), "SPILLWAY_DWSTAT="+filepath.Join(d, "bin/dwstat"),
-		"PATH="+filepath.Join(d, "bin")+":/usr/sbin:/usr/bin:/sbin:/bin",
+	slurmctld := append([]string{"--net=/run/netns/" + ctl.netns, "--", "env"}, m.env...)
+	slurmctld = append(slurmctld, "SPILLWAY_DW_WLM_CLI="+filepath.Join(d, "bin/dw_wlm_cli"), "SPILLWAY_DWSTAT="+filepath.Join(d, "bin/dwstat"),
 		"/usr/sbin/slurmctld", "-f", filepath.Join(d, "etc/slurm.conf"))
+	m.must("nsenter", slurmctld...)
 	m.slurmPIDs = append(m.slurmPIDs, filepath.Join(d, "run/slurmctld.pid"))
 	for _, h := range m.hosts[2:] {
 		m.must("nsenter", "-t", strconv.Itoa(h.daemon.Process.Pid), "--net", "--mount", "--uts", "--",
@@ -318,15 +318,6 @@ OtherTimeout=300
 	m.waitFor(30*time.Second, "Slurm seeing Spillway's pool", func() bool {
 		return strings.Contains(m.admin("scontrol", "show", "burst").stdout, "TotalSpace=8GiB")
 	})
-}
-
-// numCPU is what slurmd finds on this machine (a node may not claim more).
-func numCPU() int {
-	out, err := exec.Command("nproc").Output()
-	if n, _ := strconv.Atoi(strings.TrimSpace(string(out))); err == nil && n > 0 {
-		return n
-	}
-	return 1
 }
 
 // down stops everything by PID and removes what upMulti made.
