@@ -25,7 +25,7 @@ type testBackend struct {
 	remote bool
 }
 
-var backends = []testBackend{{name: "loopback"}, {name: "remote", remote: true}}
+var backends = []testBackend{{name: "local"}, {name: "remote", remote: true}}
 
 // eachBackend runs a test once per backend, as subtests named after them.
 func eachBackend(t *testing.T, test func(t *testing.T, b testBackend)) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/swaprace"
 	"github.com/spillway-hpc/spillway/internal/usage"
 )
 
@@ -24,6 +25,10 @@ var testBase string
 // helperEnv selects the helper role of the test binary: a separate process that serves a
 // mount, so that tests can kill it (a crashed agent) or run it as another user.
 const helperEnv = "SPILLWAY_LOCALFS_TEST_HELPER"
+
+// attackEnv selects the attacker role: the symlink-swap attack of package swaprace, run as an
+// ordinary user against a mount (see security_test.go).
+const attackEnv = "SPILLWAY_LOCALFS_TEST_ATTACK"
 
 // helperSpec is what the helper mounts.
 type helperSpec struct {
@@ -38,6 +43,9 @@ type helperSpec struct {
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(helperEnv); spec != "" {
 		os.Exit(runHelper(spec))
+	}
+	if spec := os.Getenv(attackEnv); spec != "" {
+		os.Exit(runAttack(spec))
 	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "localfs tests mount FUSE file systems and switch users: run them as root")
@@ -108,6 +116,28 @@ func runHelper(encoded string) int {
 	return 0
 }
 
+// runnableByNobody returns a copy of the test binary that nobody can run (the go test binary
+// sits in a 0700 build directory).
+func runnableByNobody(t *testing.T) string {
+	t.Helper()
+	copyPath := filepath.Join(testBase, "localfs-helper.test")
+	if _, err := os.Stat(copyPath); err == nil {
+		return copyPath
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(copyPath, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return copyPath
+}
+
 // helperProc is a running helper.
 type helperProc struct {
 	cmd   *exec.Cmd
@@ -124,18 +154,7 @@ func startHelper(t *testing.T, hs helperSpec, uid uint32) *helperProc {
 		t.Fatal(err)
 	}
 	if uid != 0 {
-		// The go test binary sits in a 0700 build directory: give nobody a copy it can run.
-		copyPath := filepath.Join(testBase, "localfs-helper.test")
-		if _, err := os.Stat(copyPath); err != nil {
-			data, err := os.ReadFile(exe)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(copyPath, data, 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		exe = copyPath
+		exe = runnableByNobody(t)
 	}
 	encoded, _ := json.Marshal(hs)
 	cmd := exec.Command(exe)
@@ -263,4 +282,26 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// attackSpec is what the attacker role attacks (package swaprace).
+type attackSpec struct {
+	Work, Through, Victim string
+	Duration              time.Duration
+}
+
+func runAttack(encoded string) int {
+	var as attackSpec
+	if err := json.Unmarshal([]byte(encoded), &as); err != nil {
+		fmt.Println("error:", err)
+		return 2
+	}
+	rep, err := swaprace.Run(as.Work, as.Through, as.Victim, as.Duration)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	out, _ := json.Marshal(rep)
+	fmt.Println(string(out))
+	return 0
 }

@@ -3,11 +3,13 @@
 // capacity, and makes mounting and unmounting idempotent and robust against the leftovers of
 // a crashed agent.
 //
-// Two backends serve a namespace. When it lives on this host, the loopback (loopback.go)
-// serves its directory directly: the fast path. When it lives on another host, the remote
-// backend (remote.go) forwards every operation to that host's storage agent over warpfs
-// (packages warpfs/client, warpfs/proto, warpfs/server). The mount lifecycle here only sees a
-// go-fuse root node; a striped backend over several servers will be a third.
+// Every operation is a warpfs request (node.go) served by the storage server's code (package
+// warpfs/server), which resolves it beneath the namespace without following any link a user
+// could swap, charges the instance and creates files as the caller. When the namespace lives
+// on another host the request travels over the network (package warpfs/client); when it lives
+// on this host the same server code runs in this process (transport.go), with no network hop,
+// and read-only mounts hand reads to the kernel (FUSE passthrough). The mount lifecycle here
+// only sees a go-fuse root node.
 //
 // What users see: `df` shows the instance's capacity and free space, not the host disk's; a
 // write or truncate that would grow the instance past its capacity fails with ENOSPC; a
@@ -21,7 +23,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log"
-	"math"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -35,6 +37,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 )
 
 // Spec says which namespace to expose where, and how.
@@ -228,8 +231,7 @@ type Mounted struct {
 	served       chan struct{} // closed when the server has stopped
 	createdDir   bool          // Mount created the mount path directory; Unmount removes it
 	cleanedStale bool
-	backend      *backend       // the loopback's, or nil
-	remote       *remoteBackend // the remote backend's, or nil
+	backend      *backend
 
 	unmounted bool // guarded by the path lock
 }
@@ -350,49 +352,21 @@ func Mount(spec Spec) (*Mounted, error) {
 	}
 
 	asRoot := os.Geteuid() == 0
-	var (
-		root gofs.InodeEmbedder
-		be   *backend
-		rbe  *remoteBackend
-	)
+	var be *backend
 	if spec.Remote != nil {
-		rbe, err = dialRemote(spec, limits, logger)
-		if err != nil {
-			removeCreated()
-			return nil, err
-		}
-		root = newRemoteRoot(rbe)
+		be, err = dialRemote(spec, limits, logger)
 	} else {
-		be = &backend{
-			tracker:   spec.Tracker,
-			readOnly:  spec.ReadOnly,
-			keepCache: spec.ClientCache,
-			blockSize: uint32(limits.PreferredIOSize),
-			asRoot:    asRoot,
-			umask:     processUmask(),
-			// Passthrough only where nothing can write: mixing passthrough and cached opens
-			// of one file makes the kernel fail the later open with EIO.
-			passthrough: spec.ReadOnly && !spec.DisablePassthrough && asRoot,
-			logger:      logger,
-			mountPath:   path,
-			maxFileSize: int64(min(spec.MaxFileSize, math.MaxInt64)),
-		}
-		lb, err := newLoopbackRoot(spec.SourceDir, be)
-		if err != nil {
-			removeCreated()
-			return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
-		}
-		root = lb
+		be, err = openLocal(spec, limits, path, asRoot, logger)
 	}
-	closeRemote := func() {
-		if rbe != nil {
-			rbe.client.Close()
-		}
+	if err != nil {
+		removeCreated()
+		return nil, err
 	}
+	root := newRoot(be)
 	opts := mountOptions(spec, limits, asRoot, logger)
 	server, err := fuse.NewServer(gofs.NewNodeFS(root, opts), path, &opts.MountOptions)
 	if err != nil {
-		closeRemote()
+		be.client.Close()
 		// go-fuse leaves the mount in place when the handshake after mount(2) fails.
 		if mounts, _ := mountsAt(path); len(mounts) > 0 && mounts[len(mounts)-1].fsType == fsType {
 			unmountOnce(path, true)
@@ -410,11 +384,10 @@ func Mount(spec Spec) (*Mounted, error) {
 		createdDir:   created,
 		cleanedStale: cleaned,
 		backend:      be,
-		remote:       rbe,
 	}
 	go func() {
 		server.Serve()
-		closeRemote()
+		be.client.Close()
 		close(m.served)
 	}()
 	if err := server.WaitMount(); err != nil {
@@ -632,9 +605,9 @@ func mountOptions(spec Spec, l Limits, asRoot bool, logger *log.Logger) *gofs.Op
 			// go-fuse splices reads only through a pipe larger than one request; with the
 			// default 1 MiB pipe-max-size every 1 MiB read would try, fail and log.
 			DisableSplice: !spliceFits(l.MaxWrite),
-			// A remote listing with attributes costs a round trip per entry, which nothing
-			// uses when attributes are not cached.
-			DisableReadDirPlus: spec.Remote != nil && entry == 0 && attr == 0,
+			// A listing with attributes costs a request per entry, which nothing uses when
+			// attributes are not cached.
+			DisableReadDirPlus: entry == 0 && attr == 0,
 		},
 		EntryTimeout:    &entry,
 		AttrTimeout:     &attr,
@@ -674,22 +647,6 @@ func spliceFits(maxRequest int) bool {
 	}
 	limit, err := strconv.Atoi(strings.TrimSpace(string(data)))
 	return err == nil && limit >= maxRequest+2*os.Getpagesize()
-}
-
-// processUmask reads this process's umask without changing it.
-func processUmask() uint32 {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0o022
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
-			if u, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32); err == nil {
-				return uint32(u)
-			}
-		}
-	}
-	return 0o022
 }
 
 // Unmount stops serving the mount and removes it. It is idempotent. When processes still use
@@ -840,7 +797,7 @@ func UnmountPath(path string, limits Limits) error {
 }
 
 // dialRemote connects to the storage agent holding a remote namespace.
-func dialRemote(spec Spec, l Limits, logger *log.Logger) (*remoteBackend, error) {
+func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 	r := spec.Remote
 	c, err := client.Dial(context.Background(), client.Options{
 		Address: r.Address, Token: r.Token, Client: r.Client,
@@ -850,11 +807,34 @@ func dialRemote(spec Spec, l Limits, logger *log.Logger) (*remoteBackend, error)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach namespace %d on storage node %s: %w", r.NamespaceID, r.Address, err)
 	}
-	return &remoteBackend{
+	return &backend{
 		client:    c,
 		readOnly:  spec.ReadOnly,
 		keepCache: spec.ClientCache,
 		blockSize: uint32(l.PreferredIOSize),
 		timeout:   c.Limits().RequestTimeout,
+	}, nil
+}
+
+// openLocal serves a namespace of this host from this process.
+func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger) (*backend, error) {
+	local, err := server.OpenLocal(server.LocalOptions{
+		Dir: spec.SourceDir, Tracker: spec.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
+		Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
+	}
+	return &backend{
+		client:    localTransport{local},
+		local:     local,
+		readOnly:  spec.ReadOnly,
+		keepCache: spec.ClientCache,
+		blockSize: uint32(l.PreferredIOSize),
+		// No network: an operation takes what the disk takes; the bound only catches a hang.
+		timeout: client.DefaultLimits().RequestTimeout,
+		// Passthrough only where nothing can write: mixing passthrough and cached opens of one
+		// file makes the kernel fail the later open with EIO.
+		passthrough: spec.ReadOnly && !spec.DisablePassthrough && asRoot,
 	}, nil
 }

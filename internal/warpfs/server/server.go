@@ -3,7 +3,7 @@
 // localfs), over the protocol of package proto.
 //
 // A connection is one mount: after the handshake (the shared token proven without being sent,
-// the namespace named), every request is confined to that namespace (os.Root for directories,
+// the namespace named), every request is confined to that namespace (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS for directories,
 // *at calls that never follow a symbolic link for the last component), charged to the
 // instance's usage tracker (the one the stage engine and local mounts of the instance share,
 // so writes past the capacity fail with ENOSPC exactly as on a local mount), and files are
@@ -108,7 +108,7 @@ func New(opt Options) *Server {
 	if opt.Log == nil {
 		opt.Log = slog.Default()
 	}
-	return &Server{opt: opt, lim: opt.Limits.withDefaults(), log: opt.Log, inodes: newInodeTable(),
+	return &Server{opt: opt, lim: opt.Limits.withDefaults(), log: opt.Log, inodes: hostInodes,
 		conns: map[net.Conn]struct{}{}, active: map[int64]int{}}
 }
 
@@ -288,7 +288,7 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 		v.close()
 		return nil, s.refuse(nc, h, &refused{errno, fmt.Sprintf("namespace %d: %v", auth.Namespace, errno)})
 	}
-	sess := &session{s: s, v: v, client: auth.Client, instance: auth.Instance, handles: map[uint64]*handle{}}
+	sess := &session{log: s.log, maxOpenFiles: s.lim.MaxOpenFiles, v: v, client: auth.Client, instance: auth.Instance, handles: map[uint64]*handle{}}
 	v.noteFull = sess.noteFull
 	w := proto.Welcome{Proof: proto.ServerProof([]byte(s.opt.Token), ch.Nonce, hello.Nonce), MaxIO: proto.MaxIO, Root: root}
 	if err := writeFrame(nc, proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, Kind: proto.KindReply, ID: h.ID}, &w)); err != nil {
@@ -332,11 +332,12 @@ func writeFrame(w io.Writer, frame []byte) error {
 
 // session is one client's mount of one namespace.
 type session struct {
-	s          *Server
-	v          *volume
-	client     string
-	instance   int64
-	fullLogged atomic.Bool
+	log          *slog.Logger
+	maxOpenFiles int
+	v            *volume
+	client       string
+	instance     int64
+	fullLogged   atomic.Bool
 
 	mu      sync.Mutex
 	handles map[uint64]*handle
@@ -351,13 +352,13 @@ func (s *session) noteFull(requested uint64) {
 	}
 	t := s.v.tracker
 	full := &usage.FullError{Name: t.Name(), Requested: requested, Used: t.Used(), Capacity: t.Capacity()}
-	s.s.log.Warn("warpfs: a remote mount hit the capacity (logged once per connection)", "client", s.client, "err", full.Error())
+	s.log.Warn("warpfs: a mount hit the capacity (logged once per mount)", "client", s.client, "err", full.Error())
 }
 
 // add registers a new handle, or closes it and fails with EMFILE past the limit.
 func (s *session) add(h *handle) (uint64, syscall.Errno) {
 	s.mu.Lock()
-	if len(s.handles) >= s.s.lim.MaxOpenFiles {
+	if len(s.handles) >= s.maxOpenFiles {
 		s.mu.Unlock()
 		s.v.closeFile(h)
 		return 0, syscall.EMFILE
@@ -545,13 +546,33 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 		<-c.sem
 		c.wg.Done()
 	}()
-	sess, v := c.sess, c.sess.v
+	if h.Op == proto.OpRead {
+		out := getBuf()
+		defer putBuf(out)
+		_, n, errno := c.sess.exec(h.Op, h.UID, h.GID, m, out.b)
+		if errno != 0 {
+			c.reply(h, errno, nil)
+			return
+		}
+		c.replyData(h, out.b[:n])
+		return
+	}
+	rep, _, errno := c.sess.exec(h.Op, h.UID, h.GID, m, nil)
+	c.reply(h, errno, rep)
+}
+
+// exec runs one request of the session as the caller uid:gid and returns its reply message
+// (nil when it has none), or the errno. A READ reads into dest and returns the byte count.
+// Both transports run every request through here: a connection (handle) and an in-process
+// mount (Local).
+func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
+	v := s.v
 	withHandle := func(id uint64, fn func(*handle) syscall.Errno) syscall.Errno {
-		hd := sess.get(id)
+		hd := s.get(id)
 		if hd == nil {
 			return syscall.EBADF
 		}
-		defer sess.put(hd)
+		defer s.put(hd)
 		return fn(hd)
 	}
 	// optional is a handle when the request names one (0 = by path).
@@ -559,126 +580,117 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 		if id == 0 {
 			return nil, 0
 		}
-		hd := sess.get(id)
+		hd := s.get(id)
 		if hd == nil {
 			return nil, syscall.EBADF
 		}
 		return hd, 0
 	}
-	opened := func(hd *handle, attr proto.Attr, errno syscall.Errno) {
+	opened := func(hd *handle, attr proto.Attr, errno syscall.Errno) (proto.Message, int, syscall.Errno) {
 		if errno != 0 {
-			c.reply(h, errno, nil)
-			return
+			return nil, 0, errno
 		}
-		id, errno := sess.add(hd)
-		c.reply(h, errno, &proto.OpenReply{Handle: id, Attr: attr})
+		id, errno := s.add(hd)
+		return &proto.OpenReply{Handle: id, Attr: attr}, 0, errno
 	}
-	attrReply := func(a proto.Attr, errno syscall.Errno) { c.reply(h, errno, &proto.AttrReply{Attr: a}) }
+	attrReply := func(a proto.Attr, errno syscall.Errno) (proto.Message, int, syscall.Errno) {
+		return &proto.AttrReply{Attr: a}, 0, errno
+	}
+	empty := func(errno syscall.Errno) (proto.Message, int, syscall.Errno) { return &proto.Empty{}, 0, errno }
+	count := func(n int64, errno syscall.Errno) (proto.Message, int, syscall.Errno) {
+		return &proto.CountReply{N: uint64(n)}, 0, errno
+	}
 
 	switch r := m.(type) {
 	case *proto.PathReq:
-		switch h.Op {
+		switch op {
 		case proto.OpLookup:
-			attrReply(v.lookup(r.Path))
+			return attrReply(v.lookup(r.Path))
 		case proto.OpReadlink:
 			data, errno := v.readlink(r.Path)
-			c.reply(h, errno, &proto.DataReply{Data: data})
+			return &proto.DataReply{Data: data}, 0, errno
 		case proto.OpOpendir:
 			hd, errno := v.opendir(r.Path)
-			if errno == 0 {
-				var id uint64
-				id, errno = sess.add(hd)
-				c.reply(h, errno, &proto.HandleReply{Handle: id})
-				return
+			if errno != 0 {
+				return nil, 0, errno
 			}
-			c.reply(h, errno, nil)
+			id, errno := s.add(hd)
+			return &proto.HandleReply{Handle: id}, 0, errno
 		}
 	case *proto.NodeReq:
 		hd, errno := optional(r.Handle)
 		if errno != 0 {
-			c.reply(h, errno, nil)
-			return
+			return nil, 0, errno
 		}
-		defer sess.put(hd)
-		attrReply(v.getattr(r.Path, hd))
+		defer s.put(hd)
+		return attrReply(v.getattr(r.Path, hd))
 	case *proto.SetattrReq:
 		hd, errno := optional(r.Handle)
 		if errno != 0 {
-			c.reply(h, errno, nil)
-			return
+			return nil, 0, errno
 		}
-		defer sess.put(hd)
-		attrReply(v.setattr(r, hd, h.UID))
+		defer s.put(hd)
+		return attrReply(v.setattr(r, hd, uid))
 	case *proto.OpenReq:
-		opened(v.openFile(r.Path, r.Flags))
+		return opened(v.openFile(r.Path, r.Flags))
 	case *proto.CreateReq:
-		if h.Op == proto.OpTmpfile {
-			opened(v.tmpfile(r, h.UID, h.GID))
-		} else {
-			opened(v.create(r, h.UID, h.GID))
+		if op == proto.OpTmpfile {
+			return opened(v.tmpfile(r, uid, gid))
 		}
+		return opened(v.create(r, uid, gid))
 	case *proto.MkdirReq:
-		if h.Op == proto.OpMknod {
-			attrReply(v.mknod(r, h.UID, h.GID))
-		} else {
-			attrReply(v.mkdir(r, h.UID, h.GID))
+		if op == proto.OpMknod {
+			return attrReply(v.mknod(r, uid, gid))
 		}
+		return attrReply(v.mkdir(r, uid, gid))
 	case *proto.SymlinkReq:
-		attrReply(v.symlink(r, h.UID, h.GID))
+		return attrReply(v.symlink(r, uid, gid))
 	case *proto.LinkReq:
-		attrReply(v.link(r))
+		return attrReply(v.link(r))
 	case *proto.EntryReq:
-		c.reply(h, v.unlink(r, h.Op == proto.OpRmdir), &proto.Empty{})
+		return empty(v.unlink(r, op == proto.OpRmdir))
 	case *proto.RenameReq:
-		c.reply(h, v.rename(r), &proto.Empty{})
+		return empty(v.rename(r))
 	case *proto.ReaddirReq:
 		var rep proto.ReaddirReply
 		errno := withHandle(r.Handle, func(hd *handle) (e syscall.Errno) {
 			rep, e = v.readdir(hd, r.Offset)
 			return e
 		})
-		c.reply(h, errno, &rep)
+		return &rep, 0, errno
 	case *proto.HandleReq:
-		c.reply(h, sess.release(r.Handle), &proto.Empty{})
+		return empty(s.release(r.Handle))
 	case *proto.ReadReq:
-		hd := sess.get(r.Handle)
-		if hd == nil {
-			c.reply(h, syscall.EBADF, nil)
-			return
-		}
-		defer sess.put(hd)
 		if r.Offset > 1<<62 {
-			c.reply(h, syscall.EINVAL, nil)
-			return
+			return nil, 0, syscall.EINVAL
 		}
-		out := getBuf()
-		defer putBuf(out)
-		n, err := unix.Pread(hd.fd, out.b[:min(int(r.Size), proto.MaxIO)], int64(r.Offset))
-		if err != nil {
-			c.reply(h, errnoOf(err), nil)
-			return
-		}
-		c.replyData(h, out.b[:n])
+		var n int
+		errno := withHandle(r.Handle, func(hd *handle) syscall.Errno {
+			var err error
+			n, err = unix.Pread(hd.fd, dest[:min(int(r.Size), len(dest))], int64(r.Offset))
+			return errnoOf(err)
+		})
+		return nil, n, errno
 	case *proto.WriteReq:
 		var n int
 		errno := withHandle(r.Handle, func(hd *handle) (e syscall.Errno) {
-			n, e = v.write(hd, int64(len(r.Data)), int64(min(r.Offset, 1<<62)), h.UID, func(l int64) (int, error) {
+			n, e = v.write(hd, int64(len(r.Data)), int64(min(r.Offset, 1<<62)), uid, func(l int64) (int, error) {
 				return unix.Pwrite(hd.fd, r.Data[:l], int64(r.Offset))
 			})
 			return e
 		})
-		c.reply(h, errno, &proto.CountReply{N: uint64(n)})
+		return count(int64(n), errno)
 	case *proto.FsyncReq:
-		c.reply(h, withHandle(r.Handle, func(hd *handle) syscall.Errno {
+		return empty(withHandle(r.Handle, func(hd *handle) syscall.Errno {
 			if r.Flags&1 != 0 {
 				return errnoOf(unix.Fdatasync(hd.fd))
 			}
 			return errnoOf(unix.Fsync(hd.fd))
-		}), &proto.Empty{})
+		}))
 	case *proto.FallocateReq:
-		c.reply(h, withHandle(r.Handle, func(hd *handle) syscall.Errno {
-			return v.fallocate(hd, r.Offset, r.Length, r.Mode, h.UID)
-		}), &proto.Empty{})
+		return empty(withHandle(r.Handle, func(hd *handle) syscall.Errno {
+			return v.fallocate(hd, r.Offset, r.Length, r.Mode, uid)
+		}))
 	case *proto.LseekReq:
 		var off int64
 		errno := withHandle(r.Handle, func(hd *handle) syscall.Errno {
@@ -686,35 +698,32 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 			off, err = unix.Seek(hd.fd, int64(min(r.Offset, 1<<62)), int(r.Whence))
 			return errnoOf(err)
 		})
-		c.reply(h, errno, &proto.CountReply{N: uint64(off)})
+		return count(off, errno)
 	case *proto.CopyRangeReq:
 		var n int
 		errno := withHandle(r.In, func(in *handle) syscall.Errno {
 			return withHandle(r.Out, func(out *handle) (e syscall.Errno) {
-				n, e = v.copyRange(in, out, r, h.UID)
+				n, e = v.copyRange(in, out, r, uid)
 				return e
 			})
 		})
-		c.reply(h, errno, &proto.CountReply{N: uint64(n)})
+		return count(int64(n), errno)
 	case *proto.Empty: // STATFS
 		rep, errno := v.statfs()
-		c.reply(h, errno, &rep)
+		return &rep, 0, errno
 	case *proto.XattrReq:
 		hd, errno := optional(r.Handle)
 		if errno != 0 {
-			c.reply(h, errno, nil)
-			return
+			return nil, 0, errno
 		}
-		defer sess.put(hd)
-		rep, errno := v.xattr(h.Op, r, hd)
-		if h.Op == proto.OpSetxattr || h.Op == proto.OpRemovexattr {
-			c.reply(h, errno, &proto.Empty{})
-		} else {
-			c.reply(h, errno, &rep)
+		defer s.put(hd)
+		rep, errno := v.xattr(op, r, hd)
+		if op == proto.OpSetxattr || op == proto.OpRemovexattr {
+			return empty(errno)
 		}
-	default:
-		c.reply(h, syscall.ENOSYS, nil)
+		return &rep, 0, errno
 	}
+	return nil, 0, syscall.ENOSYS
 }
 
 // ioBuf is a buffer for one READ or WRITE's data, aligned for O_DIRECT.

@@ -1,11 +1,15 @@
 package server
 
 // The file operations on one namespace, confined to it, with the instance's capacity
-// accounting. Directories are resolved with os.Root opened at the namespace root (as the stage
-// engine does): a path can never leave the namespace, through ".." or a symbolic link. The
-// last component of every path is then handled with *at system calls relative to the opened
-// parent, never following a symbolic link, so an operation acts on the very entry the client
-// named.
+// accounting. The server runs as root and the namespace belongs to users who may rename and
+// replace its entries at any moment, so no path is ever resolved by name from outside: a
+// request's directory is opened beneath the namespace root's descriptor with openat2
+// (RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS: the kernel refuses "..", absolute paths and every
+// symbolic link on the way, atomically), and its last component is handled with *at system
+// calls relative to that directory, never following a symbolic link, or through a descriptor
+// of the very entry (fchmod, ftruncate, /proc/self/fd of an O_PATH descriptor). A user who
+// swaps a directory for a link between the kernel's lookup and the request gets ELOOP or
+// ENOTDIR, never a file outside the namespace.
 //
 // Accounting follows the local loopback mount (package localfs) exactly: "used" is the sum of
 // the apparent sizes of the regular files; growth is reserved before it is made, a write that
@@ -29,9 +33,7 @@ import (
 
 // volume is one session's view of a namespace.
 type volume struct {
-	root        *os.Root
-	rootFile    *os.File // the namespace root, open for the session
-	rootFd      int
+	rootFd      int // the namespace root, open for the session
 	tracker     *usage.Tracker
 	readOnly    bool
 	maxFileSize int64 // DataWarp's MFS; 0 = no limit
@@ -40,27 +42,20 @@ type volume struct {
 	noteFull    func(requested uint64)
 }
 
+// openVolume opens the namespace root dir. dir itself is the agent's (the fragment's path under
+// its storage root), so it is opened by name; nothing beneath it ever is.
 func openVolume(dir string, t *usage.Tracker, inodes *inodeTable) (*volume, error) {
-	root, err := os.OpenRoot(dir)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	f, err := root.Open(".")
-	if err != nil {
-		root.Close()
-		return nil, err
-	}
-	return &volume{root: root, rootFile: f, rootFd: int(f.Fd()), tracker: t, inodes: inodes,
+	return &volume{rootFd: fd, tracker: t, inodes: inodes,
 		asRoot: os.Geteuid() == 0, noteFull: func(uint64) {}}, nil
 }
 
-func (v *volume) close() {
-	v.rootFile.Close()
-	v.root.Close()
-}
+func (v *volume) close() { unix.Close(v.rootFd) }
 
-// errnoOf turns an error into the errno the client sees. os.Root's refusal of a path that
-// leaves the namespace is EACCES.
+// errnoOf turns an error into the errno the client sees.
 func errnoOf(err error) syscall.Errno {
 	if err == nil {
 		return 0
@@ -69,21 +64,14 @@ func errnoOf(err error) syscall.Errno {
 	if errors.As(err, &errno) {
 		return errno
 	}
-	if escapes(err) {
-		return syscall.EACCES
-	}
 	return syscall.EIO
 }
 
-// escapes reports whether err is os.Root refusing a path that leaves the root (os does not
-// export the error; the stage engine matches it the same way).
-func escapes(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if e.Error() == "path escapes from parent" {
-			return true
-		}
-	}
-	return false
+// beneath is how every directory of a request is resolved: inside the namespace, with no
+// symbolic link followed and no mount crossed.
+var beneath = unix.OpenHow{
+	Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
+	Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 }
 
 // validName reports whether name can be one component of a path.
@@ -116,12 +104,31 @@ func (v *volume) dirAt(path string) (fd int, done func(), errno syscall.Errno) {
 	if !validPath(path) {
 		return -1, nil, syscall.EINVAL
 	}
-	f, err := v.root.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	fd, err := openBeneath(v.rootFd, path)
 	if err != nil {
 		return -1, nil, errnoOf(err)
 	}
-	return int(f.Fd()), func() { f.Close() }, 0
+	return fd, func() { unix.Close(fd) }, 0
 }
+
+// openBeneath opens the directory path beneath dirfd (see beneath), retrying the kernel's
+// EAGAIN (a concurrent rename anywhere on the system makes RESOLVE_BENEATH ask for a retry).
+func openBeneath(dirfd int, path string) (int, error) {
+	for attempt := 0; ; attempt++ {
+		how := beneath
+		fd, err := unix.Openat2(dirfd, path, &how)
+		if err == unix.EAGAIN && attempt < maxResolveRetries {
+			continue
+		}
+		if err == unix.EXDEV {
+			err = unix.EACCES // ".." or an absolute path: validPath refuses these before
+		}
+		return fd, err
+	}
+}
+
+// maxResolveRetries bounds the retries of one openat2 that the kernel asked to repeat.
+const maxResolveRetries = 16
 
 // entry opens the parent of path; name is its last component ("" for the root itself, whose
 // "parent" is then the root's own descriptor).
@@ -1117,7 +1124,12 @@ type inode struct {
 	orphan bool       // the last link is gone while handles are open: release at last close
 }
 
-// inodeTable holds the inodes in use, shared by all sessions of a server.
+// hostInodes is the inode table of this process: every server and in-process mount shares it,
+// since they all serve files of the one host (an instance may have a local mount, remote
+// mounts and the stage engine at once).
+var hostInodes = newInodeTable()
+
+// inodeTable holds the inodes in use, shared by all sessions of a process.
 type inodeTable struct {
 	mu sync.Mutex
 	m  map[inodeKey]*inode

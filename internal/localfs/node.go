@@ -1,19 +1,21 @@
 package localfs
 
-// The backend of namespaces held by another host: every operation is forwarded to that
-// host's storage agent over warpfs (packages warpfs/client and warpfs/proto), which confines
-// it to the namespace, charges the instance's capacity and creates files as the caller. The
-// mount lifecycle (mount.go) is the same as for the loopback: this file only provides the
-// root node.
+// The FUSE layer of a mount: every operation the kernel asks for becomes a warpfs request to
+// the server of the namespace, which confines it to the namespace (never following a link a
+// user could swap), charges the instance's capacity and creates files as the caller. The
+// server is another host's storage agent, reached over the network (package warpfs/client),
+// or, when the namespace lives on this host, the same server code called in this process
+// (server.Local, see transport.go): one implementation of the file system's semantics and its
+// safety, two ways to reach it. The mount lifecycle (mount.go) only sees the root node.
 //
-// Nodes are named by their path in the namespace, as the loopback names them in its
-// directory; open files are the server's handles. Nothing is cached beyond what the kernel
-// keeps under the mount's timeouts (zero by default), so every node sees every change at
-// once.
+// Nodes are named by their path in the namespace; open files are the server's handles.
+// Nothing is cached beyond what the kernel keeps under the mount's timeouts (zero by
+// default), so every node sees every change at once.
 
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,68 +24,77 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 )
 
-// remoteBackend is what every node of one remote mount shares.
-type remoteBackend struct {
-	client    *client.Client
+// backend is what every node of one mount shares.
+type backend struct {
+	client    transport
 	readOnly  bool
 	keepCache bool
 	blockSize uint32
 	timeout   time.Duration // one operation, retries after a reconnection included
-	root      *rnode
+	root      *node
+	// local is the in-process server of a namespace on this host, or nil for a remote one.
+	local *server.Local
+	// passthrough hands read-only opens to the kernel (FUSE passthrough): local namespaces
+	// of read-only mounts only.
+	passthrough bool
+
+	reads atomic.Int64 // READ requests served (passthrough reads never reach the server)
 }
 
-// rnode is one file or directory of a remote namespace.
-type rnode struct {
+// node is one file or directory of a namespace.
+type node struct {
 	fs.Inode
-	be *remoteBackend
+	be *backend
 
 	mu      sync.Mutex
-	handles map[*rhandle]struct{} // open through this mount
+	handles map[*fileHandle]struct{} // open through this mount
 }
 
 var (
-	_ fs.NodeStatfser       = (*rnode)(nil)
-	_ fs.NodeLookuper       = (*rnode)(nil)
-	_ fs.NodeGetattrer      = (*rnode)(nil)
-	_ fs.NodeSetattrer      = (*rnode)(nil)
-	_ fs.NodeOpener         = (*rnode)(nil)
-	_ fs.NodeCreater        = (*rnode)(nil)
-	_ fs.NodeTmpfiler       = (*rnode)(nil)
-	_ fs.NodeMkdirer        = (*rnode)(nil)
-	_ fs.NodeMknoder        = (*rnode)(nil)
-	_ fs.NodeSymlinker      = (*rnode)(nil)
-	_ fs.NodeLinker         = (*rnode)(nil)
-	_ fs.NodeUnlinker       = (*rnode)(nil)
-	_ fs.NodeRmdirer        = (*rnode)(nil)
-	_ fs.NodeRenamer        = (*rnode)(nil)
-	_ fs.NodeReadlinker     = (*rnode)(nil)
-	_ fs.NodeReaddirer      = (*rnode)(nil)
-	_ fs.NodeGetxattrer     = (*rnode)(nil)
-	_ fs.NodeListxattrer    = (*rnode)(nil)
-	_ fs.NodeSetxattrer     = (*rnode)(nil)
-	_ fs.NodeRemovexattrer  = (*rnode)(nil)
-	_ fs.NodeCopyFileRanger = (*rnode)(nil)
-	_ fs.NodeIoctler        = (*rnode)(nil)
-	_ fs.FileReader         = (*rhandle)(nil)
-	_ fs.FileWriter         = (*rhandle)(nil)
-	_ fs.FileReleaser       = (*rhandle)(nil)
-	_ fs.FileFlusher        = (*rhandle)(nil)
-	_ fs.FileFsyncer        = (*rhandle)(nil)
-	_ fs.FileAllocater      = (*rhandle)(nil)
-	_ fs.FileLseeker        = (*rhandle)(nil)
-	_ fs.FileGetattrer      = (*rhandle)(nil)
+	_ fs.NodeStatfser       = (*node)(nil)
+	_ fs.NodeLookuper       = (*node)(nil)
+	_ fs.NodeGetattrer      = (*node)(nil)
+	_ fs.NodeSetattrer      = (*node)(nil)
+	_ fs.NodeOpener         = (*node)(nil)
+	_ fs.NodeCreater        = (*node)(nil)
+	_ fs.NodeTmpfiler       = (*node)(nil)
+	_ fs.NodeMkdirer        = (*node)(nil)
+	_ fs.NodeMknoder        = (*node)(nil)
+	_ fs.NodeSymlinker      = (*node)(nil)
+	_ fs.NodeLinker         = (*node)(nil)
+	_ fs.NodeUnlinker       = (*node)(nil)
+	_ fs.NodeRmdirer        = (*node)(nil)
+	_ fs.NodeRenamer        = (*node)(nil)
+	_ fs.NodeReadlinker     = (*node)(nil)
+	_ fs.NodeReaddirer      = (*node)(nil)
+	_ fs.NodeGetxattrer     = (*node)(nil)
+	_ fs.NodeListxattrer    = (*node)(nil)
+	_ fs.NodeSetxattrer     = (*node)(nil)
+	_ fs.NodeRemovexattrer  = (*node)(nil)
+	_ fs.NodeCopyFileRanger = (*node)(nil)
+	_ fs.NodeIoctler        = (*node)(nil)
+	_ fs.FileReader         = (*fileHandle)(nil)
+	_ fs.FileWriter         = (*fileHandle)(nil)
+	_ fs.FileReleaser       = (*fileHandle)(nil)
+	_ fs.FileFlusher        = (*fileHandle)(nil)
+	_ fs.FileFsyncer        = (*fileHandle)(nil)
+	_ fs.FileAllocater      = (*fileHandle)(nil)
+	_ fs.FileLseeker        = (*fileHandle)(nil)
+	_ fs.FileGetattrer      = (*fileHandle)(nil)
+	_ fs.FilePassthroughFder = (*fileHandle)(nil)
 )
 
-func newRemoteRoot(be *remoteBackend) *rnode {
-	root := &rnode{be: be}
+func newRoot(be *backend) *node {
+	root := &node{be: be}
 	be.root = root
 	return root
 }
 
 // opCtx bounds one operation in time: a reconnection and a reopen share the budget.
-func (be *remoteBackend) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+func (be *backend) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, be.timeout)
 }
 
@@ -96,7 +107,7 @@ func caller(ctx context.Context) (uint32, uint32) {
 }
 
 // call forwards one request.
-func (be *remoteBackend) call(ctx context.Context, op proto.Op, req, reply proto.Message) syscall.Errno {
+func (be *backend) call(ctx context.Context, op proto.Op, req, reply proto.Message) syscall.Errno {
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -105,9 +116,9 @@ func (be *remoteBackend) call(ctx context.Context, op proto.Op, req, reply proto
 
 // path is the node's path in the namespace ("" for the root). A node no longer in the tree
 // gets a path that names nothing.
-func (n *rnode) path() string { return n.Path(n.be.root.EmbeddedInode()) }
+func (n *node) path() string { return n.Path(n.be.root.EmbeddedInode()) }
 
-func (n *rnode) childPath(name string) string {
+func (n *node) childPath(name string) string {
 	if p := n.path(); p != "" {
 		return p + "/" + name
 	}
@@ -115,7 +126,7 @@ func (n *rnode) childPath(name string) string {
 }
 
 // fill converts the server's attributes for the kernel.
-func (be *remoteBackend) fill(out *fuse.Attr, a *proto.Attr) {
+func (be *backend) fill(out *fuse.Attr, a *proto.Attr) {
 	*out = fuse.Attr{
 		Ino: a.Ino, Size: a.Size, Blocks: a.Blocks,
 		Atime: uint64(a.Atime.Sec), Mtime: uint64(a.Mtime.Sec), Ctime: uint64(a.Ctime.Sec),
@@ -129,14 +140,14 @@ func (be *remoteBackend) fill(out *fuse.Attr, a *proto.Attr) {
 }
 
 // child makes the inode of an entry the server described.
-func (n *rnode) child(ctx context.Context, a *proto.Attr, out *fuse.EntryOut) *fs.Inode {
+func (n *node) child(ctx context.Context, a *proto.Attr, out *fuse.EntryOut) *fs.Inode {
 	n.be.fill(&out.Attr, a)
-	return n.NewInode(ctx, &rnode{be: n.be}, fs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: a.Ino, Gen: 1})
+	return n.NewInode(ctx, &node{be: n.be}, fs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: a.Ino, Gen: 1})
 }
 
 // anyHandle returns a handle open on the node, or nil. Operations on a node prefer it to the
 // path: it is the very file even after the name was removed or replaced.
-func (n *rnode) anyHandle() *rhandle {
+func (n *node) anyHandle() *fileHandle {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for h := range n.handles {
@@ -145,7 +156,7 @@ func (n *rnode) anyHandle() *rhandle {
 	return nil
 }
 
-func (n *rnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	var rep proto.AttrReply
 	if errno := n.be.call(ctx, proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep); errno != 0 {
 		return nil, errno
@@ -154,8 +165,8 @@ func (n *rnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 }
 
 // byNode runs a request that names a node by handle or by path.
-func (n *rnode) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build func(path string, handle uint64) proto.Message, reply proto.Message) syscall.Errno {
-	h, _ := f.(*rhandle)
+func (n *node) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build func(path string, handle uint64) proto.Message, reply proto.Message) syscall.Errno {
+	h, _ := f.(*fileHandle)
 	if h == nil {
 		h = n.anyHandle()
 	}
@@ -169,7 +180,7 @@ func (n *rnode) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build 
 	return h.do(ctx, call, func(id uint64) { call.Req = build("", id) })
 }
 
-func (n *rnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	var rep proto.AttrReply
 	errno := n.byNode(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
 		return &proto.NodeReq{Path: p, Handle: h}
@@ -180,7 +191,7 @@ func (n *rnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut)
 	return errno
 }
 
-func (n *rnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
@@ -206,7 +217,7 @@ func (n *rnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 // from the writer's buffer straight into the request, saving a copy and the page cache's
 // memory per byte written, and nothing stale can stay behind; such a file cannot be read or
 // mapped through that descriptor anyway.
-func (n *rnode) openFlags(flags uint32) uint32 {
+func (n *node) openFlags(flags uint32) uint32 {
 	if n.be.keepCache {
 		return fuse.FOPEN_KEEP_CACHE
 	}
@@ -216,7 +227,7 @@ func (n *rnode) openFlags(flags uint32) uint32 {
 	return 0
 }
 
-func (n *rnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if n.be.readOnly && (flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0) {
 		return nil, 0, syscall.EROFS
 	}
@@ -229,7 +240,7 @@ func (n *rnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, 
 }
 
 // open opens the node's file on the server and registers the handle.
-func (n *rnode) open(ctx context.Context, flags uint32) (*rhandle, syscall.Errno) {
+func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Errno) {
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -241,11 +252,11 @@ func (n *rnode) open(ctx context.Context, flags uint32) (*rhandle, syscall.Errno
 	return n.addHandle(rep.Handle, call.UsedGen, flags), 0
 }
 
-func (n *rnode) addHandle(id, gen uint64, flags uint32) *rhandle {
-	h := &rhandle{node: n, id: id, gen: gen, flags: flags}
+func (n *node) addHandle(id, gen uint64, flags uint32) *fileHandle {
+	h := &fileHandle{node: n, id: id, gen: gen, flags: flags}
 	n.mu.Lock()
 	if n.handles == nil {
-		n.handles = map[*rhandle]struct{}{}
+		n.handles = map[*fileHandle]struct{}{}
 	}
 	n.handles[h] = struct{}{}
 	n.mu.Unlock()
@@ -253,7 +264,7 @@ func (n *rnode) addHandle(id, gen uint64, flags uint32) *rhandle {
 }
 
 // created finishes a CREATE or TMPFILE: the child inode and its handle.
-func (n *rnode) created(ctx context.Context, op proto.Op, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	if n.be.readOnly {
 		return nil, nil, 0, syscall.EROFS
 	}
@@ -268,24 +279,24 @@ func (n *rnode) created(ctx context.Context, op proto.Op, name string, flags, mo
 		return nil, nil, 0, errno
 	}
 	ch := n.child(ctx, &rep.Attr, out)
-	child, ok := ch.Operations().(*rnode)
+	child, ok := ch.Operations().(*node)
 	if !ok {
 		return nil, nil, 0, syscall.EIO
 	}
 	return ch, child.addHandle(rep.Handle, call.UsedGen, flags), n.openFlags(flags), 0
 }
 
-func (n *rnode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	return n.created(ctx, proto.OpCreate, name, flags, mode, out)
 }
 
 // Tmpfile creates a file with no name (O_TMPFILE): its space is released when it is closed.
-func (n *rnode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	return n.created(ctx, proto.OpTmpfile, "", flags, mode, out)
 }
 
 // made finishes MKDIR, MKNOD, SYMLINK and LINK.
-func (n *rnode) made(ctx context.Context, op proto.Op, req proto.Message, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (n *node) made(ctx context.Context, op proto.Op, req proto.Message, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if n.be.readOnly {
 		return nil, syscall.EROFS
 	}
@@ -296,20 +307,20 @@ func (n *rnode) made(ctx context.Context, op proto.Op, req proto.Message, out *f
 	return n.child(ctx, &rep.Attr, out), 0
 }
 
-func (n *rnode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	return n.made(ctx, proto.OpMkdir, &proto.MkdirReq{Dir: n.path(), Name: name, Mode: mode}, out)
 }
 
-func (n *rnode) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	return n.made(ctx, proto.OpMknod, &proto.MkdirReq{Dir: n.path(), Name: name, Mode: mode, Rdev: rdev}, out)
 }
 
-func (n *rnode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	return n.made(ctx, proto.OpSymlink, &proto.SymlinkReq{Dir: n.path(), Name: name, Target: target}, out)
 }
 
-func (n *rnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	t, ok := target.(*rnode)
+func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	t, ok := target.(*node)
 	if !ok {
 		return nil, syscall.EXDEV
 	}
@@ -320,32 +331,32 @@ func (n *rnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 	return n.made(ctx, proto.OpLink, &proto.LinkReq{Path: t.path(), Dir: n.path(), Name: name}, out)
 }
 
-func (n *rnode) Unlink(ctx context.Context, name string) syscall.Errno {
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
 	return n.be.call(ctx, proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
 }
 
-func (n *rnode) Rmdir(ctx context.Context, name string) syscall.Errno {
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
 	return n.be.call(ctx, proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
 }
 
-func (n *rnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
-	dst, ok := newParent.(*rnode)
+	dst, ok := newParent.(*node)
 	if !ok {
 		return syscall.EXDEV
 	}
 	return n.be.call(ctx, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, nil)
 }
 
-func (n *rnode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	var rep proto.DataReply
 	if errno := n.be.call(ctx, proto.OpReadlink, &proto.PathReq{Path: n.path()}, &rep); errno != 0 {
 		return nil, errno
@@ -353,7 +364,7 @@ func (n *rnode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	return rep.Data, 0
 }
 
-func (n *rnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	var rep proto.StatfsReply
 	if errno := n.be.call(ctx, proto.OpStatfs, &proto.Empty{}, &rep); errno != 0 {
 		return errno
@@ -363,7 +374,7 @@ func (n *rnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	return 0
 }
 
-func (n *rnode) xattr(ctx context.Context, op proto.Op, req proto.XattrReq, reply proto.Message) syscall.Errno {
+func (n *node) xattr(ctx context.Context, op proto.Op, req proto.XattrReq, reply proto.Message) syscall.Errno {
 	return n.byNode(ctx, nil, op, func(p string, h uint64) proto.Message {
 		r := req
 		r.Path, r.Handle = p, h
@@ -371,7 +382,7 @@ func (n *rnode) xattr(ctx context.Context, op proto.Op, req proto.XattrReq, repl
 	}, reply)
 }
 
-func (n *rnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	var rep proto.XattrReply
 	if errno := n.xattr(ctx, proto.OpGetxattr, proto.XattrReq{Name: attr, Size: uint32(len(dest))}, &rep); errno != 0 {
 		return 0, errno
@@ -379,7 +390,7 @@ func (n *rnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32,
 	return xattrResult(dest, &rep), 0
 }
 
-func (n *rnode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	var rep proto.XattrReply
 	if errno := n.xattr(ctx, proto.OpListxattr, proto.XattrReq{Size: uint32(len(dest))}, &rep); errno != 0 {
 		return 0, errno
@@ -396,14 +407,14 @@ func xattrResult(dest []byte, rep *proto.XattrReply) uint32 {
 	return uint32(copy(dest, rep.Data))
 }
 
-func (n *rnode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
 	return n.xattr(ctx, proto.OpSetxattr, proto.XattrReq{Name: attr, Value: data, Flags: flags}, nil)
 }
 
-func (n *rnode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
@@ -411,10 +422,10 @@ func (n *rnode) Removexattr(ctx context.Context, attr string) syscall.Errno {
 }
 
 // CopyFileRange copies on the storage node: no data crosses the network.
-func (n *rnode) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode,
+func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode,
 	fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
-	hin, ok1 := fhIn.(*rhandle)
-	hout, ok2 := fhOut.(*rhandle)
+	hin, ok1 := fhIn.(*fileHandle)
+	hout, ok2 := fhOut.(*fileHandle)
 	if !ok1 || !ok2 {
 		return 0, syscall.ENOTSUP
 	}
@@ -435,23 +446,23 @@ func (n *rnode) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uin
 	return uint32(rep.N), errno
 }
 
-// Ioctl is refused: the server runs as root, and forwarding arbitrary ioctls to the backing
-// file system would let users do what they otherwise cannot.
-func (n *rnode) Ioctl(ctx context.Context, f fs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
+// Ioctl is refused: the server runs as root, and forwarding arbitrary ioctls (chattr +i,
+// reflinks…) to the backing file system would let users do what they otherwise cannot.
+func (n *node) Ioctl(ctx context.Context, f fs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
 	return 0, syscall.ENOTTY
 }
 
-func (n *rnode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	d := &rdir{node: n}
+func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	d := &dirStream{node: n}
 	if errno := d.open(ctx); errno != 0 {
 		return nil, errno
 	}
 	return d, 0
 }
 
-// rhandle is a file open on the server.
-type rhandle struct {
-	node  *rnode
+// fileHandle is a file open on the server.
+type fileHandle struct {
+	node  *node
 	flags uint32
 
 	mu  sync.Mutex
@@ -459,7 +470,7 @@ type rhandle struct {
 	gen uint64 // the connection generation the handle belongs to
 }
 
-func (h *rhandle) current() (uint64, uint64) {
+func (h *fileHandle) current() (uint64, uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.id, h.gen
@@ -468,7 +479,7 @@ func (h *rhandle) current() (uint64, uint64) {
 // do runs a request on the handle. If the connection was re-established since the file was
 // opened, the file is opened again by its path (creation and truncation flags dropped) and
 // the request sent once more; a file that has no name any more fails with EIO.
-func (h *rhandle) do(ctx context.Context, call *client.Call, setID func(uint64)) syscall.Errno {
+func (h *fileHandle) do(ctx context.Context, call *client.Call, setID func(uint64)) syscall.Errno {
 	for attempt := 0; ; attempt++ {
 		id, gen := h.current()
 		setID(id)
@@ -483,7 +494,7 @@ func (h *rhandle) do(ctx context.Context, call *client.Call, setID func(uint64))
 	}
 }
 
-func (h *rhandle) reopen(ctx context.Context, stale uint64) syscall.Errno {
+func (h *fileHandle) reopen(ctx context.Context, stale uint64) syscall.Errno {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.gen != stale {
@@ -500,7 +511,8 @@ func (h *rhandle) reopen(ctx context.Context, stale uint64) syscall.Errno {
 	return 0
 }
 
-func (h *rhandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.node.be.reads.Add(1)
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -514,7 +526,7 @@ func (h *rhandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRe
 	return fuse.ReadResultData(dest[:call.N]), 0
 }
 
-func (h *rhandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	if h.node.be.readOnly {
 		return 0, syscall.EROFS
 	}
@@ -529,7 +541,7 @@ func (h *rhandle) Write(ctx context.Context, data []byte, off int64) (uint32, sy
 	return uint32(rep.N), errno
 }
 
-func (h *rhandle) Release(ctx context.Context) syscall.Errno {
+func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	n := h.node
 	n.mu.Lock()
 	delete(n.handles, h)
@@ -542,10 +554,21 @@ func (h *rhandle) Release(ctx context.Context) syscall.Errno {
 	return 0
 }
 
-// Flush needs no round trip: every write already reached the server.
-func (h *rhandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+// PassthroughFd lets the kernel read a file of a local read-only mount itself, at the speed of
+// the backing file system: nothing can write there, so nothing needs counting.
+func (h *fileHandle) PassthroughFd() (int, bool) {
+	be := h.node.be
+	if !be.passthrough || be.local == nil || h.flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return 0, false
+	}
+	id, _ := h.current()
+	return be.local.Fd(id)
+}
 
-func (h *rhandle) handleCall(ctx context.Context, op proto.Op, build func(id uint64) proto.Message, reply proto.Message) syscall.Errno {
+// Flush needs no round trip: every write already reached the server.
+func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+func (h *fileHandle) handleCall(ctx context.Context, op proto.Op, build func(id uint64) proto.Message, reply proto.Message) syscall.Errno {
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -553,13 +576,13 @@ func (h *rhandle) handleCall(ctx context.Context, op proto.Op, build func(id uin
 	return h.do(ctx, call, func(id uint64) { call.Req = build(id) })
 }
 
-func (h *rhandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message {
 		return &proto.FsyncReq{Handle: id, Flags: flags}
 	}, nil)
 }
 
-func (h *rhandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
 	if h.node.be.readOnly {
 		return syscall.EROFS
 	}
@@ -568,7 +591,7 @@ func (h *rhandle) Allocate(ctx context.Context, off uint64, size uint64, mode ui
 	}, nil)
 }
 
-func (h *rhandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
 	var rep proto.CountReply
 	errno := h.handleCall(ctx, proto.OpLseek, func(id uint64) proto.Message {
 		return &proto.LseekReq{Handle: id, Offset: off, Whence: whence}
@@ -576,13 +599,13 @@ func (h *rhandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64,
 	return rep.N, errno
 }
 
-func (h *rhandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+func (h *fileHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
 	return h.node.Getattr(ctx, h, out)
 }
 
-// rdir reads a directory from the server in batches.
-type rdir struct {
-	node *rnode
+// dirStream reads a directory from the server in batches.
+type dirStream struct {
+	node *node
 
 	mu      sync.Mutex
 	id, gen uint64
@@ -592,7 +615,7 @@ type rdir struct {
 	errno   syscall.Errno
 }
 
-func (d *rdir) open(ctx context.Context) syscall.Errno {
+func (d *dirStream) open(ctx context.Context) syscall.Errno {
 	ctx, cancel := d.node.be.opCtx(ctx)
 	defer cancel()
 	var rep proto.HandleReply
@@ -605,7 +628,7 @@ func (d *rdir) open(ctx context.Context) syscall.Errno {
 }
 
 // fetch reads the next batch; after a reconnection it reopens the directory and seeks.
-func (d *rdir) fetch() {
+func (d *dirStream) fetch() {
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := d.node.be.opCtx(context.Background())
 		var rep proto.ReaddirReply
@@ -633,7 +656,7 @@ func (d *rdir) fetch() {
 	}
 }
 
-func (d *rdir) HasNext() bool {
+func (d *dirStream) HasNext() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(d.entries) == 0 && !d.eof && d.errno == 0 {
@@ -642,7 +665,7 @@ func (d *rdir) HasNext() bool {
 	return len(d.entries) > 0 || d.errno != 0
 }
 
-func (d *rdir) Next() (fuse.DirEntry, syscall.Errno) {
+func (d *dirStream) Next() (fuse.DirEntry, syscall.Errno) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.errno != 0 {
@@ -660,14 +683,14 @@ func (d *rdir) Next() (fuse.DirEntry, syscall.Errno) {
 }
 
 // Seekdir restarts the listing at an offset the kernel had from an entry.
-func (d *rdir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+func (d *dirStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.entries, d.off, d.eof, d.errno = nil, off, false, 0
 	return 0
 }
 
-func (d *rdir) Close() {
+func (d *dirStream) Close() {
 	d.mu.Lock()
 	id, gen := d.id, d.gen
 	d.mu.Unlock()
