@@ -23,6 +23,9 @@ var binary string
 const nobodyUID, nobodyGID = 65534, 65534
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(attackEnv); spec != "" {
+		os.Exit(runAttack(spec))
+	}
 	dir, err := os.MkdirTemp("", "spillway-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
