@@ -101,8 +101,12 @@ export %s="{\"Work\":\"${%s%%/}\",\"Victim\":\"%s\",\"Duration\":%d}"
 			if rep.Exchanges < 10 || rep.Chmods < 10 || rep.Creates < 10 {
 				t.Fatalf("the attack did not run (%s): the test would prove nothing\n%s", rep, r)
 			}
-			if st, err := os.Lstat(target); err != nil || st.Mode().Perm() != 0o600 {
-				t.Fatalf("root's file outside the instance after the attack: mode %v (%v), want 600", st.Mode(), err)
+			st, err := os.Lstat(target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Mode().Perm() != 0o600 {
+				t.Errorf("root's file outside the instance has mode %v after the attack, want 600", st.Mode())
 			}
 			if data, _ := os.ReadFile(target); !bytes.Equal(data, secret) {
 				t.Errorf("root's file outside the instance holds %q after the attack, want it unchanged", data)
