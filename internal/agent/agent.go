@@ -643,12 +643,17 @@ func writeFileAtomic(path string, data []byte) error {
 	return os.Rename(tmp, path)
 }
 
-// removeAll deletes a tree, making read-only directories writable first (a user may chmod
-// their own directories 0555; the agent must still be able to clean up as root or as owner).
+// removeAll deletes a tree (os.RemoveAll works with *at calls and follows no link). A user
+// may chmod their own directories 0555: a non-root agent, which is that user, makes them
+// writable and tries again. Root needs no second try, and must not chmod by path in a tree a
+// user may still be changing.
 func removeAll(dir string) error {
 	err := os.RemoveAll(dir)
 	if err == nil || errors.Is(err, os.ErrNotExist) {
 		return nil
+	}
+	if os.Geteuid() == 0 {
+		return err
 	}
 	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err == nil && d.IsDir() {
