@@ -157,9 +157,13 @@ type Warpfs struct {
 	ReconnectWait     Duration `toml:"reconnect_wait"`     // pause between connection attempts
 	IdleTimeout       Duration `toml:"idle_timeout"`       // storage side: drop a client silent this long
 	MaxInFlight       int      `toml:"max_in_flight"`      // requests in flight on one connection
-	MaxConnections    int      `toml:"max_connections"`    // storage side: connections served at once
-	MaxOpenFiles      int      `toml:"max_open_files"`     // storage side: files one connection keeps open
-	Readahead         Size     `toml:"readahead"`          // how far ahead a remote mount reads sequential files
+	MaxConnections    int      `toml:"max_connections"`    // storage side: authenticated connections (mounts) served at once
+	MaxHandshakes     int      `toml:"max_handshakes"`     // storage side: connections not yet authenticated, all peers
+	// MaxHandshakesPerPeer: storage side, connections not yet authenticated from one address.
+	MaxHandshakesPerPeer int      `toml:"max_handshakes_per_peer"`
+	RefusalLogInterval   Duration `toml:"refusal_log_interval"` // storage side: log a refusal at most once per interval
+	MaxOpenFiles         int      `toml:"max_open_files"`       // storage side: files one connection keeps open
+	Readahead            Size     `toml:"readahead"`            // how far ahead a remote mount reads sequential files
 }
 
 // Mount is the compute-node side: how instances appear to jobs.
@@ -261,15 +265,18 @@ func Defaults() Config {
 			UnmountTimeout:     Duration(10 * time.Second),
 		},
 		Warpfs: Warpfs{
-			ConnectTimeout:    Duration(5 * time.Second),
-			RequestTimeout:    Duration(30 * time.Second),
-			KeepaliveInterval: Duration(5 * time.Second),
-			ReconnectWait:     Duration(200 * time.Millisecond),
-			IdleTimeout:       Duration(time.Minute),
-			MaxInFlight:       64,
-			MaxConnections:    1024,
-			MaxOpenFiles:      16384,
-			Readahead:         Size(4 << 20),
+			ConnectTimeout:       Duration(5 * time.Second),
+			RequestTimeout:       Duration(30 * time.Second),
+			KeepaliveInterval:    Duration(5 * time.Second),
+			ReconnectWait:        Duration(200 * time.Millisecond),
+			IdleTimeout:          Duration(time.Minute),
+			MaxInFlight:          64,
+			MaxConnections:       1024,
+			MaxHandshakes:        64,
+			MaxHandshakesPerPeer: 8,
+			RefusalLogInterval:   Duration(time.Minute),
+			MaxOpenFiles:         16384,
+			Readahead:            Size(4 << 20),
 		},
 		Client: Client{
 			Controller:     "unix:/run/spillway/controller.sock",
@@ -374,6 +381,9 @@ func (c *Config) Validate() error {
 	positive("warpfs.idle_timeout", int64(c.Warpfs.IdleTimeout))
 	positive("warpfs.max_in_flight", int64(c.Warpfs.MaxInFlight))
 	positive("warpfs.max_connections", int64(c.Warpfs.MaxConnections))
+	positive("warpfs.max_handshakes", int64(c.Warpfs.MaxHandshakes))
+	positive("warpfs.max_handshakes_per_peer", int64(c.Warpfs.MaxHandshakesPerPeer))
+	positive("warpfs.refusal_log_interval", int64(c.Warpfs.RefusalLogInterval))
 	positive("warpfs.max_open_files", int64(c.Warpfs.MaxOpenFiles))
 	if c.Warpfs.KeepaliveInterval >= c.Warpfs.IdleTimeout {
 		problems = append(problems, "warpfs.keepalive_interval must be shorter than warpfs.idle_timeout, or storage nodes drop idle mounts")

@@ -228,7 +228,8 @@ func WarpfsClientLimits(cfg config.Config) client.Limits {
 func WarpfsServerLimits(cfg config.Config) server.Limits {
 	w := cfg.Warpfs
 	return server.Limits{HandshakeTimeout: w.ConnectTimeout.D(), IdleTimeout: w.IdleTimeout.D(),
-		MaxInFlight: w.MaxInFlight, MaxConnections: w.MaxConnections, MaxOpenFiles: w.MaxOpenFiles}
+		MaxInFlight: w.MaxInFlight, MaxConnections: w.MaxConnections, MaxOpenFiles: w.MaxOpenFiles,
+		MaxHandshakes: w.MaxHandshakes, MaxHandshakesPerPeer: w.MaxHandshakesPerPeer, RefusalLogInterval: w.RefusalLogInterval.D()}
 }
 
 // MountLimits maps the configuration onto the FUSE client's limits.

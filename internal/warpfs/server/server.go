@@ -53,8 +53,20 @@ type Limits struct {
 	IdleTimeout time.Duration
 	// MaxInFlight is how many requests of one connection run at once. Default 64.
 	MaxInFlight int
-	// MaxConnections bounds the connections served at once; more are refused. Default 1024.
+	// MaxConnections bounds the authenticated connections (mounts) served at once; more are
+	// refused with the reason. Default 1024.
 	MaxConnections int
+	// MaxHandshakes bounds the connections not yet authenticated, from all peers together.
+	// Past it a new connection closes the oldest one still in its handshake: idle
+	// connections from anyone who can reach the port cannot crowd out the mounts of real
+	// jobs, whose handshakes take a round trip. Default 64.
+	MaxHandshakes int
+	// MaxHandshakesPerPeer bounds the unauthenticated connections of one peer address (a new
+	// one closes that peer's oldest), so one host cannot take every handshake slot. Default 8.
+	MaxHandshakesPerPeer int
+	// RefusalLogInterval: a refused connection is logged at most once per interval and
+	// reason, with the count of those not logged. Default 1m.
+	RefusalLogInterval time.Duration
 	// MaxOpenFiles bounds the files and directories one connection keeps open; past it
 	// opens fail with EMFILE. Default 16384.
 	MaxOpenFiles int
@@ -78,6 +90,9 @@ func (l Limits) withDefaults() Limits {
 	def(&l.IdleTimeout, time.Minute)
 	defInt(&l.MaxInFlight, 64)
 	defInt(&l.MaxConnections, 1024)
+	defInt(&l.MaxHandshakes, 64)
+	defInt(&l.MaxHandshakesPerPeer, 8)
+	def(&l.RefusalLogInterval, time.Minute)
 	defInt(&l.MaxOpenFiles, 16384)
 	return l
 }
@@ -97,10 +112,20 @@ type Server struct {
 	log    *slog.Logger
 	inodes *inodeTable
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	active map[int64]int // instance → sessions
-	wg     sync.WaitGroup
+	refusals *throttledLog
+
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{} // every connection, to close them all at shutdown
+	pending  []*pendingConn        // connections in their handshake, oldest first
+	sessions int                   // authenticated connections
+	active   map[int64]int         // instance → sessions
+	wg       sync.WaitGroup
+}
+
+// pendingConn is a connection in its handshake.
+type pendingConn struct {
+	nc   net.Conn
+	peer string // its address without the port
 }
 
 // New returns a server; Serve runs it.
@@ -108,8 +133,10 @@ func New(opt Options) *Server {
 	if opt.Log == nil {
 		opt.Log = slog.Default()
 	}
-	return &Server{opt: opt, lim: opt.Limits.withDefaults(), log: opt.Log, inodes: hostInodes,
-		conns: map[net.Conn]struct{}{}, active: map[int64]int{}}
+	lim := opt.Limits.withDefaults()
+	return &Server{opt: opt, lim: lim, log: opt.Log, inodes: hostInodes,
+		refusals: newThrottledLog(opt.Log, lim.RefusalLogInterval),
+		conns:    map[net.Conn]struct{}{}, active: map[int64]int{}}
 }
 
 // Serve accepts connections on l until ctx ends, then closes every connection and returns
@@ -138,21 +165,19 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			}
 			return err
 		}
+		pc := &pendingConn{nc: nc, peer: peerHost(nc)}
 		s.mu.Lock()
-		if ctx.Err() != nil || len(s.conns) >= s.lim.MaxConnections {
-			n := len(s.conns)
+		if ctx.Err() != nil {
 			s.mu.Unlock()
 			nc.Close()
-			if ctx.Err() == nil {
-				s.log.Warn("warpfs: too many connections; refusing one (raise warpfs.max_connections)",
-					"remote", nc.RemoteAddr().String(), "connections", n)
-			}
 			continue
 		}
+		s.makeRoomForHandshake(pc.peer)
+		s.pending = append(s.pending, pc)
 		s.conns[nc] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
-		go s.serveConn(nc)
+		go s.serveConn(pc)
 	}
 }
 
@@ -170,7 +195,57 @@ func (s *Server) Connections() int {
 	return len(s.conns)
 }
 
-func (s *Server) serveConn(nc net.Conn) {
+// peerHost is the address a connection comes from, without its port: the unit of
+// MaxHandshakesPerPeer.
+func peerHost(nc net.Conn) string {
+	addr := nc.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
+
+// makeRoomForHandshake closes the oldest connection still in its handshake when a new one from
+// peer would pass MaxHandshakesPerPeer (that peer's oldest) or MaxHandshakes (anyone's
+// oldest). The caller holds s.mu.
+func (s *Server) makeRoomForHandshake(peer string) {
+	oldest, ofPeer := -1, 0
+	for i, pc := range s.pending {
+		if pc.peer == peer {
+			if ofPeer == 0 {
+				oldest = i
+			}
+			ofPeer++
+		}
+	}
+	why := "warpfs.max_handshakes_per_peer"
+	if ofPeer < s.lim.MaxHandshakesPerPeer {
+		if len(s.pending) < s.lim.MaxHandshakes {
+			return
+		}
+		oldest, why = 0, "warpfs.max_handshakes"
+	}
+	victim := s.pending[oldest]
+	s.pending = append(s.pending[:oldest], s.pending[oldest+1:]...)
+	victim.nc.Close() // its handshake fails; serveConn finds it no longer pending
+	s.refusals.warn("warpfs: closing the oldest connection still in its handshake to admit a new one ("+why+")",
+		"remote", victim.peer)
+}
+
+// handshakeDone takes pc off the pending list, if makeRoomForHandshake has not.
+func (s *Server) handshakeDone(pc *pendingConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range s.pending {
+		if p == pc {
+			s.pending = append(s.pending[:i], s.pending[i+1:]...)
+			return
+		}
+	}
+}
+
+func (s *Server) serveConn(pc *pendingConn) {
+	nc, peer := pc.nc, pc.peer
 	defer s.wg.Done()
 	defer func() {
 		nc.Close()
@@ -184,10 +259,16 @@ func (s *Server) serveConn(nc net.Conn) {
 	br := bufio.NewReaderSize(nc, 64<<10)
 	nc.SetDeadline(time.Now().Add(s.lim.HandshakeTimeout))
 	sess, err := s.handshake(nc, br)
+	s.handshakeDone(pc)
 	if err != nil {
-		s.log.Warn("warpfs: connection refused", "remote", nc.RemoteAddr().String(), "err", err)
+		s.refusals.warn("warpfs: connection refused", "remote", peer, "err", err.Error())
 		return
 	}
+	defer func() {
+		s.mu.Lock()
+		s.sessions--
+		s.mu.Unlock()
+	}()
 	nc.SetDeadline(time.Time{})
 	s.log.Info("warpfs: client connected", "client", sess.client, "remote", nc.RemoteAddr().String(),
 		"instance", sess.instance, "read_only", sess.v.readOnly)
@@ -288,11 +369,24 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 		v.close()
 		return nil, s.refuse(nc, h, &refused{errno, fmt.Sprintf("namespace %d: %v", auth.Namespace, errno)})
 	}
+	s.mu.Lock()
+	if s.sessions >= s.lim.MaxConnections {
+		n := s.sessions
+		s.mu.Unlock()
+		v.close()
+		return nil, s.refuse(nc, h, &refused{syscall.EAGAIN, fmt.Sprintf(
+			"storage node serves %d mounts already, its limit (warpfs.max_connections); raise it or spread jobs over more nodes", n)})
+	}
+	s.sessions++ // released by serveConn, or below if the welcome cannot be sent
+	s.mu.Unlock()
 	sess := &session{log: s.log, maxOpenFiles: s.lim.MaxOpenFiles, v: v, client: auth.Client, instance: auth.Instance, handles: map[uint64]*handle{}}
 	v.noteFull = sess.noteFull
 	w := proto.Welcome{Proof: proto.ServerProof([]byte(s.opt.Token), ch.Nonce, hello.Nonce), MaxIO: proto.MaxIO, Root: root}
 	if err := writeFrame(nc, proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, Kind: proto.KindReply, ID: h.ID}, &w)); err != nil {
 		v.close()
+		s.mu.Lock()
+		s.sessions--
+		s.mu.Unlock()
 		return nil, err
 	}
 	s.mu.Lock()

@@ -334,3 +334,68 @@ func TestOpenFilesAreBounded(t *testing.T) {
 		t.Errorf("%d inodes still held after the client left", n)
 	}
 }
+
+// Anyone who can reach the data port can open connections and send nothing. 1,100 of them,
+// from one address and from several, must not keep a real mount out (the old server counted
+// them against max_connections and refused the job's mount), nor hold more descriptors than
+// the handshake limits allow, nor write a log line each.
+func TestIdleConnectionsDoNotCrowdOutMounts(t *testing.T) {
+	f := newFixture(t, Limits{}) // the defaults, as deployed
+	lim := DefaultLimits()
+	var idle []net.Conn
+	defer func() {
+		for _, nc := range idle {
+			nc.Close()
+		}
+	}()
+	for i := 0; i < 1100; i++ {
+		// Most from 127.0.0.1, the rest spread over nine other addresses.
+		d := net.Dialer{}
+		if i%4 == 0 {
+			d.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%9))}
+		}
+		nc, err := d.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatalf("idle connection %d: %v", i, err)
+		}
+		idle = append(idle, nc)
+	}
+	c, err := f.dial(token, 1) // at once: the idle ones are all still open on their side
+	if err != nil {
+		t.Fatalf("a real mount after 1,100 idle connections: %v", err)
+	}
+	defer c.Close()
+	if errno := do(c, proto.OpLookup, &proto.PathReq{Path: ""}, &proto.AttrReply{}); errno != 0 {
+		t.Errorf("LOOKUP on the real mount: %v", errno)
+	}
+	// The idle connections hold at most MaxHandshakes descriptors (those closed to make room
+	// are released as their goroutines finish), the mount one more.
+	waitUntil(t, "the server to hold no more than max_handshakes idle connections", func() bool {
+		return f.srv.Connections() <= lim.MaxHandshakes+1
+	})
+	if n := strings.Count(f.logs.String(), "\n"); n > 20 {
+		t.Errorf("the server logged %d lines for 1,100 idle connections; want them throttled:\n%s", n, f.logs)
+	}
+}
+
+// Authenticated connections past max_connections are refused with the reason.
+func TestMountsPastMaxConnectionsAreRefused(t *testing.T) {
+	f := newFixture(t, Limits{MaxConnections: 2})
+	f.client()
+	f.client()
+	if _, err := f.dial(token, 1); err == nil || !strings.Contains(err.Error(), "warpfs.max_connections") {
+		t.Fatalf("a third mount with max_connections 2: %v, want a refusal naming warpfs.max_connections", err)
+	}
+}
+
+// waitUntil polls cond for up to 10s: it bounds a wait, it does not measure speed.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
