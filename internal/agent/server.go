@@ -95,8 +95,8 @@ func Handler(a agentapi.Agent, token string) http.Handler {
 }
 
 // Serve serves the agent API on l until ctx ends.
-func Serve(ctx context.Context, l net.Listener, a agentapi.Agent, token string) error {
-	err := httpapi.Serve(ctx, l, Handler(a, token))
+func Serve(ctx context.Context, l net.Listener, a agentapi.Agent, token string, lim httpapi.Limits) error {
+	err := httpapi.Serve(ctx, l, Handler(a, token), lim)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

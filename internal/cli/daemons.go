@@ -108,7 +108,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); srv.Serve(ctx, l) }()
+		go func() { defer wg.Done(); srv.Serve(ctx, l, embedded.APILimits(cfg, log)) }()
 	}
 	log.Info("controller started", "config", from, "state", cfg.Controller.StateDir, "listen", listeners, "mount_root", cfg.Controller.MountRoot)
 	ctl.Run(ctx)
@@ -213,7 +213,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); agent.Serve(ctx, l, ag, token) }()
+	go func() { defer wg.Done(); agent.Serve(ctx, l, ag, token, embedded.APILimits(cfg, log)) }()
 	if dataListener != nil {
 		wg.Add(1)
 		go func() {

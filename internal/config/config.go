@@ -88,6 +88,12 @@ type Controller struct {
 	MaxRequestBytes Size `toml:"max_request_bytes"`
 	// MaxSessions bounds the number of sessions (jobs + persistent instances) alive at once.
 	MaxSessions int `toml:"max_sessions"`
+	// IdleTimeout closes an API connection kept alive with no next request.
+	IdleTimeout Duration `toml:"idle_timeout"`
+	// MaxConnections bounds the API connections of all callers but root; MaxConnectionsPerPeer
+	// those of one caller (a uid on the socket, an address on TCP). Agents' APIs too.
+	MaxConnections        int `toml:"max_connections"`
+	MaxConnectionsPerPeer int `toml:"max_connections_per_peer"`
 }
 
 // Executor drives every object to its goal.
@@ -217,15 +223,18 @@ type Pool struct {
 func Defaults() Config {
 	return Config{
 		Controller: Controller{
-			StateDir:        "/var/lib/spillway/controller",
-			Socket:          "/run/spillway/controller.sock",
-			WLMUsers:        []string{"slurm"},
-			MountRoot:       "/var/opt/spillway/mounts/batch",
-			DefaultPool:     "wlm_pool",
-			NodeTimeout:     Duration(30 * time.Second),
-			RequestTimeout:  Duration(30 * time.Second),
-			MaxRequestBytes: Size(4 << 20),
-			MaxSessions:     100000,
+			StateDir:              "/var/lib/spillway/controller",
+			Socket:                "/run/spillway/controller.sock",
+			WLMUsers:              []string{"slurm"},
+			MountRoot:             "/var/opt/spillway/mounts/batch",
+			DefaultPool:           "wlm_pool",
+			NodeTimeout:           Duration(30 * time.Second),
+			RequestTimeout:        Duration(30 * time.Second),
+			MaxRequestBytes:       Size(4 << 20),
+			MaxSessions:           100000,
+			IdleTimeout:           Duration(time.Minute),
+			MaxConnections:        1024,
+			MaxConnectionsPerPeer: 64,
 		},
 		Executor: Executor{
 			MaxAttempts:     5,
@@ -380,6 +389,9 @@ func (c *Config) Validate() error {
 	positive("warpfs.reconnect_wait", int64(c.Warpfs.ReconnectWait))
 	positive("warpfs.idle_timeout", int64(c.Warpfs.IdleTimeout))
 	positive("warpfs.max_in_flight", int64(c.Warpfs.MaxInFlight))
+	positive("controller.idle_timeout", int64(c.Controller.IdleTimeout))
+	positive("controller.max_connections", int64(c.Controller.MaxConnections))
+	positive("controller.max_connections_per_peer", int64(c.Controller.MaxConnectionsPerPeer))
 	positive("warpfs.max_connections", int64(c.Warpfs.MaxConnections))
 	positive("warpfs.max_handshakes", int64(c.Warpfs.MaxHandshakes))
 	positive("warpfs.max_handshakes_per_peer", int64(c.Warpfs.MaxHandshakesPerPeer))

@@ -35,7 +35,9 @@ func OpenAPI() []byte { return openAPIDocument }
 type APIError = httpapi.Error
 
 // Serve serves the API on a listener until ctx ends.
-func (s *Server) Serve(ctx context.Context, l net.Listener) error { return httpapi.Serve(ctx, l, s) }
+func (s *Server) Serve(ctx context.Context, l net.Listener, lim httpapi.Limits) error {
+	return httpapi.Serve(ctx, l, s, lim)
+}
 
 // Tables are the object lists served under /dw/v1/<table>, in dwstat's order.
 var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations", "registrations", "activations", "fragments", "namespaces", "stages"}

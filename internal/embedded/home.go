@@ -21,6 +21,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/agent"
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/localfs"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/store"
@@ -222,6 +223,13 @@ func WarpfsClientLimits(cfg config.Config) client.Limits {
 	w := cfg.Warpfs
 	return client.Limits{ConnectTimeout: w.ConnectTimeout.D(), RequestTimeout: w.RequestTimeout.D(),
 		KeepaliveInterval: w.KeepaliveInterval.D(), ReconnectWait: w.ReconnectWait.D(), MaxInFlight: w.MaxInFlight}
+}
+
+// APILimits are the limits of the controller's and the agents' HTTP APIs.
+func APILimits(cfg config.Config, log *slog.Logger) httpapi.Limits {
+	c := cfg.Controller
+	return httpapi.Limits{RequestTimeout: c.RequestTimeout.D(), IdleTimeout: c.IdleTimeout.D(),
+		MaxConnections: c.MaxConnections, MaxConnectionsPerPeer: c.MaxConnectionsPerPeer, Log: log}
 }
 
 // WarpfsServerLimits are the limits of a storage node's data server.

@@ -353,9 +353,10 @@ func (h *Home) Serve(log *slog.Logger, workerExe []string) error {
 		return err
 	}
 	act := &activity{last: time.Now()}
-	srv := &http.Server{Handler: act.wrap(controller.NewServer(r.Controller, "", nil, log)), ConnContext: httpapi.ConnContext, ReadHeaderTimeout: cfg.Controller.RequestTimeout.D()}
+	lim := APILimits(cfg, log)
+	srv := httpapi.NewServer(act.wrap(controller.NewServer(r.Controller, "", nil, log)), lim)
 	served := make(chan struct{})
-	go func() { defer close(served); srv.Serve(l) }()
+	go func() { defer close(served); srv.Serve(httpapi.LimitListener(l, lim)) }()
 
 	start, _ := runjob.ProcStart(os.Getpid())
 	exe, _ := os.Executable()

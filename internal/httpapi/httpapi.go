@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -67,22 +70,124 @@ type peerKey struct{}
 
 // ConnContext records the peer's uid for Unix-socket connections.
 func ConnContext(ctx context.Context, conn net.Conn) context.Context {
+	if lc, ok := conn.(*limitedConn); ok {
+		conn = lc.Conn
+	}
+	if p, ok := peerCred(conn); ok {
+		return context.WithValue(ctx, peerKey{}, p)
+	}
+	return ctx
+}
+
+// peerCred reads a Unix-socket peer's credentials.
+func peerCred(conn net.Conn) (Peer, bool) {
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
-		return ctx
+		return Peer{}, false
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return ctx
+		return Peer{}, false
 	}
 	var cred *unix.Ucred
 	raw.Control(func(fd uintptr) {
 		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	})
 	if err != nil || cred == nil {
-		return ctx
+		return Peer{}, false
 	}
-	return context.WithValue(ctx, peerKey{}, Peer{UID: cred.Uid, GID: cred.Gid, Known: true})
+	return Peer{UID: cred.Uid, GID: cred.Gid, Known: true}, true
+}
+
+// LimitListener admits connections within lim's MaxConnections and MaxConnectionsPerPeer;
+// others are closed as soon as they are accepted.
+func LimitListener(l net.Listener, lim Limits) net.Listener {
+	lim = lim.withDefaults()
+	return &limitListener{Listener: l, lim: lim, perPeer: map[string]int{}, lastLog: time.Now().Add(-time.Hour)}
+}
+
+type limitListener struct {
+	net.Listener
+	lim Limits
+
+	mu         sync.Mutex
+	total      int
+	perPeer    map[string]int
+	lastLog    time.Time
+	suppressed int
+}
+
+// peerOf is the key MaxConnectionsPerPeer counts by; exempt is root on the Unix socket.
+func peerOf(conn net.Conn) (key string, exempt bool) {
+	if p, ok := peerCred(conn); ok {
+		return "uid " + strconv.FormatUint(uint64(p.UID), 10), p.UID == 0
+	}
+	addr := conn.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host, false
+	}
+	return addr, false
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		conn, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		key, exempt := peerOf(conn)
+		if exempt {
+			return conn, nil
+		}
+		l.mu.Lock()
+		why := ""
+		switch {
+		case l.perPeer[key] >= l.lim.MaxConnectionsPerPeer:
+			why = "the caller's connection limit (controller.max_connections_per_peer)"
+		case l.total >= l.lim.MaxConnections:
+			why = "the connection limit (controller.max_connections)"
+		}
+		if why == "" {
+			l.total++
+			l.perPeer[key]++
+			l.mu.Unlock()
+			return &limitedConn{Conn: conn, release: func() { l.release(key) }}, nil
+		}
+		logNow := time.Since(l.lastLog) >= time.Minute
+		suppressed := l.suppressed
+		if logNow {
+			l.lastLog, l.suppressed = time.Now(), 0
+		} else {
+			l.suppressed++
+		}
+		l.mu.Unlock()
+		conn.Close()
+		if logNow {
+			l.lim.Log.Warn("refusing a connection: "+why, "peer", key, "not_logged_since_last", suppressed)
+		}
+	}
+}
+
+func (l *limitListener) release(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if l.perPeer[key]--; l.perPeer[key] <= 0 {
+		delete(l.perPeer, key)
+	}
+}
+
+// limitedConn gives its slot back when closed.
+type limitedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }
 
 // PeerOf returns the request's peer.
@@ -91,9 +196,54 @@ func PeerOf(r *http.Request) Peer {
 	return p
 }
 
-// Serve serves h on l until ctx ends.
-func Serve(ctx context.Context, l net.Listener, h http.Handler) error {
-	srv := &http.Server{Handler: h, ConnContext: ConnContext, ReadHeaderTimeout: 10 * time.Second}
+// Limits bound what a server spends on its callers, so that no caller can make it unusable
+// for the others by opening connections and keeping them.
+type Limits struct {
+	// RequestTimeout bounds reading one request (a silent new connection is closed after it)
+	// and writing its answer. Default 30s.
+	RequestTimeout time.Duration
+	// IdleTimeout closes a kept-alive connection that sends no next request. Default 1m.
+	IdleTimeout time.Duration
+	// MaxConnections bounds the connections of all callers but root together; past it new
+	// ones are closed at once. Default 1024.
+	MaxConnections int
+	// MaxConnectionsPerPeer bounds the connections of one caller: one uid on a Unix socket,
+	// one address on TCP. Root on the Unix socket is never limited. Default 64.
+	MaxConnectionsPerPeer int
+	// Log receives the refusals, at most one line a minute.
+	Log *slog.Logger
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.RequestTimeout <= 0 {
+		l.RequestTimeout = 30 * time.Second
+	}
+	if l.IdleTimeout <= 0 {
+		l.IdleTimeout = time.Minute
+	}
+	if l.MaxConnections <= 0 {
+		l.MaxConnections = 1024
+	}
+	if l.MaxConnectionsPerPeer <= 0 {
+		l.MaxConnectionsPerPeer = 64
+	}
+	if l.Log == nil {
+		l.Log = slog.Default()
+	}
+	return l
+}
+
+// NewServer is an http.Server for h with the limits' timeouts; serve it on LimitListener.
+func NewServer(h http.Handler, lim Limits) *http.Server {
+	lim = lim.withDefaults()
+	return &http.Server{Handler: h, ConnContext: ConnContext, ReadHeaderTimeout: lim.RequestTimeout,
+		ReadTimeout: lim.RequestTimeout, WriteTimeout: lim.RequestTimeout, IdleTimeout: lim.IdleTimeout}
+}
+
+// Serve serves h on l until ctx ends, within lim.
+func Serve(ctx context.Context, l net.Listener, h http.Handler, lim Limits) error {
+	srv := NewServer(h, lim)
+	l = LimitListener(l, lim)
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

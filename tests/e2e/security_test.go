@@ -3,11 +3,14 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestOrdinaryUserCannotImpersonate sends setup requests to a real controller's socket as the
@@ -79,4 +82,82 @@ print(r.read().decode())
 	}
 	c.step("run902", "teardown", func() error { return c.client.Teardown(context.Background(), "run902", true) })
 	c.assertClean()
+}
+
+// TestConnectionHoarderCannotStarveTheController: an ordinary user opens many connections to
+// the controller's socket and keeps them (two processes of theirs did exhaust the old
+// controller's descriptors, and dwstat hung). The controller keeps at most
+// max_connections_per_peer of them, and answers everyone else meanwhile.
+func TestConnectionHoarderCannotStarveTheController(t *testing.T) {
+	requireRoot(t)
+	python, err := exec.LookPath("/usr/bin/python3")
+	if err != nil {
+		t.Skip("/usr/bin/python3 (the hoarder run as nobody) is not installed")
+	}
+	c := newCluster(t)
+	c.startController()
+	c.startAgent()
+	pid := c.controller.Process.Pid
+	before := openFiles(t, pid)
+
+	const hoard = 300 // per process, two processes
+	hoarder := `
+import socket, sys, time
+held = []
+for i in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        continue
+    held.append(s)
+print("holding", len(held), flush=True)
+time.sleep(60)
+`
+	var hoarders []*exec.Cmd
+	for i := 0; i < 2; i++ {
+		cmd := exec.Command(python, "-c", hoarder, c.dir+"/controller.sock", strconv.Itoa(hoard))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		hoarders = append(hoarders, cmd)
+		defer func() { cmd.Process.Kill(); cmd.Wait() }()
+		line := make([]byte, 64)
+		n, _ := out.Read(line) // "holding N": every connect has returned
+		t.Logf("hoarder %d: %s", i, strings.TrimSpace(string(line[:n])))
+	}
+	// Refused connections are closed as they are accepted; give the accept loop a moment to
+	// work through the backlog before counting.
+	var during int
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		during = openFiles(t, pid)
+		if during-before <= 64+8 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if grew := during - before; grew > 64+8 { // the per-peer limit, and a few of the controller's own
+		t.Errorf("nobody's %d held connections cost the controller %d descriptors, want at most max_connections_per_peer (64)", 2*hoard, grew)
+	}
+	r := spillway(t, cmdOpts{timeout: 20 * time.Second}, "dwstat", "--config", c.config, "nodes")
+	mustContain(t, r, "storage1 wlm_pool online")
+	for _, h := range hoarders {
+		h.Process.Kill()
+	}
+}
+
+// openFiles counts a process's open descriptors.
+func openFiles(t *testing.T, pid int) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
 }
