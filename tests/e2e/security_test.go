@@ -132,9 +132,10 @@ time.sleep(60)
 		t.Logf("hoarder %d: %s", i, strings.TrimSpace(string(line[:n])))
 	}
 	// Refused connections are closed as they are accepted; give the accept loop a moment to
-	// work through the backlog before counting.
+	// work through the backlog before counting (far less than request_timeout, after which
+	// even the old controller dropped silent connections: the hoarder would simply reconnect).
 	var during int
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(3 * time.Second)
 	for {
 		during = openFiles(t, pid)
 		if during-before <= 64+8 || time.Now().After(deadline) {
