@@ -207,7 +207,7 @@ func (w *wlm) require(names ...string) bool {
 // script ending in NUL, an interactive one without a final newline, a /proc/PID/fd/N memfd
 // holding only the directives, a hard link).
 func (w *wlm) script() (*directive.Script, error) {
-	raw, err := os.ReadFile(w.a.job)
+	raw, err := jobspec.ReadScript(w.a.job)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the job script: %v", err)
 	}

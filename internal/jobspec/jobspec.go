@@ -4,6 +4,8 @@ package jobspec
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"strings"
 
 	"github.com/spillway-hpc/spillway/internal/directive"
@@ -162,3 +164,25 @@ type unwrapped struct{ err error }
 
 func (u unwrapped) Error() string { return "" }
 func (u unwrapped) Unwrap() error { return u.err }
+
+// MaxScriptBytes bounds the job script read by `spillway run` and `dw_wlm_cli job_process`
+// (directives come first, and no real script comes near it): a path such as /dev/zero must
+// give an error, not an endless read.
+const MaxScriptBytes = 16 << 20
+
+// ReadScript reads a job script of at most MaxScriptBytes.
+func ReadScript(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("job script: %w", err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, MaxScriptBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("job script %s: %w", path, err)
+	}
+	if len(raw) > MaxScriptBytes {
+		return nil, fmt.Errorf("job script %s is larger than %s; directives belong in a script, not data", path, units.FormatHuman(MaxScriptBytes))
+	}
+	return raw, nil
+}

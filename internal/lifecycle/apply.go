@@ -134,8 +134,8 @@ func sameInstance(w *World, existing *model.Session, req Setup) error {
 // ApplySetup creates the session, its instance (placed by the allocator), configurations,
 // namespaces and registrations. A second setup of the same token by the same owner is a no-op.
 func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) error {
-	if req.Token == "" {
-		return userErr("setup: empty token")
+	if err := checkToken(req.Token); err != nil {
+		return err
 	}
 	if existing := w.SessionByToken(req.Token); existing != nil {
 		if existing.State.Goal == model.GoalDestroy {
@@ -212,6 +212,28 @@ func kindWord(s *model.Session) string {
 	}
 	return "job"
 }
+
+// checkToken refuses a token that could not name a session everywhere it is used: in mount
+// paths (a "/" or ".." would put a mount outside the mount root), environment variables and
+// dwstat's columns. Job ids, run<N> and persistent names are all letters, digits and _.
+func checkToken(token string) error {
+	if token == "" {
+		return userErr("setup: empty token")
+	}
+	if len(token) > maxTokenBytes {
+		return userErr("token %.40q...: longer than %d bytes", token, maxTokenBytes)
+	}
+	for i := 0; i < len(token); i++ {
+		c := token[i]
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return userErr("token %q: %q is not allowed; a token is letters, digits and _ (a job id, run<N> or a persistent instance's name)", token, rune(c))
+		}
+	}
+	return nil
+}
+
+// maxTokenBytes bounds a token (a persistent name's limit is lower; job ids are short).
+const maxTokenBytes = 128
 
 func checkPersistentName(name string) error {
 	if err := directive.CheckName(name); err != nil {
@@ -294,10 +316,15 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 	if sess.Persistent {
 		rootMode = 0o755 // persistent instances are shared by their owner's jobs; the owner may chmod
 	}
+	seen := map[string]bool{}
 	for _, mode := range modes {
 		if mode != model.AccessStriped && mode != model.AccessPrivate && mode != model.AccessLoadbalance {
 			return userErr("access_mode=%s: expected striped, private or loadbalance", mode)
 		}
+		if seen[mode] { // two configurations would share one mount path
+			return userErr("access_mode %s is given twice; give each access mode once", mode)
+		}
+		seen[mode] = true
 		cid, err := ids.NewID(KindConfiguration)
 		if err != nil {
 			return err

@@ -546,3 +546,32 @@ func TestPersistentCreateAgain(t *testing.T) {
 		t.Errorf("capacity changed to %d", inst.Capacity)
 	}
 }
+
+// A token becomes part of mount paths: even a privileged caller (the workload manager) cannot
+// set one up that would leave the mount root or confuse the tables; and access modes given
+// twice would make two configurations with one mount path.
+func TestSetupRefusesBadTokensAndDuplicateModes(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	for _, tc := range []struct {
+		setup Setup
+		want  string
+	}{
+		{jobSetup("../../x", 1<<30, "striped"), `'.' is not allowed`},
+		{jobSetup("a/b", 1<<30, "striped"), `'/' is not allowed`},
+		{jobSetup("run 1", 1<<30, "striped"), `' ' is not allowed`},
+		{jobSetup("", 1<<30, "striped"), "empty token"},
+		{jobSetup(strings.Repeat("x", 200), 1<<30, "striped"), "longer than 128 bytes"},
+		{jobSetup("43", 1<<30, "striped", "striped"), "access_mode striped is given twice"},
+		{jobSetup("44", 1<<30, "private", "striped", "private"), "access_mode private is given twice"},
+	} {
+		err := ApplySetup(h.w, tc.setup, h, h.p, h.now)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("setup of %q %v: %v, want an error containing %q", tc.setup.Token, tc.setup.Instance.AccessModes, err, tc.want)
+		}
+		h.w.TakeChanges()
+	}
+	if n := len(h.w.Sessions); n != 0 {
+		t.Errorf("refused setups left %d sessions", n)
+	}
+	h.must(ApplySetup(h.w, jobSetup("run_7_a", 1<<30, "striped", "private"), h, h.p, h.now))
+}

@@ -38,7 +38,6 @@ const (
 	ExitStageOut    = 74 // the job succeeded but stage-out (or post_run, or teardown) failed
 	creatorRun      = "RUN"
 	tokenPrefix     = "run"
-	maxScriptBytes  = 16 << 20
 	stepPollDefault = 100 * time.Millisecond
 	stepWaitDefault = 10 * time.Minute
 )
@@ -138,7 +137,7 @@ func Run(ctx context.Context, o Options) int {
 	defer r.in.stop()
 
 	began := time.Now()
-	raw, err := readScript(o.Script)
+	raw, err := jobspec.ReadScript(o.Script)
 	if err != nil {
 		fmt.Fprintf(o.Out, "spillway run: %v\n", err)
 		return ExitUsage
@@ -461,22 +460,6 @@ func orStatus(job, ours int) int {
 		return job
 	}
 	return ours
-}
-
-func readScript(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("job script: %w", err)
-	}
-	defer f.Close()
-	raw, err := io.ReadAll(io.LimitReader(f, maxScriptBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("job script %s: %w", path, err)
-	}
-	if len(raw) > maxScriptBytes {
-		return nil, fmt.Errorf("job script %s is larger than %s", path, units.FormatHuman(maxScriptBytes))
-	}
-	return raw, nil
 }
 
 // step sends a request and waits for its step to finish, until ctx ends. A busy answer (the

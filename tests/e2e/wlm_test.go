@@ -282,3 +282,13 @@ func memfd(t *testing.T, content string) string {
 	t.Cleanup(func() { f.Close() })
 	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
 }
+
+// job_process reads at most jobspec.MaxScriptBytes: a script path that never ends (a device)
+// is refused with the reason instead of being read without bound.
+func TestJobProcessReadsABoundedScript(t *testing.T) {
+	c := newCluster(t) // no daemons: job_process needs none
+	// c.wlm fails the test if the command does not return within its timeout.
+	if r := c.wlm("--function", "job_process", "--job", "/dev/zero"); r.code == 0 || !strings.Contains(r.stdout, "is larger than 16MiB") {
+		t.Errorf("job_process of /dev/zero: %s", r)
+	}
+}
