@@ -126,13 +126,20 @@ func (a *Agent) decideCapacity(configured uint64) (uint64, error) {
 	if raw, err := os.ReadFile(path); err == nil {
 		json.Unmarshal(raw, &p)
 	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(a.ssd, &st); err != nil {
+		return 0, fmt.Errorf("agent: statfs %s: %w", a.ssd, err)
+	}
+	if size := st.Blocks * uint64(st.Frsize); configured > size {
+		// Offering more than the disk holds would promise jobs space that fails with ENOSPC
+		// only once they have written into it.
+		return 0, fmt.Errorf("agent: agent.capacity %s is larger than the file system holding agent.ssd_path %s (%s); "+
+			"set agent.capacity to at most that, or leave it unset to offer half the free space",
+			units.FormatHuman(configured), a.ssd, units.FormatHuman(size))
+	}
 	if configured > 0 {
 		p.Capacity = configured
 	} else if p.Capacity == 0 {
-		var st syscall.Statfs_t
-		if err := syscall.Statfs(a.ssd, &st); err != nil {
-			return 0, fmt.Errorf("agent: statfs %s: %w", a.ssd, err)
-		}
 		p.Capacity = st.Bavail * uint64(st.Bsize) / 2
 		a.opt.Log.Info("offering half of the free space of the SSD path", "path", a.ssd, "capacity", units.FormatHuman(p.Capacity))
 	}

@@ -389,6 +389,7 @@ func (h *Home) Serve(log *slog.Logger, workerExe []string) error {
 		}
 		return time.Since(lastBusy) >= cfg.Home.IdleTimeout.D()
 	}
+	homeAtStart, _ := os.Stat(h.Dir)
 	why := ""
 	for why == "" {
 		select {
@@ -398,6 +399,10 @@ func (h *Home) Serve(log *slog.Logger, workerExe []string) error {
 			}
 			why = "stopped by " + s.String()
 		case <-ticker.C:
+			if gone := homeGone(h.Dir, homeAtStart); gone != "" {
+				why = gone // nothing can reach this server any more: its socket went with the home
+				continue
+			}
 			cleanups, err := runjob.Reap(context.Background(), ops, *records)
 			if err != nil {
 				log.Warn("cleaning up after gone runs", "err", err)
@@ -488,6 +493,19 @@ func (h *Home) Stale(exe string) string {
 	}
 	if st, err := os.Stat(h.path(ConfigName)); err == nil && !st.ModTime().Equal(info.Config) {
 		return fmt.Sprintf("the home's server (pid %d) read %s before it last changed", info.PID, h.path(ConfigName))
+	}
+	return ""
+}
+
+// homeGone says why the server's home is no longer the one it started in (removed, or
+// replaced by a new directory of the same name), or "".
+func homeGone(dir string, atStart os.FileInfo) string {
+	now, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "its home directory " + dir + " was removed"
+	case err == nil && atStart != nil && !os.SameFile(now, atStart):
+		return "its home directory " + dir + " was replaced"
 	}
 	return ""
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -603,4 +604,37 @@ echo $! > `+flags+`/left
 		t.Errorf("the job's leftover process %d still runs", pid)
 	}
 	w.assertClean()
+}
+
+// TestHomeServerExitsWhenItsHomeIsRemoved: nothing can reach a home server whose home
+// directory was removed (its socket went with it), so it must not run on for ever.
+func TestHomeServerExitsWhenItsHomeIsRemoved(t *testing.T) {
+	requireRoot(t)
+	w := newWorld(t, true)
+	w.writeConfig("[home]\nidle_timeout = \"1h\"\nreap_interval = \"200ms\"\n")
+	job := w.script("j.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\necho ok\n")
+	if r := w.run("run", job); r.code != 0 {
+		t.Fatalf("%s", r)
+	}
+	info, err := os.ReadFile(filepath.Join(w.home, "server.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var server struct{ PID int }
+	if err := json.Unmarshal(info, &server); err != nil || server.PID == 0 {
+		t.Fatalf("server.json %s: %v", info, err)
+	}
+	if err := os.RemoveAll(w.home); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for processAlive(server.PID) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if processAlive(server.PID) {
+		syscall.Kill(server.PID, syscall.SIGKILL)
+		t.Fatalf("the home server %d still runs 10s after its home was removed (home.reap_interval 200ms)", server.PID)
+	}
+	os.MkdirAll(w.home, 0o755) // for the cleanup's `spillway home stop`
+	os.Chown(w.home, nobodyUID, nobodyGID)
 }
