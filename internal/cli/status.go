@@ -87,7 +87,8 @@ as #BB create_persistent / #BB destroy_persistent in a job script.
 
 NAME: letters, digits and _, not starting with a digit, at most 64 characters.
 SIZE: 100GiB, 3.5TB, ... rounded up to the pool's granularity.
-destroy refuses while a job uses the instance; its data is gone afterwards.
+destroy refuses while a job uses the instance; with --hurry (the owner or an administrator)
+it unmounts the instance from those jobs first. Its data is gone afterwards.
 
 Examples:
   spillway persistent create myproject --capacity 200GiB

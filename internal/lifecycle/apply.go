@@ -673,8 +673,14 @@ func ApplyTeardown(w *World, token string, hurry bool) error {
 		return ErrNoSession
 	}
 	if s.Persistent {
-		if users := usersOf(w, s); len(users) > 0 {
-			return userErr("persistent instance %s is in use by job(s) %s; destroy it after they end", s.Token, strings.Join(users, ", "))
+		users := usersOf(w, s)
+		if len(users) > 0 && !hurry {
+			return userErr("persistent instance %s is in use by job(s) %s; destroy it after they end, or with hurry "+
+				"(spillway persistent destroy %s --hurry, dwcli rm session --hurry), which unmounts it from those jobs",
+				s.Token, strings.Join(users, ", "), s.Token)
+		}
+		if len(users) > 0 {
+			detachPersistent(w, s)
 		}
 	}
 	if s.State.Goal != model.GoalDestroy {
@@ -687,6 +693,60 @@ func ApplyTeardown(w *World, token string, hurry bool) error {
 }
 
 // usersOf lists the other sessions that use a persistent session's instance.
+// detachPersistent takes a persistent instance away from the jobs using it (a hurried destroy
+// by its owner or an administrator: another user's job must not keep it for ever). Their
+// mounts of it are removed, their pending stages into it fail, and their paths no longer name
+// it; the instance itself is destroyed once those mounts are gone (stepTeardown waits).
+func detachPersistent(w *World, ps *model.Session) {
+	inst := w.InstanceOf(ps.ID)
+	for _, s := range w.SortedSessions() {
+		if s.ID == ps.ID || !contains(s.Uses, ps.Token) {
+			continue
+		}
+		var uses []string
+		for _, u := range s.Uses {
+			if u != ps.Token {
+				uses = append(uses, u)
+			}
+		}
+		s.Uses = uses
+		w.put(s)
+		if inst == nil {
+			continue
+		}
+		for _, a := range w.ActivationsOf(s.ID) {
+			if c := w.Configurations[a.ConfigurationID]; c != nil && c.InstanceID == inst.ID && a.State.Goal != model.GoalDestroy {
+				a.State = model.Destroying()
+				w.put(a)
+			}
+		}
+		for _, st := range w.StagesOf(s.ID) {
+			ns := w.Namespaces[st.NamespaceID]
+			if st.Status != model.StagePending || ns == nil {
+				continue
+			}
+			if c := w.Configurations[ns.ConfigurationID]; c != nil && c.InstanceID == inst.ID {
+				st.Status, st.Error = model.StageFailed, "persistent instance "+ps.Token+" was destroyed with hurry by its owner or an administrator"
+				w.put(st)
+			}
+		}
+	}
+}
+
+// mountedElsewhere reports whether another session still has the instance mounted (a job
+// that used a persistent instance destroyed with hurry, until its unmount is done).
+func mountedElsewhere(w *World, s *model.Session, inst *model.Instance) bool {
+	for _, a := range w.Activations {
+		if a.SessionID == s.ID {
+			continue
+		}
+		if c := w.Configurations[a.ConfigurationID]; c != nil && c.InstanceID == inst.ID {
+			return true
+		}
+	}
+	return false
+}
+
 func usersOf(w *World, ps *model.Session) []string {
 	var users []string
 	for _, s := range w.SortedSessions() {

@@ -575,3 +575,46 @@ func TestSetupRefusesBadTokensAndDuplicateModes(t *testing.T) {
 	}
 	h.must(ApplySetup(h.w, jobSetup("run_7_a", 1<<30, "striped", "private"), h, h.p, h.now))
 }
+
+// Another user's job must not keep a persistent instance from its owner for ever: a hurried
+// destroy unmounts it from the job (which goes on, without it), then destroys it.
+func TestHurriedDestroyTakesAPersistentInstanceFromItsUsers(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	create := Setup{Token: "shared", Creator: "CLI", Owner: 1001, Group: 1001, Persistent: true,
+		Instance: &InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch"}}
+	h.must(ApplySetup(h.w, create, h, h.p, h.now))
+	h.settle()
+	job := Setup{Token: "12", Creator: "SLURM", Owner: 2002, Group: 2002, Uses: []string{"shared"},
+		Instance: &InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch"}}
+	h.must(ApplySetup(h.w, job, h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "12", []string{"cn1"}, h, h.p))
+	h.settle()
+	jobID := h.w.SessionByToken("12").ID
+	if n := len(h.w.ActivationsOf(jobID)); n != 2 {
+		t.Fatalf("the job has %d mounts, want 2 (its own instance and the persistent one)", n)
+	}
+	if err := ApplyTeardown(h.w, "shared", false); err == nil || !strings.Contains(err.Error(), "--hurry") {
+		t.Fatalf("a destroy without hurry of an instance in use: %v, want the way to force it", err)
+	}
+	h.w.TakeChanges()
+	h.must(ApplyTeardown(h.w, "shared", true))
+	h.settle()
+	if h.w.PersistentByName("shared") != nil {
+		t.Fatal("the persistent instance survived a hurried destroy")
+	}
+	job12 := h.w.SessionByToken("12")
+	if job12 == nil || job12.State.Goal == model.GoalDestroy {
+		t.Fatal("the job that used the persistent instance must go on")
+	}
+	if acts := h.w.ActivationsOf(jobID); len(acts) != 1 {
+		t.Errorf("the job keeps %d mounts, want only its own instance's", len(acts))
+	}
+	if env, _ := Paths(h.w, "12", h.p.MountRoot); env["DW_PERSISTENT_STRIPED_shared"] != "" {
+		t.Errorf("the job's paths still name the destroyed instance: %v", env)
+	}
+	h.must(ApplyPostRun(h.w, "12"))
+	h.must(ApplyTeardown(h.w, "12", false))
+	h.settle()
+	assertEmpty(t, h.w)
+}

@@ -295,6 +295,9 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 		return effects
 	}
 	inst := w.InstanceOf(s.ID)
+	if inst != nil && mountedElsewhere(w, s, inst) {
+		return effects // a hurried persistent destroy: the jobs that used it unmount it first
+	}
 	if inst != nil {
 		if inst.State.Goal != model.GoalDestroy {
 			inst.State = model.Destroying()
