@@ -94,6 +94,11 @@ type Controller struct {
 	// those of one caller (a uid on the socket, an address on TCP). Agents' APIs too.
 	MaxConnections        int `toml:"max_connections"`
 	MaxConnectionsPerPeer int `toml:"max_connections_per_peer"`
+	// Per-user quotas of what ordinary users set up themselves (spillway run, spillway
+	// persistent, the API); the workload manager's jobs are not counted against them.
+	MaxSessionsPerUser   int  `toml:"max_sessions_per_user"`   // sessions (jobs and persistent instances)
+	MaxPersistentPerUser int  `toml:"max_persistent_per_user"` // persistent instances
+	MaxCapacityPerUser   Size `toml:"max_capacity_per_user"`   // instance capacity, all sessions; 0 = no limit
 }
 
 // Executor drives every object to its goal.
@@ -235,6 +240,8 @@ func Defaults() Config {
 			IdleTimeout:           Duration(time.Minute),
 			MaxConnections:        1024,
 			MaxConnectionsPerPeer: 64,
+			MaxSessionsPerUser:    100,
+			MaxPersistentPerUser:  10,
 		},
 		Executor: Executor{
 			MaxAttempts:     5,
@@ -392,6 +399,8 @@ func (c *Config) Validate() error {
 	positive("controller.idle_timeout", int64(c.Controller.IdleTimeout))
 	positive("controller.max_connections", int64(c.Controller.MaxConnections))
 	positive("controller.max_connections_per_peer", int64(c.Controller.MaxConnectionsPerPeer))
+	positive("controller.max_sessions_per_user", int64(c.Controller.MaxSessionsPerUser))
+	positive("controller.max_persistent_per_user", int64(c.Controller.MaxPersistentPerUser))
 	positive("warpfs.max_connections", int64(c.Warpfs.MaxConnections))
 	positive("warpfs.max_handshakes", int64(c.Warpfs.MaxHandshakes))
 	positive("warpfs.max_handshakes_per_peer", int64(c.Warpfs.MaxHandshakesPerPeer))

@@ -127,7 +127,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) fail(w http.ResponseWriter, err error) {
 	kind := ErrorKind(err)
-	status := map[string]int{"user": 400, "not_found": 404, "busy": 409}[kind]
+	status := map[string]int{"user": 400, "not_found": 404, "busy": 409, "taken": 409}[kind]
 	if status == 0 {
 		status = 500
 		s.log.Error("request failed", "err", err)
@@ -228,12 +228,33 @@ func (s *Server) setup(w http.ResponseWriter, r *http.Request) {
 			httpapi.WriteError(w, http.StatusForbidden, "forbidden", err.Error())
 			return
 		}
+		if !req.Persistent && !s.ownsRunToken(r, c, req.Token) {
+			httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf(
+				"token %s was not drawn by uid %d: spillway run draws the run<N> of each of its jobs (POST /dw/v1/run_ids), and only the user who drew it may use it", req.Token, c.uid))
+			return
+		}
 	}
-	if err := s.c.Setup(r.Context(), req); err != nil {
+	if err := s.c.Setup(r.Context(), req, !who(r).privileged); err != nil {
 		s.fail(w, err)
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": req.Token})
+}
+
+// ownsRunToken says whether the caller may set up the run<N> session token: they drew N, or
+// the session exists and is theirs already (a setup re-sent after a controller restart).
+func (s *Server) ownsRunToken(r *http.Request, c caller, token string) bool {
+	if w, err := s.c.view(r.Context()); err == nil {
+		if sess := w.SessionByToken(token); sess != nil {
+			return sess.Owner == c.uid
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimPrefix(token, "run"), 10, 64)
+	if err != nil {
+		return false
+	}
+	drawn, err := s.c.RunIDDrawnBy(r.Context(), n, c.uid)
+	return err == nil && drawn
 }
 
 // runToken is the form of the job tokens ordinary users make (spillway run): never a job id,
@@ -457,7 +478,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) runID(w http.ResponseWriter, r *http.Request) {
-	id, err := s.c.NextRunID(r.Context())
+	id, err := s.c.NextRunID(r.Context(), who(r).uid)
 	if err != nil {
 		s.fail(w, err)
 		return

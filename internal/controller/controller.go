@@ -73,6 +73,8 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 			RetryBackoffMax:     cfg.Executor.RetryBackoffMax.D(),
 			StageMaxAttempts:    cfg.Stage.MaxAttempts,
 			StageMaxRunning:     cfg.Stage.MaxRunning,
+			UserQuota: lifecycle.Quota{Sessions: cfg.Controller.MaxSessionsPerUser,
+				Persistent: cfg.Controller.MaxPersistentPerUser, Capacity: uint64(cfg.Controller.MaxCapacityPerUser)},
 		},
 	}
 	err := st.Update(context.Background(), func(tx *store.Tx) error {
@@ -223,12 +225,18 @@ func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *li
 	return nil
 }
 
-// Setup creates a job or persistent session.
-func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup) error {
+// Setup creates a job or persistent session. ordinaryUser applies the per-user quota (controller.max_*_per_user); the workload manager
+// and administrators are not limited.
+func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUser bool) error {
 	if req.Instance != nil && req.Instance.Pool == "" {
 		req.Instance.Pool = c.cfg.Controller.DefaultPool
 	}
 	return c.decide(ctx, "request-persisted:setup", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		if ordinaryUser {
+			if err := lifecycle.CheckUserQuota(w, req, c.params.UserQuota); err != nil {
+				return err
+			}
+		}
 		return lifecycle.ApplySetup(w, req, ids, c.params, now)
 	})
 }
@@ -295,15 +303,29 @@ func (c *Controller) CreatePool(ctx context.Context, name string, granularity ui
 	})
 }
 
-// NextRunID draws the job id of a `spillway run` job.
-func (c *Controller) NextRunID(ctx context.Context) (int64, error) {
+// NextRunID draws the job id of a `spillway run` job for uid, who alone may then set up
+// run<id> (see RunIDDrawnBy).
+func (c *Controller) NextRunID(ctx context.Context, uid uint32) (int64, error) {
 	var id int64
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		var err error
-		id, err = tx.NextSeq("run_job")
+		id, err = tx.DrawRunID(uid)
 		return err
 	})
 	return id, err
+}
+
+// RunIDDrawnBy reports whether uid drew run id n: an ordinary user may set up run<n> only
+// then, so that nobody can take the token of another user's run, drawn or future.
+func (c *Controller) RunIDDrawnBy(ctx context.Context, n int64, uid uint32) (bool, error) {
+	var drawer uint32
+	var found bool
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		drawer, found, err = tx.RunIDDrawer(n)
+		return err
+	})
+	return found && drawer == uid, err
 }
 
 // Status reports a session's progress with a step.
@@ -427,6 +449,8 @@ func ErrorKind(err error) string {
 		return "not_found"
 	case errors.Is(err, lifecycle.ErrBusy):
 		return "busy"
+	case errors.Is(err, lifecycle.ErrTokenTaken):
+		return "taken"
 	}
 	return "internal"
 }

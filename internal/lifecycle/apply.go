@@ -27,6 +27,17 @@ type Params struct {
 	RetryBackoffMax     time.Duration
 	StageMaxAttempts    int // restarts of a stage after its agent lost it
 	StageMaxRunning     int // stages running at once, all sessions
+	// UserQuota bounds what one ordinary user's own requests may hold (sessions they set up
+	// through `spillway run`, `spillway persistent`, the API); the workload manager's jobs are
+	// bounded by the workload manager.
+	UserQuota Quota
+}
+
+// Quota is what one user may hold at once; a zero field means no limit.
+type Quota struct {
+	Sessions   int    // job sessions and persistent instances together
+	Persistent int    // persistent instances
+	Capacity   uint64 // bytes of instance capacity requested, all sessions
 }
 
 // Step names, recorded as the session's phase.
@@ -43,6 +54,10 @@ const (
 // "No matching session" / "token not found" answers as success for data_in, data_out and
 // teardown, so callers map it to those words.
 var ErrNoSession = errors.New("token not found")
+
+// ErrTokenTaken is returned when a setup names a token another user's session has: a client
+// that drew the token itself (spillway run) draws another.
+var ErrTokenTaken = errors.New("token taken")
 
 // ErrBusy is returned when a request cannot be taken now but may be later (teardown of the same
 // token still running); the caller retries.
@@ -142,7 +157,7 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 			return fmt.Errorf("%w: %q is being torn down; try again when it is gone", ErrBusy, req.Token)
 		}
 		if existing.Owner != req.Owner {
-			return userErr("token %q already belongs to uid %d", req.Token, existing.Owner)
+			return fmt.Errorf("%w: token %q already belongs to uid %d", ErrTokenTaken, req.Token, existing.Owner)
 		}
 		if existing.Persistent != req.Persistent {
 			return userErr("token %q is already used by a %s", req.Token, kindWord(existing))
@@ -238,6 +253,61 @@ const maxTokenBytes = 128
 func checkPersistentName(name string) error {
 	if err := directive.CheckName(name); err != nil {
 		return userErr("persistent instance name %q: %v", name, err)
+	}
+	if IsRunToken(name) {
+		return userErr("persistent instance name %q is reserved: run<N> names the sessions of `spillway run`; choose another name", name)
+	}
+	return nil
+}
+
+// IsRunToken reports whether token has the form of `spillway run`'s sessions, run<N>.
+func IsRunToken(token string) bool {
+	digits := strings.TrimPrefix(token, "run")
+	if len(digits) == len(token) || digits == "" {
+		return false
+	}
+	for i := 0; i < len(digits); i++ {
+		if digits[i] < '0' || digits[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckUserQuota says whether the owner of a new session may have it on top of what they
+// hold (a re-sent setup of an existing session is not new and always passes).
+func CheckUserQuota(w *World, req Setup, q Quota) error {
+	if w.SessionByToken(req.Token) != nil {
+		return nil
+	}
+	if req.Persistent { // a name that can never be had is the first thing to say
+		if err := checkPersistentName(req.Token); err != nil {
+			return err
+		}
+	}
+	sessions, persistent := 0, 0
+	var capacity uint64
+	for _, s := range w.Sessions {
+		if s.Owner != req.Owner || s.State.Goal == model.GoalDestroy {
+			continue
+		}
+		sessions++
+		if s.Persistent {
+			persistent++
+		}
+		if inst := w.InstanceOf(s.ID); inst != nil {
+			capacity += inst.Requested
+		}
+	}
+	if q.Sessions > 0 && sessions >= q.Sessions {
+		return userErr("uid %d holds %d sessions, its limit (controller.max_sessions_per_user); end or destroy some first", req.Owner, sessions)
+	}
+	if req.Persistent && q.Persistent > 0 && persistent >= q.Persistent {
+		return userErr("uid %d holds %d persistent instances, its limit (controller.max_persistent_per_user); destroy one first", req.Owner, persistent)
+	}
+	if req.Instance != nil && q.Capacity > 0 && capacity+req.Instance.Capacity > q.Capacity {
+		return userErr("uid %d holds %s of instances; %s more would pass its limit of %s (controller.max_capacity_per_user)",
+			req.Owner, units.FormatHuman(capacity), units.FormatHuman(req.Instance.Capacity), units.FormatHuman(q.Capacity))
 	}
 	return nil
 }

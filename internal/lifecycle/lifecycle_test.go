@@ -618,3 +618,41 @@ func TestHurriedDestroyTakesAPersistentInstanceFromItsUsers(t *testing.T) {
 	h.settle()
 	assertEmpty(t, h.w)
 }
+
+// The per-user quota counts one user's live sessions, persistent instances and capacity; other
+// users and sessions being destroyed do not count, and a re-sent setup always passes.
+func TestUserQuota(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2")
+	q := Quota{Sessions: 2, Persistent: 1, Capacity: 3 << 30}
+	mine := func(token string, capacity uint64, persistent bool) Setup {
+		s := jobSetup(token, capacity, "striped")
+		s.Persistent = persistent
+		return s
+	}
+	h.must(ApplySetup(h.w, mine("run1", 1<<30, false), h, h.p, h.now))
+	other := jobSetup("run2", 5<<30, "striped")
+	other.Owner = 2002
+	h.must(ApplySetup(h.w, other, h, h.p, h.now))
+	for _, tc := range []struct {
+		req  Setup
+		want string
+	}{
+		{mine("run3", 3<<30, false), "max_capacity_per_user"},
+		{mine("run13", 1<<30, true), "is reserved"},
+	} {
+		if err := CheckUserQuota(h.w, tc.req, q); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.req.Token, err, tc.want)
+		}
+	}
+	h.must(CheckUserQuota(h.w, mine("p", 1<<30, true), q))
+	h.must(ApplySetup(h.w, mine("p", 1<<30, true), h, h.p, h.now))
+	if err := CheckUserQuota(h.w, mine("q", 1<<30, true), q); err == nil || !strings.Contains(err.Error(), "max_sessions_per_user") {
+		t.Errorf("a third session with Sessions 2: %v", err)
+	}
+	h.must(CheckUserQuota(h.w, mine("p", 1<<30, true), q)) // re-sent: not new
+	h.must(ApplyTeardown(h.w, "run1", false))
+	if err := CheckUserQuota(h.w, mine("q", 1<<30, true), q); err == nil || !strings.Contains(err.Error(), "max_persistent_per_user") {
+		t.Errorf("a second persistent instance with Persistent 1: %v", err)
+	}
+	h.must(CheckUserQuota(h.w, mine("run4", 2<<30, false), q)) // run1 is going: its capacity no longer counts
+}

@@ -192,3 +192,44 @@ type MetaValue struct {
 
 // Meta holds the controller's own settings.
 var Meta = NameTable[MetaValue]{Table[MetaValue]{kind: "meta", key: func(m *MetaValue) string { return m.Key }}}
+
+// runDrawKind records who drew each recent run id, so that only they may set up run<N>.
+const runDrawKind = "run_draw"
+
+// RunDrawsKept is how many of the latest run ids keep their drawer: an id is set up right
+// after it is drawn, and the record of the one drawn RunDrawsKept earlier is dropped then, so
+// the records never grow past it.
+const RunDrawsKept = 10000
+
+// DrawRunID draws the next run id for uid and records the drawer.
+func (tx *Tx) DrawRunID(uid uint32) (int64, error) {
+	id, err := tx.kv.NextSeq("run_job")
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.kv.Put(runDrawKind, idKey(id), []byte(fmt.Sprint(uid))); err != nil {
+		return 0, err
+	}
+	if old := id - RunDrawsKept; old > 0 {
+		if err := tx.kv.Delete(runDrawKind, idKey(old)); err != nil {
+			return 0, err
+		}
+	}
+	return id, nil
+}
+
+// RunIDDrawer is the uid that drew run id id, if it is among the latest RunDrawsKept.
+func (tx *Tx) RunIDDrawer(id int64) (uint32, bool, error) {
+	raw, err := tx.kv.Get(runDrawKind, idKey(id))
+	if errors.Is(err, ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	var uid uint32
+	if _, err := fmt.Sscan(string(raw), &uid); err != nil {
+		return 0, false, fmt.Errorf("run id %d: corrupt drawer %q", id, raw)
+	}
+	return uid, true, nil
+}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,31 +28,7 @@ func TestOrdinaryUserCannotImpersonate(t *testing.T) {
 	c := newCluster(t)
 	c.startController()
 	c.startAgent()
-	post := func(body string) (int, string) {
-		t.Helper()
-		client := `
-import http.client, socket, sys
-class Unix(http.client.HTTPConnection):
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(sys.argv[1])
-c = Unix("localhost")
-c.request("POST", "/dw/v1/sessions", body=sys.argv[2], headers={"Content-Type": "application/json"})
-r = c.getresponse()
-print(r.status)
-print(r.read().decode())
-`
-		cmd := exec.Command(python, "-c", client, c.dir+"/controller.sock", body)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("client as nobody: %v\n%s", err, out)
-		}
-		status, rest, _ := strings.Cut(string(out), "\n")
-		code := 0
-		json.Unmarshal([]byte(status), &code)
-		return code, rest
-	}
+	post := func(body string) (int, string) { return postAsNobody(t, python, c.dir+"/controller.sock", "/dw/v1/sessions", body) }
 	instance := `"instance":{"capacity":1073741824,"pool":"wlm_pool","type":"scratch","access_modes":["striped"]}`
 	for _, tc := range []struct {
 		name, body, want string
@@ -65,10 +42,20 @@ print(r.read().decode())
 			t.Errorf("%s: %d %s, want 403 %q", tc.name, code, body, tc.want)
 		}
 	}
-	if code, body := post(`{"token":"run902","creator":"RUN","owner":65534,"group":65534,` + instance + `}`); code != 202 {
+	// run<N> tokens: only the user who drew N may use it (spillway run draws its own).
+	if code, body := post(`{"token":"run902","creator":"RUN","owner":65534,"group":65534,` + instance + `}`); code != 403 || !strings.Contains(body, "was not drawn by uid 65534") {
+		t.Errorf("a run token nobody did not draw: %d %s, want 403", code, body)
+	}
+	code, body := postAsNobody(t, python, c.dir+"/controller.sock", "/dw/v1/run_ids", "")
+	var drawn struct{ ID int64 }
+	if json.Unmarshal([]byte(body), &drawn); code != 200 || drawn.ID == 0 {
+		t.Fatalf("drawing a run id as nobody: %d %s", code, body)
+	}
+	token := fmt.Sprintf("run%d", drawn.ID)
+	if code, body := post(`{"token":"` + token + `","creator":"RUN","owner":65534,"group":65534,` + instance + `}`); code != 202 {
 		t.Fatalf("nobody's own session: %d %s", code, body)
 	}
-	c.step("run902", "setup", func() error { return nil })
+	c.step(token, "setup", func() error { return nil })
 	// The namespace's backing directory is nobody's, but nobody cannot reach it by path: the
 	// SSD tree is the agent's, so writes go through mounts that count capacity.
 	backing, _ := filepath.Glob(filepath.Join(c.dir, "ssd", "fragment", "*", "namespace", "*"))
@@ -80,7 +67,7 @@ print(r.read().decode())
 	if out, err := touch.CombinedOutput(); err == nil || !strings.Contains(string(out), "Permission denied") {
 		t.Errorf("nobody wrote into the SSD tree directly: %v %s", err, out)
 	}
-	c.step("run902", "teardown", func() error { return c.client.Teardown(context.Background(), "run902", true) })
+	c.step(token, "teardown", func() error { return c.client.Teardown(context.Background(), token, true) })
 	c.assertClean()
 }
 
@@ -161,4 +148,86 @@ func openFiles(t *testing.T, pid int) int {
 		t.Fatal(err)
 	}
 	return len(entries)
+}
+
+// postAsNobody sends a POST to the controller's socket as the ordinary user nobody and returns
+// the status and the body.
+func postAsNobody(t *testing.T, python, socket, path, body string) (int, string) {
+	t.Helper()
+	client := `
+import http.client, socket, sys
+class Unix(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(sys.argv[1])
+c = Unix("localhost")
+c.request("POST", sys.argv[2], body=sys.argv[3], headers={"Content-Type": "application/json"})
+r = c.getresponse()
+print(r.status)
+print(r.read().decode())
+`
+	cmd := exec.Command(python, "-c", client, socket, path, body)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client as nobody: %v\n%s", err, out)
+	}
+	status, rest, _ := strings.Cut(string(out), "\n")
+	code := 0
+	json.Unmarshal([]byte(status), &code)
+	return code, rest
+}
+
+// TestOrdinaryUsersHaveQuotas: an ordinary user's own sessions are bounded by the per-user
+// quotas of a system controller (5,000 empty sessions of one user once slowed everyone's
+// setups threefold), and cannot take names that spillway run uses.
+func TestOrdinaryUsersHaveQuotas(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	cfg, err := os.ReadFile(c.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quotas := "[controller]\nmax_sessions_per_user = 3\nmax_persistent_per_user = 2\nmax_capacity_per_user = \"3GiB\"\n"
+	if err := os.WriteFile(c.config, []byte(strings.Replace(string(cfg), "[controller]\n", quotas, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.startController()
+	c.startAgent()
+	jobs := filepath.Join(c.dir, "jobs")
+	os.Mkdir(jobs, 0o777)
+	asNobody := func(args ...string) result {
+		return spillway(t, cmdOpts{dir: jobs, asUser: true, timeout: time.Minute, env: []string{"SPILLWAY_CONFIG=" + c.config}}, args...)
+	}
+	for _, name := range []string{"p1", "p2"} {
+		if r := asNobody("persistent", "create", name, "--capacity", "1GiB"); r.code != 0 {
+			t.Fatalf("persistent %s: %s", name, r)
+		}
+	}
+	r := asNobody("persistent", "create", "p3", "--capacity", "1GiB")
+	if r.code == 0 || !strings.Contains(r.stdout+r.stderr, "controller.max_persistent_per_user") {
+		t.Errorf("a third persistent instance with max_persistent_per_user 2: %s", r)
+	}
+	script := func(name, capacity string) string {
+		p := filepath.Join(jobs, name)
+		os.WriteFile(p, []byte("#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity="+capacity+"\necho ran\n"), 0o755)
+		return p
+	}
+	r = asNobody("run", "--node", "storage1", script("big.sh", "2GiB"))
+	if r.code == 0 || !strings.Contains(r.stdout+r.stderr, "controller.max_capacity_per_user") {
+		t.Errorf("a 2GiB job on top of 2GiB with max_capacity_per_user 3GiB: %s", r)
+	}
+	if r := asNobody("run", "--node", "storage1", script("small.sh", "1GiB")); r.code != 0 {
+		t.Errorf("a 1GiB job within every quota: %s", r)
+	}
+	r = asNobody("persistent", "create", "run13", "--capacity", "1GiB")
+	if r.code == 0 || !strings.Contains(r.stdout+r.stderr, "is reserved") {
+		t.Errorf("a persistent instance named run13: %s", r)
+	}
+	for _, name := range []string{"p1", "p2"} {
+		if r := asNobody("persistent", "destroy", name); r.code != 0 {
+			t.Errorf("destroying %s: %s", name, r)
+		}
+	}
+	c.assertClean()
 }
