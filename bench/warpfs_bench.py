@@ -4,7 +4,8 @@
 Prints the figures and writes them into BENCHMARKS.md between <!-- warpfs:begin --> and
 <!-- warpfs:end -->. Measures, with dd (1 MiB blocks, one file of --size-mib):
 
-  (a) the local loopback mount: the job's instance mounted on its own storage node;
+  (a) the local mount: the job's instance mounted on its own storage node (the storage
+      server's code in the agent's process, no network hop);
   (b) the remote mount: the same instance mounted on a compute node in another network
       namespace, reaching the storage node's agent over TCP (warpfs);
   (c) raw: dd on a directory of the same file system as the storage node's SSD path.
@@ -261,7 +262,7 @@ def main():
     med = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in results.items()}
     rows = [
         ("(c) raw: dd on the storage node's file system", "raw"),
-        ("(a) local mount: loopback on the storage node", "local"),
+        ("(a) local mount on the storage node (in-process server)", "local"),
         ("(b) remote mount: compute node → TCP (veth) → storage node", "remote"),
     ]
     header = "| path |"

@@ -108,8 +108,10 @@ type Remote struct {
 	Readahead int
 }
 
-// defaultRemoteReadahead is Remote.Readahead's default.
-const defaultRemoteReadahead = 4 << 20
+// defaultReadahead is how far ahead a root agent has the kernel read sequential files of any
+// mount (Remote.Readahead overrides it for a remote one): several requests in flight hide
+// the round trip to the server, and the backing disk reads ahead as far.
+const defaultReadahead = 4 << 20
 
 // Limits are the tunables of a mount, each a named field so the agent's configuration can
 // set it. A zero field means its default (for the three cache timeouts the default is zero).
@@ -127,9 +129,10 @@ type Limits struct {
 	// MaxWrite is the largest FUSE read or write request, in bytes. Default and maximum 1 MiB
 	// (the kernel's limit, 256 pages); each request costs a round trip, so big is fast.
 	MaxWrite int
-	// MaxReadahead is how far ahead the kernel reads a file being read sequentially, in bytes.
-	// Default 1 MiB. The kernel starts FUSE mounts at 128 KiB; a root agent raises it after
-	// mounting (/sys/class/bdi/<dev>/read_ahead_kb), a non-root agent cannot.
+	// MaxReadahead is the readahead the mount asks for at its start (FUSE's max_readahead),
+	// in bytes. Default 1 MiB. The kernel starts FUSE mounts at 128 KiB; a root agent then
+	// raises the device's readahead to 4 MiB (/sys/class/bdi/<dev>/read_ahead_kb; for a
+	// remote mount Remote.Readahead), a non-root agent cannot.
 	MaxReadahead int
 	// MaxBackground is how many asynchronous requests (readahead, direct I/O) the kernel keeps
 	// in flight to the server. Default 32.
@@ -399,12 +402,9 @@ func Mount(spec Spec) (*Mounted, error) {
 	if err := unix.Stat(path, &st); err == nil {
 		m.conn = unix.Minor(st.Dev)
 		if asRoot {
-			ra := limits.MaxReadahead
-			if spec.Remote != nil {
+			ra := defaultReadahead
+			if spec.Remote != nil && spec.Remote.Readahead > 0 {
 				ra = spec.Remote.Readahead
-				if ra <= 0 {
-					ra = defaultRemoteReadahead
-				}
 			}
 			raiseReadahead(st.Dev, ra, logger)
 		}
