@@ -99,6 +99,9 @@ type Controller struct {
 	MaxSessionsPerUser   int  `toml:"max_sessions_per_user"`   // sessions (jobs and persistent instances)
 	MaxPersistentPerUser int  `toml:"max_persistent_per_user"` // persistent instances
 	MaxCapacityPerUser   Size `toml:"max_capacity_per_user"`   // instance capacity, all sessions; 0 = no limit
+	// PrivateData shows ordinary users only their own sessions (and everything under them)
+	// and the persistent instances, as Slurm's PrivateData does; off, everyone sees all.
+	PrivateData bool `toml:"private_data"`
 }
 
 // Executor drives every object to its goal.
@@ -242,6 +245,7 @@ func Defaults() Config {
 			MaxConnectionsPerPeer: 64,
 			MaxSessionsPerUser:    100,
 			MaxPersistentPerUser:  10,
+			PrivateData:           true,
 		},
 		Executor: Executor{
 			MaxAttempts:     5,

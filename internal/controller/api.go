@@ -178,7 +178,17 @@ func (s *Server) all(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, 200, views.Build(world))
+	httpapi.WriteJSON(w, 200, s.visible(r, views.Build(world)))
+}
+
+// visible is what the caller may see of all: everything for administrators and the workload
+// manager, or where controller.private_data is off; an ordinary user's own objects and the
+// persistent instances otherwise.
+func (s *Server) visible(r *http.Request, all views.All) views.All {
+	if c := who(r); !c.privileged && s.c.cfg.Controller.PrivateData {
+		return all.VisibleTo(c.uid)
+	}
+	return all
 }
 
 func (s *Server) table(w http.ResponseWriter, r *http.Request) {
@@ -188,7 +198,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	all := views.Build(world)
+	all := s.visible(r, views.Build(world))
 	var rows any
 	switch name {
 	case "pools":
@@ -377,6 +387,9 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		}
 		wait = min(d, maxStatusWait, s.c.cfg.Controller.RequestTimeout.D()/2)
 	}
+	if !s.mayActOn(w, r, r.PathValue("token")) {
+		return
+	}
 	st, err := s.c.WaitStatus(r.Context(), r.PathValue("token"), r.URL.Query().Get("step"), wait)
 	if err != nil {
 		s.fail(w, err)
@@ -386,6 +399,9 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) paths(w http.ResponseWriter, r *http.Request) {
+	if !s.mayActOn(w, r, r.PathValue("token")) {
+		return
+	}
 	env, err := s.c.Paths(r.Context(), r.PathValue("token"))
 	if err != nil {
 		s.fail(w, err)

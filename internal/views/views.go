@@ -340,3 +340,61 @@ func ids[T any](m map[int64]T) []int64 {
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
 }
+
+// VisibleTo keeps what an ordinary user may see (DataWarp: "non-administrators can only see
+// persistent instances and any configuration data associated with their userid"): the pools
+// and nodes; their own sessions with everything under them; and every persistent instance
+// (any user's job may use one with #DW persistentdw) with its configurations, fragments and
+// namespaces — but not other users' registrations, mounts or stages on it.
+func (a All) VisibleTo(uid uint32) All {
+	sessions := map[int64]bool{} // visible sessions
+	own := map[int64]bool{}      // the user's own sessions
+	out := All{Pools: a.Pools, Nodes: a.Nodes}
+	for _, s := range a.Sessions {
+		if s.Owner == uid || s.Persistent {
+			sessions[s.ID] = true
+			own[s.ID] = s.Owner == uid
+			out.Sessions = append(out.Sessions, s)
+		}
+	}
+	instances := map[int64]bool{}
+	for _, in := range a.Instances {
+		if sessions[in.Links.Session] {
+			instances[in.ID] = true
+			out.Instances = append(out.Instances, in)
+		}
+	}
+	configs := map[int64]bool{}
+	for _, c := range a.Configurations {
+		if instances[c.Links.Instance] {
+			configs[c.ID] = true
+			out.Configurations = append(out.Configurations, c)
+		}
+	}
+	for _, f := range a.Fragments {
+		if instances[f.Instance] {
+			out.Fragments = append(out.Fragments, f)
+		}
+	}
+	for _, n := range a.Namespaces {
+		if configs[n.Configuration] {
+			out.Namespaces = append(out.Namespaces, n)
+		}
+	}
+	for _, r := range a.Registrations {
+		if own[r.Session] {
+			out.Registrations = append(out.Registrations, r)
+		}
+	}
+	for _, act := range a.Activations {
+		if own[act.Session] {
+			out.Activations = append(out.Activations, act)
+		}
+	}
+	for _, st := range a.Stages {
+		if own[st.Session] {
+			out.Stages = append(out.Stages, st)
+		}
+	}
+	return out
+}

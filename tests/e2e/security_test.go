@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -153,6 +154,12 @@ func openFiles(t *testing.T, pid int) int {
 // postAsNobody sends a POST to the controller's socket as the ordinary user nobody and returns
 // the status and the body.
 func postAsNobody(t *testing.T, python, socket, path, body string) (int, string) {
+	return requestAs(t, python, socket, nobodyUID, "POST", path, body)
+}
+
+// requestAs sends a request to the controller's socket as uid (group nobody) and returns the
+// status and the body.
+func requestAs(t *testing.T, python, socket string, uid uint32, method, path, body string) (int, string) {
 	t.Helper()
 	client := `
 import http.client, socket, sys
@@ -161,21 +168,91 @@ class Unix(http.client.HTTPConnection):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(sys.argv[1])
 c = Unix("localhost")
-c.request("POST", sys.argv[2], body=sys.argv[3], headers={"Content-Type": "application/json"})
+c.request(sys.argv[2], sys.argv[3], body=sys.argv[4] or None, headers={"Content-Type": "application/json"})
 r = c.getresponse()
 print(r.status)
 print(r.read().decode())
 `
-	cmd := exec.Command(python, "-c", client, socket, path, body)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+	cmd := exec.Command(python, "-c", client, socket, method, path, body)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: nobodyGID}}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("client as nobody: %v\n%s", err, out)
+		t.Fatalf("client as uid %d: %v\n%s", uid, err, out)
 	}
 	status, rest, _ := strings.Cut(string(out), "\n")
 	code := 0
 	json.Unmarshal([]byte(status), &code)
 	return code, rest
+}
+
+// TestUsersSeeOnlyTheirOwn: with controller.private_data (the default) an ordinary user sees
+// their own sessions and everything under them, and the persistent instances, but not another
+// user's job, its mounts or its stages; an administrator sees everything. Another user can
+// neither read the job's status nor its paths.
+func TestUsersSeeOnlyTheirOwn(t *testing.T) {
+	requireRoot(t)
+	python, err := exec.LookPath("/usr/bin/python3")
+	if err != nil {
+		t.Skip("/usr/bin/python3 (the HTTP client run as ordinary users) is not installed")
+	}
+	c := newCluster(t)
+	c.startController()
+	c.startAgent()
+	sock := c.dir + "/controller.sock"
+	const other = 4242 // a second ordinary user
+	code, body := requestAs(t, python, sock, nobodyUID, "POST", "/dw/v1/run_ids", "")
+	var drawn struct{ ID int64 }
+	if json.Unmarshal([]byte(body), &drawn); code != 200 {
+		t.Fatalf("drawing a run id: %d %s", code, body)
+	}
+	job := fmt.Sprintf("run%d", drawn.ID)
+	instance := `"instance":{"capacity":1073741824,"pool":"wlm_pool","type":"scratch","access_modes":["striped"]}`
+	for _, req := range []string{
+		`{"token":"` + job + `","creator":"RUN","owner":65534,"group":65534,` + instance + `}`,
+		`{"token":"shared","creator":"CLI","owner":65534,"group":65534,"persistent":true,` + instance + `}`,
+	} {
+		if code, body := requestAs(t, python, sock, nobodyUID, "POST", "/dw/v1/sessions", req); code != 202 {
+			t.Fatalf("setup as nobody: %d %s", code, body)
+		}
+	}
+	c.step(job, "setup", func() error { return nil })
+	c.step("shared", "setup", func() error { return nil })
+	tokens := func(uid uint32) []string {
+		code, body := requestAs(t, python, sock, uid, "GET", "/dw/v1/all", "")
+		var all struct {
+			Sessions  []struct{ Token string }
+			Instances []struct{ ID int64 }
+		}
+		if err := json.Unmarshal([]byte(body), &all); code != 200 || err != nil {
+			t.Fatalf("GET /dw/v1/all as uid %d: %d %s", uid, code, body)
+		}
+		var out []string
+		for _, s := range all.Sessions {
+			out = append(out, s.Token)
+		}
+		sort.Strings(out)
+		return out
+	}
+	if got := strings.Join(tokens(nobodyUID), " "); got != job+" shared" && got != "shared "+job {
+		t.Errorf("nobody sees sessions %q, want its job and its persistent instance", got)
+	}
+	if got := strings.Join(tokens(other), " "); got != "shared" {
+		t.Errorf("another user sees sessions %q, want only the persistent instance", got)
+	}
+	if code, body := requestAs(t, python, sock, other, "GET", "/dw/v1/sessions/"+job+"/paths", ""); code != 403 {
+		t.Errorf("another user reading nobody's job's paths: %d %s, want 403", code, body)
+	}
+	if code, body := requestAs(t, python, sock, other, "GET", "/dw/v1/sessions/"+job+"/status?step=setup", ""); code != 403 {
+		t.Errorf("another user reading nobody's job's status: %d %s, want 403", code, body)
+	}
+	all, err := c.client.All(context.Background()) // root: everything
+	if err != nil || len(all.Sessions) != 2 {
+		t.Errorf("root sees %d sessions (%v), want 2", len(all.Sessions), err)
+	}
+	for _, token := range []string{job, "shared"} {
+		c.step(token, "teardown", func() error { return c.client.Teardown(context.Background(), token, true) })
+	}
+	c.assertClean()
 }
 
 // TestOrdinaryUsersHaveQuotas: an ordinary user's own sessions are bounded by the per-user
