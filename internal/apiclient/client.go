@@ -21,6 +21,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
 
@@ -33,6 +34,8 @@ type Client struct {
 	wait    time.Duration
 	address string
 	hint    string
+	munge   bool   // authenticate each request with a fresh MUNGE credential
+	mungeAt string // munged's socket ("" = munge's default)
 }
 
 // Options are the connection limits (config section [client]).
@@ -47,6 +50,11 @@ type Options struct {
 	// Hint ends the message of an Unreachable error: what to check ("" = the system
 	// install's advice).
 	Hint string
+	// Munge authenticates every request to a TCP controller as this process's user with a
+	// MUNGE credential from the munged at MungeSocket ("" = munge's default), when there is
+	// no Token.
+	Munge       bool
+	MungeSocket string
 }
 
 // New connects to address: "unix:/path/to.sock", a bare socket path, or "http://host:port".
@@ -57,11 +65,13 @@ func New(address string, o Options) (*Client, error) {
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 60 * time.Second
 	}
-	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address, hint: o.Hint}
+	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address, hint: o.Hint,
+		mungeAt: o.MungeSocket}
 	switch {
 	case strings.HasPrefix(address, "http://") || strings.HasPrefix(address, "https://"):
 		c.base = strings.TrimRight(address, "/")
 		c.http = &http.Client{Timeout: o.RequestTimeout}
+		c.munge = o.Munge && o.Token == "" // a Unix socket's peer credentials say who we are
 	default:
 		sock := strings.TrimPrefix(address, "unix:")
 		if sock == "" {
@@ -150,8 +160,15 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		if body != nil {
 			req.Header.Set("Content-Type", "application/json")
 		}
-		if c.token != "" {
+		switch {
+		case c.token != "":
 			req.Header.Set("Authorization", "Bearer "+c.token)
+		case c.munge:
+			cred, err := munge.Encode(ctx, c.mungeAt) // one per request: munged refuses a replay
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "MUNGE "+cred)
 		}
 		resp, err := c.http.Do(req)
 		if err != nil {

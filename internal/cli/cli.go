@@ -230,7 +230,8 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 				return nil, err
 			}
 		}
-		cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(), RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second})
+		cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(),
+			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, Munge: true, MungeSocket: cfg.Client.MungeSocket})
 		if err != nil {
 			return nil, err
 		}

@@ -102,6 +102,9 @@ type Controller struct {
 	// PrivateData shows ordinary users only their own sessions (and everything under them)
 	// and the persistent instances, as Slurm's PrivateData does; off, everyone sees all.
 	PrivateData bool `toml:"private_data"`
+	// MungeSocket is the local munged's socket, which decodes the MUNGE credentials of users
+	// on TCP. "" = munge's default (/run/munge/munge.socket.2).
+	MungeSocket string `toml:"munge_socket"`
 }
 
 // Executor drives every object to its goal.
@@ -191,8 +194,11 @@ type Mount struct {
 
 // Client is how commands (dw_wlm_cli, dwstat, spillway run) reach the controller.
 type Client struct {
-	Controller     string   `toml:"controller"`      // "unix:/path" or "http://host:port"
-	TokenFile      string   `toml:"token_file"`      // for TCP controllers
+	Controller string `toml:"controller"` // "unix:/path" or "http://host:port"
+	TokenFile  string `toml:"token_file"` // for TCP controllers
+	// MungeSocket is the local munged's socket; without a token, commands authenticate to a
+	// TCP controller as their user with MUNGE. "" = munge's default.
+	MungeSocket    string   `toml:"munge_socket"`
 	ConnectRetries int      `toml:"connect_retries"` // attempts while the controller restarts
 	RetryWait      Duration `toml:"retry_wait"`      // wait between them
 	PollInterval   Duration `toml:"poll_interval"`   // how often a waiting command asks for progress

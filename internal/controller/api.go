@@ -18,6 +18,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
@@ -106,19 +107,33 @@ func (s *Server) handle(pattern string, h http.HandlerFunc) {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	peer := httpapi.PeerOf(r)
 	who := caller{uid: peer.UID, gid: peer.GID, known: peer.Known}
+	viaMunge := false
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		if s.token != "" && auth == "Bearer "+s.token {
+		switch cred, isMunge := strings.CutPrefix(auth, "MUNGE "); {
+		case s.token != "" && auth == "Bearer "+s.token:
 			who.known, who.privileged = true, true
-		} else {
+		case isMunge:
+			ctx, cancel := context.WithTimeout(r.Context(), s.c.cfg.Controller.RequestTimeout.D())
+			id, err := munge.Decode(ctx, s.c.cfg.Controller.MungeSocket, cred)
+			cancel()
+			if err != nil {
+				httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", err.Error())
+				return
+			}
+			who, viaMunge = caller{uid: id.UID, gid: id.GID, known: true}, true
+		default:
 			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "the token presented does not match controller.token_file")
 			return
 		}
 	}
 	if !who.known {
-		httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "TCP clients must present the shared token (Authorization: Bearer ...); local clients use the Unix socket")
+		httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "TCP clients must authenticate: users with a MUNGE credential (munged running on their host with the cluster's key), "+
+			"services with the shared token (Authorization: Bearer ...); local clients use the Unix socket")
 		return
 	}
-	who.privileged = who.privileged || s.privileged[who.uid]
+	// A MUNGE credential proves a uid on some host of the cluster, and root on any compute
+	// node can make one for any uid: it never grants administration (docs/security.md).
+	who.privileged = who.privileged || (s.privileged[who.uid] && !viaMunge)
 	r.Body = http.MaxBytesReader(w, r.Body, int64(s.c.cfg.Controller.MaxRequestBytes))
 	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), callerKey{}, who), s.c.cfg.Controller.RequestTimeout.D())
 	defer cancel()

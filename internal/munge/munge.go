@@ -1,0 +1,124 @@
+// Package munge authenticates users across hosts with MUNGE, as Slurm does: a client asks its
+// host's munged for a credential (`munge -n`), which names its uid and gid and can be decoded
+// once, by a munged with the same key, within its lifetime (`unmunge`). Debian's munge
+// package provides both commands; they are run rather than linked, which keeps the binary
+// free of cgo.
+package munge
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// Identity is who a credential was made for.
+type Identity struct {
+	UID, GID uint32
+}
+
+// Encode asks the local munged (at socket; "" = munge's default) for a credential of this
+// process's user, with no payload.
+func Encode(ctx context.Context, socket string) (string, error) {
+	args := []string{"-n"}
+	if socket != "" {
+		args = append(args, "-S", socket)
+	}
+	out, err := run(ctx, "munge", nil, args...)
+	if err != nil {
+		return "", fmt.Errorf("cannot get a MUNGE credential: %w (is munged running, with the cluster's key? client.munge_socket names its socket)", err)
+	}
+	cred := strings.TrimSpace(string(out))
+	if !strings.HasPrefix(cred, "MUNGE:") {
+		return "", fmt.Errorf("munge printed no credential: %q", clip(cred))
+	}
+	return cred, nil
+}
+
+// Decode checks a credential with the local munged and returns whose it is. A credential that
+// is invalid, expired, replayed or made with another key is refused with munge's reason.
+func Decode(ctx context.Context, socket, cred string) (Identity, error) {
+	if !strings.HasPrefix(cred, "MUNGE:") || len(cred) > maxCredential || strings.ContainsAny(cred, "\n\r") {
+		return Identity{}, errors.New("not a MUNGE credential")
+	}
+	args := []string{"-N", "-k", "UID,GID", "-o", "/dev/null"}
+	if socket != "" {
+		args = append(args, "-S", socket)
+	}
+	out, err := run(ctx, "unmunge", []byte(cred), args...)
+	if err != nil {
+		return Identity{}, fmt.Errorf("MUNGE credential refused: %w", err)
+	}
+	var id Identity
+	var haveUID, haveGID bool
+	for _, line := range strings.Split(string(out), "\n") {
+		key, value, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(value), 10, 32)
+		if err != nil {
+			continue
+		}
+		switch strings.TrimSpace(key) {
+		case "UID":
+			id.UID, haveUID = uint32(n), true
+		case "GID":
+			id.GID, haveGID = uint32(n), true
+		}
+	}
+	if !haveUID || !haveGID {
+		return Identity{}, fmt.Errorf("unmunge printed no UID and GID: %q", clip(string(out)))
+	}
+	return id, nil
+}
+
+// maxCredential bounds what is handed to unmunge (a credential without payload is ~150 bytes).
+const maxCredential = 4096
+
+// run runs a munge command, with stdin, and returns its output; a failure carries the
+// command's own message.
+func run(ctx context.Context, name string, stdin []byte, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			return nil, errors.New(clip(strings.TrimPrefix(msg, name+": ")))
+		}
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			if why, ok := exitReasons[exit.ExitCode()]; ok {
+				return nil, errors.New(why)
+			}
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// exitReasons are munge's exit codes (munge_err_t) that unmunge may end with silently.
+var exitReasons = map[int]string{
+	6:  "cannot reach munged (is it running? munge_socket names its socket)",
+	7:  "munged timed out",
+	8:  "invalid credential",
+	11: "invalid credential (made with another key? every host needs the cluster's munge.key)",
+	13: "credential from another MUNGE realm",
+	14: "invalid credential",
+	15: "Expired credential (are the hosts' clocks in step?)",
+	16: "Rewound credential (are the hosts' clocks in step?)",
+	17: "Replayed credential: a MUNGE credential is good for one request",
+	18: "Unauthorized credential",
+}
+
+func clip(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "..."
+	}
+	return s
+}

@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// startMunged runs a munged of the test's own in dir, named name, with the key in dir (made
+// by the first call), until the test ends; it returns the daemon's socket.
+func startMunged(t *testing.T, dir, name string) string {
+	t.Helper()
+	if _, err := exec.LookPath("munged"); err != nil {
+		t.Fatal("munged is missing: scripts/install-deps --test installs Debian's munge")
+	}
+	keyPath := filepath.Join(dir, "munge.key")
+	if _, err := os.Stat(keyPath); err != nil {
+		key := make([]byte, 1024)
+		if f, err := os.Open("/dev/urandom"); err == nil {
+			f.Read(key)
+			f.Close()
+		}
+		if err := os.WriteFile(keyPath, key, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock := filepath.Join(dir, name+".sock")
+	cmd := exec.Command("munged", "-F", "-f", "--socket="+sock, "--key-file="+keyPath,
+		"--log-file="+filepath.Join(dir, name+".log"), "--pid-file="+filepath.Join(dir, name+".pid"),
+		"--seed-file="+filepath.Join(dir, name+".seed"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return sock
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("munged did not open its socket within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestUsersOnOtherHostsAuthenticateWithMunge: a TCP controller takes MUNGE credentials from
+// users: they act as themselves (their own persistent instance, refused another's), a
+// credential is good once, a request without one is refused with the way to get one, and a
+// MUNGE credential of root grants no administration.
+func TestUsersOnOtherHostsAuthenticateWithMunge(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	sock := startMunged(t, c.dir, "munged-controller")
+	// The users' host has a munged of its own, with the cluster's key.
+	userSock := startMunged(t, c.dir, "munged-user-host")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	token := filepath.Join(c.dir, "token")
+	os.WriteFile(token, []byte("munge-test-token\n"), 0o600)
+	cfg, _ := os.ReadFile(c.config)
+	extra := fmt.Sprintf("[controller]\nlisten = %q\ntoken_file = %q\nmunge_socket = %q\n", addr, token, sock)
+	withToken := strings.Replace(string(cfg), "[controller]\n", extra, 1)
+	withToken = strings.Replace(withToken, "[agent]\n", fmt.Sprintf("[agent]\ntoken_file = %q\n", token), 1)
+	os.WriteFile(c.config, []byte(withToken), 0o644)
+	c.startController()
+	c.startAgent()
+
+	// What a user on another host has: the controller's address and munged, no token.
+	userConfig := filepath.Join(c.dir, "user.toml")
+	os.WriteFile(userConfig, []byte(fmt.Sprintf("[client]\ncontroller = \"http://%s\"\nmunge_socket = %q\nconnect_retries = 1\n", addr, userSock)), 0o644)
+	as := func(uid uint32, args ...string) result {
+		t.Helper()
+		cmd := exec.Command(binary, args...)
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/", "SPILLWAY_CONFIG=" + userConfig}
+		cmd.Dir = "/"
+		if uid != 0 {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: nobodyGID}}
+		}
+		var out, errb strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		done := make(chan error, 1)
+		cmd.Start()
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("spillway %v as uid %d did not finish", args, uid)
+		}
+		return result{code: cmd.ProcessState.ExitCode(), stdout: out.String(), stderr: errb.String()}
+	}
+	if r := as(nobodyUID, "persistent", "create", "mine", "--capacity", "1GiB"); r.code != 0 {
+		t.Fatalf("nobody creating a persistent instance over TCP with MUNGE: %s", r)
+	}
+	r := as(nobodyUID, "dwstat", "sessions")
+	mustContain(t, r, "mine")
+	if !strings.Contains(squeeze(r.stdout), " 65534 ") {
+		t.Errorf("the instance nobody made over TCP is not nobody's:\n%s", r.stdout)
+	}
+	const other = 4242
+	if r := as(other, "persistent", "destroy", "mine"); r.code == 0 || !strings.Contains(r.stdout+r.stderr, "belongs to uid 65534") {
+		t.Errorf("another user destroying nobody's instance: %s", r)
+	}
+	// Root on a compute node can make MUNGE credentials for anyone: they grant no
+	// administration.
+	if r := as(0, "persistent", "destroy", "mine"); r.code == 0 || !strings.Contains(r.stdout+r.stderr, "belongs to uid 65534") {
+		t.Errorf("root with a MUNGE credential destroying nobody's instance: %s", r)
+	}
+	// A credential is good once; no credential is refused with the way to get one.
+	cred, err := exec.Command("munge", "-n", "-S", userSock).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(auth string) (int, string) {
+		cmd := exec.Command("/usr/bin/python3", "-c", `
+import http.client, sys
+c = http.client.HTTPConnection(sys.argv[1])
+c.request("GET", "/dw/v1/sessions", headers={"Authorization": sys.argv[2]} if sys.argv[2] else {})
+r = c.getresponse()
+print(r.status, r.read().decode())
+`, addr, auth)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("python client: %v %s", err, out)
+		}
+		var code int
+		fmt.Sscan(string(out), &code)
+		return code, string(out)
+	}
+	if code, out := get("MUNGE " + strings.TrimSpace(string(cred))); code != 200 {
+		t.Errorf("a fresh credential: %s", out)
+	}
+	if code, out := get("MUNGE " + strings.TrimSpace(string(cred))); code != 401 || !strings.Contains(out, "Replayed") {
+		t.Errorf("the same credential again: %s, want 401 replayed", out)
+	}
+	if code, out := get(""); code != 401 || !strings.Contains(out, "MUNGE") {
+		t.Errorf("no credential: %s, want 401 naming MUNGE", out)
+	}
+	if r := as(nobodyUID, "persistent", "destroy", "mine"); r.code != 0 {
+		t.Errorf("nobody destroying its instance: %s", r)
+	}
+	c.assertClean()
+}
