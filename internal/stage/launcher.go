@@ -92,12 +92,18 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		r.finishEarly(err)
 		return r
 	}
-	workerSpec, rootFiles, err := passRoots(spec)
+	workerSpec, rootFiles, err := openRoots(spec)
 	if err != nil {
 		r.finishEarly(err)
 		return r
 	}
-	defer closeAll(rootFiles) // the worker has its own copies once started
+	agentEnd, workerEnd, err := handoffPair()
+	if err != nil {
+		closeAll(rootFiles)
+		r.finishEarly(err)
+		return r
+	}
+	defer workerEnd.Close() // the worker has its own copy once started
 	request, err := json.Marshal(workerRequest{StageSpec: workerSpec, Limits: &r.limits})
 	if err != nil {
 		r.finishEarly(fmt.Errorf("cannot encode the stage request: %v", err))
@@ -116,7 +122,7 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	}
 	r.stderr = &headBuffer{max: r.limits.MaxStderrBytes}
 	cmd.Stderr = r.stderr
-	cmd.ExtraFiles = rootFiles
+	cmd.ExtraFiles = []*os.File{workerEnd} // fd 3 (handoffFd): the worker asks for its directories here
 	cmd.WaitDelay = r.limits.CancelGrace
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -130,10 +136,24 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	}
 	markDescriptorsCloseOnExec()
 	if err := cmd.Start(); err != nil {
+		agentEnd.Close()
+		closeAll(rootFiles)
 		r.finishEarly(fmt.Errorf("cannot start the staging worker %s as uid %d: %v", exe[0], spec.UID, err))
 		return r
 	}
 	r.cmd, r.stdin = cmd, stdin
+	go func() {
+		defer closeAll(rootFiles)
+		go func() { <-r.done; agentEnd.Close() }() // a worker that never asks: stop waiting
+		if err := handOver(agentEnd, cmd.Process.Pid, rootFiles); err != nil {
+			r.mu.Lock()
+			if r.protoErr == nil {
+				r.protoErr = err
+			}
+			r.mu.Unlock()
+			r.stop(stopProtocol)
+		}
+	}()
 	// Written aside so that a large request never blocks supervise; a worker that dies before
 	// reading it is noticed by Wait.
 	go stdin.Write(append(request, '\n'))
@@ -142,11 +162,11 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	return r
 }
 
-// passRoots opens the stage's namespace directories for the worker, which gets them as
-// inherited descriptors (fd 3, 4, ...) and reaches them as /proc/self/fd/N: the SSD tree
-// above them is the agent's alone, so that users reach their files only through mounts
+// openRoots opens the stage's namespace directories for the worker, which receives them once
+// it cannot be inspected any more (handoff.go) and reaches them as /proc/self/fd/N: the SSD
+// tree above them is the agent's alone, so that users reach their files only through mounts
 // (which count capacity and keep loadbalance read-only) and through stages — never by path.
-func passRoots(spec agentapi.StageSpec) (agentapi.StageSpec, []*os.File, error) {
+func openRoots(spec agentapi.StageSpec) (agentapi.StageSpec, []*os.File, error) {
 	names := make([]string, 0, len(spec.Roots))
 	for name := range spec.Roots {
 		names = append(names, name)
@@ -162,7 +182,7 @@ func passRoots(spec agentapi.StageSpec) (agentapi.StageSpec, []*os.File, error) 
 			return spec, nil, fmt.Errorf("cannot open the burst buffer $%s on this node: %v", name, err)
 		}
 		files = append(files, f)
-		out.Roots[name] = fmt.Sprintf("/proc/self/fd/%d", 3+i)
+		out.Roots[name] = fmt.Sprintf("%s%d", handoffRoot, i)
 	}
 	return out, files, nil
 }

@@ -35,6 +35,12 @@ var errAgentGone = errors.New("the agent went away")
 func WorkerMain(stdin io.Reader, stdout io.Writer) int {
 	defaults := DefaultLimits()
 	out := &emitter{w: stdout, maxLine: defaults.MaxLineBytes, maxWarnings: defaults.MaxWarnings}
+	// First of all: the job's user must not reach into this process (/proc/<pid>/fd, mem,
+	// ptrace) once it holds the instance's directories (handoff.go).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		out.failed("stage: cannot make the staging worker non-dumpable: " + err.Error())
+		return 1
+	}
 	in := bufio.NewReaderSize(stdin, 64<<10)
 
 	line, err := readLine(in, MaxRequestBytes)
@@ -70,6 +76,10 @@ func WorkerMain(stdin io.Reader, stdout io.Writer) int {
 	defer cancel(nil)
 	out.onBroken = func() { cancel(errAgentGone) }
 
+	if err := receiveRoots(req.StageSpec.Roots); err != nil {
+		out.failed(prefix + ": " + err.Error())
+		return 1
+	}
 	w, err := newWorker(req.StageSpec, limits, out)
 	if err != nil {
 		out.failed(prefix + ": " + err.Error())

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"golang.org/x/sys/unix"
@@ -273,14 +274,15 @@ func TestWorkerGetsTheUserIdentityAndNothingElse(t *testing.T) {
 		}
 	}
 	// Outside a redirection or a glob the shell holds no descriptor of its own: these are
-	// inherited. Besides 0, 1 and 2, the worker holds its one namespace, as fd 3.
+	// inherited. Besides 0, 1 and 2, the worker holds the socket it asks for its namespace on
+	// (fd 3), never the namespace itself (handoff.go).
 	fds := strings.Fields(between(out, "fds=", "\n"))
 	slices.Sort(fds)
 	if !slices.Equal(fds, []string{"0", "1", "2", "3"}) {
-		t.Errorf("worker holds descriptors %v, want only 0, 1, 2 and its namespace (3)", fds)
+		t.Errorf("worker holds descriptors %v, want only 0, 1, 2 and its handoff socket (3)", fds)
 	}
-	if ns := between(out, "fd3=", "\n"); ns != a.ns {
-		t.Errorf("descriptor 3 of the worker is %q, want the namespace %s", ns, a.ns)
+	if fd3 := between(out, "fd3=", "\n"); !strings.HasPrefix(fd3, "socket:[") {
+		t.Errorf("descriptor 3 of the worker is %q, want the handoff socket (not the namespace %s)", fd3, a.ns)
 	}
 	if cwd := between(out, "cwd=", "\n"); cwd != "/" {
 		t.Errorf("worker runs in %q, want /", cwd)
@@ -397,5 +399,74 @@ func TestWorkerWaitingForAnAnswerStopsOnSIGTERM(t *testing.T) {
 	last, status := w.finish(t)
 	if status != 1 || last.Error != "stage_in: canceled" {
 		t.Errorf("last event %+v, exit status %d", last, status)
+	}
+}
+
+// While a worker holds the instance's directories, the job's user (the worker's own uid)
+// cannot reach them through the worker: /proc/<pid>/fd, cwd, root and mem are refused, and
+// so is ptrace. (The old worker inherited the namespace as fd 3 and stayed dumpable: the
+// user opened /proc/<pid>/fd/3 and wrote past the capacity, or into a loadbalance instance.)
+func TestUserCannotReachTheWorkersDirectories(t *testing.T) {
+	if !isRoot() {
+		t.Skip("needs root: the worker must run as another user than the agent")
+	}
+	python, err := exec.LookPath("/usr/bin/python3")
+	if err != nil {
+		t.Skip("/usr/bin/python3 (the attacker) is not installed")
+	}
+	a := newArea(t)
+	src := filepath.Join(a.pfs, "in.dat")
+	writeFile(t, src, strings.Repeat("x", 4096), 0o644, time.Now())
+	planned := make(chan struct{})
+	release := make(chan struct{})
+	r := Start(context.Background(), workerExe, spec(a, "in", "file", src, "$DW_JOB_STRIPED/in.dat"), testLimits(), func(uint64) error {
+		close(planned) // the worker holds its directories now, and waits for the answer
+		<-release
+		return nil
+	})
+	select {
+	case <-planned:
+	case <-r.Done():
+		t.Fatalf("the stage ended before its plan: %+v", r.Status())
+	}
+	pid := r.cmd.Process.Pid
+	attack := `
+import ctypes, os, sys
+pid = sys.argv[1]
+got = []
+def attempt(what, fn):
+    try:
+        fn()
+        got.append(what)
+    except OSError:
+        pass
+attempt("list fds", lambda: os.listdir("/proc/%s/fd" % pid))
+for n in range(3, 16):
+    attempt("open fd %d" % n, lambda n=n: os.close(os.open("/proc/%s/fd/%d" % (pid, n), os.O_RDONLY | os.O_DIRECTORY)))
+attempt("cwd", lambda: os.listdir("/proc/%s/cwd" % pid))
+attempt("root", lambda: os.readlink("/proc/%s/root" % pid))
+attempt("mem", lambda: os.close(os.open("/proc/%s/mem" % pid, os.O_RDONLY)))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.ptrace(16, int(pid), None, None) == 0:  # PTRACE_ATTACH
+    got.append("ptrace")
+print("reached: " + ", ".join(got) if got else "reached nothing")
+`
+	cmd := exec.Command(python, "-c", attack, fmt.Sprint(pid))
+	uid, gid := stageIdentity()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
+	cmd.Dir = "/"
+	out, err := cmd.CombinedOutput()
+	close(release)
+	if err != nil {
+		t.Fatalf("the attacker: %v %s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "reached nothing" {
+		t.Errorf("the job's user, attacking its stage worker: %s", got)
+	}
+	if st := r.Wait(); st.Status != "complete" {
+		t.Errorf("the stage after the attack: %+v", st)
+	}
+	if got := readFile(t, filepath.Join(a.ns, "in.dat")); len(got) != 4096 {
+		t.Errorf("staged file has %d bytes, want 4096", len(got))
 	}
 }
