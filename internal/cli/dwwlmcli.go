@@ -344,11 +344,16 @@ func (w *wlm) setup() int {
 	if creator == "" {
 		creator = "SLURM"
 	}
-	req := jobspec.Setup(s, w.a.token, creator, uid, gid, nodes)
+	req, err := jobspec.Setup(s, w.a.token, creator, uid, gid, nodes)
+	if err != nil {
+		return w.fail("%v", err)
+	}
 	if req.Instance != nil {
 		if size == 0 {
-			// Slurm allots no job capacity (a persistent-only job): no instance.
+			// Slurm allots no job capacity (a persistent-only job): no instance, and no
+			// stage-out into it to register (data_out says why, if it is asked).
 			req.Instance = nil
+			req.StageOut = jobspec.WithoutJobInstance(req.StageOut, len(req.Uses) > 0)
 		} else if req.Instance.Pool == "" {
 			req.Instance.Pool = pool
 		}

@@ -34,10 +34,17 @@ func Supported(s *directive.Script) error {
 	return nil
 }
 
-// Setup is the setup request of a job: its #DW jobdw instance and the persistent instances it
-// uses. pool is the pool for a jobdw without pool= ("" = the controller's default).
-func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []string) lifecycle.Setup {
+// Setup is the setup request of a job: its #DW jobdw instance, the persistent instances it
+// uses, and its stage-outs (registered as deferred until data_out).
+func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []string) (lifecycle.Setup, error) {
 	req := lifecycle.Setup{Token: token, Creator: creator, Owner: uid, Group: gid, ClientNodes: nodes}
+	// The stage-outs are registered with the session from the start (deferred until
+	// data_out): the controller then never releases the instance with them undone.
+	out, err := Stages(s.StageOut, model.StageOut)
+	if err != nil {
+		return req, err
+	}
+	req.StageOut = out
 	if j := s.JobDW; j != nil {
 		req.Instance = &lifecycle.InstanceRequest{
 			Capacity: j.Capacity, Pool: j.Pool, Type: j.Type, AccessModes: j.AccessModes,
@@ -48,7 +55,7 @@ func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []
 	for _, p := range s.Persistent {
 		req.Uses = append(req.Uses, p.Name)
 	}
-	return req
+	return req, nil
 }
 
 // CreatePersistent is the setup request of a #BB create_persistent directive.
@@ -185,4 +192,19 @@ func ReadScript(path string) ([]byte, error) {
 		return nil, fmt.Errorf("job script %s is larger than %s; directives belong in a script, not data", path, units.FormatHuman(MaxScriptBytes))
 	}
 	return raw, nil
+}
+
+// WithoutJobInstance keeps the stage requests that do not need the job's own instance: those
+// of persistent instances, and lists when the job uses one (a list goes to the first).
+func WithoutJobInstance(reqs []lifecycle.StageRequest, usesPersistent bool) []lifecycle.StageRequest {
+	var kept []lifecycle.StageRequest
+	for _, r := range reqs {
+		switch {
+		case strings.HasPrefix(r.DWVar, lifecycle.VarPersistentPre):
+			kept = append(kept, r)
+		case r.DWVar == "" && usesPersistent:
+			kept = append(kept, r)
+		}
+	}
+	return kept
 }

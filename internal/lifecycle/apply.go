@@ -93,6 +93,9 @@ type Setup struct {
 	Instance    *InstanceRequest `json:"instance,omitempty"` // nil: no capacity of its own
 	Uses        []string         `json:"uses,omitempty"`     // persistent instances (#DW persistentdw)
 	ClientNodes []string         `json:"client_nodes,omitempty"`
+	// StageOut are the job's stage-outs (#DW stage_out), registered now as deferred and run
+	// when data_out asks for them.
+	StageOut []StageRequest `json:"stage_out,omitempty"`
 }
 
 // StageRequest is one stage directive, resolved by the caller to a variable and a path.
@@ -217,6 +220,12 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 				return err
 			}
 		}
+	}
+	if len(req.StageOut) > 0 {
+		if req.Persistent {
+			return userErr("create_persistent %s: a persistent instance has no stage-out", req.Token)
+		}
+		return addStages(w, sess, model.StageOut, req.StageOut, ids, model.StageDeferred)
 	}
 	return nil
 }
@@ -460,6 +469,24 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 	if err != nil {
 		return err
 	}
+	if err := addStages(w, s, direction, reqs, ids, model.StagePending); err != nil {
+		return err
+	}
+	s.Phase = step
+	s.Failure = ""
+	w.put(s)
+	return nil
+}
+
+// addStages creates the session's stages for reqs with the given status (pending: run now;
+// deferred: stage-outs registered at setup), or, for a stage that exists already, makes a
+// failed, canceled or deferred one pending again when status is pending.
+func addStages(w *World, s *model.Session, direction string, reqs []StageRequest, ids IDSource, status string) error {
+	step := PhaseDataIn
+	if direction == model.StageOut {
+		step = PhaseDataOut
+	}
+	var err error
 	type target struct {
 		config *model.Configuration
 		ns     *model.Namespace
@@ -504,7 +531,8 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 			}
 		}
 		if found != nil {
-			if found.Status == model.StageFailed || found.Status == model.StageCanceled {
+			again := found.Status == model.StageFailed || found.Status == model.StageCanceled || found.Status == model.StageDeferred
+			if again && status == model.StagePending {
 				found.Status, found.Error, found.Attempts = model.StagePending, "", 0
 				found.FilesDone, found.BytesDone = 0, 0
 				found.State = model.Creating()
@@ -519,12 +547,9 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 		w.put(&model.Stage{
 			ID: id, SessionID: s.ID, ConfigurationID: resolved[i].config.ID, NamespaceID: resolved[i].ns.ID,
 			Direction: direction, Type: r.Type, PFSPath: r.PFSPath, DWPath: dwPathOf(r),
-			Line: r.Line, Status: model.StagePending, State: model.Creating(),
+			Line: r.Line, Status: status, State: model.Creating(),
 		})
 	}
-	s.Phase = step
-	s.Failure = ""
-	w.put(s)
 	return nil
 }
 
@@ -753,6 +778,12 @@ func ApplyTeardown(w *World, token string, hurry bool) error {
 			detachPersistent(w, s)
 		}
 	}
+	if !hurry && !s.Hurry {
+		if kept := unfinishedStageOuts(w, s); len(kept) > 0 {
+			return userErr("session %s keeps its instance: %s; stage them out (spillway run --retry-stage-out %s, or data_out again) "+
+				"or tear down with hurry to discard the results", s.Token, strings.Join(kept, "; "), s.Token)
+		}
+	}
 	if s.State.Goal != model.GoalDestroy {
 		s.State = model.Destroying()
 	}
@@ -811,6 +842,36 @@ func mountedElsewhere(w *World, s *model.Session, inst *model.Instance) bool {
 			continue
 		}
 		if c := w.Configurations[a.ConfigurationID]; c != nil && c.InstanceID == inst.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// unfinishedStageOuts describes the session's stage-outs that would be lost by releasing its
+// instance: never run (deferred: data_out never came), failed or canceled, on a configuration
+// whose registration waits for them (dwcli update registration --no-wait lets one go).
+func unfinishedStageOuts(w *World, s *model.Session) []string {
+	var out []string
+	for _, st := range w.StagesOf(s.ID) {
+		if st.Direction != model.StageOut || !registrationWaits(w, s, st) {
+			continue
+		}
+		switch st.Status {
+		case model.StageDeferred:
+			out = append(out, fmt.Sprintf("%s %s -> %s was never run", stageLabel(st), sourceOf(st), destOf(st)))
+		case model.StageFailed, model.StageCanceled:
+			out = append(out, fmt.Sprintf("%s %s -> %s %s: %s", stageLabel(st), sourceOf(st), destOf(st), st.Status, st.Error))
+		}
+	}
+	return out
+}
+
+// registrationWaits reports whether the session's teardown waits for the stage's
+// configuration (its registration's wait flag).
+func registrationWaits(w *World, s *model.Session, st *model.Stage) bool {
+	for _, r := range w.RegistrationsOf(s.ID) {
+		if r.ConfigurationID == st.ConfigurationID && r.Wait {
 			return true
 		}
 	}

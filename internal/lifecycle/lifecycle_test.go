@@ -656,3 +656,72 @@ func TestUserQuota(t *testing.T) {
 	}
 	h.must(CheckUserQuota(h.w, mine("run4", 2<<30, false), q)) // run1 is going: its capacity no longer counts
 }
+
+// A job's stage-outs are registered at setup (deferred), so the instance is never released
+// with them undone: a teardown without hurry is refused while one was never run or failed,
+// and a stage-out that fails while the teardown waits for it undoes the teardown. Hurry
+// discards them; data_out runs them.
+func TestInstanceWithUnfinishedStageOutsIsNeverReleased(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	out := []StageRequest{{Type: "file", PFSPath: "/pfs/result", DWVar: VarJobStriped, DWPath: "/result", Line: 3}}
+	setup := jobSetup("21", 1<<30, "striped")
+	setup.StageOut = out
+	h.must(ApplySetup(h.w, setup, h, h.p, h.now))
+	h.settle()
+	id := h.w.SessionByToken("21").ID
+	stages := h.w.StagesOf(id)
+	if len(stages) != 1 || stages[0].Status != model.StageDeferred {
+		t.Fatalf("stage-outs after setup: %+v, want one deferred", stages)
+	}
+	h.log = nil
+	h.settle()
+	for _, op := range h.log {
+		if op == OpStartStage {
+			t.Fatal("a deferred stage-out started before data_out")
+		}
+	}
+	// post_run failed, say: no data_out. The teardown is refused.
+	if err := ApplyTeardown(h.w, "21", false); err == nil || !strings.Contains(err.Error(), "line 3") || !strings.Contains(err.Error(), "never run") {
+		t.Fatalf("teardown with a stage-out never run: %v", err)
+	}
+	h.w.TakeChanges()
+	// data_out runs it, and it fails; a teardown is refused again, naming the failure.
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageFailed, Error: "stage_out: permission denied"}
+	}
+	h.must(ApplyStages(h.w, "21", model.StageOut, out, h, h.now))
+	h.settle()
+	if err := ApplyTeardown(h.w, "21", false); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("teardown with a failed stage-out: %v", err)
+	}
+	h.w.TakeChanges()
+	// Retried, it is still to run when the teardown comes (the teardown waits for it); it
+	// fails: the teardown is undone.
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageFailed, Error: "stage_out: disk full"}
+	}
+	h.must(ApplyStages(h.w, "21", model.StageOut, out, h, h.now))
+	h.must(ApplyTeardown(h.w, "21", false))
+	h.settle()
+	s := h.w.SessionByToken("21")
+	if s == nil || s.State.Goal != model.GoalCreate || h.w.InstanceOf(s.ID) == nil {
+		t.Fatalf("the session after its stage-out failed under a teardown: %+v", s)
+	}
+	if st := h.status("21", PhaseTeardown); !st.Failed || !strings.Contains(st.Message, "disk full") {
+		t.Errorf("teardown status: %+v, want failed with the stage-out's error", st)
+	}
+	// Retried once more, it completes: now the teardown releases everything.
+	h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+	h.must(ApplyStages(h.w, "21", model.StageOut, out, h, h.now))
+	h.settle()
+	h.must(ApplyTeardown(h.w, "21", false))
+	h.settle()
+	assertEmpty(t, h.w)
+
+	// Hurry discards stage-outs never run.
+	h.must(ApplySetup(h.w, setup, h, h.p, h.now))
+	h.settle()
+	h.must(ApplyTeardown(h.w, "21", true))
+	h.settle()
+	assertEmpty(t, h.w)
+}

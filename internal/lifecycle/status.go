@@ -122,6 +122,9 @@ func Status(w *World, token, step string) StepStatus {
 		}
 		if s.State.Goal != model.GoalDestroy {
 			st.Message = "teardown was not requested"
+			if s.Failure != "" { // undone: a stage-out it waited for failed
+				st.Failed, st.Message = true, s.Failure
+			}
 		}
 	default:
 		st.Failed, st.Message = true, fmt.Sprintf("unknown step %q", step)

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 	"path"
+	"strings"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
@@ -262,10 +263,21 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 		// Let the stage-outs run to their end; nothing is destroyed meanwhile.
 		return stepStages(w, s, p, now, running)
 	}
+	if !s.Hurry {
+		if kept := unfinishedStageOuts(w, s); len(kept) > 0 {
+			// A stage-out failed while the teardown waited for it: nothing is destroyed yet,
+			// and nothing will be until the results are out or an explicit hurry discards them.
+			s.State = model.Created()
+			s.Phase = PhaseDataOut
+			s.Failure = "teardown undone, the instance is kept: " + strings.Join(kept, "; ")
+			w.put(s)
+			return nil
+		}
+	}
 	busyStages := false
 	for _, st := range stages {
 		switch st.Status {
-		case model.StagePending:
+		case model.StagePending, model.StageDeferred:
 			st.Status = model.StageCanceled
 			st.Error = "canceled by teardown"
 			st.Finished = now
@@ -373,13 +385,8 @@ func waitsForStageOut(w *World, s *model.Session, stages []*model.Stage) bool {
 		return false
 	}
 	for _, st := range stages {
-		if st.Direction != model.StageOut || st.Ended() {
-			continue
-		}
-		for _, r := range w.RegistrationsOf(s.ID) {
-			if r.ConfigurationID == st.ConfigurationID && r.Wait {
-				return true
-			}
+		if st.Direction == model.StageOut && !st.Ended() && st.Status != model.StageDeferred && registrationWaits(w, s, st) {
+			return true
 		}
 	}
 	return false

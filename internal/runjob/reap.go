@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/spillway-hpc/spillway/internal/directive"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/views"
@@ -137,8 +138,12 @@ func reapOne(ctx context.Context, ops Ops, rs Records, all views.All, rec *Recor
 			outs = append(outs, st)
 		}
 	}
-	if len(outs) == 0 && len(rec.StageOut) > 0 {
-		if err := ops.Stages(ctx, rec.Token, model.StageOut, rec.StageOut); err != nil {
+	requests := rec.StageOut // sessions set up before stage-outs were registered at setup
+	if deferred := deferredStageOuts(outs); len(deferred) > 0 || len(outs) > 0 {
+		requests = deferred
+	}
+	if len(requests) > 0 {
+		if err := ops.Stages(ctx, rec.Token, model.StageOut, requests); err != nil {
 			// The stage-outs cannot even be asked: keep the session rather than lose its data.
 			return rec.keep(rs, sess.ID, append(what, "its stage-out could not be started: "+err.Error()))
 		}
@@ -265,4 +270,32 @@ func ShellJoin(words []string) string {
 		out[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
 	}
 	return strings.Join(out, " ")
+}
+
+// deferredStageOuts are the requests of the stage-outs registered at setup and never asked for
+// (data_out did not come: the run died, or post_run failed).
+func deferredStageOuts(outs []views.Stage) []lifecycle.StageRequest {
+	var reqs []lifecycle.StageRequest
+	for _, st := range outs {
+		if st.Status != model.StageDeferred {
+			continue
+		}
+		if req, err := stageRequestOf(st); err == nil {
+			reqs = append(reqs, req)
+		}
+	}
+	return reqs
+}
+
+// stageRequestOf turns a stage back into the request that made it.
+func stageRequestOf(st views.Stage) (lifecycle.StageRequest, error) {
+	req := lifecycle.StageRequest{Type: st.Type, PFSPath: st.PFSPath, Line: st.Line}
+	if st.DWPath != "" {
+		v, rest, ok := directive.SplitDWPath(st.DWPath)
+		if !ok {
+			return req, fmt.Errorf("stage %d: unexpected instance path %q", st.ID, st.DWPath)
+		}
+		req.DWVar, req.DWPath = v, rest
+	}
+	return req, nil
 }

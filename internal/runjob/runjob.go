@@ -221,7 +221,11 @@ func Run(ctx context.Context, o Options) int {
 	began = time.Now()
 	r.enter(lifecycle.PhaseSetup)
 	if err := r.step(r.in.abort, lifecycle.PhaseSetup, func() error {
-		return o.Client.Setup(r.in.abort, jobspec.Setup(script, r.token, creatorRun, uid, gid, []string{o.Node}))
+		req, err := jobspec.Setup(script, r.token, creatorRun, uid, gid, []string{o.Node})
+		if err != nil {
+			return err
+		}
+		return o.Client.Setup(r.in.abort, req)
 	}); err != nil {
 		return r.failBeforeJob("setup", began, jobspec.SetupError(script, err))
 	}
@@ -435,14 +439,10 @@ func RetryStageOut(ctx context.Context, o Options, token string) int {
 		if st.Session != sess.ID || st.Direction != model.StageOut {
 			continue
 		}
-		req := lifecycle.StageRequest{Type: st.Type, PFSPath: st.PFSPath, Line: st.Line}
-		if st.DWPath != "" {
-			v, rest, ok := directive.SplitDWPath(st.DWPath)
-			if !ok {
-				fmt.Fprintf(o.Out, "spillway run --retry-stage-out: stage %d: unexpected instance path %q\n", st.ID, st.DWPath)
-				return ExitStageOut
-			}
-			req.DWVar, req.DWPath = v, rest
+		req, err := stageRequestOf(st)
+		if err != nil {
+			fmt.Fprintf(o.Out, "spillway run --retry-stage-out: %v\n", err)
+			return ExitStageOut
 		}
 		r.stageOut = append(r.stageOut, req)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -637,4 +638,75 @@ func TestHomeServerExitsWhenItsHomeIsRemoved(t *testing.T) {
 	}
 	os.MkdirAll(w.home, 0o755) // for the cleanup's `spillway home stop`
 	os.Chown(w.home, nobodyUID, nobodyGID)
+}
+
+// TestRetryStageOutAfterTheControllerWasAway: the job ends while the system controller is
+// away (a routine restart), so post_run fails and the session is kept; the printed retry,
+// run once the controller is back, stages the results out and only then releases the
+// instance. (The old retry found no stage-out to do — data_out had never been asked — and
+// released the instance with the results in it.) Until then a teardown without hurry is
+// refused.
+func TestRetryStageOutAfterTheControllerWasAway(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	cfg, _ := os.ReadFile(c.config)
+	quick := "[client]\nconnect_retries = 3\nretry_wait = \"100ms\"\nteardown_attempts = 1\n"
+	os.WriteFile(c.config, []byte(strings.Replace(string(cfg), "[client]\n", quick, 1)), 0o644)
+	c.startController()
+	c.startAgent()
+	work := filepath.Join(c.dir, "work")
+	for _, d := range []string{work, filepath.Join(c.dir, "pfs")} {
+		os.MkdirAll(d, 0o755)
+		os.Chown(d, nobodyUID, nobodyGID)
+	}
+	resultPath := filepath.Join(c.dir, "pfs", "result")
+	script := filepath.Join(work, "job.sh")
+	os.WriteFile(script, []byte(`#!/bin/bash
+#DW jobdw type=scratch access_mode=striped capacity=1GiB
+#DW stage_out type=file source=$DW_JOB_STRIPED/result destination=`+resultPath+`
+echo precious > "$DW_JOB_STRIPED/result"
+touch `+work+`/ran
+for i in $(seq 600); do [ -e `+work+`/go ] && exit 0; sleep 0.1; done
+exit 3
+`), 0o755)
+	done := make(chan result, 1)
+	go func() {
+		cmd := exec.Command(binary, "run", "--config", c.config, "--node", "storage1", script)
+		cmd.Dir, cmd.Env = work, []string{"PATH=/usr/bin:/bin", "HOME=/"}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		cmd.Run()
+		done <- result{code: cmd.ProcessState.ExitCode(), stdout: out.String(), stderr: errb.String()}
+	}()
+	waitFor(t, "the job to run", func() bool { _, err := os.Stat(filepath.Join(work, "ran")); return err == nil })
+	c.stopController() // the routine restart, while the job ends
+	os.WriteFile(filepath.Join(work, "go"), nil, 0o644)
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("spillway run did not end within 2 minutes")
+	}
+	if r.code != 74 {
+		t.Fatalf("a run whose post_run could not reach the controller: want 74 (results kept): %s", r)
+	}
+	retry := printed(t, r, "retry the stage-out once the cause is fixed:")
+	c.startController()
+	all, err := c.client.All(context.Background())
+	if err != nil || len(all.Sessions) != 1 {
+		t.Fatalf("the kept session: %v %v", all.Sessions, err)
+	}
+	token := all.Sessions[0].Token
+	if err := c.client.Teardown(context.Background(), token, false); err == nil || !strings.Contains(err.Error(), "was never run") {
+		t.Errorf("a teardown without hurry of a session whose stage-out never ran: %v, want it refused", err)
+	}
+	rr := runAs(t, "/bin/sh", cmdOpts{asUser: true, dir: work}, "-c", retry)
+	if rr.code != 0 {
+		t.Fatalf("%s: %s", retry, rr)
+	}
+	if got, _ := os.ReadFile(resultPath); string(got) != "precious\n" {
+		t.Errorf("the retried stage-out wrote %q, want the job's result", got)
+	}
+	c.assertClean()
 }
