@@ -329,3 +329,11 @@ func (c *Client) NextRunID(ctx context.Context) (int64, error) {
 	err := c.Do(ctx, "POST", "/dw/v1/run_ids", nil, &out)
 	return out.ID, err
 }
+
+// RenewLease renews a spillway run session's lease (release: the run ends and keeps the
+// session on purpose) and returns the lease's length; 0 means the controller keeps none.
+func (c *Client) RenewLease(ctx context.Context, token string, release bool) (time.Duration, error) {
+	var out controller.LeaseReply
+	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/lease", controller.LeaseRequest{Release: release}, &out)
+	return time.Duration(out.Seconds * float64(time.Second)), err
+}

@@ -102,6 +102,11 @@ type Controller struct {
 	// PrivateData shows ordinary users only their own sessions (and everything under them)
 	// and the persistent instances, as Slurm's PrivateData does; off, everyone sees all.
 	PrivateData bool `toml:"private_data"`
+	// RunLease is how long a `spillway run` session outlives its run's last sign of life (the
+	// run renews it a few times per lease); past it the controller finishes the session as
+	// the run would have: unmount, stage out, release (or keep the results if the stage-out
+	// fails). 0 turns it off (a one-machine home has its own cleanup of gone runs).
+	RunLease Duration `toml:"run_lease"`
 	// MungeSocket is the local munged's socket, which decodes the MUNGE credentials of users
 	// on TCP. "" = munge's default (/run/munge/munge.socket.2).
 	MungeSocket string `toml:"munge_socket"`
@@ -252,6 +257,7 @@ func Defaults() Config {
 			MaxSessionsPerUser:    100,
 			MaxPersistentPerUser:  10,
 			PrivateData:           true,
+			RunLease:              Duration(2 * time.Minute),
 		},
 		Executor: Executor{
 			MaxAttempts:     5,

@@ -18,8 +18,8 @@ import (
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
-	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
 
@@ -95,6 +95,7 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 	s.handle("POST /dw/v1/pools", s.pool)
 	s.handle("POST /dw/v1/nodes/{name}/heartbeat", s.heartbeat)
 	s.handle("POST /dw/v1/run_ids", s.runID)
+	s.handle("POST /dw/v1/sessions/{token}/lease", s.lease)
 	return s
 }
 
@@ -515,4 +516,28 @@ func (s *Server) runID(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.WriteJSON(w, 200, map[string]int64{"id": id})
+}
+
+// LeaseRequest is the body of POST /dw/v1/sessions/{token}/lease.
+type LeaseRequest struct {
+	Release bool `json:"release,omitempty"` // the run ends, keeping the session on purpose
+}
+
+// LeaseReply says how long a lease lasts; 0: leases are off.
+type LeaseReply struct {
+	Seconds float64 `json:"lease_seconds"`
+}
+
+func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
+	var req LeaseRequest
+	token := r.PathValue("token")
+	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
+		return
+	}
+	d, err := s.c.RenewLease(r.Context(), token, req.Release)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, LeaseReply{Seconds: d.Seconds()})
 }

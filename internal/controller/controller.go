@@ -48,6 +48,8 @@ type Controller struct {
 	local    map[string]agentapi.Agent // in-process agents by node name
 	remote   map[string]agentapi.Agent // dialled agents by node name (and the address used)
 	remoteAt map[string]string
+
+	leases leaseBook // spillway run sessions' leases (RunLease)
 }
 
 // New creates a controller over a store. Pools listed in the configuration are created if
@@ -454,3 +456,115 @@ func ErrorKind(err error) string {
 	}
 	return "internal"
 }
+
+// leaseBook holds the leases of `spillway run` sessions, in memory: after a restart every run
+// session gets a fresh lease, which its run, if alive, renews.
+type leaseBook struct {
+	mu        sync.Mutex
+	expires   map[string]time.Time
+	released  map[string]bool // the run ended on purpose, keeping the session: no cleanup
+	abandoned map[string]bool // cleaned up after its run (released, or kept on a failure)
+}
+
+// RenewLease extends the lease of a run session (release: the run ends and keeps the session
+// on purpose) and returns the lease's length (0: leases are off).
+func (c *Controller) RenewLease(ctx context.Context, token string, release bool) (time.Duration, error) {
+	w, err := c.view(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if w.SessionByToken(token) == nil {
+		return 0, lifecycle.ErrNoSession
+	}
+	lease := c.cfg.Controller.RunLease.D()
+	b := &c.leases
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.init()
+	if release {
+		b.released[token] = true
+		delete(b.expires, token)
+		return lease, nil
+	}
+	delete(b.released, token)
+	delete(b.abandoned, token) // a retry of a kept session is its run again
+	b.expires[token] = c.now().Add(lease)
+	return lease, nil
+}
+
+func (b *leaseBook) init() {
+	if b.expires == nil {
+		b.expires, b.released, b.abandoned = map[string]time.Time{}, map[string]bool{}, map[string]bool{}
+	}
+}
+
+// finishAbandonedRuns takes the sessions of `spillway run`s whose lease ran out one step
+// further toward their end (lifecycle.AdvanceAbandoned), every RunLease/4.
+func (c *Controller) finishAbandonedRuns(ctx context.Context) {
+	lease := c.cfg.Controller.RunLease.D()
+	if lease <= 0 {
+		return
+	}
+	tick := time.NewTicker(max(lease/4, 50*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		w, err := c.view(ctx)
+		if err != nil {
+			continue
+		}
+		now := c.now()
+		var due []string
+		b := &c.leases
+		b.mu.Lock()
+		b.init()
+		live := map[string]bool{}
+		for _, s := range w.SortedSessions() {
+			if s.Creator != runCreator || s.Persistent || s.State.Goal == model.GoalDestroy {
+				continue
+			}
+			live[s.Token] = true
+			expires, seen := b.expires[s.Token]
+			switch {
+			case b.released[s.Token] || b.abandoned[s.Token]:
+			case !seen:
+				b.expires[s.Token] = now.Add(lease) // first seen (or the controller restarted)
+			case now.After(expires):
+				due = append(due, s.Token)
+			}
+		}
+		for token := range b.expires {
+			if !live[token] {
+				delete(b.expires, token)
+				delete(b.released, token)
+				delete(b.abandoned, token)
+			}
+		}
+		b.mu.Unlock()
+		for _, token := range due {
+			var done bool
+			err := c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+				var err error
+				done, err = lifecycle.AdvanceAbandoned(w, token)
+				return err
+			})
+			if err != nil {
+				c.log.Warn("finishing the session of a gone spillway run", "token", token, "err", err)
+				continue
+			}
+			if done {
+				c.log.Info("finished the session of a spillway run that stopped renewing its lease (controller.run_lease)", "token", token)
+				b.mu.Lock()
+				b.abandoned[token] = true
+				b.mu.Unlock()
+			}
+		}
+	}
+}
+
+// runCreator is the creator of `spillway run`'s sessions.
+const runCreator = "RUN"

@@ -18,6 +18,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer tick.Stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	wg.Add(1)
+	go func() { defer wg.Done(); c.finishAbandonedRuns(ctx) }()
 	for {
 		next := c.runOnce(ctx, &wg)
 		var due <-chan time.Time

@@ -136,6 +136,7 @@ func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 		return nil, err
 	}
 	st := store.New(eng)
+	cfg.Controller.RunLease = 0 // this server's own reaper cleans up after gone runs (runjob.Reap)
 	ctl, err := controller.New(cfg, st, nil, log)
 	if err != nil {
 		st.Close()

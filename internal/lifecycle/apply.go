@@ -945,3 +945,58 @@ func sortedStrings(s []string) []string {
 	}
 	return out
 }
+
+// AdvanceAbandoned takes one step, as its run would have, toward the end of a `spillway run`
+// session whose run is gone (killed with its node, or its lease ran out): unmount, run the
+// stage-outs registered at setup, release the instance — or keep it when a stage-out fails
+// (the results are its only copy). A session whose job never started is released at once.
+// It reports true when nothing more is to do: released or being released, or kept (Failure
+// says why).
+func AdvanceAbandoned(w *World, token string) (bool, error) {
+	s := w.SessionByToken(token)
+	if s == nil || s.State.Goal == model.GoalDestroy {
+		return true, nil
+	}
+	switch s.Phase {
+	case PhaseSetup, PhaseDataIn:
+		return true, ApplyTeardown(w, token, true) // the job never ran: nothing to keep
+	}
+	for _, a := range w.ActivationsOf(s.ID) {
+		if a.State.Goal == model.GoalCreate {
+			return false, ApplyPostRun(w, token)
+		}
+	}
+	if len(w.ActivationsOf(s.ID)) > 0 {
+		return false, nil // unmounting
+	}
+	var deferred, failed []*model.Stage
+	for _, st := range w.StagesOf(s.ID) {
+		if st.Direction != model.StageOut {
+			continue
+		}
+		switch st.Status {
+		case model.StageDeferred:
+			deferred = append(deferred, st)
+		case model.StagePending, model.StageRunning:
+			return false, nil
+		case model.StageFailed, model.StageCanceled:
+			failed = append(failed, st)
+		}
+	}
+	if len(deferred) > 0 {
+		for _, st := range deferred {
+			st.Status, st.State = model.StagePending, model.Creating()
+			w.put(st)
+		}
+		s.Phase = PhaseDataOut
+		w.put(s)
+		return false, nil
+	}
+	if kept := unfinishedStageOuts(w, s); len(kept) > 0 || len(failed) > 0 {
+		s.Failure = fmt.Sprintf("its spillway run is gone and its stage-out failed; the instance is kept: %s "+
+			"(spillway run --retry-stage-out %s, or dwcli rm session --hurry to discard)", strings.Join(kept, "; "), s.Token)
+		w.put(s)
+		return true, nil
+	}
+	return true, ApplyTeardown(w, token, false)
+}

@@ -725,3 +725,64 @@ func TestInstanceWithUnfinishedStageOutsIsNeverReleased(t *testing.T) {
 	h.settle()
 	assertEmpty(t, h.w)
 }
+
+// A gone run's session is finished as its run would have: unmounted, its stage-outs run, then
+// released; kept (with the reason) when a stage-out fails; released at once when its job never
+// started.
+func TestAdvanceAbandonedFinishesLikeTheRun(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	out := []StageRequest{{Type: "file", PFSPath: "/pfs/r", DWVar: VarJobStriped, DWPath: "/r", Line: 2}}
+	setup := jobSetup("run5", 1<<30, "striped")
+	setup.Creator, setup.StageOut = "RUN", out
+	advance := func() bool {
+		t.Helper()
+		done, err := AdvanceAbandoned(h.w, "run5")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.w.TakeChanges()
+		h.settle()
+		return done
+	}
+	// Gone during its job.
+	h.must(ApplySetup(h.w, setup, h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "run5", []string{"cn1"}, h, h.p))
+	h.settle()
+	for i := 0; i < 10 && !advance(); i++ {
+	}
+	assertEmpty(t, h.w)
+	var started bool
+	for _, op := range h.log {
+		started = started || op == OpStartStage
+	}
+	if !started {
+		t.Error("the gone run's stage-out was never run")
+	}
+	// Gone during its job, and the stage-out fails: kept.
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageFailed, Error: "stage_out: no space"}
+	}
+	h.must(ApplySetup(h.w, setup, h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "run5", []string{"cn1"}, h, h.p))
+	h.settle()
+	done := false
+	for i := 0; i < 10 && !done; i++ {
+		done = advance()
+	}
+	s := h.w.SessionByToken("run5")
+	if !done || s == nil || s.State.Goal != model.GoalCreate || !strings.Contains(s.Failure, "no space") {
+		t.Fatalf("a gone run whose stage-out failed: done %v session %+v, want it kept with the reason", done, s)
+	}
+	h.must(ApplyTeardown(h.w, "run5", true))
+	h.settle()
+	assertEmpty(t, h.w)
+	// Gone before its job: released at once, no stage-out.
+	h.must(ApplySetup(h.w, setup, h, h.p, h.now))
+	h.settle()
+	if !advance() {
+		t.Error("a gone run whose job never started is not finished in one step")
+	}
+	assertEmpty(t, h.w)
+}

@@ -85,6 +85,7 @@ type runner struct {
 	in        *interrupts
 	rec       *Record
 	stageOut  []lifecycle.StageRequest
+	lease     *lease // the session's lease with the controller, once it exists
 }
 
 func (r *runner) phase(name string, began time.Time, format string, args ...any) {
@@ -134,6 +135,7 @@ func (r *runner) leaving() string {
 // Run runs the script and returns the exit status `spillway run` should exit with.
 func Run(ctx context.Context, o Options) int {
 	r := newRunner(ctx, o)
+	defer r.endLease(false)
 	defer r.in.stop()
 
 	began := time.Now()
@@ -229,6 +231,7 @@ func Run(ctx context.Context, o Options) int {
 	}); err != nil {
 		return r.failBeforeJob("setup", began, jobspec.SetupError(script, err))
 	}
+	r.holdLease()
 	r.phase("setup", began, "%s", r.describeSetup())
 
 	r.enter(lifecycle.PhaseDataIn)
@@ -406,6 +409,7 @@ func (r *runner) lookupSessionID() int64 {
 // the session's own stage-outs, as the script's #DW stage_out directives named them.
 func RetryStageOut(ctx context.Context, o Options, token string) int {
 	r := newRunner(ctx, o)
+	defer r.endLease(false)
 	defer r.in.stop()
 	r.token = token
 	// Any interrupt leaves: the stage-out goes on in the controller, and the home's server
@@ -429,6 +433,7 @@ func RetryStageOut(ctx context.Context, o Options, token string) int {
 		return ExitStageOut
 	}
 	r.sessionID = sess.ID
+	r.holdLease()
 	jobID, _ := strconv.ParseInt(strings.TrimPrefix(token, tokenPrefix), 10, 64)
 	if o.Records != nil {
 		if rec, err := o.Records.Adopt(token, jobID, o.Self, o.ConnArgs); err == nil {
@@ -687,6 +692,7 @@ func (r *runner) released() {
 
 // kept marks the session as kept on purpose: cleanups leave it alone.
 func (r *runner) kept(note string) {
+	r.endLease(true)
 	if r.rec != nil {
 		r.rec.State, r.rec.Note, r.rec.Reported = StateKept, note, true
 		r.save()
@@ -848,4 +854,60 @@ func interpreter(path string) ([]string, error) {
 		}
 	}
 	return []string{"/bin/sh", path}, nil
+}
+
+// lease keeps the controller from finishing this run's session as abandoned
+// (controller.run_lease): from setup to the run's end it is renewed three times per lease.
+type lease struct {
+	stop chan struct{}
+	done chan struct{}
+}
+
+// holdLease starts renewing the session's lease; a controller that keeps none (a home, or
+// run_lease 0) is asked once.
+func (r *runner) holdLease() {
+	if r.lease != nil {
+		return
+	}
+	l := &lease{stop: make(chan struct{}), done: make(chan struct{})}
+	r.lease = l
+	go func() {
+		defer close(l.done)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { <-l.stop; cancel() }()
+		every := time.Duration(0)
+		for {
+			d, err := r.o.Client.RenewLease(ctx, r.token, false)
+			switch {
+			case err == nil && d <= 0:
+				return // no lease kept
+			case err == nil:
+				every = max(d/3, 10*time.Millisecond)
+			case every == 0:
+				every = time.Second // unanswered yet (the controller restarts): ask again soon
+			}
+			select {
+			case <-l.stop:
+				return
+			case <-time.After(every):
+			}
+		}
+	}()
+}
+
+// endLease stops renewing; release tells the controller the run keeps the session on purpose.
+func (r *runner) endLease(release bool) {
+	l := r.lease
+	if l == nil {
+		return
+	}
+	r.lease = nil
+	close(l.stop)
+	<-l.done
+	if release {
+		ctx, cancel := context.WithTimeout(context.Background(), r.o.StepTimeout)
+		defer cancel()
+		r.o.Client.RenewLease(ctx, r.token, true)
+	}
 }

@@ -710,3 +710,52 @@ exit 3
 	}
 	c.assertClean()
 }
+
+// TestKilledRunIsFinishedByTheSystemController: a `spillway run` against a system controller
+// is killed (with its job) while the job runs. Its session stops renewing its lease
+// (controller.run_lease), and the controller finishes it as the run would have: unmounts it,
+// stages the results out, releases the instance. (Before, only a home's server cleaned up
+// after gone runs: the session stayed mounted, its capacity held, its results never staged.)
+func TestKilledRunIsFinishedByTheSystemController(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	cfg, _ := os.ReadFile(c.config)
+	os.WriteFile(c.config, []byte(strings.Replace(string(cfg), "[controller]\n", "[controller]\nrun_lease = \"1s\"\n", 1)), 0o644)
+	c.startController()
+	c.startAgent()
+	work := filepath.Join(c.dir, "work")
+	for _, d := range []string{work, filepath.Join(c.dir, "pfs")} {
+		os.MkdirAll(d, 0o755)
+		os.Chown(d, nobodyUID, nobodyGID)
+	}
+	resultPath := filepath.Join(c.dir, "pfs", "result")
+	script := filepath.Join(work, "job.sh")
+	os.WriteFile(script, []byte(`#!/bin/bash
+#DW jobdw type=scratch access_mode=striped capacity=1GiB
+#DW stage_out type=file source=$DW_JOB_STRIPED/result destination=`+resultPath+`
+echo precious > "$DW_JOB_STRIPED/result"
+echo $$ > `+work+`/job.pid
+exec sleep 300
+`), 0o755)
+	cmd := exec.Command(binary, "run", "--config", c.config, "--node", "storage1", script)
+	cmd.Dir, cmd.Env = work, []string{"PATH=/usr/bin:/bin", "HOME=/"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the job to run", func() bool { _, err := os.Stat(filepath.Join(work, "job.pid")); return err == nil })
+	// The node's reboot, as far as this run is concerned: the run and its job die at once.
+	cmd.Process.Kill()
+	cmd.Wait()
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(must(os.ReadFile(filepath.Join(work, "job.pid")))))); err == nil {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	waitFor(t, "the controller to finish the gone run's session", func() bool {
+		all, err := c.client.All(context.Background())
+		return err == nil && len(all.Sessions) == 0
+	})
+	if got, _ := os.ReadFile(resultPath); string(got) != "precious\n" {
+		t.Errorf("the gone run's results were staged out as %q, want the job's result", got)
+	}
+	c.assertClean()
+}
