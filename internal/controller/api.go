@@ -138,7 +138,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, int64(s.c.cfg.Controller.MaxRequestBytes))
 	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), callerKey{}, who), s.c.cfg.Controller.RequestTimeout.D())
 	defer cancel()
-	s.mux.ServeHTTP(w, r.WithContext(ctx))
+	r = r.WithContext(ctx)
+	if _, pattern := s.mux.Handler(r); pattern == "" {
+		// No route: say so in JSON, as every other answer (the mux would answer in text).
+		if s.routeExists(r) {
+			httpapi.WriteError(w, http.StatusMethodNotAllowed, "user", fmt.Sprintf("%s is not allowed on %s; see /dw/v1/openapi.json", r.Method, r.URL.Path))
+		} else {
+			httpapi.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint: "+r.URL.Path+"; see /dw/v1/openapi.json")
+		}
+		return
+	}
+	s.mux.ServeHTTP(w, r)
 }
 
 func (s *Server) fail(w http.ResponseWriter, err error) {
@@ -177,6 +187,18 @@ func (s *Server) requirePrivileged(w http.ResponseWriter, r *http.Request) bool 
 		return true
 	}
 	httpapi.WriteError(w, http.StatusForbidden, "forbidden", "this operation is for administrators (root or a controller.wlm_users user)")
+	return false
+}
+
+// routeExists reports whether some method is served at the request's path.
+func (s *Server) routeExists(r *http.Request) bool {
+	for _, m := range []string{"GET", "POST", "PATCH"} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "" {
+			return true
+		}
+	}
 	return false
 }
 

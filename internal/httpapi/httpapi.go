@@ -279,3 +279,9 @@ func Listen(address string) (net.Listener, error) {
 	os.Chmod(path, 0o666)
 	return l, nil
 }
+
+// WithPeer records p as the caller of requests made with ctx: what ConnContext does for a
+// Unix-socket connection (the API's tests and fuzzing act as given users with it).
+func WithPeer(ctx context.Context, p Peer) context.Context {
+	return context.WithValue(ctx, peerKey{}, p)
+}
