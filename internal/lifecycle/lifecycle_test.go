@@ -711,7 +711,9 @@ func TestInstanceWithUnfinishedStageOutsIsNeverReleased(t *testing.T) {
 		t.Errorf("teardown status: %+v, want failed with the stage-out's error", st)
 	}
 	// Retried once more, it completes: now the teardown releases everything.
-	h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+	}
 	h.must(ApplyStages(h.w, "21", model.StageOut, out, h, h.now))
 	h.settle()
 	h.must(ApplyTeardown(h.w, "21", false))

@@ -212,11 +212,11 @@ type Activation struct {
 
 // Stage directions and types.
 const (
-	StageIn       = "in"
-	StageOut      = "out"
-	StageFile     = "file"
-	StageDir      = "directory"
-	StageList     = "list"
+	StageIn   = "in"
+	StageOut  = "out"
+	StageFile = "file"
+	StageDir  = "directory"
+	StageList = "list"
 	// StageDeferred is a stage-out registered at setup (from the job's #DW stage_out) that
 	// waits for data_out: the controller knows it from the start, so a session whose job never
 	// reached data_out is never released with its results unstaged.

@@ -29,7 +29,9 @@ func TestOrdinaryUserCannotImpersonate(t *testing.T) {
 	c := newCluster(t)
 	c.startController()
 	c.startAgent()
-	post := func(body string) (int, string) { return postAsNobody(t, python, c.dir+"/controller.sock", "/dw/v1/sessions", body) }
+	post := func(body string) (int, string) {
+		return postAsNobody(t, python, c.dir+"/controller.sock", "/dw/v1/sessions", body)
+	}
 	instance := `"instance":{"capacity":1073741824,"pool":"wlm_pool","type":"scratch","access_modes":["striped"]}`
 	for _, tc := range []struct {
 		name, body, want string
