@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runHelper(spec))
 	}
 	if spec := os.Getenv(attackEnv); spec != "" {
-		os.Exit(runAttack(spec))
+		os.Exit(swaprace.Main(spec))
 	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "localfs tests mount FUSE file systems and switch users: run them as root")
@@ -282,26 +282,4 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// attackSpec is what the attacker role attacks (package swaprace).
-type attackSpec struct {
-	Work, Through, Victim string
-	Duration              time.Duration
-}
-
-func runAttack(encoded string) int {
-	var as attackSpec
-	if err := json.Unmarshal([]byte(encoded), &as); err != nil {
-		fmt.Println("error:", err)
-		return 2
-	}
-	rep, err := swaprace.Run(as.Work, as.Through, as.Victim, as.Duration)
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	out, _ := json.Marshal(rep)
-	fmt.Println(string(out))
-	return 0
 }

@@ -57,7 +57,7 @@ func testSymlinkSwap(t *testing.T, b testBackend, mounts int) {
 		through = b.mount(t, second).Path()
 	}
 
-	encoded, _ := json.Marshal(attackSpec{Work: first.Path(), Through: through, Victim: victim, Duration: swapRaceDuration})
+	encoded, _ := json.Marshal(swaprace.Spec{Work: first.Path(), Through: through, Victim: victim, Duration: swapRaceDuration})
 	cmd := exec.Command(runnableByNobody(t))
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/", attackEnv + "=" + string(encoded)}

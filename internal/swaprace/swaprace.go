@@ -12,6 +12,7 @@
 package swaprace
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -95,4 +96,29 @@ func Run(work, through, victim string, d time.Duration) (Report, error) {
 	stop.Store(true)
 	wg.Wait()
 	return rep, nil
+}
+
+// Spec is what an attacker process attacks (see Run); test binaries receive it JSON-encoded in
+// an environment variable and hand it to Main.
+type Spec struct {
+	Work, Through, Victim string
+	Duration              time.Duration
+}
+
+// Main runs the attack of encoded (a JSON Spec) and prints the JSON Report, for a test binary
+// started as the attacker; it returns the exit status.
+func Main(encoded string) int {
+	var spec Spec
+	if err := json.Unmarshal([]byte(encoded), &spec); err != nil {
+		fmt.Println("error:", err)
+		return 2
+	}
+	rep, err := Run(spec.Work, spec.Through, spec.Victim, spec.Duration)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	out, _ := json.Marshal(rep)
+	fmt.Println(string(out))
+	return 0
 }

@@ -79,6 +79,38 @@ controller = "unix:%[1]s/controller.sock"
 	return c
 }
 
+// configure adds lines (TOML keys) to a section of the cluster's configuration, before the
+// daemons start.
+func (c *cluster) configure(section, lines string) {
+	c.t.Helper()
+	cfg, err := os.ReadFile(c.config)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	header := "[" + section + "]\n"
+	if !strings.Contains(string(cfg), header) {
+		c.t.Fatalf("the cluster's configuration has no %s", header)
+	}
+	if err := os.WriteFile(c.config, []byte(strings.Replace(string(cfg), header, header+lines, 1)), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// nobodysJob writes a job script for nobody in a work directory of nobody's, whose
+// #DW stage_out puts $DW_JOB_STRIPED/result at the returned result path (in a PFS directory of
+// nobody's); body follows the directives.
+func (c *cluster) nobodysJob(body string) (work, script, result string) {
+	work, pfs := filepath.Join(c.dir, "work"), filepath.Join(c.dir, "pfs")
+	for _, d := range []string{work, pfs} {
+		os.MkdirAll(d, 0o755)
+		os.Chown(d, nobodyUID, nobodyGID)
+	}
+	result, script = filepath.Join(pfs, "result"), filepath.Join(work, "job.sh")
+	os.WriteFile(script, []byte("#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\n"+
+		"#DW stage_out type=file source=$DW_JOB_STRIPED/result destination="+result+"\n"+body), 0o755)
+	return work, script, result
+}
+
 func (c *cluster) daemon(name string, env ...string) *exec.Cmd {
 	log, _ := os.OpenFile(filepath.Join(c.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	cmd := exec.Command(binary, name, "--config", c.config)

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spillway-hpc/spillway/internal/swaprace"
 )
 
 // binary is the spillway binary built for the tests.
@@ -24,7 +26,7 @@ const nobodyUID, nobodyGID = 65534, 65534
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(attackEnv); spec != "" {
-		os.Exit(runAttack(spec))
+		os.Exit(swaprace.Main(spec))
 	}
 	dir, err := os.MkdirTemp("", "spillway-e2e-bin-")
 	if err != nil {

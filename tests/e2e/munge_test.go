@@ -70,11 +70,8 @@ func TestUsersOnOtherHostsAuthenticateWithMunge(t *testing.T) {
 	l.Close()
 	token := filepath.Join(c.dir, "token")
 	os.WriteFile(token, []byte("munge-test-token\n"), 0o600)
-	cfg, _ := os.ReadFile(c.config)
-	extra := fmt.Sprintf("[controller]\nlisten = %q\ntoken_file = %q\nmunge_socket = %q\n", addr, token, sock)
-	withToken := strings.Replace(string(cfg), "[controller]\n", extra, 1)
-	withToken = strings.Replace(withToken, "[agent]\n", fmt.Sprintf("[agent]\ntoken_file = %q\n", token), 1)
-	os.WriteFile(c.config, []byte(withToken), 0o644)
+	c.configure("controller", fmt.Sprintf("listen = %q\ntoken_file = %q\nmunge_socket = %q\n", addr, token, sock))
+	c.configure("agent", fmt.Sprintf("token_file = %q\n", token))
 	c.startController()
 	c.startAgent()
 

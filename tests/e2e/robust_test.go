@@ -649,26 +649,14 @@ func TestHomeServerExitsWhenItsHomeIsRemoved(t *testing.T) {
 func TestRetryStageOutAfterTheControllerWasAway(t *testing.T) {
 	requireRoot(t)
 	c := newCluster(t)
-	cfg, _ := os.ReadFile(c.config)
-	quick := "[client]\nconnect_retries = 3\nretry_wait = \"100ms\"\nteardown_attempts = 1\n"
-	os.WriteFile(c.config, []byte(strings.Replace(string(cfg), "[client]\n", quick, 1)), 0o644)
+	c.configure("client", "connect_retries = 3\nretry_wait = \"100ms\"\nteardown_attempts = 1\n")
 	c.startController()
 	c.startAgent()
-	work := filepath.Join(c.dir, "work")
-	for _, d := range []string{work, filepath.Join(c.dir, "pfs")} {
-		os.MkdirAll(d, 0o755)
-		os.Chown(d, nobodyUID, nobodyGID)
-	}
-	resultPath := filepath.Join(c.dir, "pfs", "result")
-	script := filepath.Join(work, "job.sh")
-	os.WriteFile(script, []byte(`#!/bin/bash
-#DW jobdw type=scratch access_mode=striped capacity=1GiB
-#DW stage_out type=file source=$DW_JOB_STRIPED/result destination=`+resultPath+`
-echo precious > "$DW_JOB_STRIPED/result"
-touch `+work+`/ran
-for i in $(seq 600); do [ -e `+work+`/go ] && exit 0; sleep 0.1; done
+	work, script, resultPath := c.nobodysJob(`echo precious > "$DW_JOB_STRIPED/result"
+touch ran
+for i in $(seq 600); do [ -e go ] && exit 0; sleep 0.1; done
 exit 3
-`), 0o755)
+`)
 	done := make(chan result, 1)
 	go func() {
 		cmd := exec.Command(binary, "run", "--config", c.config, "--node", "storage1", script)
@@ -719,24 +707,13 @@ exit 3
 func TestKilledRunIsFinishedByTheSystemController(t *testing.T) {
 	requireRoot(t)
 	c := newCluster(t)
-	cfg, _ := os.ReadFile(c.config)
-	os.WriteFile(c.config, []byte(strings.Replace(string(cfg), "[controller]\n", "[controller]\nrun_lease = \"1s\"\n", 1)), 0o644)
+	c.configure("controller", "run_lease = \"1s\"\n")
 	c.startController()
 	c.startAgent()
-	work := filepath.Join(c.dir, "work")
-	for _, d := range []string{work, filepath.Join(c.dir, "pfs")} {
-		os.MkdirAll(d, 0o755)
-		os.Chown(d, nobodyUID, nobodyGID)
-	}
-	resultPath := filepath.Join(c.dir, "pfs", "result")
-	script := filepath.Join(work, "job.sh")
-	os.WriteFile(script, []byte(`#!/bin/bash
-#DW jobdw type=scratch access_mode=striped capacity=1GiB
-#DW stage_out type=file source=$DW_JOB_STRIPED/result destination=`+resultPath+`
-echo precious > "$DW_JOB_STRIPED/result"
-echo $$ > `+work+`/job.pid
+	work, script, resultPath := c.nobodysJob(`echo precious > "$DW_JOB_STRIPED/result"
+echo $$ > job.pid
 exec sleep 300
-`), 0o755)
+`)
 	cmd := exec.Command(binary, "run", "--config", c.config, "--node", "storage1", script)
 	cmd.Dir, cmd.Env = work, []string{"PATH=/usr/bin:/bin", "HOME=/"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}

@@ -263,14 +263,7 @@ func TestUsersSeeOnlyTheirOwn(t *testing.T) {
 func TestOrdinaryUsersHaveQuotas(t *testing.T) {
 	requireRoot(t)
 	c := newCluster(t)
-	cfg, err := os.ReadFile(c.config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	quotas := "[controller]\nmax_sessions_per_user = 3\nmax_persistent_per_user = 2\nmax_capacity_per_user = \"3GiB\"\n"
-	if err := os.WriteFile(c.config, []byte(strings.Replace(string(cfg), "[controller]\n", quotas, 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	c.configure("controller", "max_sessions_per_user = 3\nmax_persistent_per_user = 2\nmax_capacity_per_user = \"3GiB\"\n")
 	c.startController()
 	c.startAgent()
 	jobs := filepath.Join(c.dir, "jobs")

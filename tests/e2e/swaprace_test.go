@@ -17,29 +17,6 @@ import (
 // scripts below run it, as the job's ordinary user, against their own instances.
 const attackEnv = "SPILLWAY_E2E_ATTACK"
 
-// attackSpec is what the attacker attacks.
-type attackSpec struct {
-	Work, Victim string
-	Duration     time.Duration
-}
-
-// runAttack is the attacker role of the test binary.
-func runAttack(encoded string) int {
-	var as attackSpec
-	if err := json.Unmarshal([]byte(encoded), &as); err != nil {
-		fmt.Println("error:", err)
-		return 2
-	}
-	rep, err := swaprace.Run(as.Work, "", as.Victim, as.Duration)
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	out, _ := json.Marshal(rep)
-	fmt.Printf("attack report %s\n", out)
-	return 0
-}
-
 // TestJobCannotReachRootFilesThroughItsMount runs jobs as nobody against a root controller
 // and agent: each job swaps a directory of its own instance with a link to a root-owned
 // directory while chmod, truncate and create race through the agent's mount (package
@@ -91,12 +68,13 @@ export %s="{\"Work\":\"${%s%%/}\",\"Victim\":\"%s\",\"Duration\":%d}"
 				t.Fatal(err)
 			}
 			r := runJob(script(strings.ReplaceAll(tc.name, " ", "-")+".sh", tc.directives, tc.mount))
-			if r.code != 0 || !strings.Contains(r.stdout, "attack report") {
+			// The job's output holds the attacker's report: one JSON line.
+			_, report, found := strings.Cut(r.stdout, `{"Exchanges":`)
+			if r.code != 0 || !found {
 				t.Fatalf("the attacking job: %s", r)
 			}
-			_, report, _ := strings.Cut(r.stdout, "attack report ")
 			var rep swaprace.Report
-			json.Unmarshal([]byte(strings.TrimSpace(strings.SplitN(report, "\n", 2)[0])), &rep)
+			json.Unmarshal([]byte(`{"Exchanges":`+strings.SplitN(report, "\n", 2)[0]), &rep)
 			t.Logf("%s: %s", tc.name, rep)
 			if rep.Exchanges < 10 || rep.Chmods < 10 || rep.Creates < 10 {
 				t.Fatalf("the attack did not run (%s): the test would prove nothing\n%s", rep, r)
