@@ -6,6 +6,7 @@ package apiclient
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,6 +56,8 @@ type Options struct {
 	// no Token.
 	Munge       bool
 	MungeSocket string
+	// TLS is what an https:// controller must prove (nil: the system's roots).
+	TLS *tls.Config
 }
 
 // New connects to address: "unix:/path/to.sock", a bare socket path, or "http://host:port".
@@ -71,6 +74,9 @@ func New(address string, o Options) (*Client, error) {
 	case strings.HasPrefix(address, "http://") || strings.HasPrefix(address, "https://"):
 		c.base = strings.TrimRight(address, "/")
 		c.http = &http.Client{Timeout: o.RequestTimeout}
+		if o.TLS != nil {
+			c.http.Transport = &http.Transport{TLSClientConfig: o.TLS}
+		}
 		c.munge = o.Munge && o.Token == "" // a Unix socket's peer credentials say who we are
 	default:
 		sock := strings.TrimPrefix(address, "unix:")

@@ -17,6 +17,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/embedded"
+	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/stage"
 )
 
@@ -230,8 +231,12 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 				return nil, err
 			}
 		}
+		clientTLS, err := httpapi.ClientTLS(cfg.TLS.CAFile)
+		if err != nil {
+			return nil, err
+		}
 		cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(),
-			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, Munge: true, MungeSocket: cfg.Client.MungeSocket})
+			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
 		if err != nil {
 			return nil, err
 		}

@@ -74,6 +74,11 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
 		return 78
 	}
+	serverTLS, clientTLS, err := embedded.TLS(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
+		return 78
+	}
 	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
@@ -82,7 +87,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	st := store.New(eng)
 	defer st.Close()
 	dial := func(n *model.Node) (agentapi.Agent, error) {
-		return agentclient.New(n.Address, apiclient.Options{Token: token, ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D()})
+		return agentclient.New(n.Address, apiclient.Options{Token: token, ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D(), TLS: clientTLS})
 	}
 	ctl, err := controller.New(cfg, st, dial, log)
 	if err != nil {
@@ -102,7 +107,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		listeners = append(listeners, cfg.Controller.Listen)
 	}
 	for _, addr := range listeners {
-		l, err := httpapi.Listen(addr)
+		l, err := httpapi.Listen(addr, serverTLS)
 		if err != nil {
 			fmt.Fprintf(stderr, "spillway controller: listen %s: %v\n", addr, err)
 			return 1
@@ -148,6 +153,11 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		return 78
 	}
 	token, err := apiclient.TokenFromFile(cfg.Agent.TokenFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
+		return 78
+	}
+	serverTLS, clientTLS, err := embedded.TLS(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 78
@@ -199,12 +209,12 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	if dataListener != nil {
 		ag.SetDataAddress(dataAddress)
 	}
-	l, err := httpapi.Listen(cfg.Agent.Listen)
+	l, err := httpapi.Listen(cfg.Agent.Listen, serverTLS)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: listen %s: %v\n", cfg.Agent.Listen, err)
 		return 1
 	}
-	client, err := apiclient.New(cfg.Agent.Controller, apiclient.Options{Token: token, ConnectRetries: 1, RequestTimeout: cfg.Controller.RequestTimeout.D()})
+	client, err := apiclient.New(cfg.Agent.Controller, apiclient.Options{Token: token, ConnectRetries: 1, RequestTimeout: cfg.Controller.RequestTimeout.D(), TLS: clientTLS})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 78

@@ -63,6 +63,7 @@ type Config struct {
 	Agent      Agent      `toml:"agent"`
 	Mount      Mount      `toml:"mount"`
 	Warpfs     Warpfs     `toml:"warpfs"`
+	TLS        TLS        `toml:"tls"`
 	Client     Client     `toml:"client"`
 	Home       Home       `toml:"home"`
 	Pools      []Pool     `toml:"pool"`
@@ -169,6 +170,16 @@ type Agent struct {
 	// DataAdvertise is the address compute nodes dial, if not DataListen (e.g. when
 	// DataListen is 0.0.0.0:7702).
 	DataAdvertise string `toml:"data_advertise"`
+}
+
+// TLS encrypts and authenticates the HTTP APIs on TCP (the controller's, the agents'): with
+// CertFile and KeyFile, a daemon's TCP listener speaks TLS; CAFile is what clients (commands,
+// agents, the controller calling agents) trust for https:// addresses (empty: the system's
+// roots). Unix sockets never use it.
+type TLS struct {
+	CertFile string `toml:"cert_file"` // this host's certificate (PEM), for its TCP listeners
+	KeyFile  string `toml:"key_file"`  // its private key (PEM)
+	CAFile   string `toml:"ca_file"`   // the certificate authority clients trust (PEM)
 }
 
 // Warpfs is the network data path between compute nodes' mounts and storage nodes.

@@ -9,6 +9,7 @@ package embedded
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -224,6 +225,16 @@ func WarpfsClientLimits(cfg config.Config) client.Limits {
 	w := cfg.Warpfs
 	return client.Limits{ConnectTimeout: w.ConnectTimeout.D(), RequestTimeout: w.RequestTimeout.D(),
 		KeepaliveInterval: w.KeepaliveInterval.D(), ReconnectWait: w.ReconnectWait.D(), MaxInFlight: w.MaxInFlight}
+}
+
+// TLS loads the [tls] section: the server side for a daemon's TCP listeners (nil: plain TCP)
+// and the client side for https:// addresses (nil: the system's roots).
+func TLS(cfg config.Config) (server, client *tls.Config, err error) {
+	if server, err = httpapi.ServerTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile); err != nil {
+		return nil, nil, err
+	}
+	client, err = httpapi.ClientTLS(cfg.TLS.CAFile)
+	return server, client, err
 }
 
 // APILimits are the limits of the controller's and the agents' HTTP APIs.

@@ -4,6 +4,8 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -259,9 +261,15 @@ func Serve(ctx context.Context, l net.Listener, h http.Handler, lim Limits) erro
 
 // Listen opens "unix:/path" (replacing a stale socket, refusing a live one) or "host:port".
 // Unix sockets are made mode 0666: authorization is per request, from the peer's uid.
-func Listen(address string) (net.Listener, error) {
+//
+// A TCP listener speaks TLS when serverTLS is not nil (see ServerTLS).
+func Listen(address string, serverTLS *tls.Config) (net.Listener, error) {
 	if !strings.HasPrefix(address, "unix:") && !strings.HasPrefix(address, "/") {
-		return net.Listen("tcp", strings.TrimPrefix(address, "tcp:"))
+		l, err := net.Listen("tcp", strings.TrimPrefix(address, "tcp:"))
+		if err != nil || serverTLS == nil {
+			return l, err
+		}
+		return tls.NewListener(l, serverTLS), nil
 	}
 	path := strings.TrimPrefix(address, "unix:")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -284,4 +292,37 @@ func Listen(address string) (net.Listener, error) {
 // Unix-socket connection (the API's tests and fuzzing act as given users with it).
 func WithPeer(ctx context.Context, p Peer) context.Context {
 	return context.WithValue(ctx, peerKey{}, p)
+}
+
+// ServerTLS loads a host's certificate and key for its TCP listeners; nil when neither is
+// configured.
+func ServerTLS(certFile, keyFile string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" {
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("tls.cert_file and tls.key_file go together: set both, or neither")
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls.cert_file %s / tls.key_file %s: %w", certFile, keyFile, err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// ClientTLS is what clients trust for https:// addresses: the CA in caFile, or the system's
+// roots when it is empty (nil config).
+func ClientTLS(caFile string) (*tls.Config, error) {
+	if caFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls.ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("tls.ca_file %s holds no PEM certificate", caFile)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
