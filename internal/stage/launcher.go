@@ -104,6 +104,13 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		return r
 	}
 	defer workerEnd.Close() // the worker has its own copy once started
+	started := false
+	defer func() {
+		if !started { // the handoff below owns them once the worker runs
+			agentEnd.Close()
+			closeAll(rootFiles)
+		}
+	}()
 	request, err := json.Marshal(workerRequest{StageSpec: workerSpec, Limits: &r.limits})
 	if err != nil {
 		r.finishEarly(fmt.Errorf("cannot encode the stage request: %v", err))
@@ -136,12 +143,11 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	}
 	markDescriptorsCloseOnExec()
 	if err := cmd.Start(); err != nil {
-		agentEnd.Close()
-		closeAll(rootFiles)
 		r.finishEarly(fmt.Errorf("cannot start the staging worker %s as uid %d: %v", exe[0], spec.UID, err))
 		return r
 	}
 	r.cmd, r.stdin = cmd, stdin
+	started = true
 	go func() {
 		defer closeAll(rootFiles)
 		go func() { <-r.done; agentEnd.Close() }() // a worker that never asks: stop waiting
