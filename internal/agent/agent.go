@@ -193,7 +193,7 @@ func (a *Agent) ServeData(ctx context.Context, l net.Listener) error {
 		l.Close()
 		return errors.New("agent.data_listen is set but agent.token_file is not: compute nodes could not authenticate; set both")
 	}
-	srv := server.New(server.Options{Token: a.opt.Token, Resolve: a.resolveNamespace, Limits: a.opt.WarpfsServer, Log: a.opt.Log})
+	srv := server.New(server.Options{Token: a.opt.Token, Node: a.opt.Name, Resolve: a.resolveNamespace, Limits: a.opt.WarpfsServer, Log: a.opt.Log})
 	a.dataMu.Lock()
 	a.data = srv
 	a.dataMu.Unlock()
@@ -444,6 +444,7 @@ func (a *Agent) mountRemote(spec agentapi.MountSpec) error {
 		MountPath: spec.MountPath, ReadOnly: spec.ReadOnly, AllowOther: a.root, FsName: spec.Label,
 		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
 		Remote: &localfs.Remote{Address: spec.DataAddress, Token: a.opt.Token, Client: a.opt.Name,
+			Capability: spec.Capability, CapabilityKey: spec.CapabilityKey,
 			FragmentID: spec.FragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs,
 			Readahead: a.opt.RemoteReadahead},
 	})

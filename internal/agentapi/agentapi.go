@@ -49,6 +49,10 @@ type MountSpec struct {
 	// DataAddress is where the storage node serves its namespaces to other hosts' mounts
 	// (its agent.data_listen); "" if it serves none.
 	DataAddress string `json:"data_address,omitempty"`
+	// Capability and CapabilityKey are the controller's grant of this mount to this compute
+	// node and its session key (package nodekey): what the storage node asks for.
+	Capability    string `json:"capability,omitempty"`
+	CapabilityKey string `json:"capability_key,omitempty"`
 }
 
 // StageSpec asks the storage node holding the namespace to move data for a session, as the

@@ -42,6 +42,7 @@ Daemons (administrators):
   agent                 the daemon of a storage and/or compute node
   dwcli                 administrative changes: pools, drain, registrations
   dw_wlm_cli            the workload manager's interface (Slurm's GetSysState)
+  node-key NAME         print node NAME's own credential, for its agent.token_file
 
 Other:
   version               print the version
@@ -90,6 +91,8 @@ func Main(argv []string) int {
 		return configMain(rest, os.Stdout, os.Stderr)
 	case "home":
 		return homeMain(rest, os.Stdout, os.Stderr)
+	case "node-key":
+		return nodeKeyMain(rest, os.Stdout, os.Stderr)
 	case "stage-worker":
 		// Hidden: the agent starts it, as the job's user, to move one stage's data.
 		return stage.WorkerMain(os.Stdin, os.Stdout)

@@ -20,6 +20,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/embedded"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
@@ -87,7 +88,9 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	st := store.New(eng)
 	defer st.Close()
 	dial := func(n *model.Node) (agentapi.Agent, error) {
-		return agentclient.New(n.Address, apiclient.Options{Token: token, ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D(), TLS: clientTLS})
+		// Each agent is called with its own credential, which it can check without the
+		// cluster's secret (package nodekey).
+		return agentclient.New(n.Address, apiclient.Options{Token: nodeCredential(token, n.Name), ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D(), TLS: clientTLS})
 	}
 	ctl, err := controller.New(cfg, st, dial, log)
 	if err != nil {
@@ -96,6 +99,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signalContext()
 	defer stop()
+	ctl.SetSecret(token)
 	srv := controller.NewServer(ctl, token, cfg.Controller.WLMUsers, log)
 	var wg sync.WaitGroup
 	listeners := []string{"unix:" + cfg.Controller.Socket}
@@ -214,7 +218,9 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "spillway agent: listen %s: %v\n", cfg.Agent.Listen, err)
 		return 1
 	}
-	client, err := apiclient.New(cfg.Agent.Controller, apiclient.Options{Token: token, ConnectRetries: 1, RequestTimeout: cfg.Controller.RequestTimeout.D(), TLS: clientTLS})
+	// The agent presents its node's own credential, never the cluster's secret: a node can
+	// heartbeat for itself and nothing an administrator does.
+	client, err := apiclient.New(cfg.Agent.Controller, apiclient.Options{Token: nodeCredential(token, name), ConnectRetries: 1, RequestTimeout: cfg.Controller.RequestTimeout.D(), TLS: clientTLS})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 78
@@ -223,7 +229,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); agent.Serve(ctx, l, ag, token, embedded.APILimits(cfg, log)) }()
+	go func() { defer wg.Done(); agent.Serve(ctx, l, ag, nodeCredential(token, name), embedded.APILimits(cfg, log)) }()
 	if dataListener != nil {
 		wg.Add(1)
 		go func() {
@@ -257,4 +263,53 @@ func configMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprint(stderr, configUsage)
 	return 64
+}
+
+// nodeCredential is node's own credential, from the cluster's secret or from the node's own
+// credential in token_file; "" when there is no token (single host, Unix sockets only).
+func nodeCredential(token, node string) string {
+	if token == "" {
+		return ""
+	}
+	return nodekey.For(token, node)
+}
+
+const nodeKeyUsage = `Usage: spillway node-key [--config FILE] NAME
+
+Print node NAME's own credential, derived from the cluster's secret (controller.token_file):
+put it in that node's agent.token_file instead of the secret. With it the node's agent
+heartbeats for NAME, is called by the controller, and mounts the namespaces the controller
+grants it; it can do nothing an administrator does, and another node's credential cannot be
+made from it (docs/security.md). Run it on the controller's host, as the secret's owner.
+
+Example:
+  spillway node-key cn017 > /tmp/cn017.key   # then install it as cn017's /etc/spillway/token, 0600
+`
+
+func nodeKeyMain(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("spillway node-key", nodeKeyUsage, stderr)
+	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
+	if code, ok := parse(fs, args, stdout); !ok {
+		return code
+	}
+	if fs.NArg() != 1 || fs.Arg(0) == "" {
+		fmt.Fprintf(stderr, "spillway node-key: give one node NAME (as its agent.name)\n\n%s", nodeKeyUsage)
+		return 64
+	}
+	cfg, _, err := loadSystemConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway node-key: %v\n", err)
+		return 78
+	}
+	secret, err := apiclient.TokenFromFile(cfg.Controller.TokenFile)
+	if err != nil || secret == "" {
+		fmt.Fprintf(stderr, "spillway node-key: cannot read the cluster's secret from controller.token_file (%q): %v\n", cfg.Controller.TokenFile, err)
+		return 78
+	}
+	if _, isNode := nodekey.Node(secret); isNode {
+		fmt.Fprintln(stderr, "spillway node-key: controller.token_file holds a node's credential, not the cluster's secret; run this on the controller's host")
+		return 78
+	}
+	fmt.Fprintln(stdout, nodekey.Derive(secret, fs.Arg(0)))
+	return 0
 }

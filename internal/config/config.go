@@ -108,6 +108,9 @@ type Controller struct {
 	// the run would have: unmount, stage out, release (or keep the results if the stage-out
 	// fails). 0 turns it off (a one-machine home has its own cleanup of gone runs).
 	RunLease Duration `toml:"run_lease"`
+	// MountCapabilityLifetime is how long the capability the controller grants a compute node
+	// for one mount stays valid (reconnections after it fail; a remount gets a fresh one).
+	MountCapabilityLifetime Duration `toml:"mount_capability_lifetime"`
 	// MungeSocket is the local munged's socket, which decodes the MUNGE credentials of users
 	// on TCP. "" = munge's default (/run/munge/munge.socket.2).
 	MungeSocket string `toml:"munge_socket"`
@@ -253,22 +256,23 @@ type Pool struct {
 func Defaults() Config {
 	return Config{
 		Controller: Controller{
-			StateDir:              "/var/lib/spillway/controller",
-			Socket:                "/run/spillway/controller.sock",
-			WLMUsers:              []string{"slurm"},
-			MountRoot:             "/var/opt/spillway/mounts/batch",
-			DefaultPool:           "wlm_pool",
-			NodeTimeout:           Duration(30 * time.Second),
-			RequestTimeout:        Duration(30 * time.Second),
-			MaxRequestBytes:       Size(4 << 20),
-			MaxSessions:           100000,
-			IdleTimeout:           Duration(time.Minute),
-			MaxConnections:        1024,
-			MaxConnectionsPerPeer: 64,
-			MaxSessionsPerUser:    100,
-			MaxPersistentPerUser:  10,
-			PrivateData:           true,
-			RunLease:              Duration(2 * time.Minute),
+			StateDir:                "/var/lib/spillway/controller",
+			Socket:                  "/run/spillway/controller.sock",
+			WLMUsers:                []string{"slurm"},
+			MountRoot:               "/var/opt/spillway/mounts/batch",
+			DefaultPool:             "wlm_pool",
+			NodeTimeout:             Duration(30 * time.Second),
+			RequestTimeout:          Duration(30 * time.Second),
+			MaxRequestBytes:         Size(4 << 20),
+			MaxSessions:             100000,
+			IdleTimeout:             Duration(time.Minute),
+			MaxConnections:          1024,
+			MaxConnectionsPerPeer:   64,
+			MaxSessionsPerUser:      100,
+			MaxPersistentPerUser:    10,
+			PrivateData:             true,
+			RunLease:                Duration(2 * time.Minute),
+			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
 		},
 		Executor: Executor{
 			MaxAttempts:     5,
@@ -427,6 +431,7 @@ func (c *Config) Validate() error {
 	positive("controller.max_connections", int64(c.Controller.MaxConnections))
 	positive("controller.max_connections_per_peer", int64(c.Controller.MaxConnectionsPerPeer))
 	positive("controller.max_sessions_per_user", int64(c.Controller.MaxSessionsPerUser))
+	positive("controller.mount_capability_lifetime", int64(c.Controller.MountCapabilityLifetime))
 	positive("controller.max_persistent_per_user", int64(c.Controller.MaxPersistentPerUser))
 	positive("warpfs.max_connections", int64(c.Warpfs.MaxConnections))
 	positive("warpfs.max_handshakes", int64(c.Warpfs.MaxHandshakes))

@@ -20,6 +20,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/munge"
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
 
@@ -49,6 +50,7 @@ type caller struct {
 	gid        uint32 // from the socket: the caller's group when it connected
 	known      bool   // the uid was read from the socket, or a token was presented
 	privileged bool   // root, the controller's own user, a WLM user, or a token holder
+	node       string // a node presenting its own credential (package nodekey): it may only heartbeat
 }
 
 type callerKey struct{}
@@ -110,9 +112,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	who := caller{uid: peer.UID, gid: peer.GID, known: peer.Known}
 	viaMunge := false
 	if auth := r.Header.Get("Authorization"); auth != "" {
+		bearer, _ := strings.CutPrefix(auth, "Bearer ")
+		node, isNode := nodekey.Verify(s.token, bearer)
 		switch cred, isMunge := strings.CutPrefix(auth, "MUNGE "); {
 		case s.token != "" && auth == "Bearer "+s.token:
 			who.known, who.privileged = true, true
+		case isNode:
+			who = caller{known: true, node: node}
 		case isMunge:
 			ctx, cancel := context.WithTimeout(r.Context(), s.c.cfg.Controller.RequestTimeout.D())
 			id, err := munge.Decode(ctx, s.c.cfg.Controller.MungeSocket, cred)
@@ -130,6 +136,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !who.known {
 		httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "TCP clients must authenticate: users with a MUNGE credential (munged running on their host with the cluster's key), "+
 			"services with the shared token (Authorization: Bearer ...); local clients use the Unix socket")
+		return
+	}
+	if who.node != "" && (r.Method != "POST" || r.URL.Path != "/dw/v1/nodes/"+who.node+"/heartbeat") {
+		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf(
+			"node %s's credential only sends that node's heartbeats; administration needs controller.token_file's secret", who.node))
 		return
 	}
 	// A MUNGE credential proves a uid on some host of the cluster, and root on any compute
@@ -516,7 +527,10 @@ func (s *Server) pool(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	var report agentapi.NodeReport
-	if !httpapi.Decode(w, r, &report) || !s.requirePrivileged(w, r) {
+	if !httpapi.Decode(w, r, &report) {
+		return
+	}
+	if who(r).node == "" && !s.requirePrivileged(w, r) { // a node's own credential was checked above
 		return
 	}
 	if report.Name != r.PathValue("name") {

@@ -22,6 +22,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/crashpoint"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store"
 )
 
@@ -50,6 +51,7 @@ type Controller struct {
 	remoteAt map[string]string
 
 	leases leaseBook // spillway run sessions' leases (RunLease)
+	secret string    // the cluster's secret (controller.token_file): grants mounts (SetSecret)
 }
 
 // New creates a controller over a store. Pools listed in the configuration are created if
@@ -383,6 +385,9 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 			return err
 		}
 		reply = liveOn(w, r.Name)
+		for i := range reply.Mounts {
+			reply.Mounts[i] = c.grant(reply.Mounts[i], r.Name)
+		}
 		v, err := store.Meta.Get(tx, clusterIDKey)
 		if err != nil {
 			return err
@@ -568,3 +573,26 @@ func (c *Controller) finishAbandonedRuns(ctx context.Context) {
 
 // runCreator is the creator of `spillway run`'s sessions.
 const runCreator = "RUN"
+
+// SetSecret gives the controller the cluster's secret, with which it grants each remote mount
+// a capability (package nodekey). Without it mounts carry none, and storage nodes that hold
+// the secret themselves accept the secret instead.
+func (c *Controller) SetSecret(secret string) {
+	if _, isNode := nodekey.Node(secret); !isNode {
+		c.secret = secret
+	}
+}
+
+// grant adds to a mount order for compute node client the capability to open its namespace on
+// its storage node, valid controller.mount_capability_lifetime.
+func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.MountSpec {
+	if c.secret == "" || spec.StorageNode == "" {
+		return spec
+	}
+	capability := nodekey.Capability{Fragment: spec.FragmentID, Namespace: spec.NamespaceID, Instance: spec.InstanceID,
+		Client: client, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
+		Expires: c.now().Add(c.cfg.Controller.MountCapabilityLifetime.D()).Unix()}.String()
+	spec.Capability = capability
+	spec.CapabilityKey = nodekey.SessionKey(nodekey.Derive(c.secret, spec.StorageNode), capability)
+	return spec
+}

@@ -159,7 +159,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		case lifecycle.OpDeleteNamespace:
 			r.Err = agent.DeleteNamespace(actx, e.Namespace.FragmentID, e.Namespace.ID)
 		case lifecycle.OpMount:
-			r.Err = agent.Mount(actx, e.Mount)
+			r.Err = agent.Mount(actx, c.grant(e.Mount, e.Node))
 		case lifecycle.OpUnmount:
 			r.Err = agent.Unmount(actx, e.Mount.ActivationID, e.Mount.MountPath)
 		case lifecycle.OpStartStage:

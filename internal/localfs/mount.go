@@ -94,8 +94,10 @@ type Spec struct {
 // size.
 type Remote struct {
 	Address     string // host:port of the storage agent's data server (agent.data_listen)
-	Token       string // the cluster's shared secret
+	Token       string // the cluster's shared secret, when there is no Capability
 	Client      string // this node's name, for the storage agent's logs
+	// Capability and CapabilityKey are the controller's grant of this mount (package nodekey).
+	Capability, CapabilityKey string
 	FragmentID  int64
 	NamespaceID int64
 	InstanceID  int64
@@ -800,7 +802,7 @@ func UnmountPath(path string, limits Limits) error {
 func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 	r := spec.Remote
 	c, err := client.Dial(context.Background(), client.Options{
-		Address: r.Address, Token: r.Token, Client: r.Client,
+		Address: r.Address, Token: r.Token, Client: r.Client, Capability: r.Capability, CapabilityKey: r.CapabilityKey,
 		Fragment: r.FragmentID, Namespace: r.NamespaceID, Instance: r.InstanceID,
 		ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize, Limits: r.Limits, Log: logger,
 	})

@@ -13,7 +13,7 @@ func TestHelpOnEveryCommand(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"run", "--help"}, {"persistent", "--help"}, {"dwstat", "--help"}, {"dwcli", "--help"},
 		{"controller", "--help"}, {"agent", "--help"}, {"config", "--help"}, {"help", "run"},
-		{"help", "help"}, {"help", "--help"}, {"help", "-h"}, {"dw_wlm_cli", "--help"}, {"home", "--help"}, {"help", "home"},
+		{"help", "help"}, {"help", "--help"}, {"help", "-h"}, {"dw_wlm_cli", "--help"}, {"home", "--help"}, {"help", "home"}, {"node-key", "--help"},
 	} {
 		r := spillway(t, cmdOpts{}, args...)
 		// The usage once, on stdout; nothing on stderr.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/netnstest"
 )
 
@@ -34,6 +35,9 @@ const (
 )
 
 // netHost is one namespace and the daemon in it.
+// netSecret is the cluster's secret of the network-namespace tests.
+const netSecret = "netns-e2e-secret"
+
 type netHost struct {
 	name   string // the node's name, e.g. hosta
 	netns  string
@@ -98,8 +102,8 @@ func newNetCluster(t *testing.T) *netCluster {
 		c.hosts[name] = h
 	}
 
-	token := filepath.Join(dir, "token")
-	if err := os.WriteFile(token, []byte("netns-e2e-secret\n"), 0o600); err != nil {
+	token := filepath.Join(dir, "token") // the cluster's secret: the controller's host only
+	if err := os.WriteFile(token, []byte(netSecret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	os.MkdirAll(filepath.Join(dir, "pfs"), 0o755)
@@ -129,6 +133,11 @@ reconnect_wait = "100ms"
 idle_timeout = "5s"
 `, dir, ctl.addr, token, netRequestTimeout)
 	agent := func(h *netHost, storage bool) string {
+		// Each other host holds its own node credential, never the cluster's secret.
+		token := filepath.Join(dir, h.name+".token")
+		if err := os.WriteFile(token, []byte(nodekey.Derive(netSecret, h.name)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		cfg := fmt.Sprintf(`[agent]
 name = %q
 listen = "%[2]s:7701"
@@ -347,6 +356,25 @@ func TestRemoteMountAcrossHosts(t *testing.T) {
 	c.start("ctl")
 	c.start("hosta")
 	c.start("hostb")
+
+	// Root on compute node hostb holds hostb's credential: it cannot administer the
+	// controller, nor speak for another node.
+	hostb := nodekey.Derive(netSecret, "hostb")
+	for _, tc := range []struct{ path, body string }{
+		{"/dw/v1/pools", `{"id":"evil","granularity":1}`},
+		{"/dw/v1/nodes/hosta/heartbeat", `{"name":"hosta"}`},
+	} {
+		out, _ := exec.Command("ip", "netns", "exec", c.hosts["hostb"].netns, "/usr/bin/python3", "-c", `
+import http.client, sys
+c = http.client.HTTPConnection(sys.argv[1])
+c.request("POST", sys.argv[2], body=sys.argv[3], headers={"Authorization": "Bearer " + sys.argv[4]})
+r = c.getresponse()
+print(r.status, r.read().decode())
+`, c.hosts["ctl"].addr+":7700", tc.path, tc.body, hostb).CombinedOutput()
+		if !strings.HasPrefix(string(out), "403 ") {
+			t.Errorf("hostb's credential, POST %s: %s, want 403", tc.path, out)
+		}
+	}
 
 	pfs := filepath.Join(c.dir, "pfs")
 	in := filepath.Join(pfs, "in.dat")

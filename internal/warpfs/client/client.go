@@ -73,7 +73,10 @@ func (l Limits) withDefaults() Limits {
 // Options say which namespace of which storage node to reach.
 type Options struct {
 	Address     string // the storage node's data address, host:port
-	Token       string // the cluster's shared secret
+	Token       string // the cluster's shared secret, when there is no Capability
+	// Capability and CapabilityKey are the controller's grant of this mount and its session
+	// key (package nodekey): with them the handshake proves the key, not Token.
+	Capability, CapabilityKey string
 	Client      string // this node's name, for the server's logs
 	Fragment    int64
 	Namespace   int64
@@ -396,9 +399,13 @@ func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
 	if ch.Version < proto.MinVersion || ch.Version > proto.MaxVersion {
 		return fail(fmt.Errorf("%w: the server chose version %d", proto.ErrMalformed, ch.Version))
 	}
-	auth := proto.Auth{Proof: proto.ClientProof([]byte(c.opt.Token), ch.Nonce, hello.Nonce), Client: c.opt.Client,
+	key := []byte(c.opt.Token)
+	if c.opt.CapabilityKey != "" {
+		key = []byte(c.opt.CapabilityKey)
+	}
+	auth := proto.Auth{Proof: proto.ClientProof(key, ch.Nonce, hello.Nonce), Client: c.opt.Client,
 		Fragment: c.opt.Fragment, Namespace: c.opt.Namespace, Instance: c.opt.Instance,
-		ReadOnly: c.opt.ReadOnly, MaxFileSize: c.opt.MaxFileSize}
+		ReadOnly: c.opt.ReadOnly, MaxFileSize: c.opt.MaxFileSize, Capability: c.opt.Capability}
 	if _, err := nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, ID: 2}, &auth)); err != nil {
 		return fail(err)
 	}
@@ -406,7 +413,7 @@ func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
 	if err := c.handshakeReply(br, proto.OpAuth, &w); err != nil {
 		return fail(err)
 	}
-	if !proto.ProofEqual(w.Proof, proto.ServerProof([]byte(c.opt.Token), ch.Nonce, hello.Nonce)) {
+	if !proto.ProofEqual(w.Proof, proto.ServerProof(key, ch.Nonce, hello.Nonce)) {
 		return fail(&RefusedError{Address: c.opt.Address, Errno: syscall.EACCES,
 			Message: "it could not prove it holds the cluster's token; is another service listening on that address?"})
 	}

@@ -87,6 +87,9 @@ type Auth struct {
 	Instance    int64
 	ReadOnly    bool   // every change fails with EROFS
 	MaxFileSize uint64 // DataWarp's MFS; 0 = no limit
+	// Capability is the controller's grant of this mount (package nodekey), whose session key
+	// the proofs use; "" when the proofs use the cluster's shared secret.
+	Capability string
 }
 
 func (m *Auth) Encode(e *Enc) {
@@ -97,6 +100,7 @@ func (m *Auth) Encode(e *Enc) {
 	e.I64(m.Instance)
 	e.Bool(m.ReadOnly)
 	e.U64(m.MaxFileSize)
+	e.Str(m.Capability)
 }
 
 func (m *Auth) Decode(d *Dec) {
@@ -105,7 +109,11 @@ func (m *Auth) Decode(d *Dec) {
 	m.Fragment, m.Namespace, m.Instance = d.I64(), d.I64(), d.I64()
 	m.ReadOnly = d.Bool()
 	m.MaxFileSize = d.U64()
+	m.Capability = d.Str(MaxCapability)
 }
+
+// MaxCapability bounds a capability's text.
+const MaxCapability = 1024
 
 // Welcome accepts AUTH. A refusal is a failed reply whose body is a Refusal.
 type Welcome struct {

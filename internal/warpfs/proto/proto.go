@@ -47,8 +47,8 @@ const Magic uint32 = 0x53505746
 
 // Versions this package speaks. A peer picks the highest both support.
 const (
-	MinVersion uint16 = 1
-	MaxVersion uint16 = 1
+	MinVersion uint16 = 2
+	MaxVersion uint16 = 2
 )
 
 // Sizes and limits of the protocol.

@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 )
@@ -99,7 +100,13 @@ func (l Limits) withDefaults() Limits {
 
 // Options configure a server.
 type Options struct {
-	Token   string // the cluster's shared secret; with none, every client is refused
+	// Token is what this node holds (agent.token_file): its own node credential (package
+	// nodekey), and then a mount needs a capability from the controller; or the cluster's
+	// shared secret, and then a client proving the secret may also mount anything. With none,
+	// every client is refused.
+	Token string
+	// Node is this node's name: its credential is derived from the secret when Token is it.
+	Node string
 	Resolve Resolver
 	Limits  Limits
 	Log     *slog.Logger
@@ -347,7 +354,15 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 		return nil, s.refuse(nc, h, &refused{syscall.EACCES,
 			"this storage node has no shared token (agent.token_file) and accepts no remote mounts"})
 	}
-	if !proto.ProofEqual(auth.Proof, proto.ClientProof([]byte(s.opt.Token), ch.Nonce, hello.Nonce)) {
+	key, r := s.proofKey(&auth)
+	if r != nil {
+		return nil, s.refuse(nc, h, r)
+	}
+	if !proto.ProofEqual(auth.Proof, proto.ClientProof(key, ch.Nonce, hello.Nonce)) {
+		if auth.Capability != "" {
+			return nil, s.refuse(nc, h, &refused{syscall.EACCES, fmt.Sprintf(
+				"client %q presented a capability this node did not grant (issued for another node, or forged)", auth.Client)})
+		}
 		return nil, s.refuse(nc, h, &refused{syscall.EACCES, fmt.Sprintf(
 			"client %q presented a wrong token; agent.token_file must hold the same secret on every node", auth.Client)})
 	}
@@ -381,7 +396,7 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 	s.mu.Unlock()
 	sess := &session{log: s.log, maxOpenFiles: s.lim.MaxOpenFiles, v: v, client: auth.Client, instance: auth.Instance, handles: map[uint64]*handle{}}
 	v.noteFull = sess.noteFull
-	w := proto.Welcome{Proof: proto.ServerProof([]byte(s.opt.Token), ch.Nonce, hello.Nonce), MaxIO: proto.MaxIO, Root: root}
+	w := proto.Welcome{Proof: proto.ServerProof(key, ch.Nonce, hello.Nonce), MaxIO: proto.MaxIO, Root: root}
 	if err := writeFrame(nc, proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, Kind: proto.KindReply, ID: h.ID}, &w)); err != nil {
 		v.close()
 		s.mu.Lock()
@@ -834,3 +849,33 @@ var bufPool = sync.Pool{New: func() any {
 
 func getBuf() *ioBuf  { return bufPool.Get().(*ioBuf) }
 func putBuf(b *ioBuf) { bufPool.Put(b) }
+
+// proofKey is the key the client must prove: the session key of its capability, checked
+// against what it asks for (and narrowing it: read-only, maximum file size); or the shared
+// secret, when this node holds it and the client presents no capability.
+func (s *Server) proofKey(auth *proto.Auth) ([]byte, *refused) {
+	if auth.Capability == "" {
+		if _, isNode := nodekey.Node(s.opt.Token); isNode {
+			return nil, &refused{syscall.EACCES, fmt.Sprintf("client %q presented no capability: this storage node "+
+				"serves a namespace only to a node the controller granted its mount (the compute node's agent and the controller must be this version)", auth.Client)}
+		}
+		return []byte(s.opt.Token), nil
+	}
+	c, err := nodekey.ParseCapability(auth.Capability)
+	if err != nil {
+		return nil, &refused{syscall.EACCES, "malformed capability: " + err.Error()}
+	}
+	if c.Fragment != auth.Fragment || c.Namespace != auth.Namespace || c.Instance != auth.Instance || c.Client != auth.Client {
+		return nil, &refused{syscall.EACCES, fmt.Sprintf("client %q asked for namespace %d of fragment %d with a capability for namespace %d of fragment %d on node %q",
+			auth.Client, auth.Namespace, auth.Fragment, c.Namespace, c.Fragment, c.Client)}
+	}
+	if time.Now().Unix() > c.Expires {
+		return nil, &refused{syscall.EACCES, fmt.Sprintf("client %q presented a capability that expired at %s (controller.mount_capability_lifetime); remount to get a fresh one",
+			auth.Client, time.Unix(c.Expires, 0).UTC().Format(time.RFC3339))}
+	}
+	auth.ReadOnly = auth.ReadOnly || c.ReadOnly
+	if c.MaxFileSize > 0 && (auth.MaxFileSize == 0 || auth.MaxFileSize > c.MaxFileSize) {
+		auth.MaxFileSize = c.MaxFileSize
+	}
+	return []byte(nodekey.SessionKey(nodekey.For(s.opt.Token, s.opt.Node), auth.Capability)), nil
+}

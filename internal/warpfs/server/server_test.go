@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
@@ -54,6 +55,13 @@ func (l *logBuffer) String() string {
 
 func newFixture(t *testing.T, lim Limits) *fixture {
 	t.Helper()
+	return newFixtureHolding(t, lim, token, "")
+}
+
+// newFixtureHolding is a fixture whose node holds held (a secret or a node credential) and is
+// named node.
+func newFixtureHolding(t *testing.T, lim Limits, held, node string) *fixture {
+	t.Helper()
 	base := t.TempDir()
 	f := &fixture{t: t, dir: filepath.Join(base, "namespace"), outside: filepath.Join(base, "outside"),
 		tracker: usage.New("instance 9", 1<<20), logs: &logBuffer{}}
@@ -71,7 +79,7 @@ func newFixture(t *testing.T, lim Limits) *fixture {
 	}
 	f.addr = l.Addr().String()
 	log := slog.New(slog.NewTextHandler(f.logs, nil))
-	f.srv = New(Options{Token: token, Log: log, Limits: lim, Resolve: func(fragment, namespace, instance int64) (Target, error) {
+	f.srv = New(Options{Token: held, Node: node, Log: log, Limits: lim, Resolve: func(fragment, namespace, instance int64) (Target, error) {
 		if namespace != 1 {
 			return Target{}, errors.New("namespace 2 does not exist on this node")
 		}
@@ -202,7 +210,7 @@ func handshake(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 	}
 	t.Cleanup(func() { nc.Close() })
 	br := bufio.NewReader(nc)
-	hello := proto.Hello{Magic: proto.Magic, MinVersion: 1, MaxVersion: 1}
+	hello := proto.Hello{Magic: proto.Magic, MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion}
 	nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpHello, ID: 1}, &hello))
 	var ch proto.Challenge
 	readReply(t, br, &ch)
@@ -398,4 +406,63 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// A storage node that holds only its own credential serves a namespace only to a client with
+// the controller's capability for that namespace and that client, unexpired; the cluster's
+// secret is worthless to it, and so is a capability made for another node.
+func TestCapabilitiesGateTheNamespaces(t *testing.T) {
+	const secret = "cluster-secret"
+	f := newFixtureHolding(t, Limits{}, nodekey.Derive(secret, "ssd1"), "ssd1")
+	grant := func(c nodekey.Capability, storage string) (string, string) {
+		return c.String(), nodekey.SessionKey(nodekey.Derive(secret, storage), c.String())
+	}
+	dial := func(client string, namespace int64, capability, key string) error {
+		c, err := dialGranted(f.addr, client, namespace, capability, key)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	good := nodekey.Capability{Namespace: 1, Client: "cn1", Expires: time.Now().Add(time.Hour).Unix()}
+	if err := dial("cn1", 1, "", ""); err == nil || !strings.Contains(err.Error(), "no capability") {
+		t.Errorf("a client with no capability: %v", err)
+	}
+	capText, key := grant(good, "ssd1")
+	if err := dial("cn1", 1, capText, key); err != nil {
+		t.Fatalf("the granted mount: %v", err)
+	}
+	if err := dial("cn2", 1, capText, key); err == nil || !strings.Contains(err.Error(), "capability for namespace 1") {
+		t.Errorf("another node using cn1's capability: %v", err)
+	}
+	other := good
+	other.Namespace = 2
+	capText2, key2 := grant(other, "ssd1")
+	if err := dial("cn1", 1, capText2, key2); err == nil {
+		t.Error("a capability for namespace 2 opened namespace 1")
+	}
+	capText3, key3 := grant(good, "ssd2")
+	if err := dial("cn1", 1, capText3, key3); err == nil || !strings.Contains(err.Error(), "did not grant") {
+		t.Errorf("a capability made for another storage node: %v", err)
+	}
+	expired := good
+	expired.Expires = time.Now().Add(-time.Minute).Unix()
+	capText4, key4 := grant(expired, "ssd1")
+	if err := dial("cn1", 1, capText4, key4); err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Errorf("an expired capability: %v", err)
+	}
+	if err := dial("cn1", 1, "", secret); err == nil {
+		t.Error("the cluster's secret opened a namespace on a node that holds only its own credential")
+	}
+}
+
+// dialGranted mounts namespace as client with a capability and its session key, or with key
+// as the token when there is no capability.
+func dialGranted(addr, clientName string, namespace int64, capability, key string) (*client.Client, error) {
+	opt := client.Options{Address: addr, Client: clientName, Namespace: namespace,
+		Capability: capability, CapabilityKey: key, Limits: client.Limits{RequestTimeout: 5 * time.Second}}
+	if capability == "" {
+		opt.Token, opt.CapabilityKey = key, ""
+	}
+	return client.Dial(context.Background(), opt)
 }
