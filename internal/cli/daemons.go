@@ -20,8 +20,8 @@ import (
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/embedded"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
-	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
 )
@@ -229,7 +229,10 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); agent.Serve(ctx, l, ag, nodeCredential(token, name), embedded.APILimits(cfg, log)) }()
+	go func() {
+		defer wg.Done()
+		agent.Serve(ctx, l, ag, nodeCredential(token, name), embedded.APILimits(cfg, log))
+	}()
 	if dataListener != nil {
 		wg.Add(1)
 		go func() {

@@ -93,14 +93,14 @@ type Spec struct {
 // namespace. The storage agent enforces the capacity, the read-only mode and the maximum file
 // size.
 type Remote struct {
-	Address     string // host:port of the storage agent's data server (agent.data_listen)
-	Token       string // the cluster's shared secret, when there is no Capability
-	Client      string // this node's name, for the storage agent's logs
+	Address string // host:port of the storage agent's data server (agent.data_listen)
+	Token   string // the cluster's shared secret, when there is no Capability
+	Client  string // this node's name, for the storage agent's logs
 	// Capability and CapabilityKey are the controller's grant of this mount (package nodekey).
 	Capability, CapabilityKey string
-	FragmentID  int64
-	NamespaceID int64
-	InstanceID  int64
+	FragmentID                int64
+	NamespaceID               int64
+	InstanceID                int64
 	// Limits bound the network client (timeouts, retries, requests in flight); zero fields
 	// mean the defaults of package warpfs/client.
 	Limits client.Limits

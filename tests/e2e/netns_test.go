@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
-	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/netnstest"
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 )
 
 // Several hosts on one machine: each "host" is a network namespace with its own address on a

@@ -72,19 +72,19 @@ func (l Limits) withDefaults() Limits {
 
 // Options say which namespace of which storage node to reach.
 type Options struct {
-	Address     string // the storage node's data address, host:port
-	Token       string // the cluster's shared secret, when there is no Capability
+	Address string // the storage node's data address, host:port
+	Token   string // the cluster's shared secret, when there is no Capability
 	// Capability and CapabilityKey are the controller's grant of this mount and its session
 	// key (package nodekey): with them the handshake proves the key, not Token.
 	Capability, CapabilityKey string
-	Client      string // this node's name, for the server's logs
-	Fragment    int64
-	Namespace   int64
-	Instance    int64
-	ReadOnly    bool
-	MaxFileSize uint64
-	Limits      Limits
-	Log         *log.Logger
+	Client                    string // this node's name, for the server's logs
+	Fragment                  int64
+	Namespace                 int64
+	Instance                  int64
+	ReadOnly                  bool
+	MaxFileSize               uint64
+	Limits                    Limits
+	Log                       *log.Logger
 }
 
 // RefusedError is the storage node refusing the handshake: wrong token, unknown namespace,

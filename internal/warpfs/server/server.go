@@ -106,7 +106,7 @@ type Options struct {
 	// every client is refused.
 	Token string
 	// Node is this node's name: its credential is derived from the secret when Token is it.
-	Node string
+	Node    string
 	Resolve Resolver
 	Limits  Limits
 	Log     *slog.Logger
