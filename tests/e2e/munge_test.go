@@ -119,6 +119,38 @@ func TestUsersOnOtherHostsAuthenticateWithMunge(t *testing.T) {
 	if r := as(0, "persistent", "destroy", "mine"); r.code == 0 || !strings.Contains(r.stdout+r.stderr, "belongs to uid 65534") {
 		t.Errorf("root with a MUNGE credential destroying nobody's instance: %s", r)
 	}
+	// nobody's job session is nobody's to see: another user, over TCP with MUNGE, does not.
+	setupJob := `
+import http.client, json, subprocess, sys
+def call(path, body):
+    cred = subprocess.run(["munge", "-n", "-S", sys.argv[2]], capture_output=True, text=True, check=True).stdout.strip()
+    c = http.client.HTTPConnection(sys.argv[1])
+    c.request("POST", path, body=body, headers={"Authorization": "MUNGE " + cred, "Content-Type": "application/json"})
+    r = c.getresponse()
+    return r.status, r.read().decode()
+status, body = call("/dw/v1/run_ids", "")
+token = "run%d" % json.loads(body)["id"]
+status, body = call("/dw/v1/sessions", json.dumps({"token": token, "creator": "RUN", "owner": 65534, "group": 65534,
+    "instance": {"capacity": 1073741824, "pool": "wlm_pool", "type": "scratch", "access_modes": ["striped"]}}))
+print(status, token)
+`
+	cmd := exec.Command("/usr/bin/python3", "-c", setupJob, addr, userSock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+	out, err := cmd.CombinedOutput()
+	var status int
+	var jobToken string
+	if fmt.Sscan(string(out), &status, &jobToken); err != nil || status != 202 {
+		t.Fatalf("nobody setting up a job session over TCP with MUNGE: %v %s", err, out)
+	}
+	c.step(jobToken, "setup", func() error { return nil })
+	if r := as(nobodyUID, "dwstat", "sessions"); !strings.Contains(r.stdout, jobToken) {
+		t.Errorf("nobody does not see its own job session %s: %s", jobToken, r)
+	}
+	if r := as(other, "dwstat", "sessions"); r.code != 0 || strings.Contains(r.stdout, jobToken) || !strings.Contains(r.stdout, "mine") {
+		t.Errorf("another user sees nobody's job session %s, or not the persistent instance: %s", jobToken, r)
+	}
+	c.step(jobToken, "teardown", func() error { return c.client.Teardown(context.Background(), jobToken, true) })
+
 	// A credential is good once; no credential is refused with the way to get one.
 	cred, err := exec.Command("munge", "-n", "-S", userSock).Output()
 	if err != nil {
