@@ -21,8 +21,12 @@ agent (hostb, 10.77.0.3), each in its own network and mount namespace (ip netns)
 created with dw_wlm_cli and mounted on both hosts with pre_run. Everything is removed at the
 end, on failure too.
 
+With --tls every host gets a certificate of a CA made for the run (openssl): the APIs speak
+TLS and the storage node serves warpfs over TLS (warpfs.tls); the figures go to their own
+section (warpfs-tls), to be compared with the plain run's.
+
 Usage: sudo python3 bench/warpfs_bench.py [--binary bin/spillway] [--size-mib 2048] [--runs 3]
-                                          [--streams 4] [--dir DIR] [--no-write]
+                                          [--streams 4] [--dir DIR] [--no-write] [--tls]
 Needs root, iproute2, util-linux (nsenter, setpriv), dd, and a built binary
 (scripts/install-deps builds it).
 """
@@ -50,8 +54,8 @@ def sh(*cmd, check=True, **kw):
 
 
 class Cluster:
-    def __init__(self, binary, work):
-        self.binary, self.work = binary, work
+    def __init__(self, binary, work, use_tls=False):
+        self.binary, self.work, self.tls = binary, work, use_tls
         self.tag = f"spwbench-{os.getpid()}"
         self.spaces, self.procs = [], {}
         self.addr = {"ctl": "10.77.0.1", "hosta": "10.77.0.2", "hostb": "10.77.0.3"}
@@ -72,8 +76,25 @@ class Cluster:
             sh("ip", "-n", ns, "link", "set", "eth0", "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
 
+    def certificates(self):
+        """A CA and one certificate for every host's address, made with openssl."""
+        w, a = self.work, self.addr
+        ca_key, ca, key, csr, cert = (os.path.join(w, n) for n in ("ca.key", "ca.pem", "host.key", "host.csr", "host.pem"))
+        sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+           "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=spillway bench CA")
+        sh("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+           "-keyout", key, "-out", csr, "-subj", "/CN=spillway bench host")
+        ext = os.path.join(w, "san.ext")
+        with open(ext, "w") as f:
+            f.write("subjectAltName=" + ",".join("IP:" + ip for ip in a.values()) + "\n")
+        sh("openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+           "-out", cert, "-days", "1", "-extfile", ext)
+        return (f'[tls]\ncert_file = "{cert}"\nkey_file = "{key}"\nca_file = "{ca}"\n'
+                f'[warpfs]\ntls = true\n')
+
     def configs(self, capacity_gib):
         w, a = self.work, self.addr
+        scheme = "https" if self.tls else "http"
         token = os.path.join(w, "token")
         with open(token, "w") as f:
             f.write("bench-secret\n")
@@ -82,10 +103,12 @@ class Cluster:
                   f'listen = "{a["ctl"]}:7700"\ntoken_file = "{token}"\nmount_root = "{w}/mounts"\n'
                   f'[client]\ncontroller = "unix:{w}/controller.sock"\n'
                   f'[[pool]]\nname = "wlm_pool"\ngranularity = "1GiB"\n')
+        if self.tls:
+            common += self.certificates()
 
         def agent(name, storage):
-            s = (f'[agent]\nname = "{name}"\nlisten = "{a[name]}:7701"\nadvertise = "http://{a[name]}:7701"\n'
-                 f'controller = "http://{a["ctl"]}:7700"\ntoken_file = "{token}"\nheartbeat_interval = "1s"\n')
+            s = (f'[agent]\nname = "{name}"\nlisten = "{a[name]}:7701"\nadvertise = "{scheme}://{a[name]}:7701"\n'
+                 f'controller = "{scheme}://{a["ctl"]}:7700"\ntoken_file = "{token}"\nheartbeat_interval = "1s"\n')
             if storage:
                 s += (f'pool = "wlm_pool"\nssd_path = "{w}/{name}/ssd"\ncapacity = "{capacity_gib}GiB"\n'
                       f'data_listen = "{a[name]}:7702"\n')
@@ -173,6 +196,7 @@ def main():
     ap.add_argument("--streams", type=int, default=4, help="also measure this many dd processes at once (1: only one)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temporary one under /var/tmp)")
     ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    ap.add_argument("--tls", action="store_true", help="TLS on the APIs and warpfs (section warpfs-tls)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark creates network namespaces and drops the page cache")
@@ -187,7 +211,7 @@ def main():
     raw = os.path.join(work, "raw")
     os.makedirs(raw)
     os.chown(raw, NOBODY, NOBODY)
-    c = Cluster(binary, work)
+    c = Cluster(binary, work, a.tls)
     count = a.size_mib
     try:
         c.netns()
@@ -263,7 +287,8 @@ def main():
     rows = [
         ("(c) raw: dd on the storage node's file system", "raw"),
         ("(a) local mount on the storage node (in-process server)", "local"),
-        ("(b) remote mount: compute node → TCP (veth) → storage node", "remote"),
+        ("(b) remote mount: compute node → TLS over TCP (veth) → storage node" if a.tls
+         else "(b) remote mount: compute node → TCP (veth) → storage node", "remote"),
     ]
     header = "| path |"
     rule = "|---|"
@@ -282,8 +307,13 @@ def main():
     if a.no_write:
         return
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    title = "## Data path: local and remote mounts (warpfs)\n\n"
+    if a.tls:
+        title = ("## Data path over TLS (warpfs.tls, `--tls`)\n\n"
+                 "The same measurement with TLS on the APIs and on warpfs: compare the remote row's ratio with "
+                 "the plain run's above (the local mount never uses TLS).\n\n")
     section = (
-        "## Data path: local and remote mounts (warpfs)\n\n"
+        title +
         f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with "
         f"`sudo python3 bench/warpfs_bench.py` (dd, 1 MiB blocks, {count} MiB in all: one file, or "
         f"{a.streams} files of {count // max(a.streams, 1)} MiB written and read by as many dd processes at once; "
@@ -299,7 +329,7 @@ def main():
         "turn, several streams keep both cores busy. On this shared VM the figures of one path vary by ±30 % "
         "from run to run: compare the ratios.\n"
         )
-    write_section("warpfs", section)
+    write_section("warpfs-tls" if a.tls else "warpfs", section)
 
 if __name__ == "__main__":
     main()

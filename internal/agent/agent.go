@@ -10,6 +10,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,6 +60,8 @@ type Options struct {
 	WarpfsServer server.Limits
 	// RemoteReadahead is the readahead of remote mounts, in bytes (0 = localfs's default).
 	RemoteReadahead int
+	// DataTLS is what storage nodes serving warpfs over TLS must prove ([tls] ca_file).
+	DataTLS *tls.Config
 }
 
 // Agent serves one node.
@@ -446,7 +449,7 @@ func (a *Agent) mountRemote(spec agentapi.MountSpec) error {
 		Remote: &localfs.Remote{Address: spec.DataAddress, Token: a.opt.Token, Client: a.opt.Name,
 			Capability: spec.Capability, CapabilityKey: spec.CapabilityKey,
 			FragmentID: spec.FragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs,
-			Readahead: a.opt.RemoteReadahead},
+			Readahead: a.opt.RemoteReadahead, TLS: a.opt.DataTLS},
 	})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", spec.MountPath, err)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 )
 
 const controllerUsage = `Usage: spillway controller [--config FILE]
@@ -198,12 +201,20 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		if dataAddress == "" {
 			dataAddress = cfg.Agent.DataListen
 		}
+		if cfg.Warpfs.TLS {
+			if serverTLS == nil {
+				fmt.Fprintln(stderr, "spillway agent: warpfs.tls is set but this host has no [tls] cert_file and key_file; set them, or warpfs.tls = false")
+				return 78
+			}
+			dataListener = tls.NewListener(dataListener, serverTLS)
+			dataAddress = client.TLSScheme + strings.TrimPrefix(dataAddress, client.TLSScheme)
+		}
 	}
 	ag, err := agent.New(agent.Options{
 		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity), Address: advertise,
 		WorkerExe: []string{exe, "stage-worker"}, StageLimits: embedded.StageLimits(cfg), Mount: embedded.MountLimits(cfg), Log: log,
 		Token: token, Warpfs: embedded.WarpfsClientLimits(cfg), WarpfsServer: embedded.WarpfsServerLimits(cfg),
-		RemoteReadahead: int(cfg.Warpfs.Readahead),
+		RemoteReadahead: int(cfg.Warpfs.Readahead), DataTLS: clientTLS,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)

@@ -200,6 +200,9 @@ type Warpfs struct {
 	RefusalLogInterval   Duration `toml:"refusal_log_interval"` // storage side: log a refusal at most once per interval
 	MaxOpenFiles         int      `toml:"max_open_files"`       // storage side: files one connection keeps open
 	Readahead            Size     `toml:"readahead"`            // how far ahead a remote mount reads sequential files
+	// TLS makes a storage node serve its data port over TLS with its [tls] certificate (it
+	// then advertises tls://host:port); compute nodes trust [tls] ca_file.
+	TLS bool `toml:"tls"`
 }
 
 // Mount is the compute-node side: how instances appear to jobs.

@@ -2,6 +2,7 @@ package localfs
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/httpapi"
+	"github.com/spillway-hpc/spillway/internal/testca"
 	"github.com/spillway-hpc/spillway/internal/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
@@ -48,12 +51,21 @@ type testServer struct {
 // stop or the end of the test.
 func startServer(t *testing.T, addr, dir string, tr *usage.Tracker, logTo *slog.Logger) *testServer {
 	t.Helper()
+	return startServerOn(t, addr, dir, tr, logTo, nil)
+}
+
+// startServerOn is startServer, over TLS when serverTLS is not nil.
+func startServerOn(t *testing.T, addr, dir string, tr *usage.Tracker, logTo *slog.Logger, serverTLS *tls.Config) *testServer {
+	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if serverTLS != nil {
+		l = tls.NewListener(l, serverTLS)
 	}
 	if logTo == nil {
 		logTo = slog.New(slog.NewTextHandler(testWriter{t}, nil))
@@ -236,4 +248,38 @@ func testReaderSeesAWriterOfTheSameNode(t *testing.T, b testBackend) {
 		t.Errorf("the reader's descriptor after the write: %q %v", buf, err)
 	}
 	checkAccounting(t, tr, src)
+}
+
+// A storage node serving warpfs over TLS (warpfs.tls): a client that trusts its CA mounts and
+// works; one that does not is refused at the TLS handshake, with the fix.
+func TestRemoteMountOverTLS(t *testing.T) {
+	src, mp := dirs(t)
+	ca, cert, key, err := testca.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverTLS, err := httpapi.ServerTLS(cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientTLS, err := httpapi.ClientTLS(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := usage.New("instance 40", 4*mib)
+	s := startServerOn(t, "", src, tr, nil, serverTLS)
+	remote := &Remote{Address: client.TLSScheme + s.addr, Token: testToken, Client: "test-node", NamespaceID: 2, TLS: clientTLS}
+	m := mount(t, Spec{MountPath: mp, Logger: quietLogger(t), Remote: remote})
+	if err := os.WriteFile(filepath.Join(m.Path(), "f"), []byte("over TLS\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(src, "f")); string(got) != "over TLS\n" {
+		t.Errorf("the storage node holds %q", got)
+	}
+	untrusting := *remote
+	untrusting.TLS = nil
+	_, err = Mount(Spec{MountPath: mp + "-2", Logger: quietLogger(t), Remote: &untrusting})
+	if err == nil || !strings.Contains(err.Error(), "tls.ca_file") {
+		t.Errorf("a client that does not trust the storage node's CA: %v", err)
+	}
 }

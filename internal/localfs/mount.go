@@ -19,6 +19,7 @@ package localfs
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -108,6 +109,9 @@ type Remote struct {
 	// of Limits.MaxReadahead: several requests in flight hide the network's round trip.
 	// Default 4 MiB (a root agent sets it; see raiseReadahead).
 	Readahead int
+	// TLS is what a storage node whose Address is "tls://host:port" must prove (nil: the
+	// system's roots).
+	TLS *tls.Config
 }
 
 // defaultReadahead is how far ahead a root agent has the kernel read sequential files of any
@@ -802,7 +806,7 @@ func UnmountPath(path string, limits Limits) error {
 func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 	r := spec.Remote
 	c, err := client.Dial(context.Background(), client.Options{
-		Address: r.Address, Token: r.Token, Client: r.Client, Capability: r.Capability, CapabilityKey: r.CapabilityKey,
+		Address: r.Address, Token: r.Token, Client: r.Client, Capability: r.Capability, CapabilityKey: r.CapabilityKey, TLS: r.TLS,
 		Fragment: r.FragmentID, Namespace: r.NamespaceID, Instance: r.InstanceID,
 		ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize, Limits: r.Limits, Log: logger,
 	})

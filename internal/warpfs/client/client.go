@@ -20,11 +20,13 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -77,14 +79,17 @@ type Options struct {
 	// Capability and CapabilityKey are the controller's grant of this mount and its session
 	// key (package nodekey): with them the handshake proves the key, not Token.
 	Capability, CapabilityKey string
-	Client                    string // this node's name, for the server's logs
-	Fragment                  int64
-	Namespace                 int64
-	Instance                  int64
-	ReadOnly                  bool
-	MaxFileSize               uint64
-	Limits                    Limits
-	Log                       *log.Logger
+	// TLS is what a storage node at a "tls://host:port" Address must prove (nil: the
+	// system's roots); see warpfs.tls.
+	TLS         *tls.Config
+	Client      string // this node's name, for the server's logs
+	Fragment    int64
+	Namespace   int64
+	Instance    int64
+	ReadOnly    bool
+	MaxFileSize uint64
+	Limits      Limits
+	Log         *log.Logger
 }
 
 // RefusedError is the storage node refusing the handshake: wrong token, unknown namespace,
@@ -370,12 +375,28 @@ func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.lim.ConnectTimeout)
 	defer cancel()
 	d := net.Dialer{KeepAlive: 15 * time.Second}
-	nc, err := d.DialContext(ctx, "tcp", c.opt.Address)
+	addr, overTLS := strings.CutPrefix(c.opt.Address, TLSScheme)
+	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, proto.Attr{}, err
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+	}
+	if overTLS {
+		conf := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.opt.TLS != nil {
+			conf = c.opt.TLS.Clone()
+		}
+		if host, _, err := net.SplitHostPort(addr); err == nil && conf.ServerName == "" {
+			conf.ServerName = host
+		}
+		tc := tls.Client(nc, conf)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			nc.Close()
+			return nil, proto.Attr{}, fmt.Errorf("TLS with %s: %w (tls.ca_file must hold the CA of the storage nodes' certificates)", addr, err)
+		}
+		nc = tc
 	}
 	deadline, _ := ctx.Deadline()
 	nc.SetDeadline(deadline)
@@ -691,3 +712,7 @@ func (cn *conn) keepalive() {
 		}
 	}
 }
+
+// TLSScheme starts the data address of a storage node that serves warpfs over TLS
+// (warpfs.tls): "tls://host:port".
+const TLSScheme = "tls://"
