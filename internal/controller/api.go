@@ -144,8 +144,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A MUNGE credential proves a uid on some host of the cluster, and root on any compute
-	// node can make one for any uid: it never grants administration (docs/security.md).
-	who.privileged = who.privileged || (s.privileged[who.uid] && !viaMunge)
+	// node can make one for any uid: it never grants administration (docs/security.md); nor
+	// does a node's credential, which names no uid at all.
+	if who.node == "" && !viaMunge {
+		who.privileged = who.privileged || s.privileged[who.uid]
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, int64(s.c.cfg.Controller.MaxRequestBytes))
 	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), callerKey{}, who), s.c.cfg.Controller.RequestTimeout.D())
 	defer cancel()
