@@ -138,9 +138,9 @@ func reapOne(ctx context.Context, ops Ops, rs Records, all views.All, rec *Recor
 			outs = append(outs, st)
 		}
 	}
-	requests := rec.StageOut // sessions set up before stage-outs were registered at setup
-	if deferred := deferredStageOuts(outs); len(deferred) > 0 || len(outs) > 0 {
-		requests = deferred
+	requests := deferredStageOuts(outs)
+	if len(outs) == 0 {
+		requests = rec.StageOut // a session set up before stage-outs were registered at setup
 	}
 	if len(requests) > 0 {
 		if err := ops.Stages(ctx, rec.Token, model.StageOut, requests); err != nil {
