@@ -335,7 +335,7 @@ cat produced-%s/f200
 // slurmctld stopped while a job stages out, then started again: Slurm runs post_run,
 // data_out and teardown again; the stage-out completes once, whole, and nothing leaks.
 func (c *cluster) restartDuringStageOut(t *testing.T) {
-	const files = 30000
+	const files = 60000 // long enough to be caught on a fast day: the stage-out must outlast slurmctld's stop
 	id := c.sbatch("many.sh", fmt.Sprintf(`#!/bin/bash
 #DW jobdw type=scratch access_mode=striped capacity=1GiB`+c.pool()+`
 #DW stage_out type=directory source=$DW_JOB_STRIPED/many destination=%%d/many-%%j
