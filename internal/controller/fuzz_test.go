@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/config"
@@ -28,6 +29,9 @@ func FuzzAPI(f *testing.F) {
 	cfg := config.Defaults()
 	cfg.Controller.StateDir = f.TempDir()
 	cfg.Pools = []config.Pool{{Name: "wlm_pool", Granularity: config.Size(1 << 30)}}
+	// A status request may wait up to half of this for its step: keep every execution short,
+	// or the fuzzer takes a long wait for a hang.
+	cfg.Controller.RequestTimeout = config.Duration(200 * time.Millisecond)
 	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
 	if err != nil {
 		f.Fatal(err)
