@@ -54,11 +54,16 @@ def sh(*cmd, check=True, **kw):
 
 
 class Cluster:
-    def __init__(self, binary, work, use_tls=False):
+    """A controller (ctl), storage nodes and compute nodes, each a network namespace of its own
+    on a bridge, addresses 10.77.0.1, .2, ... in that order."""
+
+    def __init__(self, binary, work, use_tls=False, storage=("hosta",), compute=("hostb",)):
         self.binary, self.work, self.tls = binary, work, use_tls
         self.tag = f"spwbench-{os.getpid()}"
         self.spaces, self.procs = [], {}
-        self.addr = {"ctl": "10.77.0.1", "hosta": "10.77.0.2", "hostb": "10.77.0.3"}
+        self.storage, self.compute = list(storage), list(compute)
+        names = ["ctl"] + self.storage + self.compute
+        self.addr = {name: f"10.77.0.{i + 1}" for i, name in enumerate(names)}
 
     def netns(self):
         sw = self.tag + "-sw"
@@ -92,7 +97,7 @@ class Cluster:
         return (f'[tls]\ncert_file = "{cert}"\nkey_file = "{key}"\nca_file = "{ca}"\n'
                 f'[warpfs]\ntls = true\n')
 
-    def configs(self, capacity_gib):
+    def configs(self, capacity_gib, extra=""):
         w, a = self.work, self.addr
         scheme = "https" if self.tls else "http"
         token = os.path.join(w, "token")
@@ -102,7 +107,7 @@ class Cluster:
         common = (f'[controller]\nstate_dir = "{w}/state"\nsocket = "{w}/controller.sock"\n'
                   f'listen = "{a["ctl"]}:7700"\ntoken_file = "{token}"\nmount_root = "{w}/mounts"\n'
                   f'[client]\ncontroller = "unix:{w}/controller.sock"\n'
-                  f'[[pool]]\nname = "wlm_pool"\ngranularity = "1GiB"\n')
+                  f'[[pool]]\nname = "wlm_pool"\ngranularity = "1GiB"\n' + extra)
         if self.tls:
             common += self.certificates()
 
@@ -114,8 +119,10 @@ class Cluster:
                       f'data_listen = "{a[name]}:7702"\n')
             return s
         self.config = {}
-        for name, body in {"ctl": common, "hosta": agent("hosta", True) + common,
-                           "hostb": agent("hostb", False) + common}.items():
+        bodies = {"ctl": common}
+        for name in self.storage + self.compute:
+            bodies[name] = agent(name, name in self.storage) + common
+        for name, body in bodies.items():
             path = os.path.join(w, name + ".toml")
             with open(path, "w") as f:
                 f.write(body)
@@ -161,7 +168,7 @@ class Cluster:
         return subprocess.run(cmd + ["/bin/sh", "-c", script], capture_output=True, text=True, cwd="/")
 
     def close(self):
-        for name in ("hostb", "hosta", "ctl"):
+        for name in list(reversed(self.compute + self.storage)) + ["ctl"]:
             p = self.procs.get(name)
             if p and p.poll() is None:
                 p.send_signal(signal.SIGTERM)

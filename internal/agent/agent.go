@@ -31,6 +31,8 @@ import (
 	"github.com/spillway-hpc/spillway/internal/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"golang.org/x/sys/unix"
 )
 
 // Version is the software version agents report.
@@ -203,8 +205,9 @@ func (a *Agent) ServeData(ctx context.Context, l net.Listener) error {
 	return srv.Serve(ctx, l)
 }
 
-// resolveNamespace finds the namespace a remote mount asks for.
-func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64) (server.Target, error) {
+// resolveNamespace finds the namespace (or the fragment's stripe objects) a remote mount asks
+// for.
+func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64, stripes bool) (server.Target, error) {
 	meta, err := a.readFragment(fragmentID)
 	if err != nil {
 		return server.Target{}, fmt.Errorf("fragment %d does not exist on %s", fragmentID, a.opt.Name)
@@ -213,6 +216,12 @@ func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64) (ser
 		return server.Target{}, fmt.Errorf("fragment %d on %s belongs to instance %d, not %d", fragmentID, a.opt.Name, meta.InstanceID, instanceID)
 	}
 	dir := a.namespaceDir(fragmentID, namespaceID)
+	if stripes {
+		dir = a.stripesDir(fragmentID)
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return server.Target{}, fmt.Errorf("stripes of fragment %d on %s: %v", fragmentID, a.opt.Name, err)
+		}
+	}
 	if _, err := os.Stat(dir); err != nil {
 		return server.Target{}, fmt.Errorf("namespace %d is missing on %s", namespaceID, a.opt.Name)
 	}
@@ -225,6 +234,12 @@ func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64) (ser
 
 func (a *Agent) fragmentDir(id int64) string {
 	return filepath.Join(a.ssd, "fragment", strconv.FormatInt(id, 10))
+}
+
+// stripesDir holds a fragment's stripe objects: the data of a striped instance's files on
+// this node, one object per file (package warpfs/stripe), reachable by root alone.
+func (a *Agent) stripesDir(fragmentID int64) string {
+	return filepath.Join(a.fragmentDir(fragmentID), "stripes")
 }
 
 func (a *Agent) namespaceDir(fragmentID, id int64) string {
@@ -254,6 +269,9 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 	defer a.fragLock.Unlock()
 	dir := a.fragmentDir(spec.ID)
 	if err := os.MkdirAll(filepath.Join(dir, "namespace"), 0o711); err != nil {
+		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "stripes"), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
 	}
 	raw, _ := json.Marshal(fragmentMeta{ID: spec.ID, InstanceID: spec.InstanceID, Capacity: spec.Capacity, InstanceCapacity: spec.InstanceCapacity})
@@ -316,6 +334,20 @@ func (a *Agent) CreateNamespace(ctx context.Context, spec agentapi.NamespaceSpec
 	if err := os.Chmod(dir, os.FileMode(spec.Mode&0o7777)); err != nil {
 		return fmt.Errorf("create namespace %d: chmod: %w", spec.ID, err)
 	}
+	if spec.Servers > 1 {
+		// The instance's default layout, which new directories inherit and new files take.
+		size := spec.StripeSize
+		if size == 0 {
+			size = stripe.DefaultSize
+		}
+		l := stripe.Layout{Size: size, Width: uint32(spec.Servers), Servers: uint32(spec.Servers)}
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("create namespace %d: %w", spec.ID, err)
+		}
+		if err := unix.Setxattr(dir, server.LayoutXattr, l.Encode(), 0); err != nil {
+			return fmt.Errorf("create namespace %d: a striped namespace needs a root agent on a file system with extended attributes: %w", spec.ID, err)
+		}
+	}
 	return nil
 }
 
@@ -323,6 +355,9 @@ func (a *Agent) CreateNamespace(ctx context.Context, spec agentapi.NamespaceSpec
 func (a *Agent) DeleteNamespace(ctx context.Context, fragmentID, id int64) error {
 	if err := a.requireStorage(); err != nil {
 		return err
+	}
+	if err := a.Unmount(ctx, 0, a.stagingMountPath(id)); err != nil {
+		return fmt.Errorf("delete namespace %d: %w", id, err)
 	}
 	a.fragLock.Lock()
 	defer a.fragLock.Unlock()
@@ -359,18 +394,25 @@ func (a *Agent) rescan(instanceID int64, t *usage.Tracker) error {
 	return t.Scan(a.instanceNamespaceDirs(instanceID)...)
 }
 
+// instanceCapacity is what the instance may hold on this node: all it asked for when it lives
+// here alone, its fragments' capacity when it is striped over several nodes.
 func (a *Agent) instanceCapacity(instanceID int64) uint64 {
 	frags, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
+	var instance, here uint64
 	for _, f := range frags {
 		id, err := strconv.ParseInt(f.Name(), 10, 64)
 		if err != nil {
 			continue
 		}
 		if meta, err := a.readFragment(id); err == nil && meta.InstanceID == instanceID {
-			return meta.InstanceCapacity
+			instance = meta.InstanceCapacity
+			here += meta.Capacity
 		}
 	}
-	return 0
+	if here == 0 {
+		return instance
+	}
+	return min(instance, here)
 }
 
 func (a *Agent) instanceNamespaceDirs(instanceID int64) []string {
@@ -389,6 +431,9 @@ func (a *Agent) instanceNamespaceDirs(instanceID int64) []string {
 		for _, ns := range nss {
 			dirs = append(dirs, filepath.Join(a.fragmentDir(id), "namespace", ns.Name()))
 		}
+		if _, err := os.Stat(a.stripesDir(id)); err == nil {
+			dirs = append(dirs, a.stripesDir(id))
+		}
 	}
 	return dirs
 }
@@ -402,62 +447,82 @@ func (a *Agent) forgetTrackerIfUnused(instanceID int64) {
 // Mount exposes a namespace at a mount path: a namespace on this node through the loopback
 // (the fast path), one on another node through that node's data server (warpfs).
 func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
-	if spec.StorageNode != a.opt.Name || a.ssd == "" {
-		return a.mountRemote(spec)
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if m := a.mounts[spec.MountPath]; m != nil && m.alive() {
-		return nil
-	}
-	src := a.namespaceDir(spec.FragmentID, spec.NamespaceID)
-	if _, err := os.Stat(src); err != nil {
-		return fmt.Errorf("mount %s: namespace %d is missing on %s", spec.MountPath, spec.NamespaceID, a.opt.Name)
-	}
-	t, err := a.tracker(spec.InstanceID)
-	if err != nil {
-		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
-	}
-	m, err := localfs.Mount(localfs.Spec{
-		MountPath: spec.MountPath, SourceDir: src, Tracker: t, ReadOnly: spec.ReadOnly,
-		AllowOther: a.root, FsName: spec.Label, ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
-	})
-	if err != nil {
-		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
-	}
-	a.mounts[spec.MountPath] = &mounted{m: m, instance: spec.InstanceID, since: time.Now()}
-	return nil
-}
-
-// mountRemote mounts a namespace another node holds.
-func (a *Agent) mountRemote(spec agentapi.MountSpec) error {
-	if spec.DataAddress == "" {
-		return fmt.Errorf("mount %s: the namespace lives on storage node %s, which serves no remote mounts; "+
-			"set agent.data_listen (and agent.token_file) on %s, or run the job on %s", spec.MountPath, spec.StorageNode, spec.StorageNode, spec.StorageNode)
-	}
 	a.mu.Lock()
 	if m := a.mounts[spec.MountPath]; m != nil && m.alive() {
 		a.mu.Unlock()
 		return nil
 	}
 	a.mu.Unlock()
-	// Not under a.mu: reaching the storage node may take warpfs.connect_timeout, and the
+	// Not under a.mu: reaching storage nodes may take warpfs.connect_timeout, and the
 	// heartbeat must not wait (localfs serializes mounts of one path itself).
-	m, err := localfs.Mount(localfs.Spec{
-		MountPath: spec.MountPath, ReadOnly: spec.ReadOnly, AllowOther: a.root, FsName: spec.Label,
-		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
-		Remote: &localfs.Remote{Address: spec.DataAddress, Token: a.opt.Token, Client: a.opt.Name,
-			Capability: spec.Capability, CapabilityKey: spec.CapabilityKey,
-			FragmentID: spec.FragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs,
-			Readahead: a.opt.RemoteReadahead, TLS: a.opt.DataTLS},
-	})
+	ls, remote, err := a.mountSource(spec)
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
+	}
+	m, err := localfs.Mount(ls)
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
 	}
 	a.mu.Lock()
-	a.mounts[spec.MountPath] = &mounted{m: m, instance: spec.InstanceID, since: time.Now(), remote: true}
+	a.mounts[spec.MountPath] = &mounted{m: m, instance: spec.InstanceID, since: time.Now(), remote: remote}
 	a.mu.Unlock()
 	return nil
+}
+
+// mountSource says where a mount's namespace and, for a striped instance, its file data are:
+// in this process for what this node holds, over the network for the rest. remote is true
+// when nothing of it is on this node.
+func (a *Agent) mountSource(spec agentapi.MountSpec) (ls localfs.Spec, remote bool, err error) {
+	ls = localfs.Spec{
+		MountPath: spec.MountPath, ReadOnly: spec.ReadOnly, AllowOther: a.root, FsName: spec.Label,
+		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
+	}
+	here := func(node string) bool { return node == a.opt.Name && a.ssd != "" }
+	if here(spec.StorageNode) {
+		ls.SourceDir = a.namespaceDir(spec.FragmentID, spec.NamespaceID)
+		if _, err := os.Stat(ls.SourceDir); err != nil {
+			return ls, false, fmt.Errorf("namespace %d is missing on %s", spec.NamespaceID, a.opt.Name)
+		}
+		if ls.Tracker, err = a.tracker(spec.InstanceID); err != nil {
+			return ls, false, err
+		}
+	} else {
+		if spec.DataAddress == "" {
+			return ls, false, fmt.Errorf("the namespace lives on storage node %s, which serves no remote mounts; "+
+				"set agent.data_listen (and agent.token_file) on %s, or run the job on %s", spec.StorageNode, spec.StorageNode, spec.StorageNode)
+		}
+		remote = true
+		ls.Remote = a.remoteSpec(spec, spec.DataAddress, spec.FragmentID, spec.Capability, spec.CapabilityKey)
+	}
+	for i, st := range spec.Stripes {
+		if here(st.Node) {
+			t, err := a.tracker(spec.InstanceID)
+			if err != nil {
+				return ls, false, err
+			}
+			dir := a.stripesDir(st.FragmentID)
+			if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+				return ls, false, err
+			}
+			ls.Stripes = append(ls.Stripes, localfs.Stripe{Node: st.Node, Dir: dir, Tracker: t})
+			remote = false
+			continue
+		}
+		if st.DataAddress == "" {
+			return ls, false, fmt.Errorf("stripe server %d of %d, storage node %s, serves no remote mounts; set agent.data_listen (and agent.token_file) on it",
+				i+1, len(spec.Stripes), st.Node)
+		}
+		ls.Stripes = append(ls.Stripes, localfs.Stripe{Node: st.Node, Remote: a.remoteSpec(spec, st.DataAddress, st.FragmentID, st.Capability, st.CapabilityKey)})
+	}
+	return ls, remote, nil
+}
+
+// remoteSpec is how this node reaches a fragment on another node for a mount.
+func (a *Agent) remoteSpec(spec agentapi.MountSpec, address string, fragmentID int64, capability, key string) *localfs.Remote {
+	return &localfs.Remote{Address: address, Token: a.opt.Token, Client: a.opt.Name,
+		Capability: capability, CapabilityKey: key,
+		FragmentID: fragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs,
+		Readahead: a.opt.RemoteReadahead, TLS: a.opt.DataTLS}
 }
 
 // Unmount removes a mount.
@@ -489,8 +554,9 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 		return err
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if r := a.stages[spec.ID]; r != nil {
+	known := a.stages[spec.ID] != nil
+	a.mu.Unlock()
+	if known {
 		return nil // already running or finished: the controller polls it
 	}
 	if len(spec.Roots) == 0 {
@@ -498,6 +564,16 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	}
 	roots := map[string]string{}
 	for v, loc := range spec.Roots {
+		if ms, striped := spec.Striped[v]; striped {
+			// A striped namespace's data is on every server of the instance: the worker
+			// reaches it through a mount, as a job does, and each server charges what lands.
+			path, err := a.stagingMount(ms)
+			if err != nil {
+				return fmt.Errorf("stage %d: %w", spec.ID, err)
+			}
+			roots[v] = path
+			continue
+		}
 		dir, err := a.locate(loc)
 		if err != nil {
 			return fmt.Errorf("stage %d: %w", spec.ID, err)
@@ -506,7 +582,7 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	}
 	spec.Roots = roots
 	var charged *usage.Tracker
-	if spec.Direction == model.StageIn {
+	if spec.Direction == model.StageIn && len(spec.Striped) == 0 {
 		t, err := a.tracker(spec.Instance)
 		if err != nil {
 			return fmt.Errorf("stage %d: %w", spec.ID, err)
@@ -523,6 +599,12 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 			return err
 		}
 		reserved = bytes
+		return nil
+	}
+	// Roots resolved (a staging mount may take a while): now the stage, once.
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stages[spec.ID] != nil {
 		return nil
 	}
 	run := stage.Start(context.Background(), a.opt.WorkerExe, spec, a.opt.StageLimits, reserve)
@@ -572,6 +654,31 @@ func (a *Agent) locate(loc string) (string, error) {
 		return "", fmt.Errorf("namespace %d of fragment %d is missing on %s", nid, fid, a.opt.Name)
 	}
 	return dir, nil
+}
+
+// stagingMount mounts a striped namespace for staging, on this node (the namespace's
+// metadata server), under the storage root where no user looks; it stays until the namespace
+// is deleted.
+func (a *Agent) stagingMount(ms agentapi.MountSpec) (string, error) {
+	ms.MountPath = a.stagingMountPath(ms.NamespaceID)
+	ms.ReadOnly = false
+	ms.Label = "spillway-stage"
+	if err := os.MkdirAll(filepath.Dir(ms.MountPath), 0o711); err != nil {
+		return "", err
+	}
+	if err := a.Mount(context.Background(), ms); err != nil {
+		return "", err
+	}
+	a.mu.Lock()
+	if m := a.mounts[ms.MountPath]; m != nil {
+		m.staging = true // the controller does not know it: reconcile leaves it alone
+	}
+	a.mu.Unlock()
+	return ms.MountPath, nil
+}
+
+func (a *Agent) stagingMountPath(namespaceID int64) string {
+	return filepath.Join(a.ssd, "stage-mounts", strconv.FormatInt(namespaceID, 10))
 }
 
 // StageStatus reports a stage's progress.
@@ -634,6 +741,7 @@ type mounted struct {
 	instance int64
 	since    time.Time
 	remote   bool // the namespace is on another node
+	staging  bool // the agent's own mount of a striped namespace, for its stage workers
 }
 
 // alive reports whether the mount is still served.

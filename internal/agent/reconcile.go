@@ -99,7 +99,7 @@ func (a *Agent) unmountUnknown(live []agentapi.MountSpec, grace time.Duration) {
 	a.mu.Lock()
 	var stale []string
 	for path, m := range a.mounts {
-		if !keep[path] && time.Since(m.since) > grace {
+		if !keep[path] && !m.staging && time.Since(m.since) > grace {
 			stale = append(stale, path)
 		}
 	}

@@ -16,8 +16,9 @@ type FragmentSpec struct {
 	ID         int64  `json:"id"`
 	InstanceID int64  `json:"instance"`
 	Capacity   uint64 `json:"capacity"` // bytes this fragment may hold
-	// InstanceCapacity is the whole instance's capacity: while an instance's files live on
-	// one node (until warpfs stripes them), it is what the node enforces.
+	// InstanceCapacity is the whole instance's capacity. A node enforces the smaller of it
+	// and its own fragments' capacity: an instance on one node may use all it asked for, one
+	// striped over several nodes what each node holds.
 	InstanceCapacity uint64 `json:"instance_capacity"`
 }
 
@@ -29,6 +30,10 @@ type NamespaceSpec struct {
 	Owner      uint32 `json:"owner"` // uid of the namespace root
 	Group      uint32 `json:"group"` // gid of the namespace root
 	Mode       uint32 `json:"mode"`  // permission bits of the namespace root, e.g. 0o755
+	// Servers and StripeSize make the namespace striped (Servers > 1): its files' data goes
+	// to stripe objects on the instance's Servers fragments, StripeSize bytes at a time.
+	Servers    int    `json:"servers,omitempty"`
+	StripeSize uint64 `json:"stripe_size,omitempty"`
 }
 
 // MountSpec asks a compute node to expose a namespace at a mount path.
@@ -53,6 +58,20 @@ type MountSpec struct {
 	// node and its session key (package nodekey): what the storage node asks for.
 	Capability    string `json:"capability,omitempty"`
 	CapabilityKey string `json:"capability_key,omitempty"`
+
+	// Stripes are the servers of a striped instance's file data, one per fragment in the
+	// layout's order (package warpfs/stripe); empty when the instance has one fragment and
+	// its files hold their own data.
+	Stripes []StripeServer `json:"stripes,omitempty"`
+}
+
+// StripeServer is one fragment of a striped instance, as a client reaches its objects.
+type StripeServer struct {
+	Node          string `json:"node"`
+	FragmentID    int64  `json:"fragment"`
+	DataAddress   string `json:"data_address,omitempty"`
+	Capability    string `json:"capability,omitempty"`
+	CapabilityKey string `json:"capability_key,omitempty"`
 }
 
 // StageSpec asks the storage node holding the namespace to move data for a session, as the
@@ -65,6 +84,10 @@ type StageSpec struct {
 	PFSPath   string            `json:"pfs_path"`  // absolute; for list: the list file
 	DWPath    string            `json:"dw_path"`   // "$DW_JOB_STRIPED/sub/file"; empty for list
 	Roots     map[string]string `json:"roots"`     // variable name -> namespace directory on this node
+	// Striped are the striped namespaces among Roots, by variable: the agent stages them
+	// through a mount of its own (the data is on every server of the instance), whose spec
+	// this is.
+	Striped map[string]MountSpec `json:"striped,omitempty"`
 	// Instance is the instance whose capacity a stage-in is charged to: the one holding the
 	// stage's namespace.
 	Instance int64  `json:"instance"`

@@ -52,14 +52,10 @@ type InsufficientError struct {
 	FreeNodes  int    // eligible nodes
 	Unusable   []string
 	TotalNodes int
-	MaxNodes   int // the request was limited to this many nodes (0 = no limit)
 }
 
 func (e *InsufficientError) Error() string {
 	msg := fmt.Sprintf("requested %d grains but only %d are free on %d usable node(s) of %d", e.Requested, e.Free, e.FreeNodes, e.TotalNodes)
-	if e.MaxNodes > 0 {
-		msg = fmt.Sprintf("requested %d grains on at most %d node(s) but the best %d node(s) have only %d free", e.Requested, e.MaxNodes, e.MaxNodes, e.Free)
-	}
 	if len(e.Unusable) > 0 {
 		msg += " (not usable: " + strings.Join(e.Unusable, ", ") + ")"
 	}
@@ -67,15 +63,9 @@ func (e *InsufficientError) Error() string {
 }
 
 // Place returns where to put grains grains with the given strategy. It never uses offline,
-// drained or full nodes, never over-commits a node, and places exactly the grains asked for.
+// drained or full nodes, never over-commits a node, and places exactly the grains asked for:
+// a request that fits in the pool's free grains is placed (over as many nodes as it takes).
 func Place(nodes []Node, grains uint64, strategy string) ([]Placement, error) {
-	return PlaceAtMost(nodes, grains, strategy, 0)
-}
-
-// PlaceAtMost is Place on at most maxNodes nodes (0 = no limit). Under bandwidth it prefers
-// the least loaded nodes that can hold the request together; if they cannot, it falls back to
-// the nodes with the most free grains.
-func PlaceAtMost(nodes []Node, grains uint64, strategy string, maxNodes int) ([]Placement, error) {
 	if grains == 0 {
 		return nil, nil
 	}
@@ -98,56 +88,13 @@ func PlaceAtMost(nodes []Node, grains uint64, strategy string, maxNodes int) ([]
 	if free < grains {
 		return nil, &InsufficientError{Requested: grains, Free: free, FreeNodes: len(usable), Unusable: unusable, TotalNodes: len(nodes)}
 	}
-	if strategy != Bandwidth && strategy != "" && strategy != Interference {
-		return nil, fmt.Errorf("unknown optimization_strategy %q; expected %s or %s", strategy, Bandwidth, Interference)
-	}
-	if maxNodes > 0 && maxNodes < len(usable) {
-		chosen := chooseNodes(usable, grains, maxNodes)
-		if chosen == nil {
-			var best uint64
-			sorted := append([]Node(nil), usable...)
-			sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Free() > sorted[j].Free() })
-			for _, n := range sorted[:maxNodes] {
-				best += n.Free()
-			}
-			return nil, &InsufficientError{Requested: grains, Free: best, FreeNodes: maxNodes, Unusable: unusable, TotalNodes: len(nodes), MaxNodes: maxNodes}
-		}
-		usable = chosen
-	}
-	if strategy == Interference {
+	switch strategy {
+	case Interference:
 		return pack(usable, grains), nil
+	case Bandwidth, "":
+		return spread(usable, grains), nil
 	}
-	return spread(usable, grains), nil
-}
-
-// chooseNodes picks at most max nodes that can hold grains together: the least loaded ones if
-// they can, otherwise those with the most free grains; nil if no max nodes can.
-func chooseNodes(usable []Node, grains uint64, max int) []Node {
-	byLoad := append([]Node(nil), usable...)
-	sort.SliceStable(byLoad, func(i, j int) bool { return lessLoaded(byLoad[i], byLoad[j]) })
-	if sumFree(byLoad[:max]) >= grains {
-		return byLoad[:max]
-	}
-	// Least loaded among those that fit alone, for the common max = 1 case.
-	for _, n := range byLoad {
-		if n.Free() >= grains {
-			return []Node{n}
-		}
-	}
-	byFree := append([]Node(nil), usable...)
-	sort.SliceStable(byFree, func(i, j int) bool { return byFree[i].Free() > byFree[j].Free() })
-	if sumFree(byFree[:max]) >= grains {
-		return byFree[:max]
-	}
-	return nil
-}
-
-func sumFree(nodes []Node) uint64 {
-	var s uint64
-	for _, n := range nodes {
-		s += n.Free()
-	}
-	return s
+	return nil, fmt.Errorf("unknown optimization_strategy %q; expected %s or %s", strategy, Bandwidth, Interference)
 }
 
 func lessLoaded(a, b Node) bool {

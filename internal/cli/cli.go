@@ -35,6 +35,7 @@ Commands for everyone:
   dwstat [TABLE...]     show pools, sessions, instances, ... (DataWarp's dwstat)
   home status|stop      the background server of a one-machine home ($SPILLWAY_HOME)
   layout [-o FILE]      snapshot of pools, nodes and instances for the bbsim simulator
+  stripes FILE...       which storage node holds which stripes of a file
   config defaults       print every configuration key with its default
 
 Daemons (administrators):
@@ -79,6 +80,8 @@ func Main(argv []string) int {
 		return dwstatMain(rest, os.Stdout, os.Stderr)
 	case "layout":
 		return layoutMain(rest, os.Stdout, os.Stderr)
+	case "stripes":
+		return stripesMain(rest, os.Stdout, os.Stderr)
 	case "dwcli":
 		return dwcliMain(rest, os.Stdout, os.Stderr)
 	case "dw_wlm_cli":

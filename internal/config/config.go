@@ -253,6 +253,9 @@ type Home struct {
 type Pool struct {
 	Name        string `toml:"name"`
 	Granularity Size   `toml:"granularity"`
+	// StripeSize is the stripe size of the pool's striped instances: how much of a file one
+	// server holds before the next server's turn. A multiple of 4 KiB; 0 means 8 MiB.
+	StripeSize Size `toml:"stripe_size"`
 }
 
 // Defaults returns the configuration of a system install (root, systemd).
@@ -485,6 +488,9 @@ func (c *Config) Validate() error {
 		seen[p.Name] = true
 		if p.Granularity == 0 {
 			problems = append(problems, fmt.Sprintf("pool %q: granularity must be greater than 0 (e.g. \"1GiB\")", p.Name))
+		}
+		if s := uint64(p.StripeSize); s%4096 != 0 || s > 1<<30 {
+			problems = append(problems, fmt.Sprintf("pool %q: stripe_size %d must be a multiple of 4KiB up to 1GiB (e.g. \"8MiB\"), or 0 for the default 8MiB", p.Name, s))
 		}
 	}
 	if len(problems) > 0 {

@@ -67,16 +67,13 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 		remote:   map[string]agentapi.Agent{},
 		remoteAt: map[string]string{},
 		params: lifecycle.Params{
-			MountRoot:   cfg.Controller.MountRoot,
-			MaxSessions: cfg.Controller.MaxSessions,
-			// The local data path keeps an instance's files on one storage node; striping
-			// across nodes arrives with warpfs. See docs/architecture.md.
-			MaxNodesPerInstance: 1,
-			MaxAttempts:         cfg.Executor.MaxAttempts,
-			RetryBackoff:        cfg.Executor.RetryBackoff.D(),
-			RetryBackoffMax:     cfg.Executor.RetryBackoffMax.D(),
-			StageMaxAttempts:    cfg.Stage.MaxAttempts,
-			StageMaxRunning:     cfg.Stage.MaxRunning,
+			MountRoot:        cfg.Controller.MountRoot,
+			MaxSessions:      cfg.Controller.MaxSessions,
+			MaxAttempts:      cfg.Executor.MaxAttempts,
+			RetryBackoff:     cfg.Executor.RetryBackoff.D(),
+			RetryBackoffMax:  cfg.Executor.RetryBackoffMax.D(),
+			StageMaxAttempts: cfg.Stage.MaxAttempts,
+			StageMaxRunning:  cfg.Stage.MaxRunning,
 			UserQuota: lifecycle.Quota{Sessions: cfg.Controller.MaxSessionsPerUser,
 				Persistent: cfg.Controller.MaxPersistentPerUser, Capacity: uint64(cfg.Controller.MaxCapacityPerUser)},
 		},
@@ -100,7 +97,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 			} else if !store.IsNotFound(err) {
 				return err
 			}
-			if err := store.Pools.Put(tx, &model.Pool{Name: p.Name, Granularity: uint64(p.Granularity)}); err != nil {
+			if err := store.Pools.Put(tx, &model.Pool{Name: p.Name, Granularity: uint64(p.Granularity), StripeSize: uint64(p.StripeSize)}); err != nil {
 				return err
 			}
 		}
@@ -594,5 +591,18 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 		Expires: c.now().Add(c.cfg.Controller.MountCapabilityLifetime.D()).Unix()}.String()
 	spec.Capability = capability
 	spec.CapabilityKey = nodekey.SessionKey(nodekey.Derive(c.secret, spec.StorageNode), capability)
+	// A striped instance's data: a capability for each server's stripe objects.
+	stripes := make([]agentapi.StripeServer, len(spec.Stripes))
+	for i, st := range spec.Stripes {
+		capability := nodekey.Capability{Fragment: st.FragmentID, Instance: spec.InstanceID, Stripes: true,
+			Client: client, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
+			Expires: c.now().Add(c.cfg.Controller.MountCapabilityLifetime.D()).Unix()}.String()
+		st.Capability = capability
+		st.CapabilityKey = nodekey.SessionKey(nodekey.Derive(c.secret, st.Node), capability)
+		stripes[i] = st
+	}
+	if len(stripes) > 0 {
+		spec.Stripes = stripes
+	}
 	return spec
 }

@@ -164,6 +164,9 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 			r.Err = agent.Unmount(actx, e.Mount.ActivationID, e.Mount.MountPath)
 		case lifecycle.OpStartStage:
 			e.Stage.Parallel = c.cfg.Stage.FilesInFlight
+			for v, ms := range e.Stage.Striped {
+				e.Stage.Striped[v] = c.grant(ms, e.Node) // the storage node mounts it for staging
+			}
 			r.Err = agent.StartStage(actx, e.Stage)
 		case lifecycle.OpPollStage:
 			r.Stage, r.Err = agent.StageStatus(actx, e.Stage.ID)

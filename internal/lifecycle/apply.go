@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"path"
 	"sort"
 	"strings"
@@ -16,17 +17,13 @@ import (
 
 // Params are the controller settings the decisions depend on.
 type Params struct {
-	MountRoot   string // where instances appear on compute nodes
-	MaxSessions int
-	// MaxNodesPerInstance caps how many storage nodes one instance spans. The local data
-	// path keeps an instance's files on one node, so the controller sets 1 until striping
-	// across nodes (warpfs) lands.
-	MaxNodesPerInstance int
-	MaxAttempts         int           // tries of an effect before the object's fuse blows
-	RetryBackoff        time.Duration // first wait between tries; doubles
-	RetryBackoffMax     time.Duration
-	StageMaxAttempts    int // restarts of a stage after its agent lost it
-	StageMaxRunning     int // stages running at once, all sessions
+	MountRoot        string // where instances appear on compute nodes
+	MaxSessions      int
+	MaxAttempts      int           // tries of an effect before the object's fuse blows
+	RetryBackoff     time.Duration // first wait between tries; doubles
+	RetryBackoffMax  time.Duration
+	StageMaxAttempts int // restarts of a stage after its agent lost it
+	StageMaxRunning  int // stages running at once, all sessions
 	// UserQuota bounds what one ordinary user's own requests may hold (sessions they set up
 	// through `spillway run`, `spillway persistent`, the API); the workload manager's jobs are
 	// bounded by the workload manager.
@@ -349,7 +346,7 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 		u := w.UsageOfNode(name)
 		candidates = append(candidates, alloc.Node{Name: name, Grains: u.Grains, Used: u.Used, Instances: u.Instances, Online: n.Online, Drain: n.Drain})
 	}
-	placements, err := alloc.PlaceAtMost(candidates, grains, req.Strategy, p.MaxNodesPerInstance)
+	placements, err := alloc.Place(candidates, grains, req.Strategy)
 	if err != nil {
 		var ie *alloc.InsufficientError
 		if errors.As(err, &ie) {
@@ -435,6 +432,13 @@ func addNamespace(w *World, c *model.Configuration, mds *model.Fragment, node st
 	}
 	w.put(&model.Namespace{ID: nid, ConfigurationID: c.ID, FragmentID: mds.ID, ClientNode: node, State: model.Creating()})
 	return nil
+}
+
+// spreadIndex maps a compute node to one of n servers: deterministic, and even over many nodes.
+func spreadIndex(node string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return int(h.Sum32() % uint32(n))
 }
 
 func addRegistration(w *World, s *model.Session, c *model.Configuration, ids IDSource) error {
@@ -704,7 +708,9 @@ func ApplyPreRun(w *World, token string, nodes []string, ids IDSource, p Params)
 				if len(frags) == 0 {
 					return userErr("pre_run %s: instance has no fragments", token)
 				}
-				if err := addNamespace(w, e.Config, frags[0], node, ids); err != nil {
+				// Each compute node's private namespace has its own metadata server, spread over
+				// the instance's servers by the node's name; its data is striped over all.
+				if err := addNamespace(w, e.Config, frags[spreadIndex(node, len(frags))], node, ids); err != nil {
 					return err
 				}
 				ns = w.NamespaceFor(e.Config, node)

@@ -43,7 +43,7 @@ func newHarness(t *testing.T, nodes ...string) *harness {
 	w.TakeChanges()
 	return &harness{
 		t: t, w: w, now: time.Unix(1_700_000_000, 0), nextID: map[string]ID{},
-		p: Params{MountRoot: "/mnt/bb", MaxSessions: 100, MaxNodesPerInstance: 0, MaxAttempts: 3,
+		p: Params{MountRoot: "/mnt/bb", MaxSessions: 100, MaxAttempts: 3,
 			RetryBackoff: time.Second, RetryBackoffMax: 4 * time.Second, StageMaxAttempts: 2, StageMaxRunning: 4},
 		fail: func(Effect) error { return nil },
 		stageResult: func(Effect) agentapi.StageStatus {
@@ -437,7 +437,6 @@ func TestRandomHistories(t *testing.T) {
 	for seed := int64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewSource(seed))
 		h := newHarness(t, "a", "b", "c")
-		h.p.MaxNodesPerInstance = rng.Intn(3)
 		h.fail = func(Effect) error {
 			if rng.Intn(4) == 0 {
 				return errors.New("flaky")
@@ -787,4 +786,63 @@ func TestAdvanceAbandonedFinishesLikeTheRun(t *testing.T) {
 		t.Error("a gone run whose job never started is not finished in one step")
 	}
 	assertEmpty(t, h.w)
+}
+
+// An instance on several nodes is striped: its namespace is made with the instance's servers
+// and the pool's stripe size, every mount order lists the fragments in id order, and private
+// namespaces get their metadata servers spread over the fragments by compute node.
+func TestStripedInstanceSpecs(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2", "ssd3")
+	h.w.Pools["wlm_pool"].StripeSize = 1 << 20
+	h.must(ApplySetup(h.w, jobSetup("43", 3<<30, "striped", "private"), h, h.p, h.now))
+	var namespaces []agentapi.NamespaceSpec
+	for i := 0; i < 20; i++ {
+		for _, e := range Step(h.w, h.p, h.now) {
+			if e.Op == OpCreateNamespace {
+				namespaces = append(namespaces, e.Namespace)
+			}
+			Complete(h.w, e, Result{}, h.p, h.now)
+		}
+		h.w.TakeChanges()
+	}
+	inst := h.w.InstanceOf(h.w.SessionByToken("43").ID)
+	frags := h.w.FragmentsOf(inst.ID)
+	if len(frags) != 3 || len(namespaces) != 1 || namespaces[0].Servers != 3 || namespaces[0].StripeSize != 1<<20 {
+		t.Fatalf("fragments %d, striped namespace specs %+v", len(frags), namespaces)
+	}
+	h.must(ApplyPreRun(h.w, "43", []string{"cn1", "cn2"}, h, h.p))
+	h.settle()
+	mds := map[int64]bool{}
+	for _, node := range []string{"cn1", "cn2"} {
+		mounts := LiveMounts(h.w, node)
+		if len(mounts) != 2 {
+			t.Fatalf("%s mounts %d configurations, want striped and private", node, len(mounts))
+		}
+		for _, m := range mounts {
+			if len(m.Stripes) != 3 {
+				t.Fatalf("%s: mount %s lists %d stripe servers", node, m.MountPath, len(m.Stripes))
+			}
+			for i, s := range m.Stripes {
+				if s.FragmentID != frags[i].ID || s.Node != frags[i].Node {
+					t.Errorf("%s: stripe server %d is %+v, want fragment %d on %s", node, i, s, frags[i].ID, frags[i].Node)
+				}
+			}
+			if strings.Contains(m.MountPath, "private") {
+				mds[m.FragmentID] = true
+				if m.FragmentID != frags[spreadIndex(node, 3)].ID {
+					t.Errorf("%s: private namespace on fragment %d, want the one its name picks", node, m.FragmentID)
+				}
+			}
+		}
+	}
+	// A one-fragment instance is not striped.
+	h.must(ApplySetup(h.w, jobSetup("44", 1<<30, "striped"), h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "44", []string{"cn1"}, h, h.p))
+	h.settle()
+	for _, m := range LiveMounts(h.w, "cn1") {
+		if strings.Contains(m.MountPath, "44_") && m.Stripes != nil {
+			t.Errorf("a one-fragment instance's mount lists stripe servers: %+v", m.Stripes)
+		}
+	}
 }

@@ -104,8 +104,11 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 				if f == nil || !f.State.Actualized || !ready(ns.State, now) {
 					continue
 				}
-				effects = append(effects, Effect{Op: OpCreateNamespace, Ref: Ref{KindNamespace, ns.ID}, Node: f.Node,
-					Namespace: agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID, Owner: c.Owner, Group: c.Group, Mode: c.RootPermissions}})
+				spec := agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID, Owner: c.Owner, Group: c.Group, Mode: c.RootPermissions}
+				if servers := len(w.FragmentsOf(inst.ID)); servers > 1 {
+					spec.Servers, spec.StripeSize = servers, w.StripeSize(inst)
+				}
+				effects = append(effects, Effect{Op: OpCreateNamespace, Ref: Ref{KindNamespace, ns.ID}, Node: f.Node, Namespace: spec})
 			}
 		}
 	}
@@ -202,7 +205,25 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 	if inst := w.Instances[c.InstanceID]; inst != nil {
 		spec.Capacity = inst.Capacity
 	}
+	spec.Stripes = stripeServers(w, c.InstanceID)
 	return spec
+}
+
+// stripeServers are the servers of a striped instance's data: its fragments in id order (the
+// layout's order), or none for an instance on one fragment.
+func stripeServers(w *World, instanceID ID) []agentapi.StripeServer {
+	frags := w.FragmentsOf(instanceID)
+	if len(frags) < 2 {
+		return nil
+	}
+	out := make([]agentapi.StripeServer, len(frags))
+	for i, f := range frags {
+		out[i] = agentapi.StripeServer{Node: f.Node, FragmentID: f.ID}
+		if n := w.Nodes[f.Node]; n != nil {
+			out[i].DataAddress = n.DataAddress
+		}
+	}
+	return out
 }
 
 // LiveMounts lists the mounts that should exist on a compute node now: its actualized
@@ -252,6 +273,15 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 			continue
 		}
 		spec.Roots[e.Var] = NamespaceLocator(ef.ID, ens.ID)
+		if stripes := stripeServers(w, e.Config.InstanceID); stripes != nil {
+			// The storage node stages a striped namespace through a mount of its own.
+			if spec.Striped == nil {
+				spec.Striped = map[string]agentapi.MountSpec{}
+			}
+			spec.Striped[e.Var] = agentapi.MountSpec{StorageNode: ef.Node, FragmentID: ef.ID, NamespaceID: ens.ID,
+				InstanceID: e.Config.InstanceID, Owner: e.Config.Owner, MaxFileSize: e.Config.MaxFileSize,
+				DataAddress: w.Nodes[ef.Node].DataAddress, Stripes: stripes}
+		}
 	}
 	return spec, f.Node, nil
 }

@@ -15,6 +15,7 @@
 package lifecycle
 
 import (
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"sort"
 
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -203,6 +204,14 @@ func (w *World) InstanceOf(sessionID ID) *model.Instance {
 		}
 	}
 	return nil
+}
+
+// StripeSize is the stripe size of an instance's pool.
+func (w *World) StripeSize(inst *model.Instance) uint64 {
+	if p := w.Pools[inst.Pool]; p != nil && p.StripeSize > 0 {
+		return p.StripeSize
+	}
+	return stripe.DefaultSize
 }
 
 // FragmentsOf returns an instance's fragments in id order.

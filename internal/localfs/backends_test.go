@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -18,6 +19,8 @@ import (
 	"github.com/spillway-hpc/spillway/internal/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"golang.org/x/sys/unix"
 )
 
 // testBackend is one way of serving a namespace. The POSIX behaviour tests run against each: the
@@ -26,15 +29,39 @@ import (
 type testBackend struct {
 	name   string
 	remote bool
+	// striped serves the namespace as a striped instance's: file data in stripe objects on
+	// testStripeServers servers, in directories beside the namespace's (src.s0, src.s1, ...).
+	striped bool
 }
 
-var backends = []testBackend{{name: "local"}, {name: "remote", remote: true}}
+var backends = []testBackend{{name: "local"}, {name: "remote", remote: true},
+	{name: "striped", striped: true}, {name: "striped-remote", remote: true, striped: true}}
+
+// The striped backends' layout: small stripes, so that small files span servers.
+const (
+	testStripeServers = 3
+	testStripeSize    = 64 << 10
+)
 
 // eachBackend runs a test once per backend, as subtests named after them.
 func eachBackend(t *testing.T, test func(t *testing.T, b testBackend)) {
 	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) { test(t, b) })
+		t.Run(b.name, func(t *testing.T) {
+			if b.striped && os.Geteuid() != 0 {
+				t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
+			}
+			test(t, b)
+		})
 	}
+}
+
+// stripeDirs are the stripe servers' directories of a striped backend's namespace src.
+func stripeDirs(src string) []string {
+	var out []string
+	for i := 0; i < testStripeServers; i++ {
+		out = append(out, fmt.Sprintf("%s.s%d", src, i))
+	}
+	return out
 }
 
 const testToken = "localfs-test-token"
@@ -71,7 +98,7 @@ func startServerOn(t *testing.T, addr, dir string, tr *usage.Tracker, logTo *slo
 		logTo = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
 	srv := server.New(server.Options{Token: testToken, Log: logTo,
-		Resolve: func(fragment, namespace, instance int64) (server.Target, error) {
+		Resolve: func(fragment, namespace, instance int64, stripes bool) (server.Target, error) {
 			return server.Target{Dir: dir, Tracker: tr}, nil
 		}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -89,12 +116,29 @@ func (s *testServer) stop() {
 // prepare turns a loopback spec into this backend's.
 func (b testBackend) prepare(t *testing.T, spec Spec) Spec {
 	t.Helper()
-	if !b.remote {
-		return spec
-	}
 	var logTo *slog.Logger
 	if spec.Logger != nil {
 		logTo = slog.New(slog.NewTextHandler(spec.Logger.Writer(), nil))
+	}
+	if b.striped {
+		l := stripe.Layout{Size: testStripeSize, Width: testStripeServers, Servers: testStripeServers}
+		if err := unix.Setxattr(spec.SourceDir, server.LayoutXattr, l.Encode(), 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range stripeDirs(spec.SourceDir) {
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			st := Stripe{Dir: dir, Tracker: spec.Tracker}
+			if b.remote {
+				s := startServer(t, "", dir, spec.Tracker, logTo)
+				st = Stripe{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, InstanceID: 3}}
+			}
+			spec.Stripes = append(spec.Stripes, st)
+		}
+	}
+	if !b.remote {
+		return spec
 	}
 	s := startServer(t, "", spec.SourceDir, spec.Tracker, logTo)
 	spec.Remote = &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: 2, InstanceID: 3}

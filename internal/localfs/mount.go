@@ -57,6 +57,9 @@ type Spec struct {
 	// Remote, instead of SourceDir and Tracker, names a namespace held by another host's
 	// storage agent, reached over the network.
 	Remote *Remote
+	// Stripes are the servers of a striped instance's file data, in its layout's order (one
+	// per fragment); empty for an instance on one fragment, whose files hold their data.
+	Stripes []Stripe
 	// ReadOnly mounts the namespace read-only (loadbalance after stage-in): every change
 	// fails with EROFS.
 	ReadOnly bool
@@ -88,6 +91,16 @@ type Spec struct {
 	Logger *log.Logger
 	// Debug logs every FUSE request and reply to Logger (very verbose; for diagnosis).
 	Debug bool
+}
+
+// Stripe is one server of a striped instance's file data: its fragment's stripe directory on
+// this host, or the stripe objects of a fragment on another host (Remote, whose NamespaceID
+// is unused).
+type Stripe struct {
+	Node    string // the storage node's name, shown by `spillway stripes`
+	Dir     string
+	Tracker *usage.Tracker
+	Remote  *Remote
 }
 
 // Remote is a namespace on another host: its storage agent's data address, and which
@@ -367,6 +380,11 @@ func Mount(spec Spec) (*Mounted, error) {
 	} else {
 		be, err = openLocal(spec, limits, path, asRoot, logger)
 	}
+	if err == nil && len(spec.Stripes) > 0 {
+		if err = be.openStripes(spec, path, logger); err != nil {
+			be.close()
+		}
+	}
 	if err != nil {
 		removeCreated()
 		return nil, err
@@ -375,7 +393,7 @@ func Mount(spec Spec) (*Mounted, error) {
 	opts := mountOptions(spec, limits, asRoot, logger)
 	server, err := fuse.NewServer(gofs.NewNodeFS(root, opts), path, &opts.MountOptions)
 	if err != nil {
-		be.client.Close()
+		be.close()
 		// go-fuse leaves the mount in place when the handshake after mount(2) fails.
 		if mounts, _ := mountsAt(path); len(mounts) > 0 && mounts[len(mounts)-1].fsType == fsType {
 			unmountOnce(path, true)
@@ -396,7 +414,7 @@ func Mount(spec Spec) (*Mounted, error) {
 	}
 	go func() {
 		server.Serve()
-		be.client.Close()
+		be.close()
 		close(m.served)
 	}()
 	if err := server.WaitMount(); err != nil {

@@ -14,6 +14,7 @@ package localfs
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -25,6 +26,8 @@ import (
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"golang.org/x/sys/unix"
 )
 
 // backend is what every node of one mount shares.
@@ -42,6 +45,12 @@ type backend struct {
 	passthrough bool
 
 	reads atomic.Int64 // READ requests served (passthrough reads never reach the server)
+
+	// stripes are the servers of a striped instance's file data (striped.go), in layout
+	// order; nil when files hold their own data on the namespace's server.
+	stripes     []transport
+	stripeNodes []string // the stripe servers' node names
+	maxFileSize uint64   // DataWarp's MFS, which a striped mount's client enforces on writes
 }
 
 // node is one file or directory of a namespace.
@@ -51,6 +60,9 @@ type node struct {
 
 	mu      sync.Mutex
 	handles map[*fileHandle]struct{} // open through this mount
+	// removeOnRelease is the layout of a striped file whose last name went while this node
+	// had it open: its objects go with the last handle.
+	removeOnRelease *stripe.Layout
 }
 
 var (
@@ -186,9 +198,26 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return &proto.NodeReq{Path: p, Handle: h}
 	}, &rep)
 	if errno == 0 {
+		rep.Attr.Size = max(rep.Attr.Size, n.writtenExtent())
 		n.be.fill(&out.Attr, &rep.Attr)
 	}
 	return errno
+}
+
+// writtenExtent is how far this node's open handles of a striped file have written: the
+// metadata server hears of it at close, and this node sees its own writes at once.
+func (n *node) writtenExtent() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var extent uint64
+	for h := range n.handles {
+		if sf := h.striped; sf != nil {
+			sf.mu.Lock()
+			extent = max(extent, sf.extent)
+			sf.mu.Unlock()
+		}
+	}
+	return extent
 }
 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -200,6 +229,9 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	req := proto.SetattrReq{Valid: in.Valid & passed, Mode: in.Mode, UID: in.Uid, GID: in.Gid, Size: in.Size,
 		Atime: proto.Timespec{Sec: int64(in.Atime), Nsec: in.Atimensec},
 		Mtime: proto.Timespec{Sec: int64(in.Mtime), Nsec: in.Mtimensec}}
+	if in.Valid&fuse.FATTR_SIZE != 0 && n.be.stripes != nil {
+		return n.truncateStriped(ctx, f, req, out)
+	}
 	var rep proto.AttrReply
 	errno := n.byNode(ctx, f, proto.OpSetattr, func(p string, h uint64) proto.Message {
 		r := req
@@ -210,6 +242,69 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		n.be.fill(&out.Attr, &rep.Attr)
 	}
 	return errno
+}
+
+// truncateStriped sets the size of a file of a striped mount: the metadata server's logical
+// size, then every object's share of it.
+func (n *node) truncateStriped(ctx context.Context, f fs.FileHandle, req proto.SetattrReq, out *fuse.AttrOut) syscall.Errno {
+	h, _ := f.(*fileHandle)
+	if h == nil {
+		h = n.anyHandle()
+	}
+	if h == nil {
+		// truncate(2) by name: open the file to learn its layout.
+		opened, errno := n.open(ctx, syscall.O_WRONLY)
+		if errno != 0 {
+			return errno
+		}
+		defer opened.Release(ctx)
+		h = opened
+	}
+	var rep proto.AttrReply
+	setattr := func() syscall.Errno {
+		return h.handleCall(ctx, proto.OpSetattr, func(id uint64) proto.Message {
+			r := req
+			r.Handle = id
+			return &r
+		}, &rep)
+	}
+	if h.striped == nil {
+		if errno := setattr(); errno != 0 {
+			return errno
+		}
+		n.be.fill(&out.Attr, &rep.Attr)
+		return 0
+	}
+	if mfs := n.be.maxFileSize; mfs > 0 && req.Size > mfs {
+		return syscall.EFBIG
+	}
+	// The objects first: a size their servers cannot hold fails with ENOSPC before the file
+	// changes; if anything fails, the objects go back to what they were.
+	before := h.size(ctx, 0)
+	errno := h.truncateObjects(ctx, req.Size)
+	if errno == 0 {
+		errno = setattr()
+	}
+	if errno != 0 {
+		h.truncateObjects(ctx, before)
+		return errno
+	}
+	n.truncated(req.Size)
+	n.be.fill(&out.Attr, &rep.Attr)
+	return 0
+}
+
+// truncated tells this node's handles of a striped file that it is now size bytes long.
+func (n *node) truncated(size uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for h := range n.handles {
+		if sf := h.striped; sf != nil {
+			sf.mu.Lock()
+			sf.known, sf.extent = size, min(sf.extent, size)
+			sf.mu.Unlock()
+		}
+	}
 }
 
 // openFlags tells the kernel how to cache a file opened with flags. Without client caching,
@@ -249,7 +344,30 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 	if errno := n.be.client.Do(ctx, call); errno != 0 {
 		return nil, errno
 	}
-	return n.addHandle(rep.Handle, call.UsedGen, flags), 0
+	return n.opened(ctx, &rep, call.UsedGen, flags)
+}
+
+// opened registers the handle the server opened; a striped file's objects are emptied when
+// the open truncated it.
+func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, flags uint32) (*fileHandle, syscall.Errno) {
+	h := n.addHandle(rep.Handle, gen, flags)
+	if len(rep.Layout) == 0 {
+		return h, 0
+	}
+	l, err := stripe.Decode(rep.Layout)
+	if err != nil || int(l.Servers) != len(n.be.stripes) {
+		h.Release(ctx)
+		return nil, syscall.EIO // a layout for another instance's servers: never served
+	}
+	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length}
+	if rep.Truncated {
+		if errno := h.truncateObjects(ctx, 0); errno != 0 {
+			h.Release(ctx)
+			return nil, errno
+		}
+		n.truncated(0)
+	}
+	return h, 0
 }
 
 func (n *node) addHandle(id, gen uint64, flags uint32) *fileHandle {
@@ -283,7 +401,15 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	if !ok {
 		return nil, nil, 0, syscall.EIO
 	}
-	return ch, child.addHandle(rep.Handle, call.UsedGen, flags), n.openFlags(flags), 0
+	h, errno := child.opened(ctx, &rep, call.UsedGen, flags)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	if op == proto.OpTmpfile && h.striped != nil {
+		l := h.striped.layout
+		child.removeOnRelease = &l // a file with no name: its objects go when it is closed
+	}
+	return ch, h, n.openFlags(flags), 0
 }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
@@ -335,7 +461,39 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
-	return n.be.call(ctx, proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
+	var rep proto.RemovedReply
+	errno := n.be.call(ctx, proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
+	if errno == 0 {
+		n.removed(ctx, name, rep.Layout)
+	}
+	return errno
+}
+
+// removed removes the objects of a striped file whose last name (name in n) went, now or,
+// if this node has it open, at its last close. Another node that has it open reads holes
+// from then on (docs/mounts.md).
+func (n *node) removed(ctx context.Context, name string, layout []byte) {
+	if len(layout) == 0 || n.be.stripes == nil {
+		return
+	}
+	l, err := stripe.Decode(layout)
+	if err != nil || int(l.Servers) != len(n.be.stripes) {
+		return
+	}
+	if ch := n.GetChild(name); ch != nil {
+		if child, ok := ch.Operations().(*node); ok {
+			child.mu.Lock()
+			open := len(child.handles) > 0
+			if open {
+				child.removeOnRelease = &l
+			}
+			child.mu.Unlock()
+			if open {
+				return
+			}
+		}
+	}
+	n.be.removeObjects(ctx, l)
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
@@ -353,7 +511,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if !ok {
 		return syscall.EXDEV
 	}
-	return n.be.call(ctx, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, nil)
+	var rep proto.RemovedReply
+	errno := n.be.call(ctx, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, &rep)
+	if errno == 0 {
+		dst.removed(ctx, newName, rep.Layout)
+	}
+	return errno
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
@@ -371,6 +534,9 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	}
 	*out = fuse.StatfsOut{Blocks: rep.Blocks, Bfree: rep.Bfree, Bavail: rep.Bavail, Files: rep.Files,
 		Ffree: rep.Ffree, Bsize: rep.Bsize, NameLen: rep.NameLen, Frsize: rep.Frsize}
+	if n.be.stripes != nil {
+		return n.be.statfsStriped(ctx, out)
+	}
 	return 0
 }
 
@@ -383,6 +549,16 @@ func (n *node) xattr(ctx context.Context, op proto.Op, req proto.XattrReq, reply
 }
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if attr == ServersXattr && n.be.stripes != nil {
+		names := []byte(strings.Join(n.be.stripeNodes, " "))
+		if len(dest) == 0 {
+			return uint32(len(names)), 0
+		}
+		if len(dest) < len(names) {
+			return 0, syscall.ERANGE
+		}
+		return uint32(copy(dest, names)), 0
+	}
 	var rep proto.XattrReply
 	if errno := n.xattr(ctx, proto.OpGetxattr, proto.XattrReq{Name: attr, Size: uint32(len(dest))}, &rep); errno != 0 {
 		return 0, errno
@@ -426,8 +602,8 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
 	hin, ok1 := fhIn.(*fileHandle)
 	hout, ok2 := fhOut.(*fileHandle)
-	if !ok1 || !ok2 {
-		return 0, syscall.ENOTSUP
+	if !ok1 || !ok2 || hin.striped != nil || hout.striped != nil {
+		return 0, syscall.ENOTSUP // the kernel copies through read and write
 	}
 	in, inGen := hin.current()
 	outID, outGen := hout.current()
@@ -468,6 +644,9 @@ type fileHandle struct {
 	mu  sync.Mutex
 	id  uint64
 	gen uint64 // the connection generation the handle belongs to
+
+	// striped is set for a file of a striped instance, whose data is in stripe objects.
+	striped *stripedFile
 }
 
 func (h *fileHandle) current() (uint64, uint64) {
@@ -513,6 +692,9 @@ func (h *fileHandle) reopen(ctx context.Context, stale uint64) syscall.Errno {
 
 func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	h.node.be.reads.Add(1)
+	if h.striped != nil {
+		return h.readStriped(ctx, dest, off)
+	}
 	if local := h.node.be.local; local != nil {
 		// A file of this host: go-fuse reads (or splices) it straight from the descriptor.
 		id, _ := h.current()
@@ -538,6 +720,9 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	if h.node.be.readOnly {
 		return 0, syscall.EROFS
 	}
+	if h.striped != nil {
+		return h.writeStriped(ctx, data, off)
+	}
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -554,11 +739,24 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	n.mu.Lock()
 	delete(n.handles, h)
 	n.mu.Unlock()
-	id, gen := h.current()
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
+	if h.striped != nil {
+		h.reportSize(ctx)
+		h.releaseObjects(ctx)
+	}
+	id, gen := h.current()
 	// A handle of a connection that is gone is gone with it.
 	n.be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, Req: &proto.HandleReq{Handle: id}})
+	n.mu.Lock()
+	var remove *stripe.Layout
+	if len(n.handles) == 0 {
+		remove, n.removeOnRelease = n.removeOnRelease, nil
+	}
+	n.mu.Unlock()
+	if remove != nil {
+		n.be.removeObjects(ctx, *remove)
+	}
 	return 0
 }
 
@@ -566,15 +764,23 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 // the backing file system: nothing can write there, so nothing needs counting.
 func (h *fileHandle) PassthroughFd() (int, bool) {
 	be := h.node.be
-	if !be.passthrough || be.local == nil || h.flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+	if !be.passthrough || be.local == nil || h.striped != nil || h.flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return 0, false
 	}
 	id, _ := h.current()
 	return be.local.Fd(id)
 }
 
-// Flush needs no round trip: every write already reached the server.
-func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+// Flush needs no round trip: every write already reached the server. A striped file's writer
+// reports the size its writes reached, so that stat is exact after close on every node.
+func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	if h.striped == nil {
+		return 0
+	}
+	ctx, cancel := h.node.be.opCtx(ctx)
+	defer cancel()
+	return h.reportSize(ctx)
+}
 
 func (h *fileHandle) handleCall(ctx context.Context, op proto.Op, build func(id uint64) proto.Message, reply proto.Message) syscall.Errno {
 	ctx, cancel := h.node.be.opCtx(ctx)
@@ -585,6 +791,9 @@ func (h *fileHandle) handleCall(ctx context.Context, op proto.Op, build func(id 
 }
 
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if h.striped != nil {
+		return h.fsyncStriped(ctx, flags)
+	}
 	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message {
 		return &proto.FsyncReq{Handle: id, Flags: flags}
 	}, nil)
@@ -594,12 +803,32 @@ func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 	if h.node.be.readOnly {
 		return syscall.EROFS
 	}
+	if h.striped != nil {
+		if mfs := h.node.be.maxFileSize; mfs > 0 && off+size > mfs && mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+			return syscall.EFBIG
+		}
+		return h.allocateStriped(ctx, off, size, mode)
+	}
 	return h.handleCall(ctx, proto.OpFallocate, func(id uint64) proto.Message {
 		return &proto.FallocateReq{Handle: id, Offset: off, Length: size, Mode: mode}
 	}, nil)
 }
 
 func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if h.striped != nil {
+		// A striped file is data from start to end as far as seeking goes: no server is
+		// asked where its holes are.
+		ctx, cancel := h.node.be.opCtx(ctx)
+		defer cancel()
+		size := h.size(ctx, off+1)
+		if off >= size {
+			return 0, syscall.ENXIO
+		}
+		if whence == unix.SEEK_HOLE {
+			return size, 0
+		}
+		return off, 0
+	}
 	var rep proto.CountReply
 	errno := h.handleCall(ctx, proto.OpLseek, func(id uint64) proto.Message {
 		return &proto.LseekReq{Handle: id, Offset: off, Whence: whence}

@@ -75,6 +75,8 @@ func (s State) Done() bool { return s.Actualized }
 type Pool struct {
 	Name        string `json:"id"`
 	Granularity uint64 `json:"granularity"` // bytes per grain
+	// StripeSize is how a striped instance of the pool cuts its files (0: 8 MiB).
+	StripeSize uint64 `json:"stripe_size,omitempty"`
 }
 
 // Node is an agent: a storage server (Pool set, Capacity > 0) or a compute node, or both.

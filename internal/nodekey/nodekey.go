@@ -70,6 +70,9 @@ type Capability struct {
 	ReadOnly                      bool
 	MaxFileSize                   uint64
 	Expires                       int64 // Unix seconds
+	// Stripes grants the fragment's stripe objects (a striped instance's file data), not a
+	// namespace.
+	Stripes bool
 }
 
 // String is the capability's canonical text, which the session key signs.
@@ -78,16 +81,20 @@ func (c Capability) String() string {
 	if c.ReadOnly {
 		ro = 1
 	}
-	return fmt.Sprintf("cap1:%d:%d:%d:%d:%d:%d:%s", c.Fragment, c.Namespace, c.Instance, ro, c.MaxFileSize, c.Expires, c.Client)
+	stripes := 0
+	if c.Stripes {
+		stripes = 1
+	}
+	return fmt.Sprintf("cap2:%d:%d:%d:%d:%d:%d:%d:%s", c.Fragment, c.Namespace, c.Instance, ro, c.MaxFileSize, c.Expires, stripes, c.Client)
 }
 
 // ParseCapability reads String's text.
 func ParseCapability(s string) (Capability, error) {
-	parts := strings.SplitN(s, ":", 8)
-	if len(parts) != 8 || parts[0] != "cap1" {
+	parts := strings.SplitN(s, ":", 9)
+	if len(parts) != 9 || parts[0] != "cap2" {
 		return Capability{}, fmt.Errorf("not a capability")
 	}
-	var n [6]int64
+	var n [7]int64
 	for i := range n {
 		v, err := strconv.ParseInt(parts[i+1], 10, 64)
 		if err != nil {
@@ -96,7 +103,7 @@ func ParseCapability(s string) (Capability, error) {
 		n[i] = v
 	}
 	return Capability{Fragment: n[0], Namespace: n[1], Instance: n[2], ReadOnly: n[3] == 1,
-		MaxFileSize: uint64(n[4]), Expires: n[5], Client: parts[7]}, nil
+		MaxFileSize: uint64(n[4]), Expires: n[5], Stripes: n[6] == 1, Client: parts[8]}, nil
 }
 
 // SessionKey is the key a capability's holder proves: only the controller (which can derive

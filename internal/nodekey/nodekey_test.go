@@ -29,21 +29,22 @@ func TestCredentials(t *testing.T) {
 }
 
 func TestCapabilities(t *testing.T) {
-	c := Capability{Fragment: 1, Namespace: 2, Instance: 3, Client: "cn:1", ReadOnly: true, MaxFileSize: 10, Expires: 99}
+	c := Capability{Fragment: 1, Namespace: 2, Instance: 3, Client: "cn:1", ReadOnly: true, MaxFileSize: 10, Expires: 99, Stripes: true}
 	back, err := ParseCapability(c.String())
 	if err != nil || back != c {
 		t.Fatalf("ParseCapability(%q) = %+v %v", c.String(), back, err)
 	}
-	for _, bad := range []string{"", "cap1:1:2:3", "cap2:1:2:3:0:0:0:x", "cap1:a:2:3:0:0:0:x"} {
+	for _, bad := range []string{"", "cap1:1:2:3", "cap1:1:2:3:0:0:0:x", "cap2:1:2:3:0:0:0:x", "cap2:a:2:3:0:0:0:0:x"} {
 		if _, err := ParseCapability(bad); err == nil {
 			t.Errorf("ParseCapability(%q) accepted", bad)
 		}
 	}
 	storage := Derive("s", "ssd1")
 	k := SessionKey(storage, c.String())
-	c2 := c
+	c2, c3 := c, c
 	c2.Namespace = 5
-	if SessionKey(storage, c2.String()) == k || SessionKey(Derive("s", "ssd2"), c.String()) == k {
+	c3.Stripes = false
+	if SessionKey(storage, c2.String()) == k || SessionKey(storage, c3.String()) == k || SessionKey(Derive("s", "ssd2"), c.String()) == k {
 		t.Error("the session key must change with the capability and the storage node")
 	}
 }

@@ -48,11 +48,13 @@ type netHost struct {
 }
 
 type netCluster struct {
-	t      *testing.T
-	dir    string
-	hosts  map[string]*netHost // ctl, hosta, hostb
-	spaces []string            // every namespace created, the bridge's included
-	client *apiclient.Client
+	t       *testing.T
+	dir     string
+	hosts   map[string]*netHost // ctl, hosta, hostb, and any other
+	storage []string            // the storage nodes (hosta first)
+	compute []string            // the compute nodes (hostb first)
+	spaces  []string            // every namespace created, the bridge's included
+	client  *apiclient.Client
 }
 
 // ip runs the ip command and fails the test if it fails.
@@ -64,6 +66,13 @@ func ip(t *testing.T, args ...string) {
 }
 
 func newNetCluster(t *testing.T) *netCluster {
+	t.Helper()
+	return newNetClusterOf(t, []string{"hosta"}, []string{"hostb"})
+}
+
+// newNetClusterOf is a cluster with these storage nodes and compute nodes (each a host of its
+// own, addresses in the order ctl, storage, compute).
+func newNetClusterOf(t *testing.T, storage, compute []string) *netCluster {
 	t.Helper()
 	requireRoot(t)
 	if _, err := exec.LookPath("ip"); err != nil {
@@ -80,7 +89,7 @@ func newNetCluster(t *testing.T) *netCluster {
 		t.Fatal(err)
 	}
 	os.Chmod(dir, 0o755)
-	c := &netCluster{t: t, dir: dir, hosts: map[string]*netHost{}}
+	c := &netCluster{t: t, dir: dir, hosts: map[string]*netHost{}, storage: storage, compute: compute}
 	t.Cleanup(c.cleanup)
 
 	tag := fmt.Sprintf("%s%d-%d", netnsPrefix, os.Getpid(), time.Now().UnixNano()%100000)
@@ -89,7 +98,7 @@ func newNetCluster(t *testing.T) *netCluster {
 	c.spaces = append(c.spaces, sw)
 	ip(t, "-n", sw, "link", "add", "br0", "type", "bridge")
 	ip(t, "-n", sw, "link", "set", "br0", "up")
-	for i, name := range []string{"ctl", "hosta", "hostb"} {
+	for i, name := range append(append([]string{"ctl"}, storage...), compute...) {
 		h := &netHost{name: name, netns: tag + "-" + name, addr: subnet + strconv.Itoa(i+1)}
 		ip(t, "netns", "add", h.netns)
 		c.spaces = append(c.spaces, h.netns)
@@ -153,11 +162,14 @@ gc_grace = "1s"
 		}
 		return cfg
 	}
-	for name, body := range map[string]string{
-		"ctl":   common + "[agent]\nheartbeat_interval = \"200ms\"\ntoken_file = \"" + token + "\"\n",
-		"hosta": strings.Replace(common, "[controller]", agent(c.hosts["hosta"], true)+"[controller]", 1),
-		"hostb": strings.Replace(common, "[controller]", agent(c.hosts["hostb"], false)+"[controller]", 1),
-	} {
+	bodies := map[string]string{"ctl": common + "[agent]\nheartbeat_interval = \"200ms\"\ntoken_file = \"" + token + "\"\n"}
+	for _, name := range storage {
+		bodies[name] = strings.Replace(common, "[controller]", agent(c.hosts[name], true)+"[controller]", 1)
+	}
+	for _, name := range compute {
+		bodies[name] = strings.Replace(common, "[controller]", agent(c.hosts[name], false)+"[controller]", 1)
+	}
+	for name, body := range bodies {
 		h := c.hosts[name]
 		h.config = filepath.Join(dir, name+".toml")
 		if err := os.WriteFile(h.config, []byte(body), 0o644); err != nil {
@@ -240,7 +252,7 @@ func (c *netCluster) stop(name string, kill bool) {
 }
 
 func (c *netCluster) cleanup() {
-	for _, name := range []string{"hostb", "hosta", "ctl"} {
+	for _, name := range append(append(append([]string(nil), c.compute...), c.storage...), "ctl") {
 		c.stop(name, false)
 	}
 	for i := len(c.spaces) - 1; i >= 0; i-- {
@@ -314,9 +326,17 @@ func (c *netCluster) spillwayMounts(name string) []string {
 	return out
 }
 
-func (c *netCluster) fragments() []os.DirEntry {
-	entries, _ := os.ReadDir(filepath.Join(c.dir, "hosta", "ssd", "fragment"))
-	return entries
+// fragments lists the fragment directories on the storage nodes (hosta, or those named).
+func (c *netCluster) fragments(hosts ...string) []os.DirEntry {
+	if len(hosts) == 0 {
+		hosts = []string{"hosta"}
+	}
+	var out []os.DirEntry
+	for _, h := range hosts {
+		entries, _ := os.ReadDir(filepath.Join(c.dir, h, "ssd", "fragment"))
+		out = append(out, entries...)
+	}
+	return out
 }
 
 // jobFile writes a job script as Slurm stores it.
@@ -337,11 +357,16 @@ func (c *netCluster) assertClean() {
 	if n := len(all.Sessions) + len(all.Instances) + len(all.Fragments) + len(all.Namespaces) + len(all.Activations) + len(all.Stages) + len(all.Registrations) + len(all.Configurations); n != 0 {
 		c.t.Errorf("%d objects left in the controller: %+v", n, all)
 	}
-	if f := c.fragments(); len(f) != 0 {
-		c.t.Errorf("%d fragment directories left on hosta", len(f))
+	if f := c.fragments(c.storage...); len(f) != 0 {
+		c.t.Errorf("%d fragment directories left on the storage nodes", len(f))
 	}
-	if m := c.spillwayMounts("hostb"); len(m) != 0 {
-		c.t.Errorf("mounts left on hostb: %v", m)
+	for _, h := range append(append([]string(nil), c.compute...), c.storage...) {
+		if c.hosts[h].cmd == nil {
+			continue
+		}
+		if m := c.spillwayMounts(h); len(m) != 0 {
+			c.t.Errorf("mounts left on %s: %v", h, m)
+		}
 	}
 	if m := mountsUnder(c.dir); len(m) != 0 {
 		c.t.Errorf("mounts leaked into the test's own mount namespace: %v", m)

@@ -1,6 +1,8 @@
 package slurm
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -23,6 +25,7 @@ import (
 //
 //	ctl  10.78.0.1   slurmctld, the Spillway controller (dw_wlm_cli runs here, as SlurmUser)
 //	bb1  10.78.0.2   a Spillway storage node: the pool's SSD, the data server (warpfs)
+//	bb2  10.78.0.3   a second storage node: a 2 GiB instance is striped over both
 //	cn1  10.78.0.11  a compute node: slurmd and a Spillway agent (client role)
 //	cn2  10.78.0.12  a compute node: slurmd and a Spillway agent (client role)
 //
@@ -45,12 +48,23 @@ type multiHost struct {
 
 type multiCluster struct {
 	*cluster
-	hosts       []*multiHost // ctl, bb1, cn1, cn2
+	hosts       []*multiHost // ctl, bb1, bb2, cn1, cn2
 	bridge      string       // the bridge's namespace
 	madeUser    bool
 	madeMunge   bool
 	slurmPIDs   []string // pid files of slurmctld and the slurmds
 	spillwayBin string
+}
+
+// computeHosts are the hosts that run slurmd: cn1 and cn2.
+func (m *multiCluster) computeHosts() []*multiHost {
+	var out []*multiHost
+	for _, h := range m.hosts {
+		if strings.HasPrefix(h.name, "cn") {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 func (m *multiCluster) host(name string) *multiHost {
@@ -120,7 +134,7 @@ func upMulti(t *testing.T, plugin string) *multiCluster {
 	m.must("ip", "netns", "add", m.bridge)
 	m.must("ip", "-n", m.bridge, "link", "add", "br0", "type", "bridge")
 	m.must("ip", "-n", m.bridge, "link", "set", "br0", "up")
-	for _, h := range []struct{ name, host string }{{"ctl", "1"}, {"bb1", "2"}, {"cn1", "11"}, {"cn2", "12"}} {
+	for _, h := range []struct{ name, host string }{{"ctl", "1"}, {"bb1", "2"}, {"bb2", "3"}, {"cn1", "11"}, {"cn2", "12"}} {
 		mh := &multiHost{name: h.name, netns: tag + "-" + h.name, addr: multiSubnet + h.host}
 		m.must("ip", "netns", "add", mh.netns)
 		m.hosts = append(m.hosts, mh)
@@ -133,7 +147,7 @@ func upMulti(t *testing.T, plugin string) *multiCluster {
 	}
 	m.netns = "/run/netns/" + m.host("ctl").netns
 
-	// Spillway: the controller on ctl, storage on bb1, clients on cn1 and cn2.
+	// Spillway: the controller on ctl, storage on bb1 and bb2, clients on cn1 and cn2.
 	token := filepath.Join(dir, "etc", "token")
 	if err := os.WriteFile(token, []byte("multi-node-test-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -163,8 +177,8 @@ granularity = "1GiB"
 `, dir, ctl.addr, token))
 	for _, h := range m.hosts[1:] {
 		role := ""
-		if h.name == "bb1" {
-			role = fmt.Sprintf("pool = \"wlm_pool\"\nssd_path = \"%s/ssd\"\ncapacity = \"8GiB\"\ndata_listen = \"%s:7702\"\n", dir, h.addr)
+		if strings.HasPrefix(h.name, "bb") {
+			role = fmt.Sprintf("pool = \"wlm_pool\"\nssd_path = \"%s/ssd/%s\"\ncapacity = \"8GiB\"\ndata_listen = \"%s:7702\"\n", dir, h.name, h.addr)
 		}
 		m.writeConfig(filepath.Join(dir, "etc", h.name+".toml"), fmt.Sprintf(`[agent]
 name = %[1]q
@@ -193,8 +207,8 @@ connect_timeout = "1s"
 		m.startDaemon(h, "nsenter", "--net=/run/netns/"+h.netns, "--", "unshare", "--mount", "--uts", "--propagation", "slave", "--",
 			"sh", "-c", `hostname "$1" && exec "$2" agent --config "$3"`, "sh", h.name, m.spillwayBin, filepath.Join(dir, "etc", h.name+".toml"))
 	}
-	m.waitFor(30*time.Second, "the three agents to be online", func() bool {
-		return len(regexp.MustCompile(`(?m)^ *(bb1|cn1|cn2) .* online `).FindAllString(m.admin("dwstat", "nodes").stdout, -1)) == 3
+	m.waitFor(30*time.Second, "the four agents to be online", func() bool {
+		return len(regexp.MustCompile(`(?m)^ *(bb1|bb2|cn1|cn2) .* online `).FindAllString(m.admin("dwstat", "nodes").stdout, -1)) == 4
 	})
 	for _, h := range []string{"cn1", "cn2"} {
 		m.mountTables = append(m.mountTables, fmt.Sprintf("/proc/%d/mounts", m.host(h).daemon.Process.Pid))
@@ -249,7 +263,7 @@ func (m *multiCluster) startSlurm() {
 	cpus := strconv.Itoa(runtime.NumCPU()) // what slurmd finds; a node may not claim more
 	d := m.dir
 	var nodes strings.Builder
-	for _, h := range m.hosts[2:] {
+	for _, h := range m.computeHosts() {
 		os.MkdirAll(filepath.Join(d, "slurm", "spool-"+h.name), 0o755)
 		fmt.Fprintf(&nodes, "NodeName=%s NodeAddr=%s CPUs=%s RealMemory=500 State=UNKNOWN\n", h.name, h.addr, cpus)
 	}
@@ -307,7 +321,7 @@ OtherTimeout=300
 		"/usr/sbin/slurmctld", "-f", filepath.Join(d, "etc/slurm.conf"))
 	m.must("nsenter", slurmctld...)
 	m.slurmPIDs = append(m.slurmPIDs, filepath.Join(d, "run/slurmctld.pid"))
-	for _, h := range m.hosts[2:] {
+	for _, h := range m.computeHosts() {
 		m.must("nsenter", "-t", strconv.Itoa(h.daemon.Process.Pid), "--net", "--mount", "--uts", "--",
 			"/usr/sbin/slurmd", "-f", filepath.Join(d, "etc/slurm.conf"), "-N", h.name)
 		m.slurmPIDs = append(m.slurmPIDs, filepath.Join(d, "run", "slurmd-"+h.name+".pid"))
@@ -316,7 +330,7 @@ OtherTimeout=300
 		return strings.TrimSpace(m.admin("sinfo", "-h", "-o", "%T %D").stdout) == "idle 2"
 	})
 	m.waitFor(30*time.Second, "Slurm seeing Spillway's pool", func() bool {
-		return strings.Contains(m.admin("scontrol", "show", "burst").stdout, "TotalSpace=8GiB")
+		return strings.Contains(m.admin("scontrol", "show", "burst").stdout, "TotalSpace=16GiB")
 	})
 }
 
@@ -382,6 +396,7 @@ func stopPIDFile(t *testing.T, path string) {
 func TestMultiNodeDatawarp(t *testing.T) {
 	m := upMulti(t, "datawarp")
 	m.run("two_nodes_striped_private", (*cluster).twoNodes)
+	m.run("spans_both_storage_nodes", func(c *cluster, t *testing.T) { c.spansBothStorageNodes(t, m) })
 	m.run("only_the_jobs_nodes", (*cluster).onlyJobsNodes)
 	m.run("persistent_on_two_nodes", (*cluster).persistentTwoNodes)
 	m.run("storage_node_dies", func(c *cluster, t *testing.T) { c.storageNodeDies(t, m) })
@@ -428,6 +443,41 @@ srun sh -c 'echo "$(hostname) sees [$(ls "$DW_JOB_STRIPED/out" | tr "\n" " ")] p
 		if got := c.read("out-" + id + "/from-" + node); got != "from the PFS\n" {
 			t.Errorf("staged-out out-%s/from-%s: %q", id, node, got)
 		}
+	}
+	c.assertGone(id)
+}
+
+// A 2 GiB job on 1 GiB grains is striped over both storage nodes: a file written on cn1 is
+// read whole on cn2, its stripes are on bb1 and bb2, and it is staged out whole.
+func (c *cluster) spansBothStorageNodes(t *testing.T, m *multiCluster) {
+	id := c.sbatch("span.sh", `#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=1 --output=span-%j.out
+#DW jobdw type=scratch access_mode=striped capacity=2GiB`+c.pool()+`
+#DW stage_out type=file source=$DW_JOB_STRIPED/data destination=%d/span-%j.data
+set -e
+srun -N1 -n1 -w cn1 sh -c 'head -c 25000000 /dev/urandom > "$DW_JOB_STRIPED/data"; sha256sum < "$DW_JOB_STRIPED/data" > "$DW_JOB_STRIPED/sum"'
+srun -N1 -n1 -w cn2 sh -c 'echo "cn2 reads $(sha256sum < "$DW_JOB_STRIPED/data") wrote $(cat "$DW_JOB_STRIPED/sum")"'
+`+m.spillwayBin+` stripes "$DW_JOB_STRIPED/data"
+cat "$DW_JOB_STRIPED/sum" > span-sum
+`)
+	j := c.waitEnd(id, 2*time.Minute)
+	out := c.read("span-" + id + ".out")
+	if j["JobState"] != "COMPLETED" {
+		t.Fatalf("job %s: %s %s\n%s", id, j["JobState"], j["ExitCode"], out)
+	}
+	if m := regexp.MustCompile(`cn2 reads (\w+)  - wrote (\w+)  -`).FindStringSubmatch(out); m == nil || m[1] != m[2] {
+		t.Errorf("cn2 does not read what cn1 wrote:\n%s", out)
+	}
+	// spillway stripes: SERVER NODE STRIPES BYTES FIRST, a line per storage node.
+	for _, server := range []string{"bb1", "bb2"} {
+		if !regexp.MustCompile(`(?m)^\s+\d+\s+` + server + `\s+[1-9]\d*\s+[1-9]`).MatchString(out) {
+			t.Errorf("%s holds none of the striped file:\n%s", server, out)
+		}
+	}
+	staged, _ := os.ReadFile(filepath.Join(c.pfs, "span-"+id+".data"))
+	sum := sha256.Sum256(staged)
+	if want := c.read("span-sum"); len(staged) != 25000000 || !strings.HasPrefix(want, hex.EncodeToString(sum[:])) {
+		t.Errorf("staged out %d bytes, sha256 %x; the job wrote %s", len(staged), sum, want)
 	}
 	c.assertGone(id)
 }
@@ -489,6 +539,11 @@ srun -N1 -n1 -w cn2 sh -c 'echo "$(hostname) reads: $(cat "$DW_PERSISTENT_STRIPE
 // post_run and teardown complete with the node still down, and when the node comes back its
 // agent deletes the orphaned fragment: the pool is whole again.
 func (c *cluster) storageNodeDies(t *testing.T, m *multiCluster) {
+	// The job's instance on bb1 alone: bb2 takes no new instance meanwhile.
+	if r := c.admin("dwcli", "update", "node", "--name", "bb2", "--drain"); r.code != 0 {
+		t.Fatalf("draining bb2: %v", r)
+	}
+	defer c.admin("dwcli", "update", "node", "--name", "bb2", "--fill")
 	id := c.sbatch("dies.sh", `#!/bin/bash
 #SBATCH -N2 --ntasks-per-node=1 --output=dies-%j.out
 #DW jobdw type=scratch access_mode=striped capacity=1GiB`+c.pool()+`

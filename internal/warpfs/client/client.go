@@ -88,8 +88,11 @@ type Options struct {
 	Instance    int64
 	ReadOnly    bool
 	MaxFileSize uint64
-	Limits      Limits
-	Log         *log.Logger
+	// Stripes asks for the fragment's stripe objects (a striped instance's file data)
+	// instead of namespace Namespace.
+	Stripes bool
+	Limits  Limits
+	Log     *log.Logger
 }
 
 // RefusedError is the storage node refusing the handshake: wrong token, unknown namespace,
@@ -426,7 +429,7 @@ func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
 	}
 	auth := proto.Auth{Proof: proto.ClientProof(key, ch.Nonce, hello.Nonce), Client: c.opt.Client,
 		Fragment: c.opt.Fragment, Namespace: c.opt.Namespace, Instance: c.opt.Instance,
-		ReadOnly: c.opt.ReadOnly, MaxFileSize: c.opt.MaxFileSize, Capability: c.opt.Capability}
+		ReadOnly: c.opt.ReadOnly, MaxFileSize: c.opt.MaxFileSize, Capability: c.opt.Capability, Stripes: c.opt.Stripes}
 	if _, err := nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, ID: 2}, &auth)); err != nil {
 		return fail(err)
 	}

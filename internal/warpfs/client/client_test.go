@@ -113,7 +113,7 @@ func startServer(t *testing.T) string {
 		t.Fatal(err)
 	}
 	srv := server.New(server.Options{Token: token, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Resolve: func(f, n, i int64) (server.Target, error) {
+		Resolve: func(f, n, i int64, stripes bool) (server.Target, error) {
 			return server.Target{Dir: dir, Tracker: usage.New("instance 1", 1<<20)}, nil
 		}})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -90,6 +90,9 @@ type Auth struct {
 	// Capability is the controller's grant of this mount (package nodekey), whose session key
 	// the proofs use; "" when the proofs use the cluster's shared secret.
 	Capability string
+	// Stripes asks for the fragment's stripe objects (the data of a striped instance's files)
+	// instead of a namespace; Namespace is then 0.
+	Stripes bool
 }
 
 func (m *Auth) Encode(e *Enc) {
@@ -101,6 +104,7 @@ func (m *Auth) Encode(e *Enc) {
 	e.Bool(m.ReadOnly)
 	e.U64(m.MaxFileSize)
 	e.Str(m.Capability)
+	e.Bool(m.Stripes)
 }
 
 func (m *Auth) Decode(d *Dec) {
@@ -110,6 +114,7 @@ func (m *Auth) Decode(d *Dec) {
 	m.ReadOnly = d.Bool()
 	m.MaxFileSize = d.U64()
 	m.Capability = d.Str(MaxCapability)
+	m.Stripes = d.Bool()
 }
 
 // MaxCapability bounds a capability's text.
@@ -157,6 +162,9 @@ const (
 	SetAtimeNow    = 1 << 7
 	SetMtimeNow    = 1 << 8
 	SetKillSUIDGID = 1 << 11
+	// SetSizeAtLeast grows a striped file's logical size to Size, never shrinking it: what a
+	// writer reports after writing, so that two writers' reports cannot undo each other.
+	SetSizeAtLeast = 1 << 30
 )
 
 // SetattrReq changes what Valid says of a node (by handle, or path when Handle is 0).
@@ -208,10 +216,39 @@ func (m *OpenReq) Decode(d *Dec) { m.Path = d.Str(MaxPath); m.Flags = d.U32() }
 type OpenReply struct {
 	Handle uint64
 	Attr   Attr
+	// Layout is the file's stripe layout (package stripe's encoding) when its data lives in
+	// stripe objects on the instance's servers; empty when the data is in the file itself.
+	Layout []byte
+	// Truncated says the open (O_TRUNC) emptied an existing striped file: its objects must be
+	// truncated too.
+	Truncated bool
 }
 
-func (m *OpenReply) Encode(e *Enc) { e.U64(m.Handle); m.Attr.Encode(e) }
-func (m *OpenReply) Decode(d *Dec) { m.Handle = d.U64(); m.Attr.Decode(d) }
+func (m *OpenReply) Encode(e *Enc) {
+	e.U64(m.Handle)
+	m.Attr.Encode(e)
+	e.Bytes(m.Layout)
+	e.Bool(m.Truncated)
+}
+func (m *OpenReply) Decode(d *Dec) {
+	m.Handle = d.U64()
+	m.Attr.Decode(d)
+	m.Layout = d.Bytes(MaxLayout)
+	m.Truncated = d.Bool()
+}
+
+// MaxLayout bounds an encoded stripe layout.
+const MaxLayout = 256
+
+// RemovedReply answers UNLINK and RENAME: the stripe layout of the file whose last name the
+// request removed (the unlinked file, or the file a rename replaced), so that the client can
+// remove its stripe objects; empty if no striped file lost its last name.
+type RemovedReply struct {
+	Layout []byte
+}
+
+func (m *RemovedReply) Encode(e *Enc) { e.Bytes(m.Layout) }
+func (m *RemovedReply) Decode(d *Dec) { m.Layout = d.Bytes(MaxLayout) }
 
 // CreateReq creates and opens a file Name in directory Dir (CREATE), or an unnamed file in
 // Dir (TMPFILE, Name ""), owned by the caller.
@@ -561,7 +598,9 @@ func NewReply(op Op) Message {
 		return &StatfsReply{}
 	case OpGetxattr, OpListxattr:
 		return &XattrReply{}
-	case OpPing, OpUnlink, OpRmdir, OpRename, OpRelease, OpFsync, OpFallocate, OpSetxattr, OpRemovexattr:
+	case OpUnlink, OpRename:
+		return &RemovedReply{}
+	case OpPing, OpRmdir, OpRelease, OpFsync, OpFallocate, OpSetxattr, OpRemovexattr:
 		return &Empty{}
 	}
 	return nil

@@ -47,8 +47,8 @@ const Magic uint32 = 0x53505746
 
 // Versions this package speaks. A peer picks the highest both support.
 const (
-	MinVersion uint16 = 2
-	MaxVersion uint16 = 2
+	MinVersion uint16 = 3
+	MaxVersion uint16 = 3
 )
 
 // Sizes and limits of the protocol.
@@ -84,9 +84,9 @@ const (
 	OpMknod       Op = 23 // MkdirReq → AttrReply
 	OpSymlink     Op = 24 // SymlinkReq → AttrReply
 	OpLink        Op = 25 // LinkReq → AttrReply
-	OpUnlink      Op = 26 // EntryReq → Empty
+	OpUnlink      Op = 26 // EntryReq → RemovedReply
 	OpRmdir       Op = 27 // EntryReq → Empty
-	OpRename      Op = 28 // RenameReq → Empty
+	OpRename      Op = 28 // RenameReq → RemovedReply
 	OpReadlink    Op = 29 // PathReq → DataReply
 	OpOpendir     Op = 30 // PathReq → HandleReply
 	OpReaddir     Op = 31 // ReaddirReq → ReaddirReply

@@ -41,7 +41,8 @@ type Target struct {
 
 // Resolver finds the namespace a client names in its handshake, or says why it cannot be
 // served (the message goes back to the client).
-type Resolver func(fragment, namespace, instance int64) (Target, error)
+// stripes asks for the fragment's stripe objects rather than a namespace.
+type Resolver func(fragment, namespace, instance int64, stripes bool) (Target, error)
 
 // Limits bound what the server spends on clients. Zero fields mean the defaults.
 type Limits struct {
@@ -369,7 +370,7 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 	if s.opt.Resolve == nil {
 		return nil, s.refuse(nc, h, &refused{syscall.ENOENT, "this node serves no namespaces"})
 	}
-	t, err := s.opt.Resolve(auth.Fragment, auth.Namespace, auth.Instance)
+	t, err := s.opt.Resolve(auth.Fragment, auth.Namespace, auth.Instance, auth.Stripes)
 	if err != nil {
 		return nil, s.refuse(nc, h, &refused{syscall.ENOENT, err.Error()})
 	}
@@ -700,7 +701,7 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			return nil, 0, errno
 		}
 		id, errno := s.add(hd)
-		return &proto.OpenReply{Handle: id, Attr: attr}, 0, errno
+		return &proto.OpenReply{Handle: id, Attr: attr, Layout: hd.layout, Truncated: hd.truncated}, 0, errno
 	}
 	attrReply := func(a proto.Attr, errno syscall.Errno) (proto.Message, int, syscall.Errno) {
 		return &proto.AttrReply{Attr: a}, 0, errno
@@ -757,9 +758,14 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 	case *proto.LinkReq:
 		return attrReply(v.link(r))
 	case *proto.EntryReq:
-		return empty(v.unlink(r, op == proto.OpRmdir))
+		layout, errno := v.unlink(r, op == proto.OpRmdir)
+		if op == proto.OpRmdir {
+			return empty(errno)
+		}
+		return &proto.RemovedReply{Layout: layout}, 0, errno
 	case *proto.RenameReq:
-		return empty(v.rename(r))
+		layout, errno := v.rename(r)
+		return &proto.RemovedReply{Layout: layout}, 0, errno
 	case *proto.ReaddirReq:
 		var rep proto.ReaddirReply
 		errno := withHandle(r.Handle, func(hd *handle) (e syscall.Errno) {
@@ -865,7 +871,7 @@ func (s *Server) proofKey(auth *proto.Auth) ([]byte, *refused) {
 	if err != nil {
 		return nil, &refused{syscall.EACCES, "malformed capability: " + err.Error()}
 	}
-	if c.Fragment != auth.Fragment || c.Namespace != auth.Namespace || c.Instance != auth.Instance || c.Client != auth.Client {
+	if c.Fragment != auth.Fragment || c.Namespace != auth.Namespace || c.Instance != auth.Instance || c.Client != auth.Client || c.Stripes != auth.Stripes {
 		return nil, &refused{syscall.EACCES, fmt.Sprintf("client %q asked for namespace %d of fragment %d with a capability for namespace %d of fragment %d on node %q",
 			auth.Client, auth.Namespace, auth.Fragment, c.Namespace, c.Fragment, c.Client)}
 	}

@@ -79,7 +79,7 @@ func newFixtureHolding(t *testing.T, lim Limits, held, node string) *fixture {
 	}
 	f.addr = l.Addr().String()
 	log := slog.New(slog.NewTextHandler(f.logs, nil))
-	f.srv = New(Options{Token: held, Node: node, Log: log, Limits: lim, Resolve: func(fragment, namespace, instance int64) (Target, error) {
+	f.srv = New(Options{Token: held, Node: node, Log: log, Limits: lim, Resolve: func(fragment, namespace, instance int64, stripes bool) (Target, error) {
 		if namespace != 1 {
 			return Target{}, errors.New("namespace 2 does not exist on this node")
 		}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
 
 // volume is one session's view of a namespace.
@@ -40,6 +41,10 @@ type volume struct {
 	asRoot      bool  // the server runs as root: new entries are chowned to their creator
 	inodes      *inodeTable
 	noteFull    func(requested uint64)
+	// striped: the namespace of a striped instance, whose regular files are stubs of stripe
+	// objects (striped.go); rootLayout is the instance's default layout.
+	striped    bool
+	rootLayout stripe.Layout
 }
 
 // openVolume opens the namespace root dir. dir itself is the agent's (the fragment's path under
@@ -49,8 +54,10 @@ func openVolume(dir string, t *usage.Tracker, inodes *inodeTable) (*volume, erro
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	return &volume{rootFd: fd, tracker: t, inodes: inodes,
-		asRoot: os.Geteuid() == 0, noteFull: func(uint64) {}}, nil
+	v := &volume{rootFd: fd, tracker: t, inodes: inodes,
+		asRoot: os.Geteuid() == 0, noteFull: func(uint64) {}}
+	v.rootLayout, v.striped = readLayout(fd)
+	return v, nil
 }
 
 func (v *volume) close() { unix.Close(v.rootFd) }
@@ -224,7 +231,10 @@ func (v *volume) lookup(path string) (proto.Attr, syscall.Errno) {
 	if err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
-	return toAttr(&st), 0
+	if name == "" {
+		return toAttr(&st), 0
+	}
+	return v.attrAt(dirfd, name, &st), 0
 }
 
 func (v *volume) getattr(path string, h *handle) (proto.Attr, syscall.Errno) {
@@ -235,7 +245,7 @@ func (v *volume) getattr(path string, h *handle) (proto.Attr, syscall.Errno) {
 	if err := unix.Fstat(h.fd, &st); err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
-	return toAttr(&st), 0
+	return v.stubAttr(h.fd, &st), 0
 }
 
 func (v *volume) chmod(t *target, mode uint32) error {
@@ -330,14 +340,23 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 		return proto.Attr{}, errno
 	}
 	defer t.done()
-	if r.Valid&proto.SetSize != 0 {
+	if r.Valid&(proto.SetSize|proto.SetSizeAtLeast) != 0 {
 		switch {
 		case t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR:
 			return proto.Attr{}, syscall.EISDIR
 		case !t.regular():
 			return proto.Attr{}, syscall.EINVAL
 		}
-		if errno := v.truncate(t, r.Size); errno != 0 {
+		if _, stub := v.stubOf(t); stub {
+			if errno := v.setLength(t, r.Size, r.Valid&proto.SetSize == 0); errno != 0 {
+				return proto.Attr{}, errno
+			}
+			if r.Valid&proto.SetSize != 0 && r.Valid&(proto.SetMtime|proto.SetMtimeNow) == 0 {
+				r.Valid |= proto.SetMtimeNow // what truncate(2) does to a file's times
+			}
+		} else if r.Valid&proto.SetSize == 0 {
+			return proto.Attr{}, syscall.EINVAL
+		} else if errno := v.truncate(t, r.Size); errno != 0 {
 			return proto.Attr{}, errno
 		}
 	}
@@ -393,7 +412,7 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 	if err := unix.Fstat(t.fd, &st); err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
-	return toAttr(&st), 0
+	return v.stubAttr(t.fd, &st), 0
 }
 
 // openFlags keeps the open(2) flags that mean something for a file the server opens on a
@@ -462,7 +481,18 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 		v.own(t, parent, uid, gid, mode)
 	}
 	h := v.newFile(fd, flags, &st, false)
-	if !created && flags&unix.O_TRUNC != 0 && st.Size > 0 {
+	if l, stub := v.stubOf(t); stub {
+		// The client truncates the objects of a striped file opened with O_TRUNC.
+		if !created && flags&unix.O_TRUNC != 0 && l.Length > 0 {
+			if errno := v.setLength(t, 0, false); errno != 0 {
+				v.closeFile(h)
+				return nil, proto.Attr{}, errno
+			}
+			l.Length = 0
+			h.truncated = true
+		}
+		h.layout = l.Encode()
+	} else if !created && flags&unix.O_TRUNC != 0 && st.Size > 0 {
 		if errno := v.truncate(t, 0); errno != 0 {
 			v.closeFile(h)
 			return nil, proto.Attr{}, errno
@@ -472,7 +502,7 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 		v.closeFile(h)
 		return nil, proto.Attr{}, errnoOf(err)
 	}
-	return h, toAttr(&st), 0
+	return h, v.stubAttr(fd, &st), 0
 }
 
 // own gives a new entry to its creator: the caller's uid, and the caller's gid or the
@@ -518,6 +548,9 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	if err := unix.Fstat(dirfd, &parent); err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
+	if v.striped {
+		return v.createStub(dirfd, &parent, r, uid, gid)
+	}
 	base := openFlags(r.Flags)
 	created := true
 	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
@@ -559,8 +592,17 @@ func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.At
 		return nil, proto.Attr{}, errnoOf(err)
 	}
 	v.own(&target{fd: fd, real: true, st: st}, &parent, uid, gid, r.Mode)
+	l, striped, errno := v.layoutFor(fd, dirfd)
+	if errno != 0 {
+		unix.Close(fd)
+		return nil, proto.Attr{}, errno
+	}
 	unix.Fstat(fd, &st)
-	return v.newFile(fd, r.Flags, &st, true), toAttr(&st), 0
+	h := v.newFile(fd, r.Flags, &st, true)
+	if striped {
+		h.layout = l.Encode()
+	}
+	return h, v.stubAttr(fd, &st), 0
 }
 
 // made finishes an entry mkdir, mknod or symlink created: owner, mode, attributes.
@@ -610,6 +652,7 @@ func (v *volume) mkdir(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 	if err := unix.Mkdirat(dirfd, r.Name, r.Mode&0o7777); err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
+	v.inheritLayout(dirfd, dirfd, r.Name)
 	return v.made(dirfd, r.Name, parent, unix.O_RDONLY|unix.O_DIRECTORY, uid, gid, r.Mode)
 }
 
@@ -626,6 +669,18 @@ func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 	}
 	if err := unix.Mknodat(dirfd, r.Name, r.Mode, int(r.Rdev)); err != nil {
 		return proto.Attr{}, errnoOf(err)
+	}
+	if r.Mode&syscall.S_IFMT == syscall.S_IFREG && v.striped {
+		fd, err := unix.Openat(dirfd, r.Name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return proto.Attr{}, errnoOf(err)
+		}
+		_, _, errno := v.layoutFor(fd, dirfd)
+		unix.Close(fd)
+		if errno != 0 {
+			unix.Unlinkat(dirfd, r.Name, 0)
+			return proto.Attr{}, errno
+		}
 	}
 	return v.made(dirfd, r.Name, parent, unix.O_PATH, uid, gid, r.Mode)
 }
@@ -659,6 +714,10 @@ func (v *volume) link(r *proto.LinkReq) (proto.Attr, syscall.Errno) {
 	if srcName == "" {
 		return proto.Attr{}, syscall.EPERM // the root directory
 	}
+	if v.removedLayout(srcDir, srcName) != nil {
+		// A striped file has one name: its objects go when that name does (docs/mounts.md).
+		return proto.Attr{}, syscall.EPERM
+	}
 	if err := unix.Linkat(srcDir, srcName, dirfd, r.Name, 0); err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
@@ -666,7 +725,7 @@ func (v *volume) link(r *proto.LinkReq) (proto.Attr, syscall.Errno) {
 	if err := unix.Fstatat(dirfd, r.Name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
-	return toAttr(&st), 0
+	return v.attrAt(dirfd, r.Name, &st), 0
 }
 
 // removal is what dropping one name of a regular file gives back.
@@ -713,47 +772,57 @@ func (v *volume) finish(r removal, removed bool) {
 	}
 }
 
-func (v *volume) unlink(r *proto.EntryReq, dir bool) syscall.Errno {
+// unlink removes a name; for a striped file it returns the layout, whose objects the client
+// removes.
+func (v *volume) unlink(r *proto.EntryReq, dir bool) ([]byte, syscall.Errno) {
 	if v.readOnly {
-		return syscall.EROFS
+		return nil, syscall.EROFS
 	}
 	if !validName(r.Name) {
-		return syscall.EINVAL
+		return nil, syscall.EINVAL
 	}
 	dirfd, done, errno := v.dirAt(r.Dir)
 	if errno != 0 {
-		return errno
+		return nil, errno
 	}
 	defer done()
 	if dir {
-		return errnoOf(unix.Unlinkat(dirfd, r.Name, unix.AT_REMOVEDIR))
+		return nil, errnoOf(unix.Unlinkat(dirfd, r.Name, unix.AT_REMOVEDIR))
 	}
 	rm, isFile := v.prepareRemoval(dirfd, r.Name)
+	var layout []byte
+	if isFile {
+		layout = v.removedLayout(dirfd, r.Name)
+	}
 	err := unix.Unlinkat(dirfd, r.Name, 0)
 	if isFile {
 		v.finish(rm, err == nil)
 	}
-	return errnoOf(err)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	return layout, 0
 }
 
-func (v *volume) rename(r *proto.RenameReq) syscall.Errno {
+// rename moves a name; when it replaces a striped file, it returns that file's layout.
+func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 	if v.readOnly {
-		return syscall.EROFS
+		return nil, syscall.EROFS
 	}
 	if !validName(r.Name) || !validName(r.NewName) {
-		return syscall.EINVAL
+		return nil, syscall.EINVAL
 	}
 	if r.Flags&^(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE|unix.RENAME_WHITEOUT) != 0 {
-		return syscall.EINVAL
+		return nil, syscall.EINVAL
 	}
 	olddir, doneOld, errno := v.dirAt(r.Dir)
 	if errno != 0 {
-		return errno
+		return nil, errno
 	}
 	defer doneOld()
 	newdir, doneNew, errno := v.dirAt(r.NewDir)
 	if errno != 0 {
-		return errno
+		return nil, errno
 	}
 	defer doneNew()
 	// A rename that replaces a regular file removes the replaced file's name.
@@ -768,11 +837,18 @@ func (v *volume) rename(r *proto.RenameReq) syscall.Errno {
 			rm, replacing = v.prepareRemoval(newdir, r.NewName)
 		}
 	}
+	var layout []byte
+	if replacing {
+		layout = v.removedLayout(newdir, r.NewName)
+	}
 	err := unix.Renameat2(olddir, r.Name, newdir, r.NewName, uint(r.Flags))
 	if replacing {
 		v.finish(rm, err == nil)
 	}
-	return errnoOf(err)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	return layout, 0
 }
 
 func (v *volume) readlink(path string) ([]byte, syscall.Errno) {
@@ -1055,6 +1131,9 @@ func (v *volume) xattr(op proto.Op, r *proto.XattrReq, h *handle) (proto.XattrRe
 		return proto.XattrReply{}, errno
 	}
 	defer t.done()
+	if rep, errno, handled := v.layoutXattr(op, r, t); handled {
+		return rep, errno
+	}
 	var buf []byte
 	if r.Size > 0 {
 		buf = make([]byte, min(r.Size, proto.MaxXattr))
@@ -1076,6 +1155,10 @@ func (v *volume) xattr(op proto.Op, r *proto.XattrReq, h *handle) (proto.XattrRe
 	}
 	if r.Size == 0 {
 		return proto.XattrReply{Size: uint32(n)}, 0
+	}
+	if op == proto.OpListxattr {
+		buf = hideXattrs(buf[:n])
+		n = len(buf)
 	}
 	return proto.XattrReply{Size: uint32(n), Data: buf[:n]}, 0
 }
@@ -1177,4 +1260,7 @@ type handle struct {
 
 	refs    int // guarded by the session's handle lock
 	removed bool
+
+	layout    []byte // a striped file's layout, for the open's reply
+	truncated bool   // the open emptied the striped file (O_TRUNC)
 }

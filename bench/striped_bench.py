@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Striped instances: how bandwidth and small I/O scale with the number of storage nodes.
+
+Prints the figures and writes them into BENCHMARKS.md between <!-- striped:begin --> and
+<!-- striped:end -->. A real cluster in network namespaces (a controller, four storage nodes
+s1-s4 and two compute nodes c1, c2, as bench/warpfs_bench.py builds it), and fio (Debian's)
+run as an ordinary user on the compute nodes, against a job instance of 1, 2 and 4 GiB on
+1 GiB grains: the bandwidth strategy places it on 1, 2 and 4 storage nodes, and striping
+spreads every file over all of them.
+
+Measured, for 1, 2 and 4 servers:
+  * scaling: every storage node's link capped with tc (tbf, --cap-mbit each way), sequential
+    1 MiB writes and reads by one client with 4 streams, and by both clients together
+    (2 streams each); the ratio to the one-server figure is what striping buys;
+  * uncapped: sequential 1 MiB (1 and 4 streams) and 64 KiB (4 streams), 4 KiB random reads
+    and writes (libaio, O_DIRECT, iodepth 32), 4 KiB write+fdatasync latency (p50), and
+    file create, stat and unlink rates (one process, --files files);
+  * co-located: a one-server instance used on its own storage node (one stream);
+  * the ceiling: the same fio jobs on the raw file system under the storage nodes.
+Writes end with an fsync (fio end_fsync); reads follow a drop of the page cache. fio does
+not preallocate (fallocate=none), as applications writing a checkpoint do not.
+
+Usage: sudo python3 bench/striped_bench.py [--binary bin/spillway] [--size-mib 1024]
+                                           [--cap-mbit 800] [--files 2000] [--no-write]
+Needs root, iproute2 (ip, tc), util-linux, fio, python3, and a built binary.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from benchmarks_md import write_section
+from warpfs_bench import Cluster, NOBODY, ROOT, drop_caches, sh
+
+STORAGE = ("s1", "s2", "s3", "s4")
+COMPUTE = ("c1", "c2")
+
+# The small-file loop, run as the user on a compute node: seconds for each phase.
+FILES_SCRIPT = r"""
+import os, sys, time
+d, n = sys.argv[1], int(sys.argv[2])
+os.makedirs(d, exist_ok=True)
+names = [os.path.join(d, "f%d" % i) for i in range(n)]
+t = [time.perf_counter()]
+for p in names:
+    os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+t.append(time.perf_counter())
+for p in names:
+    os.stat(p)
+t.append(time.perf_counter())
+for p in names:
+    os.unlink(p)
+t.append(time.perf_counter())
+print(" ".join("%.6f" % (t[i + 1] - t[i]) for i in range(3)))
+"""
+
+
+class Bench:
+    def __init__(self, c, a, work):
+        self.c, self.a, self.work = c, a, work
+
+    def run_on(self, host, script):
+        if host is None:  # the raw file system, in the machine's own namespaces
+            cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", "/bin/sh", "-c", script]
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
+        else:
+            r = self.c.on(host, script)
+        if r.returncode != 0:
+            sys.exit(f"on {host or 'the raw file system'}: {script}\n{r.stdout}{r.stderr}")
+        return r.stdout
+
+    def fio(self, host, directory, name, rw, bs, size_mib, streams, extra=""):
+        """One fio run; returns its JSON."""
+        each = max(1, size_mib // streams)
+        cmd = (f"fio --name={name} --directory={directory} --rw={rw} --bs={bs} --size={each}M "
+               f"--numjobs={streams} --group_reporting --fallocate=none --output-format=json {extra}")
+        out = self.run_on(host, cmd)
+        return json.loads(out[out.index("{"):])
+
+    def seq(self, host, directory, bs, streams, size_mib=None):
+        """Sequential write (fsync at the end) then read after a cache drop: bytes/s each."""
+        size = size_mib or self.a.size_mib
+        name = f"seq{bs}x{streams}"
+        drop_caches()
+        w = self.fio(host, directory, name, "write", bs, size, streams, "--end_fsync=1")
+        drop_caches()
+        r = self.fio(host, directory, name, "read", bs, size, streams)
+        self.run_on(host, f"rm -f {directory}/{name}.*")
+        return w["jobs"][0]["write"]["bw_bytes"], r["jobs"][0]["read"]["bw_bytes"]
+
+    def random(self, host, directory):
+        """4 KiB random reads and writes, O_DIRECT, iodepth 32: IOPS each."""
+        size = min(256, self.a.size_mib)
+        base = f"--bs=4k --ioengine=libaio --iodepth=32 --direct=1 --runtime={self.a.runtime} --time_based"
+        self.fio(host, directory, "rand", "write", "1M", size, 1, "--end_fsync=1")  # lay the file out
+        drop_caches()
+        r = self.fio(host, directory, "rand", "randread", "4k", size, 1, base)
+        w = self.fio(host, directory, "rand", "randwrite", "4k", size, 1, base)
+        self.run_on(host, f"rm -f {directory}/rand.*")
+        return r["jobs"][0]["read"]["iops"], w["jobs"][0]["write"]["iops"]
+
+    def fdatasync_p50(self, host, directory):
+        """Median latency of a 4 KiB write followed by fdatasync, in microseconds."""
+        j = self.fio(host, directory, "sync", "write", "4k", 4, 1, "--fdatasync=1 --ioengine=psync")
+        job = j["jobs"][0]
+        sync = job.get("sync", {}).get("lat_ns", {}).get("percentile", {}).get("50.000000")
+        write = job["write"]["clat_ns"]["percentile"]["50.000000"]
+        self.run_on(host, f"rm -f {directory}/sync.*")
+        return ((sync or 0) + write) / 1000
+
+    def files(self, host, directory):
+        """Creates, stats and unlinks per second."""
+        script = os.path.join(self.work, "files.py")
+        with open(script, "w") as f:
+            f.write(FILES_SCRIPT)
+        out = self.run_on(host, f"python3 {script} {directory}/files {self.a.files}")
+        return [self.a.files / float(x) for x in out.split()]
+
+    def all_uncapped(self, host, directory):
+        w1, r1 = self.seq(host, directory, "1M", 1)
+        w4, r4 = self.seq(host, directory, "1M", 4)
+        w64, r64 = self.seq(host, directory, "64k", 4, size_mib=max(64, self.a.size_mib // 4))
+        rr, rw = self.random(host, directory)
+        p50 = self.fdatasync_p50(host, directory)
+        creates, stats, unlinks = self.files(host, directory)
+        return {"w1": w1, "r1": r1, "w4": w4, "r4": r4, "w64": w64, "r64": r64, "rr": rr, "rw": rw,
+                "sync": p50, "create": creates, "stat": stats, "unlink": unlinks}
+
+    def two_clients(self, directory, op):
+        """Both compute nodes at once, 2 streams each: total bytes/s."""
+        size = self.a.size_mib // 2
+        results, threads = {}, []
+
+        def one(host):
+            extra = "--end_fsync=1" if op == "write" else ""
+            results[host] = self.fio(host, directory, f"two-{host}", op, "1M", size, 2, extra)
+        start = time.time()
+        for host in COMPUTE:
+            threads.append(threading.Thread(target=one, args=(host,)))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+        wall = time.time() - start
+        moved = sum(r["jobs"][0][op]["io_bytes"] for r in results.values())
+        return moved / wall
+
+    def capped(self, directory):
+        w4, r4 = self.seq("c1", directory, "1M", 4)
+        drop_caches()
+        w2 = self.two_clients(directory, "write")
+        drop_caches()
+        r2 = self.two_clients(directory, "read")
+        for host in COMPUTE:
+            self.run_on(host, f"rm -f {directory}/two-{host}.*")
+        return {"w4": w4, "r4": r4, "w2c": w2, "r2c": r2}
+
+
+def cap_links(c, mbit, on):
+    """Caps (or uncaps) every storage node's link both ways with a token bucket."""
+    for name in STORAGE:
+        for ns, dev in ((f"{c.tag}-{name}", "eth0"), (f"{c.tag}-sw", "v" + name)):
+            if on:
+                sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+                   "rate", f"{mbit}mbit", "burst", "1mb", "latency", "100ms")
+            else:
+                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "bin", "spillway"))
+    ap.add_argument("--size-mib", type=int, default=1024, help="data moved by each sequential measurement")
+    ap.add_argument("--cap-mbit", type=int, default=800, help="each storage node's link, each way, in the scaling runs")
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--runtime", type=int, default=5, help="seconds of each random-I/O run")
+    ap.add_argument("--servers", default="1,2,4")
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: the benchmark creates network namespaces, caps links and drops the page cache")
+    for tool in ("ip", "tc", "nsenter", "setpriv", "fio"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found (fio: apt-get install fio)")
+    binary = os.path.abspath(a.binary)
+    work = a.dir or tempfile.mkdtemp(prefix="spillway-striped-bench-", dir="/var/tmp")
+    os.chmod(work, 0o755)
+    raw = os.path.join(work, "raw")
+    os.makedirs(raw)
+    os.chown(raw, NOBODY, NOBODY)
+    c = Cluster(binary, work, storage=STORAGE, compute=COMPUTE)
+    b = Bench(c, a, work)
+    servers = [int(x) for x in a.servers.split(",")]
+    results = {}
+    try:
+        c.netns()
+        c.configs(capacity_gib=8)
+        for name in ("ctl",) + STORAGE + COMPUTE:
+            c.start(name)
+        print("raw file system …", flush=True)
+        results["raw"] = b.all_uncapped(None, raw)
+        w, r = b.seq(None, raw, "1M", 1)
+        results["raw"]["w1"], results["raw"]["r1"] = w, r
+        for n in servers:
+            token = str(100 + n)
+            job = os.path.join(work, f"job{n}.sh")
+            with open(job, "w") as f:
+                f.write(f"#!/bin/sh\n#DW jobdw type=scratch access_mode=striped capacity={n}GiB\n\0")
+            nodes = os.path.join(work, f"nodes{n}")
+            with open(nodes, "w") as f:
+                f.write("c1\nc2\ns1\n")
+            c.wlm("setup", "--token", token, "--caller", "SLURM", "--user", str(NOBODY), "--groupid", str(NOBODY),
+                  "--capacity", f"wlm_pool:{n}GiB", "--job", job)
+            pathfile = os.path.join(work, f"paths{n}")
+            c.wlm("paths", "--token", token, "--job", job, "--pathfile", pathfile)
+            mount = open(pathfile).read().strip().split("=", 1)[1].rstrip("/")
+            c.wlm("pre_run", "--token", token, "--job", job, "--nodehostnamefile", nodes)
+            print(f"{n} server(s): uncapped …", flush=True)
+            results[n] = b.all_uncapped("c1", mount)
+            if n == 1:
+                w, r = b.seq("s1", mount, "1M", 1)
+                results["colocated"] = {"w1": w, "r1": r}
+            print(f"{n} server(s): links capped at {a.cap_mbit} Mbit/s …", flush=True)
+            cap_links(c, a.cap_mbit, True)
+            try:
+                results[n]["capped"] = b.capped(mount)
+            finally:
+                cap_links(c, a.cap_mbit, False)
+            c.wlm("post_run", "--token", token, "--job", job)
+            c.wlm("teardown", "--token", token, "--job", job)
+            print(json.dumps(results[n], indent=1), flush=True)
+    finally:
+        c.close()
+        if not a.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    mb = lambda v: f"{v / 1e6:.0f}"
+    first = servers[0]
+    lines = ["| servers | 1 client × 4 streams, write MB/s | read MB/s | 2 clients × 2 streams, write MB/s | read MB/s |",
+             "|---:|---:|---:|---:|---:|"]
+    for n in servers:
+        cp, base = results[n]["capped"], results[first]["capped"]
+        cells = [f"{mb(cp[k])} ({cp[k] / base[k]:.2f}×)" for k in ("w4", "r4", "w2c", "r2c")]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    scaling = "\n".join(lines)
+
+    cols = [("w1", "1M write, 1 stream MB/s", mb), ("r1", "1M read, 1 MB/s", mb), ("w4", "1M write, 4 MB/s", mb),
+            ("r4", "1M read, 4 MB/s", mb), ("w64", "64K write, 4 MB/s", mb), ("r64", "64K read, 4 MB/s", mb),
+            ("rr", "4K randread IOPS", lambda v: f"{v:.0f}"), ("rw", "4K randwrite IOPS", lambda v: f"{v:.0f}"),
+            ("sync", "4K write+fdatasync p50 µs", lambda v: f"{v:.0f}"),
+            ("create", "creates/s", lambda v: f"{v:.0f}"), ("stat", "stats/s", lambda v: f"{v:.0f}"),
+            ("unlink", "unlinks/s", lambda v: f"{v:.0f}")]
+    lines = ["| path | " + " | ".join(c[1] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for label, key in [("raw file system (ceiling)", "raw")] + [(f"striped, {n} server(s), client c1", n) for n in servers]:
+        r = results[key]
+        lines.append(f"| {label} | " + " | ".join(fmt(r[k]) for k, _, fmt in cols) + " |")
+    uncapped = "\n".join(lines)
+    co = results.get("colocated")
+    colocated = ""
+    if co:
+        raw = results["raw"]
+        colocated = (f"Co-located (a one-server instance used on its own storage node, one stream, 1 MiB): write "
+                     f"{mb(co['w1'])} MB/s ({co['w1'] / raw['w1']:.2f} of raw), read {mb(co['r1'])} MB/s "
+                     f"({co['r1'] / raw['r1']:.2f} of raw).\n\n")
+    print("\n" + scaling + "\n\n" + uncapped + "\n\n" + colocated)
+    if a.no_write:
+        return
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    write_section("striped", (
+        "## Striped instances: scaling with storage nodes\n\n"
+        f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with "
+        f"`sudo python3 bench/striped_bench.py` (fio {sh('fio', '--version').stdout.strip()}, as an ordinary user on "
+        f"compute node c1 (and c2), each host a network namespace; a job instance of 1, 2 and 4 GiB on 1 GiB grains, "
+        f"so on 1, 2 and 4 storage nodes; 8 MiB stripes; {a.size_mib} MiB per sequential run, no preallocation, "
+        f"writes fsynced at the end, reads after dropping the page cache; one run each).\n\n"
+        f"**Scaling**: every storage node's link capped at {a.cap_mbit} Mbit/s each way (tc tbf); in brackets "
+        f"the ratio to one server.\n\n{scaling}\n\n"
+        f"**Uncapped**, against the raw file system under the storage nodes (the ceiling):\n\n{uncapped}\n\n"
+        f"{colocated}"
+        "All storage nodes share this VM's one disk and its 2 cores with the client: uncapped, the figures measure "
+        "CPU (FUSE, TCP, servers) more than disks; the capped runs show what striping over servers buys when each "
+        "server's link is the limit, as on a real machine.\n"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,475 @@
+package localfs
+
+// The striped side of a mount. A striped instance's namespace lives on its metadata server
+// (the backend's client, as for any mount), but the data of its regular files lives in
+// stripe objects on every server of the instance (package warpfs/stripe): a file's layout comes
+// with its open, and its reads and writes go straight to the servers holding the bytes, all
+// of a request's pieces at once. The metadata server keeps the logical size, which a writer
+// reports when it closes, flushes or syncs the file (stat is exact after close, as DataWarp
+// promised; meanwhile this node sees its own writes).
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"log/slog"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+)
+
+// openStripes connects the backend to the servers of a striped instance's data.
+func (be *backend) openStripes(spec Spec, path string, logger *log.Logger) error {
+	for i, st := range spec.Stripes {
+		var t transport
+		switch {
+		case st.Remote != nil:
+			r := st.Remote
+			c, err := client.Dial(context.Background(), client.Options{
+				Address: r.Address, Token: r.Token, Client: r.Client, Capability: r.Capability, CapabilityKey: r.CapabilityKey,
+				TLS: r.TLS, Fragment: r.FragmentID, Instance: r.InstanceID, Stripes: true,
+				ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize, Limits: r.Limits, Log: logger,
+			})
+			if err != nil {
+				return fmt.Errorf("cannot reach stripe server %d of %d (fragment %d on %s): %w", i+1, len(spec.Stripes), r.FragmentID, r.Address, err)
+			}
+			t = c
+		case st.Dir != "":
+			local, err := server.OpenLocal(server.LocalOptions{
+				Dir: st.Dir, Tracker: st.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
+				Name: path + " (stripes)", Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
+			})
+			if err != nil {
+				return fmt.Errorf("cannot serve stripe directory %s: %w", st.Dir, err)
+			}
+			t = localTransport{local}
+		default:
+			return fmt.Errorf("stripe server %d of %d names neither a directory nor a remote node", i+1, len(spec.Stripes))
+		}
+		be.stripes = append(be.stripes, t)
+		be.stripeNodes = append(be.stripeNodes, st.Node)
+	}
+	be.maxFileSize = spec.MaxFileSize
+	return nil
+}
+
+// ServersXattr names, for a file or directory of a striped mount, the instance's servers in
+// layout order (their node names, space-separated): with user.spillway.layout it says which
+// node holds which stripes (`spillway stripes`). The client answers it; it is not stored.
+const ServersXattr = "user.spillway.servers"
+
+// close ends the backend's connections.
+func (be *backend) close() {
+	be.client.Close()
+	for _, t := range be.stripes {
+		t.Close()
+	}
+}
+
+// stripedFile is what an open handle of a striped file knows.
+type stripedFile struct {
+	layout stripe.Layout
+
+	mu      sync.Mutex
+	objects []object // per server
+	known   uint64   // the logical size as last heard from the metadata server
+	extent  uint64   // one past the last byte written or allocated through this handle
+	report  bool     // the size and mtime need reporting to the metadata server
+	dirty   bool     // data written since the last fsync
+}
+
+// object is a handle's open stripe object on one server.
+type object struct {
+	id, gen uint64
+	open    bool
+	dirty   bool
+}
+
+// objectCaller is the uid of requests for stripe objects: the agent's own. The metadata
+// server checked the caller's rights when the file was opened; the objects sit in a
+// directory only root can reach.
+const objectCaller = 0
+
+// parallel runs fn for every piece at once and returns the pieces' errors.
+func parallel(pieces []stripe.Piece, fn func(p stripe.Piece) syscall.Errno) []syscall.Errno {
+	errs := make([]syscall.Errno, len(pieces))
+	if len(pieces) == 1 {
+		errs[0] = fn(pieces[0])
+		return errs
+	}
+	var wg sync.WaitGroup
+	for i, p := range pieces {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(p)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// serverPieces is one piece per server holding some of the file, for requests that reach
+// every server (truncate, remove, fsync).
+func serverPieces(l stripe.Layout) []stripe.Piece {
+	var out []stripe.Piece
+	for s := 0; s < int(l.Servers); s++ {
+		if l.Slot(s) >= 0 {
+			out = append(out, stripe.Piece{Server: s})
+		}
+	}
+	return out
+}
+
+// objectFlags is how a handle opened with flags opens its objects.
+func objectFlags(flags uint32) uint32 {
+	keep := flags & (syscall.O_DIRECT | syscall.O_SYNC | syscall.O_DSYNC)
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		return syscall.O_RDONLY | keep
+	}
+	return syscall.O_RDWR | keep
+}
+
+// objectHandle opens (creating it, for a writable handle) the file's object on server s.
+// found is false when a read-only handle finds no object: the stripes there are holes.
+func (h *fileHandle) objectHandle(ctx context.Context, s int, stale uint64) (id, gen uint64, found bool, errno syscall.Errno) {
+	sf := h.striped
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	o := &sf.objects[s]
+	if o.open && o.gen != stale {
+		return o.id, o.gen, true, 0
+	}
+	t := h.node.be.stripes[s]
+	name := stripe.ObjectName(sf.layout.ID)
+	var rep proto.OpenReply
+	var call *client.Call
+	flags := objectFlags(h.flags)
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		call = &client.Call{Op: proto.OpOpen, UID: objectCaller, Req: &proto.OpenReq{Path: name, Flags: flags}, Reply: &rep}
+	} else {
+		call = &client.Call{Op: proto.OpCreate, UID: objectCaller, Reply: &rep,
+			Req: &proto.CreateReq{Name: name, Flags: flags, Mode: 0o600}}
+	}
+	errno = t.Do(ctx, call)
+	if errno == syscall.ENOENT && flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		return 0, 0, false, 0
+	}
+	if errno != 0 {
+		return 0, 0, false, errno
+	}
+	*o = object{id: rep.Handle, gen: call.UsedGen, open: true, dirty: o.dirty}
+	return o.id, o.gen, true, 0
+}
+
+// onObject runs a request on the file's object on server s, reopening it once if its
+// server's connection was re-established since.
+func (h *fileHandle) onObject(ctx context.Context, s int, call *client.Call, setID func(uint64)) (found bool, errno syscall.Errno) {
+	var stale uint64
+	for attempt := 0; ; attempt++ {
+		id, gen, found, errno := h.objectHandle(ctx, s, stale)
+		if errno != 0 || !found {
+			return found, errno
+		}
+		setID(id)
+		call.Gen = gen
+		errno = h.node.be.stripes[s].Do(ctx, call)
+		if errno != syscall.ESTALE || attempt > 0 {
+			return true, errno
+		}
+		stale = gen
+	}
+}
+
+// size is the file's logical size for a read of [off, end): what this handle knows, asked
+// again of the metadata server when the read goes past it (another node may have written).
+func (h *fileHandle) size(ctx context.Context, end uint64) uint64 {
+	sf := h.striped
+	sf.mu.Lock()
+	size := max(sf.known, sf.extent)
+	sf.mu.Unlock()
+	if end <= size {
+		return size
+	}
+	var rep proto.AttrReply
+	if h.handleCall(ctx, proto.OpGetattr, func(id uint64) proto.Message { return &proto.NodeReq{Handle: id} }, &rep) == 0 {
+		sf.mu.Lock()
+		sf.known = rep.Attr.Size
+		size = max(sf.known, sf.extent)
+		sf.mu.Unlock()
+	}
+	return size
+}
+
+func (h *fileHandle) readStriped(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	ctx, cancel := h.node.be.opCtx(ctx)
+	defer cancel()
+	start := uint64(off)
+	size := h.size(ctx, start+uint64(len(dest)))
+	if start >= size {
+		return fuse.ReadResultData(nil), 0
+	}
+	n := min(uint64(len(dest)), size-start)
+	errs := parallel(h.striped.layout.Pieces(start, n), func(p stripe.Piece) syscall.Errno {
+		buf := dest[p.BufOffset : p.BufOffset+p.Length]
+		call := &client.Call{Op: proto.OpRead, UID: objectCaller, Dest: buf}
+		found, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
+			call.Req = &proto.ReadReq{Handle: id, Offset: p.ObjOffset, Size: uint32(p.Length)}
+		})
+		got := call.N
+		if !found || errno != 0 {
+			got = 0
+		}
+		clear(buf[got:]) // a hole, or past the object's end: zeros, as in any sparse file
+		return errno
+	})
+	for _, e := range errs {
+		if e != 0 {
+			return nil, e
+		}
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	be := h.node.be
+	start := uint64(off)
+	length := uint64(len(data))
+	if be.maxFileSize > 0 && start+length > be.maxFileSize {
+		if start >= be.maxFileSize {
+			return 0, syscall.EFBIG
+		}
+		length = be.maxFileSize - start
+	}
+	ctx, cancel := be.opCtx(ctx)
+	defer cancel()
+	pieces := h.striped.layout.Pieces(start, length)
+	errs := parallel(pieces, func(p stripe.Piece) syscall.Errno {
+		var rep proto.CountReply
+		call := &client.Call{Op: proto.OpWrite, UID: objectCaller, Data: data[p.BufOffset : p.BufOffset+p.Length], Reply: &rep}
+		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
+			call.Req = &proto.WriteReq{Handle: id, Offset: p.ObjOffset}
+		})
+		if errno == 0 {
+			h.markDirty(p.Server)
+		}
+		return errno
+	})
+	// What was written is the run of pieces from the start that all succeeded.
+	var n uint64
+	for i, p := range pieces {
+		if errs[i] != 0 {
+			if n == 0 {
+				return 0, errs[i]
+			}
+			break
+		}
+		n = p.BufOffset + p.Length
+	}
+	h.grew(start + n)
+	return uint32(n), 0 // short when cut at the maximum file size: the next write gets EFBIG
+}
+
+func (h *fileHandle) markDirty(s int) {
+	sf := h.striped
+	sf.mu.Lock()
+	sf.objects[s].dirty = true
+	sf.dirty = true
+	sf.mu.Unlock()
+}
+
+// grew notes that the file now reaches end through this handle.
+func (h *fileHandle) grew(end uint64) {
+	sf := h.striped
+	sf.mu.Lock()
+	sf.extent = max(sf.extent, end)
+	sf.report = true
+	sf.mu.Unlock()
+}
+
+// reportSize tells the metadata server how far this handle's writes reached, and that the
+// file changed.
+func (h *fileHandle) reportSize(ctx context.Context) syscall.Errno {
+	sf := h.striped
+	sf.mu.Lock()
+	report, extent := sf.report, sf.extent
+	sf.report = false
+	sf.mu.Unlock()
+	if !report {
+		return 0
+	}
+	var rep proto.AttrReply
+	errno := h.handleCall(ctx, proto.OpSetattr, func(id uint64) proto.Message {
+		return &proto.SetattrReq{Handle: id, Valid: proto.SetSizeAtLeast | proto.SetMtimeNow, Size: extent}
+	}, &rep)
+	sf.mu.Lock()
+	if errno != 0 {
+		sf.report = true
+	} else {
+		sf.known = rep.Attr.Size
+	}
+	sf.mu.Unlock()
+	return errno
+}
+
+// fsyncStriped makes every server holding data written through this handle sync it, then
+// the size.
+func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Errno {
+	ctx, cancel := h.node.be.opCtx(ctx)
+	defer cancel()
+	sf := h.striped
+	var pieces []stripe.Piece
+	sf.mu.Lock()
+	for s, o := range sf.objects {
+		if o.dirty {
+			pieces = append(pieces, stripe.Piece{Server: s})
+		}
+	}
+	sf.mu.Unlock()
+	for _, e := range parallel(pieces, func(p stripe.Piece) syscall.Errno {
+		call := &client.Call{Op: proto.OpFsync, UID: objectCaller}
+		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) { call.Req = &proto.FsyncReq{Handle: id, Flags: flags} })
+		return errno
+	}) {
+		if e != 0 {
+			return e
+		}
+	}
+	if errno := h.reportSize(ctx); errno != 0 {
+		return errno
+	}
+	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message { return &proto.FsyncReq{Handle: id, Flags: flags} }, nil)
+}
+
+// releaseObjects closes the handle's objects.
+func (h *fileHandle) releaseObjects(ctx context.Context) {
+	sf := h.striped
+	sf.mu.Lock()
+	objects := append([]object(nil), sf.objects...)
+	sf.mu.Unlock()
+	var pieces []stripe.Piece
+	for s, o := range objects {
+		if o.open {
+			pieces = append(pieces, stripe.Piece{Server: s})
+		}
+	}
+	parallel(pieces, func(p stripe.Piece) syscall.Errno {
+		o := objects[p.Server]
+		return h.node.be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpRelease, Gen: o.gen, NoReconnect: true, Req: &proto.HandleReq{Handle: o.id}})
+	})
+}
+
+// allocateStriped forwards a fallocate to the part of every object in the range.
+func (h *fileHandle) allocateStriped(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	if mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0 {
+		return syscall.EOPNOTSUPP // they would move data across servers
+	}
+	ctx, cancel := h.node.be.opCtx(ctx)
+	defer cancel()
+	l := h.striped.layout
+	var pieces []stripe.Piece
+	for _, p := range serverPieces(l) {
+		if o, n := l.ObjectRange(off, size, p.Server); n > 0 {
+			pieces = append(pieces, stripe.Piece{Server: p.Server, ObjOffset: o, Length: n})
+		}
+	}
+	for _, e := range parallel(pieces, func(p stripe.Piece) syscall.Errno {
+		call := &client.Call{Op: proto.OpFallocate, UID: objectCaller}
+		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
+			call.Req = &proto.FallocateReq{Handle: id, Offset: p.ObjOffset, Length: p.Length, Mode: mode}
+		})
+		if errno == 0 {
+			h.markDirty(p.Server)
+		}
+		return errno
+	}) {
+		if e != 0 {
+			if mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+				// The servers that did allocate grew their objects: back to the file's size.
+				h.truncateObjects(ctx, h.size(ctx, 0))
+			}
+			return e
+		}
+	}
+	if mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+		h.grew(off + size)
+	}
+	return 0
+}
+
+// truncateObjects sets every object of the file to what a file of size bytes holds. Growing
+// creates the objects (through a writable handle), so that each server charges its share.
+func (h *fileHandle) truncateObjects(ctx context.Context, size uint64) syscall.Errno {
+	ctx, cancel := h.node.be.opCtx(ctx)
+	defer cancel()
+	l := h.striped.layout
+	for _, e := range parallel(serverPieces(l), func(p stripe.Piece) syscall.Errno {
+		objSize := l.ObjectSize(size, p.Server)
+		if objSize == 0 {
+			// Emptying needs no object: by name, and a missing one is as good as empty.
+			errno := h.node.be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpSetattr, UID: objectCaller,
+				Req: &proto.SetattrReq{Path: stripe.ObjectName(l.ID), Valid: proto.SetSize}, Reply: &proto.AttrReply{}})
+			if errno == syscall.ENOENT {
+				return 0
+			}
+			return errno
+		}
+		call := &client.Call{Op: proto.OpSetattr, UID: objectCaller, Reply: &proto.AttrReply{}}
+		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
+			call.Req = &proto.SetattrReq{Handle: id, Valid: proto.SetSize, Size: objSize}
+		})
+		return errno
+	}) {
+		if e != 0 {
+			return e
+		}
+	}
+	return 0
+}
+
+// removeObjects removes a file's objects from every server: its last name is gone and no
+// handle of this node has it open.
+func (be *backend) removeObjects(ctx context.Context, l stripe.Layout) {
+	ctx, cancel := be.opCtx(ctx)
+	defer cancel()
+	name := stripe.ObjectName(l.ID)
+	parallel(serverPieces(l), func(p stripe.Piece) syscall.Errno {
+		return be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpUnlink, UID: objectCaller, Req: &proto.EntryReq{Name: name}})
+	})
+}
+
+// statfsStriped is the instance's space as DataWarp shows it: the size of all its servers,
+// and as free what striping can still use: the servers times the least free among them.
+func (be *backend) statfsStriped(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	reps := make([]proto.StatfsReply, len(be.stripes))
+	all := make([]stripe.Piece, len(be.stripes))
+	for i := range all {
+		all[i].Server = i
+	}
+	ctx, cancel := be.opCtx(ctx)
+	defer cancel()
+	for _, e := range parallel(all, func(p stripe.Piece) syscall.Errno {
+		return be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpStatfs, Req: &proto.Empty{}, Reply: &reps[p.Server]})
+	}) {
+		if e != 0 {
+			return e
+		}
+	}
+	var blocks uint64
+	minFree, minAvail := reps[0].Bfree, reps[0].Bavail
+	for _, r := range reps {
+		blocks += r.Blocks
+		minFree, minAvail = min(minFree, r.Bfree), min(minAvail, r.Bavail)
+	}
+	n := uint64(len(reps))
+	out.Blocks, out.Bfree, out.Bavail = blocks, min(blocks, n*minFree), min(blocks, n*minAvail)
+	out.Bsize, out.Frsize = reps[0].Bsize, reps[0].Frsize
+	return 0
+}

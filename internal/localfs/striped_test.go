@@ -1,0 +1,289 @@
+package localfs
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+)
+
+// stripedInstance is a striped namespace served over TCP by a metadata server and
+// testStripeServers stripe servers, each with its own tracker, as the instance's storage nodes
+// would; mountAt mounts it as another compute node would.
+type stripedInstance struct {
+	src      string
+	mds      string
+	stripes  []string // addresses
+	trackers []*usage.Tracker
+}
+
+func newStripedInstance(t *testing.T, perServer uint64) *stripedInstance {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
+	}
+	src, _ := dirs(t)
+	l := stripe.Layout{Size: testStripeSize, Width: testStripeServers, Servers: testStripeServers}
+	if err := unix.Setxattr(src, "trusted.spillway.layout", l.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	in := &stripedInstance{src: src}
+	mdsTracker := usage.New("metadata", perServer)
+	in.mds = startServer(t, "", src, mdsTracker, nil).addr
+	for _, dir := range stripeDirs(src) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		tr := usage.New("server "+filepath.Base(dir), perServer)
+		in.trackers = append(in.trackers, tr)
+		in.stripes = append(in.stripes, startServer(t, "", dir, tr, quietSlog(t)).addr)
+	}
+	return in
+}
+
+func (in *stripedInstance) spec(mp, node string) Spec {
+	spec := Spec{MountPath: mp, Logger: nil,
+		Remote: &Remote{Address: in.mds, Token: testToken, Client: node, FragmentID: 1, NamespaceID: 2, InstanceID: 3}}
+	for _, addr := range in.stripes {
+		spec.Stripes = append(spec.Stripes, Stripe{Remote: &Remote{Address: addr, Token: testToken, Client: node, FragmentID: 1, InstanceID: 3}})
+	}
+	return spec
+}
+
+func (in *stripedInstance) mountAt(t *testing.T, node string) *Mounted {
+	t.Helper()
+	mp := filepath.Join(t.TempDir(), "mnt-"+node)
+	return mount(t, in.spec(mp, node))
+}
+
+// Files larger and smaller than a stripe land on the servers the stripe map names, whole; the
+// layout is readable and settable as an extended attribute; a striped file has one name.
+func TestStripedLayoutOnTheServers(t *testing.T) {
+	in := newStripedInstance(t, 64*mib)
+	m := in.mountAt(t, "cn1")
+	root := m.Path()
+	rng := rand.New(rand.NewSource(7))
+	for _, size := range []int{0, 100, testStripeSize - 1, testStripeSize, 5*testStripeSize + 123, 3 << 20} {
+		data := make([]byte, size)
+		rng.Read(data)
+		name := "f" + strings.Repeat("x", size%7)
+		if err := os.WriteFile(filepath.Join(root, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := readBacking(t, in.src, name); !bytes.Equal(got, data) {
+			t.Fatalf("%d bytes: the servers hold %d bytes, not what was written", size, len(got))
+		}
+		l, _ := backingLayout(t, in.src, name)
+		for s, dir := range stripeDirs(in.src) {
+			st, err := os.Stat(filepath.Join(dir, stripe.ObjectName(l.ID)))
+			want := l.ObjectSize(uint64(size), s)
+			if want == 0 && err == nil && st.Size() != 0 || want > 0 && (err != nil || uint64(st.Size()) != want) {
+				t.Errorf("%d bytes: server %d object: %v, want %d bytes", size, s, err, want)
+			}
+		}
+		if st, err := os.Stat(filepath.Join(root, name)); err != nil || st.Size() != int64(size) {
+			t.Errorf("stat of %d bytes: %v %v", size, st, err)
+		}
+		if got, err := os.ReadFile(filepath.Join(root, name)); err != nil || !bytes.Equal(got, data) {
+			t.Errorf("reading %d bytes back: %v", size, err)
+		}
+	}
+
+	// Stripe control: a directory's layout is inherited by new files; a file's can be set
+	// while it is empty.
+	dir := filepath.Join(root, "narrow")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(dir, "user.spillway.layout", []byte("stripe_size=8192 stripe_width=2"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "g"), make([]byte, 40000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	n, err := unix.Getxattr(filepath.Join(dir, "g"), "user.spillway.layout", buf)
+	if err != nil || !strings.HasPrefix(string(buf[:n]), "stripe_size=8192 stripe_width=2 start=") {
+		t.Errorf("an inherited layout reads %q, %v", buf[:n], err)
+	}
+	if err := unix.Setxattr(filepath.Join(dir, "g"), "user.spillway.layout", []byte("stripe_width=3"), 0); !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("changing the layout of a file with data: %v, want EEXIST", err)
+	}
+	for _, bad := range []string{"stripe_size=1000", "stripe_width=4", "colour=red"} {
+		if err := unix.Setxattr(dir, "user.spillway.layout", []byte(bad), 0); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("layout %q: %v, want EINVAL", bad, err)
+		}
+	}
+	f, err := os.Create(filepath.Join(root, "wide"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fsetxattr(int(f.Fd()), "user.spillway.layout", []byte("stripe_size=4096 stripe_width=1 start=2"), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Write(make([]byte, 20000))
+	f.Close()
+	if l, _ := backingLayout(t, in.src, "wide"); l.Width != 1 || l.Start != 2 || l.Size != 4096 || l.Length != 20000 {
+		t.Errorf("a layout set on an empty file: %+v", l)
+	}
+	// The server's own attributes are never shown.
+	n, _ = unix.Listxattr(filepath.Join(root, "wide"), buf)
+	if strings.Contains(string(buf[:n]), "trusted.spillway") {
+		t.Errorf("listxattr shows %q", buf[:n])
+	}
+	if err := os.Link(filepath.Join(root, "wide"), filepath.Join(root, "second-name")); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("a hard link of a striped file: %v, want EPERM", err)
+	}
+}
+
+// Two compute nodes write one file, in disjoint and in overlapping ranges; after both close,
+// every node and a fresh mount read the same bytes, and stat the same size.
+func TestStripedTwoWritersOneFile(t *testing.T) {
+	in := newStripedInstance(t, 64*mib)
+	a, b := in.mountAt(t, "cn1"), in.mountAt(t, "cn2")
+	const chunk = 100 * kib // not a multiple of the stripe: writes cross servers
+	want := make([]byte, 8*chunk)
+	fa, err := os.OpenFile(filepath.Join(a.Path(), "shared"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, err := os.OpenFile(filepath.Join(b.Path(), "shared"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewSource(3))
+	var wg sync.WaitGroup
+	for i, f := range []*os.File{fa, fb} {
+		// Disjoint: node i writes chunks i, i+2, ... of the first half.
+		for c := i; c < 4; c += 2 {
+			data := make([]byte, chunk)
+			rng.Read(data)
+			copy(want[c*chunk:], data)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := f.WriteAt(data, int64(c*chunk)); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	// Overlapping: both write the second half, one after the other; the later wins.
+	first := bytes.Repeat([]byte{0xaa}, 4*chunk)
+	second := bytes.Repeat([]byte{0x55}, 3*chunk)
+	if _, err := fa.WriteAt(first, 4*chunk); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fb.WriteAt(second, 4*chunk+chunk/2); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[4*chunk:], first)
+	copy(want[4*chunk+chunk/2:], second)
+	fa.Close()
+	fb.Close()
+	sum := sha256.Sum256(want)
+	c := in.mountAt(t, "cn3")
+	for _, m := range []*Mounted{a, b, c} {
+		got, err := os.ReadFile(filepath.Join(m.Path(), "shared"))
+		if err != nil || sha256.Sum256(got) != sum {
+			t.Errorf("%s reads %d bytes that differ (%v)", m.Path(), len(got), err)
+		}
+	}
+	if got := readBacking(t, in.src, "shared"); sha256.Sum256(got) != sum {
+		t.Errorf("the servers hold %d bytes that differ", len(got))
+	}
+	var used uint64
+	for _, tr := range in.trackers {
+		used += tr.Used()
+	}
+	if used != uint64(len(want)) {
+		t.Errorf("the servers charge %d bytes for a %d-byte file", used, len(want))
+	}
+}
+
+// A file removed while open on this node keeps its data until closed; then its objects go.
+// A removed or replaced file's objects go at once.
+func TestStripedRemovalFreesEveryServer(t *testing.T) {
+	in := newStripedInstance(t, 64*mib)
+	m := in.mountAt(t, "cn1")
+	p := filepath.Join(m.Path(), "open")
+	data := bytes.Repeat([]byte("0123456789abcdef"), 40000)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("reading a removed open file: %v", err)
+	}
+	used := func() (sum uint64) {
+		for _, tr := range in.trackers {
+			sum += tr.Used()
+		}
+		return sum
+	}
+	if used() != uint64(len(data)) {
+		t.Errorf("while open, the servers hold %d bytes, want %d", used(), len(data))
+	}
+	f.Close()
+	waitFor(t, func() bool { return used() == 0 }, "the objects of a removed file to go at its last close")
+
+	os.WriteFile(filepath.Join(m.Path(), "old"), data, 0o644)
+	os.WriteFile(filepath.Join(m.Path(), "new"), data[:1000], 0o644)
+	if err := os.Rename(filepath.Join(m.Path(), "new"), filepath.Join(m.Path(), "old")); err != nil {
+		t.Fatal(err)
+	}
+	if used() != 1000 {
+		t.Errorf("after renaming over a file the servers hold %d bytes, want 1000", used())
+	}
+	for _, dir := range stripeDirs(in.src) {
+		if objs, _ := os.ReadDir(dir); len(objs) > 1 {
+			t.Errorf("%s holds %d objects for one file", dir, len(objs))
+		}
+	}
+}
+
+// statfs: the instance's size is its servers' sum, and free is what striping can still use,
+// the servers times the least free one.
+func TestStripedStatfs(t *testing.T) {
+	in := newStripedInstance(t, 10*mib)
+	m := in.mountAt(t, "cn1")
+	if err := in.trackers[1].Reserve(4 * mib); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(m.Path(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if size := st.Blocks * uint64(st.Frsize); size != 30*mib {
+		t.Errorf("size %d, want 30 MiB", size)
+	}
+	if free := st.Bavail * uint64(st.Frsize); free != 18*mib {
+		t.Errorf("available %d, want 3 × 6 MiB", free)
+	}
+}
+
+// quietSlog drops a test server's connection chatter.
+func quietSlog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}

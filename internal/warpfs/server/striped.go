@@ -1,0 +1,270 @@
+package server
+
+// The metadata side of a striped instance. Its namespace (on the instance's metadata server)
+// holds directories, links and one stub per regular file; a stub's data lives in stripe
+// objects on every server of the instance (package stripe), which the compute nodes' clients
+// read and write directly. The stub carries the file's layout and logical size in an extended
+// attribute in the trusted namespace, which only root can touch: the stub itself stays empty,
+// so capacity is charged where the data is, on the servers holding the objects. A namespace
+// is striped when its root directory carries a layout: the instance's default, which new
+// directories inherit and new files take with an id of their own.
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+)
+
+// LayoutXattr holds a stub's or a directory's layout. The agent sets it on a striped
+// namespace's root.
+const LayoutXattr = "trusted.spillway.layout"
+
+// UserLayoutXattr is how users read and set a file's or a directory's striping: text such as
+// "stripe_size=8388608 stripe_width=4 start=2" (package stripe's Text).
+const UserLayoutXattr = "user.spillway.layout"
+
+// hiddenXattrPrefix is the server's own attributes: never shown to clients, never set by them.
+const hiddenXattrPrefix = "trusted.spillway."
+
+// readLayout reads the layout of the node open as fd (any descriptor, O_PATH included).
+func readLayout(fd int) (stripe.Layout, bool) {
+	var buf [64]byte
+	n, err := unix.Getxattr(procPath(fd), LayoutXattr, buf[:])
+	if err != nil {
+		return stripe.Layout{}, false
+	}
+	l, err := stripe.Decode(buf[:n])
+	return l, err == nil
+}
+
+func writeLayout(fd int, l stripe.Layout) syscall.Errno {
+	return errnoOf(unix.Setxattr(procPath(fd), LayoutXattr, l.Encode(), 0))
+}
+
+// newFileID is a file's object name: random, so that no two files of an instance share
+// objects, even across a metadata server's restarts and reused inode numbers.
+func newFileID() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1 // never 0, which marks a directory's layout
+}
+
+// layoutFor gives a regular file just created under a directory of a striped namespace its
+// layout; nothing in an unstriped one.
+func (v *volume) layoutFor(fd, dirfd int) (stripe.Layout, bool, syscall.Errno) {
+	if !v.striped {
+		return stripe.Layout{}, false, 0
+	}
+	dir, ok := readLayout(dirfd)
+	if !ok {
+		dir = v.rootLayout
+	}
+	l := dir.ForFile(newFileID())
+	return l, true, writeLayout(fd, l)
+}
+
+// createStub creates a striped file: made without a name, given its owner and layout, then
+// linked in, so that no other client can ever open it before it has its layout (and would
+// take it for a file holding its own data). A name another client created meanwhile is
+// opened instead, unless the caller asked for O_EXCL.
+func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, uid, gid uint32) (*handle, proto.Attr, syscall.Errno) {
+	base := openFlags(r.Flags)
+	fd, err := unix.Openat(dirfd, ".", unix.O_RDWR|unix.O_TMPFILE|unix.O_CLOEXEC, r.Mode&0o7777)
+	if err != nil {
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	t := &target{fd: fd, real: true}
+	if err := unix.Fstat(fd, &t.st); err != nil {
+		unix.Close(fd)
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	v.own(t, parent, uid, gid, r.Mode)
+	if _, _, errno := v.layoutFor(fd, dirfd); errno != 0 {
+		unix.Close(fd)
+		return nil, proto.Attr{}, errno
+	}
+	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
+	if err == nil {
+		return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+	}
+	unix.Close(fd)
+	if !errors.Is(err, syscall.EEXIST) || r.Flags&unix.O_EXCL != 0 {
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	fd, err = unix.Openat(dirfd, r.Name, base, 0)
+	if err != nil {
+		return nil, proto.Attr{}, errnoOf(err)
+	}
+	return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+}
+
+// stubAttr is a node's attributes as clients see them: a striped file's size is its logical
+// size, and its blocks what its stripes hold at most.
+func (v *volume) stubAttr(fd int, st *unix.Stat_t) proto.Attr {
+	a := toAttr(st)
+	if v.striped && st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		if l, ok := readLayout(fd); ok && l.ID != 0 {
+			a.Size = l.Length
+			a.Blocks = (l.Length + 511) / 512
+		}
+	}
+	return a
+}
+
+// attrAt is stubAttr of dirfd/name, a node just stat'ed as st.
+func (v *volume) attrAt(dirfd int, name string, st *unix.Stat_t) proto.Attr {
+	if !v.striped || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return toAttr(st)
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return toAttr(st)
+	}
+	defer unix.Close(fd)
+	return v.stubAttr(fd, st)
+}
+
+// stubOf is the layout of a striped file's stub open as t.
+func (v *volume) stubOf(t *target) (stripe.Layout, bool) {
+	if !v.striped || !t.regular() {
+		return stripe.Layout{}, false
+	}
+	l, ok := readLayout(t.fd)
+	return l, ok && l.ID != 0
+}
+
+// setLength changes a stub's logical size: to size, or (atLeast) to size if larger. Stripe
+// objects are the client's business; the stub's own size stays 0.
+func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
+	if v.maxFileSize > 0 && size > uint64(v.maxFileSize) || size > 1<<62 {
+		return syscall.EFBIG
+	}
+	in := v.inodes.get(keyOf(&t.st))
+	defer v.inodes.put(in)
+	in.sizeMu.Lock()
+	defer in.sizeMu.Unlock()
+	l, ok := readLayout(t.fd)
+	if !ok {
+		return syscall.EIO
+	}
+	if atLeast && l.Length >= size || l.Length == size {
+		return 0
+	}
+	l.Length = size
+	return writeLayout(t.fd, l)
+}
+
+// removedLayout is the layout of the regular file dirfd/name if it is a striped stub.
+func (v *volume) removedLayout(dirfd int, name string) []byte {
+	if !v.striped {
+		return nil
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	if l, ok := readLayout(fd); ok && l.ID != 0 {
+		return l.Encode()
+	}
+	return nil
+}
+
+// inheritLayout gives a new directory its parent's default layout.
+func (v *volume) inheritLayout(parentFd, dirfd int, name string) {
+	if !v.striped {
+		return
+	}
+	l, ok := readLayout(parentFd)
+	if !ok {
+		return
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	writeLayout(fd, l)
+}
+
+// layoutXattr answers the striping attributes: users read and set user.spillway.layout, and
+// never see the server's own. handled is false for every other attribute.
+func (v *volume) layoutXattr(op proto.Op, r *proto.XattrReq, t *target) (rep proto.XattrReply, errno syscall.Errno, handled bool) {
+	if strings.HasPrefix(r.Name, hiddenXattrPrefix) {
+		if op == proto.OpGetxattr {
+			return rep, syscall.ENODATA, true
+		}
+		return rep, syscall.EPERM, true
+	}
+	if r.Name != UserLayoutXattr || !v.striped {
+		return rep, 0, false
+	}
+	dir := t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	if !dir && !t.regular() {
+		return rep, syscall.ENODATA, true
+	}
+	l, ok := readLayout(t.fd)
+	if !ok {
+		if !dir {
+			return rep, syscall.ENODATA, true // an unstriped file (staged in by an older version)
+		}
+		l = v.rootLayout
+	}
+	switch op {
+	case proto.OpGetxattr:
+		text := []byte(l.Text())
+		rep.Size = uint32(len(text))
+		if r.Size > 0 {
+			if int(r.Size) < len(text) {
+				return proto.XattrReply{}, syscall.ERANGE, true
+			}
+			rep.Data = text
+		}
+		return rep, 0, true
+	case proto.OpSetxattr:
+		if v.readOnly {
+			return rep, syscall.EROFS, true
+		}
+		next, err := stripe.ParseText(string(r.Value), l)
+		if err != nil {
+			return rep, syscall.EINVAL, true
+		}
+		if dir {
+			next.ID, next.Length, next.Start = 0, 0, 0
+			return rep, writeLayout(t.fd, next), true
+		}
+		// A file's layout is fixed once it holds data: its objects are laid out by it.
+		in := v.inodes.get(keyOf(&t.st))
+		defer v.inodes.put(in)
+		in.sizeMu.Lock()
+		defer in.sizeMu.Unlock()
+		if cur, ok := readLayout(t.fd); !ok || cur.Length > 0 {
+			return rep, syscall.EEXIST, true
+		}
+		next.ID, next.Length = newFileID(), 0
+		if !strings.Contains(string(r.Value), "start=") {
+			next.Start = uint32(next.ID % uint64(next.Servers))
+		}
+		return rep, writeLayout(t.fd, next), true
+	default: // remove
+		return rep, syscall.EPERM, true
+	}
+}
+
+// hideXattrs drops the server's own attributes from a listing.
+func hideXattrs(list []byte) []byte {
+	out := list[:0]
+	for _, name := range strings.SplitAfter(string(list), "\x00") {
+		if name != "" && !strings.HasPrefix(name, hiddenXattrPrefix) {
+			out = append(out, name...)
+		}
+	}
+	return out
+}

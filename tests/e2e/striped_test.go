@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestStripedAcrossStorageNodes: three storage nodes and two compute nodes, each a host of its
+// own. A job's 3 GiB instance is placed on all three storage nodes (1 GiB grains, bandwidth);
+// files larger and smaller than a stripe are staged in, written from both compute nodes into
+// disjoint and overlapping ranges of one file, read back on both, staged out, and compared by
+// checksum; private namespaces are each the compute node's own. Nothing is left behind.
+func TestStripedAcrossStorageNodes(t *testing.T) {
+	storage := []string{"hosta", "hostc", "hostd"}
+	c := newNetClusterOf(t, storage, []string{"hostb", "hoste"})
+	c.start("ctl")
+	for _, h := range append(storage, "hostb", "hoste") {
+		c.start(h)
+	}
+	pfs := filepath.Join(c.dir, "pfs")
+	rng := rand.New(rand.NewSource(10))
+	write := func(name string, size int) []byte {
+		data := make([]byte, size)
+		rng.Read(data)
+		p := filepath.Join(pfs, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Chown(p, nobodyUID, nobodyGID)
+		return data
+	}
+	big := write("big.in", 20<<20+12345) // several 8 MiB stripes
+	small := write("small.in", 1000)
+	pieceB := write("piece-b", 6<<20)
+	pieceE := write("piece-e", 6<<20)
+	overlap := write("piece-overlap", 3<<20)
+
+	job := c.jobFile("striped.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=3GiB\n"+
+		"#DW stage_in type=file source="+pfs+"/big.in destination=$DW_JOB_STRIPED/big\n"+
+		"#DW stage_in type=file source="+pfs+"/small.in destination=$DW_JOB_STRIPED/small\n"+
+		"#DW stage_out type=directory source=$DW_JOB_STRIPED/out destination="+pfs+"/out\n\x00")
+	nodes := c.jobFile("striped.nodes", "hostb\nhoste\n")
+	c.wlm("--function", "job_process", "--job", job)
+	c.wlm("--function", "setup", "--token", "60", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:3GiB", "--job", job)
+	for _, h := range storage {
+		if f := c.fragments(h); len(f) != 1 {
+			t.Errorf("%s holds %d fragments of the 3-grain instance, want 1 (bandwidth spreads the grains)", h, len(f))
+		}
+	}
+	c.wlm("--function", "data_in", "--token", "60", "--job", job)
+	pathfile := filepath.Join(c.dir, "paths60")
+	c.wlm("--function", "paths", "--token", "60", "--job", job, "--pathfile", pathfile)
+	env, _ := os.ReadFile(pathfile)
+	mount := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED="), "/")
+	c.wlm("--function", "pre_run", "--token", "60", "--job", job, "--nodehostnamefile", nodes)
+
+	run := func(host, script string) string {
+		t.Helper()
+		out, err := c.onHost(host, "set -e; "+script).CombinedOutput()
+		if err != nil {
+			t.Fatalf("on %s: %s: %v\n%s", host, script, err, out)
+		}
+		return string(out)
+	}
+	sum := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+	// Both nodes see the staged files whole.
+	for _, h := range []string{"hostb", "hoste"} {
+		out := run(h, "sha256sum "+mount+"/big "+mount+"/small; df -B1 --output=size "+mount+" | tail -1")
+		if !strings.Contains(out, sum(big)) || !strings.Contains(out, sum(small)) {
+			t.Errorf("%s reads the staged files as:\n%s\nwant %s and %s", h, out, sum(big), sum(small))
+		}
+		if !strings.Contains(out, fmt.Sprint(3<<30)) {
+			t.Errorf("%s: df does not show the 3 GiB instance:\n%s", h, out)
+		}
+	}
+	// spillway stripes shows where big's three stripes are: one on each storage node.
+	var shown []struct {
+		Size    int64 `json:"size"`
+		Servers []struct {
+			Node  string `json:"node"`
+			Bytes int64  `json:"bytes"`
+		} `json:"servers"`
+	}
+	if err := json.Unmarshal([]byte(run("hostb", binary+" stripes --json "+mount+"/big")), &shown); err != nil || len(shown) != 1 {
+		t.Fatalf("spillway stripes --json: %v %v", shown, err)
+	}
+	var held int64
+	nodesSeen := map[string]bool{}
+	for _, s := range shown[0].Servers {
+		held += s.Bytes
+		nodesSeen[s.Node] = s.Bytes > 0
+	}
+	if held != int64(len(big)) || len(nodesSeen) != 3 || !nodesSeen["hosta"] || !nodesSeen["hostc"] || !nodesSeen["hostd"] {
+		t.Errorf("spillway stripes: %+v", shown)
+	}
+	// Two writers at once on disjoint ranges of one file, then an overlapping write.
+	run("hostb", "mkdir "+mount+"/out")
+	var wg sync.WaitGroup
+	for host, seekMiB := range map[string]int{"hostb": 0, "hoste": 9} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := c.onHost(host, fmt.Sprintf("dd if=%s/piece-%s of=%s/out/shared bs=1M seek=%d conv=notrunc status=none",
+				pfs, host[4:], mount, seekMiB)).CombinedOutput()
+			if err != nil {
+				t.Errorf("writer on %s: %v\n%s", host, err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	run("hoste", fmt.Sprintf("dd if=%s/piece-overlap of=%s/out/shared bs=1M seek=4 conv=notrunc status=none", pfs, mount))
+	want := make([]byte, 15<<20)
+	copy(want, pieceB)
+	copy(want[9<<20:], pieceE)
+	copy(want[4<<20:], overlap)
+	for _, h := range []string{"hostb", "hoste"} {
+		out := run(h, "sha256sum "+mount+"/out/shared; stat -c %s "+mount+"/out/shared")
+		if !strings.Contains(out, sum(want)) || !strings.Contains(out, fmt.Sprint(len(want))) {
+			t.Errorf("%s reads the shared file as:\n%s\nwant %s, %d bytes", h, out, sum(want), len(want))
+		}
+	}
+	// The stripes are on the storage nodes the stripe map names: big (3 stripes) on all
+	// three, the shared file (2) on two, small (1) on one: six objects, on every node.
+	total := 0
+	for _, h := range storage {
+		objects, _ := filepath.Glob(filepath.Join(c.dir, h, "ssd", "fragment", "*", "stripes", "*"))
+		if len(objects) == 0 {
+			t.Errorf("%s holds no stripe object", h)
+		}
+		total += len(objects)
+	}
+	if total != 6 {
+		t.Errorf("the storage nodes hold %d stripe objects, want 6", total)
+	}
+	c.wlm("--function", "post_run", "--token", "60", "--job", job)
+	c.wlm("--function", "data_out", "--token", "60", "--job", job)
+	if got, err := os.ReadFile(filepath.Join(pfs, "out", "shared")); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("staged out: %d bytes (%v), want the %d written", len(got), err, len(want))
+	}
+	c.wlm("--function", "teardown", "--token", "60", "--job", job)
+	c.assertClean()
+
+	// Private: each compute node its own namespace, its data striped over every server.
+	job = c.jobFile("private.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=private capacity=3GiB\n\x00")
+	c.wlm("--function", "setup", "--token", "61", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:3GiB", "--job", job)
+	pathfile = filepath.Join(c.dir, "paths61")
+	c.wlm("--function", "paths", "--token", "61", "--job", job, "--pathfile", pathfile)
+	env, _ = os.ReadFile(pathfile)
+	private := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_PRIVATE="), "/")
+	c.wlm("--function", "pre_run", "--token", "61", "--job", job, "--nodehostnamefile", nodes)
+	for _, h := range []string{"hostb", "hoste"} {
+		run(h, fmt.Sprintf("dd if=%s/big.in of=%s/mine-%s bs=1M status=none", pfs, private, h))
+	}
+	for _, h := range []string{"hostb", "hoste"} {
+		out := run(h, "ls "+private+"; sha256sum "+private+"/mine-"+h)
+		if strings.Count(out, "mine-") != 2 || !strings.Contains(out, sum(big)) {
+			t.Errorf("%s's private namespace:\n%s", h, out)
+		}
+	}
+	for _, h := range storage {
+		objects, _ := filepath.Glob(filepath.Join(c.dir, h, "ssd", "fragment", "*", "stripes", "*"))
+		if len(objects) != 2 {
+			t.Errorf("%s holds %d stripe objects of the two private files, want 2", h, len(objects))
+		}
+	}
+	c.wlm("--function", "post_run", "--token", "61", "--job", job)
+	c.wlm("--function", "teardown", "--token", "61", "--job", job)
+	c.assertClean()
+}
