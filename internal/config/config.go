@@ -212,6 +212,9 @@ type Mount struct {
 	ClientCacheTimeout Duration `toml:"client_cache_timeout"`
 	MaxWrite           Size     `toml:"max_write"`       // largest FUSE request
 	UnmountTimeout     Duration `toml:"unmount_timeout"` // wait for open files before a lazy unmount
+	// WriteBehind is how many bytes of a striped file's writes may be on their way to the
+	// servers after write(2) returned, per open file; 0 turns it off.
+	WriteBehind Size `toml:"write_behind"`
 }
 
 // Client is how commands (dw_wlm_cli, dwstat, spillway run) reach the controller.
@@ -315,6 +318,7 @@ func Defaults() Config {
 		Mount: Mount{
 			ClientCacheTimeout: Duration(1 * time.Second),
 			MaxWrite:           Size(1 << 20),
+			WriteBehind:        Size(16 << 20),
 			UnmountTimeout:     Duration(10 * time.Second),
 		},
 		Warpfs: Warpfs{

@@ -258,5 +258,14 @@ func MountLimits(cfg config.Config) localfs.Limits {
 		ClientCacheTimeout: cfg.Mount.ClientCacheTimeout.D(),
 		MaxWrite:           int(cfg.Mount.MaxWrite),
 		UnmountBusyTimeout: cfg.Mount.UnmountTimeout.D(),
+		WriteBehind:        writeBehind(cfg.Mount.WriteBehind),
 	}
+}
+
+// writeBehind is mount.write_behind as localfs takes it: 0 (off) is negative there.
+func writeBehind(size config.Size) int {
+	if size == 0 {
+		return -1
+	}
+	return int(min(size, 1<<30))
 }

@@ -159,6 +159,13 @@ type Limits struct {
 	// PreferredIOSize is the st_blksize reported for regular files, which stdio and many tools
 	// use as their buffer size. Default 1 MiB.
 	PreferredIOSize int
+	// WriteBehind is how many bytes of a striped file's writes one open file may have on
+	// their way to the servers after write(2) returned: writes to different servers overlap,
+	// and a writer never waits for a server while another is idle. An error of a write in
+	// flight is returned by the next write, fsync or close. Default 16 MiB; negative turns
+	// it off (every write waits for its servers). Files opened O_SYNC, O_DSYNC or O_DIRECT
+	// never write behind.
+	WriteBehind int
 
 	// ProbeTimeout bounds the stat of a mount path before mounting or unmounting: a mount
 	// whose server does not answer within it is treated as hung and aborted. Default 5s.
@@ -199,6 +206,9 @@ func (l Limits) withDefaults() Limits {
 	defInt(&l.MaxWrite, kernelMaxRequest)
 	defInt(&l.MaxReadahead, kernelMaxRequest)
 	defInt(&l.MaxBackground, 32)
+	if l.WriteBehind == 0 {
+		l.WriteBehind = 16 << 20
+	}
 	defInt(&l.PreferredIOSize, kernelMaxRequest)
 	def(&l.ProbeTimeout, 5*time.Second)
 	def(&l.UnmountBusyTimeout, 10*time.Second)
@@ -381,7 +391,7 @@ func Mount(spec Spec) (*Mounted, error) {
 		be, err = openLocal(spec, limits, path, asRoot, logger)
 	}
 	if err == nil && len(spec.Stripes) > 0 {
-		if err = be.openStripes(spec, path, logger); err != nil {
+		if err = be.openStripes(spec, limits, path, logger); err != nil {
 			be.close()
 		}
 	}

@@ -51,6 +51,7 @@ type backend struct {
 	stripes     []transport
 	stripeNodes []string // the stripe servers' node names
 	maxFileSize uint64   // DataWarp's MFS, which a striped mount's client enforces on writes
+	writeBehind int64    // Limits.WriteBehind; 0: off
 }
 
 // node is one file or directory of a namespace.
@@ -249,10 +250,8 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 func (n *node) truncateStriped(ctx context.Context, f fs.FileHandle, req proto.SetattrReq, out *fuse.AttrOut) syscall.Errno {
 	h, _ := f.(*fileHandle)
 	if h == nil {
-		h = n.anyHandle()
-	}
-	if h == nil {
-		// truncate(2) by name: open the file to learn its layout.
+		// truncate(2) by name: open the file to learn its layout (a handle of another
+		// descriptor could be in the middle of its release).
 		opened, errno := n.open(ctx, syscall.O_WRONLY)
 		if errno != 0 {
 			return errno
@@ -278,6 +277,7 @@ func (n *node) truncateStriped(ctx context.Context, f fs.FileHandle, req proto.S
 	if mfs := n.be.maxFileSize; mfs > 0 && req.Size > mfs {
 		return syscall.EFBIG
 	}
+	n.settleAll()
 	// The objects first: a size their servers cannot hold fails with ENOSPC before the file
 	// changes; if anything fails, the objects go back to what they were.
 	before := h.size(ctx, 0)
@@ -360,6 +360,9 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 		return nil, syscall.EIO // a layout for another instance's servers: never served
 	}
 	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length}
+	if n.be.writeBehind > 0 && flags&(syscall.O_SYNC|syscall.O_DSYNC|syscall.O_DIRECT) == 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		h.striped.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
+	}
 	if rep.Truncated {
 		if errno := h.truncateObjects(ctx, 0); errno != 0 {
 			h.Release(ctx)
@@ -742,6 +745,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
 	if h.striped != nil {
+		h.settle()
 		h.reportSize(ctx)
 		h.releaseObjects(ctx)
 	}
@@ -776,6 +780,9 @@ func (h *fileHandle) PassthroughFd() (int, bool) {
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	if h.striped == nil {
 		return 0
+	}
+	if errno := h.settle(); errno != 0 {
+		return errno
 	}
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()

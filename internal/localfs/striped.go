@@ -26,7 +26,7 @@ import (
 )
 
 // openStripes connects the backend to the servers of a striped instance's data.
-func (be *backend) openStripes(spec Spec, path string, logger *log.Logger) error {
+func (be *backend) openStripes(spec Spec, limits Limits, path string, logger *log.Logger) error {
 	for i, st := range spec.Stripes {
 		var t transport
 		switch {
@@ -57,6 +57,7 @@ func (be *backend) openStripes(spec Spec, path string, logger *log.Logger) error
 		be.stripeNodes = append(be.stripeNodes, st.Node)
 	}
 	be.maxFileSize = spec.MaxFileSize
+	be.writeBehind = int64(max(limits.WriteBehind, 0))
 	return nil
 }
 
@@ -83,6 +84,39 @@ type stripedFile struct {
 	extent  uint64   // one past the last byte written or allocated through this handle
 	report  bool     // the size and mtime need reporting to the metadata server
 	dirty   bool     // data written since the last fsync
+
+	behind *writeBehind // nil: every write waits for its servers
+}
+
+// writeBehind carries a handle's writes to the servers after write(2) returned: a queue per
+// server, sent in order one at a time (so that overlapping writes land in the order they were
+// made), at most limit bytes in flight in all. The first error is kept, what was queued after
+// it dropped, and the next write, flush or fsync returns it, once (as Linux reports a
+// write-back error).
+type writeBehind struct {
+	limit int64
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	inflight int64
+	err      syscall.Errno
+	queues   []serverQueue
+}
+
+type serverQueue struct {
+	pending []queuedPiece
+	running bool
+}
+
+type queuedPiece struct {
+	piece stripe.Piece
+	data  []byte
+}
+
+func newWriteBehind(limit int64, servers int) *writeBehind {
+	wb := &writeBehind{limit: limit, queues: make([]serverQueue, servers)}
+	wb.cond = sync.NewCond(&wb.mu)
+	return wb
 }
 
 // object is a handle's open stripe object on one server.
@@ -209,6 +243,7 @@ func (h *fileHandle) size(ctx context.Context, end uint64) uint64 {
 }
 
 func (h *fileHandle) readStriped(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.node.settleAll()
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	start := uint64(off)
@@ -248,6 +283,9 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 		}
 		length = be.maxFileSize - start
 	}
+	if wb := h.striped.behind; wb != nil {
+		return h.writeBehind(wb, data[:length], start)
+	}
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	pieces := h.striped.layout.Pieces(start, length)
@@ -275,6 +313,114 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 	}
 	h.grew(start + n)
 	return uint32(n), 0 // short when cut at the maximum file size: the next write gets EFBIG
+}
+
+// writeBehind queues a write's pieces for their servers and returns at once, unless limit
+// bytes are already in flight: then it waits for room.
+func (h *fileHandle) writeBehind(wb *writeBehind, data []byte, start uint64) (uint32, syscall.Errno) {
+	n := int64(len(data))
+	wb.mu.Lock()
+	for wb.err == 0 && wb.inflight > 0 && wb.inflight+n > wb.limit {
+		wb.cond.Wait()
+	}
+	if wb.err != 0 {
+		errno := wb.err
+		wb.err = 0
+		wb.mu.Unlock()
+		return 0, errno
+	}
+	buf := append([]byte(nil), data...) // the kernel reuses data once we return
+	wb.inflight += n
+	for _, p := range h.striped.layout.Pieces(start, uint64(n)) {
+		q := &wb.queues[p.Server]
+		q.pending = append(q.pending, queuedPiece{piece: p, data: buf[p.BufOffset : p.BufOffset+p.Length]})
+		if !q.running {
+			q.running = true
+			go h.sendQueue(wb, p.Server)
+		}
+	}
+	wb.mu.Unlock()
+	h.grew(start + uint64(n))
+	return uint32(n), 0
+}
+
+// sendQueue sends one server's queued pieces in order until the queue is empty.
+func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
+	for {
+		wb.mu.Lock()
+		q := &wb.queues[s]
+		if len(q.pending) == 0 {
+			q.running = false
+			wb.mu.Unlock()
+			return
+		}
+		qp := q.pending[0]
+		q.pending = q.pending[1:]
+		failed := wb.err != 0
+		wb.mu.Unlock()
+		var errno syscall.Errno
+		if !failed { // after an error the rest is dropped: the writer learns of the error
+			errno = h.sendPiece(qp)
+		}
+		wb.mu.Lock()
+		wb.inflight -= int64(qp.piece.Length)
+		if errno != 0 && wb.err == 0 {
+			wb.err = errno
+		}
+		wb.cond.Broadcast()
+		wb.mu.Unlock()
+	}
+}
+
+// sendPiece writes one piece to its server's object.
+func (h *fileHandle) sendPiece(qp queuedPiece) syscall.Errno {
+	ctx, cancel := h.node.be.opCtx(context.Background())
+	defer cancel()
+	var rep proto.CountReply
+	call := &client.Call{Op: proto.OpWrite, UID: objectCaller, Data: qp.data, Reply: &rep}
+	_, errno := h.onObject(ctx, qp.piece.Server, call, func(id uint64) {
+		call.Req = &proto.WriteReq{Handle: id, Offset: qp.piece.ObjOffset}
+	})
+	if errno == 0 && rep.N < uint64(len(qp.data)) {
+		errno = syscall.ENOSPC // a server writes short only when its share is full
+	}
+	if errno == 0 {
+		h.markDirty(qp.piece.Server)
+	}
+	return errno
+}
+
+// settle waits until the handle's writes reached their servers, and returns the first error
+// any of them met.
+func (h *fileHandle) settle() syscall.Errno {
+	wb := h.striped.behind
+	if wb == nil {
+		return 0
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	for wb.inflight > 0 {
+		wb.cond.Wait()
+	}
+	errno := wb.err
+	wb.err = 0
+	return errno
+}
+
+// settleAll waits for the writes of every handle of this node's file: what a read, truncate
+// or fallocate must see.
+func (n *node) settleAll() {
+	n.mu.Lock()
+	var hs []*fileHandle
+	for h := range n.handles {
+		if h.striped != nil && h.striped.behind != nil {
+			hs = append(hs, h)
+		}
+	}
+	n.mu.Unlock()
+	for _, h := range hs {
+		h.settle()
+	}
 }
 
 func (h *fileHandle) markDirty(s int) {
@@ -322,6 +468,9 @@ func (h *fileHandle) reportSize(ctx context.Context) syscall.Errno {
 // fsyncStriped makes every server holding data written through this handle sync it, then
 // the size.
 func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Errno {
+	if errno := h.settle(); errno != 0 {
+		return errno
+	}
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	sf := h.striped
@@ -371,6 +520,7 @@ func (h *fileHandle) allocateStriped(ctx context.Context, off, size uint64, mode
 	if mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0 {
 		return syscall.EOPNOTSUPP // they would move data across servers
 	}
+	h.node.settleAll()
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	l := h.striped.layout

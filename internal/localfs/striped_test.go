@@ -119,6 +119,17 @@ func TestStripedLayoutOnTheServers(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(buf[:n]), "stripe_size=8192 stripe_width=2 start=") {
 		t.Errorf("an inherited layout reads %q, %v", buf[:n], err)
 	}
+	pinned := filepath.Join(root, "pinned")
+	os.Mkdir(pinned, 0o755)
+	if err := unix.Setxattr(pinned, "user.spillway.layout", []byte("stripe_width=1 start=1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		os.WriteFile(filepath.Join(pinned, name), []byte(name), 0o644)
+		if l, _ := backingLayout(t, in.src, "pinned/"+name); l.Start != 1 || l.Width != 1 {
+			t.Errorf("a file in a directory pinned to server 1: %+v", l)
+		}
+	}
 	if err := unix.Setxattr(filepath.Join(dir, "g"), "user.spillway.layout", []byte("stripe_width=3"), 0); !errors.Is(err, syscall.EEXIST) {
 		t.Errorf("changing the layout of a file with data: %v, want EEXIST", err)
 	}
@@ -186,6 +197,11 @@ func TestStripedTwoWritersOneFile(t *testing.T) {
 	first := bytes.Repeat([]byte{0xaa}, 4*chunk)
 	second := bytes.Repeat([]byte{0x55}, 3*chunk)
 	if _, err := fa.WriteAt(first, 4*chunk); err != nil {
+		t.Fatal(err)
+	}
+	// Across nodes, what comes first is what was synced (or closed) first: writes go on
+	// behind the writer until then.
+	if err := fa.Sync(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fb.WriteAt(second, 4*chunk+chunk/2); err != nil {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestStripedAcrossStorageNodes: three storage nodes and two compute nodes, each a host of its
@@ -177,4 +178,105 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 	c.wlm("--function", "post_run", "--token", "61", "--job", job)
 	c.wlm("--function", "teardown", "--token", "61", "--job", job)
 	c.assertClean()
+
+	t.Run("a data server dies and returns", func(t *testing.T) { c.stripeServerDies(t, pfs) })
+	c.assertClean()
+}
+
+// stripeServerDies: with a striped instance on hosta (its metadata server), hostc and hostd,
+// hostd's agent is killed while a process on hostb writes a file and another reads one: both
+// get an error within warpfs.request_timeout; a file whose stripes are all on hostc keeps
+// working, and new files can be placed there. When hostd returns, the file written before it
+// died reads back whole.
+func (c *netCluster) stripeServerDies(t *testing.T, pfs string) {
+	job := c.jobFile("faults.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=3GiB\n\x00")
+	c.wlm("--function", "setup", "--token", "62", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:3GiB", "--job", job)
+	pathfile := filepath.Join(c.dir, "paths62")
+	c.wlm("--function", "paths", "--token", "62", "--job", job, "--pathfile", pathfile)
+	env, _ := os.ReadFile(pathfile)
+	mount := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED="), "/")
+	c.wlm("--function", "pre_run", "--token", "62", "--job", job, "--nodehostnamefile", c.jobFile("faults.nodes", "hostb\n"))
+	run := func(script string) (string, error) {
+		out, err := c.onHost("hostb", script).CombinedOutput()
+		return string(out), err
+	}
+	// big's stripes are on all three servers; "safe" has one stripe, on hostc.
+	if out, err := run(fmt.Sprintf("set -e; cp %s/big.in %s/big; touch %s/safe", pfs, mount, mount)); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	out, err := run(binary + " stripes --json " + mount + "/big")
+	var shown []struct {
+		Servers []struct {
+			Index int    `json:"index"`
+			Node  string `json:"node"`
+		} `json:"servers"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &shown) != nil || len(shown) != 1 || len(shown[0].Servers) != 3 {
+		t.Fatalf("spillway stripes: %v\n%s", err, out)
+	}
+	index := map[string]int{}
+	for _, s := range shown[0].Servers {
+		index[s.Node] = s.Index
+	}
+	setLayout := `python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.spillway.layout", sys.argv[2].encode())' `
+	onC := fmt.Sprintf("'stripe_width=1 start=%d'", index["hostc"])
+	if out, err := run("set -e; " + setLayout + mount + "/safe " + onC + "; echo kept > " + mount + "/safe; mkdir " + mount + "/onc; " +
+		setLayout + mount + "/onc " + onC); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := sha256.Sum256(mustRead(t, filepath.Join(pfs, "big.in")))
+
+	// A writer of a file that spans every server, then hostd dies.
+	writer := c.onHost("hostb", "exec 3>"+mount+"/spanning; while dd if=/dev/zero bs=1M count=8 status=none >&3; do sleep 0.05; done; echo writer-failed")
+	var wout strings.Builder
+	writer.Stdout, writer.Stderr = &wout, &wout
+	if err := writer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Process.Kill()
+	time.Sleep(500 * time.Millisecond)
+	c.stop("hostd", true)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- writer.Wait() }()
+	select {
+	case <-done:
+		if took := time.Since(start); took > netRequestTimeout+netSlack || !strings.Contains(wout.String(), "writer-failed") {
+			t.Errorf("the writer ended after %s (bound %s): %s", took, netRequestTimeout, wout.String())
+		}
+	case <-time.After(netRequestTimeout + netSlack + 10*time.Second):
+		t.Fatalf("the writer still writes %s after its stripe server died: %s", time.Since(start), wout.String())
+	}
+	// Reading big needs hostd: an error within the bound. safe and new files on hostc work.
+	start = time.Now()
+	if out, err := run("cat " + mount + "/big > /dev/null"); err == nil || time.Since(start) > netRequestTimeout+netSlack {
+		t.Errorf("reading a file with stripes on the dead server: %v after %s\n%s", err, time.Since(start), out)
+	}
+	if out, err := run("set -e; cat " + mount + "/safe; echo new > " + mount + "/onc/new; cat " + mount + "/onc/new"); err != nil ||
+		out != "kept\nnew\n" {
+		t.Errorf("files with no stripe on the dead server: %v\n%s", err, out)
+	}
+	// hostd returns: big reads back whole.
+	c.start("hostd")
+	var sum string
+	c.waitFor("big readable again", func() bool {
+		out, err := run("sha256sum < " + mount + "/big")
+		sum = out
+		return err == nil
+	})
+	if !strings.HasPrefix(sum, hex.EncodeToString(want[:])) {
+		t.Errorf("after hostd returned, big reads as %s, want %x", sum, want)
+	}
+	c.wlm("--function", "post_run", "--token", "62", "--job", job)
+	c.wlm("--function", "teardown", "--token", "62", "--job", job)
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

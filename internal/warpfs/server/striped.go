@@ -53,7 +53,7 @@ func writeLayout(fd int, l stripe.Layout) syscall.Errno {
 func newFileID() uint64 {
 	var b [8]byte
 	rand.Read(b[:])
-	return binary.LittleEndian.Uint64(b[:]) | 1 // never 0, which marks a directory's layout
+	return binary.LittleEndian.Uint64(b[:]) | 2 // never 0 or 1 (stripe.FixedStart): directories' layouts
 }
 
 // layoutFor gives a regular file just created under a directory of a striped namespace its
@@ -237,7 +237,12 @@ func (v *volume) layoutXattr(op proto.Op, r *proto.XattrReq, t *target) (rep pro
 			return rep, syscall.EINVAL, true
 		}
 		if dir {
-			next.ID, next.Length, next.Start = 0, 0, 0
+			next.ID, next.Length = 0, 0
+			if strings.Contains(string(r.Value), "start=") {
+				next.ID = stripe.FixedStart // every new file starts there
+			} else {
+				next.Start = 0
+			}
 			return rep, writeLayout(t.fd, next), true
 		}
 		// A file's layout is fixed once it holds data: its objects are laid out by it.

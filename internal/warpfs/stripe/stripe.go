@@ -53,9 +53,17 @@ func (l Layout) Validate() error {
 	return nil
 }
 
+// FixedStart is the ID of a directory's layout whose files all start at its Start; a
+// directory's layout with ID 0 lets each file start where its id says.
+const FixedStart = 1
+
 // ForFile is the layout of a new file with id under a directory's default layout.
 func (l Layout) ForFile(id uint64) Layout {
-	return Layout{ID: id, Size: l.Size, Width: l.Width, Servers: l.Servers, Start: uint32(id % uint64(l.Servers))}
+	start := uint32(id % uint64(l.Servers))
+	if l.ID == FixedStart {
+		start = l.Start
+	}
+	return Layout{ID: id, Size: l.Size, Width: l.Width, Servers: l.Servers, Start: start}
 }
 
 // Server is the index of the server holding the file's stripe i.
