@@ -478,6 +478,25 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls localfs.Spec, remote bo
 		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
 	}
 	here := func(node string) bool { return node == a.opt.Name && a.ssd != "" }
+	if len(spec.Replicas) > 1 {
+		// A loadbalance namespace with a copy on every server: read-only, any copy will do.
+		ls.ReadOnly, remote = true, true
+		for _, r := range spec.Replicas {
+			if here(r.Node) {
+				t, err := a.tracker(spec.InstanceID)
+				if err != nil {
+					return ls, false, err
+				}
+				ls.Replicas = append(ls.Replicas, localfs.Server{Node: r.Node, Dir: a.namespaceDir(r.FragmentID, r.NamespaceID), Tracker: t})
+				remote = false
+				continue
+			}
+			rs := a.remoteSpec(spec, r.DataAddress, r.FragmentID, r.Capability, r.CapabilityKey)
+			rs.NamespaceID = r.NamespaceID
+			ls.Replicas = append(ls.Replicas, localfs.Server{Node: r.Node, Remote: rs})
+		}
+		return ls, remote, nil
+	}
 	if here(spec.StorageNode) {
 		ls.SourceDir = a.namespaceDir(spec.FragmentID, spec.NamespaceID)
 		if _, err := os.Stat(ls.SourceDir); err != nil {
@@ -504,7 +523,7 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls localfs.Spec, remote bo
 			if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 				return ls, false, err
 			}
-			ls.Stripes = append(ls.Stripes, localfs.Stripe{Node: st.Node, Dir: dir, Tracker: t})
+			ls.Stripes = append(ls.Stripes, localfs.Server{Node: st.Node, Dir: dir, Tracker: t})
 			remote = false
 			continue
 		}
@@ -512,7 +531,7 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls localfs.Spec, remote bo
 			return ls, false, fmt.Errorf("stripe server %d of %d, storage node %s, serves no remote mounts; set agent.data_listen (and agent.token_file) on it",
 				i+1, len(spec.Stripes), st.Node)
 		}
-		ls.Stripes = append(ls.Stripes, localfs.Stripe{Node: st.Node, Remote: a.remoteSpec(spec, st.DataAddress, st.FragmentID, st.Capability, st.CapabilityKey)})
+		ls.Stripes = append(ls.Stripes, localfs.Server{Node: st.Node, Remote: a.remoteSpec(spec, st.DataAddress, st.FragmentID, st.Capability, st.CapabilityKey)})
 	}
 	return ls, remote, nil
 }

@@ -63,6 +63,21 @@ type MountSpec struct {
 	// layout's order (package warpfs/stripe); empty when the instance has one fragment and
 	// its files hold their own data.
 	Stripes []StripeServer `json:"stripes,omitempty"`
+
+	// Replicas are a loadbalance instance's copies, one per storage node: this mount's own
+	// (the namespace above) first, then the others, which the client falls over to when its
+	// server stops answering. Empty for an instance on one node.
+	Replicas []Replica `json:"replicas,omitempty"`
+}
+
+// Replica is one copy of a loadbalance namespace, as a client reaches it.
+type Replica struct {
+	Node          string `json:"node"`
+	FragmentID    int64  `json:"fragment"`
+	NamespaceID   int64  `json:"namespace"`
+	DataAddress   string `json:"data_address,omitempty"`
+	Capability    string `json:"capability,omitempty"`
+	CapabilityKey string `json:"capability_key,omitempty"`
 }
 
 // StripeServer is one fragment of a striped instance, as a client reaches its objects.

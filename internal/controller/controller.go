@@ -604,5 +604,17 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 	if len(stripes) > 0 {
 		spec.Stripes = stripes
 	}
+	replicas := make([]agentapi.Replica, len(spec.Replicas))
+	for i, r := range spec.Replicas {
+		capability := nodekey.Capability{Fragment: r.FragmentID, Namespace: r.NamespaceID, Instance: spec.InstanceID,
+			Client: client, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
+			Expires: c.now().Add(c.cfg.Controller.MountCapabilityLifetime.D()).Unix()}.String()
+		r.Capability = capability
+		r.CapabilityKey = nodekey.SessionKey(nodekey.Derive(c.secret, r.Node), capability)
+		replicas[i] = r
+	}
+	if len(replicas) > 0 {
+		spec.Replicas = replicas
+	}
 	return spec
 }

@@ -373,6 +373,7 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 	}
 	w.put(inst)
 	var mds *model.Fragment
+	var frags []*model.Fragment
 	for _, pl := range placements {
 		fid, err := ids.NewID(KindFragment)
 		if err != nil {
@@ -380,6 +381,7 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 		}
 		f := &model.Fragment{ID: fid, InstanceID: iid, Node: pl.Node, Grains: pl.Grains, Capacity: pl.Grains * pool.Granularity, State: model.Creating()}
 		w.put(f)
+		frags = append(frags, f)
 		if mds == nil {
 			mds = f
 		}
@@ -411,7 +413,16 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 			MaxFileSize: req.MaxFileSize, ClientCache: req.ClientCache, State: model.Created(),
 		}
 		w.put(c)
-		if mode != model.AccessPrivate { // private namespaces are made per compute node at pre_run
+		switch {
+		case mode == model.AccessPrivate: // private namespaces are made per compute node at pre_run
+		case mode == model.AccessLoadbalance && len(frags) > 1:
+			// A replica on every server: each stages in its own copy, each compute node reads one.
+			for _, f := range frags {
+				if err := addNamespace(w, c, f, "", ids); err != nil {
+					return err
+				}
+			}
+		default:
 			if err := addNamespace(w, c, mds, "", ids); err != nil {
 				return err
 			}
@@ -493,7 +504,7 @@ func addStages(w *World, s *model.Session, direction string, reqs []StageRequest
 	var err error
 	type target struct {
 		config *model.Configuration
-		ns     *model.Namespace
+		ns     []*model.Namespace
 	}
 	var resolved []target
 	for _, r := range reqs {
@@ -524,36 +535,52 @@ func addStages(w *World, s *model.Session, direction string, reqs []StageRequest
 		if ns == nil {
 			return userErr("%s line %d: the instance has no namespace to stage into", step, r.Line)
 		}
-		resolved = append(resolved, target{cfg, ns})
+		nss := []*model.Namespace{ns}
+		if cfg.AccessMode == model.AccessLoadbalance && direction == model.StageIn {
+			nss = w.NamespacesOf(cfg.ID) // every replica, each staged by its own server
+		}
+		resolved = append(resolved, target{cfg, nss})
 	}
 	existing := w.StagesOf(s.ID)
 	for i, r := range reqs {
-		var found *model.Stage
-		for _, st := range existing {
-			if st.Direction == direction && st.Type == r.Type && st.PFSPath == r.PFSPath && st.DWPath == dwPathOf(r) {
-				found = st
+		for _, ns := range resolved[i].ns {
+			if err := addStage(w, s, existing, direction, r, resolved[i].config, ns, ids, status); err != nil {
+				return err
 			}
 		}
-		if found != nil {
-			again := found.Status == model.StageFailed || found.Status == model.StageCanceled || found.Status == model.StageDeferred
-			if again && status == model.StagePending {
-				found.Status, found.Error, found.Attempts = model.StagePending, "", 0
-				found.FilesDone, found.BytesDone = 0, 0
-				found.State = model.Creating()
-				w.put(found)
-			}
-			continue
-		}
-		id, err := ids.NewID(KindStage)
-		if err != nil {
-			return err
-		}
-		w.put(&model.Stage{
-			ID: id, SessionID: s.ID, ConfigurationID: resolved[i].config.ID, NamespaceID: resolved[i].ns.ID,
-			Direction: direction, Type: r.Type, PFSPath: r.PFSPath, DWPath: dwPathOf(r),
-			Line: r.Line, Status: status, State: model.Creating(),
-		})
 	}
+	return nil
+}
+
+// addStage creates one stage of a request into namespace ns, or retries the existing one.
+func addStage(w *World, s *model.Session, existing []*model.Stage, direction string, r StageRequest,
+	config *model.Configuration, ns *model.Namespace, ids IDSource, status string) error {
+	var found *model.Stage
+	for _, st := range existing {
+		if st.Direction == direction && st.Type == r.Type && st.PFSPath == r.PFSPath && st.DWPath == dwPathOf(r) &&
+			st.NamespaceID == ns.ID {
+			found = st
+		}
+	}
+	if found != nil {
+		again := found.Status == model.StageFailed || found.Status == model.StageCanceled || found.Status == model.StageDeferred
+		if again && status == model.StagePending {
+			found.Status, found.Error, found.Attempts = model.StagePending, "", 0
+			found.FilesDone, found.BytesDone = 0, 0
+			found.State = model.Creating()
+			w.put(found)
+		}
+		return nil
+	}
+	id, err := ids.NewID(KindStage)
+	if err != nil {
+		return err
+	}
+	w.put(&model.Stage{
+		ID: id, SessionID: s.ID, ConfigurationID: config.ID, NamespaceID: ns.ID,
+		Direction: direction, Type: r.Type, PFSPath: r.PFSPath, DWPath: dwPathOf(r),
+		Line: r.Line, Status: status, State: model.Creating(),
+	})
 	return nil
 }
 

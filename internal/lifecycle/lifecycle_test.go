@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -843,6 +844,64 @@ func TestStripedInstanceSpecs(t *testing.T) {
 	for _, m := range LiveMounts(h.w, "cn1") {
 		if strings.Contains(m.MountPath, "44_") && m.Stripes != nil {
 			t.Errorf("a one-fragment instance's mount lists stripe servers: %+v", m.Stripes)
+		}
+	}
+}
+
+// A loadbalance configuration on several nodes has a replica on each: every replica is
+// staged in by its own node, and each compute node mounts the replica its name picks, with
+// the others to fall over to.
+func TestLoadbalanceReplicas(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2", "ssd3")
+	h.must(ApplySetup(h.w, jobSetup("45", 3<<30, "loadbalance"), h, h.p, h.now))
+	var created []agentapi.NamespaceSpec
+	var stageNodes []string
+	step := func() {
+		for i := 0; i < 30; i++ {
+			for _, e := range Step(h.w, h.p, h.now) {
+				switch e.Op {
+				case OpCreateNamespace:
+					created = append(created, e.Namespace)
+				case OpStartStage:
+					stageNodes = append(stageNodes, e.Node)
+				}
+				r := Result{}
+				if e.Op == OpPollStage {
+					r.Stage = agentapi.StageStatus{Known: true, Status: model.StageComplete}
+				}
+				Complete(h.w, e, r, h.p, h.now)
+			}
+			h.w.TakeChanges()
+			h.now = h.now.Add(time.Second)
+		}
+	}
+	step()
+	if len(created) != 3 {
+		t.Fatalf("%d namespaces created, want a replica on each of 3 nodes", len(created))
+	}
+	for _, ns := range created {
+		if ns.Servers != 0 {
+			t.Errorf("a replica is striped: %+v", ns)
+		}
+	}
+	h.must(ApplyStages(h.w, "45", model.StageIn, []StageRequest{
+		{Type: "file", PFSPath: "/pfs/in.dat", DWVar: VarJobLoadbalance, DWPath: "/in.dat", Line: 3},
+	}, h, h.now))
+	step()
+	sort.Strings(stageNodes)
+	if strings.Join(stageNodes, ",") != "ssd1,ssd2,ssd3" {
+		t.Errorf("stage-in ran on %v, want once on every server", stageNodes)
+	}
+	h.must(ApplyPreRun(h.w, "45", []string{"cn1", "cn2"}, h, h.p))
+	h.settle()
+	for _, node := range []string{"cn1", "cn2"} {
+		mounts := LiveMounts(h.w, node)
+		if len(mounts) != 1 || len(mounts[0].Replicas) != 3 || mounts[0].Stripes != nil {
+			t.Fatalf("%s: %+v", node, mounts)
+		}
+		m := mounts[0]
+		if m.Replicas[0].NamespaceID != m.NamespaceID || m.Replicas[0].Node != m.StorageNode {
+			t.Errorf("%s: its own replica is not first: %+v", node, m.Replicas)
 		}
 	}
 }

@@ -105,8 +105,8 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 					continue
 				}
 				spec := agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID, Owner: c.Owner, Group: c.Group, Mode: c.RootPermissions}
-				if servers := len(w.FragmentsOf(inst.ID)); servers > 1 {
-					spec.Servers, spec.StripeSize = servers, w.StripeSize(inst)
+				if striped(w, c) {
+					spec.Servers, spec.StripeSize = len(w.FragmentsOf(inst.ID)), w.StripeSize(inst)
 				}
 				effects = append(effects, Effect{Op: OpCreateNamespace, Ref: Ref{KindNamespace, ns.ID}, Node: f.Node, Namespace: spec})
 			}
@@ -205,8 +205,50 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 	if inst := w.Instances[c.InstanceID]; inst != nil {
 		spec.Capacity = inst.Capacity
 	}
-	spec.Stripes = stripeServers(w, c.InstanceID)
+	if striped(w, c) {
+		spec.Stripes = stripeServers(w, c.InstanceID)
+	}
+	spec.Replicas = replicas(w, c, ns)
 	return spec
+}
+
+// striped reports whether a configuration's files are striped over its instance's servers:
+// every access mode of an instance on several nodes but loadbalance, which has a replica on
+// each.
+func striped(w *World, c *model.Configuration) bool {
+	return c.AccessMode != model.AccessLoadbalance && len(w.FragmentsOf(c.InstanceID)) > 1
+}
+
+// replicas are a loadbalance configuration's replicas for a client that reads ns: ns first,
+// then the others in order, to fail over to; none for a configuration with one namespace.
+func replicas(w *World, c *model.Configuration, ns *model.Namespace) []agentapi.Replica {
+	nss := w.NamespacesOf(c.ID)
+	if c.AccessMode != model.AccessLoadbalance || len(nss) < 2 {
+		return nil
+	}
+	var out []agentapi.Replica
+	for i := range nss {
+		r := nss[(indexOf(nss, ns)+i)%len(nss)]
+		f := w.Fragments[r.FragmentID]
+		if f == nil {
+			continue
+		}
+		rep := agentapi.Replica{Node: f.Node, FragmentID: f.ID, NamespaceID: r.ID}
+		if n := w.Nodes[f.Node]; n != nil {
+			rep.DataAddress = n.DataAddress
+		}
+		out = append(out, rep)
+	}
+	return out
+}
+
+func indexOf(nss []*model.Namespace, ns *model.Namespace) int {
+	for i, n := range nss {
+		if n == ns {
+			return i
+		}
+	}
+	return 0
 }
 
 // stripeServers are the servers of a striped instance's data: its fragments in id order (the
@@ -265,6 +307,9 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 	}
 	for _, e := range Exposures(w, s) {
 		ens := w.NamespaceFor(e.Config, "")
+		if e.Config.ID == st.ConfigurationID {
+			ens = ns // a loadbalance replica's stage fills that replica
+		}
 		if ens == nil || e.Config.AccessMode == model.AccessPrivate {
 			continue
 		}
@@ -273,7 +318,7 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 			continue
 		}
 		spec.Roots[e.Var] = NamespaceLocator(ef.ID, ens.ID)
-		if stripes := stripeServers(w, e.Config.InstanceID); stripes != nil {
+		if stripes := stripeServers(w, e.Config.InstanceID); stripes != nil && striped(w, e.Config) {
 			// The storage node stages a striped namespace through a mount of its own.
 			if spec.Striped == nil {
 				spec.Striped = map[string]agentapi.MountSpec{}

@@ -260,7 +260,15 @@ func (w *World) NamespacesOf(configID ID) []*model.Namespace {
 // NamespaceFor returns the namespace of a configuration seen by a client node: the shared one
 // for striped and loadbalance, the node's own for private.
 func (w *World) NamespaceFor(c *model.Configuration, node string) *model.Namespace {
-	for _, n := range w.NamespacesOf(c.ID) {
+	nss := w.NamespacesOf(c.ID)
+	if c.AccessMode == model.AccessLoadbalance && len(nss) > 1 {
+		// Replicas: each compute node reads the one its name picks (the first for staging).
+		if node == "" {
+			return nss[0]
+		}
+		return nss[spreadIndex(node, len(nss))]
+	}
+	for _, n := range nss {
 		if c.AccessMode != model.AccessPrivate || n.ClientNode == node {
 			return n
 		}

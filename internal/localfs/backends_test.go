@@ -129,10 +129,10 @@ func (b testBackend) prepare(t *testing.T, spec Spec) Spec {
 			if err := os.MkdirAll(dir, 0o700); err != nil {
 				t.Fatal(err)
 			}
-			st := Stripe{Dir: dir, Tracker: spec.Tracker}
+			st := Server{Dir: dir, Tracker: spec.Tracker}
 			if b.remote {
 				s := startServer(t, "", dir, spec.Tracker, logTo)
-				st = Stripe{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, InstanceID: 3}}
+				st = Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, InstanceID: 3}}
 			}
 			spec.Stripes = append(spec.Stripes, st)
 		}

@@ -59,7 +59,11 @@ type Spec struct {
 	Remote *Remote
 	// Stripes are the servers of a striped instance's file data, in its layout's order (one
 	// per fragment); empty for an instance on one fragment, whose files hold their data.
-	Stripes []Stripe
+	Stripes []Server
+	// Replicas are the copies of a read-only loadbalance namespace, one per server: the mount
+	// reads the first and falls over to the next when its server stops answering. Instead of
+	// SourceDir and Remote; empty for a namespace with one copy.
+	Replicas []Server
 	// ReadOnly mounts the namespace read-only (loadbalance after stage-in): every change
 	// fails with EROFS.
 	ReadOnly bool
@@ -93,10 +97,10 @@ type Spec struct {
 	Debug bool
 }
 
-// Stripe is one server of a striped instance's file data: its fragment's stripe directory on
-// this host, or the stripe objects of a fragment on another host (Remote, whose NamespaceID
-// is unused).
-type Stripe struct {
+// Server is one server of a mount's data: a directory on this host (the namespace of a
+// replica, or a fragment's stripe objects), or the same on another host (Remote; for stripe
+// objects its NamespaceID is unused).
+type Server struct {
 	Node    string // the storage node's name, shown by `spillway stripes`
 	Dir     string
 	Tracker *usage.Tracker
@@ -385,7 +389,9 @@ func Mount(spec Spec) (*Mounted, error) {
 
 	asRoot := os.Geteuid() == 0
 	var be *backend
-	if spec.Remote != nil {
+	if len(spec.Replicas) > 0 {
+		be, err = openReplicas(spec, limits, path, logger)
+	} else if spec.Remote != nil {
 		be, err = dialRemote(spec, limits, logger)
 	} else {
 		be, err = openLocal(spec, limits, path, asRoot, logger)
@@ -449,6 +455,9 @@ func Mount(spec Spec) (*Mounted, error) {
 
 // source names what the mount serves, for messages.
 func (s Spec) source() string {
+	if len(s.Replicas) > 0 {
+		return fmt.Sprintf("%d replicas of a namespace", len(s.Replicas))
+	}
 	if s.Remote != nil {
 		return fmt.Sprintf("namespace %d on %s", s.Remote.NamespaceID, s.Remote.Address)
 	}
@@ -459,6 +468,13 @@ func (s Spec) validate() error {
 	if s.MountPath == "" || !filepath.IsAbs(s.MountPath) {
 		return fmt.Errorf("mount path %q is not an absolute path; pass the activation's mount path, "+
 			"e.g. /var/opt/spillway/mounts/batch/42_striped_scratch", s.MountPath)
+	}
+	if len(s.Replicas) > 0 {
+		if s.Remote != nil || s.SourceDir != "" || !s.ReadOnly {
+			return fmt.Errorf("mount at %s: replicas are read-only and name their own servers; "+
+				"pass them alone, with ReadOnly", s.MountPath)
+		}
+		return nil
 	}
 	if s.Remote != nil {
 		if s.SourceDir != "" || s.Tracker != nil {

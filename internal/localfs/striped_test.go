@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand"
@@ -13,10 +14,12 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
 
@@ -58,7 +61,7 @@ func (in *stripedInstance) spec(mp, node string) Spec {
 	spec := Spec{MountPath: mp, Logger: nil,
 		Remote: &Remote{Address: in.mds, Token: testToken, Client: node, FragmentID: 1, NamespaceID: 2, InstanceID: 3}}
 	for _, addr := range in.stripes {
-		spec.Stripes = append(spec.Stripes, Stripe{Remote: &Remote{Address: addr, Token: testToken, Client: node, FragmentID: 1, InstanceID: 3}})
+		spec.Stripes = append(spec.Stripes, Server{Remote: &Remote{Address: addr, Token: testToken, Client: node, FragmentID: 1, InstanceID: 3}})
 	}
 	return spec
 }
@@ -302,4 +305,51 @@ func TestStripedStatfs(t *testing.T) {
 // quietSlog drops a test server's connection chatter.
 func quietSlog(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// A loadbalance mount reads one replica, and when that replica's server dies, the next: a
+// file open across the failover goes on reading, new opens work, nothing may be written.
+func TestReplicasFailOver(t *testing.T) {
+	_, mp := dirs(t)
+	lim := client.Limits{RequestTimeout: 1500 * time.Millisecond, KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond}
+	var servers []*testServer
+	var replicas []Server
+	data := bytes.Repeat([]byte("replica "), 100000)
+	for i := 0; i < 2; i++ {
+		dir := t.TempDir()
+		for _, name := range []string{"a", "b"} {
+			if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s := startServer(t, "", dir, usage.New("replica", 64*mib), quietSlog(t))
+		servers = append(servers, s)
+		replicas = append(replicas, Server{Node: fmt.Sprintf("ssd%d", i+1),
+			Remote: &Remote{Address: s.addr, Token: testToken, Client: "cn1", NamespaceID: int64(i + 1), Limits: lim}})
+	}
+	m := mount(t, Spec{MountPath: mp, ReadOnly: true, Replicas: replicas, Logger: quietLogger(t)})
+	f, err := os.Open(filepath.Join(m.Path(), "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	servers[0].stop()
+	start := time.Now()
+	got := make([]byte, len(data))
+	if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("reading an open file after its replica died: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(m.Path(), "b")); err != nil || !bytes.Equal(b, data) {
+		t.Errorf("opening another file after the failover: %v", err)
+	}
+	if took := time.Since(start); took > 2*lim.RequestTimeout+time.Second {
+		t.Errorf("the failover took %s", took)
+	}
+	if err := os.WriteFile(filepath.Join(m.Path(), "c"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("writing to a loadbalance mount: %v, want EROFS", err)
+	}
 }

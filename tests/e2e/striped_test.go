@@ -179,6 +179,33 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 	c.wlm("--function", "teardown", "--token", "61", "--job", job)
 	c.assertClean()
 
+	// Loadbalance: a replica on every storage node, each staged in by its own node; both
+	// compute nodes read the file whole.
+	job = c.jobFile("lb.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=loadbalance capacity=3GiB\n"+
+		"#DW stage_in type=file source="+pfs+"/big.in destination=$DW_JOB_LDBAL/big\n\x00")
+	c.wlm("--function", "setup", "--token", "63", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:3GiB", "--job", job)
+	c.wlm("--function", "data_in", "--token", "63", "--job", job)
+	for _, h := range storage {
+		copies, _ := filepath.Glob(filepath.Join(c.dir, h, "ssd", "fragment", "*", "namespace", "*", "big"))
+		if len(copies) != 1 || !bytes.Equal(mustRead(t, copies[0]), big) {
+			t.Errorf("%s holds %d replicas of the staged file, want 1 whole", h, len(copies))
+		}
+	}
+	pathfile = filepath.Join(c.dir, "paths63")
+	c.wlm("--function", "paths", "--token", "63", "--job", job, "--pathfile", pathfile)
+	env, _ = os.ReadFile(pathfile)
+	lb := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_LDBAL="), "/")
+	c.wlm("--function", "pre_run", "--token", "63", "--job", job, "--nodehostnamefile", nodes)
+	for _, h := range []string{"hostb", "hoste"} {
+		if out := run(h, "sha256sum "+lb+"/big"); !strings.Contains(out, sum(big)) {
+			t.Errorf("%s reads the loadbalance replica as %s", h, out)
+		}
+	}
+	c.wlm("--function", "post_run", "--token", "63", "--job", job)
+	c.wlm("--function", "teardown", "--token", "63", "--job", job)
+	c.assertClean()
+
 	t.Run("a data server dies and returns", func(t *testing.T) { c.stripeServerDies(t, pfs) })
 	c.assertClean()
 }
