@@ -162,6 +162,78 @@ class Bench:
         return {"w4": w4, "r4": r4, "w2c": w2, "r2c": r2}
 
 
+class Gluster:
+    """GlusterFS (Debian's glusterfs-server) on the same storage hosts: a glusterd per host in
+    a mount namespace of its own (its state, sockets and logs in the run's directory), one
+    brick per host on the same file system as Spillway's SSD paths, a distributed volume over
+    the hosts, mounted with the glusterfs FUSE client on compute node c1."""
+
+    def __init__(self, c, work):
+        self.c, self.work, self.procs = c, work, {}
+
+    def start(self, hosts):
+        for name in hosts:
+            base = os.path.join(self.work, "gluster", name)
+            for d in ("lib", "run", "log", "brick"):
+                os.makedirs(os.path.join(base, d), exist_ok=True)
+            sh("cp", "-a", "/var/lib/glusterd/.", os.path.join(base, "lib"))
+            # A /run of its own: glusterd's socket (/run/glusterd.socket) is per host.
+            script = (f"mount --bind {base}/lib /var/lib/glusterd && mount -t tmpfs none /run && "
+                      f"mkdir -p /run/gluster && mount --bind {base}/run /run/gluster && "
+                      f"mount --bind {base}/log /var/log/glusterfs && exec glusterd -N")
+            log = open(os.path.join(base, "glusterd.out"), "w")
+            self.procs[name] = subprocess.Popen(
+                ["ip", "netns", "exec", f"{self.c.tag}-{name}", "unshare", "--mount", "--propagation", "private",
+                 "sh", "-c", script], stdout=log, stderr=log)
+        for name in hosts:
+            self.wait(name, "gluster pool list")
+
+    def cli(self, name, args, check=True):
+        cmd = ["nsenter", "-t", str(self.procs[name].pid), "-m", "-n", "--", "gluster", "--mode=script"] + args
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if check and r.returncode != 0:
+            sys.exit(f"gluster {' '.join(args)} on {name}: {r.stdout}{r.stderr}")
+        return r
+
+    def wait(self, name, what):
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            # glusterd execs in a child of unshare's shell: enter the namespaces of that process.
+            if self.cli(name, what.split()[1:], check=False).returncode == 0:
+                return
+            time.sleep(0.5)
+        sys.exit(f"glusterd on {name} did not answer")
+
+    def volume(self, hosts):
+        first = hosts[0]
+        for h in hosts[1:]:
+            self.cli(first, ["peer", "probe", self.c.addr[h]])
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            out = self.cli(first, ["pool", "list"]).stdout
+            if out.count("Connected") >= len(hosts):
+                break
+            time.sleep(0.5)
+        bricks = [f"{self.c.addr[h]}:{os.path.join(self.work, 'gluster', h, 'brick', 'b')}" for h in hosts]
+        self.cli(first, ["volume", "create", "bench", "transport", "tcp"] + bricks + ["force"])
+        self.cli(first, ["volume", "start", "bench"])
+
+    def mount(self, host, path):
+        r = self.c.on(host, f"mkdir -p {path} && mount -t glusterfs {self.c.addr['s1']}:/bench {path} && "
+                            f"chown {NOBODY}:{NOBODY} {path}", user=False)
+        if r.returncode != 0:
+            sys.exit(f"mounting the gluster volume on {host}: {r.stdout}{r.stderr}")
+
+    def close(self, host, path):
+        self.c.on(host, f"umount -l {path}", user=False)
+        for name, p in self.procs.items():
+            self.cli(name, ["volume", "stop", "bench", "force"], check=False) if name == "s1" else None
+        for p in self.procs.values():
+            subprocess.run(["pkill", "-TERM", "-P", str(p.pid)], capture_output=True)
+            p.terminate()
+        subprocess.run(["pkill", "-f", os.path.join(self.work, "gluster")], capture_output=True)
+
+
 def cap_links(c, mbit, on):
     """Caps (or uncaps) every storage node's link both ways with a token bucket."""
     for name in STORAGE:
@@ -183,7 +255,12 @@ def main():
     ap.add_argument("--servers", default="1,2,4")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--no-gluster", action="store_true", help="skip the GlusterFS comparison")
+    ap.add_argument("--only-gluster", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    use_gluster = not a.no_gluster
+    if use_gluster and not shutil.which("glusterd"):
+        sys.exit("glusterd not found: apt-get install glusterfs-server glusterfs-client (or --no-gluster)")
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark creates network namespaces, caps links and drops the page cache")
     for tool in ("ip", "tc", "nsenter", "setpriv", "fio"):
@@ -208,7 +285,20 @@ def main():
         results["raw"] = b.all_uncapped(None, raw)
         w, r = b.seq(None, raw, "1M", 1)
         results["raw"]["w1"], results["raw"]["r1"] = w, r
-        for n in servers:
+        if use_gluster:
+            g = Gluster(c, work)
+            hosts = list(STORAGE[:max(servers)])
+            gmnt = os.path.join(work, "gluster-mount")
+            try:
+                print(f"GlusterFS, {len(hosts)} bricks …", flush=True)
+                g.start(hosts)
+                g.volume(hosts)
+                g.mount("c1", gmnt)
+                results["gluster"] = b.all_uncapped("c1", gmnt)
+                print(json.dumps(results["gluster"], indent=1), flush=True)
+            finally:
+                g.close("c1", gmnt)
+        for n in ([] if a.only_gluster else servers):
             token = str(100 + n)
             job = os.path.join(work, f"job{n}.sh")
             with open(job, "w") as f:

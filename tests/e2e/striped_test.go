@@ -208,6 +208,41 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 
 	t.Run("a data server dies and returns", func(t *testing.T) { c.stripeServerDies(t, pfs) })
 	c.assertClean()
+	t.Run("a compute node dies with files open", func(t *testing.T) { c.computeNodeDies(t) })
+	c.assertClean()
+}
+
+// computeNodeDies: hostb's agent (its FUSE client) is killed while a process there has a
+// striped file open after syncing it; hoste reads what was synced, whole; hostb's agent comes
+// back, remounts, and the job ends cleanly.
+func (c *netCluster) computeNodeDies(t *testing.T) {
+	job := c.jobFile("cdies.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=3GiB\n\x00")
+	c.wlm("--function", "setup", "--token", "64", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:3GiB", "--job", job)
+	pathfile := filepath.Join(c.dir, "paths64")
+	c.wlm("--function", "paths", "--token", "64", "--job", job, "--pathfile", pathfile)
+	env, _ := os.ReadFile(pathfile)
+	mount := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED="), "/")
+	c.wlm("--function", "pre_run", "--token", "64", "--job", job, "--nodehostnamefile", c.jobFile("cdies.nodes", "hostb\nhoste\n"))
+	// 20 MiB written and synced, then the file stays open.
+	holder := c.onHost("hostb", "exec 3>"+mount+"/kept; head -c 20971520 /dev/zero | tr '\\0' x >&3; "+
+		"python3 -c 'import os; os.fsync(3)'; echo synced; exec sleep 600")
+	var out strings.Builder
+	holder.Stdout, holder.Stderr = &out, &out
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Process.Kill()
+	c.waitFor("the file synced on hostb", func() bool { return strings.Contains(out.String(), "synced") })
+	c.stop("hostb", true)
+	got, err := c.onHost("hoste", "stat -c %s "+mount+"/kept; tr -d x < "+mount+"/kept | wc -c").CombinedOutput()
+	if err != nil || string(got) != "20971520\n0\n" {
+		t.Errorf("hoste reads the file hostb synced before dying as %q (%v), want 20971520 bytes of x", got, err)
+	}
+	holder.Process.Kill()
+	c.start("hostb")
+	c.wlm("--function", "post_run", "--token", "64", "--job", job)
+	c.wlm("--function", "teardown", "--token", "64", "--job", job)
 }
 
 // stripeServerDies: with a striped instance on hosta (its metadata server), hostc and hostd,
