@@ -586,34 +586,29 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 	if c.secret == "" || spec.StorageNode == "" {
 		return spec
 	}
-	capability := nodekey.Capability{Fragment: spec.FragmentID, Namespace: spec.NamespaceID, Instance: spec.InstanceID,
-		Client: client, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
-		Expires: c.now().Add(c.cfg.Controller.MountCapabilityLifetime.D()).Unix()}.String()
-	spec.Capability = capability
-	spec.CapabilityKey = nodekey.SessionKey(nodekey.Derive(c.secret, spec.StorageNode), capability)
-	// A striped instance's data: a capability for each server's stripe objects.
-	stripes := make([]agentapi.StripeServer, len(spec.Stripes))
-	for i, st := range spec.Stripes {
-		capability := nodekey.Capability{Fragment: st.FragmentID, Instance: spec.InstanceID, Stripes: true,
+	// sign grants client one fragment's namespace (or stripe objects) on storage node.
+	sign := func(node string, fragment, namespace int64, stripes bool) (capability, key string) {
+		capability = nodekey.Capability{Fragment: fragment, Namespace: namespace, Instance: spec.InstanceID, Stripes: stripes,
 			Client: client, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 			Expires: c.now().Add(c.cfg.Controller.MountCapabilityLifetime.D()).Unix()}.String()
-		st.Capability = capability
-		st.CapabilityKey = nodekey.SessionKey(nodekey.Derive(c.secret, st.Node), capability)
-		stripes[i] = st
+		return capability, nodekey.SessionKey(nodekey.Derive(c.secret, node), capability)
 	}
-	if len(stripes) > 0 {
+	spec.Capability, spec.CapabilityKey = sign(spec.StorageNode, spec.FragmentID, spec.NamespaceID, false)
+	// A striped instance's data: each server's stripe objects. A loadbalance one's: each replica.
+	if len(spec.Stripes) > 0 {
+		stripes := make([]agentapi.StripeServer, len(spec.Stripes))
+		for i, st := range spec.Stripes {
+			st.Capability, st.CapabilityKey = sign(st.Node, st.FragmentID, 0, true)
+			stripes[i] = st
+		}
 		spec.Stripes = stripes
 	}
-	replicas := make([]agentapi.Replica, len(spec.Replicas))
-	for i, r := range spec.Replicas {
-		capability := nodekey.Capability{Fragment: r.FragmentID, Namespace: r.NamespaceID, Instance: spec.InstanceID,
-			Client: client, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
-			Expires: c.now().Add(c.cfg.Controller.MountCapabilityLifetime.D()).Unix()}.String()
-		r.Capability = capability
-		r.CapabilityKey = nodekey.SessionKey(nodekey.Derive(c.secret, r.Node), capability)
-		replicas[i] = r
-	}
-	if len(replicas) > 0 {
+	if len(spec.Replicas) > 0 {
+		replicas := make([]agentapi.Replica, len(spec.Replicas))
+		for i, r := range spec.Replicas {
+			r.Capability, r.CapabilityKey = sign(r.Node, r.FragmentID, r.NamespaceID, false)
+			replicas[i] = r
+		}
 		spec.Replicas = replicas
 	}
 	return spec
