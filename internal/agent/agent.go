@@ -2,7 +2,7 @@
 // fragments (a directory per fragment under the SSD path, capacity enforced), the namespaces
 // inside them, serves them to other hosts' mounts (warpfs, ServeData), and runs its share of
 // every stage as the job's user. Its client role makes namespaces appear at mount paths on
-// compute nodes (the FUSE client of package localfs): through a loopback when the namespace is
+// compute nodes (the FUSE client of package mount): through a loopback when the namespace is
 // on the same host, over the network otherwise.
 //
 // Every call is idempotent: the controller repeats calls after it restarts.
@@ -24,11 +24,11 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
-	"github.com/spillway-hpc/spillway/internal/localfs"
+	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/units"
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
@@ -47,7 +47,7 @@ type Options struct {
 	Address     string   // where the controller reaches this agent ("" = in-process)
 	WorkerExe   []string // argv prefix of the stage worker, e.g. [/proc/self/exe stage-worker]
 	StageLimits stage.Limits
-	Mount       localfs.Limits
+	Mount       mount.Limits
 	Log         *slog.Logger
 
 	// Token is the cluster's shared secret: the data server checks it, and remote mounts
@@ -60,7 +60,7 @@ type Options struct {
 	// the data server.
 	Warpfs       client.Limits
 	WarpfsServer server.Limits
-	// RemoteReadahead is the readahead of remote mounts, in bytes (0 = localfs's default).
+	// RemoteReadahead is the readahead of remote mounts, in bytes (0 = the mount's default).
 	RemoteReadahead int
 	// DataTLS is what storage nodes serving warpfs over TLS must prove ([tls] ca_file).
 	DataTLS *tls.Config
@@ -454,12 +454,12 @@ func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
 	}
 	a.mu.Unlock()
 	// Not under a.mu: reaching storage nodes may take warpfs.connect_timeout, and the
-	// heartbeat must not wait (localfs serializes mounts of one path itself).
+	// heartbeat must not wait (mount serializes mounts of one path itself).
 	ls, remote, err := a.mountSource(spec)
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
 	}
-	m, err := localfs.Mount(ls)
+	m, err := mount.Mount(ls)
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
 	}
@@ -472,8 +472,8 @@ func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
 // mountSource says where a mount's namespace and, for a striped instance, its file data are:
 // in this process for what this node holds, over the network for the rest. remote is true
 // when nothing of it is on this node.
-func (a *Agent) mountSource(spec agentapi.MountSpec) (ls localfs.Spec, remote bool, err error) {
-	ls = localfs.Spec{
+func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool, err error) {
+	ls = mount.Spec{
 		MountPath: spec.MountPath, ReadOnly: spec.ReadOnly, AllowOther: a.root, FsName: spec.Label,
 		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
 	}
@@ -487,13 +487,13 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls localfs.Spec, remote bo
 				if err != nil {
 					return ls, false, err
 				}
-				ls.Replicas = append(ls.Replicas, localfs.Server{Node: r.Node, Dir: a.namespaceDir(r.FragmentID, r.NamespaceID), Tracker: t})
+				ls.Replicas = append(ls.Replicas, mount.Server{Node: r.Node, Dir: a.namespaceDir(r.FragmentID, r.NamespaceID), Tracker: t})
 				remote = false
 				continue
 			}
 			rs := a.remoteSpec(spec, r.DataAddress, r.FragmentID, r.Capability, r.CapabilityKey)
 			rs.NamespaceID = r.NamespaceID
-			ls.Replicas = append(ls.Replicas, localfs.Server{Node: r.Node, Remote: rs})
+			ls.Replicas = append(ls.Replicas, mount.Server{Node: r.Node, Remote: rs})
 		}
 		return ls, remote, nil
 	}
@@ -523,7 +523,7 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls localfs.Spec, remote bo
 			if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 				return ls, false, err
 			}
-			ls.Stripes = append(ls.Stripes, localfs.Server{Node: st.Node, Dir: dir, Tracker: t})
+			ls.Stripes = append(ls.Stripes, mount.Server{Node: st.Node, Dir: dir, Tracker: t})
 			remote = false
 			continue
 		}
@@ -531,14 +531,14 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls localfs.Spec, remote bo
 			return ls, false, fmt.Errorf("stripe server %d of %d, storage node %s, serves no remote mounts; set agent.data_listen (and agent.token_file) on it",
 				i+1, len(spec.Stripes), st.Node)
 		}
-		ls.Stripes = append(ls.Stripes, localfs.Server{Node: st.Node, Remote: a.remoteSpec(spec, st.DataAddress, st.FragmentID, st.Capability, st.CapabilityKey)})
+		ls.Stripes = append(ls.Stripes, mount.Server{Node: st.Node, Remote: a.remoteSpec(spec, st.DataAddress, st.FragmentID, st.Capability, st.CapabilityKey)})
 	}
 	return ls, remote, nil
 }
 
 // remoteSpec is how this node reaches a fragment on another node for a mount.
-func (a *Agent) remoteSpec(spec agentapi.MountSpec, address string, fragmentID int64, capability, key string) *localfs.Remote {
-	return &localfs.Remote{Address: address, Token: a.opt.Token, Client: a.opt.Name,
+func (a *Agent) remoteSpec(spec agentapi.MountSpec, address string, fragmentID int64, capability, key string) *mount.Remote {
+	return &mount.Remote{Address: address, Token: a.opt.Token, Client: a.opt.Name,
 		Capability: capability, CapabilityKey: key,
 		FragmentID: fragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs,
 		Readahead: a.opt.RemoteReadahead, TLS: a.opt.DataTLS}
@@ -554,9 +554,9 @@ func (a *Agent) Unmount(ctx context.Context, activationID int64, mountPath strin
 	if m != nil {
 		err = m.m.Unmount()
 	} else {
-		err = localfs.UnmountPath(mountPath, a.opt.Mount)
+		err = mount.UnmountPath(mountPath, a.opt.Mount)
 	}
-	if errors.Is(err, localfs.ErrDetached) {
+	if errors.Is(err, mount.ErrDetached) {
 		a.opt.Log.Warn("unmount detached a busy mount lazily", "path", mountPath, "err", err)
 		err = nil
 	}
@@ -756,7 +756,7 @@ func (a *Agent) Close() {
 
 // mounted is a mount this agent serves.
 type mounted struct {
-	m        *localfs.Mounted
+	m        *mount.Mounted
 	instance int64
 	since    time.Time
 	remote   bool // the namespace is on another node

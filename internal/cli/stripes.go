@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/localfs"
+	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
@@ -122,7 +122,7 @@ func readStripes(path string) (fileStripes, error) {
 	if err != nil {
 		return out, fmt.Errorf("reading its layout: %w (is it on a Spillway mount?)", err)
 	}
-	names, err := getxattr(path, localfs.ServersXattr)
+	names, err := getxattr(path, mount.ServersXattr)
 	if err != nil {
 		return out, fmt.Errorf("reading the instance's servers: %w", err)
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
-	"github.com/spillway-hpc/spillway/internal/localfs"
+	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
@@ -253,8 +253,8 @@ func WarpfsServerLimits(cfg config.Config) server.Limits {
 }
 
 // MountLimits maps the configuration onto the FUSE client's limits.
-func MountLimits(cfg config.Config) localfs.Limits {
-	return localfs.Limits{
+func MountLimits(cfg config.Config) mount.Limits {
+	return mount.Limits{
 		ClientCacheTimeout: cfg.Mount.ClientCacheTimeout.D(),
 		MaxWrite:           int(cfg.Mount.MaxWrite),
 		UnmountBusyTimeout: cfg.Mount.UnmountTimeout.D(),
@@ -262,7 +262,7 @@ func MountLimits(cfg config.Config) localfs.Limits {
 	}
 }
 
-// writeBehind is mount.write_behind as localfs takes it: 0 (off) is negative there.
+// writeBehind is mount.write_behind as package mount takes it: 0 (off) is negative there.
 func writeBehind(size config.Size) int {
 	if size == 0 {
 		return -1

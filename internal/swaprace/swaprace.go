@@ -1,6 +1,6 @@
 // Package swaprace is the attacker of the symlink-swap tests: what a hostile ordinary user
 // does to a root-served burst-buffer mount to reach files outside the instance. It is test
-// support, run as an ordinary user in a separate process by the localfs and end-to-end
+// support, run as an ordinary user in a separate process by the mount and end-to-end
 // tests; it lives here so both suites run the same attack.
 //
 // The attack: in a directory of their own instance the user keeps a real directory "d" and a

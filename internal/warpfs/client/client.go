@@ -1,7 +1,7 @@
 // Package client is the compute side of warpfs's connection to one storage node: it
 // authenticates, multiplexes many requests on one TCP connection (each with its id, replies
 // in any order), bounds every request in time, notices a dead peer with pings, and reconnects.
-// The FUSE file system over it is in package localfs (remote.go); a striped client will hold
+// The FUSE file system over it is in package mount (remote.go); a striped client will hold
 // one Client per server of an instance.
 //
 // Failure model. Every request ends within Limits.RequestTimeout, whatever the storage node
@@ -11,7 +11,7 @@
 // ones that can safely be sent again (lookups, attributes, opens), which are retried on the
 // new connection. Open handles belong to the connection that opened them: after a
 // reconnection a request on an old handle — or one lost in flight with its connection —
-// fails with ESTALE, and the caller reopens the file by its path and sends it again (localfs
+// fails with ESTALE, and the caller reopens the file by its path and sends it again (package mount
 // does, transparently, while the file still has a name; reads and writes at an offset are
 // safe to repeat).
 package client

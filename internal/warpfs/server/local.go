@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"syscall"
 
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 )
 

@@ -1,6 +1,6 @@
 // Package server is the storage side of warpfs: it serves the namespaces of this node's
 // fragments to the FUSE clients of compute nodes (package client, mounted by package
-// localfs), over the protocol of package proto.
+// mount), over the protocol of package proto.
 //
 // A connection is one mount: after the handshake (the shared token proven without being sent,
 // the namespace named), every request is confined to that namespace (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS for directories,
@@ -29,7 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/nodekey"
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 )
 

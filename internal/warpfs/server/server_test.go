@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/nodekey"
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 )

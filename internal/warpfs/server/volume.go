@@ -11,7 +11,7 @@ package server
 // swaps a directory for a link between the kernel's lookup and the request gets ELOOP or
 // ENOTDIR, never a file outside the namespace.
 //
-// Accounting follows the local loopback mount (package localfs) exactly: "used" is the sum of
+// Accounting follows the local loopback mount (package mount) exactly: "used" is the sum of
 // the apparent sizes of the regular files; growth is reserved before it is made, a write that
 // crosses the capacity writes what fits and the next fails with ENOSPC; a file unlinked while
 // open keeps its space until its last handle closes.
@@ -27,7 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )

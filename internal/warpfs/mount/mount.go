@@ -1,4 +1,4 @@
-// Package localfs is the compute-node client of a burst-buffer namespace: it exposes the
+// Package mount is the compute-node client of a burst-buffer namespace: it exposes the
 // namespace at a mount path (such as $DW_JOB_STRIPED) with FUSE, enforces the instance's
 // capacity, and makes mounting and unmounting idempotent and robust against the leftovers of
 // a crashed agent.
@@ -15,7 +15,7 @@
 // write or truncate that would grow the instance past its capacity fails with ENOSPC; a
 // read-only (loadbalance) mount fails every change with EROFS; files created by a user
 // through a root agent's mount belong to that user. See docs/mounts.md.
-package localfs
+package mount
 
 import (
 	"context"
@@ -36,7 +36,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 )
@@ -584,7 +584,7 @@ func preparePath(path string, limits Limits, logger *log.Logger) (created, clean
 			if err := removeDeadMount(path, top, state); err != nil {
 				return false, cleaned, err
 			}
-			logger.Printf("localfs: removed a %s at %s (FUSE connection %d), left by an agent that crashed or hung",
+			logger.Printf("mount: removed a %s at %s (FUSE connection %d), left by an agent that crashed or hung",
 				state, path, top.minor)
 			cleaned = true
 		default:
@@ -687,7 +687,7 @@ func explainMountError(err error, asRoot bool) error {
 func raiseReadahead(dev uint64, bytes int, logger *log.Logger) {
 	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(dev), unix.Minor(dev))
 	if err := os.WriteFile(p, []byte(strconv.Itoa(bytes/1024)), 0o644); err != nil {
-		logger.Printf("localfs: cannot raise readahead (%s): %v", p, err)
+		logger.Printf("mount: cannot raise readahead (%s): %v", p, err)
 	}
 }
 
@@ -771,7 +771,7 @@ func unmountLive(path string, l Limits, served <-chan struct{}, conn uint32, log
 	}
 	// Unmounted, but the server still reads the device: cut the connection.
 	if err := abortConnection(conn); err != nil {
-		logger.Printf("localfs: server of %s did not stop after unmount: %v", path, err)
+		logger.Printf("mount: server of %s did not stop after unmount: %v", path, err)
 	}
 	return nil
 }
@@ -784,9 +784,9 @@ func abortWhenOverdue(served <-chan struct{}, conn uint32, limit time.Duration, 
 	case <-served:
 	case <-timer.C:
 		if err := abortConnection(conn); err != nil {
-			logger.Printf("localfs: detached mount still served after %s: %v", limit, err)
+			logger.Printf("mount: detached mount still served after %s: %v", limit, err)
 		} else {
-			logger.Printf("localfs: aborted FUSE connection %d: files stayed open %s after a lazy unmount", conn, limit)
+			logger.Printf("mount: aborted FUSE connection %d: files stayed open %s after a lazy unmount", conn, limit)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 import (
 	"os"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/posixtest"
 
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // documentedDifferences are the cases of go-fuse's POSIX suite that a backend may fail where

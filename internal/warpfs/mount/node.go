@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 // The FUSE layer of a mount: every operation the kernel asks for becomes a warpfs request to
 // the server of the namespace, which confines it to the namespace (never following a link a

@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 import (
 	"bufio"
@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/swaprace"
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // testBase holds every test's directories and mounts. It is 0755 and outside t.TempDir()
@@ -48,10 +48,10 @@ func TestMain(m *testing.M) {
 		os.Exit(swaprace.Main(spec))
 	}
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "localfs tests mount FUSE file systems and switch users: run them as root")
+		fmt.Fprintln(os.Stderr, "mount tests mount FUSE file systems and switch users: run them as root")
 		os.Exit(1)
 	}
-	base, err := os.MkdirTemp("", "spillway-localfs-")
+	base, err := os.MkdirTemp("", "spillway-mount-")
 	if err == nil {
 		err = os.Chmod(base, 0o755)
 	}
@@ -120,7 +120,7 @@ func runHelper(encoded string) int {
 // sits in a 0700 build directory).
 func runnableByNobody(t *testing.T) string {
 	t.Helper()
-	copyPath := filepath.Join(testBase, "localfs-helper.test")
+	copyPath := filepath.Join(testBase, "mount-helper.test")
 	if _, err := os.Stat(copyPath); err == nil {
 		return copyPath
 	}

@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 import (
 	"os"
@@ -6,12 +6,12 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // Benchmarks of the metadata and small-I/O paths through a real mount (the bandwidth figures
 // come from bench_mount.sh, which drives fio). Compare with the same operations on the
-// namespace directory itself: go test -bench . -run '^$' ./internal/localfs
+// namespace directory itself: go test -bench . -run '^$' ./internal/warpfs/mount
 
 func benchMount(b *testing.B, direct bool) string {
 	b.Helper()

@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 // The replicas of a loadbalance namespace: every server of the instance holds a copy, staged
 // in by that server; a compute node reads the copy the controller picked for it (by its name,

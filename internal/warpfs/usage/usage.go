@@ -1,7 +1,7 @@
 // Package usage tracks how much of an instance's capacity is used on this node.
 //
 // One Tracker per instance is shared by everything that writes into the instance here — the
-// FUSE mount (package localfs) and the stage engine — so that together they never grow the
+// FUSE mount (package mount) and the stage engine — so that together they never grow the
 // instance beyond its capacity. "Used" is the sum of the apparent sizes of the regular files
 // in the instance's namespaces (a sparse file counts its full length; a file with several hard
 // links counts once), which is what a user expects when they compare `ls -l` with `df`.

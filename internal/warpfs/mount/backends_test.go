@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/testca"
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
@@ -64,7 +64,7 @@ func stripeDirs(src string) []string {
 	return out
 }
 
-const testToken = "localfs-test-token"
+const testToken = "mount-test-token"
 
 // testServer is a warpfs server in this process, serving one directory.
 type testServer struct {

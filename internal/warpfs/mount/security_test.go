@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/swaprace"
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // swapRaceDuration is how long each attack runs. The path-based server this replaced lost a

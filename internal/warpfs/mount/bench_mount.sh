@@ -3,11 +3,11 @@
 # in the same run (the figures quoted in docs/mounts.md): 1 MiB blocks on a 2 GiB file,
 # buffered and O_DIRECT, medians of RUNS runs. Needs root (drop_caches, mount(2)) and fio.
 #
-#   sudo internal/localfs/bench_mount.sh [RUNS] [DIR]
+#   sudo internal/warpfs/mount/bench_mount.sh [RUNS] [DIR]
 #
 # RUNS defaults to 3; DIR (default /tmp) holds the namespace directory and the mount. SIZE
-# (environment, default 2G) is the file size; LIMITS (environment, JSON of localfs.Limits, e.g.
-# '{"MaxWrite":131072,"MaxReadahead":131072}') tries other tunables. The mount is served by the localfs test binary
+# (environment, default 2G) is the file size; LIMITS (environment, JSON of mount.Limits, e.g.
+# '{"MaxWrite":131072,"MaxReadahead":131072}') tries other tunables. The mount is served by the mount package's test binary
 # in its helper role, so what is measured is exactly the package's code.
 set -euo pipefail
 
@@ -26,7 +26,7 @@ cleanup() {
 trap cleanup EXIT
 
 command -v fio >/dev/null || { echo "fio is missing: apt-get install fio" >&2; exit 1; }
-(cd "$here" && go test -c -o "$work/localfs.test" .)
+(cd "$here" && go test -c -o "$work/mount.test" .)
 mkdir "$work/src"
 
 # serve RO: mount $work/src at $work/mnt (read-only if RO=true) until fd 3 is closed.
@@ -34,7 +34,7 @@ serve() {
 	rm -f "$work/ctl" "$work/helper.out"
 	mkfifo "$work/ctl"
 	SPILLWAY_LOCALFS_TEST_HELPER="{\"MountPath\":\"$work/mnt\",\"SourceDir\":\"$work/src\",\"Capacity\":$((64 << 30)),\"ReadOnly\":$1,\"Limits\":$limits_json}" \
-		"$work/localfs.test" <"$work/ctl" >"$work/helper.out" 2>&1 &
+		"$work/mount.test" <"$work/ctl" >"$work/helper.out" 2>&1 &
 	helper_pid=$!
 	exec 3>"$work/ctl"
 	for _ in $(seq 1 300); do

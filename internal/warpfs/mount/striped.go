@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 // The striped side of a mount. A striped instance's namespace lives on its metadata server
 // (the backend's client, as for any mount), but the data of its regular files lives in

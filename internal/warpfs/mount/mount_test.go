@@ -1,4 +1,4 @@
-package localfs
+package mount
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
@@ -633,7 +633,7 @@ func TestNonRootAllowOtherIsExplained(t *testing.T) {
 	if err := os.Chown(filepath.Dir(src), 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	exe := filepath.Join(testBase, "localfs-helper.test")
+	exe := filepath.Join(testBase, "mount-helper.test")
 	if _, err := os.Stat(exe); err != nil {
 		t.Skip("runs after TestNonRootMount, which installs the helper binary")
 	}
