@@ -24,14 +24,14 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
-	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/units"
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"golang.org/x/sys/unix"
 )
 

@@ -23,11 +23,11 @@ import (
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
-	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 )
 

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 const token = "client-test-token"

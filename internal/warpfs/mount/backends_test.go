@@ -16,10 +16,10 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/testca"
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"golang.org/x/sys/unix"
 )
 

@@ -36,9 +36,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // Spec says which namespace to expose where, and how.

@@ -18,9 +18,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 const (

@@ -5,8 +5,8 @@ import (
 	"log/slog"
 	"syscall"
 
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // Local serves one namespace of this host to a mount in the same process: the co-located

@@ -29,8 +29,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/nodekey"
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // Target is a namespace this node serves: its directory and its instance's tracker.

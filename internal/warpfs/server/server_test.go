@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/nodekey"
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 const token = "server-test-token"

@@ -27,9 +27,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // volume is one session's view of a namespace.
