@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -79,9 +80,9 @@ type Agent struct {
 	data   *server.Server // serves this node's namespaces to other hosts (ServeData), or nil
 
 	mu       sync.Mutex
-	mounts   map[string]*mounted // by mount path
-	stages   map[int64]*stage.Run
-	fragLock sync.Mutex // serializes fragment/namespace creation and removal
+	mounts   map[string]*mounted   // by mount path
+	stages   map[string]*stage.Run // by agentapi.StageSpec.Key
+	fragLock sync.Mutex            // serializes fragment/namespace creation and removal
 }
 
 // stateFile records what the agent decided at its first start (its capacity), so that a
@@ -101,7 +102,7 @@ func New(opt Options) (*Agent, error) {
 		opt.Log = slog.Default()
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
-		mounts: map[string]*mounted{}, stages: map[int64]*stage.Run{}}
+		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}}
 	if opt.Pool == "" {
 		return a, nil // compute node: no storage
 	}
@@ -572,8 +573,9 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	if err := a.requireStorage(); err != nil {
 		return err
 	}
+	key := spec.Key()
 	a.mu.Lock()
-	known := a.stages[spec.ID] != nil
+	known := a.stages[key] != nil
 	a.mu.Unlock()
 	if known {
 		return nil // already running or finished: the controller polls it
@@ -623,11 +625,11 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	// Roots resolved (a staging mount may take a while): now the stage, once.
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.stages[spec.ID] != nil {
+	if a.stages[key] != nil {
 		return nil
 	}
 	run := stage.Start(context.Background(), a.opt.WorkerExe, spec, a.opt.StageLimits, reserve)
-	a.stages[spec.ID] = run
+	a.stages[key] = run
 	if charged != nil {
 		go func() {
 			st := run.Wait()
@@ -701,30 +703,32 @@ func (a *Agent) stagingMountPath(namespaceID int64) string {
 }
 
 // StageStatus reports a stage's progress.
-func (a *Agent) StageStatus(ctx context.Context, id int64) (agentapi.StageStatus, error) {
+func (a *Agent) StageStatus(ctx context.Context, key string) (agentapi.StageStatus, error) {
 	a.mu.Lock()
-	r := a.stages[id]
+	r := a.stages[key]
 	a.mu.Unlock()
+	id, _, _ := strings.Cut(key, "-")
+	stageID, _ := strconv.ParseInt(id, 10, 64)
 	if r == nil {
-		return agentapi.StageStatus{ID: id, Known: false}, nil
+		return agentapi.StageStatus{ID: stageID, Known: false}, nil
 	}
 	st := r.Status()
-	st.ID, st.Known = id, true
+	st.ID, st.Known = stageID, true
 	st.Warnings, _ = r.Warnings()
 	if st.Status != "running" {
 		// Finished stages are forgotten once reported; the controller has recorded them.
 		a.mu.Lock()
-		delete(a.stages, id)
+		delete(a.stages, key)
 		a.mu.Unlock()
 	}
 	return st, nil
 }
 
 // CancelStage stops a stage.
-func (a *Agent) CancelStage(ctx context.Context, id int64) error {
+func (a *Agent) CancelStage(ctx context.Context, key string) error {
 	a.mu.Lock()
-	r := a.stages[id]
-	delete(a.stages, id)
+	r := a.stages[key]
+	delete(a.stages, key)
 	a.mu.Unlock()
 	if r != nil {
 		r.Cancel()
@@ -739,7 +743,7 @@ func (a *Agent) Close() {
 	mounts := a.mounts
 	a.mounts = map[string]*mounted{}
 	stages := a.stages
-	a.stages = map[int64]*stage.Run{}
+	a.stages = map[string]*stage.Run{}
 	a.mu.Unlock()
 	for _, r := range stages {
 		r.Cancel()

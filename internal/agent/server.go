@@ -62,22 +62,22 @@ func Handler(a agentapi.Agent, token string) http.Handler {
 	mux.HandleFunc("DELETE /agent/v1/mounts/{id}", func(w http.ResponseWriter, r *http.Request) {
 		do(w, a.Unmount(r.Context(), id(r, "id"), r.URL.Query().Get("path")))
 	})
-	mux.HandleFunc("PUT /agent/v1/stages/{id}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("PUT /agent/v1/stages/{key}", func(w http.ResponseWriter, r *http.Request) {
 		var spec agentapi.StageSpec
 		if httpapi.Decode(w, r, &spec) {
 			do(w, a.StartStage(r.Context(), spec))
 		}
 	})
-	mux.HandleFunc("GET /agent/v1/stages/{id}", func(w http.ResponseWriter, r *http.Request) {
-		st, err := a.StageStatus(r.Context(), id(r, "id"))
+	mux.HandleFunc("GET /agent/v1/stages/{key}", func(w http.ResponseWriter, r *http.Request) {
+		st, err := a.StageStatus(r.Context(), r.PathValue("key"))
 		if err != nil {
 			do(w, err)
 			return
 		}
 		httpapi.WriteJSON(w, 200, st)
 	})
-	mux.HandleFunc("DELETE /agent/v1/stages/{id}", func(w http.ResponseWriter, r *http.Request) {
-		do(w, a.CancelStage(r.Context(), id(r, "id")))
+	mux.HandleFunc("DELETE /agent/v1/stages/{key}", func(w http.ResponseWriter, r *http.Request) {
+		do(w, a.CancelStage(r.Context(), r.PathValue("key")))
 	})
 	self := uint32(os.Geteuid())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

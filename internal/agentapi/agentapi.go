@@ -9,6 +9,7 @@ package agentapi
 
 import (
 	"context"
+	"strconv"
 )
 
 // FragmentSpec asks a storage node to hold part of an instance.
@@ -110,6 +111,42 @@ type StageSpec struct {
 	GID      uint32 `json:"gid"`
 	Line     int    `json:"line,omitempty"` // directive line, for messages
 	Parallel int    `json:"parallel"`       // files copied at once
+	// Part makes this run one step of a stage split over a striped instance's servers, each
+	// server moving the stripes it holds (docs/staging.md); nil runs the whole stage.
+	Part *StagePart `json:"part,omitempty"`
+}
+
+// The steps of a stage split over a striped instance's servers, in order.
+const (
+	// StepPrepare runs on the namespace's metadata server: directories and links, every
+	// file created at its final size (mode 0600 until StepFinish), and this server's stripes.
+	StepPrepare = "prepare"
+	// StepCopy runs on every other server at once: the stripes that server holds.
+	StepCopy = "copy"
+	// StepFinish runs on the metadata server once every server copied: the files' and
+	// directories' modes and times, and the flush.
+	StepFinish = "finish"
+	// StepAbort runs on the metadata server after a copy failed: it removes the files
+	// StepPrepare created, so that no half-written file poses as complete.
+	StepAbort = "abort"
+)
+
+// StagePart is one step of a split stage (StageSpec.Part).
+type StagePart struct {
+	Step    string `json:"step"`
+	Server  int    `json:"server"`  // this node's index among the instance's stripe servers
+	Servers int    `json:"servers"` // how many servers the instance has
+}
+
+// Key names a stage's run on an agent: the stage's id, and the step for a split stage.
+func (s StageSpec) Key() string { return StageKey(s.ID, s.Part) }
+
+// StageKey is the agent's name for stage id's run of part (nil: the whole stage).
+func StageKey(id int64, part *StagePart) string {
+	if part == nil {
+		return strconv.FormatInt(id, 10)
+	}
+	return strconv.FormatInt(id, 10) + "-" + part.Step
 }
 
 // StageStatus is what a storage node knows about a stage it was asked to run.
@@ -155,8 +192,8 @@ type Agent interface {
 
 	// StartStage begins a stage and returns at once; StageStatus polls it; CancelStage stops it.
 	StartStage(ctx context.Context, spec StageSpec) error
-	StageStatus(ctx context.Context, id int64) (StageStatus, error)
-	CancelStage(ctx context.Context, id int64) error
+	StageStatus(ctx context.Context, key string) (StageStatus, error) // key: StageSpec.Key
+	CancelStage(ctx context.Context, key string) error
 }
 
 // Assignment is the controller's answer to a heartbeat: what it keeps on the node. An agent

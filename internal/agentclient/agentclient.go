@@ -66,17 +66,17 @@ func (a *Client) Unmount(ctx context.Context, activationID int64, mountPath stri
 
 // StartStage starts a stage.
 func (a *Client) StartStage(ctx context.Context, s agentapi.StageSpec) error {
-	return a.c.Do(ctx, "PUT", fmt.Sprintf("/agent/v1/stages/%d", s.ID), s, nil)
+	return a.c.Do(ctx, "PUT", "/agent/v1/stages/"+url.PathEscape(s.Key()), s, nil)
 }
 
 // StageStatus polls a stage.
-func (a *Client) StageStatus(ctx context.Context, id int64) (agentapi.StageStatus, error) {
+func (a *Client) StageStatus(ctx context.Context, key string) (agentapi.StageStatus, error) {
 	var st agentapi.StageStatus
-	err := a.c.Do(ctx, "GET", fmt.Sprintf("/agent/v1/stages/%d", id), nil, &st)
+	err := a.c.Do(ctx, "GET", "/agent/v1/stages/"+url.PathEscape(key), nil, &st)
 	return st, err
 }
 
 // CancelStage cancels a stage.
-func (a *Client) CancelStage(ctx context.Context, id int64) error {
-	return a.c.Do(ctx, "DELETE", fmt.Sprintf("/agent/v1/stages/%d", id), nil, nil)
+func (a *Client) CancelStage(ctx context.Context, key string) error {
+	return a.c.Do(ctx, "DELETE", "/agent/v1/stages/"+url.PathEscape(key), nil, nil)
 }

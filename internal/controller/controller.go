@@ -44,10 +44,10 @@ type Controller struct {
 	changed  chan struct{} // closed (and replaced) whenever the state changes
 
 	mu       sync.Mutex
-	inflight map[lifecycle.Ref]bool
-	polls    map[int64]pollState       // running stages: when each was last polled, and the next gap
-	local    map[string]agentapi.Agent // in-process agents by node name
-	remote   map[string]agentapi.Agent // dialled agents by node name (and the address used)
+	inflight map[lifecycle.EffectKey]bool
+	polls    map[lifecycle.EffectKey]pollState // running stages: when each was last polled, and the next gap
+	local    map[string]agentapi.Agent         // in-process agents by node name
+	remote   map[string]agentapi.Agent         // dialled agents by node name (and the address used)
 	remoteAt map[string]string
 
 	leases leaseBook // spillway run sessions' leases (RunLease)
@@ -61,8 +61,8 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 		cfg: cfg, store: st, dial: dial, log: log, now: time.Now,
 		wake:     make(chan struct{}, 1),
 		changed:  make(chan struct{}),
-		inflight: map[lifecycle.Ref]bool{},
-		polls:    map[int64]pollState{},
+		inflight: map[lifecycle.EffectKey]bool{},
+		polls:    map[lifecycle.EffectKey]pollState{},
 		local:    map[string]agentapi.Agent{},
 		remote:   map[string]agentapi.Agent{},
 		remoteAt: map[string]string{},

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/crashpoint"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/store"
@@ -74,13 +75,13 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	}
 	now := c.now()
 	var next time.Duration
-	polled := map[int64]bool{}
+	polled := map[lifecycle.EffectKey]bool{}
 	for _, e := range effects {
 		c.mu.Lock()
-		busy := c.inflight[e.Ref] || len(c.inflight) >= c.cfg.Executor.MaxInFlight
+		busy := c.inflight[e.Key()] || len(c.inflight) >= c.cfg.Executor.MaxInFlight
 		if e.Op == lifecycle.OpPollStage {
-			polled[e.Ref.ID] = true
-			p, seen := c.polls[e.Ref.ID]
+			polled[e.Key()] = true
+			p, seen := c.polls[e.Key()]
 			if !seen {
 				p = pollState{gap: firstPollGap(c.cfg.Stage.PollInterval.D())}
 			}
@@ -96,10 +97,10 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 				}
 				p.last = now
 			}
-			c.polls[e.Ref.ID] = p
+			c.polls[e.Key()] = p
 		}
 		if !busy {
-			c.inflight[e.Ref] = true
+			c.inflight[e.Key()] = true
 		}
 		c.mu.Unlock()
 		if busy {
@@ -136,7 +137,7 @@ func firstPollGap(max time.Duration) time.Duration { return max / 16 }
 func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycle.Effect) {
 	defer func() {
 		c.mu.Lock()
-		delete(c.inflight, e.Ref)
+		delete(c.inflight, e.Key())
 		c.mu.Unlock()
 		c.wakeUp()
 	}()
@@ -164,14 +165,20 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 			r.Err = agent.Unmount(actx, e.Mount.ActivationID, e.Mount.MountPath)
 		case lifecycle.OpStartStage:
 			e.Stage.Parallel = c.cfg.Stage.FilesInFlight
+			// The storage node mounts striped namespaces to stage them: a capability for this
+			// node (a fresh map: a split stage's runs on other nodes share the step's).
+			granted := make(map[string]agentapi.MountSpec, len(e.Stage.Striped))
 			for v, ms := range e.Stage.Striped {
-				e.Stage.Striped[v] = c.grant(ms, e.Node) // the storage node mounts it for staging
+				granted[v] = c.grant(ms, e.Node)
+			}
+			if len(granted) > 0 {
+				e.Stage.Striped = granted
 			}
 			r.Err = agent.StartStage(actx, e.Stage)
 		case lifecycle.OpPollStage:
-			r.Stage, r.Err = agent.StageStatus(actx, e.Stage.ID)
+			r.Stage, r.Err = agent.StageStatus(actx, e.Stage.Key())
 		case lifecycle.OpCancelStage:
-			r.Err = agent.CancelStage(actx, e.Stage.ID)
+			r.Err = agent.CancelStage(actx, e.Stage.Key())
 		}
 		cancel()
 	}

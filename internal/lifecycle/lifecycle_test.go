@@ -905,3 +905,76 @@ func TestLoadbalanceReplicas(t *testing.T) {
 		}
 	}
 }
+
+// A stage of a striped namespace on several servers is split: prepare on the metadata server,
+// then copy on every other server at once, then finish on the metadata server; progress is
+// summed over the servers. A copy that fails stops the others, the abort step removes what
+// prepare created, and the stage fails with the copy's error.
+func TestSplitStageRunsOnEveryServer(t *testing.T) {
+	for _, failCopy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("copy-fails=%v", failCopy), func(t *testing.T) {
+			h := newHarness(t, "ssd1", "ssd2", "ssd3")
+			h.must(ApplySetup(h.w, jobSetup("46", 3<<30, "striped"), h, h.p, h.now))
+			h.settle()
+			h.must(ApplyStages(h.w, "46", model.StageIn, []StageRequest{
+				{Type: "file", PFSPath: "/pfs/in.dat", DWVar: VarJobStriped, DWPath: "/in.dat", Line: 3},
+			}, h, h.now))
+			inst := h.w.InstanceOf(h.w.SessionByToken("46").ID)
+			mdsNode := h.w.Fragments[h.w.NamespacesOf(h.w.ConfigurationByMode(inst.ID, model.AccessStriped).ID)[0].FragmentID].Node
+			var runs []string // step@node, in the order started
+			inCopy := map[string]bool{}
+			concurrentCopies := 0
+			h.stageResult = func(e Effect) agentapi.StageStatus {
+				st := agentapi.StageStatus{Known: true, Status: model.StageComplete, FilesTotal: 1, FilesDone: 1, BytesTotal: 3 << 20, BytesDone: 1 << 20}
+				if e.Stage.Part != nil && e.Stage.Part.Step == agentapi.StepCopy {
+					concurrentCopies = max(concurrentCopies, len(inCopy))
+					if failCopy && e.Node == map[bool]string{true: "ssd2", false: "ssd3"}[mdsNode == "ssd3"] {
+						st.Status, st.Error = model.StageFailed, "cannot write: No space left on device"
+					}
+					delete(inCopy, e.Node)
+				}
+				return st
+			}
+			h.fail = func(e Effect) error {
+				if e.Op == OpStartStage {
+					if e.Stage.Part == nil {
+						t.Fatalf("a stage of a 3-server striped namespace ran unsplit on %s", e.Node)
+					}
+					runs = append(runs, e.Stage.Part.Step+"@"+e.Node)
+					if e.Stage.Part.Servers != 3 || e.Stage.Striped[VarJobStriped].Stripes == nil {
+						t.Errorf("run %s: servers %d, mount %+v", runs[len(runs)-1], e.Stage.Part.Servers, e.Stage.Striped)
+					}
+					if e.Stage.Part.Step == agentapi.StepCopy {
+						inCopy[e.Node] = true
+					}
+				}
+				return nil
+			}
+			h.settle()
+			st := h.w.StagesOf(h.w.SessionByToken("46").ID)[0]
+			if len(runs) != 4 || runs[0] != "prepare@"+mdsNode || runs[3] != map[bool]string{false: "finish", true: "abort"}[failCopy]+"@"+mdsNode {
+				t.Fatalf("runs %v; want prepare on %s, copy on the two others, then finish (or abort) on %s", runs, mdsNode, mdsNode)
+			}
+			copies := map[string]bool{}
+			for _, r := range runs[1:3] {
+				node, _ := strings.CutPrefix(r, "copy@")
+				copies[node] = node != r && node != mdsNode
+			}
+			if len(copies) != 2 || !copies[runs[1][5:]] || !copies[runs[2][5:]] {
+				t.Errorf("copies %v: want one on each server but the metadata server", runs[1:3])
+			}
+			if concurrentCopies != 2 {
+				t.Errorf("at most %d copies ran at once, want 2", concurrentCopies)
+			}
+			if failCopy {
+				if st.Status != model.StageFailed || !strings.Contains(st.Error, "No space left") || !strings.Contains(st.Error, "copying the stripes held by") {
+					t.Fatalf("stage %s: %q", st.Status, st.Error)
+				}
+				return
+			}
+			if st.Status != model.StageComplete || st.BytesDone != 3<<20 || st.FilesDone != 1 {
+				t.Fatalf("stage %s, %d bytes, %d files; want complete, 3 MiB summed over the servers, 1 file", st.Status, st.BytesDone, st.FilesDone)
+			}
+		})
+	}
+}

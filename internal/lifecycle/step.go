@@ -36,10 +36,19 @@ type Effect struct {
 	Namespace agentapi.NamespaceSpec
 	Mount     agentapi.MountSpec
 	Stage     agentapi.StageSpec
+	// Part is, for a split stage's runs, 1 + the run's index in Stage.Parts (0 otherwise).
+	Part int
 }
 
-// Key identifies the effect's object, so the executor runs one effect per object at a time.
-func (e Effect) Key() Ref { return e.Ref }
+// EffectKey identifies an effect's object (and a split stage's run), so that the executor
+// runs one effect per object at a time.
+type EffectKey struct {
+	Ref
+	Part int
+}
+
+// Key is the effect's EffectKey.
+func (e Effect) Key() EffectKey { return EffectKey{e.Ref, e.Part} }
 
 // Result is the outcome of an effect.
 type Result struct {
@@ -151,12 +160,26 @@ func stepStages(w *World, s *model.Session, p Params, now time.Time, running *in
 				continue
 			}
 			*running++
+			if servers, mds, split := splitServers(w, st, spec); split {
+				startSplit(w, st, node, mds, now)
+				effects = append(effects, stepSplit(w, st, spec, servers, mds, now)...)
+				continue
+			}
 			effects = append(effects, Effect{Op: OpStartStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: spec})
 		case model.StageRunning:
+			spec, node, err := stageSpec(w, s, st)
+			if st.Step != "" {
+				servers, mds, split := splitServers(w, st, spec)
+				if err != nil || !split {
+					failStage(w, st, fmt.Sprintf("the instance's servers changed during the stage: %v", err), now)
+					continue
+				}
+				effects = append(effects, stepSplit(w, st, spec, servers, mds, now)...)
+				continue
+			}
 			if !ready(st.State, now) {
 				continue
 			}
-			_, node, _ := stageSpec(w, s, st)
 			effects = append(effects, Effect{Op: OpPollStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: agentapi.StageSpec{ID: st.ID}})
 		}
 	}
@@ -358,6 +381,12 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 			st.Finished = now
 			w.put(st)
 		case model.StageRunning:
+			if st.Step != "" {
+				cancels, busy := cancelSplit(w, st, now)
+				effects = append(effects, cancels...)
+				busyStages = busyStages || busy
+				continue
+			}
 			busyStages = true
 			_, node, _ := stageSpec(w, s, st)
 			if !nodeOnline(w, node) {
@@ -509,6 +538,10 @@ func stageLabel(st *model.Stage) string {
 
 // Complete records an effect's outcome.
 func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
+	if e.Part > 0 {
+		completeSplit(w, e, r, p, now)
+		return
+	}
 	switch e.Op {
 	case OpCreateFragment:
 		if f := w.Fragments[e.Ref.ID]; f != nil && f.State.Goal == model.GoalCreate {

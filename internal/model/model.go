@@ -252,6 +252,26 @@ type Stage struct {
 	Started         time.Time `json:"started,omitzero"`
 	Finished        time.Time `json:"finished,omitzero"`
 	State           State     `json:"state"`
+	// A stage of a striped namespace on several servers is split: every server moves the
+	// stripes it holds (agentapi.StagePart, docs/staging.md). Step is the step under way
+	// (agentapi.StepPrepare, StepCopy, StepFinish, StepAbort; empty for an unsplit stage),
+	// Parts its runs, one per server taking part in it, and StepBytes what the steps before
+	// it moved. CopyError is the failure an abort step is cleaning up after.
+	Step      string      `json:"step,omitempty"`
+	Parts     []StagePart `json:"parts,omitempty"`
+	StepBytes uint64      `json:"step_bytes,omitempty"`
+	CopyError string      `json:"copy_error,omitempty"`
+}
+
+// StagePart is one server's run in a step of a split stage.
+type StagePart struct {
+	Node      string `json:"node"`
+	Server    int    `json:"server"` // the node's index among the instance's stripe servers
+	Status    string `json:"status"` // pending | running | complete | failed | canceled
+	FilesDone int64  `json:"files_done"`
+	BytesDone uint64 `json:"bytes_done"`
+	Error     string `json:"error,omitempty"`
+	Attempts  int    `json:"attempts,omitempty"` // restarts after its agent lost it
 }
 
 // Ended reports whether the stage will move no more data.

@@ -26,7 +26,7 @@ func (w *worker) copy(ctx context.Context, p *plan) error {
 		}
 	}
 	dirs.close()
-	if err := w.copyEntries(ctx, p); err != nil {
+	if err := w.copyEntries(ctx, p, w.copyEntry); err != nil {
 		return err
 	}
 	for i := len(p.jobs) - 1; i >= 0; i-- {
@@ -221,7 +221,7 @@ func (w *worker) applyMetadata(fd int, display string, dst unix.Stat_t, mode, gi
 
 // copyEntries copies every file and link of the plan, w.parallel at a time. The first failure
 // stops the others; each removes the file it was writing.
-func (w *worker) copyEntries(ctx context.Context, p *plan) error {
+func (w *worker) copyEntries(ctx context.Context, p *plan, do entryAction) error {
 	type task struct {
 		job   *copyJob
 		entry entry
@@ -245,13 +245,7 @@ func (w *worker) copyEntries(ctx context.Context, p *plan) error {
 				if ctx.Err() != nil {
 					continue // drain: a stop was asked for
 				}
-				var err error
-				if t.entry.kind == kindSymlink {
-					err = w.copySymlink(t.job, t.entry, dirs)
-				} else {
-					err = w.copyFile(ctx, t.job, t.entry, &buf, dirs)
-				}
-				if err != nil {
+				if err := do(ctx, t.job, t.entry, &buf, dirs); err != nil {
 					mu.Lock()
 					if firstErr == nil && ctx.Err() == nil {
 						firstErr = fmt.Errorf("%s%w", t.job.label, err)
@@ -283,6 +277,17 @@ feed:
 		return firstErr
 	}
 	return ctx.Err()
+}
+
+// entryAction is what copyEntries does with one file or link of the plan.
+type entryAction func(ctx context.Context, job *copyJob, e entry, buf *[]byte, dirs *dirCache) error
+
+// copyEntry copies one file or link whole: the action of an unsplit stage.
+func (w *worker) copyEntry(ctx context.Context, job *copyJob, e entry, buf *[]byte, dirs *dirCache) error {
+	if e.kind == kindSymlink {
+		return w.copySymlink(job, e, dirs)
+	}
+	return w.copyFile(ctx, job, e, buf, dirs)
 }
 
 // copySymlink reproduces a link as a link, replacing a file or link at the destination (never
@@ -353,34 +358,13 @@ func (w *worker) openSource(job *copyJob, e entry, name string, dirs *dirCache) 
 // create the destination (never through a link), copy at most the planned size, then group,
 // mode, times, fsync (unless SyncAtEnd). On any failure the destination file is removed.
 func (w *worker) copyFile(ctx context.Context, job *copyJob, e entry, buf *[]byte, dirs *dirCache) (err error) {
-	srcName, dstName := job.src.join(job.srcName, e.rel), job.dst.join(job.dstName, e.rel)
-	srcShown, dstShown := job.src.display(srcName), job.dst.display(dstName)
-
-	in, keep, err := w.openSource(job, e, srcName, dirs)
+	in, st, release, err := w.openPlannedSource(ctx, job, e, dirs)
 	if err != nil {
-		if e.rel != "" && errors.Is(err, unix.ELOOP) {
-			return fmt.Errorf("source %s changed during the stage: it is now a symbolic link", srcShown)
-		}
-		return w.sourceError(job.src, srcName, err)
+		return err
 	}
-	if keep != nil {
-		defer keep.Close()
-	} else {
-		defer unix.Close(in)
-	}
-	st, err := fstat(in)
-	if err != nil {
-		return fmt.Errorf("cannot read %s: %s", srcShown, w.reason(err))
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("source %s changed during the stage: it is no longer a regular file", srcShown)
-	}
-	if st.Size > e.size {
-		return fmt.Errorf("source %s grew after the plan (%d bytes planned, %d now); the capacity reserved for the stage would be exceeded — stage it again once it stops changing", srcShown, e.size, st.Size)
-	}
-	if err := ctx.Err(); err != nil {
-		return err // do not truncate a destination for a stage that is stopping
-	}
+	defer release()
+	dstName := job.dst.join(job.dstName, e.rel)
+	srcShown, dstShown := job.src.display(job.src.join(job.srcName, e.rel)), job.dst.display(dstName)
 
 	dp, err := dirs.parent(job.dst, dstName)
 	if err != nil {
@@ -432,6 +416,41 @@ func (w *worker) copyFile(ctx context.Context, job *copyJob, e entry, buf *[]byt
 		return fmt.Errorf("cannot write %s: %s", dstShown, w.writeReason(job.dst, err))
 	}
 	return nil
+}
+
+// openPlannedSource opens a file's source and checks that it is still the regular file the
+// plan counted, no larger; release closes it.
+func (w *worker) openPlannedSource(ctx context.Context, job *copyJob, e entry, dirs *dirCache) (in int, st unix.Stat_t, release func(), err error) {
+	srcName := job.src.join(job.srcName, e.rel)
+	srcShown := job.src.display(srcName)
+	in, keep, err := w.openSource(job, e, srcName, dirs)
+	if err != nil {
+		if e.rel != "" && errors.Is(err, unix.ELOOP) {
+			return -1, st, nil, fmt.Errorf("source %s changed during the stage: it is now a symbolic link", srcShown)
+		}
+		return -1, st, nil, w.sourceError(job.src, srcName, err)
+	}
+	release = func() { unix.Close(in) }
+	if keep != nil {
+		release = func() { keep.Close() }
+	}
+	fail := func(err error) (int, unix.Stat_t, func(), error) {
+		release()
+		return -1, st, nil, err
+	}
+	if st, err = fstat(in); err != nil {
+		return fail(fmt.Errorf("cannot read %s: %s", srcShown, w.reason(err)))
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fail(fmt.Errorf("source %s changed during the stage: it is no longer a regular file", srcShown))
+	}
+	if st.Size > e.size {
+		return fail(fmt.Errorf("source %s grew after the plan (%d bytes planned, %d now); the capacity reserved for the stage would be exceeded — stage it again once it stops changing", srcShown, e.size, st.Size))
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(err) // do not touch a destination for a stage that is stopping
+	}
+	return in, st, release, nil
 }
 
 // createDestination opens the destination file for writing, truncated, and returns its stat.

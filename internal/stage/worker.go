@@ -129,7 +129,11 @@ func WorkerMain(stdin io.Reader, stdout io.Writer) int {
 	}()
 
 	stopProgress := w.reportProgress(ctx)
-	err = w.copy(ctx, p)
+	if w.spec.Part != nil {
+		err = w.runPart(ctx, p)
+	} else {
+		err = w.copy(ctx, p)
+	}
 	stopProgress()
 	if err != nil {
 		return w.fail(ctx, err)
@@ -271,6 +275,11 @@ func newWorker(spec agentapi.StageSpec, limits Limits, out *emitter) (*worker, e
 		}
 		if !filepath.IsAbs(dir) {
 			return nil, fmt.Errorf("namespace directory %q of $%s is not an absolute path", dir, name)
+		}
+	}
+	if spec.Part != nil {
+		if err := validatePart(spec.Part); err != nil {
+			return nil, err
 		}
 	}
 	w.parallel = spec.Parallel

@@ -28,7 +28,7 @@ const LayoutXattr = "trusted.spillway.layout"
 
 // UserLayoutXattr is how users read and set a file's or a directory's striping: text such as
 // "stripe_size=8388608 stripe_width=4 start=2" (package stripe's Text).
-const UserLayoutXattr = "user.spillway.layout"
+const UserLayoutXattr = stripe.UserXattr
 
 // hiddenXattrPrefix is the server's own attributes: never shown to clients, never set by them.
 const hiddenXattrPrefix = "trusted.spillway."

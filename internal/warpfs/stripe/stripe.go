@@ -27,6 +27,10 @@ const (
 	DefaultSize = 8 << 20
 )
 
+// UserXattr is the extended attribute through which users (and the stage workers of a split
+// stage) read a file's or a directory's striping as Text, and set it.
+const UserXattr = "user.spillway.layout"
+
 // Layout is how one file (or, as a default for new files, one directory) is striped.
 type Layout struct {
 	ID      uint64 // names the file's objects; unique within the instance (0 for a directory)
