@@ -290,6 +290,13 @@ func (a *Agent) DeleteFragment(ctx context.Context, id int64) error {
 	a.fragLock.Lock()
 	defer a.fragLock.Unlock()
 	meta, _ := a.readFragment(id)
+	if meta != nil {
+		// This node's staging mounts of the instance (a split stage's copy step mounts the
+		// namespace on every server) go with its fragment.
+		if err := a.unmountStaging(ctx, meta.InstanceID); err != nil {
+			return fmt.Errorf("delete fragment %d: %w", id, err)
+		}
+	}
 	if err := removeAll(a.fragmentDir(id)); err != nil {
 		return fmt.Errorf("delete fragment %d: %w", id, err)
 	}
@@ -696,6 +703,24 @@ func (a *Agent) stagingMount(ms agentapi.MountSpec) (string, error) {
 	}
 	a.mu.Unlock()
 	return ms.MountPath, nil
+}
+
+// unmountStaging unmounts this node's staging mounts of an instance.
+func (a *Agent) unmountStaging(ctx context.Context, instanceID int64) error {
+	var paths []string
+	a.mu.Lock()
+	for path, m := range a.mounts {
+		if m.staging && m.instance == instanceID {
+			paths = append(paths, path)
+		}
+	}
+	a.mu.Unlock()
+	for _, path := range paths {
+		if err := a.Unmount(ctx, 0, path); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (a *Agent) stagingMountPath(namespaceID int64) string {

@@ -43,7 +43,7 @@ func splitServers(w *World, st *model.Stage, spec agentapi.StageSpec) ([]agentap
 func startSplit(w *World, st *model.Stage, node string, mds int, now time.Time) {
 	st.Status, st.Started = model.StageRunning, now
 	st.Attempts++
-	st.FilesDone, st.BytesDone, st.StepBytes, st.CopyError, st.Error = 0, 0, 0, "", ""
+	st.FilesDone, st.BytesDone, st.StepBytes, st.CopyError, st.Error, st.Moved = 0, 0, 0, "", "", nil
 	st.Step = agentapi.StepPrepare
 	st.Parts = []model.StagePart{{Node: node, Server: mds, Status: model.StagePending}}
 	w.put(st)
@@ -112,6 +112,12 @@ func advanceSplit(w *World, st *model.Stage, servers []agentapi.StripeServer, md
 	}
 	if movesData(st.Step) {
 		st.StepBytes += moved
+		for _, part := range st.Parts {
+			if st.Moved == nil {
+				st.Moved = map[string]uint64{}
+			}
+			st.Moved[part.Node] += part.BytesDone
+		}
 	}
 	onMDS := []model.StagePart{{Node: servers[mds].Node, Server: mds, Status: model.StagePending}}
 	next := func(step string, parts []model.StagePart) bool {

@@ -260,7 +260,9 @@ type Stage struct {
 	Step      string      `json:"step,omitempty"`
 	Parts     []StagePart `json:"parts,omitempty"`
 	StepBytes uint64      `json:"step_bytes,omitempty"`
-	CopyError string      `json:"copy_error,omitempty"`
+	// Moved is what each storage node moved in the steps before this one.
+	Moved     map[string]uint64 `json:"moved,omitempty"`
+	CopyError string            `json:"copy_error,omitempty"`
 }
 
 // StagePart is one server's run in a step of a split stage.

@@ -195,8 +195,12 @@ type Stage struct {
 	BytesDone  uint64   `json:"bytes_done"`
 	Error      string   `json:"error,omitempty"`
 	Warnings   []string `json:"warnings,omitempty"`
-	Started    int64    `json:"started,omitempty"`
-	Finished   int64    `json:"finished,omitempty"`
+	// Step and BytesByNode: a stage of a striped instance runs on every server at once
+	// (docs/staging.md): the step under way, and the bytes each storage node moved.
+	Step        string            `json:"step,omitempty"`
+	BytesByNode map[string]uint64 `json:"bytes_by_node,omitempty"`
+	Started     int64             `json:"started,omitempty"`
+	Finished    int64             `json:"finished,omitempty"`
 }
 
 // All is every table at once: GET /dw/v1/all, dwstat all, and the layout snapshot bbsim reads.
@@ -310,6 +314,17 @@ func Build(w *lifecycle.World) All {
 		}
 		v := Stage{ID: s.ID, Session: s.SessionID, Token: token, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,
 			Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error, Warnings: s.Warnings}
+		if s.Step != "" {
+			v.Step, v.BytesByNode = s.Step, map[string]uint64{}
+			for node, n := range s.Moved {
+				v.BytesByNode[node] += n
+			}
+			for _, part := range s.Parts {
+				if s.Status == model.StageRunning && (s.Step == "prepare" || s.Step == "copy") {
+					v.BytesByNode[part.Node] += part.BytesDone
+				}
+			}
+		}
 		if !s.Started.IsZero() {
 			v.Started = s.Started.Unix()
 		}

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -59,6 +61,9 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 		}
 	}
 	c.wlm("--function", "data_in", "--token", "60", "--job", job)
+	// Every storage node staged in the stripes it holds, at once: big's three stripes came
+	// one through each (dwstat stages: the bytes each node moved).
+	c.assertStagedByEveryServer(t, "$DW_JOB_STRIPED/big", storage, uint64(len(big)))
 	pathfile := filepath.Join(c.dir, "paths60")
 	c.wlm("--function", "paths", "--token", "60", "--job", job, "--pathfile", pathfile)
 	env, _ := os.ReadFile(pathfile)
@@ -83,6 +88,11 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 		if !strings.Contains(out, fmt.Sprint(3<<30)) {
 			t.Errorf("%s: df does not show the 3 GiB instance:\n%s", h, out)
 		}
+	}
+	// The finish step gave the staged file its source's mode and time.
+	srcInfo, _ := os.Stat(filepath.Join(pfs, "big.in"))
+	if out := run("hostb", "stat -c '%a %Y' "+mount+"/big"); strings.TrimSpace(out) != fmt.Sprintf("644 %d", srcInfo.ModTime().Unix()) {
+		t.Errorf("staged-in big: mode and mtime %q, want the source's (644 %d)", out, srcInfo.ModTime().Unix())
 	}
 	// spillway stripes shows where big's three stripes are: one on each storage node.
 	var shown []struct {
@@ -148,6 +158,11 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(pfs, "out", "shared")); err != nil || !bytes.Equal(got, want) {
 		t.Errorf("staged out: %d bytes (%v), want the %d written", len(got), err, len(want))
 	}
+	if fi, err := os.Stat(filepath.Join(pfs, "out", "shared")); err != nil || fi.Mode().Perm() != 0o644 || fi.Sys().(*syscall.Stat_t).Uid != nobodyUID {
+		t.Errorf("staged out with mode %v (%v), want 0644 and the job's user: the finish step sets them", fi.Mode(), err)
+	}
+	// The two stripes of the shared file went out through the two nodes holding them.
+	c.assertStagedByEveryServer(t, "$DW_JOB_STRIPED/out", storage[:0], uint64(len(want)))
 	c.wlm("--function", "teardown", "--token", "60", "--job", job)
 	c.assertClean()
 
@@ -210,6 +225,49 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 	c.assertClean()
 	t.Run("a compute node dies with files open", func(t *testing.T) { c.computeNodeDies(t) })
 	c.assertClean()
+}
+
+// assertStagedByEveryServer checks the stage of dwPath (complete) in dwstat: the bytes it
+// moved add up to want, and each of the nodes listed moved some of them.
+func (c *netCluster) assertStagedByEveryServer(t *testing.T, dwPath string, nodes []string, want uint64) {
+	t.Helper()
+	cmd := exec.Command(binary, "dwstat", "--json", "stages")
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "SPILLWAY_CONFIG=" + c.hosts["ctl"].config}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("dwstat --json stages: %v\n%s", err, out)
+	}
+	var shown struct {
+		Stages []struct {
+			DWPath      string            `json:"dw_path"`
+			Status      string            `json:"status"`
+			Step        string            `json:"step"`
+			BytesDone   uint64            `json:"bytes_done"`
+			BytesByNode map[string]uint64 `json:"bytes_by_node"`
+		} `json:"stages"`
+	}
+	if err := json.Unmarshal(out, &shown); err != nil {
+		t.Fatalf("dwstat --json stages: %v\n%s", err, out)
+	}
+	for _, st := range shown.Stages {
+		if st.DWPath != dwPath {
+			continue
+		}
+		var sum uint64
+		for _, n := range st.BytesByNode {
+			sum += n
+		}
+		if st.Status != "complete" || st.Step != "finish" || sum != want || st.BytesDone != want {
+			t.Errorf("stage of %s: %s, step %q, %d bytes (%v by node); want complete after the finish step, %d bytes", dwPath, st.Status, st.Step, st.BytesDone, st.BytesByNode, want)
+		}
+		for _, n := range nodes {
+			if st.BytesByNode[n] == 0 {
+				t.Errorf("stage of %s: %s moved nothing (%v); every server moves the stripes it holds", dwPath, n, st.BytesByNode)
+			}
+		}
+		return
+	}
+	t.Errorf("dwstat shows no stage of %s:\n%s", dwPath, out)
 }
 
 // computeNodeDies: hostb's agent (its FUSE client) is killed while a process there has a
