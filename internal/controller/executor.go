@@ -21,21 +21,26 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer wg.Wait()
 	wg.Add(1)
 	go func() { defer wg.Done(); c.finishAbandonedRuns(ctx) }()
+	// One timer for the whole loop, reset each pass (a timer per pass with a deferred Stop
+	// kept one deferred call per pass alive until the controller stopped).
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
 	for {
 		next := c.runOnce(ctx, &wg)
-		var due <-chan time.Time
+		var dueC <-chan time.Time
 		if next > 0 {
-			t := time.NewTimer(next)
-			due = t.C
-			defer t.Stop()
+			due.Reset(next)
+			dueC = due.C
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.wake:
 		case <-tick.C:
-		case <-due:
+		case <-dueC:
 		}
+		due.Stop()
 	}
 }
 
