@@ -395,6 +395,8 @@ func Mount(spec Spec) (*Mounted, error) {
 	var be *backend
 	if len(spec.Replicas) > 0 {
 		be, err = openReplicas(spec, limits, path, logger)
+	} else if len(spec.MDS) > 1 {
+		be, err = openShards(spec, limits, path, logger)
 	} else if spec.Remote != nil {
 		be, err = dialRemote(spec, limits, logger)
 	} else {
