@@ -188,6 +188,22 @@ func (b testBackend) prepare(t *testing.T, spec Spec) Spec {
 	return spec
 }
 
+// backingDirs are the directories holding namespace src on disk: src, or a max_mds backend's
+// shards (made now if missing; mounting makes them like src).
+func (b testBackend) backingDirs(t *testing.T, src string) []string {
+	t.Helper()
+	if b.shards < 2 {
+		return []string{src}
+	}
+	dirs := shardDirs(src, b.shards)
+	for _, d := range dirs[1:] {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dirs
+}
+
 // mount mounts spec with this backend and unmounts it when the test ends.
 func (b testBackend) mount(t *testing.T, spec Spec) *Mounted {
 	t.Helper()
