@@ -322,6 +322,9 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 		if err := unix.Fchmod(fd, mode); err != nil { // after chown, which drops set-id bits
 			return nil, errnoOf(err)
 		}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, procPath(fd), adoptTimes(r), 0); err != nil {
+			return nil, errnoOf(err)
+		}
 		if err := unix.Linkat(fd, "", dirfd, tmp, unix.AT_EMPTY_PATH); err != nil {
 			return nil, errnoOf(err)
 		}
@@ -344,21 +347,33 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 		return nil, errnoOf(err)
 	}
 	if r.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		// The new entry is not reachable by any other client yet: it is safe to act on by name.
+		// Owner, mode and times through a descriptor of the entry made, never by its name: a
+		// user of the directory may have put a link of theirs under the temporary name.
+		fd, err := unix.Openat(dirfd, tmp, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail(err)
+		}
+		defer unix.Close(fd)
+		t := &target{fd: fd}
+		if err := unix.Fstat(fd, &t.st); err != nil {
+			return fail(err)
+		}
+		if t.st.Mode&syscall.S_IFMT != r.Mode&syscall.S_IFMT {
+			return fail(syscall.EAGAIN) // not what was made: leave it alone
+		}
 		if v.asRoot {
-			if err := unix.Fchownat(dirfd, tmp, int(r.UID), int(r.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err := unix.Fchownat(fd, "", int(r.UID), int(r.GID), unix.AT_EMPTY_PATH); err != nil {
 				return fail(err)
 			}
 		}
-		if r.Mode&syscall.S_IFMT != syscall.S_IFLNK {
-			if err := unix.Fchmodat(dirfd, tmp, mode, 0); err != nil {
+		if !t.link() { // a link's mode and own times are of no use to anyone
+			if err := v.chmod(t, mode); err != nil {
+				return fail(err)
+			}
+			if err := unix.UtimesNanoAt(unix.AT_FDCWD, procPath(fd), adoptTimes(r), 0); err != nil {
 				return fail(err)
 			}
 		}
-	}
-	times := []unix.Timespec{{Sec: r.Atime.Sec, Nsec: int64(r.Atime.Nsec)}, {Sec: r.Mtime.Sec, Nsec: int64(r.Mtime.Nsec)}}
-	if err := unix.UtimesNanoAt(dirfd, tmp, times, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fail(err)
 	}
 	var rm removal
 	replacing := false
@@ -377,4 +392,8 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 		return fail(err)
 	}
 	return layout, 0
+}
+
+func adoptTimes(r *proto.AdoptReq) []unix.Timespec {
+	return []unix.Timespec{{Sec: r.Atime.Sec, Nsec: int64(r.Atime.Nsec)}, {Sec: r.Mtime.Sec, Nsec: int64(r.Mtime.Nsec)}}
 }
