@@ -541,6 +541,30 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 		}
 		ls.Stripes = append(ls.Stripes, mount.Server{Node: st.Node, Remote: a.remoteSpec(spec, st.DataAddress, st.FragmentID, st.Capability, st.CapabilityKey)})
 	}
+	// A namespace spread over every server (max_mds): a shard on each, the first being the
+	// namespace above.
+	for i, r := range spec.MDS {
+		if here(r.Node) {
+			t, err := a.tracker(spec.InstanceID)
+			if err != nil {
+				return ls, false, err
+			}
+			dir := a.namespaceDir(r.FragmentID, r.NamespaceID)
+			if _, err := os.Stat(dir); err != nil {
+				return ls, false, fmt.Errorf("namespace shard %d of %d (namespace %d) is missing on %s", i+1, len(spec.MDS), r.NamespaceID, a.opt.Name)
+			}
+			ls.MDS = append(ls.MDS, mount.Server{Node: r.Node, Dir: dir, Tracker: t})
+			remote = false
+			continue
+		}
+		if r.DataAddress == "" {
+			return ls, false, fmt.Errorf("namespace shard %d of %d, storage node %s, serves no remote mounts; set agent.data_listen (and agent.token_file) on it",
+				i+1, len(spec.MDS), r.Node)
+		}
+		rs := a.remoteSpec(spec, r.DataAddress, r.FragmentID, r.Capability, r.CapabilityKey)
+		rs.NamespaceID = r.NamespaceID
+		ls.MDS = append(ls.MDS, mount.Server{Node: r.Node, Remote: rs})
+	}
 	return ls, remote, nil
 }
 

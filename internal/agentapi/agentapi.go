@@ -69,6 +69,11 @@ type MountSpec struct {
 	// (the namespace above) first, then the others, which the client falls over to when its
 	// server stops answering. Empty for an instance on one node.
 	Replicas []Replica `json:"replicas,omitempty"`
+
+	// MDS are the shards of a striped namespace spread over every server of its instance
+	// (max_mds=yes), in shard order (the fragments' order); the namespace above is the first.
+	// Empty for a namespace on one metadata server.
+	MDS []Replica `json:"mds,omitempty"`
 }
 
 // Replica is one copy of a loadbalance namespace, as a client reaches it.

@@ -594,7 +594,8 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 		return capability, nodekey.SessionKey(nodekey.Derive(c.secret, node), capability)
 	}
 	spec.Capability, spec.CapabilityKey = sign(spec.StorageNode, spec.FragmentID, spec.NamespaceID, false)
-	// A striped instance's data: each server's stripe objects. A loadbalance one's: each replica.
+	// A striped instance's data: each server's stripe objects. A loadbalance one's: each
+	// replica. A max_mds namespace's: each shard.
 	if len(spec.Stripes) > 0 {
 		stripes := make([]agentapi.StripeServer, len(spec.Stripes))
 		for i, st := range spec.Stripes {
@@ -610,6 +611,14 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 			replicas[i] = r
 		}
 		spec.Replicas = replicas
+	}
+	if len(spec.MDS) > 0 { // the shards of a namespace spread over every server (max_mds)
+		shards := make([]agentapi.Replica, len(spec.MDS))
+		for i, r := range spec.MDS {
+			r.Capability, r.CapabilityKey = sign(r.Node, r.FragmentID, r.NamespaceID, false)
+			shards[i] = r
+		}
+		spec.MDS = shards
 	}
 	return spec
 }

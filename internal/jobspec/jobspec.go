@@ -49,7 +49,7 @@ func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []
 		req.Instance = &lifecycle.InstanceRequest{
 			Capacity: j.Capacity, Pool: j.Pool, Type: j.Type, AccessModes: j.AccessModes,
 			Strategy: j.OptimizationStrategy, MaxFileSize: j.MaxFileSize, ClientCache: j.ClientCache,
-			WriteWindowLength: j.WriteWindowLength, WriteWindowMultiplier: j.WriteWindowMultiplier,
+			MaxMDS: j.MaxMDS, WriteWindowLength: j.WriteWindowLength, WriteWindowMultiplier: j.WriteWindowMultiplier,
 		}
 	}
 	for _, p := range s.Persistent {

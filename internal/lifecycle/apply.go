@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -76,6 +77,7 @@ type InstanceRequest struct {
 	Strategy              string   `json:"optimization_strategy"`
 	MaxFileSize           uint64   `json:"max_file_size,omitempty"`
 	ClientCache           bool     `json:"client_cache,omitempty"`
+	MaxMDS                bool     `json:"max_mds,omitempty"` // striped: a metadata shard on every fragment
 	WriteWindowLength     int64    `json:"write_window_length,omitempty"`
 	WriteWindowMultiplier int64    `json:"write_window_multiplier,omitempty"`
 }
@@ -328,6 +330,9 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 	default:
 		return userErr("type=%s: expected scratch", req.Type)
 	}
+	if req.MaxMDS && len(req.AccessModes) > 0 && !slices.Contains(req.AccessModes, model.AccessStriped) {
+		return userErr("max_mds=yes needs access_mode striped (a private namespace has one metadata server per node already)")
+	}
 	pool := w.Pools[req.Pool]
 	if pool == nil {
 		var names []string
@@ -411,12 +416,15 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 			ID: cid, InstanceID: iid, Type: model.TypeScratch, AccessMode: mode,
 			RootPermissions: rootMode, Owner: sess.Owner, Group: sess.Group,
 			MaxFileSize: req.MaxFileSize, ClientCache: req.ClientCache, State: model.Created(),
+			MaxMDS: req.MaxMDS && mode == model.AccessStriped && len(frags) > 1,
 		}
 		w.put(c)
 		switch {
 		case mode == model.AccessPrivate: // private namespaces are made per compute node at pre_run
-		case mode == model.AccessLoadbalance && len(frags) > 1:
-			// A replica on every server: each stages in its own copy, each compute node reads one.
+		case mode == model.AccessLoadbalance && len(frags) > 1, c.MaxMDS:
+			// Loadbalance: a replica on every server; each stages in its own copy, each compute
+			// node reads one. max_mds: a shard of the one namespace on every server, in
+			// fragment order (the first is the one staging and the mount orders name).
 			for _, f := range frags {
 				if err := addNamespace(w, c, f, "", ids); err != nil {
 					return err

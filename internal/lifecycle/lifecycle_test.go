@@ -978,3 +978,109 @@ func TestSplitStageRunsOnEveryServer(t *testing.T) {
 		})
 	}
 }
+
+// max_mds=yes on a striped configuration over several nodes: a namespace shard on every
+// fragment, each made striped; every mount (and the storage nodes' staging mounts) names all
+// the shards in fragment order, the first being the namespace the mount is of.
+func TestMaxMDSShards(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2", "ssd3")
+	setup := jobSetup("46", 3<<30, "striped", "private")
+	setup.Instance.MaxMDS = true
+	h.must(ApplySetup(h.w, setup, h, h.p, h.now))
+	var created []agentapi.NamespaceSpec
+	var stages []agentapi.StageSpec
+	var stageNodes []string
+	step := func() {
+		for i := 0; i < 30; i++ {
+			for _, e := range Step(h.w, h.p, h.now) {
+				switch e.Op {
+				case OpCreateNamespace:
+					created = append(created, e.Namespace)
+				case OpStartStage:
+					stages, stageNodes = append(stages, e.Stage), append(stageNodes, e.Node)
+				}
+				r := Result{}
+				if e.Op == OpPollStage {
+					r.Stage = agentapi.StageStatus{Known: true, Status: model.StageComplete}
+				}
+				Complete(h.w, e, r, h.p, h.now)
+			}
+			h.w.TakeChanges()
+			h.now = h.now.Add(time.Second)
+		}
+	}
+	step()
+	inst := h.w.InstanceOf(h.w.SessionByToken("46").ID)
+	frags := h.w.FragmentsOf(inst.ID)
+	if len(frags) != 3 || len(created) != 3 {
+		t.Fatalf("%d fragments, %d namespaces created; want a shard on each of 3", len(frags), len(created))
+	}
+	for i, ns := range created {
+		if ns.Servers != 3 || ns.FragmentID != frags[i].ID {
+			t.Errorf("shard %d: %+v, want striped over 3 on fragment %d", i, ns, frags[i].ID)
+		}
+	}
+	if c := h.w.ConfigurationByMode(inst.ID, model.AccessPrivate); c.MaxMDS {
+		t.Error("the private configuration is sharded too")
+	}
+	h.must(ApplyStages(h.w, "46", model.StageIn, []StageRequest{
+		{Type: "file", PFSPath: "/pfs/in.dat", DWVar: VarJobStriped, DWPath: "/in.dat", Line: 3},
+	}, h, h.now))
+	step()
+	// The stage is split like any striped one's: prepare and finish on the first shard's
+	// node, a copy on each other; every run's staging mount names all the shards.
+	if len(stages) != 4 || stageNodes[0] != frags[0].Node || stageNodes[3] != frags[0].Node {
+		t.Fatalf("stage runs on %v, want prepare and finish on the first shard's node %s and a copy on each other", stageNodes, frags[0].Node)
+	}
+	for _, st := range stages {
+		if sm := st.Striped[VarJobStriped]; len(sm.MDS) != 3 || sm.MDS[0].NamespaceID != sm.NamespaceID {
+			t.Errorf("the staging mount does not name the shards: %+v", sm)
+		}
+	}
+	h.must(ApplyPreRun(h.w, "46", []string{"cn1", "cn2"}, h, h.p))
+	h.settle()
+	for _, node := range []string{"cn1", "cn2"} {
+		for _, m := range LiveMounts(h.w, node) {
+			if strings.Contains(m.MountPath, "private") {
+				if m.MDS != nil {
+					t.Errorf("%s: the private mount has shards: %+v", node, m.MDS)
+				}
+				continue
+			}
+			if len(m.MDS) != 3 || len(m.Stripes) != 3 {
+				t.Fatalf("%s: striped mount with %d shards and %d stripe servers, want 3 and 3", node, len(m.MDS), len(m.Stripes))
+			}
+			for i, s := range m.MDS {
+				if s.FragmentID != frags[i].ID || s.Node != frags[i].Node {
+					t.Errorf("%s: shard %d is %+v, want fragment %d on %s", node, i, s, frags[i].ID, frags[i].Node)
+				}
+			}
+			if m.MDS[0].NamespaceID != m.NamespaceID || m.FragmentID != frags[0].ID {
+				t.Errorf("%s: the mount's namespace is not the first shard: %+v", node, m)
+			}
+		}
+	}
+	// Teardown removes every shard.
+	h.must(ApplyTeardown(h.w, "46", false))
+	h.settle()
+	for _, ns := range h.w.Namespaces {
+		if h.w.Configurations[ns.ConfigurationID] != nil && h.w.Configurations[ns.ConfigurationID].InstanceID == inst.ID {
+			t.Errorf("namespace %d survived the teardown", ns.ID)
+		}
+	}
+
+	// One fragment: max_mds changes nothing. Without striped it is refused.
+	one := jobSetup("47", 1<<30, "striped")
+	one.Instance.MaxMDS = true
+	h.must(ApplySetup(h.w, one, h, h.p, h.now))
+	h.settle()
+	inst = h.w.InstanceOf(h.w.SessionByToken("47").ID)
+	if c := h.w.ConfigurationByMode(inst.ID, model.AccessStriped); c.MaxMDS || len(h.w.NamespacesOf(c.ID)) != 1 {
+		t.Errorf("a one-fragment instance is sharded")
+	}
+	bad := jobSetup("48", 3<<30, "private")
+	bad.Instance.MaxMDS = true
+	if err := ApplySetup(h.w, bad, h, h.p, h.now); err == nil || !strings.Contains(err.Error(), "needs access_mode striped") {
+		t.Errorf("max_mds without striped: %v", err)
+	}
+}

@@ -232,7 +232,30 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 		spec.Stripes = stripeServers(w, c.InstanceID)
 	}
 	spec.Replicas = replicas(w, c, ns)
+	spec.MDS = shards(w, c)
 	return spec
+}
+
+// shards are the namespace shards of a striped configuration spread over every server
+// (max_mds=yes), in fragment order; none for a namespace on one server.
+func shards(w *World, c *model.Configuration) []agentapi.Replica {
+	nss := w.NamespacesOf(c.ID)
+	if !c.MaxMDS || !striped(w, c) || len(nss) < 2 {
+		return nil
+	}
+	out := make([]agentapi.Replica, 0, len(nss))
+	for _, ns := range nss {
+		f := w.Fragments[ns.FragmentID]
+		if f == nil {
+			return nil // a shard is gone: the namespace cannot be served whole
+		}
+		r := agentapi.Replica{Node: f.Node, FragmentID: f.ID, NamespaceID: ns.ID}
+		if n := w.Nodes[f.Node]; n != nil {
+			r.DataAddress = n.DataAddress
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // striped reports whether a configuration's files are striped over its instance's servers:
@@ -348,7 +371,7 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 			}
 			spec.Striped[e.Var] = agentapi.MountSpec{StorageNode: ef.Node, FragmentID: ef.ID, NamespaceID: ens.ID,
 				InstanceID: e.Config.InstanceID, Owner: e.Config.Owner, MaxFileSize: e.Config.MaxFileSize,
-				DataAddress: w.Nodes[ef.Node].DataAddress, Stripes: stripes}
+				DataAddress: w.Nodes[ef.Node].DataAddress, Stripes: stripes, MDS: shards(w, e.Config)}
 		}
 	}
 	return spec, f.Node, nil

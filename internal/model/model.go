@@ -176,7 +176,10 @@ type Configuration struct {
 	BackingPath     string `json:"backing_path,omitempty"` // cache: the PFS directory
 	MaxFileSize     uint64 `json:"max_file_size,omitempty"`
 	ClientCache     bool   `json:"client_cache,omitempty"`
-	State           State  `json:"state"`
+	// MaxMDS spreads a striped configuration's namespace over every fragment of its instance
+	// (DataWarp's max_mds=yes): one namespace shard per fragment, in fragment order.
+	MaxMDS bool  `json:"max_mds,omitempty"`
+	State  State `json:"state"`
 }
 
 // Namespace is the file tree of a configuration: one for striped and loadbalance, one per

@@ -400,3 +400,118 @@ func mustRead(t *testing.T, path string) []byte {
 	}
 	return b
 }
+
+// TestMaxMDSAcrossStorageNodes: max_mds=yes on a striped instance over three storage nodes
+// spreads its namespace: a shard on each node. A staged-in file is read whole; two compute
+// nodes make files in one directory at once, which end up on every storage node's shard, are
+// read back whole by the other node, renamed (between shards too), and staged out.
+func TestMaxMDSAcrossStorageNodes(t *testing.T) {
+	storage := []string{"hosta", "hostc", "hostd"}
+	c := newNetClusterOf(t, storage, []string{"hostb", "hoste"})
+	c.start("ctl")
+	for _, h := range append(storage, "hostb", "hoste") {
+		c.start(h)
+	}
+	pfs := filepath.Join(c.dir, "pfs")
+	data := make([]byte, 9<<20+777)
+	rand.New(rand.NewSource(11)).Read(data)
+	if err := os.WriteFile(filepath.Join(pfs, "big.in"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chown(filepath.Join(pfs, "big.in"), nobodyUID, nobodyGID)
+	job := c.jobFile("maxmds.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=3GiB max_mds=yes\n"+
+		"#DW stage_in type=file source="+pfs+"/big.in destination=$DW_JOB_STRIPED/in/big\n"+
+		"#DW stage_out type=directory source=$DW_JOB_STRIPED/out destination="+pfs+"/maxmds-out\n\x00")
+	nodes := c.jobFile("maxmds.nodes", "hostb\nhoste\n")
+	c.wlm("--function", "job_process", "--job", job)
+	c.wlm("--function", "setup", "--token", "70", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:3GiB", "--job", job)
+	shardsOf := func(h string) []string {
+		dirs, _ := filepath.Glob(filepath.Join(c.dir, h, "ssd", "fragment", "*", "namespace", "*"))
+		return dirs
+	}
+	for _, h := range storage {
+		if got := shardsOf(h); len(got) != 1 {
+			t.Fatalf("%s holds %d namespaces of the max_mds instance, want its shard: %v", h, len(got), got)
+		}
+	}
+	c.wlm("--function", "data_in", "--token", "70", "--job", job)
+	pathfile := filepath.Join(c.dir, "paths70")
+	c.wlm("--function", "paths", "--token", "70", "--job", job, "--pathfile", pathfile)
+	env, _ := os.ReadFile(pathfile)
+	mount := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED="), "/")
+	c.wlm("--function", "pre_run", "--token", "70", "--job", job, "--nodehostnamefile", nodes)
+	run := func(host, script string) string {
+		t.Helper()
+		out, err := c.onHost(host, "set -e; "+script).CombinedOutput()
+		if err != nil {
+			t.Fatalf("on %s: %s: %v\n%s", host, script, err, out)
+		}
+		return string(out)
+	}
+	sum := sha256.Sum256(data)
+	for _, h := range []string{"hostb", "hoste"} {
+		if out := run(h, "sha256sum "+mount+"/in/big"); !strings.Contains(out, hex.EncodeToString(sum[:])) {
+			t.Errorf("%s reads the staged-in file as %s", h, out)
+		}
+	}
+	// Both compute nodes make files in one directory at once.
+	const perNode = 60
+	run("hostb", "mkdir "+mount+"/out")
+	var wg sync.WaitGroup
+	for _, h := range []string{"hostb", "hoste"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := c.onHost(h, fmt.Sprintf("for i in $(seq 1 %d); do echo %s-$i > %s/out/%s-$i; done", perNode, h, mount, h)).CombinedOutput()
+			if err != nil {
+				t.Errorf("writer on %s: %v\n%s", h, err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for _, h := range storage {
+		files, _ := filepath.Glob(filepath.Join(shardsOf(h)[0], "out", "host*"))
+		if len(files) == 0 {
+			t.Errorf("%s's shard holds none of the directory's files", h)
+		}
+		t.Logf("%s's shard holds %d of the directory's files", h, len(files))
+		total += len(files)
+	}
+	if total != 2*perNode {
+		t.Errorf("the shards hold %d files of the directory, want %d, each once", total, 2*perNode)
+	}
+	// Each node reads the other's files, and lists them all once.
+	for h, other := range map[string]string{"hostb": "hoste", "hoste": "hostb"} {
+		out := run(h, fmt.Sprintf("ls %s/out | wc -l; for i in $(seq 1 %d); do cat %s/out/%s-$i; done", mount, perNode, mount, other))
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != perNode+1 || strings.TrimSpace(lines[0]) != fmt.Sprint(2*perNode) {
+			t.Fatalf("%s lists and reads %s's files as:\n%s", h, other, out)
+		}
+		for i, l := range lines[1:] {
+			if want := fmt.Sprintf("%s-%d", other, i+1); l != want {
+				t.Fatalf("%s reads %s, want %s", h, l, want)
+			}
+		}
+	}
+	// Renames (most between shards) keep the data; the big file moves into out/.
+	run("hoste", fmt.Sprintf("for i in $(seq 1 %d); do mv %s/out/hostb-$i %s/out/renamed-$i; done; mv %s/in/big %s/out/big",
+		perNode, mount, mount, mount, mount))
+	out := run("hostb", fmt.Sprintf("for i in $(seq 1 %d); do cat %s/out/renamed-$i; done; sha256sum %s/out/big; ls %s/out | grep -c hostb- || true",
+		perNode, mount, mount, mount))
+	if !strings.Contains(out, hex.EncodeToString(sum[:])) || strings.Count(out, "hostb-") != perNode || !strings.HasSuffix(strings.TrimSpace(out), "\n0") {
+		t.Errorf("after the renames hostb reads:\n%s", out)
+	}
+	c.wlm("--function", "post_run", "--token", "70", "--job", job)
+	c.wlm("--function", "data_out", "--token", "70", "--job", job)
+	if got, err := os.ReadFile(filepath.Join(pfs, "maxmds-out", "big")); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("staged out big: %d bytes (%v), want %d", len(got), err, len(data))
+	}
+	staged, _ := os.ReadDir(filepath.Join(pfs, "maxmds-out"))
+	if len(staged) != 2*perNode+1 {
+		t.Errorf("staged out %d files, want %d", len(staged), 2*perNode+1)
+	}
+	c.wlm("--function", "teardown", "--token", "70", "--job", job)
+	c.assertClean()
+}

@@ -194,6 +194,20 @@ type Call struct {
 	NoReconnect bool
 	// UsedGen is the generation the call was sent on (a handle an OPEN returns belongs to it).
 	UsedGen uint64
+	// Route is what a mount whose namespace is sharded over several servers (max_mds=yes)
+	// needs to send a request that names entries by path to the right one (package mount,
+	// mds.go). The client itself ignores it.
+	Route Route
+}
+
+// Route tells a sharded mount where the entries a request names by path live.
+type Route struct {
+	// Parent is the id of the directory holding the entry the request names (the Path of
+	// LOOKUP, GETATTR, OPEN...; Dir/Name of CREATE, MKDIR, UNLINK, RENAME...), and NewParent
+	// that of RENAME's NewDir or of LINK's Path; 0 when unknown (the mount asks).
+	Parent, NewParent uint64
+	// Dir says the node named by path is a directory (GETATTR, SETATTR, the xattr ops).
+	Dir bool
 }
 
 // retriable reports whether an op may be sent again on a new connection after the first was

@@ -32,10 +32,28 @@ type testBackend struct {
 	// striped serves the namespace as a striped instance's: file data in stripe objects on
 	// testStripeServers servers, in directories beside the namespace's (src.s0, src.s1, ...).
 	striped bool
+	// shards spreads a striped namespace over this many namespace shards (max_mds=yes): the
+	// namespace's directory is shard 0, the others beside it (src.m1, src.m2, ...).
+	shards int
 }
 
 var backends = []testBackend{{name: "local"}, {name: "remote", remote: true},
-	{name: "striped", striped: true}, {name: "striped-remote", remote: true, striped: true}}
+	{name: "striped", striped: true}, {name: "striped-remote", remote: true, striped: true},
+	{name: "striped-maxmds", striped: true, shards: testShards},
+	{name: "striped-maxmds-remote", remote: true, striped: true, shards: testShards}}
+
+// testShards is how many shards the max_mds backends spread a namespace over.
+const testShards = 3
+
+// shardDirs are the namespace shards' directories of a max_mds backend's namespace src,
+// src itself first.
+func shardDirs(src string, n int) []string {
+	out := []string{src}
+	for i := 1; i < n; i++ {
+		out = append(out, fmt.Sprintf("%s.m%d", src, i))
+	}
+	return out
+}
 
 // The striped backends' layout: small stripes, so that small files span servers.
 const (
@@ -137,6 +155,30 @@ func (b testBackend) prepare(t *testing.T, spec Spec) Spec {
 			spec.Stripes = append(spec.Stripes, st)
 		}
 	}
+	if b.shards > 1 {
+		var root unix.Stat_t
+		if err := unix.Stat(spec.SourceDir, &root); err != nil {
+			t.Fatal(err)
+		}
+		l := stripe.Layout{Size: testStripeSize, Width: testStripeServers, Servers: testStripeServers}
+		for i, dir := range shardDirs(spec.SourceDir, b.shards) {
+			if i > 0 { // shard 0 is the namespace's directory, made like the others
+				if err := os.Mkdir(dir, os.FileMode(root.Mode&0o777)); err != nil && !errors.Is(err, os.ErrExist) {
+					t.Fatal(err)
+				}
+				if err := errors.Join(os.Chown(dir, int(root.Uid), int(root.Gid)), os.Chmod(dir, os.FileMode(root.Mode&0o777)),
+					unix.Setxattr(dir, server.LayoutXattr, l.Encode(), 0)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sh := Server{Dir: dir, Tracker: spec.Tracker}
+			if b.remote {
+				s := startServer(t, "", dir, spec.Tracker, logTo)
+				sh = Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: int64(10 + i), NamespaceID: int64(20 + i), InstanceID: 3}}
+			}
+			spec.MDS = append(spec.MDS, sh)
+		}
+	}
 	if !b.remote {
 		return spec
 	}
@@ -144,6 +186,22 @@ func (b testBackend) prepare(t *testing.T, spec Spec) Spec {
 	spec.Remote = &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: 2, InstanceID: 3}
 	spec.SourceDir, spec.Tracker = "", nil
 	return spec
+}
+
+// backingDirs are the directories holding namespace src on disk: src, or a max_mds backend's
+// shards (made now if missing; mounting makes them like src).
+func (b testBackend) backingDirs(t *testing.T, src string) []string {
+	t.Helper()
+	if b.shards < 2 {
+		return []string{src}
+	}
+	dirs := shardDirs(src, b.shards)
+	for _, d := range dirs[1:] {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dirs
 }
 
 // mount mounts spec with this backend and unmounts it when the test ends.

@@ -64,6 +64,10 @@ type Spec struct {
 	// reads the first and falls over to the next when its server stops answering. Instead of
 	// SourceDir and Remote; empty for a namespace with one copy.
 	Replicas []Server
+	// MDS are the shards of a striped namespace spread over every server of its instance
+	// (max_mds=yes), in shard order (mds.go); the first is the namespace SourceDir or Remote
+	// names, which the mount then ignores. Empty for a namespace on one server.
+	MDS []Server
 	// ReadOnly mounts the namespace read-only (loadbalance after stage-in): every change
 	// fails with EROFS.
 	ReadOnly bool
@@ -391,6 +395,8 @@ func Mount(spec Spec) (*Mounted, error) {
 	var be *backend
 	if len(spec.Replicas) > 0 {
 		be, err = openReplicas(spec, limits, path, logger)
+	} else if len(spec.MDS) > 1 {
+		be, err = openShards(spec, limits, path, logger)
 	} else if spec.Remote != nil {
 		be, err = dialRemote(spec, limits, logger)
 	} else {

@@ -33,7 +33,7 @@ const (
 func checkAccounting(t *testing.T, tr *usage.Tracker, src string) {
 	t.Helper()
 	dirs := []string{src}
-	for _, dir := range stripeDirs(src) { // a striped backend's data
+	for _, dir := range append(stripeDirs(src), shardDirs(src, testShards)[1:]...) { // a striped backend's data, a max_mds one's shards
 		if _, err := os.Stat(dir); err == nil {
 			dirs = append(dirs, dir)
 		}
@@ -47,6 +47,17 @@ func checkAccounting(t *testing.T, tr *usage.Tracker, src string) {
 	}
 }
 
+// backingPath is where the namespace src holds rel on disk: in src, or for a max_mds backend
+// in the shard holding it.
+func backingPath(src, rel string) string {
+	for _, dir := range shardDirs(src, testShards) {
+		if _, err := os.Lstat(filepath.Join(dir, rel)); err == nil {
+			return filepath.Join(dir, rel)
+		}
+	}
+	return filepath.Join(src, rel)
+}
+
 // readBacking is what the storage side holds for the file rel of namespace src: the file itself,
 // or for a striped file, its stripes gathered from the objects of the stripe directories as its
 // layout says.
@@ -54,7 +65,7 @@ func readBacking(t *testing.T, src, rel string) []byte {
 	t.Helper()
 	l, striped := backingLayout(t, src, rel)
 	if !striped {
-		got, _ := os.ReadFile(filepath.Join(src, rel))
+		got, _ := os.ReadFile(backingPath(src, rel))
 		return got
 	}
 	out := make([]byte, l.Length)
@@ -86,7 +97,7 @@ func settled(t *testing.T, b testBackend, f *os.File) {
 func backingLayout(t *testing.T, src, rel string) (stripe.Layout, bool) {
 	t.Helper()
 	buf := make([]byte, 128)
-	n, err := unix.Getxattr(filepath.Join(src, rel), server.LayoutXattr, buf)
+	n, err := unix.Getxattr(backingPath(src, rel), server.LayoutXattr, buf)
 	if err != nil {
 		return stripe.Layout{}, false
 	}
@@ -103,7 +114,7 @@ func backingSize(t *testing.T, src, rel string) int64 {
 	if l, striped := backingLayout(t, src, rel); striped {
 		return int64(l.Length)
 	}
-	return statOf(t, filepath.Join(src, rel)).Size
+	return statOf(t, backingPath(src, rel)).Size
 }
 
 func statOf(t *testing.T, path string) *syscall.Stat_t {
@@ -156,7 +167,7 @@ func testRoundTrips(t *testing.T, b testBackend) {
 	if err := os.Chmod(renamed, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if mode := statOf(t, filepath.Join(src, "a", "renamed")).Mode & 0o7777; mode != 0o600 {
+	if mode := statOf(t, backingPath(src, "a/renamed")).Mode & 0o7777; mode != 0o600 {
 		t.Errorf("backend mode after chmod 0600 = %o", mode)
 	}
 	if err := os.Link(renamed, filepath.Join(root, "hard")); b.striped {
@@ -450,6 +461,9 @@ func TestReadOnlyMountRefusesEveryChange(t *testing.T) {
 }
 
 func testReadOnlyMountRefusesEveryChange(t *testing.T, b testBackend) {
+	if b.shards > 1 {
+		t.Skip("the test prepares the namespace on disk as one directory; max_mds is for striped (writable) configurations")
+	}
 	src, mp := dirs(t)
 	if err := os.WriteFile(filepath.Join(src, "input"), []byte("staged in"), 0o644); err != nil {
 		t.Fatal(err)
@@ -508,21 +522,23 @@ func testRootMountCreatesFilesAsTheCaller(t *testing.T, b testBackend) {
 	if err := os.Chown(src, 65534, 65534); err != nil { // the namespace root belongs to the job's user
 		t.Fatal(err)
 	}
-	rootOnly := filepath.Join(src, "root-only")
-	if err := os.Mkdir(rootOnly, 0o755); err != nil {
-		t.Fatal(err)
+	// Directories are on every shard of a max_mds backend; a file on the one its name picks.
+	for _, dir := range b.backingDirs(t, src) {
+		if err := os.Mkdir(filepath.Join(dir, "root-only"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		shared := filepath.Join(dir, "shared")
+		if err := os.Mkdir(shared, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(shared, 0, 100); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Chmod(shared, 0o2777); err != nil { // set-group-ID directory, group 100
+			t.Fatal(err)
+		}
 	}
-	shared := filepath.Join(src, "shared")
-	if err := os.Mkdir(shared, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(shared, 0, 100); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Chmod(shared, 0o2777); err != nil { // set-group-ID directory, group 100
-		t.Fatal(err)
-	}
-	setuid := filepath.Join(src, "setuid-program")
+	setuid := filepath.Join(b.backingDirs(t, src)[stripe.Shard(stripe.RootDirID, "setuid-program", len(b.backingDirs(t, src)))], "setuid-program")
 	if err := os.WriteFile(setuid, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -533,7 +549,7 @@ func testRootMountCreatesFilesAsTheCaller(t *testing.T, b testBackend) {
 		t.Fatal("could not make the test program set-user-ID")
 	}
 	tr := usage.New("instance 7", 16*mib)
-	if err := tr.Scan(src); err != nil {
+	if err := tr.Scan(b.backingDirs(t, src)...); err != nil {
 		t.Fatal(err)
 	}
 	m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, AllowOther: true})
@@ -545,19 +561,21 @@ func testRootMountCreatesFilesAsTheCaller(t *testing.T, b testBackend) {
 		t.Fatalf("nobody working in the mount: %v: %s", err, out)
 	}
 	for _, name := range []string{"mine", "mydir", "mylink"} {
-		if st := statOf(t, filepath.Join(src, name)); st.Uid != 65534 || st.Gid != 65534 {
+		if st := statOf(t, backingPath(src, name)); st.Uid != 65534 || st.Gid != 65534 {
 			t.Errorf("backend %s is owned by %d:%d, want nobody 65534:65534", name, st.Uid, st.Gid)
 		}
 	}
 	// The caller's umask (002) decides the mode, not the agent's (022).
-	if mode := statOf(t, filepath.Join(src, "mine")).Mode & 0o777; mode != 0o664 {
+	if mode := statOf(t, backingPath(src, "mine")).Mode & 0o777; mode != 0o664 {
 		t.Errorf("a file created with umask 002 has mode %o, want 664", mode)
 	}
-	if st := statOf(t, filepath.Join(src, "shared", "grouped")); st.Gid != 100 {
+	if st := statOf(t, backingPath(src, "shared/grouped")); st.Gid != 100 {
 		t.Errorf("file in a set-group-ID directory has group %d, want the directory's 100", st.Gid)
 	}
-	if st := statOf(t, filepath.Join(src, "shared", "sub")); st.Gid != 100 || st.Mode&syscall.S_ISGID == 0 {
-		t.Errorf("directory in a set-group-ID directory: group %d mode %o, want group 100 and set-group-ID", st.Gid, st.Mode)
+	for _, dir := range b.backingDirs(t, src) {
+		if st := statOf(t, filepath.Join(dir, "shared", "sub")); st.Gid != 100 || st.Mode&syscall.S_ISGID == 0 {
+			t.Errorf("directory in a set-group-ID directory (%s): group %d mode %o, want group 100 and set-group-ID", dir, st.Gid, st.Mode)
+		}
 	}
 	// Writing someone else's set-user-ID program takes its set-user-ID bit away.
 	if mode := statOf(t, setuid).Mode & 0o7777; mode != 0o777 {
@@ -568,7 +586,7 @@ func testRootMountCreatesFilesAsTheCaller(t *testing.T, b testBackend) {
 		!strings.Contains(out, "Permission denied") {
 		t.Errorf("nobody writing into a root-owned 0755 directory: %v: %s", err, out)
 	}
-	if _, err := os.Stat(filepath.Join(rootOnly, "f")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(backingPath(src, "root-only/f")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the refused file exists on the backend: %v", err)
 	}
 	checkAccounting(t, tr, src)

@@ -121,11 +121,34 @@ func caller(ctx context.Context) (uint32, uint32) {
 
 // call forwards one request.
 func (be *backend) call(ctx context.Context, op proto.Op, req, reply proto.Message) syscall.Errno {
+	return be.callRoute(ctx, client.Route{}, op, req, reply)
+}
+
+// callRoute forwards one request that names entries by path (route: where they live in a
+// sharded namespace, mds.go).
+func (be *backend) callRoute(ctx context.Context, route client.Route, op proto.Op, req, reply proto.Message) syscall.Errno {
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
-	return be.client.Do(ctx, &client.Call{Op: op, UID: uid, GID: gid, Req: req, Reply: reply})
+	return be.client.Do(ctx, &client.Call{Op: op, UID: uid, GID: gid, Req: req, Reply: reply, Route: route})
 }
+
+// dirID is the id of directory n in a sharded namespace (mds.go): the inode number the mount
+// reported for it.
+func (n *node) dirID() uint64 { return n.StableAttr().Ino }
+
+// route says where the node lives in a sharded namespace: its parent directory's id (0 when
+// unknown, as for a file without a name).
+func (n *node) route() client.Route {
+	r := client.Route{Dir: n.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFDIR}
+	if _, p := n.Parent(); p != nil {
+		r.Parent = p.StableAttr().Ino
+	}
+	return r
+}
+
+// in is the route of an entry of directory n.
+func (n *node) in() client.Route { return client.Route{Parent: n.dirID()} }
 
 // path is the node's path in the namespace ("" for the root). A node no longer in the tree
 // gets a path that names nothing.
@@ -171,7 +194,7 @@ func (n *node) anyHandle() *fileHandle {
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	var rep proto.AttrReply
-	if errno := n.be.call(ctx, proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep); errno != 0 {
+	if errno := n.be.callRoute(ctx, n.in(), proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep); errno != 0 {
 		return nil, errno
 	}
 	return n.child(ctx, &rep.Attr, out), 0
@@ -184,7 +207,7 @@ func (n *node) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build f
 		h = n.anyHandle()
 	}
 	if h == nil {
-		return n.be.call(ctx, op, build(n.path(), 0), reply)
+		return n.be.callRoute(ctx, n.route(), op, build(n.path(), 0), reply)
 	}
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
@@ -340,7 +363,7 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 	defer cancel()
 	uid, gid := caller(ctx)
 	var rep proto.OpenReply
-	call := &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: n.path(), Flags: flags}, Reply: &rep}
+	call := &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: n.path(), Flags: flags}, Reply: &rep, Route: n.route()}
 	if errno := n.be.client.Do(ctx, call); errno != 0 {
 		return nil, errno
 	}
@@ -394,7 +417,7 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	defer cancel()
 	uid, gid := caller(ctx)
 	var rep proto.OpenReply
-	call := &client.Call{Op: op, UID: uid, GID: gid, Reply: &rep,
+	call := &client.Call{Op: op, UID: uid, GID: gid, Reply: &rep, Route: n.in(),
 		Req: &proto.CreateReq{Dir: n.path(), Name: name, Flags: flags, Mode: mode}}
 	if errno := n.be.client.Do(ctx, call); errno != 0 {
 		return nil, nil, 0, errno
@@ -426,11 +449,15 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 
 // made finishes MKDIR, MKNOD, SYMLINK and LINK.
 func (n *node) made(ctx context.Context, op proto.Op, req proto.Message, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return n.madeRoute(ctx, n.in(), op, req, out)
+}
+
+func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, req proto.Message, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if n.be.readOnly {
 		return nil, syscall.EROFS
 	}
 	var rep proto.AttrReply
-	if errno := n.be.call(ctx, op, req, &rep); errno != 0 {
+	if errno := n.be.callRoute(ctx, route, op, req, &rep); errno != 0 {
 		return nil, errno
 	}
 	return n.child(ctx, &rep.Attr, out), 0
@@ -457,7 +484,9 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if _, parent := t.Parent(); parent == nil {
 		return nil, syscall.EXDEV
 	}
-	return n.made(ctx, proto.OpLink, &proto.LinkReq{Path: t.path(), Dir: n.path(), Name: name}, out)
+	route := n.in()
+	route.NewParent = t.route().Parent
+	return n.madeRoute(ctx, route, proto.OpLink, &proto.LinkReq{Path: t.path(), Dir: n.path(), Name: name}, out)
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -465,7 +494,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return syscall.EROFS
 	}
 	var rep proto.RemovedReply
-	errno := n.be.call(ctx, proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
+	errno := n.be.callRoute(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
 	if errno == 0 {
 		n.removed(ctx, name, rep.Layout)
 	}
@@ -503,7 +532,7 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
-	return n.be.call(ctx, proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
+	return n.be.callRoute(ctx, n.in(), proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -515,7 +544,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return syscall.EXDEV
 	}
 	var rep proto.RemovedReply
-	errno := n.be.call(ctx, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, &rep)
+	route := client.Route{Parent: n.dirID(), NewParent: dst.dirID()}
+	errno := n.be.callRoute(ctx, route, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, &rep)
 	if errno == 0 {
 		dst.removed(ctx, newName, rep.Layout)
 	}
@@ -524,7 +554,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	var rep proto.DataReply
-	if errno := n.be.call(ctx, proto.OpReadlink, &proto.PathReq{Path: n.path()}, &rep); errno != 0 {
+	if errno := n.be.callRoute(ctx, n.route(), proto.OpReadlink, &proto.PathReq{Path: n.path()}, &rep); errno != 0 {
 		return nil, errno
 	}
 	return rep.Data, 0
@@ -685,7 +715,7 @@ func (h *fileHandle) reopen(ctx context.Context, stale uint64) syscall.Errno {
 	uid, gid := caller(ctx)
 	var rep proto.OpenReply
 	flags := h.flags &^ (syscall.O_CREAT | syscall.O_EXCL | syscall.O_TRUNC)
-	call := &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: h.node.path(), Flags: flags}, Reply: &rep}
+	call := &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: h.node.path(), Flags: flags}, Reply: &rep, Route: h.node.route()}
 	if errno := h.node.be.client.Do(ctx, call); errno != 0 {
 		return errno
 	}
@@ -863,7 +893,7 @@ func (d *dirStream) open(ctx context.Context) syscall.Errno {
 	ctx, cancel := d.node.be.opCtx(ctx)
 	defer cancel()
 	var rep proto.HandleReply
-	call := &client.Call{Op: proto.OpOpendir, Req: &proto.PathReq{Path: d.node.path()}, Reply: &rep}
+	call := &client.Call{Op: proto.OpOpendir, Req: &proto.PathReq{Path: d.node.path()}, Reply: &rep, Route: d.node.route()}
 	if errno := d.node.be.client.Do(ctx, call); errno != 0 {
 		return errno
 	}

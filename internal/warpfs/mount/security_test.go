@@ -34,6 +34,10 @@ func TestSymlinkSwapCannotLeaveTheInstance(t *testing.T) {
 }
 
 func testSymlinkSwap(t *testing.T, b testBackend, mounts int) {
+	if b.shards > 1 {
+		// The server code under attack is the striped backends'; what differs is the router.
+		t.Skip("max_mds refuses the attack's swap, RENAME_EXCHANGE of a directory with a symbolic link (EXDEV)")
+	}
 	src, mp := dirs(t)
 	if err := os.Chown(src, 65534, 65534); err != nil { // the namespace root is the job user's
 		t.Fatal(err)

@@ -316,6 +316,41 @@ func (m *RenameReq) Decode(d *Dec) {
 	m.Flags = d.U32()
 }
 
+// AdoptReq gives an entry of another shard of a sharded namespace (max_mds) the name
+// Dir/Name on this one: the second half of a rename between shards (the client removes the
+// old name after). The entry is made whole under a temporary name — a striped file's stub with
+// Layout (the same objects: the data does not move), a symbolic link to Target, or a FIFO or
+// socket — given Mode, owner and times, then renamed to Name with renameat2 Flags
+// (RENAME_NOREPLACE only), replacing what was there as RENAME does.
+type AdoptReq struct {
+	Dir, Name, Target string
+	Layout            []byte
+	Mode, UID, GID    uint32
+	Flags             uint32
+	Atime, Mtime      Timespec
+}
+
+func (m *AdoptReq) Encode(e *Enc) {
+	e.Str(m.Dir)
+	e.Str(m.Name)
+	e.Str(m.Target)
+	e.Bytes(m.Layout)
+	e.U32(m.Mode)
+	e.U32(m.UID)
+	e.U32(m.GID)
+	e.U32(m.Flags)
+	m.Atime.Encode(e)
+	m.Mtime.Encode(e)
+}
+
+func (m *AdoptReq) Decode(d *Dec) {
+	m.Dir, m.Name, m.Target = d.Str(MaxPath), d.Str(MaxName), d.Str(MaxPath)
+	m.Layout = d.Bytes(MaxLayout)
+	m.Mode, m.UID, m.GID, m.Flags = d.U32(), d.U32(), d.U32(), d.U32()
+	m.Atime.Decode(d)
+	m.Mtime.Decode(d)
+}
+
 // HandleReq names an open handle (RELEASE).
 type HandleReq struct{ Handle uint64 }
 
@@ -552,6 +587,8 @@ func NewRequest(op Op) Message {
 		return &EntryReq{}
 	case OpRename:
 		return &RenameReq{}
+	case OpAdopt:
+		return &AdoptReq{}
 	case OpReaddir:
 		return &ReaddirReq{}
 	case OpRelease:
@@ -598,7 +635,7 @@ func NewReply(op Op) Message {
 		return &StatfsReply{}
 	case OpGetxattr, OpListxattr:
 		return &XattrReply{}
-	case OpUnlink, OpRename:
+	case OpUnlink, OpRename, OpAdopt:
 		return &RemovedReply{}
 	case OpPing, OpRmdir, OpRelease, OpFsync, OpFallocate, OpSetxattr, OpRemovexattr:
 		return &Empty{}

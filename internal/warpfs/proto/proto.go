@@ -102,6 +102,7 @@ const (
 	OpListxattr   Op = 41 // XattrReq → XattrReply
 	OpSetxattr    Op = 42 // XattrReq → Empty
 	OpRemovexattr Op = 43 // XattrReq → Empty
+	OpAdopt       Op = 44 // AdoptReq → RemovedReply
 )
 
 var opNames = map[Op]string{
@@ -112,6 +113,7 @@ var opNames = map[Op]string{
 	OpReaddir: "READDIR", OpRelease: "RELEASE", OpRead: "READ", OpWrite: "WRITE", OpFsync: "FSYNC",
 	OpFallocate: "FALLOCATE", OpLseek: "LSEEK", OpCopyRange: "COPY_RANGE", OpStatfs: "STATFS",
 	OpGetxattr: "GETXATTR", OpListxattr: "LISTXATTR", OpSetxattr: "SETXATTR", OpRemovexattr: "REMOVEXATTR",
+	OpAdopt: "ADOPT",
 }
 
 func (o Op) String() string {

@@ -37,6 +37,8 @@ func samples() []struct {
 		{OpLink, false, &LinkReq{Path: "a", Dir: "b", Name: "c"}},
 		{OpUnlink, false, &EntryReq{Dir: "d", Name: "f"}},
 		{OpRename, false, &RenameReq{Dir: "a", Name: "b", NewDir: "c", NewName: "d", Flags: 1}},
+		{OpAdopt, false, &AdoptReq{Dir: "a", Name: "b", Target: "t", Layout: []byte{7, 8}, Mode: 0o100644, UID: 5, GID: 6, Flags: 1, Atime: Timespec{1, 2}, Mtime: Timespec{3, 4}}},
+		{OpAdopt, true, &RemovedReply{Layout: []byte{9}}},
 		{OpRelease, false, &HandleReq{Handle: 5}},
 		{OpOpendir, true, &HandleReply{Handle: 6}},
 		{OpReadlink, true, &DataReply{Data: []byte("target")}},

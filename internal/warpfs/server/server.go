@@ -766,6 +766,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 	case *proto.RenameReq:
 		layout, errno := v.rename(r)
 		return &proto.RemovedReply{Layout: layout}, 0, errno
+	case *proto.AdoptReq:
+		layout, errno := v.adopt(r)
+		return &proto.RemovedReply{Layout: layout}, 0, errno
 	case *proto.ReaddirReq:
 		var rep proto.ReaddirReply
 		errno := withHandle(r.Handle, func(hd *handle) (e syscall.Errno) {

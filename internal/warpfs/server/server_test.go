@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
@@ -465,4 +468,82 @@ func dialGranted(addr, clientName string, namespace int64, capability, key strin
 		opt.Token, opt.CapabilityKey = key, ""
 	}
 	return client.Dial(context.Background(), opt)
+}
+
+// ADOPT, the second half of a rename between shards of a max_mds namespace: only in a
+// striped namespace, only with a valid layout; the entry gets the owner, mode, times and
+// layout given, and replacing a striped file returns that file's layout.
+func TestAdopt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
+	}
+	f := newFixture(t, Limits{})
+	c := f.client()
+	l := stripe.Layout{ID: 77, Size: 1 << 20, Width: 2, Servers: 2, Length: 12345}
+	adopt := func(name string, mode uint32, layout []byte, flags uint32) ([]byte, syscall.Errno) {
+		var rep proto.RemovedReply
+		errno := do(c, proto.OpAdopt, &proto.AdoptReq{Name: name, Mode: mode, UID: 65534, GID: 65533, Layout: layout, Flags: flags,
+			Target: "somewhere", Mtime: proto.Timespec{Sec: 1000000000, Nsec: 5}, Atime: proto.Timespec{Sec: 1000000001}}, &rep)
+		return rep.Layout, errno
+	}
+	if _, errno := adopt("f", syscall.S_IFREG|0o640, l.Encode(), 0); errno != syscall.EINVAL {
+		t.Fatalf("ADOPT of a stub in an unstriped namespace: %v, want EINVAL", errno)
+	}
+	root := stripe.Layout{Size: 1 << 20, Width: 2, Servers: 2}
+	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	c = f.client() // a new session sees the namespace striped
+	if _, errno := adopt("f", syscall.S_IFREG|0o640, []byte("junk"), 0); errno != syscall.EINVAL {
+		t.Errorf("ADOPT with a malformed layout: %v, want EINVAL", errno)
+	}
+	if _, errno := adopt("../escape", syscall.S_IFREG|0o640, l.Encode(), 0); errno != syscall.EINVAL {
+		t.Errorf("ADOPT of a name with a slash: %v, want EINVAL", errno)
+	}
+	if _, errno := adopt("dev", syscall.S_IFCHR|0o600, nil, 0); errno != syscall.EINVAL {
+		t.Errorf("ADOPT of a device node: %v, want EINVAL", errno)
+	}
+	if replaced, errno := adopt("f", syscall.S_IFREG|0o640, l.Encode(), 0); errno != 0 || len(replaced) != 0 {
+		t.Fatalf("ADOPT of a stub: %v (replaced %v)", errno, replaced)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(f.dir, "f"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 65534 || st.Gid != 65533 || st.Mode != syscall.S_IFREG|0o640 || st.Mtim.Sec != 1000000000 || st.Mtim.Nsec != 5 || st.Size != 0 {
+		t.Errorf("the adopted stub: uid %d gid %d mode %o mtime %d.%d size %d", st.Uid, st.Gid, st.Mode, st.Mtim.Sec, st.Mtim.Nsec, st.Size)
+	}
+	var attr proto.AttrReply
+	if errno := do(c, proto.OpLookup, &proto.PathReq{Path: "f"}, &attr); errno != 0 || attr.Attr.Size != 12345 {
+		t.Errorf("LOOKUP of the adopted stub: %v, size %d, want its layout's 12345", errno, attr.Attr.Size)
+	}
+	next := l
+	next.ID = 78
+	if _, errno := adopt("f", syscall.S_IFREG|0o600, next.Encode(), unix.RENAME_NOREPLACE); errno != syscall.EEXIST {
+		t.Errorf("ADOPT with RENAME_NOREPLACE over a file: %v, want EEXIST", errno)
+	}
+	replaced, errno := adopt("f", syscall.S_IFREG|0o600, next.Encode(), 0)
+	if got, err := stripe.Decode(replaced); errno != 0 || err != nil || got.ID != 77 {
+		t.Errorf("ADOPT over a striped file: %v, replaced layout %+v (%v), want the old one's (id 77)", errno, got, err)
+	}
+	if _, errno := adopt("l", syscall.S_IFLNK|0o777, nil, 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	if target, err := os.Readlink(filepath.Join(f.dir, "l")); err != nil || target != "somewhere" {
+		t.Errorf("the adopted link points to %q (%v)", target, err)
+	}
+	if err := os.Mkdir(filepath.Join(f.dir, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, errno := adopt("d", syscall.S_IFIFO|0o600, nil, 0); errno != syscall.EISDIR {
+		t.Errorf("ADOPT over a directory: %v, want EISDIR", errno)
+	}
+	entries, _ := os.ReadDir(f.dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, ",") != "d,f,l" {
+		t.Errorf("the namespace holds %v, want d, f, l and no temporary name", names)
+	}
 }

@@ -12,6 +12,7 @@ package server
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"syscall"
@@ -272,4 +273,127 @@ func hideXattrs(list []byte) []byte {
 		}
 	}
 	return out
+}
+
+// adoptTempPrefix starts the temporary name under which adopt makes an entry whole before it
+// gets its name.
+const adoptTempPrefix = ".spillway-adopt-"
+
+// adopt makes r.Dir/r.Name the entry another shard of a sharded namespace (max_mds) held
+// under another name: a stub with the same layout (so the same stripe objects: the data does
+// not move), a symbolic link, a FIFO or a socket, with the owner, mode and times given. It is
+// built under a temporary name and renamed into place, so no client sees it unfinished;
+// like RENAME, it returns the layout of a striped file it replaced.
+func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
+	if v.readOnly {
+		return nil, syscall.EROFS
+	}
+	if !validName(r.Name) || r.Flags&^unix.RENAME_NOREPLACE != 0 {
+		return nil, syscall.EINVAL
+	}
+	dirfd, done, errno := v.dirAt(r.Dir)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer done()
+	var b [8]byte
+	rand.Read(b[:])
+	tmp := adoptTempPrefix + hex.EncodeToString(b[:])
+	mode := r.Mode & 0o7777
+	switch r.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		l, err := stripe.Decode(r.Layout)
+		if !v.striped || err != nil || l.ID == 0 {
+			return nil, syscall.EINVAL
+		}
+		fd, err := unix.Openat(dirfd, ".", unix.O_RDWR|unix.O_TMPFILE|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		defer unix.Close(fd)
+		if errno := writeLayout(fd, l); errno != 0 {
+			return nil, errno
+		}
+		if v.asRoot {
+			if err := unix.Fchown(fd, int(r.UID), int(r.GID)); err != nil {
+				return nil, errnoOf(err)
+			}
+		}
+		if err := unix.Fchmod(fd, mode); err != nil { // after chown, which drops set-id bits
+			return nil, errnoOf(err)
+		}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, procPath(fd), adoptTimes(r), 0); err != nil {
+			return nil, errnoOf(err)
+		}
+		if err := unix.Linkat(fd, "", dirfd, tmp, unix.AT_EMPTY_PATH); err != nil {
+			return nil, errnoOf(err)
+		}
+	case syscall.S_IFLNK:
+		if r.Target == "" {
+			return nil, syscall.EINVAL
+		}
+		if err := unix.Symlinkat(r.Target, dirfd, tmp); err != nil {
+			return nil, errnoOf(err)
+		}
+	case syscall.S_IFIFO, syscall.S_IFSOCK:
+		if err := unix.Mknodat(dirfd, tmp, r.Mode&syscall.S_IFMT|mode, 0); err != nil {
+			return nil, errnoOf(err)
+		}
+	default:
+		return nil, syscall.EINVAL
+	}
+	fail := func(err error) ([]byte, syscall.Errno) {
+		unix.Unlinkat(dirfd, tmp, 0)
+		return nil, errnoOf(err)
+	}
+	if r.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		// Owner, mode and times through a descriptor of the entry made, never by its name: a
+		// user of the directory may have put a link of theirs under the temporary name.
+		fd, err := unix.Openat(dirfd, tmp, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail(err)
+		}
+		defer unix.Close(fd)
+		t := &target{fd: fd}
+		if err := unix.Fstat(fd, &t.st); err != nil {
+			return fail(err)
+		}
+		if t.st.Mode&syscall.S_IFMT != r.Mode&syscall.S_IFMT {
+			return fail(syscall.EAGAIN) // not what was made: leave it alone
+		}
+		if v.asRoot {
+			if err := unix.Fchownat(fd, "", int(r.UID), int(r.GID), unix.AT_EMPTY_PATH); err != nil {
+				return fail(err)
+			}
+		}
+		if !t.link() { // a link's mode and own times are of no use to anyone
+			if err := v.chmod(t, mode); err != nil {
+				return fail(err)
+			}
+			if err := unix.UtimesNanoAt(unix.AT_FDCWD, procPath(fd), adoptTimes(r), 0); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	var rm removal
+	replacing := false
+	if r.Flags&unix.RENAME_NOREPLACE == 0 {
+		rm, replacing = v.prepareRemoval(dirfd, r.Name)
+	}
+	var layout []byte
+	if replacing {
+		layout = v.removedLayout(dirfd, r.Name)
+	}
+	err := unix.Renameat2(dirfd, tmp, dirfd, r.Name, uint(r.Flags))
+	if replacing {
+		v.finish(rm, err == nil)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return layout, 0
+}
+
+func adoptTimes(r *proto.AdoptReq) []unix.Timespec {
+	return []unix.Timespec{{Sec: r.Atime.Sec, Nsec: int64(r.Atime.Nsec)}, {Sec: r.Mtime.Sec, Nsec: int64(r.Mtime.Nsec)}}
 }
