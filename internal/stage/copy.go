@@ -18,6 +18,17 @@ var errGrewBeyondPlan = errors.New("grew beyond the plan")
 // in parallel, then directory modes and times (children before parents, since a read-only
 // directory could not receive its contents, and writing into a directory changes its mtime).
 func (w *worker) copy(ctx context.Context, p *plan) error {
+	if err := w.prepareAllDirectories(ctx, p); err != nil {
+		return err
+	}
+	if err := w.copyEntries(ctx, p, w.copyEntry); err != nil {
+		return err
+	}
+	return w.finishAllDirectories(ctx, p)
+}
+
+// prepareAllDirectories creates every directory of the plan, parents before children.
+func (w *worker) prepareAllDirectories(ctx context.Context, p *plan) error {
 	dirs := newDirCache()
 	defer dirs.close()
 	for _, job := range p.jobs {
@@ -25,10 +36,14 @@ func (w *worker) copy(ctx context.Context, p *plan) error {
 			return fmt.Errorf("%s%w", job.label, err)
 		}
 	}
-	dirs.close()
-	if err := w.copyEntries(ctx, p, w.copyEntry); err != nil {
-		return err
-	}
+	return nil
+}
+
+// finishAllDirectories gives every directory of the plan its mode and times, children
+// before parents, then flushes the destinations if SyncAtEnd.
+func (w *worker) finishAllDirectories(ctx context.Context, p *plan) error {
+	dirs := newDirCache()
+	defer dirs.close()
 	for i := len(p.jobs) - 1; i >= 0; i-- {
 		if err := w.finishDirectories(ctx, p.jobs[i], dirs); err != nil {
 			return fmt.Errorf("%s%w", p.jobs[i].label, err)

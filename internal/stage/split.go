@@ -38,12 +38,8 @@ func validatePart(p *agentapi.StagePart) error {
 func (w *worker) runPart(ctx context.Context, p *plan) error {
 	switch w.spec.Part.Step {
 	case agentapi.StepPrepare:
-		dirs := newDirCache()
-		defer dirs.close()
-		for _, job := range p.jobs {
-			if err := w.prepareDirectories(ctx, job, dirs); err != nil {
-				return fmt.Errorf("%s%w", job.label, err)
-			}
+		if err := w.prepareAllDirectories(ctx, p); err != nil {
+			return err
 		}
 		return w.copyEntries(ctx, p, w.prepareEntry)
 	case agentapi.StepCopy:
@@ -52,17 +48,7 @@ func (w *worker) runPart(ctx context.Context, p *plan) error {
 		if err := w.copyEntries(ctx, p, w.finishFile); err != nil {
 			return err
 		}
-		dirs := newDirCache()
-		defer dirs.close()
-		for i := len(p.jobs) - 1; i >= 0; i-- {
-			if err := w.finishDirectories(ctx, p.jobs[i], dirs); err != nil {
-				return fmt.Errorf("%s%w", p.jobs[i].label, err)
-			}
-		}
-		if w.limits.SyncAtEnd {
-			return w.syncDestinations(p)
-		}
-		return nil
+		return w.finishAllDirectories(ctx, p)
 	case agentapi.StepAbort:
 		return w.copyEntries(ctx, p, w.removeFile)
 	}

@@ -64,20 +64,10 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 	// Every storage node staged in the stripes it holds, at once: big's three stripes came
 	// one through each (dwstat stages: the bytes each node moved).
 	c.assertStagedByEveryServer(t, "$DW_JOB_STRIPED/big", storage, uint64(len(big)))
-	pathfile := filepath.Join(c.dir, "paths60")
-	c.wlm("--function", "paths", "--token", "60", "--job", job, "--pathfile", pathfile)
-	env, _ := os.ReadFile(pathfile)
-	mount := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED="), "/")
+	mount := c.jobPath("60", job, "DW_JOB_STRIPED")
 	c.wlm("--function", "pre_run", "--token", "60", "--job", job, "--nodehostnamefile", nodes)
 
-	run := func(host, script string) string {
-		t.Helper()
-		out, err := c.onHost(host, "set -e; "+script).CombinedOutput()
-		if err != nil {
-			t.Fatalf("on %s: %s: %v\n%s", host, script, err, out)
-		}
-		return string(out)
-	}
+	run := func(host, script string) string { t.Helper(); return c.mustRun(t, host, script) }
 	sum := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
 	// Both nodes see the staged files whole.
 	for _, h := range []string{"hostb", "hoste"} {
@@ -170,10 +160,7 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 	job = c.jobFile("private.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=private capacity=3GiB\n\x00")
 	c.wlm("--function", "setup", "--token", "61", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
 		"--capacity", "wlm_pool:3GiB", "--job", job)
-	pathfile = filepath.Join(c.dir, "paths61")
-	c.wlm("--function", "paths", "--token", "61", "--job", job, "--pathfile", pathfile)
-	env, _ = os.ReadFile(pathfile)
-	private := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_PRIVATE="), "/")
+	private := c.jobPath("61", job, "DW_JOB_PRIVATE")
 	c.wlm("--function", "pre_run", "--token", "61", "--job", job, "--nodehostnamefile", nodes)
 	for _, h := range []string{"hostb", "hoste"} {
 		run(h, fmt.Sprintf("dd if=%s/big.in of=%s/mine-%s bs=1M status=none", pfs, private, h))
@@ -207,10 +194,7 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 			t.Errorf("%s holds %d replicas of the staged file, want 1 whole", h, len(copies))
 		}
 	}
-	pathfile = filepath.Join(c.dir, "paths63")
-	c.wlm("--function", "paths", "--token", "63", "--job", job, "--pathfile", pathfile)
-	env, _ = os.ReadFile(pathfile)
-	lb := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_LDBAL="), "/")
+	lb := c.jobPath("63", job, "DW_JOB_LDBAL")
 	c.wlm("--function", "pre_run", "--token", "63", "--job", job, "--nodehostnamefile", nodes)
 	for _, h := range []string{"hostb", "hoste"} {
 		if out := run(h, "sha256sum "+lb+"/big"); !strings.Contains(out, sum(big)) {
@@ -225,6 +209,33 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 	c.assertClean()
 	t.Run("a compute node dies with files open", func(t *testing.T) { c.computeNodeDies(t) })
 	c.assertClean()
+}
+
+// jobPath asks the controller for a job's paths (dw_wlm_cli paths) and returns the mount
+// path of variable, without its trailing slash.
+func (c *netCluster) jobPath(token, job, variable string) string {
+	c.t.Helper()
+	pathfile := filepath.Join(c.dir, "paths"+token)
+	c.wlm("--function", "paths", "--token", token, "--job", job, "--pathfile", pathfile)
+	env, _ := os.ReadFile(pathfile)
+	for _, line := range strings.Split(string(env), "\n") {
+		if v, ok := strings.CutPrefix(line, variable+"="); ok {
+			return strings.TrimSuffix(v, "/")
+		}
+	}
+	c.t.Fatalf("paths of job %s name no $%s:\n%s", token, variable, env)
+	return ""
+}
+
+// mustRun runs script on a host as nobody (onHost) and returns its output; a failure ends
+// the test.
+func (c *netCluster) mustRun(t *testing.T, host, script string) string {
+	t.Helper()
+	out, err := c.onHost(host, "set -e; "+script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("on %s: %s: %v\n%s", host, script, err, out)
+	}
+	return string(out)
 }
 
 // assertStagedByEveryServer checks the stage of dwPath (complete) in dwstat: the bytes it
@@ -277,10 +288,7 @@ func (c *netCluster) computeNodeDies(t *testing.T) {
 	job := c.jobFile("cdies.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=3GiB\n\x00")
 	c.wlm("--function", "setup", "--token", "64", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
 		"--capacity", "wlm_pool:3GiB", "--job", job)
-	pathfile := filepath.Join(c.dir, "paths64")
-	c.wlm("--function", "paths", "--token", "64", "--job", job, "--pathfile", pathfile)
-	env, _ := os.ReadFile(pathfile)
-	mount := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED="), "/")
+	mount := c.jobPath("64", job, "DW_JOB_STRIPED")
 	c.wlm("--function", "pre_run", "--token", "64", "--job", job, "--nodehostnamefile", c.jobFile("cdies.nodes", "hostb\nhoste\n"))
 	// 20 MiB written and synced, then the file stays open.
 	holder := c.onHost("hostb", "exec 3>"+mount+"/kept; head -c 20971520 /dev/zero | tr '\\0' x >&3; "+
@@ -312,10 +320,7 @@ func (c *netCluster) stripeServerDies(t *testing.T, pfs string) {
 	job := c.jobFile("faults.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=3GiB\n\x00")
 	c.wlm("--function", "setup", "--token", "62", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
 		"--capacity", "wlm_pool:3GiB", "--job", job)
-	pathfile := filepath.Join(c.dir, "paths62")
-	c.wlm("--function", "paths", "--token", "62", "--job", job, "--pathfile", pathfile)
-	env, _ := os.ReadFile(pathfile)
-	mount := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED="), "/")
+	mount := c.jobPath("62", job, "DW_JOB_STRIPED")
 	c.wlm("--function", "pre_run", "--token", "62", "--job", job, "--nodehostnamefile", c.jobFile("faults.nodes", "hostb\n"))
 	run := func(script string) (string, error) {
 		out, err := c.onHost("hostb", script).CombinedOutput()
@@ -436,19 +441,9 @@ func TestMaxMDSAcrossStorageNodes(t *testing.T) {
 		}
 	}
 	c.wlm("--function", "data_in", "--token", "70", "--job", job)
-	pathfile := filepath.Join(c.dir, "paths70")
-	c.wlm("--function", "paths", "--token", "70", "--job", job, "--pathfile", pathfile)
-	env, _ := os.ReadFile(pathfile)
-	mount := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED="), "/")
+	mount := c.jobPath("70", job, "DW_JOB_STRIPED")
 	c.wlm("--function", "pre_run", "--token", "70", "--job", job, "--nodehostnamefile", nodes)
-	run := func(host, script string) string {
-		t.Helper()
-		out, err := c.onHost(host, "set -e; "+script).CombinedOutput()
-		if err != nil {
-			t.Fatalf("on %s: %s: %v\n%s", host, script, err, out)
-		}
-		return string(out)
-	}
+	run := func(host, script string) string { t.Helper(); return c.mustRun(t, host, script) }
 	sum := sha256.Sum256(data)
 	for _, h := range []string{"hostb", "hoste"} {
 		if out := run(h, "sha256sum "+mount+"/in/big"); !strings.Contains(out, hex.EncodeToString(sum[:])) {
