@@ -54,8 +54,16 @@ type InsufficientError struct {
 	TotalNodes int
 }
 
+// Grains is a count of grains in words: "1 grain", "3 grains".
+func Grains(n uint64) string {
+	if n == 1 {
+		return "1 grain"
+	}
+	return fmt.Sprintf("%d grains", n)
+}
+
 func (e *InsufficientError) Error() string {
-	msg := fmt.Sprintf("requested %d grains but only %d are free on %d usable node(s) of %d", e.Requested, e.Free, e.FreeNodes, e.TotalNodes)
+	msg := fmt.Sprintf("requested %s but only %d %s free on %d usable node(s) of %d", Grains(e.Requested), e.Free, map[bool]string{true: "is", false: "are"}[e.Free == 1], e.FreeNodes, e.TotalNodes)
 	if len(e.Unusable) > 0 {
 		msg += " (not usable: " + strings.Join(e.Unusable, ", ") + ")"
 	}

@@ -176,3 +176,13 @@ func TestProperties(t *testing.T) {
 		}
 	}
 }
+
+func TestInsufficientErrorCountsInWords(t *testing.T) {
+	msg := (&InsufficientError{Requested: 1, Free: 1, FreeNodes: 1, TotalNodes: 2}).Error()
+	if !strings.Contains(msg, "requested 1 grain but only 1 is free") {
+		t.Errorf("%q", msg)
+	}
+	if msg := (&InsufficientError{Requested: 3, Free: 2}).Error(); !strings.Contains(msg, "requested 3 grains but only 2 are free") {
+		t.Errorf("%q", msg)
+	}
+}

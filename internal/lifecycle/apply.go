@@ -355,8 +355,8 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 	if err != nil {
 		var ie *alloc.InsufficientError
 		if errors.As(err, &ie) {
-			return userErr("pool %s cannot hold %s (%d grains of %s): %s; %s free in the pool",
-				req.Pool, units.FormatHuman(req.Capacity), grains, units.FormatHuman(pool.Granularity), ie.Error(),
+			return userErr("pool %s cannot hold %s (%s of %s): %s; %s free in the pool",
+				req.Pool, units.FormatHuman(req.Capacity), alloc.Grains(grains), units.FormatHuman(pool.Granularity), ie.Error(),
 				units.FormatHuman(w.UsageOfPool(req.Pool).Free*pool.Granularity))
 		}
 		return userErr("pool %s: %v", req.Pool, err)

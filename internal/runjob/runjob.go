@@ -366,8 +366,23 @@ func (r *runner) failBeforeJob(name string, began time.Time, err error) int {
 		r.kept(note)
 		return ExitBeforeJob
 	}
+	if r.sessionAbsent() {
+		r.released()
+		r.phase("teardown", time.Now(), "nothing to release: the setup created nothing")
+		return ExitBeforeJob
+	}
 	r.teardown(true)
 	return ExitBeforeJob
+}
+
+// sessionAbsent reports whether the controller answered that the job has no session (a
+// refused setup); false when it does, or did not answer (then teardown must still be asked).
+func (r *runner) sessionAbsent() bool {
+	if r.sessionID != 0 {
+		return false
+	}
+	all, err := r.o.Client.All(context.Background())
+	return err == nil && sessionOf(all, r.token) == nil
 }
 
 // keepResults keeps the session of a job whose results could not be staged out: its instance

@@ -103,6 +103,9 @@ func TestBadInputIsRefusedWithTheLine(t *testing.T) {
 			if strings.Contains(r.stdout, "the job ran") {
 				t.Error("the job ran")
 			}
+			if c.name == "over capacity" && (strings.Contains(r.stderr+r.stdout, "instance released") || !strings.Contains(r.stderr+r.stdout, "nothing to release")) {
+				t.Errorf("a refused setup created no instance; the teardown line says otherwise:\n%s", r)
+			}
 		})
 	}
 	w.assertClean()
