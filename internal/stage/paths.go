@@ -127,8 +127,9 @@ type listLine struct {
 
 // parseList reads a list file: one "<source> <destination>" pair a line; blank lines and lines
 // starting with "#" are skipped. Paths are separated by white space, so they cannot contain it.
-func parseList(data []byte, listName string, maxEntries int) ([]listLine, error) {
-	var lines []listLine
+// Malformed lines are added to bad (every one is reported, not only the first); err is a
+// list too large to stage at all.
+func parseList(data []byte, listName string, maxEntries int, bad *listErrors) (lines []listLine, err error) {
 	for i, raw := range strings.Split(string(data), "\n") {
 		number := i + 1
 		text := strings.TrimSpace(raw)
@@ -141,7 +142,8 @@ func parseList(data []byte, listName string, maxEntries int) ([]listLine, error)
 			if len(fields) == 1 {
 				found = "1 word"
 			}
-			return nil, fmt.Errorf("list %s line %d: expected \"<source> <destination>\", found %s (paths cannot contain spaces)", listName, number, found)
+			bad.add(fmt.Errorf("list %s line %d: expected \"<source> <destination>\", found %s (paths cannot contain spaces)", listName, number, found))
+			continue
 		}
 		if len(lines) >= maxEntries {
 			return nil, fmt.Errorf("list %s has more than %d entries (limit stage.max_files_per_stage); split it into several lists", listName, maxEntries)
@@ -149,4 +151,24 @@ func parseList(data []byte, listName string, maxEntries int) ([]listLine, error)
 		lines = append(lines, listLine{number: number, src: fields[0], dst: fields[1]})
 	}
 	return lines, nil
+}
+
+// listErrors gathers the errors of a list's lines, so that a user fixes them all at once; the
+// stage's message is shortened to stage.worker_output_limit by the emitter if it must be.
+type listErrors []error
+
+func (l *listErrors) add(err error) { *l = append(*l, err) }
+
+func (l listErrors) err() error {
+	switch len(l) {
+	case 0:
+		return nil
+	case 1:
+		return l[0]
+	}
+	msgs := make([]string, len(l))
+	for i, e := range l {
+		msgs[i] = e.Error()
+	}
+	return fmt.Errorf("%d lines are wrong: %s", len(l), strings.Join(msgs, "; "))
 }

@@ -366,7 +366,8 @@ func (w *worker) planList(ctx context.Context, p *plan) error {
 	if int64(len(data)) > w.limits.MaxListBytes {
 		return fmt.Errorf("list %s is larger than %d bytes (limit stage.max_list_size); split it into several lists", list.name, w.limits.MaxListBytes)
 	}
-	lines, err := parseList(data, list.name, w.limits.MaxEntries)
+	var bad listErrors
+	lines, err := parseList(data, list.name, w.limits.MaxEntries, &bad)
 	if err != nil {
 		return err
 	}
@@ -382,18 +383,21 @@ func (w *worker) planList(ctx context.Context, p *plan) error {
 		label := fmt.Sprintf("list %s line %d", list.name, line.number)
 		src, dst, err := w.endpoints(line.src, line.dst)
 		if err != nil {
-			return fmt.Errorf("%s: %w", label, err)
+			bad.add(fmt.Errorf("%s: %w", label, err))
+			continue
 		}
 		job, err := w.planFile(src, dst, label+": ")
 		if err != nil {
-			return fmt.Errorf("%s: %w", label, err)
+			bad.add(fmt.Errorf("%s: %w", label, err))
+			continue
 		}
 		key := destinationKey{job.dst, job.dstName}
 		if first, dup := claimed[key]; dup {
-			return fmt.Errorf("%s: destination %s is also the destination of line %d; each file may be written once", label, job.dst.display(job.dstName), first)
+			bad.add(fmt.Errorf("%s: destination %s is also the destination of line %d; each file may be written once", label, job.dst.display(job.dstName), first))
+			continue
 		}
 		claimed[key] = line.number
 		p.jobs = append(p.jobs, job)
 	}
-	return nil
+	return bad.err()
 }

@@ -206,6 +206,11 @@ func TestListErrorsNameTheLine(t *testing.T) {
 		})
 	}
 	mustFail(t, spec(a, "in", "list", filepath.Join(a.pfs, "nope.txt"), ""), "list "+filepath.Join(a.pfs, "nope.txt")+" does not exist")
+	// Every bad line is named at once, so that the user fixes them all in one go.
+	list := filepath.Join(a.pfs, "list.txt")
+	writeFile(t, list, one+" $DW_JOB_STRIPED/a\n"+one+" $DW_JOB_STRIPED/b extra\n"+one+"x $DW_JOB_STRIPED/c\n"+one+" $DW_JOB_STRIPED/../x\n", 0o644, past)
+	mustFail(t, spec(a, "in", "list", list, ""), "3 lines are wrong", "line 2: expected", "line 3: source "+one+"x does not exist", "line 4: destination")
+	emptyDir(t, a.ns)
 }
 
 func TestPathErrors(t *testing.T) {
