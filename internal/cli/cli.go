@@ -174,6 +174,9 @@ type connection struct {
 	controller string // --controller: an address
 	tokenFile  string // --token-file
 	home       string // --home: a one-machine home
+	// lookOnly: the command only reads the state (dwstat, dwcli ls): it never creates a
+	// one-machine home where none is (a mistyped --home must not make one, with a pool).
+	lookOnly bool
 }
 
 func (c *connection) flags(fs *flag.FlagSet, withHome bool) {
@@ -289,6 +292,9 @@ func (c *connection) openHome() (*embedded.Home, error) {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(dir, embedded.ConfigName)); c.lookOnly && errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no Spillway home at %s: nothing has run there yet (spillway run creates one); name another with --home DIR or SPILLWAY_HOME, or a system install with --config", dir)
 	}
 	return embedded.Open(dir)
 }

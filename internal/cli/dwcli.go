@@ -63,6 +63,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dwcli: unexpected %q after %s %s\n\n%s", fs.Args()[2], verb, object, dwcliUsage)
 		return 64
 	}
+	conn.lookOnly = verb == "ls" || verb == "show"
 	sess, err := conn.connect(false, quietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "dwcli: %v\n", err)

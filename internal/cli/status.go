@@ -56,6 +56,7 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dwstat: %v\n", err)
 		return 64
 	}
+	conn.lookOnly = true
 	sess, err := conn.connect(false, quietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "dwstat: %v\n", err)

@@ -89,3 +89,18 @@ func TestDwcliAdmin(t *testing.T) {
 	}
 	w.assertClean()
 }
+
+// TestLookingNeverCreatesAHome: dwstat and dwcli ls on a home that does not exist (a mistyped
+// --home) say so and create nothing — no directory, no configuration, no pool.
+func TestLookingNeverCreatesAHome(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "typo")
+	for _, args := range [][]string{{"dwcli", "--home", missing, "ls", "pools"}, {"dwstat", "--home", missing, "pools"}} {
+		r := spillway(t, cmdOpts{}, args...)
+		if r.code == 0 || !strings.Contains(r.stderr, "no Spillway home at "+missing) {
+			t.Errorf("spillway %s: %s", strings.Join(args, " "), r)
+		}
+		if _, err := os.Stat(missing); !os.IsNotExist(err) {
+			t.Fatalf("spillway %s created %s (%v)", strings.Join(args, " "), missing, err)
+		}
+	}
+}
