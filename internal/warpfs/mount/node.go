@@ -154,6 +154,17 @@ func (n *node) in() client.Route { return client.Route{Parent: n.dirID()} }
 // gets a path that names nothing.
 func (n *node) path() string { return n.Path(n.be.root.EmbeddedInode()) }
 
+// nameErrno refuses, with the kernel's ENAMETOOLONG, a name that no file system takes and the
+// protocol does not carry (longer than NAME_MAX), and an entry whose path in the namespace
+// would be longer than the protocol's limit. The kernel lets FUSE names up to 1024 bytes
+// through; the request would otherwise fail to encode (EINVAL).
+func (n *node) nameErrno(name string) syscall.Errno {
+	if len(name) > proto.MaxName || len(n.path())+1+len(name) > proto.MaxPath {
+		return syscall.ENAMETOOLONG
+	}
+	return 0
+}
+
 func (n *node) childPath(name string) string {
 	if p := n.path(); p != "" {
 		return p + "/" + name
@@ -193,6 +204,9 @@ func (n *node) anyHandle() *fileHandle {
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.nameErrno(name); errno != 0 {
+		return nil, errno
+	}
 	var rep proto.AttrReply
 	if errno := n.be.callRoute(ctx, n.in(), proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep); errno != 0 {
 		return nil, errno
@@ -439,6 +453,9 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.nameErrno(name); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	return n.created(ctx, proto.OpCreate, name, flags, mode, out)
 }
 
@@ -464,18 +481,30 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.nameErrno(name); errno != 0 {
+		return nil, errno
+	}
 	return n.made(ctx, proto.OpMkdir, &proto.MkdirReq{Dir: n.path(), Name: name, Mode: mode}, out)
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.nameErrno(name); errno != 0 {
+		return nil, errno
+	}
 	return n.made(ctx, proto.OpMknod, &proto.MkdirReq{Dir: n.path(), Name: name, Mode: mode, Rdev: rdev}, out)
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.nameErrno(name); errno != 0 {
+		return nil, errno
+	}
 	return n.made(ctx, proto.OpSymlink, &proto.SymlinkReq{Dir: n.path(), Name: name, Target: target}, out)
 }
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.nameErrno(name); errno != 0 {
+		return nil, errno
+	}
 	t, ok := target.(*node)
 	if !ok {
 		return nil, syscall.EXDEV
@@ -490,6 +519,9 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if errno := n.nameErrno(name); errno != 0 {
+		return errno
+	}
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
@@ -529,6 +561,9 @@ func (n *node) removed(ctx context.Context, name string, layout []byte) {
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if errno := n.nameErrno(name); errno != 0 {
+		return errno
+	}
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
@@ -542,6 +577,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	dst, ok := newParent.(*node)
 	if !ok {
 		return syscall.EXDEV
+	}
+	if errno := n.nameErrno(name); errno != 0 {
+		return errno
+	}
+	if errno := dst.nameErrno(newName); errno != 0 {
+		return errno
 	}
 	var rep proto.RemovedReply
 	route := client.Route{Parent: n.dirID(), NewParent: dst.dirID()}

@@ -548,10 +548,15 @@ func (h *fileHandle) allocateStriped(ctx context.Context, off, size uint64, mode
 			return e
 		}
 	}
+	// The file changed: its metadata says so now, as a local file system's fallocate does to
+	// its ctime (and the size, unless FALLOC_FL_KEEP_SIZE), not at the next flush. The file's
+	// mtime moves with it: the protocol sets ctime by setting a time.
+	end := uint64(0)
 	if mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
-		h.grew(off + size)
+		end = off + size
 	}
-	return 0
+	h.grew(end)
+	return h.reportSize(ctx)
 }
 
 // truncateObjects sets every object of the file to what a file of size bytes holds. Growing

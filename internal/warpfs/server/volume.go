@@ -81,26 +81,34 @@ var beneath = unix.OpenHow{
 	Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 }
 
-// validName reports whether name can be one component of a path.
-func validName(name string) bool {
-	return name != "" && name != "." && name != ".." && len(name) <= proto.MaxName &&
-		!strings.ContainsAny(name, "/\x00")
+// nameErrno says whether name can be one component of a path: 0, ENAMETOOLONG for a name
+// longer than a file system's (as the kernel answers), EINVAL for anything else that is not
+// one clean component.
+func nameErrno(name string) syscall.Errno {
+	if len(name) > proto.MaxName {
+		return syscall.ENAMETOOLONG
+	}
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+		return syscall.EINVAL
+	}
+	return 0
 }
 
-// validPath reports whether p is a clean relative path inside the namespace ("" = the root).
-func validPath(p string) bool {
+// pathErrno says whether p is a clean relative path inside the namespace ("" = the root): 0,
+// ENAMETOOLONG for a path or a component too long, EINVAL for anything else.
+func pathErrno(p string) syscall.Errno {
 	if p == "" {
-		return true
+		return 0
 	}
 	if len(p) > proto.MaxPath {
-		return false
+		return syscall.ENAMETOOLONG
 	}
 	for part := range strings.SplitSeq(p, "/") {
-		if !validName(part) {
-			return false
+		if errno := nameErrno(part); errno != 0 {
+			return errno
 		}
 	}
-	return true
+	return 0
 }
 
 // dirAt opens the directory at path; done closes it.
@@ -108,8 +116,8 @@ func (v *volume) dirAt(path string) (fd int, done func(), errno syscall.Errno) {
 	if path == "" {
 		return v.rootFd, func() {}, 0
 	}
-	if !validPath(path) {
-		return -1, nil, syscall.EINVAL
+	if errno := pathErrno(path); errno != 0 {
+		return -1, nil, errno
 	}
 	fd, err := openBeneath(v.rootFd, path)
 	if err != nil {
@@ -128,7 +136,7 @@ func openBeneath(dirfd int, path string) (int, error) {
 			continue
 		}
 		if err == unix.EXDEV {
-			err = unix.EACCES // ".." or an absolute path: validPath refuses these before
+			err = unix.EACCES // ".." or an absolute path: pathErrno refuses these before
 		}
 		return fd, err
 	}
@@ -143,8 +151,8 @@ func (v *volume) entry(path string) (dirfd int, name string, done func(), errno 
 	if path == "" {
 		return v.rootFd, "", func() {}, 0
 	}
-	if !validPath(path) {
-		return -1, "", nil, syscall.EINVAL
+	if errno := pathErrno(path); errno != 0 {
+		return -1, "", nil, errno
 	}
 	dir, name := "", path
 	if i := strings.LastIndexByte(path, '/'); i >= 0 {
@@ -533,8 +541,8 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	if v.readOnly {
 		return nil, proto.Attr{}, syscall.EROFS
 	}
-	if !validName(r.Name) {
-		return nil, proto.Attr{}, syscall.EINVAL
+	if errno := nameErrno(r.Name); errno != 0 {
+		return nil, proto.Attr{}, errno
 	}
 	if r.Flags&unix.O_ACCMODE == unix.O_ACCMODE {
 		return nil, proto.Attr{}, syscall.EINVAL
@@ -628,8 +636,8 @@ func (v *volume) newEntry(dir, name string) (dirfd int, parent *unix.Stat_t, don
 	if v.readOnly {
 		return -1, nil, nil, syscall.EROFS
 	}
-	if !validName(name) {
-		return -1, nil, nil, syscall.EINVAL
+	if errno := nameErrno(name); errno != 0 {
+		return -1, nil, nil, errno
 	}
 	dirfd, done, errno = v.dirAt(dir)
 	if errno != 0 {
@@ -778,8 +786,8 @@ func (v *volume) unlink(r *proto.EntryReq, dir bool) ([]byte, syscall.Errno) {
 	if v.readOnly {
 		return nil, syscall.EROFS
 	}
-	if !validName(r.Name) {
-		return nil, syscall.EINVAL
+	if errno := nameErrno(r.Name); errno != 0 {
+		return nil, errno
 	}
 	dirfd, done, errno := v.dirAt(r.Dir)
 	if errno != 0 {
@@ -809,8 +817,11 @@ func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 	if v.readOnly {
 		return nil, syscall.EROFS
 	}
-	if !validName(r.Name) || !validName(r.NewName) {
-		return nil, syscall.EINVAL
+	if errno := nameErrno(r.Name); errno != 0 {
+		return nil, errno
+	}
+	if errno := nameErrno(r.NewName); errno != 0 {
+		return nil, errno
 	}
 	if r.Flags&^(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE|unix.RENAME_WHITEOUT) != 0 {
 		return nil, syscall.EINVAL
