@@ -286,14 +286,14 @@ func (sh *shards) Do(ctx context.Context, call *client.Call) syscall.Errno {
 		if errno != 0 {
 			return errno
 		}
-		return sh.on(ctx, s, call)
+		return sh.touchingParent(ctx, s, call, uid, gid, r.Dir)
 	case *proto.MkdirReq:
 		s, errno := sh.shardOf(ctx, r.Dir, r.Name, route.Parent, uid, gid)
 		if errno != 0 {
 			return errno
 		}
 		if call.Op == proto.OpMknod {
-			return sh.on(ctx, s, call)
+			return sh.touchingParent(ctx, s, call, uid, gid, r.Dir)
 		}
 		return sh.mkdir(ctx, call, r, s)
 	case *proto.SymlinkReq:
@@ -301,7 +301,7 @@ func (sh *shards) Do(ctx context.Context, call *client.Call) syscall.Errno {
 		if errno != 0 {
 			return errno
 		}
-		return sh.on(ctx, s, call)
+		return sh.touchingParent(ctx, s, call, uid, gid, r.Dir)
 	case *proto.LinkReq:
 		s, errno := sh.shardOf(ctx, r.Dir, r.Name, route.Parent, uid, gid)
 		if errno != 0 {
@@ -321,14 +321,14 @@ func (sh *shards) Do(ctx context.Context, call *client.Call) syscall.Errno {
 			}
 			return syscall.EXDEV // a hard link between shards
 		}
-		return sh.on(ctx, s, call)
+		return sh.touchingParent(ctx, s, call, uid, gid, r.Dir)
 	case *proto.EntryReq:
 		s, errno := sh.shardOf(ctx, r.Dir, r.Name, route.Parent, uid, gid)
 		if errno != 0 {
 			return errno
 		}
 		if call.Op == proto.OpUnlink {
-			return sh.on(ctx, s, call)
+			return sh.touchingParent(ctx, s, call, uid, gid, r.Dir)
 		}
 		return sh.rmdir(ctx, call, r, s)
 	case *proto.RenameReq:
@@ -581,7 +581,11 @@ func (sh *shards) rename(ctx context.Context, call *client.Call, r *proto.Rename
 		return sh.renameAll(ctx, call, r)
 	}
 	if from == to {
-		return sh.on(ctx, from, call)
+		if errno := sh.on(ctx, from, call); errno != 0 || from == 0 {
+			return errno
+		}
+		sh.touchDirs(ctx, uid, gid, r.Dir, r.NewDir)
+		return 0
 	}
 	if r.Flags&unix.RENAME_EXCHANGE != 0 {
 		return syscall.EXDEV // two files of different shards
@@ -589,7 +593,35 @@ func (sh *shards) rename(ctx context.Context, call *client.Call, r *proto.Rename
 	if exists && r.Flags&unix.RENAME_NOREPLACE != 0 {
 		return syscall.EEXIST
 	}
-	return sh.move(ctx, call, r, from, to, &src.Attr)
+	if errno := sh.move(ctx, call, r, from, to, &src.Attr); errno != 0 {
+		return errno
+	}
+	sh.touchDirs(ctx, uid, gid, r.Dir, r.NewDir)
+	return 0
+}
+
+// touchingParent runs a call that adds or removes a non-directory entry of dir on shard s;
+// when s is not shard 0, whose copy of a directory holds its attributes, dir's modification
+// and change times are moved there too, as a local file system moves them.
+func (sh *shards) touchingParent(ctx context.Context, s int, call *client.Call, uid, gid uint32, dir string) syscall.Errno {
+	if errno := sh.on(ctx, s, call); errno != 0 || s == 0 {
+		return errno
+	}
+	sh.touchDirs(ctx, uid, gid, dir)
+	return 0
+}
+
+// touchDirs sets the modification time (and so the change time) of directories on shard 0 to
+// now, as the caller (who could change their entries, so may). Best effort: the entry itself
+// changed; a directory that went meanwhile keeps nothing to update.
+func (sh *shards) touchDirs(ctx context.Context, uid, gid uint32, dirs ...string) {
+	for i, dir := range dirs {
+		if i > 0 && dir == dirs[0] {
+			continue
+		}
+		sh.servers[0].Do(ctx, &client.Call{Op: proto.OpSetattr, UID: uid, GID: gid,
+			Req: &proto.SetattrReq{Path: dir, Valid: proto.SetMtime | proto.SetMtimeNow}, Reply: &proto.AttrReply{}})
+	}
 }
 
 // renameAll renames a directory on every shard: shard 0 first (it refuses what the kernel
@@ -641,8 +673,10 @@ func (sh *shards) move(ctx context.Context, call *client.Call, r *proto.RenameRe
 		}
 		req.Target = string(t.Data)
 	case syscall.S_IFIFO, syscall.S_IFSOCK:
+	case syscall.S_IFBLK, syscall.S_IFCHR:
+		req.Rdev = a.Rdev
 	default:
-		return syscall.EXDEV // a device node
+		return syscall.EXDEV
 	}
 	var replaced proto.RemovedReply
 	if errno := sh.servers[to].Do(ctx, &client.Call{Op: proto.OpAdopt, UID: uid, GID: gid, Req: req, Reply: &replaced}); errno != 0 {

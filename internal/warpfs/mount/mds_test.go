@@ -9,6 +9,7 @@ import (
 	"sort"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -292,6 +293,64 @@ func TestMaxMDSTwoMounts(t *testing.T) {
 			entries, err := os.ReadDir(filepath.Join(one.Path(), fmt.Sprintf("dir%d/inner", i)))
 			if err != nil || len(entries) != 10 {
 				t.Fatalf("dir%d/inner lists %d entries (%v), want 10", i, len(entries), err)
+			}
+		}
+	})
+}
+
+// Adding or removing an entry held by another shard moves the directory's modification and
+// change times, which shard 0's copy holds, as on a local file system.
+func TestMaxMDSParentTimesMove(t *testing.T) {
+	eachMaxMDS(t, func(t *testing.T, b testBackend) {
+		src, mp := dirs(t)
+		m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: usage.New("maxmds", 1<<30), Logger: quietLogger(t)})
+		dir := filepath.Join(m.Path(), "d")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		times := func() (mtime, ctime unix.Timespec) {
+			var st unix.Stat_t
+			if err := unix.Stat(dir, &st); err != nil {
+				t.Fatal(err)
+			}
+			return st.Mtim, st.Ctim
+		}
+		for i, op := range []func(name string) error{
+			func(name string) error { return os.WriteFile(name, nil, 0o644) },
+			func(name string) error { return os.Symlink("target", name) },
+			func(name string) error { return unix.Mkfifo(name, 0o644) },
+			os.Remove,
+		} {
+			// Names until one lands on a shard other than 0 (the one that needs the update).
+			for n := 0; ; n++ {
+				name := fmt.Sprintf("e%d-%d", i, n)
+				if i == 3 {
+					name = fmt.Sprintf("e0-%d", n)
+				}
+				path := filepath.Join(dir, name)
+				if i == 3 {
+					if _, err := os.Lstat(path); err != nil {
+						t.Fatalf("no file of the first round on a shard other than 0: %v", err)
+					}
+				}
+				held := holders(t, src, filepath.Join("d", name))
+				if i != 3 && (len(held) > 0 || n > 50) {
+					t.Fatalf("%s already held by %v", name, held)
+				}
+				m0, c0 := times()
+				time.Sleep(20 * time.Millisecond)
+				if err := op(path); err != nil {
+					t.Fatal(err)
+				}
+				if i != 3 {
+					held = holders(t, src, filepath.Join("d", name))
+				}
+				if len(held) == 1 && held[0] != 0 {
+					if m1, c1 := times(); m1 == m0 || c1 == c0 {
+						t.Errorf("op %d on %s (shard %v): the directory's times did not move (%v %v)", i, name, held, m1, c1)
+					}
+					break
+				}
 			}
 		}
 	})

@@ -328,6 +328,7 @@ type AdoptReq struct {
 	Mode, UID, GID    uint32
 	Flags             uint32
 	Atime, Mtime      Timespec
+	Rdev              uint32 // a device node's
 }
 
 func (m *AdoptReq) Encode(e *Enc) {
@@ -341,6 +342,7 @@ func (m *AdoptReq) Encode(e *Enc) {
 	e.U32(m.Flags)
 	m.Atime.Encode(e)
 	m.Mtime.Encode(e)
+	e.U32(m.Rdev)
 }
 
 func (m *AdoptReq) Decode(d *Dec) {
@@ -349,6 +351,7 @@ func (m *AdoptReq) Decode(d *Dec) {
 	m.Mode, m.UID, m.GID, m.Flags = d.U32(), d.U32(), d.U32(), d.U32()
 	m.Atime.Decode(d)
 	m.Mtime.Decode(d)
+	m.Rdev = d.U32()
 }
 
 // HandleReq names an open handle (RELEASE).

@@ -492,11 +492,12 @@ func TestAdopt(t *testing.T) {
 	}
 	f := newFixture(t, Limits{})
 	c := f.client()
+	var st0 unix.Stat_t
 	l := stripe.Layout{ID: 77, Size: 1 << 20, Width: 2, Servers: 2, Length: 12345}
 	adopt := func(name string, mode uint32, layout []byte, flags uint32) ([]byte, syscall.Errno) {
 		var rep proto.RemovedReply
 		errno := do(c, proto.OpAdopt, &proto.AdoptReq{Name: name, Mode: mode, UID: 65534, GID: 65533, Layout: layout, Flags: flags,
-			Target: "somewhere", Mtime: proto.Timespec{Sec: 1000000000, Nsec: 5}, Atime: proto.Timespec{Sec: 1000000001}}, &rep)
+			Target: "somewhere", Mtime: proto.Timespec{Sec: 1000000000, Nsec: 5}, Atime: proto.Timespec{Sec: 1000000001}, Rdev: 0x0103}, &rep)
 		return rep.Layout, errno
 	}
 	if _, errno := adopt("f", syscall.S_IFREG|0o640, l.Encode(), 0); errno != syscall.EINVAL {
@@ -513,8 +514,13 @@ func TestAdopt(t *testing.T) {
 	if _, errno := adopt("../escape", syscall.S_IFREG|0o640, l.Encode(), 0); errno != syscall.EINVAL {
 		t.Errorf("ADOPT of a name with a slash: %v, want EINVAL", errno)
 	}
-	if _, errno := adopt("dev", syscall.S_IFCHR|0o600, nil, 0); errno != syscall.EINVAL {
-		t.Errorf("ADOPT of a device node: %v, want EINVAL", errno)
+	if _, errno := adopt("sub", syscall.S_IFDIR|0o700, nil, 0); errno != syscall.EINVAL {
+		t.Errorf("ADOPT of a directory: %v, want EINVAL (directories are on every shard)", errno)
+	}
+	if _, errno := adopt("dev", syscall.S_IFCHR|0o600, nil, 0); errno != 0 {
+		t.Errorf("ADOPT of a device node: %v", errno)
+	} else if err := unix.Lstat(filepath.Join(f.dir, "dev"), &st0); err != nil || st0.Mode&syscall.S_IFMT != syscall.S_IFCHR || st0.Rdev != 0x0103 {
+		t.Errorf("the adopted device node: mode %o rdev %#x (%v), want a character device 0x0103", st0.Mode, st0.Rdev, err)
 	}
 	if replaced, errno := adopt("f", syscall.S_IFREG|0o640, l.Encode(), 0); errno != 0 || len(replaced) != 0 {
 		t.Fatalf("ADOPT of a stub: %v (replaced %v)", errno, replaced)
@@ -556,7 +562,7 @@ func TestAdopt(t *testing.T) {
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
-	if strings.Join(names, ",") != "d,f,l" {
-		t.Errorf("the namespace holds %v, want d, f, l and no temporary name", names)
+	if strings.Join(names, ",") != "d,dev,f,l" {
+		t.Errorf("the namespace holds %v, want d, dev, f, l and no temporary name", names)
 	}
 }

@@ -288,7 +288,10 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 	if v.readOnly {
 		return nil, syscall.EROFS
 	}
-	if !validName(r.Name) || r.Flags&^unix.RENAME_NOREPLACE != 0 {
+	if errno := nameErrno(r.Name); errno != 0 {
+		return nil, errno
+	}
+	if r.Flags&^unix.RENAME_NOREPLACE != 0 {
 		return nil, syscall.EINVAL
 	}
 	dirfd, done, errno := v.dirAt(r.Dir)
@@ -335,8 +338,9 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 		if err := unix.Symlinkat(r.Target, dirfd, tmp); err != nil {
 			return nil, errnoOf(err)
 		}
-	case syscall.S_IFIFO, syscall.S_IFSOCK:
-		if err := unix.Mknodat(dirfd, tmp, r.Mode&syscall.S_IFMT|mode, 0); err != nil {
+	case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFBLK, syscall.S_IFCHR:
+		// Device nodes as MKNOD makes them (the mount is nodev: they never open as devices).
+		if err := unix.Mknodat(dirfd, tmp, r.Mode&syscall.S_IFMT|mode, int(r.Rdev)); err != nil {
 			return nil, errnoOf(err)
 		}
 	default:
