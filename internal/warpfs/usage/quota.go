@@ -92,7 +92,14 @@ func SetProjectQuota(dirfd int, id uint32, limit uint64) error {
 	// keeps its attributes.
 	q := dqblk{Bhardlimit: (limit + qifBlockSize - 1) / qifBlockSize, Valid: qifBLimits}
 	if err := quotactlFd(dirfd, qSetQuota, id, unsafe.Pointer(&q)); err != nil {
-		return fmt.Errorf("setting the project quota limit (quotactl Q_SETQUOTA, project %d): %w", id, err)
+		hint := ""
+		switch {
+		case errors.Is(err, unix.ESRCH):
+			hint = ": project quotas are not on in this file system (mount XFS with -o prjquota)"
+		case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ENOTTY):
+			hint = ": this kernel or file system has no project quotas"
+		}
+		return fmt.Errorf("setting the project quota limit (quotactl Q_SETQUOTA, project %d): %w%s", id, err, hint)
 	}
 	if err := SetProjectOf(dirfd, id); err != nil {
 		ClearProjectQuota(dirfd, id)
