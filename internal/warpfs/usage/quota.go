@@ -140,7 +140,11 @@ var ErrNoQuota = errors.New("no project quota")
 // (limit 0: none).
 func ProjectUsage(fd int, id uint32) (used, limit uint64, err error) {
 	var q dqblk
-	if err := quotactlFd(fd, qGetQuota, id, unsafe.Pointer(&q)); err != nil {
+	err = quotactlFd(fd, qGetQuota, id, unsafe.Pointer(&q))
+	if errors.Is(err, unix.ENOENT) {
+		return 0, 0, nil // XFS: a project that uses nothing and has no limit does not exist
+	}
+	if err != nil {
 		return 0, 0, fmt.Errorf("reading the usage of project %d (quotactl Q_GETQUOTA): %w", id, err)
 	}
 	if q.Valid&qifBLimits != 0 {
