@@ -44,7 +44,7 @@ serve() {
 	exec 3>"$work/ctl"
 	for _ in $(seq 1 300); do
 		if grep -q ready "$work/helper.out" 2>/dev/null; then
-			grep ready "$work/helper.out" >&2
+			cat "$work/helper.out" >&2
 			return 0
 		fi
 		grep -q error "$work/helper.out" 2>/dev/null && break

@@ -132,7 +132,10 @@ func runHelper(encoded string) int {
 		fmt.Println("error:", err)
 		return 1
 	}
-	fmt.Printf("ready (passthrough writes: %v)\n", m.backend.kernelWrites)
+	if hs.PassthroughWrites != "" && !hs.ReadOnly {
+		fmt.Println("passthrough writes:", m.backend.kernelWrites)
+	}
+	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin) // serve until the test closes our stdin (or kills us)
 	if err := m.Unmount(); err != nil {
 		fmt.Println("unmount error:", err)

@@ -8,8 +8,9 @@
 // could swap, charges the instance and creates files as the caller. When the namespace lives
 // on another host the request travels over the network (package warpfs/client); when it lives
 // on this host the same server code runs in this process (transport.go), with no network hop,
-// and read-only mounts hand reads to the kernel (FUSE passthrough). The mount lifecycle here
-// only sees a go-fuse root node.
+// and read-only mounts hand reads to the kernel (FUSE passthrough), as do writable ones whose
+// capacity the backing file system enforces (Spec.ProjectQuota), writes included. The mount
+// lifecycle here only sees a go-fuse root node.
 //
 // What users see: `df` shows the instance's capacity and free space, not the host disk's; a
 // write or truncate that would grow the instance past its capacity fails with ENOSPC; a
