@@ -72,6 +72,13 @@ func colocatedIO(t *testing.T, m *Mounted, tr *usage.Tracker, src string) {
 		t.Fatalf("read back %d bytes (%v), want %d", len(got), err, len(want))
 	}
 	checkAccounting(t, tr, src)
+	var st unix.Statfs_t
+	if err := unix.Statfs(m.Path(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if free := st.Bavail * uint64(st.Bsize); free > tr.Free() || free < tr.Free()-min(tr.Free(), mib) {
+		t.Errorf("df: %d free, the tracker %d", free, tr.Free())
+	}
 	if err := os.Remove(p); err != nil {
 		t.Fatal(err)
 	}

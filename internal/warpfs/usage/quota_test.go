@@ -93,3 +93,36 @@ func TestProjectQuotaRefusedWithoutQuotas(t *testing.T) {
 		t.Errorf("CheckProjectQuota = %v, want ErrNoQuota", err)
 	}
 }
+
+// Without prjquota XFS still takes project ids (the descriptor calls are right), but no limit
+// can be set, and the directory does not count as limited.
+func TestProjectQuotaOnXFSWithoutPrjquota(t *testing.T) {
+	mnt := xfstest.MountPlain(t, t.TempDir(), 320<<20)
+	fd := openDir(t, mnt)
+	id := ProjectID(12)
+	if err := SetProjectQuota(fd, id, 1<<20); err == nil {
+		t.Fatal("SetProjectQuota succeeded on XFS mounted without prjquota")
+	} else {
+		t.Log(err)
+	}
+	x, err := getFsxattr(fd)
+	if err != nil || x.Projid != 0 || x.Xflags&xflagInherit != 0 {
+		t.Fatalf("a refused SetProjectQuota changed the directory: %+v, %v", x, err)
+	}
+	if err := SetProjectOf(fd, id); err != nil {
+		t.Fatal(err)
+	}
+	sub := filepath.Join(mnt, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	x, err = getFsxattr(openDir(t, sub))
+	if err != nil || x.Projid != id || x.Xflags&xflagInherit == 0 {
+		t.Errorf("a directory made below one of project %d: %+v, %v; want the project, inherited", id, x, err)
+	}
+	if _, err := CheckProjectQuota(fd, id); !errors.Is(err, ErrNoQuota) {
+		t.Errorf("CheckProjectQuota = %v, want ErrNoQuota", err)
+	} else {
+		t.Log(err)
+	}
+}
