@@ -535,8 +535,9 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 		if ls.Tracker, err = a.tracker(spec.InstanceID); err != nil {
 			return ls, false, err
 		}
-		if len(spec.Stripes) == 0 && len(spec.MDS) <= 1 && !spec.ReadOnly && spec.MaxFileSize == 0 {
-			// The file system enforces the capacity: the kernel may write the files itself.
+		if len(spec.Stripes) == 0 && len(spec.MDS) <= 1 {
+			// The file system enforces the capacity: df counts what it counts, and the kernel
+			// may write the files itself where the mount enforces nothing more (no MFS).
 			ls.ProjectQuota = a.fragmentQuota(spec.FragmentID)
 		}
 	} else {

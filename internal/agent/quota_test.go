@@ -44,10 +44,20 @@ func TestFragmentProjectQuota(t *testing.T) {
 	}
 	spec := agentapi.MountSpec{MountPath: filepath.Join(base, "mnt"), StorageNode: "ssd1", FragmentID: 5,
 		NamespaceID: 1, InstanceID: 3, Capacity: 16 * mib, Label: "I3-0"}
+	// MFS is the agent's to enforce: such a mount writes through it.
 	mfs := spec
-	mfs.MaxFileSize = 8 * mib
-	if ls, _, err := a.mountSource(mfs); err != nil || ls.ProjectQuota != 0 {
-		t.Errorf("an MFS mount: project quota %d, %v; want none (the agent enforces MFS)", ls.ProjectQuota, err)
+	mfs.MountPath, mfs.MaxFileSize = filepath.Join(base, "mfs"), 4*mib
+	if err := a.Mount(ctx, mfs); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mfs.MountPath, "f"), make([]byte, 5*mib), 0o644); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("writing 5 MiB on a mount with MFS=4MiB: %v, want EFBIG", err)
+	}
+	if err := os.Remove(filepath.Join(mfs.MountPath, "f")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unmount(ctx, 0, mfs.MountPath); err != nil {
+		t.Fatal(err)
 	}
 	if err := a.Mount(ctx, spec); err != nil {
 		t.Fatal(err)
