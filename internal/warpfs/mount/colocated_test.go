@@ -83,6 +83,37 @@ func colocatedIO(t *testing.T, m *Mounted, tr *usage.Tracker, src string) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return tr.Used() == 0 }, "the tracker to give the file back")
+
+	// A file removed while it is being written keeps its space until its last close, what
+	// was written after the removal included, and then gives all of it back (and no more:
+	// another file keeps its count).
+	keep := filepath.Join(m.Path(), "keep")
+	if err := os.WriteFile(keep, data[:mib], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return tr.Used() == mib }, "the tracker to count a 1 MiB file")
+	g, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Write(data[:mib]); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Write(data[:mib]); err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.Used(); got < 2*mib || got > 3*mib {
+		t.Errorf("while an unlinked file of 2 MiB (1 MiB at its unlink) is open beside one of 1 MiB the tracker counts %d", got)
+	}
+	g.Close()
+	waitFor(t, func() bool { return tr.Used() == mib }, "the tracker to give the unlinked file back at its close")
+	checkAccounting(t, tr, src)
+	if err := os.Remove(keep); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A writable co-located mount whose capacity the file system enforces hands writes to the
