@@ -83,6 +83,8 @@ type Agent struct {
 	mounts   map[string]*mounted   // by mount path
 	stages   map[string]*stage.Run // by agentapi.StageSpec.Key
 	fragLock sync.Mutex            // serializes fragment/namespace creation and removal
+
+	quotaOnce sync.Once // logs whether fragments get project quotas (quota.go)
 }
 
 // stateFile records what the agent decided at its first start (its capacity), so that a
@@ -230,7 +232,8 @@ func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64, stri
 	if err != nil {
 		return server.Target{}, err
 	}
-	return server.Target{Dir: dir, Tracker: t}, nil
+	// statfs of remote mounts then counts what co-located mounts wrote through the kernel.
+	return server.Target{Dir: dir, Tracker: t, ProjectQuota: a.fragmentQuota(fragmentID)}, nil
 }
 
 func (a *Agent) fragmentDir(id int64) string {
@@ -269,11 +272,29 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 	a.fragLock.Lock()
 	defer a.fragLock.Unlock()
 	dir := a.fragmentDir(spec.ID)
-	if err := os.MkdirAll(filepath.Join(dir, "namespace"), 0o711); err != nil {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
 	}
-	if err := os.Mkdir(filepath.Join(dir, "stripes"), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
+	// The quota before anything inside: what is created below inherits its project.
+	limited := a.limitFragment(dir, spec)
+	for _, sub := range []struct {
+		name string
+		mode os.FileMode
+	}{{"namespace", 0o711}, {"stripes", 0o700}} {
+		p := filepath.Join(dir, sub.name)
+		if err := os.Mkdir(p, sub.mode); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("create fragment %d: %w", spec.ID, err)
+		}
+		if limited { // made by an earlier try, before the quota
+			fd, err := openOwnDir(p)
+			if err == nil {
+				err = usage.SetProjectOf(fd, usage.ProjectID(spec.ID))
+				unix.Close(fd)
+			}
+			if err != nil {
+				return fmt.Errorf("create fragment %d: %s: %w", spec.ID, p, err)
+			}
+		}
 	}
 	raw, _ := json.Marshal(fragmentMeta{ID: spec.ID, InstanceID: spec.InstanceID, Capacity: spec.Capacity, InstanceCapacity: spec.InstanceCapacity})
 	if err := writeFileAtomic(filepath.Join(dir, "fragment.json"), raw); err != nil {
@@ -300,6 +321,7 @@ func (a *Agent) DeleteFragment(ctx context.Context, id int64) error {
 	if err := removeAll(a.fragmentDir(id)); err != nil {
 		return fmt.Errorf("delete fragment %d: %w", id, err)
 	}
+	a.unlimitFragment(id)
 	if meta != nil {
 		a.forgetTrackerIfUnused(meta.InstanceID)
 	}
@@ -512,6 +534,11 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 		}
 		if ls.Tracker, err = a.tracker(spec.InstanceID); err != nil {
 			return ls, false, err
+		}
+		if len(spec.Stripes) == 0 && len(spec.MDS) <= 1 {
+			// The file system enforces the capacity: df counts what it counts, and the kernel
+			// may write the files itself where the mount enforces nothing more (no MFS).
+			ls.ProjectQuota = a.fragmentQuota(spec.FragmentID)
 		}
 	} else {
 		if spec.DataAddress == "" {

@@ -7,14 +7,19 @@
 #
 # RUNS defaults to 3; DIR (default /tmp) holds the namespace directory and the mount. SIZE
 # (environment, default 2G) is the file size; LIMITS (environment, JSON of mount.Limits, e.g.
-# '{"MaxWrite":131072,"MaxReadahead":131072}') tries other tunables. The mount is served by the mount package's test binary
-# in its helper role, so what is measured is exactly the package's code.
+# '{"MaxWrite":131072,"MaxReadahead":131072}') tries other tunables. PASSTHROUGH_WRITES
+# (environment) measures the co-located path with writes handed to the kernel: "quota" puts
+# the namespace under a project quota first (DIR must be on XFS mounted with -o prjquota, as
+# agent.ssd_path should be), "test" hands them over without a quota (the data path alone, on
+# kernels without XFS quotas; never what an agent does). The mount is served by the mount
+# package's test binary in its helper role, so what is measured is exactly the package's code.
 set -euo pipefail
 
 RUNS=${1:-3}
 BASE=${2:-/tmp}
 SIZE=${SIZE:-2G}
 limits_json=${LIMITS:-'{}'}
+passthrough_writes=${PASSTHROUGH_WRITES:-}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d "$BASE/spillway-bench.XXXXXX")
 helper_pid=
@@ -33,12 +38,16 @@ mkdir "$work/src"
 serve() {
 	rm -f "$work/ctl" "$work/helper.out"
 	mkfifo "$work/ctl"
-	SPILLWAY_LOCALFS_TEST_HELPER="{\"MountPath\":\"$work/mnt\",\"SourceDir\":\"$work/src\",\"Capacity\":$((64 << 30)),\"ReadOnly\":$1,\"Limits\":$limits_json}" \
+	SPILLWAY_LOCALFS_TEST_HELPER="{\"MountPath\":\"$work/mnt\",\"SourceDir\":\"$work/src\",\"Capacity\":$((64 << 30)),\"ReadOnly\":$1,\"Limits\":$limits_json,\"PassthroughWrites\":\"$passthrough_writes\"}" \
 		"$work/mount.test" <"$work/ctl" >"$work/helper.out" 2>&1 &
 	helper_pid=$!
 	exec 3>"$work/ctl"
 	for _ in $(seq 1 300); do
-		grep -q ready "$work/helper.out" 2>/dev/null && return 0
+		if grep -q ready "$work/helper.out" 2>/dev/null; then
+			cat "$work/helper.out" >&2
+			return 0
+		fi
+		grep -q error "$work/helper.out" 2>/dev/null && break
 		sleep 0.1
 	done
 	cat "$work/helper.out" >&2

@@ -38,6 +38,11 @@ type helperSpec struct {
 	AllowOther bool
 	ReadOnly   bool
 	Limits     Limits // for benchmarks of the tunables (bench_mount.sh)
+	// PassthroughWrites (bench_mount.sh's PASSTHROUGH_WRITES) lets the kernel write a writable
+	// mount's files: "quota" puts SourceDir under a project quota of Capacity first (its file
+	// system must be XFS mounted with prjquota), "test" without a quota (the data path alone,
+	// on kernels without XFS quotas); "" writes through the server.
+	PassthroughWrites string
 }
 
 func TestMain(m *testing.M) {
@@ -94,17 +99,41 @@ func runHelper(encoded string) int {
 		fmt.Println("error:", err)
 		return 2
 	}
+	var quota uint32
+	switch hs.PassthroughWrites {
+	case "":
+	case "test":
+		testKernelWritesWithoutQuota = true
+	case "quota":
+		quota = usage.ProjectID(1)
+		fd, err := syscall.Open(hs.SourceDir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if err == nil {
+			err = usage.SetProjectQuota(fd, quota, hs.Capacity)
+			syscall.Close(fd)
+		}
+		if err != nil {
+			fmt.Println("error: a project quota on", hs.SourceDir, err)
+			return 1
+		}
+	default:
+		fmt.Printf("error: PassthroughWrites %q: want quota, test or nothing\n", hs.PassthroughWrites)
+		return 2
+	}
 	m, err := Mount(Spec{
-		MountPath:  hs.MountPath,
-		SourceDir:  hs.SourceDir,
-		Tracker:    usage.New("helper instance", hs.Capacity),
-		AllowOther: hs.AllowOther,
-		ReadOnly:   hs.ReadOnly,
-		Limits:     hs.Limits,
+		MountPath:    hs.MountPath,
+		SourceDir:    hs.SourceDir,
+		Tracker:      usage.New("helper instance", hs.Capacity),
+		AllowOther:   hs.AllowOther,
+		ReadOnly:     hs.ReadOnly,
+		Limits:       hs.Limits,
+		ProjectQuota: quota,
 	})
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1
+	}
+	if hs.PassthroughWrites != "" && !hs.ReadOnly {
+		fmt.Println("passthrough writes:", m.backend.kernelWrites)
 	}
 	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin) // serve until the test closes our stdin (or kills us)

@@ -8,8 +8,9 @@
 // could swap, charges the instance and creates files as the caller. When the namespace lives
 // on another host the request travels over the network (package warpfs/client); when it lives
 // on this host the same server code runs in this process (transport.go), with no network hop,
-// and read-only mounts hand reads to the kernel (FUSE passthrough). The mount lifecycle here
-// only sees a go-fuse root node.
+// and read-only mounts hand reads to the kernel (FUSE passthrough), as do writable ones whose
+// capacity the backing file system enforces (Spec.ProjectQuota), writes included. The mount
+// lifecycle here only sees a go-fuse root node.
 //
 // What users see: `df` shows the instance's capacity and free space, not the host disk's; a
 // write or truncate that would grow the instance past its capacity fails with ENOSPC; a
@@ -89,11 +90,19 @@ type Spec struct {
 	// cut short and then fail with EFBIG, truncates and fallocates past it fail with EFBIG.
 	// 0 means no limit.
 	MaxFileSize uint64
-	// DisablePassthrough turns off FUSE passthrough on read-only mounts. With it on (the
-	// default), a root agent on a kernel that supports it (Linux 6.9+) lets the kernel read
-	// the namespace's files directly: reads at the speed of the backing file system. Writable
-	// mounts never use passthrough, since every write must be counted.
+	// DisablePassthrough turns off FUSE passthrough. With it on (the default), a root agent
+	// on a kernel that supports it (Linux 6.9+) lets the kernel read the namespace's files
+	// directly on read-only mounts: reads at the speed of the backing file system. Writable
+	// mounts use it only where the file system itself holds the instance to its capacity
+	// (ProjectQuota).
 	DisablePassthrough bool
+	// ProjectQuota is the project id whose hard limit holds the namespace on its backing file
+	// system (package usage, quota.go: the agent gives every fragment one when the SSD path is
+	// XFS mounted with prjquota); 0: none. A writable local mount of an instance that is not
+	// striped and has no MaxFileSize then hands reads and writes alike to the kernel (FUSE
+	// passthrough): the file system enforces the capacity (ENOSPC) and statfs reads the
+	// quota's usage. The mount checks that the namespace root is under it.
+	ProjectQuota uint32
 	// Logger receives diagnostics (stale mounts cleaned, tuning that failed). Defaults to
 	// log.Default().
 	Logger *log.Logger
@@ -879,7 +888,7 @@ func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger) (*backend, error) {
 	local, err := server.OpenLocal(server.LocalOptions{
 		Dir: spec.SourceDir, Tracker: spec.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
-		Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
+		Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)), ProjectQuota: spec.ProjectQuota,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
@@ -892,8 +901,26 @@ func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger
 		blockSize: uint32(l.PreferredIOSize),
 		// No network: an operation takes what the disk takes; the bound only catches a hang.
 		timeout: client.DefaultLimits().RequestTimeout,
-		// Passthrough only where nothing can write: mixing passthrough and cached opens of one
-		// file makes the kernel fail the later open with EIO.
-		passthrough: spec.ReadOnly && !spec.DisablePassthrough && asRoot,
+		// Passthrough where nothing can write, or where the file system counts what is
+		// written (a project quota) and nothing else must be enforced: MFS is the server's,
+		// and a striped file's data is on other servers. Every open of such a mount is handed
+		// over: mixing passthrough and cached opens of one file makes the kernel fail the
+		// later open with EIO.
+		passthrough: !spec.DisablePassthrough && asRoot &&
+			(spec.ReadOnly || kernelWritesAllowed(spec, local)),
+		kernelWrites: !spec.DisablePassthrough && asRoot && !spec.ReadOnly && kernelWritesAllowed(spec, local),
 	}, nil
 }
+
+// kernelWritesAllowed says whether the kernel may write a writable local mount's files itself
+// (FUSE passthrough): only when nothing the server enforces would be bypassed. The capacity
+// is then the file system's to enforce (a project quota on the fragment); MFS is the
+// server's alone; a striped instance's files hold no data here. testKernelWritesWithoutQuota
+// lets the tests and benchmarks measure the path on kernels without XFS quotas.
+func kernelWritesAllowed(spec Spec, local *server.Local) bool {
+	return spec.MaxFileSize == 0 && len(spec.Stripes) == 0 && len(spec.MDS) <= 1 &&
+		(local.QuotaEnforced() || testKernelWritesWithoutQuota)
+}
+
+// testKernelWritesWithoutQuota is set by tests only (see kernelWritesAllowed).
+var testKernelWritesWithoutQuota bool

@@ -40,11 +40,14 @@ type backend struct {
 	root      *node
 	// local is the in-process server of a namespace on this host, or nil for a remote one.
 	local *server.Local
-	// passthrough hands read-only opens to the kernel (FUSE passthrough): local namespaces
-	// of read-only mounts only.
-	passthrough bool
+	// passthrough hands opens to the kernel (FUSE passthrough): local namespaces of
+	// read-only mounts, and of writable ones whose capacity the file system enforces
+	// (kernelWrites: opens for writing too; mount.go, kernelWritesAllowed).
+	passthrough  bool
+	kernelWrites bool
 
-	reads atomic.Int64 // READ requests served (passthrough reads never reach the server)
+	reads  atomic.Int64 // READ requests served (passthrough reads never reach the server)
+	writes atomic.Int64 // WRITE requests served (passthrough writes never reach the server)
 
 	// stripes are the servers of a striped instance's file data (striped.go), in layout
 	// order; nil when files hold their own data on the namespace's server.
@@ -353,7 +356,7 @@ func (n *node) openFlags(flags uint32) uint32 {
 	if n.be.keepCache {
 		return fuse.FOPEN_KEEP_CACHE
 	}
-	if flags&syscall.O_ACCMODE == syscall.O_WRONLY {
+	if flags&syscall.O_ACCMODE == syscall.O_WRONLY && !n.be.kernelWrites {
 		return fuse.FOPEN_DIRECT_IO
 	}
 	return 0
@@ -412,6 +415,12 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 
 func (n *node) addHandle(id, gen uint64, flags uint32) *fileHandle {
 	h := &fileHandle{node: n, id: id, gen: gen, flags: flags}
+	if n.be.kernelWrites && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		// The kernel writes the file itself from now on: the server charges what it wrote
+		// when it next handles the file's size, and at release. Every writing handle, not
+		// only the one whose descriptor go-fuse registers: later opens share that one.
+		n.be.local.KernelWrites(id)
+	}
 	n.mu.Lock()
 	if n.handles == nil {
 		n.handles = map[*fileHandle]struct{}{}
@@ -791,6 +800,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 }
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	h.node.be.writes.Add(1)
 	if h.node.be.readOnly {
 		return 0, syscall.EROFS
 	}
@@ -836,10 +846,16 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 }
 
 // PassthroughFd lets the kernel read a file of a local read-only mount itself, at the speed of
-// the backing file system: nothing can write there, so nothing needs counting.
+// the backing file system: nothing can write there, so nothing needs counting. On a writable
+// mount whose capacity the file system enforces (kernelWrites) it writes it too. go-fuse asks
+// only the first open of a file; later opens share its backing file (the kernel reopens it
+// with each open's own flags).
 func (h *fileHandle) PassthroughFd() (int, bool) {
 	be := h.node.be
-	if !be.passthrough || be.local == nil || h.striped != nil || h.flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+	if !be.passthrough || be.local == nil || h.striped != nil {
+		return 0, false
+	}
+	if h.flags&syscall.O_ACCMODE != syscall.O_RDONLY && !be.kernelWrites {
 		return 0, false
 	}
 	id, _ := h.current()

@@ -28,6 +28,10 @@ type LocalOptions struct {
 	// MaxOpenFiles bounds the files and directories open at once; 0 means the server's
 	// default (Limits.MaxOpenFiles).
 	MaxOpenFiles int
+	// ProjectQuota is the project whose hard limit (set by the agent on the fragment) holds
+	// the namespace; 0: none. OpenLocal checks that the namespace root is under it and the
+	// file system enforces it (Local.QuotaEnforced).
+	ProjectQuota uint32
 }
 
 // OpenLocal opens the namespace for an in-process mount.
@@ -44,6 +48,13 @@ func OpenLocal(opt LocalOptions) (*Local, error) {
 	}
 	v.readOnly = opt.ReadOnly
 	v.maxFileSize = int64(min(opt.MaxFileSize, 1<<62))
+	var quotaErr error
+	if opt.ProjectQuota != 0 {
+		if quotaErr = v.useQuota(opt.ProjectQuota); quotaErr != nil {
+			opt.Log.Warn("the namespace is not under its fragment's project quota: writes go through the server",
+				"dir", opt.Dir, "project", opt.ProjectQuota, "err", quotaErr)
+		}
+	}
 	sess := &session{log: opt.Log, maxOpenFiles: opt.MaxOpenFiles, v: v, client: opt.Name, handles: map[uint64]*handle{}}
 	v.noteFull = sess.noteFull
 	return &Local{sess: sess}, nil
@@ -73,6 +84,23 @@ func (l *Local) Fd(handle uint64) (int, bool) {
 	}
 	defer l.sess.put(h)
 	return h.fd, true
+}
+
+// QuotaEnforced says whether the backing file system holds the namespace to the instance's
+// capacity itself (a project quota, LocalOptions.ProjectQuota): then the kernel may write its
+// files directly (FUSE passthrough) without the tracker's say.
+func (l *Local) QuotaEnforced() bool { return l.sess.v.quota != 0 }
+
+// KernelWrites tells the server that the kernel writes the open handle's file itself (FUSE
+// passthrough): the tracker is charged what it wrote when the server next handles the file's
+// size, and at the handle's release.
+func (l *Local) KernelWrites(handle uint64) {
+	h := l.sess.get(handle)
+	if h == nil {
+		return
+	}
+	defer l.sess.put(h)
+	l.sess.v.kernelWrites(h)
 }
 
 // Close releases every handle still open and the namespace root.

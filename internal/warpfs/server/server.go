@@ -37,6 +37,10 @@ import (
 type Target struct {
 	Dir     string
 	Tracker *usage.Tracker
+	// ProjectQuota is the project whose file-system limit holds the namespace (0: none):
+	// statfs then reports its room too, which covers what co-located mounts wrote through
+	// the kernel directly.
+	ProjectQuota uint32
 }
 
 // Resolver finds the namespace a client names in its handshake, or says why it cannot be
@@ -380,6 +384,9 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 	}
 	v.readOnly = auth.ReadOnly
 	v.maxFileSize = int64(min(auth.MaxFileSize, 1<<62))
+	if t.ProjectQuota != 0 {
+		v.useQuota(t.ProjectQuota) // without it statfs counts the tracker alone, as before
+	}
 	root, errno := v.lookup("")
 	if errno != 0 {
 		v.close()

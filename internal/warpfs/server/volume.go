@@ -45,6 +45,20 @@ type volume struct {
 	// objects (striped.go); rootLayout is the instance's default layout.
 	striped    bool
 	rootLayout stripe.Layout
+	// quota is the project whose hard limit, enforced by the backing file system, holds the
+	// namespace (usage/quota.go); 0: none. statfs reports the lesser of its room and the
+	// tracker's.
+	quota uint32
+}
+
+// useQuota makes statfs report project id's room too, when the namespace root is under that
+// project's limit (usage.CheckProjectQuota); it says why not otherwise.
+func (v *volume) useQuota(id uint32) error {
+	if _, err := usage.CheckProjectQuota(v.rootFd, id); err != nil {
+		return err
+	}
+	v.quota = id
+	return nil
 }
 
 // openVolume opens the namespace root dir. dir itself is the agent's (the fragment's path under
@@ -297,6 +311,50 @@ func (v *volume) settle(reserved uint64, before, after int64) {
 	v.tracker.Release(reserved + uint64(before-after))
 }
 
+// kernelWrites marks h as written by the kernel itself (FUSE passthrough: the writes never
+// reach the server). While such handles are open the tracker has counted the file at
+// in.charged; its growth since is charged whenever the server next changes or inspects the
+// file's size under in.sizeMu (catchUp), and at the handle's close.
+func (v *volume) kernelWrites(h *handle) {
+	if h.dir || h.kernelWrites {
+		return
+	}
+	in := h.in
+	in.sizeMu.Lock()
+	defer in.sizeMu.Unlock()
+	if in.kernelWriters == 0 {
+		size, err := sizeOf(h.fd)
+		if err != nil {
+			return
+		}
+		in.charged = size
+	}
+	in.kernelWriters++
+	h.kernelWrites = true
+}
+
+// catchUp charges what the kernel wrote into the file directly since the tracker last
+// counted it, size being its size now; in.sizeMu is held exclusively.
+func (v *volume) catchUp(in *inode, size int64) {
+	if in.kernelWriters == 0 {
+		return
+	}
+	if size > in.charged {
+		v.tracker.Charge(uint64(size - in.charged))
+	} else {
+		v.tracker.Release(uint64(in.charged - size))
+	}
+	in.charged = size
+}
+
+// counted records that the tracker counts the file at size (after the server changed it);
+// in.sizeMu is held exclusively.
+func counted(in *inode, size int64) {
+	if in.kernelWriters > 0 {
+		in.charged = size
+	}
+}
+
 func sizeOf(fd int) (int64, error) {
 	var st unix.Stat_t
 	err := unix.Fstat(fd, &st)
@@ -319,6 +377,7 @@ func (v *volume) truncate(t *target, size uint64) syscall.Errno {
 	if err != nil {
 		return errnoOf(err)
 	}
+	v.catchUp(in, before)
 	var reserved uint64
 	if int64(size) > before {
 		reserved = size - uint64(before)
@@ -336,6 +395,7 @@ func (v *volume) truncate(t *target, size uint64) syscall.Errno {
 		}
 	}
 	v.settle(reserved, before, after)
+	counted(in, after)
 	return errnoOf(err)
 }
 
@@ -758,6 +818,7 @@ func (v *volume) prepareRemoval(dirfd int, name string) (removal, bool) {
 		v.inodes.put(in)
 		return removal{}, false
 	}
+	v.catchUp(in, st.Size)
 	return removal{in: in, size: st.Size, last: st.Nlink == 1}, true
 }
 
@@ -1003,6 +1064,7 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 	}
 	v.dropSetID(t, t.st.Mode, caller, false)
 	size := t.st.Size
+	v.catchUp(in, size)
 	if end <= size { // another writer grew it while we waited
 		w, err := do(length)
 		return max(w, 0), errnoOf(err)
@@ -1027,6 +1089,7 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 		after = size + int64(granted) // count what we reserved: never under-count
 	}
 	v.settle(granted, size, after)
+	counted(in, after)
 	return max(w, 0), errnoOf(err)
 }
 
@@ -1051,6 +1114,7 @@ func (v *volume) fallocate(h *handle, off, size uint64, mode uint32, caller uint
 		return errnoOf(err)
 	}
 	before := t.st.Size
+	v.catchUp(in, before)
 	v.dropSetID(t, t.st.Mode, caller, false)
 	worst := usage.FallocateGrowth(mode, off, size, before) // the most the file can grow
 	if limit := v.maxFileSize; limit > 0 && int64(uint64(before)+worst) > limit {
@@ -1066,6 +1130,7 @@ func (v *volume) fallocate(h *handle, off, size uint64, mode uint32, caller uint
 		after = before + int64(worst)
 	}
 	v.settle(worst, before, after)
+	counted(in, after)
 	return errnoOf(err)
 }
 
@@ -1099,7 +1164,15 @@ func (v *volume) statfs() (proto.StatfsReply, syscall.Errno) {
 		return proto.StatfsReply{}, errnoOf(err)
 	}
 	const unit = statfsBlockSize
-	free := v.tracker.Free() / unit
+	free := v.tracker.Free()
+	if v.quota != 0 {
+		// The file system's count: it includes what the kernel wrote by itself, and it is
+		// what refuses the next block.
+		if used, limit, err := usage.ProjectUsage(v.rootFd, v.quota); err == nil && limit > 0 {
+			free = min(free, limit-min(used, limit))
+		}
+	}
+	free /= unit
 	return proto.StatfsReply{
 		Blocks: v.tracker.Capacity() / unit, Bfree: free, Bavail: free,
 		Files: st.Files, Ffree: st.Ffree, Bsize: unit, Frsize: unit, NameLen: uint32(st.Namelen),
@@ -1183,6 +1256,12 @@ func (v *volume) closeFile(h *handle) {
 	}
 	in := h.in
 	in.sizeMu.Lock()
+	if h.kernelWrites {
+		if size, err := sizeOf(h.fd); err == nil {
+			v.catchUp(in, size)
+		}
+		in.kernelWriters--
+	}
 	in.mu.Lock()
 	in.open--
 	releaseSize := in.open == 0 && in.orphan
@@ -1212,6 +1291,12 @@ type inode struct {
 	// sizeMu orders size changes of this file against writes: a write that stays inside the
 	// current size holds it shared; anything that can change the size holds it exclusively.
 	sizeMu sync.RWMutex
+
+	// kernelWriters counts the handles the kernel writes through itself (FUSE passthrough);
+	// while there are any, charged is the size the tracker counts the file at. Both are
+	// guarded by sizeMu held exclusively.
+	kernelWriters int
+	charged       int64
 
 	mu     sync.Mutex // guards open and orphan
 	open   int        // handles open on it
@@ -1274,4 +1359,6 @@ type handle struct {
 
 	layout    []byte // a striped file's layout, for the open's reply
 	truncated bool   // the open emptied the striped file (O_TRUNC)
+
+	kernelWrites bool // the kernel writes through it itself (see volume.kernelWrites)
 }
