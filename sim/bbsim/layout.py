@@ -265,9 +265,10 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
         if not frags:
             raise InputError(snap.source, f"instance {inst['id']}", "every storage node of the instance is offline",
                              "bring a node online, or predict another session")
-        capacity = np.array([f["capacity"] for f in frags], float)
         servers = np.array([index[f["node"]] for f in frags])
-        shares = capacity / capacity.sum()        # striping follows capacity (grains per node)
+        # Spillway's stripe map lays stripe i on fragment i mod K (docs/mounts.md, Striping):
+        # every fragment holds 1/K of each file, whatever its capacity.
+        shares = np.full(len(frags), 1.0 / len(frags))
         merged = np.bincount(servers, weights=shares, minlength=len(storage))
         servers = np.flatnonzero(merged)
         shares = merged[servers]

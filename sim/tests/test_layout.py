@@ -37,6 +37,23 @@ def test_predict_names_bandwidth_and_limit(trinity):
     assert any("offline" in w for w in r["warnings"])
 
 
+def test_striping_is_even_whatever_the_fragments_capacity(trinity, example, tmp_path):
+    # Spillway's stripe map puts 1/K of every file on each of K fragments: a fragment holding
+    # three grains serves no more of a file than one holding one.
+    data = copy.deepcopy(example)
+    inst = next(i for i in data["instances"] if i["id"] == 103)
+    caps = [3 * (1 << 30), 1 << 30, 1 << 30, 1 << 30]
+    for f, c in zip(inst["fragments"], caps):
+        f["capacity"] = c
+    inst["capacity"] = sum(caps)
+    uneven = tmp_path / "uneven.json"
+    uneven.write_text(json.dumps(data))
+    even = predict(trinity, load_snapshot(EXAMPLE_SNAPSHOT), "shared-data", IorSpec(nodes=1), nodes=64)
+    skewed = predict(trinity, load_snapshot(uneven), "shared-data", IorSpec(nodes=1), nodes=64)
+    assert skewed["gbps"] == pytest.approx(even["gbps"])
+    assert skewed["binding"] == even["binding"]
+
+
 def test_concurrent_session_lowers_the_prediction(trinity):
     snap = load_snapshot(EXAMPLE_SNAPSHOT)
     alone = predict(trinity, snap, "4242", IorSpec(nodes=1))["gbps"]
