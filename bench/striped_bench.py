@@ -153,14 +153,33 @@ class Bench:
         return moved / wall
 
     def capped(self, directory):
-        w4, r4 = self.seq("c1", directory, "1M", 4)
+        (w4, r4), busy1 = busy_while(lambda: self.seq("c1", directory, "1M", 4))
         drop_caches()
-        w2 = self.two_clients(directory, "write")
-        drop_caches()
-        r2 = self.two_clients(directory, "read")
+        def both_clients():
+            w = self.two_clients(directory, "write")
+            drop_caches()
+            return w, self.two_clients(directory, "read")
+        (w2, r2), busy2 = busy_while(both_clients)
         for host in COMPUTE:
             self.run_on(host, f"rm -f {directory}/two-{host}.*")
-        return {"w4": w4, "r4": r4, "w2c": w2, "r2c": r2}
+        return {"w4": w4, "r4": r4, "w2c": w2, "r2c": r2, "busy1": busy1, "busy2": busy2}
+
+
+def cpu_times():
+    """The machine's busy and total CPU time (jiffies, all cores) from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_while(fn):
+    """Runs fn; returns its result and the share of the machine's CPU that was busy meanwhile
+    (1.0: every core saturated) — what bounds a run when the links are not."""
+    b0, t0 = cpu_times()
+    result = fn()
+    b1, t1 = cpu_times()
+    return result, (b1 - b0) / max(1, t1 - t0)
 
 
 class Gluster:
@@ -336,11 +355,12 @@ def main():
 
     mb = lambda v: f"{v / 1e6:.0f}"
     first = servers[0]
-    lines = ["| servers | 1 client × 4 streams, write MB/s | read MB/s | 2 clients × 2 streams, write MB/s | read MB/s |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = ["| servers | 1 client × 4 streams, write MB/s | read MB/s | 2 clients × 2 streams, write MB/s | read MB/s | CPU busy, 1 client / 2 clients |",
+             "|---:|---:|---:|---:|---:|---:|"]
     for n in servers:
         cp, base = results[n]["capped"], results[first]["capped"]
         cells = [f"{mb(cp[k])} ({cp[k] / base[k]:.2f}×)" for k in ("w4", "r4", "w2c", "r2c")]
+        cells.append(f"{cp['busy1']:.0%} / {cp['busy2']:.0%}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     scaling = "\n".join(lines)
 
@@ -390,7 +410,8 @@ def main():
         f"so on 1, 2 and 4 storage nodes; 8 MiB stripes; {a.size_mib} MiB per sequential run, no preallocation, "
         f"writes fsynced at the end, reads after dropping the page cache; one run each).\n\n"
         f"**Scaling**: every storage node's link capped at {a.cap_mbit} Mbit/s each way (tc tbf); in brackets "
-        f"the ratio to one server.\n\n{scaling}\n\n"
+        f"the ratio to one server; the last column is the share of the machine's 2 cores busy during the runs "
+        f"(clients, servers and fio share them: near 100 %, the CPU and not the links bounds the run).\n\n{scaling}\n\n"
         f"**Uncapped**, against the raw file system under the storage nodes (the ceiling):\n\n{uncapped}\n\n"
         f"{versus}{colocated}"
         "All storage nodes share this VM's one disk and its 2 cores with the client: uncapped, the figures measure "
