@@ -137,6 +137,9 @@ func Status(w *World, token, step string) StepStatus {
 	return st
 }
 
+// ProgressOf is a stage as status answers show it.
+func ProgressOf(s *model.Stage) StageProgress { return progressOf(s) }
+
 func progressOf(s *model.Stage) StageProgress {
 	return StageProgress{ID: s.ID, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,
 		Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error, Warnings: s.Warnings}
