@@ -904,8 +904,8 @@ func unfinishedStageOuts(w *World, s *model.Session) []string {
 		if st.Direction != model.StageOut || !registrationWaits(w, s, st) {
 			continue
 		}
-		if st.InJob && st.Terminate && st.Status == model.StageCanceled {
-			continue // the job stopped it itself
+		if !holdsInstance(st) {
+			continue
 		}
 		switch st.Status {
 		case model.StageDeferred:
@@ -1030,7 +1030,7 @@ func AdvanceAbandoned(w *World, token string) (bool, error) {
 		case model.StagePending, model.StageRunning:
 			return false, nil
 		case model.StageFailed, model.StageCanceled:
-			if !(st.InJob && st.Terminate) {
+			if holdsInstance(st) {
 				failed = append(failed, st)
 			}
 		}

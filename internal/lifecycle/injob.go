@@ -288,10 +288,25 @@ func cancelMessage(st *model.Stage) string {
 func activateAtJobEnd(w *World, s *model.Session) {
 	for _, st := range w.StagesOf(s.ID) {
 		if st.InJob && st.Status == model.StageDeferred {
-			st.Status, st.State = model.StagePending, model.Creating()
+			st.Status, st.State, st.AtJobEnd = model.StagePending, model.Creating(), true
 			w.put(st)
 		}
 	}
+}
+
+// holdsInstance reports whether a stage-out that did not complete keeps the session's
+// instance from being released without hurry: the script's own stage-outs and the job's
+// DW_STAGE_AT_JOB_END ones (deferred, or run at the job's end: nobody else saw them fail);
+// not an in-job stage the job ran while it ran (it was told of the failure: query, wait, the
+// failed-stage walk), nor one it terminated.
+func holdsInstance(st *model.Stage) bool {
+	if !st.InJob {
+		return true
+	}
+	if st.Terminate {
+		return false
+	}
+	return st.Status == model.StageDeferred || st.AtJobEnd
 }
 
 // MountInfo is what a mount path is: the session and the variable naming it.

@@ -192,3 +192,29 @@ func TestLocate(t *testing.T) {
 		t.Fatalf("not mounted on cn2: %v", err)
 	}
 }
+
+// A failed in-job stage the job saw does not keep the instance; a failed at_job_end one does.
+func TestInJobFailuresAndTheInstance(t *testing.T) {
+	for _, when := range []string{WhenImmediate, WhenAtJobEnd} {
+		t.Run(when, func(t *testing.T) {
+			h := runningJob(t)
+			h.stageResult = func(Effect) agentapi.StageStatus {
+				return agentapi.StageStatus{Known: true, Status: model.StageFailed, Error: "permission denied"}
+			}
+			h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(when, "/r", "/pfs/r")}, h, h.now))
+			h.settle()
+			h.must(ApplyPostRun(h.w, "9"))
+			h.settle()
+			if c := h.counts("/r"); c != (InJobCounts{Failed: 1}) {
+				t.Fatalf("failed: %+v", c)
+			}
+			err := ApplyTeardown(h.w, "9", false)
+			if when == WhenImmediate && err != nil {
+				t.Fatalf("the job saw its immediate stage fail; teardown must go on: %v", err)
+			}
+			if when == WhenAtJobEnd && (err == nil || !strings.Contains(err.Error(), "failed")) {
+				t.Fatalf("a failed at_job_end stage-out keeps the instance: %v", err)
+			}
+		})
+	}
+}

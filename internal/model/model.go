@@ -273,6 +273,9 @@ type Stage struct {
 	// Terminate asks for a running stage to be stopped (dw_terminate_*): the executor cancels
 	// it and it ends canceled.
 	Terminate bool `json:"terminate,omitempty"`
+	// AtJobEnd marks an in-job stage-out deferred until the job's end that was started
+	// there: its failure keeps the instance, as a failed #DW stage_out does.
+	AtJobEnd bool `json:"at_job_end,omitempty"`
 	// Protect makes a file stage-out remove the source's write bits while it runs, and put
 	// them back at its end (DataWarp write-protects a file being staged out).
 	Protect bool `json:"protect,omitempty"`
