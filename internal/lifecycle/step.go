@@ -362,7 +362,7 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 	}
 	spec := agentapi.StageSpec{
 		ID: st.ID, Direction: st.Direction, Type: st.Type, PFSPath: st.PFSPath, DWPath: st.DWPath,
-		Roots: map[string]string{}, UID: s.Owner, GID: s.Group, Line: st.Line,
+		Roots: map[string]string{}, UID: s.Owner, GID: s.Group, Line: st.Line, Protect: st.Protect,
 	}
 	if c := w.Configurations[st.ConfigurationID]; c != nil {
 		spec.Instance = c.InstanceID
