@@ -393,18 +393,19 @@ func (s *Stager) Query(ctx context.Context, paths []string) (lifecycle.InJobCoun
 		if err != nil {
 			return total, nil, err
 		}
-		fi, err := os.Stat(t.Path)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return total, nil, errorf(syscall.ENOENT, "%s does not exist", p)
-			}
-			return total, nil, errorf(ErrnoOf(err), "%s: %v", p, unwrapPath(err))
+		fi, statErr := os.Stat(t.Path)
+		if statErr != nil && !errors.Is(statErr, os.ErrNotExist) {
+			return total, nil, errorf(ErrnoOf(statErr), "%s: %v", p, unwrapPath(statErr))
 		}
 		reply, err := s.api.QueryJobStages(ctx, t.Info.Token, t.Info.Var, t.Rel)
 		if err != nil {
 			return total, nil, err
 		}
-		if !fi.IsDir() && len(reply.Stages) == 0 {
+		switch {
+		case statErr != nil && len(reply.Stages) == 0:
+			// A file a stage-in is creating does not exist yet, and is no error.
+			return total, nil, errorf(syscall.ENOENT, "%s does not exist", p)
+		case statErr == nil && !fi.IsDir() && len(reply.Stages) == 0:
 			return total, nil, errorf(syscall.EINVAL, "%s was never staged", p)
 		}
 		c := reply.Counts

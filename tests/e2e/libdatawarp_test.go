@@ -1,0 +1,188 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// libdatawarp is built once per test binary: installed under a temporary prefix, as
+// `make install` does under /usr/local, and dwcheck (testdata/libdatawarp/dwcheck.c, written
+// as a DataWarp user writes) compiled against it with the pkg-config line Cray documented.
+var libdw struct {
+	once    sync.Once
+	err     string
+	dir     string // build directory (0755: jobs run as nobody)
+	prefix  string
+	dwcheck string // linked with the shared library
+	static  string // linked with libdatawarp.a
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+func buildLibdatawarp(t *testing.T) {
+	t.Helper()
+	libdw.once.Do(func() {
+		fail := func(what string, out []byte, err error) {
+			libdw.err = what + ": " + err.Error() + "\n" + string(out)
+		}
+		dir, err := os.MkdirTemp("", "spillway-libdw-")
+		if err != nil {
+			fail("temp dir", nil, err)
+			return
+		}
+		os.Chmod(dir, 0o755)
+		libdw.dir, libdw.prefix = dir, filepath.Join(dir, "prefix")
+		src := filepath.Join(repoRoot(), "libdatawarp")
+		build := filepath.Join(dir, "build")
+		os.MkdirAll(build, 0o755)
+		for _, f := range []string{"Makefile", "datawarp.c", "datawarp.h", "cray-datawarp.pc.in"} {
+			data, err := os.ReadFile(filepath.Join(src, f))
+			if err != nil {
+				fail("reading the sources", nil, err)
+				return
+			}
+			os.WriteFile(filepath.Join(build, f), data, 0o644)
+		}
+		if out, err := exec.Command("make", "-C", build, "PREFIX="+libdw.prefix, "LDCONFIG=true", "install").CombinedOutput(); err != nil {
+			fail("make install", out, err)
+			return
+		}
+		pc := exec.Command("pkg-config", "--cflags", "--libs", "cray-datawarp")
+		pc.Env = append(os.Environ(), "PKG_CONFIG_PATH="+filepath.Join(libdw.prefix, "lib", "pkgconfig"))
+		flags, err := pc.Output()
+		if err != nil {
+			fail("pkg-config --cflags --libs cray-datawarp", flags, err)
+			return
+		}
+		check := filepath.Join(repoRoot(), "tests", "e2e", "testdata", "libdatawarp", "dwcheck.c")
+		libdw.dwcheck = filepath.Join(dir, "dwcheck")
+		args := append([]string{"-Wall", "-o", libdw.dwcheck, check}, strings.Fields(string(flags))...)
+		args = append(args, "-Wl,-rpath,"+filepath.Join(libdw.prefix, "lib"), "-lpthread")
+		if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+			fail("cc dwcheck.c $(pkg-config --cflags --libs cray-datawarp)", out, err)
+			return
+		}
+		libdw.static = filepath.Join(dir, "dwcheck-static")
+		if out, err := exec.Command("cc", "-o", libdw.static, check, "-I"+filepath.Join(libdw.prefix, "include"),
+			filepath.Join(libdw.prefix, "lib", "libdatawarp.a"), "-lpthread").CombinedOutput(); err != nil {
+			fail("cc dwcheck.c libdatawarp.a", out, err)
+			return
+		}
+	})
+	if libdw.err != "" {
+		t.Fatal(libdw.err)
+	}
+}
+
+// libdwWorld is a world whose jobs run as nobody, with a PFS directory out/ of theirs, a
+// directory they cannot write (out/readonly) and another user's write-protected file in a
+// directory of theirs (out/locked/e.dat).
+func libdwWorld(t *testing.T) (*world, string) {
+	requireRoot(t)
+	buildLibdatawarp(t)
+	w := newWorld(t, true)
+	out := w.pfsDir("out")
+	os.MkdirAll(filepath.Join(out, "readonly"), 0o755)
+	w.pfsDir("out/locked")
+	os.WriteFile(filepath.Join(out, "locked", "e.dat"), []byte("root's\n"), 0o444)
+	return w, out
+}
+
+// runDwcheck runs dwcheck MODE inside a job and checks that every check passed.
+func runDwcheck(t *testing.T, w *world, out, capacity string, env []string, prefix ...string) result {
+	t.Helper()
+	cmd := strings.Join(prefix, " ")
+	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=scratch access_mode=striped capacity="+capacity+"\n"+
+		"exec "+cmd+"\n")
+	r := w.runEnv(append([]string{"SPILLWAY_BIN=" + binary}, env...), "run", script)
+	if r.code != 0 || !strings.Contains(r.stdout, "failures 0") || strings.Contains(r.stdout, "FAIL") {
+		t.Fatalf("dwcheck in a job:\n%s", r)
+	}
+	return r
+}
+
+// Every function and documented error, in a real job, through the shared library found with
+// pkg-config; the job runs as nobody.
+func TestLibdatawarpEveryFunction(t *testing.T) {
+	w, out := libdwWorld(t)
+	r := runDwcheck(t, w, out, "1GiB", nil, libdw.dwcheck, "all", out)
+	if n := strings.Count("\n"+r.stdout, "\nok "); n < 69 {
+		t.Errorf("only %d checks ran:\n%s", n, r.stdout)
+	}
+	// The deferred stage activated in the job ran; the job's files are on the PFS.
+	if data, err := os.ReadFile(filepath.Join(out, "b.dat")); err != nil || string(data) != "b\n" {
+		t.Errorf("b.dat on the PFS: %q %v", data, err)
+	}
+	w.waitNoSessions()
+	w.assertClean()
+}
+
+// The same program linked statically with libdatawarp.a.
+func TestLibdatawarpStaticLibrary(t *testing.T) {
+	w, out := libdwWorld(t)
+	runDwcheck(t, w, out, "1GiB", nil, libdw.static, "threads", out)
+}
+
+// Checkpoint rotation: each checkpoint AT_JOB_END, the previous one revoked; after the job
+// only the newest is on the PFS, staged when the job ended.
+func TestLibdatawarpCheckpointRotation(t *testing.T) {
+	w, out := libdwWorld(t)
+	runDwcheck(t, w, out, "1GiB", nil, libdw.dwcheck, "rotate", out)
+	for _, name := range []string{"ckpt.1", "ckpt.2"} {
+		if _, err := os.Stat(filepath.Join(out, name)); err == nil {
+			t.Errorf("%s was revoked but is on the PFS", name)
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(out, "ckpt.3")); err != nil || string(data) != "ckpt.3" {
+		t.Errorf("the newest checkpoint on the PFS: %q %v", data, err)
+	}
+	w.waitNoSessions()
+}
+
+// A multi-GiB stage-out terminated while it runs: write-protected while it runs, stopped,
+// no partial file on the PFS, the file writable again, and the job ends cleanly.
+func TestLibdatawarpTerminateLargeStage(t *testing.T) {
+	w, out := libdwWorld(t)
+	runDwcheck(t, w, out, "3GiB", []string{"DWCHECK_BIG_MIB=2048"}, libdw.dwcheck, "terminate", out)
+	w.waitNoSessions()
+	w.assertClean()
+}
+
+// No leak and no memory error in the library: the checks under valgrind.
+func TestLibdatawarpUnderValgrind(t *testing.T) {
+	if _, err := exec.LookPath("valgrind"); err != nil {
+		t.Skip("valgrind is not installed (scripts/install-deps --test installs it)")
+	}
+	w, out := libdwWorld(t)
+	runDwcheck(t, w, out, "1GiB", nil, "valgrind", "--quiet", "--leak-check=full", "--show-leak-kinds=definite,indirect",
+		"--errors-for-leak-kinds=definite,indirect", "--error-exitcode=99", libdw.dwcheck, "all", out)
+}
+
+// An autoconf probe, AC_CHECK_LIB([datawarp],[dw_stage_file_out]), links against the library.
+func TestLibdatawarpAutoconfProbe(t *testing.T) {
+	buildLibdatawarp(t)
+	dir := t.TempDir()
+	conftest := filepath.Join(dir, "conftest.c")
+	// What autoconf writes for AC_CHECK_LIB: a prototype of its own and a call.
+	os.WriteFile(conftest, []byte("#ifdef __cplusplus\nextern \"C\"\n#endif\nchar dw_stage_file_out ();\nint\nmain (void)\n{\nreturn dw_stage_file_out ();\n  ;\n  return 0;\n}\n"), 0o644)
+	out, err := exec.Command("cc", "-o", filepath.Join(dir, "conftest"), conftest, "-L"+filepath.Join(libdw.prefix, "lib"), "-ldatawarp").CombinedOutput()
+	if err != nil {
+		t.Fatalf("AC_CHECK_LIB([datawarp],[dw_stage_file_out]) would fail: %v\n%s", err, out)
+	}
+	// The soname is Cray's.
+	if target, err := os.Readlink(filepath.Join(libdw.prefix, "lib", "libdatawarp.so.0")); err != nil || !strings.HasPrefix(target, "libdatawarp.so.0.") {
+		t.Errorf("libdatawarp.so.0 -> %q %v", target, err)
+	}
+	dump, err := exec.Command("objdump", "-p", filepath.Join(libdw.prefix, "lib", "libdatawarp.so")).Output()
+	if err == nil && !strings.Contains(string(dump), "SONAME               libdatawarp.so.0") {
+		t.Errorf("soname:\n%s", dump)
+	}
+}
