@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,6 +75,10 @@ type Options struct {
 	// the job runs: a home's server that died is started again by the asking (and restores the
 	// job's mount) instead of when the job ends.
 	KeepAlive time.Duration
+	// JobEnv is added to the job's environment (KEY=VALUE, replacing the run's own): what
+	// libdatawarp and dwcli stage in the job need to reach this run's controller
+	// (SPILLWAY_HOME, SPILLWAY_CONFIG) and binary (SPILLWAY_BIN).
+	JobEnv []string
 }
 
 type runner struct {
@@ -761,6 +766,11 @@ func (r *runner) runJob(env map[string]string) (status int, ran bool) {
 	cmd := exec.Command(argv[0], append(argv[1:], r.o.Args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = os.Environ()
+	for _, kv := range r.o.JobEnv {
+		key, _, _ := strings.Cut(kv, "=")
+		cmd.Env = slices.DeleteFunc(cmd.Env, func(e string) bool { return strings.HasPrefix(e, key+"=") })
+		cmd.Env = append(cmd.Env, kv)
+	}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}

@@ -186,3 +186,28 @@ func TestLibdatawarpAutoconfProbe(t *testing.T) {
 		t.Errorf("soname:\n%s", dump)
 	}
 }
+
+// The Python package, in a job that gets SPILLWAY_BIN and SPILLWAY_HOME from spillway run
+// itself (not from the test).
+func TestLibdatawarpPython(t *testing.T) {
+	w, out := libdwWorld(t)
+	// The system's Python: one under root's home (pyenv) is not for nobody.
+	py := "/usr/bin/python3"
+	if _, err := os.Stat(py); err != nil {
+		t.Skip("/usr/bin/python3 is not installed")
+	}
+	check := filepath.Join(repoRoot(), "tests", "e2e", "testdata", "libdatawarp", "pycheck.py")
+	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\nexec "+py+" "+check+" "+out+"\n")
+	// Readable by nobody: the package from the source tree, the library from the build.
+	env := []string{"PYTHONPATH=" + filepath.Join(repoRoot(), "python"), "SPILLWAY_LIBDATAWARP=" + filepath.Join(libdw.prefix, "lib", "libdatawarp.so.0")}
+	r := w.runEnv(env, "run", script)
+	if r.code != 0 || !strings.Contains(r.stdout, "failures 0") {
+		t.Fatalf("pycheck in a job:\n%s", r)
+	}
+	if data, err := os.ReadFile(filepath.Join(out, "k2")); err != nil || strings.TrimSpace(string(data)) == "" {
+		t.Errorf("k2 (at job end) on the PFS: %q %v", data, err)
+	}
+	if _, err := os.Stat(filepath.Join(out, "k1")); err == nil {
+		t.Error("k1 was revoked but is on the PFS")
+	}
+}
