@@ -211,3 +211,45 @@ func TestLibdatawarpPython(t *testing.T) {
 		t.Error("k1 was revoked but is on the PFS")
 	}
 }
+
+// The example (examples/libdatawarp): built as its comment says, run as its job script says;
+// after the job only the newest checkpoint is on the PFS.
+func TestLibdatawarpExample(t *testing.T) {
+	w, out := libdwWorld(t)
+	dir := filepath.Join(w.root, "example")
+	os.MkdirAll(dir, 0o755)
+	for _, f := range []string{"checkpoint.c", "job.sh"} {
+		data, err := os.ReadFile(filepath.Join(repoRoot(), "examples", "libdatawarp", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, f), data, 0o755)
+	}
+	pc := exec.Command("pkg-config", "--cflags", "--libs", "cray-datawarp")
+	pc.Env = append(os.Environ(), "PKG_CONFIG_PATH="+filepath.Join(libdw.prefix, "lib", "pkgconfig"))
+	flags, err := pc.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"-o", filepath.Join(dir, "checkpoint"), filepath.Join(dir, "checkpoint.c")}, strings.Fields(string(flags))...)
+	if b, err := exec.Command("cc", append(args, "-Wl,-rpath,"+filepath.Join(libdw.prefix, "lib"))...).CombinedOutput(); err != nil {
+		t.Fatalf("building the example: %v\n%s", err, b)
+	}
+	r := w.run("run", filepath.Join(dir, "job.sh"), out)
+	if r.code != 0 {
+		t.Fatalf("the example's job:\n%s", r)
+	}
+	var ckpts []string
+	entries, _ := os.ReadDir(out)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "ckpt.") {
+			ckpts = append(ckpts, e.Name())
+		}
+	}
+	if len(ckpts) != 1 || ckpts[0] != "ckpt.000100" {
+		t.Fatalf("checkpoints on the PFS after the job: %v, want only ckpt.000100\n%s", ckpts, r)
+	}
+	if data, _ := os.ReadFile(filepath.Join(out, "ckpt.000100")); !strings.HasPrefix(string(data), "step 100 state 5.18737751") {
+		t.Errorf("ckpt.000100 holds %q", data)
+	}
+}
