@@ -284,11 +284,17 @@ func cancelMessage(st *model.Stage) string {
 
 // activateAtJobEnd turns the job's deferred in-job stage-outs (DW_STAGE_AT_JOB_END) pending:
 // the job has ended (post_run, data_out). They run before the instance is released, as the
-// script's own #DW stage_out.
+// script's own #DW stage_out; one that failed at the job's end is tried again (data_out
+// again: spillway run --retry-stage-out, Slurm).
 func activateAtJobEnd(w *World, s *model.Session) {
 	for _, st := range w.StagesOf(s.ID) {
-		if st.InJob && st.Status == model.StageDeferred {
+		if !st.InJob {
+			continue
+		}
+		again := st.AtJobEnd && !st.Terminate && (st.Status == model.StageFailed || st.Status == model.StageCanceled)
+		if st.Status == model.StageDeferred || again {
 			st.Status, st.State, st.AtJobEnd = model.StagePending, model.Creating(), true
+			st.Error, st.Attempts, st.FilesDone, st.BytesDone = "", 0, 0, 0
 			w.put(st)
 		}
 	}

@@ -218,3 +218,28 @@ func TestInJobFailuresAndTheInstance(t *testing.T) {
 		})
 	}
 }
+
+// data_out again (a retry of the stage-out) runs a failed at_job_end stage-out again.
+func TestInJobAtJobEndRetriedByDataOut(t *testing.T) {
+	h := runningJob(t)
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageFailed, Error: "permission denied"}
+	}
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenAtJobEnd, "/r", "/pfs/r")}, h, h.now))
+	h.must(ApplyPostRun(h.w, "9"))
+	h.settle()
+	if st := h.status("9", PhaseDataOut); !st.Done || !st.Failed {
+		t.Fatalf("data_out reports the failure: %+v", st)
+	}
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+	}
+	h.must(ApplyStages(h.w, "9", model.StageOut, nil, h, h.now))
+	h.settle()
+	if st := h.status("9", PhaseDataOut); !st.Done || st.Failed {
+		t.Fatalf("the retry completes: %+v", st)
+	}
+	h.must(ApplyTeardown(h.w, "9", false))
+	h.settle()
+	assertEmpty(t, h.w)
+}

@@ -84,7 +84,7 @@ func Status(w *World, token, step string) StepStatus {
 			if !sg.Ended() {
 				st.Done = false
 			}
-			if sg.Status == model.StageFailed || sg.Status == model.StageCanceled {
+			if (sg.Status == model.StageFailed || sg.Status == model.StageCanceled) && (dir == model.StageIn || holdsInstance(sg)) {
 				failures = append(failures, fmt.Sprintf("%s %s -> %s: %s", stageLabel(sg), sourceOf(sg), destOf(sg), sg.Error))
 			}
 		}

@@ -461,8 +461,8 @@ func RetryStageOut(ctx context.Context, o Options, token string) int {
 		}
 	}
 	for _, st := range all.Stages {
-		if st.Session != sess.ID || st.Direction != model.StageOut {
-			continue
+		if st.Session != sess.ID || st.Direction != model.StageOut || st.InJob {
+			continue // the job's own (libdatawarp) are retried by data_out itself
 		}
 		req, err := stageRequestOf(st)
 		if err != nil {
@@ -564,9 +564,14 @@ func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.S
 	}
 	began := time.Now()
 	if len(reqs) == 0 {
-		// Slurm calls data_in/data_out for every job; there is nothing to ask for here.
-		r.phase(name, began, "nothing to stage")
-		return "", true
+		// Slurm calls data_in/data_out for every job; there is nothing to ask for here, but
+		// the job may have asked for stage-outs itself (libdatawarp: at its end, or still
+		// running): they are waited for as the script's.
+		st, err := r.o.Client.Status(ctx, r.token, name, 0)
+		if direction != model.StageOut || err != nil || len(st.Stages) == 0 {
+			r.phase(name, began, "nothing to stage")
+			return "", true
+		}
 	}
 	failed := func(err error) (string, bool) {
 		if ctx.Err() != nil {
@@ -576,6 +581,8 @@ func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.S
 		r.fail(name, began, err)
 		return name + " failed: " + err.Error(), false
 	}
+	// Asked even with no request of the script's: data_out starts (or retries) the job's
+	// own stage-outs deferred to its end.
 	if err := r.o.Client.Stages(ctx, r.token, direction, reqs); err != nil {
 		return failed(err)
 	}

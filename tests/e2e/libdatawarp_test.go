@@ -253,3 +253,28 @@ func TestLibdatawarpExample(t *testing.T) {
 		t.Errorf("ckpt.000100 holds %q", data)
 	}
 }
+
+// A stage-out the job deferred to its end (dwcli stage, from a shell) that fails there keeps
+// the session, as a failed #DW stage_out does; --retry-stage-out runs it again once the cause
+// is fixed. The job finds the binary and the home through what spillway run gives it.
+func TestDwcliStageAtJobEndFailureKeepsTheSession(t *testing.T) {
+	w, out := libdwWorld(t)
+	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\nset -e\n"+
+		"echo result > $DW_JOB_STRIPED/r\n"+
+		"\"$SPILLWAY_BIN\" dwcli stage out --when at_job_end $DW_JOB_STRIPED/r "+filepath.Join(out, "locked", "e.dat")+"\n"+
+		"\"$SPILLWAY_BIN\" dwcli stage query $DW_JOB_STRIPED/r\n")
+	r := w.run("run", script)
+	if r.code != 74 || !strings.Contains(r.stdout+r.stderr, "deferred") || !strings.Contains(r.stderr, "keeping session run1") {
+		t.Fatalf("a failed at_job_end stage-out must keep the session (exit 74):\n%s", r)
+	}
+	os.Remove(filepath.Join(out, "locked", "e.dat")) // the cause, fixed
+	r = w.run("run", "--retry-stage-out", "run1")
+	if r.code != 0 {
+		t.Fatalf("retry:\n%s", r)
+	}
+	if data, err := os.ReadFile(filepath.Join(out, "locked", "e.dat")); err != nil || string(data) != "result\n" {
+		t.Fatalf("after the retry the PFS has %q %v", data, err)
+	}
+	w.waitNoSessions()
+	w.assertClean()
+}
