@@ -22,6 +22,10 @@ const (
 	WhenActivate  = "activate"   // DW_ACTIVATE_DEFERRED_STAGE: run a deferred stage-out now
 )
 
+// MaxInJobStages bounds the stage records a session's job may hold (one per path): each is a
+// row of the controller's state.
+const MaxInJobStages = 100000
+
 // InJobStage is one in-job stage request.
 type InJobStage struct {
 	Direction string `json:"direction"`          // in | out
@@ -72,6 +76,16 @@ func ApplyInJobStages(w *World, token string, reqs []InJobStage, ids IDSource, n
 	}
 	if len(reqs) == 0 {
 		return userErr("stage: no stage requests given")
+	}
+	held := 0
+	for _, st := range w.StagesOf(s.ID) {
+		if st.InJob {
+			held++
+		}
+	}
+	if held+len(reqs) > MaxInJobStages {
+		return userErr("stage: session %s has %d stages of its own, and %d more would pass the limit of %d; stage directories rather than their files one by one",
+			s.Token, held, len(reqs), MaxInJobStages)
 	}
 	seen := map[string]bool{}
 	for i := range reqs {

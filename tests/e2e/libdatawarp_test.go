@@ -278,3 +278,26 @@ func TestDwcliStageAtJobEndFailureKeepsTheSession(t *testing.T) {
 	w.waitNoSessions()
 	w.assertClean()
 }
+
+// A controller restart loses no in-job stage: the job asks for a stage-out at its end, the
+// home's server (controller and agent) is killed, and the request still runs at the job's end.
+func TestInJobStageSurvivesAControllerRestart(t *testing.T) {
+	w, out := libdwWorld(t)
+	job := w.script("j.sh", `#!/bin/bash
+#DW jobdw type=scratch access_mode=striped capacity=1GiB
+set -e
+echo kept > "$DW_JOB_STRIPED/k"
+"$SPILLWAY_BIN" dwcli stage out --when at_job_end "$DW_JOB_STRIPED/k" `+out+`/k
+kill -KILL $(sed -n 's/.*"pid":\([0-9]*\).*/\1/p' `+w.home+`/server.json) || exit 8
+for i in $(seq 600); do cat "$DW_JOB_STRIPED/k" >/dev/null 2>&1 && break; sleep 0.1; done
+"$SPILLWAY_BIN" dwcli stage query "$DW_JOB_STRIPED/k"
+`)
+	r := w.run("run", job)
+	if r.code != 0 || !strings.Contains(r.stdout, "deferred 1") {
+		t.Fatalf("%s", r)
+	}
+	if got, _ := os.ReadFile(filepath.Join(out, "k")); string(got) != "kept\n" {
+		t.Errorf("the deferred stage-out after the restart: %q", got)
+	}
+	w.assertClean()
+}
