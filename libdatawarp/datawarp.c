@@ -719,13 +719,48 @@ char *dw_get_mds_path(const char *dw_root, uint64_t key)
 	return strdup(dw_root);
 }
 
-/* dw_get_accounting_data_json: not available yet (docs/libdatawarp.md). */
+/* dw_get_accounting_data_json: {"realm": {...}} with what Spillway counts (docs/libdatawarp.md). */
 char *dw_get_accounting_data_json(const char *path, int *ecode)
 {
-	(void)path;
+	struct answer ans;
+	const char *realm;
+	char *out = NULL;
+	size_t n;
+	int rc;
+	if (path == NULL) {
+		rc = -EINVAL;
+		goto done;
+	}
+	{
+		const char *args[] = {"accounting", "--", path};
+		rc = run(args, 3, &ans);
+	}
+	if (rc != 0) {
+		free(ans.text);
+		goto done;
+	}
+	/* the helper answers {"errno":0,"realm":{...}}: the realm is the last key */
+	realm = strstr(ans.text, "\"realm\":");
+	if (realm == NULL) {
+		rc = -EIO;
+	} else {
+		n = strlen(realm);
+		while (n > 0 && (realm[n - 1] == '\n' || realm[n - 1] == ' '))
+			n--;
+		out = malloc(n + 2);
+		if (out == NULL) {
+			rc = -ENOMEM;
+		} else {
+			out[0] = '{';
+			memcpy(out + 1, realm, n);
+			out[n + 1] = '\0';
+		}
+	}
+	free(ans.text);
+done:
 	if (ecode != NULL)
-		*ecode = -ENOSYS;
-	return NULL;
+		*ecode = rc;
+	return out;
 }
 
 /* dw_wait_sync_complete: Spillway's instances are scratch (no write-back cache to the PFS):

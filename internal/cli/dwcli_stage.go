@@ -25,6 +25,7 @@ const dwcliStageUsage = `Usage: dwcli stage in  [--type file|directory] DW_PATH 
        dwcli stage wait [--timeout DURATION] PATH...
        dwcli stage terminate PATH...
        dwcli stage list --failed PATH
+       dwcli stage accounting PATH
 
 Stage your own job's files while it runs, as libdatawarp's dw_stage_* calls do
 (docs/libdatawarp.md). Paths are burst buffer paths as the job sees them
@@ -40,6 +41,7 @@ Stage your own job's files while it runs, as libdatawarp's dw_stage_* calls do
   wait        until no stage of the paths is waiting or running (exit 5 if one failed)
   terminate   stop the paths' waiting and running stages
   list        --failed: the failed stages under PATH
+  accounting  DataWarp's accounting JSON of the instance holding PATH (what Spillway counts)
 
 --type defaults to directory when the source is a directory, else file.
 --json prints one JSON object, {"errno": 0, ...} or {"errno": N, "error": "..."}, and exits
@@ -89,7 +91,7 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 		return 64
 	}
 	switch verb {
-	case "in", "out", "query", "wait", "terminate", "list":
+	case "in", "out", "query", "wait", "terminate", "list", "accounting":
 	default:
 		return usage(fmt.Sprintf("unknown verb %q: expected in, out, query, wait, terminate or list", verb))
 	}
@@ -163,6 +165,18 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "%d stage(s) terminated\n", n)
 		}
 		return finish(map[string]any{"terminated": n}, err)
+	case "accounting":
+		if len(words) != 1 {
+			return usage("give one PATH")
+		}
+		acct, err := st.Accounting(ctx, words[0])
+		if err != nil || *asJSON {
+			return finish(acct, err)
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(acct)
+		return 0
 	case "list":
 		if !*failed || len(words) != 1 {
 			return usage("give --failed and one PATH")

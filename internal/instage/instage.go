@@ -540,3 +540,40 @@ func errnoOfMessage(msg string) syscall.Errno {
 	}
 	return syscall.EIO
 }
+
+// Accounting is DataWarp's accounting JSON (dw_get_accounting_data_json, the CLE6.0UP04
+// spelling) for the instance holding p, with what Spillway knows: the instance, its servers
+// and their shares, its namespaces and their striping, and the capacity in use (statfs of the
+// mount). Fields Spillway does not count (bytes read and written, files created, write
+// windows) are absent.
+func (s *Stager) Accounting(ctx context.Context, p string) (map[string]any, error) {
+	t, err := s.Resolve(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	all, err := s.api.All(ctx)
+	if err != nil {
+		return nil, err
+	}
+	frags := []map[string]any{}
+	for _, f := range all.Fragments {
+		if f.Instance == t.Info.Instance {
+			frags = append(frags, map[string]any{"server_hostname": f.Node, "fs_capacity": f.Capacity})
+		}
+	}
+	nss := []map[string]any{}
+	for _, n := range all.Namespaces {
+		if n.Configuration == t.Info.Configuration {
+			nss = append(nss, map[string]any{"namespace_id": n.ID, "stripe_width": t.Info.Servers, "stripe_size": t.Info.StripeSize})
+		}
+	}
+	realm := map[string]any{
+		"realm_id": t.Info.Instance, "server_count": len(frags), "namespace_count": len(nss),
+		"fragments": frags, "namespaces": nss, "capacity": t.Info.Capacity,
+	}
+	var st unix.Statfs_t
+	if unix.Statfs(t.Mount, &st) == nil {
+		realm["capacity_used"] = (st.Blocks - st.Bfree) * uint64(st.Bsize)
+	}
+	return map[string]any{"realm": realm}, nil
+}

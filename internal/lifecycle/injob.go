@@ -344,6 +344,7 @@ type MountInfo struct {
 	StripeSize uint64 `json:"stripe_size"`
 	MaxMDS     bool   `json:"max_mds,omitempty"`
 	Capacity   uint64 `json:"capacity"`
+	Instance   ID     `json:"instance"`
 }
 
 // Locate finds the activation mounted at mount (on node, or on any node when node is ""):
@@ -360,7 +361,7 @@ func Locate(w *World, mount, node string) (MountInfo, error) {
 				if e.Config.ID == a.ConfigurationID {
 					info.Var, info.AccessMode, info.MaxMDS = e.Var, e.Config.AccessMode, e.Config.MaxMDS
 					if inst := w.Instances[e.Config.InstanceID]; inst != nil {
-						info.Capacity, info.StripeSize = inst.Capacity, w.StripeSize(inst)
+						info.Capacity, info.StripeSize, info.Instance = inst.Capacity, w.StripeSize(inst), inst.ID
 						info.Servers = 1
 						if striped(w, e.Config) {
 							info.Servers = len(w.FragmentsOf(inst.ID))

@@ -223,6 +223,7 @@ def get_mds_path(dw_root, key):
 
 
 def get_accounting_data_json(path):
+    """DataWarp's accounting JSON text ({"realm": {...}}) of the instance holding path."""
     lib = _library()
     code = ctypes.c_int()
     ptr = lib.dw_get_accounting_data_json(_b(path), ctypes.byref(code))

@@ -337,9 +337,14 @@ static void check_all(void)
 		free(m2);
 		m = dw_get_mds_path(pfs, 1);
 		CHECK("get_mds_path not a mount: NULL", m == NULL, "got %s", m);
-		int ecode = 0;
+		int ecode = 1;
 		char *j = dw_get_accounting_data_json(dw, &ecode);
-		CHECK("get_accounting_data_json: -ENOSYS", j == NULL && ecode == -ENOSYS, "ecode %d", ecode);
+		CHECK("get_accounting_data_json", j != NULL && ecode == 0 && strncmp(j, "{\"realm\":{", 10) == 0 &&
+		      strstr(j, "\"server_count\":1") != NULL && strstr(j, "\"capacity\":1073741824") != NULL && j[strlen(j) - 1] == '}',
+		      "ecode %d json %s", ecode, j ? j : "NULL");
+		free(j);
+		j = dw_get_accounting_data_json(pfs, &ecode);
+		CHECK("get_accounting_data_json outside any instance: NULL, -EINVAL", j == NULL && ecode == -EINVAL, "ecode %d", ecode);
 		rc = dw_set_stage_concurrency(dw, 4);
 		CHECK("set_stage_concurrency", rc == 0, "rc %d", rc);
 		rc = dw_set_stage_concurrency(path(dw, "nope"), 4);

@@ -1,6 +1,7 @@
 """pycheck: the Python package (python/spillway_datawarp) inside a job
 (tests/e2e/libdatawarp_test.go). Prints "ok NAME" / "FAIL NAME: ..." and "failures N"."""
 import errno
+import json
 import os
 import sys
 
@@ -61,6 +62,8 @@ dw.wait_file_stage(e)
 with open(os.path.join(root, "s"), "w") as f:
     check("get_stripe_configuration", dw.get_stripe_configuration(f.fileno()) == (8388608, 1, 0))
 check("get_mds_path", dw.get_mds_path(root, 7) == root)
-raises("get_accounting_data_json: OSError ENOSYS", errno.ENOSYS, dw.get_accounting_data_json, root)
+acct = json.loads(dw.get_accounting_data_json(root))
+check("get_accounting_data_json", acct["realm"]["server_count"] == 1 and acct["realm"]["namespace_count"] == 1, acct)
+raises("get_accounting_data_json outside: OSError EINVAL", errno.EINVAL, dw.get_accounting_data_json, pfs)
 print("failures", failures)
 sys.exit(failures)
