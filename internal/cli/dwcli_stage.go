@@ -38,7 +38,7 @@ Stage your own job's files while it runs, as libdatawarp's dw_stage_* calls do
                 revoke      forget an at_job_end stage-out of the path (PFS_PATH not needed)
                 activate    run an at_job_end stage-out of the path now
   query       count the stages of the paths: complete, pending, deferred, failed
-  wait        until no stage of the paths is waiting or running (exit 5 if one failed)
+  wait        until no stage of the paths is waiting or running (an error if one failed)
   terminate   stop the paths' waiting and running stages
   list        --failed: the failed stages under PATH
   accounting  DataWarp's accounting JSON of the instance holding PATH (what Spillway counts)
