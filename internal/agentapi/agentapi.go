@@ -116,6 +116,9 @@ type StageSpec struct {
 	GID      uint32 `json:"gid"`
 	Line     int    `json:"line,omitempty"` // directive line, for messages
 	Parallel int    `json:"parallel"`       // files copied at once
+	// Protect: a file stage-out removes the source's write bits while it copies and puts them
+	// back at its end (DataWarp write-protects a file being staged out; SEACAS relies on it).
+	Protect bool `json:"protect,omitempty"`
 	// Part makes this run one step of a stage split over a striped instance's servers, each
 	// server moving the stripes it holds (docs/staging.md); nil runs the whole stage.
 	Part *StagePart `json:"part,omitempty"`

@@ -343,3 +343,36 @@ func (c *Client) RenewLease(ctx context.Context, token string, release bool) (ti
 	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/lease", controller.LeaseRequest{Release: release}, &out)
 	return time.Duration(out.Seconds * float64(time.Second)), err
 }
+
+// JobStages records in-job stage requests (libdatawarp, dwcli stage).
+func (c *Client) JobStages(ctx context.Context, token string, reqs []lifecycle.InJobStage) error {
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages", controller.JobStagesRequest{Stages: reqs}, nil)
+}
+
+// QueryJobStages returns the stages concerning a path of variable v and their counts.
+func (c *Client) QueryJobStages(ctx context.Context, token, v, p string) (controller.JobStagesReply, error) {
+	var out controller.JobStagesReply
+	q := "?var=" + url.QueryEscape(v) + "&path=" + url.QueryEscape(p)
+	err := c.Do(ctx, "GET", "/dw/v1/sessions/"+esc(token)+"/job_stages"+q, nil, &out)
+	return out, err
+}
+
+// TerminateJobStages stops the job's in-job stages of a path and says how many.
+func (c *Client) TerminateJobStages(ctx context.Context, token, v, p string) (int, error) {
+	var out struct {
+		N int `json:"terminated"`
+	}
+	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages/terminate", controller.TerminateRequest{Var: v, Path: p}, &out)
+	return out.N, err
+}
+
+// Mount says what burst buffer of the caller's is mounted at a mount point (node "" = any).
+func (c *Client) Mount(ctx context.Context, mountPoint, node string) (lifecycle.MountInfo, error) {
+	var out lifecycle.MountInfo
+	q := "?path=" + url.QueryEscape(mountPoint)
+	if node != "" {
+		q += "&node=" + url.QueryEscape(node)
+	}
+	err := c.Do(ctx, "GET", "/dw/v1/mounts"+q, nil, &out)
+	return out, err
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
@@ -18,6 +19,7 @@ const dwcliUsage = `Usage: dwcli ls TABLE [--json]
        dwcli update node --name NODE (--drain [--reason TEXT] | --fill)
        dwcli update registration -i ID --no-wait
        dwcli rm session -i ID [--hurry]
+       dwcli stage in|out|query|wait|terminate|list ...   (dwcli stage --help)
 
 Administrative changes, as DataWarp's dwcli makes them.
 
@@ -29,6 +31,7 @@ Administrative changes, as DataWarp's dwcli makes them.
   update registration      let a session's teardown proceed without waiting for its
     --no-wait              stage-outs (they are cancelled)
   rm session -i ID         tear a session down (a job's or a persistent instance's)
+  stage ...                stage your own job's files while it runs (as libdatawarp does)
 
 Options may come anywhere (dwcli rm session -i 7 --hurry, dwcli --home DIR ls pools).
 Administrative changes need root or a controller.wlm_users user.
@@ -41,6 +44,13 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			return 64
 		}
 		return 0
+	}
+	if firstWord(args) == "stage" {
+		for i, a := range args {
+			if a == "stage" {
+				return dwcliStageMain(append(append([]string(nil), args[:i]...), args[i+1:]...), stdout, stderr)
+			}
+		}
 	}
 	fs := newFlags("dwcli", dwcliUsage, stderr)
 	var conn connection
@@ -166,4 +176,19 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "dwcli: unknown command %q\n\n%s", verb+" "+object, dwcliUsage)
 	return 64
+}
+
+// firstWord is the first argument that is not an option or an option's value.
+func firstWord(args []string) string {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+		switch strings.TrimLeft(a, "-") {
+		case "home", "config", "controller", "token-file":
+			i++ // its value follows
+		}
+	}
+	return ""
 }

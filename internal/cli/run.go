@@ -118,7 +118,15 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		TeardownAttempts: sess.cfg.Client.TeardownAttempts, TeardownRetryWait: sess.cfg.Client.TeardownRetryWait.D(),
 		Self: self(), ConnArgs: sess.connArgs,
 	}
+	// The job's libdatawarp and dwcli stage reach this controller with this binary.
+	if exe, err := os.Executable(); err == nil && os.Getenv("SPILLWAY_BIN") == "" {
+		o.JobEnv = append(o.JobEnv, "SPILLWAY_BIN="+exe)
+	}
+	if path := conn.systemConfigPath(true); path != "" {
+		o.JobEnv = append(o.JobEnv, "SPILLWAY_CONFIG="+absOr(path))
+	}
 	if sess.home != nil {
+		o.JobEnv = append(o.JobEnv, "SPILLWAY_HOME="+sess.home.Dir)
 		o.Records = sess.home.Records()
 		o.KeepAlive = sess.home.Config.Home.ReapInterval.D()
 		if !*quiet {

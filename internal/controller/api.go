@@ -98,6 +98,10 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 	s.handle("POST /dw/v1/nodes/{name}/heartbeat", s.heartbeat)
 	s.handle("POST /dw/v1/run_ids", s.runID)
 	s.handle("POST /dw/v1/sessions/{token}/lease", s.lease)
+	s.handle("POST /dw/v1/sessions/{token}/job_stages", s.jobStages)
+	s.handle("GET /dw/v1/sessions/{token}/job_stages", s.queryJobStages)
+	s.handle("POST /dw/v1/sessions/{token}/job_stages/terminate", s.terminateJobStages)
+	s.handle("GET /dw/v1/mounts", s.mount)
 	return s
 }
 
@@ -579,4 +583,95 @@ func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.WriteJSON(w, 200, LeaseReply{Seconds: d.Seconds()})
+}
+
+// JobStagesRequest is the body of POST /dw/v1/sessions/{token}/job_stages.
+type JobStagesRequest struct {
+	Stages []lifecycle.InJobStage `json:"stages"`
+}
+
+func (s *Server) jobStages(w http.ResponseWriter, r *http.Request) {
+	token := r.PathValue("token")
+	var req JobStagesRequest
+	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
+		return
+	}
+	if err := s.c.JobStages(r.Context(), token, req.Stages); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": token})
+}
+
+// JobStagesReply answers a query of a path's stages: DataWarp's counts and the stages.
+type JobStagesReply struct {
+	Counts lifecycle.InJobCounts     `json:"counts"`
+	Stages []lifecycle.StageProgress `json:"stages"`
+}
+
+func (s *Server) queryJobStages(w http.ResponseWriter, r *http.Request) {
+	token := r.PathValue("token")
+	if !s.mayActOn(w, r, token) {
+		return
+	}
+	world, err := s.c.view(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	q := r.URL.Query()
+	counts, found, err := lifecycle.QueryInJob(world, token, q.Get("var"), q.Get("path"))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	reply := JobStagesReply{Counts: counts, Stages: []lifecycle.StageProgress{}}
+	for _, st := range found {
+		reply.Stages = append(reply.Stages, lifecycle.ProgressOf(st))
+	}
+	httpapi.WriteJSON(w, 200, reply)
+}
+
+// TerminateRequest is the body of POST .../job_stages/terminate.
+type TerminateRequest struct {
+	Var  string `json:"var"`
+	Path string `json:"path"`
+}
+
+func (s *Server) terminateJobStages(w http.ResponseWriter, r *http.Request) {
+	token := r.PathValue("token")
+	var req TerminateRequest
+	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
+		return
+	}
+	n, err := s.c.TerminateStages(r.Context(), token, req.Var, req.Path)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]int{"terminated": n})
+}
+
+// mount answers what is mounted at ?path= (on ?node=, or any node): the session and the
+// variable, for libdatawarp. An ordinary user learns only about their own sessions.
+func (s *Server) mount(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if q.Get("path") == "" {
+		httpapi.WriteError(w, 400, "user", "give ?path=<mount point>")
+		return
+	}
+	world, err := s.c.view(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	info, err := lifecycle.Locate(world, q.Get("path"), q.Get("node"))
+	if err == nil && !who(r).privileged && info.Owner != who(r).uid {
+		err = lifecycle.ErrNoSession // another user's mount: say nothing about it
+	}
+	if err != nil {
+		httpapi.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no burst buffer of yours is mounted at %s", q.Get("path")))
+		return
+	}
+	httpapi.WriteJSON(w, 200, info)
 }

@@ -252,6 +252,24 @@ func (c *Controller) Stages(ctx context.Context, token, direction string, reqs [
 	})
 }
 
+// JobStages records a job's in-job stage requests (libdatawarp, dwcli stage).
+func (c *Controller) JobStages(ctx context.Context, token string, reqs []lifecycle.InJobStage) error {
+	return c.decide(ctx, "request-persisted:job_stages", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.ApplyInJobStages(w, token, reqs, ids, now)
+	})
+}
+
+// TerminateStages stops a job's in-job stages of a path (dw_terminate_*).
+func (c *Controller) TerminateStages(ctx context.Context, token, v, p string) (int, error) {
+	var n int
+	err := c.decide(ctx, "request-persisted:terminate", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		var err error
+		n, err = lifecycle.ApplyTerminate(w, token, v, p, now)
+		return err
+	})
+	return n, err
+}
+
 // PreRun mounts the session's configurations on compute nodes.
 func (c *Controller) PreRun(ctx context.Context, token string, nodes []string) error {
 	return c.decide(ctx, "request-persisted:pre_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {

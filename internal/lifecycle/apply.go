@@ -495,6 +495,9 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 	if err := addStages(w, s, direction, reqs, ids, model.StagePending); err != nil {
 		return err
 	}
+	if direction == model.StageOut {
+		activateAtJobEnd(w, s)
+	}
 	s.Phase = step
 	s.Failure = ""
 	w.put(s)
@@ -795,6 +798,9 @@ func ApplyPostRun(w *World, token string) error {
 			w.put(a)
 		}
 	}
+	// The job has ended: its DW_STAGE_AT_JOB_END stage-outs start now (their worker reads the
+	// namespace itself, not this mount).
+	activateAtJobEnd(w, s)
 	s.Phase = PhasePostRun
 	s.Failure = ""
 	w.put(s)
@@ -896,6 +902,9 @@ func unfinishedStageOuts(w *World, s *model.Session) []string {
 	var out []string
 	for _, st := range w.StagesOf(s.ID) {
 		if st.Direction != model.StageOut || !registrationWaits(w, s, st) {
+			continue
+		}
+		if !holdsInstance(st) {
 			continue
 		}
 		switch st.Status {
@@ -1021,7 +1030,9 @@ func AdvanceAbandoned(w *World, token string) (bool, error) {
 		case model.StagePending, model.StageRunning:
 			return false, nil
 		case model.StageFailed, model.StageCanceled:
-			failed = append(failed, st)
+			if holdsInstance(st) {
+				failed = append(failed, st)
+			}
 		}
 	}
 	if len(deferred) > 0 {

@@ -255,7 +255,7 @@ func cancelSplit(w *World, st *model.Stage, now time.Time) (effects []Effect, bu
 		}
 	}
 	if !busy {
-		st.Status, st.Error, st.Finished = model.StageCanceled, "canceled by teardown", now
+		st.Status, st.Error, st.Finished = model.StageCanceled, cancelMessage(st), now
 		w.put(st)
 	}
 	return effects, busy

@@ -84,7 +84,7 @@ func Status(w *World, token, step string) StepStatus {
 			if !sg.Ended() {
 				st.Done = false
 			}
-			if sg.Status == model.StageFailed || sg.Status == model.StageCanceled {
+			if (sg.Status == model.StageFailed || sg.Status == model.StageCanceled) && (dir == model.StageIn || holdsInstance(sg)) {
 				failures = append(failures, fmt.Sprintf("%s %s -> %s: %s", stageLabel(sg), sourceOf(sg), destOf(sg), sg.Error))
 			}
 		}
@@ -136,6 +136,9 @@ func Status(w *World, token, step string) StepStatus {
 	}
 	return st
 }
+
+// ProgressOf is a stage as status answers show it.
+func ProgressOf(s *model.Stage) StageProgress { return progressOf(s) }
 
 func progressOf(s *model.Stage) StageProgress {
 	return StageProgress{ID: s.ID, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,

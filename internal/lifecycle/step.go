@@ -168,6 +168,22 @@ func stepStages(w *World, s *model.Session, p Params, now time.Time, running *in
 			effects = append(effects, Effect{Op: OpStartStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: spec})
 		case model.StageRunning:
 			spec, node, err := stageSpec(w, s, st)
+			if st.Terminate { // the job asked to stop it (dw_terminate_*)
+				if st.Step != "" {
+					cancels, _ := cancelSplit(w, st, now)
+					effects = append(effects, cancels...)
+					continue
+				}
+				if !nodeOnline(w, node) {
+					st.Status, st.Error, st.Finished = model.StageCanceled, cancelMessage(st), now
+					w.put(st)
+					continue
+				}
+				if ready(st.State, now) {
+					effects = append(effects, Effect{Op: OpCancelStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: agentapi.StageSpec{ID: st.ID}})
+				}
+				continue
+			}
 			if st.Step != "" {
 				servers, mds, split := splitServers(w, st, spec)
 				if err != nil || !split {
@@ -346,7 +362,7 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 	}
 	spec := agentapi.StageSpec{
 		ID: st.ID, Direction: st.Direction, Type: st.Type, PFSPath: st.PFSPath, DWPath: st.DWPath,
-		Roots: map[string]string{}, UID: s.Owner, GID: s.Group, Line: st.Line,
+		Roots: map[string]string{}, UID: s.Owner, GID: s.Group, Line: st.Line, Protect: st.Protect,
 	}
 	if c := w.Configurations[st.ConfigurationID]; c != nil {
 		spec.Instance = c.InstanceID
@@ -636,7 +652,7 @@ func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
 			w.put(st)
 			return
 		}
-		st.Status, st.Error, st.Finished = model.StageCanceled, "canceled by teardown", now
+		st.Status, st.Error, st.Finished = model.StageCanceled, cancelMessage(st), now
 		w.put(st)
 	}
 }

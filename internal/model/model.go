@@ -266,6 +266,19 @@ type Stage struct {
 	// Moved is what each storage node moved in the steps before this one.
 	Moved     map[string]uint64 `json:"moved,omitempty"`
 	CopyError string            `json:"copy_error,omitempty"`
+	// InJob marks a stage the job asked for while it ran (libdatawarp's dw_stage_*, dwcli
+	// stage): it is found by its DW path, replaced by a newer request for that path, revoked
+	// or terminated by the job (docs/libdatawarp.md). A deferred one runs at the job's end.
+	InJob bool `json:"in_job,omitempty"`
+	// Terminate asks for a running stage to be stopped (dw_terminate_*): the executor cancels
+	// it and it ends canceled.
+	Terminate bool `json:"terminate,omitempty"`
+	// AtJobEnd marks an in-job stage-out deferred until the job's end that was started
+	// there: its failure keeps the instance, as a failed #DW stage_out does.
+	AtJobEnd bool `json:"at_job_end,omitempty"`
+	// Protect makes a file stage-out remove the source's write bits while it runs, and put
+	// them back at its end (DataWarp write-protects a file being staged out).
+	Protect bool `json:"protect,omitempty"`
 }
 
 // StagePart is one server's run in a step of a split stage.

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,6 +75,10 @@ type Options struct {
 	// the job runs: a home's server that died is started again by the asking (and restores the
 	// job's mount) instead of when the job ends.
 	KeepAlive time.Duration
+	// JobEnv is added to the job's environment (KEY=VALUE, replacing the run's own): what
+	// libdatawarp and dwcli stage in the job need to reach this run's controller
+	// (SPILLWAY_HOME, SPILLWAY_CONFIG) and binary (SPILLWAY_BIN).
+	JobEnv []string
 }
 
 type runner struct {
@@ -456,8 +461,8 @@ func RetryStageOut(ctx context.Context, o Options, token string) int {
 		}
 	}
 	for _, st := range all.Stages {
-		if st.Session != sess.ID || st.Direction != model.StageOut {
-			continue
+		if st.Session != sess.ID || st.Direction != model.StageOut || st.InJob {
+			continue // the job's own (libdatawarp) are retried by data_out itself
 		}
 		req, err := stageRequestOf(st)
 		if err != nil {
@@ -559,9 +564,14 @@ func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.S
 	}
 	began := time.Now()
 	if len(reqs) == 0 {
-		// Slurm calls data_in/data_out for every job; there is nothing to ask for here.
-		r.phase(name, began, "nothing to stage")
-		return "", true
+		// Slurm calls data_in/data_out for every job; there is nothing to ask for here, but
+		// the job may have asked for stage-outs itself (libdatawarp: at its end, or still
+		// running): they are waited for as the script's.
+		st, err := r.o.Client.Status(ctx, r.token, name, 0)
+		if direction != model.StageOut || err != nil || len(st.Stages) == 0 {
+			r.phase(name, began, "nothing to stage")
+			return "", true
+		}
 	}
 	failed := func(err error) (string, bool) {
 		if ctx.Err() != nil {
@@ -571,6 +581,8 @@ func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.S
 		r.fail(name, began, err)
 		return name + " failed: " + err.Error(), false
 	}
+	// Asked even with no request of the script's: data_out starts (or retries) the job's
+	// own stage-outs deferred to its end.
 	if err := r.o.Client.Stages(ctx, r.token, direction, reqs); err != nil {
 		return failed(err)
 	}
@@ -761,6 +773,11 @@ func (r *runner) runJob(env map[string]string) (status int, ran bool) {
 	cmd := exec.Command(argv[0], append(argv[1:], r.o.Args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = os.Environ()
+	for _, kv := range r.o.JobEnv {
+		key, _, _ := strings.Cut(kv, "=")
+		cmd.Env = slices.DeleteFunc(cmd.Env, func(e string) bool { return strings.HasPrefix(e, key+"=") })
+		cmd.Env = append(cmd.Env, kv)
+	}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}

@@ -378,6 +378,14 @@ func (w *worker) copyFile(ctx context.Context, job *copyJob, e entry, buf *[]byt
 		return err
 	}
 	defer release()
+	if w.spec.Protect && job.src.dw && !job.tree && st.Mode&0o222 != 0 {
+		// The file being staged out is write-protected until its copy ends (DataWarp's
+		// behaviour: applications take "not writable" for "stage-out in progress"). The
+		// destination gets the mode the file had.
+		if unix.Fchmod(in, st.Mode&0o7777&^0o222) == nil {
+			defer unix.Fchmod(in, st.Mode&0o7777)
+		}
+	}
 	dstName := job.dst.join(job.dstName, e.rel)
 	srcShown, dstShown := job.src.display(job.src.join(job.srcName, e.rel)), job.dst.display(dstName)
 

@@ -195,6 +195,8 @@ type Stage struct {
 	BytesDone  uint64   `json:"bytes_done"`
 	Error      string   `json:"error,omitempty"`
 	Warnings   []string `json:"warnings,omitempty"`
+	// InJob: the job asked for it while it ran (libdatawarp, dwcli stage).
+	InJob bool `json:"in_job,omitempty"`
 	// Step and BytesByNode: a stage of a striped instance runs on every server at once
 	// (docs/staging.md): the step under way, and the bytes each storage node moved.
 	Step        string            `json:"step,omitempty"`
@@ -313,7 +315,8 @@ func Build(w *lifecycle.World) All {
 			token = sess.Token
 		}
 		v := Stage{ID: s.ID, Session: s.SessionID, Token: token, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,
-			Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error, Warnings: s.Warnings}
+			Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error, Warnings: s.Warnings,
+			InJob: s.InJob}
 		if s.Step != "" {
 			v.Step, v.BytesByNode = s.Step, map[string]uint64{}
 			for node, n := range s.Moved {

@@ -275,3 +275,22 @@ func holdersOf(mountPath string) []holder {
 	}
 	return found
 }
+
+// MountPoints lists the mount points of Spillway's FUSE mounts (type fuse.spillway) this
+// process sees, from /proc/self/mountinfo: what libdatawarp needs to find the instance a path
+// is in.
+func MountPoints() ([]string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the mount table: %w", err)
+	}
+	var points []string
+	scanner := bufio.NewScanner(bytes.NewReader(data))
+	scanner.Buffer(make([]byte, 64<<10), 1<<20)
+	for scanner.Scan() {
+		if e, ok := parseMountinfoLine(scanner.Text()); ok && e.fsType == fsType {
+			points = append(points, e.mountPoint)
+		}
+	}
+	return points, scanner.Err()
+}

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""libdatawarp: a checkpoint staged out through DataWarp's API, against cp, in one job.
+
+Prints the figures and writes them into BENCHMARKS.md between <!-- libdatawarp:begin --> and
+<!-- libdatawarp:end -->. In one `spillway run` job (a one-machine home, no workload manager),
+a C program linked with libdatawarp (built from libdatawarp/ for the run):
+
+  (a) writes a --size-mib checkpoint into $DW_JOB_STRIPED (fsync'd, not timed);
+  (b) stages it out with dw_stage_file_out(..., DW_STAGE_IMMEDIATE) and waits with
+      dw_wait_file_stage: the time of the call alone (the request is recorded and the job
+      goes on) and until the copy is on the PFS (the stage worker fsyncs it, DataWarp's rule);
+  (c) copies the same file with cp, and with cp then sync FILE (the same durability as (b));
+  (d) calls dw_query_file_stage --queries times on the staged file: its latency.
+
+(b) and (c) alternate, --runs times each, each after a drop of the page cache (as root), so
+that every copy reads the checkpoint from the disk; medians are reported. The PFS stand-in and the
+pool's SSD path are directories of the same file system (--dir).
+
+Usage: sudo python3 bench/libdatawarp_bench.py [--binary bin/spillway] [--size-mib 1024]
+                                               [--runs 3] [--queries 50] [--dir DIR] [--no-write]
+Needs cc, make, and a built binary (scripts/install-deps builds it).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from benchmarks_md import write_section
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROGRAM = r"""
+#define _GNU_SOURCE
+#include <datawarp.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+/* drop the page cache (as root): every copy reads the checkpoint from the disk */
+static void drop(void) { sync(); int fd = open("/proc/sys/vm/drop_caches", O_WRONLY); if (fd >= 0) { if (write(fd, "3", 1) < 0) {} close(fd); } }
+static void must(int rc, const char *what) { if (rc != 0) { fprintf(stderr, "%s: %s\n", what, strerror(-rc)); exit(1); } }
+
+int main(int argc, char **argv)
+{
+	long mib = atol(argv[1]), i;
+	int runs = atoi(argv[3]), queries = atoi(argv[4]), r;
+	const char *pfs = argv[2], *bb = getenv("DW_JOB_STRIPED");
+	char src[4096], dst[4096], cmd[16384];
+	static char chunk[1 << 20];
+	memset(chunk, 'c', sizeof(chunk));
+	snprintf(src, sizeof(src), "%sckpt", bb);
+	int fd = open(src, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+	for (i = 0; i < mib; i++)
+		if (write(fd, chunk, sizeof(chunk)) != (ssize_t)sizeof(chunk)) { perror("write"); return 1; }
+	fsync(fd);
+	close(fd);
+	printf("{\"runs\": [");
+	for (r = 0; r < runs; r++) {
+		double t0, call, api, cp, cpsync;
+		snprintf(dst, sizeof(dst), "%s/ckpt.api", pfs);
+		drop();
+		t0 = now();
+		must(dw_stage_file_out(src, dst, DW_STAGE_IMMEDIATE), "dw_stage_file_out");
+		call = now() - t0;
+		must(dw_wait_file_stage(src), "dw_wait_file_stage");
+		api = now() - t0;
+		snprintf(cmd, sizeof(cmd), "cp %s %s/ckpt.cp", src, pfs);
+		drop();
+		t0 = now();
+		if (system(cmd) != 0) return 1;
+		cp = now() - t0;
+		snprintf(cmd, sizeof(cmd), "rm -f %s/ckpt.cp", pfs);
+		if (system(cmd) != 0) return 1;
+		snprintf(cmd, sizeof(cmd), "cp %s %s/ckpt.cp && sync %s/ckpt.cp", src, pfs, pfs);
+		drop();
+		t0 = now();
+		if (system(cmd) != 0) return 1;
+		cpsync = now() - t0;
+		printf("%s{\"call\": %.6f, \"api\": %.6f, \"cp\": %.6f, \"cp_sync\": %.6f}", r ? ", " : "", call, api, cp, cpsync);
+		snprintf(cmd, sizeof(cmd), "rm -f %s/ckpt.api %s/ckpt.cp", pfs, pfs);
+		if (system(cmd) != 0) return 1;
+	}
+	printf("], \"query\": [");
+	for (r = 0; r < queries; r++) {
+		int c, p, d, f;
+		double t0 = now();
+		must(dw_query_file_stage(src, &c, &p, &d, &f), "dw_query_file_stage");
+		printf("%s%.6f", r ? ", " : "", now() - t0);
+	}
+	printf("]}\n");
+	return 0;
+}
+"""
+
+
+def run(*cmd, **kw):
+    return subprocess.run(list(cmd), check=True, capture_output=True, text=True, **kw)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "bin", "spillway"))
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--queries", type=int, default=50)
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temporary one under /var/tmp)")
+    ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    a = ap.parse_args()
+    if not os.access(a.binary, os.X_OK):
+        sys.exit(f"{a.binary} not found: run scripts/install-deps first")
+    for tool in ("cc", "make"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found")
+    binary = os.path.abspath(a.binary)
+    work = a.dir or tempfile.mkdtemp(prefix="spillway-libdw-bench-", dir="/var/tmp")
+    home, pfs, build = (os.path.join(work, d) for d in ("home", "pfs", "build"))
+    for d in (home, pfs, build):
+        os.makedirs(d, exist_ok=True)
+    try:
+        for f in ("Makefile", "datawarp.c", "datawarp.h", "cray-datawarp.pc.in"):
+            shutil.copy(os.path.join(ROOT, "libdatawarp", f), build)
+        prefix = os.path.join(work, "prefix")
+        run("make", "-s", "-C", build, f"PREFIX={prefix}", "LDCONFIG=true", "install")
+        src = os.path.join(work, "bench.c")
+        with open(src, "w") as f:
+            f.write(PROGRAM)
+        prog = os.path.join(work, "bench")
+        run("cc", "-O2", "-o", prog, src, f"-I{prefix}/include", f"-L{prefix}/lib", "-ldatawarp", f"-Wl,-rpath,{prefix}/lib")
+        gib = a.size_mib // 1024 + 2
+        with open(os.path.join(home, "spillway.toml"), "w") as f:
+            f.write(f"""[controller]
+state_dir = "{home}/state"
+socket = "{home}/controller.sock"
+mount_root = "{home}/mounts"
+[agent]
+pool = "wlm_pool"
+ssd_path = "{home}/ssd"
+capacity = "{gib + 1}GiB"
+[client]
+controller = "unix:{home}/controller.sock"
+[stage]
+allow_root = true
+""")
+        job = os.path.join(work, "job.sh")
+        with open(job, "w") as f:
+            f.write(f"#!/bin/sh\n#DW jobdw type=scratch access_mode=striped capacity={gib}GiB\n"
+                    f"exec {prog} {a.size_mib} {pfs} {a.runs} {a.queries}\n")
+        os.chmod(job, 0o755)
+        env = dict(os.environ, SPILLWAY_HOME=home, SPILLWAY_BIN=binary)
+        out = subprocess.run([binary, "run", "--quiet", job], env=env, capture_output=True, text=True)
+        subprocess.run([binary, "home", "stop", "--force"], env=env, capture_output=True)
+        if out.returncode != 0:
+            sys.exit(f"the job failed:\n{out.stdout}\n{out.stderr}")
+        data = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        if not a.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    med = {k: statistics.median(r[k] for r in data["runs"]) for k in ("call", "api", "cp", "cp_sync")}
+    q = sorted(data["query"])
+    p90 = q[min(len(q) - 1, int(len(q) * 0.9))]
+    size = f"{a.size_mib} MiB" if a.size_mib % 1024 else f"{a.size_mib // 1024} GiB"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = f"""## libdatawarp: a checkpoint staged out through the API
+
+Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with `python3 bench/libdatawarp_bench.py` (one `spillway run` job, a one-machine home; the PFS stand-in and the pool's SSD path on the same file system). Medians of {a.runs} runs, alternating, each copy after a drop of the page cache.
+
+| figure | time | ratio to `cp` + `sync` |
+|---|---:|---:|
+| `dw_stage_file_out` of a {size} checkpoint, the call alone (the job goes on) | {med['call'] * 1000:.0f} ms | |
+| the same, until `dw_wait_file_stage` returns (the copy is on the PFS, fsync'd) | {med['api']:.3f} s | {med['cp_sync'] / med['api']:.2f} |
+| `cp` of the same file in the same job | {med['cp']:.3f} s | |
+| `cp` then `sync FILE` (the same durability) | {med['cp_sync']:.3f} s | 1.00 |
+| `dw_query_file_stage`, median of {len(q)} (90th percentile) | {statistics.median(q) * 1000:.1f} ms ({p90 * 1000:.1f} ms) | |
+
+Ratio = the baseline's time / the API's (1.00 = as fast as `cp` + `sync`). `cp` in the job reads the checkpoint through the job's FUSE mount; the stage worker reads it on the storage node, beside the mount. Each libdatawarp call runs `spillway dwcli stage --json` (the binary starts, finds the mount, asks the controller over its Unix socket): that is most of a query's and a call's time. The copy itself is the stage worker's, as the job's user, with DataWarp's fsync of the file.
+"""
+    print(text)
+    if not a.no_write:
+        write_section("libdatawarp", text)
+
+
+if __name__ == "__main__":
+    main()

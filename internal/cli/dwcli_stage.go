@@ -1,0 +1,249 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/instage"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
+)
+
+const dwcliStageUsage = `Usage: dwcli stage in  [--type file|directory] DW_PATH PFS_PATH
+       dwcli stage in  --type list DW_DIRECTORY PFS_FILE...
+       dwcli stage out [--type file|directory] [--when WHEN] DW_PATH [PFS_PATH]
+       dwcli stage out --type list [--when WHEN] PFS_DIRECTORY DW_FILE...
+       dwcli stage query PATH...
+       dwcli stage wait [--timeout DURATION] PATH...
+       dwcli stage terminate PATH...
+       dwcli stage list --failed PATH
+       dwcli stage accounting PATH
+
+Stage your own job's files while it runs, as libdatawarp's dw_stage_* calls do
+(docs/libdatawarp.md). Paths are burst buffer paths as the job sees them
+($DW_JOB_STRIPED/...); the mount, the session and the controller are found from them.
+
+  in          copy from the PFS into the burst buffer now
+  out         copy from the burst buffer to the PFS; --when:
+                immediate   now (the default)
+                at_job_end  when the job ends, before the burst buffer is released
+                revoke      forget an at_job_end stage-out of the path (PFS_PATH not needed)
+                activate    run an at_job_end stage-out of the path now
+  query       count the stages of the paths: complete, pending, deferred, failed
+  wait        until no stage of the paths is waiting or running (an error if one failed)
+  terminate   stop the paths' waiting and running stages
+  list        --failed: the failed stages under PATH
+  accounting  DataWarp's accounting JSON of the instance holding PATH (what Spillway counts)
+
+--type defaults to directory when the source is a directory, else file.
+--json prints one JSON object, {"errno": 0, ...} or {"errno": N, "error": "..."}, and exits
+with status N (the errno libdatawarp returns, negated): the machine interface libdatawarp uses.
+`
+
+// dwcliStageMain runs `dwcli stage ...`.
+func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("dwcli stage", dwcliStageUsage, stderr)
+	var conn connection
+	conn.flags(fs, true)
+	typ := fs.String("type", "", "file, directory or list")
+	when := fs.String("when", lifecycle.WhenImmediate, "stage out: immediate, at_job_end, revoke or activate")
+	asJSON := fs.Bool("json", false, "print JSON and exit with the errno")
+	timeout := fs.Duration("timeout", 0, "wait: give up after this long (0: never)")
+	failed := fs.Bool("failed", false, "list: the failed stages")
+	if len(args) == 0 {
+		fmt.Fprint(stdout, dwcliStageUsage)
+		return 64
+	}
+	if code, ok := parseInterspersed(fs, args, stdout); !ok {
+		if *asJSON || hasJSON(args) {
+			return jsonOut(stdout, nil, errorfErrno(syscall.EINVAL, "bad command line; see dwcli stage --help"))
+		}
+		return code
+	}
+	words := fs.Args()
+	verb := ""
+	if len(words) > 0 {
+		verb, words = words[0], words[1:]
+	}
+	finish := func(extra map[string]any, err error) int {
+		if *asJSON {
+			return jsonOut(stdout, extra, err)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "dwcli stage %s: %v\n", verb, err)
+			return 1
+		}
+		return 0
+	}
+	usage := func(msg string) int {
+		if *asJSON {
+			return jsonOut(stdout, nil, errorfErrno(syscall.EINVAL, "%s", msg))
+		}
+		fmt.Fprintf(stderr, "dwcli stage %s: %s\n\n%s", verb, msg, dwcliStageUsage)
+		return 64
+	}
+	switch verb {
+	case "in", "out", "query", "wait", "terminate", "list", "accounting":
+	default:
+		return usage(fmt.Sprintf("unknown verb %q: expected in, out, query, wait, terminate or list", verb))
+	}
+	conn.lookOnly = true // staging never creates a home: the job's must exist
+	ctx := context.Background()
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+	st := &instage.Stager{Dial: func() (*apiclient.Client, error) {
+		sess, err := conn.connect(false, quietLogger(stderr))
+		if err != nil {
+			return nil, err
+		}
+		return sess.client, nil
+	}}
+	switch verb {
+	case "in":
+		if *typ == model.StageList {
+			if len(words) < 2 {
+				return usage("give the burst buffer directory and at least one PFS file")
+			}
+			return finish(nil, st.StageInList(ctx, words[0], words[1:]))
+		}
+		if len(words) != 2 {
+			return usage("give DW_PATH and PFS_PATH")
+		}
+		return finish(nil, st.StageIn(ctx, orType(*typ, words[1]), words[0], words[1]))
+	case "out":
+		if *typ == model.StageList {
+			if len(words) < 2 {
+				return usage("give the PFS directory and at least one burst buffer file")
+			}
+			return finish(nil, st.StageOutList(ctx, *when, words[1:], words[0]))
+		}
+		needPFS := *when != lifecycle.WhenRevoke && *when != lifecycle.WhenActivate
+		if len(words) < 1 || len(words) > 2 || needPFS && len(words) != 2 {
+			return usage("give DW_PATH and PFS_PATH (PFS_PATH only for --when immediate or at_job_end)")
+		}
+		pfs := ""
+		if len(words) == 2 {
+			pfs = words[1]
+		}
+		return finish(nil, st.StageOut(ctx, orType(*typ, words[0]), *when, words[0], pfs))
+	case "query":
+		c, found, err := st.Query(ctx, words)
+		if err != nil {
+			return finish(nil, err)
+		}
+		if *asJSON {
+			return jsonOut(stdout, map[string]any{"complete": c.Complete, "pending": c.Pending, "deferred": c.Deferred, "failed": c.Failed, "stages": nonNil(found)}, nil)
+		}
+		fmt.Fprintf(stdout, "complete %d  pending %d  deferred %d  failed %d\n", c.Complete, c.Pending, c.Deferred, c.Failed)
+		for _, f := range found {
+			line := fmt.Sprintf("  %-9s %-3s %-9s %s", f.Status, f.Direction, f.Type, f.Path)
+			if f.PFSPath != "" {
+				line += " <-> " + f.PFSPath
+			}
+			if f.Error != "" {
+				line += ": " + f.Error
+			}
+			fmt.Fprintln(stdout, line)
+		}
+		return 0
+	case "wait":
+		return finish(nil, st.Wait(ctx, words, 10*time.Millisecond))
+	case "terminate":
+		n, err := st.Terminate(ctx, words)
+		if err == nil && !*asJSON {
+			fmt.Fprintf(stdout, "%d stage(s) terminated\n", n)
+		}
+		return finish(map[string]any{"terminated": n}, err)
+	case "accounting":
+		if len(words) != 1 {
+			return usage("give one PATH")
+		}
+		acct, err := st.Accounting(ctx, words[0])
+		if err != nil || *asJSON {
+			return finish(acct, err)
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(acct)
+		return 0
+	case "list":
+		if !*failed || len(words) != 1 {
+			return usage("give --failed and one PATH")
+		}
+		fails, err := st.Failed(ctx, words[0])
+		if err != nil || *asJSON {
+			return finish(map[string]any{"failed": fails}, err)
+		}
+		for _, f := range fails {
+			fmt.Fprintf(stdout, "%s: %s\n", f.Path, f.Error)
+		}
+		return 0
+	}
+	return 64
+}
+
+// orType is the type given, else directory when source is a directory, else file.
+func orType(typ, source string) string {
+	if typ != "" {
+		return typ
+	}
+	if fi, err := os.Stat(source); err == nil && fi.IsDir() {
+		return model.StageDir
+	}
+	return model.StageFile
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func hasJSON(args []string) bool {
+	for _, a := range args {
+		if a == "--json" || a == "-json" {
+			return true
+		}
+	}
+	return false
+}
+
+func errorfErrno(errno syscall.Errno, format string, args ...any) error {
+	return &instage.Error{Errno: errno, Msg: fmt.Sprintf(format, args...)}
+}
+
+// jsonOut prints the machine answer and returns the exit status: the errno (0 on success).
+func jsonOut(w io.Writer, extra map[string]any, err error) int {
+	out := map[string]any{}
+	for k, v := range extra {
+		out[k] = v
+	}
+	errno := instage.ErrnoOf(err)
+	out["errno"] = int(errno)
+	if err != nil {
+		out["error"] = err.Error()
+		var e *instage.Error
+		if !errors.As(err, &e) {
+			out["error"] = strings.TrimSpace(err.Error())
+		}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(out)
+	if errno > 255 {
+		return 255
+	}
+	return int(errno)
+}

@@ -1,0 +1,379 @@
+package lifecycle
+
+import (
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/model"
+)
+
+// In-job stages are the ones a job asks for while it runs, through libdatawarp's dw_stage_*
+// calls or `dwcli stage`: DataWarp's stage API (docs/libdatawarp.md). Each names a file or a
+// directory by its DW path; a path has at most one in-job stage record (a newer request
+// replaces an ended one), and at most one active stage.
+
+// When an in-job stage runs: DataWarp's enum dw_stage_type.
+const (
+	WhenImmediate = "immediate"  // DW_STAGE_IMMEDIATE: now
+	WhenAtJobEnd  = "at_job_end" // DW_STAGE_AT_JOB_END: deferred, run when the job ends
+	WhenRevoke    = "revoke"     // DW_REVOKE_STAGE_AT_JOB_END: forget a deferred stage-out
+	WhenActivate  = "activate"   // DW_ACTIVATE_DEFERRED_STAGE: run a deferred stage-out now
+)
+
+// MaxInJobStages bounds the stage records a session's job may hold (one per path): each is a
+// row of the controller's state.
+const MaxInJobStages = 100000
+
+// InJobStage is one in-job stage request.
+type InJobStage struct {
+	Direction string `json:"direction"`          // in | out
+	Type      string `json:"type"`               // file | directory
+	When      string `json:"when,omitempty"`     // immediate (default), at_job_end, revoke, activate
+	DWVar     string `json:"dw_var"`             // the variable of the mount the path is under
+	DWPath    string `json:"dw_path"`            // inside the namespace, starting with "/"
+	PFSPath   string `json:"pfs_path,omitempty"` // absolute; ignored for revoke and activate
+}
+
+// InJobCounts are DataWarp's stage counts (dw_query_*_stage): pending counts waiting and
+// running stages.
+type InJobCounts struct {
+	Complete int `json:"complete"`
+	Pending  int `json:"pending"`
+	Deferred int `json:"deferred"`
+	Failed   int `json:"failed"`
+}
+
+// stageVarPath splits a stage's DW path "$VAR/rest" into its variable and its path.
+func stageVarPath(st *model.Stage) (string, string, bool) {
+	rest, ok := strings.CutPrefix(st.DWPath, "$")
+	if !ok {
+		return "", "", false
+	}
+	v, p, found := strings.Cut(rest, "/")
+	if !found {
+		return v, "/", true
+	}
+	return v, path.Clean("/" + p), true
+}
+
+// checkDWPath refuses a namespace path that is not absolute and clean.
+func checkDWPath(field, p string) error {
+	if p == "" || !strings.HasPrefix(p, "/") || path.Clean(p) != p {
+		return userErr("%s %q: must start with / and contain no . or .. components (a path inside the instance)", field, p)
+	}
+	return nil
+}
+
+// ApplyInJobStages records a job's in-job stage requests, all or none. A request for a path
+// whose stage is waiting or running is refused with ErrBusy (DataWarp: one active stage per
+// file); revoke and activate need a deferred stage-out of the path.
+func ApplyInJobStages(w *World, token string, reqs []InJobStage, ids IDSource, now time.Time) error {
+	s, err := liveSession(w, token, "stage")
+	if err != nil {
+		return err
+	}
+	if len(reqs) == 0 {
+		return userErr("stage: no stage requests given")
+	}
+	held := 0
+	for _, st := range w.StagesOf(s.ID) {
+		if st.InJob {
+			held++
+		}
+	}
+	if held+len(reqs) > MaxInJobStages {
+		return userErr("stage: session %s has %d stages of its own, and %d more would pass the limit of %d; stage directories rather than their files one by one",
+			s.Token, held, len(reqs), MaxInJobStages)
+	}
+	seen := map[string]bool{}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.When == "" {
+			r.When = WhenImmediate
+		}
+		switch r.Direction {
+		case model.StageIn, model.StageOut:
+		default:
+			return userErr("stage: direction %q: expected in or out", r.Direction)
+		}
+		switch r.Type {
+		case model.StageFile, model.StageDir:
+		default:
+			return userErr("stage: type %q: expected file or directory (a list is staged as its files)", r.Type)
+		}
+		switch r.When {
+		case WhenImmediate:
+		case WhenAtJobEnd, WhenRevoke, WhenActivate:
+			if r.Direction != model.StageOut {
+				return userErr("stage in: when=%s applies to stage-outs only; a stage-in is immediate", r.When)
+			}
+			if r.When == WhenAtJobEnd && s.Persistent {
+				return userErr("stage out when=at_job_end: session %s is a persistent instance, not a job; it has no job end", s.Token)
+			}
+		default:
+			return userErr("stage: when %q: expected immediate, at_job_end, revoke or activate", r.When)
+		}
+		if err := checkDWPath("dw_path", r.DWPath); err != nil {
+			return err
+		}
+		if r.When == WhenImmediate || r.When == WhenAtJobEnd {
+			if !path.IsAbs(r.PFSPath) {
+				return userErr("stage: pfs_path %q is not an absolute path", r.PFSPath)
+			}
+			r.PFSPath = path.Clean(r.PFSPath)
+		} else {
+			r.PFSPath = ""
+		}
+		key := r.DWVar + r.DWPath
+		if seen[key] {
+			return userErr("stage: $%s%s is named twice in one request; a file has one stage at a time", r.DWVar, r.DWPath)
+		}
+		seen[key] = true
+	}
+	for _, r := range reqs {
+		if err := applyInJob(w, s, r, ids); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func applyInJob(w *World, s *model.Session, r InJobStage, ids IDSource) error {
+	cfg, err := configForVar(w, s, r.DWVar)
+	if err != nil {
+		return userErr("stage: %v", err)
+	}
+	if cfg.AccessMode == model.AccessLoadbalance && r.Direction == model.StageIn {
+		return userErr("stage in $%s%s: a loadbalance instance is read-only once mounted; stage in before the job starts", r.DWVar, r.DWPath)
+	}
+	ns := w.NamespaceFor(cfg, "")
+	if ns == nil {
+		return userErr("stage: the instance of $%s has no namespace", r.DWVar)
+	}
+	dwPath := "$" + r.DWVar + r.DWPath
+	display := "$" + r.DWVar + r.DWPath
+	var same []*model.Stage
+	for _, st := range w.StagesOf(s.ID) {
+		if st.InJob && st.DWPath == dwPath {
+			same = append(same, st)
+		}
+	}
+	switch r.When {
+	case WhenRevoke, WhenActivate:
+		var deferred *model.Stage
+		for _, st := range same {
+			if st.Status == model.StageDeferred {
+				deferred = st
+			}
+		}
+		if deferred == nil {
+			return userErr("stage out %s: %s: there is no deferred (at_job_end) stage-out of this path", display, r.When)
+		}
+		if r.When == WhenRevoke {
+			w.remove(KindStage, deferred.ID)
+			return nil
+		}
+		deferred.Status, deferred.State = model.StagePending, model.Creating()
+		w.put(deferred)
+		return nil
+	}
+	for _, st := range same {
+		if st.Status == model.StagePending || st.Status == model.StageRunning {
+			return fmt.Errorf("%w: %s is being staged (%s); wait for it (dw_wait_file_stage, dwcli stage wait) or terminate it first", ErrBusy, display, st.Status)
+		}
+	}
+	for _, st := range same { // ended or deferred: the new request replaces it
+		w.remove(KindStage, st.ID)
+	}
+	id, err := ids.NewID(KindStage)
+	if err != nil {
+		return err
+	}
+	status := model.StagePending
+	if r.When == WhenAtJobEnd {
+		status = model.StageDeferred
+	}
+	w.put(&model.Stage{
+		ID: id, SessionID: s.ID, ConfigurationID: cfg.ID, NamespaceID: ns.ID,
+		Direction: r.Direction, Type: r.Type, PFSPath: r.PFSPath, DWPath: dwPath,
+		Status: status, State: model.Creating(), InJob: true,
+		Protect: r.Direction == model.StageOut && r.Type == model.StageFile,
+	})
+	return nil
+}
+
+// covers reports whether a stage concerns the path p of variable v: the stage's path is p or
+// lies under it, or the stage is a directory stage holding p.
+func covers(st *model.Stage, v, p string) bool {
+	sv, sp, ok := stageVarPath(st)
+	if !ok || sv != v {
+		return false
+	}
+	if sp == p || p == "/" || strings.HasPrefix(sp, p+"/") {
+		return true
+	}
+	return st.Type == model.StageDir && (sp == "/" || strings.HasPrefix(p, sp+"/"))
+}
+
+// QueryInJob counts the session's stages that concern the path (covers) and returns them.
+// Canceled stages (terminated, or by teardown) count in no state.
+func QueryInJob(w *World, token, v, p string) (InJobCounts, []*model.Stage, error) {
+	var c InJobCounts
+	s := w.SessionByToken(token)
+	if s == nil {
+		return c, nil, ErrNoSession
+	}
+	if err := checkDWPath("path", p); err != nil {
+		return c, nil, err
+	}
+	var found []*model.Stage
+	for _, st := range w.StagesOf(s.ID) {
+		if st.Type == model.StageList || !covers(st, v, p) {
+			continue
+		}
+		found = append(found, st)
+		switch st.Status {
+		case model.StageComplete:
+			c.Complete++
+		case model.StagePending, model.StageRunning:
+			c.Pending++
+		case model.StageDeferred:
+			c.Deferred++
+		case model.StageFailed:
+			c.Failed++
+		}
+	}
+	return c, found, nil
+}
+
+// ApplyTerminate stops the session's in-job stages that concern the path and have not ended
+// (deferred ones stay: revoke them): waiting ones end canceled now, running ones when their
+// worker has stopped. It returns how many it stops; a path with no in-job stage at all is a
+// user error (DataWarp's -EINVAL).
+func ApplyTerminate(w *World, token, v, p string, now time.Time) (int, error) {
+	s, err := liveSession(w, token, "terminate")
+	if err != nil {
+		return 0, err
+	}
+	if err := checkDWPath("path", p); err != nil {
+		return 0, err
+	}
+	any, n := false, 0
+	for _, st := range w.StagesOf(s.ID) {
+		if !st.InJob || !covers(st, v, p) {
+			continue
+		}
+		any = true
+		switch st.Status {
+		case model.StagePending:
+			st.Status, st.Error, st.Finished, st.Terminate = model.StageCanceled, terminatedMsg, now, true
+			st.State.Transitioning = false
+			w.put(st)
+			n++
+		case model.StageRunning:
+			if !st.Terminate {
+				st.Terminate = true
+				w.put(st)
+			}
+			n++
+		}
+	}
+	if !any {
+		return 0, userErr("terminate $%s%s: nothing was staged there by the job", v, p)
+	}
+	return n, nil
+}
+
+const terminatedMsg = "terminated by the job (dw_terminate_*, dwcli stage terminate)"
+
+// cancelMessage is what a canceled stage says: terminated by the job, or by teardown.
+func cancelMessage(st *model.Stage) string {
+	if st.Terminate {
+		return terminatedMsg
+	}
+	return "canceled by teardown"
+}
+
+// activateAtJobEnd turns the job's deferred in-job stage-outs (DW_STAGE_AT_JOB_END) pending:
+// the job has ended (post_run, data_out). They run before the instance is released, as the
+// script's own #DW stage_out; one that failed at the job's end is tried again (data_out
+// again: spillway run --retry-stage-out, Slurm).
+func activateAtJobEnd(w *World, s *model.Session) {
+	for _, st := range w.StagesOf(s.ID) {
+		if !st.InJob {
+			continue
+		}
+		again := st.AtJobEnd && !st.Terminate && (st.Status == model.StageFailed || st.Status == model.StageCanceled)
+		if st.Status == model.StageDeferred || again {
+			st.Status, st.State, st.AtJobEnd = model.StagePending, model.Creating(), true
+			st.Error, st.Attempts, st.FilesDone, st.BytesDone = "", 0, 0, 0
+			w.put(st)
+		}
+	}
+}
+
+// holdsInstance reports whether a stage-out that did not complete keeps the session's
+// instance from being released without hurry: the script's own stage-outs and the job's
+// DW_STAGE_AT_JOB_END ones (deferred, or run at the job's end: nobody else saw them fail);
+// not an in-job stage the job ran while it ran (it was told of the failure: query, wait, the
+// failed-stage walk), nor one it terminated.
+func holdsInstance(st *model.Stage) bool {
+	if !st.InJob {
+		return true
+	}
+	if st.Terminate {
+		return false
+	}
+	return st.Status == model.StageDeferred || st.AtJobEnd
+}
+
+// MountInfo is what a mount path is: the session and the variable naming it.
+type MountInfo struct {
+	Token         string `json:"token"`
+	Session       ID     `json:"session"`
+	Owner         uint32 `json:"owner"`
+	Var           string `json:"var"`
+	Configuration ID     `json:"configuration"`
+	AccessMode    string `json:"access_mode"`
+	Node          string `json:"node"`
+	// Servers and StripeSize are the instance's stripe servers and its stripe size (the
+	// defaults a file's stripe configuration answers).
+	Servers    int    `json:"servers"`
+	StripeSize uint64 `json:"stripe_size"`
+	MaxMDS     bool   `json:"max_mds,omitempty"`
+	Capacity   uint64 `json:"capacity"`
+	Instance   ID     `json:"instance"`
+}
+
+// Locate finds the activation mounted at mount (on node, or on any node when node is ""):
+// what libdatawarp needs to turn a file's path into a session and a DW path.
+func Locate(w *World, mount, node string) (MountInfo, error) {
+	mount = path.Clean(mount)
+	for _, s := range w.SortedSessions() {
+		for _, a := range w.ActivationsOf(s.ID) {
+			if a.MountPath != mount || (node != "" && a.Node != node) {
+				continue
+			}
+			info := MountInfo{Token: s.Token, Session: s.ID, Owner: s.Owner, Configuration: a.ConfigurationID, Node: a.Node}
+			for _, e := range Exposures(w, s) {
+				if e.Config.ID == a.ConfigurationID {
+					info.Var, info.AccessMode, info.MaxMDS = e.Var, e.Config.AccessMode, e.Config.MaxMDS
+					if inst := w.Instances[e.Config.InstanceID]; inst != nil {
+						info.Capacity, info.StripeSize, info.Instance = inst.Capacity, w.StripeSize(inst), inst.ID
+						info.Servers = 1
+						if striped(w, e.Config) {
+							info.Servers = len(w.FragmentsOf(inst.ID))
+						}
+					}
+				}
+			}
+			if info.Var == "" {
+				continue
+			}
+			return info, nil
+		}
+	}
+	return MountInfo{}, ErrNoSession
+}

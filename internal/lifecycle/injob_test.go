@@ -1,0 +1,245 @@
+package lifecycle
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/model"
+)
+
+// runningJob sets up job 9 on one server and mounts it on cn1.
+func runningJob(t *testing.T) *harness {
+	h := newHarness(t, "ssd1")
+	h.must(ApplySetup(h.w, jobSetup("9", 1<<30), h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "9", []string{"cn1"}, h, h.p))
+	h.settle()
+	return h
+}
+
+func out(when, p, pfs string) InJobStage {
+	return InJobStage{Direction: model.StageOut, Type: model.StageFile, When: when, DWVar: VarJobStriped, DWPath: p, PFSPath: pfs}
+}
+
+func (h *harness) counts(p string) InJobCounts {
+	h.t.Helper()
+	c, _, err := QueryInJob(h.w, "9", VarJobStriped, p)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return c
+}
+
+func TestInJobImmediateStageRunsWhileTheJobRuns(t *testing.T) {
+	h := runningJob(t)
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out("", "/ckpt/1", "/pfs/1")}, h, h.now))
+	if c := h.counts("/ckpt/1"); c != (InJobCounts{Pending: 1}) {
+		t.Fatalf("just asked: %+v", c)
+	}
+	st := h.w.Stages[1]
+	if !st.InJob || !st.Protect || st.DWPath != "$DW_JOB_STRIPED/ckpt/1" || st.Status != model.StagePending {
+		t.Fatalf("stage record: %+v", st)
+	}
+	h.settle()
+	if c := h.counts("/ckpt/1"); c != (InJobCounts{Complete: 1}) {
+		t.Fatalf("after the run: %+v", c)
+	}
+	if c := h.counts("/ckpt"); c != (InJobCounts{Complete: 1}) {
+		t.Fatalf("the directory holding it: %+v", c)
+	}
+	if c := h.counts("/other"); c != (InJobCounts{}) {
+		t.Fatalf("another path: %+v", c)
+	}
+	if s := h.w.SessionByToken("9"); s.Phase != PhasePreRun {
+		t.Fatalf("an in-job stage must not change the session's phase: %s", s.Phase)
+	}
+	// Staging the same file again replaces the record (a second stage-out copies new content).
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out("", "/ckpt/1", "/pfs/1b")}, h, h.now))
+	if n := len(h.w.StagesOf(h.w.SessionByToken("9").ID)); n != 1 {
+		t.Fatalf("one record per path: %d", n)
+	}
+}
+
+func TestInJobBusyAndBadRequests(t *testing.T) {
+	h := runningJob(t)
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out("", "/a", "/pfs/a")}, h, h.now))
+	err := ApplyInJobStages(h.w, "9", []InJobStage{out("", "/a", "/pfs/a2")}, h, h.now)
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("a second stage of a file being staged: %v", err)
+	}
+	for _, c := range []struct {
+		req  InJobStage
+		want string
+	}{
+		{out("", "a", "/pfs/a"), "must start with /"},
+		{out("", "/a/../b", "/pfs/a"), "no . or .."},
+		{out("", "/b", "pfs/b"), "not an absolute path"},
+		{out("sometime", "/b", "/pfs/b"), "expected immediate, at_job_end"},
+		{out(WhenRevoke, "/nothing", ""), "no deferred"},
+		{InJobStage{Direction: "in", Type: "file", When: WhenAtJobEnd, DWVar: VarJobStriped, DWPath: "/x", PFSPath: "/p"}, "stage-outs only"},
+		{InJobStage{Direction: "out", Type: "list", DWVar: VarJobStriped, DWPath: "/x", PFSPath: "/p"}, "expected file or directory"},
+		{InJobStage{Direction: "out", Type: "file", DWVar: "DW_JOB_PRIVATE", DWPath: "/x", PFSPath: "/p"}, "private"},
+	} {
+		err := ApplyInJobStages(h.w, "9", []InJobStage{c.req}, h, h.now)
+		var ue *UserError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: got %v, want a user error with %q", c.req, err, c.want)
+		}
+	}
+	if _, _, err := QueryInJob(h.w, "nosuch", VarJobStriped, "/a"); !errors.Is(err, ErrNoSession) {
+		t.Fatalf("unknown token: %v", err)
+	}
+}
+
+// Checkpoint rotation as libhio does it: the newest at job end, the previous revoked.
+func TestInJobCheckpointRotation(t *testing.T) {
+	h := runningJob(t)
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenAtJobEnd, "/ckpt.1", "/pfs/ckpt.1")}, h, h.now))
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenAtJobEnd, "/ckpt.2", "/pfs/ckpt.2")}, h, h.now))
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenRevoke, "/ckpt.1", "")}, h, h.now))
+	h.settle()
+	if c := h.counts("/"); c != (InJobCounts{Deferred: 1}) {
+		t.Fatalf("during the job only ckpt.2 is deferred: %+v", c)
+	}
+	if err := ApplyTeardown(h.w, "9", false); err == nil || !strings.Contains(err.Error(), "never run") {
+		t.Fatalf("a teardown before the job end would lose the deferred stage-out: %v", err)
+	}
+	var started []string
+	h.stageResult = func(e Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+	}
+	h.must(ApplyPostRun(h.w, "9"))
+	for _, st := range h.w.Stages {
+		if st.Status == model.StagePending {
+			started = append(started, st.PFSPath)
+		}
+	}
+	if len(started) != 1 || started[0] != "/pfs/ckpt.2" {
+		t.Fatalf("at the job's end exactly ckpt.2 runs: %v", started)
+	}
+	h.settle()
+	if st := h.status("9", PhaseDataOut); !st.Done || st.Failed {
+		t.Fatalf("data_out waits for it: %+v", st)
+	}
+	h.must(ApplyTeardown(h.w, "9", false))
+	h.settle()
+	assertEmpty(t, h.w)
+}
+
+func TestInJobActivateAndTerminate(t *testing.T) {
+	h := runningJob(t)
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenAtJobEnd, "/big", "/pfs/big")}, h, h.now))
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenActivate, "/big", "ignored")}, h, h.now))
+	if c := h.counts("/big"); c != (InJobCounts{Pending: 1}) {
+		t.Fatalf("activated: %+v", c)
+	}
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageRunning, BytesDone: 1}
+	}
+	for i := 0; i < 3; i++ {
+		for _, e := range Step(h.w, h.p, h.now) {
+			r := Result{}
+			if e.Op == OpPollStage {
+				r.Stage = h.stageResult(e)
+			}
+			Complete(h.w, e, r, h.p, h.now)
+		}
+		h.w.TakeChanges()
+	}
+	if h.w.Stages[1].Status != model.StageRunning {
+		t.Fatalf("running: %+v", h.w.Stages[1])
+	}
+	n, err := ApplyTerminate(h.w, "9", VarJobStriped, "/big", h.now)
+	if err != nil || n != 1 {
+		t.Fatalf("terminate: %d %v", n, err)
+	}
+	h.w.TakeChanges()
+	var ops []string
+	for _, e := range Step(h.w, h.p, h.now) {
+		ops = append(ops, e.Op)
+		Complete(h.w, e, Result{}, h.p, h.now)
+	}
+	h.w.TakeChanges()
+	if len(ops) != 1 || ops[0] != OpCancelStage {
+		t.Fatalf("terminate of a running stage cancels it on its agent: %v", ops)
+	}
+	if st := h.w.Stages[1]; st.Status != model.StageCanceled || !strings.Contains(st.Error, "terminated by the job") {
+		t.Fatalf("after the cancel: %+v", st)
+	}
+	if c := h.counts("/big"); c != (InJobCounts{}) {
+		t.Fatalf("a terminated stage counts nowhere: %+v", c)
+	}
+	if _, err := ApplyTerminate(h.w, "9", VarJobStriped, "/never", h.now); err == nil {
+		t.Fatal("terminate of a path never staged must fail")
+	}
+	// A stage the job terminated does not keep the instance.
+	h.must(ApplyPostRun(h.w, "9"))
+	h.settle()
+	h.must(ApplyTeardown(h.w, "9", false))
+	h.settle()
+	assertEmpty(t, h.w)
+}
+
+func TestLocate(t *testing.T) {
+	h := runningJob(t)
+	info, err := Locate(h.w, "/mnt/bb/9_striped_scratch/", "cn1")
+	if err != nil || info.Token != "9" || info.Var != VarJobStriped || info.Servers != 1 || info.Owner != 1001 {
+		t.Fatalf("locate: %+v %v", info, err)
+	}
+	if _, err := Locate(h.w, "/mnt/bb/9_striped_scratch", "cn2"); !errors.Is(err, ErrNoSession) {
+		t.Fatalf("not mounted on cn2: %v", err)
+	}
+}
+
+// A failed in-job stage the job saw does not keep the instance; a failed at_job_end one does.
+func TestInJobFailuresAndTheInstance(t *testing.T) {
+	for _, when := range []string{WhenImmediate, WhenAtJobEnd} {
+		t.Run(when, func(t *testing.T) {
+			h := runningJob(t)
+			h.stageResult = func(Effect) agentapi.StageStatus {
+				return agentapi.StageStatus{Known: true, Status: model.StageFailed, Error: "permission denied"}
+			}
+			h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(when, "/r", "/pfs/r")}, h, h.now))
+			h.settle()
+			h.must(ApplyPostRun(h.w, "9"))
+			h.settle()
+			if c := h.counts("/r"); c != (InJobCounts{Failed: 1}) {
+				t.Fatalf("failed: %+v", c)
+			}
+			err := ApplyTeardown(h.w, "9", false)
+			if when == WhenImmediate && err != nil {
+				t.Fatalf("the job saw its immediate stage fail; teardown must go on: %v", err)
+			}
+			if when == WhenAtJobEnd && (err == nil || !strings.Contains(err.Error(), "failed")) {
+				t.Fatalf("a failed at_job_end stage-out keeps the instance: %v", err)
+			}
+		})
+	}
+}
+
+// data_out again (a retry of the stage-out) runs a failed at_job_end stage-out again.
+func TestInJobAtJobEndRetriedByDataOut(t *testing.T) {
+	h := runningJob(t)
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageFailed, Error: "permission denied"}
+	}
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenAtJobEnd, "/r", "/pfs/r")}, h, h.now))
+	h.must(ApplyPostRun(h.w, "9"))
+	h.settle()
+	if st := h.status("9", PhaseDataOut); !st.Done || !st.Failed {
+		t.Fatalf("data_out reports the failure: %+v", st)
+	}
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+	}
+	h.must(ApplyStages(h.w, "9", model.StageOut, nil, h, h.now))
+	h.settle()
+	if st := h.status("9", PhaseDataOut); !st.Done || st.Failed {
+		t.Fatalf("the retry completes: %+v", st)
+	}
+	h.must(ApplyTeardown(h.w, "9", false))
+	h.settle()
+	assertEmpty(t, h.w)
+}
