@@ -116,16 +116,17 @@ func (a *Agent) imagePath(id int64) string {
 	return filepath.Join(a.imagesDir(), strconv.FormatInt(id, 10)+".img")
 }
 
-// checkOwnTree refuses an SSD tree a user could change under the agent: <ssd>/fragment must
-// be a directory of root's that no one else may write.
+// checkOwnTree refuses an SSD tree a user could change under the agent: the SSD path and
+// <ssd>/fragment must be directories of root's that no one else may write.
 func (a *Agent) checkOwnTree() error {
-	path := filepath.Join(a.ssd, "fragment")
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
-		return fmt.Errorf("%s must be a directory owned by root that only root may write (mode %#o, uid %d)", path, st.Mode&0o7777, st.Uid)
+	for _, path := range []string{a.ssd, filepath.Join(a.ssd, "fragment")} {
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
+			return fmt.Errorf("%s must be a directory owned by root that only root may write (mode %#o, uid %d)", path, st.Mode&0o7777, st.Uid)
+		}
 	}
 	return nil
 }

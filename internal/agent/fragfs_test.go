@@ -403,6 +403,15 @@ func TestFragmentFSSetting(t *testing.T) {
 			t.Errorf("xfs-loop without root: %v", err)
 		}
 	}
+	if os.Geteuid() == 0 {
+		// An SSD path others may write: they could swap the directories the agent mounts on.
+		ssd := t.TempDir()
+		os.Chmod(ssd, 0o777)
+		_, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: mib, FragmentFS: FragmentXFSLoop})
+		if err == nil || !strings.Contains(err.Error(), "only root may write") {
+			t.Errorf("xfs-loop on an SSD path mode 0777: %v", err)
+		}
+	}
 	for _, c := range []uint64{0, mib, 1 << 30, 1 << 40, 100 << 40} {
 		if s := imageSize(c); s < c+fragmentHeadroom(c)+160*mib || s < xfsMinImage || s%mib != 0 {
 			t.Errorf("imageSize(%d) = %d", c, s)
