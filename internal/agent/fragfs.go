@@ -157,8 +157,8 @@ func (a *Agent) fragmentMount(id int64) (dev uint64, mounted bool, err error) {
 	if st.Dev == parent.Dev {
 		return 0, false, nil
 	}
-	backing := loopBacking(st.Dev)
-	if backing != a.imagePath(id) {
+	if !loopBackedBy(st.Dev, a.imagePath(id)) {
+		backing := loopBacking(st.Dev)
 		return 0, false, fmt.Errorf("%s is the mount point of device %d:%d (backing file %q), not of the fragment's image %s",
 			dir, unix.Major(st.Dev), unix.Minor(st.Dev), backing, a.imagePath(id))
 	}
@@ -178,7 +178,37 @@ func loopBacking(dev uint64) string {
 	return strings.TrimSuffix(strings.TrimSpace(string(raw)), " (deleted)")
 }
 
-// loopsOf lists the loop devices (/dev/loopN) attached to image.
+// loopBackedBy says whether block device dev is a loop device attached to the very file
+// image (the kernel's record of the backing file's device and inode, LOOP_GET_STATUS64: no
+// path compared, so symbolic links and bind mounts in the SSD path do not matter).
+func loopBackedBy(dev uint64, image string) bool {
+	if unix.Major(dev) != loopMajor {
+		return false
+	}
+	link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(dev), unix.Minor(dev)))
+	if err != nil {
+		return false
+	}
+	return loopDeviceBackedBy("/dev/"+filepath.Base(link), image)
+}
+
+// loopDeviceBackedBy says whether the loop device at path (/dev/loopN) is attached to image.
+func loopDeviceBackedBy(path, image string) bool {
+	var img unix.Stat_t
+	if err := unix.Lstat(image, &img); err != nil {
+		return false
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	return err == nil && info.Device == img.Dev && info.Inode == img.Ino
+}
+
+// loopsOf lists the loop devices (/dev/loopN) attached to image: by the backing file's name
+// (the kernel's, which a removed image keeps with " (deleted)"), or its identity.
 func loopsOf(image string) []string {
 	names, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	var devs []string
@@ -187,8 +217,9 @@ func loopsOf(image string) []string {
 		if err != nil {
 			continue
 		}
-		if strings.TrimSuffix(strings.TrimSpace(string(raw)), " (deleted)") == image {
-			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p))))
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
+		if strings.TrimSuffix(strings.TrimSpace(string(raw)), " (deleted)") == image || loopDeviceBackedBy(dev, image) {
+			devs = append(devs, dev)
 		}
 	}
 	return devs

@@ -46,6 +46,14 @@ func xfsLoopAgent(t *testing.T, ssd string, ids ...int64) *Agent {
 				t.Errorf("cleanup: %v", err)
 			}
 		}
+		// A failed test must not leave file systems (and their loop devices) behind.
+		real, _ := filepath.EvalSymlinks(a.ssd)
+		raw, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(raw), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && real != "" && strings.HasPrefix(f[4], real+"/") {
+				unix.Unmount(f[4], unix.MNT_DETACH)
+			}
+		}
 	})
 	return a
 }
@@ -434,7 +442,8 @@ func needKernelPassthrough(t *testing.T) {
 }
 
 // BenchmarkXFSLoopFragment is the cost of a fragment file system: creating a fragment of
-// 1 GiB (image, mkfs.xfs, loop device, mount, reserve, directories) and deleting it.
+// 1 GiB (image, mkfs.xfs, loop device, mount, reserve, directories) and deleting it, against
+// a directory fragment.
 //
 //	go test -run XXX -bench XFSLoopFragment -benchtime 20x ./internal/agent/
 func BenchmarkXFSLoopFragment(b *testing.B) {
@@ -444,25 +453,58 @@ func BenchmarkXFSLoopFragment(b *testing.B) {
 	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
 		b.Skip("mkfs.xfs is not installed (xfsprogs)")
 	}
+	for _, mode := range []string{FragmentXFSLoop, FragmentDirectory} {
+		b.Run(mode, func(b *testing.B) {
+			ctx := context.Background()
+			a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(b.TempDir(), "ssd"), Capacity: 128 << 30, FragmentFS: mode})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var create, remove time.Duration
+			for i := 0; i < b.N; i++ {
+				id := int64(i + 1)
+				t0 := time.Now()
+				if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: id, InstanceID: id, Capacity: 1 << 30, InstanceCapacity: 1 << 30}); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := a.DeleteFragment(ctx, id); err != nil {
+					b.Fatal(err)
+				}
+				create += t1.Sub(t0)
+				remove += time.Since(t1)
+			}
+			b.ReportMetric(float64(create.Microseconds())/1000/float64(b.N), "create-ms/op")
+			b.ReportMetric(float64(remove.Microseconds())/1000/float64(b.N), "delete-ms/op")
+		})
+	}
+}
+
+// An SSD path reached through a symbolic link: the kernel names the image by its real path,
+// the agent still recognises its fragment's file system (by the image's identity).
+func TestXFSLoopFragmentSymlinkedSSDPath(t *testing.T) {
+	needXFSLoop(t)
 	ctx := context.Background()
-	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(b.TempDir(), "ssd"), Capacity: 128 << 30, FragmentFS: FragmentXFSLoop})
-	if err != nil {
-		b.Fatal(err)
+	base := t.TempDir()
+	if err := os.Mkdir(filepath.Join(base, "real"), 0o700); err != nil {
+		t.Fatal(err)
 	}
-	var create, remove time.Duration
-	for i := 0; i < b.N; i++ {
-		id := int64(i + 1)
-		t0 := time.Now()
-		if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: id, InstanceID: id, Capacity: 1 << 30, InstanceCapacity: 1 << 30}); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		if err := a.DeleteFragment(ctx, id); err != nil {
-			b.Fatal(err)
-		}
-		create += t1.Sub(t0)
-		remove += time.Since(t1)
+	if err := os.Symlink("real", filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
 	}
-	b.ReportMetric(float64(create.Milliseconds())/float64(b.N), "create-ms/op")
-	b.ReportMetric(float64(remove.Milliseconds())/float64(b.N), "delete-ms/op")
+	a := xfsLoopAgent(t, filepath.Join(base, "link", "ssd"), 1)
+	spec := agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 16 * mib, InstanceCapacity: 16 * mib}
+	if err := a.CreateFragment(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateFragment(ctx, spec); err != nil {
+		t.Fatalf("creating it again: %v", err)
+	}
+	if a.fragmentDevice(1) == 0 {
+		t.Error("the fragment's file system is not recognised as its own")
+	}
+	if err := a.DeleteFragment(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitNoLoop(t, filepath.Join(base, "real", "ssd", "fragment", "images", "1.img"))
 }
