@@ -508,3 +508,30 @@ func TestXFSLoopFragmentSymlinkedSSDPath(t *testing.T) {
 	}
 	waitNoLoop(t, filepath.Join(base, "real", "ssd", "fragment", "images", "1.img"))
 }
+
+// mkfs.xfs is bounded by agent.fragment_mkfs_timeout: past it the creation fails, naming
+// the key, and leaves no image; the next try (with time enough) makes the fragment.
+func TestXFSLoopMkfsTimeout(t *testing.T) {
+	needXFSLoop(t)
+	ctx := context.Background()
+	ssd := filepath.Join(t.TempDir(), "ssd")
+	a := xfsLoopAgent(t, ssd, 1)
+	a.opt.FragmentFSLimits.Mkfs = time.Microsecond
+	spec := agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 16 * mib, InstanceCapacity: 16 * mib}
+	err := a.CreateFragment(ctx, spec)
+	if err == nil || !strings.Contains(err.Error(), "agent.fragment_mkfs_timeout") {
+		t.Fatalf("mkfs.xfs with a timeout of 1µs: %v", err)
+	}
+	for _, p := range []string{a.imagePath(1), a.imagePath(1) + ".tmp"} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is left after a timed-out mkfs.xfs (%v)", p, err)
+		}
+	}
+	a.opt.FragmentFSLimits = DefaultFragmentFSLimits()
+	if err := a.CreateFragment(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if _, mounted, _ := a.fragmentMount(1); !mounted {
+		t.Error("the retried creation did not mount the fragment")
+	}
+}
