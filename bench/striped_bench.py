@@ -22,6 +22,7 @@ not preallocate (fallocate=none), as applications writing a checkpoint do not.
 
 Usage: sudo python3 bench/striped_bench.py [--binary bin/spillway] [--size-mib 1024]
                                            [--cap-mbit 800] [--files 2000] [--no-write]
+                                           [--fragment-fs directory|xfs-loop]
 Needs root, iproute2 (ip, tc), util-linux, fio, python3, and a built binary.
 """
 import argparse
@@ -265,6 +266,28 @@ def cap_links(c, mbit, on):
                 subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
 
 
+def raw_xfs_loop(b, work, size_mib):
+    """One stream, 1 MiB, on an XFS made as the agent makes a fragment's (sparse image, mkfs.xfs
+    -K -m reflink=0, loop device with direct I/O): the ceiling of an xfs-loop fragment."""
+    img, mnt = os.path.join(work, "rawxfs.img"), os.path.join(work, "rawxfs")
+    os.makedirs(mnt)
+    with open(img, "w") as f:
+        f.truncate(max(320, 2 * size_mib + 256) << 20)
+    sh("mkfs.xfs", "-q", "-K", "-m", "reflink=0", img)
+    dev = sh("losetup", "--find", "--show", "--direct-io=on", img).stdout.strip()
+    try:
+        sh("mount", "-o", "nodev,nosuid,noexec", dev, mnt)
+        try:
+            os.chown(mnt, NOBODY, NOBODY)
+            w, r = b.seq(None, mnt, "1M", 1)
+            return {"w1": w, "r1": r}
+        finally:
+            sh("umount", mnt)
+    finally:
+        subprocess.run(["losetup", "-d", dev])
+        os.remove(img)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default=os.path.join(ROOT, "bin", "spillway"))
@@ -277,6 +300,9 @@ def main():
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--no-gluster", action="store_true", help="skip the GlusterFS comparison")
     ap.add_argument("--only-gluster", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--fragment-fs", choices=("directory", "xfs-loop"), default="directory",
+                    help="the storage nodes' agent.fragment_filesystem: xfs-loop makes every fragment an XFS "
+                         "on a loop device (needs xfsprogs), so the co-located mount writes through the kernel")
     a = ap.parse_args()
     # A SIGTERM (timeout, kill) still removes the namespaces and daemons (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
@@ -288,6 +314,8 @@ def main():
     for tool in ("ip", "tc", "nsenter", "setpriv", "fio"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found (fio: apt-get install fio)")
+    if a.fragment_fs == "xfs-loop" and not shutil.which("mkfs.xfs"):
+        sys.exit("mkfs.xfs not found: apt-get install xfsprogs (or --fragment-fs directory)")
     binary = os.path.abspath(a.binary)
     work = a.dir or tempfile.mkdtemp(prefix="spillway-striped-bench-", dir="/var/tmp")
     os.chmod(work, 0o755)
@@ -300,13 +328,16 @@ def main():
     results = {}
     try:
         c.netns()
-        c.configs(capacity_gib=8)
+        c.configs(capacity_gib=8, storage_extra=f'fragment_filesystem = "{a.fragment_fs}"\n')
         for name in ("ctl",) + STORAGE + COMPUTE:
             c.start(name)
         print("raw file system …", flush=True)
         results["raw"] = b.all_uncapped(None, raw)
         w, r = b.seq(None, raw, "1M", 1)
         results["raw"]["w1"], results["raw"]["r1"] = w, r
+        if a.fragment_fs == "xfs-loop":
+            print("raw XFS on a loop device (what an xfs-loop fragment is) …", flush=True)
+            results["rawxfs"] = raw_xfs_loop(b, work, a.size_mib)
         if use_gluster:
             g = Gluster(c, work)
             hosts = list(STORAGE[:max(servers)])
@@ -395,9 +426,15 @@ def main():
     colocated = ""
     if co:
         raw = results["raw"]
-        colocated = (f"Co-located (a one-server instance used on its own storage node, one stream, 1 MiB): write "
+        colocated = (f"Co-located (a one-server instance used on its own storage node, one stream, 1 MiB, "
+                     f"fragments as agent.fragment_filesystem = {a.fragment_fs}): write "
                      f"{mb(co['w1'])} MB/s ({co['w1'] / raw['w1']:.2f} of raw), read {mb(co['r1'])} MB/s "
                      f"({co['r1'] / raw['r1']:.2f} of raw).\n\n")
+        rx = results.get("rawxfs")
+        if rx:
+            colocated += (f"Raw XFS on a loop device (as the agent makes a fragment's): write {mb(rx['w1'])} MB/s, read "
+                          f"{mb(rx['r1'])} MB/s; the co-located mount gets {co['w1'] / rx['w1']:.2f} of its writes and "
+                          f"{co['r1'] / rx['r1']:.2f} of its reads.\n\n")
     print("\n" + scaling + "\n\n" + uncapped + "\n\n" + versus + colocated)
     if a.no_write:
         return

@@ -97,7 +97,9 @@ class Cluster:
         return (f'[tls]\ncert_file = "{cert}"\nkey_file = "{key}"\nca_file = "{ca}"\n'
                 f'[warpfs]\ntls = true\n')
 
-    def configs(self, capacity_gib, extra=""):
+    def configs(self, capacity_gib, extra="", storage_extra=""):
+        """Writes every host's configuration: extra goes to every file (after the [[pool]]),
+        storage_extra into the storage nodes' [agent] section (e.g. fragment_filesystem)."""
         w, a = self.work, self.addr
         scheme = "https" if self.tls else "http"
         token = os.path.join(w, "token")
@@ -116,7 +118,7 @@ class Cluster:
                  f'controller = "{scheme}://{a["ctl"]}:7700"\ntoken_file = "{token}"\nheartbeat_interval = "1s"\n')
             if storage:
                 s += (f'pool = "wlm_pool"\nssd_path = "{w}/{name}/ssd"\ncapacity = "{capacity_gib}GiB"\n'
-                      f'data_listen = "{a[name]}:7702"\n')
+                      f'data_listen = "{a[name]}:7702"\n' + storage_extra)
             return s
         self.config = {}
         bodies = {"ctl": common}

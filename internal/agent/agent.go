@@ -65,6 +65,11 @@ type Options struct {
 	RemoteReadahead int
 	// DataTLS is what storage nodes serving warpfs over TLS must prove ([tls] ca_file).
 	DataTLS *tls.Config
+	// FragmentFS is what a new fragment is (agent.fragment_filesystem): FragmentDirectory
+	// ("" too) or FragmentXFSLoop, a file system of its own (fragfs.go).
+	FragmentFS string
+	// FragmentFSLimits bound mkfs.xfs and mount; zero values mean the defaults.
+	FragmentFSLimits FragmentFSLimits
 }
 
 // Agent serves one node.
@@ -120,11 +125,31 @@ func New(opt Options) (*Agent, error) {
 	// capacity and keep loadbalance read-only) and stage workers (handed their namespaces as
 	// open descriptors), never by path — writing there directly would bypass both.
 	os.Chmod(filepath.Join(ssd, "fragment"), 0o700)
+	if err := checkFragmentFS(opt.FragmentFS); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	def := DefaultFragmentFSLimits()
+	if a.opt.FragmentFSLimits.Mkfs <= 0 {
+		a.opt.FragmentFSLimits.Mkfs = def.Mkfs
+	}
+	if a.opt.FragmentFSLimits.Mount <= 0 {
+		a.opt.FragmentFSLimits.Mount = def.Mount
+	}
 	capacity, err := a.decideCapacity(opt.Capacity)
 	if err != nil {
 		return nil, err
 	}
 	a.capacity = capacity
+	if _, err := os.Stat(a.imagesDir()); opt.FragmentFS == FragmentXFSLoop || err == nil {
+		// Loop devices and mounts as root: nothing they are made from may be a user's.
+		if err := a.checkOwnTree(); err != nil {
+			return nil, fmt.Errorf("agent: fragment file systems: %w", err)
+		}
+		if !a.root {
+			return nil, fmt.Errorf("agent: %s holds fragment file systems (images), which only a root agent can mount", a.imagesDir())
+		}
+		a.reattachFragments()
+	}
 	return a, nil
 }
 
@@ -233,7 +258,7 @@ func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64, stri
 		return server.Target{}, err
 	}
 	// statfs of remote mounts then counts what co-located mounts wrote through the kernel.
-	return server.Target{Dir: dir, Tracker: t, ProjectQuota: a.fragmentQuota(fragmentID)}, nil
+	return server.Target{Dir: dir, Tracker: t, ProjectQuota: a.fragmentQuota(fragmentID), FragmentDevice: a.fragmentDevice(fragmentID)}, nil
 }
 
 func (a *Agent) fragmentDir(id int64) string {
@@ -264,7 +289,8 @@ type fragmentMeta struct {
 	InstanceCapacity uint64 `json:"instance_capacity"`
 }
 
-// CreateFragment makes the fragment's directory.
+// CreateFragment makes the fragment's directory, or its file system mounted there
+// (agent.fragment_filesystem = "xfs-loop").
 func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) error {
 	if err := a.requireStorage(); err != nil {
 		return err
@@ -272,11 +298,19 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 	a.fragLock.Lock()
 	defer a.fragLock.Unlock()
 	dir := a.fragmentDir(spec.ID)
-	if err := os.MkdirAll(dir, 0o711); err != nil {
-		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
+	limited := false
+	if a.opt.FragmentFS == FragmentXFSLoop && spec.Capacity > 0 && !a.directoryFragment(spec.ID) {
+		// The file system before anything inside: it holds the fragment to its capacity.
+		if err := a.makeFragmentFS(spec.ID, spec.Capacity); err != nil {
+			return fmt.Errorf("create fragment %d: its file system: %w", spec.ID, err)
+		}
+	} else {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return fmt.Errorf("create fragment %d: %w", spec.ID, err)
+		}
+		// The quota before anything inside: what is created below inherits its project.
+		limited = a.limitFragment(dir, spec)
 	}
-	// The quota before anything inside: what is created below inherits its project.
-	limited := a.limitFragment(dir, spec)
 	for _, sub := range []struct {
 		name string
 		mode os.FileMode
@@ -318,7 +352,7 @@ func (a *Agent) DeleteFragment(ctx context.Context, id int64) error {
 			return fmt.Errorf("delete fragment %d: %w", id, err)
 		}
 	}
-	if err := removeAll(a.fragmentDir(id)); err != nil {
+	if err := a.removeFragmentStorage(id); err != nil {
 		return fmt.Errorf("delete fragment %d: %w", id, err)
 	}
 	a.unlimitFragment(id)
@@ -326,6 +360,27 @@ func (a *Agent) DeleteFragment(ctx context.Context, id int64) error {
 		a.forgetTrackerIfUnused(meta.InstanceID)
 	}
 	return nil
+}
+
+// directoryFragment says whether fragment id is a directory made before the node made file
+// systems of fragments: it stays one.
+func (a *Agent) directoryFragment(id int64) bool {
+	if a.hasImage(id) {
+		return false
+	}
+	_, err := os.Lstat(filepath.Join(a.fragmentDir(id), "fragment.json"))
+	return err == nil
+}
+
+// removeFragmentStorage removes a fragment: its file system (unmounted, detached, its image
+// removed), then its directory.
+func (a *Agent) removeFragmentStorage(id int64) error {
+	if a.hasImage(id) {
+		if err := a.removeFragmentFS(id); err != nil {
+			return err
+		}
+	}
+	return removeAll(a.fragmentDir(id))
 }
 
 func (a *Agent) readFragment(id int64) (*fragmentMeta, error) {
@@ -539,6 +594,7 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 			// The file system enforces the capacity: df counts what it counts, and the kernel
 			// may write the files itself where the mount enforces nothing more (no MFS).
 			ls.ProjectQuota = a.fragmentQuota(spec.FragmentID)
+			ls.FragmentDevice = a.fragmentDevice(spec.FragmentID)
 		}
 	} else {
 		if spec.DataAddress == "" {

@@ -51,7 +51,9 @@ func (a *Agent) Reconcile(ctx context.Context, as agentapi.Assignment, grace tim
 		if !liveFrag[fid] {
 			if olderThan(dir, grace) {
 				a.opt.Log.Info("removing a fragment the controller no longer knows", "fragment", fid)
-				removeAll(dir)
+				if err := a.removeFragmentStorage(fid); err != nil {
+					a.opt.Log.Warn("cannot remove a fragment the controller no longer knows", "fragment", fid, "err", err)
+				}
 			}
 			continue
 		}

@@ -215,6 +215,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		WorkerExe: []string{exe, "stage-worker"}, StageLimits: embedded.StageLimits(cfg), Mount: embedded.MountLimits(cfg), Log: log,
 		Token: token, Warpfs: embedded.WarpfsClientLimits(cfg), WarpfsServer: embedded.WarpfsServerLimits(cfg),
 		RemoteReadahead: int(cfg.Warpfs.Readahead), DataTLS: clientTLS,
+		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: embedded.FragmentFSLimits(cfg),
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)

@@ -173,6 +173,17 @@ type Agent struct {
 	// DataAdvertise is the address compute nodes dial, if not DataListen (e.g. when
 	// DataListen is 0.0.0.0:7702).
 	DataAdvertise string `toml:"data_advertise"`
+	// FragmentFilesystem is what a new fragment is: "directory" (a directory on ssd_path's
+	// file system) or "xfs-loop" (an XFS file system of its own, in a sparse image under
+	// ssd_path on a loop device, mounted at the fragment's directory: it enforces the
+	// capacity itself, so co-located mounts write at the disk's speed). Needs root, loop
+	// devices and xfsprogs.
+	FragmentFilesystem string `toml:"fragment_filesystem"`
+	// FragmentMkfsTimeout bounds one mkfs.xfs of an "xfs-loop" fragment.
+	FragmentMkfsTimeout Duration `toml:"fragment_mkfs_timeout"`
+	// FragmentMountTimeout bounds one mount of an "xfs-loop" fragment's file system, and the
+	// wait for a busy one to unmount before it is detached lazily.
+	FragmentMountTimeout Duration `toml:"fragment_mount_timeout"`
 }
 
 // TLS encrypts and authenticates the HTTP APIs on TCP (the controller's, the agents'): with
@@ -309,11 +320,14 @@ func Defaults() Config {
 			WorkerStderrLimit: Size(16 << 10),
 		},
 		Agent: Agent{
-			SSDPath:           "/var/lib/spillway/ssd",
-			Listen:            "unix:/run/spillway/agent.sock",
-			Controller:        "unix:/run/spillway/controller.sock",
-			HeartbeatInterval: Duration(5 * time.Second),
-			GCGrace:           Duration(2 * time.Minute),
+			SSDPath:              "/var/lib/spillway/ssd",
+			Listen:               "unix:/run/spillway/agent.sock",
+			Controller:           "unix:/run/spillway/controller.sock",
+			HeartbeatInterval:    Duration(5 * time.Second),
+			GCGrace:              Duration(2 * time.Minute),
+			FragmentFilesystem:   "directory",
+			FragmentMkfsTimeout:  Duration(time.Minute),
+			FragmentMountTimeout: Duration(30 * time.Second),
 		},
 		Mount: Mount{
 			ClientCacheTimeout: Duration(1 * time.Second),
@@ -428,6 +442,15 @@ func (c *Config) Validate() error {
 	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))
 	positive("controller.max_sessions", int64(c.Controller.MaxSessions))
 	positive("agent.heartbeat_interval", int64(c.Agent.HeartbeatInterval))
+	positive("agent.fragment_mkfs_timeout", int64(c.Agent.FragmentMkfsTimeout))
+	positive("agent.fragment_mount_timeout", int64(c.Agent.FragmentMountTimeout))
+	switch c.Agent.FragmentFilesystem {
+	case "directory", "xfs-loop":
+	default:
+		problems = append(problems, fmt.Sprintf("agent.fragment_filesystem %q must be \"directory\" (a directory per fragment on ssd_path's file system) "+
+			"or \"xfs-loop\" (an XFS file system per fragment, in an image under ssd_path on a loop device; needs root, loop devices and xfsprogs)",
+			c.Agent.FragmentFilesystem))
+	}
 	positive("client.connect_retries", int64(c.Client.ConnectRetries))
 	positive("client.poll_interval", int64(c.Client.PollInterval))
 	positive("client.step_timeout", int64(c.Client.StepTimeout))

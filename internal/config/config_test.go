@@ -65,6 +65,9 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		"[stage]\nworker_output_limit = \"100\"\n":    "stage.worker_output_limit must be at least 1KiB",
 		"[home]\nidle_timeout = \"0s\"\n":             "home.idle_timeout must be greater than 0",
 		"[home]\nidel_timeout = \"1s\"\n":             "home.idel_timeout",
+		"[agent]\nfragment_filesystem = \"xfs\"\n":    "agent.fragment_filesystem \"xfs\" must be \"directory\"",
+		"[agent]\nfragment_mkfs_timeout = \"0s\"\n":   "agent.fragment_mkfs_timeout must be greater than 0",
+		"[agent]\nfragment_mount_timeout = \"0s\"\n":  "agent.fragment_mount_timeout must be greater than 0",
 	}
 	for text, want := range cases {
 		_, err := Parse([]byte(text), "bad.toml", Defaults())

@@ -147,6 +147,7 @@ func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 	ag, err := agent.New(agent.Options{
 		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity),
 		WorkerExe: workerExe, StageLimits: StageLimits(cfg), Mount: MountLimits(cfg), Log: log,
+		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: FragmentFSLimits(cfg),
 	})
 	if err != nil {
 		st.Close()
@@ -260,6 +261,11 @@ func MountLimits(cfg config.Config) mount.Limits {
 		UnmountBusyTimeout: cfg.Mount.UnmountTimeout.D(),
 		WriteBehind:        writeBehind(cfg.Mount.WriteBehind),
 	}
+}
+
+// FragmentFSLimits maps the configuration onto the bounds of making fragment file systems.
+func FragmentFSLimits(cfg config.Config) agent.FragmentFSLimits {
+	return agent.FragmentFSLimits{Mkfs: cfg.Agent.FragmentMkfsTimeout.D(), Mount: cfg.Agent.FragmentMountTimeout.D()}
 }
 
 // writeBehind is mount.write_behind as package mount takes it: 0 (off) is negative there.

@@ -127,6 +127,8 @@ type world struct {
 	pfs    string
 	home   string
 	asUser bool
+	// agentExtra goes into the configuration's [agent] table (writeConfig).
+	agentExtra string
 }
 
 func newWorld(t *testing.T, asUser bool) *world {
@@ -170,13 +172,14 @@ mount_root = %q
 pool = "wlm_pool"
 ssd_path = %q
 capacity = "4GiB"
+%s
 [client]
 controller = "unix:%s"
 [stage]
 allow_root = true
 %s
 `, filepath.Join(w.home, "state"), filepath.Join(w.home, "controller.sock"), filepath.Join(w.home, "mounts"),
-		filepath.Join(w.home, "ssd"), filepath.Join(w.home, "controller.sock"), extra)
+		filepath.Join(w.home, "ssd"), w.agentExtra, filepath.Join(w.home, "controller.sock"), extra)
 	path := filepath.Join(w.home, "spillway.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		w.t.Fatal(err)

@@ -237,3 +237,53 @@ func TestColocatedWritesUnderProjectQuota(t *testing.T) {
 		t.Errorf("with passthrough the server still served %d writes", w)
 	}
 }
+
+// A namespace on a file system of its own (the agent's xfs-loop fragments) hands writes to
+// the kernel, and df reports the lesser of the file system's room and the tracker's; a
+// FragmentDevice the namespace root is not on is refused (writes go through the server).
+func TestColocatedWritesOnFragmentFileSystem(t *testing.T) {
+	needPassthrough(t)
+	mnt := xfstest.MountPlain(t, testBase, 320*mib)
+	src := filepath.Join(mnt, "namespace")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(src, &st); err != nil {
+		t.Fatal(err)
+	}
+	var fsBefore unix.Statfs_t
+	if err := unix.Statfs(src, &fsBefore); err != nil {
+		t.Fatal(err)
+	}
+	fsRoom := fsBefore.Bavail * uint64(fsBefore.Bsize)
+
+	wrong := mount(t, Spec{MountPath: filepath.Join(mnt, "wrong"), SourceDir: src,
+		Tracker: usage.New("instance 35", 16*mib), FragmentDevice: st.Dev + 1})
+	if wrong.KernelWrites() {
+		t.Error("a mount whose namespace is not on the FragmentDevice it was given hands writes to the kernel")
+	}
+	if err := wrong.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A tracker larger than the file system: df shows the file system's room.
+	tr := usage.New("instance 34", 1<<40)
+	m := mount(t, Spec{MountPath: filepath.Join(mnt, "mnt"), SourceDir: src, Tracker: tr, FragmentDevice: st.Dev})
+	if !m.KernelWrites() {
+		t.Fatal("a writable local mount on its fragment's own file system does not hand writes to the kernel")
+	}
+	var got unix.Statfs_t
+	if err := unix.Statfs(m.Path(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if size, free := got.Blocks*uint64(got.Bsize), got.Bavail*uint64(got.Bsize); size != 1<<40 || free > fsRoom || free < fsRoom-mib {
+		t.Errorf("df: size %d, %d free; want the tracker's capacity %d and the file system's room %d", size, free, uint64(1<<40), fsRoom)
+	}
+	if err := os.WriteFile(filepath.Join(m.Path(), "f"), make([]byte, 4*mib), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if w := m.ServerWrites(); w != 0 {
+		t.Errorf("the server served %d writes", w)
+	}
+}

@@ -9,7 +9,8 @@
 // on another host the request travels over the network (package warpfs/client); when it lives
 // on this host the same server code runs in this process (transport.go), with no network hop,
 // and read-only mounts hand reads to the kernel (FUSE passthrough), as do writable ones whose
-// capacity the backing file system enforces (Spec.ProjectQuota), writes included. The mount
+// capacity the backing file system enforces (Spec.ProjectQuota, Spec.FragmentDevice), writes
+// included. The mount
 // lifecycle here only sees a go-fuse root node.
 //
 // What users see: `df` shows the instance's capacity and free space, not the host disk's; a
@@ -103,6 +104,13 @@ type Spec struct {
 	// passthrough): the file system enforces the capacity (ENOSPC) and statfs reads the
 	// quota's usage. The mount checks that the namespace root is under it.
 	ProjectQuota uint32
+	// FragmentDevice is the device number of the fragment's own file system (the agent's
+	// agent.fragment_filesystem = "xfs-loop": an XFS per fragment on a loop device), when the
+	// namespace is on it and its size holds the instance; 0: none. It counts as ProjectQuota
+	// does: the file system enforces the capacity, so writes may go to the kernel, and
+	// statfs reports the lesser of its room and the tracker's. The mount checks that the
+	// namespace root is on that device.
+	FragmentDevice uint64
 	// Logger receives diagnostics (stale mounts cleaned, tuning that failed). Defaults to
 	// log.Default().
 	Logger *log.Logger
@@ -291,6 +299,14 @@ func (m *Mounted) Path() string { return m.path }
 // Done is closed when the file system has stopped being served (after Unmount, or when
 // someone unmounted it behind the agent's back).
 func (m *Mounted) Done() <-chan struct{} { return m.served }
+
+// KernelWrites reports whether the kernel writes this mount's files itself (FUSE passthrough
+// of writable opens), and ServerWrites how many WRITE requests the mount's server has served
+// (what passthrough spares it): for the agent's tests and diagnostics.
+func (m *Mounted) KernelWrites() bool { return m.backend.kernelWrites }
+
+// ServerWrites is the number of WRITE requests the mount has sent to its server.
+func (m *Mounted) ServerWrites() int64 { return m.backend.writes.Load() }
 
 // CleanedStaleMount reports whether Mount found a dead or hung mount at the path (left by a
 // crashed agent) and removed it first.
@@ -889,6 +905,7 @@ func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger
 	local, err := server.OpenLocal(server.LocalOptions{
 		Dir: spec.SourceDir, Tracker: spec.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 		Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)), ProjectQuota: spec.ProjectQuota,
+		FragmentDevice: spec.FragmentDevice,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
@@ -914,7 +931,8 @@ func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger
 
 // kernelWritesAllowed says whether the kernel may write a writable local mount's files itself
 // (FUSE passthrough): only when nothing the server enforces would be bypassed. The capacity
-// is then the file system's to enforce (a project quota on the fragment); MFS is the
+// is then the file system's to enforce (a project quota on the fragment, or the fragment's own
+// file system); MFS is the
 // server's alone; a striped instance's files hold no data here. testKernelWritesWithoutQuota
 // lets the tests and benchmarks measure the path on kernels without XFS quotas.
 func kernelWritesAllowed(spec Spec, local *server.Local) bool {

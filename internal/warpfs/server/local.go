@@ -32,6 +32,10 @@ type LocalOptions struct {
 	// the namespace; 0: none. OpenLocal checks that the namespace root is under it and the
 	// file system enforces it (Local.QuotaEnforced).
 	ProjectQuota uint32
+	// FragmentDevice is the device number of the fragment's own file system, which holds the
+	// namespace to the fragment's capacity (the agent's "xfs-loop" fragments); 0: none.
+	// OpenLocal checks that the namespace root is on it (Local.QuotaEnforced).
+	FragmentDevice uint64
 }
 
 // OpenLocal opens the namespace for an in-process mount.
@@ -53,6 +57,12 @@ func OpenLocal(opt LocalOptions) (*Local, error) {
 		if quotaErr = v.useQuota(opt.ProjectQuota); quotaErr != nil {
 			opt.Log.Warn("the namespace is not under its fragment's project quota: writes go through the server",
 				"dir", opt.Dir, "project", opt.ProjectQuota, "err", quotaErr)
+		}
+	}
+	if opt.FragmentDevice != 0 {
+		if err := v.useFragmentFS(opt.FragmentDevice); err != nil {
+			opt.Log.Warn("the namespace is not on its fragment's file system: writes go through the server",
+				"dir", opt.Dir, "err", err)
 		}
 	}
 	sess := &session{log: opt.Log, maxOpenFiles: opt.MaxOpenFiles, v: v, client: opt.Name, handles: map[uint64]*handle{}}
@@ -87,9 +97,10 @@ func (l *Local) Fd(handle uint64) (int, bool) {
 }
 
 // QuotaEnforced says whether the backing file system holds the namespace to the instance's
-// capacity itself (a project quota, LocalOptions.ProjectQuota): then the kernel may write its
-// files directly (FUSE passthrough) without the tracker's say.
-func (l *Local) QuotaEnforced() bool { return l.sess.v.quota != 0 }
+// capacity itself (a project quota, LocalOptions.ProjectQuota, or the fragment's own file
+// system, LocalOptions.FragmentDevice): then the kernel may write its files directly (FUSE
+// passthrough) without the tracker's say.
+func (l *Local) QuotaEnforced() bool { return l.sess.v.quota != 0 || l.sess.v.fragmentFS != 0 }
 
 // KernelWrites tells the server that the kernel writes the open handle's file itself (FUSE
 // passthrough): the tracker is charged what it wrote when the server next handles the file's

@@ -41,6 +41,10 @@ type Target struct {
 	// statfs then reports its room too, which covers what co-located mounts wrote through
 	// the kernel directly.
 	ProjectQuota uint32
+	// FragmentDevice is the device number of the fragment's own file system (the agent's
+	// agent.fragment_filesystem = "xfs-loop") when the namespace is on it and it holds the
+	// instance to its capacity; 0: none. statfs then reports its room too.
+	FragmentDevice uint64
 }
 
 // Resolver finds the namespace a client names in its handshake, or says why it cannot be
@@ -386,6 +390,9 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 	v.maxFileSize = int64(min(auth.MaxFileSize, 1<<62))
 	if t.ProjectQuota != 0 {
 		v.useQuota(t.ProjectQuota) // without it statfs counts the tracker alone, as before
+	}
+	if t.FragmentDevice != 0 {
+		v.useFragmentFS(t.FragmentDevice)
 	}
 	root, errno := v.lookup("")
 	if errno != 0 {

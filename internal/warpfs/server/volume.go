@@ -19,6 +19,7 @@ package server
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -49,6 +50,25 @@ type volume struct {
 	// namespace (usage/quota.go); 0: none. statfs reports the lesser of its room and the
 	// tracker's.
 	quota uint32
+	// fragmentFS is the device number of the fragment's own file system, whose size holds
+	// the namespace to the fragment's capacity (the agent's "xfs-loop" fragments); 0: none.
+	// statfs reports the lesser of its room and the tracker's.
+	fragmentFS uint64
+}
+
+// useFragmentFS makes statfs report the room of the file system the namespace root is on,
+// the fragment's own (device dev); it says why not when the root is on another.
+func (v *volume) useFragmentFS(dev uint64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(v.rootFd, &st); err != nil {
+		return err
+	}
+	if st.Dev != dev {
+		return fmt.Errorf("the namespace root is on device %d:%d, not on the fragment's file system (%d:%d)",
+			unix.Major(st.Dev), unix.Minor(st.Dev), unix.Major(dev), unix.Minor(dev))
+	}
+	v.fragmentFS = dev
+	return nil
 }
 
 // useQuota makes statfs report project id's room too, when the namespace root is under that
@@ -1171,6 +1191,10 @@ func (v *volume) statfs() (proto.StatfsReply, syscall.Errno) {
 		if used, limit, err := usage.ProjectUsage(v.rootFd, v.quota); err == nil && limit > 0 {
 			free = min(free, limit-min(used, limit))
 		}
+	}
+	if v.fragmentFS != 0 {
+		// The fragment's own file system: what it offers is what the next block may take.
+		free = min(free, st.Bavail*uint64(st.Bsize))
 	}
 	free /= unit
 	return proto.StatfsReply{
