@@ -444,6 +444,7 @@ func Mount(spec Spec) (*Mounted, error) {
 		removeCreated()
 		return nil, fmt.Errorf("FUSE mount at %s did not come up: %w", path, err)
 	}
+	be.directMmap.Store(server.KernelSettings().Flags64()&fuse.CAP_DIRECT_IO_ALLOW_MMAP != 0)
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err == nil {
 		m.conn = unix.Minor(st.Dev)
@@ -660,7 +661,9 @@ func mountOptions(spec Spec, l Limits, asRoot bool, logger *log.Logger) *gofs.Op
 			// ASYNC_DIO lets the kernel keep several O_DIRECT requests of one process in flight
 			// (libaio, io_uring, and large direct writes cut into 1 MiB requests): without it
 			// an iodepth of 32 is served one request at a time.
-			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ASYNC_DIO,
+			// DIRECT_IO_ALLOW_MMAP keeps shared mappings of files opened O_DIRECT working
+			// (openFlags gives them FOPEN_DIRECT_IO).
+			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ASYNC_DIO | fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 			// go-fuse splices reads only through a pipe larger than one request; with the
 			// default 1 MiB pipe-max-size every 1 MiB read would try, fail and log.
 			DisableSplice: !spliceFits(l.MaxWrite),
