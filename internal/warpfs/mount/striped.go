@@ -443,18 +443,37 @@ func (h *fileHandle) grew(end uint64) {
 // reportSize tells the metadata server how far this handle's writes reached, and that the
 // file changed.
 func (h *fileHandle) reportSize(ctx context.Context) syscall.Errno {
+	_, errno := h.sendReport(ctx, false)
+	return errno
+}
+
+// sendReport sends the size report if one is due. With sync the metadata server also syncs
+// the file's stub in the same request (proto.SetSync), and synced says it did; a server too
+// old for that gets nothing (synced false, no error), and the caller reports and syncs in two
+// requests.
+func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, errno syscall.Errno) {
 	sf := h.striped
 	sf.mu.Lock()
 	report, extent := sf.report, sf.extent
 	sf.report = false
 	sf.mu.Unlock()
 	if !report {
-		return 0
+		return false, 0
 	}
+	valid := uint32(proto.SetSizeAtLeast | proto.SetMtimeNow)
+	var minVersion uint16
+	if sync {
+		valid |= proto.SetSync
+		minVersion = proto.SyncVersion
+	}
+	ctx, cancel := h.node.be.opCtx(ctx)
+	defer cancel()
+	uid, gid := caller(ctx)
 	var rep proto.AttrReply
-	errno := h.handleCall(ctx, proto.OpSetattr, func(id uint64) proto.Message {
-		return &proto.SetattrReq{Handle: id, Valid: proto.SetSizeAtLeast | proto.SetMtimeNow, Size: extent}
-	}, &rep)
+	call := &client.Call{Op: proto.OpSetattr, UID: uid, GID: gid, Reply: &rep, MinVersion: minVersion}
+	errno = h.do(ctx, call, func(id uint64) {
+		call.Req = &proto.SetattrReq{Handle: id, Valid: valid, Size: extent}
+	})
 	sf.mu.Lock()
 	if errno != 0 {
 		sf.report = true
@@ -462,11 +481,29 @@ func (h *fileHandle) reportSize(ctx context.Context) syscall.Errno {
 		sf.known = rep.Attr.Size
 	}
 	sf.mu.Unlock()
-	return errno
+	if errno == syscall.EPROTONOSUPPORT {
+		return false, 0
+	}
+	return errno == 0, errno
 }
 
-// fsyncStriped makes every server holding data written through this handle sync it, then
-// the size.
+// syncMetadata is the metadata server's part of fsync(2): the size report, and the stub
+// synced (the size is in its extended attribute).
+func (h *fileHandle) syncMetadata(ctx context.Context, flags uint32) syscall.Errno {
+	synced, errno := h.sendReport(ctx, true)
+	if errno != 0 || synced {
+		return errno
+	}
+	if errno := h.reportSize(ctx); errno != 0 {
+		return errno
+	}
+	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message { return &proto.FsyncReq{Handle: id, Flags: flags} }, nil)
+}
+
+// fsyncStriped makes every server holding data written through this handle sync it, and
+// the metadata server the size: all at once, since they are different servers (the size
+// report and the stub's sync, on the same one, in that order). The data reached its servers
+// before (settle), so another node that sees the new size reads the data, durable or not.
 func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Errno {
 	if errno := h.settle(); errno != 0 {
 		return errno
@@ -474,7 +511,8 @@ func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Err
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	sf := h.striped
-	var pieces []stripe.Piece
+	// Server -1 stands for the metadata server.
+	pieces := []stripe.Piece{{Server: -1}}
 	sf.mu.Lock()
 	for s, o := range sf.objects {
 		if o.dirty {
@@ -483,6 +521,9 @@ func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Err
 	}
 	sf.mu.Unlock()
 	for _, e := range parallel(pieces, func(p stripe.Piece) syscall.Errno {
+		if p.Server < 0 {
+			return h.syncMetadata(ctx, flags)
+		}
 		call := &client.Call{Op: proto.OpFsync, UID: objectCaller}
 		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) { call.Req = &proto.FsyncReq{Handle: id, Flags: flags} })
 		return errno
@@ -491,10 +532,7 @@ func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Err
 			return e
 		}
 	}
-	if errno := h.reportSize(ctx); errno != 0 {
-		return errno
-	}
-	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message { return &proto.FsyncReq{Handle: id, Flags: flags} }, nil)
+	return 0
 }
 
 // releaseObjects closes the handle's objects.
