@@ -344,7 +344,10 @@ func (h *fileHandle) writeBehind(wb *writeBehind, data []byte, start uint64) (ui
 	return uint32(n), 0
 }
 
-// sendQueue sends one server's queued pieces in order until the queue is empty.
+// sendQueue sends one server's queued pieces in order until the queue is empty. Pieces
+// queued one after the other that continue each other in the object (a sequential writer's
+// small writes, which pile up while the previous request is on its way) go as one request of
+// up to proto.MaxIO bytes: the same bytes in the same order, in fewer round trips.
 func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
 	for {
 		wb.mu.Lock()
@@ -355,12 +358,33 @@ func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
 			return
 		}
 		qp := q.pending[0]
-		q.pending = q.pending[1:]
+		run := 1
+		for end := qp.piece.ObjOffset + qp.piece.Length; run < len(q.pending); run++ {
+			next := q.pending[run].piece
+			if next.ObjOffset != end || end+next.Length-qp.piece.ObjOffset > proto.MaxIO {
+				break
+			}
+			end += next.Length
+		}
+		var merged *[]byte
+		if run > 1 {
+			merged = mergeBuffers.Get().(*[]byte)
+			data := (*merged)[:0]
+			for _, p := range q.pending[:run] {
+				data = append(data, p.data...)
+			}
+			qp = queuedPiece{piece: stripe.Piece{Server: s, ObjOffset: qp.piece.ObjOffset, Length: uint64(len(data))}, data: data}
+		}
+		clear(q.pending[:run]) // the pieces' buffers can go
+		q.pending = q.pending[run:]
 		failed := wb.err != 0
 		wb.mu.Unlock()
 		var errno syscall.Errno
 		if !failed { // after an error the rest is dropped: the writer learns of the error
 			errno = h.sendPiece(qp)
+		}
+		if merged != nil {
+			mergeBuffers.Put(merged)
 		}
 		wb.mu.Lock()
 		wb.inflight -= int64(qp.piece.Length)
@@ -371,6 +395,12 @@ func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
 		wb.mu.Unlock()
 	}
 }
+
+// mergeBuffers hold the runs of pieces sendQueue sends as one request.
+var mergeBuffers = sync.Pool{New: func() any {
+	b := make([]byte, 0, proto.MaxIO)
+	return &b
+}}
 
 // sendPiece writes one piece to its server's object.
 func (h *fileHandle) sendPiece(qp queuedPiece) syscall.Errno {
