@@ -200,7 +200,7 @@ func BenchmarkStripedRemoteRead4KiBDirect(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer f.Close()
-	b.SetParallelism(8)
+	b.SetParallelism(16)
 	b.SetBytes(4 << 10)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {

@@ -162,7 +162,9 @@ type Limits struct {
 	// remote mount Remote.Readahead), a non-root agent cannot.
 	MaxReadahead int
 	// MaxBackground is how many asynchronous requests (readahead, direct I/O) the kernel keeps
-	// in flight to the server. Default 32.
+	// in flight to the server. Default 64: as many as a connection's requests in flight
+	// (warpfs.max_in_flight), so that an application's queue of direct I/O (fio's iodepth 32,
+	// a database) is not cut at the kernel's congestion threshold, three quarters of it.
 	MaxBackground int
 	// PreferredIOSize is the st_blksize reported for regular files, which stdio and many tools
 	// use as their buffer size. Default 1 MiB.
@@ -213,7 +215,7 @@ func (l Limits) withDefaults() Limits {
 	def(&l.ClientCacheTimeout, time.Second)
 	defInt(&l.MaxWrite, kernelMaxRequest)
 	defInt(&l.MaxReadahead, kernelMaxRequest)
-	defInt(&l.MaxBackground, 32)
+	defInt(&l.MaxBackground, 64)
 	if l.WriteBehind == 0 {
 		l.WriteBehind = 16 << 20
 	}
