@@ -29,7 +29,7 @@ const token = "server-test-token"
 // fixture is a server over TCP serving one namespace directory, inside a parent directory
 // holding files the namespace must never reach.
 type fixture struct {
-	t       *testing.T
+	t       testing.TB
 	addr    string
 	srv     *Server
 	dir     string // the namespace
@@ -76,7 +76,7 @@ func newFixture(t *testing.T, lim Limits) *fixture {
 
 // newFixtureHolding is a fixture whose node holds held (a secret or a node credential) and is
 // named node.
-func newFixtureHolding(t *testing.T, lim Limits, held, node string) *fixture {
+func newFixtureHolding(t testing.TB, lim Limits, held, node string) *fixture {
 	t.Helper()
 	base := t.TempDir()
 	f := &fixture{t: t, dir: filepath.Join(base, "namespace"), outside: filepath.Join(base, "outside"),
