@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"syscall"
@@ -158,6 +159,12 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 78
+	}
+	if stopProfile, err := startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), log); err != nil {
+		fmt.Fprintf(stderr, "spillway agent: SPILLWAY_CPUPROFILE: %v\n", err)
+		return 78
+	} else {
+		defer stopProfile()
 	}
 	token, err := apiclient.TokenFromFile(cfg.Agent.TokenFile)
 	if err != nil {
@@ -327,4 +334,28 @@ func nodeKeyMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, nodekey.Derive(secret, fs.Arg(0)))
 	return 0
+}
+
+// startCPUProfile writes a CPU profile of the process (go tool pprof) to path until the
+// returned function runs (the agent's clean stop, SIGTERM or SIGINT): opt-in, for measuring
+// the data path (docs/admin.md). An empty path profiles nothing.
+func startCPUProfile(path string, log *slog.Logger) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	log.Info("writing a CPU profile until the agent stops", "file", path)
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			log.Error("the CPU profile is incomplete", "file", path, "err", err)
+		}
+	}, nil
 }

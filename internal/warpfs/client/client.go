@@ -194,6 +194,10 @@ type Call struct {
 	NoReconnect bool
 	// UsedGen is the generation the call was sent on (a handle an OPEN returns belongs to it).
 	UsedGen uint64
+	// MinVersion, when not 0, is the protocol version the request needs (it uses something
+	// older servers ignore): on a connection of an older version the call fails with
+	// EPROTONOSUPPORT without being sent, and the caller does without.
+	MinVersion uint16
 	// Route is what a mount whose namespace is sharded over several servers (max_mds=yes)
 	// needs to send a request that names entries by path to the right one (package mount,
 	// mds.go). The client itself ignores it.
@@ -254,6 +258,9 @@ func (c *Client) Do(ctx context.Context, call *Call) syscall.Errno {
 		cn, errno := c.conn(ctx, timer, deadline, call)
 		if errno != 0 {
 			return errno
+		}
+		if call.MinVersion > cn.version {
+			return syscall.EPROTONOSUPPORT
 		}
 		call.UsedGen = cn.gen
 		errno, err := cn.roundTrip(ctx, timer, call)
@@ -459,7 +466,7 @@ func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
 		return fail(fmt.Errorf("%w: the server takes requests of only %d bytes", proto.ErrMalformed, w.MaxIO))
 	}
 	nc.SetDeadline(time.Time{})
-	cn := &conn{c: c, nc: nc, br: br, pending: map[uint64]*waiter{}, done: make(chan struct{})}
+	cn := &conn{c: c, nc: nc, br: br, version: ch.Version, pending: map[uint64]*waiter{}, done: make(chan struct{})}
 	now := time.Now().UnixNano()
 	cn.lastRecv.Store(now)
 	cn.lastSend.Store(now)
@@ -492,10 +499,11 @@ func (c *Client) handshakeReply(br *bufio.Reader, op proto.Op, m proto.Message) 
 
 // conn is one TCP connection, past its handshake.
 type conn struct {
-	c   *Client
-	nc  net.Conn
-	br  *bufio.Reader
-	gen uint64
+	c       *Client
+	nc      net.Conn
+	br      *bufio.Reader
+	gen     uint64
+	version uint16 // the protocol version the server chose
 
 	wmu sync.Mutex
 

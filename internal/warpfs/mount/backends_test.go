@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -94,13 +96,13 @@ type testServer struct {
 
 // startServer serves dir with tracker t on 127.0.0.1 (on addr if given, else any port) until
 // stop or the end of the test.
-func startServer(t *testing.T, addr, dir string, tr *usage.Tracker, logTo *slog.Logger) *testServer {
+func startServer(t testing.TB, addr, dir string, tr *usage.Tracker, logTo *slog.Logger) *testServer {
 	t.Helper()
 	return startServerOn(t, addr, dir, tr, logTo, nil)
 }
 
 // startServerOn is startServer, over TLS when serverTLS is not nil.
-func startServerOn(t *testing.T, addr, dir string, tr *usage.Tracker, logTo *slog.Logger, serverTLS *tls.Config) *testServer {
+func startServerOn(t testing.TB, addr, dir string, tr *usage.Tracker, logTo *slog.Logger, serverTLS *tls.Config) *testServer {
 	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -132,7 +134,7 @@ func (s *testServer) stop() {
 }
 
 // prepare turns a loopback spec into this backend's.
-func (b testBackend) prepare(t *testing.T, spec Spec) Spec {
+func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 	t.Helper()
 	var logTo *slog.Logger
 	if spec.Logger != nil {
@@ -384,4 +386,72 @@ func TestRemoteMountOverTLS(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "tls.ca_file") {
 		t.Errorf("a client that does not trust the storage node's CA: %v", err)
 	}
+}
+
+// A file opened O_DIRECT: aligned reads and writes reach the server, and a shared mapping of
+// the file works and stays coherent with them both ways (the kernel writes the mapping's
+// pages back before direct I/O and drops them after a direct write), as on a local file
+// system. The mapping is used by another process: a page fault this process's FUSE server
+// must answer could wait for a garbage collection that waits for the faulting thread.
+func TestDirectIOAndSharedMapping(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b testBackend) {
+		src, mp := dirs(t)
+		m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: usage.New("direct", 1<<30), Logger: quietLogger(t)})
+		p := filepath.Join(m.Path(), "direct")
+		if err := os.WriteFile(p, bytes.Repeat([]byte{'a'}, directSize), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), directEnv+"="+p)
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "ok" {
+			t.Fatalf("%v: %s", err, out)
+		}
+		got, err := os.ReadFile(p)
+		if err != nil || len(got) != directSize || got[testStripeSize] != 'b' || got[2*testStripeSize] != 'c' || got[0] != 'a' {
+			t.Errorf("read back: %d bytes, %v", len(got), err)
+		}
+	})
+}
+
+// directEnv makes the test binary run directCheck on the file it names.
+const directEnv = "SPILLWAY_MOUNT_TEST_DIRECT"
+
+const directSize = 3 * testStripeSize // every stripe server of the striped backends
+
+// directCheck is TestDirectIOAndSharedMapping's other process.
+func directCheck(p string) error {
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	buf, err := unix.Mmap(-1, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return err
+	}
+	if n, err := unix.Pread(fd, buf, testStripeSize-4096); err != nil || n != len(buf) || buf[0] != 'a' || buf[8191] != 'a' {
+		return fmt.Errorf("direct read: %d %v %q", n, err, buf[:1])
+	}
+	mapped, err := unix.Mmap(fd, 0, directSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("a shared mapping of a file opened O_DIRECT: %w", err)
+	}
+	if mapped[directSize-1] != 'a' {
+		return fmt.Errorf("the mapping reads %q", mapped[directSize-1])
+	}
+	// A direct write (across a stripe boundary) is seen through the mapping...
+	copy(buf, bytes.Repeat([]byte{'b'}, len(buf)))
+	if n, err := unix.Pwrite(fd, buf, testStripeSize-4096); err != nil || n != len(buf) {
+		return fmt.Errorf("direct write: %d %v", n, err)
+	}
+	if got := string(mapped[testStripeSize-4096 : testStripeSize+4096]); got != strings.Repeat("b", 8192) {
+		return fmt.Errorf("the mapping after a direct write reads %q...", got[:8])
+	}
+	// ...and a store into the mapping by a direct read.
+	mapped[2*testStripeSize] = 'c'
+	if n, err := unix.Pread(fd, buf[:4096], 2*testStripeSize); err != nil || n != 4096 || buf[0] != 'c' || buf[1] != 'a' {
+		return fmt.Errorf("a direct read after a store into the mapping: %d %v %q", n, err, buf[:2])
+	}
+	return unix.Munmap(mapped)
 }

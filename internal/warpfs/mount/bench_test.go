@@ -1,10 +1,16 @@
 package mount
 
 import (
+	"io"
+	"log"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
@@ -99,3 +105,117 @@ func BenchmarkWrite4KiBMount(b *testing.B)  { benchmarkWrite(b, false, 4<<10) }
 func BenchmarkWrite4KiBDirect(b *testing.B) { benchmarkWrite(b, true, 4<<10) }
 func BenchmarkWrite1MiBMount(b *testing.B)  { benchmarkWrite(b, false, 1<<20) }
 func BenchmarkWrite1MiBDirect(b *testing.B) { benchmarkWrite(b, true, 1<<20) }
+
+// The same small operations on a striped namespace served over TCP (the striped-remote test
+// backend: a metadata server and three stripe servers in this process, 64 KiB stripes), the
+// path of a compute node that is not a storage node. Profile the client and the servers
+// together with
+//
+//	go test -run '^$' -bench StripedRemote -cpuprofile cpu.out ./internal/warpfs/mount
+func stripedRemoteMount(b *testing.B) string {
+	b.Helper()
+	dir, err := os.MkdirTemp(testBase, "bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	src := filepath.Join(dir, "namespace")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	be := testBackend{name: "striped-remote", remote: true, striped: true}
+	spec := be.prepare(b, Spec{MountPath: filepath.Join(dir, "mnt"), SourceDir: src, Tracker: usage.New("bench", 1<<40),
+		Logger: log.New(io.Discard, "", 0)})
+	m, err := Mount(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			b.Error(err)
+		}
+	})
+	return m.Path()
+}
+
+func BenchmarkStripedRemoteCreate(b *testing.B) {
+	root := stripedRemoteMount(b)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		f, err := os.Create(filepath.Join(root, strconv.Itoa(i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkStripedRemoteStat(b *testing.B) {
+	root := stripedRemoteMount(b)
+	p := filepath.Join(root, "f")
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := os.Stat(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStripedRemoteWriteFdatasync appends 4 KiB and fdatasyncs, as a log writer does.
+func BenchmarkStripedRemoteWriteFdatasync(b *testing.B) {
+	root := stripedRemoteMount(b)
+	f, err := os.Create(filepath.Join(root, "log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4<<10)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := f.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStripedRemoteRead4KiBDirect reads 4 KiB blocks at random offsets with O_DIRECT
+// from 16 goroutines at once (as fio's iodepth does).
+func BenchmarkStripedRemoteRead4KiBDirect(b *testing.B) {
+	root := stripedRemoteMount(b)
+	p := filepath.Join(root, "data")
+	const size = 8 << 20
+	if err := os.WriteFile(p, make([]byte, size), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	b.SetParallelism(16)
+	b.SetBytes(4 << 10)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		mem, err := unix.Mmap(-1, 0, 4<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer unix.Munmap(mem)
+		r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+		for pb.Next() {
+			if _, err := f.ReadAt(mem, int64(r.IntN(size/4096))*4096); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

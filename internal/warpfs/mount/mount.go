@@ -179,7 +179,9 @@ type Limits struct {
 	// remote mount Remote.Readahead), a non-root agent cannot.
 	MaxReadahead int
 	// MaxBackground is how many asynchronous requests (readahead, direct I/O) the kernel keeps
-	// in flight to the server. Default 32.
+	// in flight to the server. Default 64: as many as a connection's requests in flight
+	// (warpfs.max_in_flight), so that an application's queue of direct I/O (fio's iodepth 32,
+	// a database) is not cut at the kernel's congestion threshold, three quarters of it.
 	MaxBackground int
 	// PreferredIOSize is the st_blksize reported for regular files, which stdio and many tools
 	// use as their buffer size. Default 1 MiB.
@@ -230,7 +232,7 @@ func (l Limits) withDefaults() Limits {
 	def(&l.ClientCacheTimeout, time.Second)
 	defInt(&l.MaxWrite, kernelMaxRequest)
 	defInt(&l.MaxReadahead, kernelMaxRequest)
-	defInt(&l.MaxBackground, 32)
+	defInt(&l.MaxBackground, 64)
 	if l.WriteBehind == 0 {
 		l.WriteBehind = 16 << 20
 	}
@@ -469,6 +471,7 @@ func Mount(spec Spec) (*Mounted, error) {
 		removeCreated()
 		return nil, fmt.Errorf("FUSE mount at %s did not come up: %w", path, err)
 	}
+	be.directMmap.Store(server.KernelSettings().Flags64()&fuse.CAP_DIRECT_IO_ALLOW_MMAP != 0)
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err == nil {
 		m.conn = unix.Minor(st.Dev)
@@ -685,7 +688,9 @@ func mountOptions(spec Spec, l Limits, asRoot bool, logger *log.Logger) *gofs.Op
 			// ASYNC_DIO lets the kernel keep several O_DIRECT requests of one process in flight
 			// (libaio, io_uring, and large direct writes cut into 1 MiB requests): without it
 			// an iodepth of 32 is served one request at a time.
-			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ASYNC_DIO,
+			// DIRECT_IO_ALLOW_MMAP keeps shared mappings of files opened O_DIRECT working
+			// (openFlags gives them FOPEN_DIRECT_IO).
+			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ASYNC_DIO | fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 			// go-fuse splices reads only through a pipe larger than one request; with the
 			// default 1 MiB pipe-max-size every 1 MiB read would try, fail and log.
 			DisableSplice: !spliceFits(l.MaxWrite),

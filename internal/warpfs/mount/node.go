@@ -48,6 +48,9 @@ type backend struct {
 
 	reads  atomic.Int64 // READ requests served (passthrough reads never reach the server)
 	writes atomic.Int64 // WRITE requests served (passthrough writes never reach the server)
+	// directMmap says the kernel maps files opened with FOPEN_DIRECT_IO (Linux 6.6 and
+	// later): then files opened O_DIRECT get it (openFlags).
+	directMmap atomic.Bool
 
 	// stripes are the servers of a striped instance's file data (striped.go), in layout
 	// order; nil when files hold their own data on the namespace's server.
@@ -351,12 +354,25 @@ func (n *node) truncated(size uint64) {
 // a file opened only for writing bypasses the page cache (FOPEN_DIRECT_IO): its data goes
 // from the writer's buffer straight into the request, saving a copy and the page cache's
 // memory per byte written, and nothing stale can stay behind; such a file cannot be read or
-// mapped through that descriptor anyway.
+// mapped through that descriptor anyway. A mount whose writes go through the kernel
+// (kernelWrites: passthrough) leaves them to it.
+//
+// A file opened O_DIRECT bypasses it too, as it asked. Through the page cache's path the
+// kernel would ask the server for the file's attributes before every read (it does so for
+// buffered reads, to drop pages another node made stale: FUSE's auto_inval_data), which
+// doubles the round trips of direct reads and sends them all to one server (a striped
+// file's metadata server); direct I/O reads nothing from the cache, so it needs no check.
+// The mount allows shared mappings of such files (CAP_DIRECT_IO_ALLOW_MMAP): the kernel
+// writes a mapping's pages back before direct I/O of their range and drops them after a
+// direct write, as for O_DIRECT on a local file system. Read-only mounts that pass reads
+// to the kernel (passthrough) keep doing so; on kernels that cannot map such files
+// (before 6.6) O_DIRECT files keep the page cache's path.
 func (n *node) openFlags(flags uint32) uint32 {
 	if n.be.keepCache {
 		return fuse.FOPEN_KEEP_CACHE
 	}
-	if flags&syscall.O_ACCMODE == syscall.O_WRONLY && !n.be.kernelWrites {
+	if (flags&syscall.O_ACCMODE == syscall.O_WRONLY && !n.be.kernelWrites) ||
+		(flags&syscall.O_DIRECT != 0 && !n.be.passthrough && n.be.directMmap.Load()) {
 		return fuse.FOPEN_DIRECT_IO
 	}
 	return 0

@@ -353,3 +353,46 @@ func TestReplicasFailOver(t *testing.T) {
 		t.Errorf("writing to a loadbalance mount: %v, want EROFS", err)
 	}
 }
+
+// Small writes that queue behind a writer, sequential ones and rewrites of bytes written just
+// before, across stripes and servers, land in the order they were made (sendQueue sends runs
+// of them as one request).
+func TestStripedSmallWritesBehind(t *testing.T) {
+	in := newStripedInstance(t, 64*mib)
+	m := in.mountAt(t, "cn1")
+	p := filepath.Join(m.Path(), "log")
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 5*testStripeSize + 1000
+	want := make([]byte, size)
+	write := func(off int, b []byte) {
+		t.Helper()
+		if _, err := f.WriteAt(b, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[off:], b)
+	}
+	for off, i := 0, 0; off < size; off, i = off+3000, i+1 {
+		b := bytes.Repeat([]byte{byte('a' + i%26)}, min(3000, size-off))
+		write(off, b)
+		if i%7 == 6 { // a rewrite of what the last writes queued
+			write(off-5000, bytes.Repeat([]byte{'#'}, 6000))
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		i := 0
+		for i < min(len(got), len(want)) && got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("read back %d bytes, want %d; first difference at %d", len(got), len(want), i)
+	}
+}

@@ -165,6 +165,11 @@ const (
 	// SetSizeAtLeast grows a striped file's logical size to Size, never shrinking it: what a
 	// writer reports after writing, so that two writers' reports cannot undo each other.
 	SetSizeAtLeast = 1 << 30
+	// SetSync, on a request naming a node by its handle, makes the server sync the node
+	// (fsync) once the change is made: a striped file's size report and the metadata
+	// server's part of fsync(2) in one round trip. Servers honour it from SyncVersion on;
+	// a client sends it on connections of that version only (client.Call.MinVersion).
+	SetSync = 1 << 29
 )
 
 // SetattrReq changes what Valid says of a node (by handle, or path when Handle is 0).

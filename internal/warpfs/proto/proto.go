@@ -48,8 +48,11 @@ const Magic uint32 = 0x53505746
 // Versions this package speaks. A peer picks the highest both support.
 const (
 	MinVersion uint16 = 3
-	MaxVersion uint16 = 3
+	MaxVersion uint16 = 4
 )
+
+// SyncVersion is the first version whose servers honour SetattrReq's SetSync.
+const SyncVersion uint16 = 4
 
 // Sizes and limits of the protocol.
 const (

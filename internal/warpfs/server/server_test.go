@@ -29,7 +29,7 @@ const token = "server-test-token"
 // fixture is a server over TCP serving one namespace directory, inside a parent directory
 // holding files the namespace must never reach.
 type fixture struct {
-	t       *testing.T
+	t       testing.TB
 	addr    string
 	srv     *Server
 	dir     string // the namespace
@@ -76,7 +76,7 @@ func newFixture(t *testing.T, lim Limits) *fixture {
 
 // newFixtureHolding is a fixture whose node holds held (a secret or a node credential) and is
 // named node.
-func newFixtureHolding(t *testing.T, lim Limits, held, node string) *fixture {
+func newFixtureHolding(t testing.TB, lim Limits, held, node string) *fixture {
 	t.Helper()
 	base := t.TempDir()
 	f := &fixture{t: t, dir: filepath.Join(base, "namespace"), outside: filepath.Join(base, "outside"),
@@ -564,5 +564,47 @@ func TestAdopt(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "d,dev,f,l" {
 		t.Errorf("the namespace holds %v, want d, dev, f, l and no temporary name", names)
+	}
+}
+
+// A size report with SetSync (a striped file's fsync on the metadata server) changes the size
+// like one without; it needs an open handle, and by path fails with EINVAL, changing nothing.
+// A call needing a newer protocol than the connection's fails without being sent.
+func TestSizeReportWithSync(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
+	}
+	f := newFixture(t, Limits{})
+	root := stripe.Layout{Size: 1 << 20, Width: 2, Servers: 2}
+	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	var opened proto.OpenReply
+	if errno := do(c, proto.OpCreate, &proto.CreateReq{Name: "f", Flags: syscall.O_RDWR, Mode: 0o644}, &opened); errno != 0 {
+		t.Fatal(errno)
+	}
+	size := func() uint64 {
+		var attr proto.AttrReply
+		if errno := do(c, proto.OpLookup, &proto.PathReq{Path: "f"}, &attr); errno != 0 {
+			t.Fatal(errno)
+		}
+		return attr.Attr.Size
+	}
+	report := func(r proto.SetattrReq, minVersion uint16) (proto.AttrReply, syscall.Errno) {
+		var rep proto.AttrReply
+		errno := c.Do(context.Background(), &client.Call{Op: proto.OpSetattr, Req: &r, Reply: &rep, MinVersion: minVersion})
+		return rep, errno
+	}
+	sync := uint32(proto.SetSizeAtLeast | proto.SetMtimeNow | proto.SetSync)
+	rep, errno := report(proto.SetattrReq{Handle: opened.Handle, Valid: sync, Size: 4096}, proto.SyncVersion)
+	if errno != 0 || rep.Attr.Size != 4096 || size() != 4096 {
+		t.Fatalf("a size report with sync: %v, reply's size %d, the file's %d; want 4096", errno, rep.Attr.Size, size())
+	}
+	if _, errno := report(proto.SetattrReq{Path: "f", Valid: sync, Size: 8192}, proto.SyncVersion); errno != syscall.EINVAL || size() != 4096 {
+		t.Errorf("a size report with sync by path: %v, size %d; want EINVAL and 4096", errno, size())
+	}
+	if _, errno := report(proto.SetattrReq{Handle: opened.Handle, Valid: sync, Size: 8192}, proto.MaxVersion+1); errno != syscall.EPROTONOSUPPORT || size() != 4096 {
+		t.Errorf("a call needing a newer protocol: %v, size %d; want EPROTONOSUPPORT and 4096 (not sent)", errno, size())
 	}
 }

@@ -423,6 +423,9 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 	if v.readOnly {
 		return proto.Attr{}, syscall.EROFS
 	}
+	if r.Valid&proto.SetSync != 0 && h == nil {
+		return proto.Attr{}, syscall.EINVAL // a path's descriptor (O_PATH) cannot be synced
+	}
 	t, errno := v.open(r.Path, h)
 	if errno != 0 {
 		return proto.Attr{}, errno
@@ -494,6 +497,11 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 		var st unix.Stat_t
 		if unix.Fstat(t.fd, &st) == nil {
 			v.dropSetID(t, st.Mode, caller, true)
+		}
+	}
+	if r.Valid&proto.SetSync != 0 {
+		if err := unix.Fsync(t.fd); err != nil {
+			return proto.Attr{}, errnoOf(err)
 		}
 	}
 	var st unix.Stat_t
