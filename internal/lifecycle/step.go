@@ -170,7 +170,8 @@ func stepStages(w *World, s *model.Session, p Params, now time.Time, running *in
 			spec, node, err := stageSpec(w, s, st)
 			if st.Terminate { // the job asked to stop it (dw_terminate_*)
 				if st.Step != "" {
-					cancels, _ := cancelSplit(w, st, now)
+					servers, mds, split := splitServers(w, st, spec)
+					cancels, _ := cancelSplit(w, st, spec, servers, mds, err == nil && split, now)
 					effects = append(effects, cancels...)
 					continue
 				}
@@ -421,7 +422,9 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 			w.put(st)
 		case model.StageRunning:
 			if st.Step != "" {
-				cancels, busy := cancelSplit(w, st, now)
+				spec, _, err := stageSpec(w, s, st)
+				servers, mds, split := splitServers(w, st, spec)
+				cancels, busy := cancelSplit(w, st, spec, servers, mds, err == nil && split, now)
 				effects = append(effects, cancels...)
 				busyStages = busyStages || busy
 				continue

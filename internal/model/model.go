@@ -279,6 +279,10 @@ type Stage struct {
 	// Protect makes a file stage-out remove the source's write bits while it runs, and put
 	// them back at its end (DataWarp write-protects a file being staged out).
 	Protect bool `json:"protect,omitempty"`
+	// ProtectedMode is the mode the source of a split protected stage-out had before its
+	// prepare step removed the write bits (0: none removed); the finish or abort step gives
+	// it back. A stage canceled after its prepare step runs abort first for it.
+	ProtectedMode uint32 `json:"protected_mode,omitempty"`
 }
 
 // StagePart is one server's run in a step of a split stage.
