@@ -422,17 +422,19 @@ int dw_terminate_file_stage(const char *dw_file_path) { return verb_path("termin
 int dw_terminate_directory_stage(const char *dw_directory_path) { return verb_path("terminate", dw_directory_path); }
 int dw_terminate_list_stage(const char **dw_list) { return verb_paths("terminate", dw_list); }
 
-/* dw_set_stage_concurrency: Spillway's controller bounds running stages itself
- * (controller.stage_max_running); the request is checked and accepted, as DataWarp may
- * silently clamp it. */
+/* dw_set_stage_concurrency: at most concurrent_stages of the job's stages run at once (its
+ * session's limit; the controller clamps it to stage.max_job_concurrency, as DataWarp
+ * clamped it at will). */
 int dw_set_stage_concurrency(const char *dw_instance_path, unsigned int concurrent_stages)
 {
-	(void)concurrent_stages;
+	char n[16];
 	if (dw_instance_path == NULL)
 		return -EINVAL;
-	if (access(dw_instance_path, R_OK) != 0)
-		return -errno;
-	return 0;
+	snprintf(n, sizeof(n), "%u", concurrent_stages);
+	{
+		const char *args[] = {"concurrency", "--", dw_instance_path, n};
+		return call(args, 4);
+	}
 }
 
 /* ---- failed stages ------------------------------------------------------------------------ */

@@ -340,3 +340,55 @@ func (h *harness) stepOnce() {
 	h.w.TakeChanges()
 	h.now = h.now.Add(time.Second)
 }
+
+// dw_set_stage_concurrency: at most that many of the job's own stages run at once (the others
+// wait their turn), a request above stage.max_job_concurrency is clamped to it, and 0 is
+// refused. The script's own stages are not counted.
+func TestInJobStageConcurrency(t *testing.T) {
+	h := runningJob(t)
+	if _, err := ApplyStageConcurrency(h.w, "9", 0, 4); err == nil || !strings.Contains(err.Error(), "1 or more") {
+		t.Fatalf("concurrency 0: %v", err)
+	}
+	if _, err := ApplyStageConcurrency(h.w, "nope", 2, 4); err == nil {
+		t.Fatal("a session that does not exist must be refused")
+	}
+	if n, err := ApplyStageConcurrency(h.w, "9", 100, 4); err != nil || n != 4 || h.w.SessionByToken("9").StageConcurrency != 4 {
+		t.Fatalf("clamped: %d %v", n, err)
+	}
+	n, err := ApplyStageConcurrency(h.w, "9", 2, 4)
+	if err != nil || n != 2 {
+		t.Fatalf("2: %d %v", n, err)
+	}
+	h.w.TakeChanges()
+	var reqs []InJobStage
+	for i := 0; i < 5; i++ {
+		reqs = append(reqs, out("", fmt.Sprintf("/ckpt/%d", i), fmt.Sprintf("/pfs/%d", i)))
+	}
+	h.must(ApplyInJobStages(h.w, "9", reqs, h, h.now))
+	// Every stage runs for three polls; count how many of the job's run at once.
+	polls := map[ID]int{}
+	h.stageResult = func(e Effect) agentapi.StageStatus {
+		polls[e.Ref.ID]++
+		if polls[e.Ref.ID] < 3 {
+			return agentapi.StageStatus{Known: true, Status: model.StageRunning}
+		}
+		return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+	}
+	most := 0
+	for i := 0; i < 40; i++ {
+		h.stepOnce()
+		running := 0
+		for _, st := range h.w.StagesOf(h.w.SessionByToken("9").ID) {
+			if st.Status == model.StageRunning {
+				running++
+			}
+		}
+		most = max(most, running)
+	}
+	if most != 2 {
+		t.Errorf("at most %d of the job's stages ran at once, want 2 (its limit)", most)
+	}
+	if c := h.counts("/ckpt"); c != (InJobCounts{Complete: 5}) {
+		t.Errorf("every stage ran in the end: %+v", c)
+	}
+}

@@ -139,12 +139,25 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 // stepStages starts pending stages (within the global limit) and polls running ones.
 func stepStages(w *World, s *model.Session, p Params, now time.Time, running *int) []Effect {
 	var effects []Effect
-	for _, st := range w.StagesOf(s.ID) {
+	stages := w.StagesOf(s.ID)
+	inJobRunning := 0 // the job's own stages running, for its dw_set_stage_concurrency
+	for _, st := range stages {
+		if st.InJob && st.Status == model.StageRunning {
+			inJobRunning++
+		}
+	}
+	for _, st := range stages {
 		switch st.Status {
 		case model.StagePending:
 			ns := w.Namespaces[st.NamespaceID]
 			if ns == nil || !ns.State.Actualized || !ready(st.State, now) || *running >= p.StageMaxRunning {
 				continue
+			}
+			if st.InJob && s.StageConcurrency > 0 && inJobRunning >= s.StageConcurrency {
+				continue // the job's own limit: this one waits for one of its others to end
+			}
+			if st.InJob {
+				inJobRunning++
 			}
 			spec, node, err := stageSpec(w, s, st)
 			if err != nil {

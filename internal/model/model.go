@@ -116,6 +116,9 @@ type Session struct {
 	Hurry       bool      `json:"hurry"`             // teardown without waiting for stage-out
 	Failure     string    `json:"failure,omitempty"` // why the last step failed
 	Uses        []string  `json:"uses,omitempty"`    // persistent instances named by #DW persistentdw
+	// StageConcurrency is how many of the job's in-job stages may run at once
+	// (dw_set_stage_concurrency); 0: no limit of its own (the system's stage.max_running).
+	StageConcurrency int `json:"stage_concurrency,omitempty"`
 }
 
 // IsJob reports whether the session belongs to a job (its token is the job id).

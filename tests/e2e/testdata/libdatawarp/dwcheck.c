@@ -349,6 +349,12 @@ static void check_all(void)
 		CHECK("set_stage_concurrency", rc == 0, "rc %d", rc);
 		rc = dw_set_stage_concurrency(path(dw, "nope"), 4);
 		CHECK("set_stage_concurrency missing path: -ENOENT", rc == -ENOENT, "rc %d", rc);
+		rc = dw_set_stage_concurrency(dw, 0);
+		CHECK("set_stage_concurrency 0: -EINVAL", rc == -EINVAL, "rc %d", rc);
+		rc = dw_set_stage_concurrency(dw, 4000000000u);
+		CHECK("set_stage_concurrency beyond the maximum: clamped, 0", rc == 0, "rc %d", rc);
+		rc = dw_set_stage_concurrency(pfs, 4);
+		CHECK("set_stage_concurrency outside any instance: -EINVAL", rc == -EINVAL, "rc %d", rc);
 	}
 }
 
