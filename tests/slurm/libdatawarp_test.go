@@ -20,20 +20,43 @@ const manyFiles = 3000
 // spread over both storage nodes and its stage-out is split over them.
 const ckptMiB = 40
 
-// buildCkpt compiles testdata/ckpt.c against the installed libdatawarp with the pkg-config
-// line Cray documented, into the cluster's bin directory (which the test user may read).
-func buildCkpt(t *testing.T, dir string) string {
+// buildLibdatawarp installs libdatawarp from the source tree under the cluster's directory
+// (make install PREFIX=..., as scripts/install-deps does under /usr/local) and compiles the C
+// programs the jobs run against it with the pkg-config line Cray documented: ckpt
+// (testdata/ckpt.c) and dwcheck (tests/e2e/testdata/libdatawarp/dwcheck.c, every function and
+// documented error). It returns the programs' directory, which the test user may read.
+func buildLibdatawarp(t *testing.T, dir string) string {
 	t.Helper()
-	flags, err := exec.Command("pkg-config", "--cflags", "--libs", "cray-datawarp").Output()
+	build, prefix := filepath.Join(dir, "libdatawarp-build"), filepath.Join(dir, "libdatawarp")
+	os.MkdirAll(build, 0o755)
+	for _, f := range []string{"Makefile", "datawarp.c", "datawarp.h", "cray-datawarp.pc.in"} {
+		data, err := os.ReadFile(filepath.Join(top, "libdatawarp", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(build, f), data, 0o644)
+	}
+	if out, err := exec.Command("make", "-C", build, "PREFIX="+prefix, "LDCONFIG=true", "install").CombinedOutput(); err != nil {
+		t.Fatalf("make -C libdatawarp install: %v\n%s", err, out)
+	}
+	pc := exec.Command("pkg-config", "--cflags", "--libs", "cray-datawarp")
+	pc.Env = append(os.Environ(), "PKG_CONFIG_PATH="+filepath.Join(prefix, "lib", "pkgconfig"))
+	flags, err := pc.Output()
 	if err != nil {
-		t.Fatalf("pkg-config --cflags --libs cray-datawarp: %v; install libdatawarp with scripts/install-deps --test (or make -C libdatawarp install)", err)
+		t.Fatalf("pkg-config --cflags --libs cray-datawarp: %v", err)
 	}
-	prog := filepath.Join(dir, "bin", "ckpt")
-	args := append([]string{"-Wall", "-o", prog, filepath.Join(top, "tests", "slurm", "testdata", "ckpt.c")}, strings.Fields(string(flags))...)
-	if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("cc ckpt.c $(pkg-config --cflags --libs cray-datawarp): %v\n%s", err, out)
+	bin := filepath.Join(dir, "bin")
+	for name, src := range map[string]string{
+		"ckpt":    filepath.Join(top, "tests", "slurm", "testdata", "ckpt.c"),
+		"dwcheck": filepath.Join(top, "tests", "e2e", "testdata", "libdatawarp", "dwcheck.c"),
+	} {
+		args := append([]string{"-Wall", "-o", filepath.Join(bin, name), src}, strings.Fields(string(flags))...)
+		args = append(args, "-Wl,-rpath,"+filepath.Join(prefix, "lib"), "-lpthread")
+		if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+			t.Fatalf("cc %s $(pkg-config --cflags --libs cray-datawarp): %v\n%s", filepath.Base(src), err, out)
+		}
 	}
-	return prog
+	return bin
 }
 
 // stageView is what `dwstat --json stages` says of one stage.
@@ -65,16 +88,16 @@ func (c *cluster) stagesUnder(dir string) map[string]stageView {
 	return found
 }
 
-// checkCkpt checks a staged-out checkpoint: ckptMiB MiB, byte i being (i*31 + n) & 0xff.
-func checkCkpt(t *testing.T, path string, n int) {
+// checkCkpt checks a staged-out checkpoint: mib MiB, byte i being (i*31 + n) & 0xff.
+func checkCkpt(t *testing.T, path string, n, mib int) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Errorf("checkpoint %d on the PFS: %v", n, err)
 		return
 	}
-	if len(data) != ckptMiB<<20 {
-		t.Errorf("%s: %d bytes, want %d", path, len(data), ckptMiB<<20)
+	if len(data) != mib<<20 {
+		t.Errorf("%s: %d bytes, want %d", path, len(data), mib<<20)
 		return
 	}
 	for i, b := range data {
@@ -85,17 +108,18 @@ func checkCkpt(t *testing.T, path string, n int) {
 	}
 }
 
-// A batch job on cn1 (a compute node, not a storage node) runs a C program built against the
-// installed libdatawarp. Its instance is striped over bb1 and bb2, so each stage is split over
+// A batch job on cn1 (a compute node, not a storage node) runs a C program built against
+// libdatawarp as installed. Its instance is striped over bb1 and bb2, so each stage is split over
 // both storage nodes. The library's calls reach the controller from the compute node over TCP,
 // as the job's user, with MUNGE (the node's configuration names the controller's address).
 // The program writes three checkpoints into $DW_JOB_STRIPED: the first is staged out
-// IMMEDIATE and waited for, the second and third are marked AT_JOB_END and the second's
+// IMMEDIATE, seen write-protected while its split stage runs, and waited for (then writable
+// again), the second and third are marked AT_JOB_END and the second's
 // request is revoked. After the job the PFS holds the first and the third only, and Slurm's
 // data_out and teardown waited for the deferred stage: dwstat showed it complete before the
 // session went away, and the job completed.
 func (c *cluster) libdatawarpCheckpoints(t *testing.T, m *multiCluster) {
-	prog := buildCkpt(t, m.dir)
+	prog := filepath.Join(buildLibdatawarp(t, m.dir), "ckpt")
 	compute := filepath.Join(m.dir, "etc", "compute.toml")
 	id := c.sbatch("ckpt.sh", `#!/bin/bash
 #SBATCH -N1 -w cn1 --output=ckpt-%j.out
@@ -116,6 +140,7 @@ sleep 2 # lets the test see the stages while the job runs
 	// session's stages are listed as long as it exists).
 	var (
 		last         = map[string]stageView{} // the last view of each stage while the session was there
+		final        map[string]stageView     // the last view of the session's stages
 		deferredSeen bool                     // ckpt.3's stage seen deferred while the job ran
 		completeIn   string                   // Slurm's burst buffer state when ckpt.3's stage was first seen complete
 		bbStates     []string                 // Slurm's burst buffer states, in order
@@ -127,6 +152,9 @@ sleep 2 # lets the test see the stages while the job runs
 			bbStates = append(bbStates, bb)
 		}
 		stages := c.stagesUnder(dir)
+		if len(stages) > 0 {
+			final = stages
+		}
 		for p, s := range stages {
 			last[p] = s
 			if p == newest && s.Status == "deferred" && j["JobState"] == "RUNNING" {
@@ -151,8 +179,8 @@ sleep 2 # lets the test see the stages while the job runs
 		t.Errorf("the job did not run on cn1:\n%s", out)
 	}
 	// The PFS: the immediate checkpoint and the newest, not the revoked one.
-	checkCkpt(t, first, 1)
-	checkCkpt(t, newest, 3)
+	checkCkpt(t, first, 1, 6*ckptMiB) // ckpt.c's FIRST_FACTOR
+	checkCkpt(t, newest, 3, ckptMiB)
 	if _, err := os.Stat(filepath.Join(dir, "ckpt.2")); err == nil {
 		t.Errorf("ckpt.2 was revoked but is on the PFS")
 	}
@@ -180,8 +208,51 @@ sleep 2 # lets the test see the stages while the job runs
 	if got, err := os.ReadDir(filepath.Join(c.pfs, "many-"+id)); err != nil || len(got) != manyFiles {
 		t.Errorf("the job's own stage-out: %d files (%v), want %d", len(got), err, manyFiles)
 	}
-	if _, ok := last[filepath.Join(dir, "ckpt.2")]; ok {
-		t.Errorf("the revoked stage of ckpt.2 is still listed: %+v", last[filepath.Join(dir, "ckpt.2")])
+	if s, ok := final[filepath.Join(dir, "ckpt.2")]; ok {
+		t.Errorf("the revoked stage of ckpt.2 was still listed at the end: %+v", s)
+	}
+	c.assertGone(id)
+}
+
+// dwcheck all (every function and documented error, tests/e2e/testdata/libdatawarp) in a
+// batch job on cn2, a compute node that is not a storage node, on a one-server instance: the
+// checks the e2e tests run under spillway run, under Slurm.
+func (c *cluster) libdatawarpEveryFunction(t *testing.T, m *multiCluster) {
+	bin := filepath.Join(m.dir, "bin")
+	if _, err := os.Stat(filepath.Join(bin, "dwcheck")); err != nil {
+		bin = buildLibdatawarp(t, m.dir)
+	}
+	// The PFS directory: a subdirectory the user cannot write, and root's write-protected
+	// file in a directory of the user's.
+	out := filepath.Join(c.pfs, "dwcheck")
+	for _, d := range []string{"readonly", "locked"} {
+		if err := os.MkdirAll(filepath.Join(out, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{out, filepath.Join(out, "locked")} {
+		os.Chown(d, c.uid, c.gid)
+	}
+	if err := os.WriteFile(filepath.Join(out, "locked", "e.dat"), []byte("root's\n"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	id := c.sbatch("dwcheck.sh", `#!/bin/bash
+#SBATCH -N1 -w cn2 --output=dwcheck-%j.out
+#DW jobdw type=scratch access_mode=striped capacity=1GiB`+c.pool()+`
+export SPILLWAY_CONFIG=`+filepath.Join(m.dir, "etc", "compute.toml")+`
+echo "host=$(hostname)"
+exec `+filepath.Join(bin, "dwcheck")+` all `+out+`
+`)
+	j := c.waitEnd(id, 3*time.Minute)
+	got := c.read("dwcheck-" + id + ".out")
+	if j["JobState"] != "COMPLETED" || !strings.Contains(got, "failures 0") || strings.Contains(got, "FAIL") || !strings.Contains(got, "host=cn2\n") {
+		t.Fatalf("dwcheck all in job %s: %s %s\n%s", id, j["JobState"], j["ExitCode"], got)
+	}
+	if n := strings.Count("\n"+got, "\nok "); n < 69 {
+		t.Errorf("only %d checks ran:\n%s", n, got)
+	}
+	if data, err := os.ReadFile(filepath.Join(out, "b.dat")); err != nil || string(data) != "b\n" {
+		t.Errorf("b.dat (activated in the job) on the PFS: %q %v", data, err)
 	}
 	c.assertGone(id)
 }

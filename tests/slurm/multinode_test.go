@@ -405,6 +405,7 @@ func TestMultiNodeDatawarp(t *testing.T) {
 	m.run("persistent_on_two_nodes", (*cluster).persistentTwoNodes)
 	m.run("storage_node_dies", func(c *cluster, t *testing.T) { c.storageNodeDies(t, m) })
 	m.run("libdatawarp_checkpoints", func(c *cluster, t *testing.T) { c.libdatawarpCheckpoints(t, m) })
+	m.run("libdatawarp_every_function", func(c *cluster, t *testing.T) { c.libdatawarpEveryFunction(t, m) })
 	m.assertClean()
 }
 
@@ -414,6 +415,7 @@ func TestMultiNodeLua(t *testing.T) {
 	m.run("two_nodes_striped_private", (*cluster).twoNodes)
 	m.run("only_the_jobs_nodes", (*cluster).onlyJobsNodes)
 	m.run("libdatawarp_checkpoints", func(c *cluster, t *testing.T) { c.libdatawarpCheckpoints(t, m) })
+	m.run("libdatawarp_every_function", func(c *cluster, t *testing.T) { c.libdatawarpEveryFunction(t, m) })
 	m.assertClean()
 }
 

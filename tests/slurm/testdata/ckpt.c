@@ -5,8 +5,9 @@
  *
  *   ckpt PFS_DIR MIB
  *
- * Writes ckpt.1, ckpt.2 and ckpt.3 of MIB MiB each into $DW_JOB_STRIPED: ckpt.1 is staged out
- * DW_STAGE_IMMEDIATE and waited for; ckpt.2 and then ckpt.3 are marked DW_STAGE_AT_JOB_END,
+ * Writes ckpt.1 (FIRST_FACTOR x MIB MiB), ckpt.2 and ckpt.3 (MIB MiB) into $DW_JOB_STRIPED, mode
+ * 0644: ckpt.1 is staged out DW_STAGE_IMMEDIATE, seen write-protected while it runs, and waited
+ * for; ckpt.2 and then ckpt.3 are marked DW_STAGE_AT_JOB_END,
  * and ckpt.2's request is revoked. Byte i of ckpt.N is (i * 31 + N) & 0xff.
  *
  * Prints "ok NAME" or "FAIL NAME: ..." per check and "failures N"; exits with N.
@@ -23,6 +24,9 @@
 #include <unistd.h>
 
 static int failures;
+
+/* ckpt.1 is this many times larger than the others: its stage-out lasts long enough to be seen. */
+#define FIRST_FACTOR 6L
 
 #define CHECK(name, cond, ...)                         \
 	do {                                           \
@@ -43,7 +47,7 @@ static void write_ckpt(const char *p, int n, long mib)
 	long off = 0, b;
 	size_t i;
 	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	if (fd < 0) {
+	if (fd < 0 || fchmod(fd, 0644) != 0) {
 		printf("FAIL setup: cannot create %s: %s\n", p, strerror(errno));
 		exit(100);
 	}
@@ -81,17 +85,36 @@ int main(int argc, char **argv)
 		snprintf(pck[i], sizeof(pck[i]), "%s/ckpt.%d", pfs, i + 1);
 	}
 
-	/* ckpt.1: now, and wait for it. */
-	write_ckpt(ck[0], 1, mib);
+	/* ckpt.1, FIRST_FACTOR times larger: now, and wait for it. While it is staged out it is
+	 * write-protected (SEACAS opens it for writing and takes EACCES for "stage-out in
+	 * progress"); it is writable again once the stage is over. */
+	write_ckpt(ck[0], 1, mib * FIRST_FACTOR);
 	rc = dw_stage_file_out(ck[0], pck[0], DW_STAGE_IMMEDIATE);
 	CHECK("immediate: stage ckpt.1", rc == 0, "rc %d (%s)", rc, strerror(-rc));
+	{
+		int protected = 0, polls = 0, fd;
+		do {
+			fd = open(ck[0], O_WRONLY);
+			if (fd >= 0)
+				close(fd);
+			else if (errno == EACCES)
+				protected = 1;
+			rc = dw_query_file_stage(ck[0], &c, &p, &d, &f);
+			polls++;
+		} while (rc == 0 && p > 0 && !protected);
+		CHECK("immediate: ckpt.1 write-protected (EACCES) while staged out", protected,
+		      "never seen protected in %d polls (rc %d)", polls, rc);
+	}
 	rc = dw_wait_file_stage(ck[0]);
 	CHECK("immediate: wait ckpt.1", rc == 0, "rc %d (%s)", rc, strerror(-rc));
 	rc = dw_query_file_stage(ck[0], &c, &p, &d, &f);
 	CHECK("immediate: ckpt.1 complete", rc == 0 && c == 1 && p == 0 && d == 0 && f == 0,
 	      "rc %d c %d p %d d %d f %d", rc, c, p, d, f);
-	CHECK("immediate: ckpt.1 on the PFS", stat(pck[0], &sb) == 0 && sb.st_size == mib << 20,
+	CHECK("immediate: ckpt.1 on the PFS", stat(pck[0], &sb) == 0 && sb.st_size == (mib * FIRST_FACTOR) << 20,
 	      "%s: %s, %lld bytes", pck[0], strerror(errno), (long long)sb.st_size);
+	CHECK("immediate: ckpt.1 writable again, the PFS copy with its mode",
+	      stat(ck[0], &sb) == 0 && (sb.st_mode & 07777) == 0644 && stat(pck[0], &sb) == 0 && (sb.st_mode & 07777) == 0644,
+	      "modes: %o", (unsigned)(sb.st_mode & 07777));
 
 	/* ckpt.2, then ckpt.3: the newest at job end, the previous revoked. */
 	write_ckpt(ck[1], 2, mib);
