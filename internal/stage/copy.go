@@ -382,8 +382,14 @@ func (w *worker) copyFile(ctx context.Context, job *copyJob, e entry, buf *[]byt
 		// The file being staged out is write-protected until its copy ends (DataWarp's
 		// behaviour: applications take "not writable" for "stage-out in progress"). The
 		// destination gets the mode the file had.
-		if unix.Fchmod(in, st.Mode&0o7777&^0o222) == nil {
-			defer unix.Fchmod(in, st.Mode&0o7777)
+		protected := st.Mode & 0o7777 &^ 0o222
+		if unix.Fchmod(in, protected) == nil {
+			defer func() {
+				// Unless its owner changed the mode meanwhile.
+				if cur, err := fstat(in); err == nil && cur.Mode&0o7777 == protected {
+					unix.Fchmod(in, st.Mode&0o7777)
+				}
+			}()
 		}
 	}
 	dstName := job.dst.join(job.dstName, e.rel)

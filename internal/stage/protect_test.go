@@ -57,6 +57,45 @@ func TestProtectedStageOutWriteProtectsTheSourceWhileItCopies(t *testing.T) {
 	}
 }
 
+// A mode the file's owner sets while it is protected (chmod needs no write permission) is
+// kept when the stage-out ends; the copy has the mode the file had when the copy started.
+func TestProtectedStageOutKeepsAModeTheOwnerSet(t *testing.T) {
+	a := newArea(t)
+	src := filepath.Join(a.ns, "ckpt")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(512 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	os.Chmod(src, 0o640)
+	owned(t, src)
+	s := spec(a, "out", "file", filepath.Join(a.pfs, "ckpt"), "$DW_JOB_STRIPED/ckpt")
+	s.Protect = true
+	owned(t, a.pfs)
+	w := startWorker(t, s, true)
+	if ev := w.next(t); ev.Event != eventPlan {
+		t.Fatalf("plan: %+v", ev)
+	}
+	w.answer(t, decision{Go: true})
+	if ev := w.next(t); ev.Event != eventProgress {
+		t.Skipf("the copy ended before a progress report (%+v); too fast to look", ev)
+	}
+	if err := os.Chmod(src, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if last, status := w.finish(t); status != 0 {
+		t.Fatalf("stage: %+v %d", last, status)
+	}
+	for p, want := range map[string]os.FileMode{src: 0o400, filepath.Join(a.pfs, "ckpt"): 0o640} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s after the stage: %v %v, want mode %v", p, fi.Mode(), err, want)
+		}
+	}
+}
+
 // A split stage-out with Protect (a striped instance on several servers): the prepare step
 // write-protects the source before it copies anything and reports the mode the source had;
 // the copy steps leave it protected; the finish step gives the mode back and the destination
