@@ -74,11 +74,11 @@ func (w *worker) prepareEntry(ctx context.Context, job *copyJob, e entry, buf *[
 		// the finish or abort step gives its mode back (DataWarp's behaviour, as an unsplit
 		// stage-out). The controller records the mode it had.
 		mode := st.Mode & 0o7777
-		if unix.Fchmod(in, mode&^0o222) == nil {
+		if fchmod(in, mode&^0o222) == nil {
 			w.out.send(event{Event: eventProtected, Mode: mode})
 			defer func() {
 				if err != nil {
-					unix.Fchmod(in, mode) // this stage copies no more of it
+					fchmod(in, mode) // this stage copies no more of it
 				}
 			}()
 		}
@@ -178,7 +178,7 @@ func (w *worker) restoreSource(job *copyJob, e entry, in int, st unix.Stat_t) {
 	if restore == 0 || st.Mode&0o7777 != restore&^0o222 {
 		return
 	}
-	if err := unix.Fchmod(in, restore); err != nil {
+	if err := fchmod(in, restore); err != nil {
 		w.out.warn(fmt.Sprintf("%s: could not give %s its write permission back (mode %04o): %s", w.prefix,
 			job.src.display(job.src.join(job.srcName, e.rel)), restore, w.reason(err)))
 	}
@@ -290,6 +290,9 @@ func (w *worker) flushAndClose(out int, job *copyJob, shown string) error {
 func (w *worker) layoutOf(fd int) (stripe.Layout, error) {
 	var buf [256]byte
 	n, err := unix.Fgetxattr(fd, stripe.UserXattr, buf[:])
+	for err == unix.EINTR { // the runtime's signals interrupt requests to a remote mount
+		n, err = unix.Fgetxattr(fd, stripe.UserXattr, buf[:])
+	}
 	if err != nil {
 		return stripe.Layout{}, fmt.Errorf("%s: %w (is the namespace striped?)", stripe.UserXattr, err)
 	}
