@@ -422,17 +422,19 @@ int dw_terminate_file_stage(const char *dw_file_path) { return verb_path("termin
 int dw_terminate_directory_stage(const char *dw_directory_path) { return verb_path("terminate", dw_directory_path); }
 int dw_terminate_list_stage(const char **dw_list) { return verb_paths("terminate", dw_list); }
 
-/* dw_set_stage_concurrency: Spillway's controller bounds running stages itself
- * (controller.stage_max_running); the request is checked and accepted, as DataWarp may
- * silently clamp it. */
+/* dw_set_stage_concurrency: at most concurrent_stages of the job's stages run at once (its
+ * session's limit; the controller clamps it to stage.max_job_concurrency, as DataWarp
+ * clamped it at will). */
 int dw_set_stage_concurrency(const char *dw_instance_path, unsigned int concurrent_stages)
 {
-	(void)concurrent_stages;
+	char n[16];
 	if (dw_instance_path == NULL)
 		return -EINVAL;
-	if (access(dw_instance_path, R_OK) != 0)
-		return -errno;
-	return 0;
+	snprintf(n, sizeof(n), "%u", concurrent_stages);
+	{
+		const char *args[] = {"concurrency", "--", dw_instance_path, n};
+		return call(args, 4);
+	}
 }
 
 /* ---- failed stages ------------------------------------------------------------------------ */
@@ -611,6 +613,25 @@ static int layout_field(const char *text, const char *name, long *out)
 	return -1;
 }
 
+/* The calls below work on the caller's descriptors directly. On a mount whose servers are on
+ * other hosts a signal can interrupt them (the file system answers an interrupted request
+ * with EINTR, whatever SA_RESTART says): they are retried, as the helper's are. */
+static int fstat_r(int fd, struct stat *st)
+{
+	int rc;
+	while ((rc = fstat(fd, st)) != 0 && errno == EINTR)
+		;
+	return rc;
+}
+
+static ssize_t fgetxattr_r(int fd, const char *name, void *value, size_t size)
+{
+	ssize_t n;
+	while ((n = fgetxattr(fd, name, value, size)) < 0 && errno == EINTR)
+		;
+	return n;
+}
+
 int dw_get_stripe_configuration(int fd, int *stripe_size, int *stripe_width, int *starting_index)
 {
 	char buf[256];
@@ -619,11 +640,11 @@ int dw_get_stripe_configuration(int fd, int *stripe_size, int *stripe_width, int
 	long size, width, start = 0;
 	if (stripe_size == NULL || stripe_width == NULL || starting_index == NULL)
 		return -EINVAL;
-	if (fstat(fd, &st) != 0)
+	if (fstat_r(fd, &st) != 0)
 		return -errno;
 	if (fd <= STDERR_FILENO && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
 		return -EINVAL;
-	n = fgetxattr(fd, LAYOUT_XATTR, buf, sizeof(buf) - 1);
+	n = fgetxattr_r(fd, LAYOUT_XATTR, buf, sizeof(buf) - 1);
 	if (n < 0) {
 		if (errno != ENODATA && errno != ENOTSUP)
 			return -errno;
@@ -649,19 +670,21 @@ int dw_set_stripe_configuration(int fd, int stripe_size, int stripe_width)
 	struct stat st;
 	if (stripe_size <= 0 || stripe_size % 4096 != 0 || stripe_width <= 0)
 		return -EINVAL;
-	if (fstat(fd, &st) != 0)
+	if (fstat_r(fd, &st) != 0)
 		return -errno;
 	if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
 		return -EINVAL;
-	if (fgetxattr(fd, LAYOUT_XATTR, cur, sizeof(cur)) < 0) {
+	if (fgetxattr_r(fd, LAYOUT_XATTR, cur, sizeof(cur)) < 0) {
 		if (errno != ENODATA && errno != ENOTSUP)
 			return -errno;
 		/* One server: any size is that server's, and the width can only be 1. */
 		return stripe_width == 1 ? 0 : -EINVAL;
 	}
 	snprintf(buf, sizeof(buf), "stripe_size=%d stripe_width=%d", stripe_size, stripe_width);
-	if (fsetxattr(fd, LAYOUT_XATTR, buf, strlen(buf), 0) != 0)
-		return errno == EEXIST ? -EINVAL : -errno;
+	while (fsetxattr(fd, LAYOUT_XATTR, buf, strlen(buf), 0) != 0) {
+		if (errno != EINTR)
+			return errno == EEXIST ? -EINVAL : -errno;
+	}
 	return 0;
 }
 
@@ -708,7 +731,8 @@ char *dw_get_mds_path(const char *dw_root, uint64_t key)
 	(void)key;
 	if (dw_root == NULL)
 		return NULL;
-	real = realpath(dw_root, NULL);
+	while ((real = realpath(dw_root, NULL)) == NULL && errno == EINTR)
+		;
 	if (real == NULL)
 		return NULL;
 	if (!mounted(real)) {
@@ -767,7 +791,9 @@ done:
  * the data is synced once it is on the burst buffer. */
 int dw_wait_sync_complete(int fd)
 {
-	if (fsync(fd) != 0)
-		return -errno;
+	while (fsync(fd) != 0) {
+		if (errno != EINTR)
+			return -errno;
+	}
 	return 0;
 }

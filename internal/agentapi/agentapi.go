@@ -128,14 +128,18 @@ type StageSpec struct {
 const (
 	// StepPrepare runs on the namespace's metadata server: directories and links, every
 	// file created at its final size (mode 0600 until StepFinish), and this server's stripes.
+	// A protected file stage-out (StageSpec.Protect) first removes the source's write bits
+	// and reports the mode it had (StageStatus.ProtectedMode).
 	StepPrepare = "prepare"
 	// StepCopy runs on every other server at once: the stripes that server holds.
 	StepCopy = "copy"
 	// StepFinish runs on the metadata server once every server copied: the files' and
-	// directories' modes and times, and the flush.
+	// directories' modes and times, and the flush; a protected source gets its mode back
+	// (StagePart.RestoreMode).
 	StepFinish = "finish"
-	// StepAbort runs on the metadata server after a copy failed: it removes the files
-	// StepPrepare created, so that no half-written file poses as complete.
+	// StepAbort runs on the metadata server after a copy failed, or when a stage with a
+	// protected source is canceled: it removes the files StepPrepare created, so that no
+	// half-written file poses as complete, and gives a protected source its mode back.
 	StepAbort = "abort"
 )
 
@@ -144,6 +148,10 @@ type StagePart struct {
 	Step    string `json:"step"`
 	Server  int    `json:"server"`  // this node's index among the instance's stripe servers
 	Servers int    `json:"servers"` // how many servers the instance has
+	// RestoreMode is the mode a protected source had before StepPrepare removed its write
+	// bits (0: none was removed): StepFinish and StepAbort give it back, and the destination
+	// gets it. The source keeps a mode its owner set meanwhile.
+	RestoreMode uint32 `json:"restore_mode,omitempty"`
 }
 
 // Key names a stage's run on an agent: the stage's id, and the step for a split stage.
@@ -169,6 +177,9 @@ type StageStatus struct {
 	Error      string `json:"error,omitempty"`
 	// Warnings are what the stage skipped or could not keep (special files, metadata).
 	Warnings []string `json:"warnings,omitempty"`
+	// ProtectedMode is the mode (permission bits) the source of a protected file stage-out
+	// had before a split stage's StepPrepare removed its write bits; 0 when it removed none.
+	ProtectedMode uint32 `json:"protected_mode,omitempty"`
 }
 
 // NodeReport is what an agent tells the controller about itself.

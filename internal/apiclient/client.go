@@ -366,6 +366,14 @@ func (c *Client) TerminateJobStages(ctx context.Context, token, v, p string) (in
 	return out.N, err
 }
 
+// SetStageConcurrency sets how many of the job's in-job stages may run at once and returns
+// the limit the controller set (clamped to its stage.max_job_concurrency).
+func (c *Client) SetStageConcurrency(ctx context.Context, token string, n int) (int, error) {
+	var out controller.ConcurrencyRequest
+	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages/concurrency", controller.ConcurrencyRequest{Concurrency: n}, &out)
+	return out.Concurrency, err
+}
+
 // Mount says what burst buffer of the caller's is mounted at a mount point (node "" = any).
 func (c *Client) Mount(ctx context.Context, mountPoint, node string) (lifecycle.MountInfo, error) {
 	var out lifecycle.MountInfo

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -26,6 +27,7 @@ const dwcliStageUsage = `Usage: dwcli stage in  [--type file|directory] DW_PATH 
        dwcli stage terminate PATH...
        dwcli stage list --failed PATH
        dwcli stage accounting PATH
+       dwcli stage concurrency PATH N
 
 Stage your own job's files while it runs, as libdatawarp's dw_stage_* calls do
 (docs/libdatawarp.md). Paths are burst buffer paths as the job sees them
@@ -42,6 +44,8 @@ Stage your own job's files while it runs, as libdatawarp's dw_stage_* calls do
   terminate   stop the paths' waiting and running stages
   list        --failed: the failed stages under PATH
   accounting  DataWarp's accounting JSON of the instance holding PATH (what Spillway counts)
+  concurrency at most N of the job's stages run at once (its session's; clamped to the
+              configuration's stage.max_job_concurrency, which is printed)
 
 --type defaults to directory when the source is a directory, else file.
 --json prints one JSON object, {"errno": 0, ...} or {"errno": N, "error": "..."}, and exits
@@ -91,9 +95,9 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 		return 64
 	}
 	switch verb {
-	case "in", "out", "query", "wait", "terminate", "list", "accounting":
+	case "in", "out", "query", "wait", "terminate", "list", "accounting", "concurrency":
 	default:
-		return usage(fmt.Sprintf("unknown verb %q: expected in, out, query, wait, terminate or list", verb))
+		return usage(fmt.Sprintf("unknown verb %q: expected in, out, query, wait, terminate, list, accounting or concurrency", verb))
 	}
 	conn.lookOnly = true // staging never creates a home: the job's must exist
 	ctx := context.Background()
@@ -177,6 +181,19 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 		enc.SetIndent("", "  ")
 		enc.Encode(acct)
 		return 0
+	case "concurrency":
+		if len(words) != 2 {
+			return usage("give PATH and N, the number of stages the job may run at once")
+		}
+		n, err := strconv.ParseInt(words[1], 10, 64)
+		if err != nil {
+			return usage(fmt.Sprintf("%q is not a number of stages (1 or more)", words[1]))
+		}
+		set, err := st.SetConcurrency(ctx, words[0], n)
+		if err == nil && !*asJSON {
+			fmt.Fprintf(stdout, "at most %d of the job's stages run at once\n", set)
+		}
+		return finish(map[string]any{"concurrency": set}, err)
 	case "list":
 		if !*failed || len(words) != 1 {
 			return usage("give --failed and one PATH")

@@ -130,13 +130,16 @@ type Executor struct {
 
 // Stage limits the data movers.
 type Stage struct {
-	MaxRunning       int      `toml:"max_running"`         // stages running at once, all sessions
-	FilesInFlight    int      `toml:"files_in_flight"`     // files copied at once within one stage
-	PollInterval     Duration `toml:"poll_interval"`       // the longest wait between polls of a running stage (the first ones are sooner)
-	Timeout          Duration `toml:"timeout"`             // one stage, end to end
-	MaxAttempts      int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
-	ProgressInterval Duration `toml:"progress_interval"`   // how often a worker reports progress
-	MaxFilesPerStage int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
+	MaxRunning int `toml:"max_running"` // stages running at once, all sessions
+	// MaxJobConcurrency bounds the limit a job may set on its own running in-job stages
+	// (dw_set_stage_concurrency, dwcli stage concurrency): a larger request is clamped to it.
+	MaxJobConcurrency int      `toml:"max_job_concurrency"`
+	FilesInFlight     int      `toml:"files_in_flight"`     // files copied at once within one stage
+	PollInterval      Duration `toml:"poll_interval"`       // the longest wait between polls of a running stage (the first ones are sooner)
+	Timeout           Duration `toml:"timeout"`             // one stage, end to end
+	MaxAttempts       int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
+	ProgressInterval  Duration `toml:"progress_interval"`   // how often a worker reports progress
+	MaxFilesPerStage  int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
 	// AllowRoot lets stages run for uid 0. Off on system installs (Slurm never runs root
 	// jobs; a uid of 0 there is a bug); `spillway run` started by root turns it on.
 	AllowRoot         bool `toml:"allow_root"`
@@ -304,6 +307,7 @@ func Defaults() Config {
 		},
 		Stage: Stage{
 			MaxRunning:        8,
+			MaxJobConcurrency: 8,
 			FilesInFlight:     8,
 			PollInterval:      Duration(200 * time.Millisecond),
 			Timeout:           Duration(24 * time.Hour),
@@ -432,6 +436,7 @@ func (c *Config) Validate() error {
 	positive("executor.retry_backoff", int64(c.Executor.RetryBackoff))
 	positive("executor.agent_timeout", int64(c.Executor.AgentTimeout))
 	positive("stage.max_running", int64(c.Stage.MaxRunning))
+	positive("stage.max_job_concurrency", int64(c.Stage.MaxJobConcurrency))
 	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
 	positive("stage.poll_interval", int64(c.Stage.PollInterval))
 	positive("stage.timeout", int64(c.Stage.Timeout))

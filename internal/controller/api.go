@@ -101,6 +101,7 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 	s.handle("POST /dw/v1/sessions/{token}/job_stages", s.jobStages)
 	s.handle("GET /dw/v1/sessions/{token}/job_stages", s.queryJobStages)
 	s.handle("POST /dw/v1/sessions/{token}/job_stages/terminate", s.terminateJobStages)
+	s.handle("POST /dw/v1/sessions/{token}/job_stages/concurrency", s.jobStageConcurrency)
 	s.handle("GET /dw/v1/mounts", s.mount)
 	return s
 }
@@ -650,6 +651,26 @@ func (s *Server) terminateJobStages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.WriteJSON(w, 200, map[string]int{"terminated": n})
+}
+
+// ConcurrencyRequest is the body of POST .../job_stages/concurrency, and its answer (the
+// limit set, after clamping).
+type ConcurrencyRequest struct {
+	Concurrency int `json:"concurrency"`
+}
+
+func (s *Server) jobStageConcurrency(w http.ResponseWriter, r *http.Request) {
+	token := r.PathValue("token")
+	var req ConcurrencyRequest
+	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
+		return
+	}
+	n, err := s.c.StageConcurrency(r.Context(), token, req.Concurrency)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, ConcurrencyRequest{Concurrency: n})
 }
 
 // mount answers what is mounted at ?path= (on ?node=, or any node): the session and the

@@ -67,13 +67,14 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 		remote:   map[string]agentapi.Agent{},
 		remoteAt: map[string]string{},
 		params: lifecycle.Params{
-			MountRoot:        cfg.Controller.MountRoot,
-			MaxSessions:      cfg.Controller.MaxSessions,
-			MaxAttempts:      cfg.Executor.MaxAttempts,
-			RetryBackoff:     cfg.Executor.RetryBackoff.D(),
-			RetryBackoffMax:  cfg.Executor.RetryBackoffMax.D(),
-			StageMaxAttempts: cfg.Stage.MaxAttempts,
-			StageMaxRunning:  cfg.Stage.MaxRunning,
+			MountRoot:              cfg.Controller.MountRoot,
+			MaxSessions:            cfg.Controller.MaxSessions,
+			MaxAttempts:            cfg.Executor.MaxAttempts,
+			RetryBackoff:           cfg.Executor.RetryBackoff.D(),
+			RetryBackoffMax:        cfg.Executor.RetryBackoffMax.D(),
+			StageMaxAttempts:       cfg.Stage.MaxAttempts,
+			StageMaxRunning:        cfg.Stage.MaxRunning,
+			StageMaxJobConcurrency: cfg.Stage.MaxJobConcurrency,
 			UserQuota: lifecycle.Quota{Sessions: cfg.Controller.MaxSessionsPerUser,
 				Persistent: cfg.Controller.MaxPersistentPerUser, Capacity: uint64(cfg.Controller.MaxCapacityPerUser)},
 		},
@@ -268,6 +269,18 @@ func (c *Controller) TerminateStages(ctx context.Context, token, v, p string) (i
 		return err
 	})
 	return n, err
+}
+
+// StageConcurrency sets how many of a job's in-job stages may run at once
+// (dw_set_stage_concurrency), clamped to stage.max_job_concurrency; it returns the limit set.
+func (c *Controller) StageConcurrency(ctx context.Context, token string, n int) (int, error) {
+	var set int
+	err := c.decide(ctx, "request-persisted:stage_concurrency", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		var err error
+		set, err = lifecycle.ApplyStageConcurrency(w, token, n, c.params.StageMaxJobConcurrency)
+		return err
+	})
+	return set, err
 }
 
 // PreRun mounts the session's configurations on compute nodes.

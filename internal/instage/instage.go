@@ -487,6 +487,24 @@ func (s *Stager) Terminate(ctx context.Context, paths []string) (int, error) {
 	return n, nil
 }
 
+// SetConcurrency sets how many of the job's stages may run at once (dw_set_stage_concurrency)
+// for the session holding p, which must exist and be readable; it returns the limit the
+// controller set (a larger request is clamped to its stage.max_job_concurrency).
+func (s *Stager) SetConcurrency(ctx context.Context, p string, n int64) (int, error) {
+	if n < 1 {
+		return 0, errorf(syscall.EINVAL, "stage concurrency %d: give the number of stages the job may run at once, 1 or more", n)
+	}
+	n = min(n, 1<<31-1) // the controller clamps it further
+	t, err := s.Resolve(ctx, p)
+	if err != nil {
+		return 0, err
+	}
+	if err := mustExist(t.Path, "path", wantAny); err != nil {
+		return 0, err
+	}
+	return s.api.SetStageConcurrency(ctx, t.Info.Token, int(n))
+}
+
 // Failed lists the failed stages under p (dw_open_failed_stage's walk): each one's burst
 // buffer path and the errno its message suggests.
 func (s *Stager) Failed(ctx context.Context, p string) ([]Failure, error) {

@@ -25,6 +25,8 @@ type Params struct {
 	RetryBackoffMax  time.Duration
 	StageMaxAttempts int // restarts of a stage after its agent lost it
 	StageMaxRunning  int // stages running at once, all sessions
+	// StageMaxJobConcurrency bounds the limit a job sets on its own running in-job stages.
+	StageMaxJobConcurrency int
 	// UserQuota bounds what one ordinary user's own requests may hold (sessions they set up
 	// through `spillway run`, `spillway persistent`, the API); the workload manager's jobs are
 	// bounded by the workload manager.

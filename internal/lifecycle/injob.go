@@ -286,6 +286,27 @@ func ApplyTerminate(w *World, token, v, p string, now time.Time) (int, error) {
 	return n, nil
 }
 
+// ApplyStageConcurrency sets how many of the job's in-job stages may run at once
+// (dw_set_stage_concurrency, dwcli stage concurrency): n, clamped to max (the configuration's
+// stage.max_job_concurrency). It returns the limit set. Stages already running are not
+// stopped; pending ones wait until fewer than the limit run. The system-wide
+// stage.max_running bounds them too.
+func ApplyStageConcurrency(w *World, token string, n, max int) (int, error) {
+	s, err := liveSession(w, token, "stage concurrency")
+	if err != nil {
+		return 0, err
+	}
+	if n < 1 {
+		return 0, userErr("stage concurrency %d: give the number of stages the job may run at once, 1 or more", n)
+	}
+	if max > 0 && n > max {
+		n = max
+	}
+	s.StageConcurrency = n
+	w.put(s)
+	return n, nil
+}
+
 const terminatedMsg = "terminated by the job (dw_terminate_*, dwcli stage terminate)"
 
 // cancelMessage is what a canceled stage says: terminated by the job, or by teardown.

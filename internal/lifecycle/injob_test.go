@@ -2,8 +2,10 @@ package lifecycle
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -242,4 +244,151 @@ func TestInJobAtJobEndRetriedByDataOut(t *testing.T) {
 	h.must(ApplyTeardown(h.w, "9", false))
 	h.settle()
 	assertEmpty(t, h.w)
+}
+
+// A file stage-out of a striped instance on two servers is split, and still write-protects
+// its source: the prepare step removes the write bits and reports the mode the file had, and
+// the finish step, or the abort step after a failed copy or a terminate, is told to give it
+// back. A stage whose prepare removed nothing ends a terminate without an abort, as before.
+func TestSplitInJobStageOutWriteProtection(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		protected uint32 // the mode the prepare step reports
+		outcome   string // of the copy: complete, failed, or terminated while it runs
+		wantRuns  string
+		wantEnd   string
+	}{
+		{"complete", 0o640, "complete", "prepare:0 copy:640 finish:640", model.StageComplete},
+		{"copy_fails", 0o640, "failed", "prepare:0 copy:640 abort:640", model.StageFailed},
+		{"terminated", 0o600, "terminated", "prepare:0 copy:600 abort:600", model.StageCanceled},
+		{"terminated_unprotected", 0, "terminated", "prepare:0 copy:0", model.StageCanceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, "ssd1", "ssd2")
+			h.must(ApplySetup(h.w, jobSetup("9", 2<<30, "striped"), h, h.p, h.now))
+			h.settle()
+			h.must(ApplyPreRun(h.w, "9", []string{"cn1"}, h, h.p))
+			h.settle()
+			h.must(ApplyInJobStages(h.w, "9", []InJobStage{out("", "/ckpt", "/pfs/ckpt")}, h, h.now))
+			var runs []string
+			h.fail = func(e Effect) error {
+				if e.Op == OpStartStage {
+					if e.Stage.Part == nil || !e.Stage.Protect {
+						t.Fatalf("an in-job file stage-out of a 2-server instance: part %+v, protect %v", e.Stage.Part, e.Stage.Protect)
+					}
+					runs = append(runs, fmt.Sprintf("%s:%o", e.Stage.Part.Step, e.Stage.Part.RestoreMode))
+				}
+				return nil
+			}
+			h.stageResult = func(e Effect) agentapi.StageStatus {
+				st := agentapi.StageStatus{Known: true, Status: model.StageComplete, FilesTotal: 1, FilesDone: 1}
+				switch e.Stage.Part.Step {
+				case agentapi.StepPrepare:
+					st.ProtectedMode = tc.protected
+				case agentapi.StepCopy:
+					switch tc.outcome {
+					case "failed":
+						st.Status, st.Error = model.StageFailed, "cannot read: Input/output error"
+					case "terminated":
+						st.Status = model.StageRunning
+					}
+				}
+				return st
+			}
+			if tc.outcome != "terminated" {
+				h.settle()
+			} else {
+				for i := 0; i < 10 && (len(runs) == 0 || !strings.HasPrefix(runs[len(runs)-1], "copy")); i++ {
+					h.stepOnce()
+				}
+				h.stepOnce() // the copy is running
+				if st := h.w.Stages[1]; st.Step != agentapi.StepCopy || st.Status != model.StageRunning {
+					t.Fatalf("before the terminate: %+v", st)
+				}
+				if n, err := ApplyTerminate(h.w, "9", VarJobStriped, "/ckpt", h.now); err != nil || n != 1 {
+					t.Fatalf("terminate: %d %v", n, err)
+				}
+				h.w.TakeChanges()
+				h.stageResult = func(e Effect) agentapi.StageStatus {
+					return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+				}
+				h.settle()
+			}
+			st := h.w.Stages[1]
+			if got := strings.Join(runs, " "); got != tc.wantRuns {
+				t.Errorf("runs (step:restore mode) %q, want %q", got, tc.wantRuns)
+			}
+			if st.Status != tc.wantEnd || st.ProtectedMode != tc.protected {
+				t.Errorf("stage %s (%s), protected mode %o; want %s, %o", st.Status, st.Error, st.ProtectedMode, tc.wantEnd, tc.protected)
+			}
+			if tc.outcome == "terminated" && !strings.Contains(st.Error, "terminated by the job") {
+				t.Errorf("a terminated stage's error: %q", st.Error)
+			}
+		})
+	}
+}
+
+// stepOnce runs one step and completes its effects.
+func (h *harness) stepOnce() {
+	for _, e := range Step(h.w, h.p, h.now) {
+		r := Result{Err: h.fail(e)}
+		if e.Op == OpPollStage && r.Err == nil {
+			r.Stage = h.stageResult(e)
+		}
+		Complete(h.w, e, r, h.p, h.now)
+	}
+	h.w.TakeChanges()
+	h.now = h.now.Add(time.Second)
+}
+
+// dw_set_stage_concurrency: at most that many of the job's own stages run at once (the others
+// wait their turn), a request above stage.max_job_concurrency is clamped to it, and 0 is
+// refused. The script's own stages are not counted.
+func TestInJobStageConcurrency(t *testing.T) {
+	h := runningJob(t)
+	if _, err := ApplyStageConcurrency(h.w, "9", 0, 4); err == nil || !strings.Contains(err.Error(), "1 or more") {
+		t.Fatalf("concurrency 0: %v", err)
+	}
+	if _, err := ApplyStageConcurrency(h.w, "nope", 2, 4); err == nil {
+		t.Fatal("a session that does not exist must be refused")
+	}
+	if n, err := ApplyStageConcurrency(h.w, "9", 100, 4); err != nil || n != 4 || h.w.SessionByToken("9").StageConcurrency != 4 {
+		t.Fatalf("clamped: %d %v", n, err)
+	}
+	n, err := ApplyStageConcurrency(h.w, "9", 2, 4)
+	if err != nil || n != 2 {
+		t.Fatalf("2: %d %v", n, err)
+	}
+	h.w.TakeChanges()
+	var reqs []InJobStage
+	for i := 0; i < 5; i++ {
+		reqs = append(reqs, out("", fmt.Sprintf("/ckpt/%d", i), fmt.Sprintf("/pfs/%d", i)))
+	}
+	h.must(ApplyInJobStages(h.w, "9", reqs, h, h.now))
+	// Every stage runs for three polls; count how many of the job's run at once.
+	polls := map[ID]int{}
+	h.stageResult = func(e Effect) agentapi.StageStatus {
+		polls[e.Ref.ID]++
+		if polls[e.Ref.ID] < 3 {
+			return agentapi.StageStatus{Known: true, Status: model.StageRunning}
+		}
+		return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+	}
+	most := 0
+	for i := 0; i < 40; i++ {
+		h.stepOnce()
+		running := 0
+		for _, st := range h.w.StagesOf(h.w.SessionByToken("9").ID) {
+			if st.Status == model.StageRunning {
+				running++
+			}
+		}
+		most = max(most, running)
+	}
+	if most != 2 {
+		t.Errorf("at most %d of the job's stages ran at once, want 2 (its limit)", most)
+	}
+	if c := h.counts("/ckpt"); c != (InJobCounts{Complete: 5}) {
+		t.Errorf("every stage ran in the end: %+v", c)
+	}
 }

@@ -73,7 +73,7 @@ func stepSplit(w *World, st *model.Stage, spec agentapi.StageSpec, servers []age
 				continue
 			}
 			run := spec
-			run.Part = &agentapi.StagePart{Step: st.Step, Server: part.Server, Servers: len(servers)}
+			run.Part = &agentapi.StagePart{Step: st.Step, Server: part.Server, Servers: len(servers), RestoreMode: st.ProtectedMode}
 			effects = append(effects, Effect{Op: OpStartStage, Ref: Ref{KindStage, st.ID}, Part: i + 1, Node: part.Node, Stage: run})
 		case model.StageRunning:
 			op := OpPollStage
@@ -204,6 +204,10 @@ func completeSplit(w *World, e Effect, r Result, p Params, now time.Time) {
 		}
 		part.FilesDone, part.BytesDone = ss.FilesDone, ss.BytesDone
 		st.FilesTotal, st.BytesTotal = ss.FilesTotal, ss.BytesTotal
+		if ss.ProtectedMode != 0 && st.Step == agentapi.StepPrepare && st.Protect {
+			// The prepare step write-protected the source: finish or abort gives this back.
+			st.ProtectedMode = ss.ProtectedMode & 0o7777
+		}
 		if len(ss.Warnings) > 0 && len(st.Warnings) < maxStageWarnings {
 			st.Warnings = append(st.Warnings, ss.Warnings[:min(len(ss.Warnings), maxStageWarnings-len(st.Warnings))]...)
 		}
@@ -226,13 +230,26 @@ func completeSplit(w *World, e Effect, r Result, p Params, now time.Time) {
 	st.FilesDone = max(files, 0)
 }
 
-// cancelSplit stops a split stage's running runs for a teardown, and reports whether some
-// still run.
-func cancelSplit(w *World, st *model.Stage, now time.Time) (effects []Effect, busy bool) {
+// cancelSplit stops a split stage's running runs for a teardown or a terminate, and reports
+// whether some still run. A stage whose prepare step write-protected its source runs the
+// abort step on the metadata server before it ends canceled: it removes the partly staged
+// files and gives the source its write bits back. spec, servers and mds are the stage's
+// (ok false when they can no longer be known: the stage then ends without that step).
+func cancelSplit(w *World, st *model.Stage, spec agentapi.StageSpec, servers []agentapi.StripeServer, mds int, ok bool, now time.Time) (effects []Effect, busy bool) {
+	restoring := st.Step == agentapi.StepAbort && st.ProtectedMode != 0 && ok
 	for i := range st.Parts {
 		part := &st.Parts[i]
 		switch part.Status {
 		case model.StagePending:
+			if restoring && nodeOnline(w, part.Node) {
+				busy = true
+				if ready(st.State, now) {
+					run := spec
+					run.Part = &agentapi.StagePart{Step: st.Step, Server: part.Server, Servers: len(servers), RestoreMode: st.ProtectedMode}
+					effects = append(effects, Effect{Op: OpStartStage, Ref: Ref{KindStage, st.ID}, Part: i + 1, Node: part.Node, Stage: run})
+				}
+				continue
+			}
 			part.Status = model.StageCanceled
 			w.put(st)
 		case model.StageRunning:
@@ -243,7 +260,11 @@ func cancelSplit(w *World, st *model.Stage, now time.Time) (effects []Effect, bu
 				continue
 			}
 			if ready(st.State, now) {
-				effects = append(effects, Effect{Op: OpCancelStage, Ref: Ref{KindStage, st.ID}, Part: i + 1, Node: part.Node,
+				op := OpCancelStage
+				if restoring {
+					op = OpPollStage // the abort step is what the cancel waits for
+				}
+				effects = append(effects, Effect{Op: op, Ref: Ref{KindStage, st.ID}, Part: i + 1, Node: part.Node,
 					Stage: agentapi.StageSpec{ID: st.ID, Part: &agentapi.StagePart{Step: st.Step}}})
 			}
 		}
@@ -251,14 +272,22 @@ func cancelSplit(w *World, st *model.Stage, now time.Time) (effects []Effect, bu
 	if len(effects) == 0 {
 		busy = false
 		for _, part := range st.Parts {
-			busy = busy || part.Status == model.StageRunning
+			busy = busy || part.Status == model.StageRunning || restoring && part.Status == model.StagePending && nodeOnline(w, part.Node)
 		}
 	}
-	if !busy {
-		st.Status, st.Error, st.Finished = model.StageCanceled, cancelMessage(st), now
-		w.put(st)
+	if busy {
+		return effects, true
 	}
-	return effects, busy
+	if st.ProtectedMode != 0 && ok && st.Step != agentapi.StepAbort && nodeOnline(w, servers[mds].Node) {
+		// Every run has stopped: the abort step cleans up after them before the stage ends.
+		st.CopyError = cancelMessage(st)
+		st.Step, st.Parts = agentapi.StepAbort, []model.StagePart{{Node: servers[mds].Node, Server: mds, Status: model.StagePending}}
+		w.put(st)
+		return cancelSplit(w, st, spec, servers, mds, ok, now)
+	}
+	st.Status, st.Error, st.Finished = model.StageCanceled, cancelMessage(st), now
+	w.put(st)
+	return nil, false
 }
 
 // movesData reports whether a step's runs move file data (and so count in the stage's bytes).

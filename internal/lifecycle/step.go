@@ -139,12 +139,25 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 // stepStages starts pending stages (within the global limit) and polls running ones.
 func stepStages(w *World, s *model.Session, p Params, now time.Time, running *int) []Effect {
 	var effects []Effect
-	for _, st := range w.StagesOf(s.ID) {
+	stages := w.StagesOf(s.ID)
+	inJobRunning := 0 // the job's own stages running, for its dw_set_stage_concurrency
+	for _, st := range stages {
+		if st.InJob && st.Status == model.StageRunning {
+			inJobRunning++
+		}
+	}
+	for _, st := range stages {
 		switch st.Status {
 		case model.StagePending:
 			ns := w.Namespaces[st.NamespaceID]
 			if ns == nil || !ns.State.Actualized || !ready(st.State, now) || *running >= p.StageMaxRunning {
 				continue
+			}
+			if st.InJob && s.StageConcurrency > 0 && inJobRunning >= s.StageConcurrency {
+				continue // the job's own limit: this one waits for one of its others to end
+			}
+			if st.InJob {
+				inJobRunning++
 			}
 			spec, node, err := stageSpec(w, s, st)
 			if err != nil {
@@ -170,7 +183,8 @@ func stepStages(w *World, s *model.Session, p Params, now time.Time, running *in
 			spec, node, err := stageSpec(w, s, st)
 			if st.Terminate { // the job asked to stop it (dw_terminate_*)
 				if st.Step != "" {
-					cancels, _ := cancelSplit(w, st, now)
+					servers, mds, split := splitServers(w, st, spec)
+					cancels, _ := cancelSplit(w, st, spec, servers, mds, err == nil && split, now)
 					effects = append(effects, cancels...)
 					continue
 				}
@@ -421,7 +435,9 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 			w.put(st)
 		case model.StageRunning:
 			if st.Step != "" {
-				cancels, busy := cancelSplit(w, st, now)
+				spec, _, err := stageSpec(w, s, st)
+				servers, mds, split := splitServers(w, st, spec)
+				cancels, busy := cancelSplit(w, st, spec, servers, mds, err == nil && split, now)
 				effects = append(effects, cancels...)
 				busyStages = busyStages || busy
 				continue

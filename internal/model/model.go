@@ -116,6 +116,9 @@ type Session struct {
 	Hurry       bool      `json:"hurry"`             // teardown without waiting for stage-out
 	Failure     string    `json:"failure,omitempty"` // why the last step failed
 	Uses        []string  `json:"uses,omitempty"`    // persistent instances named by #DW persistentdw
+	// StageConcurrency is how many of the job's in-job stages may run at once
+	// (dw_set_stage_concurrency); 0: no limit of its own (the system's stage.max_running).
+	StageConcurrency int `json:"stage_concurrency,omitempty"`
 }
 
 // IsJob reports whether the session belongs to a job (its token is the job id).
@@ -279,6 +282,10 @@ type Stage struct {
 	// Protect makes a file stage-out remove the source's write bits while it runs, and put
 	// them back at its end (DataWarp write-protects a file being staged out).
 	Protect bool `json:"protect,omitempty"`
+	// ProtectedMode is the mode the source of a split protected stage-out had before its
+	// prepare step removed the write bits (0: none removed); the finish or abort step gives
+	// it back. A stage canceled after its prepare step runs abort first for it.
+	ProtectedMode uint32 `json:"protected_mode,omitempty"`
 }
 
 // StagePart is one server's run in a step of a split stage.

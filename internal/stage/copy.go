@@ -143,7 +143,7 @@ func (w *worker) makeDirectory(d *side, name string, dirs *dirCache) error {
 	// earlier stage) is opened up now; finishDirectories sets its final mode.
 	if int(st.Uid) == w.uid && st.Mode&0o700 != 0o700 {
 		if fd, err := parent.open(unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
-			unix.Fchmod(fd, st.Mode&0o777|0o700)
+			fchmod(fd, st.Mode&0o777|0o700)
 			unix.Close(fd)
 		}
 	}
@@ -217,7 +217,7 @@ func (w *worker) applyMetadata(fd int, display string, dst unix.Stat_t, mode, gi
 		// Best effort, like cp -a: it works only if the user belongs to the source's group.
 		unix.Fchown(fd, -1, int(gid))
 	}
-	if err := unix.Fchmod(fd, mode&0o7777); err != nil {
+	if err := fchmod(fd, mode&0o7777); err != nil {
 		if !ours && isPermission(err) {
 			w.out.warn(fmt.Sprintf("%s: kept the mode of %s, which belongs to uid %d", w.prefix, display, dst.Uid))
 		} else {
@@ -382,8 +382,14 @@ func (w *worker) copyFile(ctx context.Context, job *copyJob, e entry, buf *[]byt
 		// The file being staged out is write-protected until its copy ends (DataWarp's
 		// behaviour: applications take "not writable" for "stage-out in progress"). The
 		// destination gets the mode the file had.
-		if unix.Fchmod(in, st.Mode&0o7777&^0o222) == nil {
-			defer unix.Fchmod(in, st.Mode&0o7777)
+		protected := st.Mode & 0o7777 &^ 0o222
+		if fchmod(in, protected) == nil {
+			defer func() {
+				// Unless its owner changed the mode meanwhile.
+				if cur, err := fstat(in); err == nil && cur.Mode&0o7777 == protected {
+					fchmod(in, st.Mode&0o7777)
+				}
+			}()
 		}
 	}
 	dstName := job.dst.join(job.dstName, e.rel)

@@ -328,6 +328,10 @@ func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
 			protoErr = fmt.Errorf("the staging worker sent %q after its final event", ev.Event)
 		case ev.Event == eventWarning:
 			r.addWarning(ev.Message)
+		case ev.Event == eventProtected && planned && r.spec.Protect && r.spec.Part != nil && ev.Mode != 0 && ev.Mode&^0o7777 == 0:
+			r.mu.Lock()
+			r.status.ProtectedMode = ev.Mode
+			r.mu.Unlock()
 		case ev.Event == eventPlan && !planned:
 			planned = true
 			r.mu.Lock()

@@ -3,7 +3,14 @@ package stage
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
 
 // A file being staged out with Protect (libdatawarp's stage-outs) has no write bits while it
@@ -47,5 +54,115 @@ func TestProtectedStageOutWriteProtectsTheSourceWhileItCopies(t *testing.T) {
 		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o640 {
 			t.Errorf("%s after the stage: %v %v, want mode 0640", p, fi.Mode(), err)
 		}
+	}
+}
+
+// A mode the file's owner sets while it is protected (chmod needs no write permission) is
+// kept when the stage-out ends; the copy has the mode the file had when the copy started.
+func TestProtectedStageOutKeepsAModeTheOwnerSet(t *testing.T) {
+	a := newArea(t)
+	src := filepath.Join(a.ns, "ckpt")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(512 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	os.Chmod(src, 0o640)
+	owned(t, src)
+	s := spec(a, "out", "file", filepath.Join(a.pfs, "ckpt"), "$DW_JOB_STRIPED/ckpt")
+	s.Protect = true
+	owned(t, a.pfs)
+	w := startWorker(t, s, true)
+	if ev := w.next(t); ev.Event != eventPlan {
+		t.Fatalf("plan: %+v", ev)
+	}
+	w.answer(t, decision{Go: true})
+	if ev := w.next(t); ev.Event != eventProgress {
+		t.Skipf("the copy ended before a progress report (%+v); too fast to look", ev)
+	}
+	if err := os.Chmod(src, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if last, status := w.finish(t); status != 0 {
+		t.Fatalf("stage: %+v %d", last, status)
+	}
+	for p, want := range map[string]os.FileMode{src: 0o400, filepath.Join(a.pfs, "ckpt"): 0o640} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s after the stage: %v %v, want mode %v", p, fi.Mode(), err, want)
+		}
+	}
+}
+
+// A split stage-out with Protect (a striped instance on several servers): the prepare step
+// write-protects the source before it copies anything and reports the mode the source had;
+// the copy steps leave it protected; the finish step gives the mode back and the destination
+// gets the source's own mode; the abort step gives it back too and removes the destination.
+// A mode the owner set meanwhile is kept.
+func TestSplitStageOutWriteProtectsTheSource(t *testing.T) {
+	for _, end := range []string{agentapi.StepFinish, agentapi.StepAbort, "owner_changed_the_mode"} {
+		t.Run(end, func(t *testing.T) {
+			a := newArea(t)
+			src, dst := filepath.Join(a.ns, "ckpt"), filepath.Join(a.pfs, "ckpt")
+			content := strings.Repeat("0123456789", 2000) // five 4 KiB stripes over two servers
+			writeFile(t, src, content, 0o640, time.Unix(1_700_000_000, 0))
+			// The layout a striped mount shows (the worker reads it through the mount).
+			if err := unix.Setxattr(src, stripe.UserXattr, []byte("stripe_size=4096 stripe_width=2 start=0"), 0); err != nil {
+				t.Skipf("this file system keeps no user extended attributes: %v", err)
+			}
+			owned(t, a.pfs)
+			s := spec(a, "out", "file", dst, "$DW_JOB_STRIPED/ckpt")
+			s.Protect = true
+			run := func(step string, server int, restore uint32) agentapi.StageStatus {
+				t.Helper()
+				ps := s
+				ps.Part = &agentapi.StagePart{Step: step, Server: server, Servers: 2, RestoreMode: restore}
+				return mustComplete(t, ps)
+			}
+			perm := func(p string) os.FileMode {
+				t.Helper()
+				fi, err := os.Stat(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return fi.Mode().Perm()
+			}
+			if st := run(agentapi.StepPrepare, 0, 0); st.ProtectedMode != 0o640 {
+				t.Fatalf("prepare reported protected mode %o, want 0640", st.ProtectedMode)
+			}
+			if m := perm(src); m != 0o440 {
+				t.Fatalf("after prepare the source's mode is %v, want 0440 (write-protected while it is staged out)", m)
+			}
+			if st := run(agentapi.StepCopy, 1, 0o640); st.ProtectedMode != 0 || perm(src) != 0o440 {
+				t.Fatalf("after the copy: source %v, reported %o; want 0440 and nothing reported", perm(src), st.ProtectedMode)
+			}
+			want := os.FileMode(0o640)
+			if end == "owner_changed_the_mode" {
+				os.Chmod(src, 0o400)
+				want = 0o400
+			}
+			final := end
+			if final != agentapi.StepAbort {
+				final = agentapi.StepFinish
+			}
+			run(final, 0, 0o640)
+			if m := perm(src); m != want {
+				t.Errorf("after %s the source's mode is %v, want %v", final, m, want)
+			}
+			if final == agentapi.StepAbort {
+				if exists(dst) {
+					t.Errorf("abort left the partly staged %s", dst)
+				}
+				return
+			}
+			if got := readFile(t, dst); got != content {
+				t.Errorf("staged out %d bytes, want the %d of the source", len(got), len(content))
+			}
+			if m := perm(dst); m != 0o640 {
+				t.Errorf("the staged-out file's mode is %v, want the source's own 0640", m)
+			}
+		})
 	}
 }

@@ -266,7 +266,20 @@ func futimens(fd int, atime, mtime unix.Timespec) error {
 func fstat(fd int) (unix.Stat_t, error) {
 	var st unix.Stat_t
 	err := unix.Fstat(fd, &st)
+	for err == unix.EINTR { // a remote mount answers an interrupted request with EINTR
+		err = unix.Fstat(fd, &st)
+	}
 	return st, err
+}
+
+// fchmod sets a descriptor's mode, again when a signal interrupted it (the Go runtime's
+// signals interrupt requests to a remote mount, which answers EINTR).
+func fchmod(fd int, mode uint32) error {
+	err := unix.Fchmod(fd, mode)
+	for err == unix.EINTR {
+		err = unix.Fchmod(fd, mode)
+	}
+	return err
 }
 
 // closeFD closes a descriptor; an error on close can report a failed write (NFS, Lustre).

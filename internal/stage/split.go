@@ -31,6 +31,9 @@ func validatePart(p *agentapi.StagePart) error {
 	if p.Servers < 1 || p.Servers > stripe.MaxServers || p.Server < 0 || p.Server >= p.Servers {
 		return fmt.Errorf("server %d of %d: expected 0 to servers-1, servers 1 to %d", p.Server, p.Servers, stripe.MaxServers)
 	}
+	if p.RestoreMode&^0o7777 != 0 {
+		return fmt.Errorf("restore_mode %o: expected permission bits (at most 07777)", p.RestoreMode)
+	}
 	return nil
 }
 
@@ -66,6 +69,20 @@ func (w *worker) prepareEntry(ctx context.Context, job *copyJob, e entry, buf *[
 		return err
 	}
 	defer release()
+	if w.protects(job) && st.Mode&0o222 != 0 {
+		// The file being staged out is write-protected before any of it is copied, until
+		// the finish or abort step gives its mode back (DataWarp's behaviour, as an unsplit
+		// stage-out). The controller records the mode it had.
+		mode := st.Mode & 0o7777
+		if fchmod(in, mode&^0o222) == nil {
+			w.out.send(event{Event: eventProtected, Mode: mode})
+			defer func() {
+				if err != nil {
+					fchmod(in, mode) // this stage copies no more of it
+				}
+			}()
+		}
+	}
 	dstName := job.dst.join(job.dstName, e.rel)
 	dstShown := job.dst.display(dstName)
 	dp, err := dirs.parent(job.dst, dstName)
@@ -116,21 +133,55 @@ func (w *worker) finishFile(ctx context.Context, job *copyJob, e entry, buf *[]b
 	if e.kind != kindFile {
 		return nil
 	}
-	_, st, release, err := w.openPlannedSource(ctx, job, e, dirs)
+	in, st, release, err := w.openPlannedSource(ctx, job, e, dirs)
 	if err != nil {
 		return err
 	}
-	release()
+	defer release()
+	mode := st.Mode
+	if restore := w.restoreMode(job); restore != 0 {
+		// The copy ends here, whatever its outcome: the source gets its write bits back, and
+		// the destination the mode the source had before it was protected.
+		defer w.restoreSource(job, e, in, st)
+		mode = st.Mode&^0o7777 | restore
+	}
 	out, dst, err := w.openPrepared(job, e, unix.O_RDONLY, dirs)
 	if err != nil {
 		return err
 	}
 	shown := job.dst.display(job.dst.join(job.dstName, e.rel))
-	if err := w.applyMetadata(out, shown, dst, st.Mode, st.Gid, st.Atim, st.Mtim); err != nil {
+	if err := w.applyMetadata(out, shown, dst, mode, st.Gid, st.Atim, st.Mtim); err != nil {
 		unix.Close(out)
 		return err
 	}
 	return w.flushAndClose(out, job, shown)
+}
+
+// protects reports whether this stage write-protects the file it stages out (a file
+// stage-out with Protect).
+func (w *worker) protects(job *copyJob) bool {
+	return w.spec.Protect && job.src.dw && !job.tree
+}
+
+// restoreMode is the mode the prepare step took the write bits from (0: none).
+func (w *worker) restoreMode(job *copyJob) uint32 {
+	if !w.protects(job) || w.spec.Part == nil {
+		return 0
+	}
+	return w.spec.Part.RestoreMode
+}
+
+// restoreSource gives a protected source (open as in) its write bits back, unless its owner
+// changed its mode since the prepare step removed them.
+func (w *worker) restoreSource(job *copyJob, e entry, in int, st unix.Stat_t) {
+	restore := w.restoreMode(job)
+	if restore == 0 || st.Mode&0o7777 != restore&^0o222 {
+		return
+	}
+	if err := fchmod(in, restore); err != nil {
+		w.out.warn(fmt.Sprintf("%s: could not give %s its write permission back (mode %04o): %s", w.prefix,
+			job.src.display(job.src.join(job.srcName, e.rel)), restore, w.reason(err)))
+	}
 }
 
 // removeFile removes a file the prepare step created (the abort step).
@@ -147,6 +198,12 @@ func (w *worker) removeFile(ctx context.Context, job *copyJob, e entry, buf *[]b
 	}
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		w.out.warn(fmt.Sprintf("%s: could not remove the partly staged %s: %s", w.prefix, job.dst.display(dstName), w.reason(err)))
+	}
+	if w.restoreMode(job) != 0 {
+		if in, st, release, err := w.openPlannedSource(ctx, job, e, dirs); err == nil {
+			w.restoreSource(job, e, in, st)
+			release()
+		}
 	}
 	return nil
 }
@@ -233,6 +290,9 @@ func (w *worker) flushAndClose(out int, job *copyJob, shown string) error {
 func (w *worker) layoutOf(fd int) (stripe.Layout, error) {
 	var buf [256]byte
 	n, err := unix.Fgetxattr(fd, stripe.UserXattr, buf[:])
+	for err == unix.EINTR { // the runtime's signals interrupt requests to a remote mount
+		n, err = unix.Fgetxattr(fd, stripe.UserXattr, buf[:])
+	}
 	if err != nil {
 		return stripe.Layout{}, fmt.Errorf("%s: %w (is the namespace striped?)", stripe.UserXattr, err)
 	}

@@ -187,6 +187,9 @@ const (
 	eventWarning  = "warning"
 	eventDone     = "done"
 	eventFailed   = "failed"
+	// eventProtected: a split stage's prepare step removed the source's write bits; Mode is
+	// the mode it had (agentapi.StageStatus.ProtectedMode).
+	eventProtected = "protected"
 )
 
 // event is one line of worker output. Files and Bytes are totals in a plan line and counts
@@ -197,6 +200,7 @@ type event struct {
 	Bytes   uint64 `json:"bytes"`
 	Message string `json:"message,omitempty"`
 	Error   string `json:"error,omitempty"`
+	Mode    uint32 `json:"mode,omitempty"` // eventProtected
 }
 
 // decision is the agent's answer to a plan.

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -300,4 +301,48 @@ for i in $(seq 600); do cat "$DW_JOB_STRIPED/k" >/dev/null 2>&1 && break; sleep 
 		t.Errorf("the deferred stage-out after the restart: %q", got)
 	}
 	w.assertClean()
+}
+
+// dwcli stage concurrency (dw_set_stage_concurrency's helper): a request above
+// stage.max_job_concurrency is clamped to it, and with a limit of 1 the job's three
+// stage-outs run one at a time (the system would run them at once), and all complete.
+func TestDwcliStageConcurrency(t *testing.T) {
+	w, out := libdwWorld(t)
+	script := w.script("job.sh", `#!/bin/sh
+#DW jobdw type=scratch access_mode=striped capacity=2GiB
+set -e
+B="$SPILLWAY_BIN"
+"$B" dwcli stage concurrency "$DW_JOB_STRIPED" 1000
+"$B" dwcli stage concurrency "$DW_JOB_STRIPED" 1
+for i in 1 2 3; do dd if=/dev/zero of="$DW_JOB_STRIPED/big$i" bs=1M count=300 status=none; done
+for i in 1 2 3; do "$B" dwcli stage out "$DW_JOB_STRIPED/big$i" `+out+`/big$i; done
+most=0
+while :; do
+	q=$("$B" dwcli stage query --json "$DW_JOB_STRIPED/")
+	n=$(printf '%s' "$q" | grep -o '"status":"running"' | wc -l)
+	[ "$n" -gt "$most" ] && most=$n
+	printf '%s' "$q" | grep -q '"pending":0' && break
+done
+echo "most running at once: $most"
+"$B" dwcli stage query "$DW_JOB_STRIPED/"
+`)
+	r := w.runEnv([]string{"SPILLWAY_BIN=" + binary}, "run", script)
+	if r.code != 0 {
+		t.Fatalf("job:\n%s", r)
+	}
+	for _, want := range []string{
+		"at most 8 of the job's stages run at once\n", // clamped to stage.max_job_concurrency
+		"at most 1 of the job's stages run at once\n",
+		"most running at once: 1\n",
+		"complete 3  pending 0  deferred 0  failed 0\n",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("job output lacks %q:\n%s", want, r)
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		if fi, err := os.Stat(filepath.Join(out, fmt.Sprintf("big%d", i))); err != nil || fi.Size() != 300<<20 {
+			t.Errorf("big%d on the PFS: %v %v", i, fi, err)
+		}
+	}
 }

@@ -194,6 +194,10 @@ request_timeout = "3s"
 connect_timeout = "1s"
 `, h.name, h.addr, ctl.addr, token, role))
 	}
+	// A compute node's own configuration: users' commands there (dwstat, dwcli stage, the
+	// libdatawarp calls) reach the controller over TCP and authenticate with MUNGE, as on a
+	// cluster whose controller's socket is on another host.
+	m.writeConfig(filepath.Join(dir, "etc", "compute.toml"), fmt.Sprintf("[client]\ncontroller = \"http://%s:7700\"\n", ctl.addr))
 	m.env = []string{
 		"SLURM_CONF=" + filepath.Join(dir, "etc/slurm.conf"),
 		"SPILLWAY_CONFIG=" + conf,
@@ -400,6 +404,8 @@ func TestMultiNodeDatawarp(t *testing.T) {
 	m.run("only_the_jobs_nodes", (*cluster).onlyJobsNodes)
 	m.run("persistent_on_two_nodes", (*cluster).persistentTwoNodes)
 	m.run("storage_node_dies", func(c *cluster, t *testing.T) { c.storageNodeDies(t, m) })
+	m.run("libdatawarp_checkpoints", func(c *cluster, t *testing.T) { c.libdatawarpCheckpoints(t, m) })
+	m.run("libdatawarp_every_function", func(c *cluster, t *testing.T) { c.libdatawarpEveryFunction(t, m) })
 	m.assertClean()
 }
 
@@ -408,6 +414,8 @@ func TestMultiNodeLua(t *testing.T) {
 	m := upMulti(t, "lua")
 	m.run("two_nodes_striped_private", (*cluster).twoNodes)
 	m.run("only_the_jobs_nodes", (*cluster).onlyJobsNodes)
+	m.run("libdatawarp_checkpoints", func(c *cluster, t *testing.T) { c.libdatawarpCheckpoints(t, m) })
+	m.run("libdatawarp_every_function", func(c *cluster, t *testing.T) { c.libdatawarpEveryFunction(t, m) })
 	m.assertClean()
 }
 

@@ -66,27 +66,52 @@ static void free_paths(void)
 		free(paths[--npaths]);
 }
 
+/* R retries a call of the checks' own that a signal interrupted: on a mount whose servers are
+ * on other hosts (a compute node under Slurm) the file system answers an interrupted request
+ * with EINTR, and the interval timer below interrupts many. The library's calls are not
+ * wrapped: they must not fail with EINTR. */
+#define R(call)                                                  \
+	({                                                       \
+		long r_;                                         \
+		while ((r_ = (long)(call)) == -1 && errno == EINTR) \
+			;                                        \
+		r_;                                              \
+	})
+
 static void write_file(const char *p, const char *content)
 {
-	FILE *f = fopen(p, "w");
-	if (f == NULL) {
+	size_t done = 0, len = strlen(content);
+	int fd = (int)R(open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+	if (fd < 0) {
 		printf("FAIL setup: cannot write %s: %s\n", p, strerror(errno));
 		exit(100);
 	}
-	fputs(content, f);
-	fclose(f);
+	while (done < len) {
+		long n = R(write(fd, content + done, len - done));
+		if (n < 0) {
+			printf("FAIL setup: cannot write %s: %s\n", p, strerror(errno));
+			exit(100);
+		}
+		done += (size_t)n;
+	}
+	close(fd); /* EINTR here still closed it; the data went with the writes */
 }
 
 static char *read_file(const char *p)
 {
 	static char buf[4096];
-	FILE *f = fopen(p, "r");
-	size_t n;
-	if (f == NULL)
+	size_t n = 0;
+	int fd = (int)R(open(p, O_RDONLY));
+	if (fd < 0)
 		return NULL;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
+	for (;;) {
+		long k = R(read(fd, buf + n, sizeof(buf) - 1 - n));
+		if (k <= 0)
+			break;
+		n += (size_t)k;
+	}
 	buf[n] = '\0';
-	fclose(f);
+	close(fd);
 	return buf;
 }
 
@@ -123,7 +148,7 @@ static void check_all(void)
 	/* the file stays writable by its owner after the stage */
 	{
 		struct stat st;
-		CHECK("mode restored after stage-out", stat(a, &st) == 0 && (st.st_mode & 0200), "mode %o", st.st_mode);
+		CHECK("mode restored after stage-out", R(stat(a, &st)) == 0 && (st.st_mode & 0200), "mode %o", st.st_mode);
 	}
 
 	/* -ENOENT */
@@ -198,9 +223,9 @@ static void check_all(void)
 	{
 		char *dir = path(dw, "outdir"), *f1 = path(dw, "outdir/x"), *sub = path(dw, "outdir/sub");
 		char *f2 = path(dw, "outdir/sub/y"), *pdir = path(pfs, "outdir");
-		mkdir(dir, 0755);
-		mkdir(sub, 0755);
-		mkdir(pdir, 0755);
+		R(mkdir(dir, 0755));
+		R(mkdir(sub, 0755));
+		R(mkdir(pdir, 0755));
 		write_file(f1, "x\n");
 		write_file(f2, "y\n");
 		rc = dw_stage_directory_out(dir, pdir, DW_STAGE_IMMEDIATE);
@@ -216,7 +241,7 @@ static void check_all(void)
 		CHECK("query_directory_stage missing: -ENOENT", rc == -ENOENT, "rc %d", rc);
 
 		char *indir = path(dw, "indir");
-		mkdir(indir, 0755);
+		R(mkdir(indir, 0755));
 		rc = dw_stage_directory_in(indir, pdir);
 		if (rc == 0)
 			rc = dw_wait_directory_stage(indir);
@@ -227,7 +252,7 @@ static void check_all(void)
 	{
 		char *l1 = path(dw, "l1"), *l2 = path(dw, "l2"), *pl = path(pfs, "lists");
 		const char *list[] = {l1, l2, NULL};
-		mkdir(pl, 0755);
+		R(mkdir(pl, 0755));
 		write_file(l1, "l1\n");
 		write_file(l2, "l2\n");
 		rc = dw_stage_list_out(list, pl, DW_STAGE_IMMEDIATE);
@@ -243,7 +268,7 @@ static void check_all(void)
 
 		char *inl = path(dw, "inlist"), *s1 = path(pfs, "lists/l1"), *s2 = path(pfs, "lists/l2");
 		const char *pfs_list[] = {s1, s2, NULL};
-		mkdir(inl, 0755);
+		R(mkdir(inl, 0755));
 		rc = dw_stage_list_in(inl, pfs_list);
 		if (rc == 0)
 			rc = dw_wait_directory_stage(inl);
@@ -305,7 +330,7 @@ static void check_all(void)
 	{
 		int size, width, start, fd;
 		char *s = path(dw, "striped.dat");
-		fd = open(s, O_CREAT | O_RDWR, 0644);
+		fd = (int)R(open(s, O_CREAT | O_RDWR, 0644));
 		rc = dw_get_stripe_configuration(fd, &size, &width, &start);
 		CHECK("get_stripe_configuration", rc == 0 && size == 8388608 && width == 1 && start == 0, "rc %d size %d width %d start %d", rc, size, width, start);
 		rc = dw_set_stripe_configuration(fd, 1 << 20, 1);
@@ -349,6 +374,12 @@ static void check_all(void)
 		CHECK("set_stage_concurrency", rc == 0, "rc %d", rc);
 		rc = dw_set_stage_concurrency(path(dw, "nope"), 4);
 		CHECK("set_stage_concurrency missing path: -ENOENT", rc == -ENOENT, "rc %d", rc);
+		rc = dw_set_stage_concurrency(dw, 0);
+		CHECK("set_stage_concurrency 0: -EINVAL", rc == -EINVAL, "rc %d", rc);
+		rc = dw_set_stage_concurrency(dw, 4000000000u);
+		CHECK("set_stage_concurrency beyond the maximum: clamped, 0", rc == 0, "rc %d", rc);
+		rc = dw_set_stage_concurrency(pfs, 4);
+		CHECK("set_stage_concurrency outside any instance: -EINVAL", rc == -EINVAL, "rc %d", rc);
 	}
 }
 
@@ -385,9 +416,9 @@ static void check_terminate(void)
 	time_t deadline;
 	long i, mib = atol(getenv("DWCHECK_BIG_MIB") ? getenv("DWCHECK_BIG_MIB") : "2048");
 	memset(chunk, 'z', sizeof(chunk));
-	fd = open(big, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+	fd = (int)R(open(big, O_CREAT | O_WRONLY | O_TRUNC, 0644));
 	for (i = 0; i < mib; i++)
-		if (write(fd, chunk, sizeof(chunk)) != (ssize_t)sizeof(chunk)) {
+		if (R(write(fd, chunk, sizeof(chunk))) != (ssize_t)sizeof(chunk)) {
 			printf("FAIL setup: writing %s: %s\n", big, strerror(errno));
 			exit(100);
 		}
@@ -397,13 +428,13 @@ static void check_terminate(void)
 	/* wait until it runs, and see the file write-protected meanwhile */
 	for (deadline = time(NULL) + 10; time(NULL) < deadline;) {
 		struct stat st;
-		if (stat(big, &st) == 0 && (st.st_mode & 0222) == 0)
+		if (R(stat(big, &st)) == 0 && (st.st_mode & 0222) == 0)
 			break;
 		usleep(1000);
 	}
 	{
 		struct stat st;
-		CHECK("terminate: the file is write-protected while it is staged out", stat(big, &st) == 0 && (st.st_mode & 0222) == 0, "mode %o", st.st_mode);
+		CHECK("terminate: the file is write-protected while it is staged out", R(stat(big, &st)) == 0 && (st.st_mode & 0222) == 0, "mode %o", st.st_mode);
 	}
 	rc = dw_terminate_file_stage(big);
 	CHECK("terminate_file_stage", rc == 0, "rc %d", rc);
@@ -417,7 +448,7 @@ static void check_terminate(void)
 	CHECK("terminate: no partial file on the PFS", access(pbig, F_OK) != 0, "%s exists", pbig);
 	{
 		struct stat st;
-		CHECK("terminate: the file is writable again", stat(big, &st) == 0 && (st.st_mode & 0200), "mode %o", st.st_mode);
+		CHECK("terminate: the file is writable again", R(stat(big, &st)) == 0 && (st.st_mode & 0200), "mode %o", st.st_mode);
 	}
 }
 
