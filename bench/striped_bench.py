@@ -439,10 +439,16 @@ def main():
     if a.no_write:
         return
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    write_section("striped", (
-        "## Striped instances: scaling with storage nodes\n\n"
+    # Each fragment mode has a section of its own (--fragment-fs xfs-loop: the co-located path
+    # through the kernel), so that a run of one never overwrites the other's figures.
+    section, title = "striped", "Striped instances: scaling with storage nodes"
+    if a.fragment_fs != "directory":
+        section = f"striped-{a.fragment_fs}"
+        title += f", fragments as agent.fragment_filesystem = {a.fragment_fs}"
+    write_section(section, (
+        f"## {title}\n\n"
         f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with "
-        f"`sudo python3 bench/striped_bench.py` (fio {sh('fio', '--version').stdout.strip()}, as an ordinary user on "
+        f"`sudo python3 bench/striped_bench.py {' '.join(sys.argv[1:])}` (fio {sh('fio', '--version').stdout.strip()}, as an ordinary user on "
         f"compute node c1 (and c2), each host a network namespace; a job instance of 1, 2 and 4 GiB on 1 GiB grains, "
         f"so on 1, 2 and 4 storage nodes; 8 MiB stripes; {a.size_mib} MiB per sequential run, no preallocation, "
         f"writes fsynced at the end, reads after dropping the page cache; one run each).\n\n"
