@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage/xfstest"
 )
 
 // needXFSLoop skips a test that needs real loop devices, XFS and FUSE passthrough, saying why.
@@ -103,7 +103,7 @@ func waitNoLoop(t *testing.T, image string) {
 // reboot) mounts it again with its files; delete leaves no mount, loop device or image.
 func TestXFSLoopFragment(t *testing.T) {
 	needXFSLoop(t)
-	needKernelPassthrough(t)
+	xfstest.NeedPassthrough(t)
 	ctx := context.Background()
 	base := t.TempDir()
 	ssd := filepath.Join(base, "ssd")
@@ -225,8 +225,10 @@ func TestXFSLoopFragment(t *testing.T) {
 	if w := m.ServerWrites(); w != 0 {
 		t.Errorf("the mount's server served %d WRITE requests; passthrough should have spared them all", w)
 	}
-	if avail := statfsAvail(t, ms.MountPath); avail != 0 {
-		t.Errorf("df of the full mount: %d available", avail)
+	// Full: less room than the write that failed. XFS may give back a few blocks of its
+	// speculative preallocation once the file is closed (seen: 28 KiB), so not always 0.
+	if avail := statfsAvail(t, ms.MountPath); avail >= mib {
+		t.Errorf("df of the full mount: %d available, want less than the 1 MiB write that failed", avail)
 	}
 	if err := a.Unmount(ctx, 0, ms.MountPath); err != nil {
 		t.Fatal(err)
@@ -424,20 +426,6 @@ func TestFragmentFSSetting(t *testing.T) {
 		if s := imageSize(c); s < c+fragmentHeadroom(c)+160*mib || s < xfsMinImage || s%mib != 0 {
 			t.Errorf("imageSize(%d) = %d", c, s)
 		}
-	}
-}
-
-// needKernelPassthrough skips on kernels without FUSE passthrough (Linux 6.9).
-func needKernelPassthrough(t *testing.T) {
-	t.Helper()
-	var uts unix.Utsname
-	if err := unix.Uname(&uts); err != nil {
-		t.Fatal(err)
-	}
-	var major, minor int
-	fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
-	if major < 6 || major == 6 && minor < 9 {
-		t.Skipf("kernel %d.%d has no FUSE passthrough", major, minor)
 	}
 }
 

@@ -126,18 +126,15 @@ func (s *Stager) Resolve(ctx context.Context, p string) (Target, error) {
 	if err != nil {
 		return Target{}, errorf(syscall.EINVAL, "%s: %v", p, err)
 	}
-	if s.mounts == nil {
+	if s.infos == nil { // the mount table, read once
 		points, err := mount.MountPoints()
 		if err != nil {
 			return Target{}, errorf(syscall.EIO, "%v", err)
 		}
 		sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
-		s.mounts, s.infos = append(points, ""), map[string]lifecycle.MountInfo{}
+		s.mounts, s.infos = points, map[string]lifecycle.MountInfo{}
 	}
 	for _, m := range s.mounts {
-		if m == "" {
-			break
-		}
 		rel, ok := strings.CutPrefix(abs, m)
 		if !ok || rel != "" && !strings.HasPrefix(rel, "/") {
 			continue

@@ -3,7 +3,6 @@ package mount
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -14,20 +13,6 @@ import (
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage/xfstest"
 )
-
-// needPassthrough skips on kernels without FUSE passthrough (before 6.9).
-func needPassthrough(t *testing.T) {
-	t.Helper()
-	var uts unix.Utsname
-	if err := unix.Uname(&uts); err != nil {
-		t.Fatal(err)
-	}
-	var major, minor int
-	fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
-	if major < 6 || major == 6 && minor < 9 {
-		t.Skipf("kernel %d.%d has no FUSE passthrough", major, minor)
-	}
-}
 
 // withKernelWritesWithoutQuota lets a writable local mount pass writes to the kernel on a
 // file system without project quotas: the data path's mechanics, testable on any kernel.
@@ -120,7 +105,7 @@ func colocatedIO(t *testing.T, m *Mounted, tr *usage.Tracker, src string) {
 // kernel: the server sees no WRITE (nor READ) request, the data and sizes are right, and the
 // tracker still counts every byte once the writers are done (for df and the other writers).
 func TestColocatedWritesThroughPassthrough(t *testing.T) {
-	needPassthrough(t)
+	xfstest.NeedPassthrough(t)
 	withKernelWritesWithoutQuota(t)
 	src, mp := dirs(t)
 	tr := usage.New("instance 31", 16*mib)
@@ -137,7 +122,7 @@ func TestColocatedWritesThroughPassthrough(t *testing.T) {
 // Without a project quota, or with MFS, or with passthrough disabled, writes go through the
 // server and are charged as they happen, as before.
 func TestColocatedWritesThroughServerWithoutQuota(t *testing.T) {
-	needPassthrough(t)
+	xfstest.NeedPassthrough(t)
 	cases := []struct {
 		name      string
 		forceTest bool // the test switch that stands in for a quota
@@ -172,7 +157,7 @@ func TestColocatedWritesThroughServerWithoutQuota(t *testing.T) {
 // Writes pass through the kernel, a write past the capacity fails with ENOSPC, and df shows
 // what the quota counts.
 func TestColocatedWritesUnderProjectQuota(t *testing.T) {
-	needPassthrough(t)
+	xfstest.NeedPassthrough(t)
 	mnt := xfstest.Mount(t, testBase, 320*mib)
 	frag := filepath.Join(mnt, "fragment", "9")
 	src := filepath.Join(frag, "namespace", "1")
@@ -242,7 +227,7 @@ func TestColocatedWritesUnderProjectQuota(t *testing.T) {
 // the kernel, and df reports the lesser of the file system's room and the tracker's; a
 // FragmentDevice the namespace root is not on is refused (writes go through the server).
 func TestColocatedWritesOnFragmentFileSystem(t *testing.T) {
-	needPassthrough(t)
+	xfstest.NeedPassthrough(t)
 	mnt := xfstest.MountPlain(t, testBase, 320*mib)
 	src := filepath.Join(mnt, "namespace")
 	if err := os.Mkdir(src, 0o755); err != nil {

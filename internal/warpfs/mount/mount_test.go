@@ -3,7 +3,6 @@ package mount
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"log"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage/xfstest"
 )
 
 const (
@@ -1217,15 +1217,7 @@ func allThreadsStopped(pid int) bool {
 // On a read-only mount a root agent hands reads to the kernel (FUSE passthrough, Linux 6.9+):
 // they never reach the server.
 func TestReadOnlyMountReadsThroughPassthrough(t *testing.T) {
-	var uts unix.Utsname
-	if err := unix.Uname(&uts); err != nil {
-		t.Fatal(err)
-	}
-	var major, minor int
-	fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
-	if major < 6 || major == 6 && minor < 9 {
-		t.Skipf("kernel %d.%d has no FUSE passthrough", major, minor)
-	}
+	xfstest.NeedPassthrough(t)
 	src, _ := dirs(t)
 	data := bytes.Repeat([]byte("0123456789abcdef"), 256*kib/16)
 	if err := os.WriteFile(filepath.Join(src, "input"), data, 0o644); err != nil {

@@ -1,14 +1,18 @@
 // Package xfstest gives tests a real XFS file system with project quotas on: a loop file made
-// with mkfs.xfs and mounted with -o prjquota, removed when the test ends.
+// with mkfs.xfs and mounted with -o prjquota, removed when the test ends; and the check of the
+// FUSE passthrough the co-located tests on it need.
 package xfstest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Mount makes an XFS file system of size bytes (at least 300 MiB, XFS's minimum) in a sparse
@@ -92,4 +96,18 @@ func mount(t *testing.T, base string, size int64, prjquota bool) string {
 		}
 	})
 	return mnt
+}
+
+// NeedPassthrough skips the test on kernels without FUSE passthrough (before Linux 6.9).
+func NeedPassthrough(t *testing.T) {
+	t.Helper()
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
+	if major < 6 || major == 6 && minor < 9 {
+		t.Skipf("kernel %d.%d has no FUSE passthrough", major, minor)
+	}
 }
