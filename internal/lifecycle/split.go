@@ -110,7 +110,7 @@ func advanceSplit(w *World, st *model.Stage, servers []agentapi.StripeServer, md
 			return false
 		}
 	}
-	if movesData(st.Step) {
+	if MovesData(st.Step) {
 		st.StepBytes += moved
 		for _, part := range st.Parts {
 			if st.Moved == nil {
@@ -220,7 +220,7 @@ func completeSplit(w *World, e Effect, r Result, p Params, now time.Time) {
 	st.BytesDone = st.StepBytes
 	files := int64(-1)
 	for _, pt := range st.Parts {
-		if movesData(st.Step) {
+		if MovesData(st.Step) {
 			st.BytesDone += pt.BytesDone
 		}
 		if files < 0 || pt.FilesDone < files {
@@ -290,5 +290,5 @@ func cancelSplit(w *World, st *model.Stage, spec agentapi.StageSpec, servers []a
 	return nil, false
 }
 
-// movesData reports whether a step's runs move file data (and so count in the stage's bytes).
-func movesData(step string) bool { return step == agentapi.StepPrepare || step == agentapi.StepCopy }
+// MovesData reports whether a step's runs move file data (and so count in the stage's bytes).
+func MovesData(step string) bool { return step == agentapi.StepPrepare || step == agentapi.StepCopy }

@@ -323,7 +323,7 @@ func Build(w *lifecycle.World) All {
 				v.BytesByNode[node] += n
 			}
 			for _, part := range s.Parts {
-				if s.Status == model.StageRunning && (s.Step == "prepare" || s.Step == "copy") {
+				if s.Status == model.StageRunning && lifecycle.MovesData(s.Step) {
 					v.BytesByNode[part.Node] += part.BytesDone
 				}
 			}
