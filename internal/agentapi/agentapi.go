@@ -195,6 +195,9 @@ type NodeReport struct {
 
 	// DataAddress is where a storage node serves its namespaces to other hosts (warpfs).
 	DataAddress string `json:"data_address,omitempty"`
+
+	// Usage is what the node's data path counted, per fragment (usage.go).
+	Usage NodeUsage `json:"usage,omitempty"`
 }
 
 // Agent is everything the controller asks of one node.

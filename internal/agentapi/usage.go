@@ -1,0 +1,68 @@
+package agentapi
+
+// What a storage node's data path counted, reported to the controller with every heartbeat
+// (NodeReport.Usage). The data path (warpfs/server) fills it; the controller keeps it in the
+// state and turns it into accounting records (DataWarp's RUR dws / dws_server fields and
+// dw_get_accounting_data_json) and into the write-window figures dwstat shows.
+//
+// Counters are monotonic for as long as the fragment lives on the node: an agent that restarts
+// carries them on from what it saved with the fragment (Restored tells the controller the
+// agent had to start again from zero because nothing was saved).
+
+// NodeUsage is one storage node's counters: one entry per fragment it holds.
+type NodeUsage struct {
+	Fragments []FragmentUsage `json:"fragments,omitempty"`
+}
+
+// FragmentUsage is the data path's counters for one fragment (DataWarp's realm fragment).
+type FragmentUsage struct {
+	Fragment int64 `json:"fragment"`
+	Instance int64 `json:"instance"`
+
+	BytesRead    uint64 `json:"bytes_read"`
+	BytesWritten uint64 `json:"bytes_written"`
+	ReadOps      uint64 `json:"read_ops"`
+	WriteOps     uint64 `json:"write_ops"`
+	FilesCreated uint64 `json:"files_created"` // on this node's metadata (namespace) shards
+
+	CapacityUsed uint64 `json:"capacity_used"` // bytes the fragment holds now
+	CapacityMax  uint64 `json:"capacity_max"`  // the most it has held (peak)
+
+	// The write window (DataWarp's write protection, spec §5.3): WriteLimit bytes may be
+	// written to this fragment within any WindowLength seconds; 0 = no limit.
+	WriteLimit     uint64 `json:"write_limit"`
+	WindowLength   int64  `json:"window_length"`
+	WindowWritten  uint64 `json:"window_written"`   // bytes written within the current window
+	MaxWindowWrite uint64 `json:"max_window_write"` // the most ever written within one window
+	ReadOnly       bool   `json:"read_only"`        // the window tripped: writes get EROFS
+	ReadOnlyReason string `json:"read_only_reason,omitempty"`
+
+	Namespaces []NamespaceUsage `json:"namespaces,omitempty"`
+	Clients    []ClientUsage    `json:"clients,omitempty"`
+
+	Restored bool `json:"restored,omitempty"` // counters restarted from zero (nothing saved)
+}
+
+// NamespaceUsage is one namespace's share of a fragment's counters (DataWarp's realm
+// namespace).
+type NamespaceUsage struct {
+	Namespace        int64  `json:"namespace"`
+	BytesRead        uint64 `json:"bytes_read"`
+	BytesWritten     uint64 `json:"bytes_written"`
+	FilesCreated     uint64 `json:"files_created"`
+	FilesCreateLimit uint64 `json:"files_create_threshold"` // MFC; 0 = unlimited
+	FileSizeLimit    uint64 `json:"file_size_limit"`        // MFS; 0 = unlimited
+	MaxOffsetRead    uint64 `json:"max_offset_read"`
+	MaxOffsetWritten uint64 `json:"max_offset_written"`
+}
+
+// ClientUsage is one compute node's share of a fragment's counters (DataWarp's RUR dws
+// plugin, per client).
+type ClientUsage struct {
+	Node         string `json:"node"`
+	BytesRead    uint64 `json:"bytes_read"`
+	BytesWritten uint64 `json:"bytes_written"`
+	ReadOps      uint64 `json:"read_ops"`
+	WriteOps     uint64 `json:"write_ops"`
+	FilesCreated uint64 `json:"files_created"`
+}
