@@ -445,7 +445,7 @@ func (c *Controller) noteHealth(n *model.Node, r agentapi.NodeReport) {
 		c.log.Warn("node drained", "node", n.Name, "reason", drained)
 	}
 	if n.Worn && !wasWorn {
-		c.log.Warn("node takes no new fragments", "node", n.Name, "reason", lifecycle.WornReason(n, c.params.Health.EnduranceThreshold))
+		c.log.Warn("node takes no new fragments", "node", n.Name, "reason", lifecycle.WornReason(n))
 	}
 }
 

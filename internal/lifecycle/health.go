@@ -29,11 +29,11 @@ func NodeWorn(e *model.Endurance, threshold int) bool {
 }
 
 // WornReason says why a worn node takes no new fragments, for dwstat and the log.
-func WornReason(n *model.Node, threshold int) string {
+func WornReason(n *model.Node) string {
 	if n.Endurance == nil {
 		return ""
 	}
-	return fmt.Sprintf("SSD endurance %d%% remaining, below controller.endurance_threshold %d%%", n.Endurance.Remaining(), threshold)
+	return fmt.Sprintf("SSD endurance %d%% remaining, below controller.endurance_threshold", n.Endurance.Remaining())
 }
 
 // NodeReported records what a node's agent reported about its health (in the heartbeat's
