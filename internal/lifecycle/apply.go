@@ -176,6 +176,10 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 			return userErr("token %q is already used by a %s", req.Token, kindWord(existing))
 		}
 		if existing.Persistent {
+			if expired(existing, now) {
+				return userErr("persistent instance %q expired at %s; it is destroyed once the jobs using it end: create it again then, or under another name",
+					req.Token, stamp(existing.Expiration))
+			}
 			if err := sameInstance(w, existing, req); err != nil {
 				return err
 			}

@@ -63,6 +63,9 @@ func TestExpiredPersistentWaitsForItsJobsAndRefusesNewOnes(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "persistentdw name=pers: the persistent instance expired at") {
 		t.Fatalf("a new job using an expired instance must be refused, saying why: %v", err)
 	}
+	if err := ApplySetup(h.w, persistentSetup("pers", 0), h, h.p, h.now); err == nil || !strings.Contains(err.Error(), "expired at") {
+		t.Fatalf("creating an expired instance again must not pass for done: %v", err)
+	}
 	h.must(ApplyTeardown(h.w, "42", false))
 	h.settle()
 	h.settle() // the executor steps every executor.tick: the next step sees the job gone
