@@ -27,7 +27,8 @@ Administrative changes, as DataWarp's dwcli makes them.
                            --json prints {"TABLE": [ids]}
   create pool              add a pool (or change the granularity of an unused one)
   update node --drain      take a storage node out of new allocations (existing instances
-                           stay); --fill puts it back
+                           stay); --fill puts it back, also after an auto-drain (its
+                           failures are forgotten)
   update registration      let a session's teardown proceed without waiting for its
     --no-wait              stage-outs (they are cancelled)
   rm session -i ID         tear a session down (a job's or a persistent instance's)

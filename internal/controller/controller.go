@@ -77,6 +77,10 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 			StageMaxJobConcurrency: cfg.Stage.MaxJobConcurrency,
 			UserQuota: lifecycle.Quota{Sessions: cfg.Controller.MaxSessionsPerUser,
 				Persistent: cfg.Controller.MaxPersistentPerUser, Capacity: uint64(cfg.Controller.MaxCapacityPerUser)},
+			Health: lifecycle.Health{EnduranceThreshold: cfg.Controller.EnduranceThreshold,
+				AutoDrainFailures: cfg.Controller.AutoDrainFailures, AutoDrainWindow: cfg.Controller.AutoDrainWindow.D()},
+			PersistentExpiration:    cfg.Controller.PersistentExpiration.D(),
+			MaxPersistentExpiration: cfg.Controller.MaxPersistentExpiration.D(),
 		},
 	}
 	err := st.Update(context.Background(), func(tx *store.Tx) error {
@@ -405,6 +409,7 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 		if !wasOnline {
 			c.log.Info("node online", "node", r.Name, "address", r.Address)
 		}
+		c.noteHealth(n, r)
 		if err := store.Nodes.Put(tx, n); err != nil {
 			return err
 		}
@@ -430,6 +435,18 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 	c.mu.Unlock()
 	c.wakeUp()
 	return reply, err
+}
+
+// noteHealth records a storage node's reported wear and data-path errors (lifecycle decides
+// what they mean) and logs what changed.
+func (c *Controller) noteHealth(n *model.Node, r agentapi.NodeReport) {
+	wasWorn := n.Worn
+	if drained := lifecycle.NodeReported(n, r, c.params.Health, c.now()); drained != "" {
+		c.log.Warn("node drained", "node", n.Name, "reason", drained)
+	}
+	if n.Worn && !wasWorn {
+		c.log.Warn("node takes no new fragments", "node", n.Name, "reason", lifecycle.WornReason(n))
+	}
 }
 
 // liveOn lists the fragments, namespaces and actualized mounts the world keeps on a node.

@@ -1,6 +1,7 @@
 package dwstat
 
 import (
+	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
@@ -108,5 +109,39 @@ func TestResolve(t *testing.T) {
 	got, summary, _ = Resolve([]string{"all"})
 	if len(got) != len(Tables) || !summary {
 		t.Fatalf("all: %v", got)
+	}
+}
+
+// dwstat nodes shows the SSD's remaining endurance and why a node takes no new fragments.
+func TestNodesShowEnduranceAndWhy(t *testing.T) {
+	a := views.All{Nodes: []views.Node{
+		{ID: "bb1", Pool: "wlm_pool", Online: true, Granularity: 1 << 30, Capacity: 4 << 40,
+			Endurance: &views.NodeEndurance{Known: true, PercentUsed: 3, PercentRemaining: 97}},
+		{ID: "bb2", Pool: "wlm_pool", Online: true, Granularity: 1 << 30, Capacity: 4 << 40, Worn: true,
+			Endurance: &views.NodeEndurance{Known: true, PercentUsed: 96, PercentRemaining: 4},
+			Reason:    "SSD endurance 4% remaining, below controller.endurance_threshold"},
+		{ID: "bb3", Pool: "wlm_pool", Online: true, Drain: true, AutoDrained: true, Granularity: 1 << 30, Capacity: 4 << 40,
+			Endurance: &views.NodeEndurance{Error: "neither smartctl nor nvme is installed"},
+			Reason:    "auto-drained: 5 failures in 10m: create-fragment: mkdir: input/output error"},
+		{ID: "cn1", Online: true},
+	}}
+	lines := strings.Split(strings.TrimSpace(Render(a, []string{"nodes"}, false, Options{Location: time.UTC})), "\n")
+	fields := func(i int) string { return strings.Join(strings.Fields(lines[i]), " ") }
+	for i, want := range []string{
+		"node pool online drain gran capacity insts activs endurance reason",
+		"bb1 wlm_pool online fill 1GiB 4TiB 0 0 97% -",
+		"bb2 wlm_pool online worn 1GiB 4TiB 0 0 4% SSD endurance 4% remaining, below controller.endurance_threshold",
+		"bb3 wlm_pool online drain 1GiB 4TiB 0 0 - auto-drained: 5 failures in 10m: create-fragment: mkdir: input/output error",
+		"cn1 - online - 0B 0B 0 0 - -",
+	} {
+		if got := fields(i); got != want {
+			t.Errorf("line %d:\n got %q\nwant %q", i, got, want)
+		}
+	}
+	js, _ := json.Marshal(Select(a, []string{"nodes"}))
+	for _, want := range []string{`"percent_remaining":4`, `"worn":true`, `"auto_drained":true`, `"error":"neither smartctl nor nvme is installed"`} {
+		if !strings.Contains(string(js), want) {
+			t.Errorf("--json nodes lacks %s: %s", want, js)
+		}
 	}
 }

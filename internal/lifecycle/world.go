@@ -398,7 +398,7 @@ func (w *World) UsageOfPool(name string) PoolUsage {
 		}
 		nu := w.UsageOfNode(nodeName)
 		u.Quantity += nu.Grains
-		if n.Online && !n.Drain && nu.Grains > nu.Used {
+		if n.Online && !n.Drain && !n.Worn && nu.Grains > nu.Used {
 			u.Free += nu.Grains - nu.Used
 		}
 	}

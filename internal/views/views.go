@@ -56,6 +56,23 @@ type Node struct {
 	Health      string   `json:"health,omitempty"`
 	Written     uint64   `json:"bytes_written"`
 	Version     string   `json:"version,omitempty"`
+
+	// Health (docs/admin.md): the SSD's wear; Worn when its remaining endurance is below
+	// controller.endurance_threshold (no new fragments); AutoDrained when the controller
+	// drained it after repeated failures (Reason says which); RecentFailures counted toward it.
+	Endurance      *NodeEndurance `json:"endurance,omitempty"`
+	Worn           bool           `json:"worn,omitempty"`
+	AutoDrained    bool           `json:"auto_drained,omitempty"`
+	RecentFailures int            `json:"recent_failures,omitempty"`
+}
+
+// NodeEndurance is a storage node's SSD wear as its agent last read it.
+type NodeEndurance struct {
+	Known            bool   `json:"known"`
+	PercentUsed      int    `json:"percent_used"`      // the device's figure; may pass 100
+	PercentRemaining int    `json:"percent_remaining"` // 100 - used, at least 0
+	Source           string `json:"source,omitempty"`
+	Error            string `json:"error,omitempty"` // why it is not known
 }
 
 // Session is one element of {"sessions": [...]}.
@@ -242,7 +259,15 @@ func Build(w *lifecycle.World) All {
 		}
 		a.Nodes = append(a.Nodes, Node{ID: name, Pool: n.Pool, Online: n.Online, Drain: n.Drain, Granularity: gran,
 			Capacity: n.Capacity, Used: u.Used * gran, Instances: u.Instances, Activations: u.Activations,
-			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Written: n.Written, Version: n.Version})
+			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Written: n.Written, Version: n.Version,
+			Worn: n.Worn, AutoDrained: n.AutoDrained, RecentFailures: len(n.Failures)})
+		v := &a.Nodes[len(a.Nodes)-1]
+		if e := n.Endurance; e != nil {
+			v.Endurance = &NodeEndurance{Known: e.Known, PercentUsed: e.PercentUsed, PercentRemaining: e.Remaining(), Source: e.Source, Error: e.Error}
+		}
+		if n.Worn && v.Reason == "" {
+			v.Reason = lifecycle.WornReason(n)
+		}
 	}
 	a.Sessions = []Session{}
 	for _, s := range w.SortedSessions() {
@@ -250,7 +275,7 @@ func Build(w *lifecycle.World) All {
 		if nodes == nil {
 			nodes = []string{}
 		}
-		a.Sessions = append(a.Sessions, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, ID: s.ID,
+		a.Sessions = append(a.Sessions, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, Expired: s.Expired, ID: s.ID,
 			Links: SessionLinks{ClientNodes: nodes}, Owner: s.Owner, State: stateOf(s.State), Token: s.Token,
 			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: s.Failure, Uses: s.Uses})
 	}
@@ -274,6 +299,9 @@ func Build(w *lifecycle.World) All {
 			ID: i.ID, Intact: intact, Label: i.Label, Limits: Limits{i.WriteWindowLength, i.WriteWindowMultiplier},
 			Links: InstanceLinks{Configurations: confs, Session: i.SessionID}, Public: i.Public, State: stateOf(i.State),
 			Pool: i.Pool, Requested: i.Requested, Strategy: i.Strategy})
+		if s := w.Sessions[i.SessionID]; s != nil { // an instance expires with its session
+			a.Instances[len(a.Instances)-1].Expiration, a.Instances[len(a.Instances)-1].Expired = s.Expiration, s.Expired
+		}
 	}
 	activs := map[int64]int{}
 	for _, act := range w.Activations {
