@@ -42,6 +42,11 @@ Changes need root or a controller.wlm_users user; ordinary users may list (what 
 see) and remove their own sessions. Options may come anywhere (dwcli rm session -i 7
 --hurry, dwcli --config FILE ls pools).
 
+Connection, as dwstat's: --config FILE (a system install's configuration; default
+$SPILLWAY_CONFIG, else /etc/spillway/spillway.toml if it exists), --controller ADDRESS
+(unix:/path or http(s)://host:port), --token-file FILE (the shared secret over TCP),
+--home DIR (a one-machine home; default $SPILLWAY_HOME).
+
 Exit status: 0 done, 1 refused or failed (the message says why and what to do), 64 a
 mistake on the command line.
 `,
