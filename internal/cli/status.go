@@ -20,7 +20,8 @@ const dwstatUsage = `Usage: dwstat [options] [TABLE...]
 
 Show the state of the burst buffer, as DataWarp's dwstat does. With no TABLE, the pools.
 TABLEs: pools, nodes, sessions, instances, configurations, registrations, activations,
-fragments, namespaces, stages (Spillway's: staging progress), and the words most
+fragments, namespaces, stages (Spillway's: staging progress, then the finished stages kept
+after their sessions went, [stage] history of them), and the words most
 (pools, sessions, instances, configurations, registrations, activations) and all.
 Singular and short names work too (instance, inst, frag, nss, ...).
 

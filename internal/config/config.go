@@ -167,6 +167,10 @@ type Stage struct {
 	CopyBufferSize    Size     `toml:"copy_buffer_size"`    // buffer of one copy when the kernel cannot copy itself
 	MaxWarnings       int      `toml:"max_warnings"`        // warnings kept per stage; later ones are counted
 	WorkerStderrLimit Size     `toml:"worker_stderr_limit"` // a worker's standard error kept to explain a crash
+
+	// History is how many finished stages the controller keeps after their sessions went
+	// (dwstat stages, GET /dw/v1/stage_history), the newest; 0 keeps none.
+	History int `toml:"history"`
 }
 
 // Agent is a storage and/or compute node daemon.
@@ -334,6 +338,7 @@ func Defaults() Config {
 		Stage: Stage{
 			MaxRunning:        8,
 			MaxJobConcurrency: 8,
+			History:           1000,
 			FilesInFlight:     8,
 			PollInterval:      Duration(200 * time.Millisecond),
 			Timeout:           Duration(24 * time.Hour),
@@ -465,6 +470,9 @@ func (c *Config) Validate() error {
 	positive("executor.agent_timeout", int64(c.Executor.AgentTimeout))
 	positive("stage.max_running", int64(c.Stage.MaxRunning))
 	positive("stage.max_job_concurrency", int64(c.Stage.MaxJobConcurrency))
+	if c.Stage.History < 0 {
+		problems = append(problems, "stage.history must be 0 (keep no finished stages) or more")
+	}
 	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
 	positive("stage.poll_interval", int64(c.Stage.PollInterval))
 	positive("stage.timeout", int64(c.Stage.Timeout))

@@ -67,7 +67,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		effects = lifecycle.Step(w, c.params, now)
 		ch := w.TakeChanges()
 		changed = !ch.Empty()
-		return persist(tx, ch)
+		return c.persist(tx, ch)
 	})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -209,7 +209,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		if n != nil && !wasDrained && n.AutoDrained {
 			drained = n.Reason
 		}
-		return persist(tx, w.TakeChanges())
+		return c.persist(tx, w.TakeChanges())
 	})
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("executor: cannot record an effect's outcome; it will be redone", "op", e.Op, "err", err)

@@ -251,7 +251,8 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 		}
 	case "stages":
 		header, empty = []string{"stage", "sess", "token", "dir", "type", "status", "files", "bytes", "source", "destination"}, "no stages"
-		for _, s := range a.Stages {
+		// The live stages, then the finished ones kept after their sessions went.
+		for _, s := range append(append([]views.Stage(nil), a.Stages...), a.StageHistory...) {
 			src, dst := s.PFSPath, s.DWPath
 			if s.Direction == "out" {
 				src, dst = s.DWPath, s.PFSPath
@@ -299,6 +300,11 @@ func Select(a views.All, tables []string) map[string]any {
 			out[t] = a.Namespaces
 		case "stages":
 			out[t] = a.Stages
+			history := a.StageHistory
+			if history == nil {
+				history = []views.Stage{}
+			}
+			out["stage_history"] = history
 		}
 	}
 	return out

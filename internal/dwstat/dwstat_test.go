@@ -145,3 +145,35 @@ func TestNodesShowEnduranceAndWhy(t *testing.T) {
 		}
 	}
 }
+
+// Finished stages kept after their session went follow the live ones in dwstat stages, and
+// come apart as stage_history in --json.
+func TestStagesShowTheHistory(t *testing.T) {
+	a := sample()
+	a.Stages = []views.Stage{{ID: 43, Session: 3, Token: "1234", Direction: "in", Type: "directory", PFSPath: "/lus/in", DWPath: "/in",
+		Status: "running", FilesDone: 2, FilesTotal: 8, BytesDone: 1 << 20, BytesTotal: 4 << 20}}
+	a.StageHistory = []views.Stage{
+		{ID: 41, Session: 2, Token: "4242", Direction: "in", Type: "file", PFSPath: "/lus/in/data.h5", DWPath: "/data.h5",
+			Status: "complete", FilesDone: 1, FilesTotal: 1, BytesDone: 1 << 30, BytesTotal: 1 << 30},
+		{ID: 42, Session: 2, Token: "4242", Direction: "out", Type: "file", PFSPath: "/lus/out/out.h5", DWPath: "/out.h5",
+			Status: "failed", Error: "no space left on device", FilesTotal: 1, BytesTotal: 1 << 30},
+	}
+	want := `stage sess token dir      type                          status files     bytes          source     destination
+   43    3  1234  in directory                         running   2/8 1MiB/4MiB         /lus/in             /in
+   41    2  4242  in      file                        complete   1/1 1GiB/1GiB /lus/in/data.h5        /data.h5
+   42    2  4242 out      file failed: no space left on device   0/1   0B/1GiB         /out.h5 /lus/out/out.h5
+`
+	if out := Render(a, []string{"stages"}, false, Options{}); out != want {
+		t.Errorf("dwstat stages:\n%s\nwant\n%s", out, want)
+	}
+	sel := Select(a, []string{"stages"})
+	if h, ok := sel["stage_history"].([]views.Stage); !ok || len(h) != 2 || len(sel["stages"].([]views.Stage)) != 1 {
+		t.Errorf("--json stages: %+v", sel)
+	}
+	if h := Select(sample(), []string{"stages"})["stage_history"].([]views.Stage); h == nil || len(h) != 0 {
+		t.Errorf("no history: %#v, want an empty list", h)
+	}
+	if out := Render(sample(), []string{"stages"}, false, Options{}); out != "no stages\n" {
+		t.Errorf("no stages: %q", out)
+	}
+}

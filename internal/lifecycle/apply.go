@@ -972,22 +972,9 @@ func ReleaseRegistration(w *World, id ID) error {
 	return nil
 }
 
-// SetNodeDrain drains or fills a node.
+// SetNodeDrain drains or fills a node (UpdateNode's drain alone).
 func SetNodeDrain(w *World, name string, drain bool, reason string) error {
-	n := w.Nodes[name]
-	if n == nil {
-		return userErr("node %q does not exist; `dwstat nodes` lists them", name)
-	}
-	n.Drain = drain
-	n.Reason = reason
-	// An administrator's decision replaces an automatic one; returning the node to service
-	// also forgets the failures that drained it, so that it starts counting afresh.
-	n.AutoDrained = false
-	if !drain {
-		n.Failures = nil
-	}
-	w.put(n)
-	return nil
+	return UpdateNode(w, name, NodeChange{Drain: &drain, Reason: reason})
 }
 
 func contains(list []string, s string) bool {

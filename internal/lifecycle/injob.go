@@ -185,7 +185,7 @@ func applyInJob(w *World, s *model.Session, r InJobStage, ids IDSource) error {
 		}
 	}
 	for _, st := range same { // ended or deferred: the new request replaces it
-		w.remove(KindStage, st.ID)
+		w.retire(st, s)
 	}
 	id, err := ids.NewID(KindStage)
 	if err != nil {

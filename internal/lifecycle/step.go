@@ -532,7 +532,7 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 		w.remove(KindRegistration, r.ID)
 	}
 	for _, st := range stages {
-		w.remove(KindStage, st.ID)
+		w.retire(st, s)
 	}
 	w.remove(KindSession, s.ID)
 	return effects

@@ -112,6 +112,12 @@ type Node struct {
 	// DataErrorsSeen is the agent's count of data-path errors as last reported
 	// (agentapi.NodeReport.DataErrors): the controller counts what it adds.
 	DataErrorsSeen uint64 `json:"data_errors_seen,omitempty"`
+	// HeldOffline: an administrator took the node out of service (dwcli update node
+	// --offline): the controller treats it as offline whatever its heartbeats say.
+	HeldOffline bool `json:"held_offline,omitempty"`
+	// PoolAssigned: an administrator put the node in Pool (dwcli update node --pool); the
+	// pool its agent reports (agent.pool) no longer changes it.
+	PoolAssigned bool `json:"pool_assigned,omitempty"`
 }
 
 // Endurance is a storage node's SSD wear.
@@ -334,6 +340,14 @@ type StagePart struct {
 	BytesDone uint64 `json:"bytes_done"`
 	Error     string `json:"error,omitempty"`
 	Attempts  int    `json:"attempts,omitempty"` // restarts after its agent lost it
+}
+
+// FinishedStage is a stage kept after its session went (the stage history, bounded by
+// stage.history): its final status, bytes and error, and whose it was.
+type FinishedStage struct {
+	Stage
+	Token string `json:"token"`
+	Owner uint32 `json:"owner"`
 }
 
 // Ended reports whether the stage will move no more data.
