@@ -141,3 +141,16 @@ func errnoName(e syscall.Errno) string {
 	}
 	return "errno_" + strings.TrimSpace(e.Error())
 }
+
+// CountSplicedRead counts a READ of a local mount that the FUSE layer answers from the
+// file's descriptor itself (go-fuse splices it, the server never sees it): one request and
+// the bytes it gets, the file's size past off bounding size. Its latency is not measured.
+func (l *Local) CountSplicedRead(fd int, off int64, size int) {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return
+	}
+	dp := dataPath
+	dp.ops[proto.OpRead].requests[transportLocal].Inc()
+	dp.readBytes[transportLocal].Add(float64(max(0, min(int64(size), st.Size-off))))
+}
