@@ -44,7 +44,7 @@ func newAgentCollector(a *Agent) *agentCollector {
 		mounts:       d("mounts", "Mounts this agent serves, by kind: local (the namespace is on this node), remote (on another node, over warpfs), staging (the agent's own mount of a striped namespace for its stage workers).", "kind"),
 		stageWorkers: d("stage_workers", "Stage runs whose worker is still running on this node."),
 		stageRuns:    d("stage_runs", "Stage runs this agent keeps (running or finished, until the controller has their outcome)."),
-		connections:  d("warpfs_connections", "Connections to this node's data server (agent.data_listen), handshakes included."),
+		connections:  d("warpfs_connections", "Connections to this node's data server (agent.data_listen), handshakes included; 0 without one."),
 	}
 }
 
@@ -89,9 +89,11 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	a.dataMu.Lock()
 	data := a.data
 	a.dataMu.Unlock()
+	connections := 0
 	if data != nil {
-		gauge(c.connections, float64(data.Connections()))
+		connections = data.Connections()
 	}
+	gauge(c.connections, float64(connections))
 	if a.opt.Pool == "" {
 		return // a compute-only node has no storage
 	}

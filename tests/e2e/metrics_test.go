@@ -1,0 +1,278 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/metrics"
+)
+
+// scrape is one scrape of a daemon's /metrics.
+type scrape struct{ metrics.Scrape }
+
+// scrapeUnix reads the metrics a daemon serves on its metrics_listen Unix socket.
+func scrapeUnix(t *testing.T, socket string) scrape {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+	}}}
+	resp, err := hc.Get("http://metrics/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		body, _ := io.ReadAll(resp.Body)
+		t.Fatalf("scrape %s: %s %s", socket, resp.Status, body)
+	}
+	s, err := metrics.Parse(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", socket, err)
+	}
+	return scrape{s}
+}
+
+// value is one sample; a missing one fails the test.
+func (s scrape) value(t *testing.T, sample string) float64 {
+	t.Helper()
+	v, ok := s.Samples[sample]
+	if !ok {
+		var near []string
+		name, _, _ := strings.Cut(sample, "{")
+		for k := range s.Samples {
+			if strings.HasPrefix(k, name) {
+				near = append(near, k)
+			}
+		}
+		sort.Strings(near)
+		t.Fatalf("no sample %s in the scrape; there are %v", sample, near)
+	}
+	return v
+}
+
+// within1pc checks a metric against the bytes the test moved: within 1%.
+func within1pc(t *testing.T, what string, got, want float64) {
+	t.Helper()
+	if math.Abs(got-want) > want/100 {
+		t.Errorf("%s = %.0f, want %.0f within 1%%", what, got, want)
+	} else {
+		t.Logf("%s = %.0f for %.0f bytes moved", what, got, want)
+	}
+}
+
+// TestMetricsMatchWhatAJobDid scrapes the controller's and the agent's metrics_listen while
+// a job goes through its lifecycle: the sessions by phase follow it, the capacity the pool
+// holds is the instance's, the stages' bytes are the files', the data path's bytes are what
+// the job wrote and read through its mount (within 1%), and every metric the Grafana
+// dashboard in deploy/grafana queries is in the scrapes.
+func TestMetricsMatchWhatAJobDid(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	ctlSock, agentSock := filepath.Join(c.dir, "controller-metrics.sock"), filepath.Join(c.dir, "agent-metrics.sock")
+	c.configure("controller", fmt.Sprintf("metrics_listen = \"unix:%s\"\n", ctlSock))
+	c.configure("agent", fmt.Sprintf("metrics_listen = \"unix:%s\"\n", agentSock))
+	c.startController()
+	c.startAgent()
+	logs, _ := os.ReadFile(filepath.Join(c.dir, "agent.log"))
+	if strings.Contains(string(logs), "fragments get a project quota") {
+		t.Skip("the SSD path has project quotas: the job's writes would go to the kernel (passthrough), not through the data path's server")
+	}
+	ctx := context.Background()
+	const gib = 1 << 30
+	// waitMetric scrapes until the sample has the value (gauges of the state follow the
+	// executor's passes).
+	waitMetric := func(socket, sample string, want float64) scrape {
+		t.Helper()
+		var s scrape
+		c.waitFor(fmt.Sprintf("%s = %v", sample, want), func() bool {
+			s = scrapeUnix(t, socket)
+			v, ok := s.Samples[sample]
+			return ok && v == want
+		})
+		return s
+	}
+	s := waitMetric(ctlSock, `spillway_node_online{node="storage1"}`, 1)
+	if v := s.value(t, `spillway_pool_capacity_bytes{pool="wlm_pool"}`); v != 4*gib {
+		t.Errorf("pool capacity %v, want the node's 4 GiB", v)
+	}
+	a := scrapeUnix(t, agentSock)
+	if v := a.value(t, `spillway_agent_capacity_bytes`); v != 4*gib {
+		t.Errorf("agent capacity %v, want 4 GiB", v)
+	}
+
+	// setup: one job session, its instance's grain held on the node.
+	tok := "77"
+	setup := lifecycle.Setup{Token: tok, Creator: "TEST", Instance: &lifecycle.InstanceRequest{Capacity: gib, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}
+	c.step(tok, lifecycle.PhaseSetup, func() error { return c.client.Setup(ctx, setup) })
+	s = waitMetric(ctlSock, `spillway_sessions{kind="job",phase="setup"}`, 1)
+	for sample, want := range map[string]float64{
+		`spillway_pool_allocated_bytes{pool="wlm_pool"}`:                 gib,
+		`spillway_pool_free_bytes{pool="wlm_pool"}`:                      3 * gib,
+		`spillway_node_allocated_bytes{node="storage1",pool="wlm_pool"}`: gib,
+		`spillway_instance_capacity_bytes{pool="wlm_pool"}`:              gib,
+		`spillway_instances{pool="wlm_pool"}`:                            1,
+	} {
+		if v := s.value(t, sample); v != want {
+			t.Errorf("after setup %s = %v, want %v", sample, v, want)
+		}
+	}
+	if v := s.value(t, `spillway_executor_effects_total{op="create-fragment",outcome="ok"}`); v < 1 {
+		t.Errorf("no create-fragment effect counted")
+	}
+	if v := scrapeUnix(t, agentSock).value(t, `spillway_agent_fragments`); v != 1 {
+		t.Errorf("agent fragments %v, want 1", v)
+	}
+
+	// data_in: a stage-in of a file; the stage's bytes are the file's.
+	in := filepath.Join(c.dir, "pfs", "in.dat")
+	const inSize = 3<<20 + 12345
+	writeRandom(t, in, inSize)
+	c.step(tok, lifecycle.PhaseDataIn, func() error {
+		return c.client.Stages(ctx, tok, "in", []lifecycle.StageRequest{{Type: "file", PFSPath: in, DWVar: "DW_JOB_STRIPED", DWPath: "/in.dat", Line: 2}})
+	})
+	s = waitMetric(ctlSock, `spillway_stage_ended_total{direction="in",status="complete"}`, 1)
+	if v := s.value(t, `spillway_stage_bytes_total{direction="in"}`); v != inSize {
+		t.Errorf("stage-in bytes %v, want the file's %d", v, inSize)
+	}
+	if v := s.value(t, `spillway_stage_duration_seconds_count{direction="in"}`); v != 1 {
+		t.Errorf("stage-in durations observed %v, want 1", v)
+	}
+
+	// pre_run: the job writes N bytes through its mount and reads them back.
+	c.step(tok, lifecycle.PhasePreRun, func() error { return c.client.PreRun(ctx, tok, []string{"storage1"}) })
+	s = waitMetric(ctlSock, `spillway_sessions{kind="job",phase="pre_run"}`, 1)
+	if v := s.value(t, `spillway_sessions{kind="job",phase="setup"}`); v != 0 {
+		t.Errorf("the session is still counted in setup after pre_run: %v", v)
+	}
+	env, err := c.client.Paths(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mount := env["DW_JOB_STRIPED"]
+	before := scrapeUnix(t, agentSock)
+	const n = 48<<20 + 4321
+	writeRandom(t, mount+"out.dat", n)
+	got, err := os.ReadFile(mount + "out.dat")
+	if err != nil || len(got) != n {
+		t.Fatalf("read back %d bytes: %v", len(got), err)
+	}
+	after := scrapeUnix(t, agentSock)
+	delta := func(sample string) float64 { return after.value(t, sample) - before.value(t, sample) }
+	within1pc(t, "spillway_warpfs_written_bytes_total (local)", delta(`spillway_warpfs_written_bytes_total{transport="local"}`), n)
+	within1pc(t, "spillway_warpfs_read_bytes_total (local)", delta(`spillway_warpfs_read_bytes_total{transport="local"}`), n)
+	within1pc(t, "spillway_agent_used_bytes", after.value(t, `spillway_agent_used_bytes`), n+inSize)
+	writes := delta(`spillway_warpfs_requests_total{op="write",transport="local"}`)
+	if writes < 1 || delta(`spillway_warpfs_request_duration_seconds_count{op="write"}`) != writes {
+		t.Errorf("WRITE requests %v and their latencies %v disagree", writes, delta(`spillway_warpfs_request_duration_seconds_count{op="write"}`))
+	}
+	if v := after.value(t, `spillway_agent_mounts{kind="local"}`); v != 1 {
+		t.Errorf("agent mounts %v, want 1 local", v)
+	}
+	if _, err := os.Stat(mount + "no-such-file"); !os.IsNotExist(err) {
+		t.Fatalf("stat of a missing file: %v", err)
+	}
+	if v := scrapeUnix(t, agentSock).value(t, `spillway_warpfs_errors_total{errno="ENOENT",op="lookup"}`); v < 1 {
+		t.Errorf("a failed lookup is not counted: %v", v)
+	}
+
+	// post_run, data_out: the stage-out moves the file the job wrote.
+	c.step(tok, lifecycle.PhasePostRun, func() error { return c.client.PostRun(ctx, tok) })
+	out := filepath.Join(c.dir, "pfs", "out.dat")
+	c.step(tok, lifecycle.PhaseDataOut, func() error {
+		return c.client.Stages(ctx, tok, "out", []lifecycle.StageRequest{{Type: "file", PFSPath: out, DWVar: "DW_JOB_STRIPED", DWPath: "/out.dat", Line: 3}})
+	})
+	s = waitMetric(ctlSock, `spillway_stage_ended_total{direction="out",status="complete"}`, 1)
+	if v := s.value(t, `spillway_stage_bytes_total{direction="out"}`); v != n {
+		t.Errorf("stage-out bytes %v, want the file's %d", v, n)
+	}
+
+	// teardown: nothing left.
+	c.step(tok, lifecycle.PhaseTeardown, func() error { return c.client.Teardown(ctx, tok, false) })
+	s = waitMetric(ctlSock, `spillway_pool_allocated_bytes{pool="wlm_pool"}`, 0)
+	for _, p := range []string{"setup", "data_in", "pre_run", "post_run", "data_out", "teardown"} {
+		if v := s.value(t, `spillway_sessions{kind="job",phase="`+p+`"}`); v != 0 {
+			t.Errorf("after teardown %v sessions in %s", v, p)
+		}
+	}
+	a = waitMetric(agentSock, `spillway_agent_fragments`, 0)
+
+	// Every metric the dashboard queries is in one of the scrapes.
+	checkDashboard(t, "../../deploy/grafana/spillway.json", s, a)
+}
+
+func writeRandom(t *testing.T, path string, size int) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	rand.Read(buf)
+	for left := size; left > 0; left -= min(left, len(buf)) {
+		if _, err := f.Write(buf[:min(left, len(buf))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkDashboard parses the Grafana dashboard and checks that each spillway_ metric its
+// panels query is a family of one of the scrapes (a histogram's _bucket, _sum and _count are
+// its family's).
+func checkDashboard(t *testing.T, path string, scrapes ...scrape) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("%s is not valid JSON: %v", path, err)
+	}
+	name := regexp.MustCompile(`\bspillway_[a-z_]+`)
+	queried := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range name.FindAllString(tg.Expr, -1) {
+				queried++
+				family := m
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					family = strings.TrimSuffix(family, suffix)
+				}
+				found := false
+				for _, s := range scrapes {
+					found = found || s.Families[family] || s.Families[m]
+				}
+				if !found {
+					t.Errorf("panel %q queries %s, which no scrape has", p.Title, m)
+				}
+			}
+		}
+	}
+	if queried == 0 {
+		t.Errorf("the dashboard queries no spillway_ metric")
+	}
+}
