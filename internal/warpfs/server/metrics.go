@@ -2,6 +2,7 @@ package server
 
 import (
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,8 +21,8 @@ import (
 //
 // Everything a request touches is resolved when the process starts (one counter and one
 // histogram per operation and transport), so measuring a request costs two clock reads and
-// a few atomic additions, and allocates nothing. Errors resolve their (operation, errno)
-// counter on the way; they are not the hot path.
+// a few atomic additions, and allocates nothing. An error resolves its (operation, errno)
+// counter the first time it happens, then keeps it at hand.
 //
 // Writes the kernel makes itself (FUSE passthrough of co-located mounts on a fragment with
 // a quota or a file system of its own) never reach the server and are not counted here; the
@@ -41,7 +42,14 @@ type opMetrics struct {
 	requests [transports]prometheus.Counter
 	seconds  prometheus.Observer
 	name     string
+	errs     [maxErrno]atomic.Pointer[errCounter] // resolved at the operation's first such error
 }
+
+// maxErrno bounds the errnos whose counters an operation keeps at hand (Linux's are below
+// 134); others are looked up each time.
+const maxErrno = 134
+
+type errCounter struct{ prometheus.Counter }
 
 type dataPathMetrics struct {
 	requests *prometheus.CounterVec
@@ -120,7 +128,7 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 	om.requests[t].Inc()
 	om.seconds.Observe(elapsed.Seconds())
 	if errno != 0 {
-		dp.errors.WithLabelValues(om.name, errnoName(errno)).Inc()
+		dp.countError(om, errno)
 		return rep, n, errno
 	}
 	switch op {
@@ -132,6 +140,20 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 		}
 	}
 	return rep, n, errno
+}
+
+// countError counts an operation's error.
+func (dp *dataPathMetrics) countError(om *opMetrics, errno syscall.Errno) {
+	if errno >= maxErrno {
+		dp.errors.WithLabelValues(om.name, errnoName(errno)).Inc()
+		return
+	}
+	c := om.errs[errno].Load()
+	if c == nil {
+		c = &errCounter{dp.errors.WithLabelValues(om.name, errnoName(errno))}
+		om.errs[errno].Store(c)
+	}
+	c.Inc()
 }
 
 // errnoName is the errno's symbol (ENOENT), or its number for one Linux does not name.
