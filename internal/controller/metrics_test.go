@@ -93,3 +93,30 @@ func BenchmarkScrape(b *testing.B) {
 		})
 	}
 }
+
+// Each effect is counted by operation and outcome; one on an object whose earlier attempt
+// failed is a retry.
+func TestEffectsCountOutcomesAndRetries(t *testing.T) {
+	m := newControllerMetrics(&Controller{inflight: map[lifecycle.EffectKey]bool{}})
+	w := world(2)
+	create := lifecycle.Effect{Op: lifecycle.OpCreateFragment, Ref: lifecycle.Ref{Kind: lifecycle.KindFragment, ID: 0}}
+	m.effect(w, create, 2*time.Second, fmt.Errorf("disk refused"))
+	w.Fragments[0].State.Attempts = 1
+	m.effect(w, create, time.Second, nil)
+	m.effect(w, lifecycle.Effect{Op: lifecycle.OpMount, Ref: lifecycle.Ref{Kind: lifecycle.KindActivation, ID: 1}}, time.Second, nil)
+	s := scrapeController(t, m)
+	for sample, want := range map[string]float64{
+		`spillway_executor_effects_total{op="create-fragment",outcome="failed"}`: 1,
+		`spillway_executor_effects_total{op="create-fragment",outcome="ok"}`:     1,
+		`spillway_executor_retries_total{op="create-fragment"}`:                  1,
+		`spillway_executor_effects_total{op="mount",outcome="ok"}`:               1,
+		`spillway_executor_retries_total{op="mount"}`:                            0,
+		`spillway_executor_effect_duration_seconds_count{op="create-fragment"}`:  2,
+		`spillway_executor_effect_duration_seconds_sum{op="create-fragment"}`:    3,
+		`spillway_executor_in_flight`:                                            0,
+	} {
+		if v, ok := s.Samples[sample]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", sample, v, ok, want)
+		}
+	}
+}
