@@ -118,10 +118,15 @@ func Collectors() []prometheus.Collector {
 
 // measured runs one request through exec and counts it.
 func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
-	dp := dataPath
-	dp.inFlight.Inc()
+	dataPath.inFlight.Inc()
 	start := time.Now()
 	rep, n, errno := s.exec(op, uid, gid, m, dest)
+	dataPath.record(t, op, start, rep, n, errno)
+	return rep, n, errno
+}
+
+// record counts a request that started at start and ended now with exec's results.
+func (dp *dataPathMetrics) record(t transport, op proto.Op, start time.Time, rep proto.Message, n int, errno syscall.Errno) {
 	elapsed := time.Since(start)
 	dp.inFlight.Dec()
 	om := dp.ops[op]
@@ -129,7 +134,7 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 	om.seconds.Observe(elapsed.Seconds())
 	if errno != 0 {
 		dp.countError(om, errno)
-		return rep, n, errno
+		return
 	}
 	switch op {
 	case proto.OpRead:
@@ -139,7 +144,6 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 			dp.writtenBytes[t].Add(float64(c.N))
 		}
 	}
-	return rep, n, errno
 }
 
 // countError counts an operation's error.

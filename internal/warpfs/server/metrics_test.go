@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
@@ -57,6 +58,13 @@ func BenchmarkMeasuring(b *testing.B) {
 			if _, _, errno := l.Exec(proto.OpGetattr, 0, 0, req, nil); errno != 0 {
 				b.Fatal(errno)
 			}
+		}
+	})
+	b.Run("measuring-only", func(b *testing.B) {
+		rep := &proto.CountReply{N: 1 << 20}
+		for b.Loop() {
+			dataPath.inFlight.Inc()
+			dataPath.record(transportRemote, proto.OpWrite, time.Now(), rep, 0, 0)
 		}
 	})
 	b.Run("measured-error", func(b *testing.B) {
