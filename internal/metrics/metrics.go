@@ -42,10 +42,11 @@ var RequestBuckets = prometheus.ExponentialBuckets(10e-6, 4, 12)
 var EffectBuckets = prometheus.ExponentialBuckets(1e-3, 4, 13)
 
 // Handler serves the registry's metrics in Prometheus' text format (or OpenMetrics, when
-// the scraper asks for it).
+// the scraper asks for it). Concurrent scrapes are bounded by the listener's connection
+// limits (Serve).
 func Handler(r *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(r, promhttp.HandlerOpts{EnableOpenMetrics: true, MaxRequestsInFlight: 4}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	return mux
 }
 
