@@ -60,7 +60,7 @@ type controllerMetrics struct {
 	stagesCounted map[int64]bool // terminal stages already counted
 
 	sessions, sessionsFailed, instances, instanceBytes, poolCapacity, poolAllocated, poolFree,
-	nodeCapacity, nodeAllocated, nodeFree, nodeOnline, nodeDrained, stages, activations,
+	nodeCapacity, nodeAllocated, nodeFree, nodeOnline, nodeDrained, nodeWorn, nodeEndurance, stages, activations,
 	fuseBlown, inFlight *prometheus.Desc
 }
 
@@ -108,7 +108,9 @@ func newControllerMetrics(c *Controller) *controllerMetrics {
 	m.nodeAllocated = d("node_allocated_bytes", "Capacity of a storage node held by fragments.", "node", "pool")
 	m.nodeFree = d("node_free_bytes", "Capacity of a storage node no fragment holds (offline and drained nodes included).", "node", "pool")
 	m.nodeOnline = d("node_online", "1 when the node's agent reported within controller.node_timeout.", "node")
-	m.nodeDrained = d("node_drained", "1 when an administrator drained the node.", "node")
+	m.nodeDrained = d("node_drained", "1 when the node is drained, by an administrator or by auto-drain.", "node")
+	m.nodeWorn = d("node_worn", "1 when the node's SSD endurance is below controller.endurance_threshold: it takes no new fragments.", "node")
+	m.nodeEndurance = d("node_endurance_remaining_percent", "SSD endurance left, in percent of the device's rated life, as the node's agent last reported it (nodes whose wear is unknown have none).", "node")
 	m.stages = d("stages", "Stages by direction and status (deferred, pending, running, complete, failed, canceled).", "direction", "status")
 	m.activations = d("activations", "Mounts of configurations on compute nodes (activations), by goal (create, destroy).", "goal")
 	m.fuseBlown = d("fuse_blown_objects", "Objects whose effect failed executor.max_attempts times (F in dwstat): they wait for an operator.", "kind")
@@ -198,7 +200,7 @@ func stateOf(w *lifecycle.World, r lifecycle.Ref) *model.State {
 func (m *controllerMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.sessions, m.sessionsFailed, m.instances, m.instanceBytes, m.poolCapacity,
 		m.poolAllocated, m.poolFree, m.nodeCapacity, m.nodeAllocated, m.nodeFree, m.nodeOnline, m.nodeDrained,
-		m.stages, m.activations, m.fuseBlown, m.inFlight} {
+		m.nodeWorn, m.nodeEndurance, m.stages, m.activations, m.fuseBlown, m.inFlight} {
 		ch <- d
 	}
 }
@@ -268,6 +270,10 @@ func (m *controllerMetrics) Collect(ch chan<- prometheus.Metric) {
 		gauge(m.nodeDrained, b2f(n.Drain), n.Name)
 		if n.Pool == "" {
 			continue // compute only
+		}
+		gauge(m.nodeWorn, b2f(n.Worn), n.Name)
+		if n.Endurance != nil && n.Endurance.Known {
+			gauge(m.nodeEndurance, float64(n.Endurance.Remaining()), n.Name)
 		}
 		used := allocated[n.Name]
 		free := n.Capacity - min(used, n.Capacity)

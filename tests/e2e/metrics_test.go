@@ -84,7 +84,9 @@ func TestMetricsMatchWhatAJobDid(t *testing.T) {
 	c := newCluster(t)
 	ctlSock, agentSock := filepath.Join(c.dir, "controller-metrics.sock"), filepath.Join(c.dir, "agent-metrics.sock")
 	c.configure("controller", fmt.Sprintf("metrics_listen = \"unix:%s\"\n", ctlSock))
-	c.configure("agent", fmt.Sprintf("metrics_listen = \"unix:%s\"\n", agentSock))
+	wear := filepath.Join(c.dir, "wear")
+	os.WriteFile(wear, []byte("7\n"), 0o644) // 7% of the SSD's life used
+	c.configure("agent", fmt.Sprintf("metrics_listen = \"unix:%s\"\nendurance_file = %q\n", agentSock, wear))
 	c.startController()
 	c.startAgent()
 	logs, _ := os.ReadFile(filepath.Join(c.dir, "agent.log"))
@@ -105,7 +107,11 @@ func TestMetricsMatchWhatAJobDid(t *testing.T) {
 		})
 		return s
 	}
-	s := waitMetric(ctlSock, `spillway_node_online{node="storage1"}`, 1)
+	waitMetric(ctlSock, `spillway_node_online{node="storage1"}`, 1)
+	s := waitMetric(ctlSock, `spillway_node_endurance_remaining_percent{node="storage1"}`, 93)
+	if v := s.value(t, `spillway_node_worn{node="storage1"}`); v != 0 {
+		t.Errorf("a node with 93%% of its endurance left counts as worn: %v", v)
+	}
 	if v := s.value(t, `spillway_pool_capacity_bytes{pool="wlm_pool"}`); v != 4*gib {
 		t.Errorf("pool capacity %v, want the node's 4 GiB", v)
 	}
