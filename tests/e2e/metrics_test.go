@@ -89,10 +89,6 @@ func TestMetricsMatchWhatAJobDid(t *testing.T) {
 	c.configure("agent", fmt.Sprintf("metrics_listen = \"unix:%s\"\nendurance_file = %q\n", agentSock, wear))
 	c.startController()
 	c.startAgent()
-	logs, _ := os.ReadFile(filepath.Join(c.dir, "agent.log"))
-	if strings.Contains(string(logs), "fragments get a project quota") {
-		t.Skip("the SSD path has project quotas: the job's writes would go to the kernel (passthrough), not through the data path's server")
-	}
 	ctx := context.Background()
 	const gib = 1 << 30
 	// waitMetric scrapes until the sample has the value (gauges of the state follow the
@@ -124,6 +120,10 @@ func TestMetricsMatchWhatAJobDid(t *testing.T) {
 	tok := "77"
 	setup := lifecycle.Setup{Token: tok, Creator: "TEST", Instance: &lifecycle.InstanceRequest{Capacity: gib, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}
 	c.step(tok, lifecycle.PhaseSetup, func() error { return c.client.Setup(ctx, setup) })
+	// The agent logs at its first fragment whether fragments get a project quota.
+	if logs, _ := os.ReadFile(filepath.Join(c.dir, "agent.log")); strings.Contains(string(logs), "fragments get a project quota") {
+		t.Skip("the SSD path has project quotas: the job's writes would go to the kernel (passthrough), not through the data path's server")
+	}
 	s = waitMetric(ctlSock, `spillway_sessions{kind="job",phase="setup"}`, 1)
 	for sample, want := range map[string]float64{
 		`spillway_pool_allocated_bytes{pool="wlm_pool"}`:                 gib,
