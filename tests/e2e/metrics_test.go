@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -281,4 +282,63 @@ func checkDashboard(t *testing.T, path string, scrapes ...scrape) {
 	if queried == 0 {
 		t.Errorf("the dashboard queries no spillway_ metric")
 	}
+}
+
+// TestMetricsAcrossHosts: a job on compute node hostb writes and reads a file through its
+// mount of an instance on storage node hosta (hosts as network namespaces); hosta's agent
+// counts the bytes as remote traffic within 1%, and hostb's shows its remote mount. Each
+// agent's metrics_listen is a Unix socket in the cluster's directory, which the test reaches
+// from outside the hosts' namespaces.
+func TestMetricsAcrossHosts(t *testing.T) {
+	c := newNetCluster(t)
+	sockets := map[string]string{}
+	for _, name := range []string{"hosta", "hostb"} {
+		h := c.hosts[name]
+		sockets[name] = filepath.Join(c.dir, name+"-metrics.sock")
+		cfg, err := os.ReadFile(h.config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg = []byte(strings.Replace(string(cfg), "[agent]\n", fmt.Sprintf("[agent]\nmetrics_listen = \"unix:%s\"\n", sockets[name]), 1))
+		if err := os.WriteFile(h.config, cfg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.start("ctl")
+	c.start("hosta")
+	c.start("hostb")
+	job := c.jobFile("job.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\nsrun ./a.out\n\x00")
+	nodes := c.jobFile("nodes", "hostb\n")
+	c.wlm("--function", "job_process", "--job", job)
+	c.wlm("--function", "setup", "--token", "60", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:1GiB", "--job", job)
+	pathfile := filepath.Join(c.dir, "paths")
+	c.wlm("--function", "paths", "--token", "60", "--job", job, "--pathfile", pathfile)
+	env, _ := os.ReadFile(pathfile)
+	mount := strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED=")
+	c.wlm("--function", "pre_run", "--token", "60", "--job", job, "--nodehostnamefile", nodes)
+
+	before := scrapeUnix(t, sockets["hosta"])
+	const n = 32 << 20
+	out, err := c.onHost("hostb", "set -e; cd "+mount+"; head -c "+strconv.Itoa(n)+" /dev/urandom > out.dat; cat out.dat > /dev/null; stat -c %s out.dat").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != strconv.Itoa(n) {
+		t.Fatalf("the job on hostb: %v\n%s", err, out)
+	}
+	after := scrapeUnix(t, sockets["hosta"])
+	delta := func(sample string) float64 { return after.value(t, sample) - before.value(t, sample) }
+	within1pc(t, "hosta's spillway_warpfs_written_bytes_total (remote)", delta(`spillway_warpfs_written_bytes_total{transport="remote"}`), n)
+	within1pc(t, "hosta's spillway_warpfs_read_bytes_total (remote)", delta(`spillway_warpfs_read_bytes_total{transport="remote"}`), n)
+	if v := after.value(t, `spillway_agent_warpfs_connections`); v < 1 {
+		t.Errorf("hosta counts %v connections to its data server with hostb's mount on it", v)
+	}
+	b := scrapeUnix(t, sockets["hostb"])
+	if v := b.value(t, `spillway_agent_mounts{kind="remote"}`); v != 1 {
+		t.Errorf("hostb counts %v remote mounts, want 1", v)
+	}
+	if _, ok := b.Samples[`spillway_agent_capacity_bytes`]; ok {
+		t.Errorf("compute-only hostb reports a storage capacity")
+	}
+	c.wlm("--function", "post_run", "--token", "60", "--job", job)
+	c.wlm("--function", "teardown", "--token", "60", "--job", job)
+	c.assertClean()
 }
