@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/metrics"
+	"github.com/spillway-hpc/spillway/internal/testca"
 )
 
 // scrape is one scrape of a daemon's /metrics.
@@ -341,4 +344,54 @@ func TestMetricsAcrossHosts(t *testing.T) {
 	c.wlm("--function", "post_run", "--token", "60", "--job", job)
 	c.wlm("--function", "teardown", "--token", "60", "--job", job)
 	c.assertClean()
+}
+
+// TestMetricsOverTLS: with a [tls] certificate, the controller's TCP metrics_listen speaks TLS
+// only, with no credential: a scraper that trusts the site's CA reads the metrics, plain
+// HTTP gets none.
+func TestMetricsOverTLS(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	ca, cert, key, err := testca.Write(c.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	c.configure("controller", fmt.Sprintf("metrics_listen = %q\n", addr))
+	os.WriteFile(c.config, append(must(os.ReadFile(c.config)), []byte(fmt.Sprintf("[tls]\ncert_file = %q\nkey_file = %q\nca_file = %q\n", cert, key, ca))...), 0o644)
+	c.startController()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(must(os.ReadFile(ca)))
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	var s metrics.Scrape
+	c.waitFor("a scrape over TLS", func() bool {
+		resp, err := hc.Get("https://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		s, err = metrics.Parse(resp.Body)
+		return err == nil && resp.StatusCode == 200
+	})
+	if _, ok := s.Samples[`spillway_executor_in_flight`]; !ok {
+		t.Errorf("the scrape over TLS has no spillway_executor_in_flight")
+	}
+	if resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics"); err == nil {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), "spillway_") {
+			t.Errorf("plain HTTP to the TLS metrics port got the metrics")
+		}
+	}
+	if resp, err := hc.Get("https://" + addr + "/dw/v1/sessions"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("the metrics port answers an API route: %s", resp.Status)
+		}
+	}
 }
