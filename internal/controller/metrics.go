@@ -103,7 +103,7 @@ func newControllerMetrics(c *Controller) *controllerMetrics {
 	m.instanceBytes = d("instance_capacity_bytes", "Capacity granted to instances (whole grains), by pool.", "pool")
 	m.poolCapacity = d("pool_capacity_bytes", "Capacity the pool's storage nodes offer, all of them.", "pool")
 	m.poolAllocated = d("pool_allocated_bytes", "Capacity of the pool held by fragments.", "pool")
-	m.poolFree = d("pool_free_bytes", "Capacity a new instance can get: what fragments leave free on the pool's online, undrained nodes.", "pool")
+	m.poolFree = d("pool_free_bytes", "Capacity a new instance can get: what fragments leave free on the pool's online nodes that are neither drained nor worn.", "pool")
 	m.nodeCapacity = d("node_capacity_bytes", "Capacity a storage node offers.", "node", "pool")
 	m.nodeAllocated = d("node_allocated_bytes", "Capacity of a storage node held by fragments.", "node", "pool")
 	m.nodeFree = d("node_free_bytes", "Capacity of a storage node no fragment holds (offline and drained nodes included).", "node", "pool")
@@ -283,7 +283,7 @@ func (m *controllerMetrics) Collect(ch chan<- prometheus.Metric) {
 		p := pool(n.Pool)
 		p.capacity += float64(n.Capacity)
 		p.allocated += float64(used)
-		if n.Online && !n.Drain {
+		if n.Online && !n.Drain && !n.Worn { // as alloc's eligible nodes
 			p.free += float64(free)
 		}
 	}
