@@ -107,7 +107,7 @@ func newControllerMetrics(c *Controller) *controllerMetrics {
 	m.nodeCapacity = d("node_capacity_bytes", "Capacity a storage node offers.", "node", "pool")
 	m.nodeAllocated = d("node_allocated_bytes", "Capacity of a storage node held by fragments.", "node", "pool")
 	m.nodeFree = d("node_free_bytes", "Capacity of a storage node no fragment holds (offline and drained nodes included).", "node", "pool")
-	m.nodeOnline = d("node_online", "1 when the node's agent reported within controller.node_timeout.", "node")
+	m.nodeOnline = d("node_online", "1 when the node's agent reported within controller.node_timeout and no administrator holds it offline.", "node")
 	m.nodeDrained = d("node_drained", "1 when the node is drained, by an administrator or by auto-drain.", "node")
 	m.nodeWorn = d("node_worn", "1 when the node's SSD endurance is below controller.endurance_threshold: it takes no new fragments.", "node")
 	m.nodeEndurance = d("node_endurance_remaining_percent", "SSD endurance left, in percent of the device's rated life, as the node's agent last reported it (nodes whose wear is unknown have none).", "node")
