@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -25,8 +24,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
-	"github.com/spillway-hpc/spillway/internal/store"
-	"github.com/spillway-hpc/spillway/internal/store/sqlite"
+	"github.com/spillway-hpc/spillway/internal/store/engines"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 )
 
@@ -84,12 +82,11 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
 		return 78
 	}
-	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
+	st, err := engines.OpenState(context.Background(), &cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
 		return 1
 	}
-	st := store.New(eng)
 	defer st.Close()
 	dial := func(n *model.Node) (agentapi.Agent, error) {
 		// Each agent is called with its own credential, which it can check without the
@@ -123,7 +120,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		wg.Add(1)
 		go func() { defer wg.Done(); srv.Serve(ctx, l, embedded.APILimits(cfg, log)) }()
 	}
-	log.Info("controller started", "config", from, "state", cfg.Controller.StateDir, "listen", listeners, "mount_root", cfg.Controller.MountRoot)
+	log.Info("controller started", "config", from, "state", engines.Describe(&cfg), "listen", listeners, "mount_root", cfg.Controller.MountRoot)
 	ctl.Run(ctx)
 	wg.Wait()
 	log.Info("controller stopped")
