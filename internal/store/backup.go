@@ -61,7 +61,12 @@ func entryOf(key string, raw []byte) Entry {
 func (e Entry) bytes() ([]byte, error) {
 	switch {
 	case e.Value != nil:
-		return e.Value, nil
+		// Written compact, perhaps indented in the document since.
+		var c bytes.Buffer
+		if err := json.Compact(&c, e.Value); err != nil {
+			return nil, fmt.Errorf("key %s: %v", e.Key, err)
+		}
+		return c.Bytes(), nil
 	case e.Text != nil:
 		return []byte(*e.Text), nil
 	default:

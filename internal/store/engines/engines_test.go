@@ -153,7 +153,7 @@ func TestBackupRestoreAcrossEngines(t *testing.T) {
 	if b.SchemaVersion != 1 || b.ClusterID == "" || b.Sequences["session"] != 2 || len(b.Kinds["pool"]) != 1 {
 		t.Fatalf("backup of the version 1 database: schema %d, cluster %q, sequences %v, kinds %v", b.SchemaVersion, b.ClusterID, b.Sequences, len(b.Kinds))
 	}
-	doc, err := json.Marshal(b)
+	doc, err := json.MarshalIndent(b, "", "  ") // as spillway admin backup writes it
 	if err != nil {
 		t.Fatal(err)
 	}
