@@ -31,8 +31,6 @@ type Backup struct {
 	Engine          string             `json:"engine,omitempty"` // where it was taken
 	Sequences       map[string]int64   `json:"sequences"`
 	Kinds           map[string][]Entry `json:"kinds"`
-	// Restricted names the kinds kept when a backup holds only some (dwcli config backup).
-	Restricted []string `json:"restricted,omitempty"`
 }
 
 // Entry is one key and its value: JSON as is ("value"), other text ("text") or bytes
@@ -79,11 +77,10 @@ func (e Entry) bytes() ([]byte, error) {
 }
 
 // TakeBackup reads the whole state in one read transaction: a consistent snapshot, taken
-// while the controller runs. kinds, when given, restricts it to those kinds (and no
-// sequences).
-func TakeBackup(ctx context.Context, e Engine, kinds ...string) (*Backup, error) {
+// while the controller runs.
+func TakeBackup(ctx context.Context, e Engine) (*Backup, error) {
 	b := &Backup{Format: BackupFormat, FormatVersion: BackupFormatVersion, Created: time.Now().UTC(),
-		Sequences: map[string]int64{}, Kinds: map[string][]Entry{}, Restricted: kinds}
+		Sequences: map[string]int64{}, Kinds: map[string][]Entry{}}
 	err := e.View(ctx, func(kv KV) error {
 		if _, ok, err := metaString(kv, restoreMarkKey); err != nil {
 			return err
@@ -97,14 +94,12 @@ func TakeBackup(ctx context.Context, e Engine, kinds ...string) (*Backup, error)
 		if b.ClusterID, _, err = metaString(kv, ClusterIDKey); err != nil {
 			return err
 		}
-		all := kinds
-		if len(all) == 0 {
-			if all, err = kv.Kinds(); err != nil {
-				return err
-			}
-			if b.Sequences, err = kv.Sequences(); err != nil {
-				return err
-			}
+		all, err := kv.Kinds()
+		if err != nil {
+			return err
+		}
+		if b.Sequences, err = kv.Sequences(); err != nil {
+			return err
 		}
 		for _, kind := range all {
 			entries := []Entry{}
@@ -164,9 +159,6 @@ var ErrNotEmpty = errors.New("the store is not empty")
 // opts.Force. The writes go in transactions of opts.Batch keys: until the last one commits,
 // a mark in the state says it is incomplete, and a controller refuses to start on it.
 func Restore(ctx context.Context, e Engine, b *Backup, opts RestoreOptions) error {
-	if len(b.Restricted) > 0 {
-		return fmt.Errorf("this backup holds only %s: it is restored by the command that made it (dwcli config restore), not as a whole state", strings.Join(b.Restricted, ", "))
-	}
 	mem := newMemKV()
 	for kind, entries := range b.Kinds {
 		for _, en := range entries {
