@@ -8,9 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -287,4 +289,50 @@ func TestRestoreIntoSQLite(t *testing.T) {
 func mustJSON(v any) string {
 	b, _ := json.MarshalIndent(v, "", " ")
 	return string(b)
+}
+
+// TestEtcdTLSAndAuth: the controller's configuration reaches an etcd that serves TLS, requires
+// a client certificate and has its authentication on, with the files the keys name; without
+// the certificate, or with a wrong password, Open fails and says which keys to look at.
+func TestEtcdTLSAndAuth(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{TLS: true})
+	srv.EnableAuth(t, "spillway", "s3cret", "/spillway/")
+	dir := t.TempDir()
+	pwFile := filepath.Join(dir, "password")
+	os.WriteFile(pwFile, []byte("s3cret\n"), 0o600)
+	cfg := etcdConfig(srv.Endpoint, "/spillway/")
+	cfg.Store.EtcdCAFile, cfg.Store.EtcdCertFile, cfg.Store.EtcdKeyFile = srv.CAFile, srv.CertFile, srv.KeyFile
+	cfg.Store.EtcdUsername, cfg.Store.EtcdPasswordFile = "spillway", pwFile
+	cfg.Store.EtcdDialTimeout = config.Duration(2 * time.Second)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := OpenState(ctx, &cfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Update(ctx, func(tx *store.Tx) error {
+		return store.Pools.Put(tx, &model.Pool{Name: "wlm_pool", Granularity: 1 << 30})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	// Outside its prefix the user may not write: the role etcd gives it holds.
+	other := cfg
+	other.Store.EtcdPrefix = "/other/"
+	if _, err := OpenState(ctx, &other, quiet); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("a prefix the user has no permission on: %v, want etcd's permission denied", err)
+	}
+	wrong := cfg
+	os.WriteFile(filepath.Join(dir, "wrong"), []byte("nope\n"), 0o600)
+	wrong.Store.EtcdPasswordFile = filepath.Join(dir, "wrong")
+	if _, err := Open(ctx, &wrong); err == nil || !strings.Contains(err.Error(), "store.etcd_username") {
+		t.Fatalf("a wrong password: %v, want an error naming store.etcd_username", err)
+	}
+	noCert := cfg
+	noCert.Store.EtcdCertFile, noCert.Store.EtcdKeyFile = "", ""
+	if _, err := Open(ctx, &noCert); err == nil || !strings.Contains(err.Error(), "store.etcd_cert_file") {
+		t.Fatalf("no client certificate: %v, want an error naming store.etcd_cert_file", err)
+	}
 }

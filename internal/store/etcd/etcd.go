@@ -76,15 +76,18 @@ func Open(ctx context.Context, o Options) (*Engine, error) {
 		Logger:      zap.NewNop(),
 		Context:     context.WithoutCancel(ctx),
 	})
+	failed := func(err error) error {
+		return fmt.Errorf("etcd %s does not answer: %w (store.etcd_endpoints, store.etcd_dial_timeout; TLS: store.etcd_ca_file, store.etcd_cert_file; auth: store.etcd_username, store.etcd_password_file)", strings.Join(o.Endpoints, ","), err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("etcd %s: %w (store.etcd_endpoints, store.etcd_dial_timeout)", strings.Join(o.Endpoints, ","), err)
+		return nil, failed(err)
 	}
 	e := &Engine{cli: cli, o: o}
 	rctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
 	defer cancel()
 	if _, err := cli.Get(rctx, e.commitKey()); err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("etcd %s does not answer: %w (store.etcd_endpoints, store.etcd_dial_timeout; TLS: store.etcd_ca_file, etcd_cert_file; auth: store.etcd_username)", strings.Join(o.Endpoints, ","), err)
+		return nil, failed(err)
 	}
 	return e, nil
 }
