@@ -20,6 +20,7 @@ const dwcliUsage = `Usage: dwcli ls TABLE [--json]
        dwcli update registration -i ID --no-wait
        dwcli rm session -i ID [--hurry]
        dwcli stage in|out|query|wait|terminate|list ...   (dwcli stage --help)
+       dwcli config backup [-o FILE] | dwcli config restore FILE   (dwcli config --help)
 
 Administrative changes, as DataWarp's dwcli makes them.
 
@@ -32,6 +33,7 @@ Administrative changes, as DataWarp's dwcli makes them.
     --no-wait              stage-outs (they are cancelled)
   rm session -i ID         tear a session down (a job's or a persistent instance's)
   stage ...                stage your own job's files while it runs (as libdatawarp does)
+  config backup|restore    the pools and the nodes' drain settings as JSON, and back
 
 Options may come anywhere (dwcli rm session -i 7 --hurry, dwcli --home DIR ls pools).
 Administrative changes need root or a controller.wlm_users user.
@@ -44,6 +46,13 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			return 64
 		}
 		return 0
+	}
+	if firstWord(args) == "config" {
+		for i, a := range args {
+			if a == "config" {
+				return dwcliConfigMain(append(append([]string(nil), args[:i]...), args[i+1:]...), stdout, stderr)
+			}
+		}
 	}
 	if firstWord(args) == "stage" {
 		for i, a := range args {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,4 +104,50 @@ func TestEtcdEngine(t *testing.T) {
 	if after.Sequences["session"] != 2 || after.ClusterID != b.ClusterID {
 		t.Fatalf("after the restore and a job: session sequence %d (want 2), cluster id %q (want %q)", after.Sequences["session"], after.ClusterID, b.ClusterID)
 	}
+}
+
+// TestDwcliConfigBackup: dwcli config backup keeps the pools and the nodes' drain settings;
+// restore puts them back through the API, creates a missing pool and skips an unknown node.
+func TestDwcliConfigBackup(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	c.startController()
+	c.startAgent()
+	dwcli := func(args ...string) result {
+		return spillway(t, cmdOpts{}, append([]string{"dwcli", "--config", c.config}, args...)...)
+	}
+	if r := dwcli("update", "node", "--name", "storage1", "--drain", "--reason", "disk check"); r.code != 0 {
+		t.Fatal(r)
+	}
+	file := filepath.Join(c.dir, "dwconfig.json")
+	if r := dwcli("config", "backup", "-o", file); r.code != 0 {
+		t.Fatal(r)
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	want := `[map[drain:true id:storage1 pool:wlm_pool reason:disk check]]`
+	if got := fmt.Sprint(doc["nodes"]); got != want || fmt.Sprint(doc["pools"]) != "[map[granularity:1.073741824e+09 id:wlm_pool]]" {
+		t.Fatalf("dwcli config backup:\n%s", raw)
+	}
+	if r := dwcli("update", "node", "--name", "storage1", "--fill"); r.code != 0 {
+		t.Fatal(r)
+	}
+	// The file gains a pool this controller lacks and a node it never saw.
+	doc["pools"] = append(doc["pools"].([]any), map[string]any{"id": "extra_pool", "granularity": 2 << 30})
+	doc["nodes"] = append(doc["nodes"].([]any), map[string]any{"id": "gone", "pool": "wlm_pool", "drain": false})
+	raw, _ = json.Marshal(doc)
+	os.WriteFile(file, raw, 0o600)
+	r := dwcli("config", "restore", file)
+	if r.code != 0 {
+		t.Fatal(r)
+	}
+	mustContain(t, r, "pool extra_pool: granularity 2147483648", "node storage1: drain", "node gone: not registered (its agent has not started): skipped")
+	mustContain(t, dwcli("ls", "pools"), "extra_pool")
+	mustContain(t, spillway(t, cmdOpts{}, "dwstat", "--config", c.config, "nodes"), "storage1 wlm_pool online drain")
 }
