@@ -35,8 +35,11 @@ CREATE TABLE IF NOT EXISTS meta (
 ) WITHOUT ROWID;
 `
 
-// schemaVersion is bumped when the layout above changes; Open refuses newer databases.
-const schemaVersion = 1
+// schemaVersion is bumped when the layout above changes; Open refuses newer databases and
+// brings older ones to it. 2: the tables are the same, but the state in them may be of
+// store.SchemaVersion 2, which Spillway before 2 would misread: this number makes those
+// versions refuse the database ("newer than this Spillway understands").
+const schemaVersion = 2
 
 // ErrLocked is wrapped by Open's error when another process holds the database.
 var ErrLocked = errors.New("state database locked")
@@ -119,7 +122,10 @@ func checkVersion(db *sql.DB) error {
 	if v > schemaVersion {
 		return fmt.Errorf("schema version %d is newer than this Spillway understands (%d); upgrade Spillway", v, schemaVersion)
 	}
-	return nil
+	if v < schemaVersion {
+		_, err = db.Exec(`UPDATE meta SET value = ? WHERE key = 'schema_version'`, strconv.Itoa(schemaVersion))
+	}
+	return err
 }
 
 func lockFile(path string) (*os.File, error) {
