@@ -37,8 +37,6 @@ type Server struct {
 	// With TLS: the CA that signed the member's and the client's certificates, and the
 	// client's certificate and key (the member requires one: --client-cert-auth).
 	CAFile, CertFile, KeyFile string
-	cmd                       *exec.Cmd
-	log                       *bytes.Buffer
 	tls                       *tls.Config
 }
 
@@ -131,7 +129,7 @@ func start(t testing.TB, bin string, o Options) (*Server, error) {
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	s.Endpoint, s.cmd, s.log = client, cmd, log
+	s.Endpoint = client
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: time.Second, Logger: zap.NewNop(), TLS: s.tls})
 	if err != nil {
 		cmd.Process.Kill()
@@ -258,6 +256,3 @@ func (s *Server) makeCerts(dir string) (*tls.Config, []string, error) {
 	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}},
 		[]string{"--cert-file", serverCert, "--key-file", serverKey, "--trusted-ca-file", s.CAFile, "--client-cert-auth"}, nil
 }
-
-// Log is what etcd printed so far.
-func (s *Server) Log() string { return s.log.String() }
