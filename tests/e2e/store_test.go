@@ -106,6 +106,18 @@ func TestEtcdEngine(t *testing.T) {
 	}
 }
 
+// TestControllerKilledAtEveryStepOnEtcd: the controller killed at each crash point of a job
+// resumes it with its state in etcd as it does on SQLite.
+func TestControllerKilledAtEveryStepOnEtcd(t *testing.T) {
+	requireRoot(t)
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	n := 0
+	controllerKilledAtEveryStep(t, func(c *cluster) {
+		n++ // a cluster of its own per run: a prefix of its own
+		c.setStore(fmt.Sprintf("engine = \"etcd\"\netcd_endpoints = [%q]\netcd_prefix = \"/spillway/run%d/\"\n", srv.Endpoint, n))
+	})
+}
+
 // TestDwcliConfigBackup: dwcli config backup keeps the pools and the nodes' drain settings;
 // restore puts them back through the API, creates a missing pool and skips an unknown node.
 func TestDwcliConfigBackup(t *testing.T) {
