@@ -7,18 +7,6 @@ import (
 	"os"
 )
 
-const dwcliConfigUsage = `Usage: dwcli config backup [-o FILE]
-       dwcli config restore FILE
-
-DataWarp's dwcli config backup/restore: the pools (name, granularity) and the storage nodes'
-administrative settings (drained or not, and why) as one JSON document, and back through the
-controller's API. restore creates the pools that are missing (a pool of another granularity
-changes if no instance uses it) and drains or fills the nodes the controller knows as the file
-says; nodes not registered (their agent never started) are listed and skipped.
-
-The controller's whole state is backed up with spillway admin backup (docs/admin.md).
-`
-
 // dwConfigFormat names the document of dwcli config backup.
 const dwConfigFormat = "spillway-dwcli-config"
 
@@ -42,18 +30,36 @@ type dwConfigNode struct {
 }
 
 func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("dwcli config", dwcliConfigUsage, stderr)
+	fs := newFlags("dwcli config", dwcliShort, stderr)
+	fs.Usage = func() {
+		if fs.Output() == stdout {
+			fmt.Fprint(stdout, dwcliManual("config"))
+			return
+		}
+		fmt.Fprint(stderr, dwcliShort)
+	}
 	var conn connection
 	conn.flags(fs, true)
-	out := fs.String("o", "", "backup: write to FILE instead of stdout")
+	out := fs.String("o", "", "config backup: write to FILE instead of stdout")
+	asJSON := fs.Bool("json", false, "print JSON")
 	if code, ok := parseInterspersed(fs, args, stdout); !ok {
 		return code
 	}
 	words := fs.Args()
-	if len(words) == 0 || (words[0] == "backup" && len(words) != 1) || (words[0] == "restore" && len(words) != 2) ||
-		(words[0] != "backup" && words[0] != "restore") {
-		fmt.Fprint(stderr, dwcliConfigUsage)
+	mistake := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "dwcli: "+format+"\n", a...)
+		fmt.Fprint(stderr, dwcliShort)
 		return 64
+	}
+	switch {
+	case len(words) == 0:
+		return mistake("config what? give backup [-o FILE] or restore FILE")
+	case words[0] == "backup" && len(words) == 1:
+	case words[0] == "restore" && len(words) == 2 && *out == "":
+	case words[0] == "backup" || words[0] == "restore":
+		return mistake("config backup takes no argument but -o FILE; config restore takes FILE")
+	default:
+		return mistake("unknown command %q after config: expected backup or restore", words[0])
 	}
 	conn.lookOnly = words[0] == "backup"
 	sess, err := conn.connect(false, quietLogger(stderr))
@@ -64,6 +70,10 @@ func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
 	defer sess.Close()
 	ctx := background()
 	fail := func(err error) int {
+		if *asJSON {
+			writeJSON(stdout, map[string]any{"error": err.Error()})
+			return 1
+		}
 		fmt.Fprintf(stderr, "dwcli config %s: %v\n", words[0], err)
 		return 1
 	}
@@ -105,11 +115,15 @@ func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
 	if err := json.Unmarshal(raw, &doc); err != nil || doc.Format != dwConfigFormat {
 		return fail(fmt.Errorf("%s is not a dwcli config backup (format %q, %v)", words[1], doc.Format, err))
 	}
+	done := map[string][]string{"pools": {}, "drained": {}, "filled": {}, "skipped": {}}
 	for _, p := range doc.Pools {
 		if err := sess.client.CreatePool(ctx, p.ID, p.Granularity); err != nil {
 			return fail(fmt.Errorf("pool %s: %w", p.ID, err))
 		}
-		fmt.Fprintf(stdout, "pool %s: granularity %d\n", p.ID, p.Granularity)
+		done["pools"] = append(done["pools"], p.ID)
+		if !*asJSON {
+			fmt.Fprintf(stdout, "pool %s: granularity %d\n", p.ID, p.Granularity)
+		}
 	}
 	known := map[string]bool{}
 	for _, n := range all.Nodes {
@@ -117,17 +131,26 @@ func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
 	}
 	for _, n := range doc.Nodes {
 		if !known[n.ID] {
-			fmt.Fprintf(stdout, "node %s: not registered (its agent has not started): skipped\n", n.ID)
+			done["skipped"] = append(done["skipped"], n.ID)
+			if !*asJSON {
+				fmt.Fprintf(stdout, "node %s: not registered (its agent has not started): skipped\n", n.ID)
+			}
 			continue
 		}
 		if err := sess.client.SetDrain(ctx, n.ID, n.Drain, n.Reason); err != nil {
 			return fail(fmt.Errorf("node %s: %w", n.ID, err))
 		}
-		state := "fill"
+		state := "filled"
 		if n.Drain {
-			state = "drain"
+			state = "drained"
 		}
-		fmt.Fprintf(stdout, "node %s: %s\n", n.ID, state)
+		done[state] = append(done[state], n.ID)
+		if !*asJSON {
+			fmt.Fprintf(stdout, "node %s: %s\n", n.ID, map[string]string{"drained": "drain", "filled": "fill"}[state])
+		}
+	}
+	if *asJSON {
+		writeJSON(stdout, done)
 	}
 	return 0
 }
