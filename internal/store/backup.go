@@ -347,7 +347,14 @@ func (m *memKV) Delete(kind, key string) error {
 }
 
 func (m *memKV) Scan(kind string, fn func(key string, value []byte) error) error {
+	return m.ScanPrefix(kind, "", fn)
+}
+
+func (m *memKV) ScanPrefix(kind, prefix string, fn func(key string, value []byte) error) error {
 	for _, k := range m.keysSorted(kind) {
+		if !strings.HasPrefix(k, prefix) {
+			continue
+		}
 		if err := fn(k, m.kv[kind][k]); err != nil {
 			return err
 		}

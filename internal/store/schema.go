@@ -15,13 +15,16 @@ import (
 //	1  the first layout
 //	2  every value is a JSON document: a session token's index entry is {"session": id}
 //	   (was the session's key as bare text)
-const SchemaVersion = 2
+//	3  the child index (kind "child"): one key per instance, fragment, configuration,
+//	   namespace, registration, activation and stage under its parent's key
+const SchemaVersion = 3
 
 // migrations[n-1] turns a state of version n into version n+1. Each is a pure function over
 // the KV: it reads and writes keys, nothing else, so that it runs the same in any engine and
 // on a backup being restored.
 var migrations = []func(KV) error{
 	migrateTokenIndexToJSON, // 1 → 2
+	migrateChildIndex,       // 2 → 3
 }
 
 const (
@@ -149,6 +152,18 @@ func migrateTokenIndexToJSON(kv KV) error {
 		}
 		raw, _ := json.Marshal(tokenEntry{Session: id})
 		if err := kv.Put(sessionTokenIndex, e.token, raw); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// migrateChildIndex: version 3 indexes a session's objects by their parent.
+func migrateChildIndex(kv KV) error {
+	tx := &Tx{kv: kv}
+	for _, index := range []func(*Tx) error{Instances.index, Fragments.index, Configurations.index,
+		Namespaces.index, Registrations.index, Activations.index, Stages.index} {
+		if err := index(tx); err != nil {
 			return err
 		}
 	}

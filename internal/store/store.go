@@ -35,6 +35,10 @@ type KV interface {
 	Put(kind, key string, value []byte) error
 	Delete(kind, key string) error // deleting a missing key is not an error
 	Scan(kind string, fn func(key string, value []byte) error) error
+	// ScanPrefix visits the keys of one kind that begin with prefix, in ascending key order
+	// (a range read: its cost is that of the keys it visits, not of the kind). Scan is
+	// ScanPrefix with an empty prefix.
+	ScanPrefix(kind, prefix string, fn func(key string, value []byte) error) error
 	// NextSeq returns the next number of the named sequence, starting at 1. Numbers handed
 	// out by committed transactions are never handed out again.
 	NextSeq(name string) (int64, error)

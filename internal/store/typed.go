@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spillway-hpc/spillway/internal/model"
 )
@@ -42,6 +43,9 @@ func (s *Store) Close() error { return s.engine.Close() }
 type Table[T any] struct {
 	kind string
 	key  func(*T) string
+	// parent, when set, names the object's parent (its kind and id; never changing): Put and
+	// Delete keep the object's entry in the child index, which ChildrenOf reads.
+	parent func(*T) (string, int64)
 }
 
 // idKey renders numeric ids so that key order is numeric order.
@@ -63,11 +67,17 @@ func (t Table[T]) get(tx *Tx, key string) (*T, error) {
 	return obj, nil
 }
 
-// Put stores obj under its key.
+// Put stores obj under its key (and its entry in the child index).
 func (t Table[T]) Put(tx *Tx, obj *T) error {
 	raw, err := json.Marshal(obj)
 	if err != nil {
 		return err
+	}
+	if t.parent != nil {
+		pk, pid := t.parent(obj)
+		if err := tx.kv.Put(childIndex, childKey(pk, pid, t.kind, t.key(obj)), emptyDoc); err != nil {
+			return err
+		}
 	}
 	return tx.kv.Put(t.kind, t.key(obj), raw)
 }
@@ -101,8 +111,74 @@ type IDTable[T any] struct {
 // Get returns the object with the given id.
 func (t IDTable[T]) Get(tx *Tx, id int64) (*T, error) { return t.get(tx, idKey(id)) }
 
-// Delete removes the object with the given id.
-func (t IDTable[T]) Delete(tx *Tx, id int64) error { return tx.kv.Delete(t.kind, idKey(id)) }
+// Delete removes the object with the given id (and its entry in the child index).
+func (t IDTable[T]) Delete(tx *Tx, id int64) error {
+	if t.parent != nil {
+		obj, err := t.Get(tx, id)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		pk, pid := t.parent(obj)
+		if err := tx.kv.Delete(childIndex, childKey(pk, pid, t.kind, idKey(id))); err != nil {
+			return err
+		}
+	}
+	return tx.kv.Delete(t.kind, idKey(id))
+}
+
+// ChildrenOf returns the objects of this table whose parent is the object (kind, id), in id
+// order, through the child index: the cost is that of the children, not of the table.
+func (t IDTable[T]) ChildrenOf(tx *Tx, parentKind string, parentID int64) ([]*T, error) {
+	if t.parent == nil {
+		return nil, fmt.Errorf("%s has no parent: no child index", t.kind)
+	}
+	prefix := childKey(parentKind, parentID, t.kind, "")
+	var keys []string
+	err := tx.kv.ScanPrefix(childIndex, prefix, func(key string, _ []byte) error {
+		keys = append(keys, strings.TrimPrefix(key, prefix))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*T, 0, len(keys))
+	for _, k := range keys {
+		obj, err := t.get(tx, k)
+		if err != nil {
+			return nil, fmt.Errorf("child index %s%s: %w", prefix, k, err)
+		}
+		out = append(out, obj)
+	}
+	return out, nil
+}
+
+// index writes the child index entry of every object of the table (migration to version 3).
+func (t IDTable[T]) index(tx *Tx) error {
+	all, err := t.List(tx)
+	if err != nil {
+		return err
+	}
+	for _, obj := range all {
+		pk, pid := t.parent(obj)
+		if err := tx.kv.Put(childIndex, childKey(pk, pid, t.kind, t.key(obj)), emptyDoc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// childIndex holds one key per object of a table with a parent:
+// <parent kind>/<parent id key>/<kind>/<id key>, value {} (schema version 3).
+const childIndex = "child"
+
+var emptyDoc = []byte("{}")
+
+func childKey(parentKind string, parentID int64, kind, key string) string {
+	return parentKind + "/" + idKey(parentID) + "/" + kind + "/" + key
+}
 
 // NewID draws the next id of this kind.
 func (t IDTable[T]) NewID(tx *Tx) (int64, error) { return tx.kv.NextSeq(t.kind) }
@@ -122,17 +198,27 @@ func byID[T any](kind string, id func(*T) int64) IDTable[T] {
 	return IDTable[T]{Table[T]{kind: kind, key: func(o *T) string { return idKey(id(o)) }}}
 }
 
+// childOf is byID for a kind whose objects belong to a parent object (indexed by it).
+func childOf[T any](kind string, id func(*T) int64, parentKind string, parent func(*T) int64) IDTable[T] {
+	t := byID(kind, id)
+	t.parent = func(o *T) (string, int64) { return parentKind, parent(o) }
+	return t
+}
+
 // The tables of DataWarp's objects.
 var (
-	Pools          = NameTable[model.Pool]{Table[model.Pool]{kind: "pool", key: func(p *model.Pool) string { return p.Name }}}
-	Nodes          = NameTable[model.Node]{Table[model.Node]{kind: "node", key: func(n *model.Node) string { return n.Name }}}
-	Instances      = byID("instance", func(o *model.Instance) int64 { return o.ID })
-	Fragments      = byID("fragment", func(o *model.Fragment) int64 { return o.ID })
-	Configurations = byID("configuration", func(o *model.Configuration) int64 { return o.ID })
-	Namespaces     = byID("namespace", func(o *model.Namespace) int64 { return o.ID })
-	Registrations  = byID("registration", func(o *model.Registration) int64 { return o.ID })
-	Activations    = byID("activation", func(o *model.Activation) int64 { return o.ID })
-	Stages         = byID("stage", func(o *model.Stage) int64 { return o.ID })
+	Pools = NameTable[model.Pool]{Table[model.Pool]{kind: "pool", key: func(p *model.Pool) string { return p.Name }}}
+	Nodes = NameTable[model.Node]{Table[model.Node]{kind: "node", key: func(n *model.Node) string { return n.Name }}}
+	// The session's objects are indexed by their parent (ChildrenOf): instances,
+	// registrations, activations and stages by session; fragments and configurations by
+	// instance; namespaces by configuration.
+	Instances      = childOf("instance", func(o *model.Instance) int64 { return o.ID }, "session", func(o *model.Instance) int64 { return o.SessionID })
+	Fragments      = childOf("fragment", func(o *model.Fragment) int64 { return o.ID }, "instance", func(o *model.Fragment) int64 { return o.InstanceID })
+	Configurations = childOf("configuration", func(o *model.Configuration) int64 { return o.ID }, "instance", func(o *model.Configuration) int64 { return o.InstanceID })
+	Namespaces     = childOf("namespace", func(o *model.Namespace) int64 { return o.ID }, "configuration", func(o *model.Namespace) int64 { return o.ConfigurationID })
+	Registrations  = childOf("registration", func(o *model.Registration) int64 { return o.ID }, "session", func(o *model.Registration) int64 { return o.SessionID })
+	Activations    = childOf("activation", func(o *model.Activation) int64 { return o.ID }, "session", func(o *model.Activation) int64 { return o.SessionID })
+	Stages         = childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID })
 	// StageHistory keeps finished stages after their sessions went (stage.history of them).
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Sessions is indexed by token as well; use PutSession/DeleteSession to keep the index.

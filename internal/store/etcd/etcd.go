@@ -276,11 +276,17 @@ func (t *txn) Delete(kind, key string) error {
 }
 
 func (t *txn) Scan(kind string, fn func(key string, value []byte) error) error {
+	return t.ScanPrefix(kind, "", fn)
+}
+
+// ScanPrefix is a prefix range read of <prefix>kv/<kind>/<key prefix> at the snapshot's
+// revision, the transaction's own writes overlaid.
+func (t *txn) ScanPrefix(kind, keyPrefix string, fn func(key string, value []byte) error) error {
 	if err := checkKind(kind); err != nil {
 		return err
 	}
 	prefix := t.e.objKey(kind, "")
-	keys, values, err := t.rawRange(prefix, false)
+	keys, values, err := t.rawRange(prefix+keyPrefix, false)
 	if err != nil {
 		return err
 	}

@@ -222,7 +222,20 @@ func (k *kv) Delete(kind, key string) error {
 }
 
 func (k *kv) Scan(kind string, fn func(key string, value []byte) error) error {
-	rows, err := k.tx.QueryContext(k.ctx, `SELECT key, value FROM kv WHERE kind = ? ORDER BY key`, kind)
+	return k.ScanPrefix(kind, "", fn)
+}
+
+// ScanPrefix reads the key range [prefix, prefix's successor) of the primary key (kind, key).
+func (k *kv) ScanPrefix(kind, prefix string, fn func(key string, value []byte) error) error {
+	var rows *sql.Rows
+	var err error
+	if end, bounded := prefixEnd(prefix); prefix == "" {
+		rows, err = k.tx.QueryContext(k.ctx, `SELECT key, value FROM kv WHERE kind = ? ORDER BY key`, kind)
+	} else if bounded {
+		rows, err = k.tx.QueryContext(k.ctx, `SELECT key, value FROM kv WHERE kind = ? AND key >= ? AND key < ? ORDER BY key`, kind, prefix, end)
+	} else {
+		rows, err = k.tx.QueryContext(k.ctx, `SELECT key, value FROM kv WHERE kind = ? AND key >= ? ORDER BY key`, kind, prefix)
+	}
 	if err != nil {
 		return err
 	}
@@ -250,6 +263,19 @@ func (k *kv) Scan(kind string, fn func(key string, value []byte) error) error {
 		}
 	}
 	return nil
+}
+
+// prefixEnd is the smallest string greater than every string beginning with prefix (keys
+// compare as bytes: SQLite's BINARY collation); false when there is none (all 0xff).
+func prefixEnd(prefix string) (string, bool) {
+	b := []byte(prefix)
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] < 0xff {
+			b[i]++
+			return string(b[:i+1]), true
+		}
+	}
+	return "", false
 }
 
 func (k *kv) Kinds() ([]string, error) {

@@ -21,7 +21,9 @@ type Factory func(t *testing.T, dir string) store.Engine
 func Run(t *testing.T, open Factory) {
 	t.Run("GetMissing", func(t *testing.T) { testGetMissing(t, open) })
 	t.Run("PutGetScanDelete", func(t *testing.T) { testPutGetScanDelete(t, open) })
+	t.Run("ScanPrefix", func(t *testing.T) { testScanPrefix(t, open) })
 	t.Run("ReadYourWrites", func(t *testing.T) { testReadYourWrites(t, open) })
+	t.Run("ChildIndex", func(t *testing.T) { testChildIndex(t, open) })
 	t.Run("RollbackOnError", func(t *testing.T) { testRollback(t, open) })
 	t.Run("ViewIsReadOnly", func(t *testing.T) { testViewReadOnly(t, open) })
 	t.Run("Sequences", func(t *testing.T) { testSequences(t, open) })
@@ -86,6 +88,105 @@ func testPutGetScanDelete(t *testing.T, open Factory) {
 		v, err := kv.Get("other", "a")
 		if err != nil || string(v) != "x" {
 			return fmt.Errorf("kinds are not separate: %q %v", v, err)
+		}
+		return nil
+	}))
+}
+
+func testScanPrefix(t *testing.T, open Factory) {
+	e := engine(t, open)
+	scan := func(kv store.KV, prefix string) string {
+		var got []string
+		if err := kv.ScanPrefix("p", prefix, func(k string, v []byte) error {
+			got = append(got, k+"="+string(v))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(got)
+	}
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		for _, k := range []string{"a/2", "a/1", "a", "ab/1", "b/1", "a/\xff"} {
+			if err := kv.Put("p", k, []byte("v")); err != nil {
+				return err
+			}
+		}
+		if err := kv.Put("q", "a/3", []byte("other kind")); err != nil {
+			return err
+		}
+		// Inside the transaction: its own writes and deletions are in the range.
+		if err := kv.Delete("p", "a/2"); err != nil {
+			return err
+		}
+		if got := scan(kv, "a/"); got != "[a/1=v a/\xff=v]" {
+			return fmt.Errorf("prefix a/ inside the writing transaction = %s", got)
+		}
+		return nil
+	}))
+	must(t, e.View(ctx, func(kv store.KV) error {
+		for prefix, want := range map[string]string{
+			"a/":     "[a/1=v a/\xff=v]",
+			"a":      "[a=v a/1=v a/\xff=v ab/1=v]",
+			"b/1":    "[b/1=v]",
+			"c":      "[]",
+			"":       "[a=v a/1=v a/\xff=v ab/1=v b/1=v]",
+			"a/\xff": "[a/\xff=v]",
+		} {
+			if got := scan(kv, prefix); got != want {
+				return fmt.Errorf("ScanPrefix(%q) = %s, want %s (in key order, that kind only)", prefix, got, want)
+			}
+		}
+		return nil
+	}))
+}
+
+// testChildIndex: the typed tables keep the child index through puts and deletes, inside a
+// transaction and after it.
+func testChildIndex(t *testing.T, open Factory) {
+	s := store.New(engine(t, open))
+	ids := func(frags []*model.Fragment) string {
+		var out []int64
+		for _, f := range frags {
+			out = append(out, f.ID)
+		}
+		return fmt.Sprint(out)
+	}
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		for id := int64(1); id <= 12; id++ { // ids past 9: id order, not text order
+			if err := store.Fragments.Put(tx, &model.Fragment{ID: id, InstanceID: 1 + id%2, Node: "n"}); err != nil {
+				return err
+			}
+		}
+		if err := store.Fragments.Put(tx, &model.Fragment{ID: 4, InstanceID: 1, Node: "m"}); err != nil { // a change
+			return err
+		}
+		if err := store.Fragments.Delete(tx, 6); err != nil {
+			return err
+		}
+		got, err := store.Fragments.ChildrenOf(tx, "instance", 1)
+		if err != nil || ids(got) != "[2 4 8 10 12]" {
+			return fmt.Errorf("children of instance 1 inside the transaction = %s %v, want [2 4 8 10 12]", ids(got), err)
+		}
+		return nil
+	}))
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		if err := store.Fragments.Delete(tx, 99); err != nil { // missing: not an error
+			return err
+		}
+		return store.Fragments.Delete(tx, 12)
+	}))
+	must(t, s.View(ctx, func(tx *store.Tx) error {
+		one, err := store.Fragments.ChildrenOf(tx, "instance", 1)
+		if err != nil || ids(one) != "[2 4 8 10]" || one[1].Node != "m" {
+			return fmt.Errorf("children of instance 1 = %s %v, want [2 4 8 10], fragment 4 on m", ids(one), err)
+		}
+		two, err := store.Fragments.ChildrenOf(tx, "instance", 2)
+		if err != nil || ids(two) != "[1 3 5 7 9 11]" {
+			return fmt.Errorf("children of instance 2 = %s %v", ids(two), err)
+		}
+		none, err := store.Fragments.ChildrenOf(tx, "instance", 3)
+		if err != nil || len(none) != 0 {
+			return fmt.Errorf("children of instance 3 = %s %v, want none", ids(none), err)
 		}
 		return nil
 	}))
