@@ -192,7 +192,7 @@ func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) 
 	if c.privileged {
 		return true
 	}
-	world, err := s.c.view(r.Context())
+	world, err := s.c.viewSession(r.Context(), token)
 	if err != nil {
 		s.fail(w, err)
 		return false
@@ -331,7 +331,7 @@ func (s *Server) setup(w http.ResponseWriter, r *http.Request) {
 // ownsRunToken says whether the caller may set up the run<N> session token: they drew N, or
 // the session exists and is theirs already (a setup re-sent after a controller restart).
 func (s *Server) ownsRunToken(r *http.Request, c caller, token string) bool {
-	if w, err := s.c.view(r.Context()); err == nil {
+	if w, err := s.c.viewSession(r.Context(), token); err == nil {
 		if sess := w.SessionByToken(token); sess != nil {
 			return sess.Owner == c.uid
 		}
@@ -702,7 +702,7 @@ func (s *Server) queryJobStages(w http.ResponseWriter, r *http.Request) {
 	if !s.mayActOn(w, r, token) {
 		return
 	}
-	world, err := s.c.view(r.Context())
+	world, err := s.c.viewSession(r.Context(), token)
 	if err != nil {
 		s.fail(w, err)
 		return

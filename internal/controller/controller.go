@@ -207,6 +207,18 @@ func (c *Controller) view(ctx context.Context) (*lifecycle.World, error) {
 	return w, err
 }
 
+// viewSession loads, in a read transaction, what a request about one session looks at
+// (loadSessionWorld).
+func (c *Controller) viewSession(ctx context.Context, token string) (*lifecycle.World, error) {
+	var w *lifecycle.World
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		w, err = loadSessionWorld(tx, token, c.now(), c.cfg.Controller.NodeTimeout.D())
+		return err
+	})
+	return w, err
+}
+
 // World returns a snapshot of every object, for status views.
 func (c *Controller) World(ctx context.Context) (*lifecycle.World, error) { return c.view(ctx) }
 
@@ -448,7 +460,7 @@ func (c *Controller) RunIDDrawnBy(ctx context.Context, n int64, uid uint32) (boo
 
 // Status reports a session's progress with a step.
 func (c *Controller) Status(ctx context.Context, token, step string) (lifecycle.StepStatus, error) {
-	w, err := c.view(ctx)
+	w, err := c.viewSession(ctx, token)
 	if err != nil {
 		return lifecycle.StepStatus{}, err
 	}
@@ -457,7 +469,7 @@ func (c *Controller) Status(ctx context.Context, token, step string) (lifecycle.
 
 // Paths returns the job's DataWarp environment variables.
 func (c *Controller) Paths(ctx context.Context, token string) (map[string]string, error) {
-	w, err := c.view(ctx)
+	w, err := c.viewSession(ctx, token)
 	if err != nil {
 		return nil, err
 	}
@@ -603,7 +615,7 @@ type leaseBook struct {
 // RenewLease extends the lease of a run session (release: the run ends and keeps the session
 // on purpose) and returns the lease's length (0: leases are off).
 func (c *Controller) RenewLease(ctx context.Context, token string, release bool) (time.Duration, error) {
-	w, err := c.view(ctx)
+	w, err := c.viewSession(ctx, token)
 	if err != nil {
 		return 0, err
 	}

@@ -12,21 +12,9 @@ import (
 // loadWorld reads every object in one transaction. Node liveness is derived from the last
 // heartbeat, so a controller that was down does not trust stale "online" flags.
 func loadWorld(tx *store.Tx, now time.Time, nodeTimeout time.Duration) (*lifecycle.World, error) {
-	w := lifecycle.NewWorld()
-	pools, err := store.Pools.List(tx)
+	w, err := loadNodesAndPools(tx, now, nodeTimeout)
 	if err != nil {
 		return nil, err
-	}
-	for _, p := range pools {
-		w.Pools[p.Name] = p
-	}
-	nodes, err := store.Nodes.List(tx)
-	if err != nil {
-		return nil, err
-	}
-	for _, n := range nodes {
-		n.Online = !n.HeldOffline && now.Sub(n.LastSeen) < nodeTimeout
-		w.Nodes[n.Name] = n
 	}
 	if err := loadInto(tx, store.Sessions, w.Sessions, func(o *model.Session) int64 { return o.ID }); err != nil {
 		return nil, err
@@ -51,6 +39,108 @@ func loadWorld(tx *store.Tx, now time.Time, nodeTimeout time.Duration) (*lifecyc
 	}
 	if err := loadInto(tx, store.Stages, w.Stages, func(o *model.Stage) int64 { return o.ID }); err != nil {
 		return nil, err
+	}
+	return w, nil
+}
+
+// loadSessionWorld reads, through indexes, what a request about one session looks at: the
+// pools and nodes, the session (found by its token) with its instance, fragments,
+// configurations, namespaces, registrations, activations and stages, and the same of every
+// persistent instance it uses. Its cost is that of those objects, not of the state: Status,
+// Paths and the ownership checks answer from it. A missing token gives a world without it.
+func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout time.Duration) (*lifecycle.World, error) {
+	w, err := loadNodesAndPools(tx, now, nodeTimeout)
+	if err != nil {
+		return nil, err
+	}
+	s, err := store.SessionByToken(tx, token)
+	if store.IsNotFound(err) {
+		return w, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := loadSessionObjects(tx, w, s); err != nil {
+		return nil, err
+	}
+	for _, name := range s.Uses {
+		ps, err := store.SessionByToken(tx, name)
+		if store.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := loadSessionObjects(tx, w, ps); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// loadSessionObjects adds a session and its objects to w (by the child index).
+func loadSessionObjects(tx *store.Tx, w *lifecycle.World, s *model.Session) error {
+	w.Sessions[s.ID] = s
+	if err := childrenInto(tx, store.Registrations, lifecycle.KindSession, s.ID, w.Registrations, func(o *model.Registration) int64 { return o.ID }); err != nil {
+		return err
+	}
+	if err := childrenInto(tx, store.Activations, lifecycle.KindSession, s.ID, w.Activations, func(o *model.Activation) int64 { return o.ID }); err != nil {
+		return err
+	}
+	if err := childrenInto(tx, store.Stages, lifecycle.KindSession, s.ID, w.Stages, func(o *model.Stage) int64 { return o.ID }); err != nil {
+		return err
+	}
+	instances, err := store.Instances.ChildrenOf(tx, lifecycle.KindSession, s.ID)
+	if err != nil {
+		return err
+	}
+	for _, inst := range instances {
+		w.Instances[inst.ID] = inst
+		if err := childrenInto(tx, store.Fragments, lifecycle.KindInstance, inst.ID, w.Fragments, func(o *model.Fragment) int64 { return o.ID }); err != nil {
+			return err
+		}
+		configs, err := store.Configurations.ChildrenOf(tx, lifecycle.KindInstance, inst.ID)
+		if err != nil {
+			return err
+		}
+		for _, c := range configs {
+			w.Configurations[c.ID] = c
+			if err := childrenInto(tx, store.Namespaces, lifecycle.KindConfiguration, c.ID, w.Namespaces, func(o *model.Namespace) int64 { return o.ID }); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func childrenInto[T any](tx *store.Tx, table store.IDTable[T], parentKind string, parentID int64, into map[int64]*T, id func(*T) int64) error {
+	children, err := table.ChildrenOf(tx, parentKind, parentID)
+	if err != nil {
+		return err
+	}
+	for _, o := range children {
+		into[id(o)] = o
+	}
+	return nil
+}
+
+// loadNodesAndPools starts a world with every pool and node.
+func loadNodesAndPools(tx *store.Tx, now time.Time, nodeTimeout time.Duration) (*lifecycle.World, error) {
+	w := lifecycle.NewWorld()
+	pools, err := store.Pools.List(tx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pools {
+		w.Pools[p.Name] = p
+	}
+	nodes, err := store.Nodes.List(tx)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nodes {
+		n.Online = !n.HeldOffline && now.Sub(n.LastSeen) < nodeTimeout
+		w.Nodes[n.Name] = n
 	}
 	return w, nil
 }

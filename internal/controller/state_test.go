@@ -1,0 +1,117 @@
+package controller
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+)
+
+// TestSessionWorldIsTheSessionsSlice: the world a request about one session reads through the
+// indexes holds exactly that session's objects and those of the persistent instances it uses
+// (the same as in the whole world), nothing of other sessions; Status and Paths answer the
+// same from it as from the whole world, for a job, a persistent instance, a session being
+// torn down and an unknown token.
+func TestSessionWorldIsTheSessionsSlice(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	a.heartbeat("n1", "wlm_pool")
+	a.heartbeat("n2", "wlm_pool")
+	ctx := context.Background()
+	persistent := lifecycle.Setup{Token: "proj", Creator: "CLI", Owner: rootUID, Group: rootUID, Persistent: true,
+		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}, Strategy: "bandwidth"}}
+	if err := a.c.Setup(ctx, persistent, false); err != nil {
+		t.Fatal(err)
+	}
+	a.setup("1", userUID, 2)
+	a.setup("2", userUID, 1)
+	job := lifecycle.Setup{Token: "3", Creator: "SLURM", Owner: userUID, Group: userUID, Uses: []string{"proj"},
+		StageOut: []lifecycle.StageRequest{{Type: "file", PFSPath: "/pfs/3", DWVar: lifecycle.VarPersistentPre + "proj", DWPath: "/out"}}}
+	if err := a.c.Setup(ctx, job, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.c.Teardown(ctx, "2", true); err != nil {
+		t.Fatal(err)
+	}
+	a.c.RunOnce(ctx)
+
+	whole, err := a.c.view(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, token := range []string{"1", "2", "3", "proj", "unknown"} {
+		part, err := a.c.viewSession(ctx, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := lifecycle.NewWorld()
+		want.Pools, want.Nodes = whole.Pools, whole.Nodes
+		tokens := []string{token}
+		if s := whole.SessionByToken(token); s != nil {
+			tokens = append(tokens, s.Uses...)
+		}
+		for _, tk := range tokens {
+			s := whole.SessionByToken(tk)
+			if s == nil {
+				continue
+			}
+			want.Sessions[s.ID] = s
+			for _, o := range whole.Registrations {
+				if o.SessionID == s.ID {
+					want.Registrations[o.ID] = o
+				}
+			}
+			for _, o := range whole.Activations {
+				if o.SessionID == s.ID {
+					want.Activations[o.ID] = o
+				}
+			}
+			for _, o := range whole.Stages {
+				if o.SessionID == s.ID {
+					want.Stages[o.ID] = o
+				}
+			}
+			for _, inst := range whole.Instances {
+				if inst.SessionID != s.ID {
+					continue
+				}
+				want.Instances[inst.ID] = inst
+				for _, f := range whole.Fragments {
+					if f.InstanceID == inst.ID {
+						want.Fragments[f.ID] = f
+					}
+				}
+				for _, c := range whole.Configurations {
+					if c.InstanceID != inst.ID {
+						continue
+					}
+					want.Configurations[c.ID] = c
+					for _, ns := range whole.Namespaces {
+						if ns.ConfigurationID == c.ID {
+							want.Namespaces[ns.ID] = ns
+						}
+					}
+				}
+			}
+		}
+		if !reflect.DeepEqual(part, want) {
+			t.Errorf("session world of %s:\n%+v\nwant the session's slice of the whole world:\n%+v", token, part, want)
+		}
+		if len(part.Fragments) == 0 && token != "unknown" && token != "3" {
+			t.Errorf("session world of %s has no fragments: the slice is empty, the test proves nothing", token)
+		}
+		for _, step := range []string{lifecycle.PhaseSetup, lifecycle.PhaseDataIn, lifecycle.PhasePreRun, lifecycle.PhasePostRun, lifecycle.PhaseDataOut, lifecycle.PhaseTeardown} {
+			if got, want := lifecycle.Status(part, token, step), lifecycle.Status(whole, token, step); !reflect.DeepEqual(got, want) {
+				t.Errorf("status of %s at %s: %+v from the session world, %+v from the whole world", token, step, got, want)
+			}
+		}
+		gotPaths, gotErr := lifecycle.Paths(part, token, "/mnt")
+		wantPaths, wantErr := lifecycle.Paths(whole, token, "/mnt")
+		if !reflect.DeepEqual(gotPaths, wantPaths) || (gotErr == nil) != (wantErr == nil) {
+			t.Errorf("paths of %s: %v %v from the session world, %v %v from the whole world", token, gotPaths, gotErr, wantPaths, wantErr)
+		}
+	}
+	if p, _ := a.c.Paths(ctx, "3"); p[lifecycle.VarPersistentPre+"proj"] == "" {
+		t.Errorf("paths of job 3 = %v, want its persistent instance proj's variable", p)
+	}
+}
