@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
@@ -51,6 +52,10 @@ type Controller struct {
 	remoteAt map[string]string
 
 	metrics *controllerMetrics // metrics.go
+
+	// swept: the executor made a pass over the whole state (its first); later passes look at
+	// the due sessions only (executor.go).
+	swept atomic.Bool
 
 	leases leaseBook // spillway run sessions' leases (RunLease)
 	secret string    // the cluster's secret (controller.token_file): grants mounts (SetSecret)

@@ -56,18 +56,53 @@ func (c *Controller) RunOnce(ctx context.Context) {
 func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Duration {
 	var effects []lifecycle.Effect
 	var w *lifecycle.World
+	var whole bool
+	var wake time.Time // the earliest due time still to come
 	changed := false
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
-		var err error
-		w, err = loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+		due, err := store.DueSessions(tx)
 		if err != nil {
 			return err
+		}
+		var selected []int64
+		wake = time.Time{}
+		for id, at := range due {
+			if !at.After(now) {
+				selected = append(selected, id)
+			} else if wake.IsZero() || at.Before(wake) {
+				wake = at
+			}
+		}
+		whole = !c.swept.Load()
+		if !whole {
+			if w, err = loadSessionsWorld(tx, selected, now, c.cfg.Controller.NodeTimeout.D()); err != nil {
+				return err
+			}
+			whole = lifecycle.NeedsWhole(w, now)
+		}
+		if whole {
+			if w, err = loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D()); err != nil {
+				return err
+			}
+			selected = selected[:0]
+			for id := range due {
+				selected = append(selected, id)
+			}
+			for id := range w.Sessions {
+				if _, ok := due[id]; !ok {
+					selected = append(selected, id)
+				}
+			}
 		}
 		effects = lifecycle.Step(w, c.params, now)
 		ch := w.TakeChanges()
 		changed = !ch.Empty()
-		return c.persist(tx, ch)
+		touched, err := c.persistTouched(tx, ch)
+		if err != nil {
+			return err
+		}
+		return settleDue(tx, w, selected, due, touched, now)
 	})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -75,12 +110,18 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		}
 		return 0
 	}
-	c.metrics.pass(w, len(effects))
+	if whole {
+		c.swept.Store(true)
+	}
+	c.metrics.passOver(w, len(effects), whole)
 	if changed {
 		c.notifyChange()
 	}
 	now := c.now()
 	var next time.Duration
+	if !wake.IsZero() {
+		next = max(wake.Sub(now), time.Millisecond)
+	}
 	polled := map[lifecycle.EffectKey]bool{}
 	for _, e := range effects {
 		c.mu.Lock()
@@ -126,6 +167,59 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	}
 	c.mu.Unlock()
 	return next
+}
+
+// sessionsWorld loads the world of some sessions (loadSessionsWorld), or the whole world
+// when a decision on them needs it (lifecycle.NeedsWhole).
+func (c *Controller) sessionsWorld(tx *store.Tx, ids []int64, now time.Time) (*lifecycle.World, error) {
+	w, err := loadSessionsWorld(tx, ids, now, c.cfg.Controller.NodeTimeout.D())
+	if err != nil || !lifecycle.NeedsWhole(w, now) {
+		return w, err
+	}
+	return loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+}
+
+// settleDue updates the due index for the sessions a pass looked at (selected): a session
+// gone, or settled with nothing to wait for, leaves it; one settled until a time (a
+// persistent instance's expiration) is due then; any other stays due now. Entries are
+// written only where they change (due: the index as the pass read it; touched: the sessions
+// the pass's own changes marked due now).
+func settleDue(tx *store.Tx, w *lifecycle.World, selected []int64, due map[int64]time.Time, touched map[int64]bool, now time.Time) error {
+	for _, id := range selected {
+		at, has := due[id]
+		if touched[id] {
+			at, has = time.Time{}, true
+		}
+		s := w.Sessions[id]
+		if s == nil {
+			if has {
+				if err := store.NotDue(tx, id); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		settled, wake := lifecycle.Settled(w, s, now)
+		switch {
+		case !settled:
+			if !has || !at.IsZero() {
+				if err := store.MarkDue(tx, id, time.Time{}); err != nil {
+					return err
+				}
+			}
+		case wake.IsZero():
+			if has {
+				if err := store.NotDue(tx, id); err != nil {
+					return err
+				}
+			}
+		case !has || !at.Equal(wake):
+			if err := store.MarkDue(tx, id, wake); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // pollState paces the polls of one running stage: a stage is asked about soon after it
@@ -200,9 +294,10 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		crashpoint.Hit("after-effect:" + e.Op)
 	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
+	session := lifecycle.SessionOf(w, e.Ref)
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
-		w, err := loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+		w, err := c.sessionsWorld(tx, []int64{session}, now)
 		if err != nil {
 			return err
 		}

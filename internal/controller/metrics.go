@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,10 +14,10 @@ import (
 )
 
 // The controller's metrics (docs/admin.md, "Metrics"). The gauges of the state (sessions,
-// capacity, stages, nodes) are computed at scrape time from the world the executor loaded
-// at its latest pass (it loads it anyway, at least every executor.tick and after every
-// change), so a scrape reads no database and costs one walk over the objects in memory;
-// they are at most one pass old. The executor's and the stages' counters are counted as
+// capacity, stages, nodes) are computed at scrape time from the whole state: the world the
+// executor loaded at its latest pass when that pass looked at everything (its first), else
+// read in a read transaction at the scrape (the executor's passes look at the due sessions
+// only, executor.go). The executor's and the stages' counters are counted as
 // effects run and as the passes see stages finish.
 
 var sessionPhases = []string{lifecycle.PhaseSetup, lifecycle.PhaseDataIn, lifecycle.PhasePreRun,
@@ -57,7 +58,10 @@ type controllerMetrics struct {
 	stagesEnded   *prometheus.CounterVec
 	stagesMu      sync.Mutex
 	stagesSeeded  bool
-	stagesCounted map[int64]bool // terminal stages already counted
+	stagesCounted map[int64]int64 // terminal stages already counted, and their sessions
+	// stale: the latest pass looked at some sessions only (the due ones): a scrape reads the
+	// state instead of the pass's world.
+	stale atomic.Bool
 
 	sessions, sessionsFailed, instances, instanceBytes, poolCapacity, poolAllocated, poolFree,
 	nodeCapacity, nodeAllocated, nodeFree, nodeOnline, nodeDrained, nodeWorn, nodeEndurance, stages, activations,
@@ -66,7 +70,7 @@ type controllerMetrics struct {
 
 func newControllerMetrics(c *Controller) *controllerMetrics {
 	ns := metrics.Namespace
-	m := &controllerMetrics{reg: metrics.NewRegistry(), c: c, effects: map[string]*effectMetrics{}, stagesCounted: map[int64]bool{}}
+	m := &controllerMetrics{reg: metrics.NewRegistry(), c: c, effects: map[string]*effectMetrics{}, stagesCounted: map[int64]int64{}}
 	m.effectsDue = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: "executor", Name: "effects_due",
 		Help: "Effects (agent calls) the executor's latest pass found due: its queue, in flight ones included."})
 	m.passes = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "executor", Name: "passes_total",
@@ -124,17 +128,21 @@ func (c *Controller) Registry() *prometheus.Registry { return c.metrics.reg }
 
 // pass records one executor pass: its world (for the gauges), the effects it found due, and
 // the stages that ended since the last one.
-func (m *controllerMetrics) pass(w *lifecycle.World, due int) {
+func (m *controllerMetrics) pass(w *lifecycle.World, due int) { m.passOver(w, due, true) }
+
+// passOver records a pass over w, the whole state or (whole false) the due sessions only.
+func (m *controllerMetrics) passOver(w *lifecycle.World, due int, whole bool) {
 	m.passes.Inc()
 	m.effectsDue.Set(float64(due))
 	m.world.Store(w)
+	m.stale.Store(!whole)
 	m.stagesMu.Lock()
 	defer m.stagesMu.Unlock()
 	for id, s := range w.Stages {
-		if !stageEnded(s.Status) || m.stagesCounted[id] {
+		if _, counted := m.stagesCounted[id]; !stageEnded(s.Status) || counted {
 			continue
 		}
-		m.stagesCounted[id] = true
+		m.stagesCounted[id] = s.SessionID
 		if !m.stagesSeeded {
 			continue // ended before this controller started: counted by the one before
 		}
@@ -145,8 +153,8 @@ func (m *controllerMetrics) pass(w *lifecycle.World, due int) {
 		}
 	}
 	m.stagesSeeded = true
-	for id := range m.stagesCounted {
-		if _, ok := w.Stages[id]; !ok {
+	for id, session := range m.stagesCounted {
+		if _, ok := w.Stages[id]; !ok && (whole || w.Sessions[session] != nil) {
 			delete(m.stagesCounted, id)
 		}
 	}
@@ -217,6 +225,15 @@ func (m *controllerMetrics) Collect(ch chan<- prometheus.Metric) {
 	w := m.world.Load()
 	if w == nil {
 		return // no pass yet
+	}
+	if m.stale.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), m.c.cfg.Controller.RequestTimeout.D())
+		whole, err := m.c.view(ctx)
+		cancel()
+		if err != nil {
+			return
+		}
+		w = whole
 	}
 	kind := func(persistent bool) string {
 		if persistent {

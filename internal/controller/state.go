@@ -47,7 +47,8 @@ func loadWorld(tx *store.Tx, now time.Time, nodeTimeout time.Duration) (*lifecyc
 // pools and nodes, the session (found by its token) with its instance, fragments,
 // configurations, namespaces, registrations, activations and stages, and the same of every
 // persistent instance it uses. Its cost is that of those objects, not of the state: Status,
-// Paths and the ownership checks answer from it. A missing token gives a world without it.
+// Paths, the ownership checks and the requests on jobs answer from it. A missing token gives
+// a world without it.
 func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout time.Duration) (*lifecycle.World, error) {
 	w, err := loadNodesAndPools(tx, now, nodeTimeout)
 	if err != nil {
@@ -60,8 +61,38 @@ func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout tim
 	if err != nil {
 		return nil, err
 	}
-	if err := loadSessionObjects(tx, w, s); err != nil {
+	return w, addSession(tx, w, s)
+}
+
+// loadSessionsWorld is loadSessionWorld for several sessions, by id (the executor's due
+// sessions); ids no longer in the state are left out.
+func loadSessionsWorld(tx *store.Tx, ids []int64, now time.Time, nodeTimeout time.Duration) (*lifecycle.World, error) {
+	w, err := loadNodesAndPools(tx, now, nodeTimeout)
+	if err != nil {
 		return nil, err
+	}
+	for _, id := range ids {
+		if w.Sessions[id] != nil {
+			continue
+		}
+		s, err := store.Sessions.Get(tx, id)
+		if store.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := addSession(tx, w, s); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// addSession adds a session, its objects, and the persistent instances it uses with theirs.
+func addSession(tx *store.Tx, w *lifecycle.World, s *model.Session) error {
+	if err := loadSessionObjects(tx, w, s); err != nil {
+		return err
 	}
 	for _, name := range s.Uses {
 		ps, err := store.SessionByToken(tx, name)
@@ -69,13 +100,16 @@ func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout tim
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
+		}
+		if w.Sessions[ps.ID] != nil {
+			continue
 		}
 		if err := loadSessionObjects(tx, w, ps); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return w, nil
+	return nil
 }
 
 // loadSessionObjects adds a session and its objects to w (by the child index).
@@ -158,19 +192,42 @@ func loadInto[T any](tx *store.Tx, table store.IDTable[T], into map[int64]*T, id
 
 // persist writes a decision's changes in the caller's transaction, and keeps the newest
 // stage.history finished stages of those it archives.
+// Every session whose objects it changes is marked due (the executor looks at it next).
 func (c *Controller) persist(tx *store.Tx, ch lifecycle.Changes) error {
+	_, err := c.persistTouched(tx, ch)
+	return err
+}
+
+// persistTouched is persist that returns the sessions it marked due.
+func (c *Controller) persistTouched(tx *store.Tx, ch lifecycle.Changes) (map[int64]bool, error) {
+	touched := map[int64]bool{}
+	for _, r := range ch.Delete { // while the objects are still there to say whose they are
+		if err := touchedBy(tx, r, nil, touched); err != nil {
+			return nil, err
+		}
+	}
 	if err := persistObjects(tx, ch); err != nil {
-		return err
+		return nil, err
+	}
+	for _, obj := range ch.Put {
+		if err := touchedBy(tx, lifecycle.Ref{}, obj, touched); err != nil {
+			return nil, err
+		}
+	}
+	for id := range touched {
+		if err := store.MarkDue(tx, id, time.Time{}); err != nil {
+			return nil, err
+		}
 	}
 	if len(ch.Archive) == 0 {
-		return nil
+		return touched, nil
 	}
 	for _, st := range ch.Archive {
 		if err := store.StageHistory.Put(tx, st); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return pruneStageHistory(tx, c.cfg.Stage.History)
+	return touched, pruneStageHistory(tx, c.cfg.Stage.History)
 }
 
 // pruneStageHistory deletes the oldest finished stages beyond keep.
@@ -263,3 +320,83 @@ func persistObjects(tx *store.Tx, ch lifecycle.Changes) error {
 type txIDs struct{ tx *store.Tx }
 
 func (t txIDs) NewID(kind string) (int64, error) { return t.tx.NextSeq(kind) }
+
+// touchedBy adds to touched the session whose object a change stores (obj) or deletes (r):
+// the due index gets every session a decision changed. A deleted session touches the
+// persistent instances it used (an expired one waits for its jobs to end).
+func touchedBy(tx *store.Tx, r lifecycle.Ref, obj any, touched map[int64]bool) error {
+	if obj == nil {
+		var err error
+		switch r.Kind {
+		case lifecycle.KindSession:
+			obj, err = store.Sessions.Get(tx, r.ID)
+		case lifecycle.KindInstance:
+			obj, err = store.Instances.Get(tx, r.ID)
+		case lifecycle.KindFragment:
+			obj, err = store.Fragments.Get(tx, r.ID)
+		case lifecycle.KindConfiguration:
+			obj, err = store.Configurations.Get(tx, r.ID)
+		case lifecycle.KindNamespace:
+			obj, err = store.Namespaces.Get(tx, r.ID)
+		case lifecycle.KindRegistration:
+			obj, err = store.Registrations.Get(tx, r.ID)
+		case lifecycle.KindActivation:
+			obj, err = store.Activations.Get(tx, r.ID)
+		case lifecycle.KindStage:
+			obj, err = store.Stages.Get(tx, r.ID)
+		default:
+			return nil
+		}
+		if store.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if s, ok := obj.(*model.Session); ok {
+			for _, name := range s.Uses {
+				if ps, err := store.SessionByToken(tx, name); err == nil {
+					touched[ps.ID] = true
+				} else if !store.IsNotFound(err) {
+					return err
+				}
+			}
+		}
+	}
+	ofInstance := func(id int64) error {
+		inst, err := store.Instances.Get(tx, id)
+		if store.IsNotFound(err) {
+			return nil
+		}
+		if err == nil {
+			touched[inst.SessionID] = true
+		}
+		return err
+	}
+	switch o := obj.(type) {
+	case *model.Session:
+		touched[o.ID] = true
+	case *model.Instance:
+		touched[o.SessionID] = true
+	case *model.Registration:
+		touched[o.SessionID] = true
+	case *model.Activation:
+		touched[o.SessionID] = true
+	case *model.Stage:
+		touched[o.SessionID] = true
+	case *model.Fragment:
+		return ofInstance(o.InstanceID)
+	case *model.Configuration:
+		return ofInstance(o.InstanceID)
+	case *model.Namespace:
+		c, err := store.Configurations.Get(tx, o.ConfigurationID)
+		if store.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return ofInstance(c.InstanceID)
+	}
+	return nil
+}

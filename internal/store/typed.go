@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/model"
 )
@@ -342,4 +344,42 @@ func (tx *Tx) RunIDDrawer(id int64) (uint32, bool, error) {
 		return 0, false, fmt.Errorf("run id %d: corrupt drawer %q", id, raw)
 	}
 	return uid, true, nil
+}
+
+// dueIndex lists the sessions the executor must look at (the due index): those not settled
+// (an object of theirs not at its goal, a stage not ended) and those with a time to be looked
+// at (a persistent instance's expiration). Key: the session's id key; value {"at": time}, the
+// zero time meaning now. A decision that changes a session's objects marks it due in its own
+// transaction; the executor takes it out when it finds the session settled.
+const dueIndex = "due"
+
+type dueEntry struct {
+	At time.Time `json:"at,omitzero"`
+}
+
+// MarkDue puts a session in the due index, to be looked at from at (zero: now).
+func MarkDue(tx *Tx, session int64, at time.Time) error {
+	raw, _ := json.Marshal(dueEntry{At: at.UTC()})
+	return tx.kv.Put(dueIndex, idKey(session), raw)
+}
+
+// NotDue takes a session out of the due index.
+func NotDue(tx *Tx, session int64) error { return tx.kv.Delete(dueIndex, idKey(session)) }
+
+// DueSessions returns the due index: each session's id and the time it is due from.
+func DueSessions(tx *Tx) (map[int64]time.Time, error) {
+	out := map[int64]time.Time{}
+	err := tx.kv.Scan(dueIndex, func(key string, raw []byte) error {
+		id, err := strconv.ParseInt(key, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s %s: corrupt key", dueIndex, key)
+		}
+		var e dueEntry
+		if err := json.Unmarshal(raw, &e); err != nil {
+			return fmt.Errorf("%s %s: corrupt record: %v", dueIndex, key, err)
+		}
+		out[id] = e.At
+		return nil
+	})
+	return out, err
 }
