@@ -472,7 +472,30 @@ func TestRandomHistories(t *testing.T) {
 			case 5:
 				ApplyTeardown(h.w, tok, rng.Intn(2) == 0)
 			case 6:
-				for _, e := range Step(h.w, h.p, h.now) {
+				settled := map[ID]bool{}
+				for _, s := range h.w.Sessions {
+					if ok, _ := Settled(h.w, s, h.now); ok {
+						settled[s.ID] = true
+					}
+				}
+				effects := Step(h.w, h.p, h.now)
+				// The due index's promise: Step does nothing to a settled session.
+				for _, e := range effects {
+					if settled[SessionOf(h.w, e.Ref)] {
+						t.Fatalf("seed %d: Step wants %s on %v of a settled session", seed, e.Op, e.Ref)
+					}
+				}
+				for _, obj := range h.w.changes.Put {
+					if settled[SessionOf(h.w, refOf(obj))] {
+						t.Fatalf("seed %d: Step changed %T of a settled session", seed, obj)
+					}
+				}
+				for id := range settled {
+					if h.w.Sessions[id] == nil {
+						t.Fatalf("seed %d: Step removed settled session %d", seed, id)
+					}
+				}
+				for _, e := range effects {
 					r := Result{Err: h.fail(e)}
 					if e.Op == OpPollStage && r.Err == nil {
 						r.Stage = h.stageResult(e)
