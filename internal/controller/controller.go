@@ -230,20 +230,21 @@ func (c *Controller) World(ctx context.Context) (*lifecycle.World, error) { retu
 // decide runs fn on the whole world loaded in a write transaction and persists what it
 // changed.
 func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
-	return c.decideOn(ctx, "", crashName, fn)
+	return c.decideOn(ctx, "", nil, crashName, fn)
 }
 
-// decideOn is decide for a request about one job (token): fn gets the session's world
+// decideOn is decide for a request about one job (token; more: other sessions it names, a
+// setup's persistent instances): fn gets the session's world
 // (loadSessionWorld: an unknown token's holds no session, and fn answers as it would on the
 // whole world), or the whole world when the token names a persistent instance (its teardown
 // looks at every job using it) or lifecycle.NeedsWhole says so. token "": the whole world.
-func (c *Controller) decideOn(ctx context.Context, token, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
+func (c *Controller) decideOn(ctx context.Context, token string, more []string, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		var w *lifecycle.World
 		var err error
 		if token != "" {
-			if w, err = loadSessionWorld(tx, token, now, c.cfg.Controller.NodeTimeout.D()); err != nil {
+			if w, err = loadSessionWorld(tx, token, now, c.cfg.Controller.NodeTimeout.D(), more...); err != nil {
 				return err
 			}
 			if s := w.SessionByToken(token); s != nil && (s.Persistent || lifecycle.NeedsWhole(w, now)) {
@@ -277,7 +278,14 @@ func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUse
 	if req.Instance != nil && req.Instance.Pool == "" {
 		req.Instance.Pool = c.cfg.Controller.DefaultPool
 	}
-	return c.decide(ctx, "request-persisted:setup", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	// The workload manager's and administrators' setups decide on the session's world (the
+	// totals stand for the rest: the allocator's used grains, the session count); an
+	// ordinary user's quota counts their sessions in the whole world.
+	scope := req.Token
+	if ordinaryUser {
+		scope = ""
+	}
+	return c.decideOn(ctx, scope, req.Uses, "request-persisted:setup", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		if ordinaryUser {
 			if err := lifecycle.CheckUserQuota(w, req, c.params.UserQuota); err != nil {
 				return err
@@ -292,14 +300,14 @@ func (c *Controller) Stages(ctx context.Context, token, direction string, reqs [
 	if direction != model.StageIn && direction != model.StageOut {
 		return &lifecycle.UserError{Msg: fmt.Sprintf("stage direction %q: expected in or out", direction)}
 	}
-	return c.decideOn(ctx, token, "request-persisted:data_"+direction, func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	return c.decideOn(ctx, token, nil, "request-persisted:data_"+direction, func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyStages(w, token, direction, reqs, ids, now)
 	})
 }
 
 // JobStages records a job's in-job stage requests (libdatawarp, dwcli stage).
 func (c *Controller) JobStages(ctx context.Context, token string, reqs []lifecycle.InJobStage) error {
-	return c.decideOn(ctx, token, "request-persisted:job_stages", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	return c.decideOn(ctx, token, nil, "request-persisted:job_stages", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyInJobStages(w, token, reqs, ids, now)
 	})
 }
@@ -307,7 +315,7 @@ func (c *Controller) JobStages(ctx context.Context, token string, reqs []lifecyc
 // TerminateStages stops a job's in-job stages of a path (dw_terminate_*).
 func (c *Controller) TerminateStages(ctx context.Context, token, v, p string) (int, error) {
 	var n int
-	err := c.decideOn(ctx, token, "request-persisted:terminate", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	err := c.decideOn(ctx, token, nil, "request-persisted:terminate", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		var err error
 		n, err = lifecycle.ApplyTerminate(w, token, v, p, now)
 		return err
@@ -319,7 +327,7 @@ func (c *Controller) TerminateStages(ctx context.Context, token, v, p string) (i
 // (dw_set_stage_concurrency), clamped to stage.max_job_concurrency; it returns the limit set.
 func (c *Controller) StageConcurrency(ctx context.Context, token string, n int) (int, error) {
 	var set int
-	err := c.decideOn(ctx, token, "request-persisted:stage_concurrency", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	err := c.decideOn(ctx, token, nil, "request-persisted:stage_concurrency", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		var err error
 		set, err = lifecycle.ApplyStageConcurrency(w, token, n, c.params.StageMaxJobConcurrency)
 		return err
@@ -329,21 +337,21 @@ func (c *Controller) StageConcurrency(ctx context.Context, token string, n int) 
 
 // PreRun mounts the session's configurations on compute nodes.
 func (c *Controller) PreRun(ctx context.Context, token string, nodes []string) error {
-	return c.decideOn(ctx, token, "request-persisted:pre_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	return c.decideOn(ctx, token, nil, "request-persisted:pre_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyPreRun(w, token, nodes, ids, c.params)
 	})
 }
 
 // PostRun unmounts them.
 func (c *Controller) PostRun(ctx context.Context, token string) error {
-	return c.decideOn(ctx, token, "request-persisted:post_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	return c.decideOn(ctx, token, nil, "request-persisted:post_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyPostRun(w, token)
 	})
 }
 
 // Teardown destroys a session.
 func (c *Controller) Teardown(ctx context.Context, token string, hurry bool) error {
-	return c.decideOn(ctx, token, "request-persisted:teardown", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	return c.decideOn(ctx, token, nil, "request-persisted:teardown", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyTeardown(w, token, hurry)
 	})
 }
@@ -718,7 +726,7 @@ func (c *Controller) finishAbandonedRuns(ctx context.Context) {
 		b.mu.Unlock()
 		for _, token := range due {
 			var done bool
-			err := c.decideOn(ctx, token, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+			err := c.decideOn(ctx, token, nil, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 				var err error
 				done, err = lifecycle.AdvanceAbandoned(w, token)
 				return err

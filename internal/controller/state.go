@@ -48,20 +48,50 @@ func loadWorld(tx *store.Tx, now time.Time, nodeTimeout time.Duration) (*lifecyc
 // configurations, namespaces, registrations, activations and stages, and the same of every
 // persistent instance it uses. Its cost is that of those objects, not of the state: Status,
 // Paths, the ownership checks and the requests on jobs answer from it. A missing token gives
-// a world without it.
-func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout time.Duration) (*lifecycle.World, error) {
+// a world without it; more are other sessions to hold (a setup's persistent instances).
+func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout time.Duration, more ...string) (*lifecycle.World, error) {
 	w, err := loadNodesAndPools(tx, now, nodeTimeout)
 	if err != nil {
 		return nil, err
 	}
-	s, err := store.SessionByToken(tx, token)
-	if store.IsNotFound(err) {
-		return w, nil
+	for _, t := range append([]string{token}, more...) {
+		s, err := store.SessionByToken(tx, t)
+		if store.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if w.Sessions[s.ID] == nil {
+			if err := addSession(tx, w, s); err != nil {
+				return nil, err
+			}
+		}
 	}
+	return w, countElsewhere(tx, w)
+}
+
+// countElsewhere fills a partial world's Elsewhere from the state's totals: the totals less
+// what the world holds.
+func countElsewhere(tx *store.Tx, w *lifecycle.World) error {
+	t, err := store.ReadTotals(tx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return w, addSession(tx, w, s)
+	w.Elsewhere = lifecycle.Elsewhere{Sessions: max(0, t.Sessions-len(w.Sessions)), Nodes: map[string]lifecycle.NodeShare{}}
+	for node, n := range t.Nodes {
+		w.Elsewhere.Nodes[node] = lifecycle.NodeShare{Grains: n.Grains, Fragments: n.Fragments}
+	}
+	for _, f := range w.Fragments {
+		share := w.Elsewhere.Nodes[f.Node]
+		share.Grains -= min(share.Grains, f.Grains)
+		share.Fragments = max(0, share.Fragments-1)
+		w.Elsewhere.Nodes[f.Node] = share
+		if share == (lifecycle.NodeShare{}) {
+			delete(w.Elsewhere.Nodes, f.Node)
+		}
+	}
+	return nil
 }
 
 // loadSessionsWorld is loadSessionWorld for several sessions, by id (the executor's due
@@ -86,7 +116,7 @@ func loadSessionsWorld(tx *store.Tx, ids []int64, now time.Time, nodeTimeout tim
 			return nil, err
 		}
 	}
-	return w, nil
+	return w, countElsewhere(tx, w)
 }
 
 // addSession adds a session, its objects, and the persistent instances it uses with theirs.

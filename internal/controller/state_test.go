@@ -94,8 +94,25 @@ func TestSessionWorldIsTheSessionsSlice(t *testing.T) {
 				}
 			}
 		}
+		want.Elsewhere = lifecycle.Elsewhere{Sessions: len(whole.Sessions) - len(want.Sessions), Nodes: map[string]lifecycle.NodeShare{}}
+		for _, f := range whole.Fragments {
+			if want.Fragments[f.ID] == nil {
+				share := want.Elsewhere.Nodes[f.Node]
+				share.Grains += f.Grains
+				share.Fragments++
+				want.Elsewhere.Nodes[f.Node] = share
+			}
+		}
 		if !reflect.DeepEqual(part, want) {
 			t.Errorf("session world of %s:\n%+v\nwant the session's slice of the whole world:\n%+v", token, part, want)
+		}
+		for node := range whole.Nodes {
+			if got, want := part.UsageOfNode(node), whole.UsageOfNode(node); got.Used != want.Used || got.Instances != want.Instances {
+				t.Errorf("usage of node %s in the session world of %s: %+v, want %+v (the allocator's inputs)", node, token, got, want)
+			}
+		}
+		if part.SessionCount() != len(whole.Sessions) {
+			t.Errorf("session count in the session world of %s: %d, want %d", token, part.SessionCount(), len(whole.Sessions))
 		}
 		if len(part.Fragments) == 0 && token != "unknown" && token != "3" {
 			t.Errorf("session world of %s has no fragments: the slice is empty, the test proves nothing", token)

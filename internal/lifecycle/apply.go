@@ -194,8 +194,8 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 			return userErr("create_persistent %s: capacity must be greater than 0", req.Token)
 		}
 	}
-	if p.MaxSessions > 0 && len(w.Sessions) >= p.MaxSessions {
-		return userErr("too many sessions (%d, the limit controller.max_sessions); wait for some to end", len(w.Sessions))
+	if p.MaxSessions > 0 && w.SessionCount() >= p.MaxSessions {
+		return userErr("too many sessions (%d, the limit controller.max_sessions); wait for some to end", w.SessionCount())
 	}
 	var used []*model.Session
 	for _, name := range req.Uses {

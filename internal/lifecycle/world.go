@@ -36,9 +36,30 @@ type World struct {
 	Registrations  map[ID]*model.Registration
 	Activations    map[ID]*model.Activation
 	Stages         map[ID]*model.Stage
+	// Elsewhere is what the state holds beyond this world, when it was loaded for some
+	// sessions only (a request's, the executor's due ones); zero for the whole state.
+	Elsewhere Elsewhere
 
 	changes Changes
 }
+
+// Elsewhere counts the objects of the state a partial world does not hold, as far as the
+// core needs them: the sessions (controller.max_sessions) and, by node, the grains and
+// fragments (the allocator's used grains and instances: an instance has at most one
+// fragment on a node).
+type Elsewhere struct {
+	Sessions int
+	Nodes    map[string]NodeShare
+}
+
+// NodeShare is what fragments add up to on one node.
+type NodeShare struct {
+	Grains    uint64
+	Fragments int
+}
+
+// SessionCount is the number of sessions in the state.
+func (w *World) SessionCount() int { return len(w.Sessions) + w.Elsewhere.Sessions }
 
 // NewWorld returns an empty world.
 func NewWorld() *World {
@@ -384,13 +405,15 @@ func (w *World) UsageOfNode(name string) NodeUsage {
 		u.Grains = n.Capacity / p.Granularity
 	}
 	instances := map[ID]bool{}
+	elsewhere := w.Elsewhere.Nodes[name]
+	u.Used = elsewhere.Grains
 	for _, f := range w.Fragments {
 		if f.Node == name {
 			u.Used += f.Grains
 			instances[f.InstanceID] = true
 		}
 	}
-	u.Instances = len(instances)
+	u.Instances = len(instances) + elsewhere.Fragments
 	for _, a := range w.Activations {
 		if a.Node == name {
 			u.Activations++

@@ -16,7 +16,9 @@ import (
 //	2  every value is a JSON document: a session token's index entry is {"session": id}
 //	   (was the session's key as bare text)
 //	3  the child index (kind "child"): one key per instance, fragment, configuration,
-//	   namespace, registration, activation and stage under its parent's key
+//	   namespace, registration, activation and stage under its parent's key; the totals
+//	   (kind "totals": sessions, each node's grains and fragments); the due index (kind
+//	   "due", which the controller's first executor pass fills)
 const SchemaVersion = 3
 
 // migrations[n-1] turns a state of version n into version n+1. Each is a pure function over
@@ -158,11 +160,11 @@ func migrateTokenIndexToJSON(kv KV) error {
 	return nil
 }
 
-// migrateChildIndex: version 3 indexes a session's objects by their parent.
+// migrateChildIndex: version 3 indexes a session's objects by their parent and keeps totals.
 func migrateChildIndex(kv KV) error {
 	tx := &Tx{kv: kv}
 	for _, index := range []func(*Tx) error{Instances.index, Fragments.index, Configurations.index,
-		Namespaces.index, Registrations.index, Activations.index, Stages.index} {
+		Namespaces.index, Registrations.index, Activations.index, Stages.index, Sessions.index} {
 		if err := index(tx); err != nil {
 			return err
 		}

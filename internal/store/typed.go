@@ -48,6 +48,9 @@ type Table[T any] struct {
 	// parent, when set, names the object's parent (its kind and id; never changing): Put and
 	// Delete keep the object's entry in the child index, which ChildrenOf reads.
 	parent func(*T) (string, int64)
+	// count, when set, keeps the totals (Totals) of the kind: Put and Delete call it with
+	// the object stored before (nil: none) and after (nil: deleted).
+	count func(tx *Tx, old, new *T) error
 }
 
 // idKey renders numeric ids so that key order is numeric order.
@@ -78,6 +81,15 @@ func (t Table[T]) Put(tx *Tx, obj *T) error {
 	if t.parent != nil {
 		pk, pid := t.parent(obj)
 		if err := tx.kv.Put(childIndex, childKey(pk, pid, t.kind, t.key(obj)), emptyDoc); err != nil {
+			return err
+		}
+	}
+	if t.count != nil {
+		old, err := t.get(tx, t.key(obj))
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if err := t.count(tx, old, obj); err != nil {
 			return err
 		}
 	}
@@ -115,7 +127,7 @@ func (t IDTable[T]) Get(tx *Tx, id int64) (*T, error) { return t.get(tx, idKey(i
 
 // Delete removes the object with the given id (and its entry in the child index).
 func (t IDTable[T]) Delete(tx *Tx, id int64) error {
-	if t.parent != nil {
+	if t.parent != nil || t.count != nil {
 		obj, err := t.Get(tx, id)
 		if errors.Is(err, ErrNotFound) {
 			return nil
@@ -123,9 +135,16 @@ func (t IDTable[T]) Delete(tx *Tx, id int64) error {
 		if err != nil {
 			return err
 		}
-		pk, pid := t.parent(obj)
-		if err := tx.kv.Delete(childIndex, childKey(pk, pid, t.kind, idKey(id))); err != nil {
-			return err
+		if t.parent != nil {
+			pk, pid := t.parent(obj)
+			if err := tx.kv.Delete(childIndex, childKey(pk, pid, t.kind, idKey(id))); err != nil {
+				return err
+			}
+		}
+		if t.count != nil {
+			if err := t.count(tx, obj, nil); err != nil {
+				return err
+			}
 		}
 	}
 	return tx.kv.Delete(t.kind, idKey(id))
@@ -157,16 +176,24 @@ func (t IDTable[T]) ChildrenOf(tx *Tx, parentKind string, parentID int64) ([]*T,
 	return out, nil
 }
 
-// index writes the child index entry of every object of the table (migration to version 3).
+// index writes the child index entry of every object of the table, and counts it in the
+// totals (migration to version 3).
 func (t IDTable[T]) index(tx *Tx) error {
 	all, err := t.List(tx)
 	if err != nil {
 		return err
 	}
 	for _, obj := range all {
-		pk, pid := t.parent(obj)
-		if err := tx.kv.Put(childIndex, childKey(pk, pid, t.kind, t.key(obj)), emptyDoc); err != nil {
-			return err
+		if t.parent != nil {
+			pk, pid := t.parent(obj)
+			if err := tx.kv.Put(childIndex, childKey(pk, pid, t.kind, t.key(obj)), emptyDoc); err != nil {
+				return err
+			}
+		}
+		if t.count != nil {
+			if err := t.count(tx, nil, obj); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -215,7 +242,7 @@ var (
 	// registrations, activations and stages by session; fragments and configurations by
 	// instance; namespaces by configuration.
 	Instances      = childOf("instance", func(o *model.Instance) int64 { return o.ID }, "session", func(o *model.Instance) int64 { return o.SessionID })
-	Fragments      = childOf("fragment", func(o *model.Fragment) int64 { return o.ID }, "instance", func(o *model.Fragment) int64 { return o.InstanceID })
+	Fragments      = counted(childOf("fragment", func(o *model.Fragment) int64 { return o.ID }, "instance", func(o *model.Fragment) int64 { return o.InstanceID }), countFragments)
 	Configurations = childOf("configuration", func(o *model.Configuration) int64 { return o.ID }, "instance", func(o *model.Configuration) int64 { return o.InstanceID })
 	Namespaces     = childOf("namespace", func(o *model.Namespace) int64 { return o.ID }, "configuration", func(o *model.Namespace) int64 { return o.ConfigurationID })
 	Registrations  = childOf("registration", func(o *model.Registration) int64 { return o.ID }, "session", func(o *model.Registration) int64 { return o.SessionID })
@@ -224,8 +251,125 @@ var (
 	// StageHistory keeps finished stages after their sessions went (stage.history of them).
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Sessions is indexed by token as well; use PutSession/DeleteSession to keep the index.
-	Sessions = byID("session", func(o *model.Session) int64 { return o.ID })
+	Sessions = counted(byID("session", func(o *model.Session) int64 { return o.ID }), countSessions)
 )
+
+func counted[T any](t IDTable[T], count func(tx *Tx, old, new *T) error) IDTable[T] {
+	t.count = count
+	return t
+}
+
+// totalsKind holds the totals a request needs without reading every object (schema version
+// 3): how many sessions there are (controller.max_sessions) and, for each node, the grains
+// and the fragments on it (the allocator's inputs). Keys "sessions" and "node/<name>".
+const totalsKind = "totals"
+
+// Totals are the state's totals, kept by the typed tables in every transaction that changes
+// them.
+type Totals struct {
+	Sessions int                   `json:"sessions"`
+	Nodes    map[string]NodeTotals `json:"nodes,omitempty"`
+}
+
+// NodeTotals is what a node's fragments add up to.
+type NodeTotals struct {
+	Grains    uint64 `json:"grains"`
+	Fragments int    `json:"fragments"`
+}
+
+type sessionTotal struct {
+	Count int `json:"count"`
+}
+
+func countSessions(tx *Tx, old, new *model.Session) error {
+	if (old == nil) == (new == nil) {
+		return nil
+	}
+	var t sessionTotal
+	if err := getJSON(tx, totalsKind, "sessions", &t); err != nil {
+		return err
+	}
+	if new != nil {
+		t.Count++
+	} else {
+		t.Count--
+	}
+	return putJSON(tx, totalsKind, "sessions", t)
+}
+
+func countFragments(tx *Tx, old, new *model.Fragment) error {
+	add := func(f *model.Fragment, sign int) error {
+		var t NodeTotals
+		key := "node/" + f.Node
+		if err := getJSON(tx, totalsKind, key, &t); err != nil {
+			return err
+		}
+		if sign > 0 {
+			t.Grains += f.Grains
+			t.Fragments++
+		} else {
+			t.Grains -= min(t.Grains, f.Grains)
+			t.Fragments = max(0, t.Fragments-1)
+		}
+		if t.Fragments == 0 {
+			return tx.kv.Delete(totalsKind, key)
+		}
+		return putJSON(tx, totalsKind, key, t)
+	}
+	if old != nil && new != nil && old.Node == new.Node && old.Grains == new.Grains {
+		return nil
+	}
+	if old != nil {
+		if err := add(old, -1); err != nil {
+			return err
+		}
+	}
+	if new != nil {
+		return add(new, +1)
+	}
+	return nil
+}
+
+// ReadTotals returns the state's totals.
+func ReadTotals(tx *Tx) (Totals, error) {
+	var s sessionTotal
+	if err := getJSON(tx, totalsKind, "sessions", &s); err != nil {
+		return Totals{}, err
+	}
+	t := Totals{Sessions: s.Count, Nodes: map[string]NodeTotals{}}
+	err := tx.kv.ScanPrefix(totalsKind, "node/", func(key string, raw []byte) error {
+		var n NodeTotals
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return fmt.Errorf("%s %s: corrupt record: %v", totalsKind, key, err)
+		}
+		t.Nodes[strings.TrimPrefix(key, "node/")] = n
+		return nil
+	})
+	return t, err
+}
+
+// getJSON reads a JSON value; a missing key leaves v as it is.
+func getJSON(tx *Tx, kind, key string, v any) error {
+	raw, err := tx.kv.Get(kind, key)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%s %s: corrupt record: %v", kind, key, err)
+	}
+	return nil
+}
+
+func putJSON(tx *Tx, kind, key string, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return tx.kv.Put(kind, key, raw)
+}
 
 const sessionTokenIndex = "session_token"
 

@@ -24,6 +24,8 @@ func Run(t *testing.T, open Factory) {
 	t.Run("ScanPrefix", func(t *testing.T) { testScanPrefix(t, open) })
 	t.Run("ReadYourWrites", func(t *testing.T) { testReadYourWrites(t, open) })
 	t.Run("ChildIndex", func(t *testing.T) { testChildIndex(t, open) })
+	t.Run("Totals", func(t *testing.T) { testTotals(t, open) })
+	t.Run("DueIndex", func(t *testing.T) { testDueIndex(t, open) })
 	t.Run("RollbackOnError", func(t *testing.T) { testRollback(t, open) })
 	t.Run("ViewIsReadOnly", func(t *testing.T) { testViewReadOnly(t, open) })
 	t.Run("Sequences", func(t *testing.T) { testSequences(t, open) })
@@ -187,6 +189,80 @@ func testChildIndex(t *testing.T, open Factory) {
 		none, err := store.Fragments.ChildrenOf(tx, "instance", 3)
 		if err != nil || len(none) != 0 {
 			return fmt.Errorf("children of instance 3 = %s %v, want none", ids(none), err)
+		}
+		return nil
+	}))
+}
+
+// testTotals: the session count and each node's grains and fragments follow puts, changes
+// and deletes, inside a transaction and after it.
+func testTotals(t *testing.T, open Factory) {
+	s := store.New(engine(t, open))
+	want := func(tx *store.Tx, text string) error {
+		got, err := store.ReadTotals(tx)
+		if err != nil {
+			return err
+		}
+		if fmt.Sprint(got.Sessions, got.Nodes) != text {
+			return fmt.Errorf("totals = %v %v, want %s", got.Sessions, got.Nodes, text)
+		}
+		return nil
+	}
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		for id := int64(1); id <= 3; id++ {
+			if err := store.PutSession(tx, &model.Session{ID: id, Token: fmt.Sprint(id)}); err != nil {
+				return err
+			}
+			if err := store.PutSession(tx, &model.Session{ID: id, Token: fmt.Sprint(id), Phase: "setup"}); err != nil { // a change
+				return err
+			}
+			if err := store.Fragments.Put(tx, &model.Fragment{ID: id, InstanceID: id, Node: "a", Grains: uint64(id)}); err != nil {
+				return err
+			}
+		}
+		if err := store.Fragments.Put(tx, &model.Fragment{ID: 4, InstanceID: 4, Node: "b", Grains: 5}); err != nil {
+			return err
+		}
+		return want(tx, "3 map[a:{6 3} b:{5 1}]")
+	}))
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		if err := store.Fragments.Put(tx, &model.Fragment{ID: 3, InstanceID: 3, Node: "b", Grains: 3}); err != nil { // moved
+			return err
+		}
+		if err := store.Fragments.Delete(tx, 4); err != nil {
+			return err
+		}
+		sess, err := store.Sessions.Get(tx, 2)
+		if err != nil {
+			return err
+		}
+		return store.DeleteSession(tx, sess)
+	}))
+	must(t, s.View(ctx, func(tx *store.Tx) error { return want(tx, "2 map[a:{3 2} b:{3 1}]") }))
+}
+
+// testDueIndex: sessions marked due are listed with their times until taken out.
+func testDueIndex(t *testing.T, open Factory) {
+	s := store.New(engine(t, open))
+	later := time.Unix(1_800_000_000, 0).UTC()
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		for _, id := range []int64{3, 12, 7} {
+			if err := store.MarkDue(tx, id, time.Time{}); err != nil {
+				return err
+			}
+		}
+		if err := store.MarkDue(tx, 7, later); err != nil {
+			return err
+		}
+		return store.NotDue(tx, 3)
+	}))
+	must(t, s.View(ctx, func(tx *store.Tx) error {
+		due, err := store.DueSessions(tx)
+		if err != nil {
+			return err
+		}
+		if len(due) != 2 || !due[12].IsZero() || !due[7].Equal(later) {
+			return fmt.Errorf("due = %v, want 12 now and 7 at %v", due, later)
 		}
 		return nil
 	}))
