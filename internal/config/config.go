@@ -114,6 +114,18 @@ type Controller struct {
 	// MungeSocket is the local munged's socket, which decodes the MUNGE credentials of users
 	// on TCP. "" = munge's default (/run/munge/munge.socket.2).
 	MungeSocket string `toml:"munge_socket"`
+	// AccountingLog is the file the controller appends one JSON line to per instance at its
+	// teardown (its accounting record, docs/admin.md); "" = accounting.log in StateDir.
+	AccountingLog string `toml:"accounting_log"`
+}
+
+// AccountingLogPath is where the accounting records go: controller.accounting_log, or
+// accounting.log in the state directory.
+func (c Controller) AccountingLogPath() string {
+	if c.AccountingLog != "" {
+		return c.AccountingLog
+	}
+	return filepath.Join(c.StateDir, "accounting.log")
 }
 
 // Executor drives every object to its goal.
@@ -446,6 +458,9 @@ func (c *Config) Validate() error {
 	positive("controller.request_timeout", int64(c.Controller.RequestTimeout))
 	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))
 	positive("controller.max_sessions", int64(c.Controller.MaxSessions))
+	if p := c.Controller.AccountingLog; p != "" && !filepath.IsAbs(p) {
+		problems = append(problems, fmt.Sprintf("controller.accounting_log %q must be an absolute path (or \"\" for accounting.log in controller.state_dir)", p))
+	}
 	positive("agent.heartbeat_interval", int64(c.Agent.HeartbeatInterval))
 	positive("agent.fragment_mkfs_timeout", int64(c.Agent.FragmentMkfsTimeout))
 	positive("agent.fragment_mount_timeout", int64(c.Agent.FragmentMountTimeout))
