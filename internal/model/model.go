@@ -7,6 +7,8 @@ package model
 import (
 	"fmt"
 	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
 )
 
 // ID identifies an object of one kind. IDs are positive and never reused.
@@ -151,6 +153,25 @@ type Fragment struct {
 	Grains     uint64 `json:"grains"`
 	Capacity   uint64 `json:"capacity"`
 	State      State  `json:"state"`
+}
+
+// FragmentUsage is what the data path counted on one fragment (agentapi.FragmentUsage, from
+// the storage node's heartbeats), kept in the state from the fragment's first report until
+// its instance's accounting record is written at teardown. It outlives the fragment: the
+// fragment's node, capacity and namespaces are copied here when they are deleted.
+type FragmentUsage struct {
+	Fragment ID     `json:"fragment"`
+	Instance ID     `json:"instance"`
+	Node     string `json:"node"`
+	Capacity uint64 `json:"capacity"`
+	// Namespaces are the namespaces the fragment held (their metadata), copied when each
+	// was deleted.
+	Namespaces []Namespace `json:"namespaces,omitempty"`
+	// Updated is when the counters last changed; Final that they were taken from the agent
+	// right before the fragment was deleted (nothing can change them after).
+	Updated  time.Time              `json:"updated,omitzero"`
+	Final    bool                   `json:"final,omitempty"`
+	Counters agentapi.FragmentUsage `json:"counters"`
 }
 
 // Configuration types.

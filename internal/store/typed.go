@@ -130,6 +130,11 @@ var (
 	Registrations  = byID("registration", func(o *model.Registration) int64 { return o.ID })
 	Activations    = byID("activation", func(o *model.Activation) int64 { return o.ID })
 	Stages         = byID("stage", func(o *model.Stage) int64 { return o.ID })
+	// Usage is the data path's counters per fragment (accounting), by fragment id.
+	Usage = byID("fragment_usage", func(o *model.FragmentUsage) int64 { return o.Fragment })
+	// AccountingRecords are the accounting records of torn-down instances not yet appended
+	// to controller.accounting_log, by instance id.
+	AccountingRecords = byID("accounting_record", func(o *AccountingRecord) int64 { return o.Instance })
 	// Sessions is indexed by token as well; use PutSession/DeleteSession to keep the index.
 	Sessions = byID("session", func(o *model.Session) int64 { return o.ID })
 )
@@ -232,4 +237,17 @@ func (tx *Tx) RunIDDrawer(id int64) (uint32, bool, error) {
 		return 0, false, fmt.Errorf("run id %d: corrupt drawer %q", id, raw)
 	}
 	return uid, true, nil
+}
+
+// AccountingRecord is one instance's accounting record (a line of controller.accounting_log)
+// waiting to be appended. Offset and Inode are where the controller was about to append it,
+// persisted before it does: after a crash the line found there is this record's (same id),
+// or it was never written.
+type AccountingRecord struct {
+	Instance  int64           `json:"instance"`
+	ID        string          `json:"record_id"`
+	Line      json.RawMessage `json:"line"`
+	Offset    int64           `json:"offset"`
+	Inode     uint64          `json:"inode,omitempty"`
+	Appending bool            `json:"appending,omitempty"` // Offset and Inode are set
 }
