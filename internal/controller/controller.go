@@ -50,6 +50,8 @@ type Controller struct {
 	remote   map[string]agentapi.Agent         // dialled agents by node name (and the address used)
 	remoteAt map[string]string
 
+	acctMu sync.Mutex // one writer of controller.accounting_log (flushAccounting)
+
 	leases leaseBook // spillway run sessions' leases (RunLease)
 	secret string    // the cluster's secret (controller.token_file): grants mounts (SetSecret)
 }
@@ -214,7 +216,7 @@ func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *li
 		if err := fn(w, txIDs{tx}, now); err != nil {
 			return err
 		}
-		return persist(tx, w.TakeChanges())
+		return persist(tx, w.TakeChanges(), now)
 	})
 	if err != nil {
 		return err
@@ -399,7 +401,15 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 		}
 		n.Pool, n.Capacity, n.Address, n.Roles = r.Pool, r.Capacity, r.Address, r.Roles
 		n.DataAddress = r.DataAddress
-		n.Version, n.Health, n.Written = r.Version, r.Health, r.Written
+		n.Version, n.Health = r.Version, r.Health
+		// Endurance: the bytes the data path wrote to the node's fragments, summed from
+		// the counters' growth (they outlive the fragments); an agent reporting more of its
+		// own (r.Written) is believed.
+		written, err := recordUsage(tx, r.Name, r.Usage.Fragments, c.now(), 0)
+		if err != nil {
+			return err
+		}
+		n.Written = max(n.Written+written, r.Written)
 		n.LastSeen = c.now()
 		n.Online = true
 		if !wasOnline {

@@ -67,7 +67,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		effects = lifecycle.Step(w, c.params, now)
 		ch := w.TakeChanges()
 		changed = !ch.Empty()
-		return persist(tx, ch)
+		return persist(tx, ch, now)
 	})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -78,6 +78,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	if changed {
 		c.notifyChange()
 	}
+	c.flushAccounting(ctx)
 	now := c.now()
 	var next time.Duration
 	polled := map[lifecycle.EffectKey]bool{}
@@ -159,6 +160,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		case lifecycle.OpCreateFragment:
 			r.Err = agent.CreateFragment(actx, e.Fragment)
 		case lifecycle.OpDeleteFragment:
+			c.finalUsage(actx, agent, e.Node, e.Fragment.ID) // persisted before the delete
 			r.Err = agent.DeleteFragment(actx, e.Fragment.ID)
 		case lifecycle.OpCreateNamespace:
 			r.Err = agent.CreateNamespace(actx, e.Namespace)
@@ -203,7 +205,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 			return err
 		}
 		lifecycle.Complete(w, e, r, c.params, now)
-		return persist(tx, w.TakeChanges())
+		return persist(tx, w.TakeChanges(), now)
 	})
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("executor: cannot record an effect's outcome; it will be redone", "op", e.Op, "err", err)

@@ -66,8 +66,9 @@ func loadInto[T any](tx *store.Tx, table store.IDTable[T], into map[int64]*T, id
 	return nil
 }
 
-// persist writes a decision's changes in the caller's transaction.
-func persist(tx *store.Tx, ch lifecycle.Changes) error {
+// persist writes a decision's changes in the caller's transaction (now: when). A deleted
+// instance becomes its pending accounting record in the same transaction (keepAccounting).
+func persist(tx *store.Tx, ch lifecycle.Changes, now time.Time) error {
 	for _, obj := range ch.Put {
 		var err error
 		switch o := obj.(type) {
@@ -97,6 +98,9 @@ func persist(tx *store.Tx, ch lifecycle.Changes) error {
 		if err != nil {
 			return err
 		}
+	}
+	if err := keepAccounting(tx, ch, now); err != nil {
+		return err
 	}
 	for _, r := range ch.Delete {
 		var err error
