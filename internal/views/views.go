@@ -217,6 +217,9 @@ type All struct {
 	Registrations  []Registration  `json:"registrations"`
 	Activations    []Activation    `json:"activations"`
 	Stages         []Stage         `json:"stages"`
+	// Accounting is filled only by callers that ask for it (GET /dw/v1/accounting): Build
+	// leaves it empty.
+	Accounting []Accounting `json:"accounting,omitempty"`
 }
 
 // Build renders the whole world.
