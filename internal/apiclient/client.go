@@ -399,9 +399,10 @@ func (c *Client) SessionAccounting(ctx context.Context, token string) (views.Acc
 	return out, err
 }
 
-// AllAccounting is every visible instance's live accounting record (GET /accounting).
-func (c *Client) AllAccounting(ctx context.Context) ([]views.Accounting, error) {
+// AllAccounting is every visible instance's live accounting record, and the number of
+// records waiting for the accounting log (GET /accounting).
+func (c *Client) AllAccounting(ctx context.Context) (controller.AccountingList, error) {
 	var out controller.AccountingList
 	err := c.Do(ctx, "GET", "/dw/v1/accounting", nil, &out)
-	return out.Accounting, err
+	return out, err
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/units"
@@ -68,7 +69,9 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 	defer sess.Close()
 	all, err := sess.client.All(background())
 	if err == nil && slices.Contains(tables, "accounting") {
-		all.Accounting, err = sess.client.AllAccounting(background())
+		var list controller.AccountingList
+		list, err = sess.client.AllAccounting(background())
+		all.Accounting = list.Accounting
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "dwstat: %v\n", err)

@@ -241,11 +241,18 @@ func (c *Controller) Accounting(ctx context.Context, id int64) (views.Accounting
 	return a, sess, err
 }
 
-// AllAccounting is the live accounting record of every instance, in id order.
-func (c *Controller) AllAccounting(ctx context.Context) ([]views.Accounting, *lifecycle.World, error) {
+// AllAccounting is the live accounting record of every instance, in id order, and how many
+// records of torn-down instances wait to be appended to controller.accounting_log.
+func (c *Controller) AllAccounting(ctx context.Context) ([]views.Accounting, int, *lifecycle.World, error) {
 	var out []views.Accounting
 	var world *lifecycle.World
+	var pending int
 	err := c.store.View(ctx, func(tx *store.Tx) error {
+		recs, err := store.AccountingRecords.List(tx)
+		if err != nil {
+			return err
+		}
+		pending = len(recs)
 		w, err := loadWorld(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
 		if err != nil {
 			return err
@@ -262,7 +269,7 @@ func (c *Controller) AllAccounting(ctx context.Context) ([]views.Accounting, *li
 		}
 		return nil
 	})
-	return out, world, err
+	return out, pending, world, err
 }
 
 // flushAccounting appends the pending accounting records to controller.accounting_log.

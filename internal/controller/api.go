@@ -712,15 +712,18 @@ func (s *Server) mayRead(r *http.Request, sess *model.Session) bool {
 // AccountingList is the answer of GET /accounting.
 type AccountingList struct {
 	Accounting []views.Accounting `json:"accounting"`
+	// PendingRecords are torn-down instances' records not yet in controller.accounting_log
+	// (it cannot be written: the controller's log says why).
+	PendingRecords int `json:"pending_records"`
 }
 
 func (s *Server) allAccounting(w http.ResponseWriter, r *http.Request) {
-	all, world, err := s.c.AllAccounting(r.Context())
+	all, pending, world, err := s.c.AllAccounting(r.Context())
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	out := AccountingList{Accounting: []views.Accounting{}}
+	out := AccountingList{Accounting: []views.Accounting{}, PendingRecords: pending}
 	for _, a := range all {
 		if s.mayRead(r, world.Sessions[a.Realm.Session]) {
 			out.Accounting = append(out.Accounting, a)

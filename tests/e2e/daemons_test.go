@@ -373,6 +373,16 @@ func TestControllerKilledAtEveryStep(t *testing.T) {
 				return len(frags) == 0
 			})
 			c.assertClean()
+			// The instance's accounting record is in the log once, whatever the crash.
+			token := strconv.Itoa(1000 + k)
+			c.waitFor("the job's accounting record", func() bool {
+				c.restartIfCrashed()
+				list, err := c.client.AllAccounting(context.Background())
+				return err == nil && list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), token)) > 0
+			})
+			if recs := recordsOf(c.accountingLog(), token); len(recs) != 1 || !recs[0].Final {
+				t.Errorf("accounting records of the job: %+v, want one, final", recs)
+			}
 			logs, _ := os.ReadFile(filepath.Join(c.dir, "controller.log"))
 			crashed := false
 			for _, m := range hit.FindAllStringSubmatch(string(logs), -1) {
