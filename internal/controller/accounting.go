@@ -59,8 +59,8 @@ func recordUsage(tx *store.Tx, node string, reports []agentapi.FragmentUsage, no
 			continue // a heartbeat sent before the final report
 		}
 		old := row.Counters
-		if !fu.Restored && (fu.BytesWritten < old.BytesWritten || fu.BytesRead < old.BytesRead) {
-			continue // counters only grow: this report is older than the one kept
+		if fu.Fragment != finalID && !fu.Restored && (fu.BytesWritten < old.BytesWritten || fu.BytesRead < old.BytesRead) {
+			continue // counters only grow: this report is older than the one kept (the final one is the agent's latest)
 		}
 		final := row.Final || fu.Fragment == finalID
 		fu.Instance = row.Instance

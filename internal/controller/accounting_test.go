@@ -227,8 +227,9 @@ func TestAccountingFromHeartbeats(t *testing.T) {
 	}
 
 	// Teardown: the executor asks the agent for its counters before deleting the fragment
-	// (this agent's data path counts nothing before the limits branch: the heartbeats' stay),
-	// and the log gets one record.
+	// and the log gets one record with them. An agent whose data path reports no counters
+	// (before branch limits) leaves the heartbeats' figures; one that does has the last word
+	// (here the real data path counted nothing: the heartbeats above were made up).
 	want := counters(5<<20, 1<<20)
 	if rep, _ := r.agent.Report(ctx); len(rep.Usage.Fragments) > 0 {
 		for _, fu := range rep.Usage.Fragments {
