@@ -130,6 +130,8 @@ var (
 	Registrations  = byID("registration", func(o *model.Registration) int64 { return o.ID })
 	Activations    = byID("activation", func(o *model.Activation) int64 { return o.ID })
 	Stages         = byID("stage", func(o *model.Stage) int64 { return o.ID })
+	// StageHistory keeps finished stages after their sessions went (stage.history of them).
+	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Usage is the data path's counters per fragment (accounting), by fragment id.
 	Usage = byID("fragment_usage", func(o *model.FragmentUsage) int64 { return o.Fragment })
 	// AccountingRecords are the accounting records of torn-down instances not yet appended
