@@ -67,9 +67,10 @@ func recordUsage(tx *store.Tx, node string, reports []agentapi.FragmentUsage, no
 		if reflect.DeepEqual(old, fu) && final == row.Final {
 			continue
 		}
-		if fu.BytesWritten >= old.BytesWritten {
+		switch {
+		case fu.BytesWritten >= old.BytesWritten:
 			written += fu.BytesWritten - old.BytesWritten
-		} else { // the agent started again from zero (Restored): what it counted since
+		case fu.Restored: // the agent started again from zero: what it counted since
 			written += fu.BytesWritten
 		}
 		row.Counters, row.Updated, row.Final = fu, now, final

@@ -343,3 +343,30 @@ func TestAccountingNotFound(t *testing.T) {
 }
 
 func inodeOf(fi os.FileInfo) uint64 { return fi.Sys().(*syscall.Stat_t).Ino }
+
+// TestAccountingAgentStartedAgain: an agent that lost its counters (Restored) starts again
+// from zero: the fragment's counters are its new ones, and the node's endurance figure grows
+// by what it counted since, not by the drop.
+func TestAccountingAgentStartedAgain(t *testing.T) {
+	r := newAcctRig(t)
+	ctx := context.Background()
+	setup := lifecycle.Setup{Token: "43", Creator: "TEST", Instance: &lifecycle.InstanceRequest{Capacity: 1 << 20, Pool: "wlm_pool", Type: "scratch"}}
+	if err := r.c.Setup(ctx, setup, false); err != nil {
+		t.Fatal(err)
+	}
+	r.settle("43", lifecycle.PhaseSetup)
+	w, _ := r.c.World(ctx)
+	frag := w.FragmentsOf(w.InstanceOf(w.SessionByToken("43").ID).ID)[0]
+	r.heartbeat([]agentapi.FragmentUsage{{Fragment: frag.ID, BytesWritten: 3000, BytesRead: 10}})
+	r.heartbeat([]agentapi.FragmentUsage{{Fragment: frag.ID, BytesWritten: 500, Restored: true}})
+	if n := r.node(); n.Written != 3500 {
+		t.Errorf("node bytes_written %d, want 3500 (3000, then 500 after the restart)", n.Written)
+	}
+	if rows := r.usageRows(); len(rows) != 1 || rows[0].Counters.BytesWritten != 500 || !rows[0].Counters.Restored {
+		t.Errorf("usage rows: %+v", rows)
+	}
+	r.heartbeat([]agentapi.FragmentUsage{{Fragment: frag.ID, BytesWritten: 700, Restored: true}})
+	if n := r.node(); n.Written != 3700 {
+		t.Errorf("node bytes_written %d, want 3700", n.Written)
+	}
+}
