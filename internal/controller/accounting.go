@@ -123,12 +123,23 @@ func (c *Controller) finalUsage(ctx context.Context, agent agentapi.Agent, node 
 }
 
 // keepAccounting runs in persist's transaction before its deletions: a deleted namespace or
-// fragment leaves its metadata with its fragment's counters, and a deleted instance becomes
-// its pending accounting record, its counters gone with it.
+// fragment leaves its metadata with its fragment's counters, a deleted stage of an instance
+// that stays leaves its bytes (store.StageBytes), and a deleted instance becomes its pending
+// accounting record, its counters gone with it.
 func keepAccounting(tx *store.Tx, ch lifecycle.Changes, now time.Time) error {
 	var instances []int64
+	going := map[int64]bool{}
+	for _, r := range ch.Delete {
+		if r.Kind == lifecycle.KindInstance {
+			going[r.ID] = true
+		}
+	}
 	for _, r := range ch.Delete {
 		switch r.Kind {
+		case lifecycle.KindStage:
+			if err := carryStage(tx, r.ID, going); err != nil {
+				return err
+			}
 		case lifecycle.KindNamespace:
 			ns, err := store.Namespaces.Get(tx, r.ID)
 			if store.IsNotFound(err) {
@@ -165,6 +176,43 @@ func keepAccounting(tx *store.Tx, ch lifecycle.Changes, now time.Time) error {
 		}
 	}
 	return nil
+}
+
+// carryStage keeps the bytes of stage id, about to be deleted, for its instance's record,
+// unless the instance goes in the same transaction (its record counts the stage then).
+func carryStage(tx *store.Tx, id int64, going map[int64]bool) error {
+	st, err := store.Stages.Get(tx, id)
+	if store.IsNotFound(err) {
+		return nil
+	}
+	if err != nil || st.BytesDone == 0 {
+		return err
+	}
+	c, err := store.Configurations.Get(tx, st.ConfigurationID)
+	if store.IsNotFound(err) || err == nil && going[c.InstanceID] {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	row, err := store.StageBytes.Get(tx, c.InstanceID)
+	if store.IsNotFound(err) {
+		row, err = &model.StageBytes{Instance: c.InstanceID}, nil
+	}
+	if err != nil {
+		return err
+	}
+	row.Add(st)
+	return store.StageBytes.Put(tx, row)
+}
+
+// stageBytes is instance id's carried stage bytes, nil if none.
+func stageBytes(tx *store.Tx, id int64) (*model.StageBytes, error) {
+	row, err := store.StageBytes.Get(tx, id)
+	if store.IsNotFound(err) {
+		return nil, nil
+	}
+	return row, err
 }
 
 // usageRow is fragment id's counters row, made (zero counters) and stored if it has none yet;
@@ -206,9 +254,16 @@ func pendRecord(tx *store.Tx, id int64, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	recordID := fmt.Sprintf("%s-%d", cluster.Value, id)
-	line, err := json.Marshal(views.AccountingOf(w, inst, usage, recordID, now))
+	carried, err := stageBytes(tx, id)
 	if err != nil {
+		return err
+	}
+	recordID := fmt.Sprintf("%s-%d", cluster.Value, id)
+	line, err := json.Marshal(views.AccountingOf(w, inst, usage, carried, recordID, now))
+	if err != nil {
+		return err
+	}
+	if err := store.StageBytes.Delete(tx, id); err != nil {
 		return err
 	}
 	for _, u := range usage {
@@ -236,7 +291,11 @@ func (c *Controller) Accounting(ctx context.Context, id int64) (views.Accounting
 		if err != nil {
 			return err
 		}
-		a, sess = views.BuildAccounting(w, inst, usage), w.Sessions[inst.SessionID]
+		carried, err := stageBytes(tx, id)
+		if err != nil {
+			return err
+		}
+		a, sess = views.BuildAccounting(w, inst, usage, carried), w.Sessions[inst.SessionID]
 		return nil
 	})
 	return a, sess, err
@@ -262,10 +321,18 @@ func (c *Controller) AllAccounting(ctx context.Context) ([]views.Accounting, int
 		if err != nil {
 			return err
 		}
+		carried, err := store.StageBytes.List(tx)
+		if err != nil {
+			return err
+		}
+		byInstance := map[int64]*model.StageBytes{}
+		for _, b := range carried {
+			byInstance[b.Instance] = b
+		}
 		world = w
 		for _, s := range w.SortedSessions() {
 			if inst := w.InstanceOf(s.ID); inst != nil {
-				out = append(out, views.BuildAccounting(w, inst, usage))
+				out = append(out, views.BuildAccounting(w, inst, usage, byInstance[inst.ID]))
 			}
 		}
 		return nil

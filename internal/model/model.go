@@ -217,6 +217,44 @@ type FragmentUsage struct {
 	Counters agentapi.FragmentUsage `json:"counters"`
 }
 
+// StageBytes are the bytes moved by an instance's stages that no longer exist while the
+// instance does (an in-job request replaced by a newer one for its path, the stages of a job
+// that used a persistent instance): carried for the instance's accounting record.
+type StageBytes struct {
+	Instance   ID                    `json:"instance"`
+	In         uint64                `json:"in"`  // stage-ins: PFS to the instance
+	Out        uint64                `json:"out"` // stage-outs: the instance to the PFS
+	Namespaces []NamespaceStageBytes `json:"namespaces,omitempty"`
+}
+
+// NamespaceStageBytes is one namespace's share of StageBytes.
+type NamespaceStageBytes struct {
+	Namespace ID     `json:"namespace"`
+	In        uint64 `json:"in"`
+	Out       uint64 `json:"out"`
+}
+
+// Add counts an ended stage's bytes.
+func (b *StageBytes) Add(st *Stage) {
+	in, out := uint64(0), uint64(0)
+	switch st.Direction {
+	case StageIn:
+		in = st.BytesDone
+	case StageOut:
+		out = st.BytesDone
+	}
+	b.In += in
+	b.Out += out
+	for i := range b.Namespaces {
+		if b.Namespaces[i].Namespace == st.NamespaceID {
+			b.Namespaces[i].In += in
+			b.Namespaces[i].Out += out
+			return
+		}
+	}
+	b.Namespaces = append(b.Namespaces, NamespaceStageBytes{Namespace: st.NamespaceID, In: in, Out: out})
+}
+
 // Configuration types.
 const (
 	TypeScratch = "scratch"

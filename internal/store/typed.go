@@ -134,6 +134,8 @@ var (
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Usage is the data path's counters per fragment (accounting), by fragment id.
 	Usage = byID("fragment_usage", func(o *model.FragmentUsage) int64 { return o.Fragment })
+	// StageBytes are the bytes of an instance's stages that are gone, by instance id.
+	StageBytes = byID("stage_bytes", func(o *model.StageBytes) int64 { return o.Instance })
 	// AccountingRecords are the accounting records of torn-down instances not yet appended
 	// to controller.accounting_log, by instance id.
 	AccountingRecords = byID("accounting_record", func(o *AccountingRecord) int64 { return o.Instance })

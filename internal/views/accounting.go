@@ -114,10 +114,10 @@ type RealmClient struct {
 }
 
 // BuildAccounting is instance inst's record from the world (its session, configurations,
-// namespaces, fragments and stages, those that still exist) and the data path's counters of
-// its fragments (usage; the fragments' and namespaces' metadata kept there after they were
-// deleted).
-func BuildAccounting(w *lifecycle.World, inst *model.Instance, usage []*model.FragmentUsage) Accounting {
+// namespaces, fragments and stages, those that still exist), the data path's counters of its
+// fragments (usage; the fragments' and namespaces' metadata kept there after they were
+// deleted) and the bytes of its stages that are gone (carried; nil: none).
+func BuildAccounting(w *lifecycle.World, inst *model.Instance, usage []*model.FragmentUsage, carried *model.StageBytes) Accounting {
 	r := Realm{RealmID: inst.ID, Session: inst.SessionID, Label: inst.Label, Pool: inst.Pool,
 		Capacity: inst.Capacity, Created: inst.Created.Unix(),
 		Fragments: []RealmFragment{}, Namespaces: []RealmNamespace{}, Clients: []RealmClient{}}
@@ -232,6 +232,15 @@ func BuildAccounting(w *lifecycle.World, inst *model.Instance, usage []*model.Fr
 			r.StageBytesOut += st.BytesDone
 		}
 	}
+	if carried != nil && carried.Instance == inst.ID {
+		r.StageBytesIn += carried.In
+		r.StageBytesOut += carried.Out
+		for _, c := range carried.Namespaces {
+			n := nsOf(c.Namespace)
+			n.StageBytesWritten += c.In
+			n.StageBytesRead += c.Out
+		}
+	}
 	for _, id := range sortedKeys(nsCounters) {
 		n := nsCounters[id]
 		if id == 0 { // a stage of no namespace of its own: counted in the instance's totals only
@@ -268,8 +277,8 @@ func sortedKeys[K int64 | string, V any](m map[K]V) []K {
 
 // AccountingOf is BuildAccounting with the time of the teardown and the record's id: a line
 // of the accounting log.
-func AccountingOf(w *lifecycle.World, inst *model.Instance, usage []*model.FragmentUsage, recordID string, ended time.Time) Accounting {
-	a := BuildAccounting(w, inst, usage)
+func AccountingOf(w *lifecycle.World, inst *model.Instance, usage []*model.FragmentUsage, carried *model.StageBytes, recordID string, ended time.Time) Accounting {
+	a := BuildAccounting(w, inst, usage, carried)
 	a.Realm.RecordID, a.Realm.Ended = recordID, ended.Unix()
 	return a
 }

@@ -41,7 +41,7 @@ func TestBuildAccounting(t *testing.T) {
 				{Node: "cn0", BytesWritten: 300, WriteOps: 3}}}},
 		{Fragment: 40, Instance: 9, Node: "bb2"}, // another instance's
 	}
-	r := BuildAccounting(w, w.Instances[2], usage).Realm
+	r := BuildAccounting(w, w.Instances[2], usage, nil).Realm
 	if r.RealmID != 2 || r.Token != "4711" || r.Owner != 1000 || r.Group != 100 || r.Pool != "p" || r.Label != "I2-0" || r.Capacity != 2<<30 || r.Created != created.Unix() {
 		t.Errorf("instance fields: %+v", r)
 	}
@@ -71,7 +71,7 @@ func TestBuildAccounting(t *testing.T) {
 		t.Errorf("clients: %+v", r.Clients)
 	}
 	usage[1].Final = true
-	if r := BuildAccounting(w, w.Instances[2], usage).Realm; !r.Final {
+	if r := BuildAccounting(w, w.Instances[2], usage, nil).Realm; !r.Final {
 		t.Error("every fragment's counters are final: the record is")
 	}
 
@@ -80,19 +80,31 @@ func TestBuildAccounting(t *testing.T) {
 	delete(w.Namespaces, 6)
 	delete(w.Fragments, 3)
 	usage[0].Namespaces = []model.Namespace{{ID: 6, ConfigurationID: 5, FragmentID: 3}}
-	a := AccountingOf(w, w.Instances[2], usage, "c-2", time.Unix(1700000200, 0))
+	a := AccountingOf(w, w.Instances[2], usage, nil, "c-2", time.Unix(1700000200, 0))
 	if r := a.Realm; r.RecordID != "c-2" || r.Ended != 1700000200 || len(r.Namespaces) != 1 || r.Namespaces[0].Configuration != 5 || r.Namespaces[0].StripeWidth != 2 || r.ServerCount != 2 {
 		t.Errorf("teardown record: %+v", r)
+	}
+
+	// Stages that are gone (a replaced in-job request, a job's stage into a persistent
+	// instance) count with the carried bytes, in the totals and their namespace.
+	var carried model.StageBytes
+	carried.Add(&model.Stage{NamespaceID: 6, Direction: model.StageOut, BytesDone: 70})
+	carried.Add(&model.Stage{NamespaceID: 6, Direction: model.StageOut, BytesDone: 5})
+	carried.Add(&model.Stage{NamespaceID: 6, Direction: model.StageIn, BytesDone: 1})
+	carried.Instance = 2
+	if r := BuildAccounting(w, w.Instances[2], usage, &carried).Realm; r.StageBytesIn != 101 || r.StageBytesOut != 105 ||
+		r.Namespaces[0].StageBytesRead != 105 || r.Namespaces[0].StageBytesWritten != 101 {
+		t.Errorf("carried stage bytes: in %d out %d, namespace %+v", r.StageBytesIn, r.StageBytesOut, r.Namespaces[0])
 	}
 
 	// A loadbalance configuration's replicas are not striped; an instance nobody reported
 	// on has empty lists and is not final.
 	w.Configurations[5].AccessMode = model.AccessLoadbalance
-	if r := BuildAccounting(w, w.Instances[2], usage).Realm; r.Namespaces[0].StripeWidth != 1 {
+	if r := BuildAccounting(w, w.Instances[2], usage, nil).Realm; r.Namespaces[0].StripeWidth != 1 {
 		t.Errorf("loadbalance stripe width %d, want 1", r.Namespaces[0].StripeWidth)
 	}
 	w.Instances[10] = &model.Instance{ID: 10, SessionID: 1, Pool: "p"}
-	if r := BuildAccounting(w, w.Instances[10], nil).Realm; r.Final || r.Fragments == nil || r.Namespaces == nil || r.Clients == nil || r.ServerCount != 0 {
+	if r := BuildAccounting(w, w.Instances[10], nil, nil).Realm; r.Final || r.Fragments == nil || r.Namespaces == nil || r.Clients == nil || r.ServerCount != 0 {
 		t.Errorf("an instance with nothing: %+v", r)
 	}
 }

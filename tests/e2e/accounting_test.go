@@ -295,3 +295,48 @@ func TestAccountingAcrossHosts(t *testing.T) {
 	check("record", recs[0])
 	c.assertClean()
 }
+
+// TestAccountingCountsReplacedInJobStages: a job stages the same file out twice in-job
+// (libdatawarp's checkpoint pattern: the second request replaces the first); the instance's
+// stage_bytes_out counts both, live and in the teardown record.
+func TestAccountingCountsReplacedInJobStages(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	c.startController()
+	c.startAgent()
+	ctx := context.Background()
+	const token, size = "88", 1 << 20
+	setup := lifecycle.Setup{Token: token, Creator: "TEST", Owner: 0, Group: 0,
+		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}
+	c.step(token, lifecycle.PhaseSetup, func() error { return c.client.Setup(ctx, setup) })
+	c.step(token, lifecycle.PhasePreRun, func() error { return c.client.PreRun(ctx, token, []string{"storage1"}) })
+	env, err := c.client.Paths(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(env["DW_JOB_STRIPED"]+"ckpt", bytes.Repeat([]byte("c"), size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, out := range []string{"ckpt.1", "ckpt.2"} {
+		req := lifecycle.InJobStage{Direction: "out", Type: "file", DWVar: "DW_JOB_STRIPED", DWPath: "/ckpt", PFSPath: filepath.Join(c.dir, "pfs", out)}
+		if err := c.client.JobStages(ctx, token, []lifecycle.InJobStage{req}); err != nil {
+			t.Fatalf("stage-out %d: %v", i+1, err)
+		}
+		c.waitFor("the stage-out", func() bool {
+			q, err := c.client.QueryJobStages(ctx, token, "DW_JOB_STRIPED", "/ckpt")
+			return err == nil && q.Counts.Complete == 1 && q.Counts.Pending == 0
+		})
+	}
+	live, err := c.client.SessionAccounting(ctx, token)
+	if err != nil || live.Realm.StageBytesOut != 2*size || len(live.Realm.Namespaces) != 1 || live.Realm.Namespaces[0].StageBytesRead != 2*size {
+		t.Fatalf("live: stage bytes out %d (want %d, both stage-outs), namespaces %+v: %v", live.Realm.StageBytesOut, 2*size, live.Realm.Namespaces, err)
+	}
+	c.step(token, lifecycle.PhasePostRun, func() error { return c.client.PostRun(ctx, token) })
+	c.step(token, lifecycle.PhaseTeardown, func() error { return c.client.Teardown(ctx, token, false) })
+	var recs []views.Realm
+	c.waitFor("the accounting record", func() bool { recs = recordsOf(c.accountingLog(), token); return len(recs) > 0 })
+	if len(recs) != 1 || recs[0].StageBytesOut != 2*size || recs[0].Namespaces[0].StageBytesRead != 2*size {
+		t.Fatalf("records: %+v, want one with %d bytes staged out", recs, 2*size)
+	}
+	c.assertClean()
+}
