@@ -128,6 +128,9 @@ type Controller struct {
 	// for (0: no maximum).
 	PersistentExpiration    Duration `toml:"persistent_expiration"`
 	MaxPersistentExpiration Duration `toml:"max_persistent_expiration"`
+	// MetricsListen is the address of the controller's Prometheus metrics (GET /metrics),
+	// served without authentication; "" = none (docs/admin.md, "Metrics").
+	MetricsListen string `toml:"metrics_listen"`
 	// AccountingLog is the file the controller appends one JSON line to per instance at its
 	// teardown (its accounting record, docs/admin.md); "" = accounting.log in StateDir.
 	AccountingLog string `toml:"accounting_log"`
@@ -226,6 +229,9 @@ type Agent struct {
 	// run of smartctl or nvme.
 	EnduranceInterval Duration `toml:"endurance_interval"`
 	EnduranceTimeout  Duration `toml:"endurance_timeout"`
+	// MetricsListen is the address of the agent's Prometheus metrics (GET /metrics), served
+	// without authentication; "" = none (docs/admin.md, "Metrics").
+	MetricsListen string `toml:"metrics_listen"`
 }
 
 // TLS encrypts and authenticates the HTTP APIs on TCP (the controller's, the agents'): with
