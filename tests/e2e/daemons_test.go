@@ -349,7 +349,10 @@ func TestControllerKilledAtEveryStep(t *testing.T) {
 	c.startAgent()
 	c.runJob("1")
 	c.assertClean()
-	c.waitFor("the reference job's accounting record", func() bool { return len(recordsOf(c.accountingLog(), "1")) == 1 })
+	c.waitFor("the reference job's accounting record", func() bool { // written, and out of the state: past its crash points
+		list, err := c.client.AllAccounting(context.Background())
+		return err == nil && list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), "1")) == 1
+	})
 	raw, _ := os.ReadFile(logPath)
 	points := strings.Split(strings.TrimSpace(string(raw)), "\n")
 	if len(points) < 20 {
