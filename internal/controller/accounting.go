@@ -342,6 +342,10 @@ func (c *Controller) AllAccounting(ctx context.Context) ([]views.Accounting, int
 
 // flushAccounting appends the pending accounting records to controller.accounting_log.
 func (c *Controller) flushAccounting(ctx context.Context) {
+	// One writer, reading the pending records under the lock: runOnce may run from Run and
+	// from RunOnce at once, and a record another pass wrote must not be seen as pending.
+	c.acctMu.Lock()
+	defer c.acctMu.Unlock()
 	var pending []*store.AccountingRecord
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		var err error
@@ -351,13 +355,13 @@ func (c *Controller) flushAccounting(ctx context.Context) {
 	if err != nil || len(pending) == 0 {
 		return
 	}
-	c.acctMu.Lock() // one writer: runOnce may run from Run and from tests at once
-	defer c.acctMu.Unlock()
 	for _, rec := range pending {
 		if err := c.appendRecord(ctx, rec); err != nil {
-			if ctx.Err() == nil {
-				c.log.Error("accounting: cannot append a record to controller.accounting_log; retrying at the next pass", "instance", rec.Instance,
-					"log", c.cfg.Controller.AccountingLogPath(), "err", err)
+			// Logged once a minute at most: the executor passes every executor.tick.
+			if now := c.now(); ctx.Err() == nil && now.Sub(c.acctLogged) >= time.Minute {
+				c.acctLogged = now
+				c.log.Error("accounting: cannot append records to controller.accounting_log; they wait in the state and are retried at every executor pass",
+					"pending", len(pending), "instance", rec.Instance, "log", c.cfg.Controller.AccountingLogPath(), "err", err)
 			}
 			return
 		}

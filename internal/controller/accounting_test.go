@@ -370,3 +370,45 @@ func TestAccountingAgentStartedAgain(t *testing.T) {
 		t.Errorf("node bytes_written %d, want 3700", n.Written)
 	}
 }
+
+// TestAccountingLogUnwritable: while controller.accounting_log cannot be written the record
+// waits in the state (GET /accounting counts it in pending_records) and the teardown is not
+// held up; once the log can be written the next pass writes it, once.
+func TestAccountingLogUnwritable(t *testing.T) {
+	r := newAcctRig(t)
+	ctx := context.Background()
+	blocker := filepath.Join(t.TempDir(), "logs")
+	os.WriteFile(blocker, nil, 0o644) // a file where the log's directory should be
+	r.c.cfg.Controller.AccountingLog = filepath.Join(blocker, "accounting.log")
+	r.cfg = r.c.cfg
+	setup := lifecycle.Setup{Token: "44", Creator: "TEST", Instance: &lifecycle.InstanceRequest{Capacity: 1 << 20, Pool: "wlm_pool", Type: "scratch"}}
+	if err := r.c.Setup(ctx, setup, false); err != nil {
+		t.Fatal(err)
+	}
+	r.settle("44", lifecycle.PhaseSetup)
+	if err := r.c.Teardown(ctx, "44", false); err != nil {
+		t.Fatal(err)
+	}
+	r.settle("44", lifecycle.PhaseTeardown)
+	r.c.RunOnce(ctx)
+	pending := func() int {
+		code, body := r.get("/dw/v1/accounting", 0)
+		var list AccountingList
+		if err := json.Unmarshal(body, &list); code != 200 || err != nil {
+			t.Fatalf("GET /accounting: %d %s", code, body)
+		}
+		return list.PendingRecords
+	}
+	if n := pending(); n != 1 {
+		t.Fatalf("pending records while the log cannot be written: %d, want 1", n)
+	}
+	os.Remove(blocker)
+	r.c.RunOnce(ctx)
+	r.c.RunOnce(ctx)
+	if n := pending(); n != 0 {
+		t.Errorf("pending records once the log can be written: %d", n)
+	}
+	if lines := r.logLines(); len(lines) != 1 || lines[0].Realm.Token != "44" {
+		t.Errorf("log: %+v, want the record of 44 once", lines)
+	}
+}

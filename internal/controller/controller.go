@@ -50,8 +50,9 @@ type Controller struct {
 	remote   map[string]agentapi.Agent         // dialled agents by node name (and the address used)
 	remoteAt map[string]string
 
-	acctMu  sync.Mutex         // one writer of controller.accounting_log (flushAccounting)
-	metrics *controllerMetrics // metrics.go
+	acctMu     sync.Mutex         // one writer of controller.accounting_log (flushAccounting)
+	acctLogged time.Time          // when flushAccounting last logged a failure (under acctMu)
+	metrics    *controllerMetrics // metrics.go
 
 	leases leaseBook // spillway run sessions' leases (RunLease)
 	secret string    // the cluster's secret (controller.token_file): grants mounts (SetSecret)
