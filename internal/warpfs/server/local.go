@@ -36,6 +36,14 @@ type LocalOptions struct {
 	// namespace to the fragment's capacity (the agent's "xfs-loop" fragments); 0: none.
 	// OpenLocal checks that the namespace root is on it (Local.QuotaEnforced).
 	FragmentDevice uint64
+	// Fragment is the fragment's counters and write window (limits.go), shared with every
+	// other session of the fragment; nil: nothing counted or limited. Namespace and Client
+	// say whose counters the mount's requests go to; Stripes says the directory is the
+	// fragment's stripe objects (their creates are no files of a namespace's).
+	Fragment  *Fragment
+	Namespace int64
+	Client    string
+	Stripes   bool
 }
 
 // OpenLocal opens the namespace for an in-process mount.
@@ -52,6 +60,7 @@ func OpenLocal(opt LocalOptions) (*Local, error) {
 	}
 	v.readOnly = opt.ReadOnly
 	v.maxFileSize = int64(min(opt.MaxFileSize, 1<<62))
+	v.acct = newAccount(opt.Fragment, opt.Namespace, opt.Client, opt.Stripes)
 	var quotaErr error
 	if opt.ProjectQuota != 0 {
 		if quotaErr = v.useQuota(opt.ProjectQuota); quotaErr != nil {
@@ -101,6 +110,11 @@ func (l *Local) Fd(handle uint64) (int, bool) {
 // system, LocalOptions.FragmentDevice): then the kernel may write its files directly (FUSE
 // passthrough) without the tracker's say.
 func (l *Local) QuotaEnforced() bool { return l.sess.v.quota != 0 || l.sess.v.fragmentFS != 0 }
+
+// WindowLimited says whether the namespace's fragment has a write window (limits.go): its
+// writes must then reach the server, which counts them, so the kernel may not write its
+// files itself (FUSE passthrough) — docs/decisions.md.
+func (l *Local) WindowLimited() bool { return l.sess.v.acct.frag.WindowLimited() }
 
 // KernelWrites tells the server that the kernel writes the open handle's file itself (FUSE
 // passthrough): the tracker is charged what it wrote when the server next handles the file's
