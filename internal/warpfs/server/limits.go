@@ -181,6 +181,9 @@ func (n *Namespace) SetLimits(maxFilesCreated, maxFileSize uint64) {
 	n.mfs.Store(maxFileSize)
 }
 
+// MaxFilesCreated is the namespace's MFC here (0: no limit).
+func (n *Namespace) MaxFilesCreated() uint64 { return n.mfc.Load() }
+
 // startCreate counts a file about to be created, or refuses it with EMFILE past the MFC.
 // done(false) gives the count back when the create failed.
 func (n *Namespace) startCreate() syscall.Errno {

@@ -105,6 +105,24 @@ func (l *Local) Fd(handle uint64) (int, bool) {
 	return h.fd, true
 }
 
+// ReadFd is the descriptor of an open handle for a read of n bytes at off that the mount
+// serves from it itself (go-fuse reads or splices it): the read is counted as the server
+// counts its own.
+func (l *Local) ReadFd(handle uint64, off int64, n int) (int, bool) {
+	h := l.sess.get(handle)
+	if h == nil {
+		return -1, false
+	}
+	defer l.sess.put(h)
+	if a := &l.sess.v.acct; a.frag != nil && off >= 0 {
+		if size, err := sizeOf(h.fd); err == nil {
+			got := max(min(int64(n), size-off), 0)
+			a.read(int(got), uint64(off+got))
+		}
+	}
+	return h.fd, true
+}
+
 // QuotaEnforced says whether the backing file system holds the namespace to the instance's
 // capacity itself (a project quota, LocalOptions.ProjectQuota, or the fragment's own file
 // system, LocalOptions.FragmentDevice): then the kernel may write its files directly (FUSE
