@@ -66,7 +66,30 @@ type Config struct {
 	TLS        TLS        `toml:"tls"`
 	Client     Client     `toml:"client"`
 	Home       Home       `toml:"home"`
+	Limits     Limits     `toml:"limits"`
 	Pools      []Pool     `toml:"pool"`
+}
+
+// Limits are the site's defaults and bounds of DataWarp's write protection (spec §5.3),
+// applied to what jobs ask with #DW jobdw write_window_length=, write_window_multiplier= and
+// access_mode=...(MFC=N). A job asking past a bound is refused at job_process and setup.
+type Limits struct {
+	// WriteWindowLength is the write window of a job that names none (DataWarp: 86400 s).
+	WriteWindowLength Duration `toml:"write_window_length"`
+	// WriteWindowLengthMinimum is the shortest window a job may ask for (a shorter window
+	// lets it write more per hour); 0: no minimum.
+	WriteWindowLengthMinimum Duration `toml:"write_window_length_minimum"`
+	// WriteWindowMultiplier is the multiplier of a job that names none: each fragment takes
+	// this many times its capacity of writes per window (DataWarp: 10). 0: no write window.
+	WriteWindowMultiplier int64 `toml:"write_window_multiplier"`
+	// WriteWindowMultiplierMaximum is the largest multiplier a job may ask for; 0: no maximum.
+	WriteWindowMultiplierMaximum int64 `toml:"write_window_multiplier_maximum"`
+	// FilesCreated is the MFC of a job that names none: the files a namespace may create; 0:
+	// no limit.
+	FilesCreated uint64 `toml:"files_created"`
+	// FilesCreatedMaximum is the largest MFC a job may ask for (and then a job must not ask
+	// for none, MFC=0); 0: no maximum.
+	FilesCreatedMaximum uint64 `toml:"files_created_maximum"`
 }
 
 // Controller is the DataWarp service.
@@ -297,6 +320,10 @@ func Defaults() Config {
 			RunLease:                Duration(2 * time.Minute),
 			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
 		},
+		Limits: Limits{
+			WriteWindowLength:     Duration(24 * time.Hour),
+			WriteWindowMultiplier: 10,
+		},
 		Executor: Executor{
 			MaxAttempts:     5,
 			RetryBackoff:    Duration(500 * time.Millisecond),
@@ -429,6 +456,22 @@ func (c *Config) Validate() error {
 		if v <= 0 {
 			problems = append(problems, fmt.Sprintf("%s must be greater than 0", name))
 		}
+	}
+	positive("limits.write_window_length", int64(c.Limits.WriteWindowLength))
+	if c.Limits.WriteWindowLength < c.Limits.WriteWindowLengthMinimum {
+		problems = append(problems, fmt.Sprintf("limits.write_window_length (%s) is below limits.write_window_length_minimum (%s); raise it or lower the minimum",
+			c.Limits.WriteWindowLength.D(), c.Limits.WriteWindowLengthMinimum.D()))
+	}
+	if c.Limits.WriteWindowMultiplier < 0 || c.Limits.WriteWindowMultiplierMaximum < 0 {
+		problems = append(problems, "limits.write_window_multiplier and limits.write_window_multiplier_maximum must be 0 or more")
+	}
+	if m := c.Limits.WriteWindowMultiplierMaximum; m > 0 && (c.Limits.WriteWindowMultiplier > m || c.Limits.WriteWindowMultiplier == 0) {
+		problems = append(problems, fmt.Sprintf("limits.write_window_multiplier (%d) must be between 1 and limits.write_window_multiplier_maximum (%d)",
+			c.Limits.WriteWindowMultiplier, m))
+	}
+	if m := c.Limits.FilesCreatedMaximum; m > 0 && (c.Limits.FilesCreated > m || c.Limits.FilesCreated == 0) {
+		problems = append(problems, fmt.Sprintf("limits.files_created (%d) must be between 1 and limits.files_created_maximum (%d)",
+			c.Limits.FilesCreated, m))
 	}
 	positive("executor.max_attempts", int64(c.Executor.MaxAttempts))
 	positive("executor.max_in_flight", int64(c.Executor.MaxInFlight))
