@@ -132,7 +132,7 @@ func (a *Agent) loadCounters(id int64) (*server.FragmentState, error) {
 }
 
 // saveCounters writes fragment id's counters if they changed since last saved: a temporary
-// file, synced, renamed over the old one.
+// file, synced, renamed over the old one. The caller holds fragLock.
 func (a *Agent) saveCounters(id int64, f *server.Fragment) {
 	raw, _ := json.Marshal(f.State())
 	a.countersMu.Lock()
@@ -177,8 +177,15 @@ func (a *Agent) saveCounters(id int64, f *server.Fragment) {
 	a.countersMu.Unlock()
 }
 
-// usage reports every fragment of this node and saves their counters.
+// usage reports every fragment of this node and saves their counters, unless a fragment is
+// being created or removed (fragLock held): saving makes the accounting directory, which must
+// not appear in a fragment directory being removed or not yet mounted on; the next report
+// saves them.
 func (a *Agent) usage() agentapi.NodeUsage {
+	save := a.fragLock.TryLock()
+	if save {
+		defer a.fragLock.Unlock()
+	}
 	var u agentapi.NodeUsage
 	entries, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
 	var ids []int64
@@ -198,13 +205,17 @@ func (a *Agent) usage() agentapi.NodeUsage {
 			used = t.Used()
 		}
 		u.Fragments = append(u.Fragments, f.Usage(used))
-		a.saveCounters(id, f)
+		if save {
+			a.saveCounters(id, f)
+		}
 	}
 	return u
 }
 
 // saveAllCounters saves the counters of every fragment known (at shutdown).
 func (a *Agent) saveAllCounters() {
+	a.fragLock.Lock()
+	defer a.fragLock.Unlock()
 	a.countersMu.Lock()
 	all := make(map[int64]*server.Fragment, len(a.counters))
 	for id, f := range a.counters {
