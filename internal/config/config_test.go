@@ -114,3 +114,32 @@ log_max_size = "3MiB"
 		}
 	}
 }
+
+// The write-protection bounds must hold their defaults: an inconsistent [limits] is refused,
+// naming both keys.
+func TestLimitsDefaultsWithinTheirBounds(t *testing.T) {
+	for _, c := range []struct {
+		set  func(*Limits)
+		want []string
+	}{
+		{func(l *Limits) { l.WriteWindowMultiplierMaximum = 4 }, []string{"limits.write_window_multiplier (10)", "limits.write_window_multiplier_maximum (4)"}},
+		{func(l *Limits) { l.FilesCreatedMaximum = 100 }, []string{"limits.files_created (0)", "limits.files_created_maximum (100)"}},
+		{func(l *Limits) { l.WriteWindowLengthMinimum = Duration(48 * time.Hour) }, []string{"limits.write_window_length", "limits.write_window_length_minimum"}},
+		{func(l *Limits) { l.WriteWindowLength = 0 }, []string{"limits.write_window_length must be greater than 0"}},
+	} {
+		cfg := Defaults()
+		c.set(&cfg.Limits)
+		err := cfg.Validate()
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%+v: %v, want it to name %q", cfg.Limits, err, w)
+			}
+		}
+	}
+	cfg := Defaults()
+	cfg.Limits = Limits{WriteWindowLength: Duration(time.Hour), WriteWindowLengthMinimum: Duration(time.Minute),
+		WriteWindowMultiplier: 0, FilesCreated: 10, FilesCreatedMaximum: 10}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("a consistent [limits]: %v", err)
+	}
+}

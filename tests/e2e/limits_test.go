@@ -23,7 +23,7 @@ func TestWriteProtectionAcrossHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	extra := "[limits]\nwrite_window_multiplier_maximum = 4\n[[pool]]\nname = \"wlm_pool\"\ngranularity = \"16MiB\"\n"
+	extra := "[limits]\nwrite_window_multiplier = 2\nwrite_window_multiplier_maximum = 4\n[[pool]]\nname = \"wlm_pool\"\ngranularity = \"16MiB\"\n"
 	if err := os.WriteFile(ctl, append(raw, extra...), 0o644); err != nil {
 		t.Fatal(err)
 	}
