@@ -268,11 +268,9 @@ func RestoreFragment(id, instance int64, lim FragmentLimits, st *FragmentState, 
 	f.filesCreated.Store(st.FilesCreated)
 	f.capMax.Store(st.CapacityMax)
 	f.mu.Lock()
-	if f.win.width != 0 && st.WindowLength == int64(f.lim.WindowLength) {
-		for _, s := range st.Window {
-			if s.Bucket >= 0 {
-				f.win.slot[s.Bucket%WindowBuckets] = s
-			}
+	if st.WindowLength == int64(f.lim.WindowLength) {
+		if total := f.win.restore(st.Window); f.lim.WriteLimit > 0 && total >= f.lim.WriteLimit {
+			f.readOnly.Store(true) // the next change checks whether it cooled down meanwhile
 		}
 	}
 	f.win.peak = st.MaxWindowWrite

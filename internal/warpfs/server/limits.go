@@ -39,7 +39,8 @@ type Fragment struct {
 
 	counters // atomic, counters.go
 
-	limited atomic.Bool // lim.WriteLimit > 0: writes go through the window
+	limited  atomic.Bool // lim.WriteLimit > 0: writes go through the window
+	readOnly atomic.Bool // tripped, for the hot path: writable without the lock while false
 
 	mu       sync.Mutex
 	lim      FragmentLimits
@@ -115,8 +116,8 @@ func (f *Fragment) Client(name string) *Client {
 
 // checkWritable refuses a change to the fragment while its window is over the limit.
 func (f *Fragment) checkWritable() syscall.Errno {
-	if f == nil || !f.limited.Load() {
-		return 0
+	if f == nil || !f.limited.Load() || !f.readOnly.Load() {
+		return 0 // only a write trips the window (wrote), and it sets readOnly
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -152,6 +153,7 @@ func (f *Fragment) trip(now int64) {
 		return
 	}
 	f.tripped = true
+	f.readOnly.Store(true)
 	f.log.Warn("warpfs: write limit reached: the fragment is read-only (EROFS) until its write window cools down",
 		"instance", f.Instance, "fragment", f.ID,
 		"written", units.FormatHuman(f.win.sum(now)), "write_limit", units.FormatHuman(f.lim.WriteLimit),
@@ -165,6 +167,7 @@ func (f *Fragment) cooled() {
 		return
 	}
 	f.tripped = false
+	f.readOnly.Store(false)
 	f.log.Info("warpfs: write window cooled down: the fragment takes writes again", "instance", f.Instance, "fragment", f.ID)
 }
 

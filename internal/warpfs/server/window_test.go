@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
 	"syscall"
@@ -160,5 +161,76 @@ func TestMaxFilesCreatedCount(t *testing.T) {
 	u := f.Usage(0)
 	if u.FilesCreated != 2 || len(u.Namespaces) != 1 || u.Namespaces[0].FilesCreated != 2 || u.Namespaces[0].FilesCreateLimit != 2 {
 		t.Errorf("usage: %+v", u)
+	}
+}
+
+// What counting costs a request on the hot path, without and with a write window (run in
+// parallel, as a server's requests are):
+//
+//	go test -run '^$' -bench Count -benchmem ./internal/warpfs/server
+func BenchmarkCountWrite(b *testing.B) {
+	for _, lim := range []FragmentLimits{{}, {WriteLimit: 1 << 62, WindowLength: time.Hour}} {
+		b.Run(fmt.Sprintf("window=%v", lim.WindowLength), func(b *testing.B) {
+			f := NewFragment(1, 1, lim, nil)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				a := newAccount(f, 1, "cn1", false)
+				for pb.Next() {
+					if a.writable() != 0 {
+						b.Fatal("read-only")
+					}
+					a.wrote(1<<20, 1<<20)
+				}
+			})
+		})
+	}
+	b.Run("read", func(b *testing.B) {
+		f := NewFragment(1, 1, FragmentLimits{}, nil)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			a := newAccount(f, 1, "cn1", false)
+			for pb.Next() {
+				a.read(1<<20, 1<<20)
+			}
+		})
+	})
+}
+
+// A clock stepped back loses no bytes (they count in the latest bucket); a window restored
+// from its slots goes on where it was, and drops what left it meanwhile.
+func TestWindowClockBackAndRestore(t *testing.T) {
+	w := newWindow(60 * sec)
+	t0 := 1_000_000 * sec
+	w.add(10, t0+10*sec)
+	if got := w.add(5, t0); got != 15 {
+		t.Errorf("a write 10 s in the past: %d, want 15", got)
+	}
+	if got := w.sum(t0 + 69*sec); got != 15 {
+		t.Errorf("69 s after: %d, want 15 (both counted at +10 s)", got)
+	}
+	if got := w.sum(t0 + 70*sec); got != 0 {
+		t.Errorf("70 s after: %d, want 0", got)
+	}
+	var saved []windowSlot
+	x := newWindow(60 * sec)
+	x.add(100, t0)
+	x.add(50, t0+30*sec)
+	for _, s := range x.slot {
+		if s.Bytes > 0 {
+			saved = append(saved, s)
+		}
+	}
+	y := newWindow(60 * sec)
+	if total := y.restore(saved); total != 150 {
+		t.Errorf("restored total %d, want 150", total)
+	}
+	if got := y.sum(t0 + 45*sec); got != 150 {
+		t.Errorf("restored, 45 s after: %d, want 150", got)
+	}
+	if got := y.sum(t0 + 60*sec); got != 50 {
+		t.Errorf("restored, 60 s after: %d, want 50", got)
+	}
+	if got := y.add(1, t0+200*sec); got != 1 {
+		t.Errorf("restored, long after: %d, want 1", got)
 	}
 }
