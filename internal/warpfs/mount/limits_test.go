@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage/xfstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -259,5 +260,46 @@ func testUsageCounters(t *testing.T, b testBackend) {
 		if len(u.Namespaces) != 1 || u.Namespaces[0].BytesWritten != u.BytesWritten || u.Namespaces[0].MaxOffsetWritten != size {
 			t.Errorf("namespace usage: %+v", u.Namespaces)
 		}
+	}
+}
+
+// The co-located path is no hole in the write window: where the kernel would write a local
+// mount's files itself (FUSE passthrough), a fragment with a window keeps the writes on the
+// server, which counts every byte and refuses past the limit; without a window the kernel
+// writes, as before.
+func TestWriteWindowKeepsWritesOnTheServer(t *testing.T) {
+	xfstest.NeedPassthrough(t)
+	withKernelWritesWithoutQuota(t)
+	for _, limited := range []bool{false, true} {
+		t.Run(fmt.Sprintf("window=%v", limited), func(t *testing.T) {
+			src, mp := dirs(t)
+			tr := usage.New("instance 53", 64*mib)
+			var lim server.FragmentLimits
+			if limited {
+				lim = server.FragmentLimits{WriteLimit: 4 * mib, WindowLength: time.Hour}
+			}
+			frag := server.NewFragment(53, 53, lim, nil)
+			m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, Fragment: frag, NamespaceID: 2, Client: "test-node"})
+			if m.KernelWrites() == limited {
+				t.Fatalf("kernel writes %v with a window %v", m.KernelWrites(), limited)
+			}
+			err := os.WriteFile(filepath.Join(m.Path(), "f"), make([]byte, 6*mib), 0o644)
+			u := frag.Usage(0)
+			if !limited {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.backend.writes.Load() != 0 {
+					t.Error("without a window the server still served the writes")
+				}
+				return
+			}
+			if !errors.Is(err, syscall.EROFS) {
+				t.Errorf("6 MiB through a co-located mount with a 4 MiB window: %v, want EROFS", err)
+			}
+			if u.BytesWritten < 4*mib || u.BytesWritten >= 6*mib || !u.ReadOnly {
+				t.Errorf("the server counted %+v", u)
+			}
+		})
 	}
 }
