@@ -70,6 +70,9 @@ type Options struct {
 	FragmentFS string
 	// FragmentFSLimits bound mkfs.xfs and mount; zero values mean the defaults.
 	FragmentFSLimits FragmentFSLimits
+	// Endurance says how a storage node reads its SSD's wear (endurance.go); zero values
+	// mean the defaults.
+	Endurance EnduranceOptions
 }
 
 // Agent serves one node.
@@ -94,6 +97,13 @@ type Agent struct {
 	countersMu    sync.Mutex
 	counters      map[int64]*server.Fragment // the data path's counters and write window, by fragment (usage.go)
 	countersSaved map[int64][]byte           // what was last saved of them
+
+	endMu      sync.Mutex          // the SSD's wear (endurance.go) and the data-path errors
+	endLast    *agentapi.Endurance // the last reading, nil before the first
+	endAt      time.Time           // when it was read
+	endReading bool                // a reading is under way
+	dataErrors uint64              // data-path errors since the agent started
+	lastError  string              // the latest of them
 }
 
 // stateFile records what the agent decided at its first start (its capacity), so that a
@@ -139,6 +149,12 @@ func New(opt Options) (*Agent, error) {
 	}
 	if a.opt.FragmentFSLimits.Mount <= 0 {
 		a.opt.FragmentFSLimits.Mount = def.Mount
+	}
+	if a.opt.Endurance.Interval <= 0 {
+		a.opt.Endurance.Interval = 10 * time.Minute
+	}
+	if a.opt.Endurance.Timeout <= 0 {
+		a.opt.Endurance.Timeout = 30 * time.Second
 	}
 	capacity, err := a.decideCapacity(opt.Capacity)
 	if err != nil {
@@ -200,6 +216,7 @@ func (a *Agent) Report(ctx context.Context) (agentapi.NodeReport, error) {
 		var st syscall.Statfs_t
 		if err := syscall.Statfs(a.ssd, &st); err != nil {
 			health = "SSD path unreadable: " + err.Error()
+			a.noteDataError(health)
 		}
 	}
 	rep := agentapi.NodeReport{Name: a.opt.Name, Pool: a.opt.Pool, Capacity: a.capacity, Address: a.opt.Address,
@@ -209,8 +226,21 @@ func (a *Agent) Report(ctx context.Context) (agentapi.NodeReport, error) {
 		rep.DataAddress = a.opt.DataAddress
 		a.dataMu.Unlock()
 		rep.Usage = a.usage()
+		rep.Endurance = a.endurance()
+		a.endMu.Lock()
+		rep.DataErrors, rep.LastDataError = a.dataErrors, a.lastError
+		a.endMu.Unlock()
 	}
 	return rep, nil
+}
+
+// noteDataError counts an error of the node's data path (its SSD path): the controller
+// counts each toward draining the node (controller.auto_drain_failures).
+func (a *Agent) noteDataError(msg string) {
+	a.endMu.Lock()
+	defer a.endMu.Unlock()
+	a.dataErrors++
+	a.lastError = msg
 }
 
 // SetDataAddress sets the address other hosts reach the data server at (reported to the

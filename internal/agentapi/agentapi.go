@@ -208,6 +208,24 @@ type NodeReport struct {
 
 	// Usage is what the node's data path counted, per fragment (usage.go).
 	Usage NodeUsage `json:"usage,omitempty"`
+
+	// Endurance is the SSD wear of a storage node (nil: not a storage node, or not read yet).
+	Endurance *Endurance `json:"endurance,omitempty"`
+	// DataErrors counts the data-path errors the agent met since it started (I/O errors of
+	// its SSD path); the controller counts each new one toward auto-drain. LastDataError is
+	// the latest.
+	DataErrors    uint64 `json:"data_errors,omitempty"`
+	LastDataError string `json:"last_data_error,omitempty"`
+}
+
+// Endurance is a storage node's SSD wear, as the agent read it.
+type Endurance struct {
+	Known bool `json:"known"`
+	// PercentUsed is the device's estimate of its life used, in percent (NVMe
+	// percentage_used; may pass 100).
+	PercentUsed int    `json:"percent_used"`
+	Source      string `json:"source,omitempty"` // "smartctl /dev/nvme0n1", "nvme /dev/nvme0", "file PATH"
+	Error       string `json:"error,omitempty"`  // why it is not known: no tool, no device, a failing tool
 }
 
 // Agent is everything the controller asks of one node.

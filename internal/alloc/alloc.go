@@ -27,6 +27,9 @@ type Node struct {
 	Instances int    // instances with a fragment here: the load measure
 	Online    bool
 	Drain     bool
+	// Worn: the SSD's remaining endurance is below the site's threshold (DataWarp stops
+	// assigning such a node to new instances).
+	Worn bool
 }
 
 // Free is the number of grains still available on the node.
@@ -37,7 +40,7 @@ func (n Node) Free() uint64 {
 	return n.Grains - n.Used
 }
 
-func (n Node) eligible() bool { return n.Online && !n.Drain && n.Free() > 0 }
+func (n Node) eligible() bool { return n.Online && !n.Drain && !n.Worn && n.Free() > 0 }
 
 // Placement is the part of an instance on one node.
 type Placement struct {
@@ -71,7 +74,7 @@ func (e *InsufficientError) Error() string {
 }
 
 // Place returns where to put grains grains with the given strategy. It never uses offline,
-// drained or full nodes, never over-commits a node, and places exactly the grains asked for:
+// drained, worn or full nodes, never over-commits a node, and places exactly the grains asked for:
 // a request that fits in the pool's free grains is placed (over as many nodes as it takes).
 func Place(nodes []Node, grains uint64, strategy string) ([]Placement, error) {
 	if grains == 0 {
@@ -89,6 +92,8 @@ func Place(nodes []Node, grains uint64, strategy string) ([]Placement, error) {
 			unusable = append(unusable, n.Name+" offline")
 		case n.Drain:
 			unusable = append(unusable, n.Name+" drained")
+		case n.Worn:
+			unusable = append(unusable, n.Name+" SSD worn (endurance below controller.endurance_threshold)")
 		default:
 			unusable = append(unusable, n.Name+" full")
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 func nodes(spec ...string) []Node {
-	// "name:grains:used:instances[:off|:drain]"
+	// "name:grains:used:instances[:off|:drain|:worn]"
 	var out []Node
 	for _, s := range spec {
 		var n Node
@@ -23,6 +23,7 @@ func nodes(spec ...string) []Node {
 		if len(parts) > 4 {
 			n.Online = parts[4] != "off"
 			n.Drain = parts[4] == "drain"
+			n.Worn = parts[4] == "worn"
 		}
 		out = append(out, n)
 	}
@@ -74,7 +75,7 @@ func TestInterferencePacks(t *testing.T) {
 }
 
 func TestNeverOnOfflineDrainedOrFullNodes(t *testing.T) {
-	ns := nodes("off:10:0:0:off", "dr:10:0:0:drain", "full:4:4:1", "ok:3:0:0")
+	ns := nodes("off:10:0:0:off", "dr:10:0:0:drain", "worn:10:0:0:worn", "full:4:4:1", "ok:3:0:0")
 	for _, s := range []string{Bandwidth, Interference} {
 		p, err := Place(ns, 3, s)
 		if err != nil {
@@ -89,7 +90,7 @@ func TestNeverOnOfflineDrainedOrFullNodes(t *testing.T) {
 	if !errors.As(err, &ie) || ie.Free != 3 || ie.Requested != 4 {
 		t.Fatalf("over-capacity: %v", err)
 	}
-	for _, want := range []string{"only 3 are free", "off offline", "dr drained", "full full"} {
+	for _, want := range []string{"only 3 are free", "off offline", "dr drained", "worn SSD worn", "full full"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -270,6 +271,32 @@ func (c *Client) ReleaseRegistration(ctx context.Context, id int64) error {
 // SetDrain drains or fills a node.
 func (c *Client) SetDrain(ctx context.Context, node string, drain bool, reason string) error {
 	return c.Do(ctx, "PATCH", "/dw/v1/nodes/"+esc(node), controller.NodeUpdate{Drain: &drain, Reason: reason}, nil)
+}
+
+// UpdateNode changes a node (dwcli update node): the fields given change, the others stay.
+func (c *Client) UpdateNode(ctx context.Context, node string, u controller.NodeUpdate) error {
+	return c.Do(ctx, "PATCH", "/dw/v1/nodes/"+esc(node), u, nil)
+}
+
+// RemoveNode forgets a retired node.
+func (c *Client) RemoveNode(ctx context.Context, node string) error {
+	return c.Do(ctx, "DELETE", "/dw/v1/nodes/"+esc(node), nil, nil)
+}
+
+// RemovePool removes an empty pool.
+func (c *Client) RemovePool(ctx context.Context, name string) error {
+	return c.Do(ctx, "DELETE", "/dw/v1/pools/"+esc(name), nil, nil)
+}
+
+// RemoveActivation unmounts one activation.
+func (c *Client) RemoveActivation(ctx context.Context, id int64) error {
+	return c.Do(ctx, "DELETE", "/dw/v1/activations/"+strconv.FormatInt(id, 10), nil, nil)
+}
+
+// ReplaceFuse resets the blown fuse of an object of a table (fragments, namespaces,
+// activations).
+func (c *Client) ReplaceFuse(ctx context.Context, table string, id int64) error {
+	return c.Do(ctx, "POST", "/dw/v1/"+esc(table)+"/"+strconv.FormatInt(id, 10)+"/replace_fuse", nil, nil)
 }
 
 // CreatePool creates a pool.

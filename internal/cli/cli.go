@@ -41,7 +41,7 @@ Commands for everyone:
 Daemons (administrators):
   controller            the DataWarp service: state, API, executor
   agent                 the daemon of a storage and/or compute node
-  dwcli                 administrative changes: pools, drain, registrations
+  dwcli                 administrative changes: pools, nodes, sessions, fuses (dwcli --help)
   dw_wlm_cli            the workload manager's interface (Slurm's GetSysState)
   node-key NAME         print node NAME's own credential, for its agent.token_file
 

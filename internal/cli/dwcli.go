@@ -1,48 +1,160 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
-
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
-
 	"github.com/spillway-hpc/spillway/internal/units"
+	"github.com/spillway-hpc/spillway/internal/views"
 )
 
-const dwcliUsage = `Usage: dwcli ls TABLE [--json]
-       dwcli create pool --name NAME --granularity SIZE
-       dwcli update node --name NODE (--drain [--reason TEXT] | --fill)
+// dwcliShort is what a mistake prints under its one line: the synopsis.
+const dwcliShort = `Usage: dwcli ls OBJECT [--json]
+       dwcli create pool --name POOL --granularity SIZE
+       dwcli rm pool --name POOL
+       dwcli update node --name NODE[,NODE...] [--drain|--fill] [--offline|--online] [--pool POOL] [--reason TEXT]
+       dwcli rm node --name NODE
+       dwcli rm session|instance|configuration|activation -i ID [--hurry]
        dwcli update registration -i ID --no-wait
-       dwcli rm session -i ID [--hurry]
-       dwcli stage in|out|query|wait|terminate|list ...   (dwcli stage --help)
-
-Administrative changes, as DataWarp's dwcli makes them.
-
-  ls TABLE                 list the ids of a table (nodes, pools, sessions, ...);
-                           --json prints {"TABLE": [ids]}
-  create pool              add a pool (or change the granularity of an unused one)
-  update node --drain      take a storage node out of new allocations (existing instances
-                           stay); --fill puts it back
-  update registration      let a session's teardown proceed without waiting for its
-    --no-wait              stage-outs (they are cancelled)
-  rm session -i ID         tear a session down (a job's or a persistent instance's)
-  stage ...                stage your own job's files while it runs (as libdatawarp does)
-
-Options may come anywhere (dwcli rm session -i 7 --hurry, dwcli --home DIR ls pools).
-Administrative changes need root or a controller.wlm_users user.
+       dwcli update fragment|namespace|activation -i ID --replace-fuse
+       dwcli stage in|out|query|wait|terminate|list|accounting|concurrency ...
+dwcli --help for the manual, dwcli VERB --help for one verb.
 `
 
+// dwcliHelp is the manual: the synopsis, then a section per verb (dwcli VERB --help prints
+// the synopsis and that section).
+var dwcliHelp = map[string]string{
+	"": `Administrative changes, as DataWarp's dwcli makes them: list objects, make and remove
+pools, drain and fill nodes, take them offline and online, move them between pools, forget
+retired ones, replace blown fuses, remove sessions and their objects. Every command takes
+--json: it then prints one JSON object on standard output (errors too: {"error": "..."}).
+Changes need root or a controller.wlm_users user; ordinary users may list (what they may
+see) and remove their own sessions. Options may come anywhere (dwcli rm session -i 7
+--hurry, dwcli --config FILE ls pools).
+
+Connection, as dwstat's: --config FILE (a system install's configuration; default
+$SPILLWAY_CONFIG, else /etc/spillway/spillway.toml if it exists), --controller ADDRESS
+(unix:/path or http(s)://host:port), --token-file FILE (the shared secret over TCP),
+--home DIR (a one-machine home; default $SPILLWAY_HOME).
+
+Exit status: 0 done, 1 refused or failed (the message says why and what to do), 64 a
+mistake on the command line.
+`,
+	"ls": `  ls OBJECT
+      Print the ids of a table, one a line, in dwstat's order. OBJECT is a table's name,
+      plural or singular or short as dwstat takes them: pools, nodes, sessions, instances,
+      configurations, registrations, activations, fragments, namespaces, stages (pool,
+      node, sess, inst, conf, reg, activ, frag, nss, stage, ...).
+        dwcli ls nodes
+        dwcli ls pool --json        {"pools": ["sm_pool", "wlm_pool"]}
+`,
+	"create": `  create pool --name POOL --granularity SIZE
+      Add a pool (or change the granularity of one with no instance). SIZE: 16MiB, 1GiB,
+      ... Nodes join it by their agent.pool, or by dwcli update node --pool.
+        dwcli create pool --name sm_pool --granularity 16MiB
+        --json: {"request": "create", "entity": "pools", "ids": ["sm_pool"], "status": "accepted"}
+`,
+	"update": `  update node --name NODE[,NODE...] CHANGES [--reason TEXT]
+      Change storage nodes; CHANGES are one or more of:
+        --drain     take no new fragments (instances on it stay until their sessions end)
+        --fill      take new fragments again (also after an auto-drain: its counted
+                    failures are forgotten)
+        --offline   take the node out of service: the controller treats it as offline
+                    whatever its heartbeats say (no new fragments, no mounts, no stages;
+                    sessions on it are torn down without it and its agent deletes their
+                    leftovers), until --online
+        --online    let its heartbeats bring it online again
+        --pool POOL move it to another pool (refused while it holds fragments: drain it and
+                    wait until dwstat fragments shows none on it); its agent's agent.pool
+                    no longer changes it
+      --reason says why (dwstat nodes --json shows it); --fill and --online clear it.
+        dwcli update node --name bb3 --drain --reason "SSD errors"
+        dwcli update node --name bb3,bb4 --pool sm_pool
+        --json: {"request": "update", "entity": "nodes", "ids": ["bb3"], "status": "accepted"}
+
+  update registration -i ID --no-wait
+      Let a session's teardown go on without waiting for its stage-outs (they are
+      canceled).
+
+  update fragment|namespace|activation -i ID --replace-fuse
+      An object whose effect on its agent failed executor.max_attempts times has a blown
+      fuse (F in dwstat's state column) and is not tried again. Once the cause is fixed,
+      --replace-fuse forgets the failures and the executor tries again at once.
+        dwcli update fragment -i 12 --replace-fuse
+`,
+	"rm": `  rm session -i ID [--hurry]
+      Tear a session down (a job's or a persistent instance's) and wait until it is gone:
+      its mounts, namespaces and fragments are removed from the nodes. A teardown waits for
+      the session's stage-outs; --hurry cancels them. Owners may remove their own sessions.
+        dwcli rm session -i 7 --hurry
+        --json: {"request": "delete", "entity": "sessions", "ids": [7], "status": "done"}
+
+  rm instance|configuration -i ID [--hurry]
+      An instance, and its configurations, belong to one session: removing one tears its
+      session down, as rm session does (the command says which session).
+
+  rm activation -i ID
+      Unmount one activation from its compute node, and wait until it is gone.
+
+  rm pool --name POOL
+      Remove a pool with no node and no instance in it (not one listed in the controller's
+      configuration, which would make it again).
+
+  rm node --name NODE
+      Forget a retired node: refused while it holds fragments or mounts (the message names
+      them), or while its agent still sends heartbeats (stop the agent first).
+`,
+	"stage": `  stage in|out|query|wait|terminate|list|accounting|concurrency ...
+      Stage your own job's files while it runs, as libdatawarp does (dwcli stage --help).
+`,
+	"config": `  config backup|restore
+      DataWarp's dump of the node and pool configuration is not in this version: pools and
+      nodes live in the controller's state (docs/admin.md).
+`,
+}
+
+var dwcliVerbs = []string{"ls", "create", "update", "rm", "stage", "config"}
+
+// dwcliManual is the whole manual, or one verb's part of it.
+func dwcliManual(verb string) string {
+	var b strings.Builder
+	b.WriteString(dwcliShort + "\n" + dwcliHelp[""])
+	if _, ok := dwcliHelp[verb]; ok && verb != "" {
+		b.WriteString("\n" + dwcliHelp[verb])
+		return b.String()
+	}
+	for _, v := range dwcliVerbs {
+		b.WriteString("\n" + dwcliHelp[v])
+	}
+	return b.String()
+}
+
+// dwcliObjects are the tables the verbs act on, and their kinds (lifecycle.Kind*).
+var dwcliKinds = map[string]string{"sessions": lifecycle.KindSession, "instances": lifecycle.KindInstance, "configurations": lifecycle.KindConfiguration,
+	"activations": lifecycle.KindActivation, "fragments": lifecycle.KindFragment, "namespaces": lifecycle.KindNamespace,
+	"registrations": lifecycle.KindRegistration, "nodes": lifecycle.KindNode, "pools": lifecycle.KindPool, "stages": lifecycle.KindStage}
+
 func dwcliMain(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(stdout, dwcliUsage)
-		if len(args) == 0 {
-			return 64
+	if len(args) == 0 {
+		fmt.Fprint(stderr, "dwcli: give a command\n"+dwcliShort)
+		return 64
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		verb := ""
+		if len(args) > 1 {
+			verb = args[1]
 		}
+		fmt.Fprint(stdout, dwcliManual(verb))
 		return 0
 	}
 	if firstWord(args) == "stage" {
@@ -52,28 +164,158 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	fs := newFlags("dwcli", dwcliUsage, stderr)
+	fs := newFlags("dwcli", dwcliShort, stderr)
+	fs.Usage = func() {
+		if fs.Output() == stdout {
+			fmt.Fprint(stdout, dwcliManual(firstWord(args)))
+			return
+		}
+		fmt.Fprint(stderr, dwcliShort)
+	}
 	var conn connection
 	conn.flags(fs, true)
-	name := fs.String("name", "", "pool or node name")
+	name := fs.String("name", "", "pool or node name (nodes: a comma-separated list)")
 	gran := fs.String("granularity", "", "pool granularity, e.g. 16MiB")
-	drain := fs.Bool("drain", false, "drain the node")
-	fill := fs.Bool("fill", false, "return a drained node to service")
-	reason := fs.String("reason", "", "why the node is drained (shown in dwstat nodes --json)")
+	drain := fs.Bool("drain", false, "update node: take no new fragments")
+	fill := fs.Bool("fill", false, "update node: take new fragments again")
+	offline := fs.Bool("offline", false, "update node: hold it offline")
+	online := fs.Bool("online", false, "update node: let its heartbeats bring it online")
+	pool := fs.String("pool", "", "update node: move it to this pool")
+	reason := fs.String("reason", "", "update node: why (shown in dwstat nodes --json)")
 	id := fs.Int64("i", 0, "object id")
-	noWait := fs.Bool("no-wait", false, "registration: do not wait for stage-out at teardown")
+	noWait := fs.Bool("no-wait", false, "update registration: do not wait for stage-out at teardown")
+	replaceFuse := fs.Bool("replace-fuse", false, "update fragment|namespace|activation: try its failed effect again")
 	hurry := fs.Bool("hurry", false, "rm session: do not wait for stage-outs")
-	asJSON := fs.Bool("json", false, "ls: print JSON")
+	asJSON := fs.Bool("json", false, "print JSON")
 	if code, ok := parseInterspersed(fs, args, stdout); !ok {
 		return code
 	}
-	words := append(fs.Args(), "", "")
-	verb, object := words[0], words[1]
-	if len(fs.Args()) > 2 {
-		fmt.Fprintf(stderr, "dwcli: unexpected %q after %s %s\n\n%s", fs.Args()[2], verb, object, dwcliUsage)
+	words := fs.Args()
+	mistake := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "dwcli: "+format+"\n", a...)
+		fmt.Fprint(stderr, dwcliShort)
 		return 64
 	}
-	conn.lookOnly = verb == "ls" || verb == "show"
+	if len(words) == 0 {
+		return mistake("give a command")
+	}
+	verb := words[0]
+	switch verb {
+	case "ls", "create", "update", "rm", "config":
+	default:
+		return mistake("unknown command %q: expected %s", verb, strings.Join(dwcliVerbs, ", "))
+	}
+	if verb == "config" {
+		fmt.Fprintln(stderr, "dwcli config: backup and restore of the node and pool configuration are not in this Spillway version; pools and nodes live in the controller's state (docs/admin.md)")
+		return 1
+	}
+	if len(words) < 2 {
+		return mistake("%s what? give an object, e.g. dwcli %s %s", verb, verb, map[string]string{"ls": "nodes", "create": "pool --name POOL --granularity SIZE", "update": "node --name NODE --drain", "rm": "session -i ID"}[verb])
+	}
+	if len(words) > 2 {
+		return mistake("unexpected %q after %s %s", words[2], verb, words[1])
+	}
+	object := words[1]
+	tables, _, err := dwstat.Resolve([]string{object})
+	if err != nil || len(tables) != 1 || (verb != "ls" && (object == "most" || object == "all")) {
+		return mistake("unknown object %q: expected pools, nodes, sessions, instances, configurations, registrations, activations, fragments, namespaces or stages (singular or plural)", object)
+	}
+	table := tables[0]
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	// allowed lists the options of each command; any other one is a mistake.
+	allowed := map[string][]string{
+		"ls pools": nil, "ls nodes": nil, "ls sessions": nil, "ls instances": nil, "ls configurations": nil, "ls registrations": nil,
+		"ls activations": nil, "ls fragments": nil, "ls namespaces": nil, "ls stages": nil,
+		"create pools":         {"name", "granularity"},
+		"rm pools":             {"name"},
+		"update nodes":         {"name", "drain", "fill", "offline", "online", "pool", "reason"},
+		"rm nodes":             {"name"},
+		"rm sessions":          {"i", "hurry"},
+		"rm instances":         {"i", "hurry"},
+		"rm configurations":    {"i", "hurry"},
+		"rm activations":       {"i"},
+		"update registrations": {"i", "no-wait"},
+		"update fragments":     {"i", "replace-fuse"},
+		"update namespaces":    {"i", "replace-fuse"},
+		"update activations":   {"i", "replace-fuse"},
+	}
+	command := verb + " " + table
+	opts, known := allowed[command]
+	if !known {
+		return mistake("%s %s is not a command", verb, object)
+	}
+	for f := range set {
+		switch f {
+		case "json", "config", "controller", "token-file", "home":
+			continue
+		}
+		ok := false
+		for _, o := range opts {
+			ok = ok || o == f
+		}
+		if !ok {
+			return mistake("%s %s takes no -%s", verb, object, f)
+		}
+	}
+	// The checks of each command's options, before connecting.
+	var nodeChange controller.NodeUpdate
+	var granularity uint64
+	switch command {
+	case "create pools":
+		if *name == "" || *gran == "" {
+			return mistake("create pool needs --name POOL and --granularity SIZE")
+		}
+		g, err := units.ParseSize(*gran)
+		if err != nil || g == 0 {
+			return mistake("--granularity %q: give a size greater than 0, e.g. 16MiB", *gran)
+		}
+		granularity = g
+	case "rm pools", "rm nodes":
+		if *name == "" {
+			return mistake("%s %s needs --name", verb, object)
+		}
+	case "update nodes":
+		if *name == "" {
+			return mistake("update node needs --name NODE")
+		}
+		if *drain && *fill {
+			return mistake("--drain and --fill contradict each other: give one")
+		}
+		if *offline && *online {
+			return mistake("--offline and --online contradict each other: give one")
+		}
+		if *drain || *fill {
+			nodeChange.Drain = drain
+		}
+		if *offline || *online {
+			nodeChange.Offline = offline
+		}
+		if set["pool"] {
+			if *pool == "" {
+				return mistake("--pool needs a pool name")
+			}
+			nodeChange.Pool = pool
+		}
+		if nodeChange.Drain == nil && nodeChange.Offline == nil && nodeChange.Pool == nil {
+			return mistake("update node needs a change: --drain, --fill, --offline, --online or --pool POOL")
+		}
+		nodeChange.Reason = *reason
+	case "update registrations":
+		if *id <= 0 || !*noWait {
+			return mistake("update registration needs -i ID and --no-wait")
+		}
+	case "update fragments", "update namespaces", "update activations":
+		if *id <= 0 || !*replaceFuse {
+			return mistake("update %s needs -i ID and --replace-fuse", object)
+		}
+	case "rm sessions", "rm instances", "rm configurations", "rm activations":
+		if *id <= 0 {
+			return mistake("rm %s needs -i ID (dwstat %s lists them)", object, table)
+		}
+	}
+
+	conn.lookOnly = verb == "ls"
 	sess, err := conn.connect(false, quietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "dwcli: %v\n", err)
@@ -82,100 +324,183 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	defer sess.Close()
 	ctx := background()
 	fail := func(err error) int {
+		if *asJSON {
+			writeJSON(stdout, map[string]any{"error": err.Error()})
+			return 1
+		}
 		fmt.Fprintf(stderr, "dwcli %s %s: %v\n", verb, object, err)
 		return 1
 	}
-	switch verb + " " + object {
-	case "ls nodes", "ls pools", "ls sessions", "ls instances", "ls configurations", "ls fragments", "ls namespaces", "ls registrations", "ls activations":
-		all, err := sess.client.All(ctx)
-		if err != nil {
-			return fail(err)
-		}
-		// Every row has an "id"; print them in the table's order.
-		raw, _ := json.Marshal(dwstat.Select(all, []string{object})[object])
-		var rows []struct {
-			ID any `json:"id"`
-		}
-		json.Unmarshal(raw, &rows)
-		ids := []any{}
-		for _, r := range rows {
-			ids = append(ids, r.ID)
-		}
+	// done reports a request DataWarp's way, or as JSON.
+	done := func(request, status string, ids ...any) int {
 		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			enc.Encode(map[string][]any{object: ids})
+			writeJSON(stdout, map[string]any{"request": request, "entity": table, "ids": ids, "status": status})
 			return 0
 		}
-		for _, id := range ids {
-			fmt.Fprintln(stdout, id)
-		}
-		return 0
-	case "create pool":
-		g, err := units.ParseSize(*gran)
-		if *name == "" || err != nil || g == 0 {
-			fmt.Fprintln(stderr, "dwcli create pool: give --name and a --granularity greater than 0, e.g. --granularity 16MiB")
-			return 64
-		}
-		if err := sess.client.CreatePool(ctx, *name, g); err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "create request for pools entity with id = %s accepted, \"dwstat pools\" for status\n", *name)
-		return 0
-	case "update node":
-		if *name == "" || *drain == *fill {
-			fmt.Fprintln(stderr, "dwcli update node: give --name and exactly one of --drain or --fill")
-			return 64
-		}
-		if err := sess.client.SetDrain(ctx, *name, *drain, *reason); err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "update request for nodes entity with id = %s accepted, \"dwstat nodes\" for status\n", *name)
-		return 0
-	case "update registration":
-		if *id == 0 || !*noWait {
-			fmt.Fprintln(stderr, "dwcli update registration: give -i ID and --no-wait")
-			return 64
-		}
-		if err := sess.client.ReleaseRegistration(ctx, *id); err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "update request for registrations entity with id = %d accepted, \"dwstat registrations\" for status\n", *id)
-		return 0
-	case "rm session":
-		if *id == 0 {
-			fmt.Fprintln(stderr, "dwcli rm session: give -i ID (dwstat sessions lists them)")
-			return 64
-		}
-		all, err := sess.client.All(ctx)
-		if err != nil {
-			return fail(err)
-		}
-		token := ""
-		for _, s := range all.Sessions {
-			if s.ID == *id {
-				token = s.Token
-			}
-		}
-		if token == "" {
-			return fail(fmt.Errorf("no session with id %s", strconv.FormatInt(*id, 10)))
-		}
-		if err := sess.client.Teardown(ctx, token, *hurry); err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "delete request for sessions entity with id = %d accepted, \"dwstat sessions\" for status\n", *id)
-		// Wait for it, so that the command's success means the session is gone.
-		st, err := sess.client.WaitStep(ctx, token, lifecycle.PhaseTeardown, sess.cfg.Client.PollInterval.D(), sess.cfg.Client.StepTimeout.D(), nil)
-		if err == nil && st.Failed {
-			err = fmt.Errorf("%s", st.Message)
-		}
-		if err != nil {
-			return fail(err)
+		for _, i := range ids {
+			fmt.Fprintf(stdout, "%s request for %s entity with id = %v %s, \"dwstat %s\" for status\n", request, table, i, status, table)
 		}
 		return 0
 	}
-	fmt.Fprintf(stderr, "dwcli: unknown command %q\n\n%s", verb+" "+object, dwcliUsage)
-	return 64
+	switch command {
+	case "create pools":
+		if err := sess.client.CreatePool(ctx, *name, granularity); err != nil {
+			return fail(err)
+		}
+		return done("create", "accepted", *name)
+	case "rm pools":
+		if err := sess.client.RemovePool(ctx, *name); err != nil {
+			return fail(err)
+		}
+		return done("delete", "done", *name)
+	case "update nodes":
+		var ids []any
+		for _, n := range strings.Split(*name, ",") {
+			if n == "" {
+				continue
+			}
+			if err := sess.client.UpdateNode(ctx, n, nodeChange); err != nil {
+				return fail(err)
+			}
+			ids = append(ids, n)
+		}
+		return done("update", "accepted", ids...)
+	case "rm nodes":
+		if err := sess.client.RemoveNode(ctx, *name); err != nil {
+			return fail(err)
+		}
+		return done("delete", "done", *name)
+	case "update registrations":
+		if err := sess.client.ReleaseRegistration(ctx, *id); err != nil {
+			return fail(err)
+		}
+		return done("update", "accepted", *id)
+	case "update fragments", "update namespaces", "update activations":
+		if err := sess.client.ReplaceFuse(ctx, table, *id); err != nil {
+			return fail(err)
+		}
+		return done("update", "accepted", *id)
+	case "rm activations":
+		if err := sess.client.RemoveActivation(ctx, *id); err != nil {
+			return fail(err)
+		}
+		// Wait for it, so that the command's success means the mount is gone.
+		if err := waitGone(ctx, sess, func(a views.All) bool {
+			for _, act := range a.Activations {
+				if act.ID == *id {
+					return false
+				}
+			}
+			return true
+		}); err != nil {
+			return fail(fmt.Errorf("activation %d: %w", *id, err))
+		}
+		return done("delete", "done", *id)
+	case "rm sessions", "rm instances", "rm configurations":
+		all, err := sess.client.All(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		s, err := owningSession(all, table, *id)
+		if err != nil {
+			return fail(err)
+		}
+		if table != "sessions" && !*asJSON {
+			fmt.Fprintf(stdout, "%s %d belongs to session %d (token %s): removing the session\n", lifecycleKind(table), *id, s.ID, s.Token)
+		}
+		if err := sess.client.Teardown(ctx, s.Token, *hurry); err != nil {
+			return fail(err)
+		}
+		// Wait for it, so that the command's success means the session is gone.
+		st, err := sess.client.WaitStep(ctx, s.Token, lifecycle.PhaseTeardown, sess.cfg.Client.PollInterval.D(), sess.cfg.Client.StepTimeout.D(), nil)
+		if err == nil && st.Failed {
+			err = errors.New(st.Message)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		return done("delete", "done", *id)
+	}
+	// ls
+	all, err := sess.client.All(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	// Every row has an "id"; print them in the table's order.
+	raw, _ := json.Marshal(dwstat.Select(all, []string{table})[table])
+	var rows []struct {
+		ID any `json:"id"`
+	}
+	json.Unmarshal(raw, &rows)
+	ids := []any{}
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+	}
+	if *asJSON {
+		writeJSON(stdout, map[string][]any{table: ids})
+		return 0
+	}
+	for _, id := range ids {
+		fmt.Fprintln(stdout, id)
+	}
+	return 0
+}
+
+func lifecycleKind(table string) string { return dwcliKinds[table] }
+
+// owningSession finds the session a session, instance or configuration id belongs to.
+func owningSession(all views.All, table string, id int64) (views.Session, error) {
+	sid := int64(0)
+	switch table {
+	case "sessions":
+		sid = id
+	case "instances":
+		for _, i := range all.Instances {
+			if i.ID == id {
+				sid = i.Links.Session
+			}
+		}
+	case "configurations":
+		for _, c := range all.Configurations {
+			if c.ID == id {
+				for _, i := range all.Instances {
+					if i.ID == c.Links.Instance {
+						sid = i.Links.Session
+					}
+				}
+			}
+		}
+	}
+	for _, s := range all.Sessions {
+		if s.ID == sid && sid != 0 {
+			return s, nil
+		}
+	}
+	return views.Session{}, fmt.Errorf("no %s with id %s (dwstat %s lists them)", lifecycleKind(table), strconv.FormatInt(id, 10), table)
+}
+
+// waitGone polls the state until gone says so, within the client's step timeout.
+func waitGone(ctx context.Context, sess *session, gone func(views.All) bool) error {
+	deadline := time.Now().Add(sess.cfg.Client.StepTimeout.D())
+	for {
+		all, err := sess.client.All(ctx)
+		if err != nil {
+			return err
+		}
+		if gone(all) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("still there after %s (client.step_timeout); dwstat shows why", sess.cfg.Client.StepTimeout.D())
+		}
+		time.Sleep(sess.cfg.Client.PollInterval.D())
+	}
+}
+
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
 }
 
 // firstWord is the first argument that is not an option or an option's value.
@@ -186,7 +511,7 @@ func firstWord(args []string) string {
 			return a
 		}
 		switch strings.TrimLeft(a, "-") {
-		case "home", "config", "controller", "token-file":
+		case "home", "config", "controller", "token-file", "name", "granularity", "pool", "reason", "i":
 			i++ // its value follows
 		}
 	}

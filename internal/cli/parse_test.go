@@ -7,6 +7,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
 )
 
 func TestParseInterspersed(t *testing.T) {
@@ -54,5 +57,27 @@ func TestParseHelpOnce(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "-nope") || !strings.Contains(stderr.String(), "Usage:") || stdout.Len() != 0 {
 		t.Errorf("bad flag: stderr %q stdout %q", stderr.String(), stdout.String())
+	}
+}
+
+func TestParseExpiration(t *testing.T) {
+	now := time.Date(2026, 11, 25, 17, 0, 0, 0, time.Local)
+	for in, want := range map[string]int64{
+		"":                     0,
+		"never":                lifecycle.ExpirationNever,
+		"72h":                  now.Add(72 * time.Hour).Unix(),
+		"30d":                  now.Add(30 * 24 * time.Hour).Unix(),
+		"2026-12-31T18:00:00":  time.Date(2026, 12, 31, 18, 0, 0, 0, time.Local).Unix(),
+		"2026-12-31T18:00:00Z": time.Date(2026, 12, 31, 18, 0, 0, 0, time.UTC).Unix(),
+	} {
+		got, err := parseExpiration(in, now)
+		if err != nil || got != want {
+			t.Errorf("%q: got %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"tomorrow", "-3h", "0d", "2026-13-01"} {
+		if _, err := parseExpiration(bad, now); err == nil || !strings.Contains(err.Error(), "--expiration") || !strings.Contains(err.Error(), "never") {
+			t.Errorf("%q: want an error naming --expiration and the forms, got %v", bad, err)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +20,8 @@ const dwstatUsage = `Usage: dwstat [options] [TABLE...]
 
 Show the state of the burst buffer, as DataWarp's dwstat does. With no TABLE, the pools.
 TABLEs: pools, nodes, sessions, instances, configurations, registrations, activations,
-fragments, namespaces, stages (Spillway's: staging progress), and the words most
+fragments, namespaces, stages (Spillway's: staging progress, then the finished stages kept
+after their sessions went, [stage] history of them), and the words most
 (pools, sessions, instances, configurations, registrations, activations) and all.
 Singular and short names work too (instance, inst, frag, nss, ...).
 
@@ -78,7 +80,7 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-const persistentUsage = `Usage: spillway persistent create NAME --capacity SIZE [options]
+const persistentUsage = `Usage: spillway persistent create NAME --capacity SIZE [--expiration WHEN] [options]
        spillway persistent list [--json]
        spillway persistent destroy NAME [--hurry]
 
@@ -88,6 +90,9 @@ as #BB create_persistent / #BB destroy_persistent in a job script.
 
 NAME: letters, digits and _, not starting with a digit, at most 64 characters.
 SIZE: 100GiB, 3.5TB, ... rounded up to the pool's granularity.
+WHEN: a lifetime (72h, 30d), a local time (2026-12-31T18:00:00) or never. Past it the
+instance takes no new jobs and is destroyed once the jobs using it end; without
+--expiration it gets the site's default (often never), at most the site's maximum.
 destroy refuses while a job uses the instance; with --hurry (the owner or an administrator)
 it unmounts the instance from those jobs first. Its data is gone afterwards.
 
@@ -113,6 +118,7 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 	pool := fs.String("pool", "", "create: the pool (default: the controller's default pool)")
 	access := fs.String("access", "striped", "create: access mode: striped, private or loadbalance")
 	strategy := fs.String("optimization", "bandwidth", "create: optimization_strategy: bandwidth or interference")
+	expiration := fs.String("expiration", "", "create: when it expires: a lifetime (72h, 30d), a time (2026-12-31T18:00:00, local) or never; default: the site's (controller.persistent_expiration)")
 	hurry := fs.Bool("hurry", false, "destroy: do not wait for stage-outs")
 	asJSON := fs.Bool("json", false, "list: print JSON")
 	if code, ok := parseInterspersed(fs, rest, stdout); !ok {
@@ -138,8 +144,14 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "spillway persistent create: --capacity %q: %v\n", *capacity, orZero(err))
 			return 64
 		}
+		expires, err := parseExpiration(*expiration, time.Now())
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway persistent create: %v\n", err)
+			return 64
+		}
 		req := lifecycle.Setup{Token: positional[0], Creator: "CLI", Owner: uint32(os.Getuid()), Group: uint32(os.Getgid()), Persistent: true,
-			Instance: &lifecycle.InstanceRequest{Capacity: size, Pool: *pool, Type: "scratch", AccessModes: strings.Split(*access, ","), Strategy: *strategy}}
+			Expiration: expires,
+			Instance:   &lifecycle.InstanceRequest{Capacity: size, Pool: *pool, Type: "scratch", AccessModes: strings.Split(*access, ","), Strategy: *strategy}}
 		if err := sess.client.Setup(ctx, req); err != nil {
 			fmt.Fprintf(stderr, "spillway persistent create: %v\n", err)
 			return 1
@@ -190,13 +202,18 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 			Created  string   `json:"created"`
 			State    string   `json:"state"`
 			UsedBy   []string `json:"used_by"`
+			// Expiration: seconds since the epoch, 0 = never; Expired: past it (destroyed once
+			// no job uses it).
+			Expiration int64 `json:"expiration"`
+			Expired    bool  `json:"expired"`
 		}
 		var rows []row
 		for _, s := range all.Sessions {
 			if !s.Persistent {
 				continue
 			}
-			r := row{Name: s.Token, Owner: s.Owner, Created: time.Unix(s.Created, 0).Format("2006-01-02T15:04:05"), State: s.State.Flags(), UsedBy: []string{}}
+			r := row{Name: s.Token, Owner: s.Owner, Created: time.Unix(s.Created, 0).Format("2006-01-02T15:04:05"), State: s.State.Flags(), UsedBy: []string{},
+				Expiration: s.Expiration, Expired: s.Expired}
 			for _, i := range all.Instances {
 				if i.Links.Session == s.ID {
 					r.Capacity, r.Pool = i.Capacity.Bytes, i.Pool
@@ -225,14 +242,49 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stdout, "no persistent instances")
 			return 0
 		}
-		fmt.Fprintf(stdout, "%-20s %6s %10s %-12s %-19s %-5s %s\n", "name", "owner", "capacity", "pool", "created", "state", "used_by")
+		fmt.Fprintf(stdout, "%-20s %6s %10s %-12s %-19s %-19s %-5s %s\n", "name", "owner", "capacity", "pool", "created", "expiration", "state", "used_by")
 		for _, r := range rows {
-			fmt.Fprintf(stdout, "%-20s %6d %10s %-12s %-19s %-5s %s\n", r.Name, r.Owner, units.FormatHuman(r.Capacity), r.Pool, r.Created, r.State, strings.Join(r.UsedBy, ","))
+			exp := "never"
+			if r.Expiration != 0 {
+				exp = time.Unix(r.Expiration, 0).Format("2006-01-02T15:04:05")
+			}
+			if r.Expired {
+				exp = "expired"
+			}
+			fmt.Fprintf(stdout, "%-20s %6d %10s %-12s %-19s %-19s %-5s %s\n", r.Name, r.Owner, units.FormatHuman(r.Capacity), r.Pool, r.Created, exp, r.State, strings.Join(r.UsedBy, ","))
 		}
 		return 0
 	}
 	fmt.Fprintf(stderr, "spillway persistent: unknown verb %q\n\n%s", verb, persistentUsage)
 	return 64
+}
+
+// parseExpiration reads --expiration: "" (the site's default: 0), "never"
+// (lifecycle.ExpirationNever), a lifetime from now ("72h", "30d"), or a local time
+// ("2026-12-31T18:00:00", as dwstat prints it; RFC 3339 too). It returns seconds since the
+// epoch.
+func parseExpiration(s string, now time.Time) (int64, error) {
+	switch s {
+	case "":
+		return 0, nil
+	case "never":
+		return lifecycle.ExpirationNever, nil
+	}
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		if n, err := strconv.Atoi(days); err == nil && n > 0 {
+			return now.Add(time.Duration(n) * 24 * time.Hour).Unix(), nil
+		}
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return now.Add(d).Unix(), nil
+	}
+	if t, err := time.ParseInLocation("2006-01-02T15:04:05", s, time.Local); err == nil {
+		return t.Unix(), nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t.Unix(), nil
+	}
+	return 0, fmt.Errorf("--expiration %q: give a lifetime (72h, 30d), a local time (2026-12-31T18:00:00) or never", s)
 }
 
 func orZero(err error) error {

@@ -137,6 +137,20 @@ type Controller struct {
 	// MungeSocket is the local munged's socket, which decodes the MUNGE credentials of users
 	// on TCP. "" = munge's default (/run/munge/munge.socket.2).
 	MungeSocket string `toml:"munge_socket"`
+
+	// EnduranceThreshold is the remaining SSD endurance, in percent of the rated life, below
+	// which a storage node takes no new fragments (DataWarp); 0 turns it off.
+	EnduranceThreshold int `toml:"endurance_threshold"`
+	// AutoDrainFailures failures on one storage node within AutoDrainWindow (fragments and
+	// namespaces it failed to create or delete, stages it failed to start, data-path errors
+	// its agent reports) drain it automatically; 0 turns auto-drain off.
+	AutoDrainFailures int      `toml:"auto_drain_failures"`
+	AutoDrainWindow   Duration `toml:"auto_drain_window"`
+	// PersistentExpiration is the lifetime of a persistent instance created without an
+	// expiration (0: never expires); MaxPersistentExpiration the longest lifetime one may ask
+	// for (0: no maximum).
+	PersistentExpiration    Duration `toml:"persistent_expiration"`
+	MaxPersistentExpiration Duration `toml:"max_persistent_expiration"`
 }
 
 // Executor drives every object to its goal.
@@ -176,6 +190,10 @@ type Stage struct {
 	CopyBufferSize    Size     `toml:"copy_buffer_size"`    // buffer of one copy when the kernel cannot copy itself
 	MaxWarnings       int      `toml:"max_warnings"`        // warnings kept per stage; later ones are counted
 	WorkerStderrLimit Size     `toml:"worker_stderr_limit"` // a worker's standard error kept to explain a crash
+
+	// History is how many finished stages the controller keeps after their sessions went
+	// (dwstat stages, GET /dw/v1/stage_history), the newest; 0 keeps none.
+	History int `toml:"history"`
 }
 
 // Agent is a storage and/or compute node daemon.
@@ -210,6 +228,15 @@ type Agent struct {
 	// FragmentMountTimeout bounds one mount of an "xfs-loop" fragment's file system, and the
 	// wait for a busy one to unmount before it is detached lazily.
 	FragmentMountTimeout Duration `toml:"fragment_mount_timeout"`
+
+	// EnduranceFile names a file holding the SSD's wear as a percentage used (e.g. "7"),
+	// written by the site's own tooling; "" = read it with smartctl or nvme from the device
+	// under ssd_path.
+	EnduranceFile string `toml:"endurance_file"`
+	// EnduranceInterval is how often the agent reads the wear; EnduranceTimeout bounds one
+	// run of smartctl or nvme.
+	EnduranceInterval Duration `toml:"endurance_interval"`
+	EnduranceTimeout  Duration `toml:"endurance_timeout"`
 }
 
 // TLS encrypts and authenticates the HTTP APIs on TCP (the controller's, the agents'): with
@@ -319,6 +346,9 @@ func Defaults() Config {
 			PrivateData:             true,
 			RunLease:                Duration(2 * time.Minute),
 			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
+			EnduranceThreshold:      10,
+			AutoDrainFailures:       5,
+			AutoDrainWindow:         Duration(10 * time.Minute),
 		},
 		Limits: Limits{
 			WriteWindowLength:     Duration(24 * time.Hour),
@@ -335,6 +365,7 @@ func Defaults() Config {
 		Stage: Stage{
 			MaxRunning:        8,
 			MaxJobConcurrency: 8,
+			History:           1000,
 			FilesInFlight:     8,
 			PollInterval:      Duration(200 * time.Millisecond),
 			Timeout:           Duration(24 * time.Hour),
@@ -359,6 +390,8 @@ func Defaults() Config {
 			FragmentFilesystem:   "directory",
 			FragmentMkfsTimeout:  Duration(time.Minute),
 			FragmentMountTimeout: Duration(30 * time.Second),
+			EnduranceInterval:    Duration(10 * time.Minute),
+			EnduranceTimeout:     Duration(30 * time.Second),
 		},
 		Mount: Mount{
 			ClientCacheTimeout: Duration(1 * time.Second),
@@ -480,6 +513,9 @@ func (c *Config) Validate() error {
 	positive("executor.agent_timeout", int64(c.Executor.AgentTimeout))
 	positive("stage.max_running", int64(c.Stage.MaxRunning))
 	positive("stage.max_job_concurrency", int64(c.Stage.MaxJobConcurrency))
+	if c.Stage.History < 0 {
+		problems = append(problems, "stage.history must be 0 (keep no finished stages) or more")
+	}
 	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
 	positive("stage.poll_interval", int64(c.Stage.PollInterval))
 	positive("stage.timeout", int64(c.Stage.Timeout))
@@ -492,6 +528,21 @@ func (c *Config) Validate() error {
 	positive("agent.heartbeat_interval", int64(c.Agent.HeartbeatInterval))
 	positive("agent.fragment_mkfs_timeout", int64(c.Agent.FragmentMkfsTimeout))
 	positive("agent.fragment_mount_timeout", int64(c.Agent.FragmentMountTimeout))
+	positive("agent.endurance_interval", int64(c.Agent.EnduranceInterval))
+	positive("agent.endurance_timeout", int64(c.Agent.EnduranceTimeout))
+	if t := c.Controller.EnduranceThreshold; t < 0 || t > 100 {
+		problems = append(problems, fmt.Sprintf("controller.endurance_threshold %d must be a percentage of remaining SSD endurance from 0 (off) to 100, e.g. 10", t))
+	}
+	if c.Controller.AutoDrainFailures < 0 {
+		problems = append(problems, "controller.auto_drain_failures must be 0 (off) or more")
+	}
+	if c.Controller.AutoDrainFailures > 0 && c.Controller.AutoDrainWindow <= 0 {
+		problems = append(problems, "controller.auto_drain_window must be greater than 0 when controller.auto_drain_failures is set, e.g. \"10m\"")
+	}
+	if m := c.Controller.MaxPersistentExpiration; m > 0 && c.Controller.PersistentExpiration > m {
+		problems = append(problems, fmt.Sprintf("controller.persistent_expiration (%s) is longer than controller.max_persistent_expiration (%s); shorten it or raise the maximum",
+			c.Controller.PersistentExpiration.D(), m.D()))
+	}
 	switch c.Agent.FragmentFilesystem {
 	case "directory", "xfs-loop":
 	default:

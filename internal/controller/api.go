@@ -42,7 +42,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener, lim httpapi.Limits) 
 }
 
 // Tables are the object lists served under /dw/v1/<table>, in dwstat's order.
-var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations", "registrations", "activations", "fragments", "namespaces", "stages"}
+var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations", "registrations", "activations", "fragments", "namespaces", "stages", "stage_history"}
 
 // caller is who sent a request.
 type caller struct {
@@ -94,7 +94,11 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 	s.handle("GET /dw/v1/sessions/{token}/paths", s.paths)
 	s.handle("PATCH /dw/v1/registrations/{id}", s.registration)
 	s.handle("PATCH /dw/v1/nodes/{name}", s.node)
+	s.handle("DELETE /dw/v1/nodes/{name}", s.removeNode)
 	s.handle("POST /dw/v1/pools", s.pool)
+	s.handle("DELETE /dw/v1/pools/{name}", s.removePool)
+	s.handle("DELETE /dw/v1/activations/{id}", s.removeActivation)
+	s.handle("POST /dw/v1/{table}/{id}/replace_fuse", s.replaceFuse)
 	s.handle("POST /dw/v1/nodes/{name}/heartbeat", s.heartbeat)
 	s.handle("POST /dw/v1/run_ids", s.runID)
 	s.handle("POST /dw/v1/sessions/{token}/lease", s.lease)
@@ -211,7 +215,7 @@ func (s *Server) requirePrivileged(w http.ResponseWriter, r *http.Request) bool 
 
 // routeExists reports whether some method is served at the request's path.
 func (s *Server) routeExists(r *http.Request) bool {
-	for _, m := range []string{"GET", "POST", "PATCH"} {
+	for _, m := range []string{"GET", "POST", "PATCH", "DELETE"} {
 		probe := r.Clone(r.Context())
 		probe.Method = m
 		if _, pattern := s.mux.Handler(probe); pattern != "" {
@@ -230,12 +234,27 @@ func (s *Server) versions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) all(w http.ResponseWriter, r *http.Request) {
-	world, err := s.c.view(r.Context())
+	all, err := s.snapshot(r)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, 200, s.visible(r, views.Build(world)))
+	httpapi.WriteJSON(w, 200, all)
+}
+
+// snapshot is every table and the stage history, as the caller may see them.
+func (s *Server) snapshot(r *http.Request) (views.All, error) {
+	world, err := s.c.view(r.Context())
+	if err != nil {
+		return views.All{}, err
+	}
+	history, err := s.c.StageHistory(r.Context())
+	if err != nil {
+		return views.All{}, err
+	}
+	all := views.Build(world)
+	all.StageHistory = views.History(history)
+	return s.visible(r, all), nil
 }
 
 // visible is what the caller may see of all: everything for administrators and the workload
@@ -250,12 +269,11 @@ func (s *Server) visible(r *http.Request, all views.All) views.All {
 
 func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("table")
-	world, err := s.c.view(r.Context())
+	all, err := s.snapshot(r)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	all := s.visible(r, views.Build(world))
 	var rows any
 	switch name {
 	case "pools":
@@ -278,6 +296,8 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		rows = all.Activations
 	case "stages":
 		rows = all.Stages
+	case "stage_history":
+		rows = all.StageHistory
 	default:
 		httpapi.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no table %q; tables: %s", name, strings.Join(Tables, ", ")))
 		return
@@ -493,10 +513,12 @@ func (s *Server) registration(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, 200, map[string]int64{"id": id})
 }
 
-// NodeUpdate is the body of PATCH /nodes/{name}.
+// NodeUpdate is the body of PATCH /nodes/{name}: the fields given change, the others stay.
 type NodeUpdate struct {
-	Drain  *bool  `json:"drain"`
-	Reason string `json:"reason"`
+	Drain   *bool   `json:"drain,omitempty"`   // take no new fragments (true), or take them again
+	Offline *bool   `json:"offline,omitempty"` // hold the node offline (true), or let its heartbeats bring it online
+	Pool    *string `json:"pool,omitempty"`    // move the node to this pool (it must hold no fragment)
+	Reason  string  `json:"reason,omitempty"`  // why, shown in dwstat nodes --json
 }
 
 func (s *Server) node(w http.ResponseWriter, r *http.Request) {
@@ -504,15 +526,80 @@ func (s *Server) node(w http.ResponseWriter, r *http.Request) {
 	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
 		return
 	}
-	if req.Drain == nil {
-		httpapi.WriteError(w, 400, "user", `give "drain": true or false`)
+	ch := lifecycle.NodeChange{Drain: req.Drain, Offline: req.Offline, Pool: req.Pool, Reason: req.Reason}
+	if ch.Empty() {
+		httpapi.WriteError(w, 400, "user", `give at least one of "drain", "offline" or "pool"`)
 		return
 	}
-	if err := s.c.SetDrain(r.Context(), r.PathValue("name"), *req.Drain, req.Reason); err != nil {
+	if err := s.c.UpdateNode(r.Context(), r.PathValue("name"), ch); err != nil {
 		s.fail(w, err)
 		return
 	}
 	httpapi.WriteJSON(w, 200, map[string]string{"id": r.PathValue("name")})
+}
+
+func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
+	if !s.requirePrivileged(w, r) {
+		return
+	}
+	if err := s.c.RemoveNode(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]string{"id": r.PathValue("name")})
+}
+
+func (s *Server) removePool(w http.ResponseWriter, r *http.Request) {
+	if !s.requirePrivileged(w, r) {
+		return
+	}
+	if err := s.c.RemovePool(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 200, map[string]string{"id": r.PathValue("name")})
+}
+
+func (s *Server) removeActivation(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		httpapi.WriteError(w, 400, "user", "activation id must be a number")
+		return
+	}
+	if !s.requirePrivileged(w, r) {
+		return
+	}
+	if err := s.c.RemoveActivation(r.Context(), id); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 202, map[string]int64{"id": id})
+}
+
+// fuseTables are the tables whose objects have a fuse an administrator may replace.
+var fuseTables = map[string]string{"fragments": lifecycle.KindFragment, "namespaces": lifecycle.KindNamespace, "activations": lifecycle.KindActivation,
+	"sessions": lifecycle.KindSession, "instances": lifecycle.KindInstance, "configurations": lifecycle.KindConfiguration,
+	"registrations": lifecycle.KindRegistration, "stages": lifecycle.KindStage}
+
+func (s *Server) replaceFuse(w http.ResponseWriter, r *http.Request) {
+	kind, ok := fuseTables[r.PathValue("table")]
+	if !ok {
+		httpapi.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no table %q with fuses; tables: fragments, namespaces, activations", r.PathValue("table")))
+		return
+	}
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		httpapi.WriteError(w, 400, "user", kind+" id must be a number")
+		return
+	}
+	if !s.requirePrivileged(w, r) {
+		return
+	}
+	if err := s.c.ReplaceFuse(r.Context(), kind, id); err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 202, map[string]int64{"id": id})
 }
 
 // PoolCreate is the body of POST /pools.

@@ -78,6 +78,10 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 			UserQuota: lifecycle.Quota{Sessions: cfg.Controller.MaxSessionsPerUser,
 				Persistent: cfg.Controller.MaxPersistentPerUser, Capacity: uint64(cfg.Controller.MaxCapacityPerUser)},
 			Limits: WriteLimitsOf(cfg.Limits),
+			Health: lifecycle.Health{EnduranceThreshold: cfg.Controller.EnduranceThreshold,
+				AutoDrainFailures: cfg.Controller.AutoDrainFailures, AutoDrainWindow: cfg.Controller.AutoDrainWindow.D()},
+			PersistentExpiration:    cfg.Controller.PersistentExpiration.D(),
+			MaxPersistentExpiration: cfg.Controller.MaxPersistentExpiration.D(),
 		},
 	}
 	err := st.Update(context.Background(), func(tx *store.Tx) error {
@@ -215,7 +219,7 @@ func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *li
 		if err := fn(w, txIDs{tx}, now); err != nil {
 			return err
 		}
-		return persist(tx, w.TakeChanges())
+		return c.persist(tx, w.TakeChanges())
 	})
 	if err != nil {
 		return err
@@ -314,9 +318,88 @@ func (c *Controller) ReleaseRegistration(ctx context.Context, id int64) error {
 
 // SetDrain drains (or fills) a storage node.
 func (c *Controller) SetDrain(ctx context.Context, node string, drain bool, reason string) error {
+	return c.UpdateNode(ctx, node, lifecycle.NodeChange{Drain: &drain, Reason: reason})
+}
+
+// UpdateNode applies an administrator's change to a node (dwcli update node).
+func (c *Controller) UpdateNode(ctx context.Context, node string, ch lifecycle.NodeChange) error {
 	return c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
-		return lifecycle.SetNodeDrain(w, node, drain, reason)
+		return lifecycle.UpdateNode(w, node, ch)
 	})
+}
+
+// RemoveNode forgets a retired node (dwcli rm node): refused while it holds fragments or
+// mounts, or while its agent still sends heartbeats.
+func (c *Controller) RemoveNode(ctx context.Context, node string) error {
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		now := c.now()
+		w, err := loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+		if err != nil {
+			return err
+		}
+		if err := lifecycle.CheckRemoveNode(w, node, now, c.cfg.Controller.NodeTimeout.D()); err != nil {
+			return err
+		}
+		return store.Nodes.Delete(tx, node)
+	})
+	if err == nil {
+		c.mu.Lock()
+		delete(c.remote, node)
+		delete(c.remoteAt, node)
+		c.mu.Unlock()
+		c.notifyChange()
+	}
+	return err
+}
+
+// RemovePool removes an empty pool (dwcli rm pool). A pool of the configuration's [[pool]]
+// tables is refused: the controller would make it again at its next start.
+func (c *Controller) RemovePool(ctx context.Context, name string) error {
+	for _, p := range c.cfg.Pools {
+		if p.Name == name {
+			return &lifecycle.UserError{Msg: fmt.Sprintf("pool %s is in the controller's configuration ([[pool]] name = %q), which would make it again at the next start; remove it there first", name, name)}
+		}
+	}
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		w, err := loadWorld(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
+		if err != nil {
+			return err
+		}
+		if err := lifecycle.CheckRemovePool(w, name); err != nil {
+			return err
+		}
+		return store.Pools.Delete(tx, name)
+	})
+	if err == nil {
+		c.notifyChange()
+	}
+	return err
+}
+
+// ReplaceFuse resets the blown fuse of a fragment, namespace or activation: the executor
+// tries its effect again.
+func (c *Controller) ReplaceFuse(ctx context.Context, kind string, id int64) error {
+	return c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.ReplaceFuse(w, kind, id)
+	})
+}
+
+// RemoveActivation unmounts one activation (dwcli rm activation).
+func (c *Controller) RemoveActivation(ctx context.Context, id int64) error {
+	return c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return lifecycle.RemoveActivation(w, id)
+	})
+}
+
+// StageHistory returns the finished stages kept after their sessions went, oldest first.
+func (c *Controller) StageHistory(ctx context.Context) ([]*model.FinishedStage, error) {
+	var out []*model.FinishedStage
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		out, err = loadStageHistory(tx)
+		return err
+	})
+	return out, err
 }
 
 // CreatePool adds a pool, or changes the granularity of an unused one.
@@ -393,7 +476,9 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 			return err
 		}
 		wasOnline := c.now().Sub(n.LastSeen) < c.cfg.Controller.NodeTimeout.D()
-		if r.Pool != "" {
+		if n.PoolAssigned {
+			r.Pool = n.Pool // an administrator's choice (dwcli update node --pool) outranks agent.pool
+		} else if r.Pool != "" {
 			if _, err := store.Pools.Get(tx, r.Pool); err != nil {
 				return &lifecycle.UserError{Msg: fmt.Sprintf("node %s reports pool %q, which does not exist; create it (dwcli create pool --name %s --granularity 1GiB) or fix agent.pool", r.Name, r.Pool, r.Pool)}
 			}
@@ -406,6 +491,7 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 		if !wasOnline {
 			c.log.Info("node online", "node", r.Name, "address", r.Address)
 		}
+		c.noteHealth(n, r)
 		if err := store.Nodes.Put(tx, n); err != nil {
 			return err
 		}
@@ -431,6 +517,18 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 	c.mu.Unlock()
 	c.wakeUp()
 	return reply, err
+}
+
+// noteHealth records a storage node's reported wear and data-path errors (lifecycle decides
+// what they mean) and logs what changed.
+func (c *Controller) noteHealth(n *model.Node, r agentapi.NodeReport) {
+	wasWorn := n.Worn
+	if drained := lifecycle.NodeReported(n, r, c.params.Health, c.now()); drained != "" {
+		c.log.Warn("node drained", "node", n.Name, "reason", drained)
+	}
+	if n.Worn && !wasWorn {
+		c.log.Warn("node takes no new fragments", "node", n.Name, "reason", lifecycle.WornReason(n))
+	}
 }
 
 // liveOn lists the fragments, namespaces and actualized mounts the world keeps on a node.

@@ -67,7 +67,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		effects = lifecycle.Step(w, c.params, now)
 		ch := w.TakeChanges()
 		changed = !ch.Empty()
-		return persist(tx, ch)
+		return c.persist(tx, ch)
 	})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -196,17 +196,25 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 	if e.Op != lifecycle.OpPollStage {
 		crashpoint.Hit("after-effect:" + e.Op)
 	}
+	drained := "" // the reason, when this outcome drained the node (auto-drain)
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		w, err := loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
 		if err != nil {
 			return err
 		}
+		n := w.Nodes[e.Node]
+		wasDrained := n != nil && n.Drain
 		lifecycle.Complete(w, e, r, c.params, now)
-		return persist(tx, w.TakeChanges())
+		if n != nil && !wasDrained && n.AutoDrained {
+			drained = n.Reason
+		}
+		return c.persist(tx, w.TakeChanges())
 	})
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("executor: cannot record an effect's outcome; it will be redone", "op", e.Op, "err", err)
+	} else if drained != "" {
+		c.log.Warn("node drained", "node", e.Node, "reason", drained)
 	}
 	c.notifyChange()
 	if e.Op != lifecycle.OpPollStage {

@@ -25,7 +25,7 @@ func loadWorld(tx *store.Tx, now time.Time, nodeTimeout time.Duration) (*lifecyc
 		return nil, err
 	}
 	for _, n := range nodes {
-		n.Online = now.Sub(n.LastSeen) < nodeTimeout
+		n.Online = !n.HeldOffline && now.Sub(n.LastSeen) < nodeTimeout
 		w.Nodes[n.Name] = n
 	}
 	if err := loadInto(tx, store.Sessions, w.Sessions, func(o *model.Session) int64 { return o.ID }); err != nil {
@@ -66,8 +66,43 @@ func loadInto[T any](tx *store.Tx, table store.IDTable[T], into map[int64]*T, id
 	return nil
 }
 
-// persist writes a decision's changes in the caller's transaction.
-func persist(tx *store.Tx, ch lifecycle.Changes) error {
+// persist writes a decision's changes in the caller's transaction, and keeps the newest
+// stage.history finished stages of those it archives.
+func (c *Controller) persist(tx *store.Tx, ch lifecycle.Changes) error {
+	if err := persistObjects(tx, ch); err != nil {
+		return err
+	}
+	if len(ch.Archive) == 0 {
+		return nil
+	}
+	for _, st := range ch.Archive {
+		if err := store.StageHistory.Put(tx, st); err != nil {
+			return err
+		}
+	}
+	return pruneStageHistory(tx, c.cfg.Stage.History)
+}
+
+// pruneStageHistory deletes the oldest finished stages beyond keep.
+func pruneStageHistory(tx *store.Tx, keep int) error {
+	kept, err := store.StageHistory.List(tx)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < len(kept)-keep; i++ {
+		if err := store.StageHistory.Delete(tx, kept[i].ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadStageHistory reads the finished stages kept, oldest first.
+func loadStageHistory(tx *store.Tx) ([]*model.FinishedStage, error) {
+	return store.StageHistory.List(tx)
+}
+
+func persistObjects(tx *store.Tx, ch lifecycle.Changes) error {
 	for _, obj := range ch.Put {
 		var err error
 		switch o := obj.(type) {

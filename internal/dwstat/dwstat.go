@@ -182,19 +182,30 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 			rows = append(rows, []string{p.ID, p.Units, size(p.Quantity * p.Granularity), size(p.Free * p.Granularity), size(p.Granularity)})
 		}
 	case "nodes":
-		header, empty = []string{"node", "pool", "online", "drain", "gran", "capacity", "insts", "activs"}, "no nodes"
+		// DataWarp's columns, then Spillway's: the SSD's remaining endurance and why the node
+		// takes no new fragments (last: the reason has spaces).
+		header, empty = []string{"node", "pool", "online", "drain", "gran", "capacity", "insts", "activs", "endurance", "reason"}, "no nodes"
 		for _, n := range a.Nodes {
-			online, drain, pool := "offline", "fill", n.Pool
+			online, drain, pool, endurance, reason := "offline", "fill", n.Pool, "-", "-"
 			if n.Online {
 				online = "online"
 			}
-			if n.Drain {
+			switch {
+			case n.Drain:
 				drain = "drain"
+			case n.Worn:
+				drain = "worn"
 			}
 			if pool == "" {
 				pool, drain = "-", "-"
 			}
-			rows = append(rows, []string{n.ID, pool, online, drain, size(n.Granularity), size(n.Capacity), strconv.Itoa(n.Instances), strconv.Itoa(n.Activations)})
+			if e := n.Endurance; e != nil && e.Known {
+				endurance = strconv.Itoa(e.PercentRemaining) + "%"
+			}
+			if n.Reason != "" {
+				reason = n.Reason
+			}
+			rows = append(rows, []string{n.ID, pool, online, drain, size(n.Granularity), size(n.Capacity), strconv.Itoa(n.Instances), strconv.Itoa(n.Activations), endurance, reason})
 		}
 	case "sessions":
 		header, empty = []string{"sess", "state", "token", "creator", "owner", "created", "expiration", "nodes"}, "no sessions"
@@ -240,7 +251,8 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 		}
 	case "stages":
 		header, empty = []string{"stage", "sess", "token", "dir", "type", "status", "files", "bytes", "source", "destination"}, "no stages"
-		for _, s := range a.Stages {
+		// The live stages, then the finished ones kept after their sessions went.
+		for _, s := range append(append([]views.Stage(nil), a.Stages...), a.StageHistory...) {
 			src, dst := s.PFSPath, s.DWPath
 			if s.Direction == "out" {
 				src, dst = s.DWPath, s.PFSPath
@@ -288,6 +300,11 @@ func Select(a views.All, tables []string) map[string]any {
 			out[t] = a.Namespaces
 		case "stages":
 			out[t] = a.Stages
+			history := a.StageHistory
+			if history == nil {
+				history = []views.Stage{}
+			}
+			out["stage_history"] = history
 		}
 	}
 	return out

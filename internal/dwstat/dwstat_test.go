@@ -1,6 +1,7 @@
 package dwstat
 
 import (
+	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
@@ -108,5 +109,71 @@ func TestResolve(t *testing.T) {
 	got, summary, _ = Resolve([]string{"all"})
 	if len(got) != len(Tables) || !summary {
 		t.Fatalf("all: %v", got)
+	}
+}
+
+// dwstat nodes shows the SSD's remaining endurance and why a node takes no new fragments.
+func TestNodesShowEnduranceAndWhy(t *testing.T) {
+	a := views.All{Nodes: []views.Node{
+		{ID: "bb1", Pool: "wlm_pool", Online: true, Granularity: 1 << 30, Capacity: 4 << 40,
+			Endurance: &views.NodeEndurance{Known: true, PercentUsed: 3, PercentRemaining: 97}},
+		{ID: "bb2", Pool: "wlm_pool", Online: true, Granularity: 1 << 30, Capacity: 4 << 40, Worn: true,
+			Endurance: &views.NodeEndurance{Known: true, PercentUsed: 96, PercentRemaining: 4},
+			Reason:    "SSD endurance 4% remaining, below controller.endurance_threshold"},
+		{ID: "bb3", Pool: "wlm_pool", Online: true, Drain: true, AutoDrained: true, Granularity: 1 << 30, Capacity: 4 << 40,
+			Endurance: &views.NodeEndurance{Error: "neither smartctl nor nvme is installed"},
+			Reason:    "auto-drained: 5 failures in 10m: create-fragment: mkdir: input/output error"},
+		{ID: "cn1", Online: true},
+	}}
+	lines := strings.Split(strings.TrimSpace(Render(a, []string{"nodes"}, false, Options{Location: time.UTC})), "\n")
+	fields := func(i int) string { return strings.Join(strings.Fields(lines[i]), " ") }
+	for i, want := range []string{
+		"node pool online drain gran capacity insts activs endurance reason",
+		"bb1 wlm_pool online fill 1GiB 4TiB 0 0 97% -",
+		"bb2 wlm_pool online worn 1GiB 4TiB 0 0 4% SSD endurance 4% remaining, below controller.endurance_threshold",
+		"bb3 wlm_pool online drain 1GiB 4TiB 0 0 - auto-drained: 5 failures in 10m: create-fragment: mkdir: input/output error",
+		"cn1 - online - 0B 0B 0 0 - -",
+	} {
+		if got := fields(i); got != want {
+			t.Errorf("line %d:\n got %q\nwant %q", i, got, want)
+		}
+	}
+	js, _ := json.Marshal(Select(a, []string{"nodes"}))
+	for _, want := range []string{`"percent_remaining":4`, `"worn":true`, `"auto_drained":true`, `"error":"neither smartctl nor nvme is installed"`} {
+		if !strings.Contains(string(js), want) {
+			t.Errorf("--json nodes lacks %s: %s", want, js)
+		}
+	}
+}
+
+// Finished stages kept after their session went follow the live ones in dwstat stages, and
+// come apart as stage_history in --json.
+func TestStagesShowTheHistory(t *testing.T) {
+	a := sample()
+	a.Stages = []views.Stage{{ID: 43, Session: 3, Token: "1234", Direction: "in", Type: "directory", PFSPath: "/lus/in", DWPath: "/in",
+		Status: "running", FilesDone: 2, FilesTotal: 8, BytesDone: 1 << 20, BytesTotal: 4 << 20}}
+	a.StageHistory = []views.Stage{
+		{ID: 41, Session: 2, Token: "4242", Direction: "in", Type: "file", PFSPath: "/lus/in/data.h5", DWPath: "/data.h5",
+			Status: "complete", FilesDone: 1, FilesTotal: 1, BytesDone: 1 << 30, BytesTotal: 1 << 30},
+		{ID: 42, Session: 2, Token: "4242", Direction: "out", Type: "file", PFSPath: "/lus/out/out.h5", DWPath: "/out.h5",
+			Status: "failed", Error: "no space left on device", FilesTotal: 1, BytesTotal: 1 << 30},
+	}
+	want := `stage sess token dir      type                          status files     bytes          source     destination
+   43    3  1234  in directory                         running   2/8 1MiB/4MiB         /lus/in             /in
+   41    2  4242  in      file                        complete   1/1 1GiB/1GiB /lus/in/data.h5        /data.h5
+   42    2  4242 out      file failed: no space left on device   0/1   0B/1GiB         /out.h5 /lus/out/out.h5
+`
+	if out := Render(a, []string{"stages"}, false, Options{}); out != want {
+		t.Errorf("dwstat stages:\n%s\nwant\n%s", out, want)
+	}
+	sel := Select(a, []string{"stages"})
+	if h, ok := sel["stage_history"].([]views.Stage); !ok || len(h) != 2 || len(sel["stages"].([]views.Stage)) != 1 {
+		t.Errorf("--json stages: %+v", sel)
+	}
+	if h := Select(sample(), []string{"stages"})["stage_history"].([]views.Stage); h == nil || len(h) != 0 {
+		t.Errorf("no history: %#v, want an empty list", h)
+	}
+	if out := Render(sample(), []string{"stages"}, false, Options{}); out != "no stages\n" {
+		t.Errorf("no stages: %q", out)
 	}
 }

@@ -147,7 +147,7 @@ func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 	ag, err := agent.New(agent.Options{
 		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity),
 		WorkerExe: workerExe, StageLimits: StageLimits(cfg), Mount: MountLimits(cfg), Log: log,
-		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: FragmentFSLimits(cfg),
+		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: FragmentFSLimits(cfg), Endurance: EnduranceOptions(cfg),
 	})
 	if err != nil {
 		st.Close()
@@ -266,6 +266,11 @@ func MountLimits(cfg config.Config) mount.Limits {
 // FragmentFSLimits maps the configuration onto the bounds of making fragment file systems.
 func FragmentFSLimits(cfg config.Config) agent.FragmentFSLimits {
 	return agent.FragmentFSLimits{Mkfs: cfg.Agent.FragmentMkfsTimeout.D(), Mount: cfg.Agent.FragmentMountTimeout.D()}
+}
+
+// EnduranceOptions maps the configuration onto how a storage agent reads its SSD's wear.
+func EnduranceOptions(cfg config.Config) agent.EnduranceOptions {
+	return agent.EnduranceOptions{File: cfg.Agent.EnduranceFile, Interval: cfg.Agent.EnduranceInterval.D(), Timeout: cfg.Agent.EnduranceTimeout.D()}
 }
 
 // writeBehind is mount.write_behind as package mount takes it: 0 (off) is negative there.

@@ -33,6 +33,12 @@ type Params struct {
 	UserQuota Quota
 	// Limits are the site's defaults and bounds of the write protection (limits.go).
 	Limits WriteLimits
+	// Health excludes worn storage nodes and drains failing ones (health.go).
+	Health Health
+	// PersistentExpiration is the lifetime of a persistent instance created without an
+	// expiration, MaxPersistentExpiration the longest one may ask for; 0: none (expire.go).
+	PersistentExpiration    time.Duration
+	MaxPersistentExpiration time.Duration
 }
 
 // Quota is what one user may hold at once; a zero field means no limit.
@@ -100,6 +106,9 @@ type Setup struct {
 	// StageOut are the job's stage-outs (#DW stage_out), registered now as deferred and run
 	// when data_out asks for them.
 	StageOut []StageRequest `json:"stage_out,omitempty"`
+	// Expiration is when a persistent instance expires, in seconds since the epoch; 0: the
+	// site's default (controller.persistent_expiration), ExpirationNever: never (expire.go).
+	Expiration int64 `json:"expiration,omitempty"`
 }
 
 // StageRequest is one stage directive, resolved by the caller to a variable and a path.
@@ -170,6 +179,10 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 			return userErr("token %q is already used by a %s", req.Token, kindWord(existing))
 		}
 		if existing.Persistent {
+			if expired(existing, now) {
+				return userErr("persistent instance %q expired at %s; it is destroyed once the jobs using it end: create it again then, or under another name",
+					req.Token, stamp(existing.Expiration))
+			}
 			if err := sameInstance(w, existing, req); err != nil {
 				return err
 			}
@@ -196,7 +209,15 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 		if ps.State.Goal == model.GoalDestroy {
 			return userErr("persistentdw name=%s: the persistent instance is being destroyed", name)
 		}
+		if expired(ps, now) {
+			return userErr("persistentdw name=%s: the persistent instance expired at %s and is being destroyed; create a new one (#BB create_persistent, spillway persistent create) for new jobs",
+				name, stamp(ps.Expiration))
+		}
 		used = append(used, ps)
+	}
+	expiration, err := expirationFor(req, p, now)
+	if err != nil {
+		return err
 	}
 
 	sid, err := ids.NewID(KindSession)
@@ -206,7 +227,7 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 	sess := &model.Session{
 		ID: sid, Token: req.Token, Creator: req.Creator, Owner: req.Owner, Group: req.Group,
 		Created: now, ClientNodes: req.ClientNodes, Persistent: req.Persistent,
-		State: model.Creating(), Phase: PhaseSetup, Uses: req.Uses,
+		State: model.Creating(), Phase: PhaseSetup, Uses: req.Uses, Expiration: expiration,
 	}
 	if req.Instance != nil && req.Instance.Capacity > 0 {
 		if err := createInstance(w, sess, *req.Instance, ids, p, now); err != nil {
@@ -357,7 +378,7 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 			continue
 		}
 		u := w.UsageOfNode(name)
-		candidates = append(candidates, alloc.Node{Name: name, Grains: u.Grains, Used: u.Used, Instances: u.Instances, Online: n.Online, Drain: n.Drain})
+		candidates = append(candidates, alloc.Node{Name: name, Grains: u.Grains, Used: u.Used, Instances: u.Instances, Online: n.Online, Drain: n.Drain, Worn: n.Worn})
 	}
 	placements, err := alloc.Place(candidates, grains, req.Strategy)
 	if err != nil {
@@ -962,16 +983,9 @@ func ReleaseRegistration(w *World, id ID) error {
 	return nil
 }
 
-// SetNodeDrain drains or fills a node.
+// SetNodeDrain drains or fills a node (UpdateNode's drain alone).
 func SetNodeDrain(w *World, name string, drain bool, reason string) error {
-	n := w.Nodes[name]
-	if n == nil {
-		return userErr("node %q does not exist; `dwstat nodes` lists them", name)
-	}
-	n.Drain = drain
-	n.Reason = reason
-	w.put(n)
-	return nil
+	return UpdateNode(w, name, NodeChange{Drain: &drain, Reason: reason})
 }
 
 func contains(list []string, s string) bool {

@@ -185,7 +185,7 @@ func applyInJob(w *World, s *model.Session, r InJobStage, ids IDSource) error {
 		}
 	}
 	for _, st := range same { // ended or deferred: the new request replaces it
-		w.remove(KindStage, st.ID)
+		w.retire(st, s)
 	}
 	id, err := ids.NewID(KindStage)
 	if err != nil {
@@ -234,18 +234,34 @@ func QueryInJob(w *World, token, v, p string) (InJobCounts, []*model.Stage, erro
 			continue
 		}
 		found = append(found, st)
-		switch st.Status {
-		case model.StageComplete:
-			c.Complete++
-		case model.StagePending, model.StageRunning:
-			c.Pending++
-		case model.StageDeferred:
-			c.Deferred++
-		case model.StageFailed:
-			c.Failed++
-		}
+		c.add(st, p)
 	}
 	return c, found, nil
+}
+
+// add counts the stage st for a query of path p. DataWarp stages a directory's files one by
+// one, so its counts are in files: a directory stage the query covers whole counts each file
+// it has moved as complete and the rest in the stage's own state (at least one, so that a
+// stage still running, deferred or failed is never counted as nothing). A file stage, or a
+// query of one path inside a staged directory, counts one.
+func (c *InJobCounts) add(st *model.Stage, p string) {
+	done, rest := 0, 1
+	if _, sp, _ := stageVarPath(st); st.Type == model.StageDir && (sp == p || p == "/" || strings.HasPrefix(sp, p+"/")) {
+		done = int(max(st.FilesDone, 0))
+		rest = max(int(st.FilesTotal)-done, 1)
+	}
+	switch st.Status {
+	case model.StageComplete:
+		c.Complete += max(done, rest, int(st.FilesTotal))
+	case model.StagePending, model.StageRunning:
+		c.Complete += done
+		c.Pending += rest
+	case model.StageDeferred:
+		c.Deferred += rest
+	case model.StageFailed:
+		c.Complete += done
+		c.Failed += rest
+	}
 }
 
 // ApplyTerminate stops the session's in-job stages that concern the path and have not ended

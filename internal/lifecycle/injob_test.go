@@ -392,3 +392,49 @@ func TestInJobStageConcurrency(t *testing.T) {
 		t.Errorf("every stage ran in the end: %+v", c)
 	}
 }
+
+// DataWarp stages a directory's files one by one, so a query of a staged directory counts
+// files: those moved as complete, the rest in the stage's state.
+func TestInJobDirectoryCountsFiles(t *testing.T) {
+	h := runningJob(t)
+	dir := InJobStage{Direction: model.StageOut, Type: model.StageDir, DWVar: VarJobStriped, DWPath: "/ckpt", PFSPath: "/pfs/ckpt"}
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{dir, out("", "/log", "/pfs/log")}, h, h.now))
+	var st *model.Stage
+	for _, s := range h.w.Stages {
+		if s.Type == model.StageDir {
+			st = s
+		}
+	}
+	if c := h.counts("/ckpt"); c != (InJobCounts{Pending: 1}) {
+		t.Fatalf("not started, its files not yet counted: %+v", c)
+	}
+	st.Status, st.FilesTotal, st.FilesDone = model.StageRunning, 4, 1
+	for _, c := range []struct {
+		path string
+		want InJobCounts
+	}{
+		{"/ckpt", InJobCounts{Complete: 1, Pending: 3}},
+		{"/", InJobCounts{Complete: 1, Pending: 4}}, // and /log
+		{"/ckpt/a", InJobCounts{Pending: 1}},        // one file inside: its stage's state
+	} {
+		if got := h.counts(c.path); got != c.want {
+			t.Errorf("running, 1 of 4 files moved, query %s: %+v, want %+v", c.path, got, c.want)
+		}
+	}
+	st.FilesDone = 4
+	if c := h.counts("/ckpt"); c != (InJobCounts{Complete: 4, Pending: 1}) {
+		t.Errorf("every file moved but the stage not ended is still pending: %+v", c)
+	}
+	st.Status = model.StageComplete
+	if c := h.counts("/ckpt"); c != (InJobCounts{Complete: 4}) {
+		t.Errorf("complete: %+v", c)
+	}
+	st.Status, st.FilesDone = model.StageFailed, 2
+	if c := h.counts("/ckpt"); c != (InJobCounts{Complete: 2, Failed: 2}) {
+		t.Errorf("failed after 2 of 4: %+v", c)
+	}
+	st.Status, st.FilesTotal, st.FilesDone = model.StageComplete, 0, 0
+	if c := h.counts("/ckpt"); c != (InJobCounts{Complete: 1}) {
+		t.Errorf("an empty directory staged is still staged: %+v", c)
+	}
+}

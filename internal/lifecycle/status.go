@@ -107,6 +107,14 @@ func Status(w *World, token, step string) StepStatus {
 		}
 	case PhaseTeardown:
 		st.Done = false
+		// Only what the teardown itself failed to remove: a fuse blown creating an object
+		// (its fragment's node was away) is replaced when the teardown sets it to destroy.
+		creating := collect
+		collect = func(state model.State) {
+			if state.Goal == model.GoalDestroy {
+				creating(state)
+			}
+		}
 		for _, a := range w.ActivationsOf(s.ID) {
 			collect(a.State)
 		}

@@ -61,6 +61,7 @@ type Result struct {
 // their goal) and returns the effects that can run now. Effects whose retry time has not come
 // are left for a later step.
 func Step(w *World, p Params, now time.Time) []Effect {
+	Expire(w, now)
 	var effects []Effect
 	running := 0
 	for _, st := range w.Stages {
@@ -537,7 +538,7 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 		w.remove(KindRegistration, r.ID)
 	}
 	for _, st := range stages {
-		w.remove(KindStage, st.ID)
+		w.retire(st, s)
 	}
 	w.remove(KindSession, s.ID)
 	return effects
@@ -599,6 +600,7 @@ func stageLabel(st *model.Stage) string {
 
 // Complete records an effect's outcome.
 func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
+	noteEffectFailure(w, e, r.Err, p, now)
 	if e.Part > 0 {
 		completeSplit(w, e, r, p, now)
 		return

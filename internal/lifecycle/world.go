@@ -81,10 +81,13 @@ type Ref struct {
 type Changes struct {
 	Put    []any // *model.Session, *model.Fragment, ...
 	Delete []Ref
+	// Archive are finished stages removed with their session (or replaced by a newer
+	// request) to keep in the stage history (stage.history of them, the newest).
+	Archive []*model.FinishedStage
 }
 
 // Empty reports whether nothing changed.
-func (c Changes) Empty() bool { return len(c.Put) == 0 && len(c.Delete) == 0 }
+func (c Changes) Empty() bool { return len(c.Put) == 0 && len(c.Delete) == 0 && len(c.Archive) == 0 }
 
 // TakeChanges returns the changes recorded since the last call and forgets them.
 func (w *World) TakeChanges() Changes {
@@ -109,7 +112,7 @@ func dedupe(c Changes) Changes {
 		seen[p] = true
 		puts = append(puts, p)
 	}
-	return Changes{Put: puts, Delete: c.Delete}
+	return Changes{Put: puts, Delete: c.Delete, Archive: c.Archive}
 }
 
 func refOf(obj any) Ref {
@@ -184,6 +187,14 @@ func (w *World) remove(kind string, id ID) {
 		delete(w.Stages, id)
 	}
 	w.changes.Delete = append(w.changes.Delete, Ref{kind, id})
+}
+
+// retire removes a stage, keeping it in the stage history when it has ended.
+func (w *World) retire(st *model.Stage, s *model.Session) {
+	if st.Ended() && s != nil {
+		w.changes.Archive = append(w.changes.Archive, &model.FinishedStage{Stage: *st, Token: s.Token, Owner: s.Owner})
+	}
+	w.remove(KindStage, st.ID)
 }
 
 // SessionByToken finds a session by token.
@@ -398,7 +409,7 @@ func (w *World) UsageOfPool(name string) PoolUsage {
 		}
 		nu := w.UsageOfNode(nodeName)
 		u.Quantity += nu.Grains
-		if n.Online && !n.Drain && nu.Grains > nu.Used {
+		if n.Online && !n.Drain && !n.Worn && nu.Grains > nu.Used {
 			u.Free += nu.Grains - nu.Used
 		}
 	}

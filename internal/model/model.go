@@ -98,6 +98,45 @@ type Node struct {
 	// DataAddress is where the node serves its namespaces to other hosts' mounts
 	// (host:port of warpfs); "" = only its own host can mount its instances.
 	DataAddress string `json:"data_address,omitempty"`
+
+	// Endurance is the SSD wear the agent last reported (nil: never reported). Worn says
+	// the remaining endurance is below controller.endurance_threshold: the node takes no new
+	// fragments (set from the report by lifecycle.NodeWorn).
+	Endurance *Endurance `json:"endurance,omitempty"`
+	Worn      bool       `json:"worn,omitempty"`
+	// AutoDrained marks a drain the controller decided itself after repeated failures on the
+	// node (Reason says which); Failures are the recent failures counted toward it, at most
+	// controller.auto_drain_failures of them, none older than controller.auto_drain_window.
+	AutoDrained bool          `json:"auto_drained,omitempty"`
+	Failures    []NodeFailure `json:"failures,omitempty"`
+	// DataErrorsSeen is the agent's count of data-path errors as last reported
+	// (agentapi.NodeReport.DataErrors): the controller counts what it adds.
+	DataErrorsSeen uint64 `json:"data_errors_seen,omitempty"`
+	// HeldOffline: an administrator took the node out of service (dwcli update node
+	// --offline): the controller treats it as offline whatever its heartbeats say.
+	HeldOffline bool `json:"held_offline,omitempty"`
+	// PoolAssigned: an administrator put the node in Pool (dwcli update node --pool); the
+	// pool its agent reports (agent.pool) no longer changes it.
+	PoolAssigned bool `json:"pool_assigned,omitempty"`
+}
+
+// Endurance is a storage node's SSD wear.
+type Endurance struct {
+	Known bool `json:"known"`
+	// PercentUsed is the device's estimate of its life used (NVMe percentage_used; SATA
+	// 100 - the remaining-life attribute). It may pass 100.
+	PercentUsed int    `json:"percent_used"`
+	Source      string `json:"source,omitempty"` // how it was read: "smartctl /dev/nvme0n1", "file /path", ...
+	Error       string `json:"error,omitempty"`  // why it is not known
+}
+
+// Remaining is the endurance left, in percent of the device's rated life (0 when worn out).
+func (e Endurance) Remaining() int { return max(0, 100-e.PercentUsed) }
+
+// NodeFailure is one failure counted toward a node's auto-drain.
+type NodeFailure struct {
+	At    time.Time `json:"at"`
+	Error string    `json:"error"`
 }
 
 // Session owns storage: one job (token = job id) or one persistent instance (token = name).
@@ -119,6 +158,10 @@ type Session struct {
 	// StageConcurrency is how many of the job's in-job stages may run at once
 	// (dw_set_stage_concurrency); 0: no limit of its own (the system's stage.max_running).
 	StageConcurrency int `json:"stage_concurrency,omitempty"`
+
+	// Expired marks a persistent instance past its expiration: no new job may use it, and it
+	// is destroyed once no job uses it (lifecycle.Expire).
+	Expired bool `json:"expired,omitempty"`
 }
 
 // IsJob reports whether the session belongs to a job (its token is the job id).
@@ -298,6 +341,14 @@ type StagePart struct {
 	BytesDone uint64 `json:"bytes_done"`
 	Error     string `json:"error,omitempty"`
 	Attempts  int    `json:"attempts,omitempty"` // restarts after its agent lost it
+}
+
+// FinishedStage is a stage kept after its session went (the stage history, bounded by
+// stage.history): its final status, bytes and error, and whose it was.
+type FinishedStage struct {
+	Stage
+	Token string `json:"token"`
+	Owner uint32 `json:"owner"`
 }
 
 // Ended reports whether the stage will move no more data.

@@ -378,18 +378,13 @@ func (w *worker) copyFile(ctx context.Context, job *copyJob, e entry, buf *[]byt
 		return err
 	}
 	defer release()
-	if w.spec.Protect && job.src.dw && !job.tree && st.Mode&0o222 != 0 {
+	if w.spec.Protect && job.src.dw && !job.tree {
 		// The file being staged out is write-protected until its copy ends (DataWarp's
 		// behaviour: applications take "not writable" for "stage-out in progress"). The
 		// destination gets the mode the file had.
-		protected := st.Mode & 0o7777 &^ 0o222
-		if fchmod(in, protected) == nil {
-			defer func() {
-				// Unless its owner changed the mode meanwhile.
-				if cur, err := fstat(in); err == nil && cur.Mode&0o7777 == protected {
-					fchmod(in, st.Mode&0o7777)
-				}
-			}()
+		if restore := protect(in, st.Mode); restore != 0 {
+			st.Mode = st.Mode&^0o7777 | restore
+			defer unprotect(in, restore) // unless its owner changed the mode meanwhile
 		}
 	}
 	dstName := job.dst.join(job.dstName, e.rel)

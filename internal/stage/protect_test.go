@@ -166,3 +166,72 @@ func TestSplitStageOutWriteProtectsTheSource(t *testing.T) {
 		})
 	}
 }
+
+// A prepare step run again (its agent restarted before the controller heard the first run's
+// report) reports the mode the file had before the first run protected it, not the protected
+// mode; the finish gives it back and leaves no saved mode behind.
+func TestSplitStageOutProtectedTwiceGivesBackTheFirstMode(t *testing.T) {
+	a := newArea(t)
+	src, dst := filepath.Join(a.ns, "ckpt"), filepath.Join(a.pfs, "ckpt")
+	writeFile(t, src, strings.Repeat("x", 10000), 0o640, time.Unix(1_700_000_000, 0))
+	if err := unix.Setxattr(src, stripe.UserXattr, []byte("stripe_size=4096 stripe_width=2 start=0"), 0); err != nil {
+		t.Skipf("this file system keeps no user extended attributes: %v", err)
+	}
+	owned(t, a.pfs)
+	s := spec(a, "out", "file", dst, "$DW_JOB_STRIPED/ckpt")
+	s.Protect = true
+	run := func(step string, restore uint32) agentapi.StageStatus {
+		t.Helper()
+		ps := s
+		ps.Part = &agentapi.StagePart{Step: step, Server: 0, Servers: 2, RestoreMode: restore}
+		return mustComplete(t, ps)
+	}
+	for i := 1; i <= 2; i++ {
+		if st := run(agentapi.StepPrepare, 0); st.ProtectedMode != 0o640 {
+			t.Fatalf("prepare run %d reported protected mode %o, want 0640", i, st.ProtectedMode)
+		}
+	}
+	run(agentapi.StepCopy, 0o640)
+	run(agentapi.StepFinish, 0o640)
+	for _, p := range []string{src, dst} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o640 {
+			t.Errorf("%s after the stage: %v %v, want mode 0640", p, fi.Mode(), err)
+		}
+	}
+	if _, err := unix.Getxattr(src, protectedModeXattr, make([]byte, 16)); err != unix.ENODATA {
+		t.Errorf("the saved mode outlived the stage: %v", err)
+	}
+}
+
+// A file its owner made read-only is not taken for one a stage protected.
+func TestProtectLeavesAReadOnlyFileAlone(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, nil, 0o440); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(p, 0o440)
+	fd, err := unix.Open(p, unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if got := protect(fd, 0o440); got != 0 {
+		t.Fatalf("protect of a read-only file: %o, want 0 (nothing to give back)", got)
+	}
+	os.Chmod(p, 0o644)
+	if got := protect(fd, 0o644); got != 0o644 {
+		t.Fatalf("protect: %o", got)
+	}
+	if got := protect(fd, 0o444); got != 0o644 {
+		t.Fatalf("protect again (a rerun): %o, want the first mode 0644", got)
+	}
+	if err := unprotect(fd, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o644 {
+		t.Fatalf("after unprotect: %v", fi.Mode())
+	}
+	if got := protect(fd, 0o644); got != 0o644 {
+		t.Fatalf("a later stage-out protects afresh: %o", got)
+	}
+}

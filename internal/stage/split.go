@@ -69,16 +69,15 @@ func (w *worker) prepareEntry(ctx context.Context, job *copyJob, e entry, buf *[
 		return err
 	}
 	defer release()
-	if w.protects(job) && st.Mode&0o222 != 0 {
+	if w.protects(job) {
 		// The file being staged out is write-protected before any of it is copied, until
 		// the finish or abort step gives its mode back (DataWarp's behaviour, as an unsplit
 		// stage-out). The controller records the mode it had.
-		mode := st.Mode & 0o7777
-		if fchmod(in, mode&^0o222) == nil {
+		if mode := protect(in, st.Mode); mode != 0 {
 			w.out.send(event{Event: eventProtected, Mode: mode})
 			defer func() {
 				if err != nil {
-					fchmod(in, mode) // this stage copies no more of it
+					unprotect(in, mode) // this stage copies no more of it
 				}
 			}()
 		}
@@ -142,7 +141,7 @@ func (w *worker) finishFile(ctx context.Context, job *copyJob, e entry, buf *[]b
 	if restore := w.restoreMode(job); restore != 0 {
 		// The copy ends here, whatever its outcome: the source gets its write bits back, and
 		// the destination the mode the source had before it was protected.
-		defer w.restoreSource(job, e, in, st)
+		defer w.restoreSource(job, e, in)
 		mode = st.Mode&^0o7777 | restore
 	}
 	out, dst, err := w.openPrepared(job, e, unix.O_RDONLY, dirs)
@@ -173,12 +172,12 @@ func (w *worker) restoreMode(job *copyJob) uint32 {
 
 // restoreSource gives a protected source (open as in) its write bits back, unless its owner
 // changed its mode since the prepare step removed them.
-func (w *worker) restoreSource(job *copyJob, e entry, in int, st unix.Stat_t) {
+func (w *worker) restoreSource(job *copyJob, e entry, in int) {
 	restore := w.restoreMode(job)
-	if restore == 0 || st.Mode&0o7777 != restore&^0o222 {
+	if restore == 0 {
 		return
 	}
-	if err := fchmod(in, restore); err != nil {
+	if err := unprotect(in, restore); err != nil {
 		w.out.warn(fmt.Sprintf("%s: could not give %s its write permission back (mode %04o): %s", w.prefix,
 			job.src.display(job.src.join(job.srcName, e.rel)), restore, w.reason(err)))
 	}
@@ -200,8 +199,8 @@ func (w *worker) removeFile(ctx context.Context, job *copyJob, e entry, buf *[]b
 		w.out.warn(fmt.Sprintf("%s: could not remove the partly staged %s: %s", w.prefix, job.dst.display(dstName), w.reason(err)))
 	}
 	if w.restoreMode(job) != 0 {
-		if in, st, release, err := w.openPlannedSource(ctx, job, e, dirs); err == nil {
-			w.restoreSource(job, e, in, st)
+		if in, _, release, err := w.openPlannedSource(ctx, job, e, dirs); err == nil {
+			w.restoreSource(job, e, in)
 			release()
 		}
 	}

@@ -130,6 +130,8 @@ var (
 	Registrations  = byID("registration", func(o *model.Registration) int64 { return o.ID })
 	Activations    = byID("activation", func(o *model.Activation) int64 { return o.ID })
 	Stages         = byID("stage", func(o *model.Stage) int64 { return o.ID })
+	// StageHistory keeps finished stages after their sessions went (stage.history of them).
+	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Sessions is indexed by token as well; use PutSession/DeleteSession to keep the index.
 	Sessions = byID("session", func(o *model.Session) int64 { return o.ID })
 )

@@ -56,6 +56,25 @@ type Node struct {
 	Health      string   `json:"health,omitempty"`
 	Written     uint64   `json:"bytes_written"`
 	Version     string   `json:"version,omitempty"`
+	// HeldOffline: an administrator took the node out of service (dwcli update node --offline).
+	HeldOffline bool `json:"held_offline,omitempty"`
+
+	// Health (docs/admin.md): the SSD's wear; Worn when its remaining endurance is below
+	// controller.endurance_threshold (no new fragments); AutoDrained when the controller
+	// drained it after repeated failures (Reason says which); RecentFailures counted toward it.
+	Endurance      *NodeEndurance `json:"endurance,omitempty"`
+	Worn           bool           `json:"worn,omitempty"`
+	AutoDrained    bool           `json:"auto_drained,omitempty"`
+	RecentFailures int            `json:"recent_failures,omitempty"`
+}
+
+// NodeEndurance is a storage node's SSD wear as its agent last read it.
+type NodeEndurance struct {
+	Known            bool   `json:"known"`
+	PercentUsed      int    `json:"percent_used"`      // the device's figure; may pass 100
+	PercentRemaining int    `json:"percent_remaining"` // 100 - used, at least 0
+	Source           string `json:"source,omitempty"`
+	Error            string `json:"error,omitempty"` // why it is not known
 }
 
 // Session is one element of {"sessions": [...]}.
@@ -203,6 +222,8 @@ type Stage struct {
 	BytesByNode map[string]uint64 `json:"bytes_by_node,omitempty"`
 	Started     int64             `json:"started,omitempty"`
 	Finished    int64             `json:"finished,omitempty"`
+	// Owner is the uid of the stage's session (a finished stage's, kept after it went).
+	Owner uint32 `json:"owner"`
 }
 
 // All is every table at once: GET /dw/v1/all, dwstat all, and the layout snapshot bbsim reads.
@@ -217,6 +238,9 @@ type All struct {
 	Registrations  []Registration  `json:"registrations"`
 	Activations    []Activation    `json:"activations"`
 	Stages         []Stage         `json:"stages"`
+	// StageHistory are finished stages kept after their sessions went (stage.history of the
+	// newest), oldest first: not live objects.
+	StageHistory []Stage `json:"stage_history"`
 }
 
 // Build renders the whole world.
@@ -242,7 +266,15 @@ func Build(w *lifecycle.World) All {
 		}
 		a.Nodes = append(a.Nodes, Node{ID: name, Pool: n.Pool, Online: n.Online, Drain: n.Drain, Granularity: gran,
 			Capacity: n.Capacity, Used: u.Used * gran, Instances: u.Instances, Activations: u.Activations,
-			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Written: n.Written, Version: n.Version})
+			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Written: n.Written, Version: n.Version,
+			HeldOffline: n.HeldOffline, Worn: n.Worn, AutoDrained: n.AutoDrained, RecentFailures: len(n.Failures)})
+		v := &a.Nodes[len(a.Nodes)-1]
+		if e := n.Endurance; e != nil {
+			v.Endurance = &NodeEndurance{Known: e.Known, PercentUsed: e.PercentUsed, PercentRemaining: e.Remaining(), Source: e.Source, Error: e.Error}
+		}
+		if n.Worn && v.Reason == "" {
+			v.Reason = lifecycle.WornReason(n)
+		}
 	}
 	a.Sessions = []Session{}
 	for _, s := range w.SortedSessions() {
@@ -250,7 +282,7 @@ func Build(w *lifecycle.World) All {
 		if nodes == nil {
 			nodes = []string{}
 		}
-		a.Sessions = append(a.Sessions, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, ID: s.ID,
+		a.Sessions = append(a.Sessions, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, Expired: s.Expired, ID: s.ID,
 			Links: SessionLinks{ClientNodes: nodes}, Owner: s.Owner, State: stateOf(s.State), Token: s.Token,
 			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: s.Failure, Uses: s.Uses})
 	}
@@ -274,6 +306,9 @@ func Build(w *lifecycle.World) All {
 			ID: i.ID, Intact: intact, Label: i.Label, Limits: Limits{i.WriteWindowLength, i.WriteWindowMultiplier},
 			Links: InstanceLinks{Configurations: confs, Session: i.SessionID}, Public: i.Public, State: stateOf(i.State),
 			Pool: i.Pool, Requested: i.Requested, Strategy: i.Strategy})
+		if s := w.Sessions[i.SessionID]; s != nil { // an instance expires with its session
+			a.Instances[len(a.Instances)-1].Expiration, a.Instances[len(a.Instances)-1].Expired = s.Expiration, s.Expired
+		}
 	}
 	activs := map[int64]int{}
 	for _, act := range w.Activations {
@@ -310,33 +345,48 @@ func Build(w *lifecycle.World) All {
 	a.Stages = []Stage{}
 	for _, id := range ids(w.Stages) {
 		s := w.Stages[id]
-		token := ""
+		var token string
+		var owner uint32
 		if sess := w.Sessions[s.SessionID]; sess != nil {
-			token = sess.Token
+			token, owner = sess.Token, sess.Owner
 		}
-		v := Stage{ID: s.ID, Session: s.SessionID, Token: token, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,
-			Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error, Warnings: s.Warnings,
-			InJob: s.InJob}
-		if s.Step != "" {
-			v.Step, v.BytesByNode = s.Step, map[string]uint64{}
-			for node, n := range s.Moved {
-				v.BytesByNode[node] += n
-			}
-			for _, part := range s.Parts {
-				if s.Status == model.StageRunning && lifecycle.MovesData(s.Step) {
-					v.BytesByNode[part.Node] += part.BytesDone
-				}
-			}
-		}
-		if !s.Started.IsZero() {
-			v.Started = s.Started.Unix()
-		}
-		if !s.Finished.IsZero() {
-			v.Finished = s.Finished.Unix()
-		}
-		a.Stages = append(a.Stages, v)
+		a.Stages = append(a.Stages, stageOf(s, token, owner))
 	}
+	a.StageHistory = []Stage{}
 	return a
+}
+
+// History renders the finished stages kept after their sessions went.
+func History(h []*model.FinishedStage) []Stage {
+	out := []Stage{}
+	for _, f := range h {
+		out = append(out, stageOf(&f.Stage, f.Token, f.Owner))
+	}
+	return out
+}
+
+func stageOf(s *model.Stage, token string, owner uint32) Stage {
+	v := Stage{ID: s.ID, Session: s.SessionID, Token: token, Direction: s.Direction, Type: s.Type, PFSPath: s.PFSPath, DWPath: s.DWPath, Line: s.Line,
+		Status: s.Status, FilesTotal: s.FilesTotal, FilesDone: s.FilesDone, BytesTotal: s.BytesTotal, BytesDone: s.BytesDone, Error: s.Error, Warnings: s.Warnings,
+		InJob: s.InJob, Owner: owner}
+	if s.Step != "" {
+		v.Step, v.BytesByNode = s.Step, map[string]uint64{}
+		for node, n := range s.Moved {
+			v.BytesByNode[node] += n
+		}
+		for _, part := range s.Parts {
+			if s.Status == model.StageRunning && lifecycle.MovesData(s.Step) {
+				v.BytesByNode[part.Node] += part.BytesDone
+			}
+		}
+	}
+	if !s.Started.IsZero() {
+		v.Started = s.Started.Unix()
+	}
+	if !s.Finished.IsZero() {
+		v.Finished = s.Finished.Unix()
+	}
+	return v
 }
 
 // AccessType is DataWarp's word for an access mode in configuration listings.
@@ -412,6 +462,12 @@ func (a All) VisibleTo(uid uint32) All {
 	for _, st := range a.Stages {
 		if own[st.Session] {
 			out.Stages = append(out.Stages, st)
+		}
+	}
+	out.StageHistory = []Stage{}
+	for _, st := range a.StageHistory {
+		if st.Owner == uid {
+			out.StageHistory = append(out.StageHistory, st)
 		}
 	}
 	return out

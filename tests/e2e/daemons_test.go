@@ -303,6 +303,12 @@ func (c *cluster) assertClean() {
 	if n := len(all.Sessions) + len(all.Instances) + len(all.Fragments) + len(all.Namespaces) + len(all.Activations) + len(all.Stages) + len(all.Registrations) + len(all.Configurations); n != 0 {
 		c.t.Errorf("%d objects left in the controller: %+v", n, all)
 	}
+	// Finished stages stay in the stage history (stage.history), not as live objects.
+	for _, st := range all.StageHistory {
+		if st.Status != "complete" && st.Status != "failed" && st.Status != "canceled" {
+			c.t.Errorf("an unfinished stage in the stage history: %+v", st)
+		}
+	}
 	if frags, _ := os.ReadDir(filepath.Join(c.dir, "ssd", "fragment")); len(frags) != 0 {
 		c.t.Errorf("%d fragment directories left on the agent's disk", len(frags))
 	}

@@ -357,6 +357,12 @@ func (c *netCluster) assertClean() {
 	if n := len(all.Sessions) + len(all.Instances) + len(all.Fragments) + len(all.Namespaces) + len(all.Activations) + len(all.Stages) + len(all.Registrations) + len(all.Configurations); n != 0 {
 		c.t.Errorf("%d objects left in the controller: %+v", n, all)
 	}
+	// Finished stages stay in the stage history (stage.history), not as live objects.
+	for _, st := range all.StageHistory {
+		if st.Status != "complete" && st.Status != "failed" && st.Status != "canceled" {
+			c.t.Errorf("an unfinished stage in the stage history: %+v", st)
+		}
+	}
 	if f := c.fragments(c.storage...); len(f) != 0 {
 		c.t.Errorf("%d fragment directories left on the storage nodes", len(f))
 	}

@@ -1,0 +1,324 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/config"
+	"github.com/spillway-hpc/spillway/internal/httpapi"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/store"
+	"github.com/spillway-hpc/spillway/internal/store/sqlite"
+	"github.com/spillway-hpc/spillway/internal/views"
+)
+
+// adminWorld is a real controller over a real state database, with no agents: every effect
+// fails as an unreachable agent's would.
+type adminWorld struct {
+	t   *testing.T
+	c   *Controller
+	srv *Server
+}
+
+func newAdminWorld(t *testing.T, edit func(*config.Config)) *adminWorld {
+	cfg := config.Defaults()
+	cfg.Controller.StateDir = t.TempDir()
+	cfg.Pools = []config.Pool{{Name: "wlm_pool", Granularity: config.Size(1 << 30)}}
+	cfg.Executor.MaxAttempts = 2
+	cfg.Executor.RetryBackoff = config.Duration(time.Millisecond)
+	cfg.Executor.RetryBackoffMax = config.Duration(time.Millisecond)
+	if edit != nil {
+		edit(&cfg)
+	}
+	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := New(cfg, store.New(eng), func(n *model.Node) (agentapi.Agent, error) { return nil, errNoAgents }, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &adminWorld{t: t, c: c, srv: NewServer(c, "", nil, log)}
+}
+
+const rootUID, userUID = 0, 1000
+
+// call sends a request as uid on the Unix socket; it returns the status and the body.
+func (a *adminWorld) call(uid uint32, method, path, body string) (int, string) {
+	req := httptest.NewRequest(method, "http://spillway"+path, strings.NewReader(body))
+	req = req.WithContext(httpapi.WithPeer(req.Context(), httpapi.Peer{UID: uid, GID: uid, Known: true}))
+	rec := httptest.NewRecorder()
+	a.srv.ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String()
+}
+
+func (a *adminWorld) must(uid uint32, method, path, body string, want int) string {
+	a.t.Helper()
+	code, out := a.call(uid, method, path, body)
+	if code != want {
+		a.t.Fatalf("%s %s %s: %d %s, want %d", method, path, body, code, out, want)
+	}
+	return out
+}
+
+func (a *adminWorld) heartbeat(name, pool string) {
+	a.t.Helper()
+	if _, err := a.c.Heartbeat(context.Background(), agentapi.NodeReport{Name: name, Pool: pool, Capacity: 4 << 30, Roles: []string{"storage", "client"}}); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
+func (a *adminWorld) all() views.All {
+	a.t.Helper()
+	var all views.All
+	if err := json.Unmarshal([]byte(a.must(rootUID, "GET", "/dw/v1/all", "", 200)), &all); err != nil {
+		a.t.Fatal(err)
+	}
+	return all
+}
+
+func (a *adminWorld) node(name string) views.Node {
+	for _, n := range a.all().Nodes {
+		if n.ID == name {
+			return n
+		}
+	}
+	a.t.Fatalf("no node %s", name)
+	return views.Node{}
+}
+
+func (a *adminWorld) setup(token string, owner uint32, stageOuts int) {
+	a.t.Helper()
+	req := lifecycle.Setup{Token: token, Creator: "SLURM", Owner: owner, Group: owner,
+		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}, Strategy: "bandwidth"}}
+	for i := 0; i < stageOuts; i++ {
+		req.StageOut = append(req.StageOut, lifecycle.StageRequest{Type: "file", PFSPath: "/pfs/" + token, DWVar: lifecycle.VarJobStriped, DWPath: "/r" + string(rune('a'+i))})
+	}
+	if err := a.c.Setup(context.Background(), req, false); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
+// settle runs the executor until nothing changes.
+func (a *adminWorld) settle() {
+	for i := 0; i < 20; i++ {
+		a.c.RunOnce(context.Background())
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// An ordinary user is refused every administrative change, with a message that says so, and
+// may not tear down another user's session; the state is unchanged.
+func TestAdminChangesNeedAnAdministrator(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	a.heartbeat("ssd1", "wlm_pool")
+	a.setup("77", 2000, 0)
+	var actID int64 = 1
+	for _, r := range []struct{ method, path, body string }{
+		{"PATCH", "/dw/v1/nodes/ssd1", `{"drain":true}`},
+		{"PATCH", "/dw/v1/nodes/ssd1", `{"offline":true}`},
+		{"PATCH", "/dw/v1/nodes/ssd1", `{"pool":"wlm_pool"}`},
+		{"DELETE", "/dw/v1/nodes/ssd1", ``},
+		{"POST", "/dw/v1/pools", `{"id":"p2","granularity":1024}`},
+		{"DELETE", "/dw/v1/pools/wlm_pool", ``},
+		{"DELETE", "/dw/v1/activations/" + itoa(actID), ``},
+		{"POST", "/dw/v1/fragments/1/replace_fuse", ``},
+		{"PATCH", "/dw/v1/registrations/1", `{"wait":false}`},
+	} {
+		code, out := a.call(userUID, r.method, r.path, r.body)
+		if code != http.StatusForbidden || !strings.Contains(out, "this operation is for administrators") {
+			t.Errorf("uid %d %s %s: %d %s, want 403 for administrators", userUID, r.method, r.path, code, out)
+		}
+	}
+	code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/teardown", `{"hurry":true}`)
+	if code != http.StatusForbidden || !strings.Contains(out, "belongs to uid 2000") {
+		t.Errorf("another user's teardown: %d %s", code, out)
+	}
+	all := a.all()
+	if n := a.node("ssd1"); n.Drain || len(all.Sessions) != 1 || len(all.Pools) != 1 {
+		t.Errorf("an ordinary user changed the state: %+v", all)
+	}
+}
+
+// Nodes: drain and fill, hold offline and online (whatever the heartbeats say), move between
+// pools (refused while the node holds fragments, then kept against the agent's own pool),
+// removal refused with the reason while it holds fragments or its agent is alive; pools:
+// removal refused while nodes are in them or the configuration names them.
+func TestAdminNodesAndPools(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	a.heartbeat("ssd1", "wlm_pool")
+	a.must(rootUID, "POST", "/dw/v1/pools", `{"id":"sm_pool","granularity":16777216}`, 201)
+	a.setup("77", 1000, 0)
+
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"drain":true,"reason":"SSD errors"}`, 200)
+	if n := a.node("ssd1"); !n.Drain || n.Reason != "SSD errors" || !n.Online {
+		t.Errorf("drained: %+v", n)
+	}
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"drain":false}`, 200)
+	if n := a.node("ssd1"); n.Drain || n.Reason != "" {
+		t.Errorf("filled: %+v", n)
+	}
+	out := a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"pool":"sm_pool"}`, 400)
+	for _, want := range []string{"node ssd1 holds fragment", "session 1 (token 77)", "drain it"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("move with fragments: %s lacks %q", out, want)
+		}
+	}
+	out = a.must(rootUID, "DELETE", "/dw/v1/nodes/ssd1", ``, 400)
+	if !strings.Contains(out, "removing it would lose their data") {
+		t.Errorf("remove with fragments: %s", out)
+	}
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{}`, 400)
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/nosuch", `{"drain":true}`, 400)
+
+	// Offline: the heartbeats no longer bring it online; a teardown completes without it.
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"offline":true,"reason":"maintenance"}`, 200)
+	a.heartbeat("ssd1", "wlm_pool")
+	if n := a.node("ssd1"); n.Online || !n.HeldOffline {
+		t.Errorf("held offline, after a heartbeat: %+v", n)
+	}
+	if p := a.all().Pools[1]; p.ID != "wlm_pool" || p.Free != 0 {
+		t.Errorf("an offline node's capacity counts as free: %+v", p)
+	}
+	a.must(rootUID, "POST", "/dw/v1/sessions/77/teardown", `{"hurry":true}`, 202)
+	a.settle()
+	if all := a.all(); len(all.Sessions)+len(all.Fragments) != 0 {
+		t.Fatalf("teardown with the node offline left %+v", all)
+	}
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"offline":false}`, 200)
+	if n := a.node("ssd1"); !n.Online || n.Reason != "" {
+		t.Errorf("back online: %+v", n)
+	}
+
+	// Move it; its agent's agent.pool no longer moves it back.
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"pool":"sm_pool"}`, 200)
+	a.heartbeat("ssd1", "wlm_pool")
+	if n := a.node("ssd1"); n.Pool != "sm_pool" {
+		t.Errorf("after a heartbeat naming wlm_pool, the node is in %q", n.Pool)
+	}
+	out = a.must(rootUID, "DELETE", "/dw/v1/pools/sm_pool", ``, 400)
+	if !strings.Contains(out, "pool sm_pool has node(s) ssd1") {
+		t.Errorf("remove a pool with a node: %s", out)
+	}
+	out = a.must(rootUID, "DELETE", "/dw/v1/pools/wlm_pool", ``, 400)
+	if !strings.Contains(out, "controller's configuration") {
+		t.Errorf("remove a configured pool: %s", out)
+	}
+
+	// Its agent is alive: refused; once it has been silent for controller.node_timeout, gone.
+	out = a.must(rootUID, "DELETE", "/dw/v1/nodes/ssd1", ``, 400)
+	if !strings.Contains(out, "stop its agent first") {
+		t.Errorf("remove a live node: %s", out)
+	}
+	a.c.now = func() time.Time { return time.Now().Add(time.Hour) }
+	a.must(rootUID, "DELETE", "/dw/v1/nodes/ssd1", ``, 200)
+	a.must(rootUID, "DELETE", "/dw/v1/pools/sm_pool", ``, 200)
+	if all := a.all(); len(all.Nodes) != 0 || len(all.Pools) != 1 {
+		t.Errorf("after removing: nodes %+v pools %+v", all.Nodes, all.Pools)
+	}
+}
+
+// A fragment whose creation fails executor.max_attempts times blows its fuse and is left
+// alone; replacing the fuse makes the executor try again. An unblown fuse, an unknown
+// object and a kind without fuses are refused with the reason.
+func TestReplaceFuse(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	a.heartbeat("ssd1", "wlm_pool")
+	a.setup("77", 1000, 0)
+	a.settle()
+	all := a.all()
+	if len(all.Fragments) != 1 || !all.Fragments[0].State.FuseBlown {
+		t.Fatalf("the fragment's fuse did not blow: %+v", all.Fragments)
+	}
+	id := itoa(all.Fragments[0].ID)
+	a.must(rootUID, "POST", "/dw/v1/fragments/"+id+"/replace_fuse", ``, 202)
+	var st model.State
+	a.c.store.View(context.Background(), func(tx *store.Tx) error {
+		f, err := store.Fragments.Get(tx, all.Fragments[0].ID)
+		if err == nil {
+			st = f.State
+		}
+		return err
+	})
+	if st.FuseBlown || st.Attempts != 0 || st.Actualized {
+		t.Errorf("after replacing the fuse: %+v", st)
+	}
+	a.c.RunOnce(context.Background()) // tried again: fails once more
+	a.c.store.View(context.Background(), func(tx *store.Tx) error {
+		f, _ := store.Fragments.Get(tx, all.Fragments[0].ID)
+		st = f.State
+		return nil
+	})
+	if st.Attempts != 1 {
+		t.Errorf("the executor did not try the fragment again: %+v", st)
+	}
+	a.c.RunOnce(context.Background())
+	time.Sleep(5 * time.Millisecond)
+	a.c.RunOnce(context.Background())
+	for _, r := range []struct{ path, want string }{
+		{"/dw/v1/fragments/999/replace_fuse", "fragment 999 does not exist"},
+		{"/dw/v1/sessions/1/replace_fuse", "sessions have no fuse to replace"},
+		{"/dw/v1/stages/1/replace_fuse", "a stage has no fuse"},
+		{"/dw/v1/pools/1/replace_fuse", `with fuses; tables: fragments, namespaces, activations`},
+	} {
+		if _, out := a.call(rootUID, "POST", r.path, ""); !strings.Contains(out, r.want) {
+			t.Errorf("%s: %s, want %q", r.path, out, r.want)
+		}
+	}
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"offline":true}`, 200)
+	a.must(rootUID, "POST", "/dw/v1/sessions/77/teardown", `{"hurry":true}`, 202)
+	a.settle()
+	if out := a.must(rootUID, "POST", "/dw/v1/fragments/"+id+"/replace_fuse", ``, 400); !strings.Contains(out, "does not exist") {
+		t.Errorf("%s", out)
+	}
+}
+
+// Finished stages outlive their sessions in the stage history, the newest stage.history of
+// them, each with its session's token and owner; an ordinary user sees only their own.
+func TestStageHistoryIsBounded(t *testing.T) {
+	a := newAdminWorld(t, func(c *config.Config) { c.Stage.History = 3 })
+	a.heartbeat("ssd1", "wlm_pool")
+	for i, token := range []string{"71", "72", "73"} {
+		a.setup(token, uint32(1000+i), 2) // two deferred stage-outs each
+		// Offline, the node's fragments go with the session without an agent.
+		a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"offline":true}`, 200)
+		a.must(rootUID, "POST", "/dw/v1/sessions/"+token+"/teardown", `{"hurry":true}`, 202)
+		a.settle()
+		a.must(rootUID, "PATCH", "/dw/v1/nodes/ssd1", `{"offline":false}`, 200)
+	}
+	all := a.all()
+	if len(all.Sessions) != 0 || len(all.Stages) != 0 {
+		t.Fatalf("live objects left: %+v %+v", all.Sessions, all.Stages)
+	}
+	if len(all.StageHistory) != 3 {
+		t.Fatalf("stage history: %d stages, want 3 (stage.history): %+v", len(all.StageHistory), all.StageHistory)
+	}
+	for i, st := range all.StageHistory {
+		want := []string{"72", "73", "73"}[i]
+		if st.Token != want || st.Status != model.StageCanceled || st.Error != "canceled by teardown" || st.Finished == 0 {
+			t.Errorf("history[%d] = %+v, want token %s, canceled by teardown", i, st, want)
+		}
+	}
+	var mine struct {
+		History []views.Stage `json:"stage_history"`
+	}
+	json.Unmarshal([]byte(a.must(1002, "GET", "/dw/v1/stage_history", "", 200)), &mine)
+	if len(mine.History) != 2 || mine.History[0].Owner != 1002 {
+		t.Errorf("uid 1002 sees %+v, want its own two stages", mine.History)
+	}
+}
+
+func itoa(i int64) string { return strconv.FormatInt(i, 10) }
