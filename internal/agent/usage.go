@@ -203,6 +203,7 @@ func (a *Agent) usage() agentapi.NodeUsage {
 		var used uint64
 		if t, err := a.tracker(f.Instance); err == nil { // the instance's usage on this node
 			used = t.Used()
+			f.NoteCapacity(t.Peak())
 		}
 		u.Fragments = append(u.Fragments, f.Usage(used))
 		if save {
