@@ -332,6 +332,7 @@ type fragmentMeta struct {
 	// seconds; 0: none.
 	WriteLimit        uint64 `json:"write_limit,omitempty"`
 	WriteWindowLength int64  `json:"write_window_length,omitempty"`
+	Job               string `json:"job,omitempty"` // the session's token, for the log
 }
 
 // CreateFragment makes the fragment's directory, or its file system mounted there
@@ -376,7 +377,7 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 		}
 	}
 	meta := fragmentMeta{ID: spec.ID, InstanceID: spec.InstanceID, Capacity: spec.Capacity, InstanceCapacity: spec.InstanceCapacity,
-		WriteLimit: spec.WriteLimit, WriteWindowLength: spec.WriteWindowLength}
+		WriteLimit: spec.WriteLimit, WriteWindowLength: spec.WriteWindowLength, Job: spec.Job}
 	raw, _ := json.Marshal(meta)
 	if err := writeFileAtomic(filepath.Join(dir, "fragment.json"), raw); err != nil {
 		return fmt.Errorf("create fragment %d: %w", spec.ID, err)

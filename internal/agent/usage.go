@@ -56,6 +56,7 @@ func (a *Agent) fragmentCounters(id int64) (*server.Fragment, error) {
 		a.opt.Log.Warn("the fragment's saved counters are unreadable: counting from zero", "fragment", id, "err", err)
 	}
 	f := server.RestoreFragment(id, meta.InstanceID, meta.limits(), st, a.opt.Log)
+	f.Job = meta.Job
 	a.counters[id] = f
 	return f, nil
 }
@@ -71,6 +72,7 @@ func (a *Agent) newFragmentCounters(meta fragmentMeta) {
 			st = &server.FragmentState{}
 		}
 		f = server.RestoreFragment(meta.ID, meta.InstanceID, meta.limits(), st, a.opt.Log)
+		f.Job = meta.Job
 		a.counters[meta.ID] = f
 	} else {
 		f.SetLimits(meta.limits())

@@ -1,11 +1,15 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -22,13 +26,14 @@ func TestUsageReportedAndKeptAcrossARestart(t *testing.T) {
 	base := t.TempDir()
 	ssd := filepath.Join(base, "ssd")
 	ctx := context.Background()
-	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 256 * mib})
+	var logged syncBuffer
+	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const limit = 24 * mib
 	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 5, InstanceID: 3, Capacity: 64 * mib, InstanceCapacity: 64 * mib,
-		WriteLimit: limit, WriteWindowLength: 3600}); err != nil {
+		WriteLimit: limit, WriteWindowLength: 3600, Job: "4242"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 1, FragmentID: 5, InstanceID: 3, Mode: 0o755, MaxFilesCreated: 3}); err != nil {
@@ -77,6 +82,11 @@ func TestUsageReportedAndKeptAcrossARestart(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(spec.MountPath, "f3"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Errorf("a create past the write window: %v, want EROFS", err)
 	}
+	for _, line := range []string{"write limit reached", "maximum files created reached"} {
+		if !strings.Contains(logged.String(), line) || !strings.Contains(logged.String(), "job=4242 instance=3 fragment=5") {
+			t.Errorf("no %q line naming the job, instance and fragment in the log:\n%s", line, logged.String())
+		}
+	}
 	rep, _ = a.Report(ctx)
 	before := fragmentUsage(t, rep, 5)
 	// The write that crosses the limit is done; the next ones are refused.
@@ -111,6 +121,24 @@ func TestUsageReportedAndKeptAcrossARestart(t *testing.T) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("the saved counters: %v %v", st, err)
 	}
+}
+
+// syncBuffer is a log destination safe for the agent's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func fragmentUsage(t *testing.T, rep agentapi.NodeReport, id int64) agentapi.FragmentUsage {

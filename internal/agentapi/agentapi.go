@@ -26,6 +26,9 @@ type FragmentSpec struct {
 	// the fragment is read-only (EROFS) until the window cools down. 0: no window.
 	WriteLimit        uint64 `json:"write_limit,omitempty"`
 	WriteWindowLength int64  `json:"write_window_length,omitempty"`
+	// Job is the session's token (a job id, a persistent instance's name), for the storage
+	// node's log lines about the fragment.
+	Job string `json:"job,omitempty"`
 }
 
 // NamespaceSpec asks a storage node to create a file tree inside one of its fragments.

@@ -20,7 +20,7 @@ func TestWriteLimitsReachTheAgents(t *testing.T) {
 	for _, e := range effects {
 		if e.Op == OpCreateFragment {
 			frags++
-			if f := e.Fragment; f.WriteLimit != 4*f.Capacity || f.WriteWindowLength != 3600 {
+			if f := e.Fragment; f.WriteLimit != 4*f.Capacity || f.WriteWindowLength != 3600 || f.Job != "42" {
 				t.Errorf("fragment spec %+v: want write limit 4 × capacity within 3600 s", f)
 			}
 		}

@@ -101,7 +101,7 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 			if ready(f.State, now) {
 				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
 					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity,
-						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength}})
+						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength, Job: s.Token}})
 			}
 		}
 		for _, c := range w.ConfigurationsOf(inst.ID) {

@@ -33,6 +33,7 @@ type nsCounters struct {
 	mfcLogged                 atomic.Bool
 	log                       *slog.Logger
 	instance, fragment        int64
+	job                       *string
 }
 
 // Client is one compute node's share of a fragment's counters.

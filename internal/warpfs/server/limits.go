@@ -34,8 +34,11 @@ type FragmentLimits struct {
 // fragment's volumes on this node. Safe for concurrent use.
 type Fragment struct {
 	ID, Instance int64
-	log          *slog.Logger
-	now          func() time.Time
+	// Job is the session's token (a job id, a persistent instance's name) for the log; set
+	// before the fragment is shared.
+	Job string
+	log *slog.Logger
+	now func() time.Time
 
 	counters // atomic, counters.go
 
@@ -96,7 +99,7 @@ func (f *Fragment) Namespace(id int64) *Namespace {
 	n := f.ns[id]
 	if n == nil {
 		n = &Namespace{ID: id}
-		n.log, n.instance, n.fragment = f.log, f.Instance, f.ID
+		n.log, n.instance, n.fragment, n.job = f.log, f.Instance, f.ID, &f.Job
 		f.ns[id] = n
 	}
 	return n
@@ -155,7 +158,7 @@ func (f *Fragment) trip(now int64) {
 	f.tripped = true
 	f.readOnly.Store(true)
 	f.log.Warn("warpfs: write limit reached: the fragment is read-only (EROFS) until its write window cools down",
-		"instance", f.Instance, "fragment", f.ID,
+		"job", f.Job, "instance", f.Instance, "fragment", f.ID,
 		"written", units.FormatHuman(f.win.sum(now)), "write_limit", units.FormatHuman(f.lim.WriteLimit),
 		"window", f.lim.WindowLength.String(),
 		"writable_at", time.Unix(0, f.win.coolsAt(f.lim.WriteLimit, now)).UTC().Format(time.RFC3339))
@@ -168,7 +171,7 @@ func (f *Fragment) cooled() {
 	}
 	f.tripped = false
 	f.readOnly.Store(false)
-	f.log.Info("warpfs: write window cooled down: the fragment takes writes again", "instance", f.Instance, "fragment", f.ID)
+	f.log.Info("warpfs: write window cooled down: the fragment takes writes again", "job", f.Job, "instance", f.Instance, "fragment", f.ID)
 }
 
 // Namespace is one namespace's share of a fragment's counters and its MFC.
@@ -198,7 +201,7 @@ func (n *Namespace) startCreate() syscall.Errno {
 		n.filesCreated.Add(^uint64(0))
 		if n.mfcLogged.CompareAndSwap(false, true) && n.log != nil {
 			n.log.Warn("warpfs: maximum files created reached (MFC): creates fail with EMFILE (logged once per namespace)",
-				"instance", n.instance, "fragment", n.fragment, "namespace", n.ID, "files_created", c-1, "max_files_created", limit)
+				"job", *n.job, "instance", n.instance, "fragment", n.fragment, "namespace", n.ID, "files_created", c-1, "max_files_created", limit)
 		}
 		return syscall.EMFILE
 	}

@@ -83,6 +83,7 @@ func TestFragmentWindowTripsAndCools(t *testing.T) {
 	f := NewFragment(7, 3, FragmentLimits{WriteLimit: 1000, WindowLength: 10 * time.Second},
 		slog.New(slog.NewTextHandler(&logged, nil)))
 	f.now = func() time.Time { return now }
+	f.Job = "4242"
 	a := newAccount(f, 5, "cn1", false)
 	if errno := a.writable(); errno != 0 {
 		t.Fatalf("a fresh fragment: %v", errno)
@@ -100,7 +101,7 @@ func TestFragmentWindowTripsAndCools(t *testing.T) {
 	if n := strings.Count(logged.String(), "write limit reached"); n != 1 {
 		t.Errorf("the trip was logged %d times, want once:\n%s", n, logged.String())
 	}
-	for _, want := range []string{"instance=3", "fragment=7", "write_limit="} {
+	for _, want := range []string{"job=4242", "instance=3", "fragment=7", "write_limit="} {
 		if !strings.Contains(logged.String(), want) {
 			t.Errorf("the log line lacks %q:\n%s", want, logged.String())
 		}
