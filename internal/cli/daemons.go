@@ -23,6 +23,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/embedded"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
+	"github.com/spillway-hpc/spillway/internal/metrics"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store"
@@ -123,7 +124,16 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		wg.Add(1)
 		go func() { defer wg.Done(); srv.Serve(ctx, l, embedded.APILimits(cfg, log)) }()
 	}
-	log.Info("controller started", "config", from, "state", cfg.Controller.StateDir, "listen", listeners, "mount_root", cfg.Controller.MountRoot)
+	if cfg.Controller.MetricsListen != "" {
+		l, err := metrics.Listen(cfg.Controller.MetricsListen, serverTLS)
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway controller: metrics_listen %s: %v\n", cfg.Controller.MetricsListen, err)
+			return 1
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); metrics.Serve(ctx, l, ctl.Registry(), embedded.APILimits(cfg, log)) }()
+	}
+	log.Info("controller started", "config", from, "state", cfg.Controller.StateDir, "listen", listeners, "metrics_listen", cfg.Controller.MetricsListen, "mount_root", cfg.Controller.MountRoot)
 	ctl.Run(ctx)
 	wg.Wait()
 	log.Info("controller stopped")
@@ -262,7 +272,16 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 			}
 		}()
 	}
-	log.Info("agent started", "config", from, "node", name, "pool", cfg.Agent.Pool, "ssd_path", cfg.Agent.SSDPath, "listen", cfg.Agent.Listen, "data_listen", cfg.Agent.DataListen, "controller", cfg.Agent.Controller)
+	if cfg.Agent.MetricsListen != "" {
+		ml, err := metrics.Listen(cfg.Agent.MetricsListen, serverTLS)
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway agent: metrics_listen %s: %v\n", cfg.Agent.MetricsListen, err)
+			return 1
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); metrics.Serve(ctx, ml, ag.Metrics(), embedded.APILimits(cfg, log)) }()
+	}
+	log.Info("agent started", "config", from, "node", name, "pool", cfg.Agent.Pool, "ssd_path", cfg.Agent.SSDPath, "listen", cfg.Agent.Listen, "data_listen", cfg.Agent.DataListen, "metrics_listen", cfg.Agent.MetricsListen, "controller", cfg.Agent.Controller)
 	ag.RunHeartbeats(ctx, cfg.Agent.HeartbeatInterval.D(), cfg.Agent.GCGrace.D(), client.Heartbeat)
 	wg.Wait()
 	log.Info("agent stopped")

@@ -151,6 +151,9 @@ type Controller struct {
 	// for (0: no maximum).
 	PersistentExpiration    Duration `toml:"persistent_expiration"`
 	MaxPersistentExpiration Duration `toml:"max_persistent_expiration"`
+	// MetricsListen is the address of the controller's Prometheus metrics (GET /metrics),
+	// served without authentication; "" = none (docs/admin.md, "Metrics").
+	MetricsListen string `toml:"metrics_listen"`
 }
 
 // Executor drives every object to its goal.
@@ -237,6 +240,9 @@ type Agent struct {
 	// run of smartctl or nvme.
 	EnduranceInterval Duration `toml:"endurance_interval"`
 	EnduranceTimeout  Duration `toml:"endurance_timeout"`
+	// MetricsListen is the address of the agent's Prometheus metrics (GET /metrics), served
+	// without authentication; "" = none (docs/admin.md, "Metrics").
+	MetricsListen string `toml:"metrics_listen"`
 }
 
 // TLS encrypts and authenticates the HTTP APIs on TCP (the controller's, the agents'): with

@@ -50,6 +50,8 @@ type Controller struct {
 	remote   map[string]agentapi.Agent         // dialled agents by node name (and the address used)
 	remoteAt map[string]string
 
+	metrics *controllerMetrics // metrics.go
+
 	leases leaseBook // spillway run sessions' leases (RunLease)
 	secret string    // the cluster's secret (controller.token_file): grants mounts (SetSecret)
 }
@@ -84,6 +86,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 			MaxPersistentExpiration: cfg.Controller.MaxPersistentExpiration.D(),
 		},
 	}
+	c.metrics = newControllerMetrics(c)
 	err := st.Update(context.Background(), func(tx *store.Tx) error {
 		for _, p := range cfg.Pools {
 			existing, err := store.Pools.Get(tx, p.Name)

@@ -75,6 +75,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		}
 		return 0
 	}
+	c.metrics.pass(w, len(effects))
 	if changed {
 		c.notifyChange()
 	}
@@ -155,6 +156,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		r.Err = err
 	} else {
 		actx, cancel := context.WithTimeout(ctx, c.cfg.Executor.AgentTimeout.D())
+		start := time.Now()
 		switch e.Op {
 		case lifecycle.OpCreateFragment:
 			r.Err = agent.CreateFragment(actx, e.Fragment)
@@ -186,6 +188,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 			r.Err = agent.CancelStage(actx, e.Stage.Key())
 		}
 		cancel()
+		c.metrics.effect(w, e, time.Since(start), r.Err)
 	}
 	if ctx.Err() != nil {
 		return // shutting down: the outcome is found again after restart

@@ -91,7 +91,7 @@ func (l *Local) Root() (proto.Attr, error) {
 // Exec runs one request as the caller uid:gid, as a connection would (see session.exec): the
 // reply message, or for READ the bytes read into dest.
 func (l *Local) Exec(op proto.Op, uid, gid uint32, req proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
-	return l.sess.exec(op, uid, gid, req, dest)
+	return l.sess.measured(transportLocal, op, uid, gid, req, dest)
 }
 
 // Fd is the descriptor of an open handle, for FUSE passthrough (the kernel then reads the

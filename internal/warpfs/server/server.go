@@ -677,7 +677,7 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 	if h.Op == proto.OpRead {
 		out := getBuf()
 		defer putBuf(out)
-		_, n, errno := c.sess.exec(h.Op, h.UID, h.GID, m, out.b)
+		_, n, errno := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, out.b)
 		if errno != 0 {
 			c.reply(h, errno, nil)
 			return
@@ -685,7 +685,7 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 		c.replyData(h, out.b[:n])
 		return
 	}
-	rep, _, errno := c.sess.exec(h.Op, h.UID, h.GID, m, nil)
+	rep, _, errno := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, nil)
 	c.reply(h, errno, rep)
 }
 

@@ -1,0 +1,182 @@
+package server
+
+import (
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/metrics"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+)
+
+// The data path's metrics count every request the server answers, on a connection from
+// another host (transport "remote") and from a mount in this process (transport "local"):
+// requests and their latency by operation, bytes read and written, errors by errno. They are
+// the process's: an agent registers them in its registry (Collectors), and one process
+// holding several servers (the tests) counts them together.
+//
+// Everything a request touches is resolved when the process starts (one counter and one
+// histogram per operation and transport), so measuring a request costs two clock reads and
+// a few atomic additions, and allocates nothing. An error resolves its (operation, errno)
+// counter the first time it happens, then keeps it at hand.
+//
+// Writes the kernel makes itself (FUSE passthrough of co-located mounts on a fragment with
+// a quota or a file system of its own) never reach the server and are not counted here; the
+// instance's usage still sees them.
+
+type transport int
+
+const (
+	transportLocal transport = iota
+	transportRemote
+	transports
+)
+
+var transportNames = [transports]string{"local", "remote"}
+
+type opMetrics struct {
+	requests [transports]prometheus.Counter
+	seconds  prometheus.Observer
+	name     string
+	errs     [maxErrno]atomic.Pointer[errCounter] // resolved at the operation's first such error
+}
+
+// maxErrno bounds the errnos whose counters an operation keeps at hand (Linux's are below
+// 134); others are looked up each time.
+const maxErrno = 134
+
+type errCounter struct{ prometheus.Counter }
+
+type dataPathMetrics struct {
+	requests *prometheus.CounterVec
+	seconds  *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
+	read     *prometheus.CounterVec
+	written  *prometheus.CounterVec
+	inFlight prometheus.Gauge
+
+	ops          [256]*opMetrics // by proto.Op; ops the protocol does not know share "other"
+	readBytes    [transports]prometheus.Counter
+	writtenBytes [transports]prometheus.Counter
+}
+
+var dataPath = newDataPathMetrics()
+
+func newDataPathMetrics() *dataPathMetrics {
+	ns := metrics.Namespace
+	m := &dataPathMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "warpfs",
+			Name: "requests_total", Help: "File operations the data path answered, by operation and transport (local: a mount on this host; remote: a mount on another host, over warpfs)."},
+			[]string{"op", "transport"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: "warpfs",
+			Name: "request_duration_seconds", Help: "Time the server took to answer one file operation (from the decoded request to the reply), by operation.",
+			Buckets: metrics.RequestBuckets}, []string{"op"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "warpfs",
+			Name: "errors_total", Help: "File operations answered with an error, by operation and errno (ENOENT of a lookup is a normal answer)."},
+			[]string{"op", "errno"}),
+		read: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "warpfs",
+			Name: "read_bytes_total", Help: "Bytes of file data the data path read for mounts (READ), by transport."},
+			[]string{"transport"}),
+		written: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "warpfs",
+			Name: "written_bytes_total", Help: "Bytes of file data the data path wrote for mounts (WRITE and COPY_RANGE), by transport."},
+			[]string{"transport"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: "warpfs",
+			Name: "requests_in_flight", Help: "File operations being answered now."}),
+	}
+	other := m.op("other")
+	for i := range m.ops {
+		m.ops[i] = other
+	}
+	for i := range m.ops {
+		if op := proto.Op(i); op >= proto.OpLookup && op.Known() {
+			m.ops[op] = m.op(strings.ToLower(op.String()))
+		}
+	}
+	for t := range transports {
+		m.readBytes[t] = m.read.WithLabelValues(transportNames[t])
+		m.writtenBytes[t] = m.written.WithLabelValues(transportNames[t])
+	}
+	return m
+}
+
+func (m *dataPathMetrics) op(name string) *opMetrics {
+	om := &opMetrics{name: name, seconds: m.seconds.WithLabelValues(name)}
+	for t := range transports {
+		om.requests[t] = m.requests.WithLabelValues(name, transportNames[t])
+	}
+	return om
+}
+
+// Collectors are the data path's metrics, for an agent's registry.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{dataPath.requests, dataPath.seconds, dataPath.errors, dataPath.read, dataPath.written, dataPath.inFlight}
+}
+
+// measured runs one request through exec and counts it.
+func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
+	dataPath.inFlight.Inc()
+	start := time.Now()
+	rep, n, errno := s.exec(op, uid, gid, m, dest)
+	dataPath.record(t, op, start, rep, n, errno)
+	return rep, n, errno
+}
+
+// record counts a request that started at start and ended now with exec's results.
+func (dp *dataPathMetrics) record(t transport, op proto.Op, start time.Time, rep proto.Message, n int, errno syscall.Errno) {
+	elapsed := time.Since(start)
+	dp.inFlight.Dec()
+	om := dp.ops[op]
+	om.requests[t].Inc()
+	om.seconds.Observe(elapsed.Seconds())
+	if errno != 0 {
+		dp.countError(om, errno)
+		return
+	}
+	switch op {
+	case proto.OpRead:
+		dp.readBytes[t].Add(float64(n))
+	case proto.OpWrite, proto.OpCopyRange:
+		if c, ok := rep.(*proto.CountReply); ok {
+			dp.writtenBytes[t].Add(float64(c.N))
+		}
+	}
+}
+
+// countError counts an operation's error.
+func (dp *dataPathMetrics) countError(om *opMetrics, errno syscall.Errno) {
+	if errno >= maxErrno {
+		dp.errors.WithLabelValues(om.name, errnoName(errno)).Inc()
+		return
+	}
+	c := om.errs[errno].Load()
+	if c == nil {
+		c = &errCounter{dp.errors.WithLabelValues(om.name, errnoName(errno))}
+		om.errs[errno].Store(c)
+	}
+	c.Inc()
+}
+
+// errnoName is the errno's symbol (ENOENT), or its number for one Linux does not name.
+func errnoName(e syscall.Errno) string {
+	if name := unix.ErrnoName(e); name != "" {
+		return name
+	}
+	return "errno_" + strings.TrimSpace(e.Error())
+}
+
+// CountSplicedRead counts a READ of a local mount that the FUSE layer answers from the
+// file's descriptor itself (go-fuse splices it, the server never sees it): one request and
+// the bytes it gets, the file's size past off bounding size. Its latency is not measured.
+func (l *Local) CountSplicedRead(fd int, off int64, size int) {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return
+	}
+	dp := dataPath
+	dp.ops[proto.OpRead].requests[transportLocal].Inc()
+	dp.readBytes[transportLocal].Add(float64(max(0, min(int64(size), st.Size-off))))
+}
