@@ -58,6 +58,7 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 // Config is the whole file.
 type Config struct {
 	Controller Controller `toml:"controller"`
+	Store      Store      `toml:"store"`
 	Executor   Executor   `toml:"executor"`
 	Stage      Stage      `toml:"stage"`
 	Agent      Agent      `toml:"agent"`
@@ -154,6 +155,37 @@ type Controller struct {
 	// MetricsListen is the address of the controller's Prometheus metrics (GET /metrics),
 	// served without authentication; "" = none (docs/admin.md, "Metrics").
 	MetricsListen string `toml:"metrics_listen"`
+}
+
+// Store chooses and reaches the engine that keeps the controller's state.
+type Store struct {
+	// Engine is "sqlite" (one file under controller.state_dir, one controller) or "etcd".
+	Engine string `toml:"engine"`
+	// EtcdEndpoints are the etcd members' client URLs ("https://10.0.0.1:2379").
+	EtcdEndpoints []string `toml:"etcd_endpoints"`
+	// EtcdPrefix is put before every key, so that one etcd can hold several clusters' state.
+	EtcdPrefix string `toml:"etcd_prefix"`
+	// TLS to etcd: the CA that signed the members' certificates, and this client's own
+	// certificate and key (etcd's --client-cert-auth). "" = none.
+	EtcdCAFile   string `toml:"etcd_ca_file"`
+	EtcdCertFile string `toml:"etcd_cert_file"`
+	EtcdKeyFile  string `toml:"etcd_key_file"`
+	// etcd's own authentication: a user and the file holding its password. "" = none.
+	EtcdUsername     string `toml:"etcd_username"`
+	EtcdPasswordFile string `toml:"etcd_password_file"`
+	// EtcdDialTimeout bounds connecting to etcd; EtcdRequestTimeout one request to it.
+	EtcdDialTimeout    Duration `toml:"etcd_dial_timeout"`
+	EtcdRequestTimeout Duration `toml:"etcd_request_timeout"`
+	// EtcdTxnRetries is how often an Update that lost a race with another writer is run
+	// again before it fails.
+	EtcdTxnRetries int `toml:"etcd_txn_retries"`
+	// EtcdMaxTxnOps and EtcdMaxRequestBytes are the etcd members' --max-txn-ops and
+	// --max-request-bytes: a transaction writing more is refused before it is sent, naming them.
+	EtcdMaxTxnOps       int  `toml:"etcd_max_txn_ops"`
+	EtcdMaxRequestBytes Size `toml:"etcd_max_request_bytes"`
+	// RestoreBatch is how many keys `spillway admin restore` writes per transaction (at most
+	// etcd_max_txn_ops - 2).
+	RestoreBatch int `toml:"restore_batch"`
 }
 
 // Executor drives every object to its goal.
@@ -359,6 +391,16 @@ func Defaults() Config {
 		Limits: Limits{
 			WriteWindowLength:     Duration(24 * time.Hour),
 			WriteWindowMultiplier: 10,
+		},
+		Store: Store{
+			Engine:              "sqlite",
+			EtcdPrefix:          "/spillway/",
+			EtcdDialTimeout:     Duration(5 * time.Second),
+			EtcdRequestTimeout:  Duration(10 * time.Second),
+			EtcdTxnRetries:      20,
+			EtcdMaxTxnOps:       128,
+			EtcdMaxRequestBytes: Size(1536 << 10),
+			RestoreBatch:        100,
 		},
 		Executor: Executor{
 			MaxAttempts:     5,
@@ -624,6 +666,32 @@ func (c *Config) Validate() error {
 		if s := uint64(p.StripeSize); s%4096 != 0 || s > 1<<30 {
 			problems = append(problems, fmt.Sprintf("pool %q: stripe_size %d must be a multiple of 4KiB up to 1GiB (e.g. \"8MiB\"), or 0 for the default 8MiB", p.Name, s))
 		}
+	}
+	positive("store.restore_batch", int64(c.Store.RestoreBatch))
+	switch c.Store.Engine {
+	case "sqlite":
+	case "etcd":
+		if len(c.Store.EtcdEndpoints) == 0 {
+			problems = append(problems, `store.engine is "etcd" but store.etcd_endpoints is empty; list the etcd members' client URLs, e.g. ["https://10.0.0.1:2379"]`)
+		}
+		if !strings.HasPrefix(c.Store.EtcdPrefix, "/") || !strings.HasSuffix(c.Store.EtcdPrefix, "/") {
+			problems = append(problems, fmt.Sprintf("store.etcd_prefix %q must begin and end with \"/\" (e.g. \"/spillway/cluster1/\")", c.Store.EtcdPrefix))
+		}
+		if (c.Store.EtcdCertFile == "") != (c.Store.EtcdKeyFile == "") {
+			problems = append(problems, "store.etcd_cert_file and store.etcd_key_file go together: set both or neither")
+		}
+		if (c.Store.EtcdUsername == "") != (c.Store.EtcdPasswordFile == "") {
+			problems = append(problems, "store.etcd_username and store.etcd_password_file go together: set both or neither")
+		}
+		positive("store.etcd_dial_timeout", int64(c.Store.EtcdDialTimeout))
+		positive("store.etcd_request_timeout", int64(c.Store.EtcdRequestTimeout))
+		positive("store.etcd_txn_retries", int64(c.Store.EtcdTxnRetries))
+		positive("store.etcd_max_request_bytes", int64(c.Store.EtcdMaxRequestBytes))
+		if c.Store.RestoreBatch > c.Store.EtcdMaxTxnOps-2 {
+			problems = append(problems, fmt.Sprintf("store.restore_batch (%d) must be at most store.etcd_max_txn_ops - 2 (%d): a restore transaction writes one batch and two keys of its own", c.Store.RestoreBatch, c.Store.EtcdMaxTxnOps-2))
+		}
+	default:
+		problems = append(problems, fmt.Sprintf("store.engine %q must be \"sqlite\" (a file under controller.state_dir, one controller) or \"etcd\" (store.etcd_endpoints)", c.Store.Engine))
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "; "))

@@ -149,3 +149,21 @@ func TestLimitsDefaultsWithinTheirBounds(t *testing.T) {
 		t.Errorf("a consistent [limits]: %v", err)
 	}
 }
+
+func TestStoreEngineChoice(t *testing.T) {
+	cfg, err := Parse([]byte("[store]\nengine = \"etcd\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\netcd_prefix = \"/spillway/c1/\"\n"), "etcd", Defaults())
+	if err != nil || cfg.Store.Engine != "etcd" || cfg.Store.EtcdEndpoints[0] != "http://127.0.0.1:2379" {
+		t.Fatalf("etcd engine: %+v %v", cfg.Store, err)
+	}
+	for text, want := range map[string]string{
+		"[store]\nengine = \"etcd\"\n": "store.etcd_endpoints is empty",
+		"[store]\nengine = \"bolt\"\n": `store.engine "bolt" must be`,
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_prefix = \"spillway\"\n": "store.etcd_prefix",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_username = \"u\"\n":      "store.etcd_password_file go together",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\nrestore_batch = 127\n":        "store.restore_batch (127) must be at most",
+	} {
+		if _, err := Parse([]byte(text), "bad", Defaults()); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error containing %q", text, err, want)
+		}
+	}
+}
