@@ -61,7 +61,9 @@ func TestEnduranceFromTheSitesFile(t *testing.T) {
 	os.Remove(file)
 	os.Symlink(filepath.Join(dir, "elsewhere"), file)
 	os.WriteFile(filepath.Join(dir, "elsewhere"), []byte("1"), 0o644)
-	e = reportedEndurance(t, a, func(e *agentapi.Endurance) bool { return !e.Known && strings.Contains(e.Error, "too many levels of symbolic links") })
+	e = reportedEndurance(t, a, func(e *agentapi.Endurance) bool {
+		return !e.Known && strings.Contains(e.Error, "too many levels of symbolic links")
+	})
 	if e.PercentUsed != 0 {
 		t.Fatalf("a link's target must not be read: %+v", e)
 	}
@@ -143,15 +145,15 @@ func TestParseSmartctl(t *testing.T) {
 		"nvme": {`{"device":{"name":"/dev/nvme0","type":"nvme","protocol":"NVMe"},
 			"nvme_smart_health_information_log":{"critical_warning":0,"available_spare":100,"percentage_used":3,"media_errors":0}}`, 3, ""},
 		"nvme past its rated life": {`{"nvme_smart_health_information_log":{"percentage_used":117}}`, 117, ""},
-		"scsi": {`{"device":{"protocol":"SCSI"},"scsi_percentage_used_endurance_indicator":12}`, 12, ""},
+		"scsi":                     {`{"device":{"protocol":"SCSI"},"scsi_percentage_used_endurance_indicator":12}`, 12, ""},
 		"ata device statistics": {`{"ata_device_statistics":{"pages":[{"number":1,"name":"General Statistics","table":[{"offset":8,"name":"Lifetime Power-On Resets","value":40}]},
 			{"number":7,"name":"Solid State Device Statistics","table":[{"offset":8,"name":"Percentage Used Endurance Indicator","size":1,"value":4}]}]},
 			"ata_smart_attributes":{"table":[{"id":245,"name":"Percent_Life_Remaining","value":50}]}}`, 4, ""},
 		"ata intel attribute": {`{"ata_smart_attributes":{"revision":1,"table":[{"id":9,"name":"Power_On_Hours","value":100,"raw":{"value":21213}},
 			{"id":202,"name":"End_of_Life","value":100},{"id":245,"name":"Percent_Life_Remaining","value":97,"raw":{"value":97}}]}}`, 3, ""},
 		"ata samsung": {`{"ata_smart_attributes":{"table":[{"id":177,"name":"Wear_Leveling_Count","value":91,"raw":{"value":412}}]}}`, 9, ""},
-		"ata micron": {`{"ata_smart_attributes":{"table":[{"id":202,"name":"Percent_Lifetime_Remain","value":88}]}}`, 12, ""},
-		"hard disk": {`{"ata_smart_attributes":{"table":[{"id":5,"name":"Reallocated_Sector_Ct","value":100}]}}`, 0, "no wear indicator"},
+		"ata micron":  {`{"ata_smart_attributes":{"table":[{"id":202,"name":"Percent_Lifetime_Remain","value":88}]}}`, 12, ""},
+		"hard disk":   {`{"ata_smart_attributes":{"table":[{"id":5,"name":"Reallocated_Sector_Ct","value":100}]}}`, 0, "no wear indicator"},
 		// What smartctl 7.3 prints for a virtio disk (this test machine's).
 		"unknown device": {`{"json_format_version":[1,0],"smartctl":{"version":[7,3],"messages":[{"string":"/dev/vda: Unable to detect device type","severity":"error"}],"exit_status":1}}`,
 			0, "smartctl: /dev/vda: Unable to detect device type"},

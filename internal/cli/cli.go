@@ -96,6 +96,8 @@ func Main(argv []string) int {
 		return homeMain(rest, os.Stdout, os.Stderr)
 	case "node-key":
 		return nodeKeyMain(rest, os.Stdout, os.Stderr)
+	case "admin":
+		return adminMain(rest, os.Stdout, os.Stderr)
 	case "stage-worker":
 		// Hidden: the agent starts it, as the job's user, to move one stage's data.
 		return stage.WorkerMain(os.Stdin, os.Stdout)

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -26,8 +25,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/metrics"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
-	"github.com/spillway-hpc/spillway/internal/store"
-	"github.com/spillway-hpc/spillway/internal/store/sqlite"
+	"github.com/spillway-hpc/spillway/internal/store/engines"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 )
 
@@ -85,12 +83,11 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
 		return 78
 	}
-	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
+	st, err := engines.OpenState(context.Background(), &cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
 		return 1
 	}
-	st := store.New(eng)
 	defer st.Close()
 	dial := func(n *model.Node) (agentapi.Agent, error) {
 		// Each agent is called with its own credential, which it can check without the
@@ -133,7 +130,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		wg.Add(1)
 		go func() { defer wg.Done(); metrics.Serve(ctx, l, ctl.Registry(), embedded.APILimits(cfg, log)) }()
 	}
-	log.Info("controller started", "config", from, "state", cfg.Controller.StateDir, "listen", listeners, "metrics_listen", cfg.Controller.MetricsListen, "mount_root", cfg.Controller.MountRoot)
+	log.Info("controller started", "config", from, "state", engines.Describe(&cfg), "listen", listeners, "metrics_listen", cfg.Controller.MetricsListen, "mount_root", cfg.Controller.MountRoot)
 	ctl.Run(ctx)
 	wg.Wait()
 	log.Info("controller stopped")

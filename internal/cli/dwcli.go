@@ -28,6 +28,7 @@ const dwcliShort = `Usage: dwcli ls OBJECT [--json]
        dwcli update registration -i ID --no-wait
        dwcli update fragment|namespace|activation -i ID --replace-fuse
        dwcli stage in|out|query|wait|terminate|list|accounting|concurrency ...
+       dwcli config backup [-o FILE] | dwcli config restore FILE
 dwcli --help for the manual, dwcli VERB --help for one verb.
 `
 
@@ -117,9 +118,15 @@ mistake on the command line.
 	"stage": `  stage in|out|query|wait|terminate|list|accounting|concurrency ...
       Stage your own job's files while it runs, as libdatawarp does (dwcli stage --help).
 `,
-	"config": `  config backup|restore
-      DataWarp's dump of the node and pool configuration is not in this version: pools and
-      nodes live in the controller's state (docs/admin.md).
+	"config": `  config backup [-o FILE]
+  config restore FILE
+      DataWarp's dump of the node and pool configuration: the pools (name, granularity) and
+      the storage nodes' drain settings (drained or not, and why) as one JSON document, to
+      stdout or FILE; restore puts them back through the API: creates the pools that are
+      missing (a pool of another granularity changes if no instance uses it), drains or
+      fills the nodes the controller knows, and lists the ones it does not (their agent
+      never started). The controller's whole state (sessions, instances, ...) is backed up
+      with spillway admin backup (docs/admin.md).
 `,
 }
 
@@ -156,6 +163,13 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprint(stdout, dwcliManual(verb))
 		return 0
+	}
+	if firstWord(args) == "config" {
+		for i, a := range args {
+			if a == "config" {
+				return dwcliConfigMain(append(append([]string(nil), args[:i]...), args[i+1:]...), stdout, stderr)
+			}
+		}
 	}
 	if firstWord(args) == "stage" {
 		for i, a := range args {
@@ -201,13 +215,9 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	}
 	verb := words[0]
 	switch verb {
-	case "ls", "create", "update", "rm", "config":
+	case "ls", "create", "update", "rm":
 	default:
 		return mistake("unknown command %q: expected %s", verb, strings.Join(dwcliVerbs, ", "))
-	}
-	if verb == "config" {
-		fmt.Fprintln(stderr, "dwcli config: backup and restore of the node and pool configuration are not in this Spillway version; pools and nodes live in the controller's state (docs/admin.md)")
-		return 1
 	}
 	if len(words) < 2 {
 		return mistake("%s what? give an object, e.g. dwcli %s %s", verb, verb, map[string]string{"ls": "nodes", "create": "pool --name POOL --granularity SIZE", "update": "node --name NODE --drain", "rm": "session -i ID"}[verb])

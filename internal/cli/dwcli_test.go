@@ -284,8 +284,11 @@ func TestDwcliCommands(t *testing.T) {
 	must("delete request for nodes entity with id = bb1 done", "rm", "node", "--name", "bb1")
 	must("bb2\n", "ls", "nodes")
 	r = run("config", "backup")
-	if r.code != 1 || !strings.Contains(r.stderr, "not in this Spillway version") {
+	if r.code != 0 || !strings.Contains(r.stdout, `"format": "spillway-dwcli-config"`) || !strings.Contains(r.stdout, `"id": "bb2"`) {
 		t.Errorf("config backup: %+v", r)
+	}
+	if r = run("config", "restore"); r.code != 64 || !strings.Contains(r.stderr, "config restore takes FILE") {
+		t.Errorf("config restore without a file: %+v", r)
 	}
 }
 

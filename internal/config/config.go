@@ -58,6 +58,7 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 // Config is the whole file.
 type Config struct {
 	Controller Controller `toml:"controller"`
+	Store      Store      `toml:"store"`
 	Executor   Executor   `toml:"executor"`
 	Stage      Stage      `toml:"stage"`
 	Agent      Agent      `toml:"agent"`
@@ -66,7 +67,30 @@ type Config struct {
 	TLS        TLS        `toml:"tls"`
 	Client     Client     `toml:"client"`
 	Home       Home       `toml:"home"`
+	Limits     Limits     `toml:"limits"`
 	Pools      []Pool     `toml:"pool"`
+}
+
+// Limits are the site's defaults and bounds of DataWarp's write protection (spec §5.3),
+// applied to what jobs ask with #DW jobdw write_window_length=, write_window_multiplier= and
+// access_mode=...(MFC=N). A job asking past a bound is refused at job_process and setup.
+type Limits struct {
+	// WriteWindowLength is the write window of a job that names none (DataWarp: 86400 s).
+	WriteWindowLength Duration `toml:"write_window_length"`
+	// WriteWindowLengthMinimum is the shortest window a job may ask for (a shorter window
+	// lets it write more per hour); 0: no minimum.
+	WriteWindowLengthMinimum Duration `toml:"write_window_length_minimum"`
+	// WriteWindowMultiplier is the multiplier of a job that names none: each fragment takes
+	// this many times its capacity of writes per window (DataWarp: 10). 0: no write window.
+	WriteWindowMultiplier int64 `toml:"write_window_multiplier"`
+	// WriteWindowMultiplierMaximum is the largest multiplier a job may ask for; 0: no maximum.
+	WriteWindowMultiplierMaximum int64 `toml:"write_window_multiplier_maximum"`
+	// FilesCreated is the MFC of a job that names none: the files a namespace may create; 0:
+	// no limit.
+	FilesCreated uint64 `toml:"files_created"`
+	// FilesCreatedMaximum is the largest MFC a job may ask for (and then a job must not ask
+	// for none, MFC=0); 0: no maximum.
+	FilesCreatedMaximum uint64 `toml:"files_created_maximum"`
 }
 
 // Controller is the DataWarp service.
@@ -143,6 +167,37 @@ func (c Controller) AccountingLogPath() string {
 		return c.AccountingLog
 	}
 	return filepath.Join(c.StateDir, "accounting.log")
+}
+
+// Store chooses and reaches the engine that keeps the controller's state.
+type Store struct {
+	// Engine is "sqlite" (one file under controller.state_dir, one controller) or "etcd".
+	Engine string `toml:"engine"`
+	// EtcdEndpoints are the etcd members' client URLs ("https://10.0.0.1:2379").
+	EtcdEndpoints []string `toml:"etcd_endpoints"`
+	// EtcdPrefix is put before every key, so that one etcd can hold several clusters' state.
+	EtcdPrefix string `toml:"etcd_prefix"`
+	// TLS to etcd: the CA that signed the members' certificates, and this client's own
+	// certificate and key (etcd's --client-cert-auth). "" = none.
+	EtcdCAFile   string `toml:"etcd_ca_file"`
+	EtcdCertFile string `toml:"etcd_cert_file"`
+	EtcdKeyFile  string `toml:"etcd_key_file"`
+	// etcd's own authentication: a user and the file holding its password. "" = none.
+	EtcdUsername     string `toml:"etcd_username"`
+	EtcdPasswordFile string `toml:"etcd_password_file"`
+	// EtcdDialTimeout bounds connecting to etcd; EtcdRequestTimeout one request to it.
+	EtcdDialTimeout    Duration `toml:"etcd_dial_timeout"`
+	EtcdRequestTimeout Duration `toml:"etcd_request_timeout"`
+	// EtcdTxnRetries is how often an Update that lost a race with another writer is run
+	// again before it fails.
+	EtcdTxnRetries int `toml:"etcd_txn_retries"`
+	// EtcdMaxTxnOps and EtcdMaxRequestBytes are the etcd members' --max-txn-ops and
+	// --max-request-bytes: a transaction writing more is refused before it is sent, naming them.
+	EtcdMaxTxnOps       int  `toml:"etcd_max_txn_ops"`
+	EtcdMaxRequestBytes Size `toml:"etcd_max_request_bytes"`
+	// RestoreBatch is how many keys `spillway admin restore` writes per transaction (at most
+	// etcd_max_txn_ops - 2).
+	RestoreBatch int `toml:"restore_batch"`
 }
 
 // Executor drives every object to its goal.
@@ -345,6 +400,20 @@ func Defaults() Config {
 			AutoDrainFailures:       5,
 			AutoDrainWindow:         Duration(10 * time.Minute),
 		},
+		Limits: Limits{
+			WriteWindowLength:     Duration(24 * time.Hour),
+			WriteWindowMultiplier: 10,
+		},
+		Store: Store{
+			Engine:              "sqlite",
+			EtcdPrefix:          "/spillway/",
+			EtcdDialTimeout:     Duration(5 * time.Second),
+			EtcdRequestTimeout:  Duration(10 * time.Second),
+			EtcdTxnRetries:      20,
+			EtcdMaxTxnOps:       128,
+			EtcdMaxRequestBytes: Size(1536 << 10),
+			RestoreBatch:        100,
+		},
 		Executor: Executor{
 			MaxAttempts:     5,
 			RetryBackoff:    Duration(500 * time.Millisecond),
@@ -481,6 +550,22 @@ func (c *Config) Validate() error {
 			problems = append(problems, fmt.Sprintf("%s must be greater than 0", name))
 		}
 	}
+	positive("limits.write_window_length", int64(c.Limits.WriteWindowLength))
+	if c.Limits.WriteWindowLength < c.Limits.WriteWindowLengthMinimum {
+		problems = append(problems, fmt.Sprintf("limits.write_window_length (%s) is below limits.write_window_length_minimum (%s); raise it or lower the minimum",
+			c.Limits.WriteWindowLength.D(), c.Limits.WriteWindowLengthMinimum.D()))
+	}
+	if c.Limits.WriteWindowMultiplier < 0 || c.Limits.WriteWindowMultiplierMaximum < 0 {
+		problems = append(problems, "limits.write_window_multiplier and limits.write_window_multiplier_maximum must be 0 or more")
+	}
+	if m := c.Limits.WriteWindowMultiplierMaximum; m > 0 && (c.Limits.WriteWindowMultiplier > m || c.Limits.WriteWindowMultiplier == 0) {
+		problems = append(problems, fmt.Sprintf("limits.write_window_multiplier (%d) must be between 1 and limits.write_window_multiplier_maximum (%d)",
+			c.Limits.WriteWindowMultiplier, m))
+	}
+	if m := c.Limits.FilesCreatedMaximum; m > 0 && (c.Limits.FilesCreated > m || c.Limits.FilesCreated == 0) {
+		problems = append(problems, fmt.Sprintf("limits.files_created (%d) must be between 1 and limits.files_created_maximum (%d)",
+			c.Limits.FilesCreated, m))
+	}
 	positive("executor.max_attempts", int64(c.Executor.MaxAttempts))
 	positive("executor.max_in_flight", int64(c.Executor.MaxInFlight))
 	positive("executor.tick", int64(c.Executor.Tick))
@@ -596,6 +681,32 @@ func (c *Config) Validate() error {
 		if s := uint64(p.StripeSize); s%4096 != 0 || s > 1<<30 {
 			problems = append(problems, fmt.Sprintf("pool %q: stripe_size %d must be a multiple of 4KiB up to 1GiB (e.g. \"8MiB\"), or 0 for the default 8MiB", p.Name, s))
 		}
+	}
+	positive("store.restore_batch", int64(c.Store.RestoreBatch))
+	switch c.Store.Engine {
+	case "sqlite":
+	case "etcd":
+		if len(c.Store.EtcdEndpoints) == 0 {
+			problems = append(problems, `store.engine is "etcd" but store.etcd_endpoints is empty; list the etcd members' client URLs, e.g. ["https://10.0.0.1:2379"]`)
+		}
+		if !strings.HasPrefix(c.Store.EtcdPrefix, "/") || !strings.HasSuffix(c.Store.EtcdPrefix, "/") {
+			problems = append(problems, fmt.Sprintf("store.etcd_prefix %q must begin and end with \"/\" (e.g. \"/spillway/cluster1/\")", c.Store.EtcdPrefix))
+		}
+		if (c.Store.EtcdCertFile == "") != (c.Store.EtcdKeyFile == "") {
+			problems = append(problems, "store.etcd_cert_file and store.etcd_key_file go together: set both or neither")
+		}
+		if (c.Store.EtcdUsername == "") != (c.Store.EtcdPasswordFile == "") {
+			problems = append(problems, "store.etcd_username and store.etcd_password_file go together: set both or neither")
+		}
+		positive("store.etcd_dial_timeout", int64(c.Store.EtcdDialTimeout))
+		positive("store.etcd_request_timeout", int64(c.Store.EtcdRequestTimeout))
+		positive("store.etcd_txn_retries", int64(c.Store.EtcdTxnRetries))
+		positive("store.etcd_max_request_bytes", int64(c.Store.EtcdMaxRequestBytes))
+		if c.Store.RestoreBatch > c.Store.EtcdMaxTxnOps-2 {
+			problems = append(problems, fmt.Sprintf("store.restore_batch (%d) must be at most store.etcd_max_txn_ops - 2 (%d): a restore transaction writes one batch and two keys of its own", c.Store.RestoreBatch, c.Store.EtcdMaxTxnOps-2))
+		}
+	default:
+		problems = append(problems, fmt.Sprintf("store.engine %q must be \"sqlite\" (a file under controller.state_dir, one controller) or \"etcd\" (store.etcd_endpoints)", c.Store.Engine))
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "; "))

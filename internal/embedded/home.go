@@ -25,6 +25,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/store"
+	"github.com/spillway-hpc/spillway/internal/store/engines"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
@@ -129,14 +130,13 @@ type Running struct {
 // is the argv prefix of the stage worker (the spillway binary and "stage-worker").
 func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 	cfg := h.Config
-	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
+	st, err := engines.OpenState(context.Background(), &cfg, log)
 	if err != nil {
 		if errors.Is(err, sqlite.ErrLocked) {
 			return nil, fmt.Errorf("%w: %v (another server of this home runs)", ErrInUse, err)
 		}
 		return nil, err
 	}
-	st := store.New(eng)
 	cfg.Controller.RunLease = 0 // this server's own reaper cleans up after gone runs (runjob.Reap)
 	ctl, err := controller.New(cfg, st, nil, log)
 	if err != nil {

@@ -280,6 +280,7 @@ type Configuration struct {
 	Group           uint32 `json:"group"`
 	BackingPath     string `json:"backing_path,omitempty"` // cache: the PFS directory
 	MaxFileSize     uint64 `json:"max_file_size,omitempty"`
+	MaxFilesCreated uint64 `json:"max_files_created,omitempty"` // MFC: files a namespace may create (0: no limit)
 	ClientCache     bool   `json:"client_cache,omitempty"`
 	// MaxMDS spreads a striped configuration's namespace over every fragment of its instance
 	// (DataWarp's max_mds=yes): one namespace shard per fragment, in fragment order.

@@ -37,9 +37,9 @@ func handoffPair() (agent, worker *os.File, err error) {
 
 // handOver answers the worker's request for its directories on the agent's end: it receives
 // the worker's fresh socket, checks that the worker's pid made it, and sends the directories
-// on it. It returns when it has, or when the worker is gone (the caller closes agent then).
-func handOver(agent *os.File, workerPid int, roots []*os.File) error {
-	reply, err := receiveFds(int(agent.Fd()), 1)
+// on it. It returns when it has, or when the worker is gone or the caller shut agent down.
+func handOver(agent int, workerPid int, roots []*os.File) error {
+	reply, err := receiveFds(agent, 1)
 	if err != nil {
 		return nil // the worker never asked (it had no directories to stage, or died)
 	}

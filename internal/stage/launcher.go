@@ -150,8 +150,29 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	started = true
 	go func() {
 		defer closeAll(rootFiles)
-		go func() { <-r.done; agentEnd.Close() }() // a worker that never asks: stop waiting
-		if err := handOver(agentEnd, cmd.Process.Pid, rootFiles); err != nil {
+		// A worker that never asks: stop waiting when the run ends. Shutdown wakes the
+		// receive; the descriptor is closed here only, once nothing can use it any more.
+		agentFd := int(agentEnd.Fd())
+		var mu sync.Mutex
+		closed, handed := false, make(chan struct{})
+		go func() {
+			select {
+			case <-r.done:
+			case <-handed:
+			}
+			mu.Lock()
+			if !closed {
+				unix.Shutdown(agentFd, unix.SHUT_RDWR)
+			}
+			mu.Unlock()
+		}()
+		err := handOver(agentFd, cmd.Process.Pid, rootFiles)
+		mu.Lock()
+		closed = true
+		agentEnd.Close()
+		mu.Unlock()
+		close(handed)
+		if err != nil {
 			r.mu.Lock()
 			if r.protoErr == nil {
 				r.protoErr = err

@@ -19,7 +19,9 @@ var ErrReadOnly = errors.New("write in a read-only transaction")
 
 // Engine is a transactional key-value store. Every Update is atomic and serializable: either all
 // of its writes are durable when Update returns nil, or none are. Update and View may be
-// called from many goroutines.
+// called from many goroutines. An engine may run fn again when its transaction lost a race
+// with another writer (etcd does, SQLite never): fn must not depend on effects of an earlier
+// run of itself outside the KV.
 type Engine interface {
 	Update(ctx context.Context, fn func(KV) error) error
 	View(ctx context.Context, fn func(KV) error) error
@@ -36,4 +38,11 @@ type KV interface {
 	// NextSeq returns the next number of the named sequence, starting at 1. Numbers handed
 	// out by committed transactions are never handed out again.
 	NextSeq(name string) (int64, error)
+	// Kinds lists every kind that holds at least one key, in ascending order (backup).
+	Kinds() ([]string, error)
+	// Sequences returns every sequence's last number handed out (backup).
+	Sequences() (map[string]int64, error)
+	// SetSequence sets a sequence's last number handed out (restore): the next NextSeq returns
+	// value+1. 0 forgets the sequence.
+	SetSequence(name string, value int64) error
 }

@@ -32,6 +32,9 @@ func (s *Store) View(ctx context.Context, fn func(*Tx) error) error {
 	return s.engine.View(ctx, func(kv KV) error { return fn(&Tx{kv: kv}) })
 }
 
+// Engine is the engine under the store (backup and restore work on its keys).
+func (s *Store) Engine() Engine { return s.engine }
+
 // Close closes the engine.
 func (s *Store) Close() error { return s.engine.Close() }
 
@@ -151,14 +154,15 @@ func PutSession(tx *Tx, s *model.Session) error {
 	if s.Token == "" {
 		return fmt.Errorf("session %d has no token", s.ID)
 	}
-	raw, err := tx.kv.Get(sessionTokenIndex, s.Token)
+	owner, err := tokenOwner(tx, s.Token)
 	switch {
 	case err == nil:
-		if string(raw) != idKey(s.ID) {
+		if owner != s.ID {
 			return fmt.Errorf("token %q already belongs to another session", s.Token)
 		}
 	case errors.Is(err, ErrNotFound):
-		if err := tx.kv.Put(sessionTokenIndex, s.Token, []byte(idKey(s.ID))); err != nil {
+		raw, _ := json.Marshal(tokenEntry{Session: s.ID})
+		if err := tx.kv.Put(sessionTokenIndex, s.Token, raw); err != nil {
 			return err
 		}
 	default:
@@ -177,14 +181,32 @@ func DeleteSession(tx *Tx, s *model.Session) error {
 
 // SessionByToken finds a session by its token (job id or persistent name).
 func SessionByToken(tx *Tx, token string) (*model.Session, error) {
-	raw, err := tx.kv.Get(sessionTokenIndex, token)
+	id, err := tokenOwner(tx, token)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return nil, fmt.Errorf("session with token %q: %w", token, ErrNotFound)
 		}
 		return nil, err
 	}
-	return Sessions.get(tx, string(raw))
+	return Sessions.Get(tx, id)
+}
+
+// tokenEntry is the value of a session token's index entry (schema version 2; version 1
+// held the session's id key as bare text).
+type tokenEntry struct {
+	Session int64 `json:"session"`
+}
+
+func tokenOwner(tx *Tx, token string) (int64, error) {
+	raw, err := tx.kv.Get(sessionTokenIndex, token)
+	if err != nil {
+		return 0, err
+	}
+	var e tokenEntry
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return 0, fmt.Errorf("%s %s: corrupt record: %v", sessionTokenIndex, token, err)
+	}
+	return e.Session, nil
 }
 
 // NextSeq draws a number from a named sequence (job ids of `spillway run`, for example).

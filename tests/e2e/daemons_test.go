@@ -342,8 +342,15 @@ func TestSeparateProcesses(t *testing.T) {
 // that the job still finishes correctly and nothing leaks.
 func TestControllerKilledAtEveryStep(t *testing.T) {
 	requireRoot(t)
+	controllerKilledAtEveryStep(t, func(*cluster) {})
+}
+
+// controllerKilledAtEveryStep is TestControllerKilledAtEveryStep with each cluster's state
+// where setStore puts it.
+func controllerKilledAtEveryStep(t *testing.T, setStore func(*cluster)) {
 	// Count the crash points one job passes.
 	c := newCluster(t)
+	setStore(c)
 	logPath := filepath.Join(c.dir, "crash.log")
 	c.startController("SPILLWAY_CRASH_LOG=" + logPath)
 	c.startAgent()
@@ -368,6 +375,7 @@ func TestControllerKilledAtEveryStep(t *testing.T) {
 		name := strings.SplitN(points[k-1], " ", 2)[1]
 		t.Run(strconv.Itoa(k)+"-"+name, func(t *testing.T) {
 			c := newCluster(t)
+			setStore(c)
 			c.startController("SPILLWAY_CRASH_AFTER=" + strconv.Itoa(k))
 			c.startAgent()
 			c.runJob(strconv.Itoa(1000 + k))

@@ -35,8 +35,11 @@ CREATE TABLE IF NOT EXISTS meta (
 ) WITHOUT ROWID;
 `
 
-// schemaVersion is bumped when the layout above changes; Open refuses newer databases.
-const schemaVersion = 1
+// schemaVersion is bumped when the layout above changes; Open refuses newer databases and
+// brings older ones to it. 2: the tables are the same, but the state in them may be of
+// store.SchemaVersion 2, which Spillway before 2 would misread: this number makes those
+// versions refuse the database ("newer than this Spillway understands").
+const schemaVersion = 2
 
 // ErrLocked is wrapped by Open's error when another process holds the database.
 var ErrLocked = errors.New("state database locked")
@@ -46,6 +49,8 @@ type Engine struct {
 	db      *sql.DB
 	lock    *os.File
 	writeMu sync.Mutex // one writer at a time: SQLite serializes writers anyway, this avoids SQLITE_BUSY
+	// readOnly: opened by OpenReadOnly, without the lock; Update is refused.
+	readOnly bool
 }
 
 // Open opens (creating if needed) the database at path. Only one process may hold it: a second
@@ -79,6 +84,30 @@ func Open(path string) (*Engine, error) {
 	return &Engine{db: db, lock: lock}, nil
 }
 
+// OpenReadOnly opens an existing database for reading only, beside the controller that holds
+// it (no lock): a View is one read transaction, a consistent snapshot in WAL mode (spillway
+// admin backup).
+func OpenReadOnly(path string) (*Engine, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("state database: %w", err)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return nil, fmt.Errorf("open state database %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	var text string
+	if err := db.QueryRow(`SELECT value FROM meta WHERE key = 'schema_version'`).Scan(&text); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state database %s: %w", path, err)
+	}
+	if v, _ := strconv.Atoi(text); v > schemaVersion {
+		db.Close()
+		return nil, fmt.Errorf("state database %s: schema version %d is newer than this Spillway understands (%d); upgrade Spillway", path, v, schemaVersion)
+	}
+	return &Engine{db: db, readOnly: true}, nil
+}
+
 func checkVersion(db *sql.DB) error {
 	var text string
 	err := db.QueryRow(`SELECT value FROM meta WHERE key = 'schema_version'`).Scan(&text)
@@ -93,7 +122,10 @@ func checkVersion(db *sql.DB) error {
 	if v > schemaVersion {
 		return fmt.Errorf("schema version %d is newer than this Spillway understands (%d); upgrade Spillway", v, schemaVersion)
 	}
-	return nil
+	if v < schemaVersion {
+		_, err = db.Exec(`UPDATE meta SET value = ? WHERE key = 'schema_version'`, strconv.Itoa(schemaVersion))
+	}
+	return err
 }
 
 func lockFile(path string) (*os.File, error) {
@@ -114,12 +146,17 @@ func lockFile(path string) (*os.File, error) {
 // Close closes the database and releases the lock.
 func (e *Engine) Close() error {
 	err := e.db.Close()
-	e.lock.Close()
+	if e.lock != nil {
+		e.lock.Close()
+	}
 	return err
 }
 
 // Update runs fn in a write transaction.
 func (e *Engine) Update(ctx context.Context, fn func(store.KV) error) error {
+	if e.readOnly {
+		return store.ErrReadOnly
+	}
 	e.writeMu.Lock()
 	defer e.writeMu.Unlock()
 	tx, err := e.db.BeginTx(ctx, nil)
@@ -213,6 +250,54 @@ func (k *kv) Scan(kind string, fn func(key string, value []byte) error) error {
 		}
 	}
 	return nil
+}
+
+func (k *kv) Kinds() ([]string, error) {
+	rows, err := k.tx.QueryContext(k.ctx, `SELECT DISTINCT kind FROM kv ORDER BY kind`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var kinds []string
+	for rows.Next() {
+		var kind string
+		if err := rows.Scan(&kind); err != nil {
+			return nil, err
+		}
+		kinds = append(kinds, kind)
+	}
+	return kinds, rows.Err()
+}
+
+func (k *kv) Sequences() (map[string]int64, error) {
+	rows, err := k.tx.QueryContext(k.ctx, `SELECT name, value FROM seq`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	seqs := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var v int64
+		if err := rows.Scan(&name, &v); err != nil {
+			return nil, err
+		}
+		seqs[name] = v
+	}
+	return seqs, rows.Err()
+}
+
+func (k *kv) SetSequence(name string, value int64) error {
+	if !k.writable {
+		return store.ErrReadOnly
+	}
+	if value == 0 {
+		_, err := k.tx.ExecContext(k.ctx, `DELETE FROM seq WHERE name = ?`, name)
+		return err
+	}
+	_, err := k.tx.ExecContext(k.ctx, `INSERT INTO seq(name, value) VALUES (?, ?)
+		ON CONFLICT(name) DO UPDATE SET value = excluded.value`, name, value)
+	return err
 }
 
 func (k *kv) NextSeq(name string) (int64, error) {

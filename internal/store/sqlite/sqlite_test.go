@@ -30,3 +30,25 @@ func TestSecondOpenIsRefused(t *testing.T) {
 		t.Fatalf("second open: %v, want a clear in-use error", err)
 	}
 }
+
+// TestOlderLayoutIsBroughtUp: a database of layout 1 opens and is marked with the current
+// layout, which Spillway versions before it refuse (they would misread a state of schema 2).
+func TestOlderLayoutIsBroughtUp(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	e, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(`UPDATE meta SET value = '1' WHERE key = 'schema_version'`); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	if e, err = Open(path); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	var v string
+	if err := e.db.QueryRow(`SELECT value FROM meta WHERE key = 'schema_version'`).Scan(&v); err != nil || v != "2" {
+		t.Fatalf("layout after opening a layout 1 database: %q %v, want 2", v, err)
+	}
+}

@@ -29,6 +29,7 @@ func Run(t *testing.T, open Factory) {
 	t.Run("Persistence", func(t *testing.T) { testPersistence(t, open) })
 	t.Run("TypedTables", func(t *testing.T) { testTyped(t, open) })
 	t.Run("SessionTokenIndex", func(t *testing.T) { testTokenIndex(t, open) })
+	t.Run("KindsAndSequences", func(t *testing.T) { testKindsAndSequences(t, open) })
 }
 
 var ctx = context.Background()
@@ -312,6 +313,62 @@ func testTokenIndex(t *testing.T, open Factory) {
 	must(t, s.View(ctx, func(tx *store.Tx) error {
 		if _, err := store.SessionByToken(tx, "1234"); !store.IsNotFound(err) {
 			return fmt.Errorf("deleted session still found by token: %v", err)
+		}
+		return nil
+	}))
+}
+
+func testKindsAndSequences(t *testing.T, open Factory) {
+	e := engine(t, open)
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		for _, kind := range []string{"b", "a", "c"} {
+			if err := kv.Put(kind, "x", []byte("1")); err != nil {
+				return err
+			}
+		}
+		if err := kv.Delete("c", "x"); err != nil {
+			return err
+		}
+		kinds, err := kv.Kinds()
+		if err != nil || fmt.Sprint(kinds) != "[a b]" {
+			return fmt.Errorf("kinds inside the transaction = %v %v, want [a b] (its own writes, no emptied kind)", kinds, err)
+		}
+		kv.NextSeq("job")
+		kv.NextSeq("job")
+		return kv.SetSequence("restored", 41)
+	}))
+	must(t, e.View(ctx, func(kv store.KV) error {
+		kinds, err := kv.Kinds()
+		if err != nil || fmt.Sprint(kinds) != "[a b]" {
+			return fmt.Errorf("kinds = %v %v, want [a b]", kinds, err)
+		}
+		seqs, err := kv.Sequences()
+		if err != nil || fmt.Sprint(seqs) != "map[job:2 restored:41]" {
+			return fmt.Errorf("sequences = %v %v, want job:2 restored:41", seqs, err)
+		}
+		if err := kv.SetSequence("job", 9); !errors.Is(err, store.ErrReadOnly) {
+			return fmt.Errorf("SetSequence in View: %v, want ErrReadOnly", err)
+		}
+		return nil
+	}))
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		n, err := kv.NextSeq("restored")
+		if err != nil || n != 42 {
+			return fmt.Errorf("NextSeq after SetSequence(41) = %d %v, want 42", n, err)
+		}
+		if err := kv.SetSequence("job", 0); err != nil {
+			return err
+		}
+		seqs, err := kv.Sequences()
+		if err != nil || fmt.Sprint(seqs) != "map[restored:42]" {
+			return fmt.Errorf("sequences after forgetting job = %v %v", seqs, err)
+		}
+		return nil
+	}))
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		n, err := kv.NextSeq("job")
+		if err != nil || n != 1 {
+			return fmt.Errorf("a forgotten sequence starts again at 1, got %d %v", n, err)
 		}
 		return nil
 	}))
