@@ -158,6 +158,11 @@ type Controller struct {
 	// AccountingLog is the file the controller appends one JSON line to per instance at its
 	// teardown (its accounting record, docs/admin.md); "" = accounting.log in StateDir.
 	AccountingLog string `toml:"accounting_log"`
+	// AccountingBatch is the most fragments' counters one heartbeat writes to the state (the
+	// stalest first; the others at the next heartbeat), and the most counter rows one
+	// transaction deletes after a record is written: a transaction's writes stay bounded
+	// (etcd refuses more than store.etcd_max_txn_ops).
+	AccountingBatch int `toml:"accounting_batch"`
 }
 
 // AccountingLogPath is where the accounting records go: controller.accounting_log, or
@@ -396,6 +401,7 @@ func Defaults() Config {
 			PrivateData:             true,
 			RunLease:                Duration(2 * time.Minute),
 			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
+			AccountingBatch:         64,
 			EnduranceThreshold:      10,
 			AutoDrainFailures:       5,
 			AutoDrainWindow:         Duration(10 * time.Minute),
@@ -683,6 +689,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("store.restore_batch", int64(c.Store.RestoreBatch))
+	positive("controller.accounting_batch", int64(c.Controller.AccountingBatch))
 	switch c.Store.Engine {
 	case "sqlite":
 	case "etcd":
@@ -702,6 +709,9 @@ func (c *Config) Validate() error {
 		positive("store.etcd_request_timeout", int64(c.Store.EtcdRequestTimeout))
 		positive("store.etcd_txn_retries", int64(c.Store.EtcdTxnRetries))
 		positive("store.etcd_max_request_bytes", int64(c.Store.EtcdMaxRequestBytes))
+		if c.Controller.AccountingBatch > c.Store.EtcdMaxTxnOps-8 {
+			problems = append(problems, fmt.Sprintf("controller.accounting_batch (%d) must be at most store.etcd_max_txn_ops - 8 (%d): a heartbeat's transaction writes one batch of counters and the node", c.Controller.AccountingBatch, c.Store.EtcdMaxTxnOps-8))
+		}
 		if c.Store.RestoreBatch > c.Store.EtcdMaxTxnOps-2 {
 			problems = append(problems, fmt.Sprintf("store.restore_batch (%d) must be at most store.etcd_max_txn_ops - 2 (%d): a restore transaction writes one batch and two keys of its own", c.Store.RestoreBatch, c.Store.EtcdMaxTxnOps-2))
 		}

@@ -159,9 +159,11 @@ func TestStoreEngineChoice(t *testing.T) {
 	for text, want := range map[string]string{
 		"[store]\nengine = \"etcd\"\n": "store.etcd_endpoints is empty",
 		"[store]\nengine = \"bolt\"\n": `store.engine "bolt" must be`,
-		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_prefix = \"spillway\"\n": "store.etcd_prefix",
-		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_username = \"u\"\n":      "store.etcd_password_file go together",
-		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\nrestore_batch = 127\n":        "store.restore_batch (127) must be at most",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_prefix = \"spillway\"\n":           "store.etcd_prefix",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_username = \"u\"\n":                "store.etcd_password_file go together",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\nrestore_batch = 127\n":                  "store.restore_batch (127) must be at most",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\n[controller]\naccounting_batch = 125\n": "controller.accounting_batch (125) must be at most store.etcd_max_txn_ops - 8",
+		"[controller]\naccounting_batch = 0\n":                                                         "controller.accounting_batch must be greater than 0",
 	} {
 		if _, err := Parse([]byte(text), "bad", Defaults()); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want an error containing %q", text, err, want)

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"syscall"
 	"time"
 
@@ -32,11 +33,17 @@ import (
 )
 
 // recordUsage keeps the counters a storage node reported for its fragments, writing a
-// fragment's row only when they changed, and returns the bytes written since the counters it
-// had (the node's endurance figure grows by them). Fragments the state does not know, or
-// knows on another node, are ignored. final marks fragment finalID's counters as the last.
-func recordUsage(tx *store.Tx, node string, reports []agentapi.FragmentUsage, now time.Time, finalID int64) (uint64, error) {
-	var written uint64
+// fragment's row only when they changed, at most limit rows (controller.accounting_batch; the
+// stalest first, the others at the next report), and returns the bytes written since the
+// counters it had (the node's endurance figure grows by them). Fragments the state does not
+// know, or knows on another node, are ignored. finalID's counters are marked as the last.
+func recordUsage(tx *store.Tx, node string, reports []agentapi.FragmentUsage, now time.Time, finalID int64, limit int) (uint64, error) {
+	type change struct {
+		row   *model.FragmentUsage
+		fu    agentapi.FragmentUsage
+		final bool
+	}
+	var changes []change
 	for _, fu := range reports {
 		row, err := store.Usage.Get(tx, fu.Fragment)
 		if store.IsNotFound(err) {
@@ -58,22 +65,27 @@ func recordUsage(tx *store.Tx, node string, reports []agentapi.FragmentUsage, no
 		if row.Node != node || (row.Final && fu.Fragment != finalID) {
 			continue // a heartbeat sent before the final report
 		}
-		old := row.Counters
-		if fu.Fragment != finalID && !fu.Restored && (fu.BytesWritten < old.BytesWritten || fu.BytesRead < old.BytesRead) {
+		if fu.Fragment != finalID && !fu.Restored && (fu.BytesWritten < row.Counters.BytesWritten || fu.BytesRead < row.Counters.BytesRead) {
 			continue // counters only grow: this report is older than the one kept (the final one is the agent's latest)
 		}
 		final := row.Final || fu.Fragment == finalID
 		fu.Instance = row.Instance
-		if reflect.DeepEqual(old, fu) && final == row.Final {
+		if reflect.DeepEqual(row.Counters, fu) && final == row.Final {
 			continue
 		}
+		changes = append(changes, change{row, fu, final})
+	}
+	sort.SliceStable(changes, func(i, j int) bool { return changes[i].row.Updated.Before(changes[j].row.Updated) })
+	var written uint64
+	for _, ch := range changes[:min(len(changes), max(limit, 1))] {
+		row, fu, old := ch.row, ch.fu, ch.row.Counters
 		switch {
 		case fu.BytesWritten >= old.BytesWritten:
 			written += fu.BytesWritten - old.BytesWritten
 		case fu.Restored: // the agent started again from zero: what it counted since
 			written += fu.BytesWritten
 		}
-		row.Counters, row.Updated, row.Final = fu, now, final
+		row.Counters, row.Updated, row.Final = fu, now, ch.final
 		if err := store.Usage.Put(tx, row); err != nil {
 			return 0, err
 		}
@@ -106,7 +118,7 @@ func (c *Controller) finalUsage(ctx context.Context, agent agentapi.Agent, node 
 			row.Final = true
 			return store.Usage.Put(tx, row)
 		}
-		written, err := recordUsage(tx, node, own, c.now(), id)
+		written, err := recordUsage(tx, node, own, c.now(), id, c.cfg.Controller.AccountingBatch)
 		if err != nil || written == 0 {
 			return err
 		}
@@ -266,11 +278,8 @@ func pendRecord(tx *store.Tx, id int64, now time.Time) error {
 	if err := store.StageBytes.Delete(tx, id); err != nil {
 		return err
 	}
-	for _, u := range usage {
-		if err := store.Usage.Delete(tx, u.Fragment); err != nil {
-			return err
-		}
-	}
+	// The counters' rows go after the line is written (appendRecord), a batch per
+	// transaction: here they would make this transaction as large as the instance is wide.
 	return store.AccountingRecords.Put(tx, &store.AccountingRecord{Instance: id, ID: recordID, Line: line})
 }
 
@@ -417,7 +426,35 @@ func (c *Controller) appendRecord(ctx context.Context, rec *store.AccountingReco
 		c.log.Info("accounting: record written", "instance", rec.Instance, "record_id", rec.ID, "log", path)
 		crashpoint.Hit("accounting:appended")
 	}
+	if err := c.dropUsage(ctx, rec.Instance); err != nil {
+		return err
+	}
 	return c.store.Update(ctx, func(tx *store.Tx) error { return store.AccountingRecords.Delete(tx, rec.Instance) })
+}
+
+// dropUsage deletes a torn-down instance's counter rows, controller.accounting_batch per
+// transaction.
+func (c *Controller) dropUsage(ctx context.Context, instance int64) error {
+	for {
+		more := false
+		err := c.store.Update(ctx, func(tx *store.Tx) error {
+			rows, err := store.Usage.Filter(tx, func(u *model.FragmentUsage) bool { return u.Instance == instance })
+			if err != nil {
+				return err
+			}
+			batch := max(c.cfg.Controller.AccountingBatch, 1)
+			more = len(rows) > batch
+			for _, u := range rows[:min(len(rows), batch)] {
+				if err := store.Usage.Delete(tx, u.Fragment); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil || !more {
+			return err
+		}
+	}
 }
 
 // lineAt reports whether the line starting at offset in path is the record id's.

@@ -412,3 +412,45 @@ func TestAccountingLogUnwritable(t *testing.T) {
 		t.Errorf("log: %+v, want the record of 44 once", lines)
 	}
 }
+
+// TestAccountingBatch: a heartbeat writes at most controller.accounting_batch fragments'
+// counters, the stalest first; the others come with the next heartbeat, and the node's
+// bytes_written counts each byte once.
+func TestAccountingBatch(t *testing.T) {
+	r := newAcctRig(t)
+	r.c.cfg.Controller.AccountingBatch = 2
+	ctx := context.Background()
+	var frags []int64
+	for _, token := range []string{"51", "52", "53"} {
+		setup := lifecycle.Setup{Token: token, Creator: "TEST", Instance: &lifecycle.InstanceRequest{Capacity: 1 << 20, Pool: "wlm_pool", Type: "scratch"}}
+		if err := r.c.Setup(ctx, setup, false); err != nil {
+			t.Fatal(err)
+		}
+		r.settle(token, lifecycle.PhaseSetup)
+		w, _ := r.c.World(ctx)
+		frags = append(frags, w.FragmentsOf(w.InstanceOf(w.SessionByToken(token).ID).ID)[0].ID)
+	}
+	report := func(written uint64) []agentapi.FragmentUsage {
+		var out []agentapi.FragmentUsage
+		for _, f := range frags {
+			out = append(out, agentapi.FragmentUsage{Fragment: f, BytesWritten: written})
+		}
+		return out
+	}
+	counted := func() (n int) {
+		for _, row := range r.usageRows() {
+			if row.Counters.BytesWritten == 100 {
+				n++
+			}
+		}
+		return n
+	}
+	r.heartbeat(report(100))
+	if n, w := counted(), r.node().Written; n != 2 || w != 200 {
+		t.Fatalf("after one heartbeat: %d fragments' counters kept, node bytes_written %d; want 2 and 200", n, w)
+	}
+	r.heartbeat(report(100))
+	if n, w := counted(), r.node().Written; n != 3 || w != 300 {
+		t.Fatalf("after two heartbeats: %d fragments' counters kept, node bytes_written %d; want 3 and 300", n, w)
+	}
+}

@@ -494,7 +494,7 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 		// Endurance: the bytes the data path wrote to the node's fragments, summed from
 		// the counters' growth (they outlive the fragments); an agent reporting more of its
 		// own (r.Written) is believed.
-		written, err := recordUsage(tx, r.Name, r.Usage.Fragments, c.now(), 0)
+		written, err := recordUsage(tx, r.Name, r.Usage.Fragments, c.now(), 0, c.cfg.Controller.AccountingBatch)
 		if err != nil {
 			return err
 		}
