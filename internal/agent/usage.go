@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,7 +57,7 @@ func (a *Agent) fragmentCounters(id int64) (*server.Fragment, error) {
 		a.opt.Log.Warn("the fragment's saved counters are unreadable: counting from zero", "fragment", id, "err", err)
 	}
 	f := server.RestoreFragment(id, meta.InstanceID, meta.limits(), st, a.opt.Log)
-	f.Job = meta.Job
+	f.Job, f.OnMediaError = meta.Job, a.mediaError(id)
 	a.counters[id] = f
 	return f, nil
 }
@@ -72,7 +73,7 @@ func (a *Agent) newFragmentCounters(meta fragmentMeta) {
 			st = &server.FragmentState{}
 		}
 		f = server.RestoreFragment(meta.ID, meta.InstanceID, meta.limits(), st, a.opt.Log)
-		f.Job = meta.Job
+		f.Job, f.OnMediaError = meta.Job, a.mediaError(meta.ID)
 		a.counters[meta.ID] = f
 	} else {
 		f.SetLimits(meta.limits())
@@ -227,5 +228,13 @@ func (a *Agent) saveAllCounters() {
 	a.countersMu.Unlock()
 	for id, f := range all {
 		a.saveCounters(id, f)
+	}
+}
+
+// mediaError is what fragment id's data path calls when its file system fails a request
+// with EIO or EUCLEAN: a data-path error of the node, counted toward its auto-drain.
+func (a *Agent) mediaError(id int64) func(op string, errno syscall.Errno) {
+	return func(op string, errno syscall.Errno) {
+		a.noteDataError(fmt.Sprintf("fragment %d: %s: %s (%s)", id, op, errno.Error(), unix.ErrnoName(errno)))
 	}
 }

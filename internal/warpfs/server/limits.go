@@ -37,8 +37,12 @@ type Fragment struct {
 	// Job is the session's token (a job id, a persistent instance's name) for the log; set
 	// before the fragment is shared.
 	Job string
-	log *slog.Logger
-	now func() time.Time
+	// OnMediaError, when set (before the fragment is shared), hears of every request its file
+	// system failed with EIO or EUCLEAN: the SSD's or its file system's failures, not the
+	// user's. The agent counts them toward draining the node (controller.auto_drain_failures).
+	OnMediaError func(op string, errno syscall.Errno)
+	log          *slog.Logger
+	now          func() time.Time
 
 	counters // atomic, counters.go
 
