@@ -63,9 +63,8 @@ func within(got, want uint64) bool {
 // accounting log, once — counts them within 1%, with the stage-in's and stage-out's bytes,
 // per storage node and per compute node; the node's bytes_written (endurance) grew by them.
 //
-// The counters come from the data path (agentapi.NodeReport.Usage), which the storage
-// node's server fills from branch limits on: without it the test stops at the first check
-// of the counters, saying so.
+// The counters come from the data path (agentapi.NodeReport.Usage, filled by the storage
+// node's server).
 func TestAccountingMatchesWhatTheJobWrote(t *testing.T) {
 	requireRoot(t)
 	c := newCluster(t)
@@ -130,10 +129,7 @@ func TestAccountingMatchesWhatTheJobWrote(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if !counted {
-		if live.Realm.Updated == 0 {
-			t.Skip("the storage node reports no data path counters (agentapi.NodeReport.Usage): they come with branch limits")
-		}
-		t.Fatalf("the live record never counted the %d bytes written: %+v", written, live.Realm)
+		t.Fatalf("the live record never counted the %d bytes written (updated %d: 0 = no counters came with the heartbeats): %+v", written, live.Realm.Updated, live.Realm)
 	}
 	r := live.Realm
 	if !within(r.BytesWritten, written) || !within(r.BytesRead, read) {
@@ -186,9 +182,9 @@ func TestAccountingMatchesWhatTheJobWrote(t *testing.T) {
 	c.assertClean()
 }
 
-// TestAccountingRecordAtTeardown: without the data path's counters too, the teardown writes
-// one record per instance with what the controller knows (the instance, its session, its
-// server and namespace, the stages' bytes), and the API answers it while the job lives.
+// TestAccountingRecordAtTeardown: the teardown writes one record per instance with what the
+// controller knows besides the counters (the instance, its session, its server and
+// namespace, the stages' bytes), once per instance.
 func TestAccountingRecordAtTeardown(t *testing.T) {
 	requireRoot(t)
 	c := newCluster(t)
@@ -216,8 +212,7 @@ func TestAccountingRecordAtTeardown(t *testing.T) {
 // TestAccountingAcrossHosts (issue 13 item 2): a striped instance on two storage nodes, two
 // compute nodes writing and reading over the network. The record has a share per storage
 // node (each held a stripe of what was written) and per compute node (what each wrote and
-// read), each within 1% of what the jobs did, live and in the log at teardown. Needs the
-// data path's counters (branch limits): skips without them.
+// read), each within 1% of what the jobs did, live and in the log at teardown.
 func TestAccountingAcrossHosts(t *testing.T) {
 	storage := []string{"hosta", "hostc"}
 	c := newNetClusterOf(t, storage, []string{"hostb", "hoste"})
@@ -271,8 +266,8 @@ func TestAccountingAcrossHosts(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if !counted && live.Realm.Updated == 0 {
-		t.Skip("the storage nodes report no data path counters (agentapi.NodeReport.Usage): they come with branch limits")
+	if !counted {
+		t.Fatalf("the live record never counted what the jobs did (updated %d: 0 = no counters came with the heartbeats): %+v", live.Realm.Updated, live.Realm)
 	}
 	check("live", live.Realm)
 	c.wlm("--function", "post_run", "--token", "90", "--job", job)
