@@ -236,7 +236,7 @@ func (c *Controller) persistTouched(tx *store.Tx, ch lifecycle.Changes) (map[int
 			return nil, err
 		}
 	}
-	if err := persistObjects(tx, ch); err != nil {
+	if err := persistObjects(tx, ch, c.now()); err != nil {
 		return nil, err
 	}
 	for _, obj := range ch.Put {
@@ -279,7 +279,9 @@ func loadStageHistory(tx *store.Tx) ([]*model.FinishedStage, error) {
 	return store.StageHistory.List(tx)
 }
 
-func persistObjects(tx *store.Tx, ch lifecycle.Changes) error {
+// persistObjects writes the changed objects (now: when). A deleted instance becomes its
+// pending accounting record in the same transaction (keepAccounting).
+func persistObjects(tx *store.Tx, ch lifecycle.Changes, now time.Time) error {
 	for _, obj := range ch.Put {
 		var err error
 		switch o := obj.(type) {
@@ -309,6 +311,9 @@ func persistObjects(tx *store.Tx, ch lifecycle.Changes) error {
 		if err != nil {
 			return err
 		}
+	}
+	if err := keepAccounting(tx, ch, now); err != nil {
+		return err
 	}
 	for _, r := range ch.Delete {
 		var err error

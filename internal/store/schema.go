@@ -16,7 +16,8 @@ import (
 //	2  every value is a JSON document: a session token's index entry is {"session": id}
 //	   (was the session's key as bare text)
 //	3  the child index (kind "child"): one key per instance, fragment, configuration,
-//	   namespace, registration, activation and stage under its parent's key; the totals
+//	   namespace, registration, activation, stage and fragment usage row under its
+//	   parent's key; the totals
 //	   (kind "totals": sessions, each node's grains and fragments); the due index (kind
 //	   "due", which the controller's first executor pass fills)
 const SchemaVersion = 3
@@ -164,7 +165,7 @@ func migrateTokenIndexToJSON(kv KV) error {
 func migrateChildIndex(kv KV) error {
 	tx := &Tx{kv: kv}
 	for _, index := range []func(*Tx) error{Instances.index, Fragments.index, Configurations.index,
-		Namespaces.index, Registrations.index, Activations.index, Stages.index, Sessions.index} {
+		Namespaces.index, Registrations.index, Activations.index, Stages.index, Sessions.index, Usage.index} {
 		if err := index(tx); err != nil {
 			return err
 		}
