@@ -47,7 +47,7 @@ type Table[T any] struct {
 	key  func(*T) string
 	// parent, when set, names the object's parent (its kind and id; never changing): Put and
 	// Delete keep the object's entry in the child index, which ChildrenOf reads.
-	parent func(*T) (string, int64)
+	parents []func(*T) parentRef
 	// count, when set, keeps the totals (Totals) of the kind: Put and Delete call it with
 	// the object stored before (nil: none) and after (nil: deleted).
 	count func(tx *Tx, old, new *T) error
@@ -78,19 +78,30 @@ func (t Table[T]) Put(tx *Tx, obj *T) error {
 	if err != nil {
 		return err
 	}
-	if t.parent != nil {
-		pk, pid := t.parent(obj)
-		if err := tx.kv.Put(childIndex, childKey(pk, pid, t.kind, t.key(obj)), emptyDoc); err != nil {
-			return err
-		}
-	}
-	if t.count != nil {
+	if len(t.parents) > 0 || t.count != nil {
+		// The object as it was: only what changed is written to the indexes and totals (a
+		// change of state writes the object alone).
 		old, err := t.get(tx, t.key(obj))
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return err
 		}
-		if err := t.count(tx, old, obj); err != nil {
-			return err
+		for _, parent := range t.parents {
+			key := childKey(parent(obj), t.kind, t.key(obj))
+			if old != nil {
+				if was := childKey(parent(old), t.kind, t.key(obj)); was == key {
+					continue
+				} else if err := tx.kv.Delete(childIndex, was); err != nil {
+					return err
+				}
+			}
+			if err := tx.kv.Put(childIndex, key, emptyDoc); err != nil {
+				return err
+			}
+		}
+		if t.count != nil {
+			if err := t.count(tx, old, obj); err != nil {
+				return err
+			}
 		}
 	}
 	return tx.kv.Put(t.kind, t.key(obj), raw)
@@ -127,7 +138,7 @@ func (t IDTable[T]) Get(tx *Tx, id int64) (*T, error) { return t.get(tx, idKey(i
 
 // Delete removes the object with the given id (and its entry in the child index).
 func (t IDTable[T]) Delete(tx *Tx, id int64) error {
-	if t.parent != nil || t.count != nil {
+	if len(t.parents) > 0 || t.count != nil {
 		obj, err := t.Get(tx, id)
 		if errors.Is(err, ErrNotFound) {
 			return nil
@@ -135,9 +146,8 @@ func (t IDTable[T]) Delete(tx *Tx, id int64) error {
 		if err != nil {
 			return err
 		}
-		if t.parent != nil {
-			pk, pid := t.parent(obj)
-			if err := tx.kv.Delete(childIndex, childKey(pk, pid, t.kind, idKey(id))); err != nil {
+		for _, parent := range t.parents {
+			if err := tx.kv.Delete(childIndex, childKey(parent(obj), t.kind, idKey(id))); err != nil {
 				return err
 			}
 		}
@@ -153,10 +163,15 @@ func (t IDTable[T]) Delete(tx *Tx, id int64) error {
 // ChildrenOf returns the objects of this table whose parent is the object (kind, id), in id
 // order, through the child index: the cost is that of the children, not of the table.
 func (t IDTable[T]) ChildrenOf(tx *Tx, parentKind string, parentID int64) ([]*T, error) {
-	if t.parent == nil {
+	return t.ChildrenOfKey(tx, parentKind, idKey(parentID))
+}
+
+// ChildrenOfKey is ChildrenOf for a parent named by its key (a node's name).
+func (t IDTable[T]) ChildrenOfKey(tx *Tx, parentKind, parentKey string) ([]*T, error) {
+	if len(t.parents) == 0 {
 		return nil, fmt.Errorf("%s has no parent: no child index", t.kind)
 	}
-	prefix := childKey(parentKind, parentID, t.kind, "")
+	prefix := childKey(parentRef{parentKind, parentKey}, t.kind, "")
 	var keys []string
 	err := tx.kv.ScanPrefix(childIndex, prefix, func(key string, _ []byte) error {
 		keys = append(keys, strings.TrimPrefix(key, prefix))
@@ -184,9 +199,8 @@ func (t IDTable[T]) index(tx *Tx) error {
 		return err
 	}
 	for _, obj := range all {
-		if t.parent != nil {
-			pk, pid := t.parent(obj)
-			if err := tx.kv.Put(childIndex, childKey(pk, pid, t.kind, t.key(obj)), emptyDoc); err != nil {
+		for _, parent := range t.parents {
+			if err := tx.kv.Put(childIndex, childKey(parent(obj), t.kind, t.key(obj)), emptyDoc); err != nil {
 				return err
 			}
 		}
@@ -199,14 +213,17 @@ func (t IDTable[T]) index(tx *Tx) error {
 	return nil
 }
 
-// childIndex holds one key per object of a table with a parent:
-// <parent kind>/<parent id key>/<kind>/<id key>, value {} (schema version 3).
+// childIndex holds one key per object of a table and parent:
+// <parent kind>/<parent key>/<kind>/<id key>, value {} (schema version 3).
 const childIndex = "child"
 
 var emptyDoc = []byte("{}")
 
-func childKey(parentKind string, parentID int64, kind, key string) string {
-	return parentKind + "/" + idKey(parentID) + "/" + kind + "/" + key
+// parentRef names a parent: its kind and key (an id key, or a node's name).
+type parentRef struct{ kind, key string }
+
+func childKey(p parentRef, kind, key string) string {
+	return p.kind + "/" + p.key + "/" + kind + "/" + key
 }
 
 // NewID draws the next id of this kind.
@@ -230,7 +247,19 @@ func byID[T any](kind string, id func(*T) int64) IDTable[T] {
 // childOf is byID for a kind whose objects belong to a parent object (indexed by it).
 func childOf[T any](kind string, id func(*T) int64, parentKind string, parent func(*T) int64) IDTable[T] {
 	t := byID(kind, id)
-	t.parent = func(o *T) (string, int64) { return parentKind, parent(o) }
+	t.parents = []func(*T) parentRef{func(o *T) parentRef { return parentRef{parentKind, idKey(parent(o))} }}
+	return t
+}
+
+// onNode indexes a table's objects by their node's name as well (ChildrenOfKey "node").
+func onNode[T any](t IDTable[T], node func(*T) string) IDTable[T] {
+	t.parents = append(t.parents, func(o *T) parentRef { return parentRef{"node", node(o)} })
+	return t
+}
+
+// alsoUnder indexes a table's objects under a second parent, by id.
+func alsoUnder[T any](t IDTable[T], parentKind string, parent func(*T) int64) IDTable[T] {
+	t.parents = append(t.parents, func(o *T) parentRef { return parentRef{parentKind, idKey(parent(o))} })
 	return t
 }
 
@@ -240,13 +269,14 @@ var (
 	Nodes = NameTable[model.Node]{Table[model.Node]{kind: "node", key: func(n *model.Node) string { return n.Name }}}
 	// The session's objects are indexed by their parent (ChildrenOf): instances,
 	// registrations, activations and stages by session; fragments and configurations by
-	// instance; namespaces by configuration.
+	// instance; namespaces by configuration; and what a heartbeat answers: fragments and
+	// activations by node (ChildrenOfKey), namespaces by fragment.
 	Instances      = childOf("instance", func(o *model.Instance) int64 { return o.ID }, "session", func(o *model.Instance) int64 { return o.SessionID })
-	Fragments      = counted(childOf("fragment", func(o *model.Fragment) int64 { return o.ID }, "instance", func(o *model.Fragment) int64 { return o.InstanceID }), countFragments)
+	Fragments      = counted(onNode(childOf("fragment", func(o *model.Fragment) int64 { return o.ID }, "instance", func(o *model.Fragment) int64 { return o.InstanceID }), func(o *model.Fragment) string { return o.Node }), countFragments)
 	Configurations = childOf("configuration", func(o *model.Configuration) int64 { return o.ID }, "instance", func(o *model.Configuration) int64 { return o.InstanceID })
-	Namespaces     = childOf("namespace", func(o *model.Namespace) int64 { return o.ID }, "configuration", func(o *model.Namespace) int64 { return o.ConfigurationID })
+	Namespaces     = alsoUnder(childOf("namespace", func(o *model.Namespace) int64 { return o.ID }, "configuration", func(o *model.Namespace) int64 { return o.ConfigurationID }), "fragment", func(o *model.Namespace) int64 { return o.FragmentID })
 	Registrations  = childOf("registration", func(o *model.Registration) int64 { return o.ID }, "session", func(o *model.Registration) int64 { return o.SessionID })
-	Activations    = childOf("activation", func(o *model.Activation) int64 { return o.ID }, "session", func(o *model.Activation) int64 { return o.SessionID })
+	Activations    = onNode(childOf("activation", func(o *model.Activation) int64 { return o.ID }, "session", func(o *model.Activation) int64 { return o.SessionID }), func(o *model.Activation) string { return o.Node })
 	Stages         = childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID })
 	// StageHistory keeps finished stages after their sessions went (stage.history of them).
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })

@@ -190,6 +190,14 @@ func testChildIndex(t *testing.T, open Factory) {
 		if err != nil || len(none) != 0 {
 			return fmt.Errorf("children of instance 3 = %s %v, want none", ids(none), err)
 		}
+		onM, err := store.Fragments.ChildrenOfKey(tx, "node", "m")
+		if err != nil || ids(onM) != "[4]" {
+			return fmt.Errorf("fragments on node m = %s %v, want [4] (moved there)", ids(onM), err)
+		}
+		onN, err := store.Fragments.ChildrenOfKey(tx, "node", "n")
+		if err != nil || ids(onN) != "[1 2 3 5 7 8 9 10 11]" {
+			return fmt.Errorf("fragments on node n = %s %v, want every other but 4, 6 and 12", ids(onN), err)
+		}
 		return nil
 	}))
 }
