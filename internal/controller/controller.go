@@ -553,21 +553,28 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 		if err := store.Nodes.Put(tx, n); err != nil {
 			return err
 		}
-		w, err := loadWorld(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
-		if err != nil {
-			return err
-		}
-		reply = liveOn(w, r.Name)
-		for i := range reply.Mounts {
-			reply.Mounts[i] = c.grant(reply.Mounts[i], r.Name)
-		}
-		v, err := store.Meta.Get(tx, clusterIDKey)
-		if err != nil {
-			return err
-		}
-		reply.ClusterID = v.Value
 		return nil
 	})
+	if err == nil {
+		// What lives on the node, read after the report is in (a snapshot as consistent as
+		// the write's, which writers need not wait for): the node's objects by index.
+		err = c.store.View(ctx, func(tx *store.Tx) error {
+			w, err := loadNodeWorld(tx, r.Name, c.now(), c.cfg.Controller.NodeTimeout.D())
+			if err != nil {
+				return err
+			}
+			reply = liveOn(w, r.Name)
+			for i := range reply.Mounts {
+				reply.Mounts[i] = c.grant(reply.Mounts[i], r.Name)
+			}
+			v, err := store.Meta.Get(tx, clusterIDKey)
+			if err != nil {
+				return err
+			}
+			reply.ClusterID = v.Value
+			return nil
+		})
+	}
 	c.mu.Lock()
 	if c.remoteAt[r.Name] != r.Address {
 		delete(c.remote, r.Name)
@@ -703,8 +710,12 @@ func (c *Controller) finishAbandonedRuns(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		w, err := c.view(ctx)
-		if err != nil {
+		var sessions []*model.Session // the sessions alone: none of their objects is needed
+		if err := c.store.View(ctx, func(tx *store.Tx) error {
+			var err error
+			sessions, err = store.Sessions.List(tx)
+			return err
+		}); err != nil {
 			continue
 		}
 		now := c.now()
@@ -713,7 +724,7 @@ func (c *Controller) finishAbandonedRuns(ctx context.Context) {
 		b.mu.Lock()
 		b.init()
 		live := map[string]bool{}
-		for _, s := range w.SortedSessions() {
+		for _, s := range sessions {
 			if s.Creator != runCreator || s.Persistent || s.State.Goal == model.GoalDestroy {
 				continue
 			}

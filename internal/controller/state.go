@@ -71,6 +71,47 @@ func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout tim
 	return w, countElsewhere(tx, w)
 }
 
+// loadNodeWorld reads, through indexes, what lives on a node (liveOn): its fragments with
+// their namespaces, and the sessions of its activations with their objects (a mount order
+// names the instance's other servers). Not a partial world for decisions: no totals.
+func loadNodeWorld(tx *store.Tx, node string, now time.Time, nodeTimeout time.Duration) (*lifecycle.World, error) {
+	w, err := loadNodesAndPools(tx, now, nodeTimeout)
+	if err != nil {
+		return nil, err
+	}
+	frags, err := store.Fragments.ChildrenOfKey(tx, lifecycle.KindNode, node)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range frags {
+		w.Fragments[f.ID] = f
+		if err := childrenInto(tx, store.Namespaces, lifecycle.KindFragment, f.ID, w.Namespaces, func(o *model.Namespace) int64 { return o.ID }); err != nil {
+			return nil, err
+		}
+	}
+	acts, err := store.Activations.ChildrenOfKey(tx, lifecycle.KindNode, node)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range acts {
+		if w.Sessions[a.SessionID] != nil {
+			continue
+		}
+		s, err := store.Sessions.Get(tx, a.SessionID)
+		if store.IsNotFound(err) {
+			w.Activations[a.ID] = a
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := addSession(tx, w, s); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
 // countElsewhere fills a partial world's Elsewhere from the state's totals: the totals less
 // what the world holds.
 func countElsewhere(tx *store.Tx, w *lifecycle.World) error {

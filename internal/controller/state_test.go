@@ -3,9 +3,12 @@ package controller
 import (
 	"context"
 	"reflect"
+	"slices"
+	"sort"
 	"testing"
 
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/store"
 )
 
 // TestSessionWorldIsTheSessionsSlice: the world a request about one session reads through the
@@ -126,6 +129,28 @@ func TestSessionWorldIsTheSessionsSlice(t *testing.T) {
 		wantPaths, wantErr := lifecycle.Paths(whole, token, "/mnt")
 		if !reflect.DeepEqual(gotPaths, wantPaths) || (gotErr == nil) != (wantErr == nil) {
 			t.Errorf("paths of %s: %v %v from the session world, %v %v from the whole world", token, gotPaths, gotErr, wantPaths, wantErr)
+		}
+	}
+	// A heartbeat's answer from the node's objects is the one from the whole world.
+	for _, node := range []string{"n1", "n2", "nowhere"} {
+		var part *lifecycle.World
+		if err := a.c.store.View(ctx, func(tx *store.Tx) error {
+			var err error
+			part, err = loadNodeWorld(tx, node, a.c.now(), a.c.cfg.Controller.NodeTimeout.D())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		got, want := liveOn(part, node), liveOn(whole, node)
+		sort.Slice(got.Namespaces, func(i, j int) bool { return got.Namespaces[i].ID < got.Namespaces[j].ID })
+		sort.Slice(want.Namespaces, func(i, j int) bool { return want.Namespaces[i].ID < want.Namespaces[j].ID })
+		slices.Sort(got.Fragments)
+		slices.Sort(want.Fragments)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("what lives on %s from its objects: %+v, from the whole world: %+v", node, got, want)
+		}
+		if node != "nowhere" && len(want.Fragments) == 0 {
+			t.Errorf("no fragment on %s: the comparison proves nothing", node)
 		}
 	}
 	if p, _ := a.c.Paths(ctx, "3"); p[lifecycle.VarPersistentPre+"proj"] == "" {
