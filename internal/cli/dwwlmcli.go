@@ -267,19 +267,11 @@ func (w *wlm) writeJSON(v any) int {
 }
 
 func (w *wlm) table(name string) int {
-	all, err := w.client.All(w.ctx)
-	if err != nil {
+	var tables map[string]json.RawMessage // {"<name>": [...]}, printed as the controller sent it
+	if err := w.client.Do(w.ctx, "GET", "/dw/v1/"+name, nil, &tables); err != nil {
 		return w.fail("%v", err)
 	}
-	switch name {
-	case "pools":
-		return w.writeJSON(map[string]any{"pools": all.Pools})
-	case "instances":
-		return w.writeJSON(map[string]any{"instances": all.Instances})
-	case "sessions":
-		return w.writeJSON(map[string]any{"sessions": all.Sessions})
-	}
-	return w.writeJSON(map[string]any{"configurations": all.Configurations})
+	return w.writeJSON(map[string]json.RawMessage{name: tables[name]})
 }
 
 // wait waits for a step and turns its outcome into the exit status.

@@ -273,7 +273,16 @@ func (s *Server) visible(r *http.Request, all views.All) views.All {
 
 func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("table")
-	all, err := s.snapshot(r)
+	var all views.All
+	var err error
+	if name == "pools" || name == "sessions" { // what Slurm asks for every 30 s: what they need only
+		var world *lifecycle.World
+		if world, err = s.c.tableWorld(r.Context(), name); err == nil {
+			all = s.visible(r, views.Build(world))
+		}
+	} else {
+		all, err = s.snapshot(r)
+	}
 	if err != nil {
 		s.fail(w, err)
 		return

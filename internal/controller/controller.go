@@ -227,6 +227,24 @@ func (c *Controller) viewSession(ctx context.Context, token string) (*lifecycle.
 	return w, err
 }
 
+// tableWorld reads what one table needs: the pools table the pools, the nodes and the
+// totals of their fragments (countElsewhere); the sessions table the sessions alone.
+func (c *Controller) tableWorld(ctx context.Context, table string) (*lifecycle.World, error) {
+	var w *lifecycle.World
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		if table == "pools" {
+			if w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D()); err != nil {
+				return err
+			}
+			return countElsewhere(tx, w)
+		}
+		w = lifecycle.NewWorld()
+		return loadInto(tx, store.Sessions, w.Sessions, func(o *model.Session) int64 { return o.ID })
+	})
+	return w, err
+}
+
 // World returns a snapshot of every object, for status views.
 func (c *Controller) World(ctx context.Context) (*lifecycle.World, error) { return c.view(ctx) }
 

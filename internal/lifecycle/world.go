@@ -230,12 +230,13 @@ func (w *World) SessionByToken(token string) *model.Session {
 
 // InstanceOf returns the session's instance, or nil when it has no capacity of its own.
 func (w *World) InstanceOf(sessionID ID) *model.Instance {
-	for _, id := range sortedIDs(w.Instances) {
-		if w.Instances[id].SessionID == sessionID {
-			return w.Instances[id]
+	var found *model.Instance
+	for _, i := range w.Instances {
+		if i.SessionID == sessionID && (found == nil || i.ID < found.ID) {
+			found = i
 		}
 	}
-	return nil
+	return found
 }
 
 // StripeSize is the stripe size of an instance's pool.
@@ -248,24 +249,12 @@ func (w *World) StripeSize(inst *model.Instance) uint64 {
 
 // FragmentsOf returns an instance's fragments in id order.
 func (w *World) FragmentsOf(instanceID ID) []*model.Fragment {
-	var out []*model.Fragment
-	for _, id := range sortedIDs(w.Fragments) {
-		if f := w.Fragments[id]; f.InstanceID == instanceID {
-			out = append(out, f)
-		}
-	}
-	return out
+	return matching(w.Fragments, func(f *model.Fragment) bool { return f.InstanceID == instanceID }, func(f *model.Fragment) ID { return f.ID })
 }
 
 // ConfigurationsOf returns an instance's configurations in id order.
 func (w *World) ConfigurationsOf(instanceID ID) []*model.Configuration {
-	var out []*model.Configuration
-	for _, id := range sortedIDs(w.Configurations) {
-		if c := w.Configurations[id]; c.InstanceID == instanceID {
-			out = append(out, c)
-		}
-	}
-	return out
+	return matching(w.Configurations, func(c *model.Configuration) bool { return c.InstanceID == instanceID }, func(c *model.Configuration) ID { return c.ID })
 }
 
 // ConfigurationByMode returns the instance's configuration with the access mode, or nil.
@@ -280,13 +269,7 @@ func (w *World) ConfigurationByMode(instanceID ID, mode string) *model.Configura
 
 // NamespacesOf returns a configuration's namespaces in id order.
 func (w *World) NamespacesOf(configID ID) []*model.Namespace {
-	var out []*model.Namespace
-	for _, id := range sortedIDs(w.Namespaces) {
-		if n := w.Namespaces[id]; n.ConfigurationID == configID {
-			out = append(out, n)
-		}
-	}
-	return out
+	return matching(w.Namespaces, func(n *model.Namespace) bool { return n.ConfigurationID == configID }, func(n *model.Namespace) ID { return n.ID })
 }
 
 // NamespaceFor returns the namespace of a configuration seen by a client node: the shared one
@@ -310,35 +293,17 @@ func (w *World) NamespaceFor(c *model.Configuration, node string) *model.Namespa
 
 // ActivationsOf returns a session's activations in id order.
 func (w *World) ActivationsOf(sessionID ID) []*model.Activation {
-	var out []*model.Activation
-	for _, id := range sortedIDs(w.Activations) {
-		if a := w.Activations[id]; a.SessionID == sessionID {
-			out = append(out, a)
-		}
-	}
-	return out
+	return matching(w.Activations, func(a *model.Activation) bool { return a.SessionID == sessionID }, func(a *model.Activation) ID { return a.ID })
 }
 
 // StagesOf returns a session's stages in id order.
 func (w *World) StagesOf(sessionID ID) []*model.Stage {
-	var out []*model.Stage
-	for _, id := range sortedIDs(w.Stages) {
-		if s := w.Stages[id]; s.SessionID == sessionID {
-			out = append(out, s)
-		}
-	}
-	return out
+	return matching(w.Stages, func(s *model.Stage) bool { return s.SessionID == sessionID }, func(s *model.Stage) ID { return s.ID })
 }
 
 // RegistrationsOf returns a session's registrations in id order.
 func (w *World) RegistrationsOf(sessionID ID) []*model.Registration {
-	var out []*model.Registration
-	for _, id := range sortedIDs(w.Registrations) {
-		if r := w.Registrations[id]; r.SessionID == sessionID {
-			out = append(out, r)
-		}
-	}
-	return out
+	return matching(w.Registrations, func(r *model.Registration) bool { return r.SessionID == sessionID }, func(r *model.Registration) ID { return r.ID })
 }
 
 // PersistentByName returns the persistent session with the name, or nil.
@@ -356,6 +321,19 @@ func (w *World) SortedSessions() []*model.Session {
 	for _, id := range sortedIDs(w.Sessions) {
 		out = append(out, w.Sessions[id])
 	}
+	return out
+}
+
+// matching returns the objects of m that keep accepts, in id order: one walk over the map
+// and a sort of what matched (not of the whole map).
+func matching[T any](m map[ID]*T, keep func(*T) bool, id func(*T) ID) []*T {
+	var out []*T
+	for _, o := range m {
+		if keep(o) {
+			out = append(out, o)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return id(out[i]) < id(out[j]) })
 	return out
 }
 

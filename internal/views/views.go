@@ -290,22 +290,28 @@ func Build(w *lifecycle.World) All {
 			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: s.Failure, Uses: s.Uses})
 	}
 	a.Instances = []Instance{}
+	// Each instance's configurations and fragments, grouped in one walk of each table.
+	confsOf, fragsOf := map[int64][]int64{}, map[int64][]*model.Fragment{}
+	for _, id := range ids(w.Configurations) {
+		c := w.Configurations[id]
+		confsOf[c.InstanceID] = append(confsOf[c.InstanceID], c.ID)
+	}
+	for _, f := range w.Fragments {
+		fragsOf[f.InstanceID] = append(fragsOf[f.InstanceID], f)
+	}
 	for _, id := range ids(w.Instances) {
 		i := w.Instances[id]
-		var confs []int64
-		for _, c := range w.ConfigurationsOf(i.ID) {
-			confs = append(confs, c.ID)
-		}
+		confs := confsOf[i.ID]
 		if confs == nil {
 			confs = []int64{}
 		}
 		intact := true
-		for _, f := range w.FragmentsOf(i.ID) {
+		for _, f := range fragsOf[i.ID] {
 			if f.State.FuseBlown {
 				intact = false
 			}
 		}
-		a.Instances = append(a.Instances, Instance{Capacity: Capacity{Bytes: i.Capacity, Nodes: len(w.FragmentsOf(i.ID))}, Created: i.Created.Unix(),
+		a.Instances = append(a.Instances, Instance{Capacity: Capacity{Bytes: i.Capacity, Nodes: len(fragsOf[i.ID])}, Created: i.Created.Unix(),
 			ID: i.ID, Intact: intact, Label: i.Label, Limits: Limits{i.WriteWindowLength, i.WriteWindowMultiplier},
 			Links: InstanceLinks{Configurations: confs, Session: i.SessionID}, Public: i.Public, State: stateOf(i.State),
 			Pool: i.Pool, Requested: i.Requested, Strategy: i.Strategy})
