@@ -70,7 +70,6 @@ ssd_path = "{d}/ssd"
 capacity = "{capacity}"
 listen = "unix:{d}/agent.sock"
 controller = "unix:{d}/controller.sock"
-heartbeat_interval = "1s"
 [client]
 controller = "unix:{d}/controller.sock"
 ''')

@@ -43,6 +43,8 @@ type Controller struct {
 
 	changeMu sync.Mutex
 	changed  chan struct{} // closed (and replaced) whenever the state changes
+	// sessionWaits: by session id, a channel closed (and dropped) at the session's next change
+	sessionWaits map[int64]chan struct{}
 
 	mu       sync.Mutex
 	inflight map[lifecycle.EffectKey]bool
@@ -68,13 +70,14 @@ type Controller struct {
 func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger) (*Controller, error) {
 	c := &Controller{
 		cfg: cfg, store: st, dial: dial, log: log, now: time.Now,
-		wake:     make(chan struct{}, 1),
-		changed:  make(chan struct{}),
-		inflight: map[lifecycle.EffectKey]bool{},
-		polls:    map[lifecycle.EffectKey]pollState{},
-		local:    map[string]agentapi.Agent{},
-		remote:   map[string]agentapi.Agent{},
-		remoteAt: map[string]string{},
+		wake:         make(chan struct{}, 1),
+		changed:      make(chan struct{}),
+		sessionWaits: map[int64]chan struct{}{},
+		inflight:     map[lifecycle.EffectKey]bool{},
+		polls:        map[lifecycle.EffectKey]pollState{},
+		local:        map[string]agentapi.Agent{},
+		remote:       map[string]agentapi.Agent{},
+		remoteAt:     map[string]string{},
 		params: lifecycle.Params{
 			MountRoot:              cfg.Controller.MountRoot,
 			MaxSessions:            cfg.Controller.MaxSessions,
@@ -161,11 +164,19 @@ func (c *Controller) AddLocalAgent(name string, a agentapi.Agent) {
 	c.mu.Unlock()
 }
 
-// notifyChange wakes everyone waiting for the state to change.
-func (c *Controller) notifyChange() {
+// notifyChange wakes everyone waiting for the state to change, and those waiting for one of
+// the sessions a change touched (WaitStatus: a status waiter is woken by its own session's
+// changes only, not by every other job's).
+func (c *Controller) notifyChange(touched map[int64]bool) {
 	c.changeMu.Lock()
 	close(c.changed)
 	c.changed = make(chan struct{})
+	for id := range touched {
+		if ch := c.sessionWaits[id]; ch != nil {
+			close(ch)
+			delete(c.sessionWaits, id)
+		}
+	}
 	c.changeMu.Unlock()
 }
 
@@ -176,15 +187,39 @@ func (c *Controller) Changed() <-chan struct{} {
 	return c.changed
 }
 
+// sessionChanged returns a channel closed at the next change of a session's objects.
+func (c *Controller) sessionChanged(id int64) <-chan struct{} {
+	c.changeMu.Lock()
+	defer c.changeMu.Unlock()
+	ch := c.sessionWaits[id]
+	if ch == nil {
+		ch = make(chan struct{})
+		c.sessionWaits[id] = ch
+	}
+	return ch
+}
+
 // WaitStatus is Status that waits, up to wait, for the step to finish or fail.
 func (c *Controller) WaitStatus(ctx context.Context, token, step string, wait time.Duration) (lifecycle.StepStatus, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
+	id, err := c.sessionID(ctx, token)
+	if err != nil {
+		return lifecycle.StepStatus{}, err
+	}
 	for {
-		changed := c.Changed()
-		st, err := c.Status(ctx, token, step)
-		if err != nil || st.Done || st.Failed || wait <= 0 {
+		// The session's next change closes changed: taken before the read, it misses none.
+		var changed <-chan struct{}
+		if id != 0 {
+			changed = c.sessionChanged(id)
+		}
+		st, now, err := c.status(ctx, token, step)
+		if err != nil || st.Done || st.Failed || wait <= 0 || now == 0 {
 			return st, err
+		}
+		if now != id { // the token's session was replaced between the two reads
+			id = now
+			continue
 		}
 		select {
 		case <-changed:
@@ -215,16 +250,31 @@ func (c *Controller) view(ctx context.Context) (*lifecycle.World, error) {
 	return w, err
 }
 
-// viewSession loads, in a read transaction, what a request about one session looks at
-// (loadSessionWorld).
+// viewSession loads, in a read transaction, what an answer about one session looks at
+// (readSessionWorld).
 func (c *Controller) viewSession(ctx context.Context, token string) (*lifecycle.World, error) {
 	var w *lifecycle.World
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		var err error
-		w, err = loadSessionWorld(tx, token, c.now(), c.cfg.Controller.NodeTimeout.D())
+		w, err = readSessionWorld(tx, token)
 		return err
 	})
 	return w, err
+}
+
+// sessionID is the id of the session with token, 0 if there is none.
+func (c *Controller) sessionID(ctx context.Context, token string) (int64, error) {
+	var id int64
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		s, err := store.SessionByToken(tx, token)
+		if err == nil {
+			id = s.ID
+		} else if store.IsNotFound(err) {
+			err = nil
+		}
+		return err
+	})
+	return id, err
 }
 
 // tableWorld reads what one table needs: the pools table the pools, the nodes and the
@@ -260,6 +310,7 @@ func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *li
 // whole world), or the whole world when the token names a persistent instance (its teardown
 // looks at every job using it) or lifecycle.NeedsWhole says so. token "": the whole world.
 func (c *Controller) decideOn(ctx context.Context, token string, more []string, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
+	var touched map[int64]bool
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		var w *lifecycle.World
@@ -280,12 +331,13 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 		if err := fn(w, txIDs{tx}, now); err != nil {
 			return err
 		}
-		return c.persist(tx, w.TakeChanges())
+		touched, err = c.persistTouched(tx, w.TakeChanges())
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	c.notifyChange()
+	c.notifyChange(touched)
 	if crashName != "" {
 		crashpoint.Hit(crashName)
 	}
@@ -415,7 +467,7 @@ func (c *Controller) RemoveNode(ctx context.Context, node string) error {
 		delete(c.remote, node)
 		delete(c.remoteAt, node)
 		c.mu.Unlock()
-		c.notifyChange()
+		c.notifyChange(nil)
 	}
 	return err
 }
@@ -439,7 +491,7 @@ func (c *Controller) RemovePool(ctx context.Context, name string) error {
 		return store.Pools.Delete(tx, name)
 	})
 	if err == nil {
-		c.notifyChange()
+		c.notifyChange(nil)
 	}
 	return err
 }
@@ -514,11 +566,21 @@ func (c *Controller) RunIDDrawnBy(ctx context.Context, n int64, uid uint32) (boo
 
 // Status reports a session's progress with a step.
 func (c *Controller) Status(ctx context.Context, token, step string) (lifecycle.StepStatus, error) {
+	st, _, err := c.status(ctx, token, step)
+	return st, err
+}
+
+// status is Status and the session's id (0: no such session).
+func (c *Controller) status(ctx context.Context, token, step string) (lifecycle.StepStatus, int64, error) {
 	w, err := c.viewSession(ctx, token)
 	if err != nil {
-		return lifecycle.StepStatus{}, err
+		return lifecycle.StepStatus{}, 0, err
 	}
-	return lifecycle.Status(w, token, step), nil
+	var id int64
+	if s := w.SessionByToken(token); s != nil {
+		id = s.ID
+	}
+	return lifecycle.Status(w, token, step), id, nil
 }
 
 // Paths returns the job's DataWarp environment variables.

@@ -58,6 +58,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	var w *lifecycle.World
 	var whole bool
 	var wake time.Time // the earliest due time still to come
+	var touched map[int64]bool
 	changed := false
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
@@ -98,8 +99,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		effects = lifecycle.Step(w, c.params, now)
 		ch := w.TakeChanges()
 		changed = !ch.Empty()
-		touched, err := c.persistTouched(tx, ch)
-		if err != nil {
+		if touched, err = c.persistTouched(tx, ch); err != nil {
 			return err
 		}
 		return settleDue(tx, w, selected, due, touched, now)
@@ -115,7 +115,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	}
 	c.metrics.passOver(w, len(effects), whole)
 	if changed {
-		c.notifyChange()
+		c.notifyChange(touched)
 	}
 	c.flushAccounting(ctx)
 	now := c.now()
@@ -296,6 +296,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		crashpoint.Hit("after-effect:" + e.Op)
 	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
+	var touched map[int64]bool
 	session := lifecycle.SessionOf(w, e.Ref)
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
@@ -309,14 +310,15 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		if n != nil && !wasDrained && n.AutoDrained {
 			drained = n.Reason
 		}
-		return c.persist(tx, w.TakeChanges())
+		touched, err = c.persistTouched(tx, w.TakeChanges())
+		return err
 	})
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("executor: cannot record an effect's outcome; it will be redone", "op", e.Op, "err", err)
 	} else if drained != "" {
 		c.log.Warn("node drained", "node", e.Node, "reason", drained)
 	}
-	c.notifyChange()
+	c.notifyChange(touched)
 	if e.Op != lifecycle.OpPollStage {
 		crashpoint.Hit("outcome-persisted:" + e.Op)
 	}

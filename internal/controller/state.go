@@ -54,21 +54,37 @@ func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout tim
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range append([]string{token}, more...) {
+	if err := addTokens(tx, w, append([]string{token}, more...)); err != nil {
+		return nil, err
+	}
+	return w, countElsewhere(tx, w)
+}
+
+// readSessionWorld is loadSessionWorld without the pools, the nodes and the totals: what the
+// answers about a session (status, paths, its owner, its stages) read, nothing a decision
+// needs.
+func readSessionWorld(tx *store.Tx, token string) (*lifecycle.World, error) {
+	w := lifecycle.NewWorld()
+	return w, addTokens(tx, w, []string{token})
+}
+
+// addTokens adds the sessions of tokens (those that exist) with addSession.
+func addTokens(tx *store.Tx, w *lifecycle.World, tokens []string) error {
+	for _, t := range tokens {
 		s, err := store.SessionByToken(tx, t)
 		if store.IsNotFound(err) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if w.Sessions[s.ID] == nil {
 			if err := addSession(tx, w, s); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	return w, countElsewhere(tx, w)
+	return nil
 }
 
 // loadNodeWorld reads, through indexes, what lives on a node (liveOn): its fragments with

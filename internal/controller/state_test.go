@@ -44,9 +44,21 @@ func TestSessionWorldIsTheSessionsSlice(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, token := range []string{"1", "2", "3", "proj", "unknown"} {
-		part, err := a.c.viewSession(ctx, token)
+		var part *lifecycle.World // a decision's world
+		if err := a.c.store.View(ctx, func(tx *store.Tx) error {
+			var err error
+			part, err = loadSessionWorld(tx, token, a.c.now(), a.c.cfg.Controller.NodeTimeout.D())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		read, err := a.c.viewSession(ctx, token) // an answer's world: the same sessions' objects
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(read.Sessions) != len(part.Sessions) || len(read.Fragments) != len(part.Fragments) || len(read.Stages) != len(part.Stages) ||
+			len(read.Registrations) != len(part.Registrations) || len(read.Namespaces) != len(part.Namespaces) {
+			t.Errorf("the answers' world of %s holds other objects than the decisions': %+v, %+v", token, read, part)
 		}
 		want := lifecycle.NewWorld()
 		want.Pools, want.Nodes = whole.Pools, whole.Nodes
@@ -122,11 +134,11 @@ func TestSessionWorldIsTheSessionsSlice(t *testing.T) {
 			t.Errorf("session world of %s has no fragments: the slice is empty, the test proves nothing", token)
 		}
 		for _, step := range []string{lifecycle.PhaseSetup, lifecycle.PhaseDataIn, lifecycle.PhasePreRun, lifecycle.PhasePostRun, lifecycle.PhaseDataOut, lifecycle.PhaseTeardown} {
-			if got, want := lifecycle.Status(part, token, step), lifecycle.Status(whole, token, step); !reflect.DeepEqual(got, want) {
+			if got, want := lifecycle.Status(read, token, step), lifecycle.Status(whole, token, step); !reflect.DeepEqual(got, want) {
 				t.Errorf("status of %s at %s: %+v from the session world, %+v from the whole world", token, step, got, want)
 			}
 		}
-		gotPaths, gotErr := lifecycle.Paths(part, token, "/mnt")
+		gotPaths, gotErr := lifecycle.Paths(read, token, "/mnt")
 		wantPaths, wantErr := lifecycle.Paths(whole, token, "/mnt")
 		if !reflect.DeepEqual(gotPaths, wantPaths) || (gotErr == nil) != (wantErr == nil) {
 			t.Errorf("paths of %s: %v %v from the session world, %v %v from the whole world", token, gotPaths, gotErr, wantPaths, wantErr)
@@ -169,7 +181,7 @@ func TestSessionWorldIsTheSessionsSlice(t *testing.T) {
 			t.Errorf("sessions from the sessions alone: %+v, from the whole world: %+v", got.Sessions, full.Sessions)
 		}
 	}
-		if p, _ := a.c.Paths(ctx, "3"); p[lifecycle.VarPersistentPre+"proj"] == "" {
+	if p, _ := a.c.Paths(ctx, "3"); p[lifecycle.VarPersistentPre+"proj"] == "" {
 		t.Errorf("paths of job 3 = %v, want its persistent instance proj's variable", p)
 	}
 }
