@@ -51,6 +51,35 @@ type Engine struct {
 	writeMu sync.Mutex // one writer at a time: SQLite serializes writers anyway, this avoids SQLITE_BUSY
 	// readOnly: opened by OpenReadOnly, without the lock; Update is refused.
 	readOnly bool
+	// stmts are the statements every transaction runs, prepared once (database/sql keeps
+	// each prepared on the connections it ran on): a request's reads do not parse SQL.
+	stmts map[string]*sql.Stmt
+}
+
+// hotQueries are the statements every transaction runs: prepared when the engine opens (no
+// transaction holds a connection then), bound to each transaction's connection after.
+var hotQueries = []string{qGet, qPut, qDelete, qScan, qScanRange, qScanFrom}
+
+const (
+	qGet       = `SELECT value FROM kv WHERE kind = ? AND key = ?`
+	qPut       = "INSERT INTO kv(kind, key, value) VALUES (?, ?, ?) ON CONFLICT(kind, key) DO UPDATE SET value = excluded.value"
+	qDelete    = `DELETE FROM kv WHERE kind = ? AND key = ?`
+	qScan      = `SELECT key, value FROM kv WHERE kind = ? ORDER BY key`
+	qScanRange = `SELECT key, value FROM kv WHERE kind = ? AND key >= ? AND key < ? ORDER BY key`
+	qScanFrom  = `SELECT key, value FROM kv WHERE kind = ? AND key >= ? ORDER BY key`
+)
+
+// prepare prepares the hot statements.
+func (e *Engine) prepare() error {
+	e.stmts = map[string]*sql.Stmt{}
+	for _, q := range hotQueries {
+		st, err := e.db.Prepare(q)
+		if err != nil {
+			return err
+		}
+		e.stmts[q] = st
+	}
+	return nil
 }
 
 // Open opens (creating if needed) the database at path. Only one process may hold it: a second
@@ -81,7 +110,13 @@ func Open(path string) (*Engine, error) {
 		lock.Close()
 		return nil, fmt.Errorf("state database %s: %w", path, err)
 	}
-	return &Engine{db: db, lock: lock}, nil
+	e := &Engine{db: db, lock: lock}
+	if err := e.prepare(); err != nil {
+		db.Close()
+		lock.Close()
+		return nil, fmt.Errorf("state database %s: %w", path, err)
+	}
+	return e, nil
 }
 
 // OpenReadOnly opens an existing database for reading only, beside the controller that holds
@@ -105,7 +140,12 @@ func OpenReadOnly(path string) (*Engine, error) {
 		db.Close()
 		return nil, fmt.Errorf("state database %s: schema version %d is newer than this Spillway understands (%d); upgrade Spillway", path, v, schemaVersion)
 	}
-	return &Engine{db: db, readOnly: true}, nil
+	e := &Engine{db: db, readOnly: true}
+	if err := e.prepare(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state database %s: %w", path, err)
+	}
+	return e, nil
 }
 
 func checkVersion(db *sql.DB) error {
@@ -169,7 +209,7 @@ func (e *Engine) Update(ctx context.Context, fn func(store.KV) error) error {
 			tx.Rollback()
 		}
 	}()
-	if err := fn(&kv{tx: tx, ctx: ctx, writable: true}); err != nil {
+	if err := fn(&kv{e: e, tx: tx, ctx: ctx, writable: true}); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -186,18 +226,55 @@ func (e *Engine) View(ctx context.Context, fn func(store.KV) error) error {
 		return err
 	}
 	defer tx.Rollback()
-	return fn(&kv{tx: tx, ctx: ctx})
+	return fn(&kv{e: e, tx: tx, ctx: ctx})
 }
 
 type kv struct {
+	e        *Engine
+	stmts    map[string]*sql.Stmt // the engine's statements bound to tx
 	tx       *sql.Tx
 	ctx      context.Context
 	writable bool
 }
 
+// txStmt is the prepared statement of q bound to the transaction (once per transaction).
+func (k *kv) txStmt(q string) (*sql.Stmt, error) {
+	if st := k.stmts[q]; st != nil {
+		return st, nil
+	}
+	st := k.e.stmts[q]
+	if k.stmts == nil {
+		k.stmts = map[string]*sql.Stmt{}
+	}
+	k.stmts[q] = k.tx.StmtContext(k.ctx, st)
+	return k.stmts[q], nil
+}
+
+// query runs a prepared statement in the transaction.
+func (k *kv) query(q string, args ...any) (*sql.Rows, error) {
+	st, err := k.txStmt(q)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(k.ctx, args...)
+}
+
+func (k *kv) exec(q string, args ...any) error {
+	st, err := k.txStmt(q)
+	if err != nil {
+		return err
+	}
+	_, err = st.ExecContext(k.ctx, args...)
+	return err
+}
+
 func (k *kv) Get(kind, key string) ([]byte, error) {
+	st, err := k.txStmt(qGet)
+	if err != nil {
+		return nil, err
+	}
 	var v []byte
-	err := k.tx.QueryRowContext(k.ctx, `SELECT value FROM kv WHERE kind = ? AND key = ?`, kind, key).Scan(&v)
+	err = st.QueryRowContext(k.ctx, kind, key).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, store.ErrNotFound
 	}
@@ -208,17 +285,14 @@ func (k *kv) Put(kind, key string, value []byte) error {
 	if !k.writable {
 		return store.ErrReadOnly
 	}
-	_, err := k.tx.ExecContext(k.ctx, `INSERT INTO kv(kind, key, value) VALUES (?, ?, ?)
-		ON CONFLICT(kind, key) DO UPDATE SET value = excluded.value`, kind, key, value)
-	return err
+	return k.exec(qPut, kind, key, value)
 }
 
 func (k *kv) Delete(kind, key string) error {
 	if !k.writable {
 		return store.ErrReadOnly
 	}
-	_, err := k.tx.ExecContext(k.ctx, `DELETE FROM kv WHERE kind = ? AND key = ?`, kind, key)
-	return err
+	return k.exec(qDelete, kind, key)
 }
 
 func (k *kv) Scan(kind string, fn func(key string, value []byte) error) error {
@@ -230,11 +304,11 @@ func (k *kv) ScanPrefix(kind, prefix string, fn func(key string, value []byte) e
 	var rows *sql.Rows
 	var err error
 	if end, bounded := prefixEnd(prefix); prefix == "" {
-		rows, err = k.tx.QueryContext(k.ctx, `SELECT key, value FROM kv WHERE kind = ? ORDER BY key`, kind)
+		rows, err = k.query(qScan, kind)
 	} else if bounded {
-		rows, err = k.tx.QueryContext(k.ctx, `SELECT key, value FROM kv WHERE kind = ? AND key >= ? AND key < ? ORDER BY key`, kind, prefix, end)
+		rows, err = k.query(qScanRange, kind, prefix, end)
 	} else {
-		rows, err = k.tx.QueryContext(k.ctx, `SELECT key, value FROM kv WHERE kind = ? AND key >= ? ORDER BY key`, kind, prefix)
+		rows, err = k.query(qScanFrom, kind, prefix)
 	}
 	if err != nil {
 		return err
