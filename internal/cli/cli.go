@@ -183,7 +183,7 @@ type connection struct {
 
 func (c *connection) flags(fs *flag.FlagSet, withHome bool) {
 	fs.StringVar(&c.configPath, "config", "", "configuration file of a system install (default $SPILLWAY_CONFIG, else "+config.DefaultPath+" if it exists)")
-	fs.StringVar(&c.controller, "controller", "", "controller address: unix:/path/to/socket or http://host:port (overrides the configuration)")
+	fs.StringVar(&c.controller, "controller", "", "controller address: unix:/path/to/socket or http://host:port, or several controllers comma-separated (overrides the configuration)")
 	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the shared secret of a TCP controller")
 	if withHome {
 		fs.StringVar(&c.home, "home", "", "use the one-machine Spillway in this directory (default $SPILLWAY_HOME, else ~/.local/share/spillway)")
@@ -247,7 +247,7 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 			return nil, err
 		}
 		cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(),
-			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
+			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, ConnectTimeout: cfg.Client.ConnectTimeout.D(), Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
 		if err != nil {
 			return nil, err
 		}
