@@ -226,6 +226,10 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 					next = j
 				}
 				continue
+			case errors.As(err, &apiErr) && apiErr.Status >= 500 && len(c.targets) > 1:
+				// One of several that failed (a controller cut off from etcd): another may not.
+				lastErr = err
+				continue
 			case errors.As(err, &apiErr):
 				c.cur.Store(int32(i))
 				return err
