@@ -111,6 +111,10 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	srv := controller.NewServer(ctl, token, cfg.Controller.WLMUsers, log)
 	var el *ha.Elector
 	if cfg.HA.Enabled {
+		if cfg.Controller.Listen == "" {
+			fmt.Fprintln(stderr, "spillway controller: ha.enabled needs controller.listen: the other hosts' clients and agents reach this controller over TCP")
+			return 78
+		}
 		eng, ok := st.Engine().(*etcd.Engine)
 		if !ok { // config.Validate refuses ha.enabled on another engine
 			fmt.Fprintln(stderr, "spillway controller: ha.enabled needs store.engine = \"etcd\"")

@@ -557,12 +557,6 @@ func (c *Config) Validate() error {
 			problems = append(problems, fmt.Sprintf("ha.enabled needs store.engine = \"etcd\" (it is %q): several controllers share their state in etcd, and SQLite's file belongs to one controller; "+
 				"move the state to etcd first (docs/admin.md, \"Moving the state between engines\") or set ha.enabled = false", c.Store.Engine))
 		}
-		if c.HA.Advertise == "" {
-			problems = append(problems, "ha.enabled needs ha.advertise: this controller's API address as clients reach it, e.g. \"https://10.0.0.1:7700\"")
-		}
-		if c.Controller.Listen == "" {
-			problems = append(problems, "ha.enabled needs controller.listen: the other hosts' clients and agents reach this controller over TCP")
-		}
 		if c.HA.LeaseTTL < Duration(time.Second) || c.HA.LeaseTTL%Duration(time.Second) != 0 {
 			problems = append(problems, fmt.Sprintf("ha.lease_ttl %s: etcd leases count whole seconds; give at least 1s", c.HA.LeaseTTL.D()))
 		}
