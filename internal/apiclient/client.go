@@ -191,6 +191,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		}
 	}
 	var lastErr error
+	down := make([]bool, len(c.targets)) // not reachable in an earlier round of this request
 	for attempt := 0; attempt < c.retries; attempt++ {
 		if attempt > 0 {
 			select {
@@ -199,21 +200,39 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 			case <-time.After(c.wait):
 			}
 		}
+		if attempt%downRounds == 0 {
+			clear(down) // try the unreachable again now and then: the leader may be among them
+		}
 		// One round: the controller that answered last, then the leader a follower names, then
-		// the others in order.
+		// the others in order. A controller that could not be reached in an earlier round of
+		// this request is left out while another answers (a host cut off costs its connect
+		// timeout once, not every round, though a follower still names it until its lease
+		// expires).
 		tried := make([]bool, len(c.targets))
-		next := int(c.cur.Load())
+		pick := func(from int) int {
+			for _, skipDown := range []bool{true, false} {
+				if skipDown && allDown(down) {
+					continue
+				}
+				for j := range c.targets {
+					if k := (from + j) % len(c.targets); !tried[k] && (!skipDown || !down[k]) && (skipDown || !anyAnswered(tried, down)) {
+						return k
+					}
+				}
+			}
+			return -1
+		}
+		next := pick(int(c.cur.Load()))
 		for next >= 0 {
 			i := next
 			tried[i] = true
 			data, err := c.send(ctx, c.targets[i], method, path, body != nil, raw)
-			next = -1
-			for j := range c.targets {
-				if k := (i + 1 + j) % len(c.targets); !tried[k] {
-					next = k
-					break
-				}
+			if err != nil && !isAnswer(err) {
+				down[i] = true
+			} else {
+				down[i] = false
 			}
+			next = pick(i + 1)
 			var apiErr *Error
 			var nl *notLeader
 			var f *fatal
@@ -222,7 +241,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 				return f.err
 			case errors.As(err, &nl):
 				lastErr = nl.err
-				if j := c.find(nl.leader); j >= 0 && !tried[j] {
+				if j := c.find(nl.leader); j >= 0 && !tried[j] && !down[j] {
 					next = j
 				}
 				continue
@@ -257,6 +276,37 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		return lastErr // no controller led within the retries: say what they said
 	}
 	return &Unreachable{Address: c.address, Err: lastErr, Hint: c.hint}
+}
+
+// downRounds is how many rounds of one request leave out a controller found unreachable.
+const downRounds = 4
+
+// isAnswer reports whether err is a controller's answer (it was reached).
+func isAnswer(err error) bool {
+	var apiErr *Error
+	var nl *notLeader
+	var f *fatal
+	return errors.As(err, &apiErr) || errors.As(err, &nl) || errors.As(err, &f)
+}
+
+func allDown(down []bool) bool {
+	for _, d := range down {
+		if !d {
+			return false
+		}
+	}
+	return true
+}
+
+// anyAnswered reports whether a controller tried in this round was reached: then the ones
+// unreachable before are not tried again in it.
+func anyAnswered(tried, down []bool) bool {
+	for i := range tried {
+		if tried[i] && !down[i] {
+			return true
+		}
+	}
+	return false
 }
 
 // notLeader is a controller's not_leader answer: the leader it names ("" = none elected).
