@@ -172,7 +172,8 @@ mount_root = "{d}/mounts"
             sh("ip", "netns", "del", ns, check=False)
     shutil.rmtree(d, ignore_errors=True)
     how = "cut off (`ip link set eth0 down` in its namespace)" if a.partition else "killed (SIGKILL)"
-    text = f"""## Controller failover (high availability)
+    title = "Controller failover: the leader cut off" if a.partition else "Controller failover: the leader killed"
+    text = f"""## {title} (high availability)
 
 `python3 bench/failover_bench.py --rounds {a.rounds} --lease-ttl {a.lease_ttl}{' --partition' if a.partition else ''}`, {datetime.date.today()}:
 three etcd members and two controllers (`ha.lease_ttl = "{a.lease_ttl}"`) in network namespaces on
