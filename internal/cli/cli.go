@@ -237,7 +237,7 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 		if addr == "" {
 			addr = cfg.Client.Controller
 		}
-		if token == "" && cfg.Client.TokenFile != "" && strings.HasPrefix(addr, "http") {
+		if token == "" && cfg.Client.TokenFile != "" && (strings.HasPrefix(addr, "http") || strings.Contains(addr, ",http")) {
 			if token, err = apiclient.TokenFromFile(cfg.Client.TokenFile); err != nil {
 				return nil, err
 			}
