@@ -207,6 +207,16 @@ func (c *connection) systemConfigPath(embeddedByDefault bool) string {
 	return ""
 }
 
+// anyTCP reports whether a controller address (or any of a comma-separated list) is TCP.
+func anyTCP(addr string) bool {
+	for _, a := range strings.Split(addr, ",") {
+		if strings.HasPrefix(strings.TrimSpace(a), "http") {
+			return true
+		}
+	}
+	return false
+}
+
 // session is a connected command: its client, and the one-machine home it uses (if any).
 type session struct {
 	client *apiclient.Client
@@ -237,7 +247,7 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 		if addr == "" {
 			addr = cfg.Client.Controller
 		}
-		if token == "" && cfg.Client.TokenFile != "" && (strings.HasPrefix(addr, "http") || strings.Contains(addr, ",http")) {
+		if token == "" && cfg.Client.TokenFile != "" && anyTCP(addr) {
 			if token, err = apiclient.TokenFromFile(cfg.Client.TokenFile); err != nil {
 				return nil, err
 			}
