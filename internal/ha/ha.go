@@ -131,19 +131,27 @@ func (e *Elector) watchGone(ctx context.Context, key string, rev int64) <-chan s
 
 // term is one session: campaign, lead until the session ends, step down.
 func (e *Elector) term(ctx context.Context, lead func(ctx context.Context)) error {
-	// The session outlives ctx by its own Close, which revokes the lease: a controller that
-	// stops cleanly hands over at once instead of after ha.lease_ttl.
-	s, err := concurrency.NewSession(e.eng.Client(), concurrency.WithTTL(int(e.o.LeaseTTL/time.Second)),
+	// The lease is granted under a deadline (a controller cut off from etcd must still stop
+	// on SIGTERM); the session keeps it alive until this term ends, and revokes it then, so
+	// that a controller that stops cleanly hands over at once instead of after ha.lease_ttl.
+	ttl := int64(e.o.LeaseTTL / time.Second)
+	gctx, gcancel := context.WithTimeout(ctx, e.o.RequestTimeout)
+	lease, err := e.eng.Client().Grant(gctx, ttl)
+	gcancel()
+	if err != nil {
+		return fmt.Errorf("etcd: grant a lease: %w", err)
+	}
+	s, err := concurrency.NewSession(e.eng.Client(), concurrency.WithLease(lease.ID), concurrency.WithTTL(int(ttl)),
 		concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		return fmt.Errorf("etcd: open a session: %w", err)
 	}
 	defer func() {
 		e.eng.Fence(e.prefix, 0)
+		s.Orphan() // stop renewing
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.o.RequestTimeout)
 		defer cancel()
-		s.Client().Revoke(rctx, s.Lease()) // the key goes with it; an expired lease is gone anyway
-		s.Close()
+		e.eng.Client().Revoke(rctx, lease.ID) // the key goes with it; an expired lease is gone anyway
 	}()
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -156,7 +164,16 @@ func (e *Elector) term(ctx context.Context, lead func(ctx context.Context)) erro
 	}()
 	el := concurrency.NewElection(s, e.eng.Prefix()+"election")
 	e.o.Log.Info("campaigning for leadership", "advertise", e.o.Advertise, "lease_ttl", e.o.LeaseTTL)
-	if err := el.Campaign(cctx, e.o.Advertise); err != nil {
+	campaigned := make(chan error, 1)
+	go func() { campaigned <- el.Campaign(cctx, e.o.Advertise) }()
+	select {
+	case err = <-campaigned:
+	case <-ctx.Done():
+		// Stopping: a campaign cut off from etcd may still be cleaning up its key there; the
+		// lease's revocation (or expiry) removes it anyway.
+		return ctx.Err()
+	}
+	if err != nil {
 		select {
 		case <-s.Done():
 			return errLost

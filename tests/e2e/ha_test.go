@@ -503,8 +503,8 @@ func TestHALeaderKilledAtEveryStep(t *testing.T) {
 // other controller leads within the bound, the job finishes through it, and the cut-off one
 // steps down: a write sent to it (over its Unix socket, which the cut does not reach) is
 // refused as not_leader and nothing of it is in the state. Healed, it follows. Then the new
-// leader is killed (SIGKILL) and the first leads again within the bound, with etcd's
-// default-like lease (ha.lease_ttl 5s).
+// leader is killed (SIGKILL) and the first leads again within the bound, with the default
+// lease (ha.lease_ttl 5s); cut off again, it steps down and still stops on SIGTERM.
 func TestHALeaderPartitionedAndKilled(t *testing.T) {
 	c := newHACluster(t)
 	r := c.startRun(t, "part", "5s")
@@ -563,4 +563,14 @@ func TestHALeaderPartitionedAndKilled(t *testing.T) {
 	}
 	r.job("78", func(string) {})
 	r.assertClean()
+
+	// A controller cut off from etcd still stops on SIGTERM (nothing waits on etcd unbounded).
+	ip(t, "-n", r.hosts["ctl1"].netns, "link", "set", "eth0", "down")
+	r.waitFor("ctl1 to step down again", func() bool {
+		return strings.Count(string(mustRead(t, r.hosts["ctl1"].log)), "stepped down") >= 2
+	})
+	r.stop("ctl1", false)
+	if !r.logHas("ctl1", "controller stopped") {
+		t.Error("ctl1, cut off, did not stop on SIGTERM")
+	}
 }
