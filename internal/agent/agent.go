@@ -94,6 +94,10 @@ type Agent struct {
 
 	quotaOnce sync.Once // logs whether fragments get project quotas (quota.go)
 
+	countersMu    sync.Mutex
+	counters      map[int64]*server.Fragment // the data path's counters and write window, by fragment (usage.go)
+	countersSaved map[int64][]byte           // what was last saved of them
+
 	endMu      sync.Mutex          // the SSD's wear (endurance.go) and the data-path errors
 	endLast    *agentapi.Endurance // the last reading, nil before the first
 	endAt      time.Time           // when it was read
@@ -119,7 +123,8 @@ func New(opt Options) (*Agent, error) {
 		opt.Log = slog.Default()
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
-		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}}
+		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{},
+		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}}
 	if opt.Pool == "" {
 		return a, nil // compute node: no storage
 	}
@@ -220,6 +225,7 @@ func (a *Agent) Report(ctx context.Context) (agentapi.NodeReport, error) {
 		a.dataMu.Lock()
 		rep.DataAddress = a.opt.DataAddress
 		a.dataMu.Unlock()
+		rep.Usage = a.usage()
 		rep.Endurance = a.endurance()
 		a.endMu.Lock()
 		rep.DataErrors, rep.LastDataError = a.dataErrors, a.lastError
@@ -287,8 +293,13 @@ func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64, stri
 	if err != nil {
 		return server.Target{}, err
 	}
+	counters, err := a.fragmentCounters(fragmentID)
+	if err != nil {
+		return server.Target{}, err
+	}
 	// statfs of remote mounts then counts what co-located mounts wrote through the kernel.
-	return server.Target{Dir: dir, Tracker: t, ProjectQuota: a.fragmentQuota(fragmentID), FragmentDevice: a.fragmentDevice(fragmentID)}, nil
+	return server.Target{Dir: dir, Tracker: t, ProjectQuota: a.fragmentQuota(fragmentID), FragmentDevice: a.fragmentDevice(fragmentID),
+		Fragment: counters}, nil
 }
 
 func (a *Agent) fragmentDir(id int64) string {
@@ -317,6 +328,11 @@ type fragmentMeta struct {
 	InstanceID       int64  `json:"instance"`
 	Capacity         uint64 `json:"capacity"`
 	InstanceCapacity uint64 `json:"instance_capacity"`
+	// The write window (agentapi.FragmentSpec): WriteLimit bytes per WriteWindowLength
+	// seconds; 0: none.
+	WriteLimit        uint64 `json:"write_limit,omitempty"`
+	WriteWindowLength int64  `json:"write_window_length,omitempty"`
+	Job               string `json:"job,omitempty"` // the session's token, for the log
 }
 
 // CreateFragment makes the fragment's directory, or its file system mounted there
@@ -360,10 +376,13 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 			}
 		}
 	}
-	raw, _ := json.Marshal(fragmentMeta{ID: spec.ID, InstanceID: spec.InstanceID, Capacity: spec.Capacity, InstanceCapacity: spec.InstanceCapacity})
+	meta := fragmentMeta{ID: spec.ID, InstanceID: spec.InstanceID, Capacity: spec.Capacity, InstanceCapacity: spec.InstanceCapacity,
+		WriteLimit: spec.WriteLimit, WriteWindowLength: spec.WriteWindowLength, Job: spec.Job}
+	raw, _ := json.Marshal(meta)
 	if err := writeFileAtomic(filepath.Join(dir, "fragment.json"), raw); err != nil {
 		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
 	}
+	a.newFragmentCounters(meta)
 	return nil
 }
 
@@ -386,6 +405,7 @@ func (a *Agent) DeleteFragment(ctx context.Context, id int64) error {
 		return fmt.Errorf("delete fragment %d: %w", id, err)
 	}
 	a.unlimitFragment(id)
+	a.forgetCounters(id)
 	if meta != nil {
 		a.forgetTrackerIfUnused(meta.InstanceID)
 	}
@@ -463,6 +483,12 @@ func (a *Agent) CreateNamespace(ctx context.Context, spec agentapi.NamespaceSpec
 			return fmt.Errorf("create namespace %d: a striped namespace needs a root agent on a file system with extended attributes: %w", spec.ID, err)
 		}
 	}
+	counters, err := a.fragmentCounters(spec.FragmentID)
+	if err != nil {
+		return fmt.Errorf("create namespace %d: %w", spec.ID, err)
+	}
+	counters.Namespace(spec.ID).SetLimits(spec.MaxFilesCreated, spec.MaxFileSize)
+	a.saveCounters(spec.FragmentID, counters)
 	return nil
 }
 
@@ -590,7 +616,7 @@ func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
 func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool, err error) {
 	ls = mount.Spec{
 		MountPath: spec.MountPath, ReadOnly: spec.ReadOnly, AllowOther: a.root, FsName: spec.Label,
-		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount,
+		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount, Client: a.opt.Name,
 	}
 	here := func(node string) bool { return node == a.opt.Name && a.ssd != "" }
 	if len(spec.Replicas) > 1 {
@@ -602,7 +628,12 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 				if err != nil {
 					return ls, false, err
 				}
-				ls.Replicas = append(ls.Replicas, mount.Server{Node: r.Node, Dir: a.namespaceDir(r.FragmentID, r.NamespaceID), Tracker: t})
+				counters, err := a.fragmentCounters(r.FragmentID)
+				if err != nil {
+					return ls, false, err
+				}
+				ls.Replicas = append(ls.Replicas, mount.Server{Node: r.Node, Dir: a.namespaceDir(r.FragmentID, r.NamespaceID), Tracker: t,
+					Fragment: counters, NamespaceID: r.NamespaceID})
 				remote = false
 				continue
 			}
@@ -620,6 +651,10 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 		if ls.Tracker, err = a.tracker(spec.InstanceID); err != nil {
 			return ls, false, err
 		}
+		if ls.Fragment, err = a.fragmentCounters(spec.FragmentID); err != nil {
+			return ls, false, err
+		}
+		ls.NamespaceID = spec.NamespaceID
 		if len(spec.Stripes) == 0 && len(spec.MDS) <= 1 {
 			// The file system enforces the capacity: df counts what it counts, and the kernel
 			// may write the files itself where the mount enforces nothing more (no MFS).
@@ -644,7 +679,11 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 			if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 				return ls, false, err
 			}
-			ls.Stripes = append(ls.Stripes, mount.Server{Node: st.Node, Dir: dir, Tracker: t})
+			counters, err := a.fragmentCounters(st.FragmentID)
+			if err != nil {
+				return ls, false, err
+			}
+			ls.Stripes = append(ls.Stripes, mount.Server{Node: st.Node, Dir: dir, Tracker: t, Fragment: counters})
 			remote = false
 			continue
 		}
@@ -666,7 +705,11 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 			if _, err := os.Stat(dir); err != nil {
 				return ls, false, fmt.Errorf("namespace shard %d of %d (namespace %d) is missing on %s", i+1, len(spec.MDS), r.NamespaceID, a.opt.Name)
 			}
-			ls.MDS = append(ls.MDS, mount.Server{Node: r.Node, Dir: dir, Tracker: t})
+			counters, err := a.fragmentCounters(r.FragmentID)
+			if err != nil {
+				return ls, false, err
+			}
+			ls.MDS = append(ls.MDS, mount.Server{Node: r.Node, Dir: dir, Tracker: t, Fragment: counters, NamespaceID: r.NamespaceID})
 			remote = false
 			continue
 		}
@@ -917,6 +960,9 @@ func (a *Agent) Close() {
 		if err := m.m.Unmount(); err != nil {
 			a.opt.Log.Warn("unmount at shutdown", "path", path, "err", err)
 		}
+	}
+	if a.ssd != "" {
+		a.saveAllCounters()
 	}
 }
 

@@ -21,6 +21,14 @@ type FragmentSpec struct {
 	// and its own fragments' capacity: an instance on one node may use all it asked for, one
 	// striped over several nodes what each node holds.
 	InstanceCapacity uint64 `json:"instance_capacity"`
+	// WriteLimit bytes may be written to the fragment within any WriteWindowLength seconds
+	// (DataWarp's write window: the instance's write_window_multiplier × Capacity); past it
+	// the fragment is read-only (EROFS) until the window cools down. 0: no window.
+	WriteLimit        uint64 `json:"write_limit,omitempty"`
+	WriteWindowLength int64  `json:"write_window_length,omitempty"`
+	// Job is the session's token (a job id, a persistent instance's name), for the storage
+	// node's log lines about the fragment.
+	Job string `json:"job,omitempty"`
 }
 
 // NamespaceSpec asks a storage node to create a file tree inside one of its fragments.
@@ -35,6 +43,11 @@ type NamespaceSpec struct {
 	// to stripe objects on the instance's Servers fragments, StripeSize bytes at a time.
 	Servers    int    `json:"servers,omitempty"`
 	StripeSize uint64 `json:"stripe_size,omitempty"`
+	// MaxFilesCreated is DataWarp's MFC for this namespace (a max_mds shard's share of it):
+	// creates past it fail with EMFILE; 0: no limit. MaxFileSize is the MFS it reports (the
+	// mount's capability enforces it).
+	MaxFilesCreated uint64 `json:"max_files_created,omitempty"`
+	MaxFileSize     uint64 `json:"max_file_size,omitempty"`
 }
 
 // MountSpec asks a compute node to expose a namespace at a mount path.

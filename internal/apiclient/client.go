@@ -582,3 +582,25 @@ func (c *Client) Mount(ctx context.Context, mountPoint, node string) (lifecycle.
 	err := c.Do(ctx, "GET", "/dw/v1/mounts"+q, nil, &out)
 	return out, err
 }
+
+// Accounting is an instance's live accounting record (GET /instances/{id}/accounting).
+func (c *Client) Accounting(ctx context.Context, instance int64) (views.Accounting, error) {
+	var out views.Accounting
+	err := c.Do(ctx, "GET", fmt.Sprintf("/dw/v1/instances/%d/accounting", instance), nil, &out)
+	return out, err
+}
+
+// SessionAccounting is the accounting record of a session's own instance.
+func (c *Client) SessionAccounting(ctx context.Context, token string) (views.Accounting, error) {
+	var out views.Accounting
+	err := c.Do(ctx, "GET", "/dw/v1/sessions/"+url.PathEscape(token)+"/accounting", nil, &out)
+	return out, err
+}
+
+// AllAccounting is every visible instance's live accounting record, and the number of
+// records waiting for the accounting log (GET /accounting).
+func (c *Client) AllAccounting(ctx context.Context) (controller.AccountingList, error) {
+	var out controller.AccountingList
+	err := c.Do(ctx, "GET", "/dw/v1/accounting", nil, &out)
+	return out, err
+}

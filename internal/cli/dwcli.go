@@ -333,14 +333,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	}
 	defer sess.Close()
 	ctx := background()
-	fail := func(err error) int {
-		if *asJSON {
-			writeJSON(stdout, map[string]any{"error": err.Error()})
-			return 1
-		}
-		fmt.Fprintf(stderr, "dwcli %s %s: %v\n", verb, object, err)
-		return 1
-	}
+	fail := dwcliRefusal(stdout, stderr, *asJSON, verb+" "+object)
 	// done reports a request DataWarp's way, or as JSON.
 	done := func(request, status string, ids ...any) int {
 		if *asJSON {
@@ -526,4 +519,18 @@ func firstWord(args []string) string {
 		}
 	}
 	return ""
+}
+
+// dwcliRefusal reports what the controller refused (or a failure to reach it) for command
+// what: one line on standard error, or {"error": ...} on standard output with --json; exit
+// status 1.
+func dwcliRefusal(stdout, stderr io.Writer, asJSON bool, what string) func(error) int {
+	return func(err error) int {
+		if asJSON {
+			writeJSON(stdout, map[string]any{"error": err.Error()})
+			return 1
+		}
+		fmt.Fprintf(stderr, "dwcli %s: %v\n", what, err)
+		return 1
+	}
 }

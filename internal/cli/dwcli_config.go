@@ -69,14 +69,7 @@ func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
 	}
 	defer sess.Close()
 	ctx := background()
-	fail := func(err error) int {
-		if *asJSON {
-			writeJSON(stdout, map[string]any{"error": err.Error()})
-			return 1
-		}
-		fmt.Fprintf(stderr, "dwcli config %s: %v\n", words[0], err)
-		return 1
-	}
+	fail := dwcliRefusal(stdout, stderr, *asJSON, "config "+words[0])
 	all, err := sess.client.All(ctx)
 	if err != nil {
 		return fail(err)

@@ -174,8 +174,11 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 			return usage("give one PATH")
 		}
 		acct, err := st.Accounting(ctx, words[0])
-		if err != nil || *asJSON {
-			return finish(acct, err)
+		if err != nil {
+			return finish(nil, err)
+		}
+		if *asJSON {
+			return finish(map[string]any{"realm": acct.Realm}, nil) // the realm last: libdatawarp takes it from there
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/directive"
 	"github.com/spillway-hpc/spillway/internal/jobspec"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
@@ -222,11 +223,35 @@ func (w *wlm) jobProcess() int {
 	if !w.require("--job") {
 		return 64
 	}
-	if _, err := w.script(); err != nil {
+	s, err := w.script()
+	if err == nil {
+		err = checkSiteLimits(s)
+	}
+	if err != nil {
 		fmt.Fprintf(w.out, "job_file_valid False\n%v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// checkSiteLimits refuses a job asking past the site's write-protection bounds ([limits] of
+// the system config; the controller checks them again at setup).
+func checkSiteLimits(s *directive.Script) error {
+	if s.JobDW == nil {
+		return nil
+	}
+	cfg, _, err := loadSystemConfig("")
+	if err != nil {
+		return err
+	}
+	req, err := jobspec.Setup(s, "", "", 0, 0, nil)
+	if err != nil || req.Instance == nil {
+		return err
+	}
+	if err := controller.WriteLimitsOf(cfg.Limits).Check(*req.Instance); err != nil {
+		return fmt.Errorf("line %d: %v", s.JobDW.Line, err)
+	}
+	return nil
 }
 
 // writeJSON prints JSON the way Slurm parses it: integers only (Go encodes integer fields

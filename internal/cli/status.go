@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/units"
@@ -21,9 +23,10 @@ const dwstatUsage = `Usage: dwstat [options] [TABLE...]
 Show the state of the burst buffer, as DataWarp's dwstat does. With no TABLE, the pools.
 TABLEs: pools, nodes, sessions, instances, configurations, registrations, activations,
 fragments, namespaces, stages (Spillway's: staging progress, then the finished stages kept
-after their sessions went, [stage] history of them), and the words most
-(pools, sessions, instances, configurations, registrations, activations) and all.
-Singular and short names work too (instance, inst, frag, nss, ...).
+after their sessions went, [stage] history of them), accounting (Spillway's: bytes,
+operations, files, capacity and write window per instance and storage node; not in all),
+and the words most (pools, sessions, instances, configurations, registrations,
+activations) and all. Singular and short names work too (instance, inst, frag, nss, acct).
 
 Sizes print in binary units with at most two decimals (7.28TiB) unless -b; times are
 local, YYYY-MM-DDTHH:MM:SS; an expiration of never means none. The state column has five
@@ -36,6 +39,7 @@ Examples:
   dwstat instances fragments
   dwstat -b pools         granularity and sizes in bytes
   dwstat --json sessions
+  dwstat accounting       what each instance read and wrote, per storage node
 `
 
 func dwstatMain(args []string, stdout, stderr io.Writer) int {
@@ -66,6 +70,11 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 	}
 	defer sess.Close()
 	all, err := sess.client.All(background())
+	if err == nil && slices.Contains(tables, "accounting") {
+		var list controller.AccountingList
+		list, err = sess.client.AllAccounting(background())
+		all.Accounting = list.Accounting
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "dwstat: %v\n", err)
 		return 1

@@ -68,7 +68,30 @@ type Config struct {
 	TLS        TLS        `toml:"tls"`
 	Client     Client     `toml:"client"`
 	Home       Home       `toml:"home"`
+	Limits     Limits     `toml:"limits"`
 	Pools      []Pool     `toml:"pool"`
+}
+
+// Limits are the site's defaults and bounds of DataWarp's write protection (spec §5.3),
+// applied to what jobs ask with #DW jobdw write_window_length=, write_window_multiplier= and
+// access_mode=...(MFC=N). A job asking past a bound is refused at job_process and setup.
+type Limits struct {
+	// WriteWindowLength is the write window of a job that names none (DataWarp: 86400 s).
+	WriteWindowLength Duration `toml:"write_window_length"`
+	// WriteWindowLengthMinimum is the shortest window a job may ask for (a shorter window
+	// lets it write more per hour); 0: no minimum.
+	WriteWindowLengthMinimum Duration `toml:"write_window_length_minimum"`
+	// WriteWindowMultiplier is the multiplier of a job that names none: each fragment takes
+	// this many times its capacity of writes per window (DataWarp: 10). 0: no write window.
+	WriteWindowMultiplier int64 `toml:"write_window_multiplier"`
+	// WriteWindowMultiplierMaximum is the largest multiplier a job may ask for; 0: no maximum.
+	WriteWindowMultiplierMaximum int64 `toml:"write_window_multiplier_maximum"`
+	// FilesCreated is the MFC of a job that names none: the files a namespace may create; 0:
+	// no limit.
+	FilesCreated uint64 `toml:"files_created"`
+	// FilesCreatedMaximum is the largest MFC a job may ask for (and then a job must not ask
+	// for none, MFC=0); 0: no maximum.
+	FilesCreatedMaximum uint64 `toml:"files_created_maximum"`
 }
 
 // Controller is the DataWarp service.
@@ -133,6 +156,23 @@ type Controller struct {
 	// MetricsListen is the address of the controller's Prometheus metrics (GET /metrics),
 	// served without authentication; "" = none (docs/admin.md, "Metrics").
 	MetricsListen string `toml:"metrics_listen"`
+	// AccountingLog is the file the controller appends one JSON line to per instance at its
+	// teardown (its accounting record, docs/admin.md); "" = accounting.log in StateDir.
+	AccountingLog string `toml:"accounting_log"`
+	// AccountingBatch is the most fragments' counters one heartbeat writes to the state (the
+	// stalest first; the others at the next heartbeat), and the most counter rows one
+	// transaction deletes after a record is written: a transaction's writes stay bounded
+	// (etcd refuses more than store.etcd_max_txn_ops).
+	AccountingBatch int `toml:"accounting_batch"`
+}
+
+// AccountingLogPath is where the accounting records go: controller.accounting_log, or
+// accounting.log in the state directory.
+func (c Controller) AccountingLogPath() string {
+	if c.AccountingLog != "" {
+		return c.AccountingLog
+	}
+	return filepath.Join(c.StateDir, "accounting.log")
 }
 
 // Store chooses and reaches the engine that keeps the controller's state.
@@ -381,9 +421,14 @@ func Defaults() Config {
 			PrivateData:             true,
 			RunLease:                Duration(2 * time.Minute),
 			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
+			AccountingBatch:         64,
 			EnduranceThreshold:      10,
 			AutoDrainFailures:       5,
 			AutoDrainWindow:         Duration(10 * time.Minute),
+		},
+		Limits: Limits{
+			WriteWindowLength:     Duration(24 * time.Hour),
+			WriteWindowMultiplier: 10,
 		},
 		Store: Store{
 			Engine:              "sqlite",
@@ -536,6 +581,22 @@ func (c *Config) Validate() error {
 			problems = append(problems, fmt.Sprintf("%s must be greater than 0", name))
 		}
 	}
+	positive("limits.write_window_length", int64(c.Limits.WriteWindowLength))
+	if c.Limits.WriteWindowLength < c.Limits.WriteWindowLengthMinimum {
+		problems = append(problems, fmt.Sprintf("limits.write_window_length (%s) is below limits.write_window_length_minimum (%s); raise it or lower the minimum",
+			c.Limits.WriteWindowLength.D(), c.Limits.WriteWindowLengthMinimum.D()))
+	}
+	if c.Limits.WriteWindowMultiplier < 0 || c.Limits.WriteWindowMultiplierMaximum < 0 {
+		problems = append(problems, "limits.write_window_multiplier and limits.write_window_multiplier_maximum must be 0 or more")
+	}
+	if m := c.Limits.WriteWindowMultiplierMaximum; m > 0 && (c.Limits.WriteWindowMultiplier > m || c.Limits.WriteWindowMultiplier == 0) {
+		problems = append(problems, fmt.Sprintf("limits.write_window_multiplier (%d) must be between 1 and limits.write_window_multiplier_maximum (%d)",
+			c.Limits.WriteWindowMultiplier, m))
+	}
+	if m := c.Limits.FilesCreatedMaximum; m > 0 && (c.Limits.FilesCreated > m || c.Limits.FilesCreated == 0) {
+		problems = append(problems, fmt.Sprintf("limits.files_created (%d) must be between 1 and limits.files_created_maximum (%d)",
+			c.Limits.FilesCreated, m))
+	}
 	positive("executor.max_attempts", int64(c.Executor.MaxAttempts))
 	positive("executor.max_in_flight", int64(c.Executor.MaxInFlight))
 	positive("executor.tick", int64(c.Executor.Tick))
@@ -566,6 +627,9 @@ func (c *Config) Validate() error {
 	positive("controller.request_timeout", int64(c.Controller.RequestTimeout))
 	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))
 	positive("controller.max_sessions", int64(c.Controller.MaxSessions))
+	if p := c.Controller.AccountingLog; p != "" && !filepath.IsAbs(p) {
+		problems = append(problems, fmt.Sprintf("controller.accounting_log %q must be an absolute path (or \"\" for accounting.log in controller.state_dir)", p))
+	}
 	positive("agent.heartbeat_interval", int64(c.Agent.HeartbeatInterval))
 	positive("agent.fragment_mkfs_timeout", int64(c.Agent.FragmentMkfsTimeout))
 	positive("agent.fragment_mount_timeout", int64(c.Agent.FragmentMountTimeout))
@@ -661,6 +725,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("store.restore_batch", int64(c.Store.RestoreBatch))
+	positive("controller.accounting_batch", int64(c.Controller.AccountingBatch))
 	switch c.Store.Engine {
 	case "sqlite":
 	case "etcd":
@@ -680,6 +745,9 @@ func (c *Config) Validate() error {
 		positive("store.etcd_request_timeout", int64(c.Store.EtcdRequestTimeout))
 		positive("store.etcd_txn_retries", int64(c.Store.EtcdTxnRetries))
 		positive("store.etcd_max_request_bytes", int64(c.Store.EtcdMaxRequestBytes))
+		if c.Controller.AccountingBatch > c.Store.EtcdMaxTxnOps-8 {
+			problems = append(problems, fmt.Sprintf("controller.accounting_batch (%d) must be at most store.etcd_max_txn_ops - 8 (%d): a heartbeat's transaction writes one batch of counters and the node", c.Controller.AccountingBatch, c.Store.EtcdMaxTxnOps-8))
+		}
 		if c.Store.RestoreBatch > c.Store.EtcdMaxTxnOps-2 {
 			problems = append(problems, fmt.Sprintf("store.restore_batch (%d) must be at most store.etcd_max_txn_ops - 2 (%d): a restore transaction writes one batch and two keys of its own", c.Store.RestoreBatch, c.Store.EtcdMaxTxnOps-2))
 		}

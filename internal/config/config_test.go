@@ -68,6 +68,7 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		"[agent]\nfragment_filesystem = \"xfs\"\n":                                             "agent.fragment_filesystem \"xfs\" must be \"directory\"",
 		"[agent]\nfragment_mkfs_timeout = \"0s\"\n":                                            "agent.fragment_mkfs_timeout must be greater than 0",
 		"[agent]\nfragment_mount_timeout = \"0s\"\n":                                           "agent.fragment_mount_timeout must be greater than 0",
+		"[controller]\naccounting_log = \"acct.log\"\n":                                        "controller.accounting_log \"acct.log\" must be an absolute path",
 		"[agent]\nendurance_timeout = \"0s\"\n":                                                "agent.endurance_timeout must be greater than 0",
 		"[agent]\nendurance_interval = \"0s\"\n":                                               "agent.endurance_interval must be greater than 0",
 		"[controller]\nendurance_threshold = 101\n":                                            "controller.endurance_threshold 101 must be a percentage of remaining SSD endurance",
@@ -121,6 +122,35 @@ log_max_size = "3MiB"
 	}
 }
 
+// The write-protection bounds must hold their defaults: an inconsistent [limits] is refused,
+// naming both keys.
+func TestLimitsDefaultsWithinTheirBounds(t *testing.T) {
+	for _, c := range []struct {
+		set  func(*Limits)
+		want []string
+	}{
+		{func(l *Limits) { l.WriteWindowMultiplierMaximum = 4 }, []string{"limits.write_window_multiplier (10)", "limits.write_window_multiplier_maximum (4)"}},
+		{func(l *Limits) { l.FilesCreatedMaximum = 100 }, []string{"limits.files_created (0)", "limits.files_created_maximum (100)"}},
+		{func(l *Limits) { l.WriteWindowLengthMinimum = Duration(48 * time.Hour) }, []string{"limits.write_window_length", "limits.write_window_length_minimum"}},
+		{func(l *Limits) { l.WriteWindowLength = 0 }, []string{"limits.write_window_length must be greater than 0"}},
+	} {
+		cfg := Defaults()
+		c.set(&cfg.Limits)
+		err := cfg.Validate()
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%+v: %v, want it to name %q", cfg.Limits, err, w)
+			}
+		}
+	}
+	cfg := Defaults()
+	cfg.Limits = Limits{WriteWindowLength: Duration(time.Hour), WriteWindowLengthMinimum: Duration(time.Minute),
+		WriteWindowMultiplier: 0, FilesCreated: 10, FilesCreatedMaximum: 10}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("a consistent [limits]: %v", err)
+	}
+}
+
 func TestStoreEngineChoice(t *testing.T) {
 	cfg, err := Parse([]byte("[store]\nengine = \"etcd\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\netcd_prefix = \"/spillway/c1/\"\n"), "etcd", Defaults())
 	if err != nil || cfg.Store.Engine != "etcd" || cfg.Store.EtcdEndpoints[0] != "http://127.0.0.1:2379" {
@@ -129,9 +159,11 @@ func TestStoreEngineChoice(t *testing.T) {
 	for text, want := range map[string]string{
 		"[store]\nengine = \"etcd\"\n": "store.etcd_endpoints is empty",
 		"[store]\nengine = \"bolt\"\n": `store.engine "bolt" must be`,
-		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_prefix = \"spillway\"\n": "store.etcd_prefix",
-		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_username = \"u\"\n":      "store.etcd_password_file go together",
-		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\nrestore_batch = 127\n":        "store.restore_batch (127) must be at most",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_prefix = \"spillway\"\n":           "store.etcd_prefix",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_username = \"u\"\n":                "store.etcd_password_file go together",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\nrestore_batch = 127\n":                  "store.restore_batch (127) must be at most",
+		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\n[controller]\naccounting_batch = 125\n": "controller.accounting_batch (125) must be at most store.etcd_max_txn_ops - 8",
+		"[controller]\naccounting_batch = 0\n":                                                         "controller.accounting_batch must be greater than 0",
 	} {
 		if _, err := Parse([]byte(text), "bad", Defaults()); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want an error containing %q", text, err, want)

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -108,6 +109,9 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 	s.handle("POST /dw/v1/sessions/{token}/job_stages/terminate", s.terminateJobStages)
 	s.handle("POST /dw/v1/sessions/{token}/job_stages/concurrency", s.jobStageConcurrency)
 	s.handle("GET /dw/v1/mounts", s.mount)
+	s.handle("GET /dw/v1/accounting", s.allAccounting)
+	s.handle("GET /dw/v1/instances/{id}/accounting", s.instanceAccounting)
+	s.handle("GET /dw/v1/sessions/{token}/accounting", s.sessionAccounting)
 	return s
 }
 
@@ -822,4 +826,81 @@ func (s *Server) mount(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.WriteJSON(w, 200, info)
+}
+
+// mayRead reports whether the caller may see a session's accounting: administrators, anyone
+// when controller.private_data is off, the session's owner, and everyone for a persistent
+// instance (the objects views.All.VisibleTo shows).
+func (s *Server) mayRead(r *http.Request, sess *model.Session) bool {
+	c := who(r)
+	return c.privileged || !s.c.cfg.Controller.PrivateData || sess == nil || sess.Owner == c.uid || sess.Persistent
+}
+
+// AccountingList is the answer of GET /accounting.
+type AccountingList struct {
+	Accounting []views.Accounting `json:"accounting"`
+	// PendingRecords are torn-down instances' records not yet in controller.accounting_log
+	// (it cannot be written: the controller's log says why).
+	PendingRecords int `json:"pending_records"`
+}
+
+func (s *Server) allAccounting(w http.ResponseWriter, r *http.Request) {
+	all, pending, world, err := s.c.AllAccounting(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	out := AccountingList{Accounting: []views.Accounting{}, PendingRecords: pending}
+	for _, a := range all {
+		if s.mayRead(r, world.Sessions[a.Realm.Session]) {
+			out.Accounting = append(out.Accounting, a)
+		}
+	}
+	httpapi.WriteJSON(w, 200, out)
+}
+
+func (s *Server) instanceAccounting(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		httpapi.WriteError(w, 400, "user", fmt.Sprintf("instance id %q must be a positive number (the id column of dwstat instances)", r.PathValue("id")))
+		return
+	}
+	s.writeAccounting(w, r, id)
+}
+
+func (s *Server) sessionAccounting(w http.ResponseWriter, r *http.Request) {
+	world, err := s.c.view(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	token := r.PathValue("token")
+	sess := world.SessionByToken(token)
+	if sess == nil {
+		s.fail(w, lifecycle.ErrNoSession)
+		return
+	}
+	inst := world.InstanceOf(sess.ID)
+	if inst == nil {
+		httpapi.WriteError(w, 404, "not_found", fmt.Sprintf("session %s has no instance of its own (it uses persistent ones: ask for theirs, GET /dw/v1/instances/{id}/accounting)", token))
+		return
+	}
+	s.writeAccounting(w, r, inst.ID)
+}
+
+func (s *Server) writeAccounting(w http.ResponseWriter, r *http.Request, id int64) {
+	a, sess, err := s.c.Accounting(r.Context(), id)
+	if errors.Is(err, lifecycle.ErrNoSession) {
+		httpapi.WriteError(w, 404, "not_found", fmt.Sprintf("no instance %d (a torn-down instance's record is in controller.accounting_log)", id))
+		return
+	}
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if !s.mayRead(r, sess) {
+		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("instance %d belongs to uid %d, not to uid %d", id, sess.Owner, who(r).uid))
+		return
+	}
+	httpapi.WriteJSON(w, 200, a)
 }

@@ -50,7 +50,9 @@ type Controller struct {
 	remote   map[string]agentapi.Agent         // dialled agents by node name (and the address used)
 	remoteAt map[string]string
 
-	metrics *controllerMetrics // metrics.go
+	acctMu     sync.Mutex         // one writer of controller.accounting_log (flushAccounting)
+	acctLogged time.Time          // when flushAccounting last logged a failure (under acctMu)
+	metrics    *controllerMetrics // metrics.go
 
 	leases leaseBook // spillway run sessions' leases (RunLease)
 	secret string    // the cluster's secret (controller.token_file): grants mounts (SetSecret)
@@ -79,6 +81,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 			StageMaxJobConcurrency: cfg.Stage.MaxJobConcurrency,
 			UserQuota: lifecycle.Quota{Sessions: cfg.Controller.MaxSessionsPerUser,
 				Persistent: cfg.Controller.MaxPersistentPerUser, Capacity: uint64(cfg.Controller.MaxCapacityPerUser)},
+			Limits: WriteLimitsOf(cfg.Limits),
 			Health: lifecycle.Health{EnduranceThreshold: cfg.Controller.EnduranceThreshold,
 				AutoDrainFailures: cfg.Controller.AutoDrainFailures, AutoDrainWindow: cfg.Controller.AutoDrainWindow.D()},
 			PersistentExpiration:    cfg.Controller.PersistentExpiration.D(),
@@ -491,7 +494,15 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 		}
 		n.Pool, n.Capacity, n.Address, n.Roles = r.Pool, r.Capacity, r.Address, r.Roles
 		n.DataAddress = r.DataAddress
-		n.Version, n.Health, n.Written = r.Version, r.Health, r.Written
+		n.Version, n.Health = r.Version, r.Health
+		// Endurance: the bytes the data path wrote to the node's fragments, summed from
+		// the counters' growth (they outlive the fragments); an agent reporting more of its
+		// own (r.Written) is believed.
+		written, err := recordUsage(tx, r.Name, r.Usage.Fragments, c.now(), 0, c.cfg.Controller.AccountingBatch)
+		if err != nil {
+			return err
+		}
+		n.Written = max(n.Written+written, r.Written)
 		n.LastSeen = c.now()
 		n.Online = true
 		if !wasOnline {
@@ -770,4 +781,13 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 		spec.MDS = shards
 	}
 	return spec
+}
+
+// WriteLimitsOf is the lifecycle's view of the config's [limits].
+func WriteLimitsOf(l config.Limits) lifecycle.WriteLimits {
+	return lifecycle.WriteLimits{
+		WindowLength: int64(l.WriteWindowLength.D() / time.Second), WindowLengthMin: int64(l.WriteWindowLengthMinimum.D() / time.Second),
+		Multiplier: l.WriteWindowMultiplier, MultiplierMax: l.WriteWindowMultiplierMaximum,
+		FilesCreated: l.FilesCreated, FilesCreatedMax: l.FilesCreatedMaximum,
+	}
 }

@@ -79,6 +79,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	if changed {
 		c.notifyChange()
 	}
+	c.flushAccounting(ctx)
 	now := c.now()
 	var next time.Duration
 	polled := map[lifecycle.EffectKey]bool{}
@@ -161,6 +162,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		case lifecycle.OpCreateFragment:
 			r.Err = agent.CreateFragment(actx, e.Fragment)
 		case lifecycle.OpDeleteFragment:
+			c.finalUsage(actx, agent, e.Node, e.Fragment.ID) // persisted before the delete
 			r.Err = agent.DeleteFragment(actx, e.Fragment.ID)
 		case lifecycle.OpCreateNamespace:
 			r.Err = agent.CreateNamespace(actx, e.Namespace)

@@ -69,7 +69,7 @@ func loadInto[T any](tx *store.Tx, table store.IDTable[T], into map[int64]*T, id
 // persist writes a decision's changes in the caller's transaction, and keeps the newest
 // stage.history finished stages of those it archives.
 func (c *Controller) persist(tx *store.Tx, ch lifecycle.Changes) error {
-	if err := persistObjects(tx, ch); err != nil {
+	if err := persistObjects(tx, ch, c.now()); err != nil {
 		return err
 	}
 	if len(ch.Archive) == 0 {
@@ -102,7 +102,9 @@ func loadStageHistory(tx *store.Tx) ([]*model.FinishedStage, error) {
 	return store.StageHistory.List(tx)
 }
 
-func persistObjects(tx *store.Tx, ch lifecycle.Changes) error {
+// persistObjects writes the changed objects (now: when). A deleted instance becomes its
+// pending accounting record in the same transaction (keepAccounting).
+func persistObjects(tx *store.Tx, ch lifecycle.Changes, now time.Time) error {
 	for _, obj := range ch.Put {
 		var err error
 		switch o := obj.(type) {
@@ -132,6 +134,9 @@ func persistObjects(tx *store.Tx, ch lifecycle.Changes) error {
 		if err != nil {
 			return err
 		}
+	}
+	if err := keepAccounting(tx, ch, now); err != nil {
+		return err
 	}
 	for _, r := range ch.Delete {
 		var err error

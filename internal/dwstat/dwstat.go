@@ -22,6 +22,9 @@ type Options struct {
 // Tables lists every table name dwstat knows, in the order `all` prints them.
 var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations", "registrations", "activations", "fragments", "namespaces", "stages"}
 
+// Spillway's own tables: known by name, not printed by `all` (DataWarp's dwstat has none).
+var Own = []string{"accounting"}
+
 // Most is what `dwstat most` prints.
 var Most = []string{"pools", "sessions", "instances", "configurations", "registrations", "activations"}
 
@@ -33,6 +36,7 @@ var Aliases = map[string]string{
 	"activation": "activations", "activ": "activations", "activs": "activations",
 	"fragment": "fragments", "frag": "fragments", "frags": "fragments",
 	"namespace": "namespaces", "nss": "namespaces", "ns": "namespaces", "stage": "stages",
+	"acct": "accounting",
 }
 
 // Resolve turns command-line words into table names: aliases, `most`, `all`; no words means
@@ -69,11 +73,11 @@ func Resolve(words []string) ([]string, bool, error) {
 			w = a
 		}
 		known := false
-		for _, t := range Tables {
+		for _, t := range append(Tables[:len(Tables):len(Tables)], Own...) {
 			known = known || t == w
 		}
 		if !known {
-			return nil, false, fmt.Errorf("unknown table %q; tables: %s, most, all", w, strings.Join(Tables, ", "))
+			return nil, false, fmt.Errorf("unknown table %q; tables: %s, %s, most, all", w, strings.Join(Tables, ", "), strings.Join(Own, ", "))
 		}
 		add(w)
 	}
@@ -249,6 +253,27 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 		for _, n := range a.Namespaces {
 			rows = append(rows, []string{id(n.ID), n.State.Flags(), id(n.Configuration), id(n.Fragment), strconv.Itoa(n.Span)})
 		}
+	case "accounting":
+		// One row per fragment (its storage node), then the instance's totals (node "*")
+		// with its stages' bytes; window: bytes written within the current write window,
+		// of limit (spec §5.3); ro: the window tripped, the instance is read-only.
+		header, empty = []string{"inst", "token", "node", "written", "read", "wops", "rops", "files", "used", "peak", "window", "limit", "ro", "stage_in", "stage_out"}, "no accounting"
+		orNone := func(n uint64) string {
+			if n == 0 {
+				return "-"
+			}
+			return size(n)
+		}
+		u := func(n uint64) string { return strconv.FormatUint(n, 10) }
+		for _, acct := range a.Accounting {
+			r := acct.Realm
+			for _, f := range r.Fragments {
+				rows = append(rows, []string{id(r.RealmID), r.Token, f.ServerHostname, size(f.BytesWritten), size(f.BytesRead), u(f.WriteOps), u(f.ReadOps),
+					u(f.FilesCreated), size(f.CapacityUsed), size(f.CapacityMax), size(f.WindowWritten), orNone(f.WriteLimit), tf(f.ReadOnly), "-", "-"})
+			}
+			rows = append(rows, []string{id(r.RealmID), r.Token, "*", size(r.BytesWritten), size(r.BytesRead), u(r.WriteOps), u(r.ReadOps),
+				u(r.FilesCreated), size(r.CapacityUsed), size(r.CapacityMax), "-", "-", "-", size(r.StageBytesIn), size(r.StageBytesOut)})
+		}
 	case "stages":
 		header, empty = []string{"stage", "sess", "token", "dir", "type", "status", "files", "bytes", "source", "destination"}, "no stages"
 		// The live stages, then the finished ones kept after their sessions went.
@@ -305,6 +330,11 @@ func Select(a views.All, tables []string) map[string]any {
 				history = []views.Stage{}
 			}
 			out["stage_history"] = history
+		case "accounting":
+			out[t] = a.Accounting
+			if a.Accounting == nil {
+				out[t] = []views.Accounting{}
+			}
 		}
 	}
 	return out

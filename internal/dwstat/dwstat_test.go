@@ -112,6 +112,40 @@ func TestResolve(t *testing.T) {
 	}
 }
 
+// The accounting table: a row per fragment (its storage node, window use and limit) and the
+// instance's totals with its stage bytes; not part of all; --json gives the records.
+func TestAccountingTable(t *testing.T) {
+	a := sample()
+	a.Accounting = []views.Accounting{{Realm: views.Realm{RealmID: 4, Token: "1234", BytesWritten: 3 << 30, BytesRead: 1 << 30,
+		WriteOps: 30, ReadOps: 10, FilesCreated: 7, CapacityUsed: 2 << 30, CapacityMax: 3 << 30, StageBytesIn: 1 << 20, StageBytesOut: 2 << 20,
+		Fragments: []views.RealmFragment{
+			{ServerHostname: "bb1", BytesWritten: 2 << 30, WriteOps: 20, FilesCreated: 7, WindowWritten: 2 << 30, WriteLimit: 10 << 30, ReadOnly: false},
+			{ServerHostname: "bb2", BytesWritten: 1 << 30, WriteOps: 10, WindowWritten: 1 << 30}}}}}
+	out := Render(a, []string{"accounting"}, false, Options{})
+	for _, want := range []string{
+		"inst token node written read wops rops files used peak window limit    ro stage_in stage_out",
+		"   4  1234  bb1    2GiB   0B   20    0     7   0B   0B   2GiB 10GiB false        -         -",
+		"   4  1234  bb2    1GiB   0B   10    0     0   0B   0B   1GiB     - false        -         -",
+		"   4  1234    *    3GiB 1GiB   30   10     7 2GiB 3GiB      -     -     -     1MiB      2MiB",
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("accounting table lacks %q:\n%s", want, out)
+		}
+	}
+	if out := Render(views.All{}, []string{"accounting"}, false, Options{}); out != "no accounting\n" {
+		t.Errorf("empty: %q", out)
+	}
+	if tables, _, err := Resolve([]string{"acct"}); err != nil || len(tables) != 1 || tables[0] != "accounting" {
+		t.Errorf("acct: %v %v", tables, err)
+	}
+	if tables, _, _ := Resolve([]string{"all"}); strings.Contains(strings.Join(tables, " "), "accounting") {
+		t.Errorf("all includes accounting: %v", tables)
+	}
+	if recs, ok := Select(a, []string{"accounting"})["accounting"].([]views.Accounting); !ok || len(recs) != 1 {
+		t.Errorf("--json accounting: %v", Select(a, []string{"accounting"}))
+	}
+}
+
 // dwstat nodes shows the SSD's remaining endurance and why a node takes no new fragments.
 func TestNodesShowEnduranceAndWhy(t *testing.T) {
 	a := views.All{Nodes: []views.Node{

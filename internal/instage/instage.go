@@ -20,6 +20,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/views"
 	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"golang.org/x/sys/unix"
 )
@@ -557,38 +558,13 @@ func errnoOfMessage(msg string) syscall.Errno {
 }
 
 // Accounting is DataWarp's accounting JSON (dw_get_accounting_data_json, the CLE6.0UP04
-// spelling) for the instance holding p, with what Spillway knows: the instance, its servers
-// and their shares, its namespaces and their striping, and the capacity in use (statfs of the
-// mount). Fields Spillway does not count (bytes read and written, files created, write
-// windows) are absent.
-func (s *Stager) Accounting(ctx context.Context, p string) (map[string]any, error) {
+// spelling) for the instance holding p: the controller's live record of it (GET
+// /dw/v1/instances/{id}/accounting), {"realm": {...}} with the data path's counters per
+// server and namespace, the stages' bytes, and Spillway's own fields (docs/libdatawarp.md).
+func (s *Stager) Accounting(ctx context.Context, p string) (views.Accounting, error) {
 	t, err := s.Resolve(ctx, p)
 	if err != nil {
-		return nil, err
+		return views.Accounting{}, err
 	}
-	all, err := s.api.All(ctx)
-	if err != nil {
-		return nil, err
-	}
-	frags := []map[string]any{}
-	for _, f := range all.Fragments {
-		if f.Instance == t.Info.Instance {
-			frags = append(frags, map[string]any{"server_hostname": f.Node, "fs_capacity": f.Capacity})
-		}
-	}
-	nss := []map[string]any{}
-	for _, n := range all.Namespaces {
-		if n.Configuration == t.Info.Configuration {
-			nss = append(nss, map[string]any{"namespace_id": n.ID, "stripe_width": t.Info.Servers, "stripe_size": t.Info.StripeSize})
-		}
-	}
-	realm := map[string]any{
-		"realm_id": t.Info.Instance, "server_count": len(frags), "namespace_count": len(nss),
-		"fragments": frags, "namespaces": nss, "capacity": t.Info.Capacity,
-	}
-	var st unix.Statfs_t
-	if unix.Statfs(t.Mount, &st) == nil {
-		realm["capacity_used"] = (st.Blocks - st.Bfree) * uint64(st.Bsize)
-	}
-	return map[string]any{"realm": realm}, nil
+	return s.api.Accounting(ctx, t.Info.Instance)
 }

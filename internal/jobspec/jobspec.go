@@ -49,7 +49,14 @@ func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []
 		req.Instance = &lifecycle.InstanceRequest{
 			Capacity: j.Capacity, Pool: j.Pool, Type: j.Type, AccessModes: j.AccessModes,
 			Strategy: j.OptimizationStrategy, MaxFileSize: j.MaxFileSize, ClientCache: j.ClientCache,
-			MaxMDS: j.MaxMDS, WriteWindowLength: j.WriteWindowLength, WriteWindowMultiplier: j.WriteWindowMultiplier,
+			MaxMDS: j.MaxMDS, MaxFilesCreated: j.MaxFilesCreated,
+		}
+		// What the job does not name is the site's default ([limits]), not DataWarp's.
+		if j.Explicit("write_window_length") {
+			req.Instance.WriteWindowLength = j.WriteWindowLength
+		}
+		if j.Explicit("write_window_multiplier") {
+			req.Instance.WriteWindowMultiplier = j.WriteWindowMultiplier
 		}
 	}
 	for _, p := range s.Persistent {

@@ -31,6 +31,8 @@ type Params struct {
 	// through `spillway run`, `spillway persistent`, the API); the workload manager's jobs are
 	// bounded by the workload manager.
 	UserQuota Quota
+	// Limits are the site's defaults and bounds of the write protection (limits.go).
+	Limits WriteLimits
 	// Health excludes worn storage nodes and drains failing ones (health.go).
 	Health Health
 	// PersistentExpiration is the lifetime of a persistent instance created without an
@@ -85,9 +87,10 @@ type InstanceRequest struct {
 	Strategy              string   `json:"optimization_strategy"`
 	MaxFileSize           uint64   `json:"max_file_size,omitempty"`
 	ClientCache           bool     `json:"client_cache,omitempty"`
-	MaxMDS                bool     `json:"max_mds,omitempty"` // striped: a metadata shard on every fragment
-	WriteWindowLength     int64    `json:"write_window_length,omitempty"`
-	WriteWindowMultiplier int64    `json:"write_window_multiplier,omitempty"`
+	MaxMDS                bool     `json:"max_mds,omitempty"`                 // striped: a metadata shard on every fragment
+	WriteWindowLength     int64    `json:"write_window_length,omitempty"`     // seconds; 0: the site's default
+	WriteWindowMultiplier int64    `json:"write_window_multiplier,omitempty"` // 0: the site's default
+	MaxFilesCreated       uint64   `json:"max_files_created,omitempty"`       // MFC; 0: the site's default
 }
 
 // Setup creates a job session (WLM setup) or a persistent one (create_persistent).
@@ -344,6 +347,9 @@ func CheckUserQuota(w *World, req Setup, q Quota) error {
 }
 
 func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSource, p Params, now time.Time) error {
+	if err := p.Limits.Check(req); err != nil {
+		return err
+	}
 	switch req.Type {
 	case "", model.TypeScratch:
 	case model.TypeCache:
@@ -393,8 +399,8 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 		Capacity: grains * pool.Granularity, Grains: grains, Label: model.InstanceLabel(iid),
 		Public: sess.Persistent, Strategy: orDefault(req.Strategy, alloc.Bandwidth), Created: now,
 		State:                 model.Creating(),
-		WriteWindowLength:     orDefault64(req.WriteWindowLength, 86400),
-		WriteWindowMultiplier: orDefault64(req.WriteWindowMultiplier, 10),
+		WriteWindowLength:     orDefault64(req.WriteWindowLength, p.Limits.windowLength()),
+		WriteWindowMultiplier: orDefault64(req.WriteWindowMultiplier, p.Limits.Multiplier),
 	}
 	if sess.Persistent {
 		inst.Label = sess.Token
@@ -422,6 +428,10 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 	if sess.Persistent {
 		rootMode = 0o755 // persistent instances are shared by their owner's jobs; the owner may chmod
 	}
+	mfc := req.MaxFilesCreated
+	if mfc == 0 {
+		mfc = p.Limits.FilesCreated
+	}
 	seen := map[string]bool{}
 	for _, mode := range modes {
 		if mode != model.AccessStriped && mode != model.AccessPrivate && mode != model.AccessLoadbalance {
@@ -439,7 +449,8 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 			ID: cid, InstanceID: iid, Type: model.TypeScratch, AccessMode: mode,
 			RootPermissions: rootMode, Owner: sess.Owner, Group: sess.Group,
 			MaxFileSize: req.MaxFileSize, ClientCache: req.ClientCache, State: model.Created(),
-			MaxMDS: req.MaxMDS && mode == model.AccessStriped && len(frags) > 1,
+			MaxFilesCreated: mfc,
+			MaxMDS:          req.MaxMDS && mode == model.AccessStriped && len(frags) > 1,
 		}
 		w.put(c)
 		switch {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
 
 // Operations an Effect asks the executor to perform on an agent.
@@ -99,7 +100,8 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 			allReady = false
 			if ready(f.State, now) {
 				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
-					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity}})
+					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity,
+						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength, Job: s.Token}})
 			}
 		}
 		for _, c := range w.ConfigurationsOf(inst.ID) {
@@ -114,7 +116,11 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 				if f == nil || !f.State.Actualized || !ready(ns.State, now) {
 					continue
 				}
-				spec := agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID, Owner: c.Owner, Group: c.Group, Mode: c.RootPermissions}
+				spec := agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID, Owner: c.Owner, Group: c.Group, Mode: c.RootPermissions,
+					MaxFilesCreated: c.MaxFilesCreated, MaxFileSize: c.MaxFileSize}
+				if c.MaxMDS { // each shard counts its own files: it enforces its share
+					spec.MaxFilesCreated = stripe.ShardLimit(c.MaxFilesCreated, len(w.NamespacesOf(c.ID)))
+				}
 				if striped(w, c) {
 					spec.Servers, spec.StripeSize = len(w.FragmentsOf(inst.ID)), w.StripeSize(inst)
 				}

@@ -7,6 +7,8 @@ package model
 import (
 	"fmt"
 	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
 )
 
 // ID identifies an object of one kind. IDs are positive and never reused.
@@ -196,6 +198,63 @@ type Fragment struct {
 	State      State  `json:"state"`
 }
 
+// FragmentUsage is what the data path counted on one fragment (agentapi.FragmentUsage, from
+// the storage node's heartbeats), kept in the state from the fragment's first report until
+// its instance's accounting record is written at teardown. It outlives the fragment: the
+// fragment's node, capacity and namespaces are copied here when they are deleted.
+type FragmentUsage struct {
+	Fragment ID     `json:"fragment"`
+	Instance ID     `json:"instance"`
+	Node     string `json:"node"`
+	Capacity uint64 `json:"capacity"`
+	// Namespaces are the namespaces the fragment held (their metadata), copied when each
+	// was deleted.
+	Namespaces []Namespace `json:"namespaces,omitempty"`
+	// Updated is when the counters last changed; Final that they were taken from the agent
+	// right before the fragment was deleted (nothing can change them after).
+	Updated  time.Time              `json:"updated,omitzero"`
+	Final    bool                   `json:"final,omitempty"`
+	Counters agentapi.FragmentUsage `json:"counters"`
+}
+
+// StageBytes are the bytes moved by an instance's stages that no longer exist while the
+// instance does (an in-job request replaced by a newer one for its path, the stages of a job
+// that used a persistent instance): carried for the instance's accounting record.
+type StageBytes struct {
+	Instance   ID                    `json:"instance"`
+	In         uint64                `json:"in"`  // stage-ins: PFS to the instance
+	Out        uint64                `json:"out"` // stage-outs: the instance to the PFS
+	Namespaces []NamespaceStageBytes `json:"namespaces,omitempty"`
+}
+
+// NamespaceStageBytes is one namespace's share of StageBytes.
+type NamespaceStageBytes struct {
+	Namespace ID     `json:"namespace"`
+	In        uint64 `json:"in"`
+	Out       uint64 `json:"out"`
+}
+
+// Add counts an ended stage's bytes.
+func (b *StageBytes) Add(st *Stage) {
+	in, out := uint64(0), uint64(0)
+	switch st.Direction {
+	case StageIn:
+		in = st.BytesDone
+	case StageOut:
+		out = st.BytesDone
+	}
+	b.In += in
+	b.Out += out
+	for i := range b.Namespaces {
+		if b.Namespaces[i].Namespace == st.NamespaceID {
+			b.Namespaces[i].In += in
+			b.Namespaces[i].Out += out
+			return
+		}
+	}
+	b.Namespaces = append(b.Namespaces, NamespaceStageBytes{Namespace: st.NamespaceID, In: in, Out: out})
+}
+
 // Configuration types.
 const (
 	TypeScratch = "scratch"
@@ -221,6 +280,7 @@ type Configuration struct {
 	Group           uint32 `json:"group"`
 	BackingPath     string `json:"backing_path,omitempty"` // cache: the PFS directory
 	MaxFileSize     uint64 `json:"max_file_size,omitempty"`
+	MaxFilesCreated uint64 `json:"max_files_created,omitempty"` // MFC: files a namespace may create (0: no limit)
 	ClientCache     bool   `json:"client_cache,omitempty"`
 	// MaxMDS spreads a striped configuration's namespace over every fragment of its instance
 	// (DataWarp's max_mds=yes): one namespace shard per fragment, in fragment order.

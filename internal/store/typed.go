@@ -135,6 +135,13 @@ var (
 	Stages         = byID("stage", func(o *model.Stage) int64 { return o.ID })
 	// StageHistory keeps finished stages after their sessions went (stage.history of them).
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
+	// Usage is the data path's counters per fragment (accounting), by fragment id.
+	Usage = byID("fragment_usage", func(o *model.FragmentUsage) int64 { return o.Fragment })
+	// StageBytes are the bytes of an instance's stages that are gone, by instance id.
+	StageBytes = byID("stage_bytes", func(o *model.StageBytes) int64 { return o.Instance })
+	// AccountingRecords are the accounting records of torn-down instances not yet appended
+	// to controller.accounting_log, by instance id.
+	AccountingRecords = byID("accounting_record", func(o *AccountingRecord) int64 { return o.Instance })
 	// Sessions is indexed by token as well; use PutSession/DeleteSession to keep the index.
 	Sessions = byID("session", func(o *model.Session) int64 { return o.ID })
 )
@@ -256,4 +263,17 @@ func (tx *Tx) RunIDDrawer(id int64) (uint32, bool, error) {
 		return 0, false, fmt.Errorf("run id %d: corrupt drawer %q", id, raw)
 	}
 	return uid, true, nil
+}
+
+// AccountingRecord is one instance's accounting record (a line of controller.accounting_log)
+// waiting to be appended. Offset and Inode are where the controller was about to append it,
+// persisted before it does: after a crash the line found there is this record's (same id),
+// or it was never written.
+type AccountingRecord struct {
+	Instance  int64           `json:"instance"`
+	ID        string          `json:"record_id"`
+	Line      json.RawMessage `json:"line"`
+	Offset    int64           `json:"offset"`
+	Inode     uint64          `json:"inode,omitempty"`
+	Appending bool            `json:"appending,omitempty"` // Offset and Inode are set
 }

@@ -241,6 +241,9 @@ type All struct {
 	// StageHistory are finished stages kept after their sessions went (stage.history of the
 	// newest), oldest first: not live objects.
 	StageHistory []Stage `json:"stage_history"`
+	// Accounting is filled only by callers that ask for it (GET /dw/v1/accounting): Build
+	// leaves it empty.
+	Accounting []Accounting `json:"accounting,omitempty"`
 }
 
 // Build renders the whole world.

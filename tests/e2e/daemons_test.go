@@ -356,6 +356,10 @@ func controllerKilledAtEveryStep(t *testing.T, setStore func(*cluster)) {
 	c.startAgent()
 	c.runJob("1")
 	c.assertClean()
+	c.waitFor("the reference job's accounting record", func() bool { // written, and out of the state: past its crash points
+		list, err := c.client.AllAccounting(context.Background())
+		return err == nil && list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), "1")) == 1
+	})
 	raw, _ := os.ReadFile(logPath)
 	points := strings.Split(strings.TrimSpace(string(raw)), "\n")
 	if len(points) < 20 {
@@ -386,6 +390,17 @@ func controllerKilledAtEveryStep(t *testing.T, setStore func(*cluster)) {
 				frags, _ := os.ReadDir(filepath.Join(c.dir, "ssd", "fragment"))
 				return len(frags) == 0
 			})
+			// The instance's accounting record is in the log once, whatever the crash (the
+			// last crash points of a job come while it is written).
+			token := strconv.Itoa(1000 + k)
+			c.waitFor("the job's accounting record", func() bool {
+				c.restartIfCrashed()
+				list, err := c.client.AllAccounting(context.Background())
+				return err == nil && list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), token)) > 0
+			})
+			if recs := recordsOf(c.accountingLog(), token); len(recs) != 1 || !recs[0].Final {
+				t.Errorf("accounting records of the job: %+v, want one, final", recs)
+			}
 			c.assertClean()
 			logs, _ := os.ReadFile(filepath.Join(c.dir, "controller.log"))
 			crashed := false

@@ -104,6 +104,12 @@ func startServer(t testing.TB, addr, dir string, tr *usage.Tracker, logTo *slog.
 // startServerOn is startServer, over TLS when serverTLS is not nil.
 func startServerOn(t testing.TB, addr, dir string, tr *usage.Tracker, logTo *slog.Logger, serverTLS *tls.Config) *testServer {
 	t.Helper()
+	return startServerFor(t, addr, server.Target{Dir: dir, Tracker: tr}, logTo, serverTLS)
+}
+
+// startServerFor is startServerOn, serving target.
+func startServerFor(t testing.TB, addr string, target server.Target, logTo *slog.Logger, serverTLS *tls.Config) *testServer {
+	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -119,7 +125,7 @@ func startServerOn(t testing.TB, addr, dir string, tr *usage.Tracker, logTo *slo
 	}
 	srv := server.New(server.Options{Token: testToken, Log: logTo,
 		Resolve: func(fragment, namespace, instance int64, stripes bool) (server.Target, error) {
-			return server.Target{Dir: dir, Tracker: tr}, nil
+			return target, nil
 		}})
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &testServer{addr: l.Addr().String(), srv: srv, cancel: cancel, done: make(chan struct{})}
@@ -145,13 +151,14 @@ func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 		if err := unix.Setxattr(spec.SourceDir, server.LayoutXattr, l.Encode(), 0); err != nil {
 			t.Fatal(err)
 		}
-		for _, dir := range stripeDirs(spec.SourceDir) {
+		for i, dir := range stripeDirs(spec.SourceDir) {
 			if err := os.MkdirAll(dir, 0o700); err != nil {
 				t.Fatal(err)
 			}
-			st := Server{Dir: dir, Tracker: spec.Tracker}
+			frag := serverFragment(spec.Fragment, i)
+			st := Server{Dir: dir, Tracker: spec.Tracker, Fragment: frag}
 			if b.remote {
-				s := startServer(t, "", dir, spec.Tracker, logTo)
+				s := startServerFor(t, "", server.Target{Dir: dir, Tracker: spec.Tracker, Fragment: frag}, logTo, nil)
 				st = Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, InstanceID: 3}}
 			}
 			spec.Stripes = append(spec.Stripes, st)
@@ -173,9 +180,13 @@ func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 					t.Fatal(err)
 				}
 			}
-			sh := Server{Dir: dir, Tracker: spec.Tracker}
+			frag := serverFragment(spec.Fragment, i)
+			if frag != nil {
+				frag.Namespace(int64(20+i)).SetLimits(shardShare(spec.Fragment.Namespace(spec.NamespaceID).MaxFilesCreated(), b.shards), 0)
+			}
+			sh := Server{Dir: dir, Tracker: spec.Tracker, Fragment: frag, NamespaceID: int64(20 + i)}
 			if b.remote {
-				s := startServer(t, "", dir, spec.Tracker, logTo)
+				s := startServerFor(t, "", server.Target{Dir: dir, Tracker: spec.Tracker, Fragment: frag}, logTo, nil)
 				sh = Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: int64(10 + i), NamespaceID: int64(20 + i), InstanceID: 3}}
 			}
 			spec.MDS = append(spec.MDS, sh)
@@ -184,8 +195,8 @@ func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 	if !b.remote {
 		return spec
 	}
-	s := startServer(t, "", spec.SourceDir, spec.Tracker, logTo)
-	spec.Remote = &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: 2, InstanceID: 3}
+	s := startServerFor(t, "", server.Target{Dir: spec.SourceDir, Tracker: spec.Tracker, Fragment: spec.Fragment}, logTo, nil)
+	spec.Remote = &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: spec.NamespaceID, InstanceID: 3}
 	spec.SourceDir, spec.Tracker = "", nil
 	return spec
 }

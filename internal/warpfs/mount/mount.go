@@ -111,6 +111,14 @@ type Spec struct {
 	// statfs reports the lesser of its room and the tracker's. The mount checks that the
 	// namespace root is on that device.
 	FragmentDevice uint64
+	// Fragment is the local namespace's fragment counters and write window (package server,
+	// limits.go), shared by every mount and server session of the fragment on this node;
+	// NamespaceID and Client say whose counters the mount's requests go to. Nil: nothing
+	// counted, no write window. A fragment with a write window is written through the server
+	// only (no FUSE write passthrough): it counts every byte.
+	Fragment    *server.Fragment
+	NamespaceID int64
+	Client      string
 	// Logger receives diagnostics (stale mounts cleaned, tuning that failed). Defaults to
 	// log.Default().
 	Logger *log.Logger
@@ -126,6 +134,9 @@ type Server struct {
 	Dir     string
 	Tracker *usage.Tracker
 	Remote  *Remote
+	// Fragment and NamespaceID are a local Dir's counters and write window (Spec.Fragment).
+	Fragment    *server.Fragment
+	NamespaceID int64
 }
 
 // Remote is a namespace on another host: its storage agent's data address, and which
@@ -910,7 +921,7 @@ func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger
 	local, err := server.OpenLocal(server.LocalOptions{
 		Dir: spec.SourceDir, Tracker: spec.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 		Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)), ProjectQuota: spec.ProjectQuota,
-		FragmentDevice: spec.FragmentDevice,
+		FragmentDevice: spec.FragmentDevice, Fragment: spec.Fragment, Namespace: spec.NamespaceID, Client: spec.Client,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
@@ -937,11 +948,11 @@ func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger
 // kernelWritesAllowed says whether the kernel may write a writable local mount's files itself
 // (FUSE passthrough): only when nothing the server enforces would be bypassed. The capacity
 // is then the file system's to enforce (a project quota on the fragment, or the fragment's own
-// file system); MFS is the
+// file system); MFS and the write window are the
 // server's alone; a striped instance's files hold no data here. testKernelWritesWithoutQuota
 // lets the tests and benchmarks measure the path on kernels without XFS quotas.
 func kernelWritesAllowed(spec Spec, local *server.Local) bool {
-	return spec.MaxFileSize == 0 && len(spec.Stripes) == 0 && len(spec.MDS) <= 1 &&
+	return spec.MaxFileSize == 0 && len(spec.Stripes) == 0 && len(spec.MDS) <= 1 && !local.WindowLimited() &&
 		(local.QuotaEnforced() || testKernelWritesWithoutQuota)
 }
 

@@ -797,7 +797,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if local := h.node.be.local; local != nil {
 		// A file of this host: go-fuse reads (or splices) it straight from the descriptor.
 		id, _ := h.current()
-		if fd, ok := local.Fd(id); ok {
+		if fd, ok := local.ReadFd(id, off, len(dest)); ok {
 			local.CountSplicedRead(fd, off, len(dest))
 			return fuse.ReadResultFd(uintptr(fd), off, len(dest)), 0
 		}

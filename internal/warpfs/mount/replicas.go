@@ -40,7 +40,8 @@ func openReplicas(spec Spec, l Limits, path string, logger *log.Logger) (*backen
 			}
 		case r.Dir != "":
 			local, err := server.OpenLocal(server.LocalOptions{Dir: r.Dir, Tracker: r.Tracker, ReadOnly: true,
-				Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil))})
+				Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
+				Fragment: r.Fragment, Namespace: r.NamespaceID, Client: spec.Client})
 			if err != nil {
 				return nil, fmt.Errorf("cannot serve replica directory %s: %w", r.Dir, err)
 			}

@@ -45,6 +45,7 @@ func (be *backend) openStripes(spec Spec, limits Limits, path string, logger *lo
 			local, err := server.OpenLocal(server.LocalOptions{
 				Dir: st.Dir, Tracker: st.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 				Name: path + " (stripes)", Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
+				Fragment: st.Fragment, Client: spec.Client, Stripes: true,
 			})
 			if err != nil {
 				return fmt.Errorf("cannot serve stripe directory %s: %w", st.Dir, err)

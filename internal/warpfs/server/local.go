@@ -36,6 +36,14 @@ type LocalOptions struct {
 	// namespace to the fragment's capacity (the agent's "xfs-loop" fragments); 0: none.
 	// OpenLocal checks that the namespace root is on it (Local.QuotaEnforced).
 	FragmentDevice uint64
+	// Fragment is the fragment's counters and write window (limits.go), shared with every
+	// other session of the fragment; nil: nothing counted or limited. Namespace and Client
+	// say whose counters the mount's requests go to; Stripes says the directory is the
+	// fragment's stripe objects (their creates are no files of a namespace's).
+	Fragment  *Fragment
+	Namespace int64
+	Client    string
+	Stripes   bool
 }
 
 // OpenLocal opens the namespace for an in-process mount.
@@ -52,6 +60,7 @@ func OpenLocal(opt LocalOptions) (*Local, error) {
 	}
 	v.readOnly = opt.ReadOnly
 	v.maxFileSize = int64(min(opt.MaxFileSize, 1<<62))
+	v.acct = newAccount(opt.Fragment, opt.Namespace, opt.Client, opt.Stripes)
 	var quotaErr error
 	if opt.ProjectQuota != 0 {
 		if quotaErr = v.useQuota(opt.ProjectQuota); quotaErr != nil {
@@ -96,11 +105,34 @@ func (l *Local) Fd(handle uint64) (int, bool) {
 	return h.fd, true
 }
 
+// ReadFd is the descriptor of an open handle for a read of n bytes at off that the mount
+// serves from it itself (go-fuse reads or splices it): the read is counted as the server
+// counts its own.
+func (l *Local) ReadFd(handle uint64, off int64, n int) (int, bool) {
+	h := l.sess.get(handle)
+	if h == nil {
+		return -1, false
+	}
+	defer l.sess.put(h)
+	if a := &l.sess.v.acct; a.frag != nil && off >= 0 {
+		if size, err := sizeOf(h.fd); err == nil {
+			got := max(min(int64(n), size-off), 0)
+			a.read(int(got), uint64(off+got))
+		}
+	}
+	return h.fd, true
+}
+
 // QuotaEnforced says whether the backing file system holds the namespace to the instance's
 // capacity itself (a project quota, LocalOptions.ProjectQuota, or the fragment's own file
 // system, LocalOptions.FragmentDevice): then the kernel may write its files directly (FUSE
 // passthrough) without the tracker's say.
 func (l *Local) QuotaEnforced() bool { return l.sess.v.quota != 0 || l.sess.v.fragmentFS != 0 }
+
+// WindowLimited says whether the namespace's fragment has a write window (limits.go): its
+// writes must then reach the server, which counts them, so the kernel may not write its
+// files itself (FUSE passthrough) — docs/decisions.md.
+func (l *Local) WindowLimited() bool { return l.sess.v.acct.frag.WindowLimited() }
 
 // KernelWrites tells the server that the kernel writes the open handle's file itself (FUSE
 // passthrough): the tracker is charged what it wrote when the server next handles the file's

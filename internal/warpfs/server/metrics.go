@@ -122,6 +122,11 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 	start := time.Now()
 	rep, n, errno := s.exec(op, uid, gid, m, dest)
 	dataPath.record(t, op, start, rep, n, errno)
+	if errno == syscall.EIO || errno == syscall.EUCLEAN {
+		if f := s.v.acct.frag; f != nil && f.OnMediaError != nil {
+			f.OnMediaError(dataPath.ops[op].name, errno)
+		}
+	}
 	return rep, n, errno
 }
 

@@ -45,6 +45,9 @@ type Target struct {
 	// agent.fragment_filesystem = "xfs-loop") when the namespace is on it and it holds the
 	// instance to its capacity; 0: none. statfs then reports its room too.
 	FragmentDevice uint64
+	// Fragment is the fragment's counters and write window (limits.go), shared by every
+	// session of the fragment; nil: nothing counted or limited.
+	Fragment *Fragment
 }
 
 // Resolver finds the namespace a client names in its handshake, or says why it cannot be
@@ -388,6 +391,7 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 	}
 	v.readOnly = auth.ReadOnly
 	v.maxFileSize = int64(min(auth.MaxFileSize, 1<<62))
+	v.acct = newAccount(t.Fragment, auth.Namespace, auth.Client, auth.Stripes)
 	if t.ProjectQuota != 0 {
 		v.useQuota(t.ProjectQuota) // without it statfs counts the tracker alone, as before
 	}
@@ -802,6 +806,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			n, err = unix.Pread(hd.fd, dest[:min(int(r.Size), len(dest))], int64(r.Offset))
 			return errnoOf(err)
 		})
+		if errno == 0 {
+			v.acct.read(n, r.Offset+uint64(n))
+		}
 		return nil, n, errno
 	case *proto.WriteReq:
 		var n int
@@ -811,6 +818,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			})
 			return e
 		})
+		if n > 0 || errno == 0 {
+			v.acct.wrote(n, r.Offset+uint64(n))
+		}
 		return count(int64(n), errno)
 	case *proto.FsyncReq:
 		return empty(withHandle(r.Handle, func(hd *handle) syscall.Errno {
@@ -839,6 +849,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 				return e
 			})
 		})
+		if n > 0 {
+			v.acct.wrote(n, r.OffOut+uint64(n))
+		}
 		return count(int64(n), errno)
 	case *proto.Empty: // STATFS
 		rep, errno := v.statfs()

@@ -75,35 +75,38 @@ func (v *volume) layoutFor(fd, dirfd int) (stripe.Layout, bool, syscall.Errno) {
 // linked in, so that no other client can ever open it before it has its layout (and would
 // take it for a file holding its own data). A name another client created meanwhile is
 // opened instead, unless the caller asked for O_EXCL.
-func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, uid, gid uint32) (*handle, proto.Attr, syscall.Errno) {
+// created says whether the stub was made (not found there already).
+func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, uid, gid uint32) (h *handle, a proto.Attr, created bool, errno syscall.Errno) {
 	base := openFlags(r.Flags)
 	fd, err := unix.Openat(dirfd, ".", unix.O_RDWR|unix.O_TMPFILE|unix.O_CLOEXEC, r.Mode&0o7777)
 	if err != nil {
-		return nil, proto.Attr{}, errnoOf(err)
+		return nil, proto.Attr{}, false, errnoOf(err)
 	}
 	t := &target{fd: fd, real: true}
 	if err := unix.Fstat(fd, &t.st); err != nil {
 		unix.Close(fd)
-		return nil, proto.Attr{}, errnoOf(err)
+		return nil, proto.Attr{}, false, errnoOf(err)
 	}
 	v.own(t, parent, uid, gid, r.Mode)
 	if _, _, errno := v.layoutFor(fd, dirfd); errno != 0 {
 		unix.Close(fd)
-		return nil, proto.Attr{}, errno
+		return nil, proto.Attr{}, false, errno
 	}
 	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
 	if err == nil {
-		return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+		h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+		return h, a, true, errno
 	}
 	unix.Close(fd)
 	if !errors.Is(err, syscall.EEXIST) || r.Flags&unix.O_EXCL != 0 {
-		return nil, proto.Attr{}, errnoOf(err)
+		return nil, proto.Attr{}, false, errnoOf(err)
 	}
 	fd, err = unix.Openat(dirfd, r.Name, base, 0)
 	if err != nil {
-		return nil, proto.Attr{}, errnoOf(err)
+		return nil, proto.Attr{}, false, errnoOf(err)
 	}
-	return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+	h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+	return h, a, false, errno
 }
 
 // stubAttr is a node's attributes as clients see them: a striped file's size is its logical
@@ -154,6 +157,9 @@ func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
 	l, ok := readLayout(t.fd)
 	if !ok {
 		return syscall.EIO
+	}
+	if atLeast {
+		v.acct.sizeReported(size)
 	}
 	if atLeast && l.Length >= size || l.Length == size {
 		return 0

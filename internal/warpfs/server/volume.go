@@ -54,6 +54,8 @@ type volume struct {
 	// the namespace to the fragment's capacity (the agent's "xfs-loop" fragments); 0: none.
 	// statfs reports the lesser of its room and the tracker's.
 	fragmentFS uint64
+	// acct counts the session's requests and enforces the write window and MFC (limits.go).
+	acct account
 }
 
 // useFragmentFS makes statfs report the room of the file system the namespace root is on,
@@ -361,6 +363,7 @@ func (v *volume) catchUp(in *inode, size int64) {
 	}
 	if size > in.charged {
 		v.tracker.Charge(uint64(size - in.charged))
+		v.acct.kernelWrote(uint64(size-in.charged), uint64(size))
 	} else {
 		v.tracker.Release(uint64(in.charged - size))
 	}
@@ -431,6 +434,11 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 		return proto.Attr{}, errno
 	}
 	defer t.done()
+	if r.Valid&proto.SetSize != 0 {
+		if errno := v.acct.writable(); errno != 0 { // a size report (SetSizeAtLeast) records writes done
+			return proto.Attr{}, errno
+		}
+	}
 	if r.Valid&(proto.SetSize|proto.SetSizeAtLeast) != 0 {
 		switch {
 		case t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR:
@@ -537,8 +545,13 @@ func (v *volume) openFile(path string, flags uint32) (*handle, proto.Attr, sysca
 	if flags&unix.O_ACCMODE == unix.O_ACCMODE {
 		return nil, proto.Attr{}, syscall.EINVAL
 	}
-	if v.readOnly && (writes(flags) || flags&unix.O_TRUNC != 0) {
-		return nil, proto.Attr{}, syscall.EROFS
+	if writes(flags) || flags&unix.O_TRUNC != 0 {
+		if v.readOnly {
+			return nil, proto.Attr{}, syscall.EROFS
+		}
+		if errno := v.acct.writable(); errno != 0 {
+			return nil, proto.Attr{}, errno
+		}
 	}
 	dirfd, name, done, errno := v.entry(path)
 	if errno != 0 {
@@ -644,10 +657,21 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	if err := unix.Fstat(dirfd, &parent); err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
-	if v.striped {
-		return v.createStub(dirfd, &parent, r, uid, gid)
-	}
 	base := openFlags(r.Flags)
+	if errno := v.acct.startCreate(); errno != 0 {
+		// Past MFC (or the write window) an existing file still opens, as O_CREAT allows.
+		if r.Flags&unix.O_EXCL == 0 && errno == syscall.EMFILE {
+			if fd, err := unix.Openat(dirfd, r.Name, base, 0); err == nil {
+				return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+			}
+		}
+		return nil, proto.Attr{}, errno
+	}
+	if v.striped {
+		h, a, created, errno := v.createStub(dirfd, &parent, r, uid, gid)
+		v.acct.createDone(created)
+		return h, a, errno
+	}
 	created := true
 	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
 	if errors.Is(err, syscall.EEXIST) && r.Flags&unix.O_EXCL == 0 {
@@ -655,6 +679,7 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 		created = false
 		fd, err = unix.Openat(dirfd, r.Name, base, 0)
 	}
+	v.acct.createDone(created && err == nil)
 	if err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
@@ -678,7 +703,11 @@ func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.At
 	if err := unix.Fstat(dirfd, &parent); err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
+	if errno := v.acct.startCreate(); errno != 0 {
+		return nil, proto.Attr{}, errno
+	}
 	fd, err := unix.Openat(dirfd, ".", openFlags(r.Flags)&^unix.O_NOFOLLOW|unix.O_TMPFILE, r.Mode&0o7777)
+	v.acct.createDone(err == nil)
 	if err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
@@ -724,6 +753,9 @@ func (v *volume) newEntry(dir, name string) (dirfd int, parent *unix.Stat_t, don
 	if v.readOnly {
 		return -1, nil, nil, syscall.EROFS
 	}
+	if errno := v.acct.writable(); errno != 0 {
+		return -1, nil, nil, errno
+	}
 	if errno := nameErrno(name); errno != 0 {
 		return -1, nil, nil, errno
 	}
@@ -763,7 +795,12 @@ func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 	default:
 		return proto.Attr{}, syscall.EINVAL
 	}
-	if err := unix.Mknodat(dirfd, r.Name, r.Mode, int(r.Rdev)); err != nil {
+	if errno := v.acct.admitFile(); errno != 0 {
+		return proto.Attr{}, errno
+	}
+	err := unix.Mknodat(dirfd, r.Name, r.Mode, int(r.Rdev))
+	v.acct.createDone(err == nil)
+	if err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
 	if r.Mode&syscall.S_IFMT == syscall.S_IFREG && v.striped {
@@ -790,7 +827,12 @@ func (v *volume) symlink(r *proto.SymlinkReq, uid, gid uint32) (proto.Attr, sysc
 	if r.Target == "" || strings.IndexByte(r.Target, 0) >= 0 {
 		return proto.Attr{}, syscall.EINVAL
 	}
-	if err := unix.Symlinkat(r.Target, dirfd, r.Name); err != nil {
+	if errno := v.acct.admitFile(); errno != 0 {
+		return proto.Attr{}, errno
+	}
+	err := unix.Symlinkat(r.Target, dirfd, r.Name)
+	v.acct.createDone(err == nil)
+	if err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
 	return v.made(dirfd, r.Name, parent, unix.O_PATH, uid, gid, 0o777)
@@ -1050,6 +1092,9 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 	if v.readOnly {
 		return 0, syscall.EROFS
 	}
+	if errno := v.acct.writable(); errno != 0 {
+		return 0, errno
+	}
 	if h.dir || !writes(h.flags) {
 		return 0, syscall.EBADF
 	}
@@ -1127,6 +1172,9 @@ const directIOAlign = 4096
 func (v *volume) fallocate(h *handle, off, size uint64, mode uint32, caller uint32) syscall.Errno {
 	if v.readOnly {
 		return syscall.EROFS
+	}
+	if errno := v.acct.writable(); errno != 0 {
+		return errno
 	}
 	if h.dir || !writes(h.flags) {
 		return syscall.EBADF

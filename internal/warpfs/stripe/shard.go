@@ -36,3 +36,15 @@ func Shard(dir uint64, name string, shards int) int {
 	s ^= s >> 32
 	return int(s % uint64(shards))
 }
+
+// ShardLimit is the share of a namespace-wide count limit (MFC, files created) each of
+// shards shards enforces on its own, with no coordination: ceil(total/shards), so that the
+// namespace never holds more than total plus shards-1 (docs/decisions.md). 0 stays 0 (no
+// limit).
+func ShardLimit(total uint64, shards int) uint64 {
+	if total == 0 || shards <= 1 {
+		return total
+	}
+	n := uint64(shards)
+	return (total + n - 1) / n
+}

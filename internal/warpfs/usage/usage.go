@@ -53,6 +53,7 @@ type Tracker struct {
 	mu       sync.Mutex
 	capacity uint64
 	used     uint64
+	peak     uint64 // the most Used has been (reservations included)
 }
 
 // New returns a tracker for capacity bytes with nothing used. name appears in errors
@@ -86,6 +87,14 @@ func (t *Tracker) Used() uint64 {
 	return t.used
 }
 
+// Peak is the most bytes the tracker has counted as used at once since it was made
+// (reservations of writes in flight included): DataWarp's capacity_max.
+func (t *Tracker) Peak() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peak
+}
+
 // Free is Capacity − Used, or 0 when more than the capacity is used.
 func (t *Tracker) Free() uint64 {
 	t.mu.Lock()
@@ -113,6 +122,7 @@ func (t *Tracker) Reserve(n uint64) error {
 		return &FullError{Name: t.name, Requested: n, Used: t.used, Capacity: t.capacity}
 	}
 	t.used += n
+	t.peak = max(t.peak, t.used)
 	return nil
 }
 
@@ -123,6 +133,7 @@ func (t *Tracker) ReserveUpTo(n uint64) uint64 {
 	defer t.mu.Unlock()
 	granted := min(n, t.freeLocked())
 	t.used += granted
+	t.peak = max(t.peak, t.used)
 	return granted
 }
 
@@ -133,9 +144,11 @@ func (t *Tracker) Charge(n uint64) {
 	defer t.mu.Unlock()
 	if t.used+n < t.used { // overflow: saturate rather than wrap
 		t.used = ^uint64(0)
+		t.peak = t.used
 		return
 	}
 	t.used += n
+	t.peak = max(t.peak, t.used)
 }
 
 // Release gives n bytes back. Releasing more than is used leaves 0 (accounting drift after
@@ -162,6 +175,7 @@ func (t *Tracker) Scan(dirs ...string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.used = total
+	t.peak = max(t.peak, t.used)
 	return nil
 }
 

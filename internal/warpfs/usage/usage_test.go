@@ -259,3 +259,15 @@ func TestFallocateGrowth(t *testing.T) {
 		}
 	}
 }
+
+// Peak is the most ever counted, whatever was released since.
+func TestTrackerPeak(t *testing.T) {
+	tr := New("instance 1", 100)
+	tr.Reserve(40)
+	tr.Charge(20)
+	tr.Release(50)
+	tr.ReserveUpTo(10)
+	if tr.Used() != 20 || tr.Peak() != 60 {
+		t.Errorf("used %d, peak %d; want 20 and 60", tr.Used(), tr.Peak())
+	}
+}

@@ -366,7 +366,8 @@ static void check_all(void)
 		int ecode = 1;
 		char *j = dw_get_accounting_data_json(dw, &ecode);
 		CHECK("get_accounting_data_json", j != NULL && ecode == 0 && strncmp(j, "{\"realm\":{", 10) == 0 &&
-		      strstr(j, "\"server_count\":1") != NULL && strstr(j, "\"capacity\":1073741824") != NULL && j[strlen(j) - 1] == '}',
+		      strstr(j, "\"server_count\":1") != NULL && strstr(j, "\"capacity\":1073741824") != NULL && j[strlen(j) - 1] == '}' &&
+		      strstr(j, "\"bytes_written\":") != NULL && strstr(j, "\"stage_bytes_written\":") != NULL,
 		      "ecode %d json %s", ecode, j ? j : "NULL");
 		free(j);
 		j = dw_get_accounting_data_json(pfs, &ecode);

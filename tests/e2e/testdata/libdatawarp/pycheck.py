@@ -64,6 +64,8 @@ with open(os.path.join(root, "s"), "w") as f:
 check("get_mds_path", dw.get_mds_path(root, 7) == root)
 acct = json.loads(dw.get_accounting_data_json(root))
 check("get_accounting_data_json", acct["realm"]["server_count"] == 1 and acct["realm"]["namespace_count"] == 1, acct)
+check("get_accounting_data_json counters", all(k in acct["realm"]["fragments"][0] for k in ("bytes_written", "bytes_read", "files_created", "write_limit", "max_window_write"))
+      and all(k in acct["realm"]["namespaces"][0] for k in ("stage_bytes_read", "stage_bytes_written", "max_offset_written")), acct)
 raises("get_accounting_data_json outside: OSError EINVAL", errno.EINVAL, dw.get_accounting_data_json, pfs)
 print("failures", failures)
 sys.exit(failures)

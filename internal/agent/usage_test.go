@@ -1,0 +1,153 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+)
+
+// The agent reports what its data path counted (NodeReport.Usage): exactly the bytes a job
+// wrote through a mount, its files, its client; the write window and MFC it was given trip
+// with EROFS and EMFILE; and a restarted agent carries the counters on from what it saved.
+func TestUsageReportedAndKeptAcrossARestart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts need root")
+	}
+	base := t.TempDir()
+	ssd := filepath.Join(base, "ssd")
+	ctx := context.Background()
+	var logged syncBuffer
+	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 24 * mib
+	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 5, InstanceID: 3, Capacity: 64 * mib, InstanceCapacity: 64 * mib,
+		WriteLimit: limit, WriteWindowLength: 3600, Job: "4242"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 1, FragmentID: 5, InstanceID: 3, Mode: 0o755, MaxFilesCreated: 3}); err != nil {
+		t.Fatal(err)
+	}
+	spec := agentapi.MountSpec{MountPath: filepath.Join(base, "mnt"), StorageNode: "ssd1", FragmentID: 5,
+		NamespaceID: 1, InstanceID: 3, Capacity: 64 * mib, Label: "I3-0"}
+	if err := a.Mount(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if m := a.mounts[spec.MountPath]; m.m.KernelWrites() {
+		t.Error("a fragment with a write window is written by the kernel directly: its writes would not count")
+	}
+	const size = 10 * mib
+	for i := 0; i < 2; i++ {
+		if err := os.WriteFile(filepath.Join(spec.MountPath, fmt.Sprintf("f%d", i)), make([]byte, size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := a.Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := fragmentUsage(t, rep, 5)
+	if u.BytesWritten != 2*size || u.FilesCreated != 2 || u.WriteLimit != limit || u.WindowLength != 3600 ||
+		u.WindowWritten != 2*size || u.ReadOnly || u.CapacityUsed != 2*size || u.CapacityMax != 2*size || u.Restored {
+		t.Errorf("usage after writing 2 × 10 MiB: %+v", u)
+	}
+	if len(u.Namespaces) != 1 || u.Namespaces[0].BytesWritten != 2*size || u.Namespaces[0].FilesCreateLimit != 3 ||
+		len(u.Clients) != 1 || u.Clients[0].Node != "ssd1" || u.Clients[0].BytesWritten != 2*size {
+		t.Errorf("namespace and client usage: %+v %+v", u.Namespaces, u.Clients)
+	}
+
+	// MFC=3: the third file is the last.
+	if err := os.WriteFile(filepath.Join(spec.MountPath, "f2"), []byte("x"), 0o644); err != nil {
+		t.Fatalf("the third file, of MFC=3: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.MountPath, "f3"), nil, 0o644); !errors.Is(err, syscall.EMFILE) {
+		t.Errorf("a fourth file, past MFC=3: %v, want EMFILE", err)
+	}
+	// The write window: 24 MiB per hour; 20 MiB are written, the next 8 MiB cross it.
+	if err := os.WriteFile(filepath.Join(spec.MountPath, "f0"), make([]byte, 8*mib), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("writing past the write window: %v, want EROFS", err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.MountPath, "f3"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("a create past the write window: %v, want EROFS", err)
+	}
+	for _, line := range []string{"write limit reached", "maximum files created reached"} {
+		if !strings.Contains(logged.String(), line) || !strings.Contains(logged.String(), "job=4242 instance=3 fragment=5") {
+			t.Errorf("no %q line naming the job, instance and fragment in the log:\n%s", line, logged.String())
+		}
+	}
+	rep, _ = a.Report(ctx)
+	before := fragmentUsage(t, rep, 5)
+	// The write that crosses the limit is done; the next ones are refused.
+	if !before.ReadOnly || before.ReadOnlyReason == "" || before.BytesWritten < limit || before.BytesWritten > limit+2*mib ||
+		before.WindowWritten != before.BytesWritten || before.FilesCreated != 3 {
+		t.Errorf("usage past the window: %+v", before)
+	}
+
+	// A restart: the counters go on from what was saved.
+	a.Close()
+	b, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 256 * mib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rep, _ = b.Report(ctx)
+	after := fragmentUsage(t, rep, 5)
+	if after.BytesWritten != before.BytesWritten || after.FilesCreated != before.FilesCreated || after.WriteOps != before.WriteOps ||
+		after.MaxWindowWrite != before.MaxWindowWrite || !after.ReadOnly || after.Restored ||
+		len(after.Namespaces) != 1 || after.Namespaces[0].FilesCreated != 3 || after.Namespaces[0].FilesCreateLimit != 3 {
+		t.Errorf("after a restart:\n%+v\nbefore:\n%+v", after, before)
+	}
+	spec.MountPath = filepath.Join(base, "mnt2")
+	if err := b.Mount(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.MountPath, "f4"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("a create after the restart, still past the window: %v, want EROFS", err)
+	}
+	// The saved counters are the agent's, inside the fragment, not the user's.
+	st, err := os.Lstat(filepath.Join(ssd, "fragment", "5", accountingDir, countersFile))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("the saved counters: %v %v", st, err)
+	}
+}
+
+// syncBuffer is a log destination safe for the agent's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func fragmentUsage(t *testing.T, rep agentapi.NodeReport, id int64) agentapi.FragmentUsage {
+	t.Helper()
+	for _, f := range rep.Usage.Fragments {
+		if f.Fragment == id {
+			return f
+		}
+	}
+	t.Fatalf("no usage of fragment %d in %+v", id, rep.Usage)
+	return agentapi.FragmentUsage{}
+}
