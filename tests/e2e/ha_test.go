@@ -2,8 +2,9 @@ package e2e
 
 import (
 	"bytes"
-	"errors"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/netnstest"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store/etcd/etcdtest"
+	"github.com/spillway-hpc/spillway/internal/views"
 )
 
 // High availability on one machine: every host is a network namespace on a bridge of its own
@@ -412,10 +414,36 @@ func (r *haRun) job(token string, between func(step string)) {
 	r.wlm("--function", "teardown", "--token", token, "--job", job)
 }
 
-// assertClean waits for the state to be empty and the node's disk and mounts to be: nothing
-// leaked.
-func (r *haRun) assertClean() {
+// accountingLog is the records in the controllers' accounting log (both controllers' state_dir
+// is one directory here, as on a shared file system).
+func (r *haRun) accountingLog() []views.Accounting {
 	r.t.Helper()
+	raw, _ := os.ReadFile(filepath.Join(r.dir, r.n, "state", "accounting.log"))
+	var out []views.Accounting
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if line == "" {
+			continue
+		}
+		var a views.Accounting
+		if err := json.Unmarshal([]byte(line), &a); err != nil {
+			r.t.Fatalf("accounting log line %q: %v", line, err)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// assertClean waits for the state to be empty, the job's accounting record written once and
+// out of the state, and the node's disk and mounts to be empty: nothing leaked.
+func (r *haRun) assertClean(token string) {
+	r.t.Helper()
+	r.waitFor("the job's accounting record", func() bool {
+		list, err := r.client.AllAccounting(context.Background())
+		return err == nil && list.PendingRecords == 0 && len(recordsOf(r.accountingLog(), token)) > 0
+	})
+	if recs := recordsOf(r.accountingLog(), token); len(recs) != 1 || !recs[0].Final {
+		r.t.Errorf("accounting records of job %s: %+v, want one, final", token, recs)
+	}
 	r.waitFor("the state to be empty", func() bool {
 		all, err := r.client.All(context.Background())
 		return err == nil && len(all.Sessions)+len(all.Instances)+len(all.Fragments)+len(all.Namespaces)+len(all.Activations)+
@@ -444,7 +472,7 @@ func TestHALeaderKilledAtEveryStep(t *testing.T) {
 	ref.startController("ctl2")
 	ref.startAgent()
 	ref.job("1", func(string) {})
-	ref.assertClean()
+	ref.assertClean("1")
 	if !ref.electedAt("ctl2").IsZero() {
 		t.Fatal("ctl2 led while ctl1 lived")
 	}
@@ -470,7 +498,7 @@ func TestHALeaderKilledAtEveryStep(t *testing.T) {
 			r.startAgent()
 			r.job(strconv.Itoa(1000+k), func(string) {})
 			r.waitFor("ctl1 to crash", func() bool { return !r.alive("ctl1") })
-			r.assertClean()
+			r.assertClean(strconv.Itoa(1000 + k))
 			m := regexp.MustCompile(`crash point (\d+) \(([^)]*)\)`).FindStringSubmatch(string(mustRead(t, r.hosts["ctl1"].log)))
 			if m == nil || m[1] != strconv.Itoa(k) {
 				t.Fatalf("ctl1 did not crash at point %d (%s in the reference run)", k, name)
@@ -498,7 +526,6 @@ func TestHALeaderKilledAtEveryStep(t *testing.T) {
 	t.Logf("failovers (lease_ttl 2s): %v", failovers)
 }
 
-
 // TestHALeaderPartitionedAndKilled: the leader's host is cut off mid-job (its link down): the
 // other controller leads within the bound, the job finishes through it, and the cut-off one
 // steps down: a write sent to it (over its Unix socket, which the cut does not reach) is
@@ -520,7 +547,7 @@ func TestHALeaderPartitionedAndKilled(t *testing.T) {
 		cut = time.Now()
 		ip(t, "-n", r.hosts["ctl1"].netns, "link", "set", "eth0", "down")
 	})
-	r.assertClean()
+	r.assertClean("77")
 	elected := r.electedAt("ctl2")
 	if elected.IsZero() {
 		t.Fatal("ctl2 never led")
@@ -562,7 +589,7 @@ func TestHALeaderPartitionedAndKilled(t *testing.T) {
 		t.Errorf("ctl1 led %v after ctl2 was killed, more than %v", d, failoverBound)
 	}
 	r.job("78", func(string) {})
-	r.assertClean()
+	r.assertClean("78")
 
 	// A controller cut off from etcd still stops on SIGTERM (nothing waits on etcd unbounded).
 	ip(t, "-n", r.hosts["ctl1"].netns, "link", "set", "eth0", "down")
