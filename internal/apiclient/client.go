@@ -36,10 +36,13 @@ type Client struct {
 	token   string
 	retries int
 	wait    time.Duration
-	address string
-	hint    string
-	munge   bool   // authenticate each request with a fresh MUNGE credential
-	mungeAt string // munged's socket ("" = munge's default)
+	// skipRounds: a controller found unreachable is left out of a request's rounds while
+	// another answers, and tried again every skipRounds rounds.
+	skipRounds int
+	address    string
+	hint       string
+	munge      bool   // authenticate each request with a fresh MUNGE credential
+	mungeAt    string // munged's socket ("" = munge's default)
 }
 
 // target is one controller.
@@ -58,6 +61,10 @@ type Options struct {
 	// ConnectTimeout bounds opening a TCP connection to one controller (client.connect_timeout;
 	// 0 = the request's bound): with several, a host cut off is given up after it.
 	ConnectTimeout time.Duration
+	// UnreachableRounds: with several controllers, one found unreachable is tried again only
+	// every this many rounds of a request while another answers (client.unreachable_rounds;
+	// 0 = 4).
+	UnreachableRounds int
 	// Dial, when set, opens the connections to a Unix-socket address instead of a plain dial
 	// (the one-machine home starts its server on demand here).
 	Dial func(ctx context.Context) (net.Conn, error)
@@ -85,8 +92,11 @@ func New(address string, o Options) (*Client, error) {
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 60 * time.Second
 	}
+	if o.UnreachableRounds <= 0 {
+		o.UnreachableRounds = 4
+	}
 	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address, hint: o.Hint,
-		mungeAt: o.MungeSocket}
+		mungeAt: o.MungeSocket, skipRounds: o.UnreachableRounds}
 	var addrs []string
 	for _, a := range strings.Split(address, ",") {
 		if a = strings.TrimSpace(a); a != "" {
@@ -200,7 +210,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 			case <-time.After(c.wait):
 			}
 		}
-		if attempt%downRounds == 0 {
+		if attempt%c.skipRounds == 0 {
 			clear(down) // try the unreachable again now and then: the leader may be among them
 		}
 		// One round: the controller that answered last, then the leader a follower names, then
@@ -277,9 +287,6 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	}
 	return &Unreachable{Address: c.address, Err: lastErr, Hint: c.hint}
 }
-
-// downRounds is how many rounds of one request leave out a controller found unreachable.
-const downRounds = 4
 
 // isAnswer reports whether err is a controller's answer (it was reached).
 func isAnswer(err error) bool {

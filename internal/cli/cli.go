@@ -257,7 +257,7 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 			return nil, err
 		}
 		cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(),
-			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, ConnectTimeout: cfg.Client.ConnectTimeout.D(), Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
+			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, ConnectTimeout: cfg.Client.ConnectTimeout.D(), UnreachableRounds: cfg.Client.UnreachableRounds, Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
 		if err != nil {
 			return nil, err
 		}

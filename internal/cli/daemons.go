@@ -298,7 +298,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	// The agent presents its node's own credential, never the cluster's secret: a node can
 	// heartbeat for itself and nothing an administrator does.
 	client, err := apiclient.New(cfg.Agent.Controller, apiclient.Options{Token: nodeCredential(token, name), ConnectRetries: 1, RequestTimeout: cfg.Controller.RequestTimeout.D(),
-		ConnectTimeout: cfg.Client.ConnectTimeout.D(), TLS: clientTLS})
+		ConnectTimeout: cfg.Client.ConnectTimeout.D(), UnreachableRounds: cfg.Client.UnreachableRounds, TLS: clientTLS})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 78

@@ -364,9 +364,12 @@ type Client struct {
 	// ConnectTimeout bounds opening a connection to one TCP controller: with several
 	// controllers listed, a host cut off is given up after it and the next one tried.
 	ConnectTimeout Duration `toml:"connect_timeout"`
-	RetryWait      Duration `toml:"retry_wait"`    // wait between them
-	PollInterval   Duration `toml:"poll_interval"` // how often a waiting command asks for progress
-	StepTimeout    Duration `toml:"step_timeout"`  // the longest a command waits for one non-staging step
+	// UnreachableRounds: with several controllers, one found unreachable is tried again only
+	// every this many rounds of a request while another answers.
+	UnreachableRounds int      `toml:"unreachable_rounds"`
+	RetryWait         Duration `toml:"retry_wait"`    // wait between them
+	PollInterval      Duration `toml:"poll_interval"` // how often a waiting command asks for progress
+	StepTimeout       Duration `toml:"step_timeout"`  // the longest a command waits for one non-staging step
 	// TeardownAttempts is how often `spillway run` asks for its session's teardown when the
 	// controller refuses or cannot be reached, TeardownRetryWait apart.
 	TeardownAttempts  int      `toml:"teardown_attempts"`
@@ -504,12 +507,13 @@ func Defaults() Config {
 			Readahead:            Size(4 << 20),
 		},
 		Client: Client{
-			Controller:     "unix:/run/spillway/controller.sock",
-			ConnectRetries: 30,
-			ConnectTimeout: Duration(3 * time.Second),
-			RetryWait:      Duration(1 * time.Second),
-			PollInterval:   Duration(100 * time.Millisecond),
-			StepTimeout:    Duration(10 * time.Minute),
+			Controller:        "unix:/run/spillway/controller.sock",
+			ConnectRetries:    30,
+			ConnectTimeout:    Duration(3 * time.Second),
+			UnreachableRounds: 4,
+			RetryWait:         Duration(1 * time.Second),
+			PollInterval:      Duration(100 * time.Millisecond),
+			StepTimeout:       Duration(10 * time.Minute),
 			// A refused teardown is usually a controller restarting or a step still settling.
 			TeardownAttempts:  3,
 			TeardownRetryWait: Duration(1 * time.Second),
@@ -613,6 +617,7 @@ func (c *Config) Validate() error {
 	positive("stage.max_attempts", int64(c.Stage.MaxAttempts))
 	positive("stage.max_files_per_stage", c.Stage.MaxFilesPerStage)
 	positive("client.connect_timeout", int64(c.Client.ConnectTimeout))
+	positive("client.unreachable_rounds", int64(c.Client.UnreachableRounds))
 	if c.HA.Enabled {
 		if c.Store.Engine != "etcd" {
 			problems = append(problems, fmt.Sprintf("ha.enabled needs store.engine = \"etcd\" (it is %q): several controllers share their state in etcd, and SQLite's file belongs to one controller; "+
