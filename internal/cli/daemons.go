@@ -39,11 +39,11 @@ controller.state_dir), serves the REST API (/dw/v1/..., OpenAPI at
 /dw/v1/openapi.json) on the Unix socket controller.socket and, if controller.listen is
 set, on TCP, and drives every session through its lifecycle by calling the agents.
 
-Run it once per cluster, on the slurmctld host, as root; or, with ha.enabled and the state
-in etcd, on two or three hosts: one leads (runs the executor, takes writes), the others
-answer reads and name the leader to clients, and take over within ha.lease_ttl when it
-dies. Run it as root (it needs to read nothing of the
-users', but agents on other hosts trust only root or the shared token). It stops cleanly
+Run it once per cluster, on the slurmctld host, as root (it needs to read nothing of the
+users', but agents on other hosts trust only root or the shared token). With ha.enabled and
+the state in etcd, run it on two or three hosts: one leads (runs the executor, takes
+writes), the others answer reads and name the leader, and one takes over within
+ha.lease_ttl when the leader dies or is cut off. It stops cleanly
 on SIGTERM or SIGINT; killed at any point, it resumes where it was when started again.
 
 Logs go to stderr (journald under systemd). See docs/admin.md and docs/config.md.
