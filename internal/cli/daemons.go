@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/spillway-hpc/spillway/internal/agent"
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/agentclient"
@@ -127,6 +129,18 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 			return 78
 		}
 		srv.SetLeadership(el)
+		ctl.Registry().MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "spillway", Subsystem: "controller", Name: "leader",
+				Help: "1 while this controller leads (ha.enabled): it runs the executor and takes writes"},
+				func() float64 {
+					if el.Leading() {
+						return 1
+					}
+					return 0
+				}),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "spillway", Subsystem: "controller", Name: "leader_terms_total",
+				Help: "times this controller was elected leader since it started"},
+				func() float64 { return float64(el.Terms()) }))
 	}
 	var wg sync.WaitGroup
 	listeners := []string{"unix:" + cfg.Controller.Socket}

@@ -237,7 +237,7 @@ retry_wait = "250ms"
 `, c.dir, n, `"`+strings.Join(c.etcd, `", "`)+`"`, ttl, c.controllers())
 	for _, ctl := range []string{"ctl1", "ctl2"} {
 		a := c.hosts[ctl].addr
-		body := strings.Replace(common, "[controller]\n", fmt.Sprintf("[controller]\nsocket = \"%s/%s/%s.sock\"\nlisten = \"%s:7700\"\n", c.dir, n, ctl, a), 1)
+		body := strings.Replace(common, "[controller]\n", fmt.Sprintf("[controller]\nsocket = \"%s/%s/%s.sock\"\nlisten = \"%s:7700\"\nmetrics_listen = \"%s:9700\"\n", c.dir, n, ctl, a, a), 1)
 		body = strings.Replace(body, "[ha]\n", fmt.Sprintf("[ha]\nadvertise = \"http://%s:7700\"\n", a), 1)
 		r.write(ctl+".toml", body)
 	}
@@ -348,6 +348,18 @@ func (r *haRun) wlm(args ...string) {
 	if err != nil {
 		r.t.Fatalf("dw_wlm_cli %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
+}
+
+// scrape returns a controller's metrics, read from the workload manager's host.
+func (r *haRun) scrape(ctl string) string {
+	r.t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", r.hosts["wlm"].netns, "python3", "-c",
+		"import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())",
+		"http://"+r.hosts[ctl].addr+":9700/metrics").CombinedOutput()
+	if err != nil {
+		r.t.Fatalf("scraping %s: %v\n%s", ctl, err, out)
+	}
+	return string(out)
 }
 
 // onNode runs script as nobody in the node's namespaces (its agent's mounts).
@@ -558,6 +570,9 @@ func TestHALeaderPartitionedAndKilled(t *testing.T) {
 		t.Errorf("ctl2 led %v after ctl1 was cut off, more than %v", d, failoverBound)
 	}
 	r.waitFor("ctl1 to step down", func() bool { return r.logHas("ctl1", "stepped down") })
+	if m := r.scrape("ctl2"); !strings.Contains(m, "\nspillway_controller_leader 1\n") || !strings.Contains(m, "\nspillway_controller_leader_terms_total 1\n") {
+		t.Errorf("ctl2's metrics do not say it leads:\n%s", m)
+	}
 	ctl1, _ := apiclient.New(fmt.Sprintf("unix:%s/%s/ctl1.sock", r.dir, r.n), apiclient.Options{RequestTimeout: 20 * time.Second})
 	err := ctl1.Do(context.Background(), "POST", "/dw/v1/pools", map[string]any{"name": "from_deposed", "granularity": 1 << 30}, nil)
 	var apiErr *apiclient.Error
@@ -590,6 +605,9 @@ func TestHALeaderPartitionedAndKilled(t *testing.T) {
 	}
 	r.job("78", func(string) {})
 	r.assertClean("78")
+	if m := r.scrape("ctl1"); !strings.Contains(m, "\nspillway_controller_leader 1\n") || !strings.Contains(m, "\nspillway_controller_leader_terms_total 2\n") {
+		t.Errorf("ctl1's metrics do not say it leads, for the second time:\n%s", m)
+	}
 
 	// A controller cut off from etcd still stops on SIGTERM (nothing waits on etcd unbounded).
 	ip(t, "-n", r.hosts["ctl1"].netns, "link", "set", "eth0", "down")
