@@ -23,6 +23,7 @@ not preallocate (fallocate=none), as applications writing a checkpoint do not.
 Usage: sudo python3 bench/striped_bench.py [--binary bin/spillway] [--size-mib 1024]
                                            [--cap-mbit 800] [--files 2000] [--no-write]
                                            [--fragment-fs directory|xfs-loop]
+                                           [--write-window-multiplier N]
 Needs root, iproute2 (ip, tc), util-linux, fio, python3, and a built binary.
 """
 import argparse
@@ -303,6 +304,9 @@ def main():
     ap.add_argument("--fragment-fs", choices=("directory", "xfs-loop"), default="directory",
                     help="the storage nodes' agent.fragment_filesystem: xfs-loop makes every fragment an XFS "
                          "on a loop device (needs xfsprogs), so the co-located mount writes through the kernel")
+    ap.add_argument("--write-window-multiplier", type=int, default=None,
+                    help="[limits] write_window_multiplier for the jobs (default: the site's, 10); 0 turns the "
+                         "write window off, which a co-located mount needs to write through the kernel")
     a = ap.parse_args()
     # A SIGTERM (timeout, kill) still removes the namespaces and daemons (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
@@ -328,7 +332,8 @@ def main():
     results = {}
     try:
         c.netns()
-        c.configs(capacity_gib=8, storage_extra=f'fragment_filesystem = "{a.fragment_fs}"\n')
+        limits = "" if a.write_window_multiplier is None else f"[limits]\nwrite_window_multiplier = {a.write_window_multiplier}\n"
+        c.configs(capacity_gib=8, extra=limits, storage_extra=f'fragment_filesystem = "{a.fragment_fs}"\n')
         for name in ("ctl",) + STORAGE + COMPUTE:
             c.start(name)
         print("raw file system …", flush=True)
@@ -445,6 +450,9 @@ def main():
     if a.fragment_fs != "directory":
         section = f"striped-{a.fragment_fs}"
         title += f", fragments as agent.fragment_filesystem = {a.fragment_fs}"
+    if a.write_window_multiplier is not None:
+        section += f"-window{a.write_window_multiplier}"
+        title += f", [limits] write_window_multiplier = {a.write_window_multiplier}"
     write_section(section, (
         f"## {title}\n\n"
         f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with "

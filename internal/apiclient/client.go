@@ -17,6 +17,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,17 +28,28 @@ import (
 	"github.com/spillway-hpc/spillway/internal/views"
 )
 
-// Client is a controller connection.
+// Client is a controller connection: to one controller, or to the first that answers of
+// several (high availability), preferring the leader.
 type Client struct {
-	base    string // http://spillway for Unix sockets, or the TCP base URL
-	http    *http.Client
+	targets []*target
+	cur     atomic.Int32 // the target that answered last (the leader, once found)
 	token   string
 	retries int
 	wait    time.Duration
-	address string
-	hint    string
-	munge   bool   // authenticate each request with a fresh MUNGE credential
-	mungeAt string // munged's socket ("" = munge's default)
+	// skipRounds: a controller found unreachable is left out of a request's rounds while
+	// another answers, and tried again every skipRounds rounds.
+	skipRounds int
+	address    string
+	hint       string
+	munge      bool   // authenticate each request with a fresh MUNGE credential
+	mungeAt    string // munged's socket ("" = munge's default)
+}
+
+// target is one controller.
+type target struct {
+	base    string // http://spillway for Unix sockets, or the TCP base URL
+	address string // as given
+	http    *http.Client
 }
 
 // Options are the connection limits (config section [client]).
@@ -46,6 +58,13 @@ type Options struct {
 	ConnectRetries int           // attempts while the controller is unreachable
 	RetryWait      time.Duration // between attempts
 	RequestTimeout time.Duration // one request
+	// ConnectTimeout bounds opening a TCP connection to one controller (client.connect_timeout;
+	// 0 = the request's bound): with several, a host cut off is given up after it.
+	ConnectTimeout time.Duration
+	// UnreachableRounds: with several controllers, one found unreachable is tried again only
+	// every this many rounds of a request while another answers (client.unreachable_rounds;
+	// 0 = 4).
+	UnreachableRounds int
 	// Dial, when set, opens the connections to a Unix-socket address instead of a plain dial
 	// (the one-machine home starts its server on demand here).
 	Dial func(ctx context.Context) (net.Conn, error)
@@ -61,7 +80,11 @@ type Options struct {
 	TLS *tls.Config
 }
 
-// New connects to address: "unix:/path/to.sock", a bare socket path, or "http://host:port".
+// New connects to address: "unix:/path/to.sock", a bare socket path, or "http://host:port";
+// or to several controllers of one cluster, comma-separated ("https://10.0.0.1:7700,
+// https://10.0.0.2:7700"): each request goes to the one that answered last, then to the
+// others in order; a controller that does not lead is left for the leader it names, if listed
+// (writes go to the leader only; credentials are only ever sent to the addresses given).
 func New(address string, o Options) (*Client, error) {
 	if o.ConnectRetries <= 0 {
 		o.ConnectRetries = 1
@@ -69,35 +92,61 @@ func New(address string, o Options) (*Client, error) {
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 60 * time.Second
 	}
+	if o.UnreachableRounds <= 0 {
+		o.UnreachableRounds = 4
+	}
 	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address, hint: o.Hint,
-		mungeAt: o.MungeSocket}
-	switch {
-	case strings.HasPrefix(address, "http://") || strings.HasPrefix(address, "https://"):
-		c.base = strings.TrimRight(address, "/")
-		c.http = &http.Client{Timeout: o.RequestTimeout}
-		if o.TLS != nil {
-			c.http.Transport = &http.Transport{TLSClientConfig: o.TLS}
+		mungeAt: o.MungeSocket, skipRounds: o.UnreachableRounds}
+	var addrs []string
+	for _, a := range strings.Split(address, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
 		}
-		c.munge = o.Munge && o.Token == "" // a Unix socket's peer credentials say who we are
-	default:
-		sock := strings.TrimPrefix(address, "unix:")
-		if sock == "" {
-			return nil, fmt.Errorf("empty controller address")
-		}
-		c.base = "http://spillway"
-		dial := o.Dial
-		if dial == nil {
-			dial = func(ctx context.Context) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", sock)
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("empty controller address")
+	}
+	for _, a := range addrs {
+		t := &target{address: a}
+		switch {
+		case strings.HasPrefix(a, "http://") || strings.HasPrefix(a, "https://"):
+			t.base = strings.TrimRight(a, "/")
+			tr := http.DefaultTransport.(*http.Transport).Clone()
+			tr.TLSClientConfig = o.TLS
+			if o.ConnectTimeout > 0 {
+				tr.DialContext = (&net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
 			}
+			// With several controllers, a connection kept open to one cut off since would hold
+			// a request for the whole request timeout: connect afresh each time, bounded by
+			// the connect timeout.
+			tr.DisableKeepAlives = len(addrs) > 1
+			t.http = &http.Client{Timeout: o.RequestTimeout, Transport: tr}
+			c.munge = o.Munge && o.Token == "" // a Unix socket's peer credentials say who we are
+		default:
+			sock := strings.TrimPrefix(a, "unix:")
+			if sock == "" {
+				return nil, fmt.Errorf("empty controller address in %q", address)
+			}
+			t.base = "http://spillway"
+			dial := o.Dial
+			if dial == nil {
+				dial = func(ctx context.Context) (net.Conn, error) {
+					var d net.Dialer
+					return d.DialContext(ctx, "unix", sock)
+				}
+			}
+			t.http = &http.Client{Timeout: o.RequestTimeout, Transport: &http.Transport{
+				DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+			}}
 		}
-		c.http = &http.Client{Timeout: o.RequestTimeout, Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-		}}
+		c.targets = append(c.targets, t)
 	}
 	return c, nil
 }
+
+// Current is the address of the controller that answered last (the leader, once a write
+// found it).
+func (c *Client) Current() string { return c.targets[c.cur.Load()].address }
 
 // Address is what the client connects to.
 func (c *Client) Address() string { return c.address }
@@ -152,6 +201,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		}
 	}
 	var lastErr error
+	down := make([]bool, len(c.targets)) // not reachable in an earlier round of this request
 	for attempt := 0; attempt < c.retries; attempt++ {
 		if attempt > 0 {
 			select {
@@ -160,52 +210,180 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 			case <-time.After(c.wait):
 			}
 		}
-		req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(raw))
-		if err != nil {
-			return err
+		if attempt%c.skipRounds == 0 {
+			clear(down) // try the unreachable again now and then: the leader may be among them
 		}
-		if body != nil {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		switch {
-		case c.token != "":
-			req.Header.Set("Authorization", "Bearer "+c.token)
-		case c.munge:
-			cred, err := munge.Encode(ctx, c.mungeAt) // one per request: munged refuses a replay
-			if err != nil {
-				return err
+		// One round: the controller that answered last, then the leader a follower names, then
+		// the others in order. A controller that could not be reached in an earlier round of
+		// this request is left out while another answers (a host cut off costs its connect
+		// timeout once, not every round, though a follower still names it until its lease
+		// expires).
+		tried := make([]bool, len(c.targets))
+		pick := func(from int) int {
+			for _, skipDown := range []bool{true, false} {
+				if skipDown && allDown(down) {
+					continue
+				}
+				for j := range c.targets {
+					if k := (from + j) % len(c.targets); !tried[k] && (!skipDown || !down[k]) && (skipDown || !anyAnswered(tried, down)) {
+						return k
+					}
+				}
 			}
-			req.Header.Set("Authorization", "MUNGE "+cred)
+			return -1
 		}
-		resp, err := c.http.Do(req)
-		if err != nil {
-			lastErr = err
-			if retryable(err) && ctx.Err() == nil {
+		next := pick(int(c.cur.Load()))
+		for next >= 0 {
+			i := next
+			tried[i] = true
+			data, err := c.send(ctx, c.targets[i], method, path, body != nil, raw)
+			if err != nil && !isAnswer(err) {
+				down[i] = true
+			} else {
+				down[i] = false
+			}
+			next = pick(i + 1)
+			var apiErr *Error
+			var nl *notLeader
+			var f *fatal
+			switch {
+			case errors.As(err, &f):
+				return f.err
+			case errors.As(err, &nl):
+				lastErr = nl.err
+				if j := c.find(nl.leader); j >= 0 && !tried[j] && !down[j] {
+					next = j
+				}
+				continue
+			case errors.As(err, &apiErr) && apiErr.Status >= 500 && len(c.targets) > 1:
+				// One of several that failed (a controller cut off from etcd): another may not.
+				lastErr = err
+				continue
+			case errors.As(err, &apiErr):
+				c.cur.Store(int32(i))
+				return err
+			case err != nil:
+				lastErr = err
+				if ctx.Err() != nil {
+					return &Unreachable{Address: c.address, Err: err, Hint: c.hint}
+				}
+				if len(c.targets) == 1 && !retryable(err) && !errors.Is(err, errReadBody) {
+					return &Unreachable{Address: c.address, Err: err, Hint: c.hint}
+				}
 				continue
 			}
-			return &Unreachable{Address: c.address, Err: err, Hint: c.hint}
-		}
-		data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		resp.Body.Close()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		if resp.StatusCode >= 300 {
-			var apiErr controller.APIError
-			if json.Unmarshal(data, &apiErr) != nil || apiErr.Error == "" {
-				apiErr.Error = fmt.Sprintf("controller answered %s: %s", resp.Status, strings.TrimSpace(string(data)))
+			c.cur.Store(int32(i))
+			if out != nil {
+				if err := json.Unmarshal(data, out); err != nil {
+					return fmt.Errorf("controller answer to %s %s: %v", method, path, err)
+				}
 			}
-			return &Error{Status: resp.StatusCode, Kind: apiErr.Kind, Msg: apiErr.Error}
+			return nil
 		}
-		if out != nil {
-			if err := json.Unmarshal(data, out); err != nil {
-				return fmt.Errorf("controller answer to %s %s: %v", method, path, err)
-			}
-		}
-		return nil
+	}
+	var apiErr *Error
+	if errors.As(lastErr, &apiErr) {
+		return lastErr // no controller led within the retries: say what they said
 	}
 	return &Unreachable{Address: c.address, Err: lastErr, Hint: c.hint}
+}
+
+// isAnswer reports whether err is a controller's answer (it was reached).
+func isAnswer(err error) bool {
+	var apiErr *Error
+	var nl *notLeader
+	var f *fatal
+	return errors.As(err, &apiErr) || errors.As(err, &nl) || errors.As(err, &f)
+}
+
+func allDown(down []bool) bool {
+	for _, d := range down {
+		if !d {
+			return false
+		}
+	}
+	return true
+}
+
+// anyAnswered reports whether a controller tried in this round was reached: then the ones
+// unreachable before are not tried again in it.
+func anyAnswered(tried, down []bool) bool {
+	for i := range tried {
+		if tried[i] && !down[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// notLeader is a controller's not_leader answer: the leader it names ("" = none elected).
+type notLeader struct {
+	leader string
+	err    *Error
+}
+
+func (e *notLeader) Error() string { return e.err.Error() }
+
+var errReadBody = errors.New("reading the answer")
+
+// fatal is an error no other controller or attempt would change (no MUNGE credential).
+type fatal struct{ err error }
+
+func (e *fatal) Error() string { return e.err.Error() }
+
+// find returns the index of the target at addr, or -1.
+func (c *Client) find(addr string) int {
+	addr = strings.TrimRight(strings.TrimSpace(addr), "/")
+	for i, t := range c.targets {
+		if addr != "" && t.base == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// send makes one request to one controller and returns the answer's body: an *Error for an
+// error answer, a *notLeader for a controller that does not lead, another error when it could
+// not be reached.
+func (c *Client) send(ctx context.Context, t *target, method, path string, hasBody bool, raw []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, t.base+path, bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	if hasBody {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	switch {
+	case c.token != "":
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	case c.munge && strings.HasPrefix(t.base, "http") && t.base != "http://spillway":
+		cred, err := munge.Encode(ctx, c.mungeAt) // one per request: munged refuses a replay
+		if err != nil {
+			return nil, &fatal{err}
+		}
+		req.Header.Set("Authorization", "MUNGE "+cred)
+	}
+	resp, err := t.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	resp.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errReadBody, err)
+	}
+	if resp.StatusCode >= 300 {
+		var apiErr controller.APIError
+		if json.Unmarshal(data, &apiErr) != nil || apiErr.Error == "" {
+			apiErr.Error = fmt.Sprintf("controller answered %s: %s", resp.Status, strings.TrimSpace(string(data)))
+		}
+		e := &Error{Status: resp.StatusCode, Kind: apiErr.Kind, Msg: apiErr.Error}
+		if e.Kind == "not_leader" {
+			return nil, &notLeader{leader: resp.Header.Get(controller.LeaderHeader), err: e}
+		}
+		return nil, e
+	}
+	return data, nil
 }
 
 func esc(s string) string { return url.PathEscape(s) }

@@ -183,7 +183,7 @@ type connection struct {
 
 func (c *connection) flags(fs *flag.FlagSet, withHome bool) {
 	fs.StringVar(&c.configPath, "config", "", "configuration file of a system install (default $SPILLWAY_CONFIG, else "+config.DefaultPath+" if it exists)")
-	fs.StringVar(&c.controller, "controller", "", "controller address: unix:/path/to/socket or http://host:port (overrides the configuration)")
+	fs.StringVar(&c.controller, "controller", "", "controller address: unix:/path/to/socket or http://host:port, or several controllers comma-separated (overrides the configuration)")
 	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the shared secret of a TCP controller")
 	if withHome {
 		fs.StringVar(&c.home, "home", "", "use the one-machine Spillway in this directory (default $SPILLWAY_HOME, else ~/.local/share/spillway)")
@@ -205,6 +205,16 @@ func (c *connection) systemConfigPath(embeddedByDefault bool) string {
 		return config.DefaultPath
 	}
 	return ""
+}
+
+// anyTCP reports whether a controller address (or any of a comma-separated list) is TCP.
+func anyTCP(addr string) bool {
+	for _, a := range strings.Split(addr, ",") {
+		if strings.HasPrefix(strings.TrimSpace(a), "http") {
+			return true
+		}
+	}
+	return false
 }
 
 // session is a connected command: its client, and the one-machine home it uses (if any).
@@ -237,7 +247,7 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 		if addr == "" {
 			addr = cfg.Client.Controller
 		}
-		if token == "" && cfg.Client.TokenFile != "" && strings.HasPrefix(addr, "http") {
+		if token == "" && cfg.Client.TokenFile != "" && anyTCP(addr) {
 			if token, err = apiclient.TokenFromFile(cfg.Client.TokenFile); err != nil {
 				return nil, err
 			}
@@ -247,7 +257,7 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 			return nil, err
 		}
 		cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(),
-			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
+			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, ConnectTimeout: cfg.Client.ConnectTimeout.D(), UnreachableRounds: cfg.Client.UnreachableRounds, Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
 		if err != nil {
 			return nil, err
 		}

@@ -13,6 +13,9 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-hpc/spillway/internal/agent"
 	"github.com/spillway-hpc/spillway/internal/agentapi"
@@ -21,11 +24,13 @@ import (
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/embedded"
+	"github.com/spillway-hpc/spillway/internal/ha"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/metrics"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store/engines"
+	"github.com/spillway-hpc/spillway/internal/store/etcd"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 )
 
@@ -37,7 +42,10 @@ controller.state_dir), serves the REST API (/dw/v1/..., OpenAPI at
 set, on TCP, and drives every session through its lifecycle by calling the agents.
 
 Run it once per cluster, on the slurmctld host, as root (it needs to read nothing of the
-users', but agents on other hosts trust only root or the shared token). It stops cleanly
+users', but agents on other hosts trust only root or the shared token). With ha.enabled and
+the state in etcd, run it on two or three hosts: one leads (runs the executor, takes
+writes), the others answer reads and name the leader, and one takes over within
+ha.lease_ttl when the leader dies or is cut off. It stops cleanly
 on SIGTERM or SIGINT; killed at any point, it resumes where it was when started again.
 
 Logs go to stderr (journald under systemd). See docs/admin.md and docs/config.md.
@@ -103,6 +111,37 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctl.SetSecret(token)
 	srv := controller.NewServer(ctl, token, cfg.Controller.WLMUsers, log)
+	var el *ha.Elector
+	if cfg.HA.Enabled {
+		if cfg.Controller.Listen == "" {
+			fmt.Fprintln(stderr, "spillway controller: ha.enabled needs controller.listen: the other hosts' clients and agents reach this controller over TCP")
+			return 78
+		}
+		eng, ok := st.Engine().(*etcd.Engine)
+		if !ok { // config.Validate refuses ha.enabled on another engine
+			fmt.Fprintln(stderr, "spillway controller: ha.enabled needs store.engine = \"etcd\"")
+			return 78
+		}
+		el, err = ha.New(eng, ha.Options{Advertise: cfg.HA.Advertise, LeaseTTL: cfg.HA.LeaseTTL.D(), RetryWait: cfg.HA.RetryWait.D(),
+			RequestTimeout: cfg.Store.EtcdRequestTimeout.D(), Log: log})
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway controller: %v\n", err)
+			return 78
+		}
+		srv.SetLeadership(el)
+		ctl.Registry().MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "spillway", Subsystem: "controller", Name: "leader",
+				Help: "1 while this controller leads (ha.enabled): it runs the executor and takes writes"},
+				func() float64 {
+					if el.Leading() {
+						return 1
+					}
+					return 0
+				}),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "spillway", Subsystem: "controller", Name: "leader_terms_total",
+				Help: "times this controller was elected leader since it started"},
+				func() float64 { return float64(el.Terms()) }))
+	}
 	var wg sync.WaitGroup
 	listeners := []string{"unix:" + cfg.Controller.Socket}
 	if cfg.Controller.Listen != "" {
@@ -130,11 +169,36 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		wg.Add(1)
 		go func() { defer wg.Done(); metrics.Serve(ctx, l, ctl.Registry(), embedded.APILimits(cfg, log)) }()
 	}
-	log.Info("controller started", "config", from, "state", engines.Describe(&cfg), "listen", listeners, "metrics_listen", cfg.Controller.MetricsListen, "mount_root", cfg.Controller.MountRoot)
-	ctl.Run(ctx)
+	log.Info("controller started", "config", from, "state", engines.Describe(&cfg), "listen", listeners, "metrics_listen", cfg.Controller.MetricsListen, "mount_root", cfg.Controller.MountRoot, "ha", cfg.HA.Enabled)
+	if el != nil {
+		// One of several: the executor runs only while this controller leads; a deposed
+		// leader steps down (its writes fenced, its executor stopped) and campaigns again.
+		wg.Add(1)
+		go func() { defer wg.Done(); followChanges(ctx, el, ctl, cfg.Executor.Tick.D()) }()
+		el.Run(ctx, func(lctx context.Context) { ctl.Lead(lctx) })
+	} else {
+		ctl.Run(ctx)
+	}
 	wg.Wait()
 	log.Info("controller stopped")
 	return 0
+}
+
+// followChanges wakes a follower's waiting requests every tick: the leader changes the state
+// and nothing tells this process.
+func followChanges(ctx context.Context, el *ha.Elector, ctl *controller.Controller, tick time.Duration) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !el.Leading() {
+				ctl.StateChangedElsewhere()
+			}
+		}
+	}
 }
 
 const agentUsage = `Usage: spillway agent [--config FILE]
@@ -247,7 +311,8 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	}
 	// The agent presents its node's own credential, never the cluster's secret: a node can
 	// heartbeat for itself and nothing an administrator does.
-	client, err := apiclient.New(cfg.Agent.Controller, apiclient.Options{Token: nodeCredential(token, name), ConnectRetries: 1, RequestTimeout: cfg.Controller.RequestTimeout.D(), TLS: clientTLS})
+	client, err := apiclient.New(cfg.Agent.Controller, apiclient.Options{Token: nodeCredential(token, name), ConnectRetries: 1, RequestTimeout: cfg.Controller.RequestTimeout.D(),
+		ConnectTimeout: cfg.Client.ConnectTimeout.D(), UnreachableRounds: cfg.Client.UnreachableRounds, TLS: clientTLS})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 78

@@ -59,6 +59,7 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 type Config struct {
 	Controller Controller `toml:"controller"`
 	Store      Store      `toml:"store"`
+	HA         HA         `toml:"ha"`
 	Executor   Executor   `toml:"executor"`
 	Stage      Stage      `toml:"stage"`
 	Agent      Agent      `toml:"agent"`
@@ -205,6 +206,22 @@ type Store struct {
 	RestoreBatch int `toml:"restore_batch"`
 }
 
+// HA runs several controllers on one etcd store, one of them leading (docs/admin.md, "High
+// availability").
+type HA struct {
+	// Enabled makes this controller one of several: it campaigns for leadership and runs the
+	// executor and takes writes only while it leads. Needs store.engine = "etcd".
+	Enabled bool `toml:"enabled"`
+	// Advertise is this controller's API address as clients and agents reach it
+	// ("https://10.0.0.1:7700"); followers name the leader's in their not_leader answers.
+	Advertise string `toml:"advertise"`
+	// LeaseTTL is the etcd lease of the controller's session: a leader killed or cut off is
+	// replaced at most this long after (whole seconds).
+	LeaseTTL Duration `toml:"lease_ttl"`
+	// RetryWait is the pause before campaigning again after leadership was lost or etcd failed.
+	RetryWait Duration `toml:"retry_wait"`
+}
+
 // Executor drives every object to its goal.
 type Executor struct {
 	// MaxAttempts is how often an effect (create a fragment, mount, ...) is tried before the
@@ -342,11 +359,17 @@ type Client struct {
 	TokenFile  string `toml:"token_file"` // for TCP controllers
 	// MungeSocket is the local munged's socket; without a token, commands authenticate to a
 	// TCP controller as their user with MUNGE. "" = munge's default.
-	MungeSocket    string   `toml:"munge_socket"`
-	ConnectRetries int      `toml:"connect_retries"` // attempts while the controller restarts
-	RetryWait      Duration `toml:"retry_wait"`      // wait between them
-	PollInterval   Duration `toml:"poll_interval"`   // how often a waiting command asks for progress
-	StepTimeout    Duration `toml:"step_timeout"`    // the longest a command waits for one non-staging step
+	MungeSocket    string `toml:"munge_socket"`
+	ConnectRetries int    `toml:"connect_retries"` // attempts while the controller restarts
+	// ConnectTimeout bounds opening a connection to one TCP controller: with several
+	// controllers listed, a host cut off is given up after it and the next one tried.
+	ConnectTimeout Duration `toml:"connect_timeout"`
+	// UnreachableRounds: with several controllers, one found unreachable is tried again only
+	// every this many rounds of a request while another answers.
+	UnreachableRounds int      `toml:"unreachable_rounds"`
+	RetryWait         Duration `toml:"retry_wait"`    // wait between them
+	PollInterval      Duration `toml:"poll_interval"` // how often a waiting command asks for progress
+	StepTimeout       Duration `toml:"step_timeout"`  // the longest a command waits for one non-staging step
 	// TeardownAttempts is how often `spillway run` asks for its session's teardown when the
 	// controller refuses or cannot be reached, TeardownRetryWait apart.
 	TeardownAttempts  int      `toml:"teardown_attempts"`
@@ -420,6 +443,10 @@ func Defaults() Config {
 			EtcdMaxRequestBytes: Size(1536 << 10),
 			RestoreBatch:        100,
 		},
+		HA: HA{
+			LeaseTTL:  Duration(5 * time.Second),
+			RetryWait: Duration(1 * time.Second),
+		},
 		Executor: Executor{
 			MaxAttempts:     5,
 			RetryBackoff:    Duration(500 * time.Millisecond),
@@ -480,11 +507,13 @@ func Defaults() Config {
 			Readahead:            Size(4 << 20),
 		},
 		Client: Client{
-			Controller:     "unix:/run/spillway/controller.sock",
-			ConnectRetries: 30,
-			RetryWait:      Duration(1 * time.Second),
-			PollInterval:   Duration(100 * time.Millisecond),
-			StepTimeout:    Duration(10 * time.Minute),
+			Controller:        "unix:/run/spillway/controller.sock",
+			ConnectRetries:    30,
+			ConnectTimeout:    Duration(3 * time.Second),
+			UnreachableRounds: 4,
+			RetryWait:         Duration(1 * time.Second),
+			PollInterval:      Duration(100 * time.Millisecond),
+			StepTimeout:       Duration(10 * time.Minute),
 			// A refused teardown is usually a controller restarting or a step still settling.
 			TeardownAttempts:  3,
 			TeardownRetryWait: Duration(1 * time.Second),
@@ -587,6 +616,18 @@ func (c *Config) Validate() error {
 	positive("stage.timeout", int64(c.Stage.Timeout))
 	positive("stage.max_attempts", int64(c.Stage.MaxAttempts))
 	positive("stage.max_files_per_stage", c.Stage.MaxFilesPerStage)
+	positive("client.connect_timeout", int64(c.Client.ConnectTimeout))
+	positive("client.unreachable_rounds", int64(c.Client.UnreachableRounds))
+	if c.HA.Enabled {
+		if c.Store.Engine != "etcd" {
+			problems = append(problems, fmt.Sprintf("ha.enabled needs store.engine = \"etcd\" (it is %q): several controllers share their state in etcd, and SQLite's file belongs to one controller; "+
+				"move the state to etcd first (docs/admin.md, \"Moving the state between engines\") or set ha.enabled = false", c.Store.Engine))
+		}
+		if c.HA.LeaseTTL < Duration(time.Second) || c.HA.LeaseTTL%Duration(time.Second) != 0 {
+			problems = append(problems, fmt.Sprintf("ha.lease_ttl %s: etcd leases count whole seconds; give at least 1s", c.HA.LeaseTTL.D()))
+		}
+		positive("ha.retry_wait", int64(c.HA.RetryWait))
+	}
 	positive("controller.node_timeout", int64(c.Controller.NodeTimeout))
 	positive("controller.request_timeout", int64(c.Controller.RequestTimeout))
 	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))

@@ -170,3 +170,21 @@ func TestStoreEngineChoice(t *testing.T) {
 		}
 	}
 }
+
+// TestHAChoice: several controllers need etcd and a lease of whole seconds (the controller
+// itself checks its listener and advertised address: agents and commands may share its file).
+func TestHAChoice(t *testing.T) {
+	const etcd = "[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\n[controller]\nlisten = \"10.0.0.1:7700\"\n"
+	cfg, err := Parse([]byte(etcd+"[ha]\nenabled = true\nadvertise = \"http://10.0.0.1:7700\"\nlease_ttl = \"3s\"\n"), "ok", Defaults())
+	if err != nil || !cfg.HA.Enabled || cfg.HA.LeaseTTL.D() != 3*time.Second {
+		t.Fatalf("ha: %+v %v", cfg.HA, err)
+	}
+	for text, want := range map[string]string{
+		"[controller]\nlisten = \"10.0.0.1:7700\"\n[ha]\nenabled = true\nadvertise = \"http://10.0.0.1:7700\"\n": `ha.enabled needs store.engine = "etcd" (it is "sqlite")`,
+		etcd + "[ha]\nenabled = true\nadvertise = \"http://a:1\"\nlease_ttl = \"1500ms\"\n":                      "ha.lease_ttl 1.5s: etcd leases count whole seconds",
+	} {
+		if _, err := Parse([]byte(text), "bad", Defaults()); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error containing %q", text, err, want)
+		}
+	}
+}

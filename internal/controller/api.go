@@ -63,6 +63,7 @@ type Server struct {
 	token      string
 	privileged map[uint32]bool
 	mux        *http.ServeMux
+	lead       Leadership // nil: the only controller (no [ha])
 	// Routes lists "METHOD /path" patterns, for the OpenAPI consistency test.
 	Routes []string
 }
@@ -112,6 +113,37 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 	s.handle("GET /dw/v1/instances/{id}/accounting", s.instanceAccounting)
 	s.handle("GET /dw/v1/sessions/{token}/accounting", s.sessionAccounting)
 	return s
+}
+
+// Leadership is what the API asks of a highly available controller's election (package ha).
+type Leadership interface {
+	Leading() bool
+	// Leader is the leader's advertised API address; "" while none is elected.
+	Leader(ctx context.Context) (string, error)
+}
+
+// LeaderHeader names the leader's API address in a not_leader answer.
+const LeaderHeader = "Spillway-Leader"
+
+// SetLeadership makes the API of one of several controllers answer writes only while it
+// leads: otherwise 503, kind not_leader, with the leader's address in the Spillway-Leader
+// header. The client sends the request again to the leader itself, with its own credential,
+// so a user stays that user (docs/security.md); reads are answered from the shared store.
+func (s *Server) SetLeadership(l Leadership) { s.lead = l }
+
+func (s *Server) notLeader(ctx context.Context, w http.ResponseWriter) {
+	addr, err := s.lead.Leader(ctx)
+	msg := "this controller does not lead (high availability, docs/admin.md): "
+	switch {
+	case err != nil:
+		msg += "and cannot tell who does: " + err.Error()
+	case addr == "":
+		msg += "no leader is elected yet; try again shortly"
+	default:
+		w.Header().Set(LeaderHeader, addr)
+		msg += "the leader is " + addr + "; send writes there (a client given several controllers does)"
+	}
+	httpapi.WriteError(w, http.StatusServiceUnavailable, "not_leader", msg)
 }
 
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
@@ -166,6 +198,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), callerKey{}, who), s.c.cfg.Controller.RequestTimeout.D())
 	defer cancel()
 	r = r.WithContext(ctx)
+	if s.lead != nil && r.Method != http.MethodGet && r.Method != http.MethodHead && !s.lead.Leading() {
+		s.notLeader(ctx, w) // every write is the leader's: the executor's state and the run leases are its
+		return
+	}
 	if _, pattern := s.mux.Handler(r); pattern == "" {
 		// No route: say so in JSON, as every other answer (the mux would answer in text).
 		if s.routeExists(r) {
@@ -180,10 +216,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) fail(w http.ResponseWriter, err error) {
 	kind := ErrorKind(err)
-	status := map[string]int{"user": 400, "not_found": 404, "busy": 409, "taken": 409}[kind]
+	status := map[string]int{"user": 400, "not_found": 404, "busy": 409, "taken": 409, "not_leader": 503}[kind]
 	if status == 0 {
 		status = 500
 		s.log.Error("request failed", "err", err)
+	}
+	if kind == "not_leader" && s.lead != nil {
+		s.notLeader(context.Background(), w) // deposed while answering: name the new leader
+		return
 	}
 	httpapi.WriteError(w, status, kind, err.Error())
 }

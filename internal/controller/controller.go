@@ -180,6 +180,18 @@ func (c *Controller) notifyChange(touched map[int64]bool) {
 	c.changeMu.Unlock()
 }
 
+// StateChangedElsewhere wakes the waiting requests (a step's status, with a wait) to look at
+// the state again: a controller that does not lead hears of no change, the leader makes them.
+func (c *Controller) StateChangedElsewhere() {
+	c.changeMu.Lock()
+	for id, ch := range c.sessionWaits { // every session may have changed
+		close(ch)
+		delete(c.sessionWaits, id)
+	}
+	c.changeMu.Unlock()
+	c.notifyChange(nil)
+}
+
 // Changed returns a channel closed at the next change of the state.
 func (c *Controller) Changed() <-chan struct{} {
 	c.changeMu.Lock()
@@ -718,10 +730,13 @@ func (c *Controller) agentFor(w *lifecycle.World, name string) (agentapi.Agent, 
 	return a, nil
 }
 
-// ErrorKind classifies an error for the API: user (400), not_found (404), busy (409), internal (500).
+// ErrorKind classifies an error for the API: user (400), not_found (404), busy (409),
+// not_leader (503: a highly available controller that does not lead), internal (500).
 func ErrorKind(err error) string {
 	var ue *lifecycle.UserError
 	switch {
+	case errors.Is(err, store.ErrFenced):
+		return "not_leader"
 	case errors.As(err, &ue):
 		return "user"
 	case errors.Is(err, lifecycle.ErrNoSession):
@@ -767,6 +782,16 @@ func (c *Controller) RenewLease(ctx context.Context, token string, release bool)
 	delete(b.abandoned, token) // a retry of a kept session is its run again
 	b.expires[token] = c.now().Add(lease)
 	return lease, nil
+}
+
+// Lead runs the executor for one term of a highly available controller's leadership (package
+// ha), until ctx ends. The run leases of an earlier term are forgotten, as after a restart:
+// the runs renewed them with another leader meanwhile.
+func (c *Controller) Lead(ctx context.Context) error {
+	c.leases.mu.Lock()
+	c.leases.expires, c.leases.released, c.leases.abandoned = nil, nil, nil
+	c.leases.mu.Unlock()
+	return c.Run(ctx)
 }
 
 func (b *leaseBook) init() {

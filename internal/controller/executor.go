@@ -15,6 +15,7 @@ import (
 // every executor.tick), settles what needs no agent, and runs the effects that are due, at
 // most executor.max_in_flight at once and one per object.
 func (c *Controller) Run(ctx context.Context) error {
+	c.swept.Store(false) // the first pass reads the whole state (a new leader's too)
 	tick := time.NewTicker(c.cfg.Executor.Tick.D())
 	defer tick.Stop()
 	var wg sync.WaitGroup

@@ -17,6 +17,12 @@ var ErrNotFound = errors.New("not found")
 // ErrReadOnly is returned when a View transaction tries to write.
 var ErrReadOnly = errors.New("write in a read-only transaction")
 
+// ErrFenced is wrapped by an Update's error when the engine is fenced (a highly available
+// controller's: see package ha) and this process no longer holds the leadership its writes
+// are guarded by: nothing was written, and nothing this process writes will commit until it
+// is elected again.
+var ErrFenced = errors.New("this controller is not the leader: its writes are fenced")
+
 // Engine is a transactional key-value store. Every Update is atomic and serializable: either all
 // of its writes are durable when Update returns nil, or none are. Update and View may be
 // called from many goroutines. An engine may run fn again when its transaction lost a race

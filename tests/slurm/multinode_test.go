@@ -48,7 +48,8 @@ type multiHost struct {
 
 type multiCluster struct {
 	*cluster
-	hosts       []*multiHost // ctl, bb1, bb2, cn1, cn2
+	hosts       []*multiHost // ctl, bb1, bb2, cn1, cn2 (and ctl2 with ha)
+	etcdHosts   []*multiHost // with ha: e1, e2, e3, stopped after every Spillway daemon
 	bridge      string       // the bridge's namespace
 	madeUser    bool
 	madeMunge   bool
@@ -88,6 +89,15 @@ func (m *multiCluster) must(program string, args ...string) string {
 
 // upMulti brings up the four hosts with Slurm's given burst-buffer plugin.
 func upMulti(t *testing.T, plugin string) *multiCluster {
+	t.Helper()
+	return upMultiOf(t, plugin, false)
+}
+
+// upMultiOf is upMulti, with ha: the state in a three-member etcd cluster (e1, e2, e3 on
+// 10.78.0.21-23) and a second controller on ctl2 (10.78.0.4) with [ha] enabled; ctl's
+// controller starts first and leads. dw_wlm_cli, dwstat and the agents are given both
+// controllers.
+func upMultiOf(t *testing.T, plugin string, ha bool) *multiCluster {
 	t.Helper()
 	for _, tool := range []string{"ip", "nsenter", "unshare", "setpriv"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -134,10 +144,19 @@ func upMulti(t *testing.T, plugin string) *multiCluster {
 	m.must("ip", "netns", "add", m.bridge)
 	m.must("ip", "-n", m.bridge, "link", "add", "br0", "type", "bridge")
 	m.must("ip", "-n", m.bridge, "link", "set", "br0", "up")
-	for _, h := range []struct{ name, host string }{{"ctl", "1"}, {"bb1", "2"}, {"bb2", "3"}, {"cn1", "11"}, {"cn2", "12"}} {
+	hostList := []struct{ name, host string }{{"ctl", "1"}, {"bb1", "2"}, {"bb2", "3"}, {"cn1", "11"}, {"cn2", "12"}}
+	if ha {
+		hostList = append(hostList, struct{ name, host string }{"ctl2", "4"},
+			struct{ name, host string }{"e1", "21"}, struct{ name, host string }{"e2", "22"}, struct{ name, host string }{"e3", "23"})
+	}
+	for _, h := range hostList {
 		mh := &multiHost{name: h.name, netns: tag + "-" + h.name, addr: multiSubnet + h.host}
 		m.must("ip", "netns", "add", mh.netns)
-		m.hosts = append(m.hosts, mh)
+		if strings.HasPrefix(h.name, "e") {
+			m.etcdHosts = append(m.etcdHosts, mh)
+		} else {
+			m.hosts = append(m.hosts, mh)
+		}
 		veth := "v" + strconv.Itoa(os.Getpid()%10000) + h.name
 		m.must("ip", "link", "add", veth, "netns", m.bridge, "type", "veth", "peer", "name", "eth0", "netns", mh.netns)
 		m.must("ip", "-n", m.bridge, "link", "set", veth, "master", "br0", "up")
@@ -175,7 +194,14 @@ controller = "unix:%[1]s/run/controller.sock"
 name = "wlm_pool"
 granularity = "1GiB"
 `, dir, ctl.addr, token))
+	controllers := "http://" + ctl.addr + ":7700"
+	if ha {
+		controllers = m.setUpHA(conf, token)
+	}
 	for _, h := range m.hosts[1:] {
+		if h.name == "ctl2" {
+			continue
+		}
 		role := ""
 		if strings.HasPrefix(h.name, "bb") {
 			role = fmt.Sprintf("pool = \"wlm_pool\"\nssd_path = \"%s/ssd/%s\"\ncapacity = \"8GiB\"\ndata_listen = \"%s:7702\"\n", dir, h.name, h.addr)
@@ -184,7 +210,7 @@ granularity = "1GiB"
 name = %[1]q
 listen = "%[2]s:7701"
 advertise = "http://%[2]s:7701"
-controller = "http://%[3]s:7700"
+controller = %[3]q
 token_file = %[4]q
 heartbeat_interval = "500ms"
 gc_grace = "1s"
@@ -192,12 +218,12 @@ gc_grace = "1s"
 [warpfs]
 request_timeout = "3s"
 connect_timeout = "1s"
-`, h.name, h.addr, ctl.addr, token, role))
+`, h.name, h.addr, controllers, token, role))
 	}
 	// A compute node's own configuration: users' commands there (dwstat, dwcli stage, the
 	// libdatawarp calls) reach the controller over TCP and authenticate with MUNGE, as on a
 	// cluster whose controller's socket is on another host.
-	m.writeConfig(filepath.Join(dir, "etc", "compute.toml"), fmt.Sprintf("[client]\ncontroller = \"http://%s:7700\"\n", ctl.addr))
+	m.writeConfig(filepath.Join(dir, "etc", "compute.toml"), fmt.Sprintf("[client]\ncontroller = %q\n", controllers))
 	m.env = []string{
 		"SLURM_CONF=" + filepath.Join(dir, "etc/slurm.conf"),
 		"SPILLWAY_CONFIG=" + conf,
@@ -205,7 +231,16 @@ connect_timeout = "1s"
 	}
 	m.startDaemon(ctl, "nsenter", "--net=/run/netns/"+ctl.netns, "--", m.spillwayBin, "controller", "--config", conf)
 	m.waitFor(20*time.Second, "the Spillway controller to answer", func() bool { return m.admin("dwstat", "pools").code == 0 })
+	if ha {
+		m.waitFor(20*time.Second, "ctl's controller to lead", func() bool { return strings.Contains(m.logOf("ctl"), "elected leader") })
+		ctl2 := m.host("ctl2")
+		m.startDaemon(ctl2, "nsenter", "--net=/run/netns/"+ctl2.netns, "--", m.spillwayBin, "controller", "--config", filepath.Join(dir, "etc", "ctl2.toml"))
+		m.waitFor(20*time.Second, "ctl2's controller to campaign", func() bool { return strings.Contains(m.logOf("ctl2"), "campaigning for leadership") })
+	}
 	for _, h := range m.hosts[1:] {
+		if h.name == "ctl2" {
+			continue
+		}
 		// A host of its own: its network, and a mount and UTS namespace that its slurmd
 		// joins below (FUSE mounts made by the agent are seen by that host's jobs only).
 		m.startDaemon(h, "nsenter", "--net=/run/netns/"+h.netns, "--", "unshare", "--mount", "--uts", "--propagation", "slave", "--",
@@ -220,6 +255,60 @@ connect_timeout = "1s"
 
 	m.startSlurm()
 	return m
+}
+
+// setUpHA starts the etcd members, puts the state in them and [ha] in the controller's
+// configuration conf, writes ctl2's, and returns both controllers' addresses for the clients.
+// slurmctld's dw_wlm_cli reaches the controller on the other host over TCP: it reads the
+// cluster's token, which SlurmUser may read (docs/admin.md, High availability).
+func (m *multiCluster) setUpHA(conf, token string) string {
+	m.t.Helper()
+	etcdBin, err := exec.LookPath("etcd")
+	if err != nil {
+		m.t.Fatal("the HA scenario needs etcd (Debian: etcd-server)")
+	}
+	var initial, endpoints []string
+	for _, h := range m.etcdHosts {
+		initial = append(initial, fmt.Sprintf("%s=http://%s:2380", h.name, h.addr))
+		endpoints = append(endpoints, fmt.Sprintf("%q", "http://"+h.addr+":2379"))
+	}
+	for _, h := range m.etcdHosts {
+		m.startDaemon(h, "nsenter", "--net=/run/netns/"+h.netns, "--", etcdBin, "--name", h.name, "--data-dir", filepath.Join(m.dir, "state", h.name+".etcd"),
+			"--listen-client-urls", "http://"+h.addr+":2379", "--advertise-client-urls", "http://"+h.addr+":2379",
+			"--listen-peer-urls", "http://"+h.addr+":2380", "--initial-advertise-peer-urls", "http://"+h.addr+":2380",
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new", "--initial-cluster-token", filepath.Base(m.dir))
+	}
+	m.must("chgrp", "slurm", token)
+	os.Chmod(token, 0o640)
+	ctl, ctl2 := m.host("ctl"), m.host("ctl2")
+	controllers := "http://" + ctl.addr + ":7700,http://" + ctl2.addr + ":7700"
+	body, err := os.ReadFile(conf)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	ha := fmt.Sprintf(`
+[store]
+engine = "etcd"
+etcd_endpoints = [%s]
+
+[ha]
+enabled = true
+advertise = "http://%%s:7700"
+`, strings.Join(endpoints, ", "))
+	text := strings.Replace(string(body), `controller = "unix:`+m.dir+`/run/controller.sock"`,
+		fmt.Sprintf("controller = %q\ntoken_file = %q\nconnect_retries = 120\nretry_wait = \"500ms\"\nconnect_timeout = \"1s\"",
+			"unix:"+m.dir+"/run/controller.sock,"+controllers, token), 1)
+	m.writeConfig(conf, text+fmt.Sprintf(ha, ctl.addr))
+	text2 := strings.Replace(text, ctl.addr+":7700", ctl2.addr+":7700", 1)
+	text2 = strings.Replace(text2, `socket = "`+m.dir+`/run/controller.sock"`, `socket = "`+m.dir+`/run/controller2.sock"`, 1)
+	m.writeConfig(filepath.Join(m.dir, "etc", "ctl2.toml"), text2+fmt.Sprintf(ha, ctl2.addr))
+	return controllers
+}
+
+// logOf is the log of a host's Spillway daemon.
+func (m *multiCluster) logOf(host string) string {
+	raw, _ := os.ReadFile(filepath.Join(m.dir, "log", "spillway-"+host+".log"))
+	return string(raw)
 }
 
 func (m *multiCluster) writeConfig(path, body string) {
@@ -356,10 +445,16 @@ func (m *multiCluster) down() {
 			}
 		}
 	}
+	for _, h := range m.etcdHosts {
+		if h.daemon != nil {
+			h.daemon.Process.Signal(syscall.SIGTERM)
+			<-h.exited
+		}
+	}
 	if m.madeMunge {
 		stopPIDFile(m.t, "/run/munge/munged.pid")
 	}
-	for _, h := range m.hosts {
+	for _, h := range append(m.hosts, m.etcdHosts...) {
 		exec.Command("ip", "netns", "del", h.netns).Run()
 	}
 	if m.bridge != "" {
@@ -589,4 +684,47 @@ done; echo "$(hostname): never failed"'
 	c.waitFor(30*time.Second, "bb1 back online with the job's data deleted", func() bool {
 		return files() == "" && regexp.MustCompile(`(?m)^ *bb1 .* online `).MatchString(c.admin("dwstat", "nodes").stdout)
 	})
+}
+
+// TestMultiNodeFailover: two controllers on a three-member etcd (upMultiOf with ha); a job
+// across both compute nodes runs while the leading controller (ctl's) is killed with SIGKILL;
+// ctl2 leads within the bound, slurmctld's dw_wlm_cli (given both controllers) finds it, and
+// the job's post_run, stage-out and teardown complete through it.
+func TestMultiNodeFailover(t *testing.T) {
+	m := upMultiOf(t, "datawarp", true)
+	m.run("job_across_a_failover", func(c *cluster, t *testing.T) { c.jobAcrossFailover(t, m) })
+	m.assertClean()
+}
+
+func (c *cluster) jobAcrossFailover(t *testing.T, m *multiCluster) {
+	c.writeFile("in3/data", "staged in before the failover\n", 0o644)
+	id := c.sbatch("failover.sh", `#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=1 --output=failover-%j.out
+#DW jobdw type=scratch access_mode=striped capacity=1GiB`+c.pool()+`
+#DW stage_in type=directory source=%d/in3 destination=$DW_JOB_STRIPED/in
+#DW stage_out type=directory source=$DW_JOB_STRIPED/out destination=%d/out-%j
+set -e
+mkdir "$DW_JOB_STRIPED/out"
+while [ ! -e failed-over ]; do sleep 0.2; done
+srun sh -c 'cat "$DW_JOB_STRIPED/in/data" > "$DW_JOB_STRIPED/out/from-$SLURMD_NODENAME"'
+`)
+	c.waitState(id, 2*time.Minute, "RUNNING")
+	ctl := m.host("ctl")
+	killed := time.Now()
+	ctl.daemon.Process.Signal(syscall.SIGKILL)
+	<-ctl.exited
+	c.waitFor(30*time.Second, "ctl2's controller to lead", func() bool { return strings.Contains(m.logOf("ctl2"), "elected leader") })
+	t.Logf("ctl's controller killed; ctl2's led within %v", time.Since(killed).Round(100*time.Millisecond))
+	c.writeFile("failed-over", "", 0o644)
+	j := c.waitEnd(id, 3*time.Minute)
+	out := c.read("failover-" + id + ".out")
+	if j["JobState"] != "COMPLETED" || j["ExitCode"] != "0:0" {
+		t.Fatalf("job %s: %s %s\n%s", id, j["JobState"], j["ExitCode"], out)
+	}
+	for _, node := range []string{"cn1", "cn2"} {
+		if got := c.read("out-" + id + "/from-" + node); got != "staged in before the failover\n" {
+			t.Errorf("staged-out out-%s/from-%s: %q", id, node, got)
+		}
+	}
+	c.assertGone(id)
 }

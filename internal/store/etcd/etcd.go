@@ -10,6 +10,11 @@
 // writes at most MaxTxnOps-1 keys and MaxRequestBytes bytes (etcd's --max-txn-ops and
 // --max-request-bytes); more is refused before anything is sent, naming the limits.
 //
+// Fencing (a highly available controller, package ha): once Fence is called, every commit also
+// compares the create revision of the leader's election key with the revision it won with, so
+// that the writes of a controller that lost its leadership (its lease expired, its key went, or
+// another won since) never commit: Update returns store.ErrFenced.
+//
 // Keys: <prefix>kv/<kind>/<key> for the objects, <prefix>seq/<name> for the sequences,
 // <prefix>commit for the commit key.
 package etcd
@@ -60,6 +65,31 @@ type Engine struct {
 	cli     *clientv3.Client
 	o       Options
 	writeMu sync.Mutex
+
+	fenceMu  sync.Mutex
+	fenceKey string // the election key the writes are guarded by ("" = not fenced)
+	fenceRev int64  // its create revision when won; 0 = fenced with no leadership held
+}
+
+// Client is the engine's etcd connection (the election of package ha shares it).
+func (e *Engine) Client() *clientv3.Client { return e.cli }
+
+// Prefix is the key prefix of the engine's state.
+func (e *Engine) Prefix() string { return e.o.Prefix }
+
+// Fence guards every later commit: it commits only while key exists with create revision rev
+// (the election key this process won with). rev 0 refuses every write without asking etcd
+// (a controller that leads no more, or not yet).
+func (e *Engine) Fence(key string, rev int64) {
+	e.fenceMu.Lock()
+	e.fenceKey, e.fenceRev = key, rev
+	e.fenceMu.Unlock()
+}
+
+func (e *Engine) fence() (string, int64) {
+	e.fenceMu.Lock()
+	defer e.fenceMu.Unlock()
+	return e.fenceKey, e.fenceRev
 }
 
 // Open connects to etcd and checks that it answers.
@@ -105,6 +135,9 @@ func (e *Engine) Update(ctx context.Context, fn func(store.KV) error) error {
 	e.writeMu.Lock()
 	defer e.writeMu.Unlock()
 	for attempt := 1; ; attempt++ {
+		if key, rev := e.fence(); key != "" && rev == 0 {
+			return fmt.Errorf("etcd: %w", store.ErrFenced)
+		}
 		t, err := e.begin(ctx, true)
 		if err != nil {
 			return err
@@ -395,15 +428,34 @@ func (t *txn) commit() (bool, error) {
 	}
 	rctx, cancel := context.WithTimeout(t.ctx, t.e.o.RequestTimeout)
 	defer cancel()
+	guards := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(t.e.commitKey()), "=", t.commitRev)}
+	var orElse []clientv3.Op
+	fenceKey, fenceRev := t.e.fence()
+	if fenceKey != "" {
+		if fenceRev == 0 {
+			return false, fmt.Errorf("etcd: %w", store.ErrFenced)
+		}
+		guards = append(guards, clientv3.Compare(clientv3.CreateRevision(fenceKey), "=", fenceRev))
+		orElse = append(orElse, clientv3.OpGet(fenceKey, clientv3.WithKeysOnly()))
+	}
 	resp, err := t.e.cli.Txn(rctx).
-		If(clientv3.Compare(clientv3.ModRevision(t.e.commitKey()), "=", t.commitRev)).
+		If(guards...).
 		Then(ops...).
+		Else(orElse...).
 		Commit()
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
 			return false, fmt.Errorf("etcd: %w: %v: the members' --max-txn-ops or --max-request-bytes are below store.etcd_max_txn_ops or store.etcd_max_request_bytes; make them agree", ErrTooLarge, err)
 		}
 		return false, fmt.Errorf("etcd: commit: %w", err)
+	}
+	if !resp.Succeeded && fenceKey != "" {
+		// Which compare failed: the fence (leadership lost, never again for this rev) or the
+		// commit key (another writer won the race: run again).
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].CreateRevision != fenceRev {
+			return false, fmt.Errorf("etcd: %w (election key %s, won at revision %d, is gone or won again by another)", store.ErrFenced, fenceKey, fenceRev)
+		}
 	}
 	return resp.Succeeded, nil
 }
