@@ -134,7 +134,7 @@ func testWriteWindow(t *testing.T, b testBackend) {
 	// A striped file's writes queued behind (write-behind) may still reach this fragment
 	// after the write above went to another server's: then it trips again a little later and
 	// cools as well. Only an unstriped namespace's fragment must be writable right away.
-	u := frag.Usage(0)
+	u = frag.Usage(0)
 	for b.striped && u.ReadOnly && time.Now().Before(deadline) {
 		time.Sleep(window / 10)
 		u = frag.Usage(0)
