@@ -517,7 +517,12 @@ func (a *Agent) DeleteNamespace(ctx context.Context, fragmentID, id int64) error
 // (after a restart the files on disk are the truth). The capacity is the instance's, as its
 // fragments on this node recorded it.
 func (a *Agent) tracker(instanceID int64) (*usage.Tracker, error) {
-	capacity := a.instanceCapacity(instanceID)
+	return a.trackerOf(instanceID, a.instanceCapacity(instanceID))
+}
+
+// trackerOf is tracker for an instance whose capacity on this node the caller knows
+// (instanceCapacity reads every fragment's metadata).
+func (a *Agent) trackerOf(instanceID int64, capacity uint64) (*usage.Tracker, error) {
 	if capacity == 0 {
 		return nil, fmt.Errorf("instance %d has no fragment on %s", instanceID, a.opt.Name)
 	}
@@ -538,22 +543,30 @@ func (a *Agent) rescan(instanceID int64, t *usage.Tracker) error {
 // instanceCapacity is what the instance may hold on this node: all it asked for when it lives
 // here alone, its fragments' capacity when it is striped over several nodes.
 func (a *Agent) instanceCapacity(instanceID int64) uint64 {
+	return a.instanceCapacities()[instanceID]
+}
+
+// instanceCapacities is instanceCapacity of every instance with a fragment here, from one
+// read of the fragments' metadata.
+func (a *Agent) instanceCapacities() map[int64]uint64 {
 	frags, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
-	var instance, here uint64
+	instance, here := map[int64]uint64{}, map[int64]uint64{}
 	for _, f := range frags {
 		id, err := strconv.ParseInt(f.Name(), 10, 64)
 		if err != nil {
 			continue
 		}
-		if meta, err := a.readFragment(id); err == nil && meta.InstanceID == instanceID {
-			instance = meta.InstanceCapacity
-			here += meta.Capacity
+		if meta, err := a.readFragment(id); err == nil {
+			instance[meta.InstanceID] = meta.InstanceCapacity
+			here[meta.InstanceID] += meta.Capacity
 		}
 	}
-	if here == 0 {
-		return instance
+	for id, h := range here {
+		if h > 0 {
+			instance[id] = min(instance[id], h)
+		}
 	}
-	return min(instance, here)
+	return instance
 }
 
 func (a *Agent) instanceNamespaceDirs(instanceID int64) []string {

@@ -35,6 +35,14 @@ func Handler(a agentapi.Agent, token string) http.Handler {
 		}
 		httpapi.WriteJSON(w, 200, rep)
 	})
+	mux.HandleFunc("GET /agent/v1/fragments/{id}/usage", func(w http.ResponseWriter, r *http.Request) {
+		u, found, err := a.FragmentUsage(r.Context(), id(r, "id"))
+		if err != nil {
+			do(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, 200, agentapi.FragmentUsageReply{Found: found, Usage: u})
+	})
 	mux.HandleFunc("PUT /agent/v1/fragments/{id}", func(w http.ResponseWriter, r *http.Request) {
 		var spec agentapi.FragmentSpec
 		if httpapi.Decode(w, r, &spec) {

@@ -8,10 +8,12 @@ package agent
 // descriptor, never by a path a user could swap.
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -198,22 +200,43 @@ func (a *Agent) usage() agentapi.NodeUsage {
 		}
 	}
 	slices.Sort(ids)
+	capacities := a.instanceCapacities()
 	for _, id := range ids {
 		f, err := a.fragmentCounters(id)
 		if err != nil {
 			continue // being created or removed
 		}
-		var used uint64
-		if t, err := a.tracker(f.Instance); err == nil { // the instance's usage on this node
-			used = t.Used()
-			f.NoteCapacity(t.Peak())
-		}
-		u.Fragments = append(u.Fragments, f.Usage(used))
+		u.Fragments = append(u.Fragments, a.fragmentUsage(f, capacities[f.Instance]))
 		if save {
 			a.saveCounters(id, f)
 		}
 	}
 	return u
+}
+
+// fragmentUsage is fragment f's report, with the usage of its instance on this node (whose
+// capacity here is capacity).
+func (a *Agent) fragmentUsage(f *server.Fragment, capacity uint64) agentapi.FragmentUsage {
+	var used uint64
+	if t, err := a.trackerOf(f.Instance, capacity); err == nil {
+		used = t.Used()
+		f.NoteCapacity(t.Peak())
+	}
+	return f.Usage(used)
+}
+
+// FragmentUsage is one fragment's counters now: what the controller keeps of them right
+// before it deletes the fragment (its accounting record's final figures). found is false when
+// the node holds no such fragment.
+func (a *Agent) FragmentUsage(ctx context.Context, id int64) (agentapi.FragmentUsage, bool, error) {
+	f, err := a.fragmentCounters(id)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return agentapi.FragmentUsage{}, false, nil
+		}
+		return agentapi.FragmentUsage{}, false, err
+	}
+	return a.fragmentUsage(f, a.instanceCapacity(f.Instance)), true, nil
 }
 
 // saveAllCounters saves the counters of every fragment known (at shutdown).

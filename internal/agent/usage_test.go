@@ -67,6 +67,13 @@ func TestUsageReportedAndKeptAcrossARestart(t *testing.T) {
 		len(u.Clients) != 1 || u.Clients[0].Node != "ssd1" || u.Clients[0].BytesWritten != 2*size {
 		t.Errorf("namespace and client usage: %+v %+v", u.Namespaces, u.Clients)
 	}
+	// One fragment's counters alone (what the controller reads before deleting it).
+	if one, found, err := a.FragmentUsage(ctx, 5); err != nil || !found || one.BytesWritten != u.BytesWritten || one.CapacityUsed != u.CapacityUsed {
+		t.Errorf("FragmentUsage(5): %+v %v %v, want the report's %+v", one, found, err, u)
+	}
+	if _, found, err := a.FragmentUsage(ctx, 99); found || err != nil {
+		t.Errorf("FragmentUsage of a fragment the node does not hold: found %v, %v", found, err)
+	}
 
 	// MFC=3: the third file is the last.
 	if err := os.WriteFile(filepath.Join(spec.MountPath, "f2"), []byte("x"), 0o644); err != nil {

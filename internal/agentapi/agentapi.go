@@ -234,6 +234,9 @@ type Endurance struct {
 // Agent is everything the controller asks of one node.
 type Agent interface {
 	Report(ctx context.Context) (NodeReport, error)
+	// FragmentUsage is one fragment's data-path counters now (found: the node holds it), read
+	// right before the fragment is deleted: its accounting record's final figures.
+	FragmentUsage(ctx context.Context, id int64) (usage FragmentUsage, found bool, err error)
 
 	CreateFragment(ctx context.Context, spec FragmentSpec) error
 	DeleteFragment(ctx context.Context, id int64) error

@@ -66,3 +66,9 @@ type ClientUsage struct {
 	WriteOps     uint64 `json:"write_ops"`
 	FilesCreated uint64 `json:"files_created"`
 }
+
+// FragmentUsageReply is the agent API's answer to GET /agent/v1/fragments/{id}/usage.
+type FragmentUsageReply struct {
+	Found bool          `json:"found"`
+	Usage FragmentUsage `json:"usage"`
+}

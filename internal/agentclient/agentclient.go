@@ -34,6 +34,13 @@ func (a *Client) Report(ctx context.Context) (agentapi.NodeReport, error) {
 	return r, err
 }
 
+// FragmentUsage asks for one fragment's counters.
+func (a *Client) FragmentUsage(ctx context.Context, id int64) (agentapi.FragmentUsage, bool, error) {
+	var r agentapi.FragmentUsageReply
+	err := a.c.Do(ctx, "GET", fmt.Sprintf("/agent/v1/fragments/%d/usage", id), nil, &r)
+	return r.Usage, r.Found, err
+}
+
 // CreateFragment creates a fragment.
 func (a *Client) CreateFragment(ctx context.Context, s agentapi.FragmentSpec) error {
 	return a.c.Do(ctx, "PUT", fmt.Sprintf("/agent/v1/fragments/%d", s.ID), s, nil)

@@ -98,16 +98,14 @@ func recordUsage(tx *store.Tx, node string, reports []agentapi.FragmentUsage, no
 // count keeps the heartbeats' figures, marked final all the same. An agent that does not
 // answer leaves them unmarked; its delete is likely to fail too and be retried.
 func (c *Controller) finalUsage(ctx context.Context, agent agentapi.Agent, node string, id int64) {
-	rep, err := agent.Report(ctx)
+	fu, found, err := agent.FragmentUsage(ctx, id)
 	if err != nil {
 		c.log.Warn("accounting: no report from the node before deleting a fragment; its record keeps the last heartbeat's counters", "node", node, "fragment", id, "err", err)
 		return
 	}
 	var own []agentapi.FragmentUsage
-	for _, fu := range rep.Usage.Fragments {
-		if fu.Fragment == id {
-			own = append(own, fu)
-		}
+	if found {
+		own = append(own, fu)
 	}
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		if len(own) == 0 {
