@@ -626,6 +626,11 @@ func (c *Config) Validate() error {
 		if c.HA.LeaseTTL < Duration(time.Second) || c.HA.LeaseTTL%Duration(time.Second) != 0 {
 			problems = append(problems, fmt.Sprintf("ha.lease_ttl %s: etcd leases count whole seconds; give at least 1s", c.HA.LeaseTTL.D()))
 		}
+		if c.Controller.NodeTimeout < 2*c.HA.LeaseTTL {
+			// A failover takes about lease_ttl, and no heartbeat lands meanwhile.
+			problems = append(problems, fmt.Sprintf("controller.node_timeout %s must be at least twice ha.lease_ttl %s: no heartbeat reaches a controller while a failover runs (about lease_ttl), and every node would show offline after it",
+				c.Controller.NodeTimeout.D(), c.HA.LeaseTTL.D()))
+		}
 		positive("ha.retry_wait", int64(c.HA.RetryWait))
 	}
 	positive("controller.node_timeout", int64(c.Controller.NodeTimeout))

@@ -182,6 +182,7 @@ func TestHAChoice(t *testing.T) {
 	for text, want := range map[string]string{
 		"[controller]\nlisten = \"10.0.0.1:7700\"\n[ha]\nenabled = true\nadvertise = \"http://10.0.0.1:7700\"\n": `ha.enabled needs store.engine = "etcd" (it is "sqlite")`,
 		etcd + "[ha]\nenabled = true\nadvertise = \"http://a:1\"\nlease_ttl = \"1500ms\"\n":                      "ha.lease_ttl 1.5s: etcd leases count whole seconds",
+		etcd + "node_timeout = \"5s\"\n[ha]\nenabled = true\nadvertise = \"http://a:1\"\nlease_ttl = \"5s\"\n":   "controller.node_timeout 5s must be at least twice ha.lease_ttl 5s",
 	} {
 		if _, err := Parse([]byte(text), "bad", Defaults()); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want an error containing %q", text, err, want)

@@ -207,7 +207,7 @@ func (c *haCluster) startRun(t *testing.T, n, ttl string) *haRun {
 state_dir = "%[1]s/%[2]s/state"
 token_file = "%[1]s/token"
 mount_root = "%[1]s/%[2]s/mounts"
-node_timeout = "5s"
+node_timeout = "15s"
 [agent]
 heartbeat_interval = "200ms"
 [store]

@@ -295,6 +295,9 @@ etcd_endpoints = [%s]
 enabled = true
 advertise = "http://%%s:7700"
 `, strings.Join(endpoints, ", "))
+	// A failover takes about ha.lease_ttl (5 s), when no heartbeat lands: node_timeout must be
+	// at least twice that (the configuration refuses less).
+	body = []byte(strings.Replace(string(body), `node_timeout = "3s"`, `node_timeout = "15s"`, 1))
 	text := strings.Replace(string(body), `controller = "unix:`+m.dir+`/run/controller.sock"`,
 		fmt.Sprintf("controller = %q\ntoken_file = %q\nconnect_retries = 120\nretry_wait = \"500ms\"\nconnect_timeout = \"1s\"",
 			"unix:"+m.dir+"/run/controller.sock,"+controllers, token), 1)
