@@ -121,25 +121,11 @@ func put(tx *store.Tx, ch lifecycle.Changes) error {
 		return fmt.Errorf("seeding deleted objects: %v", ch.Delete)
 	}
 	for _, obj := range ch.Put {
-		var err error
-		switch o := obj.(type) {
-		case *model.Session:
-			err = store.PutSession(tx, o)
-		case *model.Instance:
-			err = store.Instances.Put(tx, o)
-		case *model.Fragment:
-			err = store.Fragments.Put(tx, o)
-		case *model.Configuration:
-			err = store.Configurations.Put(tx, o)
-		case *model.Namespace:
-			err = store.Namespaces.Put(tx, o)
-		case *model.Registration:
-			err = store.Registrations.Put(tx, o)
-		case *model.Node, *model.Pool:
-		default:
-			err = fmt.Errorf("seeding made a %T", obj)
+		switch obj.(type) {
+		case *model.Node, *model.Pool: // seeded once, before the decisions
+			continue
 		}
-		if err != nil {
+		if err := store.PutObject(tx, obj); err != nil {
 			return err
 		}
 	}

@@ -340,33 +340,8 @@ func loadStageHistory(tx *store.Tx) ([]*model.FinishedStage, error) {
 // pending accounting record in the same transaction (keepAccounting).
 func persistObjects(tx *store.Tx, ch lifecycle.Changes, now time.Time) error {
 	for _, obj := range ch.Put {
-		var err error
-		switch o := obj.(type) {
-		case *model.Session:
-			err = store.PutSession(tx, o)
-		case *model.Instance:
-			err = store.Instances.Put(tx, o)
-		case *model.Fragment:
-			err = store.Fragments.Put(tx, o)
-		case *model.Configuration:
-			err = store.Configurations.Put(tx, o)
-		case *model.Namespace:
-			err = store.Namespaces.Put(tx, o)
-		case *model.Registration:
-			err = store.Registrations.Put(tx, o)
-		case *model.Activation:
-			err = store.Activations.Put(tx, o)
-		case *model.Stage:
-			err = store.Stages.Put(tx, o)
-		case *model.Node:
-			err = store.Nodes.Put(tx, o)
-		case *model.Pool:
-			err = store.Pools.Put(tx, o)
-		default:
-			err = fmt.Errorf("persist: unknown object %T", obj)
-		}
-		if err != nil {
-			return err
+		if err := store.PutObject(tx, obj); err != nil {
+			return fmt.Errorf("persist: %w", err)
 		}
 	}
 	if err := keepAccounting(tx, ch, now); err != nil {

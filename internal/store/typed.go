@@ -578,3 +578,31 @@ type AccountingRecord struct {
 	Inode     uint64          `json:"inode,omitempty"`
 	Appending bool            `json:"appending,omitempty"` // Offset and Inode are set
 }
+
+// PutObject stores one of the lifecycle's objects in its table (a session with its token
+// index): what a decision changed, however it was made.
+func PutObject(tx *Tx, obj any) error {
+	switch o := obj.(type) {
+	case *model.Session:
+		return PutSession(tx, o)
+	case *model.Instance:
+		return Instances.Put(tx, o)
+	case *model.Fragment:
+		return Fragments.Put(tx, o)
+	case *model.Configuration:
+		return Configurations.Put(tx, o)
+	case *model.Namespace:
+		return Namespaces.Put(tx, o)
+	case *model.Registration:
+		return Registrations.Put(tx, o)
+	case *model.Activation:
+		return Activations.Put(tx, o)
+	case *model.Stage:
+		return Stages.Put(tx, o)
+	case *model.Node:
+		return Nodes.Put(tx, o)
+	case *model.Pool:
+		return Pools.Put(tx, o)
+	}
+	return fmt.Errorf("store: no table for %T", obj)
+}
