@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/units"
@@ -269,7 +269,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	// The checks of each command's options, before connecting.
-	var nodeChange controller.NodeUpdate
+	var nodeChange controllerapi.NodeUpdate
 	var granularity uint64
 	switch command {
 	case "create pools":

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
-	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/directive"
 	"github.com/spillway-hpc/spillway/internal/jobspec"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
@@ -248,7 +248,7 @@ func checkSiteLimits(s *directive.Script) error {
 	if err != nil || req.Instance == nil {
 		return err
 	}
-	if err := controller.WriteLimitsOf(cfg.Limits).Check(*req.Instance); err != nil {
+	if err := controllerapi.WriteLimitsOf(cfg.Limits).Check(*req.Instance); err != nil {
 		return fmt.Errorf("line %d: %v", s.JobDW.Line, err)
 	}
 	return nil

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
-	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/units"
@@ -71,7 +71,7 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 	defer sess.Close()
 	all, err := sess.client.All(background())
 	if err == nil && slices.Contains(tables, "accounting") {
-		var list controller.AccountingList
+		var list controllerapi.AccountingList
 		list, err = sess.client.AllAccounting(background())
 		all.Accounting = list.Accounting
 	}
