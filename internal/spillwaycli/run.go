@@ -158,7 +158,7 @@ func cleanUp(sess *cli.Session, records *runjob.Records, stderr io.Writer) {
 	}
 	for _, c := range cleanups {
 		if c.Hurried {
-			sess.Client().WaitStep(ctx, c.Token, lifecycle.PhaseTeardown, sess.Config().Client.PollInterval.D(), sess.Config().Client.StepTimeout.D(), nil)
+			sess.Client().WaitStep(ctx, c.Token, lifecycle.PhaseTeardown, sess.Config().Client.StepTimeout.D())
 		}
 	}
 	for _, note := range runjob.Notes(*records) {
