@@ -82,6 +82,7 @@ controller = "unix:{d}/controller.sock"
     log = open(os.path.join(d, "controller.log"), "w")
     controller = subprocess.Popen([a.binary, "controller", "--config", cfg], stdout=log, stderr=log)
     results = {}
+    load = os.getloadavg()[0]  # other work on the host shows in the figures: say how much there was
     try:
         deadline = time.time() + 30
         probe = binaries["dw_wlm_cli (small)"]
@@ -104,7 +105,7 @@ controller = "unix:{d}/controller.sock"
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["## One dw_wlm_cli process: the full binary and the small one", "",
-             f"Measured {now} on {os.cpu_count()} cores with `python3 bench/process_bench.py` ({a.runs} processes each, "
+             f"Measured {now} on {os.cpu_count()} cores (load average {load:.1f} at the start) with `python3 bench/process_bench.py` ({a.runs} processes each, "
              "after 3 to warm the page cache; CPU is user + system time from the child's rusage; `pools` asks a controller "
              "running on this host). Slurm starts dw_wlm_cli as a whole process several times per job: the CPU column is "
              "what each start costs the slurmctld host.", "",
