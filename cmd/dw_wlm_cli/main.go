@@ -63,29 +63,38 @@ func runFullBinary(dir string, lookOnly bool) (*cli.Session, error) {
 }
 
 // fullBinary finds the full spillway: beside this binary's executable (links resolved), else
-// on PATH; never this binary itself (a spillway that is a link to it would loop).
+// on PATH; never this binary itself (a spillway that is a link to it would run it again).
 func fullBinary() (string, error) {
-	self, selfErr := os.Executable()
-	var selfInfo os.FileInfo
-	if selfErr == nil {
-		selfInfo, _ = os.Stat(self)
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("no controller is configured, and the one-machine home needs the full spillway binary, which is looked for beside this one: %v; give --config FILE or --controller ADDRESS", err)
 	}
+	selfInfo, _ := os.Stat(self)
+	var notes []string // why the candidates that exist are not used
 	usable := func(path string) bool {
 		info, err := os.Stat(path)
-		return err == nil && info.Mode().IsRegular() && info.Mode()&0o111 != 0 && (selfInfo == nil || !os.SameFile(info, selfInfo))
-	}
-	var beside string
-	if selfErr == nil {
-		beside = filepath.Join(filepath.Dir(self), "spillway")
-		if usable(beside) {
-			return beside, nil
+		switch {
+		case err != nil:
+			return false
+		case selfInfo != nil && os.SameFile(info, selfInfo):
+			notes = append(notes, path+" is this small binary itself")
+			return false
+		case !info.Mode().IsRegular() || info.Mode()&0o111 == 0:
+			notes = append(notes, path+" is not an executable file")
+			return false
 		}
+		return true
 	}
-	if onPath, err := exec.LookPath("spillway"); err == nil && usable(onPath) {
+	beside := filepath.Join(filepath.Dir(self), "spillway")
+	if usable(beside) {
+		return beside, nil
+	}
+	if onPath, err := exec.LookPath("spillway"); err == nil && filepath.Clean(onPath) != beside && usable(onPath) {
 		return filepath.Abs(onPath)
 	}
-	if beside == "" {
-		beside = "this binary's directory"
+	why := ""
+	if len(notes) > 0 {
+		why = " (" + strings.Join(notes, "; ") + ")"
 	}
-	return "", fmt.Errorf("no controller is configured, and the one-machine home needs the full spillway binary: there is none at %s or on PATH; install spillway beside this binary (scripts/install-deps does) or on PATH, or give --config FILE or --controller ADDRESS", beside)
+	return "", fmt.Errorf("no controller is configured, and the one-machine home needs the full spillway binary: there is none at %s or on PATH%s; install spillway beside this binary (scripts/install-deps does) or on PATH, or give --config FILE or --controller ADDRESS", beside, why)
 }

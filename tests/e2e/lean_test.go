@@ -135,6 +135,12 @@ func TestLeanWithoutFullBinary(t *testing.T) {
 	if r := runAs(t, filepath.Join(alone, "dwstat"), opts, "--help"); r.code != 0 || !strings.HasPrefix(r.stdout, "Usage: dwstat") {
 		t.Errorf("dwstat --help without the full binary: %s", r)
 	}
+	// A spillway that is a link to the small binary is not the full one: said, not run again.
+	os.Symlink("dw_wlm_cli", filepath.Join(alone, "spillway"))
+	r = runAs(t, filepath.Join(alone, "dwstat"), opts, "--home", opts.home, "pools")
+	if r.code != 1 || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, filepath.Join(alone, "spillway")+" is this small binary itself") {
+		t.Errorf("dwstat with spillway linked to the small binary: %s", r)
+	}
 }
 
 func copyFile(t *testing.T, from, to string, mode os.FileMode) {
