@@ -191,48 +191,48 @@ func (c *Connection) Connect(embeddedByDefault bool, log *slog.Logger) (*Session
 	if err != nil {
 		return nil, err
 	}
-	if !c.Configured(embeddedByDefault) {
-		if OneMachineHome == nil {
-			return nil, errors.New("no controller is configured: give --config FILE or --controller ADDRESS")
-		}
-		return OneMachineHome(c.home, c.lookOnly)
-	}
 	path := c.SystemConfigPath(embeddedByDefault)
-	cfg := config.Defaults()
-	if path != "" {
-		if cfg, err = config.Load(path); err != nil {
+	if c.Configured(embeddedByDefault) {
+		cfg := config.Defaults()
+		if path != "" {
+			if cfg, err = config.Load(path); err != nil {
+				return nil, err
+			}
+		}
+		addr := c.controller
+		if addr == "" {
+			addr = cfg.Client.Controller
+		}
+		if token == "" && cfg.Client.TokenFile != "" && anyTCP(addr) {
+			if token, err = apiclient.TokenFromFile(cfg.Client.TokenFile); err != nil {
+				return nil, err
+			}
+		}
+		clientTLS, err := httpapi.ClientTLS(cfg.TLS.CAFile)
+		if err != nil {
 			return nil, err
 		}
-	}
-	addr := c.controller
-	if addr == "" {
-		addr = cfg.Client.Controller
-	}
-	if token == "" && cfg.Client.TokenFile != "" && anyTCP(addr) {
-		if token, err = apiclient.TokenFromFile(cfg.Client.TokenFile); err != nil {
+		cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(),
+			RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, ConnectTimeout: cfg.Client.ConnectTimeout.D(), UnreachableRounds: cfg.Client.UnreachableRounds, Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
+		if err != nil {
 			return nil, err
 		}
+		var connArgs []string
+		if c.configPath != "" || os.Getenv("SPILLWAY_CONFIG") != "" {
+			connArgs = append(connArgs, "--config", AbsOr(path))
+		}
+		if c.controller != "" {
+			connArgs = append(connArgs, "--controller", c.controller)
+		}
+		if c.tokenFile != "" {
+			connArgs = append(connArgs, "--token-file", AbsOr(c.tokenFile))
+		}
+		return &Session{client: cl, cfg: cfg, connArgs: connArgs}, nil
 	}
-	clientTLS, err := httpapi.ClientTLS(cfg.TLS.CAFile)
-	if err != nil {
-		return nil, err
+	if OneMachineHome == nil {
+		return nil, errors.New("no controller is configured: give --config FILE or --controller ADDRESS")
 	}
-	cl, err := apiclient.New(addr, apiclient.Options{Token: token, ConnectRetries: cfg.Client.ConnectRetries, RetryWait: cfg.Client.RetryWait.D(),
-		RequestTimeout: cfg.Controller.RequestTimeout.D() + 5*time.Second, ConnectTimeout: cfg.Client.ConnectTimeout.D(), UnreachableRounds: cfg.Client.UnreachableRounds, Munge: true, MungeSocket: cfg.Client.MungeSocket, TLS: clientTLS})
-	if err != nil {
-		return nil, err
-	}
-	var connArgs []string
-	if c.configPath != "" || os.Getenv("SPILLWAY_CONFIG") != "" {
-		connArgs = append(connArgs, "--config", AbsOr(path))
-	}
-	if c.controller != "" {
-		connArgs = append(connArgs, "--controller", c.controller)
-	}
-	if c.tokenFile != "" {
-		connArgs = append(connArgs, "--token-file", AbsOr(c.tokenFile))
-	}
-	return &Session{client: cl, cfg: cfg, connArgs: connArgs}, nil
+	return OneMachineHome(c.home, c.lookOnly)
 }
 
 // AbsOr is p made absolute, or p itself when it cannot be.
