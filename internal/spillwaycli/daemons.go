@@ -98,6 +98,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctl.SetSecret(token)
 	srv := controller.NewServer(ctl, token, cfg.Controller.WLMUsers, log)
+	srv.Version = cli.Version
 	var el *ha.Elector
 	if cfg.HA.Enabled {
 		if cfg.Controller.Listen == "" {
