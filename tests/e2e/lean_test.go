@@ -51,6 +51,7 @@ func TestLeanSameOutputAsFull(t *testing.T) {
 		{"dwstat"},
 		{"dwstat", "--json", "pools"},
 		{"dwstat", "-b", "pools", "sessions", "instances", "configurations"},
+		{"dwstat", "controllers"},
 		{"dwstat", "--help"},
 		{"dwstat", "frobnicate"},
 		{"dwstat", "--bogus"},
