@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -147,6 +148,20 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	if !wake.IsZero() {
 		next = max(wake.Sub(now), time.Millisecond)
 	}
+	if wait := c.dispatch(ctx, wg, w, effects, !whole, now, true); wait > 0 && (next == 0 || wait < next) {
+		next = wait
+	}
+	return next
+}
+
+// dispatch starts the effects a decision returned, or queues them when every slot
+// (executor.max_in_flight) is taken, skipping those in flight or queued already and stage
+// polls not yet due. With park, the sessions whose every effect is now in flight or queued
+// are parked. forgetPolls: the decision saw every running stage there is to poll (a pass),
+// so the pacing of the others is dropped. It returns how soon a held-back poll wants a pass
+// (0: none).
+func (c *Controller) dispatch(ctx context.Context, wg *sync.WaitGroup, w *lifecycle.World, effects []lifecycle.Effect, park bool, now time.Time, forgetPolls bool) time.Duration {
+	var next time.Duration
 	var start []queuedEffect
 	c.mu.Lock() // decisions and parking under one lock: an effect ending after it unparks
 	polled := map[lifecycle.EffectKey]bool{}
@@ -183,7 +198,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		}
 		q := queuedEffect{e: e, w: w, session: session, wg: wg}
 		wg.Add(1) // counted from now on: RunOnce waits for queued effects too
-		if len(c.inflight) >= c.cfg.Executor.MaxInFlight {
+		if len(c.inflight) >= c.cfg.Executor.MaxInFlight || len(c.queue) > 0 { // first come, first started
 			c.queued[key] = true
 			c.queue = append(c.queue, q)
 			continue
@@ -192,13 +207,15 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		start = append(start, q)
 	}
 	for session := range withEffects {
-		if !paced[session] && !whole {
+		if park && !paced[session] {
 			c.parked[session] = true
 		}
 	}
-	for key := range c.polls { // stages no longer running
-		if !polled[key] {
-			delete(c.polls, key)
+	if forgetPolls {
+		for key := range c.polls { // stages no longer running
+			if !polled[key] {
+				delete(c.polls, key)
+			}
 		}
 	}
 	c.mu.Unlock()
@@ -207,13 +224,14 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 }
 
 // sessionsWorld loads the world of some sessions (loadSessionsWorld), or the whole world
-// when a decision on them needs it (lifecycle.NeedsWhole).
-func (c *Controller) sessionsWorld(tx *store.Tx, ids []int64, now time.Time) (*lifecycle.World, error) {
-	w, err := loadSessionsWorld(tx, ids, now, c.cfg.Controller.NodeTimeout.D())
+// when a decision on them needs it (lifecycle.NeedsWhole; whole is then true).
+func (c *Controller) sessionsWorld(tx *store.Tx, ids []int64, now time.Time) (w *lifecycle.World, whole bool, err error) {
+	w, err = loadSessionsWorld(tx, ids, now, c.cfg.Controller.NodeTimeout.D())
 	if err != nil || !lifecycle.NeedsWhole(w, now) {
-		return w, err
+		return w, false, err
 	}
-	return loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+	w, err = loadWorld(tx, now, c.cfg.Controller.NodeTimeout.D())
+	return w, true, err
 }
 
 // settleDue updates the due index for the sessions a pass looked at (selected): a session
@@ -276,7 +294,7 @@ func (c *Controller) launch(ctx context.Context, effects []queuedEffect) {
 	for _, q := range effects {
 		go func(q queuedEffect) {
 			defer q.wg.Done()
-			c.perform(ctx, q.w, q.e)
+			c.perform(ctx, q)
 		}(q)
 	}
 }
@@ -349,14 +367,25 @@ func (c *Controller) replan(touched map[int64]bool) {
 	}
 }
 
-// perform runs one effect on its agent and records the outcome. At its end its session is
-// unparked and the freed slot starts the next queued effect.
-func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycle.Effect) {
-	session := lifecycle.SessionOf(w, e.Ref)
-	defer func() {
+// perform runs one effect on its agent and records the outcome. A success's session is
+// stepped in the same transaction (its world is loaded to record the outcome anyway) and its
+// next effects start at once, the session parked behind them; otherwise the session is
+// unparked for the next pass. The freed slot starts the next queued effect.
+func (c *Controller) perform(ctx context.Context, q queuedEffect) {
+	w, e, session := q.w, q.e, q.session
+	released := false
+	release := func() { // the effect's slot, and its session for the passes
 		c.mu.Lock()
 		delete(c.inflight, e.Key())
 		delete(c.parked, session)
+		c.mu.Unlock()
+		released = true
+	}
+	defer func() {
+		if !released {
+			release()
+		}
+		c.mu.Lock()
 		start := c.startQueued()
 		c.mu.Unlock()
 		c.launch(ctx, start)
@@ -417,9 +446,11 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
 	var touched map[int64]bool
+	var next []lifecycle.Effect // the session's next effects, when it was stepped here
+	var outcome *lifecycle.World
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
-		w, err := c.sessionsWorld(tx, []int64{session}, now)
+		w, whole, err := c.sessionsWorld(tx, []int64{session}, now)
 		if err != nil {
 			return err
 		}
@@ -429,8 +460,24 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 		if n != nil && !wasDrained && n.AutoDrained {
 			drained = n.Reason
 		}
+		// A success moves its session on: step it here, as a pass would (a failure waits
+		// for its retry time, which passes keep). Not a whole world: a pass steps those.
+		next, outcome = nil, nil
+		if r.Err == nil && !whole {
+			for i := 0; i < maxStepsPerPass; i++ {
+				before := w.ChangeCount()
+				next = lifecycle.Step(w, c.params, now)
+				if w.ChangeCount() == before {
+					break
+				}
+			}
+			outcome = w
+		}
 		touched, err = c.persistTouched(tx, w.TakeChanges())
-		return err
+		if err != nil || outcome == nil || !touched[session] {
+			return err
+		}
+		return settleDue(tx, w, []int64{session}, map[int64]time.Time{session: {}}, touched, now)
 	})
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("executor: cannot record an effect's outcome; it will be redone", "op", e.Op, "err", err)
@@ -440,5 +487,10 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 	c.announce(touched)
 	if e.Op != lifecycle.OpPollStage {
 		crashpoint.Hit("outcome-persisted:" + e.Op)
+	}
+	release()
+	if err == nil && outcome != nil && !slices.ContainsFunc(next, func(n lifecycle.Effect) bool { return n.Op == lifecycle.OpPollStage }) {
+		// Stage polls are paced by the passes (dispatch's pacing needs their wake-up).
+		c.dispatch(ctx, q.wg, outcome, next, true, c.now(), false)
 	}
 }

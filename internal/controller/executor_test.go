@@ -66,14 +66,16 @@ func (r *acctRig) queueLen() int {
 	return len(r.c.queue)
 }
 
-// waitStarted waits for the gate to hold a fragment creation.
-func waitStarted(t *testing.T, g *gatedAgent) {
+// waitStarted waits for the gate to hold a fragment creation, and returns its fragment.
+func waitStarted(t *testing.T, g *gatedAgent) int64 {
 	t.Helper()
 	select {
-	case <-g.started:
+	case id := <-g.started:
+		return id
 	case <-time.After(statusGuard):
 		t.Fatal("no fragment creation reached the agent")
 	}
+	return 0
 }
 
 // parkedJob sets up a job whose fragment creation is held at the gate, after a pass that
@@ -137,17 +139,18 @@ func TestQueuedEffectStartsWhenASlotFrees(t *testing.T) {
 	first, second := r.job("53"), r.job("54")
 	var wg sync.WaitGroup
 	r.c.runOnce(ctx, &wg)
-	waitStarted(t, g)
+	running := waitStarted(t, g)
 	if n := r.queueLen(); n != 1 {
 		t.Fatalf("queued effects: %d, want 1 (one slot, two creations)", n)
 	}
 	if !r.isParked(first) || !r.isParked(second) {
 		t.Fatal("sessions with their effects in flight or queued are not parked")
 	}
-	g.release <- struct{}{} // the first creation ends: its slot starts the queued one
-	waitStarted(t, g)
-	if n := r.queueLen(); n != 0 {
-		t.Fatalf("queued effects after a slot freed: %d, want 0", n)
+	// The first creation ends: its slot starts the queued creation, before the next step of
+	// the first session (queued behind it: first come, first started).
+	g.release <- struct{}{}
+	if next := waitStarted(t, g); next == running {
+		t.Fatalf("fragment %d was created twice; the queued creation did not start", next)
 	}
 	g.release <- struct{}{}
 	wg.Wait()
@@ -186,4 +189,16 @@ func TestRequestDropsAQueuedEffect(t *testing.T) {
 	}
 	close(g.release)
 	r.settle(token, lifecycle.PhaseTeardown)
+}
+
+// A success's outcome steps its session in the same transaction and starts what comes next
+// at once: once the fragment is created, the setup finishes without another pass.
+func TestAnEffectsOutcomeStartsTheSessionsNextEffect(t *testing.T) {
+	r, g, _, wg := parkedJob(t, "57")
+	close(g.release)
+	wg.Wait() // the creation, and every effect started from its outcome on
+	st, err := r.c.Status(context.Background(), "57", lifecycle.PhaseSetup)
+	if err != nil || !st.Done {
+		t.Fatalf("setup after its fragment's creation, with no pass since: %+v %v", st, err)
+	}
 }
