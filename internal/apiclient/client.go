@@ -273,6 +273,10 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 				continue
 			}
 			c.cur.Store(int32(i))
+			if raw, ok := out.(rawAnswer); ok {
+				_, err := raw.w.Write(data)
+				return err
+			}
 			if out != nil {
 				if err := json.Unmarshal(data, out); err != nil {
 					return fmt.Errorf("controller answer to %s %s: %v", method, path, err)
@@ -287,6 +291,17 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	}
 	return &Unreachable{Address: c.address, Err: lastErr, Hint: c.hint}
 }
+
+// Stream sends one request as Do does (the same retries, leader finding and errors) and
+// writes the answer's body to w as the controller sent it, undecoded: a listing of 10,000
+// instances passed on as it is costs no decoding and encoding again (dw_wlm_cli's show_*).
+// The whole answer was received when w is written; w is not written on an error.
+func (c *Client) Stream(ctx context.Context, method, path string, w io.Writer) error {
+	return c.Do(ctx, method, path, nil, rawAnswer{w})
+}
+
+// rawAnswer, given to Do as out, takes the answer's body as it is (Stream).
+type rawAnswer struct{ w io.Writer }
 
 // isAnswer reports whether err is a controller's answer (it was reached).
 func isAnswer(err error) bool {

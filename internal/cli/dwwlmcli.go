@@ -266,12 +266,80 @@ func (w *wlm) writeJSON(v any) int {
 	return 0
 }
 
+// table prints the controller's listing {"<name>": [...]} as it sent it (megabytes at a
+// site's scale: not decoded and encoded again), once it is whole: a broken or cut-off answer
+// prints one line, never part of a document.
 func (w *wlm) table(name string) int {
-	var tables map[string]json.RawMessage // {"<name>": [...]}, printed as the controller sent it
-	if err := w.client.Do(w.ctx, "GET", "/dw/v1/"+name, nil, &tables); err != nil {
+	var answer bytes.Buffer
+	if err := w.client.Stream(w.ctx, "GET", "/dw/v1/"+name, &answer); err != nil {
 		return w.fail("%v", err)
 	}
-	return w.writeJSON(map[string]json.RawMessage{name: tables[name]})
+	doc, err := listingDocument(name, answer.Bytes())
+	if err != nil {
+		return w.fail("dw_wlm_cli: the controller's answer to GET /dw/v1/%s %v", name, err)
+	}
+	w.out.Write(doc)
+	return 0
+}
+
+// listingDocument checks that answer is one whole JSON object {"<name>":[...]} as the
+// controller writes it (compact: encoding/json's or views.AppendTable's), and returns it as
+// writeJSON would print it: apostrophes as \u0027, one newline at the end.
+func listingDocument(name string, answer []byte) ([]byte, error) {
+	doc := bytes.TrimRight(answer, " \t\r\n")
+	head := `{"` + name + `":[`
+	if !bytes.HasPrefix(doc, []byte(head)) {
+		return nil, fmt.Errorf("does not begin with %s: %.60q", head, doc)
+	}
+	end, err := closingBracket(doc, len(head)-1)
+	if err != nil {
+		return nil, err
+	}
+	if string(doc[end+1:]) != "}" {
+		return nil, fmt.Errorf("is not one object {%q: [...]}: %.60q follows its list", name, doc[end+1:])
+	}
+	if bytes.IndexByte(doc, '\'') >= 0 { // Slurm turns an apostrophe into a double quote before parsing
+		doc = bytes.ReplaceAll(doc, []byte("'"), []byte(`\u0027`))
+	} else {
+		doc = doc[:len(doc):len(doc)] // the newline appended below must not write into answer
+	}
+	return append(doc, '\n'), nil
+}
+
+// closingBracket returns the index of the bracket closing the one at doc[open], following
+// strings (escapes included) and nested lists and objects; an error when doc ends first
+// (the answer was cut off) or a bracket closes what it did not open.
+func closingBracket(doc []byte, open int) (int, error) {
+	var stack []byte // the closing brackets awaited, innermost last
+	for i := open; i < len(doc); i++ {
+		switch c := doc[i]; c {
+		case '"':
+			for i++; ; i++ { // to the string's closing quote
+				j := -1
+				if i < len(doc) {
+					j = bytes.IndexAny(doc[i:], `"\`)
+				}
+				if j < 0 {
+					return 0, fmt.Errorf("is cut off inside a string, after %d bytes", len(doc))
+				}
+				i += j
+				if doc[i] == '"' {
+					break
+				}
+				i++ // a backslash: skip what it escapes
+			}
+		case '[', '{':
+			stack = append(stack, c+2) // ']' is '['+2, '}' is '{'+2
+		case ']', '}':
+			if len(stack) == 0 || stack[len(stack)-1] != c {
+				return 0, fmt.Errorf("is malformed: %q at byte %d closes nothing it opened", c, i)
+			}
+			if stack = stack[:len(stack)-1]; len(stack) == 0 {
+				return i, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("is cut off: %d bracket(s) still open after its %d bytes", len(stack), len(doc))
 }
 
 // wait waits for a step and turns its outcome into the exit status.
