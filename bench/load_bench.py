@@ -13,15 +13,23 @@ is timed as a whole process (exec included), as slurmctld runs it:
   teardown, one after the other; median of --jobs;
 - --clients clients each running setup, paths, teardown in a loop for --seconds: job
   lifecycles completed per second;
+- the CPU each of those lifecycles cost the controller, the agent, the `dw_wlm_cli` processes
+  (three per lifecycle) and this harness: on 2 cores the rate is CPU-bound, and these columns
+  say where it goes;
 - the controller's resident memory at the end (VmRSS) and its peak (VmHWM).
 
-Usage: python3 bench/load_bench.py [--binary bin/spillway] [--rows 0:0,1000:0,10000:0,0:1000,10000:1000]
-       [--runs 100] [--label after] [--no-write]
+`dw_wlm_cli` is --wlm-binary (the small binary, bin/dw_wlm_cli, when it is built; else
+--binary). --profile DIR writes each row's controller and agent CPU profiles there
+(SPILLWAY_CPUPROFILE).
+
+Usage: python3 bench/load_bench.py [--binary bin/spillway] [--wlm-binary bin/dw_wlm_cli]
+       [--rows 0:0,1000:0,10000:0,0:1000,10000:1000] [--runs 100] [--profile DIR] [--label after] [--no-write]
 Needs root (the agent mounts the empty job's instance).
 """
 import argparse
 import datetime
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -47,6 +55,23 @@ def rss(pid):
         if k in ("VmRSS", "VmHWM"):
             out[k] = int(v.split()[0]) / 1024
     return out
+
+
+def cpu_seconds(pid):
+    """user + system CPU time of a running process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def own_cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def run_row(a, persistent, jobs):
@@ -79,10 +104,16 @@ controller = "unix:{d}/controller.sock"
         sys.exit(f"seeding: {seeded.stdout}{seeded.stderr}")
     print(f"  {seeded.stdout.strip()}", flush=True)
     link = os.path.join(d, "dw_wlm_cli")
-    os.symlink(os.path.abspath(a.binary), link)
+    os.symlink(os.path.abspath(a.wlm_binary), link)
     env = {"PATH": "/usr/bin:/bin", "SPILLWAY_CONFIG": cfg}
     logs = open(os.path.join(d, "daemons.log"), "w")
-    daemons = [subprocess.Popen([a.binary, name, "--config", cfg], stdout=logs, stderr=logs) for name in ("controller", "agent")]
+    daemons = []
+    for name in ("controller", "agent"):
+        denv = dict(os.environ)
+        if a.profile:
+            os.makedirs(a.profile, exist_ok=True)
+            denv["SPILLWAY_CPUPROFILE"] = os.path.join(os.path.abspath(a.profile), f"{name}-{persistent}-{jobs}.pprof")
+        daemons.append(subprocess.Popen([a.binary, name, "--config", cfg], stdout=logs, stderr=logs, env=denv))
     result = {}
     try:
         deadline = time.time() + 120
@@ -116,6 +147,8 @@ controller = "unix:{d}/controller.sock"
             "paths": ("paths", "--job", script, "--token", "1", "--pathfile", os.path.join(d, "path")),
             "pools": ("pools",),
             "show_sessions": ("show_sessions",),
+            "show_instances": ("show_instances",),
+            "show_configurations": ("show_configurations",),
         }
         for name, args in calls.items():
             call(*args)
@@ -153,6 +186,7 @@ controller = "unix:{d}/controller.sock"
                 with lock:
                     done[0] += 1
 
+        cpu0 = [cpu_seconds(p.pid) for p in daemons] + [children_cpu(), own_cpu()]
         t0 = time.perf_counter()
         threads = [threading.Thread(target=client, args=(c,)) for c in range(a.clients)]
         for t in threads:
@@ -160,6 +194,9 @@ controller = "unix:{d}/controller.sock"
         for t in threads:
             t.join()
         result["rate"] = done[0] / (time.perf_counter() - t0)
+        cpu1 = [cpu_seconds(p.pid) for p in daemons] + [children_cpu(), own_cpu()]
+        # CPU per lifecycle, in ms: controller, agent, dw_wlm_cli processes, this harness
+        result["cpu"] = [(after - before) * 1000 / max(done[0], 1) for before, after in zip(cpu0, cpu1)]
         if errors:
             print(f"  {len(errors)} clients stopped on an error, the first: {errors[0][:300]}")
         result["mem"] = rss(daemons[0].pid)
@@ -176,6 +213,8 @@ controller = "unix:{d}/controller.sock"
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default=os.path.join(ROOT, "bin", "spillway"))
+    ap.add_argument("--wlm-binary", default="", help="the dw_wlm_cli run as Slurm runs it (default: bin/dw_wlm_cli if built, else --binary)")
+    ap.add_argument("--profile", default="", help="write the daemons' CPU profiles into this directory")
     ap.add_argument("--seed", default=os.path.join(ROOT, "bin", "loadseed"), help="bench/loadseed built (go build -o bin/loadseed ./bench/loadseed)")
     ap.add_argument("--rows", default="0:0,1000:0,10000:0,0:1000,10000:1000", help="persistent:jobs,...")
     ap.add_argument("--runs", type=int, default=100)
@@ -185,6 +224,9 @@ def main():
     ap.add_argument("--label", default="", help="a word naming the build measured (before/after)")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
+    if not a.wlm_binary:
+        small = os.path.join(ROOT, "bin", "dw_wlm_cli")
+        a.wlm_binary = small if os.path.exists(small) else a.binary
     if os.geteuid() != 0:
         sys.exit("run as root: the agent mounts instances")
     rows = []
@@ -202,13 +244,15 @@ def main():
              f"--clients {a.clients} --seconds {a.seconds:g}` (SQLite; state seeded by bench/loadseed; controller and agent as separate "
              f"processes; each call a whole dw_wlm_cli process). Times in ms, median / 99th percentile; the empty job is "
              f"setup, paths, pre_run, post_run, teardown (median of {a.jobs}); the rate is setup, paths, teardown lifecycles "
-             f"per second over {a.clients} concurrent clients.", "",
-             "| persistent | live jobs | `job_process` | `paths` | `pools` | `show_sessions` | empty job | lifecycles/s | controller RSS / peak (MiB) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"per second over {a.clients} concurrent clients, and the CPU milliseconds each of them cost the controller, "
+             f"the agent, the three `{os.path.basename(a.wlm_binary)}` processes and the harness.", "",
+             "| persistent | live jobs | `job_process` | `paths` | `pools` | `show_sessions` | `show_instances` | `show_configurations` | empty job | lifecycles/s | CPU ms per lifecycle: controller / agent / dw_wlm_cli / harness | controller RSS / peak (MiB) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for persistent, jobs, r in rows:
-        cells = [f"{ms(r[n][0])} / {ms(r[n][1])}" for n in ("job_process", "paths", "pools", "show_sessions")]
+        cells = [f"{ms(r[n][0])} / {ms(r[n][1])}" for n in ("job_process", "paths", "pools", "show_sessions", "show_instances", "show_configurations")]
+        cpu = " / ".join(f"{x:.1f}" for x in r["cpu"])
         lines.append(f"| {persistent:,} | {jobs:,} | " + " | ".join(cells) +
-                     f" | {ms(r['empty_job'])} | {r['rate']:.1f} | {r['mem']['VmRSS']:.0f} / {r['mem']['VmHWM']:.0f} |")
+                     f" | {ms(r['empty_job'])} | {r['rate']:.1f} | {cpu} | {r['mem']['VmRSS']:.0f} / {r['mem']['VmHWM']:.0f} |")
     text = "\n".join(lines)
     print(text)
     if not a.no_write:

@@ -94,6 +94,12 @@ type Agent struct {
 
 	quotaOnce sync.Once // logs whether fragments get project quotas (quota.go)
 
+	// metas caches each fragment's fragment.json, read or written once (readFragment):
+	// reports, usage and capacity look at every fragment's metadata, often. Filled on
+	// create and first read, dropped when the fragment's storage is removed.
+	metasMu sync.Mutex
+	metas   map[int64]fragmentMeta
+
 	countersMu    sync.Mutex
 	counters      map[int64]*server.Fragment // the data path's counters and write window, by fragment (usage.go)
 	countersSaved map[int64][]byte           // what was last saved of them
@@ -124,7 +130,7 @@ func New(opt Options) (*Agent, error) {
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
 		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{},
-		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}}
+		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{}}
 	if opt.Pool == "" {
 		return a, nil // compute node: no storage
 	}
@@ -357,6 +363,10 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 		// The quota before anything inside: what is created below inherits its project.
 		limited = a.limitFragment(dir, spec)
 	}
+	// fresh: no earlier try got as far as the metadata (looked for once the fragment's file
+	// system is mounted), so no counters were ever saved.
+	_, err := os.Lstat(filepath.Join(dir, "fragment.json"))
+	fresh := errors.Is(err, os.ErrNotExist)
 	for _, sub := range []struct {
 		name string
 		mode os.FileMode
@@ -382,7 +392,8 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 	if err := writeFileAtomic(filepath.Join(dir, "fragment.json"), raw); err != nil {
 		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
 	}
-	a.newFragmentCounters(meta)
+	a.cacheFragment(meta)
+	a.newFragmentCounters(meta, fresh)
 	return nil
 }
 
@@ -425,6 +436,7 @@ func (a *Agent) directoryFragment(id int64) bool {
 // removeFragmentStorage removes a fragment: its file system (unmounted, detached, its image
 // removed), then its directory.
 func (a *Agent) removeFragmentStorage(id int64) error {
+	a.uncacheFragment(id) // before: a removal that fails half-way is read again from disk
 	if a.hasImage(id) {
 		if err := a.removeFragmentFS(id); err != nil {
 			return err
@@ -433,16 +445,35 @@ func (a *Agent) removeFragmentStorage(id int64) error {
 	return removeAll(a.fragmentDir(id))
 }
 
+// readFragment returns fragment id's metadata (a copy), from the cache or its fragment.json.
 func (a *Agent) readFragment(id int64) (*fragmentMeta, error) {
+	a.metasMu.Lock()
+	m, ok := a.metas[id]
+	a.metasMu.Unlock()
+	if ok {
+		return &m, nil
+	}
 	raw, err := os.ReadFile(filepath.Join(a.fragmentDir(id), "fragment.json"))
 	if err != nil {
 		return nil, err
 	}
-	var m fragmentMeta
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return nil, fmt.Errorf("fragment %d: corrupt fragment.json: %w", id, err)
 	}
+	a.cacheFragment(m)
 	return &m, nil
+}
+
+func (a *Agent) cacheFragment(m fragmentMeta) {
+	a.metasMu.Lock()
+	a.metas[m.ID] = m
+	a.metasMu.Unlock()
+}
+
+func (a *Agent) uncacheFragment(id int64) {
+	a.metasMu.Lock()
+	delete(a.metas, id)
+	a.metasMu.Unlock()
 }
 
 // CreateNamespace makes a namespace root owned by the session's user.

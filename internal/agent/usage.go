@@ -64,19 +64,26 @@ func (a *Agent) fragmentCounters(id int64) (*server.Fragment, error) {
 	return f, nil
 }
 
-// newFragmentCounters starts the counters of a fragment just created (nothing to restore),
-// or updates the limits of one known already (CreateFragment is repeated).
-func (a *Agent) newFragmentCounters(meta fragmentMeta) {
+// newFragmentCounters starts the counters of a fragment just created, or updates the limits
+// of one known already (CreateFragment is repeated). A fresh fragment's counters are zero:
+// nothing is read, and nothing is written until they change (a sync per creation saved).
+func (a *Agent) newFragmentCounters(meta fragmentMeta, fresh bool) {
 	a.countersMu.Lock()
 	f := a.counters[meta.ID]
 	if f == nil {
-		st, _ := a.loadCounters(meta.ID)
+		var st *server.FragmentState
+		if !fresh {
+			st, _ = a.loadCounters(meta.ID)
+		}
 		if st == nil {
 			st = &server.FragmentState{}
 		}
 		f = server.RestoreFragment(meta.ID, meta.InstanceID, meta.limits(), st, a.opt.Log)
 		f.Job, f.OnMediaError = meta.Job, a.mediaError(meta.ID)
 		a.counters[meta.ID] = f
+		if fresh { // zero, as a load after a restart finds them with no file: nothing to save
+			a.countersSaved[meta.ID], _ = json.Marshal(f.State())
+		}
 	} else {
 		f.SetLimits(meta.limits())
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -157,4 +158,48 @@ func fragmentUsage(t *testing.T, rep agentapi.NodeReport, id int64) agentapi.Fra
 	}
 	t.Fatalf("no usage of fragment %d in %+v", id, rep.Usage)
 	return agentapi.FragmentUsage{}
+}
+
+// A fragment created fresh writes no counters (they are zero: nothing to save, no sync), and
+// its metadata cache goes with it: the same id created again for another instance is that
+// instance's, on a restarted agent too.
+func TestFreshFragmentSavesNothingAndItsMetadataGoesWithIt(t *testing.T) {
+	ssd := filepath.Join(t.TempDir(), "ssd")
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 256 * mib, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := agentapi.FragmentSpec{ID: 7, InstanceID: 3, Capacity: 64 * mib, InstanceCapacity: 64 * mib}
+	if err := a.CreateFragment(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	counters := filepath.Join(a.fragmentDir(7), accountingDir, countersFile)
+	if _, err := os.Lstat(counters); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a fresh fragment saved its zero counters: %v", err)
+	}
+	if u, found, err := a.FragmentUsage(ctx, 7); err != nil || !found || u.BytesWritten != 0 {
+		t.Fatalf("fresh fragment's usage: %+v %v %v", u, found, err)
+	}
+	if err := a.DeleteFragment(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := a.readFragment(7); err == nil {
+		t.Fatalf("a deleted fragment's metadata is still read: %+v", m)
+	}
+	spec.InstanceID = 4
+	if err := a.CreateFragment(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.instanceCapacities(); got[4] != 64*mib || got[3] != 0 {
+		t.Fatalf("capacities after the id was reused for instance 4: %v", got)
+	}
+	b, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 256 * mib, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := b.readFragment(7); err != nil || m.InstanceID != 4 {
+		t.Fatalf("a restarted agent reads fragment 7 as %+v, %v; want instance 4", m, err)
+	}
 }

@@ -43,6 +43,9 @@ type Client struct {
 	hint       string
 	munge      bool   // authenticate each request with a fresh MUNGE credential
 	mungeAt    string // munged's socket ("" = munge's default)
+	// longPoll is how long a status request asks the controller to wait for a change: half
+	// the request timeout, so the answer always comes back within it.
+	longPoll time.Duration
 }
 
 // target is one controller.
@@ -96,7 +99,7 @@ func New(address string, o Options) (*Client, error) {
 		o.UnreachableRounds = 4
 	}
 	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address, hint: o.Hint,
-		mungeAt: o.MungeSocket, skipRounds: o.UnreachableRounds}
+		mungeAt: o.MungeSocket, skipRounds: o.UnreachableRounds, longPoll: o.RequestTimeout / 2}
 	var addrs []string
 	for _, a := range strings.Split(address, ",") {
 		if a = strings.TrimSpace(a); a != "" {
@@ -504,33 +507,33 @@ func (c *Client) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agentapi
 	return reply, err
 }
 
-// WaitStep waits for a step to finish or fail, calling progress on each answer (at least every
-// poll). It gives up after timeout (0 = never) — staging steps pass 0 and rely on the WLM's own
-// timeout.
-func (c *Client) WaitStep(ctx context.Context, token, step string, poll, timeout time.Duration, progress func(lifecycle.StepStatus)) (lifecycle.StepStatus, error) {
-	var deadline <-chan time.Time
+// WaitStep waits for a step to finish or fail. Each status request is a long poll: the
+// controller answers when the job changes, or after half the request timeout (and at most its
+// controller.max_status_wait), so a waiting command costs a request per change of its job,
+// not one per poll interval. It gives up after timeout (0 = never): staging steps pass 0 and
+// rely on the WLM's own timeout.
+func (c *Client) WaitStep(ctx context.Context, token, step string, timeout time.Duration) (lifecycle.StepStatus, error) {
+	var deadline time.Time
 	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		deadline = t.C
+		deadline = time.Now().Add(timeout)
 	}
 	for {
-		st, err := c.Status(ctx, token, step, poll)
+		wait := c.longPoll
+		if !deadline.IsZero() {
+			wait = min(wait, time.Until(deadline))
+		}
+		st, err := c.Status(ctx, token, step, max(wait, time.Millisecond))
 		if err != nil {
 			return st, err
-		}
-		if progress != nil {
-			progress(st)
 		}
 		if st.Done || (st.Failed && step != lifecycle.PhaseDataIn && step != lifecycle.PhaseDataOut) {
 			return st, nil
 		}
-		select {
-		case <-ctx.Done():
-			return st, ctx.Err()
-		case <-deadline:
+		if err := ctx.Err(); err != nil {
+			return st, err
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
 			return st, fmt.Errorf("%s of %s did not finish within %s (client.step_timeout)", step, token, timeout)
-		default:
 		}
 	}
 }

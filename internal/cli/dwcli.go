@@ -415,7 +415,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		// Wait for it, so that the command's success means the session is gone.
-		st, err := sess.client.WaitStep(ctx, s.Token, lifecycle.PhaseTeardown, sess.cfg.Client.PollInterval.D(), sess.cfg.Client.StepTimeout.D(), nil)
+		st, err := sess.client.WaitStep(ctx, s.Token, lifecycle.PhaseTeardown, sess.cfg.Client.StepTimeout.D())
 		if err == nil && st.Failed {
 			err = errors.New(st.Message)
 		}

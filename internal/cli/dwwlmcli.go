@@ -344,7 +344,7 @@ func closingBracket(doc []byte, open int) (int, error) {
 
 // wait waits for a step and turns its outcome into the exit status.
 func (w *wlm) wait(step string, timeout time.Duration) int {
-	st, err := w.client.WaitStep(w.ctx, w.a.token, step, w.poll, timeout, nil)
+	st, err := w.client.WaitStep(w.ctx, w.a.token, step, timeout)
 	if err != nil {
 		return w.fail("%s: %v", step, err)
 	}

@@ -157,7 +157,7 @@ func cleanUp(sess *session, records *runjob.Records, stderr io.Writer) {
 	}
 	for _, c := range cleanups {
 		if c.Hurried {
-			sess.client.WaitStep(ctx, c.Token, lifecycle.PhaseTeardown, sess.cfg.Client.PollInterval.D(), sess.cfg.Client.StepTimeout.D(), nil)
+			sess.client.WaitStep(ctx, c.Token, lifecycle.PhaseTeardown, sess.cfg.Client.StepTimeout.D())
 		}
 	}
 	for _, note := range runjob.Notes(*records) {

@@ -141,7 +141,7 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 	}
 	defer sess.Close()
 	ctx := background()
-	poll, timeout := sess.cfg.Client.PollInterval.D(), sess.cfg.Client.StepTimeout.D()
+	timeout := sess.cfg.Client.StepTimeout.D()
 	switch verb {
 	case "create":
 		if len(positional) != 1 || *capacity == "" {
@@ -165,7 +165,7 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "spillway persistent create: %v\n", err)
 			return 1
 		}
-		st, err := sess.client.WaitStep(ctx, req.Token, lifecycle.PhaseSetup, poll, timeout, nil)
+		st, err := sess.client.WaitStep(ctx, req.Token, lifecycle.PhaseSetup, timeout)
 		if err == nil && st.Failed {
 			err = fmt.Errorf("%s", st.Message)
 		}
@@ -187,7 +187,7 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "spillway persistent destroy: %v\n", err)
 			return 1
 		}
-		st, err := sess.client.WaitStep(ctx, positional[0], lifecycle.PhaseTeardown, poll, timeout, nil)
+		st, err := sess.client.WaitStep(ctx, positional[0], lifecycle.PhaseTeardown, timeout)
 		if err == nil && st.Failed {
 			err = fmt.Errorf("%s", st.Message)
 		}

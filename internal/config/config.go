@@ -110,6 +110,9 @@ type Controller struct {
 	// RequestTimeout bounds one API request (the long lifecycle steps return at once and are
 	// polled, so no request needs long).
 	RequestTimeout Duration `toml:"request_timeout"`
+	// MaxStatusWait bounds how long a status request waits for its job to change before it
+	// answers anyway (a waiting command's long poll; also at most half of request_timeout).
+	MaxStatusWait Duration `toml:"max_status_wait"`
 	// MaxRequestBytes bounds a request body (a job script travels in it).
 	MaxRequestBytes Size `toml:"max_request_bytes"`
 	// MaxSessions bounds the number of sessions (jobs + persistent instances) alive at once.
@@ -367,9 +370,11 @@ type Client struct {
 	// UnreachableRounds: with several controllers, one found unreachable is tried again only
 	// every this many rounds of a request while another answers.
 	UnreachableRounds int      `toml:"unreachable_rounds"`
-	RetryWait         Duration `toml:"retry_wait"`    // wait between them
-	PollInterval      Duration `toml:"poll_interval"` // how often a waiting command asks for progress
-	StepTimeout       Duration `toml:"step_timeout"`  // the longest a command waits for one non-staging step
+	RetryWait         Duration `toml:"retry_wait"` // wait between them
+	// PollInterval paces a command's retries while a token's previous teardown finishes
+	// (waiting for a step is a long poll: the controller answers when the job changes).
+	PollInterval Duration `toml:"poll_interval"`
+	StepTimeout  Duration `toml:"step_timeout"` // the longest a command waits for one non-staging step
 	// TeardownAttempts is how often `spillway run` asks for its session's teardown when the
 	// controller refuses or cannot be reached, TeardownRetryWait apart.
 	TeardownAttempts  int      `toml:"teardown_attempts"`
@@ -414,6 +419,7 @@ func Defaults() Config {
 			DefaultPool:             "wlm_pool",
 			NodeTimeout:             Duration(30 * time.Second),
 			RequestTimeout:          Duration(30 * time.Second),
+			MaxStatusWait:           Duration(10 * time.Second),
 			MaxRequestBytes:         Size(4 << 20),
 			MaxSessions:             100000,
 			IdleTimeout:             Duration(time.Minute),
@@ -635,6 +641,7 @@ func (c *Config) Validate() error {
 	}
 	positive("controller.node_timeout", int64(c.Controller.NodeTimeout))
 	positive("controller.request_timeout", int64(c.Controller.RequestTimeout))
+	positive("controller.max_status_wait", int64(c.Controller.MaxStatusWait))
 	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))
 	positive("controller.max_sessions", int64(c.Controller.MaxSessions))
 	if p := c.Controller.AccountingLog; p != "" && !filepath.IsAbs(p) {

@@ -74,6 +74,7 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		"[controller]\nendurance_threshold = 101\n":                                            "controller.endurance_threshold 101 must be a percentage of remaining SSD endurance",
 		"[controller]\nauto_drain_failures = -1\n":                                             "controller.auto_drain_failures must be 0 (off) or more",
 		"[controller]\nauto_drain_window = \"0s\"\n":                                           "controller.auto_drain_window must be greater than 0",
+		"[controller]\nmax_status_wait = \"0s\"\n":                                             "controller.max_status_wait must be greater than 0",
 		"[controller]\npersistent_expiration = \"48h\"\nmax_persistent_expiration = \"24h\"\n": "controller.persistent_expiration (48h0m0s) is longer than controller.max_persistent_expiration",
 	}
 	for text, want := range cases {
@@ -99,6 +100,8 @@ copy_chunk_size = "8MiB"
 copy_buffer_size = "256KiB"
 max_warnings = 11
 worker_stderr_limit = "4KiB"
+[controller]
+max_status_wait = "2s"
 [home]
 idle_timeout = "5s"
 start_timeout = "6s"
@@ -112,9 +115,9 @@ log_max_size = "3MiB"
 	got := []any{c.Client.TeardownAttempts, c.Client.TeardownRetryWait.D(), c.Stage.CancelGrace.D(), c.Stage.MaxParallel,
 		uint64(c.Stage.MaxListSize), uint64(c.Stage.CopyChunkSize), uint64(c.Stage.CopyBufferSize), c.Stage.MaxWarnings,
 		uint64(c.Stage.WorkerStderrLimit), c.Home.IdleTimeout.D(), c.Home.StartTimeout.D(), c.Home.StopTimeout.D(),
-		c.Home.ReapInterval.D(), uint64(c.Home.LogMaxSize)}
+		c.Home.ReapInterval.D(), uint64(c.Home.LogMaxSize), c.Controller.MaxStatusWait.D()}
 	want := []any{7, 3 * time.Second, 4 * time.Second, 9, uint64(2 << 20), uint64(8 << 20), uint64(256 << 10), 11,
-		uint64(4 << 10), 5 * time.Second, 6 * time.Second, 7 * time.Second, 8 * time.Second, uint64(3 << 20)}
+		uint64(4 << 10), 5 * time.Second, 6 * time.Second, 7 * time.Second, 8 * time.Second, uint64(3 << 20), 2 * time.Second}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("value %d: got %v, want %v", i, got[i], want[i])

@@ -433,15 +433,12 @@ func (c *Controller) appendRecord(ctx context.Context, rec *store.AccountingReco
 		c.log.Info("accounting: record written", "instance", rec.Instance, "record_id", rec.ID, "log", path)
 		crashpoint.Hit("accounting:appended")
 	}
-	if err := c.dropUsage(ctx, rec.Instance); err != nil {
-		return err
-	}
-	return c.store.Update(ctx, func(tx *store.Tx) error { return store.AccountingRecords.Delete(tx, rec.Instance) })
+	return c.retireRecord(ctx, rec.Instance)
 }
 
-// dropUsage deletes a torn-down instance's counter rows, controller.accounting_batch per
-// transaction.
-func (c *Controller) dropUsage(ctx context.Context, instance int64) error {
+// retireRecord deletes a written record's instance's usage rows, in transactions of at most
+// controller.accounting_batch rows, and the record with the last of them.
+func (c *Controller) retireRecord(ctx context.Context, instance int64) error {
 	for {
 		more := false
 		err := c.store.Update(ctx, func(tx *store.Tx) error {
@@ -456,7 +453,10 @@ func (c *Controller) dropUsage(ctx context.Context, instance int64) error {
 					return err
 				}
 			}
-			return nil
+			if more {
+				return nil
+			}
+			return store.AccountingRecords.Delete(tx, instance)
 		})
 		if err != nil || !more {
 			return err

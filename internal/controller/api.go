@@ -457,9 +457,6 @@ func (s *Server) teardown(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": token})
 }
 
-// maxStatusWait bounds how long a status request may wait for its step (?wait=).
-const maxStatusWait = 10 * time.Second
-
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	var wait time.Duration
 	if v := r.URL.Query().Get("wait"); v != "" {
@@ -468,7 +465,9 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 			httpapi.WriteError(w, 400, "user", "wait must be a duration such as 5s")
 			return
 		}
-		wait = min(d, maxStatusWait, s.c.cfg.Controller.RequestTimeout.D()/2)
+		// The request must be answered within request_timeout; the client's own bound is
+		// larger (it waits half of its own).
+		wait = min(d, s.c.cfg.Controller.MaxStatusWait.D(), s.c.cfg.Controller.RequestTimeout.D()/2)
 	}
 	if !s.mayActOn(w, r, r.PathValue("token")) {
 		return

@@ -48,6 +48,14 @@ type Controller struct {
 
 	mu       sync.Mutex
 	inflight map[lifecycle.EffectKey]bool
+	// parked: due sessions whose every effect is in flight or queued. Passes skip them until
+	// an effect of theirs ends, a request or change touches them, or the tick's pass
+	// (executor.go: park).
+	parked map[int64]bool
+	// queue: effects that found every slot (executor.max_in_flight) taken; they start, in
+	// order, as slots free (executor.go: startQueued). queued holds their keys.
+	queue    []queuedEffect
+	queued   map[lifecycle.EffectKey]bool
 	polls    map[lifecycle.EffectKey]pollState // running stages: when each was last polled, and the next gap
 	local    map[string]agentapi.Agent         // in-process agents by node name
 	remote   map[string]agentapi.Agent         // dialled agents by node name (and the address used)
@@ -77,6 +85,8 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 		changed:      make(chan struct{}),
 		sessionWaits: map[int64]chan struct{}{},
 		inflight:     map[lifecycle.EffectKey]bool{},
+		parked:       map[int64]bool{},
+		queued:       map[lifecycle.EffectKey]bool{},
 		polls:        map[lifecycle.EffectKey]pollState{},
 		local:        map[string]agentapi.Agent{},
 		remote:       map[string]agentapi.Agent{},
@@ -171,6 +181,13 @@ func (c *Controller) AddLocalAgent(name string, a agentapi.Agent) {
 // the sessions a change touched (WaitStatus: a status waiter is woken by its own session's
 // changes only, not by every other job's).
 func (c *Controller) notifyChange(touched map[int64]bool) {
+	c.replan(touched)
+	c.announce(touched)
+}
+
+// announce wakes the waiters of a change (notifyChange without the executor's part: an
+// effect's own outcome leaves its session's other queued effects queued).
+func (c *Controller) announce(touched map[int64]bool) {
 	c.changeMu.Lock()
 	close(c.changed)
 	c.changed = make(chan struct{})

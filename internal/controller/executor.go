@@ -16,6 +16,7 @@ import (
 // most executor.max_in_flight at once and one per object.
 func (c *Controller) Run(ctx context.Context) error {
 	c.swept.Store(false) // the first pass reads the whole state (a new leader's too)
+	c.unparkAll()
 	tick := time.NewTicker(c.cfg.Executor.Tick.D())
 	defer tick.Stop()
 	var wg sync.WaitGroup
@@ -39,17 +40,32 @@ func (c *Controller) Run(ctx context.Context) error {
 			return nil
 		case <-c.wake:
 		case <-tick.C:
+			c.unparkAll() // a safety net: whatever parked a session, the tick looks at it again
 		case <-dueC:
 		}
 		due.Stop()
 	}
 }
 
-// RunOnce performs one pass (tests use it to drive the executor step by step).
+// RunOnce performs one pass (tests use it to drive the executor step by step) and waits for
+// its effects, and those queued, to end.
 func (c *Controller) RunOnce(ctx context.Context) {
 	var wg sync.WaitGroup
 	c.runOnce(ctx, &wg)
 	wg.Wait()
+}
+
+// maxStepsPerPass bounds how often a pass steps its sessions before it persists: a step's
+// changes often make the next decision (an instance created makes its fragments), and taking
+// them in the same pass saves a pass, with its reads and its commit, each time.
+const maxStepsPerPass = 8
+
+// queuedEffect is an effect waiting for a slot, with the world it was decided on.
+type queuedEffect struct {
+	e       lifecycle.Effect
+	w       *lifecycle.World
+	session int64
+	wg      *sync.WaitGroup
 }
 
 // runOnce returns how soon a skipped effect (a stage poll not yet due) wants another pass;
@@ -78,6 +94,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		}
 		whole = !c.swept.Load()
 		if !whole {
+			selected = c.unparked(selected)
 			if w, err = loadSessionsWorld(tx, selected, now, c.cfg.Controller.NodeTimeout.D()); err != nil {
 				return err
 			}
@@ -97,7 +114,13 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 				}
 			}
 		}
-		effects = lifecycle.Step(w, c.params, now)
+		for i := 0; i < maxStepsPerPass; i++ { // until a step changes nothing
+			before := w.ChangeCount()
+			effects = lifecycle.Step(w, c.params, now)
+			if w.ChangeCount() == before {
+				break
+			}
+		}
 		ch := w.TakeChanges()
 		changed = !ch.Empty()
 		if touched, err = c.persistTouched(tx, ch); err != nil {
@@ -124,18 +147,25 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	if !wake.IsZero() {
 		next = max(wake.Sub(now), time.Millisecond)
 	}
+	var start []queuedEffect
+	c.mu.Lock() // decisions and parking under one lock: an effect ending after it unparks
 	polled := map[lifecycle.EffectKey]bool{}
+	paced := map[int64]bool{} // sessions with a stage poll held back: they need the pass at its time
+	withEffects := map[int64]bool{}
 	for _, e := range effects {
-		c.mu.Lock()
-		busy := c.inflight[e.Key()] || len(c.inflight) >= c.cfg.Executor.MaxInFlight
+		key := e.Key()
+		session := lifecycle.SessionOf(w, e.Ref)
+		withEffects[session] = true
+		busy := c.inflight[key] || c.queued[key]
 		if e.Op == lifecycle.OpPollStage {
-			polled[e.Key()] = true
-			p, seen := c.polls[e.Key()]
+			polled[key] = true
+			p, seen := c.polls[key]
 			if !seen {
 				p = pollState{gap: firstPollGap(c.cfg.Stage.PollInterval.D())}
 			}
 			if wait := p.gap - now.Sub(p.last); !busy && seen && wait > 0 {
 				busy = true
+				paced[session] = true
 				if next == 0 || wait < next {
 					next = wait
 				}
@@ -146,28 +176,33 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 				}
 				p.last = now
 			}
-			c.polls[e.Key()] = p
+			c.polls[key] = p
 		}
-		if !busy {
-			c.inflight[e.Key()] = true
-		}
-		c.mu.Unlock()
 		if busy {
 			continue
 		}
-		wg.Add(1)
-		go func(e lifecycle.Effect) {
-			defer wg.Done()
-			c.perform(ctx, w, e)
-		}(e)
+		q := queuedEffect{e: e, w: w, session: session, wg: wg}
+		wg.Add(1) // counted from now on: RunOnce waits for queued effects too
+		if len(c.inflight) >= c.cfg.Executor.MaxInFlight {
+			c.queued[key] = true
+			c.queue = append(c.queue, q)
+			continue
+		}
+		c.inflight[key] = true
+		start = append(start, q)
 	}
-	c.mu.Lock()
-	for id := range c.polls { // stages no longer running
-		if !polled[id] {
-			delete(c.polls, id)
+	for session := range withEffects {
+		if !paced[session] && !whole {
+			c.parked[session] = true
+		}
+	}
+	for key := range c.polls { // stages no longer running
+		if !polled[key] {
+			delete(c.polls, key)
 		}
 	}
 	c.mu.Unlock()
+	c.launch(ctx, start)
 	return next
 }
 
@@ -235,12 +270,96 @@ type pollState struct {
 // doubling at each poll after it.
 func firstPollGap(max time.Duration) time.Duration { return max / 16 }
 
-// perform runs one effect on its agent and records the outcome.
+// launch performs effects, each in its own goroutine (their slots are already taken; each is
+// counted in its wait group since it was decided).
+func (c *Controller) launch(ctx context.Context, effects []queuedEffect) {
+	for _, q := range effects {
+		go func(q queuedEffect) {
+			defer q.wg.Done()
+			c.perform(ctx, q.w, q.e)
+		}(q)
+	}
+}
+
+// startQueued takes the queued effects that the free slots can start, in order, and marks
+// them in flight (under c.mu).
+func (c *Controller) startQueued() []queuedEffect {
+	var start []queuedEffect
+	for len(c.queue) > 0 && len(c.inflight) < c.cfg.Executor.MaxInFlight {
+		q := c.queue[0]
+		c.queue = c.queue[1:]
+		delete(c.queued, q.e.Key())
+		if c.inflight[q.e.Key()] { // cannot be: a key in flight is never queued
+			q.wg.Done()
+			continue
+		}
+		c.inflight[q.e.Key()] = true
+		start = append(start, q)
+	}
+	if len(c.queue) == 0 {
+		c.queue = nil // let the backing array go
+	}
+	return start
+}
+
+// unparked returns the sessions of ids that are not parked.
+func (c *Controller) unparked(ids []int64) []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	kept := ids[:0]
+	for _, id := range ids {
+		if !c.parked[id] {
+			kept = append(kept, id)
+		}
+	}
+	return kept
+}
+
+// unparkAll makes every due session looked at again by the next pass.
+func (c *Controller) unparkAll() {
+	c.mu.Lock()
+	clear(c.parked)
+	c.mu.Unlock()
+}
+
+// replan makes the next pass decide again on the sessions a change touched (nil: none):
+// they are unparked, and their queued effects, decided on the state before the change, are
+// dropped (a teardown request must not be followed by a queued fragment creation).
+func (c *Controller) replan(touched map[int64]bool) {
+	if len(touched) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	kept := c.queue[:0]
+	for _, q := range c.queue {
+		if touched[q.session] {
+			delete(c.queued, q.e.Key())
+			q.wg.Done()
+		} else {
+			kept = append(kept, q)
+		}
+	}
+	for i := len(kept); i < len(c.queue); i++ {
+		c.queue[i] = queuedEffect{} // no stale world kept alive behind the slice's end
+	}
+	c.queue = kept
+	for id := range touched {
+		delete(c.parked, id)
+	}
+}
+
+// perform runs one effect on its agent and records the outcome. At its end its session is
+// unparked and the freed slot starts the next queued effect.
 func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycle.Effect) {
+	session := lifecycle.SessionOf(w, e.Ref)
 	defer func() {
 		c.mu.Lock()
 		delete(c.inflight, e.Key())
+		delete(c.parked, session)
+		start := c.startQueued()
 		c.mu.Unlock()
+		c.launch(ctx, start)
 		c.wakeUp()
 	}()
 	if e.Op != lifecycle.OpPollStage {
@@ -298,7 +417,6 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
 	var touched map[int64]bool
-	session := lifecycle.SessionOf(w, e.Ref)
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		w, err := c.sessionsWorld(tx, []int64{session}, now)
@@ -319,7 +437,7 @@ func (c *Controller) perform(ctx context.Context, w *lifecycle.World, e lifecycl
 	} else if drained != "" {
 		c.log.Warn("node drained", "node", e.Node, "reason", drained)
 	}
-	c.notifyChange(touched)
+	c.announce(touched)
 	if e.Op != lifecycle.OpPollStage {
 		crashpoint.Hit("outcome-persisted:" + e.Op)
 	}

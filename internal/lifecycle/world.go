@@ -110,6 +110,12 @@ type Changes struct {
 // Empty reports whether nothing changed.
 func (c Changes) Empty() bool { return len(c.Put) == 0 && len(c.Delete) == 0 && len(c.Archive) == 0 }
 
+// ChangeCount counts the changes recorded since the last TakeChanges: a caller that steps
+// again while it grows knows a step changed something.
+func (w *World) ChangeCount() int {
+	return len(w.changes.Put) + len(w.changes.Delete) + len(w.changes.Archive)
+}
+
 // TakeChanges returns the changes recorded since the last call and forgets them.
 func (w *World) TakeChanges() Changes {
 	c := w.changes

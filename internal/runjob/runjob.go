@@ -505,7 +505,7 @@ func (r *runner) step(ctx context.Context, step string, send func() error) error
 		return err
 	}
 	r.in.hit(step)
-	st, err := r.o.Client.WaitStep(ctx, r.token, step, r.o.Poll, r.o.StepTimeout, nil)
+	st, err := r.o.Client.WaitStep(ctx, r.token, step, r.o.StepTimeout)
 	if err != nil {
 		return err
 	}
@@ -587,7 +587,7 @@ func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.S
 		return failed(err)
 	}
 	r.in.hit(name)
-	st, err := r.o.Client.WaitStep(ctx, r.token, name, r.o.Poll, 0, nil)
+	st, err := r.o.Client.WaitStep(ctx, r.token, name, 0)
 	if err != nil {
 		return failed(err)
 	}
@@ -642,7 +642,7 @@ func (r *runner) teardown(hurry bool) bool {
 	if err == nil {
 		r.in.hit(lifecycle.PhaseTeardown)
 		var st lifecycle.StepStatus
-		st, err = r.o.Client.WaitStep(ctx, r.token, lifecycle.PhaseTeardown, r.o.Poll, r.o.StepTimeout, nil)
+		st, err = r.o.Client.WaitStep(ctx, r.token, lifecycle.PhaseTeardown, r.o.StepTimeout)
 		if err == nil && st.Failed {
 			err = errors.New(st.Message)
 		}
@@ -739,7 +739,7 @@ func (r *runner) createPersistent(c directive.CreatePersistent, uid, gid uint32)
 	if err := r.o.Client.Setup(r.in.abort, req); err != nil {
 		return err
 	}
-	st, err := r.o.Client.WaitStep(r.in.abort, c.Name, lifecycle.PhaseSetup, r.o.Poll, r.o.StepTimeout, nil)
+	st, err := r.o.Client.WaitStep(r.in.abort, c.Name, lifecycle.PhaseSetup, r.o.StepTimeout)
 	if err == nil && st.Failed {
 		err = errors.New(st.Message)
 	}
@@ -753,7 +753,7 @@ func (r *runner) destroyPersistent(name string, hurry bool) error {
 		}
 		return err
 	}
-	st, err := r.o.Client.WaitStep(r.in.abort, name, lifecycle.PhaseTeardown, r.o.Poll, r.o.StepTimeout, nil)
+	st, err := r.o.Client.WaitStep(r.in.abort, name, lifecycle.PhaseTeardown, r.o.StepTimeout)
 	if err == nil && st.Failed {
 		err = errors.New(st.Message)
 	}

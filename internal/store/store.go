@@ -56,3 +56,13 @@ type KV interface {
 	// value+1. 0 forgets the sequence.
 	SetSequence(name string, value int64) error
 }
+
+// IndexJoiner is a KV that can read the records a child index lists together with the index,
+// in one query (SQLite joins them): a session's objects cost a query per table, not a Get per
+// object. Engines without it (etcd) are read entry by entry; the result is the same.
+type IndexJoiner interface {
+	// ScanJoined visits, in index key order, the index keys of indexKind beginning with prefix
+	// and, for each, the record of kind whose key is the rest of the index key. A record an
+	// entry lists that does not exist is an error wrapping ErrNotFound.
+	ScanJoined(indexKind, prefix, kind string, fn func(key string, value []byte) error) error
+}

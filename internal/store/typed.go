@@ -65,6 +65,11 @@ func (t Table[T]) get(tx *Tx, key string) (*T, error) {
 		}
 		return nil, err
 	}
+	return t.decode(key, raw)
+}
+
+// decode turns a record of the kind into its object.
+func (t Table[T]) decode(key string, raw []byte) (*T, error) {
 	obj := new(T)
 	if err := json.Unmarshal(raw, obj); err != nil {
 		return nil, fmt.Errorf("%s %s: corrupt record: %v", t.kind, key, err)
@@ -172,6 +177,18 @@ func (t IDTable[T]) ChildrenOfKey(tx *Tx, parentKind, parentKey string) ([]*T, e
 		return nil, fmt.Errorf("%s has no parent: no child index", t.kind)
 	}
 	prefix := childKey(parentRef{parentKind, parentKey}, t.kind, "")
+	if j, ok := tx.kv.(IndexJoiner); ok {
+		var out []*T
+		err := j.ScanJoined(childIndex, prefix, t.kind, func(key string, raw []byte) error {
+			obj, err := t.decode(key, raw)
+			out = append(out, obj)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("child index %s: %w", prefix, err)
+		}
+		return out, nil
+	}
 	var keys []string
 	err := tx.kv.ScanPrefix(childIndex, prefix, func(key string, _ []byte) error {
 		keys = append(keys, strings.TrimPrefix(key, prefix))

@@ -219,7 +219,7 @@ func (c *cluster) step(token, step string, send func() error) {
 	for attempt := 0; attempt < 20; attempt++ {
 		err := send()
 		if err == nil {
-			st, werr := c.client.WaitStep(context.Background(), token, step, 100*time.Millisecond, 60*time.Second, nil)
+			st, werr := c.client.WaitStep(context.Background(), token, step, 60*time.Second)
 			if werr == nil {
 				if st.Failed {
 					c.t.Fatalf("%s failed: %s", step, st.Message)
@@ -474,7 +474,7 @@ func TestDeadStorageNode(t *testing.T) {
 	in := filepath.Join(c.dir, "pfs", "x")
 	os.WriteFile(in, []byte("x"), 0o644)
 	c.client.Stages(ctx, "1", "in", []lifecycle.StageRequest{{Type: "file", PFSPath: in, DWVar: "DW_JOB_STRIPED", DWPath: "/x"}})
-	st, _ := c.client.WaitStep(ctx, "1", lifecycle.PhaseDataIn, 100*time.Millisecond, 30*time.Second, nil)
+	st, _ := c.client.WaitStep(ctx, "1", lifecycle.PhaseDataIn, 30*time.Second)
 	if !st.Failed || !strings.Contains(st.Message, "offline") {
 		t.Fatalf("a stage on an offline node must fail and say why: %+v", st)
 	}

@@ -58,7 +58,7 @@ type Engine struct {
 
 // hotQueries are the statements every transaction runs: prepared when the engine opens (no
 // transaction holds a connection then), bound to each transaction's connection after.
-var hotQueries = []string{qGet, qPut, qDelete, qScan, qScanRange, qScanFrom}
+var hotQueries = []string{qGet, qPut, qDelete, qScan, qScanRange, qScanFrom, qScanJoined, qScanJoinedFrom}
 
 const (
 	qGet       = `SELECT value FROM kv WHERE kind = ? AND key = ?`
@@ -67,6 +67,13 @@ const (
 	qScan      = `SELECT key, value FROM kv WHERE kind = ? ORDER BY key`
 	qScanRange = `SELECT key, value FROM kv WHERE kind = ? AND key >= ? AND key < ? ORDER BY key`
 	qScanFrom  = `SELECT key, value FROM kv WHERE kind = ? AND key >= ? ORDER BY key`
+	// The record's key is the index key past the prefix: cut in bytes (substr counts
+	// characters in TEXT, bytes in a BLOB), then compared as text, byte for byte. A LEFT JOIN,
+	// so that an entry whose record is missing shows (value NULL) instead of vanishing.
+	joinedRecord    = `CAST(substr(CAST(i.key AS BLOB), ?1) AS TEXT)`
+	joinedSelect    = `SELECT ` + joinedRecord + `, o.value FROM kv AS i LEFT JOIN kv AS o ON o.kind = ?2 AND o.key = ` + joinedRecord + ` WHERE i.kind = ?3 AND i.key >= ?4`
+	qScanJoined     = joinedSelect + ` AND i.key < ?5 ORDER BY i.key`
+	qScanJoinedFrom = joinedSelect + ` ORDER BY i.key`
 )
 
 // prepare prepares the hot statements.
@@ -313,26 +320,51 @@ func (k *kv) ScanPrefix(kind, prefix string, fn func(key string, value []byte) e
 	if err != nil {
 		return err
 	}
+	return visitRows(rows, func(key string, value []byte, _ bool) error { return fn(key, value) })
+}
+
+// ScanJoined is store.IndexJoiner: the index range and the records it lists in one query.
+func (k *kv) ScanJoined(indexKind, prefix, kind string, fn func(key string, value []byte) error) error {
+	var rows *sql.Rows
+	var err error
+	if end, bounded := prefixEnd(prefix); bounded {
+		rows, err = k.query(qScanJoined, len(prefix)+1, kind, indexKind, prefix, end)
+	} else {
+		rows, err = k.query(qScanJoinedFrom, len(prefix)+1, kind, indexKind, prefix)
+	}
+	if err != nil {
+		return err
+	}
+	return visitRows(rows, func(key string, value []byte, present bool) error {
+		if !present {
+			return fmt.Errorf("%s %s listed by %s %s%s: %w", kind, key, indexKind, prefix, key, store.ErrNotFound)
+		}
+		return fn(key, value)
+	})
+}
+
+// visitRows reads every (key, value) row, then calls fn on each (fn may query the same
+// transaction, which an open result set would block); present is false for a NULL value.
+func visitRows(rows *sql.Rows, fn func(key string, value []byte, present bool) error) error {
 	defer rows.Close()
-	// Read everything first: fn may issue queries on the same transaction.
-	type pair struct {
+	type row struct {
 		key   string
 		value []byte
 	}
-	var pairs []pair
+	var all []row
 	for rows.Next() {
-		var p pair
-		if err := rows.Scan(&p.key, &p.value); err != nil {
+		var r row
+		if err := rows.Scan(&r.key, &r.value); err != nil {
 			return err
 		}
-		pairs = append(pairs, p)
+		all = append(all, r)
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
 	rows.Close()
-	for _, p := range pairs {
-		if err := fn(p.key, p.value); err != nil {
+	for _, r := range all {
+		if err := fn(r.key, r.value, r.value != nil); err != nil {
 			return err
 		}
 	}

@@ -52,3 +52,6 @@ func TestOlderLayoutIsBroughtUp(t *testing.T) {
 		t.Fatalf("layout after opening a layout 1 database: %q %v, want 2", v, err)
 	}
 }
+
+// SQLite reads a child index with its records in one query.
+var _ store.IndexJoiner = (*kv)(nil)

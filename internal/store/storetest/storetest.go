@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ func Run(t *testing.T, open Factory) {
 	t.Run("ScanPrefix", func(t *testing.T) { testScanPrefix(t, open) })
 	t.Run("ReadYourWrites", func(t *testing.T) { testReadYourWrites(t, open) })
 	t.Run("ChildIndex", func(t *testing.T) { testChildIndex(t, open) })
+	t.Run("ChildIndexKeys", func(t *testing.T) { testChildIndexKeys(t, open) })
 	t.Run("Totals", func(t *testing.T) { testTotals(t, open) })
 	t.Run("DueIndex", func(t *testing.T) { testDueIndex(t, open) })
 	t.Run("RollbackOnError", func(t *testing.T) { testRollback(t, open) })
@@ -201,6 +203,43 @@ func testChildIndex(t *testing.T, open Factory) {
 		}
 		return nil
 	}))
+}
+
+// testChildIndexKeys: the child index finds children under parent keys of several bytes per
+// character and under keys that are not UTF-8 (node names are what admins typed; SQLite
+// joins the index in bytes), and an entry whose record is gone is an error, not a silent gap.
+func testChildIndexKeys(t *testing.T, open Factory) {
+	e := engine(t, open)
+	s := store.New(e)
+	nodes := []string{"nœud-ü", "bb\xff\xfe01"}
+	must(t, s.Update(ctx, func(tx *store.Tx) error {
+		for i, n := range nodes {
+			for id := int64(1); id <= 3; id++ {
+				if err := store.Fragments.Put(tx, &model.Fragment{ID: int64(10*i) + id, InstanceID: 1, Node: n}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}))
+	must(t, s.View(ctx, func(tx *store.Tx) error {
+		for i, n := range nodes {
+			got, err := store.Fragments.ChildrenOfKey(tx, "node", n)
+			if err != nil || len(got) != 3 || got[0].ID != int64(10*i)+1 || got[2].ID != int64(10*i)+3 {
+				return fmt.Errorf("fragments on node %q = %v %v, want 3 from id %d", n, got, err, 10*i+1)
+			}
+		}
+		return nil
+	}))
+	// Fragment 2's record goes behind the typed layer's back: its index entries stay.
+	must(t, e.Update(ctx, func(kv store.KV) error { return kv.Delete("fragment", fmt.Sprintf("%019d", 2)) }))
+	err := s.View(ctx, func(tx *store.Tx) error {
+		_, err := store.Fragments.ChildrenOf(tx, "instance", 1)
+		return err
+	})
+	if !store.IsNotFound(err) || !strings.Contains(err.Error(), "0000000000000000002") {
+		t.Fatalf("children through an index entry whose record is gone: %v, want a not-found error naming it", err)
+	}
 }
 
 // testTotals: the session count and each node's grains and fragments follow puts, changes
