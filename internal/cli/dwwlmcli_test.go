@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/apiclient"
@@ -71,6 +72,13 @@ func TestWLMListingsPrintWhatTheyPrinted(t *testing.T) {
 	} {
 		if err := c.Setup(ctx, req, false); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// The executor fails the effects (no agents): wait for the node's name to reach the
+	// sessions' failures.
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(decodedAndEncodedAgain(t, addr, "sessions"), `\u0027`); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sessions never failed with the node's name: %s", decodedAndEncodedAgain(t, addr, "sessions"))
 		}
 	}
 	wlm := wlmAt(t, addr)

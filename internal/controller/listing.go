@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"slices"
 	"strings"
-	"sync"
+	"sync/atomic"
 
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
@@ -151,21 +152,22 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	if private {
 		all = all.VisibleTo(who(r).uid)
 	}
-	buf := listingBuffers.Get().(*[]byte)
-	defer listingBuffers.Put(buf)
-	var ok bool
-	if *buf, ok = views.AppendTable((*buf)[:0], name, all); !ok {
+	// Sized from the table's last answer (megabytes at 10,000 instances): written without
+	// growing, and copying, the buffer again and again.
+	last := &listingSizes[slices.Index(Tables, name)]
+	buf, ok := views.AppendTable(make([]byte, 0, last.Load()+last.Load()/8+4096), name, all)
+	if !ok {
 		rows := map[string]any{"nodes": all.Nodes, "stages": all.Stages, "stage_history": all.StageHistory}[name]
 		httpapi.WriteJSON(w, 200, map[string]any{name: rows})
 		return
 	}
+	last.Store(int64(len(buf)))
 	// The length announced: a client tells a cut-off answer from a whole one.
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(*buf)))
+	w.Header().Set("Content-Length", strconv.Itoa(len(buf)))
 	w.WriteHeader(200)
-	w.Write(*buf)
+	w.Write(buf)
 }
 
-// listingBuffers keep the listings' answer buffers (megabytes at 10,000 instances) from one
-// request to the next, while the garbage collector lets them.
-var listingBuffers = sync.Pool{New: func() any { return new([]byte) }}
+// listingSizes are the sizes of the last answers of the Tables, in their order.
+var listingSizes = make([]atomic.Int64, len(Tables))

@@ -344,14 +344,21 @@ func buildSessions(w *lifecycle.World) []Session {
 
 func buildInstances(w *lifecycle.World) []Instance {
 	out := make([]Instance, 0, len(w.Instances))
-	// Each instance's configurations and fragments, grouped in one walk of each table.
-	confsOf, fragsOf := map[int64][]int64{}, map[int64][]*model.Fragment{}
+	// Each instance's configurations and fragments, gathered in one walk of each table.
+	type fragments struct {
+		count   int
+		blown bool // a fragment's fuse is blown
+	}
+	confsOf, fragsOf := make(map[int64][]int64, len(w.Instances)), make(map[int64]fragments, len(w.Instances))
 	for _, id := range ids(w.Configurations) {
 		c := w.Configurations[id]
 		confsOf[c.InstanceID] = append(confsOf[c.InstanceID], c.ID)
 	}
 	for _, f := range w.Fragments {
-		fragsOf[f.InstanceID] = append(fragsOf[f.InstanceID], f)
+		fs := fragsOf[f.InstanceID]
+		fs.count++
+		fs.blown = fs.blown || f.State.FuseBlown
+		fragsOf[f.InstanceID] = fs
 	}
 	for _, id := range ids(w.Instances) {
 		i := w.Instances[id]
@@ -359,14 +366,9 @@ func buildInstances(w *lifecycle.World) []Instance {
 		if confs == nil {
 			confs = []int64{}
 		}
-		intact := true
-		for _, f := range fragsOf[i.ID] {
-			if f.State.FuseBlown {
-				intact = false
-			}
-		}
-		out = append(out, Instance{Capacity: Capacity{Bytes: i.Capacity, Nodes: len(fragsOf[i.ID])}, Created: i.Created.Unix(),
-			ID: i.ID, Intact: intact, Label: i.Label, Limits: Limits{i.WriteWindowLength, i.WriteWindowMultiplier},
+		frags := fragsOf[i.ID]
+		out = append(out, Instance{Capacity: Capacity{Bytes: i.Capacity, Nodes: frags.count}, Created: i.Created.Unix(),
+			ID: i.ID, Intact: !frags.blown, Label: i.Label, Limits: Limits{i.WriteWindowLength, i.WriteWindowMultiplier},
 			Links: InstanceLinks{Configurations: confs, Session: i.SessionID}, Public: i.Public, State: stateOf(i.State),
 			Pool: i.Pool, Requested: i.Requested, Strategy: i.Strategy})
 		if s := w.Sessions[i.SessionID]; s != nil { // an instance expires with its session
