@@ -346,7 +346,7 @@ func buildInstances(w *lifecycle.World) []Instance {
 	out := make([]Instance, 0, len(w.Instances))
 	// Each instance's configurations and fragments, gathered in one walk of each table.
 	type fragments struct {
-		count   int
+		count int
 		blown bool // a fragment's fuse is blown
 	}
 	confsOf, fragsOf := make(map[int64][]int64, len(w.Instances)), make(map[int64]fragments, len(w.Instances))
