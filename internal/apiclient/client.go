@@ -425,6 +425,27 @@ func (c *Client) All(ctx context.Context) (views.All, error) {
 	return a, err
 }
 
+// Controllers asks every controller the client was given, one by one, what it is (GET
+// /dw/v1/controller): one row each, in the order given; one that cannot be reached, or
+// answers with an error, is a row with role "unreachable" and the reason. It needs no
+// leader.
+func (c *Client) Controllers(ctx context.Context) []views.Controller {
+	rows := make([]views.Controller, 0, len(c.targets))
+	for _, t := range c.targets {
+		v := views.Controller{}
+		raw, err := c.send(ctx, t, "GET", "/dw/v1/controller", false, nil)
+		if err == nil {
+			err = json.Unmarshal(raw, &v)
+		}
+		if err != nil {
+			v = views.Controller{Role: "unreachable", Error: err.Error()}
+		}
+		v.Address = t.address
+		rows = append(rows, v)
+	}
+	return rows
+}
+
 // Setup creates a session.
 func (c *Client) Setup(ctx context.Context, req lifecycle.Setup) error {
 	return c.Do(ctx, "POST", "/dw/v1/sessions", req, nil)

@@ -117,6 +117,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctl.SetSecret(token)
 	srv := controller.NewServer(ctl, token, cfg.Controller.WLMUsers, log)
+	srv.Version = Version
 	var el *ha.Elector
 	if cfg.HA.Enabled {
 		if cfg.Controller.Listen == "" {

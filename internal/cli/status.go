@@ -16,6 +16,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/units"
+	"github.com/spillway-hpc/spillway/internal/views"
 )
 
 const dwstatUsage = `Usage: dwstat [options] [TABLE...]
@@ -25,7 +26,9 @@ TABLEs: pools, nodes, sessions, instances, configurations, registrations, activa
 fragments, namespaces, stages (Spillway's: staging progress, then the finished stages kept
 after their sessions went, [stage] history of them), accounting (Spillway's: bytes,
 operations, files, capacity and write window per instance and storage node; not in all),
-and the words most (pools, sessions, instances, configurations, registrations,
+controllers (Spillway's: each controller given, asked one by one whether it is the only
+one, leads or follows and whom, its store engine and version; works with no leader
+elected; not in all), and the words most (pools, sessions, instances, configurations, registrations,
 activations) and all. Singular and short names work too (instance, inst, frag, nss, acct).
 
 Sizes print in binary units with at most two decimals (7.28TiB) unless -b; times are
@@ -40,6 +43,8 @@ Examples:
   dwstat -b pools         granularity and sizes in bytes
   dwstat --json sessions
   dwstat accounting       what each instance read and wrote, per storage node
+  dwstat --controller https://ctl1:7700,https://ctl2:7700 controllers
+                          which of several controllers leads
 `
 
 func dwstatMain(args []string, stdout, stderr io.Writer) int {
@@ -69,7 +74,13 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer sess.Close()
-	all, err := sess.client.All(background())
+	var all views.All
+	if slices.ContainsFunc(tables, func(t string) bool { return t != "controllers" }) {
+		all, err = sess.client.All(background())
+	}
+	if slices.Contains(tables, "controllers") { // each one's own answer: no leader needed
+		all.Controllers = sess.client.Controllers(background())
+	}
 	if err == nil && slices.Contains(tables, "accounting") {
 		var list controller.AccountingList
 		list, err = sess.client.AllAccounting(background())

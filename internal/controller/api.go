@@ -64,6 +64,8 @@ type Server struct {
 	privileged map[uint32]bool
 	mux        *http.ServeMux
 	lead       Leadership // nil: the only controller (no [ha])
+	// Version is the running Spillway's version, shown by GET /dw/v1/controller.
+	Version string
 	// Routes lists "METHOD /path" patterns, for the OpenAPI consistency test.
 	Routes []string
 }
@@ -85,6 +87,7 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 		w.Write(openAPIDocument)
 	})
 	s.handle("GET /dw/v1/all", s.all)
+	s.handle("GET /dw/v1/controller", s.controllerSelf)
 	s.handle("GET /dw/v1/{table}", s.table)
 	s.handle("POST /dw/v1/sessions", s.setup)
 	s.handle("POST /dw/v1/sessions/{token}/data_in", s.stages(model.StageIn))
@@ -309,6 +312,24 @@ func (s *Server) visible(r *http.Request, all views.All) views.All {
 		return all.VisibleTo(c.uid)
 	}
 	return all
+}
+
+// controllerSelf answers GET /dw/v1/controller: which role this controller plays. It answers
+// with no leader elected too (that is when an admin asks).
+func (s *Server) controllerSelf(w http.ResponseWriter, r *http.Request) {
+	v := views.Controller{Role: "only", Engine: s.c.cfg.Store.Engine, Version: s.Version}
+	if s.lead != nil {
+		v.Role, v.Advertise = "following", s.c.cfg.HA.Advertise
+		if s.lead.Leading() {
+			v.Role = "leading"
+		}
+		leader, err := s.lead.Leader(r.Context())
+		if err != nil {
+			v.Error = err.Error()
+		}
+		v.Leader = leader
+	}
+	httpapi.WriteJSON(w, 200, v)
 }
 
 func (s *Server) setup(w http.ResponseWriter, r *http.Request) {

@@ -23,7 +23,7 @@ type Options struct {
 var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations", "registrations", "activations", "fragments", "namespaces", "stages"}
 
 // Spillway's own tables: known by name, not printed by `all` (DataWarp's dwstat has none).
-var Own = []string{"accounting"}
+var Own = []string{"accounting", "controllers"}
 
 // Most is what `dwstat most` prints.
 var Most = []string{"pools", "sessions", "instances", "configurations", "registrations", "activations"}
@@ -36,7 +36,7 @@ var Aliases = map[string]string{
 	"activation": "activations", "activ": "activations", "activs": "activations",
 	"fragment": "fragments", "frag": "fragments", "frags": "fragments",
 	"namespace": "namespaces", "nss": "namespaces", "ns": "namespaces", "stage": "stages",
-	"acct": "accounting",
+	"acct": "accounting", "controller": "controllers", "ctl": "controllers", "ctls": "controllers",
 }
 
 // Resolve turns command-line words into table names: aliases, `most`, `all`; no words means
@@ -274,6 +274,16 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 			rows = append(rows, []string{id(r.RealmID), r.Token, "*", size(r.BytesWritten), size(r.BytesRead), u(r.WriteOps), u(r.ReadOps),
 				u(r.FilesCreated), size(r.CapacityUsed), size(r.CapacityMax), "-", "-", "-", size(r.StageBytesIn), size(r.StageBytesOut)})
 		}
+	case "controllers":
+		// One row per controller the command was given, as each answered for itself.
+		header, empty = []string{"address", "role", "leader", "engine", "version"}, "no controllers"
+		for _, c := range a.Controllers {
+			role := c.Role
+			if c.Error != "" {
+				role += ": " + c.Error
+			}
+			rows = append(rows, []string{c.Address, role, orDash(c.Leader), orDash(c.Engine), orDash(c.Version)})
+		}
 	case "stages":
 		header, empty = []string{"stage", "sess", "token", "dir", "type", "status", "files", "bytes", "source", "destination"}, "no stages"
 		// The live stages, then the finished ones kept after their sessions went.
@@ -334,6 +344,11 @@ func Select(a views.All, tables []string) map[string]any {
 			out[t] = a.Accounting
 			if a.Accounting == nil {
 				out[t] = []views.Accounting{}
+			}
+		case "controllers":
+			out[t] = a.Controllers
+			if a.Controllers == nil {
+				out[t] = []views.Controller{}
 			}
 		}
 	}

@@ -245,6 +245,27 @@ type All struct {
 	// Accounting is filled only by callers that ask for it (GET /dw/v1/accounting): Build
 	// leaves it empty.
 	Accounting []Accounting `json:"accounting,omitempty"`
+	// Controllers is filled only by dwstat controllers, which asks each listed controller
+	// (GET /dw/v1/controller): Build leaves it empty.
+	Controllers []Controller `json:"controllers,omitempty"`
+}
+
+// Controller is what one controller says of itself (GET /dw/v1/controller): whether it is
+// the only one, leads or follows (and whom), on which store engine, at which version.
+type Controller struct {
+	// Address is the address the caller reached it at (filled by the client).
+	Address string `json:"address,omitempty"`
+	// Role: "only" (no [ha]), "leading", "following", or "unreachable" (filled by the client,
+	// with Error).
+	Role string `json:"role"`
+	// Leader is the leader's advertised address as the controller reads it from the
+	// election ("" while none is elected, or with no [ha]).
+	Leader string `json:"leader,omitempty"`
+	// Advertise is its own advertised address (ha.advertise).
+	Advertise string `json:"advertise,omitempty"`
+	Engine    string `json:"engine,omitempty"`
+	Version   string `json:"version,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // Tables are the tables of All that a world renders, in dwstat's order (stage_history is

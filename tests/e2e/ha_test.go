@@ -579,6 +579,17 @@ func TestHALeaderPartitionedAndKilled(t *testing.T) {
 		err := ctl1.Do(context.Background(), "POST", "/dw/v1/pools", map[string]any{"name": "from_deposed", "granularity": 1 << 30}, nil)
 		return errors.As(err, &apiErr) && apiErr.Kind == "not_leader" && strings.Contains(apiErr.Msg, r.hosts["ctl2"].addr)
 	})
+	// What an admin sees: each controller asked in turn, ctl2 leading and ctl1 following it.
+	r.waitFor("dwstat controllers to show ctl2 leading and ctl1 following it", func() bool {
+		rows := r.client.Controllers(context.Background())
+		roles := map[string]views.Controller{}
+		for _, row := range rows {
+			roles[row.Advertise] = row
+		}
+		advertised := func(ctl string) string { return "http://" + r.hosts[ctl].addr + ":7700" }
+		c1, c2 := roles[advertised("ctl1")], roles[advertised("ctl2")]
+		return len(rows) == 2 && c2.Role == "leading" && c1.Role == "following" && c1.Leader == advertised("ctl2") && c1.Engine == "etcd"
+	})
 	all, err := r.client.All(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -767,6 +767,11 @@ func (h *fileHandle) do(ctx context.Context, call *client.Call, setID func(uint6
 			return errno
 		}
 		if errno := h.reopen(ctx, gen); errno != 0 {
+			if errno == syscall.EINTR {
+				// The reopen's redial was interrupted (a signal to the caller: FUSE
+				// cancels the request): the caller restarts the call, which reopens again.
+				return syscall.EINTR
+			}
 			return syscall.EIO
 		}
 	}
