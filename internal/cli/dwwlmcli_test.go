@@ -165,3 +165,28 @@ func TestWLMListingCutOffPrintsOneLine(t *testing.T) {
 		}
 	}
 }
+
+// Any answer: the check never panics; what it accepts is framed as {"sessions":[...]} with a
+// newline; a compact, valid {"sessions": [...]} and nothing else is accepted as it is.
+func FuzzListingDocument(f *testing.F) {
+	f.Add([]byte(`{"sessions":[{"token":"a'b","links":{"client_nodes":["n]1"]},"e":"x\\"}]}` + "\n"))
+	f.Add([]byte(`{"sessions":[]}`))
+	f.Add([]byte(`{"sessions":["\`))
+	f.Fuzz(func(t *testing.T, answer []byte) {
+		doc, err := listingDocument("sessions", answer)
+		if err == nil && (!bytes.HasPrefix(doc, []byte(`{"sessions":[`)) || !bytes.HasSuffix(doc, []byte("]}\n"))) {
+			t.Fatalf("%q accepted as %q", answer, doc)
+		}
+		var compact bytes.Buffer
+		if json.Compact(&compact, answer) != nil || !bytes.Equal(compact.Bytes(), answer) {
+			return
+		}
+		var one map[string]json.RawMessage
+		if json.Unmarshal(answer, &one) != nil || !bytes.HasPrefix(one["sessions"], []byte("[")) || string(answer) != `{"sessions":`+string(one["sessions"])+"}" {
+			return
+		}
+		if want := strings.ReplaceAll(string(answer), "'", `\u0027`) + "\n"; err != nil || string(doc) != want {
+			t.Fatalf("%q: %q %v, want it accepted as %q", answer, doc, err, want)
+		}
+	})
+}
