@@ -20,12 +20,13 @@ import (
 // The zero value is an empty cache, ready to use.
 type Shared struct {
 	mu     sync.Mutex
-	tables map[string]map[string]sharedRecord // kind → key → record, replaced whole by each listing
+	tables map[string][]sharedRecord // kind → its records in key order, replaced whole by each listing
 }
 
-// sharedRecord is one record as a listing read it: its bytes and the object they decode to
-// (a *T of the table's type). Never changed once made: listings share it.
+// sharedRecord is one record as a listing read it: its key, its bytes and the object they
+// decode to (a *T of the table's type). Never changed once made: listings share it.
 type sharedRecord struct {
+	key string
 	raw []byte
 	obj any
 }
@@ -41,7 +42,7 @@ func (s *Shared) Records() int {
 	return n
 }
 
-func (s *Shared) last(kind string) map[string]sharedRecord {
+func (s *Shared) last(kind string) []sharedRecord {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.tables[kind]
@@ -50,11 +51,11 @@ func (s *Shared) last(kind string) map[string]sharedRecord {
 // keep publishes what a listing read as the kind's records. Two listings at once each build
 // their own map from what they read, and the later publication wins: either is the whole
 // table as of some transaction, and the next listing compares bytes anyway.
-func (s *Shared) keep(kind string, records map[string]sharedRecord) {
+func (s *Shared) keep(kind string, records []sharedRecord) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.tables == nil {
-		s.tables = map[string]map[string]sharedRecord{}
+		s.tables = map[string][]sharedRecord{}
 	}
 	s.tables[kind] = records
 }
@@ -63,13 +64,18 @@ func (s *Shared) keep(kind string, records map[string]sharedRecord) {
 // decoding only the records whose bytes differ from those the previous listing of the table
 // read. The objects are shared (see Shared): read them, never change them.
 func (t Table[T]) ListShared(tx *Tx, s *Shared) ([]*T, error) {
-	before := s.last(t.kind)
-	now := make(map[string]sharedRecord, len(before))
+	// Both the last listing and this scan are in key order: one walk of each matches a key
+	// to its record of last time, without hashing.
+	before, next := s.last(t.kind), 0
+	now := make([]sharedRecord, 0, len(before))
 	out := make([]*T, 0, len(before))
 	err := tx.kv.Scan(t.kind, func(key string, raw []byte) error {
-		if r, ok := before[key]; ok && bytes.Equal(r.raw, raw) {
-			now[key] = r
-			out = append(out, r.obj.(*T))
+		for next < len(before) && before[next].key < key {
+			next++ // gone since, or a key this scan did not come to in order
+		}
+		if next < len(before) && before[next].key == key && bytes.Equal(before[next].raw, raw) {
+			now = append(now, before[next])
+			out = append(out, before[next].obj.(*T))
 			return nil
 		}
 		obj := new(T)
@@ -77,7 +83,7 @@ func (t Table[T]) ListShared(tx *Tx, s *Shared) ([]*T, error) {
 			return fmt.Errorf("%s %s: corrupt record: %v", t.kind, key, err)
 		}
 		// A copy: the engine's buffer is not ours to keep past the scan.
-		now[key] = sharedRecord{raw: bytes.Clone(raw), obj: obj}
+		now = append(now, sharedRecord{key: key, raw: bytes.Clone(raw), obj: obj})
 		out = append(out, obj)
 		return nil
 	})
