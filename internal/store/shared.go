@@ -60,27 +60,56 @@ func (s *Shared) keep(kind string, records []sharedRecord) {
 	s.tables[kind] = records
 }
 
+// sharedLookahead is how many records of the last listing a record's bytes are compared
+// with before it is decoded: deleted records in between cost no decoding, up to this many
+// in a row.
+const sharedLookahead = 4
+
+// ValueScanner is a KV that can read one kind's values without their keys, in ascending key
+// order (SQLite: a column fewer per row). Listings through Shared need no more; engines
+// without it (etcd) are read with Scan.
+type ValueScanner interface {
+	ScanValues(kind string, fn func(value []byte) error) error
+}
+
+// scanValues visits the values of kind in key order, through ValueScanner when the engine
+// has it.
+func (tx *Tx) scanValues(kind string, fn func(value []byte) error) error {
+	if vs, ok := tx.kv.(ValueScanner); ok {
+		return vs.ScanValues(kind, fn)
+	}
+	return tx.kv.Scan(kind, func(_ string, value []byte) error { return fn(value) })
+}
+
 // ListShared is List through the cache s: every object of the table in key order, as of tx,
 // decoding only the records whose bytes differ from those the previous listing of the table
 // read. The objects are shared (see Shared): read them, never change them.
 func (t Table[T]) ListShared(tx *Tx, s *Shared) ([]*T, error) {
-	// Both the last listing and this scan are in key order: one walk of each matches a key
-	// to its record of last time, without hashing.
+	// The last listing and this scan are both in key order: one walk of each matches a
+	// record to the one at its place last time. A record whose bytes are not there (changed,
+	// new, or after more deletions than the look-ahead) is decoded, and its key, from the
+	// object, finds its place in the last listing. No key is read: the values are enough
+	// (ValueScanner).
 	before, next := s.last(t.kind), 0
 	now := make([]sharedRecord, 0, len(before))
 	out := make([]*T, 0, len(before))
-	err := tx.kv.Scan(t.kind, func(key string, raw []byte) error {
-		for next < len(before) && before[next].key < key {
-			next++ // gone since, or a key this scan did not come to in order
-		}
-		if next < len(before) && before[next].key == key && bytes.Equal(before[next].raw, raw) {
-			now = append(now, before[next])
-			out = append(out, before[next].obj.(*T))
-			return nil
+	err := tx.scanValues(t.kind, func(raw []byte) error {
+		// At its place, or a few places on (the records between were deleted).
+		for ahead := next; ahead < min(next+sharedLookahead, len(before)); ahead++ {
+			if bytes.Equal(before[ahead].raw, raw) {
+				now = append(now, before[ahead])
+				out = append(out, before[ahead].obj.(*T))
+				next = ahead + 1
+				return nil
+			}
 		}
 		obj := new(T)
 		if err := json.Unmarshal(raw, obj); err != nil {
-			return fmt.Errorf("%s %s: corrupt record: %v", t.kind, key, err)
+			return fmt.Errorf("%s: corrupt record: %v (%.80q)", t.kind, err, raw)
+		}
+		key := t.key(obj)
+		for next < len(before) && before[next].key <= key {
+			next++ // gone since, or this record as it was
 		}
 		// A copy: the engine's buffer is not ours to keep past the scan.
 		now = append(now, sharedRecord{key: key, raw: bytes.Clone(raw), obj: obj})
