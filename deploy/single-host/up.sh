@@ -26,6 +26,8 @@ Options:
   --granularity SIZE   the pool's allocation unit (default 1GiB)
   --no-install         do not run apt-get or build; use what is installed
   --spillway PATH      the spillway binary to use (default bin/spillway of this tree)
+  --dw-wlm-cli PATH    the small dw_wlm_cli binary Slurm runs, dwstat and dwcli too
+                       (default dw_wlm_cli beside the spillway binary)
   -h, --help           this text
 
 Run as root. Stop everything with: deploy/single-host/down.sh --dir DIR
@@ -39,6 +41,7 @@ capacity=16GiB
 granularity=1GiB
 install=1
 binary=
+small=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--dir) dir=$2; shift 2 ;;
@@ -48,6 +51,7 @@ while [ $# -gt 0 ]; do
 	--granularity) granularity=$2; shift 2 ;;
 	--no-install) install=0; shift ;;
 	--spillway) binary=$2; shift 2 ;;
+	--dw-wlm-cli) small=$2; shift 2 ;;
 	-h | --help) usage; exit 0 ;;
 	*) echo "up.sh: unknown option $1 (see --help)" >&2; exit 64 ;;
 	esac
@@ -67,6 +71,7 @@ fi
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
 binary=${binary:-$top/bin/spillway}
+small=${small:-$(dirname "$binary")/dw_wlm_cli}
 say() { printf '[up] %s\n' "$*"; }
 
 # wait_for SECONDS WHAT COMMAND...: retry COMMAND every 0.2 s until it succeeds.
@@ -108,9 +113,9 @@ if [ $install = 1 ]; then
 		apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 	fi
 fi
-for prog in /usr/sbin/slurmctld /usr/sbin/slurmd /usr/bin/sbatch /usr/sbin/munged "$binary"; do
-	if [ ! -x "$prog" ]; then
-		echo "up.sh: $prog is missing (run without --no-install to install it)" >&2
+for prog in /usr/sbin/slurmctld /usr/sbin/slurmd /usr/bin/sbatch /usr/sbin/munged "$binary" "$small"; do
+	if [ ! -x "$prog" ] || [ -d "$prog" ]; then
+		echo "up.sh: $prog is missing (run without --no-install to install it, or name it with --spillway / --dw-wlm-cli)" >&2
 		exit 1
 	fi
 done
@@ -123,9 +128,14 @@ state="$dir/up.state"
 echo "dir=$dir" >"$state"
 record() { echo "$1" >>"$state"; }
 
-# The binary, copied so that the slurm user can reach it whatever the source tree's modes.
+# The binaries, copied so that the slurm user can reach them whatever the source tree's modes:
+# spillway for the daemons, the small dw_wlm_cli for Slurm (dwstat and dwcli link to it; it
+# runs the spillway beside it for a one-machine home). A former run's links go first, so that
+# nothing is written through them.
+rm -f "$dir/bin/spillway" "$dir/bin/dw_wlm_cli" "$dir/bin/dwstat" "$dir/bin/dwcli"
 install -m 0755 "$binary" "$dir/bin/spillway"
-for name in dw_wlm_cli dwstat dwcli; do ln -sf spillway "$dir/bin/$name"; done
+install -m 0755 "$small" "$dir/bin/dw_wlm_cli"
+for name in dwstat dwcli; do ln -s dw_wlm_cli "$dir/bin/$name"; done
 
 # --- The ordinary user.
 if ! id "$user" >/dev/null 2>&1; then

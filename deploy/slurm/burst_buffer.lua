@@ -9,7 +9,7 @@ Install (see docs/slurm.md):
   slurm.conf:          BurstBufferType=burst_buffer/lua
   burst_buffer.conf:   Directive=DW          (so that #DW lines are burst-buffer lines)
   this file:           burst_buffer.lua, next to slurm.conf
-  the program:         /usr/local/sbin/dw_wlm_cli, a link to spillway, or set
+  the program:         /usr/local/sbin/dw_wlm_cli (the small binary), or set
                        SPILLWAY_DW_WLM_CLI in slurmctld's environment
   configuration:       /etc/spillway/spillway.toml (or SPILLWAY_CONFIG in slurmctld's
                        environment); SlurmUser listed in controller.wlm_users

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
-	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/views"
@@ -391,13 +391,13 @@ func (c *Client) send(ctx context.Context, t *target, method, path string, hasBo
 		return nil, fmt.Errorf("%w: %v", errReadBody, err)
 	}
 	if resp.StatusCode >= 300 {
-		var apiErr controller.APIError
+		var apiErr controllerapi.APIError
 		if json.Unmarshal(data, &apiErr) != nil || apiErr.Error == "" {
 			apiErr.Error = fmt.Sprintf("controller answered %s: %s", resp.Status, strings.TrimSpace(string(data)))
 		}
 		e := &Error{Status: resp.StatusCode, Kind: apiErr.Kind, Msg: apiErr.Error}
 		if e.Kind == "not_leader" {
-			return nil, &notLeader{leader: resp.Header.Get(controller.LeaderHeader), err: e}
+			return nil, &notLeader{leader: resp.Header.Get(controllerapi.LeaderHeader), err: e}
 		}
 		return nil, e
 	}
@@ -453,12 +453,12 @@ func (c *Client) Setup(ctx context.Context, req lifecycle.Setup) error {
 
 // Stages asks for stage-ins ("in") or stage-outs ("out").
 func (c *Client) Stages(ctx context.Context, token, direction string, reqs []lifecycle.StageRequest) error {
-	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/data_"+direction, controller.StagesRequest{Stages: reqs}, nil)
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/data_"+direction, controllerapi.StagesRequest{Stages: reqs}, nil)
 }
 
 // PreRun mounts the session on compute nodes.
 func (c *Client) PreRun(ctx context.Context, token string, nodes []string) error {
-	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/pre_run", controller.PreRunRequest{Nodes: nodes}, nil)
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/pre_run", controllerapi.PreRunRequest{Nodes: nodes}, nil)
 }
 
 // PostRun unmounts it.
@@ -468,7 +468,7 @@ func (c *Client) PostRun(ctx context.Context, token string) error {
 
 // Teardown destroys a session.
 func (c *Client) Teardown(ctx context.Context, token string, hurry bool) error {
-	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/teardown", controller.TeardownRequest{Hurry: hurry}, nil)
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/teardown", controllerapi.TeardownRequest{Hurry: hurry}, nil)
 }
 
 // Status reports progress with a step. With wait > 0 the controller answers as soon as the
@@ -494,16 +494,16 @@ func (c *Client) Paths(ctx context.Context, token string) (map[string]string, er
 
 // ReleaseRegistration sets a registration's wait flag to false.
 func (c *Client) ReleaseRegistration(ctx context.Context, id int64) error {
-	return c.Do(ctx, "PATCH", fmt.Sprintf("/dw/v1/registrations/%d", id), controller.RegistrationUpdate{Wait: false}, nil)
+	return c.Do(ctx, "PATCH", fmt.Sprintf("/dw/v1/registrations/%d", id), controllerapi.RegistrationUpdate{Wait: false}, nil)
 }
 
 // SetDrain drains or fills a node.
 func (c *Client) SetDrain(ctx context.Context, node string, drain bool, reason string) error {
-	return c.Do(ctx, "PATCH", "/dw/v1/nodes/"+esc(node), controller.NodeUpdate{Drain: &drain, Reason: reason}, nil)
+	return c.Do(ctx, "PATCH", "/dw/v1/nodes/"+esc(node), controllerapi.NodeUpdate{Drain: &drain, Reason: reason}, nil)
 }
 
 // UpdateNode changes a node (dwcli update node): the fields given change, the others stay.
-func (c *Client) UpdateNode(ctx context.Context, node string, u controller.NodeUpdate) error {
+func (c *Client) UpdateNode(ctx context.Context, node string, u controllerapi.NodeUpdate) error {
 	return c.Do(ctx, "PATCH", "/dw/v1/nodes/"+esc(node), u, nil)
 }
 
@@ -530,7 +530,7 @@ func (c *Client) ReplaceFuse(ctx context.Context, table string, id int64) error 
 
 // CreatePool creates a pool.
 func (c *Client) CreatePool(ctx context.Context, name string, granularity uint64) error {
-	return c.Do(ctx, "POST", "/dw/v1/pools", controller.PoolCreate{ID: name, Granularity: granularity}, nil)
+	return c.Do(ctx, "POST", "/dw/v1/pools", controllerapi.PoolCreate{ID: name, Granularity: granularity}, nil)
 }
 
 // Heartbeat reports an agent.
@@ -595,19 +595,19 @@ func (c *Client) NextRunID(ctx context.Context) (int64, error) {
 // RenewLease renews a spillway run session's lease (release: the run ends and keeps the
 // session on purpose) and returns the lease's length; 0 means the controller keeps none.
 func (c *Client) RenewLease(ctx context.Context, token string, release bool) (time.Duration, error) {
-	var out controller.LeaseReply
-	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/lease", controller.LeaseRequest{Release: release}, &out)
+	var out controllerapi.LeaseReply
+	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/lease", controllerapi.LeaseRequest{Release: release}, &out)
 	return time.Duration(out.Seconds * float64(time.Second)), err
 }
 
 // JobStages records in-job stage requests (libdatawarp, dwcli stage).
 func (c *Client) JobStages(ctx context.Context, token string, reqs []lifecycle.InJobStage) error {
-	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages", controller.JobStagesRequest{Stages: reqs}, nil)
+	return c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages", controllerapi.JobStagesRequest{Stages: reqs}, nil)
 }
 
 // QueryJobStages returns the stages concerning a path of variable v and their counts.
-func (c *Client) QueryJobStages(ctx context.Context, token, v, p string) (controller.JobStagesReply, error) {
-	var out controller.JobStagesReply
+func (c *Client) QueryJobStages(ctx context.Context, token, v, p string) (controllerapi.JobStagesReply, error) {
+	var out controllerapi.JobStagesReply
 	q := "?var=" + url.QueryEscape(v) + "&path=" + url.QueryEscape(p)
 	err := c.Do(ctx, "GET", "/dw/v1/sessions/"+esc(token)+"/job_stages"+q, nil, &out)
 	return out, err
@@ -618,15 +618,15 @@ func (c *Client) TerminateJobStages(ctx context.Context, token, v, p string) (in
 	var out struct {
 		N int `json:"terminated"`
 	}
-	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages/terminate", controller.TerminateRequest{Var: v, Path: p}, &out)
+	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages/terminate", controllerapi.TerminateRequest{Var: v, Path: p}, &out)
 	return out.N, err
 }
 
 // SetStageConcurrency sets how many of the job's in-job stages may run at once and returns
 // the limit the controller set (clamped to its stage.max_job_concurrency).
 func (c *Client) SetStageConcurrency(ctx context.Context, token string, n int) (int, error) {
-	var out controller.ConcurrencyRequest
-	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages/concurrency", controller.ConcurrencyRequest{Concurrency: n}, &out)
+	var out controllerapi.ConcurrencyRequest
+	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages/concurrency", controllerapi.ConcurrencyRequest{Concurrency: n}, &out)
 	return out.Concurrency, err
 }
 
@@ -657,8 +657,8 @@ func (c *Client) SessionAccounting(ctx context.Context, token string) (views.Acc
 
 // AllAccounting is every visible instance's live accounting record, and the number of
 // records waiting for the accounting log (GET /accounting).
-func (c *Client) AllAccounting(ctx context.Context) (controller.AccountingList, error) {
-	var out controller.AccountingList
+func (c *Client) AllAccounting(ctx context.Context) (controllerapi.AccountingList, error) {
+	var out controllerapi.AccountingList
 	err := c.Do(ctx, "GET", "/dw/v1/accounting", nil, &out)
 	return out, err
 }

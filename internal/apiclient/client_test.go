@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 )
 
@@ -33,7 +33,7 @@ func (cs *controllers) start(t *testing.T) string {
 		cs.auth[me] = append(cs.auth[me], r.Header.Get("Authorization"))
 		cs.mu.Unlock()
 		if r.Method != http.MethodGet && me != leader {
-			w.Header().Set(controller.LeaderHeader, leader)
+			w.Header().Set(controllerapi.LeaderHeader, leader)
 			httpapi.WriteError(w, http.StatusServiceUnavailable, "not_leader", "not the leader")
 			return
 		}

@@ -1,5 +1,8 @@
-// Package cli holds the command mains of the multi-call `spillway` binary: thin layers that
-// parse flags, connect to the controller and print. The behaviour lives in the libraries.
+// Package cli holds DataWarp's commands (dw_wlm_cli, dwstat, dwcli) and spillway persistent:
+// thin layers that parse flags, connect to the controller and print. The behaviour lives in
+// the libraries. It links no daemon: both the full spillway binary (package spillwaycli, which
+// adds the daemons, run, home, admin, ...) and the small dw_wlm_cli binary (cmd/dw_wlm_cli)
+// run these commands, the same code in both.
 package cli
 
 import (
@@ -16,109 +19,34 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/config"
-	"github.com/spillway-hpc/spillway/internal/embedded"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
-	"github.com/spillway-hpc/spillway/internal/stage"
 )
 
 // Version is set at build time (-ldflags "-X .../cli.Version=...").
 var Version = "0.1.0-dev"
 
-const mainUsage = `spillway — an open-source, DataWarp-compatible burst buffer
+// DataWarpCommands are the commands a binary runs when called by their name (a link named
+// dwstat, ...), in the full spillway binary and the small dw_wlm_cli one alike.
+var DataWarpCommands = []string{"dw_wlm_cli", "dwstat", "dwcli"}
 
-Usage:
-  spillway <command> [options] [arguments]
-
-Commands for everyone:
-  run SCRIPT [ARGS]     run a job script with #DW/#BB directives on this machine
-  persistent            create, list and destroy persistent instances
-  dwstat [TABLE...]     show pools, sessions, instances, ... (DataWarp's dwstat)
-  home status|stop      the background server of a one-machine home ($SPILLWAY_HOME)
-  layout [-o FILE]      snapshot of pools, nodes and instances for the bbsim simulator
-  stripes FILE...       which storage node holds which stripes of a file
-  config defaults       print every configuration key with its default
-
-Daemons (administrators):
-  controller            the DataWarp service: state, API, executor
-  agent                 the daemon of a storage and/or compute node
-  dwcli                 administrative changes: pools, nodes, sessions, fuses (dwcli --help)
-  dw_wlm_cli            the workload manager's interface (Slurm's GetSysState)
-  node-key NAME         print node NAME's own credential, for its agent.token_file
-
-Other:
-  version               print the version
-  help [COMMAND]        show a command's usage
-
-The binary also answers to the names dwstat, dwcli and dw_wlm_cli (make symbolic links).
-Every command takes --help. Documentation: docs/ in the source tree (README.md to start).
-`
-
-// Main runs the command named by argv and returns the exit status.
-func Main(argv []string) int {
-	name := filepath.Base(argv[0])
-	args := argv[1:]
+// RunDataWarp runs the DataWarp command name (one of DataWarpCommands) with args; ok is false
+// when name is none of them.
+func RunDataWarp(name string, args []string) (code int, ok bool) {
 	switch name {
 	case "dwstat":
-		return dwstatMain(args, os.Stdout, os.Stderr)
+		return dwstatMain(args, os.Stdout, os.Stderr), true
 	case "dwcli":
-		return dwcliMain(args, os.Stdout, os.Stderr)
+		return dwcliMain(args, os.Stdout, os.Stderr), true
 	case "dw_wlm_cli":
 		// Slurm merges stdout and stderr: everything goes to stdout.
-		return dwWLMMain(args, os.Stdout, os.Stdout)
+		return dwWLMMain(args, os.Stdout, os.Stdout), true
 	}
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, mainUsage)
-		return 64
-	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "run":
-		return runMain(rest, os.Stdout, os.Stderr)
-	case "persistent":
-		return persistentMain(rest, os.Stdout, os.Stderr)
-	case "dwstat":
-		return dwstatMain(rest, os.Stdout, os.Stderr)
-	case "layout":
-		return layoutMain(rest, os.Stdout, os.Stderr)
-	case "stripes":
-		return stripesMain(rest, os.Stdout, os.Stderr)
-	case "dwcli":
-		return dwcliMain(rest, os.Stdout, os.Stderr)
-	case "dw_wlm_cli":
-		return dwWLMMain(rest, os.Stdout, os.Stdout)
-	case "controller":
-		return controllerMain(rest, os.Stdout, os.Stderr)
-	case "agent":
-		return agentMain(rest, os.Stdout, os.Stderr)
-	case "config":
-		return configMain(rest, os.Stdout, os.Stderr)
-	case "home":
-		return homeMain(rest, os.Stdout, os.Stderr)
-	case "node-key":
-		return nodeKeyMain(rest, os.Stdout, os.Stderr)
-	case "admin":
-		return adminMain(rest, os.Stdout, os.Stderr)
-	case "stage-worker":
-		// Hidden: the agent starts it, as the job's user, to move one stage's data.
-		return stage.WorkerMain(os.Stdin, os.Stdout)
-	case "version", "--version":
-		fmt.Println("spillway", Version)
-		return 0
-	case "help", "-h", "--help":
-		// "help COMMAND" is "COMMAND --help"; help about help (or an option) is the main usage.
-		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") && rest[0] != "help" {
-			return Main([]string{argv[0], rest[0], "--help"})
-		}
-		fmt.Print(mainUsage)
-		return 0
-	}
-	fmt.Fprintf(os.Stderr, "spillway: unknown command %q\n\n%s", cmd, mainUsage)
-	return 64
+	return 0, false
 }
 
-// newFlags makes a flag set whose -h/--help prints usage to stdout and exits 0, and whose
+// NewFlags makes a flag set whose -h/--help prints usage to stdout and exits 0, and whose
 // errors print the usage to stderr.
-func newFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
+func NewFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -131,7 +59,7 @@ func newFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
 
 // parse parses flags; it returns (exit status, false) when the command should stop. Help
 // goes to stdout once; a bad flag prints the flag package's message and the usage to stderr.
-func parse(fs *flag.FlagSet, args []string, stdout io.Writer) (int, bool) {
+func Parse(fs *flag.FlagSet, args []string, stdout io.Writer) (int, bool) {
 	usage := fs.Usage
 	fs.Usage = func() {} // the flag package would print it on -h too, to stderr
 	err := fs.Parse(args)
@@ -148,12 +76,12 @@ func parse(fs *flag.FlagSet, args []string, stdout io.Writer) (int, bool) {
 	return 0, true
 }
 
-// parseInterspersed is parse for commands whose arguments are names, never a program's
+// ParseInterspersed is parse for commands whose arguments are names, never a program's
 // arguments: options may follow them (dwstat sessions --json). "--" ends the options.
-func parseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) (int, bool) {
+func ParseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) (int, bool) {
 	var names []string
 	for {
-		if code, ok := parse(fs, args, stdout); !ok {
+		if code, ok := Parse(fs, args, stdout); !ok {
 			return code, false
 		}
 		rest := fs.Args()
@@ -170,8 +98,8 @@ func parseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) (int, 
 	return 0, true
 }
 
-// connection says how a command reaches a controller.
-type connection struct {
+// Connection says how a command reaches a controller.
+type Connection struct {
 	configPath string // --config: a system install's file
 	controller string // --controller: an address
 	tokenFile  string // --token-file
@@ -181,7 +109,8 @@ type connection struct {
 	lookOnly bool
 }
 
-func (c *connection) flags(fs *flag.FlagSet, withHome bool) {
+// Flags adds the connection's options to fs; withHome: --home too.
+func (c *Connection) Flags(fs *flag.FlagSet, withHome bool) {
 	fs.StringVar(&c.configPath, "config", "", "configuration file of a system install (default $SPILLWAY_CONFIG, else "+config.DefaultPath+" if it exists)")
 	fs.StringVar(&c.controller, "controller", "", "controller address: unix:/path/to/socket or http://host:port, or several controllers comma-separated (overrides the configuration)")
 	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the shared secret of a TCP controller")
@@ -190,8 +119,8 @@ func (c *connection) flags(fs *flag.FlagSet, withHome bool) {
 	}
 }
 
-// systemConfigPath returns the system configuration to use, "" for none.
-func (c *connection) systemConfigPath(embeddedByDefault bool) string {
+// SystemConfigPath returns the system configuration to use, "" for none.
+func (c *Connection) SystemConfigPath(embeddedByDefault bool) string {
 	if c.configPath != "" {
 		return c.configPath
 	}
@@ -217,26 +146,53 @@ func anyTCP(addr string) bool {
 	return false
 }
 
-// session is a connected command: its client, and the one-machine home it uses (if any).
-type session struct {
+// Session is a connected command: its client, the configuration it uses, and how to reach
+// the same controller again.
+type Session struct {
 	client *apiclient.Client
 	cfg    config.Config
-	home   *embedded.Home
 	// connArgs reach the same controller again (for the commands a run prints).
 	connArgs []string
 }
 
-func (s *session) Close() {}
+// NewSession is a session on client, for a controller that cfg configures.
+func NewSession(client *apiclient.Client, cfg config.Config, connArgs []string) *Session {
+	return &Session{client: client, cfg: cfg, connArgs: connArgs}
+}
 
-// connect reaches the controller: an explicit address, a system configuration, or the
-// one-machine home's server (started in the background when none runs).
-func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session, error) {
+func (s *Session) Client() *apiclient.Client { return s.client }
+func (s *Session) Config() config.Config     { return s.cfg }
+func (s *Session) ConnArgs() []string        { return s.connArgs }
+func (s *Session) Close()                    {}
+
+// OneMachineHome reaches the one-machine home in dir ("" for $SPILLWAY_HOME, else the
+// default) when no controller is configured; lookOnly: the command only reads, so a home that
+// does not exist is an error, never made. The full binary sets it (package spillwaycli: the
+// home's server is the embedded controller and agent); the small dw_wlm_cli binary sets it to
+// run the full binary instead (cmd/dw_wlm_cli).
+var OneMachineHome func(dir string, lookOnly bool) (*Session, error)
+
+// HomeDir is --home ("" when not given).
+func (c *Connection) HomeDir() string { return c.home }
+
+// LookOnly reports whether the command only reads the state (see Connection.lookOnly).
+func (c *Connection) LookOnly() bool { return c.lookOnly }
+
+// Configured reports whether the command reaches a configured controller (--controller, a
+// system configuration) rather than a one-machine home.
+func (c *Connection) Configured(embeddedByDefault bool) bool {
+	return c.controller != "" || c.SystemConfigPath(embeddedByDefault) != ""
+}
+
+// Connect reaches the controller: an explicit address, a system configuration, or the
+// one-machine home's server (OneMachineHome).
+func (c *Connection) Connect(embeddedByDefault bool, log *slog.Logger) (*Session, error) {
 	token, err := apiclient.TokenFromFile(c.tokenFile)
 	if err != nil {
 		return nil, err
 	}
-	path := c.systemConfigPath(embeddedByDefault)
-	if c.controller != "" || path != "" {
+	path := c.SystemConfigPath(embeddedByDefault)
+	if c.Configured(embeddedByDefault) {
 		cfg := config.Defaults()
 		if path != "" {
 			if cfg, err = config.Load(path); err != nil {
@@ -263,81 +219,73 @@ func (c *connection) connect(embeddedByDefault bool, log *slog.Logger) (*session
 		}
 		var connArgs []string
 		if c.configPath != "" || os.Getenv("SPILLWAY_CONFIG") != "" {
-			connArgs = append(connArgs, "--config", absOr(path))
+			connArgs = append(connArgs, "--config", AbsOr(path))
 		}
 		if c.controller != "" {
 			connArgs = append(connArgs, "--controller", c.controller)
 		}
 		if c.tokenFile != "" {
-			connArgs = append(connArgs, "--token-file", absOr(c.tokenFile))
+			connArgs = append(connArgs, "--token-file", AbsOr(c.tokenFile))
 		}
-		return &session{client: cl, cfg: cfg, connArgs: connArgs}, nil
+		return &Session{client: cl, cfg: cfg, connArgs: connArgs}, nil
 	}
-	home, err := c.openHome()
-	if err != nil {
-		return nil, err
+	if OneMachineHome == nil {
+		return nil, errors.New("no controller is configured: give --config FILE or --controller ADDRESS")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cl, err := home.Client(exe)
-	if err != nil {
-		return nil, err
-	}
-	var connArgs []string
-	if c.home != "" || os.Getenv("SPILLWAY_HOME") != "" {
-		connArgs = []string{"--home", home.Dir}
-	}
-	return &session{client: cl, cfg: home.Config, home: home, connArgs: connArgs}, nil
+	return OneMachineHome(c.home, c.lookOnly)
 }
 
-// openHome opens the one-machine home: --home, else the default.
-func (c *connection) openHome() (*embedded.Home, error) {
-	dir := c.home
-	if dir == "" {
-		var err error
-		if dir, err = embedded.DefaultDir(); err != nil {
-			return nil, err
-		}
-	}
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := os.Stat(filepath.Join(dir, embedded.ConfigName)); c.lookOnly && errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("no Spillway home at %s: nothing has run there yet (spillway run creates one); name another with --home DIR or SPILLWAY_HOME, or a system install with --config", dir)
-	}
-	return embedded.Open(dir)
-}
-
-func absOr(p string) string {
+// AbsOr is p made absolute, or p itself when it cannot be.
+func AbsOr(p string) string {
 	if a, err := filepath.Abs(p); err == nil {
 		return a
 	}
 	return p
 }
 
-// self is how this spillway was invoked, for the commands it prints: the name found on the
-// PATH, or the absolute path of the binary.
-func self() []string {
-	arg0 := os.Args[0]
-	if filepath.Base(arg0) != "spillway" {
-		// Invoked under another name (dwstat, ...): print the binary.
-		if exe, err := os.Executable(); err == nil {
-			return []string{exe}
-		}
-		return []string{"spillway"}
-	}
-	if strings.Contains(arg0, "/") {
-		return []string{absOr(arg0)}
-	}
-	return []string{arg0}
-}
-
-// quietLogger logs warnings and errors to stderr (daemons log more).
-func quietLogger(w io.Writer) *slog.Logger {
+// QuietLogger logs warnings and errors to stderr (daemons log more).
+func QuietLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 func background() context.Context { return context.Background() }
+
+// LoadSystemConfig reads the system install's configuration: path, else $SPILLWAY_CONFIG, else
+// /etc/spillway/spillway.toml; the built-in defaults when that does not exist. It returns
+// where the configuration came from.
+func LoadSystemConfig(path string) (config.Config, string, error) {
+	if path == "" {
+		path = os.Getenv("SPILLWAY_CONFIG")
+	}
+	if path == "" {
+		path = config.DefaultPath
+	}
+	if _, err := os.Stat(path); os.IsNotExist(err) && path == config.DefaultPath {
+		return config.Defaults(), "(built-in defaults)", nil
+	}
+	cfg, err := config.Load(path)
+	return cfg, path, err
+}
+
+// WriteFileAtomic writes data to a temporary file beside path and renames it into place.
+func WriteFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	_, werr := tmp.Write(data)
+	cerr := tmp.Close()
+	if werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Chmod(tmp.Name(), 0o644)
+	}
+	if werr == nil {
+		werr = os.Rename(tmp.Name(), path)
+	}
+	if werr != nil {
+		os.Remove(tmp.Name())
+	}
+	return werr
+}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/units"
@@ -178,7 +178,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	fs := newFlags("dwcli", dwcliShort, stderr)
+	fs := NewFlags("dwcli", dwcliShort, stderr)
 	fs.Usage = func() {
 		if fs.Output() == stdout {
 			fmt.Fprint(stdout, dwcliManual(firstWord(args)))
@@ -186,8 +186,8 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprint(stderr, dwcliShort)
 	}
-	var conn connection
-	conn.flags(fs, true)
+	var conn Connection
+	conn.Flags(fs, true)
 	name := fs.String("name", "", "pool or node name (nodes: a comma-separated list)")
 	gran := fs.String("granularity", "", "pool granularity, e.g. 16MiB")
 	drain := fs.Bool("drain", false, "update node: take no new fragments")
@@ -201,7 +201,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	replaceFuse := fs.Bool("replace-fuse", false, "update fragment|namespace|activation: try its failed effect again")
 	hurry := fs.Bool("hurry", false, "rm session: do not wait for stage-outs")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := parseInterspersed(fs, args, stdout); !ok {
+	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
 		return code
 	}
 	words := fs.Args()
@@ -269,7 +269,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	// The checks of each command's options, before connecting.
-	var nodeChange controller.NodeUpdate
+	var nodeChange controllerapi.NodeUpdate
 	var granularity uint64
 	switch command {
 	case "create pools":
@@ -326,7 +326,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	}
 
 	conn.lookOnly = verb == "ls"
-	sess, err := conn.connect(false, quietLogger(stderr))
+	sess, err := conn.Connect(false, QuietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "dwcli: %v\n", err)
 		return 1
@@ -483,7 +483,7 @@ func owningSession(all views.All, table string, id int64) (views.Session, error)
 }
 
 // waitGone polls the state until gone says so, within the client's step timeout.
-func waitGone(ctx context.Context, sess *session, gone func(views.All) bool) error {
+func waitGone(ctx context.Context, sess *Session, gone func(views.All) bool) error {
 	deadline := time.Now().Add(sess.cfg.Client.StepTimeout.D())
 	for {
 		all, err := sess.client.All(ctx)

@@ -30,7 +30,7 @@ type dwConfigNode struct {
 }
 
 func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("dwcli config", dwcliShort, stderr)
+	fs := NewFlags("dwcli config", dwcliShort, stderr)
 	fs.Usage = func() {
 		if fs.Output() == stdout {
 			fmt.Fprint(stdout, dwcliManual("config"))
@@ -38,11 +38,11 @@ func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprint(stderr, dwcliShort)
 	}
-	var conn connection
-	conn.flags(fs, true)
+	var conn Connection
+	conn.Flags(fs, true)
 	out := fs.String("o", "", "config backup: write to FILE instead of stdout")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := parseInterspersed(fs, args, stdout); !ok {
+	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
 		return code
 	}
 	words := fs.Args()
@@ -62,7 +62,7 @@ func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
 		return mistake("unknown command %q after config: expected backup or restore", words[0])
 	}
 	conn.lookOnly = words[0] == "backup"
-	sess, err := conn.connect(false, quietLogger(stderr))
+	sess, err := conn.Connect(false, QuietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "dwcli: %v\n", err)
 		return 1
@@ -95,7 +95,7 @@ func dwcliConfigMain(args []string, stdout, stderr io.Writer) int {
 			stdout.Write(raw)
 			return 0
 		}
-		if err := writeFileAtomic(*out, raw); err != nil {
+		if err := WriteFileAtomic(*out, raw); err != nil {
 			return fail(err)
 		}
 		return 0

@@ -54,9 +54,9 @@ with status N (the errno libdatawarp returns, negated): the machine interface li
 
 // dwcliStageMain runs `dwcli stage ...`.
 func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("dwcli stage", dwcliStageUsage, stderr)
-	var conn connection
-	conn.flags(fs, true)
+	fs := NewFlags("dwcli stage", dwcliStageUsage, stderr)
+	var conn Connection
+	conn.Flags(fs, true)
 	typ := fs.String("type", "", "file, directory or list")
 	when := fs.String("when", lifecycle.WhenImmediate, "stage out: immediate, at_job_end, revoke or activate")
 	asJSON := fs.Bool("json", false, "print JSON and exit with the errno")
@@ -66,7 +66,7 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, dwcliStageUsage)
 		return 64
 	}
-	if code, ok := parseInterspersed(fs, args, stdout); !ok {
+	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
 		if *asJSON || hasJSON(args) {
 			return jsonOut(stdout, nil, errorfErrno(syscall.EINVAL, "bad command line; see dwcli stage --help"))
 		}
@@ -107,7 +107,7 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 	}
 	st := &instage.Stager{Dial: func() (*apiclient.Client, error) {
-		sess, err := conn.connect(false, quietLogger(stderr))
+		sess, err := conn.Connect(false, QuietLogger(stderr))
 		if err != nil {
 			return nil, err
 		}

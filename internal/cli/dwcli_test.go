@@ -155,7 +155,7 @@ func TestDwcliCommands(t *testing.T) {
 	}
 	node := func(name string) views.Node {
 		t.Helper()
-		all, err := (&connection{controller: addr}).connectAll()
+		all, err := (&Connection{controller: addr}).connectAll()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,7 +297,7 @@ func waitAll(t *testing.T, addr string, ok func(views.All) bool) views.All {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		all, err := (&connection{controller: addr}).connectAll()
+		all, err := (&Connection{controller: addr}).connectAll()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -311,8 +311,8 @@ func waitAll(t *testing.T, addr string, ok func(views.All) bool) views.All {
 	}
 }
 
-func (c *connection) connectAll() (views.All, error) {
-	sess, err := c.connect(false, quietLogger(io.Discard))
+func (c *Connection) connectAll() (views.All, error) {
+	sess, err := c.Connect(false, QuietLogger(io.Discard))
 	if err != nil {
 		return views.All{}, err
 	}

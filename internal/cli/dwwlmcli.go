@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
-	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/directive"
 	"github.com/spillway-hpc/spillway/internal/jobspec"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
@@ -28,9 +28,11 @@ const dwWLMUsage = `Usage: dw_wlm_cli --function FUNCTION [options]
 
 The workload manager's interface to Spillway, with the exact protocol of Cray DataWarp's
 dw_wlm_cli as Slurm's burst_buffer/datawarp plugin drives it. Point burst_buffer.conf's
-GetSysState at this program (a link named dw_wlm_cli to the spillway binary, or
-"spillway dw_wlm_cli"). It runs as SlurmUser, which must be listed in controller.wlm_users,
-and reads $SPILLWAY_CONFIG or /etc/spillway/spillway.toml. See docs/slurm.md.
+GetSysState at this program: the small dw_wlm_cli binary installed beside spillway, which
+Slurm starts several times per job and which starts faster than the full spillway (that one
+runs the same code as "spillway dw_wlm_cli" or under the name dw_wlm_cli). It runs as
+SlurmUser, which must be listed in controller.wlm_users, and reads $SPILLWAY_CONFIG or
+/etc/spillway/spillway.toml. See docs/slurm.md.
 
 Functions:
   pools                 {"pools": [...]}: id, units, granularity, quantity, free
@@ -128,13 +130,13 @@ func dwWLMMain(args []string, stdout, stderr io.Writer) int {
 	}
 	// Always the system install's controller: $SPILLWAY_CONFIG, /etc/spillway/spillway.toml,
 	// or the built-in defaults (never a one-machine home).
-	cfg, _, err := loadSystemConfig("")
+	cfg, _, err := LoadSystemConfig("")
 	if err != nil {
 		fmt.Fprintf(stdout, "dw_wlm_cli: %s\n", oneLine(err.Error()))
 		return 1
 	}
-	conn := connection{controller: cfg.Client.Controller, tokenFile: cfg.Client.TokenFile}
-	sess, err := conn.connect(false, quietLogger(io.Discard))
+	conn := Connection{controller: cfg.Client.Controller, tokenFile: cfg.Client.TokenFile}
+	sess, err := conn.Connect(false, QuietLogger(io.Discard))
 	if err != nil {
 		fmt.Fprintf(stdout, "dw_wlm_cli: %s\n", oneLine(err.Error()))
 		return 1
@@ -241,7 +243,7 @@ func checkSiteLimits(s *directive.Script) error {
 	if s.JobDW == nil {
 		return nil
 	}
-	cfg, _, err := loadSystemConfig("")
+	cfg, _, err := LoadSystemConfig("")
 	if err != nil {
 		return err
 	}
@@ -249,7 +251,7 @@ func checkSiteLimits(s *directive.Script) error {
 	if err != nil || req.Instance == nil {
 		return err
 	}
-	if err := controller.WriteLimitsOf(cfg.Limits).Check(*req.Instance); err != nil {
+	if err := controllerapi.WriteLimitsOf(cfg.Limits).Check(*req.Instance); err != nil {
 		return fmt.Errorf("line %d: %v", s.JobDW.Line, err)
 	}
 	return nil

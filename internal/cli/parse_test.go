@@ -26,7 +26,7 @@ func TestParseInterspersed(t *testing.T) {
 	} {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		asJSON := fs.Bool("json", false, "")
-		code, ok := parseInterspersed(fs, tc.args, io.Discard)
+		code, ok := ParseInterspersed(fs, tc.args, io.Discard)
 		if !ok || code != 0 {
 			t.Fatalf("%q: parse failed (%d)", tc.args, code)
 		}
@@ -43,16 +43,16 @@ func TestParseInterspersed(t *testing.T) {
 // Help goes to stdout once, and nothing to stderr; a bad flag goes to stderr with the usage.
 func TestParseHelpOnce(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	fs := newFlags("spillway thing", "Usage: spillway thing\n", &stderr)
-	if code, ok := parse(fs, []string{"--help"}, &stdout); ok || code != 0 {
+	fs := NewFlags("spillway thing", "Usage: spillway thing\n", &stderr)
+	if code, ok := Parse(fs, []string{"--help"}, &stdout); ok || code != 0 {
 		t.Fatalf("--help: ok %v code %d", ok, code)
 	}
 	if n := strings.Count(stdout.String(), "Usage:"); n != 1 || stderr.Len() != 0 {
 		t.Errorf("--help printed usage %d times on stdout, %q on stderr", n, stderr.String())
 	}
 	stdout.Reset()
-	fs = newFlags("spillway thing", "Usage: spillway thing\n", &stderr)
-	if code, ok := parse(fs, []string{"--nope"}, &stdout); ok || code != 64 {
+	fs = NewFlags("spillway thing", "Usage: spillway thing\n", &stderr)
+	if code, ok := Parse(fs, []string{"--nope"}, &stdout); ok || code != 64 {
 		t.Fatalf("--nope: ok %v code %d", ok, code)
 	}
 	if !strings.Contains(stderr.String(), "-nope") || !strings.Contains(stderr.String(), "Usage:") || stdout.Len() != 0 {

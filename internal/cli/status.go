@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
-	"github.com/spillway-hpc/spillway/internal/controller"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/dwstat"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/units"
@@ -48,14 +48,14 @@ Examples:
 `
 
 func dwstatMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("dwstat", dwstatUsage, stderr)
-	var conn connection
-	conn.flags(fs, true)
+	fs := NewFlags("dwstat", dwstatUsage, stderr)
+	var conn Connection
+	conn.Flags(fs, true)
 	bytes := fs.Bool("b", false, "print sizes in bytes")
 	cd := fs.Bool("cd", false, "configuration details: add amode and backing_path")
 	asJSON := fs.Bool("json", false, "print the tables as JSON")
 	allFlag := fs.Bool("all", false, "the same as the table word all")
-	if code, ok := parseInterspersed(fs, args, stdout); !ok {
+	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
 		return code
 	}
 	words := fs.Args()
@@ -68,7 +68,7 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 		return 64
 	}
 	conn.lookOnly = true
-	sess, err := conn.connect(false, quietLogger(stderr))
+	sess, err := conn.Connect(false, QuietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "dwstat: %v\n", err)
 		return 1
@@ -82,7 +82,7 @@ func dwstatMain(args []string, stdout, stderr io.Writer) int {
 		all.Controllers = sess.client.Controllers(background())
 	}
 	if err == nil && slices.Contains(tables, "accounting") {
-		var list controller.AccountingList
+		var list controllerapi.AccountingList
 		list, err = sess.client.AllAccounting(background())
 		all.Accounting = list.Accounting
 	}
@@ -122,7 +122,8 @@ Examples:
   spillway persistent destroy myproject
 `
 
-func persistentMain(args []string, stdout, stderr io.Writer) int {
+// PersistentMain runs spillway persistent (a command of the full binary).
+func PersistentMain(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, persistentUsage)
 		if len(args) == 0 {
@@ -131,9 +132,9 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	verb, rest := args[0], args[1:]
-	fs := newFlags("spillway persistent "+verb, persistentUsage, stderr)
-	var conn connection
-	conn.flags(fs, true)
+	fs := NewFlags("spillway persistent "+verb, persistentUsage, stderr)
+	var conn Connection
+	conn.Flags(fs, true)
 	capacity := fs.String("capacity", "", "create: the capacity, e.g. 200GiB")
 	pool := fs.String("pool", "", "create: the pool (default: the controller's default pool)")
 	access := fs.String("access", "striped", "create: access mode: striped, private or loadbalance")
@@ -141,11 +142,11 @@ func persistentMain(args []string, stdout, stderr io.Writer) int {
 	expiration := fs.String("expiration", "", "create: when it expires: a lifetime (72h, 30d), a time (2026-12-31T18:00:00, local) or never; default: the site's (controller.persistent_expiration)")
 	hurry := fs.Bool("hurry", false, "destroy: do not wait for stage-outs")
 	asJSON := fs.Bool("json", false, "list: print JSON")
-	if code, ok := parseInterspersed(fs, rest, stdout); !ok {
+	if code, ok := ParseInterspersed(fs, rest, stdout); !ok {
 		return code
 	}
 	positional := fs.Args()
-	sess, err := conn.connect(false, quietLogger(stderr))
+	sess, err := conn.Connect(false, QuietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway persistent: %v\n", err)
 		return 1

@@ -17,6 +17,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/agent"
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/config"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -221,7 +222,7 @@ func TestAccountingFromHeartbeats(t *testing.T) {
 		t.Errorf("a bad id: %d %s, want 400 naming the instance id", code, body)
 	}
 	code, body = r.get("/dw/v1/accounting", 0)
-	var list AccountingList
+	var list controllerapi.AccountingList
 	if json.Unmarshal(body, &list); code != 200 || len(list.Accounting) != 1 {
 		t.Errorf("GET /accounting: %d %s", code, body)
 	}
@@ -393,7 +394,7 @@ func TestAccountingLogUnwritable(t *testing.T) {
 	r.c.RunOnce(ctx)
 	pending := func() int {
 		code, body := r.get("/dw/v1/accounting", 0)
-		var list AccountingList
+		var list controllerapi.AccountingList
 		if err := json.Unmarshal(body, &list); code != 200 || err != nil {
 			t.Fatalf("GET /accounting: %d %s", code, body)
 		}

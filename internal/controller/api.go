@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -33,9 +34,6 @@ var openAPIDocument []byte
 
 // OpenAPI returns the API's OpenAPI 3 document.
 func OpenAPI() []byte { return openAPIDocument }
-
-// APIError is the body of every error answer.
-type APIError = httpapi.Error
 
 // Serve serves the API on a listener until ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener, lim httpapi.Limits) error {
@@ -125,9 +123,6 @@ type Leadership interface {
 	Leader(ctx context.Context) (string, error)
 }
 
-// LeaderHeader names the leader's API address in a not_leader answer.
-const LeaderHeader = "Spillway-Leader"
-
 // SetLeadership makes the API of one of several controllers answer writes only while it
 // leads: otherwise 503, kind not_leader, with the leader's address in the Spillway-Leader
 // header. The client sends the request again to the leader itself, with its own credential,
@@ -143,7 +138,7 @@ func (s *Server) notLeader(ctx context.Context, w http.ResponseWriter) {
 	case addr == "":
 		msg += "no leader is elected yet; try again shortly"
 	default:
-		w.Header().Set(LeaderHeader, addr)
+		w.Header().Set(controllerapi.LeaderHeader, addr)
 		msg += "the leader is " + addr + "; send writes there (a client given several controllers does)"
 	}
 	httpapi.WriteError(w, http.StatusServiceUnavailable, "not_leader", msg)
@@ -410,15 +405,10 @@ func groupsOf(c caller) []uint32 {
 	return groups
 }
 
-// StagesRequest is the body of data_in and data_out.
-type StagesRequest struct {
-	Stages []lifecycle.StageRequest `json:"stages"`
-}
-
 func (s *Server) stages(direction string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		token := r.PathValue("token")
-		var req StagesRequest
+		var req controllerapi.StagesRequest
 		if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
 			return
 		}
@@ -430,14 +420,9 @@ func (s *Server) stages(direction string) http.HandlerFunc {
 	}
 }
 
-// PreRunRequest is the body of pre_run.
-type PreRunRequest struct {
-	Nodes []string `json:"nodes"`
-}
-
 func (s *Server) preRun(w http.ResponseWriter, r *http.Request) {
 	token := r.PathValue("token")
-	var req PreRunRequest
+	var req controllerapi.PreRunRequest
 	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
 		return
 	}
@@ -460,14 +445,9 @@ func (s *Server) postRun(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": token})
 }
 
-// TeardownRequest is the body of teardown.
-type TeardownRequest struct {
-	Hurry bool `json:"hurry"`
-}
-
 func (s *Server) teardown(w http.ResponseWriter, r *http.Request) {
 	token := r.PathValue("token")
-	var req TeardownRequest
+	var req controllerapi.TeardownRequest
 	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
 		return
 	}
@@ -513,18 +493,13 @@ func (s *Server) paths(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, 200, map[string]any{"paths": env})
 }
 
-// RegistrationUpdate is the body of PATCH /registrations/{id}.
-type RegistrationUpdate struct {
-	Wait bool `json:"wait"`
-}
-
 func (s *Server) registration(w http.ResponseWriter, r *http.Request) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil {
 		httpapi.WriteError(w, 400, "user", "registration id must be a number")
 		return
 	}
-	var req RegistrationUpdate
+	var req controllerapi.RegistrationUpdate
 	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
 		return
 	}
@@ -539,16 +514,8 @@ func (s *Server) registration(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, 200, map[string]int64{"id": id})
 }
 
-// NodeUpdate is the body of PATCH /nodes/{name}: the fields given change, the others stay.
-type NodeUpdate struct {
-	Drain   *bool   `json:"drain,omitempty"`   // take no new fragments (true), or take them again
-	Offline *bool   `json:"offline,omitempty"` // hold the node offline (true), or let its heartbeats bring it online
-	Pool    *string `json:"pool,omitempty"`    // move the node to this pool (it must hold no fragment)
-	Reason  string  `json:"reason,omitempty"`  // why, shown in dwstat nodes --json
-}
-
 func (s *Server) node(w http.ResponseWriter, r *http.Request) {
-	var req NodeUpdate
+	var req controllerapi.NodeUpdate
 	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
 		return
 	}
@@ -628,14 +595,8 @@ func (s *Server) replaceFuse(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, 202, map[string]int64{"id": id})
 }
 
-// PoolCreate is the body of POST /pools.
-type PoolCreate struct {
-	ID          string `json:"id"`
-	Granularity uint64 `json:"granularity"`
-}
-
 func (s *Server) pool(w http.ResponseWriter, r *http.Request) {
-	var req PoolCreate
+	var req controllerapi.PoolCreate
 	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
 		return
 	}
@@ -675,18 +636,8 @@ func (s *Server) runID(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, 200, map[string]int64{"id": id})
 }
 
-// LeaseRequest is the body of POST /dw/v1/sessions/{token}/lease.
-type LeaseRequest struct {
-	Release bool `json:"release,omitempty"` // the run ends, keeping the session on purpose
-}
-
-// LeaseReply says how long a lease lasts; 0: leases are off.
-type LeaseReply struct {
-	Seconds float64 `json:"lease_seconds"`
-}
-
 func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
-	var req LeaseRequest
+	var req controllerapi.LeaseRequest
 	token := r.PathValue("token")
 	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
 		return
@@ -696,17 +647,12 @@ func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, 200, LeaseReply{Seconds: d.Seconds()})
-}
-
-// JobStagesRequest is the body of POST /dw/v1/sessions/{token}/job_stages.
-type JobStagesRequest struct {
-	Stages []lifecycle.InJobStage `json:"stages"`
+	httpapi.WriteJSON(w, 200, controllerapi.LeaseReply{Seconds: d.Seconds()})
 }
 
 func (s *Server) jobStages(w http.ResponseWriter, r *http.Request) {
 	token := r.PathValue("token")
-	var req JobStagesRequest
+	var req controllerapi.JobStagesRequest
 	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
 		return
 	}
@@ -715,12 +661,6 @@ func (s *Server) jobStages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"token": token})
-}
-
-// JobStagesReply answers a query of a path's stages: DataWarp's counts and the stages.
-type JobStagesReply struct {
-	Counts lifecycle.InJobCounts     `json:"counts"`
-	Stages []lifecycle.StageProgress `json:"stages"`
 }
 
 func (s *Server) queryJobStages(w http.ResponseWriter, r *http.Request) {
@@ -739,22 +679,16 @@ func (s *Server) queryJobStages(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	reply := JobStagesReply{Counts: counts, Stages: []lifecycle.StageProgress{}}
+	reply := controllerapi.JobStagesReply{Counts: counts, Stages: []lifecycle.StageProgress{}}
 	for _, st := range found {
 		reply.Stages = append(reply.Stages, lifecycle.ProgressOf(st))
 	}
 	httpapi.WriteJSON(w, 200, reply)
 }
 
-// TerminateRequest is the body of POST .../job_stages/terminate.
-type TerminateRequest struct {
-	Var  string `json:"var"`
-	Path string `json:"path"`
-}
-
 func (s *Server) terminateJobStages(w http.ResponseWriter, r *http.Request) {
 	token := r.PathValue("token")
-	var req TerminateRequest
+	var req controllerapi.TerminateRequest
 	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
 		return
 	}
@@ -766,15 +700,9 @@ func (s *Server) terminateJobStages(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, 200, map[string]int{"terminated": n})
 }
 
-// ConcurrencyRequest is the body of POST .../job_stages/concurrency, and its answer (the
-// limit set, after clamping).
-type ConcurrencyRequest struct {
-	Concurrency int `json:"concurrency"`
-}
-
 func (s *Server) jobStageConcurrency(w http.ResponseWriter, r *http.Request) {
 	token := r.PathValue("token")
-	var req ConcurrencyRequest
+	var req controllerapi.ConcurrencyRequest
 	if !httpapi.Decode(w, r, &req) || !s.mayActOn(w, r, token) {
 		return
 	}
@@ -783,7 +711,7 @@ func (s *Server) jobStageConcurrency(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, 200, ConcurrencyRequest{Concurrency: n})
+	httpapi.WriteJSON(w, 200, controllerapi.ConcurrencyRequest{Concurrency: n})
 }
 
 // mount answers what is mounted at ?path= (on ?node=, or any node): the session and the
@@ -818,21 +746,13 @@ func (s *Server) mayRead(r *http.Request, sess *model.Session) bool {
 	return c.privileged || !s.c.cfg.Controller.PrivateData || sess == nil || sess.Owner == c.uid || sess.Persistent
 }
 
-// AccountingList is the answer of GET /accounting.
-type AccountingList struct {
-	Accounting []views.Accounting `json:"accounting"`
-	// PendingRecords are torn-down instances' records not yet in controller.accounting_log
-	// (it cannot be written: the controller's log says why).
-	PendingRecords int `json:"pending_records"`
-}
-
 func (s *Server) allAccounting(w http.ResponseWriter, r *http.Request) {
 	all, pending, world, err := s.c.AllAccounting(r.Context())
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	out := AccountingList{Accounting: []views.Accounting{}, PendingRecords: pending}
+	out := controllerapi.AccountingList{Accounting: []views.Accounting{}, PendingRecords: pending}
 	for _, a := range all {
 		if s.mayRead(r, world.Sessions[a.Realm.Session]) {
 			out.Accounting = append(out.Accounting, a)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/config"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/crashpoint"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -102,7 +103,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 			StageMaxJobConcurrency: cfg.Stage.MaxJobConcurrency,
 			UserQuota: lifecycle.Quota{Sessions: cfg.Controller.MaxSessionsPerUser,
 				Persistent: cfg.Controller.MaxPersistentPerUser, Capacity: uint64(cfg.Controller.MaxCapacityPerUser)},
-			Limits: WriteLimitsOf(cfg.Limits),
+			Limits: controllerapi.WriteLimitsOf(cfg.Limits),
 			Health: lifecycle.Health{EnduranceThreshold: cfg.Controller.EnduranceThreshold,
 				AutoDrainFailures: cfg.Controller.AutoDrainFailures, AutoDrainWindow: cfg.Controller.AutoDrainWindow.D()},
 			PersistentExpiration:    cfg.Controller.PersistentExpiration.D(),
@@ -927,13 +928,4 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 		spec.MDS = shards
 	}
 	return spec
-}
-
-// WriteLimitsOf is the lifecycle's view of the config's [limits].
-func WriteLimitsOf(l config.Limits) lifecycle.WriteLimits {
-	return lifecycle.WriteLimits{
-		WindowLength: int64(l.WriteWindowLength.D() / time.Second), WindowLengthMin: int64(l.WriteWindowLengthMinimum.D() / time.Second),
-		Multiplier: l.WriteWindowMultiplier, MultiplierMax: l.WriteWindowMultiplierMaximum,
-		FilesCreated: l.FilesCreated, FilesCreatedMax: l.FilesCreatedMaximum,
-	}
 }

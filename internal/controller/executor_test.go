@@ -76,20 +76,29 @@ func waitStarted(t *testing.T, g *gatedAgent) {
 	}
 }
 
-// A due session whose every effect is in flight is parked: passes skip it until the effect
-// ends, and then it is looked at again and finishes.
-func TestSessionWithItsEffectInFlightIsParkedUntilTheEffectEnds(t *testing.T) {
+// parkedJob sets up a job whose fragment creation is held at the gate, after a pass that
+// parked its session (the first pass reads the whole state and parks nothing).
+func parkedJob(t *testing.T, token string) (*acctRig, *gatedAgent, int64, *sync.WaitGroup) {
+	t.Helper()
 	r, g := gatedRig(t, 32)
 	ctx := context.Background()
-	r.c.RunOnce(ctx) // the first pass reads the whole state and parks nothing
-	id := r.job("51")
+	r.c.RunOnce(ctx)
+	id := r.job(token)
 	var wg sync.WaitGroup
 	r.c.runOnce(ctx, &wg)
 	waitStarted(t, g)
 	if !r.isParked(id) {
 		t.Fatal("the session is not parked while its only effect is in flight")
 	}
-	r.c.runOnce(ctx, &wg) // skips the session: no second creation reaches the agent
+	return r, g, id, &wg
+}
+
+// A due session whose every effect is in flight is parked: passes skip it until the effect
+// ends, and then it is looked at again and finishes.
+func TestSessionWithItsEffectInFlightIsParkedUntilTheEffectEnds(t *testing.T) {
+	r, g, id, wg := parkedJob(t, "51")
+	ctx := context.Background()
+	r.c.runOnce(ctx, wg) // skips the session: no second creation reaches the agent
 	select {
 	case <-g.started:
 		t.Fatal("a pass decided again on a parked session and sent its effect twice")
@@ -106,16 +115,8 @@ func TestSessionWithItsEffectInFlightIsParkedUntilTheEffectEnds(t *testing.T) {
 
 // A request about a parked session unparks it: the next pass decides again.
 func TestRequestUnparksASession(t *testing.T) {
-	r, g := gatedRig(t, 32)
+	r, g, id, wg := parkedJob(t, "52")
 	ctx := context.Background()
-	r.c.RunOnce(ctx)
-	id := r.job("52")
-	var wg sync.WaitGroup
-	r.c.runOnce(ctx, &wg)
-	waitStarted(t, g)
-	if !r.isParked(id) {
-		t.Fatal("the session is not parked while its only effect is in flight")
-	}
 	if err := r.c.Teardown(ctx, "52", false); err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,8 @@ import (
 	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/mounttable"
 	"github.com/spillway-hpc/spillway/internal/views"
-	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"golang.org/x/sys/unix"
 )
 
@@ -128,7 +128,7 @@ func (s *Stager) Resolve(ctx context.Context, p string) (Target, error) {
 		return Target{}, errorf(syscall.EINVAL, "%s: %v", p, err)
 	}
 	if s.infos == nil { // the mount table, read once
-		points, err := mount.MountPoints()
+		points, err := mounttable.SpillwayMountPoints()
 		if err != nil {
 			return Target{}, errorf(syscall.EIO, "%v", err)
 		}

@@ -101,7 +101,7 @@ func newHACluster(t *testing.T) *haCluster {
 	if err := os.WriteFile(filepath.Join(dir, "node.token"), []byte(nodekey.Derive(haSecret, "node")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	os.Symlink(binary, filepath.Join(dir, "dw_wlm_cli"))
+	os.Symlink(smallBinary, filepath.Join(dir, "dw_wlm_cli"))
 
 	var initial []string
 	for _, m := range []string{"e1", "e2", "e3"} {

@@ -18,8 +18,9 @@ import (
 	"github.com/spillway-hpc/spillway/internal/swaprace"
 )
 
-// binary is the spillway binary built for the tests.
-var binary string
+// binary is the spillway binary built for the tests; smallBinary the small dw_wlm_cli beside
+// it (cmd/dw_wlm_cli), as they are installed: Slurm's dw_wlm_cli is the small one.
+var binary, smallBinary string
 
 // nobody is the ordinary user the tests run jobs as.
 const nobodyUID, nobodyGID = 65534, 65534
@@ -34,12 +35,18 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Chmod(dir, 0o755)
-	binary = filepath.Join(dir, "spillway")
-	build := exec.Command("go", "build", "-o", binary, "github.com/spillway-hpc/spillway/cmd/spillway")
+	binary, smallBinary = filepath.Join(dir, "spillway"), filepath.Join(dir, "dw_wlm_cli")
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/spillway-hpc/spillway/cmd/spillway", "github.com/spillway-hpc/spillway/cmd/dw_wlm_cli")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building spillway:", err)
+		fmt.Fprintln(os.Stderr, "building spillway and dw_wlm_cli:", err)
 		os.Exit(1)
+	}
+	for _, b := range []string{binary, smallBinary} {
+		if _, err := os.Stat(b); err != nil {
+			fmt.Fprintln(os.Stderr, "the build made no", b)
+			os.Exit(1)
+		}
 	}
 	if os.Geteuid() == 0 {
 		// An ordinary user may use FUSE only if /dev/fuse is open to everyone, as Debian's

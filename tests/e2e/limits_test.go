@@ -32,7 +32,7 @@ func TestWriteProtectionAcrossHosts(t *testing.T) {
 	}
 
 	greedy := c.jobFile("greedy.sh", "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=16MiB write_window_multiplier=5\nsrun ./a.out\n\x00")
-	os.Symlink(binary, filepath.Join(c.dir, "dw_wlm_cli"))
+	os.Symlink(smallBinary, filepath.Join(c.dir, "dw_wlm_cli"))
 	cmd := exec.Command(filepath.Join(c.dir, "dw_wlm_cli"), "--function", "job_process", "--job", greedy)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "SPILLWAY_CONFIG=" + ctl}
 	out, err := cmd.CombinedOutput()

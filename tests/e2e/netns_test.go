@@ -286,7 +286,7 @@ func (c *netCluster) wlm(args ...string) string {
 	c.t.Helper()
 	link := filepath.Join(c.dir, "dw_wlm_cli")
 	if _, err := os.Lstat(link); err != nil {
-		os.Symlink(binary, link)
+		os.Symlink(smallBinary, link)
 	}
 	cmd := exec.Command(link, args...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "SPILLWAY_CONFIG=" + c.hosts["ctl"].config}

@@ -21,7 +21,7 @@ func (c *cluster) wlm(args ...string) result {
 	c.t.Helper()
 	link := filepath.Join(c.dir, "dw_wlm_cli")
 	if _, err := os.Lstat(link); err != nil {
-		os.Symlink(binary, link)
+		os.Symlink(smallBinary, link)
 	}
 	cmd := exec.Command(link, args...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "SPILLWAY_CONFIG=" + c.config}

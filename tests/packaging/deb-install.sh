@@ -130,8 +130,15 @@ done
 for n in spillway dwstat dwcli dw_wlm_cli; do
 	[ -x "$root/usr/bin/$n" ] || fail "/usr/bin/$n missing"
 done
+# dw_wlm_cli is the small binary of DataWarp's commands; dwstat and dwcli are links to it.
+[ -f "$root/usr/bin/dw_wlm_cli" ] && [ ! -L "$root/usr/bin/dw_wlm_cli" ] || fail "/usr/bin/dw_wlm_cli is not a file of its own"
+cmp -s "$root/usr/bin/dw_wlm_cli" "$root/usr/bin/spillway" && fail "/usr/bin/dw_wlm_cli is the full spillway binary"
+for n in dwstat dwcli; do
+	[ "$(readlink "$root/usr/bin/$n")" = dw_wlm_cli ] || fail "/usr/bin/$n links to $(readlink "$root/usr/bin/$n"), not dw_wlm_cli"
+done
 [ "$(in_root spillway version)" = "spillway $version" ] || fail "installed spillway version: $(in_root spillway version)"
-[ "$(in_root dwstat --help | head -1)" = "Usage: dwstat [options] [TABLE...]" ] || fail "dwstat is not the spillway binary under that name"
+[ "$(in_root dwstat --help | head -1)" = "Usage: dwstat [options] [TABLE...]" ] || fail "dwstat is not DataWarp's dwstat"
+[ "$(in_root dw_wlm_cli --help | head -1)" = "Usage: dw_wlm_cli --function FUNCTION [options]" ] || fail "dw_wlm_cli --help: $(in_root dw_wlm_cli --help | head -1)"
 [ -e "$root/usr/lib/x86_64-linux-gnu/libdatawarp.so.0" ] || fail "libdatawarp.so.0 missing"
 in_root ldconfig -p | grep -q 'libdatawarp.so.0 ' || fail "ldconfig does not know libdatawarp.so.0"
 grep -qx "libdir=/usr/lib/x86_64-linux-gnu" "$root/usr/lib/x86_64-linux-gnu/pkgconfig/cray-datawarp.pc" ||
@@ -169,6 +176,7 @@ start_unit spillway-agent
 node_online() { in_root dwstat nodes | grep -q online; }
 wait_for 60 "the agent's node online in dwstat nodes" node_online
 say "dwstat nodes: $(in_root dwstat nodes | tail -1)"
+in_root dw_wlm_cli --function pools | grep -q '"wlm_pool"' || fail "dw_wlm_cli --function pools: $(in_root dw_wlm_cli --function pools)"
 
 # --- a job, as an ordinary user ------------------------------------------------------------
 in_root useradd -m -s /bin/bash "$user"
@@ -240,7 +248,8 @@ say "upgraded: the edited configuration kept, the services back on their state"
 # --- remove and purge ----------------------------------------------------------------------
 stop_units
 in_root env DEBIAN_FRONTEND=noninteractive apt-get remove -y spillway >"$dir/remove.log" 2>&1 || fail "apt-get remove spillway failed"
-[ ! -e "$root/usr/bin/spillway" ] && [ ! -e "$root/usr/bin/dwstat" ] || fail "apt remove left /usr/bin/spillway or dwstat"
+[ ! -e "$root/usr/bin/spillway" ] && [ ! -e "$root/usr/bin/dw_wlm_cli" ] && [ ! -L "$root/usr/bin/dwstat" ] ||
+	fail "apt remove left /usr/bin/spillway, dw_wlm_cli or dwstat"
 [ ! -e "$root/lib/systemd/system/spillway-agent.service" ] || fail "apt remove left the units"
 [ -f "$root/etc/spillway/spillway.toml" ] || fail "apt remove removed the configuration"
 [ -d "$root/var/lib/spillway/controller" ] || fail "apt remove removed the controller's state"

@@ -35,6 +35,9 @@ const testUser = "spwtest"
 var (
 	top    string // the source tree
 	binary string // spillway, built for these tests
+	// smallBinary is the small dw_wlm_cli beside it (cmd/dw_wlm_cli): Slurm's GetSysState
+	// and GetSysStatus (dw_wlm_cli, dwstat) are links to it, as installed.
+	smallBinary string
 )
 
 func TestMain(m *testing.M) {
@@ -62,11 +65,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "spillway")
-	build := exec.Command("go", "build", "-o", binary, "github.com/spillway-hpc/spillway/cmd/spillway")
+	binary, smallBinary = filepath.Join(dir, "spillway"), filepath.Join(dir, "dw_wlm_cli")
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/spillway-hpc/spillway/cmd/spillway", "github.com/spillway-hpc/spillway/cmd/dw_wlm_cli")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building spillway:", err)
+		fmt.Fprintln(os.Stderr, "building spillway and dw_wlm_cli:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -125,7 +128,7 @@ func up(t *testing.T, plugin, capacity string) *cluster {
 	c.userExisted = err == nil
 	t.Cleanup(c.down)
 	r := run(3*time.Minute, "", nil, filepath.Join(top, "deploy/single-host/up.sh"), "--dir", dir, "--plugin", plugin,
-		"--user", testUser, "--capacity", capacity, "--no-install", "--spillway", binary)
+		"--user", testUser, "--capacity", capacity, "--no-install", "--spillway", binary, "--dw-wlm-cli", smallBinary)
 	if r.code != 0 {
 		t.Fatalf("up.sh: %s", r)
 	}

@@ -120,8 +120,10 @@ func upMultiOf(t *testing.T, plugin string, ha bool) *multiCluster {
 	os.Chmod(dir, 0o755)
 	m.spillwayBin = filepath.Join(dir, "bin", "spillway")
 	m.must("install", "-m", "0755", binary, m.spillwayBin)
-	for _, name := range []string{"dw_wlm_cli", "dwstat", "dwcli"} {
-		os.Symlink("spillway", filepath.Join(dir, "bin", name))
+	// Slurm's dw_wlm_cli and dwstat are the small binary, as installed.
+	m.must("install", "-m", "0755", smallBinary, filepath.Join(dir, "bin", "dw_wlm_cli"))
+	for _, name := range []string{"dwstat", "dwcli"} {
+		os.Symlink("dw_wlm_cli", filepath.Join(dir, "bin", name))
 	}
 
 	// The ordinary user.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/httpapi"
+	"github.com/spillway-hpc/spillway/internal/mounttable"
 	"github.com/spillway-hpc/spillway/internal/testca"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
@@ -232,7 +233,7 @@ func TestRemoteMountRefusesAWrongToken(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "wrong token") || !strings.Contains(err.Error(), "agent.token_file") {
 		t.Fatalf("mounting with a wrong token: %v", err)
 	}
-	if mounts, _ := mountsAt(mp); len(mounts) != 0 {
+	if mounts, _ := mounttable.At(mp); len(mounts) != 0 {
 		t.Errorf("a refused mount left %v", mounts)
 	}
 	_, err = Mount(Spec{MountPath: mp, SourceDir: src, Remote: &Remote{Address: s.addr}})

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/mounttable"
 	"github.com/spillway-hpc/spillway/internal/swaprace"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
@@ -94,8 +95,8 @@ func mountsUnder(dir string) []string {
 	}
 	var found []string
 	for _, line := range strings.Split(string(data), "\n") {
-		if e, ok := parseMountinfoLine(line); ok && within(e.mountPoint, dir) {
-			found = append(found, e.mountPoint)
+		if e, ok := mounttable.ParseLine(line); ok && within(e.MountPoint, dir) {
+			found = append(found, e.MountPoint)
 		}
 	}
 	return found

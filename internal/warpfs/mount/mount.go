@@ -38,6 +38,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/spillway-hpc/spillway/internal/mounttable"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
@@ -455,7 +456,7 @@ func Mount(spec Spec) (*Mounted, error) {
 	if err != nil {
 		be.close()
 		// go-fuse leaves the mount in place when the handshake after mount(2) fails.
-		if mounts, _ := mountsAt(path); len(mounts) > 0 && mounts[len(mounts)-1].fsType == fsType {
+		if mounts, _ := mounttable.At(path); len(mounts) > 0 && mounts[len(mounts)-1].FSType == fsType {
 			unmountOnce(path, true)
 		}
 		removeCreated()
@@ -590,7 +591,7 @@ func canonicalMountPath(path string, create bool) (string, error) {
 // dead or hung Spillway mount there and refuses anything else.
 func preparePath(path string, limits Limits, logger *log.Logger) (created, cleaned bool, err error) {
 	for range maxStackedMounts {
-		mounts, err := mountsAt(path)
+		mounts, err := mounttable.At(path)
 		if err != nil {
 			return false, cleaned, err
 		}
@@ -619,10 +620,10 @@ func preparePath(path string, limits Limits, logger *log.Logger) (created, clean
 			}
 		}
 		top := mounts[len(mounts)-1]
-		if top.fsType != fsType {
+		if top.FSType != fsType {
 			return false, cleaned, fmt.Errorf("mount path %s is already a mount point of a %s file system "+
 				"(source %s); refusing to mount over it — unmount it or choose another path: %w",
-				path, top.fsType, top.source, ErrAlreadyMounted)
+				path, top.FSType, top.Source, ErrAlreadyMounted)
 		}
 		switch state {
 		case pathStale, pathHung:
@@ -630,12 +631,12 @@ func preparePath(path string, limits Limits, logger *log.Logger) (created, clean
 				return false, cleaned, err
 			}
 			logger.Printf("mount: removed a %s at %s (FUSE connection %d), left by an agent that crashed or hung",
-				state, path, top.minor)
+				state, path, top.Minor)
 			cleaned = true
 		default:
 			return false, cleaned, fmt.Errorf("mount path %s is already served by another process "+
 				"(a Spillway mount of %s, not this agent's); stop that agent, or unmount it with "+
-				"`fusermount3 -u %s`: %w", path, top.source, path, ErrAlreadyMounted)
+				"`fusermount3 -u %s`: %w", path, top.Source, path, ErrAlreadyMounted)
 		}
 	}
 	return false, cleaned, fmt.Errorf("mount path %s still has a Spillway mount after removing %d; "+
@@ -644,9 +645,9 @@ func preparePath(path string, limits Limits, logger *log.Logger) (created, clean
 
 // removeDeadMount detaches a stale or hung mount; a hung one is aborted first so that the
 // processes blocked in it wake up.
-func removeDeadMount(path string, top mountEntry, state pathState) error {
+func removeDeadMount(path string, top mounttable.Entry, state pathState) error {
 	if state == pathHung && os.Geteuid() == 0 {
-		if err := abortConnection(top.minor); err != nil {
+		if err := abortConnection(top.Minor); err != nil {
 			return fmt.Errorf("mount at %s does not answer: %w", path, err)
 		}
 	}
@@ -859,7 +860,7 @@ func UnmountPath(path string, limits Limits) error {
 	}
 	var detached error
 	for range maxStackedMounts {
-		mounts, err := mountsAt(canonical)
+		mounts, err := mounttable.At(canonical)
 		if err != nil {
 			return err
 		}
@@ -867,12 +868,12 @@ func UnmountPath(path string, limits Limits) error {
 			return detached
 		}
 		top := mounts[len(mounts)-1]
-		if top.fsType != fsType {
+		if top.FSType != fsType {
 			if detached != nil {
 				return detached
 			}
 			return fmt.Errorf("refusing to unmount %s: it is a %s mount (source %s), not a Spillway mount",
-				canonical, top.fsType, top.source)
+				canonical, top.FSType, top.Source)
 		}
 		state, err := probe(canonical, limits.ProbeTimeout)
 		if err != nil {
@@ -884,7 +885,7 @@ func UnmountPath(path string, limits Limits) error {
 				return err
 			}
 		default:
-			err := unmountLive(canonical, limits, nil, top.minor, log.Default())
+			err := unmountLive(canonical, limits, nil, top.Minor, log.Default())
 			if errors.Is(err, ErrDetached) {
 				detached = err
 			} else if err != nil {

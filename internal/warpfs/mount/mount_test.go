@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spillway-hpc/spillway/internal/mounttable"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
@@ -212,12 +213,12 @@ func testRoundTrips(t *testing.T, b testBackend) {
 		t.Errorf("Used = %d after removing every file", tr.Used())
 	}
 
-	mounts, err := mountsAt(root)
+	mounts, err := mounttable.At(root)
 	if err != nil || len(mounts) != 1 {
 		t.Fatalf("mount table entries at %s: %v, %v", root, mounts, err)
 	}
-	if mounts[0].fsType != "fuse.spillway" || mounts[0].source != "I1-0" {
-		t.Errorf("mount table shows type %q source %q, want fuse.spillway and I1-0", mounts[0].fsType, mounts[0].source)
+	if mounts[0].FSType != "fuse.spillway" || mounts[0].Source != "I1-0" {
+		t.Errorf("mount table shows type %q source %q, want fuse.spillway and I1-0", mounts[0].FSType, mounts[0].Source)
 	}
 	opts := mountOptionsOf(t, root)
 	for _, want := range []string{"nosuid", "nodev", "default_permissions", "max_read=1048576"} {
@@ -236,7 +237,7 @@ func mountOptionsOf(t *testing.T, path string) []string {
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 4 && unescapeMountinfo(f[1]) == path {
+		if len(f) >= 4 && mounttable.Unescape(f[1]) == path {
 			return strings.Split(f[3], ",")
 		}
 	}
@@ -623,7 +624,7 @@ func TestNonRootMount(t *testing.T) {
 	if got := h.stop(t); got != "unmounted" {
 		t.Errorf("helper said %q", got)
 	}
-	if mounts, _ := mountsAt(mp); len(mounts) != 0 {
+	if mounts, _ := mounttable.At(mp); len(mounts) != 0 {
 		t.Errorf("nobody's unmount left %v", mounts)
 	}
 
@@ -632,7 +633,7 @@ func TestNonRootMount(t *testing.T) {
 	if err := UnmountPath(mp, Limits{}); err != nil {
 		t.Errorf("root UnmountPath of nobody's mount: %v", err)
 	}
-	if mounts, _ := mountsAt(mp); len(mounts) != 0 {
+	if mounts, _ := mounttable.At(mp); len(mounts) != 0 {
 		t.Errorf("UnmountPath left %v", mounts)
 	}
 	h.stop(t)
@@ -690,7 +691,7 @@ func TestMountCleansStaleMount(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(mp, "survivor")); err != nil || string(got) != "data" {
 		t.Errorf("data through the new mount: %q, %v", got, err)
 	}
-	if mounts, _ := mountsAt(m.Path()); len(mounts) != 1 {
+	if mounts, _ := mounttable.At(m.Path()); len(mounts) != 1 {
 		t.Errorf("%d mounts at the path, want 1 (the stale one removed)", len(mounts))
 	}
 }
@@ -703,7 +704,7 @@ func TestUnmountPathCleansStaleMount(t *testing.T) {
 	if err := UnmountPath(mp, Limits{}); err != nil {
 		t.Fatalf("UnmountPath of a stale mount: %v", err)
 	}
-	if mounts, _ := mountsAt(mp); len(mounts) != 0 {
+	if mounts, _ := mounttable.At(mp); len(mounts) != 0 {
 		t.Errorf("stale mount still there: %v", mounts)
 	}
 	if err := UnmountPath(mp, Limits{}); err != nil {
@@ -758,7 +759,7 @@ func TestMountAndUnmountAreIdempotent(t *testing.T) {
 			t.Fatal("concurrent Mounts of the same namespace returned different mounts")
 		}
 	}
-	if mounts, _ := mountsAt(m1.Path()); len(mounts) != 1 {
+	if mounts, _ := mounttable.At(m1.Path()); len(mounts) != 1 {
 		t.Fatalf("%d mounts at the path after concurrent Mounts", len(mounts))
 	}
 	m2, err := Mount(spec)
@@ -802,7 +803,7 @@ func TestMountAndUnmountAreIdempotent(t *testing.T) {
 	if err := UnmountPath(mp, Limits{}); err != nil {
 		t.Errorf("UnmountPath of our live mount: %v", err)
 	}
-	if mounts, _ := mountsAt(m3.Path()); len(mounts) != 0 {
+	if mounts, _ := mounttable.At(m3.Path()); len(mounts) != 0 {
 		t.Errorf("UnmountPath left %v", mounts)
 	}
 }
@@ -823,7 +824,7 @@ func TestMountRefusesToCoverAnotherFileSystem(t *testing.T) {
 	if err := UnmountPath(mp, Limits{}); err == nil || !strings.Contains(err.Error(), "not a Spillway mount") {
 		t.Errorf("UnmountPath of a tmpfs: %v", err)
 	}
-	if mounts, _ := mountsAt(mp); len(mounts) != 1 || mounts[0].fsType != "tmpfs" {
+	if mounts, _ := mounttable.At(mp); len(mounts) != 1 || mounts[0].FSType != "tmpfs" {
 		t.Errorf("the tmpfs was touched: %v", mounts)
 	}
 }
@@ -887,7 +888,7 @@ func testUnmountBusyDetachesLazily(t *testing.T, b testBackend) {
 		!strings.Contains(err.Error(), filepath.Join(m.Path(), "open")) {
 		t.Errorf("the error does not name this process and its open file: %v", err)
 	}
-	if mounts, _ := mountsAt(m.Path()); len(mounts) != 0 {
+	if mounts, _ := mounttable.At(m.Path()); len(mounts) != 0 {
 		t.Errorf("mount still visible after the lazy detach: %v", mounts)
 	}
 	if _, err := f.Write([]byte("still served")); err != nil {
@@ -1181,16 +1182,6 @@ func TestFUSEEnvironmentChecks(t *testing.T) {
 	notChar.device = conf
 	if err := notChar.check(false); err == nil || !strings.Contains(err.Error(), "not a character device") {
 		t.Errorf("device is a regular file: %v", err)
-	}
-}
-
-func TestParseMountinfo(t *testing.T) {
-	e, ok := parseMountinfoLine(`612 28 0:53 / /var/opt/spillway/mounts/batch/42\040x rw,nosuid,nodev,relatime shared:1 - fuse.spillway I42-0 rw,user_id=0,group_id=0,default_permissions`)
-	if !ok || e.minor != 53 || e.mountPoint != "/var/opt/spillway/mounts/batch/42 x" || e.fsType != "fuse.spillway" || e.source != "I42-0" {
-		t.Errorf("parsed %+v, %v", e, ok)
-	}
-	if _, ok := parseMountinfoLine("garbage"); ok {
-		t.Error("garbage parsed")
 	}
 }
 

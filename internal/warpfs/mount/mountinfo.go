@@ -1,7 +1,6 @@
 package mount
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -14,92 +13,16 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/mounttable"
 )
 
 // fsType is the type our mounts carry in /proc/mounts ("fuse." + the subtype).
 const (
 	fsSubtype = "spillway"
-	fsType    = "fuse." + fsSubtype
+	fsType    = mounttable.SpillwayFSType
 )
 
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	major, minor uint32 // device of the mounted file system; for FUSE, minor is the fusectl connection
-	mountPoint   string
-	fsType       string
-	source       string
-}
-
-// mountsAt returns the mounts whose mount point is path, bottom first (the last is the one
-// a lookup of path reaches).
-func mountsAt(path string) ([]mountEntry, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("cannot read the mount table: %w", err)
-	}
-	var found []mountEntry
-	scanner := bufio.NewScanner(bytes.NewReader(data))
-	scanner.Buffer(make([]byte, 64<<10), 1<<20)
-	for scanner.Scan() {
-		e, ok := parseMountinfoLine(scanner.Text())
-		if ok && e.mountPoint == path {
-			found = append(found, e)
-		}
-	}
-	return found, scanner.Err()
-}
-
-// parseMountinfoLine reads "36 35 0:53 / /mnt rw,nosuid - fuse.spillway I42-0 rw,user_id=0".
-func parseMountinfoLine(line string) (mountEntry, bool) {
-	fields := strings.Fields(line)
-	sep := -1
-	for i := 6; i < len(fields); i++ {
-		if fields[i] == "-" {
-			sep = i
-			break
-		}
-	}
-	if len(fields) < 5 || sep < 0 || sep+2 >= len(fields) {
-		return mountEntry{}, false
-	}
-	majmin := strings.SplitN(fields[2], ":", 2)
-	if len(majmin) != 2 {
-		return mountEntry{}, false
-	}
-	major, err1 := strconv.ParseUint(majmin[0], 10, 32)
-	minor, err2 := strconv.ParseUint(majmin[1], 10, 32)
-	if err1 != nil || err2 != nil {
-		return mountEntry{}, false
-	}
-	return mountEntry{
-		major:      uint32(major),
-		minor:      uint32(minor),
-		mountPoint: unescapeMountinfo(fields[4]),
-		fsType:     fields[sep+1],
-		source:     unescapeMountinfo(fields[sep+2]),
-	}, true
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space, \011, \012, \134).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// pathState is what a bounded lstat of a mount path found.
 type pathState int
 
 const (
@@ -274,23 +197,4 @@ func holdersOf(mountPath string) []holder {
 		}
 	}
 	return found
-}
-
-// MountPoints lists the mount points of Spillway's FUSE mounts (type fuse.spillway) this
-// process sees, from /proc/self/mountinfo: what libdatawarp needs to find the instance a path
-// is in.
-func MountPoints() ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("cannot read the mount table: %w", err)
-	}
-	var points []string
-	scanner := bufio.NewScanner(bytes.NewReader(data))
-	scanner.Buffer(make([]byte, 64<<10), 1<<20)
-	for scanner.Scan() {
-		if e, ok := parseMountinfoLine(scanner.Text()); ok && e.fsType == fsType {
-			points = append(points, e.mountPoint)
-		}
-	}
-	return points, scanner.Err()
 }

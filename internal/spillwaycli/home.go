@@ -1,4 +1,4 @@
-package cli
+package spillwaycli
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/spillway-hpc/spillway/internal/cli"
 )
 
 const homeUsage = `Usage: spillway home [--home DIR] status
@@ -32,11 +34,11 @@ func homeMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	fs := newFlags("spillway home", homeUsage, stderr)
-	var conn connection
-	fs.StringVar(&conn.home, "home", "", "the home directory (default $SPILLWAY_HOME, else ~/.local/share/spillway)")
+	fs := cli.NewFlags("spillway home", homeUsage, stderr)
+	var homeDir string
+	fs.StringVar(&homeDir, "home", "", "the home directory (default $SPILLWAY_HOME, else ~/.local/share/spillway)")
 	force := fs.Bool("force", false, "stop: even while jobs have the burst buffer mounted")
-	if code, ok := parseInterspersed(fs, args, stdout); !ok {
+	if code, ok := cli.ParseInterspersed(fs, args, stdout); !ok {
 		return code
 	}
 	words := fs.Args()
@@ -44,7 +46,7 @@ func homeMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, homeUsage)
 		return 64
 	}
-	home, err := conn.openHome()
+	home, err := openHome(homeDir, false)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway home: %v\n", err)
 		return 1

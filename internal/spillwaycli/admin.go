@@ -1,4 +1,4 @@
-package cli
+package spillwaycli
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/spillway-hpc/spillway/internal/cli"
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/engines"
@@ -41,14 +42,14 @@ func adminMain(args []string, stdout, stderr io.Writer) int {
 		return 64
 	}
 	verb := args[0]
-	fs := newFlags("spillway admin "+verb, adminUsage, stderr)
+	fs := cli.NewFlags("spillway admin "+verb, adminUsage, stderr)
 	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
 	out := fs.String("o", "", "backup: write to FILE instead of stdout")
 	force := fs.Bool("force", false, "restore: replace a state that is not empty")
-	if code, ok := parse(fs, args[1:], stdout); !ok {
+	if code, ok := cli.Parse(fs, args[1:], stdout); !ok {
 		return code
 	}
-	cfg, _, err := loadSystemConfig(*cfgPath)
+	cfg, _, err := cli.LoadSystemConfig(*cfgPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway admin: %v\n", err)
 		return 78
@@ -81,7 +82,7 @@ func adminBackup(ctx context.Context, cfg *config.Config, out string, stdout, st
 		fmt.Fprintf(stderr, "spillway admin backup: %s: %v\n", engines.Describe(cfg), err)
 		return 1
 	}
-	b.SpillwayVersion = Version
+	b.SpillwayVersion = cli.Version
 	b.Engine = cfg.Store.Engine
 	doc, err := json.MarshalIndent(b, "", "  ")
 	if err != nil {

@@ -1,4 +1,4 @@
-package cli
+package spillwaycli
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/spillway-hpc/spillway/internal/cli"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/runjob"
 )
@@ -70,15 +71,15 @@ Examples:
 `
 
 func runMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("spillway run", runUsage, stderr)
-	var conn connection
-	conn.flags(fs, true)
+	fs := cli.NewFlags("spillway run", runUsage, stderr)
+	var conn cli.Connection
+	conn.Flags(fs, true)
 	node := fs.String("node", "", "this compute node's name as its agent registered (default: the host name)")
 	quiet := fs.Bool("quiet", false, "do not print the phases")
 	keep := fs.Bool("keep-on-failure", false, "after a failure before the job, keep the session for inspection instead of tearing it down")
 	discard := fs.Bool("discard-failed-stage-out", false, "when the stage-out fails, release the session anyway: the job's results in it are lost")
 	retry := fs.String("retry-stage-out", "", "stage out the kept session `TOKEN` again (after a failed stage-out), then release it")
-	if code, ok := parse(fs, args, stdout); !ok {
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
 		return code
 	}
 	if *retry == "" && fs.NArg() < 1 {
@@ -96,7 +97,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			return runjob.ExitUsage
 		}
 	}
-	sess, err := conn.connect(true, quietLogger(stderr))
+	sess, home, err := connect(&conn, true, cli.QuietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway run: %v\n", err)
 		return runjob.ExitBeforeJob
@@ -104,38 +105,38 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	defer sess.Close()
 	name := *node
 	if name == "" {
-		if sess.home != nil {
-			name = sess.home.NodeName()
+		if home != nil {
+			name = home.NodeName()
 		} else if name, err = os.Hostname(); err != nil {
 			fmt.Fprintf(stderr, "spillway run: %v\n", err)
 			return runjob.ExitUsage
 		}
 	}
 	o := runjob.Options{
-		Client: sess.client, Node: name, Out: stderr,
-		Poll: sess.cfg.Client.PollInterval.D(), StepTimeout: sess.cfg.Client.StepTimeout.D(),
-		JobIDs: sess.client.NextRunID, Quiet: *quiet, KeepOnFailed: *keep, DiscardFailedStageOut: *discard,
-		TeardownAttempts: sess.cfg.Client.TeardownAttempts, TeardownRetryWait: sess.cfg.Client.TeardownRetryWait.D(),
-		Self: self(), ConnArgs: sess.connArgs,
+		Client: sess.Client(), Node: name, Out: stderr,
+		Poll: sess.Config().Client.PollInterval.D(), StepTimeout: sess.Config().Client.StepTimeout.D(),
+		JobIDs: sess.Client().NextRunID, Quiet: *quiet, KeepOnFailed: *keep, DiscardFailedStageOut: *discard,
+		TeardownAttempts: sess.Config().Client.TeardownAttempts, TeardownRetryWait: sess.Config().Client.TeardownRetryWait.D(),
+		Self: self(), ConnArgs: sess.ConnArgs(),
 	}
 	// The job's libdatawarp and dwcli stage reach this controller with this binary.
 	if exe, err := os.Executable(); err == nil && os.Getenv("SPILLWAY_BIN") == "" {
 		o.JobEnv = append(o.JobEnv, "SPILLWAY_BIN="+exe)
 	}
-	if path := conn.systemConfigPath(true); path != "" {
-		o.JobEnv = append(o.JobEnv, "SPILLWAY_CONFIG="+absOr(path))
+	if path := conn.SystemConfigPath(true); path != "" {
+		o.JobEnv = append(o.JobEnv, "SPILLWAY_CONFIG="+cli.AbsOr(path))
 	}
-	if sess.home != nil {
-		o.JobEnv = append(o.JobEnv, "SPILLWAY_HOME="+sess.home.Dir)
-		o.Records = sess.home.Records()
-		o.KeepAlive = sess.home.Config.Home.ReapInterval.D()
+	if home != nil {
+		o.JobEnv = append(o.JobEnv, "SPILLWAY_HOME="+home.Dir)
+		o.Records = home.Records()
+		o.KeepAlive = home.Config.Home.ReapInterval.D()
 		if !*quiet {
-			fmt.Fprintf(stderr, "[spillway] embedded: home %s\n", sess.home.Dir)
+			fmt.Fprintf(stderr, "[spillway] embedded: home %s\n", home.Dir)
 		}
 		cleanUp(sess, o.Records, stderr)
 		if exe, err := os.Executable(); err == nil {
-			if why := sess.home.Stale(exe); why != "" {
-				fmt.Fprintf(stderr, "[spillway] note: %s; `%s` makes the next command start a fresh one\n", why, runjob.ShellJoin(append(self(), append([]string{"home", "stop"}, sess.connArgs...)...)))
+			if why := home.Stale(exe); why != "" {
+				fmt.Fprintf(stderr, "[spillway] note: %s; `%s` makes the next command start a fresh one\n", why, runjob.ShellJoin(append(self(), append([]string{"home", "stop"}, sess.ConnArgs()...)...)))
 			}
 		}
 	}
@@ -149,15 +150,15 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 // cleanUp finishes what `spillway run`s that are gone left on the home (the home's server does
 // the same every home.reap_interval), waits for the hurried teardowns it asked (so that their
 // capacity is free for this run), and prints what was cleaned since the last run.
-func cleanUp(sess *session, records *runjob.Records, stderr io.Writer) {
+func cleanUp(sess *cli.Session, records *runjob.Records, stderr io.Writer) {
 	ctx := context.Background()
-	cleanups, err := runjob.Reap(ctx, sess.client, *records)
+	cleanups, err := runjob.Reap(ctx, sess.Client(), *records)
 	if err != nil {
 		fmt.Fprintf(stderr, "[spillway] warning: %v\n", err)
 	}
 	for _, c := range cleanups {
 		if c.Hurried {
-			sess.client.WaitStep(ctx, c.Token, lifecycle.PhaseTeardown, sess.cfg.Client.StepTimeout.D())
+			sess.Client().WaitStep(ctx, c.Token, lifecycle.PhaseTeardown, sess.Config().Client.StepTimeout.D())
 		}
 	}
 	for _, note := range runjob.Notes(*records) {

@@ -1,4 +1,4 @@
-package cli
+package spillwaycli
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/agentclient"
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/cli"
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/embedded"
@@ -51,32 +52,18 @@ on SIGTERM or SIGINT; killed at any point, it resumes where it was when started 
 Logs go to stderr (journald under systemd). See docs/admin.md and docs/config.md.
 `
 
-func loadSystemConfig(path string) (config.Config, string, error) {
-	if path == "" {
-		path = os.Getenv("SPILLWAY_CONFIG")
-	}
-	if path == "" {
-		path = config.DefaultPath
-	}
-	if _, err := os.Stat(path); os.IsNotExist(err) && path == config.DefaultPath {
-		return config.Defaults(), "(built-in defaults)", nil
-	}
-	cfg, err := config.Load(path)
-	return cfg, path, err
-}
-
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 }
 
 func controllerMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("spillway controller", controllerUsage, stderr)
+	fs := cli.NewFlags("spillway controller", controllerUsage, stderr)
 	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
-	if code, ok := parse(fs, args, stdout); !ok {
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
 		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cfg, from, err := loadSystemConfig(*cfgPath)
+	cfg, from, err := cli.LoadSystemConfig(*cfgPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
 		return 78
@@ -117,7 +104,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctl.SetSecret(token)
 	srv := controller.NewServer(ctl, token, cfg.Controller.WLMUsers, log)
-	srv.Version = Version
+	srv.Version = cli.Version
 	var el *ha.Elector
 	if cfg.HA.Enabled {
 		if cfg.Controller.Listen == "" {
@@ -227,13 +214,13 @@ workers as the job's users, and mounts with allow_other. See docs/admin.md.
 `
 
 func agentMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("spillway agent", agentUsage, stderr)
+	fs := cli.NewFlags("spillway agent", agentUsage, stderr)
 	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
-	if code, ok := parse(fs, args, stdout); !ok {
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
 		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cfg, from, err := loadSystemConfig(*cfgPath)
+	cfg, from, err := cli.LoadSystemConfig(*cfgPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 78
@@ -398,16 +385,16 @@ Example:
 `
 
 func nodeKeyMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("spillway node-key", nodeKeyUsage, stderr)
+	fs := cli.NewFlags("spillway node-key", nodeKeyUsage, stderr)
 	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
-	if code, ok := parse(fs, args, stdout); !ok {
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
 		return code
 	}
 	if fs.NArg() != 1 || fs.Arg(0) == "" {
 		fmt.Fprintf(stderr, "spillway node-key: give one node NAME (as its agent.name)\n\n%s", nodeKeyUsage)
 		return 64
 	}
-	cfg, _, err := loadSystemConfig(*cfgPath)
+	cfg, _, err := cli.LoadSystemConfig(*cfgPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway node-key: %v\n", err)
 		return 78

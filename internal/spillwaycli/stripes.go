@@ -1,4 +1,4 @@
-package cli
+package spillwaycli
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spillway-hpc/spillway/internal/cli"
 	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
@@ -62,9 +63,9 @@ type serverStripes struct {
 }
 
 func stripesMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("spillway stripes", stripesUsage, stderr)
+	fs := cli.NewFlags("spillway stripes", stripesUsage, stderr)
 	asJSON := fs.Bool("json", false, "print a JSON array, one object per FILE")
-	if code, ok := parse(fs, args, stdout); !ok {
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
 		return code
 	}
 	if fs.NArg() == 0 {

@@ -1,13 +1,13 @@
-package cli
+package spillwaycli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/cli"
 	"github.com/spillway-hpc/spillway/internal/layout"
 )
 
@@ -54,32 +54,32 @@ Examples:
 `
 
 func layoutMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("spillway layout", layoutUsage, stderr)
-	var conn connection
-	conn.flags(fs, true)
+	fs := cli.NewFlags("spillway layout", layoutUsage, stderr)
+	var conn cli.Connection
+	conn.Flags(fs, true)
 	var output string
 	fs.StringVar(&output, "o", "-", "write the snapshot to `FILE` (- for standard output)")
 	fs.StringVar(&output, "output", "-", "the same as -o")
 	compact := fs.Bool("compact", false, "print the JSON on one line instead of indented")
-	if code, ok := parse(fs, args, stdout); !ok {
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "spillway layout: unexpected argument %q (the snapshot goes to -o FILE or standard output)\n", fs.Arg(0))
 		return 64
 	}
-	sess, err := conn.connect(false, quietLogger(stderr))
+	sess, err := conn.Connect(false, cli.QuietLogger(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway layout: %v\n", err)
 		return 1
 	}
 	defer sess.Close()
-	all, err := sess.client.All(background())
+	all, err := sess.Client().All(context.Background())
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway layout: %v\n", err)
 		return 1
 	}
-	snap, warnings, err := layout.FromAll(all, layout.Options{Generated: time.Now(), Controller: sess.client.Address()})
+	snap, warnings, err := layout.FromAll(all, layout.Options{Generated: time.Now(), Controller: sess.Client().Address()})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway layout: the controller's state cannot be converted: %v\n", err)
 		return 1
@@ -105,32 +105,9 @@ func layoutMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if err := writeFileAtomic(output, data); err != nil {
+	if err := cli.WriteFileAtomic(output, data); err != nil {
 		fmt.Fprintf(stderr, "spillway layout: -o %s: %v\n", output, err)
 		return 1
 	}
 	return 0
-}
-
-// writeFileAtomic writes data to a temporary file beside path and renames it into place.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(data)
-	cerr := tmp.Close()
-	if werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Chmod(tmp.Name(), 0o644)
-	}
-	if werr == nil {
-		werr = os.Rename(tmp.Name(), path)
-	}
-	if werr != nil {
-		os.Remove(tmp.Name())
-	}
-	return werr
 }
