@@ -52,8 +52,9 @@ var visibilityReads = map[string][]string{
 }
 
 // listingWorld reads, in one read transaction, the tables the listing of table is made of
-// (listingReads) and, when private, those its visibility needs (visibilityReads). The
-// session objects come from the listings' cache: the world is for rendering only.
+// (listingReads) and, when private, those its visibility needs (visibilityReads). The objects
+// but the pools and nodes come from the listings' cache, shared: the world is for rendering
+// only.
 func (c *Controller) listingWorld(ctx context.Context, table string, private bool) (*lifecycle.World, error) {
 	reads := listingReads[table]
 	if private {

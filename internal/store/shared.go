@@ -49,7 +49,7 @@ func (s *Shared) last(kind string) []sharedRecord {
 }
 
 // keep publishes what a listing read as the kind's records. Two listings at once each build
-// their own map from what they read, and the later publication wins: either is the whole
+// their own list from what they read, and the later publication wins: either is the whole
 // table as of some transaction, and the next listing compares bytes anyway.
 func (s *Shared) keep(kind string, records []sharedRecord) {
 	s.mu.Lock()
