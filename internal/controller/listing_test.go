@@ -196,3 +196,32 @@ func TestListingsOfNothingAreEmptyLists(t *testing.T) {
 		t.Errorf("the owner of job 1 sees sessions %v, want job 1's", got)
 	}
 }
+
+// Listings at once share the cache: each answers the whole table.
+func TestConcurrentListingsAnswerTheWholeTable(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	a.heartbeat("n1", "wlm_pool")
+	for _, token := range []string{"1", "2", "3"} {
+		a.setup(token, userUID, 1)
+	}
+	want := map[string]string{}
+	for _, table := range []string{"sessions", "instances", "configurations"} {
+		want[table] = a.wholeWorldListing(table, rootUID)
+	}
+	errs := make(chan string, 24)
+	for i := 0; i < 24; i++ {
+		table := []string{"sessions", "instances", "configurations"}[i%3]
+		go func() {
+			if code, got := a.call(rootUID, "GET", "/dw/v1/"+table, ""); code != 200 || got != want[table] {
+				errs <- table + ": " + got
+				return
+			}
+			errs <- ""
+		}()
+	}
+	for i := 0; i < 24; i++ {
+		if e := <-errs; e != "" {
+			t.Errorf("a listing among others: %s", e)
+		}
+	}
+}
