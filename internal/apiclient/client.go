@@ -276,6 +276,10 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 				continue
 			}
 			c.cur.Store(int32(i))
+			if raw, ok := out.(rawAnswer); ok {
+				_, err := raw.w.Write(data)
+				return err
+			}
 			if out != nil {
 				if err := json.Unmarshal(data, out); err != nil {
 					return fmt.Errorf("controller answer to %s %s: %v", method, path, err)
@@ -290,6 +294,17 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	}
 	return &Unreachable{Address: c.address, Err: lastErr, Hint: c.hint}
 }
+
+// Stream sends one request as Do does (the same retries, leader finding and errors) and
+// writes the answer's body to w as the controller sent it, undecoded: a listing of 10,000
+// instances passed on as it is costs no decoding and encoding again (dw_wlm_cli's show_*).
+// The whole answer was received when w is written; w is not written on an error.
+func (c *Client) Stream(ctx context.Context, method, path string, w io.Writer) error {
+	return c.Do(ctx, method, path, nil, rawAnswer{w})
+}
+
+// rawAnswer, given to Do as out, takes the answer's body as it is (Stream).
+type rawAnswer struct{ w io.Writer }
 
 // isAnswer reports whether err is a controller's answer (it was reached).
 func isAnswer(err error) bool {
@@ -370,7 +385,7 @@ func (c *Client) send(ctx context.Context, t *target, method, path string, hasBo
 	if err != nil {
 		return nil, err
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	data, err := readAnswer(resp)
 	resp.Body.Close()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errReadBody, err)
@@ -387,6 +402,18 @@ func (c *Client) send(ctx context.Context, t *target, method, path string, hasBo
 		return nil, e
 	}
 	return data, nil
+}
+
+// readAnswer reads an answer's body, at most 64 MiB: in one allocation when its length is
+// announced (a listing of 10,000 instances is megabytes, read without growing a buffer).
+func readAnswer(resp *http.Response) ([]byte, error) {
+	const limit = 64 << 20
+	if n := resp.ContentLength; n > 0 && n <= limit {
+		data := make([]byte, n)
+		_, err := io.ReadFull(resp.Body, data)
+		return data, err
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, limit))
 }
 
 func esc(s string) string { return url.PathEscape(s) }

@@ -327,53 +327,6 @@ func (s *Server) controllerSelf(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, 200, v)
 }
 
-func (s *Server) table(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("table")
-	var all views.All
-	var err error
-	if name == "pools" || name == "sessions" { // what Slurm asks for every 30 s: what they need only
-		var world *lifecycle.World
-		if world, err = s.c.tableWorld(r.Context(), name); err == nil {
-			all = s.visible(r, views.Build(world))
-		}
-	} else {
-		all, err = s.snapshot(r)
-	}
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	var rows any
-	switch name {
-	case "pools":
-		rows = all.Pools
-	case "nodes":
-		rows = all.Nodes
-	case "sessions":
-		rows = all.Sessions
-	case "instances":
-		rows = all.Instances
-	case "configurations":
-		rows = all.Configurations
-	case "fragments":
-		rows = all.Fragments
-	case "namespaces":
-		rows = all.Namespaces
-	case "registrations":
-		rows = all.Registrations
-	case "activations":
-		rows = all.Activations
-	case "stages":
-		rows = all.Stages
-	case "stage_history":
-		rows = all.StageHistory
-	default:
-		httpapi.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no table %q; tables: %s", name, strings.Join(Tables, ", ")))
-		return
-	}
-	httpapi.WriteJSON(w, 200, map[string]any{name: rows})
-}
-
 func (s *Server) setup(w http.ResponseWriter, r *http.Request) {
 	var req lifecycle.Setup
 	if !httpapi.Decode(w, r, &req) {

@@ -72,6 +72,9 @@ type Controller struct {
 
 	leases leaseBook // spillway run sessions' leases (RunLease)
 	secret string    // the cluster's secret (controller.token_file): grants mounts (SetSecret)
+
+	// listed keeps the records the listings (GET /dw/v1/<table>) decoded last (listing.go).
+	listed store.Shared
 }
 
 // New creates a controller over a store. Pools listed in the configuration are created if
@@ -305,24 +308,6 @@ func (c *Controller) sessionID(ctx context.Context, token string) (int64, error)
 		return err
 	})
 	return id, err
-}
-
-// tableWorld reads what one table needs: the pools table the pools, the nodes and the
-// totals of their fragments (countElsewhere); the sessions table the sessions alone.
-func (c *Controller) tableWorld(ctx context.Context, table string) (*lifecycle.World, error) {
-	var w *lifecycle.World
-	err := c.store.View(ctx, func(tx *store.Tx) error {
-		var err error
-		if table == "pools" {
-			if w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D()); err != nil {
-				return err
-			}
-			return countElsewhere(tx, w)
-		}
-		w = lifecycle.NewWorld()
-		return loadInto(tx, store.Sessions, w.Sessions, func(o *model.Session) int64 { return o.ID })
-	})
-	return w, err
 }
 
 // World returns a snapshot of every object, for status views.

@@ -68,6 +68,12 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
 		return 78
 	}
+	if stopProfile, err := startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), "controller", log); err != nil {
+		fmt.Fprintf(stderr, "spillway controller: SPILLWAY_CPUPROFILE: %v\n", err)
+		return 78
+	} else {
+		defer stopProfile()
+	}
 	token, err := apiclient.TokenFromFile(cfg.Controller.TokenFile)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
@@ -219,7 +225,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
 		return 78
 	}
-	if stopProfile, err := startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), log); err != nil {
+	if stopProfile, err := startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), "agent", log); err != nil {
 		fmt.Fprintf(stderr, "spillway agent: SPILLWAY_CPUPROFILE: %v\n", err)
 		return 78
 	} else {
@@ -407,9 +413,9 @@ func nodeKeyMain(args []string, stdout, stderr io.Writer) int {
 }
 
 // startCPUProfile writes a CPU profile of the process (go tool pprof) to path until the
-// returned function runs (the agent's clean stop, SIGTERM or SIGINT): opt-in, for measuring
-// the data path (docs/admin.md). An empty path profiles nothing.
-func startCPUProfile(path string, log *slog.Logger) (func(), error) {
+// returned function runs (the daemon's clean stop, SIGTERM or SIGINT): opt-in, for measuring
+// the data path and the controller's requests (docs/admin.md). An empty path profiles nothing.
+func startCPUProfile(path, daemon string, log *slog.Logger) (func(), error) {
 	if path == "" {
 		return func() {}, nil
 	}
@@ -421,7 +427,7 @@ func startCPUProfile(path string, log *slog.Logger) (func(), error) {
 		f.Close()
 		return nil, err
 	}
-	log.Info("writing a CPU profile until the agent stops", "file", path)
+	log.Info("writing a CPU profile until the "+daemon+" stops", "file", path)
 	return func() {
 		pprof.StopCPUProfile()
 		if err := f.Close(); err != nil {

@@ -4,6 +4,7 @@
 package views
 
 import (
+	"slices"
 	"sort"
 
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
@@ -267,10 +268,50 @@ type Controller struct {
 	Error     string `json:"error,omitempty"`
 }
 
+// Tables are the tables of All that a world renders, in dwstat's order (stage_history is
+// rendered from the finished stages: History).
+var Tables = []string{"pools", "nodes", "sessions", "instances", "configurations", "registrations", "activations", "fragments", "namespaces", "stages"}
+
 // Build renders the whole world.
 func Build(w *lifecycle.World) All {
+	a := BuildTables(w, Tables...)
+	a.StageHistory = []Stage{}
+	return a
+}
+
+// BuildTables renders the named tables of the world (see Tables) and leaves the others nil:
+// a listing renders its table alone, from a world holding what that table needs.
+func BuildTables(w *lifecycle.World, tables ...string) All {
 	var a All
-	a.Pools = []Pool{}
+	for _, t := range tables {
+		switch t {
+		case "pools":
+			a.Pools = buildPools(w)
+		case "nodes":
+			a.Nodes = buildNodes(w)
+		case "sessions":
+			a.Sessions = buildSessions(w)
+		case "instances":
+			a.Instances = buildInstances(w)
+		case "configurations":
+			a.Configurations = buildConfigurations(w)
+		case "fragments":
+			a.Fragments = buildFragments(w)
+		case "namespaces":
+			a.Namespaces = buildNamespaces(w)
+		case "registrations":
+			a.Registrations = buildRegistrations(w)
+		case "activations":
+			a.Activations = buildActivations(w)
+		case "stages":
+			a.Stages = buildStages(w)
+		}
+	}
+	return a
+}
+
+func buildPools(w *lifecycle.World) []Pool {
+	out := []Pool{}
 	var poolNames []string
 	for n := range w.Pools {
 		poolNames = append(poolNames, n)
@@ -278,9 +319,13 @@ func Build(w *lifecycle.World) All {
 	sort.Strings(poolNames)
 	for _, name := range poolNames {
 		u := w.UsageOfPool(name)
-		a.Pools = append(a.Pools, Pool{ID: name, Units: "bytes", Granularity: u.Pool.Granularity, Quantity: u.Quantity, Free: u.Free})
+		out = append(out, Pool{ID: name, Units: "bytes", Granularity: u.Pool.Granularity, Quantity: u.Quantity, Free: u.Free})
 	}
-	a.Nodes = []Node{}
+	return out
+}
+
+func buildNodes(w *lifecycle.World) []Node {
+	out := []Node{}
 	for _, name := range w.NodeNames() {
 		n := w.Nodes[name]
 		u := w.UsageOfNode(name)
@@ -288,11 +333,11 @@ func Build(w *lifecycle.World) All {
 		if p := w.Pools[n.Pool]; p != nil {
 			gran = p.Granularity
 		}
-		a.Nodes = append(a.Nodes, Node{ID: name, Pool: n.Pool, Online: n.Online, Drain: n.Drain, Granularity: gran,
+		out = append(out, Node{ID: name, Pool: n.Pool, Online: n.Online, Drain: n.Drain, Granularity: gran,
 			Capacity: n.Capacity, Used: u.Used * gran, Instances: u.Instances, Activations: u.Activations,
 			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Written: n.Written, Version: n.Version,
 			HeldOffline: n.HeldOffline, Worn: n.Worn, AutoDrained: n.AutoDrained, RecentFailures: len(n.Failures)})
-		v := &a.Nodes[len(a.Nodes)-1]
+		v := &out[len(out)-1]
 		if e := n.Endurance; e != nil {
 			v.Endurance = &NodeEndurance{Known: e.Known, PercentUsed: e.PercentUsed, PercentRemaining: e.Remaining(), Source: e.Source, Error: e.Error}
 		}
@@ -300,25 +345,41 @@ func Build(w *lifecycle.World) All {
 			v.Reason = lifecycle.WornReason(n)
 		}
 	}
-	a.Sessions = []Session{}
-	for _, s := range w.SortedSessions() {
+	return out
+}
+
+func buildSessions(w *lifecycle.World) []Session {
+	out := make([]Session, 0, len(w.Sessions))
+	for _, id := range ids(w.Sessions) {
+		s := w.Sessions[id]
 		nodes := s.ClientNodes
 		if nodes == nil {
 			nodes = []string{}
 		}
-		a.Sessions = append(a.Sessions, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, Expired: s.Expired, ID: s.ID,
+		out = append(out, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, Expired: s.Expired, ID: s.ID,
 			Links: SessionLinks{ClientNodes: nodes}, Owner: s.Owner, State: stateOf(s.State), Token: s.Token,
 			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: s.Failure, Uses: s.Uses})
 	}
-	a.Instances = []Instance{}
-	// Each instance's configurations and fragments, grouped in one walk of each table.
-	confsOf, fragsOf := map[int64][]int64{}, map[int64][]*model.Fragment{}
+	return out
+}
+
+func buildInstances(w *lifecycle.World) []Instance {
+	out := make([]Instance, 0, len(w.Instances))
+	// Each instance's configurations and fragments, gathered in one walk of each table.
+	type fragments struct {
+		count int
+		blown bool // a fragment's fuse is blown
+	}
+	confsOf, fragsOf := make(map[int64][]int64, len(w.Instances)), make(map[int64]fragments, len(w.Instances))
 	for _, id := range ids(w.Configurations) {
 		c := w.Configurations[id]
 		confsOf[c.InstanceID] = append(confsOf[c.InstanceID], c.ID)
 	}
 	for _, f := range w.Fragments {
-		fragsOf[f.InstanceID] = append(fragsOf[f.InstanceID], f)
+		fs := fragsOf[f.InstanceID]
+		fs.count++
+		fs.blown = fs.blown || f.State.FuseBlown
+		fragsOf[f.InstanceID] = fs
 	}
 	for _, id := range ids(w.Instances) {
 		i := w.Instances[id]
@@ -326,53 +387,72 @@ func Build(w *lifecycle.World) All {
 		if confs == nil {
 			confs = []int64{}
 		}
-		intact := true
-		for _, f := range fragsOf[i.ID] {
-			if f.State.FuseBlown {
-				intact = false
-			}
-		}
-		a.Instances = append(a.Instances, Instance{Capacity: Capacity{Bytes: i.Capacity, Nodes: len(fragsOf[i.ID])}, Created: i.Created.Unix(),
-			ID: i.ID, Intact: intact, Label: i.Label, Limits: Limits{i.WriteWindowLength, i.WriteWindowMultiplier},
+		frags := fragsOf[i.ID]
+		out = append(out, Instance{Capacity: Capacity{Bytes: i.Capacity, Nodes: frags.count}, Created: i.Created.Unix(),
+			ID: i.ID, Intact: !frags.blown, Label: i.Label, Limits: Limits{i.WriteWindowLength, i.WriteWindowMultiplier},
 			Links: InstanceLinks{Configurations: confs, Session: i.SessionID}, Public: i.Public, State: stateOf(i.State),
 			Pool: i.Pool, Requested: i.Requested, Strategy: i.Strategy})
 		if s := w.Sessions[i.SessionID]; s != nil { // an instance expires with its session
-			a.Instances[len(a.Instances)-1].Expiration, a.Instances[len(a.Instances)-1].Expired = s.Expiration, s.Expired
+			out[len(out)-1].Expiration, out[len(out)-1].Expired = s.Expiration, s.Expired
 		}
 	}
+	return out
+}
+
+func buildConfigurations(w *lifecycle.World) []Configuration {
 	activs := map[int64]int{}
 	for _, act := range w.Activations {
 		activs[act.ConfigurationID]++
 	}
-	a.Configurations = []Configuration{}
+	out := make([]Configuration, 0, len(w.Configurations))
 	for _, id := range ids(w.Configurations) {
 		c := w.Configurations[id]
-		a.Configurations = append(a.Configurations, Configuration{ID: c.ID, Type: c.Type, AccessType: AccessType(c.AccessMode), AccessMode: c.AccessMode,
+		out = append(out, Configuration{ID: c.ID, Type: c.Type, AccessType: AccessType(c.AccessMode), AccessMode: c.AccessMode,
 			RootPermissions: c.RootPermissions, Group: c.Group, BackingPath: c.BackingPath, Activations: activs[c.ID],
 			Links: ConfigurationLink{Instance: c.InstanceID}, State: stateOf(c.State)})
 	}
-	a.Fragments = []Fragment{}
+	return out
+}
+
+func buildFragments(w *lifecycle.World) []Fragment {
+	out := make([]Fragment, 0, len(w.Fragments))
 	for _, id := range ids(w.Fragments) {
 		f := w.Fragments[id]
-		a.Fragments = append(a.Fragments, Fragment{ID: f.ID, Instance: f.InstanceID, Capacity: f.Capacity, Node: f.Node, State: stateOf(f.State)})
+		out = append(out, Fragment{ID: f.ID, Instance: f.InstanceID, Capacity: f.Capacity, Node: f.Node, State: stateOf(f.State)})
 	}
-	a.Namespaces = []Namespace{}
+	return out
+}
+
+func buildNamespaces(w *lifecycle.World) []Namespace {
+	out := make([]Namespace, 0, len(w.Namespaces))
 	for _, id := range ids(w.Namespaces) {
 		ns := w.Namespaces[id]
-		a.Namespaces = append(a.Namespaces, Namespace{ID: ns.ID, Configuration: ns.ConfigurationID, Fragment: ns.FragmentID, Span: 1, ClientNode: ns.ClientNode, State: stateOf(ns.State)})
+		out = append(out, Namespace{ID: ns.ID, Configuration: ns.ConfigurationID, Fragment: ns.FragmentID, Span: 1, ClientNode: ns.ClientNode, State: stateOf(ns.State)})
 	}
-	a.Registrations = []Registration{}
+	return out
+}
+
+func buildRegistrations(w *lifecycle.World) []Registration {
+	out := make([]Registration, 0, len(w.Registrations))
 	for _, id := range ids(w.Registrations) {
 		r := w.Registrations[id]
-		a.Registrations = append(a.Registrations, Registration{ID: r.ID, Session: r.SessionID, Configuration: r.ConfigurationID, Wait: r.Wait, State: stateOf(r.State)})
+		out = append(out, Registration{ID: r.ID, Session: r.SessionID, Configuration: r.ConfigurationID, Wait: r.Wait, State: stateOf(r.State)})
 	}
-	a.Activations = []Activation{}
+	return out
+}
+
+func buildActivations(w *lifecycle.World) []Activation {
+	out := make([]Activation, 0, len(w.Activations))
 	for _, id := range ids(w.Activations) {
 		act := w.Activations[id]
-		a.Activations = append(a.Activations, Activation{ID: act.ID, Session: act.SessionID, Configuration: act.ConfigurationID, Namespace: act.NamespaceID,
+		out = append(out, Activation{ID: act.ID, Session: act.SessionID, Configuration: act.ConfigurationID, Namespace: act.NamespaceID,
 			Node: act.Node, Mount: act.MountPath, ReadOnly: act.ReadOnly, State: stateOf(act.State)})
 	}
-	a.Stages = []Stage{}
+	return out
+}
+
+func buildStages(w *lifecycle.World) []Stage {
+	out := make([]Stage, 0, len(w.Stages))
 	for _, id := range ids(w.Stages) {
 		s := w.Stages[id]
 		var token string
@@ -380,10 +460,9 @@ func Build(w *lifecycle.World) All {
 		if sess := w.Sessions[s.SessionID]; sess != nil {
 			token, owner = sess.Token, sess.Owner
 		}
-		a.Stages = append(a.Stages, stageOf(s, token, owner))
+		out = append(out, stageOf(s, token, owner))
 	}
-	a.StageHistory = []Stage{}
-	return a
+	return out
 }
 
 // History renders the finished stages kept after their sessions went.
@@ -435,7 +514,7 @@ func ids[T any](m map[int64]T) []int64 {
 	for id := range m {
 		out = append(out, id)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	slices.Sort(out)
 	return out
 }
 
@@ -447,7 +526,9 @@ func ids[T any](m map[int64]T) []int64 {
 func (a All) VisibleTo(uid uint32) All {
 	sessions := map[int64]bool{} // visible sessions
 	own := map[int64]bool{}      // the user's own sessions
-	out := All{Pools: a.Pools, Nodes: a.Nodes}
+	// Empty, not nil: a user with nothing to see gets [] (Slurm and dwstat read a list).
+	out := All{Pools: a.Pools, Nodes: a.Nodes, Sessions: []Session{}, Instances: []Instance{}, Configurations: []Configuration{},
+		Fragments: []Fragment{}, Namespaces: []Namespace{}, Registrations: []Registration{}, Activations: []Activation{}, Stages: []Stage{}}
 	for _, s := range a.Sessions {
 		if s.Owner == uid || s.Persistent {
 			sessions[s.ID] = true

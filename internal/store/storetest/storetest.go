@@ -36,6 +36,8 @@ func Run(t *testing.T, open Factory) {
 	t.Run("TypedTables", func(t *testing.T) { testTyped(t, open) })
 	t.Run("SessionTokenIndex", func(t *testing.T) { testTokenIndex(t, open) })
 	t.Run("KindsAndSequences", func(t *testing.T) { testKindsAndSequences(t, open) })
+	t.Run("ScanValues", func(t *testing.T) { testScanValues(t, open) })
+	t.Run("SharedListings", func(t *testing.T) { testSharedListings(t, open) })
 }
 
 var ctx = context.Background()
@@ -596,6 +598,129 @@ func testKindsAndSequences(t *testing.T, open Factory) {
 		}
 		return nil
 	}))
+}
+
+// testScanValues: an engine that reads values without their keys (store.ValueScanner) reads
+// those Scan reads, in the same order, of that kind only.
+func testScanValues(t *testing.T, open Factory) {
+	e := engine(t, open)
+	must(t, e.Update(ctx, func(kv store.KV) error {
+		for _, k := range []string{"b", "a", "c", "a/1", "\xff"} {
+			if err := kv.Put("k", k, []byte("v"+k)); err != nil {
+				return err
+			}
+		}
+		return kv.Put("l", "a", []byte("other kind"))
+	}))
+	must(t, e.View(ctx, func(kv store.KV) error {
+		vs, ok := kv.(store.ValueScanner)
+		if !ok {
+			t.Skip("this engine has no ScanValues: listings read with Scan")
+		}
+		var scanned, values []string
+		if err := kv.Scan("k", func(_ string, v []byte) error { scanned = append(scanned, string(v)); return nil }); err != nil {
+			return err
+		}
+		if err := vs.ScanValues("k", func(v []byte) error { values = append(values, string(v)); return nil }); err != nil {
+			return err
+		}
+		if fmt.Sprint(values) != fmt.Sprint(scanned) || len(values) != 5 {
+			return fmt.Errorf("ScanValues read %q, Scan %q", values, scanned)
+		}
+		return nil
+	}))
+}
+
+// testSharedListings: a listing through store.Shared is the table as the transaction reads
+// it, whatever was written since the last listing and by whom; it decodes again only the
+// records whose bytes changed; the cache holds the records the table holds, however many came
+// and went.
+func testSharedListings(t *testing.T, open Factory) {
+	s := store.New(engine(t, open))
+	var cache store.Shared
+	put := func(fragments ...*model.Fragment) {
+		t.Helper()
+		must(t, s.Update(ctx, func(tx *store.Tx) error {
+			for _, f := range fragments {
+				if err := store.Fragments.Put(tx, f); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+	del := func(ids ...int64) {
+		t.Helper()
+		must(t, s.Update(ctx, func(tx *store.Tx) error {
+			for _, id := range ids {
+				if err := store.Fragments.Delete(tx, id); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+	// list lists through the cache, and checks the listing is what List reads.
+	list := func(when string) []*model.Fragment {
+		t.Helper()
+		var shared, direct []*model.Fragment
+		must(t, s.View(ctx, func(tx *store.Tx) error {
+			var err error
+			if shared, err = store.Fragments.ListShared(tx, &cache); err != nil {
+				return err
+			}
+			direct, err = store.Fragments.List(tx)
+			return err
+		}))
+		if len(shared) != len(direct) {
+			t.Fatalf("%s: the listing through the cache has %d fragments, the table %d", when, len(shared), len(direct))
+		}
+		for i := range direct {
+			if fmt.Sprintf("%+v", *shared[i]) != fmt.Sprintf("%+v", *direct[i]) {
+				t.Errorf("%s: fragment %d through the cache %+v, in the table %+v", when, i, *shared[i], *direct[i])
+			}
+		}
+		if cache.Records() != len(direct) {
+			t.Errorf("%s: the cache holds %d records, the table %d", when, cache.Records(), len(direct))
+		}
+		return shared
+	}
+	put(&model.Fragment{ID: 1, InstanceID: 1, Node: "a"}, &model.Fragment{ID: 2, InstanceID: 1, Node: "b"}, &model.Fragment{ID: 3, InstanceID: 2, Node: "c"})
+	first := list("three fragments")
+	again := list("nothing changed")
+	for i := range first {
+		if again[i] != first[i] {
+			t.Errorf("fragment %d was decoded again though its record did not change", first[i].ID)
+		}
+	}
+	changed := *first[1]
+	changed.State.FuseBlown, changed.State.Error = true, "blown"
+	put(&changed, &model.Fragment{ID: 4, InstanceID: 3, Node: "d"})
+	del(3)
+	after := list("one changed, one deleted, one added")
+	if len(after) != 3 || after[0] != first[0] || after[1] == first[1] || !after[1].State.FuseBlown || after[2].ID != 4 {
+		t.Errorf("after the changes: %+v %+v %+v; want fragment 1 as it was decoded, 2 decoded again with its fuse blown, 4 new", *after[0], *after[1], *after[2])
+	}
+	put(&model.Fragment{ID: 3, InstanceID: 2, Node: "c2"}) // back between 2 and 4
+	between := list("one added between two")
+	if len(between) != 4 || between[0] != after[0] || between[1] != after[1] || between[2].Node != "c2" || between[3] != after[2] {
+		t.Errorf("after adding fragment 3 between 2 and 4: %+v; want 1, 2 and 4 as they were decoded", between)
+	}
+	del(2)
+	if got := list("the second deleted"); len(got) != 3 || got[0] != after[0] || got[1] != between[2] || got[2] != after[2] {
+		t.Errorf("after deleting fragment 2: %+v; want 1, 3 and 4 as they were decoded", got)
+	}
+	del(3)
+	for round := int64(0); round < 20; round++ { // churn: the cache follows the table
+		put(&model.Fragment{ID: 100 + round, InstanceID: 9, Node: "e"})
+		list("a fragment came")
+		del(100 + round)
+	}
+	list("the churn is over")
+	del(1, 4)
+	if got := list("the table emptied"); len(got) != 0 {
+		t.Errorf("listing of an empty table: %+v", got)
+	}
 }
 
 func must(t *testing.T, err error) {

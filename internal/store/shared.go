@@ -1,0 +1,124 @@
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sync"
+)
+
+// Shared keeps, for the tables listed through it (ListShared), each record's bytes and the
+// object decoded from them, so that a listing of a large table decodes only the records whose
+// bytes changed since an earlier listing. It holds no authority: every listing still reads
+// every record of the table in its own transaction (another controller of a highly available
+// cluster may have written, or a restore), compares its bytes, and returns what it read;
+// records gone from the table are gone from the listing and from the cache. What it keeps is
+// what the last listing of each table read: its memory follows the state, not the churn.
+//
+// The objects it returns are shared by every listing that read the same bytes: callers must
+// not change them (the controller's listings only render them; decisions read their own).
+// The zero value is an empty cache, ready to use.
+type Shared struct {
+	mu     sync.Mutex
+	tables map[string][]sharedRecord // kind → its records in key order, replaced whole by each listing
+}
+
+// sharedRecord is one record as a listing read it: its key, its bytes and the object they
+// decode to (a *T of the table's type). Never changed once made: listings share it.
+type sharedRecord struct {
+	key string
+	raw []byte
+	obj any
+}
+
+// Records is how many records the cache holds, over every table (what its memory follows).
+func (s *Shared) Records() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, records := range s.tables {
+		n += len(records)
+	}
+	return n
+}
+
+func (s *Shared) last(kind string) []sharedRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tables[kind]
+}
+
+// keep publishes what a listing read as the kind's records. Two listings at once each build
+// their own list from what they read, and the later publication wins: either is the whole
+// table as of some transaction, and the next listing compares bytes anyway.
+func (s *Shared) keep(kind string, records []sharedRecord) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tables == nil {
+		s.tables = map[string][]sharedRecord{}
+	}
+	s.tables[kind] = records
+}
+
+// sharedLookahead is how many records of the last listing a record's bytes are compared
+// with before it is decoded: deleted records in between cost no decoding, up to this many
+// in a row.
+const sharedLookahead = 4
+
+// ValueScanner is a KV that can read one kind's values without their keys, in ascending key
+// order (SQLite: a column fewer per row). Listings through Shared need no more; engines
+// without it (etcd) are read with Scan.
+type ValueScanner interface {
+	ScanValues(kind string, fn func(value []byte) error) error
+}
+
+// scanValues visits the values of kind in key order, through ValueScanner when the engine
+// has it.
+func (tx *Tx) scanValues(kind string, fn func(value []byte) error) error {
+	if vs, ok := tx.kv.(ValueScanner); ok {
+		return vs.ScanValues(kind, fn)
+	}
+	return tx.kv.Scan(kind, func(_ string, value []byte) error { return fn(value) })
+}
+
+// ListShared is List through the cache s: every object of the table in key order, as of tx,
+// decoding only the records whose bytes differ from those the previous listing of the table
+// read. The objects are shared (see Shared): read them, never change them.
+func (t Table[T]) ListShared(tx *Tx, s *Shared) ([]*T, error) {
+	// The last listing and this scan are both in key order: one walk of each matches a
+	// record to the one at its place last time. A record whose bytes are not there (changed,
+	// new, or after more deletions than the look-ahead) is decoded, and its key, from the
+	// object, finds its place in the last listing. No key is read: the values are enough
+	// (ValueScanner).
+	before, next := s.last(t.kind), 0
+	now := make([]sharedRecord, 0, len(before))
+	out := make([]*T, 0, len(before))
+	err := tx.scanValues(t.kind, func(raw []byte) error {
+		// At its place, or a few places on (the records between were deleted).
+		for ahead := next; ahead < min(next+sharedLookahead, len(before)); ahead++ {
+			if bytes.Equal(before[ahead].raw, raw) {
+				now = append(now, before[ahead])
+				out = append(out, before[ahead].obj.(*T))
+				next = ahead + 1
+				return nil
+			}
+		}
+		obj := new(T)
+		if err := json.Unmarshal(raw, obj); err != nil {
+			return fmt.Errorf("%s: corrupt record: %v (%.80q)", t.kind, err, raw)
+		}
+		key := t.key(obj)
+		for next < len(before) && before[next].key <= key {
+			next++ // gone since, or this record as it was
+		}
+		// A copy: the engine's buffer is not ours to keep past the scan.
+		now = append(now, sharedRecord{key: key, raw: bytes.Clone(raw), obj: obj})
+		out = append(out, obj)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.keep(t.kind, now)
+	return out, nil
+}
