@@ -40,6 +40,7 @@ func loadWorld(tx *store.Tx, now time.Time, nodeTimeout time.Duration) (*lifecyc
 	if err := loadInto(tx, store.Stages, w.Stages, func(o *model.Stage) int64 { return o.ID }); err != nil {
 		return nil, err
 	}
+	w.Index() // a whole state: lookups by parent through an index, not a walk of everything
 	return w, nil
 }
 

@@ -433,11 +433,16 @@ func TestSetupIsIdempotentAndBusyDuringTeardown(t *testing.T) {
 
 // TestRandomHistories drives random requests against agents that fail at random, then tears
 // everything down with healthy agents: nothing may be over-committed at any point and nothing
-// may be left at the end.
+// may be left at the end. Each history runs on a world with the parent index (World.Index,
+// as the controller's whole-state worlds) and on one without.
 func TestRandomHistories(t *testing.T) {
-	for seed := int64(1); seed <= 40; seed++ {
+	for run := int64(0); run < 80; run++ {
+		seed := 1 + run/2
 		rng := rand.New(rand.NewSource(seed))
 		h := newHarness(t, "a", "b", "c")
+		if run%2 == 1 {
+			h.w.Index()
+		}
 		h.fail = func(Effect) error {
 			if rng.Intn(4) == 0 {
 				return errors.New("flaky")
