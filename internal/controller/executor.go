@@ -197,8 +197,9 @@ func (c *Controller) dispatch(ctx context.Context, wg *sync.WaitGroup, w *lifecy
 			continue
 		}
 		q := queuedEffect{e: e, w: w, session: session, wg: wg}
-		wg.Add(1)                                                              // counted from now on: RunOnce waits for queued effects too
-		if len(c.inflight) >= c.cfg.Executor.MaxInFlight || len(c.queue) > 0 { // first come, first started
+		wg.Add(1) // counted from now on: RunOnce waits for queued effects too
+		// First come, first started: behind the queue when there is one.
+		if len(c.inflight) >= c.cfg.Executor.MaxInFlight || len(c.queue) > 0 {
 			c.queued[key] = true
 			c.queue = append(c.queue, q)
 			continue
