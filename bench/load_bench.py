@@ -74,6 +74,17 @@ def own_cpu():
     return r.ru_utime + r.ru_stime
 
 
+def spawn_cpu(argv, runs=40):
+    """The median CPU (ms) one process of argv costs, as the harness starts it: the machine's
+    own speed at starting processes, to compare runs on different days."""
+    times = []
+    for _ in range(runs):
+        before = children_cpu()
+        subprocess.run(argv, capture_output=True)
+        times.append((children_cpu() - before) * 1000)
+    return statistics.median(times)
+
+
 def run_row(a, persistent, jobs):
     d = tempfile.mkdtemp(prefix="spillway-load-bench-", dir="/var/tmp")
     cfg = os.path.join(d, "spillway.toml")
@@ -229,6 +240,8 @@ def main():
         a.wlm_binary = small if os.path.exists(small) else a.binary
     if os.geteuid() != 0:
         sys.exit("run as root: the agent mounts instances")
+    calibration = (spawn_cpu(["/bin/true"]), spawn_cpu([a.wlm_binary, "--help"]))
+    print(f"this machine: /bin/true costs {calibration[0]:.2f} ms of CPU per process, `{os.path.basename(a.wlm_binary)} --help` {calibration[1]:.2f} ms", flush=True)
     rows = []
     for spec in a.rows.split(","):
         persistent, jobs = (int(x) for x in spec.split(":"))
@@ -245,7 +258,9 @@ def main():
              f"processes; each call a whole dw_wlm_cli process). Times in ms, median / 99th percentile; the empty job is "
              f"setup, paths, pre_run, post_run, teardown (median of {a.jobs}); the rate is setup, paths, teardown lifecycles "
              f"per second over {a.clients} concurrent clients, and the CPU milliseconds each of them cost the controller, "
-             f"the agent, the three `{os.path.basename(a.wlm_binary)}` processes and the harness.", "",
+             f"the agent, the three `{os.path.basename(a.wlm_binary)}` processes and the harness. This machine's speed at "
+             f"starting processes, measured in the same run: `/bin/true` costs {calibration[0]:.2f} ms of CPU, "
+             f"`{os.path.basename(a.wlm_binary)} --help` {calibration[1]:.2f} ms.", "",
              "| persistent | live jobs | `job_process` | `paths` | `pools` | `show_sessions` | `show_instances` | `show_configurations` | empty job | lifecycles/s | CPU ms per lifecycle: controller / agent / dw_wlm_cli / harness | controller RSS / peak (MiB) |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for persistent, jobs, r in rows:
