@@ -56,34 +56,55 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 }
 
-func controllerMain(args []string, stdout, stderr io.Writer) int {
-	fs := cli.NewFlags("spillway controller", controllerUsage, stderr)
+// daemon is what a daemon starts with (daemonStart).
+type daemon struct {
+	log                  *slog.Logger
+	cfg                  config.Config
+	from                 string // where the configuration was read
+	token                string // the role's token_file's secret
+	serverTLS, clientTLS *tls.Config
+	stop                 func() // ends the CPU profile, if one is written
+}
+
+// daemonStart is the start the controller and the agent share: their --config flag, the
+// configuration, the CPU profile (SPILLWAY_CPUPROFILE), the token file tokenFile names and
+// TLS. ok false: exit with code (the message is written).
+func daemonStart(role, usage string, args []string, stdout, stderr io.Writer, tokenFile func(config.Config) string) (d daemon, code int, ok bool) {
+	fs := cli.NewFlags("spillway "+role, usage, stderr)
 	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
 	if code, ok := cli.Parse(fs, args, stdout); !ok {
+		return d, code, false
+	}
+	fail := func(format string, err error) (daemon, int, bool) {
+		fmt.Fprintf(stderr, "spillway %s: "+format+"\n", role, err)
+		return daemon{}, 78, false
+	}
+	d.log = slog.New(slog.NewTextHandler(stderr, nil))
+	var err error
+	if d.cfg, d.from, err = cli.LoadSystemConfig(*cfgPath); err != nil {
+		return fail("%v", err)
+	}
+	if d.stop, err = startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), role, d.log); err != nil {
+		return fail("SPILLWAY_CPUPROFILE: %v", err)
+	}
+	if d.token, err = apiclient.TokenFromFile(tokenFile(d.cfg)); err != nil {
+		d.stop()
+		return fail("%v", err)
+	}
+	if d.serverTLS, d.clientTLS, err = embedded.TLS(d.cfg); err != nil {
+		d.stop()
+		return fail("%v", err)
+	}
+	return d, 0, true
+}
+
+func controllerMain(args []string, stdout, stderr io.Writer) int {
+	d, code, ok := daemonStart("controller", controllerUsage, args, stdout, stderr, func(c config.Config) string { return c.Controller.TokenFile })
+	if !ok {
 		return code
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cfg, from, err := cli.LoadSystemConfig(*cfgPath)
-	if err != nil {
-		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
-		return 78
-	}
-	if stopProfile, err := startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), "controller", log); err != nil {
-		fmt.Fprintf(stderr, "spillway controller: SPILLWAY_CPUPROFILE: %v\n", err)
-		return 78
-	} else {
-		defer stopProfile()
-	}
-	token, err := apiclient.TokenFromFile(cfg.Controller.TokenFile)
-	if err != nil {
-		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
-		return 78
-	}
-	serverTLS, clientTLS, err := embedded.TLS(cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
-		return 78
-	}
+	defer d.stop()
+	log, cfg, from, token, serverTLS, clientTLS := d.log, d.cfg, d.from, d.token, d.serverTLS, d.clientTLS
 	st, err := engines.OpenState(context.Background(), &cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
@@ -214,33 +235,12 @@ workers as the job's users, and mounts with allow_other. See docs/admin.md.
 `
 
 func agentMain(args []string, stdout, stderr io.Writer) int {
-	fs := cli.NewFlags("spillway agent", agentUsage, stderr)
-	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
-	if code, ok := cli.Parse(fs, args, stdout); !ok {
+	d, code, ok := daemonStart("agent", agentUsage, args, stdout, stderr, func(c config.Config) string { return c.Agent.TokenFile })
+	if !ok {
 		return code
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cfg, from, err := cli.LoadSystemConfig(*cfgPath)
-	if err != nil {
-		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
-		return 78
-	}
-	if stopProfile, err := startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), "agent", log); err != nil {
-		fmt.Fprintf(stderr, "spillway agent: SPILLWAY_CPUPROFILE: %v\n", err)
-		return 78
-	} else {
-		defer stopProfile()
-	}
-	token, err := apiclient.TokenFromFile(cfg.Agent.TokenFile)
-	if err != nil {
-		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
-		return 78
-	}
-	serverTLS, clientTLS, err := embedded.TLS(cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
-		return 78
-	}
+	defer d.stop()
+	log, cfg, from, token, serverTLS, clientTLS := d.log, d.cfg, d.from, d.token, d.serverTLS, d.clientTLS
 	name := cfg.Agent.Name
 	if name == "" {
 		name, _ = os.Hostname()
