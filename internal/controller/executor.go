@@ -449,12 +449,14 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 	var touched map[int64]bool
 	var next []lifecycle.Effect // the session's next effects, when it was stepped here
 	var outcome *lifecycle.World
+	var recorded *lifecycle.World // the world the outcome was recorded in
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		w, whole, err := c.sessionsWorld(tx, []int64{session}, now)
 		if err != nil {
 			return err
 		}
+		recorded = w
 		n := w.Nodes[e.Node]
 		wasDrained := n != nil && n.Drain
 		lifecycle.Complete(w, e, r, c.params, now)
@@ -484,6 +486,9 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		c.log.Error("executor: cannot record an effect's outcome; it will be redone", "op", e.Op, "err", err)
 	} else if drained != "" {
 		c.log.Warn("node drained", "node", e.Node, "reason", drained)
+	}
+	if err == nil && recorded != nil {
+		c.metrics.stagesOver(recorded, false) // a stage this outcome ended, seen at once
 	}
 	c.announce(touched)
 	if e.Op != lifecycle.OpPollStage {

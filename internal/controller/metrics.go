@@ -136,6 +136,13 @@ func (m *controllerMetrics) passOver(w *lifecycle.World, due int, whole bool) {
 	m.effectsDue.Set(float64(due))
 	m.world.Store(w)
 	m.stale.Store(!whole)
+	m.stagesOver(w, whole)
+}
+
+// stagesOver counts the stages of w that ended since they were last seen (a pass's world, or
+// an effect's outcome's: an outcome that steps its session may settle it with its stage
+// ended, and no pass then looks at it).
+func (m *controllerMetrics) stagesOver(w *lifecycle.World, whole bool) {
 	m.stagesMu.Lock()
 	defer m.stagesMu.Unlock()
 	for id, s := range w.Stages {

@@ -1018,19 +1018,19 @@ func testFallocateAndCopyFileRange(t *testing.T, b testBackend) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, 256*kib); err != nil {
+	if err := fallocate(int(f.Fd()), 0, 0, 256*kib); err != nil {
 		t.Fatal(err)
 	}
 	if tr.Used() != 256*kib {
 		t.Errorf("Used after fallocate 256 KiB = %d", tr.Used())
 	}
-	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, 512*kib); err != nil {
+	if err := fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, 512*kib); err != nil {
 		t.Fatal(err)
 	}
 	if tr.Used() != 256*kib {
 		t.Errorf("Used after fallocate KEEP_SIZE = %d, want unchanged", tr.Used())
 	}
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, 2*mib); !errors.Is(err, syscall.ENOSPC) {
+	if err := fallocate(int(f.Fd()), 0, 0, 2*mib); !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("fallocate past the capacity: %v, want ENOSPC", err)
 	}
 
@@ -1041,7 +1041,7 @@ func testFallocateAndCopyFileRange(t *testing.T, b testBackend) {
 	}
 	defer dst.Close()
 	var offIn, offOut int64
-	n, err := unix.CopyFileRange(int(f.Fd()), &offIn, int(dst.Fd()), &offOut, 1<<30, 0)
+	n, err := copyFileRange(int(f.Fd()), &offIn, int(dst.Fd()), &offOut, 1<<30, 0)
 	if err != nil || n != 256*kib {
 		t.Fatalf("copy_file_range of a 256 KiB file: %d, %v", n, err)
 	}
@@ -1251,7 +1251,7 @@ func testMaxFileSize(t *testing.T, b testBackend) {
 	if err := f.Truncate(200 * kib); !errors.Is(err, syscall.EFBIG) {
 		t.Errorf("truncate past the limit: %v, want EFBIG", err)
 	}
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, 200*kib); !errors.Is(err, syscall.EFBIG) {
+	if err := fallocate(int(f.Fd()), 0, 0, 200*kib); !errors.Is(err, syscall.EFBIG) {
 		t.Errorf("fallocate past the limit: %v, want EFBIG", err)
 	}
 	// A striped file's writes go on behind the writer (refused truncates and fallocates need

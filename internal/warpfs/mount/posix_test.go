@@ -168,7 +168,7 @@ func TestFallocateChangesCtime(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(50 * time.Millisecond) // past the backing file system's timestamp granularity
-		if err := unix.Fallocate(int(f.Fd()), 0, 0, 123); err != nil {
+		if err := fallocate(int(f.Fd()), 0, 0, 123); err != nil {
 			t.Fatal(err)
 		}
 		if err := unix.Fstat(int(f.Fd()), &after); err != nil {
@@ -181,4 +181,24 @@ func TestFallocateChangesCtime(t *testing.T) {
 			t.Errorf("size after fallocate: %d, want 123", after.Size)
 		}
 	})
+}
+
+// fallocate is unix.Fallocate restarted when a signal interrupts it (fallocate(2) returns
+// EINTR then; over FUSE a signal to the calling thread, SIGCHLD of a test's child process
+// among them, interrupts the request), as a program calling it must.
+func fallocate(fd int, mode uint32, off, size int64) error {
+	for {
+		if err := unix.Fallocate(fd, mode, off, size); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// copyFileRange is unix.CopyFileRange restarted when a signal interrupts it (EINTR).
+func copyFileRange(rfd int, roff *int64, wfd int, woff *int64, n int, flags int) (int, error) {
+	for {
+		if c, err := unix.CopyFileRange(rfd, roff, wfd, woff, n, flags); err != unix.EINTR {
+			return c, err
+		}
+	}
 }
