@@ -61,6 +61,20 @@ func (c *Controller) RunOnce(ctx context.Context) {
 // them in the same pass saves a pass, with its reads and its commit, each time.
 const maxStepsPerPass = 8
 
+// stepUntilSettled steps w until a step changes nothing, at most maxStepsPerPass times, and
+// returns the last step's effects.
+func (c *Controller) stepUntilSettled(w *lifecycle.World, now time.Time) []lifecycle.Effect {
+	var effects []lifecycle.Effect
+	for i := 0; i < maxStepsPerPass; i++ {
+		before := w.ChangeCount()
+		effects = lifecycle.Step(w, c.params, now)
+		if w.ChangeCount() == before {
+			break
+		}
+	}
+	return effects
+}
+
 // queuedEffect is an effect waiting for a slot, with the world it was decided on.
 type queuedEffect struct {
 	e       lifecycle.Effect
@@ -95,7 +109,9 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 		}
 		whole = !c.swept.Load()
 		if !whole {
-			selected = c.unparked(selected)
+			if selected = c.unparked(selected); len(selected) == 0 {
+				return nil // nothing to decide (most wake-ups, once outcomes step their sessions)
+			}
 			if w, err = loadSessionsWorld(tx, selected, now, c.cfg.Controller.NodeTimeout.D()); err != nil {
 				return err
 			}
@@ -115,13 +131,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 				}
 			}
 		}
-		for i := 0; i < maxStepsPerPass; i++ { // until a step changes nothing
-			before := w.ChangeCount()
-			effects = lifecycle.Step(w, c.params, now)
-			if w.ChangeCount() == before {
-				break
-			}
-		}
+		effects = c.stepUntilSettled(w, now)
 		ch := w.TakeChanges()
 		changed = !ch.Empty()
 		if touched, err = c.persistTouched(tx, ch); err != nil {
@@ -138,7 +148,11 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	if whole {
 		c.swept.Store(true)
 	}
-	c.metrics.passOver(w, len(effects), whole)
+	if w == nil { // no session to look at
+		c.metrics.passOver(nil, 0, false)
+	} else {
+		c.metrics.passOver(w, len(effects), whole)
+	}
 	if changed {
 		c.notifyChange(touched)
 	}
@@ -147,6 +161,9 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	var next time.Duration
 	if !wake.IsZero() {
 		next = max(wake.Sub(now), time.Millisecond)
+	}
+	if w == nil {
+		return next
 	}
 	if wait := c.dispatch(ctx, wg, w, effects, !whole, now, true); wait > 0 && (next == 0 || wait < next) {
 		next = wait
@@ -447,9 +464,9 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
 	var touched map[int64]bool
-	var next []lifecycle.Effect // the session's next effects, when it was stepped here
-	var outcome *lifecycle.World
 	var recorded *lifecycle.World // the world the outcome was recorded in
+	stepped := false              // and its session stepped there, next its next effects
+	var next []lifecycle.Effect
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		w, whole, err := c.sessionsWorld(tx, []int64{session}, now)
@@ -465,19 +482,12 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		}
 		// A success moves its session on: step it here, as a pass would (a failure waits
 		// for its retry time, which passes keep). Not a whole world: a pass steps those.
-		next, outcome = nil, nil
-		if r.Err == nil && !whole {
-			for i := 0; i < maxStepsPerPass; i++ {
-				before := w.ChangeCount()
-				next = lifecycle.Step(w, c.params, now)
-				if w.ChangeCount() == before {
-					break
-				}
-			}
-			outcome = w
+		next, stepped = nil, r.Err == nil && !whole
+		if stepped {
+			next = c.stepUntilSettled(w, now)
 		}
 		touched, err = c.persistTouched(tx, w.TakeChanges())
-		if err != nil || outcome == nil || !touched[session] {
+		if err != nil || !stepped || !touched[session] {
 			return err
 		}
 		return settleDue(tx, w, []int64{session}, map[int64]time.Time{session: {}}, touched, now)
@@ -495,8 +505,8 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		crashpoint.Hit("outcome-persisted:" + e.Op)
 	}
 	release()
-	if err == nil && outcome != nil && !slices.ContainsFunc(next, func(n lifecycle.Effect) bool { return n.Op == lifecycle.OpPollStage }) {
+	if err == nil && stepped && !slices.ContainsFunc(next, func(n lifecycle.Effect) bool { return n.Op == lifecycle.OpPollStage }) {
 		// Stage polls are paced by the passes (dispatch's pacing needs their wake-up).
-		c.dispatch(ctx, q.wg, outcome, next, true, c.now(), false)
+		c.dispatch(ctx, q.wg, recorded, next, true, c.now(), false)
 	}
 }

@@ -130,10 +130,16 @@ func (c *Controller) Registry() *prometheus.Registry { return c.metrics.reg }
 // the stages that ended since the last one.
 func (m *controllerMetrics) pass(w *lifecycle.World, due int) { m.passOver(w, due, true) }
 
-// passOver records a pass over w, the whole state or (whole false) the due sessions only.
+// passOver records a pass over w, the whole state or (whole false) the due sessions only;
+// w nil: a pass that found no session to look at (the state's gauges are read at the scrape,
+// as after any pass that did not see the whole state).
 func (m *controllerMetrics) passOver(w *lifecycle.World, due int, whole bool) {
 	m.passes.Inc()
 	m.effectsDue.Set(float64(due))
+	if w == nil {
+		m.stale.Store(true)
+		return
+	}
 	m.world.Store(w)
 	m.stale.Store(!whole)
 	m.stagesOver(w, whole)

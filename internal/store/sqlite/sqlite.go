@@ -58,7 +58,7 @@ type Engine struct {
 
 // hotQueries are the statements every transaction runs: prepared when the engine opens (no
 // transaction holds a connection then), bound to each transaction's connection after.
-var hotQueries = []string{qGet, qPut, qDelete, qScan, qScanRange, qScanFrom, qScanJoined, qScanJoinedFrom}
+var hotQueries = []string{qGet, qPut, qDelete, qScan, qScanRange, qScanFrom, qScanValues, qScanJoined, qScanJoinedFrom}
 
 const (
 	qGet       = `SELECT value FROM kv WHERE kind = ? AND key = ?`
@@ -67,6 +67,9 @@ const (
 	qScan      = `SELECT key, value FROM kv WHERE kind = ? ORDER BY key`
 	qScanRange = `SELECT key, value FROM kv WHERE kind = ? AND key >= ? AND key < ? ORDER BY key`
 	qScanFrom  = `SELECT key, value FROM kv WHERE kind = ? AND key >= ? ORDER BY key`
+	// qScanValues reads one kind's values alone: a column fewer to fetch per row, a third of
+	// a scan's cost in the driver (store.ValueScanner).
+	qScanValues = `SELECT value FROM kv WHERE kind = ? ORDER BY key`
 	// The record's key is the index key past the prefix: cut in bytes (substr counts
 	// characters in TEXT, bytes in a BLOB), then compared as text, byte for byte. A LEFT JOIN,
 	// so that an entry whose record is missing shows (value NULL) instead of vanishing.
@@ -321,6 +324,34 @@ func (k *kv) ScanPrefix(kind, prefix string, fn func(key string, value []byte) e
 		return err
 	}
 	return visitRows(rows, func(key string, value []byte, _ bool) error { return fn(key, value) })
+}
+
+// ScanValues is store.ValueScanner: every value of a kind, in key order, without the keys.
+func (k *kv) ScanValues(kind string, fn func(value []byte) error) error {
+	rows, err := k.query(qScanValues, kind)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	// Read everything first, as visitRows does: fn may query the same transaction.
+	var values [][]byte
+	for rows.Next() {
+		var v []byte
+		if err := rows.Scan(&v); err != nil {
+			return err
+		}
+		values = append(values, v)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows.Close()
+	for _, v := range values {
+		if err := fn(v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ScanJoined is store.IndexJoiner: the index range and the records it lists in one query.

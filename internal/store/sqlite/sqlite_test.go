@@ -55,3 +55,6 @@ func TestOlderLayoutIsBroughtUp(t *testing.T) {
 
 // SQLite reads a child index with its records in one query.
 var _ store.IndexJoiner = (*kv)(nil)
+
+// SQLite scans a kind's values without their keys (the listings).
+var _ store.ValueScanner = (*kv)(nil)
