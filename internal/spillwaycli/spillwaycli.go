@@ -83,8 +83,8 @@ func Main(argv []string) int {
 	case "admin":
 		return adminMain(rest, os.Stdout, os.Stderr)
 	case "stage-worker":
-		// Hidden: the agent starts it, as the job's user, to move one stage's data.
-		return stage.WorkerMain(os.Stdin, os.Stdout)
+		// Hidden: the agent starts it to move one stage's data as the job's user.
+		return stage.WorkerMain(rest, os.Stdin, os.Stdout)
 	case "version", "--version":
 		fmt.Println("spillway", cli.Version)
 		return 0

@@ -3,13 +3,16 @@ package stage
 // How a worker gets its instance's directories. The worker runs as the job's user, who can
 // open /proc/<pid>/fd/N of any dumpable process of theirs: a namespace descriptor inherited
 // across exec would be theirs to write past the capacity, or into a read-only (loadbalance)
-// instance, for as long as they like. So the worker inherits none. It first makes itself
-// non-dumpable (its /proc entries then belong to root and ptrace is refused), and only then
-// asks for the directories: it makes a fresh socket pair, sends one end to the agent over the
+// instance, for as long as they like. So the worker inherits none. It is never dumpable
+// while it is the user's (identity.go: a root agent starts it as root, and it takes the
+// user's identity only once it is non-dumpable; its /proc entries then belong to root and
+// ptrace is refused), and only then asks for the directories: it makes a fresh socket pair, sends one end to the agent over the
 // socket it did inherit (fd 3), and receives the directories on the other. The agent answers
 // only a socket pair made by the worker's own pid, which is checked with SO_PEERCRED: a user
 // who duplicated fd 3 before the worker became non-dumpable can send the agent a socket of
 // their own, but it is refused (the stage fails), and they can never receive the answer.
+// Before it answers, the agent checks again that the worker is the user's, untraced and
+// non-dumpable (checkSealed).
 
 import (
 	"fmt"
@@ -38,7 +41,7 @@ func handoffPair() (agent, worker *os.File, err error) {
 // handOver answers the worker's request for its directories on the agent's end: it receives
 // the worker's fresh socket, checks that the worker's pid made it, and sends the directories
 // on it. It returns when it has, or when the worker is gone or the caller shut agent down.
-func handOver(agent int, workerPid int, roots []*os.File) error {
+func handOver(agent int, workerPid int, uid uint32, roots []*os.File) error {
 	reply, err := receiveFds(agent, 1)
 	if err != nil {
 		return nil // the worker never asked (it had no directories to stage, or died)
@@ -52,6 +55,9 @@ func handOver(agent int, workerPid int, roots []*os.File) error {
 	if int(cred.Pid) != workerPid {
 		return fmt.Errorf("pid %d, not the staging worker (pid %d), asked for the instance's directories; "+
 			"another process holds the worker's socket, so the stage is refused", cred.Pid, workerPid)
+	}
+	if err := checkSealed(workerPid, uid); err != nil {
+		return err
 	}
 	fds := make([]int, len(roots))
 	for i, f := range roots {

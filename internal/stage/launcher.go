@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,12 +118,17 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		return r
 	}
 
-	cmd := exec.Command(exe[0], exe[1:]...)
+	// A worker for another user starts as root and takes the user's identity itself, once it
+	// is non-dumpable (identity.go): started as the user, it could be traced before that.
+	args := exe[1:]
+	if credential != nil {
+		args = append(slices.Clip(args), identityArg(credential))
+	}
+	cmd := exec.Command(exe[0], args...)
 	cmd.Env = workerEnv
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setpgid:    true, // Cancel signals the whole group
-		Credential: credential,
+		Setpgid: true, // Cancel signals the whole group
 		// No Pdeathsig: it fires when the forking thread exits, not the agent. A worker
 		// outlives no agent anyway: the agent's end of its stdin closes when the agent dies,
 		// and a worker whose stdin ends stops, removes its partial file and exits.
@@ -166,7 +172,7 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 			}
 			mu.Unlock()
 		}()
-		err := handOver(agentFd, cmd.Process.Pid, rootFiles)
+		err := handOver(agentFd, cmd.Process.Pid, spec.UID, rootFiles)
 		mu.Lock()
 		closed = true
 		agentEnd.Close()

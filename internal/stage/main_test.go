@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,7 +21,21 @@ var workerExe []string
 
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "stage-worker" {
-		os.Exit(WorkerMain(os.Stdin, os.Stdout))
+		os.Exit(WorkerMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "stage-worker-probe" {
+		// The worker's way to the user's identity, then the command of the rest of the
+		// arguments (TestWorkerGetsTheUserIdentityAndNothingElse).
+		rest, err := becomeStageUser(os.Args[2:])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, syscall.Exec(rest[0], rest, os.Environ()))
+		os.Exit(1)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "trace-attacker" {
+		os.Exit(traceAttacker())
 	}
 	// The build directory is private to root; the worker may run as nobody, so it runs from a
 	// copy in a directory anyone may enter.

@@ -29,16 +29,17 @@ type workerRequest struct {
 // errAgentGone stops a worker whose agent closed the pipe or stopped reading.
 var errAgentGone = errors.New("the agent went away")
 
-// WorkerMain runs one stage as the current user: it reads the request from stdin, plans,
-// waits for the agent's go-ahead, copies, and reports on stdout (see the package comment).
-// It returns the process exit status: 0 only when the stage completed.
-func WorkerMain(stdin io.Reader, stdout io.Writer) int {
+// WorkerMain runs one stage as the job's user: it takes their identity when args name one
+// (identity.go), reads the request from stdin, plans, waits for the agent's go-ahead, copies,
+// and reports on stdout (see the package comment). It returns the process exit status: 0
+// only when the stage completed.
+func WorkerMain(args []string, stdin io.Reader, stdout io.Writer) int {
 	defaults := DefaultLimits()
 	out := &emitter{w: stdout, maxLine: defaults.MaxLineBytes, maxWarnings: defaults.MaxWarnings}
-	// First of all: the job's user must not reach into this process (/proc/<pid>/fd, mem,
-	// ptrace) once it holds the instance's directories (handoff.go).
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		out.failed("stage: cannot make the staging worker non-dumpable: " + err.Error())
+	// First of all: the job's user must never reach into this process (/proc/<pid>/fd, mem,
+	// ptrace), which will hold the instance's directories (handoff.go).
+	if _, err := becomeStageUser(args); err != nil {
+		out.failed("stage: " + err.Error())
 		return 1
 	}
 	in := bufio.NewReaderSize(stdin, 64<<10)

@@ -247,7 +247,11 @@ func TestWorkerGetsTheUserIdentityAndNothingElse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(leak)
-	st := fakeWorker(t, a, `echo "ids=$(id -u):$(id -g):$(id -G | tr ' ' ,)" >&2; open=; for n in $(seq 0 1023); do [ -e /proc/$$/fd/$n ] && open="$open$n "; done; echo "fds=$open" >&2; echo "fd3=$(readlink /proc/$$/fd/3)" >&2; echo "cwd=$(pwd)" >&2; env >&2; exit 1`, testLimits())
+	// The real worker's way to the user's identity (identity.go), then a shell that reports
+	// what it was given.
+	probe := []string{workerExe[0], "stage-worker-probe", "/bin/sh", "-c", `echo "ids=$(id -u):$(id -g):$(id -G | tr ' ' ,)" >&2; open=; for n in $(seq 0 1023); do [ -e /proc/$$/fd/$n ] && open="$open$n "; done; echo "fds=$open" >&2; echo "fd3=$(readlink /proc/$$/fd/3)" >&2; echo "cwd=$(pwd)" >&2; env >&2; exit 1`}
+	r := Start(context.Background(), probe, spec(a, "in", "file", "/etc/hostname", "$DW_JOB_STRIPED/x"), testLimits(), nil)
+	st := r.Wait()
 	uid, gid := stageIdentity()
 	wantGroups := []string{fmt.Sprint(gid)}
 	if !isRoot() {
