@@ -1,6 +1,8 @@
 package server
 
 import (
+	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -58,6 +60,7 @@ type dataPathMetrics struct {
 	read     *prometheus.CounterVec
 	written  *prometheus.CounterVec
 	inFlight prometheus.Gauge
+	panics   prometheus.Counter
 
 	ops          [256]*opMetrics // by proto.Op; ops the protocol does not know share "other"
 	readBytes    [transports]prometheus.Counter
@@ -86,6 +89,8 @@ func newDataPathMetrics() *dataPathMetrics {
 			[]string{"transport"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: "warpfs",
 			Name: "requests_in_flight", Help: "File operations being answered now."}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "warpfs",
+			Name: "handler_panics_total", Help: "File operations whose handler panicked (a defect: each is logged with its stack; the operation failed with EIO and a remote client's connection was closed)."}),
 	}
 	other := m.op("other")
 	for i := range m.ops {
@@ -113,15 +118,18 @@ func (m *dataPathMetrics) op(name string) *opMetrics {
 
 // Collectors are the data path's metrics, for an agent's registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{dataPath.requests, dataPath.seconds, dataPath.errors, dataPath.read, dataPath.written, dataPath.inFlight}
+	return []prometheus.Collector{dataPath.requests, dataPath.seconds, dataPath.errors, dataPath.read, dataPath.written, dataPath.inFlight, dataPath.panics}
 }
 
 // measured runs one request through exec and counts it.
 func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
 	dataPath.inFlight.Inc()
 	start := time.Now()
-	rep, n, errno := s.exec(op, uid, gid, m, dest)
+	rep, n, errno, panicked := s.contained(op, uid, gid, m, dest)
 	dataPath.record(t, op, start, rep, n, errno)
+	if panicked {
+		return nil, 0, errno // a defect of the server, not of the medium
+	}
 	if errno == syscall.EIO || errno == syscall.EUCLEAN {
 		if f := s.v.acct.frag; f != nil && f.OnMediaError != nil {
 			f.OnMediaError(dataPath.ops[op].name, errno)
@@ -129,6 +137,30 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 	}
 	return rep, n, errno
 }
+
+// contained runs exec, turning a panic of its handler (a defect) into EIO for this request
+// alone: it is logged with its stack and counted, and a remote connection that caused it is
+// closed (handle), but the server and every other mount of the node go on.
+func (s *session) contained(op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (rep proto.Message, n int, errno syscall.Errno, panicked bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			dataPath.panics.Inc()
+			s.panicked.Store(true)
+			s.log.Error("warpfs: a request's handler panicked; the request fails with EIO",
+				"op", op.String(), "client", s.client, "instance", s.instance, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			rep, n, errno, panicked = nil, 0, syscall.EIO, true
+		}
+	}()
+	if handlerFault != nil {
+		handlerFault(op, uid)
+	}
+	rep, n, errno = s.exec(op, uid, gid, m, dest)
+	return rep, n, errno, false
+}
+
+// handlerFault, when set (by tests only), is called before each request's handler: a test
+// makes it panic to see the panic contained.
+var handlerFault func(op proto.Op, uid uint32)
 
 // record counts a request that started at start and ended now with exec's results.
 func (dp *dataPathMetrics) record(t transport, op proto.Op, start time.Time, rep proto.Message, n int, errno syscall.Errno) {

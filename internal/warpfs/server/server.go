@@ -466,6 +466,7 @@ type session struct {
 	client       string
 	instance     int64
 	fullLogged   atomic.Bool
+	panicked     atomic.Bool // a request's handler panicked (contained)
 
 	mu      sync.Mutex
 	handles map[uint64]*handle
@@ -673,6 +674,13 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 		}
 		<-c.sem
 		c.wg.Done()
+	}()
+	defer func() {
+		// A request whose handler panicked may have left its connection's state half done:
+		// the client reconnects and reopens, as after any lost connection.
+		if c.sess.panicked.Swap(false) {
+			c.nc.Close()
+		}
 	}()
 	if h.Op == proto.OpRead {
 		out := getBuf()

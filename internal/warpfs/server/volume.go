@@ -791,7 +791,14 @@ func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 	}
 	defer done()
 	switch r.Mode & syscall.S_IFMT {
-	case syscall.S_IFREG, syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
+	case syscall.S_IFREG, syscall.S_IFIFO, syscall.S_IFSOCK:
+	case syscall.S_IFCHR, syscall.S_IFBLK:
+		// The server creates as root: a device node needs CAP_MKNOD, which only root has
+		// here, as on a local file system (else a user would own a node of the storage
+		// node's disk, to be opened there by anything acting as them).
+		if uid != 0 {
+			return proto.Attr{}, syscall.EPERM
+		}
 	default:
 		return proto.Attr{}, syscall.EINVAL
 	}
