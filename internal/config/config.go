@@ -249,6 +249,10 @@ type Stage struct {
 	MaxAttempts       int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
 	ProgressInterval  Duration `toml:"progress_interval"`   // how often a worker reports progress
 	MaxFilesPerStage  int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
+	// MaxPathsPerRequest bounds the paths of one request that takes a list of stages (an
+	// in-job stage request: dwcli stage, libdatawarp's lists; data_in, data_out, a setup's
+	// stage-outs): a longer one is refused before the controller's write transaction.
+	MaxPathsPerRequest int `toml:"max_paths_per_request"`
 	// AllowRoot lets stages run for uid 0. Off on system installs (Slurm never runs root
 	// jobs; a uid of 0 there is a bug); `spillway run` started by root turns it on.
 	AllowRoot         bool `toml:"allow_root"`
@@ -462,23 +466,24 @@ func Defaults() Config {
 			AgentTimeout:    Duration(60 * time.Second),
 		},
 		Stage: Stage{
-			MaxRunning:        8,
-			MaxJobConcurrency: 8,
-			History:           1000,
-			FilesInFlight:     8,
-			PollInterval:      Duration(200 * time.Millisecond),
-			Timeout:           Duration(24 * time.Hour),
-			MaxAttempts:       3,
-			ProgressInterval:  Duration(250 * time.Millisecond),
-			MaxFilesPerStage:  2_000_000,
-			WorkerOutputLimit: Size(1 << 20),
-			CancelGrace:       Duration(10 * time.Second),
-			MaxParallel:       64,
-			MaxListSize:       Size(64 << 20),
-			CopyChunkSize:     Size(64 << 20),
-			CopyBufferSize:    Size(1 << 20),
-			MaxWarnings:       100,
-			WorkerStderrLimit: Size(16 << 10),
+			MaxRunning:         8,
+			MaxJobConcurrency:  8,
+			History:            1000,
+			FilesInFlight:      8,
+			PollInterval:       Duration(200 * time.Millisecond),
+			Timeout:            Duration(24 * time.Hour),
+			MaxAttempts:        3,
+			ProgressInterval:   Duration(250 * time.Millisecond),
+			MaxFilesPerStage:   2_000_000,
+			MaxPathsPerRequest: 10_000,
+			WorkerOutputLimit:  Size(1 << 20),
+			CancelGrace:        Duration(10 * time.Second),
+			MaxParallel:        64,
+			MaxListSize:        Size(64 << 20),
+			CopyChunkSize:      Size(64 << 20),
+			CopyBufferSize:     Size(1 << 20),
+			MaxWarnings:        100,
+			WorkerStderrLimit:  Size(16 << 10),
 		},
 		Agent: Agent{
 			SSDPath:              "/var/lib/spillway/ssd",
@@ -622,6 +627,7 @@ func (c *Config) Validate() error {
 	positive("stage.timeout", int64(c.Stage.Timeout))
 	positive("stage.max_attempts", int64(c.Stage.MaxAttempts))
 	positive("stage.max_files_per_stage", c.Stage.MaxFilesPerStage)
+	positive("stage.max_paths_per_request", int64(c.Stage.MaxPathsPerRequest))
 	positive("client.connect_timeout", int64(c.Client.ConnectTimeout))
 	positive("client.unreachable_rounds", int64(c.Client.UnreachableRounds))
 	if c.HA.Enabled {

@@ -346,6 +346,9 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 		if err := fn(w, txIDs{tx}, now); err != nil {
 			return err
 		}
+		if err := ctx.Err(); err != nil {
+			return err // the caller is gone (request_timeout): write nothing it will not hear of
+		}
 		touched, err = c.persistTouched(tx, w.TakeChanges())
 		return err
 	})
@@ -393,10 +396,15 @@ func (c *Controller) Stages(ctx context.Context, token, direction string, reqs [
 	})
 }
 
-// JobStages records a job's in-job stage requests (libdatawarp, dwcli stage).
+// JobStages records a job's in-job stage requests (libdatawarp, dwcli stage). The requests
+// are checked, and their number bounded by stage.max_paths_per_request, before the write
+// transaction: the transaction's work is then linear in the paths and the session's stages.
 func (c *Controller) JobStages(ctx context.Context, token string, reqs []lifecycle.InJobStage) error {
+	if err := lifecycle.CheckInJobStages(reqs, c.cfg.Stage.MaxPathsPerRequest); err != nil {
+		return err
+	}
 	return c.decideOn(ctx, token, nil, "request-persisted:job_stages", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
-		return lifecycle.ApplyInJobStages(w, token, reqs, ids, now)
+		return lifecycle.ApplyCheckedInJobStages(w, token, reqs, ids, now)
 	})
 }
 

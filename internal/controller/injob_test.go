@@ -1,0 +1,119 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/spillway-hpc/spillway/internal/config"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
+)
+
+// jobStagesBody is an in-job stage request of n stage-outs of files under dir.
+func jobStagesBody(t testing.TB, dir string, n int) string {
+	req := controllerapi.JobStagesRequest{}
+	for i := 0; i < n; i++ {
+		req.Stages = append(req.Stages, lifecycle.InJobStage{Direction: model.StageOut, Type: model.StageFile,
+			DWVar: lifecycle.VarJobStriped, DWPath: fmt.Sprintf("/%s/%d", dir, i), PFSPath: fmt.Sprintf("/pfs/%s/%d", dir, i)})
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// inJobStages counts the session's in-job stages in the state.
+func (a *adminWorld) inJobStages(token string) int {
+	a.t.Helper()
+	w, err := a.c.viewSession(context.Background(), token)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	n := 0
+	for _, st := range w.StagesOf(w.SessionByToken(token).ID) {
+		if st.InJob {
+			n++
+		}
+	}
+	return n
+}
+
+// Security issue 19, item 2: one in-job stage request naming 25,000 paths held the
+// controller's write transaction for 22 s (every other user's write and the heartbeats
+// waited). An ordinary user's request over stage.max_paths_per_request is refused at once,
+// with a 400 naming the limit and the way out, and changes nothing; one at the limit is
+// applied whole, on a session already holding stages.
+func TestInJobStageRequestsAreBounded(t *testing.T) {
+	const limit = 2000
+	a := newAdminWorld(t, func(c *config.Config) { c.Stage.MaxPathsPerRequest = limit })
+	a.heartbeat("ssd1", "wlm_pool")
+	a.setup("77", userUID, 0)
+	path := "/dw/v1/sessions/77/job_stages"
+
+	code, out := a.call(userUID, "POST", path, jobStagesBody(t, "over", limit+1))
+	if code != http.StatusBadRequest || !strings.Contains(out, "stage.max_paths_per_request (2000)") || !strings.Contains(out, "at most 2000 paths") {
+		t.Fatalf("%d paths: %d %s; want 400 naming stage.max_paths_per_request", limit+1, code, out)
+	}
+	if n := a.inJobStages("77"); n != 0 {
+		t.Fatalf("a refused request recorded %d stages", n)
+	}
+	a.must(userUID, "POST", path, jobStagesBody(t, "first", limit), http.StatusAccepted)
+	a.must(userUID, "POST", path, jobStagesBody(t, "second", limit), http.StatusAccepted)
+	if n := a.inJobStages("77"); n != 2*limit {
+		t.Fatalf("two requests at the limit recorded %d stages, want %d", n, 2*limit)
+	}
+	// A request naming a path twice, or a bad path, is refused the same way.
+	body := jobStagesBody(t, "third", 2)
+	body = strings.Replace(body, "/third/1", "/third/0", 1)
+	if code, out := a.call(userUID, "POST", path, body); code != http.StatusBadRequest || !strings.Contains(out, "named twice") {
+		t.Fatalf("a path twice: %d %s", code, out)
+	}
+}
+
+// The default bound holds on a request the size of the report's (25,000 paths, 3.8 MB,
+// under controller.max_request_bytes).
+func TestInJobStageRequestOfTheReportIsRefused(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	a.heartbeat("ssd1", "wlm_pool")
+	a.setup("77", userUID, 0)
+	body := jobStagesBody(t, "checkpoints/step", 25000)
+	if len(body) > 4<<20 || len(body) < 3<<20 {
+		t.Fatalf("the body is %d bytes", len(body))
+	}
+	code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/job_stages", body)
+	if code != http.StatusBadRequest || !strings.Contains(out, "stage.max_paths_per_request (10000)") {
+		t.Fatalf("25,000 paths: %d %.300s", code, out)
+	}
+}
+
+// BenchmarkJobStagesRequest is one ordinary user's in-job stage request of n paths against a
+// real controller over SQLite, on a session already holding n in-job stages.
+func BenchmarkJobStagesRequest(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			t := &testing.T{}
+			a := newAdminWorld(t, nil)
+			a.heartbeat("ssd1", "wlm_pool")
+			a.setup("77", userUID, 0)
+			if code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/job_stages", jobStagesBody(b, "held", n)); code != http.StatusAccepted {
+				b.Fatal(code, out)
+			}
+			bodies := make([]string, b.N)
+			for i := range bodies {
+				bodies[i] = jobStagesBody(b, fmt.Sprint("r", i), n)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/job_stages", bodies[i]); code != http.StatusAccepted {
+					b.Fatal(code, out)
+				}
+			}
+		})
+	}
+}
