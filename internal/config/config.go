@@ -125,9 +125,14 @@ type Controller struct {
 	MaxConnectionsPerPeer int `toml:"max_connections_per_peer"`
 	// Per-user quotas of what ordinary users set up themselves (spillway run, spillway
 	// persistent, the API); the workload manager's jobs are not counted against them.
-	MaxSessionsPerUser   int  `toml:"max_sessions_per_user"`   // sessions (jobs and persistent instances)
-	MaxPersistentPerUser int  `toml:"max_persistent_per_user"` // persistent instances
-	MaxCapacityPerUser   Size `toml:"max_capacity_per_user"`   // instance capacity, all sessions; 0 = no limit
+	MaxSessionsPerUser   int `toml:"max_sessions_per_user"`   // sessions (jobs and persistent instances)
+	MaxPersistentPerUser int `toml:"max_persistent_per_user"` // persistent instances
+	// MaxNodesPerRequest bounds the compute nodes one request names (pre_run's nodes, a
+	// setup's client_nodes; repeated names count once), MaxUsesPerJob the persistent
+	// instances one job uses (#DW persistentdw): checked before the write transaction.
+	MaxNodesPerRequest int  `toml:"max_nodes_per_request"`
+	MaxUsesPerJob      int  `toml:"max_uses_per_job"`
+	MaxCapacityPerUser Size `toml:"max_capacity_per_user"` // instance capacity, all sessions; 0 = no limit
 	// PrivateData shows ordinary users only their own sessions (and everything under them)
 	// and the persistent instances, as Slurm's PrivateData does; off, everyone sees all.
 	PrivateData bool `toml:"private_data"`
@@ -431,6 +436,8 @@ func Defaults() Config {
 			MaxConnectionsPerPeer:   64,
 			MaxSessionsPerUser:      100,
 			MaxPersistentPerUser:    10,
+			MaxNodesPerRequest:      100_000,
+			MaxUsesPerJob:           100,
 			PrivateData:             true,
 			RunLease:                Duration(2 * time.Minute),
 			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
@@ -693,6 +700,8 @@ func (c *Config) Validate() error {
 	positive("controller.max_sessions_per_user", int64(c.Controller.MaxSessionsPerUser))
 	positive("controller.mount_capability_lifetime", int64(c.Controller.MountCapabilityLifetime))
 	positive("controller.max_persistent_per_user", int64(c.Controller.MaxPersistentPerUser))
+	positive("controller.max_nodes_per_request", int64(c.Controller.MaxNodesPerRequest))
+	positive("controller.max_uses_per_job", int64(c.Controller.MaxUsesPerJob))
 	positive("warpfs.max_connections", int64(c.Warpfs.MaxConnections))
 	positive("warpfs.max_handshakes", int64(c.Warpfs.MaxHandshakes))
 	positive("warpfs.max_handshakes_per_peer", int64(c.Warpfs.MaxHandshakesPerPeer))

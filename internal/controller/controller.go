@@ -366,6 +366,16 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 // Setup creates a job or persistent session. ordinaryUser applies the per-user quota (controller.max_*_per_user); the workload manager
 // and administrators are not limited.
 func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUser bool) error {
+	var err error
+	if err = c.checkStageCount("setup stage_out", len(req.StageOut)); err != nil {
+		return err
+	}
+	if req.Uses, err = c.uniqueUses(req.Uses); err != nil {
+		return err
+	}
+	if req.ClientNodes, err = c.uniqueNodes("setup client_nodes", req.ClientNodes); err != nil {
+		return err
+	}
 	if req.Instance != nil && req.Instance.Pool == "" {
 		req.Instance.Pool = c.cfg.Controller.DefaultPool
 	}
@@ -390,6 +400,9 @@ func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUse
 func (c *Controller) Stages(ctx context.Context, token, direction string, reqs []lifecycle.StageRequest) error {
 	if direction != model.StageIn && direction != model.StageOut {
 		return &lifecycle.UserError{Msg: fmt.Sprintf("stage direction %q: expected in or out", direction)}
+	}
+	if err := c.checkStageCount("data_"+direction, len(reqs)); err != nil {
+		return err
 	}
 	return c.decideOn(ctx, token, nil, "request-persisted:data_"+direction, func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyStages(w, token, direction, reqs, ids, now)
@@ -433,6 +446,10 @@ func (c *Controller) StageConcurrency(ctx context.Context, token string, n int) 
 
 // PreRun mounts the session's configurations on compute nodes.
 func (c *Controller) PreRun(ctx context.Context, token string, nodes []string) error {
+	nodes, err := c.uniqueNodes("pre_run", nodes)
+	if err != nil {
+		return err
+	}
 	return c.decideOn(ctx, token, nil, "request-persisted:pre_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyPreRun(w, token, nodes, ids, c.params)
 	})

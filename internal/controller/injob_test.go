@@ -152,3 +152,47 @@ func BenchmarkOtherWriteDuringJobStages(b *testing.B) {
 	b.ReportMetric(float64(waited.Milliseconds())/float64(b.N), "wait_ms")
 	b.ReportMetric(float64(staged.Milliseconds())/float64(b.N), "stages_ms")
 }
+
+// The other lists a request carries are bounded before the write transaction too, each
+// refusal naming its limit: data_in's and data_out's stages, pre_run's nodes (a name
+// repeated counts and is kept once), a setup's persistent instances.
+func TestRequestListsAreBounded(t *testing.T) {
+	a := newAdminWorld(t, func(c *config.Config) {
+		c.Stage.MaxPathsPerRequest = 10
+		c.Controller.MaxNodesPerRequest = 3
+		c.Controller.MaxUsesPerJob = 2
+	})
+	a.heartbeat("ssd1", "wlm_pool")
+	a.setup("77", userUID, 0)
+	req := controllerapi.StagesRequest{}
+	for i := 0; i < 11; i++ {
+		req.Stages = append(req.Stages, lifecycle.StageRequest{Type: model.StageFile, PFSPath: fmt.Sprint("/pfs/", i), DWVar: lifecycle.VarJobStriped, DWPath: fmt.Sprint("/", i)})
+	}
+	body, _ := json.Marshal(req)
+	for _, step := range []string{"data_in", "data_out"} {
+		code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/"+step, string(body))
+		if code != http.StatusBadRequest || !strings.Contains(out, "stage.max_paths_per_request (10)") {
+			t.Errorf("%s of 11 stages: %d %s", step, code, out)
+		}
+	}
+	body, _ = json.Marshal(controllerapi.StagesRequest{Stages: req.Stages[:10]})
+	a.must(userUID, "POST", "/dw/v1/sessions/77/data_in", string(body), http.StatusAccepted)
+
+	nodes := `{"nodes":["ssd1"` + strings.Repeat(`,"ssd1"`, 10000) + `]}`
+	a.must(userUID, "POST", "/dw/v1/sessions/77/pre_run", nodes, http.StatusAccepted)
+	w, err := a.c.viewSession(context.Background(), "77")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.SessionByToken("77").ClientNodes; len(got) != 1 {
+		t.Errorf("pre_run naming ssd1 10,001 times kept %d nodes", len(got))
+	}
+	code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/pre_run", `{"nodes":["a","b","c","d","a"]}`)
+	if code != http.StatusBadRequest || !strings.Contains(out, "controller.max_nodes_per_request (3)") {
+		t.Errorf("pre_run of 4 nodes: %d %s", code, out)
+	}
+	err = a.c.Setup(context.Background(), lifecycle.Setup{Token: "78", Creator: "SLURM", Owner: userUID, Group: userUID, Uses: []string{"p1", "p2", "p3", "p1"}}, false)
+	if err == nil || ErrorKind(err) != "user" || !strings.Contains(err.Error(), "controller.max_uses_per_job (2)") {
+		t.Errorf("a setup using 3 persistent instances: %v", err)
+	}
+}

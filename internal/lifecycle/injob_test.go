@@ -541,3 +541,59 @@ func BenchmarkApplyInJobStages(b *testing.B) {
 		})
 	}
 }
+
+// data_in, data_out and pre_run cost a few walks of the world whatever the number of stages
+// and nodes they name (security issue 19: the same shape as the in-job stage requests').
+func TestStagesAndPreRunCostIsLinear(t *testing.T) {
+	const n = 2000
+	h := newHarness(t, "ssd1")
+	var nodes []string
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("cn%d", i+10)
+		h.w.Nodes[name] = &model.Node{Name: name, Online: true}
+		nodes = append(nodes, name)
+	}
+	h.must(ApplySetup(h.w, jobSetup("9", 1<<30, model.AccessStriped, model.AccessPrivate), h, h.p, h.now))
+	h.settle()
+	stages := func(from int) []StageRequest {
+		var reqs []StageRequest
+		for i := from; i < from+n; i++ {
+			reqs = append(reqs, StageRequest{Type: model.StageFile, PFSPath: fmt.Sprintf("/pfs/%d", i), DWVar: VarJobStriped, DWPath: fmt.Sprintf("/%d", i), Line: i})
+		}
+		return reqs
+	}
+	sid := h.w.SessionByToken("9").ID
+	for _, c := range []struct {
+		what  string
+		apply func() error
+		want  int // the session's stages or activations after it
+	}{
+		{"data_in", func() error { return ApplyStages(h.w, "9", model.StageIn, stages(0), h, h.now) }, n},
+		{"data_in of more", func() error { return ApplyStages(h.w, "9", model.StageIn, stages(n), h, h.now) }, 2 * n},
+		{"data_in again", func() error { return ApplyStages(h.w, "9", model.StageIn, stages(0), h, h.now) }, 2 * n},
+		{"pre_run", func() error { return ApplyPreRun(h.w, "9", nodes, h, h.p) }, 2 * n},
+		{"pre_run again", func() error { return ApplyPreRun(h.w, "9", nodes, h, h.p) }, 2 * n},
+	} {
+		before := h.w.walks
+		h.must(c.apply())
+		if walks := h.w.walks - before; walks > 20 {
+			t.Errorf("%s: %d stages or nodes walked the world %d times; want a few, whatever the numbers", c.what, n, walks)
+		}
+		got := len(h.w.StagesOf(sid))
+		if strings.HasPrefix(c.what, "pre_run") {
+			got = len(h.w.ActivationsOf(sid))
+		}
+		if got != c.want {
+			t.Errorf("%s: %d, want %d", c.what, got, c.want)
+		}
+	}
+	private := 0
+	for _, ns := range h.w.Namespaces {
+		if ns.ClientNode != "" {
+			private++
+		}
+	}
+	if private != n {
+		t.Errorf("%d private namespaces, want one per node (%d)", private, n)
+	}
+}
