@@ -258,6 +258,9 @@ type Stage struct {
 	// in-job stage request: dwcli stage, libdatawarp's lists; data_in, data_out, a setup's
 	// stage-outs): a longer one is refused before the controller's write transaction.
 	MaxPathsPerRequest int `toml:"max_paths_per_request"`
+	// MaxJobStages bounds the in-job stage records one session may hold (one per path): every
+	// request on the session reads them in the controller's write transaction.
+	MaxJobStages int `toml:"max_job_stages"`
 	// AllowRoot lets stages run for uid 0. Off on system installs (Slurm never runs root
 	// jobs; a uid of 0 there is a bug); `spillway run` started by root turns it on.
 	AllowRoot         bool `toml:"allow_root"`
@@ -483,6 +486,7 @@ func Defaults() Config {
 			ProgressInterval:   Duration(250 * time.Millisecond),
 			MaxFilesPerStage:   2_000_000,
 			MaxPathsPerRequest: 10_000,
+			MaxJobStages:       100_000,
 			WorkerOutputLimit:  Size(1 << 20),
 			CancelGrace:        Duration(10 * time.Second),
 			MaxParallel:        64,
@@ -635,6 +639,7 @@ func (c *Config) Validate() error {
 	positive("stage.max_attempts", int64(c.Stage.MaxAttempts))
 	positive("stage.max_files_per_stage", c.Stage.MaxFilesPerStage)
 	positive("stage.max_paths_per_request", int64(c.Stage.MaxPathsPerRequest))
+	positive("stage.max_job_stages", int64(c.Stage.MaxJobStages))
 	positive("client.connect_timeout", int64(c.Client.ConnectTimeout))
 	positive("client.unreachable_rounds", int64(c.Client.UnreachableRounds))
 	if c.HA.Enabled {

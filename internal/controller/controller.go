@@ -417,7 +417,7 @@ func (c *Controller) JobStages(ctx context.Context, token string, reqs []lifecyc
 		return err
 	}
 	return c.decideOn(ctx, token, nil, "request-persisted:job_stages", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
-		return lifecycle.ApplyCheckedInJobStages(w, token, reqs, ids, now)
+		return lifecycle.ApplyCheckedInJobStages(w, token, reqs, c.cfg.Stage.MaxJobStages, ids, now)
 	})
 }
 

@@ -49,10 +49,11 @@ func (a *adminWorld) inJobStages(token string) int {
 // controller's write transaction for 22 s (every other user's write and the heartbeats
 // waited). An ordinary user's request over stage.max_paths_per_request is refused at once,
 // with a 400 naming the limit and the way out, and changes nothing; one at the limit is
-// applied whole, on a session already holding stages.
+// applied whole, on a session already holding stages; the session's records are bounded by
+// stage.max_job_stages.
 func TestInJobStageRequestsAreBounded(t *testing.T) {
 	const limit = 2000
-	a := newAdminWorld(t, func(c *config.Config) { c.Stage.MaxPathsPerRequest = limit })
+	a := newAdminWorld(t, func(c *config.Config) { c.Stage.MaxPathsPerRequest, c.Stage.MaxJobStages = limit, 2*limit+100 })
 	a.heartbeat("ssd1", "wlm_pool")
 	a.setup("77", userUID, 0)
 	path := "/dw/v1/sessions/77/job_stages"
@@ -68,6 +69,10 @@ func TestInJobStageRequestsAreBounded(t *testing.T) {
 	a.must(userUID, "POST", path, jobStagesBody(t, "second", limit), http.StatusAccepted)
 	if n := a.inJobStages("77"); n != 2*limit {
 		t.Fatalf("two requests at the limit recorded %d stages, want %d", n, 2*limit)
+	}
+	// The session's own bound on its records.
+	if code, out := a.call(userUID, "POST", path, jobStagesBody(t, "third", 101)); code != http.StatusBadRequest || !strings.Contains(out, "stage.max_job_stages (4100)") {
+		t.Fatalf("past stage.max_job_stages: %d %s", code, out)
 	}
 	// A request naming a path twice, or a bad path, is refused the same way.
 	body := jobStagesBody(t, "third", 2)

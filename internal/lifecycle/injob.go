@@ -23,8 +23,9 @@ const (
 	WhenActivate  = "activate"   // DW_ACTIVATE_DEFERRED_STAGE: run a deferred stage-out now
 )
 
-// MaxInJobStages bounds the stage records a session's job may hold (one per path): each is a
-// row of the controller's state.
+// MaxInJobStages is the default bound on the stage records a session's job may hold (one per
+// path; stage.max_job_stages): each is a row of the controller's state, which every request
+// on the session reads.
 const MaxInJobStages = 100000
 
 // InJobStage is one in-job stage request.
@@ -138,14 +139,15 @@ func ApplyInJobStages(w *World, token string, reqs []InJobStage, ids IDSource, n
 	if err := CheckInJobStages(reqs, 0); err != nil {
 		return err
 	}
-	return ApplyCheckedInJobStages(w, token, reqs, ids, now)
+	return ApplyCheckedInJobStages(w, token, reqs, MaxInJobStages, ids, now)
 }
 
-// ApplyCheckedInJobStages is ApplyInJobStages for requests CheckInJobStages accepted. Its
+// ApplyCheckedInJobStages is ApplyInJobStages for requests CheckInJobStages accepted, with
+// maxHeld the most in-job stage records the session may hold (stage.max_job_stages). Its
 // work is linear in the session's stages plus the requests: the session's in-job stages are
 // found by path through a map built once, and each variable's configuration and namespace
 // are resolved once (a world's lookups may cost the whole world after each change).
-func ApplyCheckedInJobStages(w *World, token string, reqs []InJobStage, ids IDSource, now time.Time) error {
+func ApplyCheckedInJobStages(w *World, token string, reqs []InJobStage, maxHeld int, ids IDSource, now time.Time) error {
 	s, err := liveSession(w, token, "stage")
 	if err != nil {
 		return err
@@ -161,9 +163,9 @@ func ApplyCheckedInJobStages(w *World, token string, reqs []InJobStage, ids IDSo
 			byPath[st.DWPath] = append(byPath[st.DWPath], st)
 		}
 	}
-	if held+len(reqs) > MaxInJobStages {
-		return userErr("stage: session %s has %d stages of its own, and %d more would pass the limit of %d; stage directories rather than their files one by one",
-			s.Token, held, len(reqs), MaxInJobStages)
+	if held+len(reqs) > maxHeld {
+		return userErr("stage: session %s has %d stages of its own, and %d more would pass stage.max_job_stages (%d); stage directories rather than their files one by one",
+			s.Token, held, len(reqs), maxHeld)
 	}
 	targets := map[string]*inJobTarget{}
 	for _, r := range reqs {
