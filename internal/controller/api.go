@@ -214,7 +214,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) fail(w http.ResponseWriter, err error) {
 	kind := ErrorKind(err)
-	status := map[string]int{"user": 400, "not_found": 404, "busy": 409, "taken": 409, "not_leader": 503}[kind]
+	status := map[string]int{"user": 400, "not_found": 404, "busy": 409, "taken": 409, "too_large": 413, "not_leader": 503}[kind]
 	if status == 0 {
 		status = 500
 		s.log.Error("request failed", "err", err)

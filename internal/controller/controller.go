@@ -762,11 +762,14 @@ func (c *Controller) agentFor(w *lifecycle.World, name string) (agentapi.Agent, 
 // not_leader (503: a highly available controller that does not lead), internal (500).
 func ErrorKind(err error) string {
 	var ue *lifecycle.UserError
+	var le *lifecycle.LimitError
 	switch {
 	case errors.Is(err, store.ErrFenced):
 		return "not_leader"
 	case errors.As(err, &ue):
 		return "user"
+	case errors.As(err, &le):
+		return "too_large"
 	case errors.Is(err, lifecycle.ErrNoSession):
 		return "not_found"
 	case errors.Is(err, lifecycle.ErrBusy):

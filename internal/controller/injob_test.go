@@ -48,7 +48,7 @@ func (a *adminWorld) inJobStages(token string) int {
 // Security issue 19, item 2: one in-job stage request naming 25,000 paths held the
 // controller's write transaction for 22 s (every other user's write and the heartbeats
 // waited). An ordinary user's request over stage.max_paths_per_request is refused at once,
-// with a 400 naming the limit and the way out, and changes nothing; one at the limit is
+// with a 413 (kind too_large) naming the limit and the way out, and changes nothing; one at the limit is
 // applied whole, on a session already holding stages; the session's records are bounded by
 // stage.max_job_stages.
 func TestInJobStageRequestsAreBounded(t *testing.T) {
@@ -59,8 +59,8 @@ func TestInJobStageRequestsAreBounded(t *testing.T) {
 	path := "/dw/v1/sessions/77/job_stages"
 
 	code, out := a.call(userUID, "POST", path, jobStagesBody(t, "over", limit+1))
-	if code != http.StatusBadRequest || !strings.Contains(out, "stage.max_paths_per_request (2000)") || !strings.Contains(out, "at most 2000 paths") {
-		t.Fatalf("%d paths: %d %s; want 400 naming stage.max_paths_per_request", limit+1, code, out)
+	if code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "stage.max_paths_per_request (2000)") || !strings.Contains(out, "at most 2000 paths") {
+		t.Fatalf("%d paths: %d %s; want 413 naming stage.max_paths_per_request", limit+1, code, out)
 	}
 	if n := a.inJobStages("77"); n != 0 {
 		t.Fatalf("a refused request recorded %d stages", n)
@@ -71,7 +71,7 @@ func TestInJobStageRequestsAreBounded(t *testing.T) {
 		t.Fatalf("two requests at the limit recorded %d stages, want %d", n, 2*limit)
 	}
 	// The session's own bound on its records.
-	if code, out := a.call(userUID, "POST", path, jobStagesBody(t, "third", 101)); code != http.StatusBadRequest || !strings.Contains(out, "stage.max_job_stages (4100)") {
+	if code, out := a.call(userUID, "POST", path, jobStagesBody(t, "third", 101)); code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "stage.max_job_stages (4100)") {
 		t.Fatalf("past stage.max_job_stages: %d %s", code, out)
 	}
 	// A request naming a path twice, or a bad path, is refused the same way.
@@ -93,7 +93,7 @@ func TestInJobStageRequestOfTheReportIsRefused(t *testing.T) {
 		t.Fatalf("the body is %d bytes", len(body))
 	}
 	code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/job_stages", body)
-	if code != http.StatusBadRequest || !strings.Contains(out, "stage.max_paths_per_request (10000)") {
+	if code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "stage.max_paths_per_request (10000)") {
 		t.Fatalf("25,000 paths: %d %.300s", code, out)
 	}
 }
@@ -176,7 +176,7 @@ func TestRequestListsAreBounded(t *testing.T) {
 	body, _ := json.Marshal(req)
 	for _, step := range []string{"data_in", "data_out"} {
 		code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/"+step, string(body))
-		if code != http.StatusBadRequest || !strings.Contains(out, "stage.max_paths_per_request (10)") {
+		if code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "stage.max_paths_per_request (10)") {
 			t.Errorf("%s of 11 stages: %d %s", step, code, out)
 		}
 	}
@@ -193,11 +193,11 @@ func TestRequestListsAreBounded(t *testing.T) {
 		t.Errorf("pre_run naming ssd1 10,001 times kept %d nodes", len(got))
 	}
 	code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/pre_run", `{"nodes":["a","b","c","d","a"]}`)
-	if code != http.StatusBadRequest || !strings.Contains(out, "controller.max_nodes_per_request (3)") {
+	if code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "controller.max_nodes_per_request (3)") {
 		t.Errorf("pre_run of 4 nodes: %d %s", code, out)
 	}
 	err = a.c.Setup(context.Background(), lifecycle.Setup{Token: "78", Creator: "SLURM", Owner: userUID, Group: userUID, Uses: []string{"p1", "p2", "p3", "p1"}}, false)
-	if err == nil || ErrorKind(err) != "user" || !strings.Contains(err.Error(), "controller.max_uses_per_job (2)") {
+	if err == nil || ErrorKind(err) != "too_large" || !strings.Contains(err.Error(), "controller.max_uses_per_job (2)") {
 		t.Errorf("a setup using 3 persistent instances: %v", err)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // checkStageCount refuses a request naming more than stage.max_paths_per_request stages.
 func (c *Controller) checkStageCount(step string, n int) error {
 	if max := c.cfg.Stage.MaxPathsPerRequest; n > max {
-		return &lifecycle.UserError{Msg: fmt.Sprintf("%s: %d stages in one request, more than stage.max_paths_per_request (%d): stage their directory, "+
+		return &lifecycle.LimitError{Msg: fmt.Sprintf("%s: %d stages in one request, more than stage.max_paths_per_request (%d): stage their directory, "+
 			"or a list file (type=list), rather than the files one by one, or ask the administrator to raise stage.max_paths_per_request", step, n, max)}
 	}
 	return nil
@@ -25,7 +25,7 @@ func (c *Controller) checkStageCount(step string, n int) error {
 func (c *Controller) uniqueNodes(step string, nodes []string) ([]string, error) {
 	nodes = unique(nodes)
 	if max := c.cfg.Controller.MaxNodesPerRequest; len(nodes) > max {
-		return nil, &lifecycle.UserError{Msg: fmt.Sprintf("%s: %d compute nodes in one request, more than controller.max_nodes_per_request (%d); "+
+		return nil, &lifecycle.LimitError{Msg: fmt.Sprintf("%s: %d compute nodes in one request, more than controller.max_nodes_per_request (%d); "+
 			"the administrator raises it for a machine with more compute nodes", step, len(nodes), max)}
 	}
 	return nodes, nil
@@ -36,7 +36,7 @@ func (c *Controller) uniqueNodes(step string, nodes []string) ([]string, error) 
 func (c *Controller) uniqueUses(uses []string) ([]string, error) {
 	uses = unique(uses)
 	if max := c.cfg.Controller.MaxUsesPerJob; len(uses) > max {
-		return nil, &lifecycle.UserError{Msg: fmt.Sprintf("setup: the job uses %d persistent instances (#DW persistentdw), more than controller.max_uses_per_job (%d)", len(uses), max)}
+		return nil, &lifecycle.LimitError{Msg: fmt.Sprintf("setup: the job uses %d persistent instances (#DW persistentdw), more than controller.max_uses_per_job (%d)", len(uses), max)}
 	}
 	return uses, nil
 }

@@ -78,6 +78,17 @@ func (e *UserError) Error() string { return e.Msg }
 
 func userErr(format string, args ...any) error { return &UserError{Msg: fmt.Sprintf(format, args...)} }
 
+// LimitError is a request refused for naming more than a limit of the configuration allows
+// (stage.max_paths_per_request, ...): the API answers 413, kind too_large, and libdatawarp
+// E2BIG. Its message names the limit and the way out.
+type LimitError struct{ Msg string }
+
+func (e *LimitError) Error() string { return e.Msg }
+
+func limitErr(format string, args ...any) error {
+	return &LimitError{Msg: fmt.Sprintf(format, args...)}
+}
+
 // InstanceRequest describes the capacity a session asks for.
 type InstanceRequest struct {
 	Capacity              uint64   `json:"capacity"` // bytes; rounded up to the pool granularity

@@ -78,7 +78,7 @@ func CheckInJobStages(reqs []InJobStage, maxPerRequest int) error {
 		return userErr("stage: no stage requests given")
 	}
 	if maxPerRequest > 0 && len(reqs) > maxPerRequest {
-		return userErr("stage: %d paths in one request, more than stage.max_paths_per_request (%d): send them in requests of at most %d paths "+
+		return limitErr("stage: %d paths in one request, more than stage.max_paths_per_request (%d): send them in requests of at most %d paths "+
 			"(each is applied all or none), stage their directory rather than its files one by one, or ask the administrator to raise stage.max_paths_per_request",
 			len(reqs), maxPerRequest, maxPerRequest)
 	}
@@ -164,7 +164,7 @@ func ApplyCheckedInJobStages(w *World, token string, reqs []InJobStage, maxHeld 
 		}
 	}
 	if held+len(reqs) > maxHeld {
-		return userErr("stage: session %s has %d stages of its own, and %d more would pass stage.max_job_stages (%d); stage directories rather than their files one by one",
+		return limitErr("stage: session %s has %d stages of its own, and %d more would pass stage.max_job_stages (%d); stage directories rather than their files one by one",
 			s.Token, held, len(reqs), maxHeld)
 	}
 	targets := map[string]*inJobTarget{}

@@ -511,8 +511,8 @@ func TestCheckInJobStagesBoundsTheRequest(t *testing.T) {
 		reqs[i] = out("", fmt.Sprintf("/f%d", i), "/pfs/f")
 	}
 	err := CheckInJobStages(reqs, 10)
-	var ue *UserError
-	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "stage.max_paths_per_request (10)") || !strings.Contains(err.Error(), "at most 10 paths") {
+	var le *LimitError
+	if !errors.As(err, &le) || !strings.Contains(err.Error(), "stage.max_paths_per_request (10)") || !strings.Contains(err.Error(), "at most 10 paths") {
 		t.Fatalf("11 paths over a bound of 10: %v", err)
 	}
 	if err := CheckInJobStages(reqs[:10], 10); err != nil {
