@@ -83,7 +83,7 @@ func TestInJobStageRequestsAreBounded(t *testing.T) {
 }
 
 // The default bound holds on a request the size of the report's (25,000 paths, 3.8 MB,
-// under controller.max_request_bytes).
+// under controller.max_request_bytes); a request at the default bound is applied whole.
 func TestInJobStageRequestOfTheReportIsRefused(t *testing.T) {
 	a := newAdminWorld(t, nil)
 	a.heartbeat("ssd1", "wlm_pool")
@@ -95,6 +95,10 @@ func TestInJobStageRequestOfTheReportIsRefused(t *testing.T) {
 	code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/job_stages", body)
 	if code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "stage.max_paths_per_request (10000)") {
 		t.Fatalf("25,000 paths: %d %.300s", code, out)
+	}
+	a.must(userUID, "POST", "/dw/v1/sessions/77/job_stages", jobStagesBody(t, "checkpoints/step", 10000), http.StatusAccepted)
+	if n := a.inJobStages("77"); n != 10000 {
+		t.Fatalf("a request at the default limit recorded %d stages", n)
 	}
 }
 
