@@ -49,6 +49,10 @@ type Controller struct {
 
 	mu       sync.Mutex
 	inflight map[lifecycle.EffectKey]bool
+	// starting are the stages whose start is decided (in flight or queued) and whose outcome
+	// is not yet recorded: they hold a slot of stage.max_running that the state does not show
+	// yet (startsElsewhere).
+	starting map[int64]bool
 	// parked: due sessions whose every effect is in flight or queued. Passes skip them until
 	// an effect of theirs ends, a request or change touches them, or the tick's pass
 	// (executor.go: park).
@@ -86,6 +90,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 		changed:      make(chan struct{}),
 		sessionWaits: map[int64]chan struct{}{},
 		inflight:     map[lifecycle.EffectKey]bool{},
+		starting:     map[int64]bool{},
 		parked:       map[int64]bool{},
 		queued:       map[lifecycle.EffectKey]bool{},
 		polls:        map[lifecycle.EffectKey]pollState{},

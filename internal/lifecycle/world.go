@@ -120,6 +120,9 @@ func byParent[T any](m map[ID]*T, parent, id func(*T) ID) map[ID][]*T {
 type Elsewhere struct {
 	Sessions int
 	Nodes    map[string]NodeShare
+	// RunningStages are the stages running, or being started, that this world does not
+	// count itself: stage.max_running holds over every session (Step).
+	RunningStages int
 }
 
 // NodeShare is what fragments add up to on one node.
