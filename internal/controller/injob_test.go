@@ -103,7 +103,8 @@ func TestInJobStageRequestOfTheReportIsRefused(t *testing.T) {
 }
 
 // BenchmarkJobStagesRequest is one ordinary user's in-job stage request of n paths against a
-// real controller over SQLite, on a session already holding n in-job stages.
+// real controller over SQLite, on a session already holding n in-job stages (and those of the
+// iterations before).
 func BenchmarkJobStagesRequest(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
