@@ -300,6 +300,21 @@ func (c *Controller) viewSession(ctx context.Context, token string) (*lifecycle.
 	return w, err
 }
 
+// sessionByToken is the session with token alone (none of its objects), nil if there is
+// none: what the ownership checks read (a session may hold max_job_stages stages).
+func (c *Controller) sessionByToken(ctx context.Context, token string) (*model.Session, error) {
+	var s *model.Session
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		s, err = store.SessionByToken(tx, token)
+		if store.IsNotFound(err) {
+			s, err = nil, nil
+		}
+		return err
+	})
+	return s, err
+}
+
 // sessionID is the id of the session with token, 0 if there is none.
 func (c *Controller) sessionID(ctx context.Context, token string) (int64, error) {
 	var id int64
