@@ -387,7 +387,7 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 // and administrators are not limited.
 func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUser bool) error {
 	var err error
-	if err = c.checkStageCount("setup stage_out", len(req.StageOut)); err != nil {
+	if err = c.checkStages("setup stage_out", model.StageOut, req.StageOut); err != nil {
 		return err
 	}
 	if req.Uses, err = c.uniqueUses(req.Uses); err != nil {
@@ -421,7 +421,7 @@ func (c *Controller) Stages(ctx context.Context, token, direction string, reqs [
 	if direction != model.StageIn && direction != model.StageOut {
 		return &lifecycle.UserError{Msg: fmt.Sprintf("stage direction %q: expected in or out", direction)}
 	}
-	if err := c.checkStageCount("data_"+direction, len(reqs)); err != nil {
+	if err := c.checkStages("data_"+direction, direction, reqs); err != nil {
 		return err
 	}
 	return c.decideOn(ctx, token, nil, "request-persisted:data_"+direction, func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {

@@ -11,6 +11,15 @@ import (
 // request's work inside it is then linear in limits the configuration names (security
 // issue 19). Each refusal names its limit and the way out.
 
+// checkStages refuses stage requests naming more than stage.max_paths_per_request stages, or
+// a bad path (lifecycle.CheckStageRequests).
+func (c *Controller) checkStages(step, direction string, reqs []lifecycle.StageRequest) error {
+	if err := c.checkStageCount(step, len(reqs)); err != nil {
+		return err
+	}
+	return lifecycle.CheckStageRequests(direction, reqs)
+}
+
 // checkStageCount refuses a request naming more than stage.max_paths_per_request stages.
 func (c *Controller) checkStageCount(step string, n int) error {
 	if max := c.cfg.Stage.MaxPathsPerRequest; n > max {

@@ -567,14 +567,11 @@ func addStages(w *World, s *model.Session, direction string, reqs []StageRequest
 	configs := map[string]*model.Configuration{} // by variable; "" the list target
 	namespaces := map[ID]*model.Namespace{}      // by configuration
 	mounted := len(w.ActivationsOf(s.ID)) > 0
+	if err := CheckStageRequests(direction, reqs); err != nil {
+		return err
+	}
 	var resolved []target
 	for _, r := range reqs {
-		if !path.IsAbs(r.PFSPath) {
-			return userErr("%s line %d: %q is not an absolute path", step, r.Line, r.PFSPath)
-		}
-		if r.Type != model.StageList && (r.DWPath == "" || !strings.HasPrefix(r.DWPath, "/") || path.Clean(r.DWPath) != r.DWPath && path.Clean(r.DWPath)+"/" != r.DWPath) {
-			return userErr("%s line %d: instance path %q must start with / and must not contain . or .. components", step, r.Line, r.DWPath)
-		}
 		key := r.DWVar
 		if r.Type == model.StageList && r.DWVar == "" {
 			key = ""
@@ -622,6 +619,24 @@ func addStages(w *World, s *model.Session, direction string, reqs []StageRequest
 			if err := addStage(w, s, existing, direction, r, resolved[i].config, ns, ids, status); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// CheckStageRequests checks the paths of stage requests (direction in: data_in, out:
+// data_out and a setup's stage-outs) on their own, before any state is read.
+func CheckStageRequests(direction string, reqs []StageRequest) error {
+	step := PhaseDataIn
+	if direction == model.StageOut {
+		step = PhaseDataOut
+	}
+	for _, r := range reqs {
+		if !path.IsAbs(r.PFSPath) {
+			return userErr("%s line %d: %q is not an absolute path", step, r.Line, r.PFSPath)
+		}
+		if r.Type != model.StageList && (r.DWPath == "" || !strings.HasPrefix(r.DWPath, "/") || path.Clean(r.DWPath) != r.DWPath && path.Clean(r.DWPath)+"/" != r.DWPath) {
+			return userErr("%s line %d: instance path %q must start with / and must not contain . or .. components", step, r.Line, r.DWPath)
 		}
 	}
 	return nil
