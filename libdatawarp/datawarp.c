@@ -192,7 +192,9 @@ static int run(const char *const *args, size_t nargs, struct answer *ans)
 		}
 		rc = (int)strtol(e + 8, NULL, 10);
 	}
-	if (rc != 0 && debug_enabled())
+	/* A list over the controller's limit ([stage] max_paths_per_request) is the caller's to
+	   fix, and the errno alone does not say which limit: its message is always printed. */
+	if (rc != 0 && (debug_enabled() || rc == E2BIG))
 		fprintf(stderr, "libdatawarp: %s", ans->text);
 	return -rc;
 }

@@ -125,9 +125,14 @@ type Controller struct {
 	MaxConnectionsPerPeer int `toml:"max_connections_per_peer"`
 	// Per-user quotas of what ordinary users set up themselves (spillway run, spillway
 	// persistent, the API); the workload manager's jobs are not counted against them.
-	MaxSessionsPerUser   int  `toml:"max_sessions_per_user"`   // sessions (jobs and persistent instances)
-	MaxPersistentPerUser int  `toml:"max_persistent_per_user"` // persistent instances
-	MaxCapacityPerUser   Size `toml:"max_capacity_per_user"`   // instance capacity, all sessions; 0 = no limit
+	MaxSessionsPerUser   int `toml:"max_sessions_per_user"`   // sessions (jobs and persistent instances)
+	MaxPersistentPerUser int `toml:"max_persistent_per_user"` // persistent instances
+	// MaxNodesPerRequest bounds the compute nodes one request names (pre_run's nodes, a
+	// setup's client_nodes; repeated names count once), MaxUsesPerJob the persistent
+	// instances one job uses (#DW persistentdw): checked before the write transaction.
+	MaxNodesPerRequest int  `toml:"max_nodes_per_request"`
+	MaxUsesPerJob      int  `toml:"max_uses_per_job"`
+	MaxCapacityPerUser Size `toml:"max_capacity_per_user"` // instance capacity, all sessions; 0 = no limit
 	// PrivateData shows ordinary users only their own sessions (and everything under them)
 	// and the persistent instances, as Slurm's PrivateData does; off, everyone sees all.
 	PrivateData bool `toml:"private_data"`
@@ -249,6 +254,13 @@ type Stage struct {
 	MaxAttempts       int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
 	ProgressInterval  Duration `toml:"progress_interval"`   // how often a worker reports progress
 	MaxFilesPerStage  int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
+	// MaxPathsPerRequest bounds the paths of one request that takes a list of stages (an
+	// in-job stage request: dwcli stage, libdatawarp's lists; data_in, data_out, a setup's
+	// stage-outs): a longer one is refused before the controller's write transaction.
+	MaxPathsPerRequest int `toml:"max_paths_per_request"`
+	// MaxJobStages bounds the in-job stage records one session may hold (one per path): every
+	// request on the session reads them in the controller's write transaction.
+	MaxJobStages int `toml:"max_job_stages"`
 	// AllowRoot lets stages run for uid 0. Off on system installs (Slurm never runs root
 	// jobs; a uid of 0 there is a bug); `spillway run` started by root turns it on.
 	AllowRoot         bool `toml:"allow_root"`
@@ -427,6 +439,8 @@ func Defaults() Config {
 			MaxConnectionsPerPeer:   64,
 			MaxSessionsPerUser:      100,
 			MaxPersistentPerUser:    10,
+			MaxNodesPerRequest:      100_000,
+			MaxUsesPerJob:           100,
 			PrivateData:             true,
 			RunLease:                Duration(2 * time.Minute),
 			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
@@ -462,23 +476,25 @@ func Defaults() Config {
 			AgentTimeout:    Duration(60 * time.Second),
 		},
 		Stage: Stage{
-			MaxRunning:        8,
-			MaxJobConcurrency: 8,
-			History:           1000,
-			FilesInFlight:     8,
-			PollInterval:      Duration(200 * time.Millisecond),
-			Timeout:           Duration(24 * time.Hour),
-			MaxAttempts:       3,
-			ProgressInterval:  Duration(250 * time.Millisecond),
-			MaxFilesPerStage:  2_000_000,
-			WorkerOutputLimit: Size(1 << 20),
-			CancelGrace:       Duration(10 * time.Second),
-			MaxParallel:       64,
-			MaxListSize:       Size(64 << 20),
-			CopyChunkSize:     Size(64 << 20),
-			CopyBufferSize:    Size(1 << 20),
-			MaxWarnings:       100,
-			WorkerStderrLimit: Size(16 << 10),
+			MaxRunning:         8,
+			MaxJobConcurrency:  8,
+			History:            1000,
+			FilesInFlight:      8,
+			PollInterval:       Duration(200 * time.Millisecond),
+			Timeout:            Duration(24 * time.Hour),
+			MaxAttempts:        3,
+			ProgressInterval:   Duration(250 * time.Millisecond),
+			MaxFilesPerStage:   2_000_000,
+			MaxPathsPerRequest: 10_000,
+			MaxJobStages:       100_000,
+			WorkerOutputLimit:  Size(1 << 20),
+			CancelGrace:        Duration(10 * time.Second),
+			MaxParallel:        64,
+			MaxListSize:        Size(64 << 20),
+			CopyChunkSize:      Size(64 << 20),
+			CopyBufferSize:     Size(1 << 20),
+			MaxWarnings:        100,
+			WorkerStderrLimit:  Size(16 << 10),
 		},
 		Agent: Agent{
 			SSDPath:              "/var/lib/spillway/ssd",
@@ -622,6 +638,8 @@ func (c *Config) Validate() error {
 	positive("stage.timeout", int64(c.Stage.Timeout))
 	positive("stage.max_attempts", int64(c.Stage.MaxAttempts))
 	positive("stage.max_files_per_stage", c.Stage.MaxFilesPerStage)
+	positive("stage.max_paths_per_request", int64(c.Stage.MaxPathsPerRequest))
+	positive("stage.max_job_stages", int64(c.Stage.MaxJobStages))
 	positive("client.connect_timeout", int64(c.Client.ConnectTimeout))
 	positive("client.unreachable_rounds", int64(c.Client.UnreachableRounds))
 	if c.HA.Enabled {
@@ -687,6 +705,8 @@ func (c *Config) Validate() error {
 	positive("controller.max_sessions_per_user", int64(c.Controller.MaxSessionsPerUser))
 	positive("controller.mount_capability_lifetime", int64(c.Controller.MountCapabilityLifetime))
 	positive("controller.max_persistent_per_user", int64(c.Controller.MaxPersistentPerUser))
+	positive("controller.max_nodes_per_request", int64(c.Controller.MaxNodesPerRequest))
+	positive("controller.max_uses_per_job", int64(c.Controller.MaxUsesPerJob))
 	positive("warpfs.max_connections", int64(c.Warpfs.MaxConnections))
 	positive("warpfs.max_handshakes", int64(c.Warpfs.MaxHandshakes))
 	positive("warpfs.max_handshakes_per_peer", int64(c.Warpfs.MaxHandshakesPerPeer))

@@ -214,7 +214,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) fail(w http.ResponseWriter, err error) {
 	kind := ErrorKind(err)
-	status := map[string]int{"user": 400, "not_found": 404, "busy": 409, "taken": 409, "not_leader": 503}[kind]
+	status := map[string]int{"user": 400, "not_found": 404, "busy": 409, "taken": 409, "too_large": 413, "not_leader": 503}[kind]
 	if status == 0 {
 		status = 500
 		s.log.Error("request failed", "err", err)
@@ -234,12 +234,11 @@ func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) 
 	if c.privileged {
 		return true
 	}
-	world, err := s.c.viewSession(r.Context(), token)
+	sess, err := s.c.sessionByToken(r.Context(), token)
 	if err != nil {
 		s.fail(w, err)
 		return false
 	}
-	sess := world.SessionByToken(token)
 	if sess == nil || sess.Owner == c.uid {
 		return true // unknown tokens get their own answer (not found)
 	}
@@ -353,10 +352,8 @@ func (s *Server) setup(w http.ResponseWriter, r *http.Request) {
 // ownsRunToken says whether the caller may set up the run<N> session token: they drew N, or
 // the session exists and is theirs already (a setup re-sent after a controller restart).
 func (s *Server) ownsRunToken(r *http.Request, c caller, token string) bool {
-	if w, err := s.c.viewSession(r.Context(), token); err == nil {
-		if sess := w.SessionByToken(token); sess != nil {
-			return sess.Owner == c.uid
-		}
+	if sess, err := s.c.sessionByToken(r.Context(), token); err == nil && sess != nil {
+		return sess.Owner == c.uid
 	}
 	n, err := strconv.ParseInt(strings.TrimPrefix(token, "run"), 10, 64)
 	if err != nil {

@@ -49,6 +49,10 @@ type Controller struct {
 
 	mu       sync.Mutex
 	inflight map[lifecycle.EffectKey]bool
+	// starting are the stages whose start is decided (in flight or queued) and whose outcome
+	// is not yet recorded: they hold a slot of stage.max_running that the state does not show
+	// yet (startsElsewhere).
+	starting map[int64]bool
 	// parked: due sessions whose every effect is in flight or queued. Passes skip them until
 	// an effect of theirs ends, a request or change touches them, or the tick's pass
 	// (executor.go: park).
@@ -86,6 +90,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 		changed:      make(chan struct{}),
 		sessionWaits: map[int64]chan struct{}{},
 		inflight:     map[lifecycle.EffectKey]bool{},
+		starting:     map[int64]bool{},
 		parked:       map[int64]bool{},
 		queued:       map[lifecycle.EffectKey]bool{},
 		polls:        map[lifecycle.EffectKey]pollState{},
@@ -295,6 +300,21 @@ func (c *Controller) viewSession(ctx context.Context, token string) (*lifecycle.
 	return w, err
 }
 
+// sessionByToken is the session with token alone (none of its objects), nil if there is
+// none: what the ownership checks read (a session may hold max_job_stages stages).
+func (c *Controller) sessionByToken(ctx context.Context, token string) (*model.Session, error) {
+	var s *model.Session
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		s, err = store.SessionByToken(tx, token)
+		if store.IsNotFound(err) {
+			s, err = nil, nil
+		}
+		return err
+	})
+	return s, err
+}
+
 // sessionID is the id of the session with token, 0 if there is none.
 func (c *Controller) sessionID(ctx context.Context, token string) (int64, error) {
 	var id int64
@@ -346,6 +366,9 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 		if err := fn(w, txIDs{tx}, now); err != nil {
 			return err
 		}
+		if err := ctx.Err(); err != nil {
+			return err // the caller is gone (request_timeout): write nothing it will not hear of
+		}
 		touched, err = c.persistTouched(tx, w.TakeChanges())
 		return err
 	})
@@ -363,6 +386,16 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 // Setup creates a job or persistent session. ordinaryUser applies the per-user quota (controller.max_*_per_user); the workload manager
 // and administrators are not limited.
 func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUser bool) error {
+	var err error
+	if err = c.checkStages("setup stage_out", model.StageOut, req.StageOut); err != nil {
+		return err
+	}
+	if req.Uses, err = c.uniqueUses(req.Uses); err != nil {
+		return err
+	}
+	if req.ClientNodes, err = c.uniqueNodes("setup client_nodes", req.ClientNodes); err != nil {
+		return err
+	}
 	if req.Instance != nil && req.Instance.Pool == "" {
 		req.Instance.Pool = c.cfg.Controller.DefaultPool
 	}
@@ -388,15 +421,23 @@ func (c *Controller) Stages(ctx context.Context, token, direction string, reqs [
 	if direction != model.StageIn && direction != model.StageOut {
 		return &lifecycle.UserError{Msg: fmt.Sprintf("stage direction %q: expected in or out", direction)}
 	}
+	if err := c.checkStages("data_"+direction, direction, reqs); err != nil {
+		return err
+	}
 	return c.decideOn(ctx, token, nil, "request-persisted:data_"+direction, func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyStages(w, token, direction, reqs, ids, now)
 	})
 }
 
-// JobStages records a job's in-job stage requests (libdatawarp, dwcli stage).
+// JobStages records a job's in-job stage requests (libdatawarp, dwcli stage). The requests
+// are checked, and their number bounded by stage.max_paths_per_request, before the write
+// transaction: the transaction's work is then linear in the paths and the session's stages.
 func (c *Controller) JobStages(ctx context.Context, token string, reqs []lifecycle.InJobStage) error {
+	if err := lifecycle.CheckInJobStages(reqs, c.cfg.Stage.MaxPathsPerRequest); err != nil {
+		return err
+	}
 	return c.decideOn(ctx, token, nil, "request-persisted:job_stages", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
-		return lifecycle.ApplyInJobStages(w, token, reqs, ids, now)
+		return lifecycle.ApplyCheckedInJobStages(w, token, reqs, c.cfg.Stage.MaxJobStages, ids, now)
 	})
 }
 
@@ -425,6 +466,10 @@ func (c *Controller) StageConcurrency(ctx context.Context, token string, n int) 
 
 // PreRun mounts the session's configurations on compute nodes.
 func (c *Controller) PreRun(ctx context.Context, token string, nodes []string) error {
+	nodes, err := c.uniqueNodes("pre_run", nodes)
+	if err != nil {
+		return err
+	}
 	return c.decideOn(ctx, token, nil, "request-persisted:pre_run", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyPreRun(w, token, nodes, ids, c.params)
 	})
@@ -737,11 +782,14 @@ func (c *Controller) agentFor(w *lifecycle.World, name string) (agentapi.Agent, 
 // not_leader (503: a highly available controller that does not lead), internal (500).
 func ErrorKind(err error) string {
 	var ue *lifecycle.UserError
+	var le *lifecycle.LimitError
 	switch {
 	case errors.Is(err, store.ErrFenced):
 		return "not_leader"
 	case errors.As(err, &ue):
 		return "user"
+	case errors.As(err, &le):
+		return "too_large"
 	case errors.Is(err, lifecycle.ErrNoSession):
 		return "not_found"
 	case errors.Is(err, lifecycle.ErrBusy):

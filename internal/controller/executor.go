@@ -9,6 +9,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/crashpoint"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/store"
 )
 
@@ -131,6 +132,14 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 				}
 			}
 		}
+		if whole {
+			// The whole state: count its running stages afresh (a state written before the
+			// count was kept has none; the count is kept by every change after).
+			if err := store.SetRunningStages(tx, runningIn(w)); err != nil {
+				return err
+			}
+		}
+		w.Elsewhere.RunningStages += c.startsElsewhere(w)
 		effects = c.stepUntilSettled(w, now)
 		ch := w.TakeChanges()
 		changed = !ch.Empty()
@@ -214,6 +223,9 @@ func (c *Controller) dispatch(ctx context.Context, wg *sync.WaitGroup, w *lifecy
 			continue
 		}
 		q := queuedEffect{e: e, w: w, session: session, wg: wg}
+		if isStart(e) {
+			c.starting[e.Ref.ID] = true
+		}
 		wg.Add(1) // counted from now on: RunOnce waits for queued effects too
 		// First come, first started: behind the queue when there is one.
 		if len(c.inflight) >= c.cfg.Executor.MaxInFlight || len(c.queue) > 0 {
@@ -371,6 +383,9 @@ func (c *Controller) replan(touched map[int64]bool) {
 	for _, q := range c.queue {
 		if touched[q.session] {
 			delete(c.queued, q.e.Key())
+			if isStart(q.e) {
+				delete(c.starting, q.e.Ref.ID)
+			}
 			q.wg.Done()
 		} else {
 			kept = append(kept, q)
@@ -396,6 +411,9 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		c.mu.Lock()
 		delete(c.inflight, e.Key())
 		delete(c.parked, session)
+		if isStart(e) { // its outcome is recorded (or will be found again after a restart)
+			delete(c.starting, e.Ref.ID)
+		}
 		c.mu.Unlock()
 		released = true
 	}
@@ -477,6 +495,7 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		n := w.Nodes[e.Node]
 		wasDrained := n != nil && n.Drain
 		lifecycle.Complete(w, e, r, c.params, now)
+		w.Elsewhere.RunningStages += c.startsElsewhere(w) // this start, recorded, is w's own now
 		if n != nil && !wasDrained && n.AutoDrained {
 			drained = n.Reason
 		}
@@ -509,4 +528,36 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		// Stage polls are paced by the passes (dispatch's pacing needs their wake-up).
 		c.dispatch(ctx, q.wg, recorded, next, true, c.now(), false)
 	}
+}
+
+// isStart reports whether an effect starts a stage (a split stage's runs are not: the stage
+// is running already).
+func isStart(e lifecycle.Effect) bool { return e.Op == lifecycle.OpStartStage && e.Part == 0 }
+
+// runningIn counts a world's running stages.
+func runningIn(w *lifecycle.World) int {
+	n := 0
+	for _, st := range w.Stages {
+		if st.Status == model.StageRunning {
+			n++
+		}
+	}
+	return n
+}
+
+// startsElsewhere counts the stage starts decided and not yet recorded (in flight or
+// queued) whose stages w does not count as running: with the state's running stages
+// elsewhere (countElsewhere), what stage.max_running leaves a decision on w. A start of a
+// stage w holds as pending counts here and again if the step decides it again: a slot is
+// never given twice, at worst held a moment longer.
+func (c *Controller) startsElsewhere(w *lifecycle.World) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for id := range c.starting {
+		if st := w.Stages[id]; st == nil || st.Status != model.StageRunning {
+			n++
+		}
+	}
+	return n
 }

@@ -136,7 +136,14 @@ func countElsewhere(tx *store.Tx, w *lifecycle.World) error {
 	if err != nil {
 		return err
 	}
-	w.Elsewhere = lifecycle.Elsewhere{Sessions: max(0, t.Sessions-len(w.Sessions)), Nodes: map[string]lifecycle.NodeShare{}}
+	running := 0
+	for _, st := range w.Stages {
+		if st.Status == model.StageRunning {
+			running++
+		}
+	}
+	w.Elsewhere = lifecycle.Elsewhere{Sessions: max(0, t.Sessions-len(w.Sessions)), Nodes: map[string]lifecycle.NodeShare{},
+		RunningStages: max(0, t.RunningStages-running)}
 	for node, n := range t.Nodes {
 		w.Elsewhere.Nodes[node] = lifecycle.NodeShare{Grains: n.Grains, Fragments: n.Fragments}
 	}

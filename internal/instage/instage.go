@@ -38,7 +38,7 @@ func errorf(errno syscall.Errno, format string, args ...any) error {
 }
 
 // ErrnoOf maps any error to the errno libdatawarp returns: an Error's own, the controller's
-// kind of answer (busy: EBUSY, user: EINVAL, not_found: ENOENT, forbidden: EACCES), EIO for
+// kind of answer (busy: EBUSY, user: EINVAL, too_large: E2BIG, not_found: ENOENT, forbidden: EACCES), EIO for
 // the rest (the controller unreachable, an internal error).
 func ErrnoOf(err error) syscall.Errno {
 	if err == nil {
@@ -55,6 +55,8 @@ func ErrnoOf(err error) syscall.Errno {
 			return syscall.EBUSY
 		case "user":
 			return syscall.EINVAL
+		case "too_large": // a list over stage.max_paths_per_request (the message says so)
+			return syscall.E2BIG
 		case "not_found":
 			return syscall.ENOENT
 		case "forbidden", "unauthorized":

@@ -21,6 +21,7 @@ func TestErrnoOf(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", errorf(syscall.EACCES, "x")), syscall.EACCES},
 		{&apiclient.Error{Kind: "busy"}, syscall.EBUSY},
 		{&apiclient.Error{Kind: "user"}, syscall.EINVAL},
+		{&apiclient.Error{Kind: "too_large"}, syscall.E2BIG},
 		{&apiclient.Error{Kind: "not_found"}, syscall.ENOENT},
 		{&apiclient.Error{Kind: "forbidden"}, syscall.EACCES},
 		{&apiclient.Error{Kind: "internal"}, syscall.EIO},

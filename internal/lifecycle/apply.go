@@ -78,6 +78,17 @@ func (e *UserError) Error() string { return e.Msg }
 
 func userErr(format string, args ...any) error { return &UserError{Msg: fmt.Sprintf(format, args...)} }
 
+// LimitError is a request refused for naming more than a limit of the configuration allows
+// (stage.max_paths_per_request, ...): the API answers 413, kind too_large, and libdatawarp
+// E2BIG. Its message names the limit and the way out.
+type LimitError struct{ Msg string }
+
+func (e *LimitError) Error() string { return e.Msg }
+
+func limitErr(format string, args ...any) error {
+	return &LimitError{Msg: fmt.Sprintf(format, args...)}
+}
+
 // InstanceRequest describes the capacity a session asks for.
 type InstanceRequest struct {
 	Capacity              uint64   `json:"capacity"` // bytes; rounded up to the pool granularity
@@ -540,43 +551,56 @@ func ApplyStages(w *World, token, direction string, reqs []StageRequest, ids IDS
 
 // addStages creates the session's stages for reqs with the given status (pending: run now;
 // deferred: stage-outs registered at setup), or, for a stage that exists already, makes a
-// failed, canceled or deferred one pending again when status is pending.
+// failed, canceled or deferred one pending again when status is pending. Its work is linear
+// in the requests and the session's stages: each variable is resolved once, and the
+// session's stages are found through a map built once (a world's lookups may cost the whole
+// world after each change).
 func addStages(w *World, s *model.Session, direction string, reqs []StageRequest, ids IDSource, status string) error {
 	step := PhaseDataIn
 	if direction == model.StageOut {
 		step = PhaseDataOut
 	}
-	var err error
 	type target struct {
 		config *model.Configuration
 		ns     []*model.Namespace
 	}
+	configs := map[string]*model.Configuration{} // by variable; "" the list target
+	namespaces := map[ID]*model.Namespace{}      // by configuration
+	mounted := len(w.ActivationsOf(s.ID)) > 0
+	if err := CheckStageRequests(direction, reqs); err != nil {
+		return err
+	}
 	var resolved []target
 	for _, r := range reqs {
-		if !path.IsAbs(r.PFSPath) {
-			return userErr("%s line %d: %q is not an absolute path", step, r.Line, r.PFSPath)
-		}
-		if r.Type != model.StageList && (r.DWPath == "" || !strings.HasPrefix(r.DWPath, "/") || path.Clean(r.DWPath) != r.DWPath && path.Clean(r.DWPath)+"/" != r.DWPath) {
-			return userErr("%s line %d: instance path %q must start with / and must not contain . or .. components", step, r.Line, r.DWPath)
-		}
-		var cfg *model.Configuration
+		key := r.DWVar
 		if r.Type == model.StageList && r.DWVar == "" {
-			// A list names its files inside the list; it stages into the job's striped namespace
-			// or the first persistent one when the job has no instance of its own.
-			cfg = listTarget(w, s)
-			if cfg == nil {
-				return userErr("%s line %d: type=list needs a striped instance (#DW jobdw access_mode=striped or #DW persistentdw)", step, r.Line)
-			}
-		} else {
-			cfg, err = configForVar(w, s, r.DWVar)
-			if err != nil {
-				return userErr("%s line %d: %v", step, r.Line, err)
-			}
+			key = ""
 		}
-		if cfg.AccessMode == model.AccessLoadbalance && direction == model.StageIn && len(w.ActivationsOf(s.ID)) > 0 {
+		cfg := configs[key]
+		if cfg == nil {
+			if key == "" {
+				// A list names its files inside the list; it stages into the job's striped namespace
+				// or the first persistent one when the job has no instance of its own.
+				cfg = listTarget(w, s)
+				if cfg == nil {
+					return userErr("%s line %d: type=list needs a striped instance (#DW jobdw access_mode=striped or #DW persistentdw)", step, r.Line)
+				}
+			} else {
+				var err error
+				if cfg, err = configForVar(w, s, r.DWVar); err != nil {
+					return userErr("%s line %d: %v", step, r.Line, err)
+				}
+			}
+			configs[key] = cfg
+		}
+		if cfg.AccessMode == model.AccessLoadbalance && direction == model.StageIn && mounted {
 			return userErr("%s line %d: a loadbalance instance is read-only once mounted; stage in before the job starts", step, r.Line)
 		}
-		ns := w.NamespaceFor(cfg, "")
+		ns, ok := namespaces[cfg.ID]
+		if !ok {
+			ns = w.NamespaceFor(cfg, "")
+			namespaces[cfg.ID] = ns
+		}
 		if ns == nil {
 			return userErr("%s line %d: the instance has no namespace to stage into", step, r.Line)
 		}
@@ -586,7 +610,10 @@ func addStages(w *World, s *model.Session, direction string, reqs []StageRequest
 		}
 		resolved = append(resolved, target{cfg, nss})
 	}
-	existing := w.StagesOf(s.ID)
+	existing := map[stageKey]*model.Stage{} // the newest of each
+	for _, st := range w.StagesOf(s.ID) {
+		existing[stageKey{st.Direction, st.Type, st.PFSPath, st.DWPath, st.NamespaceID}] = st
+	}
 	for i, r := range reqs {
 		for _, ns := range resolved[i].ns {
 			if err := addStage(w, s, existing, direction, r, resolved[i].config, ns, ids, status); err != nil {
@@ -597,16 +624,34 @@ func addStages(w *World, s *model.Session, direction string, reqs []StageRequest
 	return nil
 }
 
-// addStage creates one stage of a request into namespace ns, or retries the existing one.
-func addStage(w *World, s *model.Session, existing []*model.Stage, direction string, r StageRequest,
-	config *model.Configuration, ns *model.Namespace, ids IDSource, status string) error {
-	var found *model.Stage
-	for _, st := range existing {
-		if st.Direction == direction && st.Type == r.Type && st.PFSPath == r.PFSPath && st.DWPath == dwPathOf(r) &&
-			st.NamespaceID == ns.ID {
-			found = st
+// CheckStageRequests checks the paths of stage requests (direction in: data_in, out:
+// data_out and a setup's stage-outs) on their own, before any state is read.
+func CheckStageRequests(direction string, reqs []StageRequest) error {
+	step := PhaseDataIn
+	if direction == model.StageOut {
+		step = PhaseDataOut
+	}
+	for _, r := range reqs {
+		if !path.IsAbs(r.PFSPath) {
+			return userErr("%s line %d: %q is not an absolute path", step, r.Line, r.PFSPath)
+		}
+		if r.Type != model.StageList && (r.DWPath == "" || !strings.HasPrefix(r.DWPath, "/") || path.Clean(r.DWPath) != r.DWPath && path.Clean(r.DWPath)+"/" != r.DWPath) {
+			return userErr("%s line %d: instance path %q must start with / and must not contain . or .. components", step, r.Line, r.DWPath)
 		}
 	}
+	return nil
+}
+
+// stageKey is what makes a stage request the same as an existing stage.
+type stageKey struct {
+	direction, typ, pfsPath, dwPath string
+	namespace                       ID
+}
+
+// addStage creates one stage of a request into namespace ns, or retries the existing one.
+func addStage(w *World, s *model.Session, existing map[stageKey]*model.Stage, direction string, r StageRequest,
+	config *model.Configuration, ns *model.Namespace, ids IDSource, status string) error {
+	found := existing[stageKey{direction, r.Type, r.PFSPath, dwPathOf(r), ns.ID}]
 	if found != nil {
 		again := found.Status == model.StageFailed || found.Status == model.StageCanceled || found.Status == model.StageDeferred
 		if again && status == model.StagePending {
@@ -772,25 +817,47 @@ func ApplyPreRun(w *World, token string, nodes []string, ids IDSource, p Params)
 			return userErr("pre_run %s: compute node %q has no Spillway agent registered (start `spillway agent` there)", token, node)
 		}
 	}
+	// What each node needs is found through maps built once per request (the session's
+	// activations, each configuration's namespaces by client node): the work is linear in
+	// the nodes, however many the job runs on.
+	type mount struct {
+		config ID
+		node   string
+	}
+	mounted := map[mount]bool{}
+	for _, a := range w.ActivationsOf(s.ID) {
+		mounted[mount{a.ConfigurationID, a.Node}] = true
+	}
 	for _, e := range Exposures(w, s) {
+		nss := w.NamespacesOf(e.Config.ID)
+		private := map[string]*model.Namespace{} // by client node, the first of each
+		for i := len(nss) - 1; i >= 0; i-- {
+			private[nss[i].ClientNode] = nss[i]
+		}
+		var frags []*model.Fragment
 		for _, node := range nodes {
-			ns := w.NamespaceFor(e.Config, node)
+			ns := namespaceIn(e.Config, nss, private, node)
 			if ns == nil && e.Config.AccessMode == model.AccessPrivate {
-				frags := w.FragmentsOf(e.Config.InstanceID)
+				if frags == nil {
+					frags = w.FragmentsOf(e.Config.InstanceID)
+				}
 				if len(frags) == 0 {
 					return userErr("pre_run %s: instance has no fragments", token)
 				}
 				// Each compute node's private namespace has its own metadata server, spread over
 				// the instance's servers by the node's name; its data is striped over all.
-				if err := addNamespace(w, e.Config, frags[spreadIndex(node, len(frags))], node, ids); err != nil {
+				nid, err := ids.NewID(KindNamespace)
+				if err != nil {
 					return err
 				}
-				ns = w.NamespaceFor(e.Config, node)
+				ns = &model.Namespace{ID: nid, ConfigurationID: e.Config.ID, FragmentID: frags[spreadIndex(node, len(frags))].ID, ClientNode: node, State: model.Creating()}
+				w.put(ns)
+				private[node] = ns
 			}
 			if ns == nil {
 				return fmt.Errorf("pre_run %s: configuration %d has no namespace", token, e.Config.ID)
 			}
-			if findActivation(w, s.ID, e.Config.ID, node) != nil {
+			if mounted[mount{e.Config.ID, node}] {
 				continue
 			}
 			aid, err := ids.NewID(KindActivation)
@@ -802,6 +869,7 @@ func ApplyPreRun(w *World, token string, nodes []string, ids IDSource, p Params)
 				MountPath: MountPath(p.MountRoot, s, e.Owner, e.Config),
 				ReadOnly:  e.Config.AccessMode == model.AccessLoadbalance, State: model.Creating(),
 			})
+			mounted[mount{e.Config.ID, node}] = true
 		}
 	}
 	s.ClientNodes = nodes
@@ -811,11 +879,19 @@ func ApplyPreRun(w *World, token string, nodes []string, ids IDSource, p Params)
 	return nil
 }
 
-func findActivation(w *World, sessionID, configID ID, node string) *model.Activation {
-	for _, a := range w.ActivationsOf(sessionID) {
-		if a.ConfigurationID == configID && a.Node == node {
-			return a
+// namespaceIn is NamespaceFor over the configuration's namespaces nss (in id order) and its
+// private ones by client node.
+func namespaceIn(c *model.Configuration, nss []*model.Namespace, private map[string]*model.Namespace, node string) *model.Namespace {
+	switch {
+	case c.AccessMode == model.AccessPrivate:
+		return private[node]
+	case c.AccessMode == model.AccessLoadbalance && len(nss) > 1:
+		if node == "" {
+			return nss[0]
 		}
+		return nss[spreadIndex(node, len(nss))]
+	case len(nss) > 0:
+		return nss[0]
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,8 +23,9 @@ const (
 	WhenActivate  = "activate"   // DW_ACTIVATE_DEFERRED_STAGE: run a deferred stage-out now
 )
 
-// MaxInJobStages bounds the stage records a session's job may hold (one per path): each is a
-// row of the controller's state.
+// MaxInJobStages is the default bound on the stage records a session's job may hold (one per
+// path; stage.max_job_stages): each is a row of the controller's state, which every request
+// on the session reads.
 const MaxInJobStages = 100000
 
 // InJobStage is one in-job stage request.
@@ -66,28 +68,21 @@ func checkDWPath(field, p string) error {
 	return nil
 }
 
-// ApplyInJobStages records a job's in-job stage requests, all or none. A request for a path
-// whose stage is waiting or running is refused with ErrBusy (DataWarp: one active stage per
-// file); revoke and activate need a deferred stage-out of the path.
-func ApplyInJobStages(w *World, token string, reqs []InJobStage, ids IDSource, now time.Time) error {
-	s, err := liveSession(w, token, "stage")
-	if err != nil {
-		return err
-	}
+// CheckInJobStages validates a request's in-job stages on their own, before any state is
+// read (the controller calls it before its write transaction): at least one and at most
+// maxPerRequest (stage.max_paths_per_request; 0: no bound), each well formed, no path named
+// twice. It fills in the defaults (when=immediate) and cleans the PFS paths. It costs
+// O(len(reqs)).
+func CheckInJobStages(reqs []InJobStage, maxPerRequest int) error {
 	if len(reqs) == 0 {
 		return userErr("stage: no stage requests given")
 	}
-	held := 0
-	for _, st := range w.StagesOf(s.ID) {
-		if st.InJob {
-			held++
-		}
+	if maxPerRequest > 0 && len(reqs) > maxPerRequest {
+		return limitErr("stage: %d paths in one request, more than stage.max_paths_per_request (%d): send them in requests of at most %d paths "+
+			"(each is applied all or none), stage their directory rather than its files one by one, or ask the administrator to raise stage.max_paths_per_request",
+			len(reqs), maxPerRequest, maxPerRequest)
 	}
-	if held+len(reqs) > MaxInJobStages {
-		return userErr("stage: session %s has %d stages of its own, and %d more would pass the limit of %d; stage directories rather than their files one by one",
-			s.Token, held, len(reqs), MaxInJobStages)
-	}
-	seen := map[string]bool{}
+	seen := make(map[string]bool, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
 		if r.When == "" {
@@ -109,9 +104,6 @@ func ApplyInJobStages(w *World, token string, reqs []InJobStage, ids IDSource, n
 			if r.Direction != model.StageOut {
 				return userErr("stage in: when=%s applies to stage-outs only; a stage-in is immediate", r.When)
 			}
-			if r.When == WhenAtJobEnd && s.Persistent {
-				return userErr("stage out when=at_job_end: session %s is a persistent instance, not a job; it has no job end", s.Token)
-			}
 		default:
 			return userErr("stage: when %q: expected immediate, at_job_end, revoke or activate", r.When)
 		}
@@ -132,34 +124,95 @@ func ApplyInJobStages(w *World, token string, reqs []InJobStage, ids IDSource, n
 		}
 		seen[key] = true
 	}
+	return nil
+}
+
+// ApplyInJobStages records a job's in-job stage requests, all or none. A request for a path
+// whose stage is waiting or running is refused with ErrBusy (DataWarp: one active stage per
+// file); revoke and activate need a deferred stage-out of the path. It checks the requests
+// (CheckInJobStages, with no bound on their number) and applies them
+// (ApplyCheckedInJobStages).
+func ApplyInJobStages(w *World, token string, reqs []InJobStage, ids IDSource, now time.Time) error {
+	if _, err := liveSession(w, token, "stage"); err != nil {
+		return err
+	}
+	if err := CheckInJobStages(reqs, 0); err != nil {
+		return err
+	}
+	return ApplyCheckedInJobStages(w, token, reqs, MaxInJobStages, ids, now)
+}
+
+// ApplyCheckedInJobStages is ApplyInJobStages for requests CheckInJobStages accepted, with
+// maxHeld the most in-job stage records the session may hold (stage.max_job_stages). Its
+// work is linear in the session's stages plus the requests: the session's in-job stages are
+// found by path through a map built once, and each variable's configuration and namespace
+// are resolved once (a world's lookups may cost the whole world after each change).
+func ApplyCheckedInJobStages(w *World, token string, reqs []InJobStage, maxHeld int, ids IDSource, now time.Time) error {
+	s, err := liveSession(w, token, "stage")
+	if err != nil {
+		return err
+	}
+	if len(reqs) == 0 {
+		return userErr("stage: no stage requests given")
+	}
+	held := 0
+	byPath := map[string][]*model.Stage{}
+	for _, st := range w.StagesOf(s.ID) {
+		if st.InJob {
+			held++
+			byPath[st.DWPath] = append(byPath[st.DWPath], st)
+		}
+	}
+	if held+len(reqs) > maxHeld {
+		return limitErr("stage: session %s has %d stages of its own, and %d more would pass stage.max_job_stages (%d); stage directories rather than their files one by one",
+			s.Token, held, len(reqs), maxHeld)
+	}
+	targets := map[string]*inJobTarget{}
 	for _, r := range reqs {
-		if err := applyInJob(w, s, r, ids); err != nil {
+		if r.When == WhenAtJobEnd && s.Persistent {
+			return userErr("stage out when=at_job_end: session %s is a persistent instance, not a job; it has no job end", s.Token)
+		}
+		t := targets[r.DWVar]
+		if t == nil {
+			if t, err = inJobTargetOf(w, s, r.DWVar); err != nil {
+				return err
+			}
+			targets[r.DWVar] = t
+		}
+		if err := applyInJob(w, s, r, t, byPath, ids); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func applyInJob(w *World, s *model.Session, r InJobStage, ids IDSource) error {
-	cfg, err := configForVar(w, s, r.DWVar)
+// inJobTarget is where a variable's in-job stages go.
+type inJobTarget struct {
+	cfg *model.Configuration
+	ns  *model.Namespace
+}
+
+func inJobTargetOf(w *World, s *model.Session, v string) (*inJobTarget, error) {
+	cfg, err := configForVar(w, s, v)
 	if err != nil {
-		return userErr("stage: %v", err)
-	}
-	if cfg.AccessMode == model.AccessLoadbalance && r.Direction == model.StageIn {
-		return userErr("stage in $%s%s: a loadbalance instance is read-only once mounted; stage in before the job starts", r.DWVar, r.DWPath)
+		return nil, userErr("stage: %v", err)
 	}
 	ns := w.NamespaceFor(cfg, "")
 	if ns == nil {
-		return userErr("stage: the instance of $%s has no namespace", r.DWVar)
+		return nil, userErr("stage: the instance of $%s has no namespace", v)
+	}
+	return &inJobTarget{cfg, ns}, nil
+}
+
+// applyInJob applies one request; byPath holds the session's in-job stages by DW path, and
+// is kept up to date.
+func applyInJob(w *World, s *model.Session, r InJobStage, t *inJobTarget, byPath map[string][]*model.Stage, ids IDSource) error {
+	if t.cfg.AccessMode == model.AccessLoadbalance && r.Direction == model.StageIn {
+		return userErr("stage in $%s%s: a loadbalance instance is read-only once mounted; stage in before the job starts", r.DWVar, r.DWPath)
 	}
 	dwPath := "$" + r.DWVar + r.DWPath
-	display := "$" + r.DWVar + r.DWPath
-	var same []*model.Stage
-	for _, st := range w.StagesOf(s.ID) {
-		if st.InJob && st.DWPath == dwPath {
-			same = append(same, st)
-		}
-	}
+	display := dwPath
+	same := byPath[dwPath]
 	switch r.When {
 	case WhenRevoke, WhenActivate:
 		var deferred *model.Stage
@@ -173,6 +226,7 @@ func applyInJob(w *World, s *model.Session, r InJobStage, ids IDSource) error {
 		}
 		if r.When == WhenRevoke {
 			w.remove(KindStage, deferred.ID)
+			byPath[dwPath] = slices.DeleteFunc(slices.Clone(same), func(st *model.Stage) bool { return st == deferred })
 			return nil
 		}
 		deferred.Status, deferred.State = model.StagePending, model.Creating()
@@ -195,12 +249,14 @@ func applyInJob(w *World, s *model.Session, r InJobStage, ids IDSource) error {
 	if r.When == WhenAtJobEnd {
 		status = model.StageDeferred
 	}
-	w.put(&model.Stage{
-		ID: id, SessionID: s.ID, ConfigurationID: cfg.ID, NamespaceID: ns.ID,
+	st := &model.Stage{
+		ID: id, SessionID: s.ID, ConfigurationID: t.cfg.ID, NamespaceID: t.ns.ID,
 		Direction: r.Direction, Type: r.Type, PFSPath: r.PFSPath, DWPath: dwPath,
 		Status: status, State: model.Creating(), InJob: true,
 		Protect: r.Direction == model.StageOut && r.Type == model.StageFile,
-	})
+	}
+	w.put(st)
+	byPath[dwPath] = []*model.Stage{st}
 	return nil
 }
 

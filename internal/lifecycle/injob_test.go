@@ -438,3 +438,162 @@ func TestInJobDirectoryCountsFiles(t *testing.T) {
 		t.Errorf("an empty directory staged is still staged: %+v", c)
 	}
 }
+
+// One in-job stage request costs the same few walks of the world whatever the number of
+// paths it names and of stages the session holds (security issue 19: the session's stages
+// were scanned once per path, and 25,000 paths held the controller's write transaction for
+// 22 s). The request below names 4,000 paths of a session holding 4,000 stages: replaced
+// ended stages, revoked and activated deferred ones, new ones, and a busy one that refuses
+// the whole request; in a partial world and in an indexed whole one (whose index each new
+// stage drops).
+func TestInJobStagesCostIsLinear(t *testing.T) {
+	for _, indexed := range []bool{false, true} {
+		h := runningJob(t)
+		if indexed {
+			h.w.Index()
+		}
+		const n = 1000
+		p := func(dir string, i int) string { return fmt.Sprintf("/%s/%d", dir, i) }
+		var held []InJobStage
+		for i := 0; i < n; i++ {
+			held = append(held, out(WhenAtJobEnd, p("revoke", i), "/pfs/r"), out(WhenAtJobEnd, p("activate", i), "/pfs/a"),
+				out("", p("done", i), "/pfs/d"), out("", p("busy", i), "/pfs/b"))
+		}
+		h.must(ApplyInJobStages(h.w, "9", held, h, h.now))
+		h.w.TakeChanges()
+		for _, st := range h.w.Stages {
+			if strings.Contains(st.DWPath, "/done/") {
+				st.Status = model.StageComplete
+			}
+		}
+		var reqs []InJobStage
+		for i := 0; i < n; i++ {
+			reqs = append(reqs, out(WhenRevoke, p("revoke", i), ""), out(WhenActivate, p("activate", i), ""),
+				out("", p("done", i), "/pfs/d2"), out("", p("new", i), "/pfs/n"))
+		}
+		before := h.w.walks
+		if err := ApplyInJobStages(h.w, "9", reqs, h, h.now); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("indexed %v: %d walks", indexed, h.w.walks-before)
+		if walks := h.w.walks - before; walks > 10 {
+			t.Errorf("indexed %v: %d paths on a session holding %d stages walked the world %d times; want a few, whatever the numbers",
+				indexed, len(reqs), len(held), walks)
+		}
+		count := map[string]int{}
+		for _, st := range h.w.Stages {
+			dir := strings.Split(st.DWPath, "/")[1]
+			count[dir+" "+st.Status]++
+			if dir == "done" && st.PFSPath != "/pfs/d2" {
+				t.Fatalf("indexed %v: a replaced stage: %+v", indexed, st)
+			}
+		}
+		want := map[string]int{"activate " + model.StagePending: n, "done " + model.StagePending: n, "busy " + model.StagePending: n, "new " + model.StagePending: n}
+		if fmt.Sprint(count) != fmt.Sprint(want) {
+			t.Errorf("indexed %v: stages by directory and status %v, want %v", indexed, count, want)
+		}
+		if archived := len(h.w.TakeChanges().Archive); archived != n {
+			t.Errorf("indexed %v: %d replaced stages kept in the history, want %d", indexed, archived, n)
+		}
+		// A busy path anywhere in a request refuses it whole.
+		reqs = append(reqs[:0], out("", "/fresh/1", "/pfs/f"), out("", p("busy", n-1), "/pfs/b2"))
+		if err := ApplyInJobStages(h.w, "9", reqs, h, h.now); !errors.Is(err, ErrBusy) {
+			t.Fatalf("indexed %v: a busy path: %v", indexed, err)
+		}
+	}
+}
+
+// CheckInJobStages refuses a request over the bound, naming the setting and the way out,
+// before any state is read.
+func TestCheckInJobStagesBoundsTheRequest(t *testing.T) {
+	reqs := make([]InJobStage, 11)
+	for i := range reqs {
+		reqs[i] = out("", fmt.Sprintf("/f%d", i), "/pfs/f")
+	}
+	err := CheckInJobStages(reqs, 10)
+	var le *LimitError
+	if !errors.As(err, &le) || !strings.Contains(err.Error(), "stage.max_paths_per_request (10)") || !strings.Contains(err.Error(), "at most 10 paths") {
+		t.Fatalf("11 paths over a bound of 10: %v", err)
+	}
+	if err := CheckInJobStages(reqs[:10], 10); err != nil {
+		t.Fatalf("10 paths at a bound of 10: %v", err)
+	}
+	if err := CheckInJobStages(append(reqs[:2:2], reqs[0]), 10); err == nil || !strings.Contains(err.Error(), "named twice") {
+		t.Fatalf("a path twice: %v", err)
+	}
+}
+
+func BenchmarkApplyInJobStages(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				h := runningJob(&testing.T{})
+				var reqs []InJobStage
+				for j := 0; j < n; j++ {
+					reqs = append(reqs, out("", fmt.Sprintf("/f/%d", j), "/pfs/f"))
+				}
+				b.StartTimer()
+				if err := ApplyInJobStages(h.w, "9", reqs, h, h.now); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// data_in, data_out and pre_run cost a few walks of the world whatever the number of stages
+// and nodes they name (security issue 19: the same shape as the in-job stage requests').
+func TestStagesAndPreRunCostIsLinear(t *testing.T) {
+	const n = 2000
+	h := newHarness(t, "ssd1")
+	var nodes []string
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("cn%d", i+10)
+		h.w.Nodes[name] = &model.Node{Name: name, Online: true}
+		nodes = append(nodes, name)
+	}
+	h.must(ApplySetup(h.w, jobSetup("9", 1<<30, model.AccessStriped, model.AccessPrivate), h, h.p, h.now))
+	h.settle()
+	stages := func(from int) []StageRequest {
+		var reqs []StageRequest
+		for i := from; i < from+n; i++ {
+			reqs = append(reqs, StageRequest{Type: model.StageFile, PFSPath: fmt.Sprintf("/pfs/%d", i), DWVar: VarJobStriped, DWPath: fmt.Sprintf("/%d", i), Line: i})
+		}
+		return reqs
+	}
+	sid := h.w.SessionByToken("9").ID
+	for _, c := range []struct {
+		what  string
+		apply func() error
+		want  int // the session's stages or activations after it
+	}{
+		{"data_in", func() error { return ApplyStages(h.w, "9", model.StageIn, stages(0), h, h.now) }, n},
+		{"data_in of more", func() error { return ApplyStages(h.w, "9", model.StageIn, stages(n), h, h.now) }, 2 * n},
+		{"data_in again", func() error { return ApplyStages(h.w, "9", model.StageIn, stages(0), h, h.now) }, 2 * n},
+		{"pre_run", func() error { return ApplyPreRun(h.w, "9", nodes, h, h.p) }, 2 * n},
+		{"pre_run again", func() error { return ApplyPreRun(h.w, "9", nodes, h, h.p) }, 2 * n},
+	} {
+		before := h.w.walks
+		h.must(c.apply())
+		if walks := h.w.walks - before; walks > 20 {
+			t.Errorf("%s: %d stages or nodes walked the world %d times; want a few, whatever the numbers", c.what, n, walks)
+		}
+		got := len(h.w.StagesOf(sid))
+		if strings.HasPrefix(c.what, "pre_run") {
+			got = len(h.w.ActivationsOf(sid))
+		}
+		if got != c.want {
+			t.Errorf("%s: %d, want %d", c.what, got, c.want)
+		}
+	}
+	private := 0
+	for _, ns := range h.w.Namespaces {
+		if ns.ClientNode != "" {
+			private++
+		}
+	}
+	if private != n {
+		t.Errorf("%d private namespaces, want one per node (%d)", private, n)
+	}
+}

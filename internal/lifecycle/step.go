@@ -63,7 +63,7 @@ type Result struct {
 func Step(w *World, p Params, now time.Time) []Effect {
 	Expire(w, now)
 	var effects []Effect
-	running := 0
+	running := w.Elsewhere.RunningStages // stage.max_running holds over every session
 	for _, st := range w.Stages {
 		if st.Status == model.StageRunning {
 			running++

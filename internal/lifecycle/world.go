@@ -47,6 +47,10 @@ type World struct {
 	// is that index, nil until a lookup builds it again (put and remove drop it).
 	indexed  bool
 	children *childIndex
+	// walks counts the lookups that walked a whole map of the world, and the builds of its
+	// index: what a request's cost grows with (tests check that a request makes a bounded
+	// number of them, whatever the number of objects it names).
+	walks int
 }
 
 // childIndex lists a world's objects by parent, each list in id order: the lookups below
@@ -77,6 +81,7 @@ func (w *World) index() *childIndex {
 		return nil
 	}
 	if w.children == nil {
+		w.walks++
 		ix := &childIndex{
 			instances: byParent(w.Instances, func(o *model.Instance) ID { return o.SessionID }, func(o *model.Instance) ID { return o.ID }),
 			fragments: byParent(w.Fragments, func(o *model.Fragment) ID { return o.InstanceID }, func(o *model.Fragment) ID { return o.ID }),
@@ -115,6 +120,9 @@ func byParent[T any](m map[ID]*T, parent, id func(*T) ID) map[ID][]*T {
 type Elsewhere struct {
 	Sessions int
 	Nodes    map[string]NodeShare
+	// RunningStages are the stages running, or being started, that this world does not
+	// count itself: stage.max_running holds over every session (Step).
+	RunningStages int
 }
 
 // NodeShare is what fragments add up to on one node.
@@ -322,6 +330,7 @@ func (w *World) SessionByToken(token string) *model.Session {
 	if ix := w.index(); ix != nil {
 		return ix.tokens[token]
 	}
+	w.walks++
 	for _, s := range w.Sessions {
 		if s.Token == token {
 			return s
@@ -338,6 +347,7 @@ func (w *World) InstanceOf(sessionID ID) *model.Instance {
 		}
 		return nil
 	}
+	w.walks++
 	var found *model.Instance
 	for _, i := range w.Instances {
 		if i.SessionID == sessionID && (found == nil || i.ID < found.ID) {
@@ -360,6 +370,7 @@ func (w *World) FragmentsOf(instanceID ID) []*model.Fragment {
 	if ix := w.index(); ix != nil {
 		return slices.Clone(ix.fragments[instanceID])
 	}
+	w.walks++
 	return matching(w.Fragments, func(f *model.Fragment) bool { return f.InstanceID == instanceID }, func(f *model.Fragment) ID { return f.ID })
 }
 
@@ -368,6 +379,7 @@ func (w *World) ConfigurationsOf(instanceID ID) []*model.Configuration {
 	if ix := w.index(); ix != nil {
 		return slices.Clone(ix.configurations[instanceID])
 	}
+	w.walks++
 	return matching(w.Configurations, func(c *model.Configuration) bool { return c.InstanceID == instanceID }, func(c *model.Configuration) ID { return c.ID })
 }
 
@@ -386,6 +398,7 @@ func (w *World) NamespacesOf(configID ID) []*model.Namespace {
 	if ix := w.index(); ix != nil {
 		return slices.Clone(ix.namespaces[configID])
 	}
+	w.walks++
 	return matching(w.Namespaces, func(n *model.Namespace) bool { return n.ConfigurationID == configID }, func(n *model.Namespace) ID { return n.ID })
 }
 
@@ -413,6 +426,7 @@ func (w *World) ActivationsOf(sessionID ID) []*model.Activation {
 	if ix := w.index(); ix != nil {
 		return slices.Clone(ix.activations[sessionID])
 	}
+	w.walks++
 	return matching(w.Activations, func(a *model.Activation) bool { return a.SessionID == sessionID }, func(a *model.Activation) ID { return a.ID })
 }
 
@@ -421,6 +435,7 @@ func (w *World) StagesOf(sessionID ID) []*model.Stage {
 	if ix := w.index(); ix != nil {
 		return slices.Clone(ix.stages[sessionID])
 	}
+	w.walks++
 	return matching(w.Stages, func(s *model.Stage) bool { return s.SessionID == sessionID }, func(s *model.Stage) ID { return s.ID })
 }
 
@@ -429,6 +444,7 @@ func (w *World) RegistrationsOf(sessionID ID) []*model.Registration {
 	if ix := w.index(); ix != nil {
 		return slices.Clone(ix.registrations[sessionID])
 	}
+	w.walks++
 	return matching(w.Registrations, func(r *model.Registration) bool { return r.SessionID == sessionID }, func(r *model.Registration) ID { return r.ID })
 }
 

@@ -294,7 +294,9 @@ var (
 	Namespaces     = alsoUnder(childOf("namespace", func(o *model.Namespace) int64 { return o.ID }, "configuration", func(o *model.Namespace) int64 { return o.ConfigurationID }), "fragment", func(o *model.Namespace) int64 { return o.FragmentID })
 	Registrations  = childOf("registration", func(o *model.Registration) int64 { return o.ID }, "session", func(o *model.Registration) int64 { return o.SessionID })
 	Activations    = onNode(childOf("activation", func(o *model.Activation) int64 { return o.ID }, "session", func(o *model.Activation) int64 { return o.SessionID }), func(o *model.Activation) string { return o.Node })
-	Stages         = childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID })
+	// Stages are counted while running (Totals.RunningStages: stage.max_running holds over
+	// every session, whatever world a decision loads).
+	Stages = counted(childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID }), countRunningStages)
 	// StageHistory keeps finished stages after their sessions went (stage.history of them).
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Usage is the data path's counters per fragment (accounting), by fragment id.
@@ -324,6 +326,8 @@ const totalsKind = "totals"
 type Totals struct {
 	Sessions int                   `json:"sessions"`
 	Nodes    map[string]NodeTotals `json:"nodes,omitempty"`
+	// RunningStages counts the stages whose status is running (key "running_stages").
+	RunningStages int `json:"running_stages"`
 }
 
 // NodeTotals is what a node's fragments add up to.
@@ -350,6 +354,33 @@ func countSessions(tx *Tx, old, new *model.Session) error {
 		t.Count--
 	}
 	return putJSON(tx, totalsKind, "sessions", t)
+}
+
+// runningStagesKey is the totals' count of running stages.
+const runningStagesKey = "running_stages"
+
+func countRunningStages(tx *Tx, old, new *model.Stage) error {
+	was := old != nil && old.Status == model.StageRunning
+	is := new != nil && new.Status == model.StageRunning
+	if was == is {
+		return nil
+	}
+	var t sessionTotal
+	if err := getJSON(tx, totalsKind, runningStagesKey, &t); err != nil {
+		return err
+	}
+	if is {
+		t.Count++
+	} else {
+		t.Count = max(0, t.Count-1)
+	}
+	return putJSON(tx, totalsKind, runningStagesKey, t)
+}
+
+// SetRunningStages sets the count of running stages: the executor's first pass after a start
+// counts them in the whole state (a state written before the count was kept has none).
+func SetRunningStages(tx *Tx, n int) error {
+	return putJSON(tx, totalsKind, runningStagesKey, sessionTotal{Count: n})
 }
 
 func countFragments(tx *Tx, old, new *model.Fragment) error {
@@ -391,7 +422,11 @@ func ReadTotals(tx *Tx) (Totals, error) {
 	if err := getJSON(tx, totalsKind, "sessions", &s); err != nil {
 		return Totals{}, err
 	}
-	t := Totals{Sessions: s.Count, Nodes: map[string]NodeTotals{}}
+	var running sessionTotal
+	if err := getJSON(tx, totalsKind, runningStagesKey, &running); err != nil {
+		return Totals{}, err
+	}
+	t := Totals{Sessions: s.Count, Nodes: map[string]NodeTotals{}, RunningStages: running.Count}
 	err := tx.kv.ScanPrefix(totalsKind, "node/", func(key string, raw []byte) error {
 		var n NodeTotals
 		if err := json.Unmarshal(raw, &n); err != nil {
