@@ -22,7 +22,7 @@ import (
 const dwcliShort = `Usage: dwcli ls OBJECT [--json]
        dwcli create pool --name POOL --granularity SIZE
        dwcli rm pool --name POOL
-       dwcli update node --name NODE[,NODE...] [--drain|--fill] [--offline|--online] [--pool POOL] [--reason TEXT]
+       dwcli update node --name NODE[,NODE...] [--drain|--fill] [--offline|--online] [--pool POOL] [--storage] [--reason TEXT]
        dwcli rm node --name NODE
        dwcli rm session|instance|configuration|activation -i ID [--hurry]
        dwcli update registration -i ID --no-wait
@@ -77,10 +77,15 @@ mistake on the command line.
         --online    let its heartbeats bring it online again
         --pool POOL move it to another pool (refused while it holds fragments: drain it and
                     wait until dwstat fragments shows none on it); its agent's agent.pool
-                    no longer changes it
+                    no longer changes it. It also admits the node, as --storage does
+        --storage   admit the node as a storage node: the pool, capacity and data address
+                    its agent reports count from its next heartbeat. An agent holding only
+                    its own node key (spillway node-key) is never a storage node without
+                    this; dwstat nodes shows such a node "not admitted"
       --reason says why (dwstat nodes --json shows it); --fill and --online clear it.
         dwcli update node --name bb3 --drain --reason "SSD errors"
         dwcli update node --name bb3,bb4 --pool sm_pool
+        dwcli update node --name bb5 --storage
         --json: {"request": "update", "entity": "nodes", "ids": ["bb3"], "status": "accepted"}
 
   update registration -i ID --no-wait
@@ -195,6 +200,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	offline := fs.Bool("offline", false, "update node: hold it offline")
 	online := fs.Bool("online", false, "update node: let its heartbeats bring it online")
 	pool := fs.String("pool", "", "update node: move it to this pool")
+	storage := fs.Bool("storage", false, "update node: admit it as a storage node")
 	reason := fs.String("reason", "", "update node: why (shown in dwstat nodes --json)")
 	id := fs.Int64("i", 0, "object id")
 	noWait := fs.Bool("no-wait", false, "update registration: do not wait for stage-out at teardown")
@@ -239,7 +245,7 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		"ls activations": nil, "ls fragments": nil, "ls namespaces": nil, "ls stages": nil,
 		"create pools":         {"name", "granularity"},
 		"rm pools":             {"name"},
-		"update nodes":         {"name", "drain", "fill", "offline", "online", "pool", "reason"},
+		"update nodes":         {"name", "drain", "fill", "offline", "online", "pool", "storage", "reason"},
 		"rm nodes":             {"name"},
 		"rm sessions":          {"i", "hurry"},
 		"rm instances":         {"i", "hurry"},
@@ -307,8 +313,11 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			}
 			nodeChange.Pool = pool
 		}
-		if nodeChange.Drain == nil && nodeChange.Offline == nil && nodeChange.Pool == nil {
-			return mistake("update node needs a change: --drain, --fill, --offline, --online or --pool POOL")
+		if *storage {
+			nodeChange.Storage = storage
+		}
+		if nodeChange.Drain == nil && nodeChange.Offline == nil && nodeChange.Pool == nil && nodeChange.Storage == nil {
+			return mistake("update node needs a change: --drain, --fill, --offline, --online, --pool POOL or --storage")
 		}
 		nodeChange.Reason = *reason
 	case "update registrations":

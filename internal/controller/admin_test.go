@@ -18,6 +18,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
 	"github.com/spillway-hpc/spillway/internal/views"
@@ -322,3 +323,61 @@ func TestStageHistoryIsBounded(t *testing.T) {
 }
 
 func itoa(i int64) string { return strconv.FormatInt(i, 10) }
+
+// Security issue 19, item 4: a host given only its own node key declares itself a storage
+// node (agent.pool, capacity, data_listen) and is the emptiest node of the pool. The
+// controller records the claim, shows it to the administrator with the command that admits
+// it, and places no instance on it; once an administrator admits it, it takes instances.
+func TestNodeKeyCannotMakeItselfAStorageNode(t *testing.T) {
+	const secret = "cluster-secret"
+	a := newAdminWorld(t, nil)
+	srv := NewServer(a.c, secret, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	evil := func() {
+		t.Helper()
+		body, _ := json.Marshal(agentapi.NodeReport{Name: "cnevil", Pool: "wlm_pool", Capacity: 64 << 30,
+			DataAddress: "10.0.0.66:7702", Address: "http://10.0.0.66:7701", Roles: []string{"storage", "client"}})
+		req := httptest.NewRequest("POST", "http://spillway/dw/v1/nodes/cnevil/heartbeat", strings.NewReader(string(body)))
+		req.Header.Set("Authorization", "Bearer "+nodekey.Derive(secret, "cnevil"))
+		rec := httptest.NewRecorder()
+		srv.ServeHTTP(rec, req)
+		if rec.Code != 200 {
+			t.Fatalf("cnevil's heartbeat: %d %s", rec.Code, rec.Body)
+		}
+	}
+	a.heartbeat("ssd1", "wlm_pool") // 4 GiB, an administrator's agent
+	evil()
+	evil()
+	for _, token := range []string{"71", "72", "73"} {
+		a.setup(token, 1000+uint32(len(token)), 0)
+	}
+	for _, f := range a.all().Fragments {
+		if f.Node != "ssd1" {
+			t.Errorf("fragment %d of instance %d placed on %s, which only claimed storage with its node key", f.ID, f.Instance, f.Node)
+		}
+	}
+	n := a.node("cnevil")
+	if n.Pool != "" || n.Capacity != 0 || !strings.Contains(n.StorageClaim, "pool wlm_pool") ||
+		!strings.Contains(n.Reason, "not admitted for storage") || !strings.Contains(n.Reason, "dwcli update node --name cnevil --storage") {
+		t.Errorf("the unadmitted node as the administrator sees it: %+v", n)
+	}
+	for _, p := range a.all().Pools {
+		if p.ID == "wlm_pool" && p.Quantity > 4 {
+			t.Errorf("the unadmitted node's capacity counts in its pool: %+v", p)
+		}
+	}
+
+	// The administrator admits it; from its next heartbeat it is a storage node.
+	a.must(rootUID, "PATCH", "/dw/v1/nodes/cnevil", `{"storage":true}`, 200)
+	evil()
+	if n := a.node("cnevil"); n.Pool != "wlm_pool" || n.Capacity != 64<<30 || n.StorageClaim != "" {
+		t.Errorf("admitted: %+v", n)
+	}
+	a.setup("74", 1000, 0)
+	on := map[string]bool{}
+	for _, f := range a.all().Fragments {
+		on[f.Node] = true
+	}
+	if !on["cnevil"] {
+		t.Errorf("after the administrator admitted it, the emptiest node takes no instance: fragments on %v", on)
+	}
+}

@@ -516,9 +516,9 @@ func (s *Server) node(w http.ResponseWriter, r *http.Request) {
 	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
 		return
 	}
-	ch := lifecycle.NodeChange{Drain: req.Drain, Offline: req.Offline, Pool: req.Pool, Reason: req.Reason}
+	ch := lifecycle.NodeChange{Drain: req.Drain, Offline: req.Offline, Pool: req.Pool, Storage: req.Storage, Reason: req.Reason}
 	if ch.Empty() {
-		httpapi.WriteError(w, 400, "user", `give at least one of "drain", "offline" or "pool"`)
+		httpapi.WriteError(w, 400, "user", `give at least one of "drain", "offline", "pool" or "storage"`)
 		return
 	}
 	if err := s.c.UpdateNode(r.Context(), r.PathValue("name"), ch); err != nil {
@@ -616,7 +616,11 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, 400, "user", "the report's name differs from the URL's")
 		return
 	}
-	reply, err := s.c.Heartbeat(r.Context(), report)
+	heartbeat := s.c.Heartbeat
+	if who(r).node != "" {
+		heartbeat = s.c.NodeHeartbeat // a node's own credential never makes it a storage node
+	}
+	reply, err := heartbeat(r.Context(), report)
 	if err != nil {
 		s.fail(w, err)
 		return

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store"
+	"github.com/spillway-hpc/spillway/internal/units"
 )
 
 // AgentDialer returns the agent of a node, given what the node registered.
@@ -652,8 +654,48 @@ func (c *Controller) Paths(ctx context.Context, token string) (map[string]string
 	return lifecycle.Paths(w, token, c.params.MountRoot)
 }
 
-// Heartbeat records an agent's report and returns what lives on its node.
+// Heartbeat records an agent's report, sent with an administrator's credential (the cluster's
+// secret, root on the socket, an embedded agent), and returns what lives on its node. A
+// storage node reporting this way is admitted for storage.
 func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agentapi.Assignment, error) {
+	return c.heartbeat(ctx, r, true)
+}
+
+// NodeHeartbeat records a report sent with the node's own credential (package nodekey): its
+// claims to storage (pool, capacity, data address) count only once an administrator admitted
+// the node (dwcli update node --storage); until then they are recorded as its StorageClaim.
+func (c *Controller) NodeHeartbeat(ctx context.Context, r agentapi.NodeReport) (agentapi.Assignment, error) {
+	return c.heartbeat(ctx, r, false)
+}
+
+// withoutStorage strips a report of a node not admitted for storage of its storage claims;
+// it returns them described ("" when it claims none).
+func withoutStorage(r *agentapi.NodeReport) string {
+	var claim []string
+	if r.Pool != "" {
+		claim = append(claim, "pool "+r.Pool)
+	}
+	if r.Capacity > 0 {
+		claim = append(claim, units.FormatHuman(r.Capacity))
+	}
+	if r.DataAddress != "" {
+		claim = append(claim, "data "+r.DataAddress)
+	}
+	var roles []string
+	for _, role := range r.Roles {
+		if role == "storage" {
+			if len(claim) == 0 {
+				claim = append(claim, "role storage")
+			}
+			continue
+		}
+		roles = append(roles, role)
+	}
+	r.Pool, r.Capacity, r.DataAddress, r.Roles = "", 0, "", roles
+	return strings.Join(claim, ", ")
+}
+
+func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin bool) (agentapi.Assignment, error) {
 	var reply agentapi.Assignment
 	if r.Name == "" {
 		return reply, &lifecycle.UserError{Msg: "heartbeat without a node name"}
@@ -666,6 +708,22 @@ func (c *Controller) Heartbeat(ctx context.Context, r agentapi.NodeReport) (agen
 			return err
 		}
 		wasOnline := c.now().Sub(n.LastSeen) < c.cfg.Controller.NodeTimeout.D()
+		if n.Pool != "" || n.Capacity > 0 {
+			n.StorageAdmitted = true // a storage node recorded before admission existed, or put in a pool by an administrator
+		}
+		claim := ""
+		switch {
+		case n.StorageAdmitted:
+		case admin:
+			n.StorageAdmitted = r.Pool != "" || r.Capacity > 0
+		default:
+			claim = withoutStorage(&r)
+		}
+		if claim != n.StorageClaim && claim != "" {
+			c.log.Warn("node claims storage without an administrator's grant; it takes no fragments until one admits it (dwcli update node --name "+r.Name+" --storage)",
+				"node", r.Name, "claim", claim)
+		}
+		n.StorageClaim = claim
 		if n.PoolAssigned {
 			r.Pool = n.Pool // an administrator's choice (dwcli update node --pool) outranks agent.pool
 		} else if r.Pool != "" {

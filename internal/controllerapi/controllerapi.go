@@ -45,7 +45,10 @@ type NodeUpdate struct {
 	Drain   *bool   `json:"drain,omitempty"`   // take no new fragments (true), or take them again
 	Offline *bool   `json:"offline,omitempty"` // hold the node offline (true), or let its heartbeats bring it online
 	Pool    *string `json:"pool,omitempty"`    // move the node to this pool (it must hold no fragment)
-	Reason  string  `json:"reason,omitempty"`  // why, shown in dwstat nodes --json
+	// Storage admits the node as a storage node (true): the pool, capacity and data address
+	// its heartbeats report count from then on, whatever credential sends them.
+	Storage *bool  `json:"storage,omitempty"`
+	Reason  string `json:"reason,omitempty"` // why, shown in dwstat nodes --json
 }
 
 // PoolCreate is the body of POST /pools.

@@ -203,6 +203,9 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 			if pool == "" {
 				pool, drain = "-", "-"
 			}
+			if n.StorageClaim != "" {
+				drain = "unadmitted" // reason names the claim and the command that admits it
+			}
 			if e := n.Endurance; e != nil && e.Known {
 				endurance = strconv.Itoa(e.PercentRemaining) + "%"
 			}

@@ -18,12 +18,15 @@ import (
 type NodeChange struct {
 	Drain   *bool   // take no new fragments (true) or take them again (false)
 	Offline *bool   // hold the node offline (true) or let its heartbeats bring it online
-	Pool    *string // move the node to this pool
+	Pool    *string // move the node to this pool (which admits it for storage)
+	Storage *bool   // admit the node for storage (true; false is refused)
 	Reason  string  // why, shown in dwstat nodes --json; replaces the last reason when given
 }
 
 // Empty reports whether the change changes nothing.
-func (c NodeChange) Empty() bool { return c.Drain == nil && c.Offline == nil && c.Pool == nil }
+func (c NodeChange) Empty() bool {
+	return c.Drain == nil && c.Offline == nil && c.Pool == nil && c.Storage == nil
+}
 
 // UpdateNode applies an administrator's change to a node. Moving a node to another pool is
 // refused while it holds fragments: their instances were cut to the old pool's granularity.
@@ -33,7 +36,10 @@ func UpdateNode(w *World, name string, ch NodeChange) error {
 		return userErr("node %q does not exist; `dwstat nodes` lists them", name)
 	}
 	if ch.Empty() {
-		return userErr("nothing to change on node %s: give --drain, --fill, --offline, --online or --pool", name)
+		return userErr("nothing to change on node %s: give --drain, --fill, --offline, --online, --pool or --storage", name)
+	}
+	if ch.Storage != nil && !*ch.Storage {
+		return userErr("node %s: storage can only be granted (storage: true); to take a node out of service drain it (dwcli update node --name %s --drain) or remove it", name, name)
 	}
 	if ch.Pool != nil && *ch.Pool != n.Pool {
 		p := *ch.Pool
@@ -62,6 +68,11 @@ func UpdateNode(w *World, name string, ch NodeChange) error {
 	}
 	if ch.Pool != nil {
 		n.Pool, n.PoolAssigned = *ch.Pool, true
+		n.StorageAdmitted, n.StorageClaim = true, ""
+	}
+	if ch.Storage != nil {
+		// The node's next heartbeat brings its pool, capacity and data address.
+		n.StorageAdmitted, n.StorageClaim = true, ""
 	}
 	if ch.Reason != "" || (ch.Drain != nil && !*ch.Drain && !n.HeldOffline) || (ch.Offline != nil && !*ch.Offline && !n.Drain) {
 		n.Reason = ch.Reason // back in service: the old reason no longer holds

@@ -120,6 +120,14 @@ type Node struct {
 	// PoolAssigned: an administrator put the node in Pool (dwcli update node --pool); the
 	// pool its agent reports (agent.pool) no longer changes it.
 	PoolAssigned bool `json:"pool_assigned,omitempty"`
+	// StorageAdmitted: the node may hold fragments. An administrator grants it (dwcli update
+	// node --storage or --pool), or the node's heartbeats come with an administrator's
+	// credential (the cluster's secret, root on the controller's socket, the embedded home).
+	// A heartbeat sent with the node's own credential never grants it (security issue 19).
+	StorageAdmitted bool `json:"storage_admitted,omitempty"`
+	// StorageClaim is what the heartbeats of a node not admitted for storage claimed (pool,
+	// capacity, data address) and the controller ignored, for the administrator ("" = none).
+	StorageClaim string `json:"storage_claim,omitempty"`
 }
 
 // Endurance is a storage node's SSD wear.

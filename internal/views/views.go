@@ -59,6 +59,10 @@ type Node struct {
 	Version     string   `json:"version,omitempty"`
 	// HeldOffline: an administrator took the node out of service (dwcli update node --offline).
 	HeldOffline bool `json:"held_offline,omitempty"`
+	// StorageClaim: the node's agent reports storage (pool, capacity, data address) with its
+	// own node key, and no administrator admitted it: it takes no fragments (Reason says how
+	// to admit it).
+	StorageClaim string `json:"storage_claim,omitempty"`
 
 	// Health (docs/admin.md): the SSD's wear; Worn when its remaining endurance is below
 	// controller.endurance_threshold (no new fragments); AutoDrained when the controller
@@ -336,8 +340,11 @@ func buildNodes(w *lifecycle.World) []Node {
 		out = append(out, Node{ID: name, Pool: n.Pool, Online: n.Online, Drain: n.Drain, Granularity: gran,
 			Capacity: n.Capacity, Used: u.Used * gran, Instances: u.Instances, Activations: u.Activations,
 			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Written: n.Written, Version: n.Version,
-			HeldOffline: n.HeldOffline, Worn: n.Worn, AutoDrained: n.AutoDrained, RecentFailures: len(n.Failures)})
+			HeldOffline: n.HeldOffline, Worn: n.Worn, AutoDrained: n.AutoDrained, RecentFailures: len(n.Failures), StorageClaim: n.StorageClaim})
 		v := &out[len(out)-1]
+		if n.StorageClaim != "" && v.Reason == "" {
+			v.Reason = "not admitted for storage (claims " + n.StorageClaim + "): dwcli update node --name " + name + " --storage"
+		}
 		if e := n.Endurance; e != nil {
 			v.Endurance = &NodeEndurance{Known: e.Known, PercentUsed: e.PercentUsed, PercentRemaining: e.Remaining(), Source: e.Source, Error: e.Error}
 		}

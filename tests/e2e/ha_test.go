@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/netnstest"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/store/etcd/etcdtest"
@@ -304,6 +305,12 @@ func (r *haRun) startAgent() {
 		}
 		for _, n := range all.Nodes {
 			if n.ID == "node" && n.Online {
+				if n.Pool == "" {
+					// Its node key makes it no storage node: an administrator admits it.
+					admit := true
+					r.client.UpdateNode(context.Background(), "node", controllerapi.NodeUpdate{Storage: &admit})
+					return false
+				}
 				return true
 			}
 		}

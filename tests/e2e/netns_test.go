@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/netnstest"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 )
@@ -216,6 +217,10 @@ func (c *netCluster) start(name string) {
 		})
 		return
 	}
+	storage := false
+	for _, s := range c.storage {
+		storage = storage || s == name
+	}
 	c.waitFor(name+" to be online", func() bool {
 		running()
 		all, err := c.client.All(context.Background())
@@ -224,6 +229,13 @@ func (c *netCluster) start(name string) {
 		}
 		for _, n := range all.Nodes {
 			if n.ID == name && n.Online {
+				if storage && n.Pool == "" {
+					// Its node key makes it no storage node: the administrator admits it
+					// (dwcli update node --name NAME --storage), its next heartbeat counts.
+					admit := true
+					c.client.UpdateNode(context.Background(), name, controllerapi.NodeUpdate{Storage: &admit})
+					return false
+				}
 				return true
 			}
 		}
