@@ -320,7 +320,10 @@ func IsRunToken(token string) bool {
 }
 
 // CheckUserQuota says whether the owner of a new session may have it on top of what they
-// hold (a re-sent setup of an existing session is not new and always passes).
+// hold (a re-sent setup of an existing session is not new and always passes). A session being
+// torn down counts for as long as it still holds its instance: a teardown that waits for its
+// stage-outs (which the user may stall) holds the capacity as the live session did (security
+// issue 19 item 7).
 func CheckUserQuota(w *World, req Setup, q Quota) error {
 	if w.SessionByToken(req.Token) != nil {
 		return nil
@@ -333,19 +336,23 @@ func CheckUserQuota(w *World, req Setup, q Quota) error {
 	sessions, persistent := 0, 0
 	var capacity uint64
 	for _, s := range w.Sessions {
-		if s.Owner != req.Owner || s.State.Goal == model.GoalDestroy {
+		if s.Owner != req.Owner {
 			continue
+		}
+		inst := w.InstanceOf(s.ID)
+		if s.State.Goal == model.GoalDestroy && inst == nil {
+			continue // going, and it holds nothing any more
 		}
 		sessions++
 		if s.Persistent {
 			persistent++
 		}
-		if inst := w.InstanceOf(s.ID); inst != nil {
+		if inst != nil {
 			capacity += inst.Requested
 		}
 	}
 	if q.Sessions > 0 && sessions >= q.Sessions {
-		return userErr("uid %d holds %d sessions, its limit (controller.max_sessions_per_user); end or destroy some first", req.Owner, sessions)
+		return userErr("uid %d holds %d sessions, its limit (controller.max_sessions_per_user); end or destroy some first (a session being torn down counts until its instance is released)", req.Owner, sessions)
 	}
 	if req.Persistent && q.Persistent > 0 && persistent >= q.Persistent {
 		return userErr("uid %d holds %d persistent instances, its limit (controller.max_persistent_per_user); destroy one first", req.Owner, persistent)

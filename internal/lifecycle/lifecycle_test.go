@@ -679,10 +679,80 @@ func TestUserQuota(t *testing.T) {
 	}
 	h.must(CheckUserQuota(h.w, mine("p", 1<<30, true), q)) // re-sent: not new
 	h.must(ApplyTeardown(h.w, "run1", false))
+	h.settle() // run1's instance is released: it no longer counts
 	if err := CheckUserQuota(h.w, mine("q", 1<<30, true), q); err == nil || !strings.Contains(err.Error(), "max_persistent_per_user") {
 		t.Errorf("a second persistent instance with Persistent 1: %v", err)
 	}
-	h.must(CheckUserQuota(h.w, mine("run4", 2<<30, false), q)) // run1 is going: its capacity no longer counts
+	h.must(CheckUserQuota(h.w, mine("run4", 2<<30, false), q)) // run1 is gone: its capacity no longer counts
+}
+
+// Security issue 19, item 7: sessions being torn down whose stage-outs never end (their
+// destination is the user's own stalled FUSE server) still hold their instances: they count
+// against every quota until the instances are released. The job's teardown waits for its
+// stage-out; the persistent instance's teardown cannot delete its namespace yet.
+func TestQuotaCountsTeardownsThatHoldInstances(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2")
+	h.stageResult = func(Effect) agentapi.StageStatus { // the stage-outs hang
+		return agentapi.StageStatus{Known: true, Status: model.StageRunning}
+	}
+	h.fail = func(e Effect) error {
+		if e.Op == OpDeleteNamespace {
+			return errors.New("the namespace is busy")
+		}
+		return nil
+	}
+	out := []StageRequest{{Type: "file", PFSPath: "/home/u/result", DWVar: VarJobStriped, DWPath: "/result"}}
+	for _, token := range []string{"j1", "p1"} {
+		s := jobSetup(token, 1<<30, "striped")
+		s.Persistent = token == "p1"
+		h.must(ApplySetup(h.w, s, h, h.p, h.now))
+	}
+	h.settle()
+	h.must(ApplyStages(h.w, "j1", model.StageOut, out, h, h.now))
+	for _, token := range []string{"j1", "p1"} {
+		h.must(ApplyTeardown(h.w, token, false)) // dwcli rm session, not hurried
+		for i := 0; i < 20; i++ {
+			h.stepOnce() // the stage-out runs, and runs
+		}
+		if s := h.w.SessionByToken(token); s == nil || h.w.InstanceOf(s.ID) == nil {
+			t.Fatalf("session %s: its stage-out hangs, yet its instance is gone", token)
+		}
+	}
+	mine := func(token string, persistent bool) Setup {
+		s := jobSetup(token, 1<<30, "striped")
+		s.Persistent = persistent
+		return s
+	}
+	for _, tc := range []struct {
+		q    Quota
+		req  Setup
+		want string
+	}{
+		{Quota{Sessions: 2}, mine("j3", false), "max_sessions_per_user"},
+		{Quota{Persistent: 1}, mine("p3", true), "max_persistent_per_user"},
+		{Quota{Capacity: 2 << 30}, mine("j3", false), "max_capacity_per_user"},
+	} {
+		if err := CheckUserQuota(h.w, tc.req, tc.q); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v with two teardowns holding their instances: %v, want %s", tc.q, err, tc.want)
+		}
+	}
+	// The stage-out ends, the namespace can be deleted: the instances are released and the
+	// quota is free again.
+	h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+	h.fail = func(Effect) error { return nil }
+	for id, ns := range h.w.Namespaces {
+		if ns.State.FuseBlown {
+			h.must(ReplaceFuse(h.w, KindNamespace, id))
+		}
+	}
+	h.now = h.now.Add(time.Minute)
+	h.settle()
+	for _, token := range []string{"j1", "p1"} {
+		if h.w.SessionByToken(token) != nil {
+			t.Fatalf("session %s is still there after its stage-out ended and its namespace could be deleted", token)
+		}
+	}
+	h.must(CheckUserQuota(h.w, mine("p3", true), Quota{Sessions: 2, Persistent: 1, Capacity: 2 << 30}))
 }
 
 // A job's stage-outs are registered at setup (deferred), so the instance is never released
