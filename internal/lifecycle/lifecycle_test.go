@@ -738,7 +738,9 @@ func TestQuotaCountsTeardownsThatHoldInstances(t *testing.T) {
 	}
 	// The stage-out ends, the namespace can be deleted: the instances are released and the
 	// quota is free again.
-	h.stageResult = func(Effect) agentapi.StageStatus { return agentapi.StageStatus{Known: true, Status: model.StageComplete} }
+	h.stageResult = func(Effect) agentapi.StageStatus {
+		return agentapi.StageStatus{Known: true, Status: model.StageComplete}
+	}
 	h.fail = func(Effect) error { return nil }
 	for id, ns := range h.w.Namespaces {
 		if ns.State.FuseBlown {
