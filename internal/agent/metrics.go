@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-hpc/spillway/internal/metrics"
+	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 )
 
@@ -28,6 +29,7 @@ type agentCollector struct {
 	a *Agent
 
 	capacity, allocated, used, fragments, ssdSize, ssdFree, mounts, stageWorkers, stageRuns, connections *prometheus.Desc
+	workerProcesses, workersStuck                                                                        *prometheus.Desc
 }
 
 func newAgentCollector(a *Agent) *agentCollector {
@@ -35,22 +37,24 @@ func newAgentCollector(a *Agent) *agentCollector {
 		return prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "agent", name), help, labels, nil)
 	}
 	return &agentCollector{a: a,
-		capacity:     d("capacity_bytes", "Bytes this storage node offers to its pool (agent.capacity)."),
-		allocated:    d("allocated_bytes", "Capacity of the fragments on this node."),
-		used:         d("used_bytes", "Bytes the files of the instances on this node use, as the agent counts them against their capacity (instances mounted or staged since the agent started)."),
-		fragments:    d("fragments", "Fragments on this node."),
-		ssdSize:      d("ssd_size_bytes", "Size of the file system holding agent.ssd_path."),
-		ssdFree:      d("ssd_free_bytes", "Free bytes of the file system holding agent.ssd_path."),
-		mounts:       d("mounts", "Mounts this agent serves, by kind: local (the namespace is on this node), remote (on another node, over warpfs), staging (the agent's own mount of a striped namespace for its stage workers).", "kind"),
-		stageWorkers: d("stage_workers", "Stage runs whose worker is still running on this node."),
-		stageRuns:    d("stage_runs", "Stage runs this agent keeps (running or finished, until the controller has their outcome)."),
-		connections:  d("warpfs_connections", "Connections to this node's data server (agent.data_listen), handshakes included; 0 without one."),
+		capacity:        d("capacity_bytes", "Bytes this storage node offers to its pool (agent.capacity)."),
+		allocated:       d("allocated_bytes", "Capacity of the fragments on this node."),
+		used:            d("used_bytes", "Bytes the files of the instances on this node use, as the agent counts them against their capacity (instances mounted or staged since the agent started)."),
+		fragments:       d("fragments", "Fragments on this node."),
+		ssdSize:         d("ssd_size_bytes", "Size of the file system holding agent.ssd_path."),
+		ssdFree:         d("ssd_free_bytes", "Free bytes of the file system holding agent.ssd_path."),
+		mounts:          d("mounts", "Mounts this agent serves, by kind: local (the namespace is on this node), remote (on another node, over warpfs), staging (the agent's own mount of a striped namespace for its stage workers).", "kind"),
+		stageWorkers:    d("stage_workers", "Stage runs whose worker is still running on this node."),
+		stageRuns:       d("stage_runs", "Stage runs this agent keeps (running or finished, until the controller has their outcome)."),
+		workerProcesses: d("stage_worker_processes", "Stage worker processes alive on this node (started and not yet exited), whatever their stage's state: a canceled or stalled stage's worker counts until it is gone."),
+		workersStuck:    d("stage_workers_stuck", "Stage worker processes still alive stage.cancel_grace after SIGKILL: blocked in the kernel, typically on a FUSE file system whose server does not answer (a user's own, stopped); their stages have ended without them, and they exit when the server answers or the FUSE connection is aborted."),
+		connections:     d("warpfs_connections", "Connections to this node's data server (agent.data_listen), handshakes included; 0 without one."),
 	}
 }
 
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.capacity, c.allocated, c.used, c.fragments, c.ssdSize, c.ssdFree,
-		c.mounts, c.stageWorkers, c.stageRuns, c.connections} {
+		c.mounts, c.stageWorkers, c.stageRuns, c.connections, c.workerProcesses, c.workersStuck} {
 		ch <- d
 	}
 }
@@ -86,6 +90,9 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.stageWorkers, float64(running))
 	gauge(c.stageRuns, float64(runs))
+	alive, stuck := stage.WorkerProcesses()
+	gauge(c.workerProcesses, float64(alive))
+	gauge(c.workersStuck, float64(stuck))
 	a.dataMu.Lock()
 	data := a.data
 	a.dataMu.Unlock()

@@ -248,12 +248,16 @@ type Stage struct {
 	// MaxJobConcurrency bounds the limit a job may set on its own running in-job stages
 	// (dw_set_stage_concurrency, dwcli stage concurrency): a larger request is clamped to it.
 	MaxJobConcurrency int      `toml:"max_job_concurrency"`
-	FilesInFlight     int      `toml:"files_in_flight"`     // files copied at once within one stage
-	PollInterval      Duration `toml:"poll_interval"`       // the longest wait between polls of a running stage (the first ones are sooner)
-	Timeout           Duration `toml:"timeout"`             // one stage, end to end
-	MaxAttempts       int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
-	ProgressInterval  Duration `toml:"progress_interval"`   // how often a worker reports progress
-	MaxFilesPerStage  int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
+	FilesInFlight     int      `toml:"files_in_flight"` // files copied at once within one stage
+	PollInterval      Duration `toml:"poll_interval"`   // the longest wait between polls of a running stage (the first ones are sooner)
+	Timeout           Duration `toml:"timeout"`         // one stage, end to end
+	// StallTimeout ends a stage that moves nothing (no file, no byte, nothing planned) for
+	// that long: a source or destination that stopped answering (a user's stalled FUSE
+	// server) must not hold the stage, and the session's instance, until Timeout.
+	StallTimeout     Duration `toml:"stall_timeout"`
+	MaxAttempts      int      `toml:"max_attempts"`        // restarts of a stage interrupted by an agent restart
+	ProgressInterval Duration `toml:"progress_interval"`   // how often a worker reports progress
+	MaxFilesPerStage int64    `toml:"max_files_per_stage"` // a directory or list larger than this is refused
 	// MaxPathsPerRequest bounds the paths of one request that takes a list of stages (an
 	// in-job stage request: dwcli stage, libdatawarp's lists; data_in, data_out, a setup's
 	// stage-outs): a longer one is refused before the controller's write transaction.
@@ -482,6 +486,7 @@ func Defaults() Config {
 			FilesInFlight:      8,
 			PollInterval:       Duration(200 * time.Millisecond),
 			Timeout:            Duration(24 * time.Hour),
+			StallTimeout:       Duration(10 * time.Minute),
 			MaxAttempts:        3,
 			ProgressInterval:   Duration(250 * time.Millisecond),
 			MaxFilesPerStage:   2_000_000,
@@ -636,6 +641,11 @@ func (c *Config) Validate() error {
 	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
 	positive("stage.poll_interval", int64(c.Stage.PollInterval))
 	positive("stage.timeout", int64(c.Stage.Timeout))
+	positive("stage.stall_timeout", int64(c.Stage.StallTimeout))
+	if c.Stage.StallTimeout > 0 && c.Stage.ProgressInterval > 0 && c.Stage.StallTimeout < 10*c.Stage.ProgressInterval {
+		problems = append(problems, fmt.Sprintf("stage.stall_timeout (%s) is under 10 times stage.progress_interval (%s): a stage moving steadily could be taken for stalled; raise stage.stall_timeout (the default is 10m) or lower stage.progress_interval",
+			c.Stage.StallTimeout.D(), c.Stage.ProgressInterval.D()))
+	}
 	positive("stage.max_attempts", int64(c.Stage.MaxAttempts))
 	positive("stage.max_files_per_stage", c.Stage.MaxFilesPerStage)
 	positive("stage.max_paths_per_request", int64(c.Stage.MaxPathsPerRequest))

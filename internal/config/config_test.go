@@ -60,6 +60,8 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		"[controller]\nmount_root = \"rel/dir\"\n":                                             "must be an absolute path",
 		"[client]\nteardown_attempts = 0\n":                                                    "client.teardown_attempts must be greater than 0",
 		"[stage]\ncancel_grace = \"0s\"\n":                                                     "stage.cancel_grace must be greater than 0",
+		"[stage]\nstall_timeout = \"0s\"\n":                                                    "stage.stall_timeout must be greater than 0",
+		"[stage]\nstall_timeout = \"1s\"\nprogress_interval = \"500ms\"\n":                     "raise stage.stall_timeout (the default is 10m)",
 		"[stage]\nmax_parallel = 4\n":                                                          "stage.files_in_flight (8) is above stage.max_parallel (4)",
 		"[stage]\nmax_list_size = \"2GiB\"\n":                                                  "stage.max_list_size must be at most 1GiB",
 		"[stage]\nworker_output_limit = \"100\"\n":                                             "stage.worker_output_limit must be at least 1KiB",

@@ -206,6 +206,7 @@ func writeFileAtomic(path string, data []byte) error {
 func StageLimits(cfg config.Config) stage.Limits {
 	return stage.Limits{
 		Timeout:          cfg.Stage.Timeout.D(),
+		StallTimeout:     cfg.Stage.StallTimeout.D(),
 		CancelGrace:      cfg.Stage.CancelGrace.D(),
 		ProgressInterval: cfg.Stage.ProgressInterval.D(),
 		ChunkBytes:       int64(cfg.Stage.CopyChunkSize),

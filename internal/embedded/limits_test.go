@@ -13,6 +13,7 @@ func TestStageLimitsFollowTheConfiguration(t *testing.T) {
 	cfg, err := config.Parse([]byte(`
 [stage]
 timeout = "2h"
+stall_timeout = "20m"
 cancel_grace = "3s"
 progress_interval = "1s"
 copy_chunk_size = "8MiB"
@@ -30,9 +31,9 @@ allow_root = true
 		t.Fatal(err)
 	}
 	l := StageLimits(cfg)
-	got := []any{l.Timeout, l.CancelGrace, l.ProgressInterval, l.ChunkBytes, l.BufferBytes, l.DefaultParallel, l.MaxParallel,
+	got := []any{l.Timeout, l.StallTimeout, l.CancelGrace, l.ProgressInterval, l.ChunkBytes, l.BufferBytes, l.DefaultParallel, l.MaxParallel,
 		l.MaxEntries, l.MaxListBytes, l.MaxLineBytes, l.MaxWarnings, l.MaxStderrBytes, l.AllowRoot}
-	want := []any{2 * time.Hour, 3 * time.Second, time.Second, int64(8 << 20), 256 << 10, 4, 16,
+	want := []any{2 * time.Hour, 20 * time.Minute, 3 * time.Second, time.Second, int64(8 << 20), 256 << 10, 4, 16,
 		1000, int64(2 << 20), 128 << 10, 7, 4 << 10, true}
 	for i := range want {
 		if got[i] != want[i] {

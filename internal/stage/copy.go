@@ -534,6 +534,10 @@ func (e *sideError) Unwrap() []error { return []error{e.side, e.err} }
 // copy_file_range (the kernel moves the data; on a file system that supports it, no byte
 // crosses into user space) and a buffered copy where the kernel cannot. A source holding more
 // than limit bytes is errGrewBeyondPlan: the plan's byte count is what the agent reserved.
+// copyHook, when set, runs before each chunk a worker copies: a test seam (a copy that
+// blocks, as on a stalled FUSE server).
+var copyHook func()
+
 func (w *worker) copyData(ctx context.Context, out, in int, limit int64, buf *[]byte) error {
 	useKernel := true
 	kernelCopied := false
@@ -541,6 +545,9 @@ func (w *worker) copyData(ctx context.Context, out, in int, limit int64, buf *[]
 	for copied < limit {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if copyHook != nil {
+			copyHook()
 		}
 		want := min(limit-copied, w.limits.ChunkBytes)
 		var n int

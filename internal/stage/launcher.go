@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,6 +33,7 @@ var workerEnv = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
 const (
 	stopCanceled = "canceled"
 	stopTimeout  = "timeout"
+	stopStalled  = "stalled"
 	stopProtocol = "protocol"
 )
 
@@ -49,6 +51,8 @@ type Run struct {
 	exited     bool   // the worker has been reaped: its pid may be reused
 	refused    error  // the reserve function's answer
 	protoErr   error
+	lastSign   time.Time // the worker's last planning, plan, progress or warning line
+	abandoned  bool      // killed, and still not gone CancelGrace later: the run ended without it
 
 	cmd      *exec.Cmd
 	stdin    io.WriteCloser
@@ -56,7 +60,22 @@ type Run struct {
 	cancelCh chan struct{}
 	cancel   sync.Once
 	done     chan struct{}
+	doneOnce sync.Once
 }
+
+// Worker processes of this agent: alive (started, not yet reaped) and, of those, stuck
+// (killed with SIGKILL and still not gone CancelGrace later). A process blocked in the kernel
+// on a request to a FUSE file system whose server does not answer (a user's own server they
+// stopped) cannot die before the server answers or the connection is aborted; the run it
+// served has ended without it.
+var workersAlive, workersStuck atomic.Int64
+
+// WorkerProcesses returns the worker processes alive on this host and, of them, those stuck
+// after SIGKILL (metrics: spillway_agent_stage_worker_processes, _stage_workers_stuck).
+func WorkerProcesses() (alive, stuck int64) { return workersAlive.Load(), workersStuck.Load() }
+
+// finish marks the run ended (once).
+func (r *Run) finish() { r.doneOnce.Do(func() { close(r.done) }) }
 
 // Start runs spec in a new worker process and returns at once; the stage's fate is read with
 // Status, Wait or Done. exe is the worker's argv prefix, e.g. {"/proc/self/exe",
@@ -152,7 +171,10 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		r.finishEarly(fmt.Errorf("cannot start the staging worker %s as uid %d: %v", exe[0], spec.UID, err))
 		return r
 	}
-	r.cmd, r.stdin = cmd, stdin
+	workersAlive.Add(1)
+	r.mu.Lock()
+	r.cmd, r.stdin, r.lastSign = cmd, stdin, time.Now()
+	r.mu.Unlock()
 	started = true
 	go func() {
 		defer closeAll(rootFiles)
@@ -293,22 +315,47 @@ func userGroups(uid, gid uint32) ([]uint32, error) {
 func (r *Run) finishEarly(err error) {
 	r.status.Status = "failed"
 	r.status.Error = r.prefix + ": " + err.Error()
-	close(r.done)
+	r.finish()
 }
 
-// watch stops the worker on timeout, on Cancel, or when ctx ends.
+// watch stops the worker on timeout, when it makes no progress for StallTimeout, on Cancel,
+// or when ctx ends.
 func (r *Run) watch(ctx context.Context) {
 	timer := time.NewTimer(r.limits.Timeout)
 	defer timer.Stop()
-	select {
-	case <-timer.C:
-		r.stop(stopTimeout)
-	case <-ctx.Done():
-		r.stop(stopCanceled)
-	case <-r.cancelCh:
-		r.stop(stopCanceled)
-	case <-r.done:
+	stall := time.NewTimer(r.limits.StallTimeout)
+	defer stall.Stop()
+	for {
+		select {
+		case <-timer.C:
+			r.stop(stopTimeout)
+			return
+		case <-stall.C:
+			r.mu.Lock()
+			idle := time.Since(r.lastSign)
+			r.mu.Unlock()
+			if idle >= r.limits.StallTimeout {
+				r.stop(stopStalled)
+				return
+			}
+			stall.Reset(r.limits.StallTimeout - idle)
+		case <-ctx.Done():
+			r.stop(stopCanceled)
+			return
+		case <-r.cancelCh:
+			r.stop(stopCanceled)
+			return
+		case <-r.done:
+			return
+		}
 	}
+}
+
+// alive records a sign of progress from the worker.
+func (r *Run) alive() {
+	r.mu.Lock()
+	r.lastSign = time.Now()
+	r.mu.Unlock()
 }
 
 // stop asks the worker to stop (stdin closed, SIGTERM to its group) and kills the group after
@@ -323,7 +370,29 @@ func (r *Run) stop(reason string) {
 	r.mu.Unlock()
 	r.stdin.Close()
 	r.signal(syscall.SIGTERM)
-	time.AfterFunc(r.limits.CancelGrace, func() { r.signal(syscall.SIGKILL) })
+	time.AfterFunc(r.limits.CancelGrace, func() {
+		r.signal(syscall.SIGKILL)
+		time.AfterFunc(r.limits.CancelGrace, r.abandon)
+	})
+}
+
+// abandon ends a run whose worker was killed CancelGrace ago and is still not gone: it is
+// blocked in the kernel (a FUSE request its server does not answer) and dies, doing nothing
+// more, once the request returns. The run's status says so; the process stays counted as
+// stuck until it is reaped.
+func (r *Run) abandon() {
+	r.mu.Lock()
+	if r.exited || r.abandoned {
+		r.mu.Unlock()
+		return
+	}
+	r.abandoned = true
+	workersStuck.Add(1)
+	r.settle(nil, nil)
+	r.status.Error += fmt.Sprintf("; its worker (pid %d) did not exit %v after SIGKILL: it is blocked in the kernel, typically on a file system (a FUSE server) that does not answer, and ends when that answers (spillway_agent_stage_workers_stuck counts it)",
+		r.cmd.Process.Pid, r.limits.CancelGrace)
+	r.mu.Unlock()
+	r.finish()
 }
 
 // signal sends sig to the worker's process group while the worker is known not to have been
@@ -354,19 +423,24 @@ func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
 		case final != nil:
 			protoErr = fmt.Errorf("the staging worker sent %q after its final event", ev.Event)
 		case ev.Event == eventWarning:
+			r.alive()
 			r.addWarning(ev.Message)
+		case ev.Event == eventPlanning && !planned:
+			r.alive()
 		case ev.Event == eventProtected && planned && r.spec.Protect && r.spec.Part != nil && ev.Mode != 0 && ev.Mode&^0o7777 == 0:
 			r.mu.Lock()
 			r.status.ProtectedMode = ev.Mode
 			r.mu.Unlock()
 		case ev.Event == eventPlan && !planned:
 			planned = true
+			r.alive()
 			r.mu.Lock()
 			r.status.FilesTotal, r.status.BytesTotal = ev.Files, ev.Bytes
 			r.mu.Unlock()
 			answer, _ := json.Marshal(r.decide(reserve, ev.Bytes))
 			r.stdin.Write(append(answer, '\n')) // a worker that is gone is noticed by Wait
 		case ev.Event == eventProgress && planned, ev.Event == eventDone && planned:
+			r.alive()
 			r.mu.Lock()
 			r.status.FilesDone = max(r.status.FilesDone, ev.Files)
 			r.status.BytesDone = max(r.status.BytesDone, ev.Bytes)
@@ -397,10 +471,17 @@ func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
 	waitErr := r.cmd.Wait()
 	r.mu.Lock()
 	r.exited = true
-	r.settle(final, waitErr)
+	abandoned := r.abandoned
+	if !abandoned { // else the run has ended already, saying why
+		r.settle(final, waitErr)
+	}
 	r.mu.Unlock()
+	workersAlive.Add(-1)
+	if abandoned {
+		workersStuck.Add(-1)
+	}
 	r.stdin.Close()
-	close(r.done)
+	r.finish()
 }
 
 // decide asks reserve about the plan unless the run is already stopping.
@@ -438,6 +519,9 @@ func (r *Run) settle(final *event, waitErr error) {
 		s.Error = r.prefix + ": canceled"
 	case r.stopReason == stopTimeout:
 		fail("timed out after %v (limit stage.timeout) with %d of %d files and %s of %s copied", r.limits.Timeout, s.FilesDone, s.FilesTotal, units.FormatHuman(s.BytesDone), units.FormatHuman(s.BytesTotal))
+	case r.stopReason == stopStalled:
+		fail("no progress for %v (stage.stall_timeout) with %d of %d files and %s of %s copied: a source or destination stopped answering; the worker was stopped",
+			r.limits.StallTimeout, s.FilesDone, s.FilesTotal, units.FormatHuman(s.BytesDone), units.FormatHuman(s.BytesTotal))
 	case r.protoErr != nil:
 		fail("%v", r.protoErr)
 	case r.refused != nil:

@@ -23,6 +23,21 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "stage-worker" {
 		os.Exit(WorkerMain(os.Args[2:], os.Stdin, os.Stdout))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "stage-worker-stalls" {
+		// A worker whose copy blocks for good and does not heed SIGTERM, as one reading from
+		// a FUSE server its user stopped (TestStalledStageIsEnded).
+		copyHook = func() {
+			for {
+				time.Sleep(time.Hour)
+			}
+		}
+		os.Exit(WorkerMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "stage-worker-slow" {
+		// A worker that copies slowly but steadily (TestSlowStageIsNotStalled).
+		copyHook = func() { time.Sleep(50 * time.Millisecond) }
+		os.Exit(WorkerMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "stage-worker-probe" {
 		// The worker's way to the user's identity, then the command of the rest of the
 		// arguments (TestWorkerGetsTheUserIdentityAndNothingElse).

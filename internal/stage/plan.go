@@ -299,6 +299,7 @@ func (w *worker) walk(ctx context.Context, job *copyJob) error {
 		}
 		for {
 			list, err := d.ReadDir(readDirBatch)
+			w.planned.Add(int64(len(list)))
 			for _, de := range list {
 				childRel := de.Name()
 				if rel != "" {

@@ -16,13 +16,16 @@
 //
 //	agent → worker  {StageSpec fields…, "limits":{…}}      one line
 //	worker → agent  {"event":"warning","message":"…"}      any number, at any time
+//	worker → agent  {"event":"planning","files":n}         while planning, at most once per ProgressInterval
 //	worker → agent  {"event":"plan","files":N,"bytes":B}    once
 //	agent → worker  {"go":true}  or  {"refuse":"<reason>"}  once
 //	worker → agent  {"event":"progress","files":n,"bytes":b} at most once per ProgressInterval
 //	worker → agent  {"event":"done",…} or {"event":"failed","error":"…"}  last line
 //
 // After the decision the agent keeps the worker's stdin open; closing it (or SIGTERM) asks the
-// worker to stop, remove the file it was writing and report "failed".
+// worker to stop, remove the file it was writing and report "failed". A worker that sends no
+// planning, plan, progress or warning line for StallTimeout is stopped so, and killed with
+// SIGKILL CancelGrace later.
 package stage
 
 import (
@@ -38,6 +41,11 @@ type Limits struct {
 	// Timeout (stage.timeout) bounds a whole stage, plan and copy together. DataWarp sites run
 	// with Slurm's StageInTimeout/StageOutTimeout of 86400 s, so the default matches.
 	Timeout time.Duration
+	// StallTimeout (stage.stall_timeout) ends a stage whose worker shows no progress (no file
+	// or byte moved, nothing planned) for that long: a source or destination that stopped
+	// answering (a user's FUSE server they stalled, a hung PFS) must not hold the stage, and
+	// the session's instance, until Timeout.
+	StallTimeout time.Duration
 	// CancelGrace (stage.cancel_grace) is how long a worker asked to stop (cancel, timeout) may
 	// take to remove its partial file and exit before it is killed with SIGKILL.
 	CancelGrace time.Duration
@@ -87,6 +95,7 @@ type Limits struct {
 func DefaultLimits() Limits {
 	return Limits{
 		Timeout:          24 * time.Hour,
+		StallTimeout:     10 * time.Minute,
 		CancelGrace:      10 * time.Second,
 		ProgressInterval: 250 * time.Millisecond,
 		ChunkBytes:       64 << 20,
@@ -106,6 +115,9 @@ func (l Limits) WithDefaults() Limits {
 	d := DefaultLimits()
 	if l.Timeout == 0 {
 		l.Timeout = d.Timeout
+	}
+	if l.StallTimeout == 0 {
+		l.StallTimeout = d.StallTimeout
 	}
 	if l.CancelGrace == 0 {
 		l.CancelGrace = d.CancelGrace
@@ -154,6 +166,7 @@ func (l Limits) Validate() error {
 	}
 	for _, c := range []check{
 		{"Timeout", l.Timeout < 0},
+		{"StallTimeout", l.StallTimeout < 0},
 		{"CancelGrace", l.CancelGrace < 0},
 		{"ProgressInterval", l.ProgressInterval < 0},
 		{"ChunkBytes", l.ChunkBytes < 0},
@@ -184,6 +197,9 @@ const MaxRequestBytes = 1 << 20
 const (
 	eventPlan     = "plan"
 	eventProgress = "progress"
+	// eventPlanning: the worker is still planning; Files is the entries it has listed so far
+	// (a sign of life while it walks a large tree).
+	eventPlanning = "planning"
 	eventWarning  = "warning"
 	eventDone     = "done"
 	eventFailed   = "failed"

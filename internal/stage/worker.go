@@ -88,7 +88,9 @@ func WorkerMain(args []string, stdin io.Reader, stdout io.Writer) int {
 	}
 	defer w.close()
 
+	stopPlanning := w.reportProgress(ctx, eventPlanning, func() (int64, uint64) { return w.planned.Load(), 0 })
 	p, err := w.plan(ctx)
+	stopPlanning()
 	if err != nil {
 		return w.fail(ctx, err)
 	}
@@ -129,7 +131,7 @@ func WorkerMain(args []string, stdin io.Reader, stdout io.Writer) int {
 		cancel(errCanceled)
 	}()
 
-	stopProgress := w.reportProgress(ctx)
+	stopProgress := w.reportProgress(ctx, eventProgress, func() (int64, uint64) { return w.filesDone.Load(), w.bytesDone.Load() })
 	if w.spec.Part != nil {
 		err = w.runPart(ctx, p)
 	} else {
@@ -249,6 +251,7 @@ type worker struct {
 
 	filesDone atomic.Int64
 	bytesDone atomic.Uint64
+	planned   atomic.Int64 // entries listed while planning
 }
 
 func newWorker(spec agentapi.StageSpec, limits Limits, out *emitter) (*worker, error) {
@@ -311,8 +314,9 @@ func (w *worker) fail(ctx context.Context, err error) int {
 	return 1
 }
 
-// reportProgress sends a progress line every ProgressInterval while counters move.
-func (w *worker) reportProgress(ctx context.Context) (stop func()) {
+// reportProgress sends a line of kind (progress, planning) every ProgressInterval while the
+// counters move.
+func (w *worker) reportProgress(ctx context.Context, kind string, counters func() (int64, uint64)) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
@@ -328,10 +332,10 @@ func (w *worker) reportProgress(ctx context.Context) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-ticker.C:
-				files, bytes := w.filesDone.Load(), w.bytesDone.Load()
+				files, bytes := counters()
 				if files != lastFiles || bytes != lastBytes {
 					lastFiles, lastBytes = files, bytes
-					w.out.send(event{Event: eventProgress, Files: files, Bytes: bytes})
+					w.out.send(event{Event: kind, Files: files, Bytes: bytes})
 				}
 			}
 		}

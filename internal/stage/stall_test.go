@@ -1,0 +1,58 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Security issue 19, item 7: a stage whose source stops answering (the user's own FUSE
+// server, SIGSTOPped) held its session's instance until stage.timeout (24 h). Now a stage that
+// moves nothing for stage.stall_timeout fails, saying so, and its worker — which does not heed
+// SIGTERM while it is blocked — is killed CancelGrace later.
+func TestStalledStageIsEnded(t *testing.T) {
+	a := newArea(t)
+	src := filepath.Join(a.pfs, "input")
+	writeFile(t, src, strings.Repeat("x", 1<<20), 0o644, past)
+	limits := testLimits()
+	limits.StallTimeout = 500 * time.Millisecond
+	limits.CancelGrace = 300 * time.Millisecond
+	exe := []string{workerExe[0], "stage-worker-stalls"}
+	r := Start(context.Background(), exe, spec(a, "in", "file", src, "$DW_JOB_STRIPED/input"), limits, nil)
+	select {
+	case <-r.Done():
+	case <-time.After(30 * time.Second):
+		r.Cancel()
+		t.Fatalf("a stage that makes no progress is still running 30 s later (stall timeout 500ms): %+v", r.Status())
+	}
+	st := r.Status()
+	if st.Status != "failed" || !strings.Contains(st.Error, "stage_in: no progress for 500ms (stage.stall_timeout)") {
+		t.Errorf("status %q error %q, want failed with no progress for 500ms (stage.stall_timeout)", st.Status, st.Error)
+	}
+	if err := syscall.Kill(r.cmd.Process.Pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the stalled worker (pid %d) is still there: %v", r.cmd.Process.Pid, err)
+	}
+	if alive, stuck := WorkerProcesses(); alive != 0 || stuck != 0 {
+		t.Errorf("worker processes counted after the stage ended: %d alive, %d stuck", alive, stuck)
+	}
+}
+
+// A stage that moves its data slowly but steadily, for longer than stage.stall_timeout in all,
+// is not ended: only a stage without progress is.
+func TestSlowStageIsNotStalled(t *testing.T) {
+	a := newArea(t)
+	src := filepath.Join(a.pfs, "input")
+	writeFile(t, src, strings.Repeat("x", 2<<20), 0o644, past)
+	limits := testLimits()
+	limits.StallTimeout = time.Second
+	limits.ChunkBytes = 64 << 10 // 32 chunks of 50 ms each: longer than the stall timeout
+	exe := []string{workerExe[0], "stage-worker-slow"}
+	st := Start(context.Background(), exe, spec(a, "in", "file", src, "$DW_JOB_STRIPED/input"), limits, nil).Wait()
+	if st.Status != "complete" || st.BytesDone != 2<<20 {
+		t.Errorf("a slow, steady stage: status %q error %q, %d bytes", st.Status, st.Error, st.BytesDone)
+	}
+}
