@@ -380,8 +380,13 @@ heartbeats for NAME, is called by the controller, and mounts the namespaces the 
 grants it; it can do nothing an administrator does, and another node's credential cannot be
 made from it (docs/security.md). Run it on the controller's host, as the secret's owner.
 
+It does not make NAME a storage node: the storage its agent reports (agent.pool, capacity,
+data_listen) counts once an administrator admits it, dwcli update node --name NAME --storage
+(dwstat nodes shows it "unadmitted" until then).
+
 Example:
   spillway node-key cn017 > /tmp/cn017.key   # then install it as cn017's /etc/spillway/token, 0600
+  spillway node-key bb01 > /tmp/bb01.key     # a storage node: then dwcli update node --name bb01 --storage
 `
 
 func nodeKeyMain(args []string, stdout, stderr io.Writer) int {
