@@ -158,6 +158,8 @@ func TestNodesShowEnduranceAndWhy(t *testing.T) {
 			Endurance: &views.NodeEndurance{Error: "neither smartctl nor nvme is installed"},
 			Reason:    "auto-drained: 5 failures in 10m: create-fragment: mkdir: input/output error"},
 		{ID: "cn1", Online: true},
+		{ID: "cnevil", Online: true, StorageClaim: "pool wlm_pool, 64GiB",
+			Reason: "not admitted for storage (claims pool wlm_pool, 64GiB): dwcli update node --name cnevil --storage"},
 	}}
 	lines := strings.Split(strings.TrimSpace(Render(a, []string{"nodes"}, false, Options{Location: time.UTC})), "\n")
 	fields := func(i int) string { return strings.Join(strings.Fields(lines[i]), " ") }
@@ -167,13 +169,14 @@ func TestNodesShowEnduranceAndWhy(t *testing.T) {
 		"bb2 wlm_pool online worn 1GiB 4TiB 0 0 4% SSD endurance 4% remaining, below controller.endurance_threshold",
 		"bb3 wlm_pool online drain 1GiB 4TiB 0 0 - auto-drained: 5 failures in 10m: create-fragment: mkdir: input/output error",
 		"cn1 - online - 0B 0B 0 0 - -",
+		"cnevil - online unadmitted 0B 0B 0 0 - not admitted for storage (claims pool wlm_pool, 64GiB): dwcli update node --name cnevil --storage",
 	} {
 		if got := fields(i); got != want {
 			t.Errorf("line %d:\n got %q\nwant %q", i, got, want)
 		}
 	}
 	js, _ := json.Marshal(Select(a, []string{"nodes"}))
-	for _, want := range []string{`"percent_remaining":4`, `"worn":true`, `"auto_drained":true`, `"error":"neither smartctl nor nvme is installed"`} {
+	for _, want := range []string{`"percent_remaining":4`, `"worn":true`, `"auto_drained":true`, `"error":"neither smartctl nor nvme is installed"`, `"storage_claim":"pool wlm_pool, 64GiB"`} {
 		if !strings.Contains(string(js), want) {
 			t.Errorf("--json nodes lacks %s: %s", want, js)
 		}
