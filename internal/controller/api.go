@@ -242,6 +242,12 @@ func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) 
 	if sess == nil || sess.Owner == c.uid {
 		return true // unknown tokens get their own answer (not found)
 	}
+	if s.c.cfg.Controller.PrivateData && !sess.Persistent {
+		// Another user's job is none of the caller's business, not even that it exists:
+		// answered as an unknown token is, so tokens and owners cannot be enumerated.
+		s.fail(w, lifecycle.ErrNoSession)
+		return false
+	}
 	httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("session %s belongs to uid %d, not to uid %d", token, sess.Owner, c.uid))
 	return false
 }
@@ -749,7 +755,10 @@ func (s *Server) allAccounting(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	out := controllerapi.AccountingList{Accounting: []views.Accounting{}, PendingRecords: pending}
+	out := controllerapi.AccountingList{Accounting: []views.Accounting{}}
+	if who(r).privileged || !s.c.cfg.Controller.PrivateData {
+		out.PendingRecords = &pending // how many teardowns the site had lately is the site's
+	}
 	for _, a := range all {
 		if s.mayRead(r, world.Sessions[a.Realm.Session]) {
 			out.Accounting = append(out.Accounting, a)
@@ -775,7 +784,7 @@ func (s *Server) sessionAccounting(w http.ResponseWriter, r *http.Request) {
 	}
 	token := r.PathValue("token")
 	sess := world.SessionByToken(token)
-	if sess == nil {
+	if sess == nil || !s.mayRead(r, sess) { // another user's job: as an unknown token
 		s.fail(w, lifecycle.ErrNoSession)
 		return
 	}
@@ -798,7 +807,9 @@ func (s *Server) writeAccounting(w http.ResponseWriter, r *http.Request, id int6
 		return
 	}
 	if !s.mayRead(r, sess) {
-		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("instance %d belongs to uid %d, not to uid %d", id, sess.Owner, who(r).uid))
+		// As for an instance that does not exist: another user's instances cannot be
+		// enumerated.
+		httpapi.WriteError(w, 404, "not_found", fmt.Sprintf("no instance %d (a torn-down instance's record is in controller.accounting_log)", id))
 		return
 	}
 	httpapi.WriteJSON(w, 200, a)
