@@ -147,6 +147,13 @@ type Controller struct {
 	// MungeSocket is the local munged's socket, which decodes the MUNGE credentials of users
 	// on TCP. "" = munge's default (/run/munge/munge.socket.2).
 	MungeSocket string `toml:"munge_socket"`
+	// MungeFailuresPerMinute bounds the MUNGE credentials that munged refuses from one
+	// network (an IPv4 /24, an IPv6 /64) in a minute; past it that network's credentials are
+	// refused (429) without being decoded until the minute's budget refills.
+	MungeFailuresPerMinute int `toml:"munge_failures_per_minute"`
+	// MaxMungeDecodes bounds the unmunge processes running at once; a request waits for a
+	// slot within request_timeout.
+	MaxMungeDecodes int `toml:"max_munge_decodes"`
 
 	// EnduranceThreshold is the remaining SSD endurance, in percent of the rated life, below
 	// which a storage node takes no new fragments (DataWarp); 0 turns it off.
@@ -437,6 +444,8 @@ func Defaults() Config {
 			IdleTimeout:             Duration(time.Minute),
 			MaxConnections:          1024,
 			MaxConnectionsPerPeer:   64,
+			MungeFailuresPerMinute:  60,
+			MaxMungeDecodes:         16,
 			MaxSessionsPerUser:      100,
 			MaxPersistentPerUser:    10,
 			MaxNodesPerRequest:      100_000,
@@ -661,6 +670,8 @@ func (c *Config) Validate() error {
 	positive("controller.request_timeout", int64(c.Controller.RequestTimeout))
 	positive("controller.max_status_wait", int64(c.Controller.MaxStatusWait))
 	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))
+	positive("controller.munge_failures_per_minute", int64(c.Controller.MungeFailuresPerMinute))
+	positive("controller.max_munge_decodes", int64(c.Controller.MaxMungeDecodes))
 	positive("controller.max_sessions", int64(c.Controller.MaxSessions))
 	if p := c.Controller.AccountingLog; p != "" && !filepath.IsAbs(p) {
 		problems = append(problems, fmt.Sprintf("controller.accounting_log %q must be an absolute path (or \"\" for accounting.log in controller.state_dir)", p))

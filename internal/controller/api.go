@@ -21,7 +21,6 @@ import (
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
-	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
@@ -62,6 +61,7 @@ type Server struct {
 	privileged map[uint32]bool
 	mux        *http.ServeMux
 	lead       Leadership // nil: the only controller (no [ha])
+	munge      *mungeGate
 	// Version is the running Spillway's version, shown by GET /dw/v1/controller.
 	Version string
 	// Routes lists "METHOD /path" patterns, for the OpenAPI consistency test.
@@ -71,7 +71,8 @@ type Server struct {
 // NewServer builds the API. token is the shared secret TCP clients must present ("" = TCP
 // refused); wlmUsers are user names allowed to act on any session.
 func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger) *Server {
-	s := &Server{c: c, log: log, token: token, privileged: map[uint32]bool{0: true, uint32(os.Getuid()): true}, mux: http.NewServeMux()}
+	s := &Server{c: c, log: log, token: token, privileged: map[uint32]bool{0: true, uint32(os.Getuid()): true}, mux: http.NewServeMux(),
+		munge: newMungeGate(c.cfg.Controller.MungeSocket, c.cfg.Controller.MungeFailuresPerMinute, c.cfg.Controller.MaxMungeDecodes)}
 	for _, name := range wlmUsers {
 		if u, err := user.Lookup(name); err == nil {
 			if uid, err := strconv.ParseUint(u.Uid, 10, 32); err == nil {
@@ -164,10 +165,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			who = caller{known: true, node: node}
 		case isMunge:
 			ctx, cancel := context.WithTimeout(r.Context(), s.c.cfg.Controller.RequestTimeout.D())
-			id, err := munge.Decode(ctx, s.c.cfg.Controller.MungeSocket, cred)
+			id, err := s.munge.decode(ctx, r.RemoteAddr, cred)
 			cancel()
 			if err != nil {
-				httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", err.Error())
+				httpapi.WriteError(w, mungeStatus(err), "unauthorized", err.Error())
 				return
 			}
 			who, viaMunge = caller{uid: id.UID, gid: id.GID, known: true}, true
