@@ -17,6 +17,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/swaprace"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage/xfstest"
 )
 
 // swapRaceDuration is how long each attack runs. The path-based server this replaced lost a
@@ -348,6 +349,55 @@ func TestDirectoriesAndAttributesAreCharged(t *testing.T) {
 				}
 				checkAccounting(t, tr, src)
 			})
+		})
+	}
+}
+
+// The honest job's side of charging allocated blocks: on XFS, blocks speculatively
+// preallocated past the end of a file being extended count in st_blocks until it is closed.
+// On a fragment file system mounted as the agent mounts it (usage.XFSFragmentOptions) a job
+// still fills its instance to within a few blocks of its capacity, and the count drops back to
+// the data once the file is closed. With XFS's default options the test only reports how far
+// the same job got (the measurement behind the option).
+func TestHonestJobFillsItsInstanceOnXFS(t *testing.T) {
+	for _, c := range []struct{ name, options string }{{"fragment options", usage.XFSFragmentOptions}, {"default options", ""}} {
+		t.Run(c.name, func(t *testing.T) {
+			mnt := xfstest.MountWith(t, testBase, 512*mib, c.options)
+			src := filepath.Join(mnt, "namespace")
+			if err := os.Mkdir(src, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			const capacity = 256 * mib
+			const want = capacity - 4*mib // what the job writes: 98% of its capacity
+			tr := usage.New("instance 20", capacity)
+			if err := tr.Scan(src); err != nil {
+				t.Fatal(err)
+			}
+			m := mount(t, Spec{MountPath: filepath.Join(mnt, "mnt"), SourceDir: src, Tracker: tr, DisablePassthrough: true})
+			f, err := os.Create(filepath.Join(m.Path(), "output"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := bytes.Repeat([]byte{7}, mib)
+			var written uint64
+			for written < want && err == nil {
+				var n int
+				n, err = f.Write(buf)
+				written += uint64(n)
+			}
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			t.Logf("XFS mounted with %q: wrote %d MiB of %d MiB (%v); the tracker peaked at %d KiB, counts %d KiB after the close",
+				c.options, written/mib, want/mib, err, tr.Peak()/kib, tr.Used()/kib)
+			if c.options == "" {
+				return // a measurement
+			}
+			if err != nil || written != want {
+				t.Errorf("an honest job wrote %d MiB of %d MiB into a %d MiB instance: %v", written/mib, want/mib, capacity/mib, err)
+			}
+			waitFor(t, func() bool { return tr.Used() <= want+64*kib }, "the count to drop to the data once the file is closed")
+			checkAccounting(t, tr, src)
 		})
 	}
 }

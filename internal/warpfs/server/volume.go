@@ -1323,14 +1323,22 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 	v.dropSetID(t, t.st.Mode, caller, false)
 	v.catchUp(in, &t.st)
 	before := usage.Footprint(&t.st) // at least the size; more with blocks past the end
+	base := before                   // where the growth to reserve starts
 	var growth uint64
-	if uint64(end) > before {
+	switch {
+	case uint64(end) > before:
 		growth = uint64(end) - before
+	case v.tracker.Over():
+		// Blocks past the end were charged after the fact (XFS's speculative preallocation)
+		// and took the instance past its capacity: they hold no data, and filling them would
+		// keep the instance past it. Its size grows only as a reservation allows.
+		growth = uint64(end - t.st.Size)
+		base = uint64(t.st.Size)
 	}
 	granted := v.tracker.ReserveUpTo(growth)
 	if granted < growth {
 		v.noteFull(growth)
-		allowedEnd := int64(before + granted)
+		allowedEnd := int64(base + granted)
 		if h.flags&unix.O_DIRECT != 0 {
 			allowedEnd &^= directIOAlign - 1 // O_DIRECT needs aligned lengths
 		}

@@ -28,6 +28,14 @@ import (
 	"github.com/spillway-hpc/spillway/internal/units"
 )
 
+// XFSFragmentOptions are the mount options of a fragment's own XFS file system (the agent's
+// "xfs-loop" fragments). XFS preallocates blocks past the end of a file being extended
+// (speculative preallocation, up to gigabytes for a large file, trimmed when it is closed)
+// and counts them in st_blocks: charged, they could refuse an honest job's writes well short
+// of its capacity. allocsize fixes that preallocation at 64 KiB per file being extended.
+// Directory fragments on a host XFS should be mounted with it too (docs/config.md).
+const XFSFragmentOptions = "allocsize=64k"
+
 // FullError is the refusal of a reservation that would take an instance past its capacity.
 // It wraps syscall.ENOSPC, so errors.Is(err, syscall.ENOSPC) holds and a FUSE server can
 // return it to the kernel as is.
@@ -110,6 +118,14 @@ func (t *Tracker) freeLocked() uint64 {
 		return 0
 	}
 	return t.capacity - t.used
+}
+
+// Over reports whether more than the capacity is counted as used: growth charged after the
+// fact (Charge) took the instance past it.
+func (t *Tracker) Over() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.used > t.capacity
 }
 
 // Reserve counts n more bytes as used, or refuses with a *FullError (wrapping
