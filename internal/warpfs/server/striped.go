@@ -396,7 +396,7 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 		rm, replacing = v.prepareRemoval(dirfd, r.Name)
 	}
 	var layout []byte
-	if replacing {
+	if replacing && rm.regular {
 		layout = v.removedLayout(dirfd, r.Name)
 	}
 	err := unix.Renameat2(dirfd, tmp, dirfd, r.Name, uint(r.Flags))

@@ -927,9 +927,10 @@ func (v *volume) link(r *proto.LinkReq) (proto.Attr, syscall.Errno) {
 
 // removal is what dropping one name of a regular file or symbolic link gives back.
 type removal struct {
-	in   *inode
-	size uint64 // its footprint
-	last bool   // the name was the file's last link
+	in      *inode
+	size    uint64 // its footprint
+	last    bool   // the name was the file's last link
+	regular bool   // a regular file (else a symbolic link): it may have a striped layout
 }
 
 // prepareRemoval inspects the regular file or symbolic link about to lose dirfd/name and
@@ -949,7 +950,7 @@ func (v *volume) prepareRemoval(dirfd int, name string) (removal, bool) {
 		return removal{}, false
 	}
 	v.catchUp(in, &st)
-	return removal{in: in, size: usage.Footprint(&st), last: st.Nlink == 1}, true
+	return removal{in: in, size: usage.Footprint(&st), last: st.Nlink == 1, regular: st.Mode&syscall.S_IFMT == syscall.S_IFREG}, true
 }
 
 // finish releases the file's size if the name removed was its last link, or defers that to
@@ -1083,7 +1084,7 @@ func (v *volume) unlink(r *proto.EntryReq, dir bool) ([]byte, syscall.Errno) {
 	}
 	rm, isFile := v.prepareRemoval(dirfd, r.Name)
 	var layout []byte
-	if isFile {
+	if isFile && rm.regular {
 		layout = v.removedLayout(dirfd, r.Name)
 	}
 	l := v.lockDir(dirfd)
@@ -1143,7 +1144,7 @@ func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 		}
 	}
 	var layout []byte
-	if replacing {
+	if replacing && rm.regular {
 		layout = v.removedLayout(newdir, r.NewName)
 	}
 	unlockDirs := v.lockDirs(olddir, newdir)
