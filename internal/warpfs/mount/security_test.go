@@ -401,3 +401,93 @@ func TestHonestJobFillsItsInstanceOnXFS(t *testing.T) {
 		})
 	}
 }
+
+// Counts do not drift: what directories, attributes, blocks past a file's end, long symbolic
+// links and hard links were charged comes back exactly as they go (rmdir, removexattr, punching
+// a hole, truncate, unlink of the last link, a rename over an empty directory), and the count
+// equals what a rescan finds at every step.
+func TestChargesComeBackExactly(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b testBackend) {
+		src, mp := dirs(t)
+		tr := usage.New("instance 21", 64*mib)
+		m := b.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr, Logger: quietLogger(t)})
+		tree := filepath.Join(m.Path(), "tree")
+		if err := os.Mkdir(tree, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		long := strings.Repeat("n", 200)
+		value := bytes.Repeat([]byte("v"), 3000)
+		for i := range 40 {
+			d := filepath.Join(tree, fmt.Sprintf("%s%02d", long, i))
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			f := filepath.Join(d, "f")
+			if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Setxattr(f, "user.big", value, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkAccounting(t, tr, src)
+		for i := range 20 {
+			if err := unix.Removexattr(filepath.Join(tree, fmt.Sprintf("%s%02d", long, i), "f"), "user.big"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkAccounting(t, tr, src)
+
+		p := filepath.Join(tree, "prealloc")
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, 2*mib); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(make([]byte, 100*kib)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Link(p, filepath.Join(tree, "second-link")); err != nil && !errors.Is(err, syscall.EPERM) { // striped: one name
+			t.Fatal(err)
+		}
+		settled(t, b, f)
+		checkAccounting(t, tr, src)
+		if err := fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, mib, 512*kib); err != nil {
+			t.Fatal(err)
+		}
+		settled(t, b, f)
+		checkAccounting(t, tr, src)
+		if err := f.Truncate(50 * kib); err != nil { // gives back the blocks past the new end
+			t.Fatal(err)
+		}
+		settled(t, b, f)
+		f.Close()
+		checkAccounting(t, tr, src)
+
+		if err := os.Symlink(strings.Repeat("t/", 1000), filepath.Join(tree, "long-link")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(filepath.Join(tree, "empty"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(filepath.Join(tree, "other"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Rename(filepath.Join(tree, "other"), filepath.Join(tree, "empty")); err != nil { // os.Rename refuses an existing directory
+			t.Fatal(err)
+		}
+		checkAccounting(t, tr, src)
+
+		if err := os.RemoveAll(tree); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool {
+			want, _ := usage.Charged(namespaceDirs(src)...)
+			return tr.Used() <= want
+		}, "the count to come back once everything is removed")
+		checkAccounting(t, tr, src)
+		t.Logf("after removing everything the tracker counts %d bytes (the namespace roots' growth)", tr.Used())
+	})
+}
