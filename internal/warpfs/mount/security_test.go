@@ -165,7 +165,7 @@ func spaceAttack(encoded string) int {
 	case "mkdir":
 		long := strings.Repeat("d", 200)
 		for i := 0; i < spec.Count; i++ {
-			if err := os.Mkdir(filepath.Join(spec.Dir, fmt.Sprintf("%s%06d", long, i)), 0o755); err != nil {
+			if err := restarted(func() error { return os.Mkdir(filepath.Join(spec.Dir, fmt.Sprintf("%s%06d", long, i)), 0o755) }); err != nil {
 				rep.LastErrno = errnoOf(err)
 				break
 			}
@@ -175,9 +175,9 @@ func spaceAttack(encoded string) int {
 		value := bytes.Repeat([]byte("x"), int(spec.Chunk))
 		for i := 0; i < spec.Count; i++ {
 			p := filepath.Join(spec.Dir, fmt.Sprintf("x%06d", i))
-			err := os.WriteFile(p, nil, 0o644)
+			err := restarted(func() error { return os.WriteFile(p, nil, 0o644) })
 			if err == nil {
-				err = unix.Setxattr(p, "user.ballast", value, 0)
+				err = restarted(func() error { return unix.Setxattr(p, "user.ballast", value, 0) })
 			}
 			if err != nil {
 				rep.LastErrno = errnoOf(err)
@@ -197,6 +197,21 @@ func spaceAttack(encoded string) int {
 // spaceAttackerUID is the ordinary user the space attacker runs as: a uid of its own, not
 // nobody, so that no other test's process of that uid can get in its way (a tracer).
 const spaceAttackerUID = 61019
+
+// restarted runs op again while a signal interrupts it (EINTR: the Go runtime's own signals
+// interrupt FUSE requests). The attacker's names are new, so EEXIST means an attempt that
+// was interrupted (here, or inside package os, which restarts mkdir itself) made the entry:
+// done.
+func restarted(op func() error) error {
+	err := op()
+	for errors.Is(err, syscall.EINTR) {
+		err = op()
+	}
+	if errors.Is(err, syscall.EEXIST) {
+		return nil
+	}
+	return err
+}
 
 // runSpaceAttack runs the attacker as spaceAttackerUID against spec.Dir (a directory of a
 // mount that this user may write) and returns its report.
