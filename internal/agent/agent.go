@@ -868,10 +868,18 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 			// failed half way). Rescan when no mount of the instance is writing meanwhile
 			// (a rescan would race with its accounting); otherwise give back what the stage
 			// reserved and did not write.
+			// The reservation is the plan's footprint (whole blocks, directories): it stands
+			// for a stage that wrote everything; one that stopped half way gives back what it
+			// did not write (its directories and partial blocks are then counted by the next
+			// rescan).
+			done := st.BytesDone
+			if st.BytesTotal > 0 && st.BytesDone >= st.BytesTotal {
+				done = reserved
+			}
 			if !a.mountedHere(spec.Instance) {
 				a.rescan(spec.Instance, charged)
-			} else if st.BytesDone < reserved {
-				charged.Release(reserved - st.BytesDone)
+			} else if done < reserved {
+				charged.Release(reserved - done)
 			}
 		}()
 	}
