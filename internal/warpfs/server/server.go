@@ -75,7 +75,8 @@ type Limits struct {
 	// cannot crowd out the mounts of real jobs (see evictHandshake). Default 64.
 	MaxHandshakes int
 	// MaxHandshakesPerPeer bounds the unauthenticated connections of one peer address (a new
-	// one closes that peer's oldest that sent nothing, or else its oldest), so one host cannot take every handshake slot. Default 8.
+	// one closes that peer's oldest that sent nothing, or else its oldest), so one host
+	// cannot take every handshake slot. Default 8.
 	MaxHandshakesPerPeer int
 	// RefusalLogInterval: a refused connection is logged at most once per interval and
 	// reason, with the count of those not logged. Default 1m.
