@@ -123,6 +123,11 @@ type Controller struct {
 	// those of one caller (a uid on the socket, an address on TCP). Agents' APIs too.
 	MaxConnections        int `toml:"max_connections"`
 	MaxConnectionsPerPeer int `toml:"max_connections_per_peer"`
+	// MaxConnectionsPerNetwork bounds the TCP connections not yet authenticated from one
+	// network (a /24, a /64); ReservedConnections of MaxConnections are only for connections
+	// whose first request authenticates (httpapi.LimitListener).
+	MaxConnectionsPerNetwork int `toml:"max_connections_per_network"`
+	ReservedConnections      int `toml:"reserved_connections"`
 	// Per-user quotas of what ordinary users set up themselves (spillway run, spillway
 	// persistent, the API); the workload manager's jobs are not counted against them.
 	MaxSessionsPerUser   int `toml:"max_sessions_per_user"`   // sessions (jobs and persistent instances)
@@ -431,32 +436,34 @@ type Pool struct {
 func Defaults() Config {
 	return Config{
 		Controller: Controller{
-			StateDir:                "/var/lib/spillway/controller",
-			Socket:                  "/run/spillway/controller.sock",
-			WLMUsers:                []string{"slurm"},
-			MountRoot:               "/var/opt/spillway/mounts/batch",
-			DefaultPool:             "wlm_pool",
-			NodeTimeout:             Duration(30 * time.Second),
-			RequestTimeout:          Duration(30 * time.Second),
-			MaxStatusWait:           Duration(10 * time.Second),
-			MaxRequestBytes:         Size(4 << 20),
-			MaxSessions:             100000,
-			IdleTimeout:             Duration(time.Minute),
-			MaxConnections:          1024,
-			MaxConnectionsPerPeer:   64,
-			MungeFailuresPerMinute:  60,
-			MaxMungeDecodes:         16,
-			MaxSessionsPerUser:      100,
-			MaxPersistentPerUser:    10,
-			MaxNodesPerRequest:      100_000,
-			MaxUsesPerJob:           100,
-			PrivateData:             true,
-			RunLease:                Duration(2 * time.Minute),
-			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
-			AccountingBatch:         64,
-			EnduranceThreshold:      10,
-			AutoDrainFailures:       5,
-			AutoDrainWindow:         Duration(10 * time.Minute),
+			StateDir:                 "/var/lib/spillway/controller",
+			Socket:                   "/run/spillway/controller.sock",
+			WLMUsers:                 []string{"slurm"},
+			MountRoot:                "/var/opt/spillway/mounts/batch",
+			DefaultPool:              "wlm_pool",
+			NodeTimeout:              Duration(30 * time.Second),
+			RequestTimeout:           Duration(30 * time.Second),
+			MaxStatusWait:            Duration(10 * time.Second),
+			MaxRequestBytes:          Size(4 << 20),
+			MaxSessions:              100000,
+			IdleTimeout:              Duration(time.Minute),
+			MaxConnections:           1024,
+			MaxConnectionsPerPeer:    64,
+			MaxConnectionsPerNetwork: 256,
+			ReservedConnections:      128,
+			MungeFailuresPerMinute:   60,
+			MaxMungeDecodes:          16,
+			MaxSessionsPerUser:       100,
+			MaxPersistentPerUser:     10,
+			MaxNodesPerRequest:       100_000,
+			MaxUsesPerJob:            100,
+			PrivateData:              true,
+			RunLease:                 Duration(2 * time.Minute),
+			MountCapabilityLifetime:  Duration(7 * 24 * time.Hour),
+			AccountingBatch:          64,
+			EnduranceThreshold:       10,
+			AutoDrainFailures:        5,
+			AutoDrainWindow:          Duration(10 * time.Minute),
 		},
 		Limits: Limits{
 			WriteWindowLength:     Duration(24 * time.Hour),
@@ -713,6 +720,11 @@ func (c *Config) Validate() error {
 	positive("controller.idle_timeout", int64(c.Controller.IdleTimeout))
 	positive("controller.max_connections", int64(c.Controller.MaxConnections))
 	positive("controller.max_connections_per_peer", int64(c.Controller.MaxConnectionsPerPeer))
+	positive("controller.max_connections_per_network", int64(c.Controller.MaxConnectionsPerNetwork))
+	if r, m := c.Controller.ReservedConnections, c.Controller.MaxConnections; r < 0 || m > 0 && r >= m {
+		problems = append(problems, fmt.Sprintf("controller.reserved_connections %d must be from 0 (no reserve) to below controller.max_connections (%d), "+
+			"e.g. an eighth of it: the slots kept for callers that authenticate (a token, a node key, MUNGE)", r, m))
+	}
 	positive("controller.max_sessions_per_user", int64(c.Controller.MaxSessionsPerUser))
 	positive("controller.mount_capability_lifetime", int64(c.Controller.MountCapabilityLifetime))
 	positive("controller.max_persistent_per_user", int64(c.Controller.MaxPersistentPerUser))

@@ -182,6 +182,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"services with the shared token (Authorization: Bearer ...); local clients use the Unix socket")
 		return
 	}
+	httpapi.Authenticated(w, r) // its connection may hold a reserved slot (controller.reserved_connections)
 	if who.node != "" && (r.Method != "POST" || r.URL.Path != "/dw/v1/nodes/"+who.node+"/heartbeat") {
 		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf(
 			"node %s's credential only sends that node's heartbeats; administration needs controller.token_file's secret", who.node))
