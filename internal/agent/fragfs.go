@@ -39,6 +39,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/units"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // The values of agent.fragment_filesystem.
@@ -333,7 +334,9 @@ func (a *Agent) mountImage(image, dir string) error {
 	limit := a.opt.FragmentFSLimits.Mount
 	done := make(chan error, 1)
 	go func() {
-		done <- unix.Mount(dev, dir, "xfs", unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOEXEC, "")
+		// A fixed, small speculative preallocation: the blocks XFS takes past the end of a
+		// file being written count against the instance (usage.XFSFragmentOptions).
+		done <- unix.Mount(dev, dir, "xfs", unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOEXEC, usage.XFSFragmentOptions)
 	}()
 	select {
 	case err := <-done:

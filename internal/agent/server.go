@@ -98,6 +98,7 @@ func Handler(a agentapi.Agent, token string) http.Handler {
 			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "only the controller may call an agent: root or the agent's user on its Unix socket, or the shared token (agent.token_file) over TCP")
 			return
 		}
+		httpapi.Authenticated(w, r) // its connection may hold a reserved slot (controller.reserved_connections)
 		mux.ServeHTTP(w, r)
 	})
 }

@@ -123,6 +123,11 @@ type Controller struct {
 	// those of one caller (a uid on the socket, an address on TCP). Agents' APIs too.
 	MaxConnections        int `toml:"max_connections"`
 	MaxConnectionsPerPeer int `toml:"max_connections_per_peer"`
+	// MaxConnectionsPerNetwork bounds the TCP connections not yet authenticated from one
+	// network (a /24, a /64); ReservedConnections of MaxConnections are only for connections
+	// whose first request authenticates (httpapi.LimitListener).
+	MaxConnectionsPerNetwork int `toml:"max_connections_per_network"`
+	ReservedConnections      int `toml:"reserved_connections"`
 	// Per-user quotas of what ordinary users set up themselves (spillway run, spillway
 	// persistent, the API); the workload manager's jobs are not counted against them.
 	MaxSessionsPerUser   int `toml:"max_sessions_per_user"`   // sessions (jobs and persistent instances)
@@ -147,6 +152,13 @@ type Controller struct {
 	// MungeSocket is the local munged's socket, which decodes the MUNGE credentials of users
 	// on TCP. "" = munge's default (/run/munge/munge.socket.2).
 	MungeSocket string `toml:"munge_socket"`
+	// MungeFailuresPerMinute bounds the MUNGE credentials that munged refuses from one
+	// network (an IPv4 /24, an IPv6 /64) in a minute; past it that network's credentials are
+	// refused (429) without being decoded until the minute's budget refills.
+	MungeFailuresPerMinute int `toml:"munge_failures_per_minute"`
+	// MaxMungeDecodes bounds the unmunge processes running at once; a request waits for a
+	// slot within request_timeout.
+	MaxMungeDecodes int `toml:"max_munge_decodes"`
 
 	// EnduranceThreshold is the remaining SSD endurance, in percent of the rated life, below
 	// which a storage node takes no new fragments (DataWarp); 0 turns it off.
@@ -428,30 +440,34 @@ type Pool struct {
 func Defaults() Config {
 	return Config{
 		Controller: Controller{
-			StateDir:                "/var/lib/spillway/controller",
-			Socket:                  "/run/spillway/controller.sock",
-			WLMUsers:                []string{"slurm"},
-			MountRoot:               "/var/opt/spillway/mounts/batch",
-			DefaultPool:             "wlm_pool",
-			NodeTimeout:             Duration(30 * time.Second),
-			RequestTimeout:          Duration(30 * time.Second),
-			MaxStatusWait:           Duration(10 * time.Second),
-			MaxRequestBytes:         Size(4 << 20),
-			MaxSessions:             100000,
-			IdleTimeout:             Duration(time.Minute),
-			MaxConnections:          1024,
-			MaxConnectionsPerPeer:   64,
-			MaxSessionsPerUser:      100,
-			MaxPersistentPerUser:    10,
-			MaxNodesPerRequest:      100_000,
-			MaxUsesPerJob:           100,
-			PrivateData:             true,
-			RunLease:                Duration(2 * time.Minute),
-			MountCapabilityLifetime: Duration(7 * 24 * time.Hour),
-			AccountingBatch:         64,
-			EnduranceThreshold:      10,
-			AutoDrainFailures:       5,
-			AutoDrainWindow:         Duration(10 * time.Minute),
+			StateDir:                 "/var/lib/spillway/controller",
+			Socket:                   "/run/spillway/controller.sock",
+			WLMUsers:                 []string{"slurm"},
+			MountRoot:                "/var/opt/spillway/mounts/batch",
+			DefaultPool:              "wlm_pool",
+			NodeTimeout:              Duration(30 * time.Second),
+			RequestTimeout:           Duration(30 * time.Second),
+			MaxStatusWait:            Duration(10 * time.Second),
+			MaxRequestBytes:          Size(4 << 20),
+			MaxSessions:              100000,
+			IdleTimeout:              Duration(time.Minute),
+			MaxConnections:           1024,
+			MaxConnectionsPerPeer:    64,
+			MaxConnectionsPerNetwork: 256,
+			ReservedConnections:      128,
+			MungeFailuresPerMinute:   60,
+			MaxMungeDecodes:          16,
+			MaxSessionsPerUser:       100,
+			MaxPersistentPerUser:     10,
+			MaxNodesPerRequest:       100_000,
+			MaxUsesPerJob:            100,
+			PrivateData:              true,
+			RunLease:                 Duration(2 * time.Minute),
+			MountCapabilityLifetime:  Duration(7 * 24 * time.Hour),
+			AccountingBatch:          64,
+			EnduranceThreshold:       10,
+			AutoDrainFailures:        5,
+			AutoDrainWindow:          Duration(10 * time.Minute),
 		},
 		Limits: Limits{
 			WriteWindowLength:     Duration(24 * time.Hour),
@@ -671,6 +687,8 @@ func (c *Config) Validate() error {
 	positive("controller.request_timeout", int64(c.Controller.RequestTimeout))
 	positive("controller.max_status_wait", int64(c.Controller.MaxStatusWait))
 	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))
+	positive("controller.munge_failures_per_minute", int64(c.Controller.MungeFailuresPerMinute))
+	positive("controller.max_munge_decodes", int64(c.Controller.MaxMungeDecodes))
 	positive("controller.max_sessions", int64(c.Controller.MaxSessions))
 	if p := c.Controller.AccountingLog; p != "" && !filepath.IsAbs(p) {
 		problems = append(problems, fmt.Sprintf("controller.accounting_log %q must be an absolute path (or \"\" for accounting.log in controller.state_dir)", p))
@@ -712,6 +730,11 @@ func (c *Config) Validate() error {
 	positive("controller.idle_timeout", int64(c.Controller.IdleTimeout))
 	positive("controller.max_connections", int64(c.Controller.MaxConnections))
 	positive("controller.max_connections_per_peer", int64(c.Controller.MaxConnectionsPerPeer))
+	positive("controller.max_connections_per_network", int64(c.Controller.MaxConnectionsPerNetwork))
+	if r, m := c.Controller.ReservedConnections, c.Controller.MaxConnections; r < 0 || m > 0 && r >= m {
+		problems = append(problems, fmt.Sprintf("controller.reserved_connections %d must be from 0 (no reserve) to below controller.max_connections (%d), "+
+			"e.g. an eighth of it: the slots kept for callers that authenticate (a token, a node key, MUNGE)", r, m))
+	}
 	positive("controller.max_sessions_per_user", int64(c.Controller.MaxSessionsPerUser))
 	positive("controller.mount_capability_lifetime", int64(c.Controller.MountCapabilityLifetime))
 	positive("controller.max_persistent_per_user", int64(c.Controller.MaxPersistentPerUser))

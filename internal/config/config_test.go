@@ -78,6 +78,9 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		"[controller]\nauto_drain_window = \"0s\"\n":                                           "controller.auto_drain_window must be greater than 0",
 		"[controller]\nmax_status_wait = \"0s\"\n":                                             "controller.max_status_wait must be greater than 0",
 		"[controller]\npersistent_expiration = \"48h\"\nmax_persistent_expiration = \"24h\"\n": "controller.persistent_expiration (48h0m0s) is longer than controller.max_persistent_expiration",
+		"[controller]\nmax_connections = 64\nreserved_connections = 64\n":                      "controller.reserved_connections 64 must be from 0 (no reserve) to below controller.max_connections (64)",
+		"[controller]\nreserved_connections = -1\n":                                            "controller.reserved_connections -1 must be from 0",
+		"[controller]\nmax_connections_per_network = 0\n":                                      "controller.max_connections_per_network must be greater than 0",
 	}
 	for text, want := range cases {
 		_, err := Parse([]byte(text), "bad.toml", Defaults())
@@ -104,6 +107,8 @@ max_warnings = 11
 worker_stderr_limit = "4KiB"
 [controller]
 max_status_wait = "2s"
+max_connections_per_network = 12
+reserved_connections = 13
 [home]
 idle_timeout = "5s"
 start_timeout = "6s"
@@ -117,9 +122,11 @@ log_max_size = "3MiB"
 	got := []any{c.Client.TeardownAttempts, c.Client.TeardownRetryWait.D(), c.Stage.CancelGrace.D(), c.Stage.MaxParallel,
 		uint64(c.Stage.MaxListSize), uint64(c.Stage.CopyChunkSize), uint64(c.Stage.CopyBufferSize), c.Stage.MaxWarnings,
 		uint64(c.Stage.WorkerStderrLimit), c.Home.IdleTimeout.D(), c.Home.StartTimeout.D(), c.Home.StopTimeout.D(),
-		c.Home.ReapInterval.D(), uint64(c.Home.LogMaxSize), c.Controller.MaxStatusWait.D()}
+		c.Home.ReapInterval.D(), uint64(c.Home.LogMaxSize), c.Controller.MaxStatusWait.D(),
+		c.Controller.MaxConnectionsPerNetwork, c.Controller.ReservedConnections}
 	want := []any{7, 3 * time.Second, 4 * time.Second, 9, uint64(2 << 20), uint64(8 << 20), uint64(256 << 10), 11,
-		uint64(4 << 10), 5 * time.Second, 6 * time.Second, 7 * time.Second, 8 * time.Second, uint64(3 << 20), 2 * time.Second}
+		uint64(4 << 10), 5 * time.Second, 6 * time.Second, 7 * time.Second, 8 * time.Second, uint64(3 << 20), 2 * time.Second,
+		12, 13}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("value %d: got %v, want %v", i, got[i], want[i])

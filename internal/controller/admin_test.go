@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -144,8 +145,9 @@ func TestAdminChangesNeedAnAdministrator(t *testing.T) {
 			t.Errorf("uid %d %s %s: %d %s, want 403 for administrators", userUID, r.method, r.path, code, out)
 		}
 	}
+	// Another user's job: answered as a token that does not exist (private_data).
 	code, out := a.call(userUID, "POST", "/dw/v1/sessions/77/teardown", `{"hurry":true}`)
-	if code != http.StatusForbidden || !strings.Contains(out, "belongs to uid 2000") {
+	if code != http.StatusNotFound || strings.Contains(out, "2000") {
 		t.Errorf("another user's teardown: %d %s", code, out)
 	}
 	all := a.all()
@@ -379,5 +381,46 @@ func TestNodeKeyCannotMakeItselfAStorageNode(t *testing.T) {
 	}
 	if !on["cnevil"] {
 		t.Errorf("after the administrator admitted it, the emptiest node takes no instance: fragments on %v", on)
+	}
+}
+
+// An ordinary user cannot tell another user's job from a token that does not exist, nor
+// learn its owner, on any route that acts on a session; nor see another user's instance's
+// accounting or how many records the site has pending. With private_data off, where every
+// session is visible anyway, the answer names the owner.
+func TestOtherUsersSessionsCannotBeEnumerated(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	a.heartbeat("ssd1", "wlm_pool")
+	a.setup("77", 2000, 0)
+	a.settle()
+	routes := []struct{ method, path, body string }{
+		{"POST", "/dw/v1/sessions/%s/teardown", `{"hurry":true}`},
+		{"GET", "/dw/v1/sessions/%s/paths", ``},
+		{"POST", "/dw/v1/sessions/%s/job_stages", `{"stages":[{"direction":"in","type":"file","pfs_path":"/etc/hostname","dw_path":"/proc/self/x"}]}`},
+		{"GET", "/dw/v1/sessions/%s/job_stages", ``},
+	}
+	for _, r := range routes {
+		known, knownOut := a.call(userUID, r.method, fmt.Sprintf(r.path, "77"), r.body)
+		unknown, unknownOut := a.call(userUID, r.method, fmt.Sprintf(r.path, "78"), r.body)
+		if known != unknown || strings.ReplaceAll(knownOut, "77", "78") != unknownOut || strings.Contains(knownOut, "2000") {
+			t.Errorf("%s %s: another user's session answers %d %s; an unknown token %d %s", r.method, r.path, known, knownOut, unknown, unknownOut)
+		}
+	}
+	code, out := a.call(userUID, "GET", "/dw/v1/instances/1/accounting", "")
+	if code != http.StatusNotFound || strings.Contains(out, "2000") {
+		t.Errorf("another user's instance's accounting: %d %s", code, out)
+	}
+	if code, out := a.call(userUID, "GET", "/dw/v1/accounting", ""); code != 200 || strings.Contains(out, "pending_records") {
+		t.Errorf("an ordinary user's accounting list: %d %s, want no pending_records", code, out)
+	}
+	if code, out := a.call(0, "GET", "/dw/v1/accounting", ""); code != 200 || !strings.Contains(out, `"pending_records":0`) {
+		t.Errorf("root's accounting list: %d %s, want pending_records", code, out)
+	}
+
+	open := newAdminWorld(t, func(c *config.Config) { c.Controller.PrivateData = false })
+	open.heartbeat("ssd1", "wlm_pool")
+	open.setup("77", 2000, 0)
+	if code, out := open.call(userUID, "POST", "/dw/v1/sessions/77/teardown", `{"hurry":true}`); code != http.StatusForbidden || !strings.Contains(out, "belongs to uid 2000") {
+		t.Errorf("another user's teardown with private_data off: %d %s", code, out)
 	}
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
-	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
@@ -62,6 +61,7 @@ type Server struct {
 	privileged map[uint32]bool
 	mux        *http.ServeMux
 	lead       Leadership // nil: the only controller (no [ha])
+	munge      *mungeGate
 	// Version is the running Spillway's version, shown by GET /dw/v1/controller.
 	Version string
 	// Routes lists "METHOD /path" patterns, for the OpenAPI consistency test.
@@ -71,7 +71,8 @@ type Server struct {
 // NewServer builds the API. token is the shared secret TCP clients must present ("" = TCP
 // refused); wlmUsers are user names allowed to act on any session.
 func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger) *Server {
-	s := &Server{c: c, log: log, token: token, privileged: map[uint32]bool{0: true, uint32(os.Getuid()): true}, mux: http.NewServeMux()}
+	s := &Server{c: c, log: log, token: token, privileged: map[uint32]bool{0: true, uint32(os.Getuid()): true}, mux: http.NewServeMux(),
+		munge: newMungeGate(c.cfg.Controller.MungeSocket, c.cfg.Controller.MungeFailuresPerMinute, c.cfg.Controller.MaxMungeDecodes)}
 	for _, name := range wlmUsers {
 		if u, err := user.Lookup(name); err == nil {
 			if uid, err := strconv.ParseUint(u.Uid, 10, 32); err == nil {
@@ -164,10 +165,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			who = caller{known: true, node: node}
 		case isMunge:
 			ctx, cancel := context.WithTimeout(r.Context(), s.c.cfg.Controller.RequestTimeout.D())
-			id, err := munge.Decode(ctx, s.c.cfg.Controller.MungeSocket, cred)
+			id, err := s.munge.decode(ctx, r.RemoteAddr, cred)
 			cancel()
 			if err != nil {
-				httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", err.Error())
+				httpapi.WriteError(w, mungeStatus(err), "unauthorized", err.Error())
 				return
 			}
 			who, viaMunge = caller{uid: id.UID, gid: id.GID, known: true}, true
@@ -181,6 +182,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"services with the shared token (Authorization: Bearer ...); local clients use the Unix socket")
 		return
 	}
+	httpapi.Authenticated(w, r) // its connection may hold a reserved slot (controller.reserved_connections)
 	if who.node != "" && (r.Method != "POST" || r.URL.Path != "/dw/v1/nodes/"+who.node+"/heartbeat") {
 		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf(
 			"node %s's credential only sends that node's heartbeats; administration needs controller.token_file's secret", who.node))
@@ -241,6 +243,12 @@ func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) 
 	}
 	if sess == nil || sess.Owner == c.uid {
 		return true // unknown tokens get their own answer (not found)
+	}
+	if s.c.cfg.Controller.PrivateData && !sess.Persistent {
+		// Another user's job is none of the caller's business, not even that it exists:
+		// answered as an unknown token is, so tokens and owners cannot be enumerated.
+		s.fail(w, lifecycle.ErrNoSession)
+		return false
 	}
 	httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("session %s belongs to uid %d, not to uid %d", token, sess.Owner, c.uid))
 	return false
@@ -753,7 +761,10 @@ func (s *Server) allAccounting(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	out := controllerapi.AccountingList{Accounting: []views.Accounting{}, PendingRecords: pending}
+	out := controllerapi.AccountingList{Accounting: []views.Accounting{}}
+	if who(r).privileged || !s.c.cfg.Controller.PrivateData {
+		out.PendingRecords = &pending // how many teardowns the site had lately is the site's
+	}
 	for _, a := range all {
 		if s.mayRead(r, world.Sessions[a.Realm.Session]) {
 			out.Accounting = append(out.Accounting, a)
@@ -779,7 +790,7 @@ func (s *Server) sessionAccounting(w http.ResponseWriter, r *http.Request) {
 	}
 	token := r.PathValue("token")
 	sess := world.SessionByToken(token)
-	if sess == nil {
+	if sess == nil || !s.mayRead(r, sess) { // another user's job: as an unknown token
 		s.fail(w, lifecycle.ErrNoSession)
 		return
 	}
@@ -802,7 +813,9 @@ func (s *Server) writeAccounting(w http.ResponseWriter, r *http.Request, id int6
 		return
 	}
 	if !s.mayRead(r, sess) {
-		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("instance %d belongs to uid %d, not to uid %d", id, sess.Owner, who(r).uid))
+		// As for an instance that does not exist: another user's instances cannot be
+		// enumerated.
+		httpapi.WriteError(w, 404, "not_found", fmt.Sprintf("no instance %d (a torn-down instance's record is in controller.accounting_log)", id))
 		return
 	}
 	httpapi.WriteJSON(w, 200, a)

@@ -94,8 +94,9 @@ type ConcurrencyRequest struct {
 type AccountingList struct {
 	Accounting []views.Accounting `json:"accounting"`
 	// PendingRecords are torn-down instances' records not yet in controller.accounting_log
-	// (it cannot be written: the controller's log says why).
-	PendingRecords int `json:"pending_records"`
+	// (it cannot be written: the controller's log says why); shown to administrators only
+	// while controller.private_data is on.
+	PendingRecords *int `json:"pending_records,omitempty"`
 }
 
 // WriteLimitsOf is the lifecycle's view of the config's [limits]: the controller applies them

@@ -243,7 +243,8 @@ func TLS(cfg config.Config) (server, client *tls.Config, err error) {
 func APILimits(cfg config.Config, log *slog.Logger) httpapi.Limits {
 	c := cfg.Controller
 	return httpapi.Limits{RequestTimeout: c.RequestTimeout.D(), IdleTimeout: c.IdleTimeout.D(),
-		MaxConnections: c.MaxConnections, MaxConnectionsPerPeer: c.MaxConnectionsPerPeer, Log: log}
+		MaxConnections: c.MaxConnections, MaxConnectionsPerPeer: c.MaxConnectionsPerPeer,
+		MaxConnectionsPerNetwork: c.MaxConnectionsPerNetwork, ReservedConnections: c.ReservedConnections, Log: log}
 }
 
 // WarpfsServerLimits are the limits of a storage node's data server.

@@ -73,6 +73,7 @@ type peerKey struct{}
 // ConnContext records the peer's uid for Unix-socket connections.
 func ConnContext(ctx context.Context, conn net.Conn) context.Context {
 	if lc, ok := conn.(*limitedConn); ok {
+		ctx = context.WithValue(ctx, connKey{}, lc)
 		conn = lc.Conn
 	}
 	if p, ok := peerCred(conn); ok {
@@ -102,10 +103,19 @@ func peerCred(conn net.Conn) (Peer, bool) {
 }
 
 // LimitListener admits connections within lim's MaxConnections and MaxConnectionsPerPeer;
-// others are closed as soon as they are accepted.
+// others are closed as soon as they are accepted. A TCP connection is unproven until one of its
+// requests authenticates (the handler calls Authenticated; a Unix-socket caller, known by its
+// uid, is proven at once). Unproven connections hold at most MaxConnections −
+// ReservedConnections slots, and MaxConnectionsPerNetwork of them come from one network (a /24,
+// a /64). Past either, a new connection is admitted on probation into the reserve: its first
+// request must authenticate, or the connection is closed after its answer; and when every slot
+// is taken, a new connection closes a probation connection that has sent no request yet (of
+// the network holding the most, its oldest). So idle connections from any number of addresses
+// cannot keep out the callers that prove a token, a node key or MUNGE.
 func LimitListener(l net.Listener, lim Limits) net.Listener {
 	lim = lim.withDefaults()
-	return &limitListener{Listener: l, lim: lim, perPeer: map[string]int{}, lastLog: time.Now().Add(-time.Hour)}
+	return &limitListener{Listener: l, lim: lim, perPeer: map[string]int{}, perNet: map[string]int{},
+		lastLog: time.Now().Add(-time.Hour)}
 }
 
 type limitListener struct {
@@ -115,20 +125,37 @@ type limitListener struct {
 	mu         sync.Mutex
 	total      int
 	perPeer    map[string]int
+	unproven   int            // regular (not probation) unproven connections
+	perNet     map[string]int // of those, per network
+	probation  []*limitedConn // unproven connections in the reserve, oldest first
 	lastLog    time.Time
 	suppressed int
 }
 
-// peerOf is the key MaxConnectionsPerPeer counts by; exempt is root on the Unix socket.
-func peerOf(conn net.Conn) (key string, exempt bool) {
+// peerOf is the key MaxConnectionsPerPeer counts by; exempt is root on the Unix socket;
+// proven is any Unix-socket caller (its uid is known).
+func peerOf(conn net.Conn) (key string, exempt, proven bool) {
 	if p, ok := peerCred(conn); ok {
-		return "uid " + strconv.FormatUint(uint64(p.UID), 10), p.UID == 0
+		return "uid " + strconv.FormatUint(uint64(p.UID), 10), p.UID == 0, true
 	}
 	addr := conn.RemoteAddr().String()
 	if host, _, err := net.SplitHostPort(addr); err == nil {
-		return host, false
+		return host, false, false
 	}
-	return addr, false
+	return addr, false, false
+}
+
+// NetworkOf is the network MaxConnectionsPerNetwork counts by: an IPv4 address's /24, an
+// IPv6 address's /64 (one user, one allocation of nodes, can hold many addresses of one).
+func NetworkOf(host string) string {
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return host
+	}
+	if v4 := ip.To4(); v4 != nil {
+		return v4.Mask(net.CIDRMask(24, 32)).String() + "/24"
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -137,31 +164,35 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		key, exempt := peerOf(conn)
+		key, exempt, proven := peerOf(conn)
 		if exempt {
 			return conn, nil
 		}
+		c := &limitedConn{Conn: conn, l: l, peer: key, network: NetworkOf(key), proven: proven}
 		l.mu.Lock()
 		why := ""
 		switch {
 		case l.perPeer[key] >= l.lim.MaxConnectionsPerPeer:
 			why = "the caller's connection limit (controller.max_connections_per_peer)"
-		case l.total >= l.lim.MaxConnections:
+		case l.total >= l.lim.MaxConnections && !l.evictProbation():
 			why = "the connection limit (controller.max_connections)"
 		}
 		if why == "" {
 			l.total++
 			l.perPeer[key]++
+			switch {
+			case proven:
+			case l.unproven < l.lim.MaxConnections-l.lim.ReservedConnections && l.perNet[c.network] < l.lim.MaxConnectionsPerNetwork:
+				l.unproven++
+				l.perNet[c.network]++
+			default:
+				c.probation = true
+				l.probation = append(l.probation, c)
+			}
 			l.mu.Unlock()
-			return &limitedConn{Conn: conn, release: func() { l.release(key) }}, nil
+			return c, nil
 		}
-		logNow := time.Since(l.lastLog) >= time.Minute
-		suppressed := l.suppressed
-		if logNow {
-			l.lastLog, l.suppressed = time.Now(), 0
-		} else {
-			l.suppressed++
-		}
+		logNow, suppressed := l.logRefusal()
 		l.mu.Unlock()
 		conn.Close()
 		if logNow {
@@ -170,26 +201,135 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	}
 }
 
-func (l *limitListener) release(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// logRefusal says whether to log a refusal now (at most once a minute), and how many were not
+// logged since the last. The caller holds l.mu.
+func (l *limitListener) logRefusal() (bool, int) {
+	suppressed := l.suppressed
+	if time.Since(l.lastLog) >= time.Minute {
+		l.lastLog, l.suppressed = time.Now(), 0
+		return true, suppressed
+	}
+	l.suppressed++
+	return false, suppressed
+}
+
+// evictProbation closes a probation connection that has sent no request yet, to admit a new
+// one: of the network holding the most such connections (ties: the one holding the oldest),
+// its oldest. It reports whether it found one. The caller holds l.mu.
+func (l *limitListener) evictProbation() bool {
+	count, first := map[string]int{}, map[string]int{}
+	for i, c := range l.probation {
+		if c.requests > 0 {
+			continue
+		}
+		if count[c.network]++; count[c.network] == 1 {
+			first[c.network] = i
+		}
+	}
+	best := ""
+	for network, n := range count {
+		if best == "" || n > count[best] || n == count[best] && first[network] < first[best] {
+			best = network
+		}
+	}
+	if best == "" {
+		return false
+	}
+	victim := l.probation[first[best]]
+	l.releaseLocked(victim)
+	victim.Conn.Close()
+	if logNow, suppressed := l.logRefusal(); logNow {
+		l.lim.Log.Warn("closing an unauthenticated connection to admit a new one: every connection slot is taken (controller.max_connections, controller.reserved_connections)",
+			"peer", victim.peer, "not_logged_since_last", suppressed)
+	}
+	return true
+}
+
+// releaseLocked gives c's slot back, once. The caller holds l.mu.
+func (l *limitListener) releaseLocked(c *limitedConn) {
+	if c.released {
+		return
+	}
+	c.released = true
 	l.total--
-	if l.perPeer[key]--; l.perPeer[key] <= 0 {
-		delete(l.perPeer, key)
+	if l.perPeer[c.peer]--; l.perPeer[c.peer] <= 0 {
+		delete(l.perPeer, c.peer)
+	}
+	l.proveLocked(c)
+}
+
+// proveLocked takes c out of the unproven connections. The caller holds l.mu.
+func (l *limitListener) proveLocked(c *limitedConn) {
+	if c.proven {
+		return
+	}
+	c.proven = true
+	if !c.probation {
+		l.unproven--
+		if l.perNet[c.network]--; l.perNet[c.network] <= 0 {
+			delete(l.perNet, c.network)
+		}
+		return
+	}
+	for i, p := range l.probation {
+		if p == c {
+			l.probation = append(l.probation[:i], l.probation[i+1:]...)
+			break
+		}
 	}
 }
 
 // limitedConn gives its slot back when closed.
 type limitedConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l                *limitListener
+	peer, network    string
+	probation        bool // admitted into the reserve: its first request must authenticate
+	proven, released bool // under l.mu
+	requests         int  // requests that reached the handler, under l.mu
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.l.mu.Lock()
+	c.l.releaseLocked(c)
+	c.l.mu.Unlock()
 	return err
+}
+
+type connKey struct{}
+
+// Authenticated records that r's caller proved who they are (a token, a node key, MUNGE):
+// its connection no longer counts as unproven, and may stay open past a probation request.
+func Authenticated(w http.ResponseWriter, r *http.Request) {
+	c, _ := r.Context().Value(connKey{}).(*limitedConn)
+	if c == nil {
+		return
+	}
+	c.l.mu.Lock()
+	wasProbation := c.probation && !c.proven
+	c.l.proveLocked(c)
+	c.l.mu.Unlock()
+	if wasProbation {
+		w.Header().Del("Connection")
+	}
+}
+
+// limitHandler tells the listener of each request, and answers a probation connection's
+// unauthenticated request with Connection: close (Authenticated takes it back).
+func limitHandler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, _ := r.Context().Value(connKey{}).(*limitedConn); c != nil {
+			c.l.mu.Lock()
+			c.requests++
+			closeAfter := c.probation && !c.proven
+			c.l.mu.Unlock()
+			if closeAfter {
+				w.Header().Set("Connection", "close")
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // PeerOf returns the request's peer.
@@ -212,6 +352,13 @@ type Limits struct {
 	// MaxConnectionsPerPeer bounds the connections of one caller: one uid on a Unix socket,
 	// one address on TCP. Root on the Unix socket is never limited. Default 64.
 	MaxConnectionsPerPeer int
+	// MaxConnectionsPerNetwork bounds the unproven TCP connections (see LimitListener) of one
+	// network, a /24 or a /64; more go on probation. Default 256.
+	MaxConnectionsPerNetwork int
+	// ReservedConnections of MaxConnections are for callers that prove who they are: unproven
+	// connections past MaxConnections − ReservedConnections go on probation. 0: none; at most
+	// MaxConnections − 1.
+	ReservedConnections int
 	// Log receives the refusals, at most one line a minute.
 	Log *slog.Logger
 }
@@ -229,6 +376,10 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxConnectionsPerPeer <= 0 {
 		l.MaxConnectionsPerPeer = 64
 	}
+	if l.MaxConnectionsPerNetwork <= 0 {
+		l.MaxConnectionsPerNetwork = 256
+	}
+	l.ReservedConnections = max(0, min(l.ReservedConnections, l.MaxConnections-1))
 	if l.Log == nil {
 		l.Log = slog.Default()
 	}
@@ -238,7 +389,7 @@ func (l Limits) withDefaults() Limits {
 // NewServer is an http.Server for h with the limits' timeouts; serve it on LimitListener.
 func NewServer(h http.Handler, lim Limits) *http.Server {
 	lim = lim.withDefaults()
-	return &http.Server{Handler: h, ConnContext: ConnContext, ReadHeaderTimeout: lim.RequestTimeout,
+	return &http.Server{Handler: limitHandler(h), ConnContext: ConnContext, ReadHeaderTimeout: lim.RequestTimeout,
 		ReadTimeout: lim.RequestTimeout, WriteTimeout: lim.RequestTimeout, IdleTimeout: lim.IdleTimeout}
 }
 

@@ -84,7 +84,8 @@ func (r *Run) finish() { r.doneOnce.Do(func() { close(r.done) }) }
 // When the agent runs as root the worker gets the stage's uid, gid and the uid's supplementary
 // groups (from the user database); otherwise the agent may only stage for its own uid.
 //
-// reserve is called once with the planned byte count, before any byte is written, for either
+// reserve is called once with the planned byte count (what the files will take on disk, in
+// whole blocks, with their directories: usage.Footprint), before any byte is written, for either
 // direction; an error refuses the stage (status failed, nothing written). A nil reserve
 // accepts every plan.
 //
@@ -437,7 +438,7 @@ func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
 			r.mu.Lock()
 			r.status.FilesTotal, r.status.BytesTotal = ev.Files, ev.Bytes
 			r.mu.Unlock()
-			answer, _ := json.Marshal(r.decide(reserve, ev.Bytes))
+			answer, _ := json.Marshal(r.decide(reserve, max(ev.Bytes, ev.Charge)))
 			r.stdin.Write(append(answer, '\n')) // a worker that is gone is noticed by Wait
 		case ev.Event == eventProgress && planned, ev.Event == eventDone && planned:
 			r.alive()

@@ -44,7 +44,14 @@ type plan struct {
 	jobs  []*copyJob
 	files int64 // regular files and symbolic links to create
 	bytes uint64
+	// charge is what the entries will take on the instance's file system, as its capacity
+	// counts it (usage.Footprint): each file's size in whole blocks, a block for each
+	// directory and symbolic link. The agent reserves it for a stage-in.
+	charge uint64
 }
+
+// chargeBlock is the block size charge assumes: the common one of ext4 and XFS.
+const chargeBlock = 4096
 
 // location is a path on one side, as resolved from the user's text.
 type location struct {
@@ -134,8 +141,12 @@ func (w *worker) plan(ctx context.Context) (*plan, error) {
 			case kindFile:
 				p.files++
 				p.bytes += uint64(e.size)
+				p.charge += (uint64(e.size) + chargeBlock - 1) / chargeBlock * chargeBlock
 			case kindSymlink:
 				p.files++
+				p.charge += chargeBlock
+			case kindDir:
+				p.charge += chargeBlock
 			}
 		}
 	}

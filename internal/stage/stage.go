@@ -17,7 +17,7 @@
 //	agent → worker  {StageSpec fields…, "limits":{…}}      one line
 //	worker → agent  {"event":"warning","message":"…"}      any number, at any time
 //	worker → agent  {"event":"planning","files":n}         while planning, at most once per ProgressInterval
-//	worker → agent  {"event":"plan","files":N,"bytes":B}    once
+//	worker → agent  {"event":"plan","files":N,"bytes":B,"charge":C}    once
 //	agent → worker  {"go":true}  or  {"refuse":"<reason>"}  once
 //	worker → agent  {"event":"progress","files":n,"bytes":b} at most once per ProgressInterval
 //	worker → agent  {"event":"done",…} or {"event":"failed","error":"…"}  last line
@@ -214,6 +214,7 @@ type event struct {
 	Event   string `json:"event"`
 	Files   int64  `json:"files"`
 	Bytes   uint64 `json:"bytes"`
+	Charge  uint64 `json:"charge,omitempty"` // eventPlan: what the bytes take on disk (plan.charge)
 	Message string `json:"message,omitempty"`
 	Error   string `json:"error,omitempty"`
 	Mode    uint32 `json:"mode,omitempty"` // eventProtected

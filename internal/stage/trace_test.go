@@ -30,12 +30,15 @@ func traceAttacker() int {
 		bufio.NewReader(os.Stdin).ReadString('\n')
 		close(stop)
 	}()
-	seen, won, looked := map[int]bool{}, map[int]bool{}, map[int]bool{}
-	self := os.Getpid()
-	// workerOf is the stage worker process that the thread pid belongs to (0: none).
+	seen, won := map[int]bool{}, map[int]bool{}
+	selfPid := os.Getpid()
+	// workerOf is the stage worker process that the thread pid belongs to (0: none). Only
+	// this test binary's workers are attacked: the other processes of the user, other
+	// packages' tests among them, must not be stopped by the attacker.
+	self, _ := os.Executable()
 	workerOf := func(pid int) int {
 		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		if !bytes.Contains(b, []byte("stage-worker")) {
+		if !bytes.HasPrefix(b, []byte(self+"\x00stage-worker")) {
 			return 0
 		}
 		status, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
@@ -59,27 +62,26 @@ func traceAttacker() int {
 		}
 		last, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		for pid := last - 24; pid <= last+2; pid++ {
-			if pid <= 1 || pid == self {
+			if pid <= 1 || pid == selfPid {
+				continue
+			}
+			w := workerOf(pid)
+			if w == 0 {
 				continue
 			}
 			err := unix.PtraceSeize(pid)
 			if err == nil {
 				// Seized: stop it (where a real attacker would rewrite it) and let it go, so
 				// that its exit still reaches its parent.
-				if w := workerOf(pid); w != 0 {
-					won[w] = true
-				}
+				won[w] = true
 				unix.PtraceInterrupt(pid)
 				var ws unix.WaitStatus
 				unix.Wait4(pid, &ws, unix.WALL, nil)
 				unix.PtraceDetach(pid)
 				continue
 			}
-			if err == unix.EPERM && !looked[pid] {
-				looked[pid] = true
-				if w := workerOf(pid); w != 0 {
-					seen[w] = true
-				}
+			if err == unix.EPERM {
+				seen[w] = true
 			}
 		}
 	}

@@ -94,7 +94,7 @@ func WorkerMain(args []string, stdin io.Reader, stdout io.Writer) int {
 	if err != nil {
 		return w.fail(ctx, err)
 	}
-	out.send(event{Event: eventPlan, Files: p.files, Bytes: p.bytes})
+	out.send(event{Event: eventPlan, Files: p.files, Bytes: p.bytes, Charge: p.charge})
 
 	// Wait for the answer, or a stop: SIGTERM must end a worker even while it waits.
 	type reply struct {

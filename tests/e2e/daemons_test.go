@@ -358,7 +358,7 @@ func controllerKilledAtEveryStep(t *testing.T, setStore func(*cluster)) {
 	c.assertClean()
 	c.waitFor("the reference job's accounting record", func() bool { // written, and out of the state: past its crash points
 		list, err := c.client.AllAccounting(context.Background())
-		return err == nil && list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), "1")) == 1
+		return err == nil && list.PendingRecords != nil && *list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), "1")) == 1
 	})
 	raw, _ := os.ReadFile(logPath)
 	points := strings.Split(strings.TrimSpace(string(raw)), "\n")
@@ -396,7 +396,7 @@ func controllerKilledAtEveryStep(t *testing.T, setStore func(*cluster)) {
 			c.waitFor("the job's accounting record", func() bool {
 				c.restartIfCrashed()
 				list, err := c.client.AllAccounting(context.Background())
-				return err == nil && list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), token)) > 0
+				return err == nil && list.PendingRecords != nil && *list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), token)) > 0
 			})
 			if recs := recordsOf(c.accountingLog(), token); len(recs) != 1 || !recs[0].Final {
 				t.Errorf("accounting records of the job: %+v, want one, final", recs)

@@ -459,7 +459,7 @@ func (r *haRun) assertClean(token string) {
 	r.t.Helper()
 	r.waitFor("the job's accounting record", func() bool {
 		list, err := r.client.AllAccounting(context.Background())
-		return err == nil && list.PendingRecords == 0 && len(recordsOf(r.accountingLog(), token)) > 0
+		return err == nil && list.PendingRecords != nil && *list.PendingRecords == 0 && len(recordsOf(r.accountingLog(), token)) > 0
 	})
 	if recs := recordsOf(r.accountingLog(), token); len(recs) != 1 || !recs[0].Final {
 		r.t.Errorf("accounting records of job %s: %+v, want one, final", token, recs)

@@ -148,18 +148,29 @@ grep -qx "libdir=/usr/lib/x86_64-linux-gnu" "$root/usr/lib/x86_64-linux-gnu/pkgc
 say "installed: $(in_root dpkg-query -W -f='${Package} ${Version}, ' spillway libdatawarp0 libdatawarp-dev python3-spillway-datawarp)"
 
 # --- the packaged services -----------------------------------------------------------------
-# What systemd would do for the units: RuntimeDirectory=spillway, StateDirectory=spillway,
-# then ExecStart=, read from the installed unit files.
+# What systemd would do for the units: RuntimeDirectory=, StateDirectory=, LogsDirectory=,
+# the capability bounding set, NoNewPrivileges= and UMask= (so the services are seen to work
+# with the privileges their units leave them), then ExecStart=, read from the installed unit
+# files. (The units' file-system and system-call hardening needs systemd itself.)
 start_unit() {
-	local unit=/lib/systemd/system/$1.service exec_start
+	local unit=/lib/systemd/system/$1.service exec_start caps setpriv umask_value
 	exec_start=$(sed -n 's/^ExecStart=//p' "$root$unit")
 	[ -n "$exec_start" ] || fail "$unit has no ExecStart"
 	case "$exec_start" in /usr/bin/spillway\ *) ;; *) fail "$unit runs $exec_start, not /usr/bin/spillway" ;; esac
 	grep -qx 'RuntimeDirectory=spillway' "$root$unit" && install -d -m 0755 "$root/run/spillway"
-	grep -qx 'StateDirectory=spillway' "$root$unit" && install -d -m 0755 "$root/var/lib/spillway"
-	say "start $1: $exec_start"
+	grep -qx 'StateDirectory=spillway/controller' "$root$unit" && install -d -m 0755 "$root/var/lib/spillway" &&
+		install -d -m 0700 "$root/var/lib/spillway/controller"
+	grep -qx 'LogsDirectory=spillway' "$root$unit" && install -d -m 0755 "$root/var/log/spillway"
+	setpriv=(setpriv)
+	if grep -q '^CapabilityBoundingSet=' "$root$unit"; then
+		caps=$(sed -n 's/^CapabilityBoundingSet=//p' "$root$unit" | tr 'A-Z' 'a-z' | sed 's/cap_/+/g; s/ /,/g')
+		setpriv+=(--bounding-set "-all${caps:+,$caps}" --inh-caps -all)
+	fi
+	grep -qx 'NoNewPrivileges=yes' "$root$unit" && setpriv+=(--no-new-privs)
+	umask_value=$(sed -n 's/^UMask=//p' "$root$unit")
+	say "start $1: ${setpriv[*]} $exec_start${umask_value:+ (umask $umask_value)}"
 	# shellcheck disable=SC2086 # the unit's command line, split as systemd splits it (no quotes in it)
-	chroot "$root" $exec_start >"$dir/$1.log" 2>&1 &
+	(umask "${umask_value:-0022}" && exec chroot "$root" "${setpriv[@]}" $exec_start) >"$dir/$1.log" 2>&1 &
 	pids+=($!)
 }
 wait_for() { # wait_for SECONDS WHAT COMMAND...

@@ -53,6 +53,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(attackEnv); spec != "" {
 		os.Exit(swaprace.Main(spec))
 	}
+	if spec := os.Getenv(spaceAttackEnv); spec != "" {
+		os.Exit(spaceAttack(spec))
+	}
 	if p := os.Getenv(directEnv); p != "" {
 		if err := directCheck(p); err != nil {
 			fmt.Println(err)

@@ -564,7 +564,9 @@ func within(p, dir string) bool {
 }
 
 // canonicalMountPath cleans path and resolves symbolic links in its parent (the kernel's
-// mount table holds resolved paths). With create, a missing parent is created 0755.
+// mount table holds resolved paths). With create, a missing parent is created 0711: users
+// reach their own mount by its path, but cannot list the others' (their names hold the
+// tokens of other users' jobs).
 func canonicalMountPath(path string, create bool) (string, error) {
 	if !filepath.IsAbs(path) {
 		return "", fmt.Errorf("mount path %q is not an absolute path", path)
@@ -575,7 +577,7 @@ func canonicalMountPath(path string, create bool) (string, error) {
 	}
 	parent := filepath.Dir(path)
 	if create {
-		if err := os.MkdirAll(parent, 0o755); err != nil {
+		if err := os.MkdirAll(parent, 0o711); err != nil {
 			return "", fmt.Errorf("cannot create the parent directory of mount path %s: %w; "+
 				"check that the agent may write there", path, err)
 		}

@@ -920,7 +920,9 @@ func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		return syscall.EROFS
 	}
 	if h.striped != nil {
-		if mfs := h.node.be.maxFileSize; mfs > 0 && off+size > mfs && mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+		// MFS bounds what a file may allocate, past its end too (FALLOC_FL_KEEP_SIZE): each
+		// server sees only its objects' offsets.
+		if mfs := h.node.be.maxFileSize; mfs > 0 && off+size > mfs && mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) == 0 {
 			return syscall.EFBIG
 		}
 		return h.allocateStriped(ctx, off, size, mode)

@@ -70,12 +70,13 @@ type Limits struct {
 	// refused with the reason. Default 1024.
 	MaxConnections int
 	// MaxHandshakes bounds the connections not yet authenticated, from all peers together.
-	// Past it a new connection closes the oldest one still in its handshake: idle
-	// connections from anyone who can reach the port cannot crowd out the mounts of real
-	// jobs, whose handshakes take a round trip. Default 64.
+	// Past it a new connection closes one still in its handshake, chosen so that idle
+	// connections from anyone who can reach the port, from as many addresses as they like,
+	// cannot crowd out the mounts of real jobs (see evictHandshake). Default 64.
 	MaxHandshakes int
 	// MaxHandshakesPerPeer bounds the unauthenticated connections of one peer address (a new
-	// one closes that peer's oldest), so one host cannot take every handshake slot. Default 8.
+	// one closes that peer's oldest that sent nothing, or else its oldest), so one host
+	// cannot take every handshake slot. Default 8.
 	MaxHandshakesPerPeer int
 	// RefusalLogInterval: a refused connection is logged at most once per interval and
 	// reason, with the count of those not logged. Default 1m.
@@ -143,8 +144,10 @@ type Server struct {
 
 // pendingConn is a connection in its handshake.
 type pendingConn struct {
-	nc   net.Conn
-	peer string // its address without the port
+	nc      net.Conn
+	peer    string // its address without the port
+	network string // its peer's network (netOf): the unit evictHandshake spreads over
+	hello   bool   // it sent a valid HELLO: its AUTH is a round trip away
 }
 
 // New returns a server; Serve runs it.
@@ -185,6 +188,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return err
 		}
 		pc := &pendingConn{nc: nc, peer: peerHost(nc)}
+		pc.network = netOf(pc.peer)
 		s.mu.Lock()
 		if ctx.Err() != nil {
 			s.mu.Unlock()
@@ -224,31 +228,100 @@ func peerHost(nc net.Conn) string {
 	return addr
 }
 
-// makeRoomForHandshake closes the oldest connection still in its handshake when a new one from
-// peer would pass MaxHandshakesPerPeer (that peer's oldest) or MaxHandshakes (anyone's
-// oldest). The caller holds s.mu.
+// makeRoomForHandshake closes a connection still in its handshake when a new one from peer
+// would pass MaxHandshakesPerPeer (one of that peer's) or MaxHandshakes (one of anyone's,
+// evictHandshake). The caller holds s.mu.
 func (s *Server) makeRoomForHandshake(peer string) {
-	oldest, ofPeer := -1, 0
+	var ofPeer []int
 	for i, pc := range s.pending {
 		if pc.peer == peer {
-			if ofPeer == 0 {
-				oldest = i
-			}
-			ofPeer++
+			ofPeer = append(ofPeer, i)
 		}
 	}
+	var victim int
 	why := "warpfs.max_handshakes_per_peer"
-	if ofPeer < s.lim.MaxHandshakesPerPeer {
-		if len(s.pending) < s.lim.MaxHandshakes {
-			return
-		}
-		oldest, why = 0, "warpfs.max_handshakes"
+	switch {
+	case len(ofPeer) >= s.lim.MaxHandshakesPerPeer:
+		victim = pickVictim(s.pending, ofPeer)
+	case len(s.pending) >= s.lim.MaxHandshakes:
+		victim, why = s.evictHandshake(), "warpfs.max_handshakes"
+	default:
+		return
 	}
-	victim := s.pending[oldest]
-	s.pending = append(s.pending[:oldest], s.pending[oldest+1:]...)
-	victim.nc.Close() // its handshake fails; serveConn finds it no longer pending
-	s.refusals.warn("warpfs: closing the oldest connection still in its handshake to admit a new one ("+why+")",
-		"remote", victim.peer)
+	pc := s.pending[victim]
+	s.pending = append(s.pending[:victim], s.pending[victim+1:]...)
+	pc.nc.Close() // its handshake fails; serveConn finds it no longer pending
+	s.refusals.warn("warpfs: closing a connection still in its handshake to admit a new one ("+why+")",
+		"remote", pc.peer, "sent_hello", pc.hello)
+}
+
+// evictHandshake chooses the connection to close when MaxHandshakes are pending: one of the
+// network (netOf: a /24, a /64) holding the most pending connections, ties going to the
+// network with the oldest one; within it pickVictim's. Connections that sent nothing go
+// before those that sent a HELLO, whoever holds them. So whoever opens idle connections, from
+// one address or a whole network of them, closes their own first, and a real client, which
+// sends its HELLO at once and its AUTH a round trip later, is closed only by more
+// connections from its own network sending HELLOs in that round trip. The caller holds s.mu.
+func (s *Server) evictHandshake() int {
+	silent := false
+	for _, pc := range s.pending {
+		if !pc.hello {
+			silent = true
+			break
+		}
+	}
+	count := map[string]int{}
+	first := map[string]int{} // the oldest candidate of each network
+	for i, pc := range s.pending {
+		count[pc.network]++
+		if _, ok := first[pc.network]; !ok && (!silent || !pc.hello) {
+			first[pc.network] = i
+		}
+	}
+	best := ""
+	for network, i := range first {
+		if best == "" || count[network] > count[best] || count[network] == count[best] && i < first[best] {
+			best = network
+		}
+	}
+	var of []int
+	for i, pc := range s.pending {
+		if pc.network == best {
+			of = append(of, i)
+		}
+	}
+	return pickVictim(s.pending, of)
+}
+
+// pickVictim is, of the pending connections at indexes of (oldest first), the oldest that sent
+// nothing, or else the oldest.
+func pickVictim(pending []*pendingConn, of []int) int {
+	for _, i := range of {
+		if !pending[i].hello {
+			return i
+		}
+	}
+	return of[0]
+}
+
+// netOf is the network an address belongs to for the handshake limits: its /24 (IPv4) or /64
+// (IPv6), which one user or one allocation of nodes can hold many addresses of.
+func netOf(host string) string {
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return host
+	}
+	if v4 := ip.To4(); v4 != nil {
+		return v4.Mask(net.CIDRMask(24, 32)).String() + "/24"
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+}
+
+// helloed records that pc sent a valid HELLO.
+func (s *Server) helloed(pc *pendingConn) {
+	s.mu.Lock()
+	pc.hello = true
+	s.mu.Unlock()
 }
 
 // handshakeDone takes pc off the pending list, if makeRoomForHandshake has not.
@@ -277,7 +350,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	}
 	br := bufio.NewReaderSize(nc, 64<<10)
 	nc.SetDeadline(time.Now().Add(s.lim.HandshakeTimeout))
-	sess, err := s.handshake(nc, br)
+	sess, err := s.handshake(pc, br)
 	s.handshakeDone(pc)
 	if err != nil {
 		s.refusals.warn("warpfs: connection refused", "remote", peer, "err", err.Error())
@@ -323,7 +396,8 @@ type refused struct {
 
 func (r *refused) Error() string { return r.msg }
 
-func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
+func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) {
+	nc := pc.nc
 	h, body, err := readFrame(br, handshakeMaxBody)
 	if err != nil {
 		return nil, err
@@ -344,6 +418,7 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 			"the client speaks warpfs versions %d-%d, this storage node %d-%d; upgrade the older side",
 			hello.MinVersion, hello.MaxVersion, proto.MinVersion, proto.MaxVersion)})
 	}
+	s.helloed(pc)
 	var ch proto.Challenge
 	ch.Version = version
 	rand.Read(ch.Nonce[:])
@@ -378,6 +453,7 @@ func (s *Server) handshake(nc net.Conn, br *bufio.Reader) (*session, error) {
 		return nil, s.refuse(nc, h, &refused{syscall.EACCES, fmt.Sprintf(
 			"client %q presented a wrong token; agent.token_file must hold the same secret on every node", auth.Client)})
 	}
+	s.handshakeDone(pc) // proven: no longer an anonymous connection any new one may close
 	if s.opt.Resolve == nil {
 		return nil, s.refuse(nc, h, &refused{syscall.ENOENT, "this node serves no namespaces"})
 	}

@@ -608,3 +608,98 @@ func TestSizeReportWithSync(t *testing.T) {
 		t.Errorf("a call needing a newer protocol: %v, size %d; want EPROTONOSUPPORT and 4096 (not sent)", errno, size())
 	}
 }
+
+// Security issue 19, item 5: past max_handshakes the old server closed the oldest connection
+// still in its handshake, whoever held it, and the per-peer limit stops one address only.
+// Anonymous connections from 40 addresses (any local user can bind 127.0.0.x; on a cluster, a
+// multi-node allocation) closed real mounts' handshakes between their HELLO and their AUTH,
+// and jobs failed pre_run. Now connections that sent nothing go first, then those of the
+// network holding the most handshakes: a real client that sent its HELLO survives any number
+// of silent connections, and HELLOs from another network.
+func TestHandshakesFromManyAddressesDoNotEvictMounts(t *testing.T) {
+	const maxHandshakes = 16
+	// attacker is one anonymous connection from 127.0.0.(2+i%40); with hello it sends a valid
+	// HELLO and waits for the challenge (so the server has accepted it, and every connection
+	// dialled before it), then sends nothing more.
+	attacker := func(f *fixture, i int, hello bool) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%40))}, Timeout: 5 * time.Second}
+		nc, err := d.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatalf("anonymous connection %d: %v", i, err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		if hello {
+			nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpHello, ID: 1},
+				&proto.Hello{Magic: proto.Magic, MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion}))
+			nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, _, err := readFrame(bufio.NewReader(nc), proto.MaxBody); err != nil {
+				t.Fatalf("anonymous connection %d: no challenge: %v", i, err)
+			}
+		}
+		return nc
+	}
+	for _, tc := range []struct {
+		name   string
+		from   net.IP // the real client's address
+		hellos bool   // the anonymous connections send a HELLO
+	}{
+		{"silent connections from 40 addresses of the client's own network", net.IPv4(127, 0, 0, 1), false},
+		{"HELLOs from 40 addresses of another network", net.IPv4(127, 0, 1, 1), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, Limits{MaxHandshakes: maxHandshakes})
+			n := 0
+			for ; n < maxHandshakes; n++ { // every handshake slot held
+				attacker(f, n, tc.hellos)
+			}
+			// The real client: its HELLO, the challenge...
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: tc.from}, Timeout: 5 * time.Second}
+			nc, err := d.Dial("tcp", f.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			br := bufio.NewReader(nc)
+			hello := proto.Hello{Magic: proto.Magic, MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion}
+			nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpHello, ID: 1}, &hello))
+			nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			var ch proto.Challenge
+			readReply(t, br, &ch)
+			// ... and before its AUTH (a round trip on a loaded network), twice as many
+			// anonymous connections as there are slots. The last sends a HELLO: once it has
+			// its challenge the server has accepted them all.
+			for end := n + 2*maxHandshakes; n < end; n++ {
+				attacker(f, n, tc.hellos || n == end-1)
+			}
+			auth := proto.Auth{Proof: proto.ClientProof([]byte(token), ch.Nonce, hello.Nonce), Namespace: 1}
+			nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, ID: 2}, &auth))
+			h, _, err := readFrame(br, proto.MaxBody)
+			if err != nil || h.Errno != 0 {
+				t.Fatalf("the real client's AUTH after %d anonymous connections: %+v, %v; want WELCOME", n, h, err)
+			}
+			// And mounts through the real client work, from the same address.
+			c, err := client.Dial(context.Background(), client.Options{Address: f.addr, Token: token, Client: "test",
+				Namespace: 1, Limits: client.Limits{RequestTimeout: 5 * time.Second}})
+			if err != nil {
+				t.Fatalf("a mount among the anonymous connections: %v", err)
+			}
+			c.Close()
+		})
+	}
+}
+
+// The unit evictHandshake spreads over: a /24, a /64.
+func TestNetOf(t *testing.T) {
+	for host, want := range map[string]string{
+		"127.0.0.41":           "127.0.0.0/24",
+		"10.1.2.3":             "10.1.2.0/24",
+		"::ffff:10.1.2.3":      "10.1.2.0/24",
+		"2001:db8:1:2:3:4:5:6": "2001:db8:1:2::/64",
+		"fe80::1%eth0":         "fe80::1%eth0", // not an IP net.ParseIP takes: its own network
+	} {
+		if got := netOf(host); got != want {
+			t.Errorf("netOf(%s) = %s, want %s", host, got, want)
+		}
+	}
+}

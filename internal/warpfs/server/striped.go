@@ -92,8 +92,13 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 		unix.Close(fd)
 		return nil, proto.Attr{}, false, errno
 	}
+	l := v.lockDir(dirfd)
 	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
+	l.unlock()
 	if err == nil {
+		if fp, _, err := footprintOf(fd); err == nil {
+			v.tracker.Charge(fp) // its layout's attribute, if it takes a block
+		}
 		h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
 		return h, a, true, errno
 	}
@@ -391,7 +396,7 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 		rm, replacing = v.prepareRemoval(dirfd, r.Name)
 	}
 	var layout []byte
-	if replacing {
+	if replacing && rm.regular {
 		layout = v.removedLayout(dirfd, r.Name)
 	}
 	err := unix.Renameat2(dirfd, tmp, dirfd, r.Name, uint(r.Flags))
@@ -401,6 +406,7 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 	if err != nil {
 		return fail(err)
 	}
+	v.chargeEntry(dirfd, r.Name) // the shard it left gives its footprint back as it unlinks it
 	return layout, 0
 }
 

@@ -11,10 +11,17 @@ package server
 // swaps a directory for a link between the kernel's lookup and the request gets ELOOP or
 // ENOTDIR, never a file outside the namespace.
 //
-// Accounting follows the local loopback mount (package mount) exactly: "used" is the sum of
-// the apparent sizes of the regular files; growth is reserved before it is made, a write that
-// crosses the capacity writes what fits and the next fails with ENOSPC; a file unlinked while
-// open keeps its space until its last handle closes.
+// Accounting: "used" is the sum of the footprints (usage.Footprint: the larger of apparent
+// size and allocated bytes) of the namespace's regular files, directories and symbolic links.
+// Every operation that can change what an entry takes on disk measures its footprint before
+// and after (fstat) and settles the difference; growth is reserved before it is made (the
+// worst case: for a write its end, for fallocate every block the range touches, KEEP_SIZE or
+// not), a write that crosses the capacity writes what fits and the next fails with ENOSPC; a
+// directory's growth is charged as entries are added, and a new entry is refused (ENOSPC)
+// once the instance is full; a file unlinked while open keeps its space until its last
+// handle closes. While a file has open handles the tracker's count of it is in.charged, so
+// that what changed it behind the server's back (the kernel's own writes, XFS trimming the
+// blocks it preallocated past the end at close) is settled too.
 
 import (
 	"encoding/binary"
@@ -317,11 +324,11 @@ func (v *volume) dropSetID(t *target, mode, caller uint32, always bool) {
 	v.chmod(t, mode&0o7777&^kill)
 }
 
-// settle corrects the tracker once a size change is done: reserved bytes were counted
-// beforehand, the file went from before to after.
-func (v *volume) settle(reserved uint64, before, after int64) {
+// settle corrects the tracker once a change is done: reserved bytes were counted beforehand,
+// the entry's footprint went from before to after.
+func (v *volume) settle(reserved uint64, before, after uint64) {
 	if after >= before {
-		grew := uint64(after - before)
+		grew := after - before
 		switch {
 		case grew < reserved:
 			v.tracker.Release(reserved - grew)
@@ -330,13 +337,12 @@ func (v *volume) settle(reserved uint64, before, after int64) {
 		}
 		return
 	}
-	v.tracker.Release(reserved + uint64(before-after))
+	v.tracker.Release(reserved + before - after)
 }
 
 // kernelWrites marks h as written by the kernel itself (FUSE passthrough: the writes never
-// reach the server). While such handles are open the tracker has counted the file at
-// in.charged; its growth since is charged whenever the server next changes or inspects the
-// file's size under in.sizeMu (catchUp), and at the handle's close.
+// reach the server). The file's growth is charged whenever the server next changes or
+// inspects it under in.sizeMu (catchUp), and at the handle's close.
 func (v *volume) kernelWrites(h *handle) {
 	if h.dir || h.kernelWrites {
 		return
@@ -344,37 +350,36 @@ func (v *volume) kernelWrites(h *handle) {
 	in := h.in
 	in.sizeMu.Lock()
 	defer in.sizeMu.Unlock()
-	if in.kernelWriters == 0 {
-		size, err := sizeOf(h.fd)
-		if err != nil {
-			return
-		}
-		in.charged = size
-	}
 	in.kernelWriters++
 	h.kernelWrites = true
 }
 
-// catchUp charges what the kernel wrote into the file directly since the tracker last
-// counted it, size being its size now; in.sizeMu is held exclusively.
-func (v *volume) catchUp(in *inode, size int64) {
-	if in.kernelWriters == 0 {
+// catchUp charges (or gives back) what changed the file's footprint behind the server's back
+// since the tracker last counted it — the kernel's own writes (FUSE passthrough), blocks the
+// backing file system allocated or trimmed by itself — st being its state now; in.sizeMu is
+// held exclusively. It does nothing for a file without open handles, whose count is settled
+// by each operation alone.
+func (v *volume) catchUp(in *inode, st *unix.Stat_t) {
+	if !in.tracked {
 		return
 	}
-	if size > in.charged {
-		v.tracker.Charge(uint64(size - in.charged))
-		v.acct.kernelWrote(uint64(size-in.charged), uint64(size))
+	now := usage.Footprint(st)
+	if now > in.charged {
+		v.tracker.Charge(now - in.charged)
+		if in.kernelWriters > 0 {
+			v.acct.kernelWrote(now-in.charged, uint64(max(st.Size, 0)))
+		}
 	} else {
-		v.tracker.Release(uint64(in.charged - size))
+		v.tracker.Release(in.charged - now)
 	}
-	in.charged = size
+	in.charged = now
 }
 
-// counted records that the tracker counts the file at size (after the server changed it);
-// in.sizeMu is held exclusively.
-func counted(in *inode, size int64) {
-	if in.kernelWriters > 0 {
-		in.charged = size
+// counted records that the tracker counts the file at footprint (after the server changed
+// it); in.sizeMu is held exclusively.
+func counted(in *inode, footprint uint64) {
+	if in.tracked {
+		in.charged = footprint
 	}
 }
 
@@ -382,6 +387,15 @@ func sizeOf(fd int) (int64, error) {
 	var st unix.Stat_t
 	err := unix.Fstat(fd, &st)
 	return st.Size, err
+}
+
+// footprintOf is the footprint (usage.Footprint) of the file open as fd, and its state.
+func footprintOf(fd int) (uint64, unix.Stat_t, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, st, err
+	}
+	return usage.Footprint(&st), st, nil
 }
 
 // truncate sets a regular file's size, reserving growth first.
@@ -396,26 +410,23 @@ func (v *volume) truncate(t *target, size uint64) syscall.Errno {
 	defer v.inodes.put(in)
 	in.sizeMu.Lock()
 	defer in.sizeMu.Unlock()
-	before, err := sizeOf(t.fd)
+	before, st, err := footprintOf(t.fd)
 	if err != nil {
 		return errnoOf(err)
 	}
-	v.catchUp(in, before)
+	v.catchUp(in, &st)
 	var reserved uint64
-	if int64(size) > before {
-		reserved = size - uint64(before)
+	if size > before { // a longer file: its new length (its blocks stay)
+		reserved = size - before
 		if err := v.tracker.Reserve(reserved); err != nil {
 			v.noteFull(reserved)
 			return syscall.ENOSPC
 		}
 	}
 	err = unix.Truncate(procPath(t.fd), int64(size))
-	after, serr := sizeOf(t.fd)
+	after, _, serr := footprintOf(t.fd)
 	if serr != nil {
-		after = before
-		if err == nil {
-			after = int64(size)
-		}
+		after = before + reserved // never under-count
 	}
 	v.settle(reserved, before, after)
 	counted(in, after)
@@ -530,14 +541,26 @@ func openFlags(flags uint32) int {
 func writes(flags uint32) bool { return flags&unix.O_ACCMODE != unix.O_RDONLY }
 
 // newFile makes a handle of a regular file just opened.
+// While it is open the tracker's count of the file is kept in in.charged: from its footprint
+// now, which the tracker counts already (a new file's was charged by its creator).
 func (v *volume) newFile(fd int, flags uint32, st *unix.Stat_t, orphan bool) *handle {
 	in := v.inodes.get(keyOf(st))
+	in.sizeMu.Lock()
+	if !in.tracked {
+		if fp, _, err := footprintOf(fd); err == nil {
+			in.charged = fp
+		} else {
+			in.charged = usage.Footprint(st)
+		}
+		in.tracked = true
+	}
 	in.mu.Lock()
 	in.open++
 	if orphan {
 		in.orphan = true
 	}
 	in.mu.Unlock()
+	in.sizeMu.Unlock()
 	return &handle{fd: fd, flags: flags, in: in}
 }
 
@@ -588,6 +611,9 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 	t := &target{fd: fd, real: true, st: st, done: func() {}}
 	if created {
 		v.own(t, parent, uid, gid, mode)
+		if fp, _, err := footprintOf(fd); err == nil {
+			v.tracker.Charge(fp) // what it takes already (attributes it inherited)
+		}
 	}
 	h := v.newFile(fd, flags, &st, false)
 	if l, stub := v.stubOf(t); stub {
@@ -658,6 +684,15 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 		return nil, proto.Attr{}, errnoOf(err)
 	}
 	base := openFlags(r.Flags)
+	if errno := v.roomForEntry(); errno != 0 {
+		// A full instance still opens an existing file, as O_CREAT allows.
+		if r.Flags&unix.O_EXCL == 0 {
+			if fd, err := unix.Openat(dirfd, r.Name, base, 0); err == nil {
+				return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+			}
+		}
+		return nil, proto.Attr{}, errno
+	}
 	if errno := v.acct.startCreate(); errno != 0 {
 		// Past MFC (or the write window) an existing file still opens, as O_CREAT allows.
 		if r.Flags&unix.O_EXCL == 0 && errno == syscall.EMFILE {
@@ -673,7 +708,9 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 		return h, a, errno
 	}
 	created := true
+	l := v.lockDir(dirfd)
 	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
+	l.unlock()
 	if errors.Is(err, syscall.EEXIST) && r.Flags&unix.O_EXCL == 0 {
 		// Another client created it meanwhile: open it, and leave its owner alone.
 		created = false
@@ -703,6 +740,9 @@ func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.At
 	if err := unix.Fstat(dirfd, &parent); err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
+	if errno := v.roomForEntry(); errno != 0 {
+		return nil, proto.Attr{}, errno
+	}
 	if errno := v.acct.startCreate(); errno != 0 {
 		return nil, proto.Attr{}, errno
 	}
@@ -723,6 +763,7 @@ func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.At
 		return nil, proto.Attr{}, errno
 	}
 	unix.Fstat(fd, &st)
+	v.tracker.Charge(usage.Footprint(&st)) // given back at its close (newFile: orphan)
 	h := v.newFile(fd, r.Flags, &st, true)
 	if striped {
 		h.layout = l.Encode()
@@ -759,6 +800,9 @@ func (v *volume) newEntry(dir, name string) (dirfd int, parent *unix.Stat_t, don
 	if errno := nameErrno(name); errno != 0 {
 		return -1, nil, nil, errno
 	}
+	if errno := v.roomForEntry(); errno != 0 {
+		return -1, nil, nil, errno
+	}
 	dirfd, done, errno = v.dirAt(dir)
 	if errno != 0 {
 		return -1, nil, nil, errno
@@ -777,10 +821,14 @@ func (v *volume) mkdir(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 		return proto.Attr{}, errno
 	}
 	defer done()
+	l := v.lockDir(dirfd)
 	if err := unix.Mkdirat(dirfd, r.Name, r.Mode&0o7777); err != nil {
+		l.unlock()
 		return proto.Attr{}, errnoOf(err)
 	}
 	v.inheritLayout(dirfd, dirfd, r.Name)
+	v.chargeEntry(dirfd, r.Name) // its first blocks, given back when it is removed
+	l.unlock()
 	return v.made(dirfd, r.Name, parent, unix.O_RDONLY|unix.O_DIRECTORY, uid, gid, r.Mode)
 }
 
@@ -805,7 +853,9 @@ func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 	if errno := v.acct.admitFile(); errno != 0 {
 		return proto.Attr{}, errno
 	}
+	l := v.lockDir(dirfd)
 	err := unix.Mknodat(dirfd, r.Name, r.Mode, int(r.Rdev))
+	l.unlock()
 	v.acct.createDone(err == nil)
 	if err != nil {
 		return proto.Attr{}, errnoOf(err)
@@ -822,6 +872,7 @@ func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 			return proto.Attr{}, errno
 		}
 	}
+	v.chargeEntry(dirfd, r.Name)
 	return v.made(dirfd, r.Name, parent, unix.O_PATH, uid, gid, r.Mode)
 }
 
@@ -837,7 +888,12 @@ func (v *volume) symlink(r *proto.SymlinkReq, uid, gid uint32) (proto.Attr, sysc
 	if errno := v.acct.admitFile(); errno != 0 {
 		return proto.Attr{}, errno
 	}
+	l := v.lockDir(dirfd)
 	err := unix.Symlinkat(r.Target, dirfd, r.Name)
+	if err == nil {
+		v.chargeEntry(dirfd, r.Name) // its target, or the block holding a long one
+	}
+	l.unlock()
 	v.acct.createDone(err == nil)
 	if err != nil {
 		return proto.Attr{}, errnoOf(err)
@@ -863,7 +919,10 @@ func (v *volume) link(r *proto.LinkReq) (proto.Attr, syscall.Errno) {
 		// A striped file has one name: its objects go when that name does (docs/mounts.md).
 		return proto.Attr{}, syscall.EPERM
 	}
-	if err := unix.Linkat(srcDir, srcName, dirfd, r.Name, 0); err != nil {
+	l := v.lockDir(dirfd)
+	err := unix.Linkat(srcDir, srcName, dirfd, r.Name, 0)
+	l.unlock()
+	if err != nil {
 		return proto.Attr{}, errnoOf(err)
 	}
 	var st unix.Stat_t
@@ -873,18 +932,20 @@ func (v *volume) link(r *proto.LinkReq) (proto.Attr, syscall.Errno) {
 	return v.attrAt(dirfd, r.Name, &st), 0
 }
 
-// removal is what dropping one name of a regular file gives back.
+// removal is what dropping one name of a regular file or symbolic link gives back.
 type removal struct {
-	in   *inode
-	size int64
-	last bool // the name was the file's last link
+	in      *inode
+	size    uint64 // its footprint
+	last    bool   // the name was the file's last link
+	regular bool   // a regular file (else a symbolic link): it may have a striped layout
 }
 
-// prepareRemoval inspects the regular file about to lose dirfd/name and locks its inode
-// against size changes; finish must follow when ok.
+// prepareRemoval inspects the regular file or symbolic link about to lose dirfd/name and
+// locks its inode against size changes; finish must follow when ok.
 func (v *volume) prepareRemoval(dirfd int, name string) (removal, bool) {
 	var st unix.Stat_t
-	if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+	if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil ||
+		st.Mode&syscall.S_IFMT != syscall.S_IFREG && st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
 		return removal{}, false
 	}
 	in := v.inodes.get(keyOf(&st))
@@ -895,8 +956,8 @@ func (v *volume) prepareRemoval(dirfd int, name string) (removal, bool) {
 		v.inodes.put(in)
 		return removal{}, false
 	}
-	v.catchUp(in, st.Size)
-	return removal{in: in, size: st.Size, last: st.Nlink == 1}, true
+	v.catchUp(in, &st)
+	return removal{in: in, size: usage.Footprint(&st), last: st.Nlink == 1, regular: st.Mode&syscall.S_IFMT == syscall.S_IFREG}, true
 }
 
 // finish releases the file's size if the name removed was its last link, or defers that to
@@ -914,8 +975,101 @@ func (v *volume) finish(r removal, removed bool) {
 	}
 	r.in.mu.Unlock()
 	if !open {
-		v.tracker.Release(uint64(r.size))
+		v.tracker.Release(r.size)
 	}
+}
+
+// dirLock holds a directory against other changes of its entries through the server while
+// one is made, and settles what the change did to the directory's footprint (its blocks grow
+// as entries are added; some file systems shrink them as entries go).
+type dirLock struct {
+	v      *volume
+	fd     int
+	in     *inode
+	before uint64
+}
+
+// lockDir locks the directory open as fd (nil if it cannot be stat'ed: the change then goes
+// uncounted, as it would fail anyway).
+func (v *volume) lockDir(fd int) *dirLock {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return nil
+	}
+	l := &dirLock{v: v, fd: fd, in: v.inodes.get(keyOf(&st))}
+	l.in.sizeMu.Lock()
+	if unix.Fstat(fd, &st) == nil {
+		l.before = usage.Footprint(&st)
+	}
+	return l
+}
+
+// unlock settles the directory's footprint and unlocks it.
+func (l *dirLock) unlock() {
+	if l == nil {
+		return
+	}
+	var st unix.Stat_t
+	if unix.Fstat(l.fd, &st) == nil {
+		l.v.settle(0, l.before, usage.Footprint(&st))
+	}
+	l.in.sizeMu.Unlock()
+	l.v.inodes.put(l.in)
+}
+
+// lockDirs locks two directories (once if they are the same) in a fixed order; unlock in
+// reverse.
+func (v *volume) lockDirs(a, b int) (unlock func()) {
+	var sa, sb unix.Stat_t
+	if unix.Fstat(a, &sa) != nil || unix.Fstat(b, &sb) != nil || keyOf(&sa) == keyOf(&sb) {
+		l := v.lockDir(a)
+		return l.unlock
+	}
+	ka, kb := keyOf(&sa), keyOf(&sb)
+	if kb.dev < ka.dev || kb.dev == ka.dev && kb.ino < ka.ino {
+		a, b = b, a
+	}
+	first := v.lockDir(a)
+	second := v.lockDir(b)
+	return func() { second.unlock(); first.unlock() }
+}
+
+// chargeEntry charges the footprint of the entry dirfd/name just created (a directory's
+// first blocks, a long symbolic link's target, attributes inherited).
+func (v *volume) chargeEntry(dirfd int, name string) {
+	var st unix.Stat_t
+	if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+		v.tracker.Charge(usage.Footprint(&st))
+	}
+}
+
+// roomForEntry refuses a new entry once the instance is full (ENOSPC): it may take a block of
+// its directory, and a full disk refuses it as well.
+func (v *volume) roomForEntry() syscall.Errno {
+	if v.tracker.Free() == 0 {
+		v.noteFull(1)
+		return syscall.ENOSPC
+	}
+	return 0
+}
+
+// removeDir removes the directory dirfd/name, releasing its footprint as it was when removed.
+func (v *volume) removeDir(dirfd int, name string) error {
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	l := v.lockDir(dirfd)
+	defer l.unlock()
+	if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		v.tracker.Release(usage.Footprint(&st))
+	}
+	return nil
 }
 
 // unlink removes a name; for a striped file it returns the layout, whose objects the client
@@ -933,14 +1087,16 @@ func (v *volume) unlink(r *proto.EntryReq, dir bool) ([]byte, syscall.Errno) {
 	}
 	defer done()
 	if dir {
-		return nil, errnoOf(unix.Unlinkat(dirfd, r.Name, unix.AT_REMOVEDIR))
+		return nil, errnoOf(v.removeDir(dirfd, r.Name))
 	}
 	rm, isFile := v.prepareRemoval(dirfd, r.Name)
 	var layout []byte
-	if isFile {
+	if isFile && rm.regular {
 		layout = v.removedLayout(dirfd, r.Name)
 	}
+	l := v.lockDir(dirfd)
 	err := unix.Unlinkat(dirfd, r.Name, 0)
+	l.unlock()
 	if isFile {
 		v.finish(rm, err == nil)
 	}
@@ -977,20 +1133,38 @@ func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 	// A rename that replaces a regular file removes the replaced file's name.
 	var rm removal
 	replacing := false
+	replacedDir := -1 // an O_PATH descriptor of an empty directory the rename may replace
 	if r.Flags&(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE) == 0 {
 		var src unix.Stat_t
 		srcErr := unix.Fstatat(olddir, r.Name, &src, unix.AT_SYMLINK_NOFOLLOW)
 		var dst unix.Stat_t
 		if unix.Fstatat(newdir, r.NewName, &dst, unix.AT_SYMLINK_NOFOLLOW) == nil &&
 			(srcErr != nil || keyOf(&src) != keyOf(&dst)) {
-			rm, replacing = v.prepareRemoval(newdir, r.NewName)
+			if dst.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+				if fd, err := unix.Openat(newdir, r.NewName, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+					replacedDir = fd
+					defer unix.Close(fd)
+				}
+			} else {
+				rm, replacing = v.prepareRemoval(newdir, r.NewName)
+			}
 		}
 	}
 	var layout []byte
-	if replacing {
+	if replacing && rm.regular {
 		layout = v.removedLayout(newdir, r.NewName)
 	}
+	unlockDirs := v.lockDirs(olddir, newdir)
 	err := unix.Renameat2(olddir, r.Name, newdir, r.NewName, uint(r.Flags))
+	if err == nil && replacedDir >= 0 {
+		// The directory replaced is gone if it is no longer under its name.
+		var gone, now unix.Stat_t
+		if unix.Fstat(replacedDir, &gone) == nil &&
+			(unix.Fstatat(newdir, r.NewName, &now, unix.AT_SYMLINK_NOFOLLOW) != nil || keyOf(&now) != keyOf(&gone)) && gone.Nlink == 0 {
+			v.tracker.Release(usage.Footprint(&gone))
+		}
+	}
+	unlockDirs()
 	if replacing {
 		v.finish(rm, err == nil)
 	}
@@ -1123,7 +1297,8 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 	in := h.in
 	t := &target{fd: h.fd, real: true}
 
-	// Fast path: the write stays inside the file, its size cannot change meanwhile.
+	// Fast path: the write stays inside the file's footprint, which it then changes by a block
+	// at most (its last one, filling a hole). Its size cannot change meanwhile.
 	in.sizeMu.RLock()
 	if err := unix.Fstat(h.fd, &t.st); err != nil {
 		in.sizeMu.RUnlock()
@@ -1132,7 +1307,18 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 	if end <= t.st.Size {
 		v.dropSetID(t, t.st.Mode, caller, false)
 		w, err := do(length)
+		var st unix.Stat_t
+		moved := unix.Fstat(h.fd, &st) == nil && usage.Footprint(&st) != in.charged
 		in.sizeMu.RUnlock()
+		if moved {
+			// A hole filled past what was counted (the tail of a sparse file): settle it,
+			// and the kernel's own writes with it.
+			in.sizeMu.Lock()
+			if unix.Fstat(h.fd, &st) == nil {
+				v.catchUp(in, &st)
+			}
+			in.sizeMu.Unlock()
+		}
 		return max(w, 0), errnoOf(err)
 	}
 	in.sizeMu.RUnlock()
@@ -1143,17 +1329,24 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 		return 0, errnoOf(err)
 	}
 	v.dropSetID(t, t.st.Mode, caller, false)
-	size := t.st.Size
-	v.catchUp(in, size)
-	if end <= size { // another writer grew it while we waited
-		w, err := do(length)
-		return max(w, 0), errnoOf(err)
+	v.catchUp(in, &t.st)
+	before := usage.Footprint(&t.st) // at least the size; more with blocks past the end
+	base := before                   // where the growth to reserve starts
+	var growth uint64
+	switch {
+	case uint64(end) > before:
+		growth = uint64(end) - before
+	case v.tracker.Over():
+		// Blocks past the end were charged after the fact (XFS's speculative preallocation)
+		// and took the instance past its capacity: they hold no data, and filling them would
+		// keep the instance past it. Its size grows only as a reservation allows.
+		growth = uint64(end - t.st.Size)
+		base = uint64(t.st.Size)
 	}
-	growth := uint64(end - size)
 	granted := v.tracker.ReserveUpTo(growth)
 	if granted < growth {
 		v.noteFull(growth)
-		allowedEnd := size + int64(granted)
+		allowedEnd := int64(base + granted)
 		if h.flags&unix.O_DIRECT != 0 {
 			allowedEnd &^= directIOAlign - 1 // O_DIRECT needs aligned lengths
 		}
@@ -1164,11 +1357,11 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 		length = allowedEnd - off
 	}
 	w, err := do(length)
-	after, serr := sizeOf(h.fd)
+	after, _, serr := footprintOf(h.fd)
 	if serr != nil {
-		after = size + int64(granted) // count what we reserved: never under-count
+		after = before + granted // count what we reserved: never under-count
 	}
-	v.settle(granted, size, after)
+	v.settle(granted, before, after)
 	counted(in, after)
 	return max(w, 0), errnoOf(err)
 }
@@ -1196,21 +1389,24 @@ func (v *volume) fallocate(h *handle, off, size uint64, mode uint32, caller uint
 	if err := unix.Fstat(h.fd, &t.st); err != nil {
 		return errnoOf(err)
 	}
-	before := t.st.Size
-	v.catchUp(in, before)
+	v.catchUp(in, &t.st)
 	v.dropSetID(t, t.st.Mode, caller, false)
-	worst := usage.FallocateGrowth(mode, off, size, before) // the most the file can grow
-	if limit := v.maxFileSize; limit > 0 && int64(uint64(before)+worst) > limit {
-		return syscall.EFBIG
+	before := usage.Footprint(&t.st)
+	// The worst case: every block the range touches allocated, past the end too
+	// (FALLOC_FL_KEEP_SIZE allocates without growing the size; it counts all the same).
+	worstAfter, allocEnd := usage.FallocateWorst(mode, off, size, t.st.Size, uint64(max(t.st.Blocks, 0))*512, uint64(max(t.st.Blksize, 0)))
+	if limit := v.maxFileSize; limit > 0 && allocEnd > uint64(limit) {
+		return syscall.EFBIG // MFS bounds what a file may allocate, past its end too
 	}
+	worst := worstAfter - before
 	if err := v.tracker.Reserve(worst); err != nil {
 		v.noteFull(worst)
 		return syscall.ENOSPC
 	}
 	err := unix.Fallocate(h.fd, mode, int64(off), int64(size))
-	after, serr := sizeOf(h.fd)
+	after, _, serr := footprintOf(h.fd)
 	if serr != nil {
-		after = before + int64(worst)
+		after = worstAfter
 	}
 	v.settle(worst, before, after)
 	counted(in, after)
@@ -1317,9 +1513,11 @@ func (v *volume) xattr(op proto.Op, r *proto.XattrReq, h *handle) (proto.XattrRe
 	case proto.OpListxattr:
 		n, err = unix.Listxattr(p, buf)
 	case proto.OpSetxattr:
-		return proto.XattrReply{}, errnoOf(unix.Setxattr(p, r.Name, r.Value, int(r.Flags)))
+		// At worst the value, its name and a block more of the inode's attribute space.
+		worst := uint64(len(r.Name)+len(r.Value)) + uint64(max(t.st.Blksize, 4096))
+		return proto.XattrReply{}, v.changeXattr(t, worst, func() error { return unix.Setxattr(p, r.Name, r.Value, int(r.Flags)) })
 	case proto.OpRemovexattr:
-		return proto.XattrReply{}, errnoOf(unix.Removexattr(p, r.Name))
+		return proto.XattrReply{}, v.changeXattr(t, 0, func() error { return unix.Removexattr(p, r.Name) })
 	}
 	if err != nil {
 		return proto.XattrReply{}, errnoOf(err)
@@ -1334,6 +1532,33 @@ func (v *volume) xattr(op proto.Op, r *proto.XattrReq, h *handle) (proto.XattrRe
 	return proto.XattrReply{Size: uint32(n), Data: buf[:n]}, 0
 }
 
+// changeXattr sets or removes an extended attribute of t by op, reserving worst bytes first
+// and settling what the inode's footprint did: attributes that do not fit in the inode take
+// blocks of their own, counted in its st_blocks.
+func (v *volume) changeXattr(t *target, worst uint64, op func() error) syscall.Errno {
+	in := v.inodes.get(keyOf(&t.st))
+	defer v.inodes.put(in)
+	in.sizeMu.Lock()
+	defer in.sizeMu.Unlock()
+	before, st, err := footprintOf(t.fd)
+	if err != nil {
+		return errnoOf(err)
+	}
+	v.catchUp(in, &st)
+	if err := v.tracker.Reserve(worst); err != nil {
+		v.noteFull(worst)
+		return syscall.ENOSPC
+	}
+	err = op()
+	after, _, serr := footprintOf(t.fd)
+	if serr != nil {
+		after = before + worst
+	}
+	v.settle(worst, before, after)
+	counted(in, after)
+	return errnoOf(err)
+}
+
 // closeFile closes a file handle; the last close of a file whose names are all gone gives
 // its space back.
 func (v *volume) closeFile(h *handle) {
@@ -1343,26 +1568,42 @@ func (v *volume) closeFile(h *handle) {
 	}
 	in := h.in
 	in.sizeMu.Lock()
+	var st unix.Stat_t
+	if unix.Fstat(h.fd, &st) == nil {
+		v.catchUp(in, &st)
+	}
 	if h.kernelWrites {
-		if size, err := sizeOf(h.fd); err == nil {
-			v.catchUp(in, size)
-		}
 		in.kernelWriters--
 	}
 	in.mu.Lock()
 	in.open--
-	releaseSize := in.open == 0 && in.orphan
+	last := in.open == 0
+	releaseSize := last && in.orphan
 	if releaseSize {
 		in.orphan = false
 	}
 	in.mu.Unlock()
 	if releaseSize {
-		if size, err := sizeOf(h.fd); err == nil {
-			v.tracker.Release(uint64(size))
+		v.tracker.Release(in.charged)
+		in.charged = 0
+		unix.Close(h.fd)
+	} else {
+		// The close itself may give blocks back: XFS trims what it preallocated past the end
+		// of a file being extended when the file is closed. Settle them through a descriptor
+		// that does not keep the file open for writing.
+		p, perr := unix.Open(procPath(h.fd), unix.O_PATH|unix.O_CLOEXEC, 0)
+		unix.Close(h.fd)
+		if perr == nil {
+			if unix.Fstat(p, &st) == nil {
+				v.catchUp(in, &st)
+			}
+			unix.Close(p)
 		}
 	}
+	if last {
+		in.tracked = false
+	}
 	in.sizeMu.Unlock()
-	unix.Close(h.fd)
 	v.inodes.put(in)
 }
 
@@ -1379,13 +1620,14 @@ type inode struct {
 	// current size holds it shared; anything that can change the size holds it exclusively.
 	sizeMu sync.RWMutex
 
-	// kernelWriters counts the handles the kernel writes through itself (FUSE passthrough);
-	// while there are any, charged is the size the tracker counts the file at. Both are
-	// guarded by sizeMu held exclusively.
+	// kernelWriters counts the handles the kernel writes through itself (FUSE passthrough).
+	// While the file has open handles (tracked), charged is the footprint the tracker counts
+	// it at. All three are guarded by sizeMu held exclusively (charged may be read shared).
 	kernelWriters int
-	charged       int64
+	tracked       bool
+	charged       uint64
 
-	mu     sync.Mutex // guards open and orphan
+	mu     sync.Mutex // guards open and orphan; changes of open also hold sizeMu
 	open   int        // handles open on it
 	orphan bool       // the last link is gone while handles are open: release at last close
 }

@@ -2,9 +2,12 @@
 //
 // One Tracker per instance is shared by everything that writes into the instance here — the
 // FUSE mount (package mount) and the stage engine — so that together they never grow the
-// instance beyond its capacity. "Used" is the sum of the apparent sizes of the regular files
-// in the instance's namespaces (a sparse file counts its full length; a file with several hard
-// links counts once), which is what a user expects when they compare `ls -l` with `df`.
+// instance beyond its capacity. "Used" is the sum of the footprints (Footprint) of the regular
+// files, directories and symbolic links in the instance's namespaces: each one's apparent size
+// or the space allocated to it, whichever is larger. A sparse file counts its full length, as
+// a user expects when they compare `ls -l` with `df`; space allocated past a file's end
+// (fallocate with FALLOC_FL_KEEP_SIZE), a directory's blocks and an inode's extended
+// attributes count as what they take on disk. A file with several hard links counts once.
 //
 // Writers Reserve growth before they make it and Release what they give back (truncate,
 // unlink of the last link, a failed or short write). After a restart Scan recomputes Used
@@ -24,6 +27,14 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/units"
 )
+
+// XFSFragmentOptions are the mount options of a fragment's own XFS file system (the agent's
+// "xfs-loop" fragments). XFS preallocates blocks past the end of a file being extended
+// (speculative preallocation, up to gigabytes for a large file, trimmed when it is closed)
+// and counts them in st_blocks: charged, they could refuse an honest job's writes well short
+// of its capacity. allocsize fixes that preallocation at 64 KiB per file being extended.
+// Directory fragments on a host XFS should be mounted with it too (docs/config.md).
+const XFSFragmentOptions = "allocsize=64k"
 
 // FullError is the refusal of a reservation that would take an instance past its capacity.
 // It wraps syscall.ENOSPC, so errors.Is(err, syscall.ENOSPC) holds and a FUSE server can
@@ -109,6 +120,14 @@ func (t *Tracker) freeLocked() uint64 {
 	return t.capacity - t.used
 }
 
+// Over reports whether more than the capacity is counted as used: growth charged after the
+// fact (Charge) took the instance past it.
+func (t *Tracker) Over() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.used > t.capacity
+}
+
 // Reserve counts n more bytes as used, or refuses with a *FullError (wrapping
 // syscall.ENOSPC) naming used and capacity if that would exceed the capacity. Reserving 0
 // always succeeds.
@@ -163,12 +182,13 @@ func (t *Tracker) Release(n uint64) {
 	t.used -= n
 }
 
-// Scan sets Used to the total apparent size of the regular files under dirs (each inode
-// counted once, however many hard links it has): the truth after an agent restart. It does
-// not follow symbolic links. Call it when no writer is active on the instance — growth
-// reserved while the scan runs may be counted twice or lost. On error Used is unchanged.
+// Scan sets Used to the total footprint (Footprint) of what is under dirs, dirs themselves
+// included (each inode counted once, however many hard links it has): the truth after an
+// agent restart. It does not follow symbolic links. Call it when no writer is active on the
+// instance — growth reserved while the scan runs may be counted twice or lost. On error Used
+// is unchanged.
 func (t *Tracker) Scan(dirs ...string) error {
-	total, err := ApparentSize(dirs...)
+	total, err := Charged(dirs...)
 	if err != nil {
 		return fmt.Errorf("%s: %w", t.name, err)
 	}
@@ -179,9 +199,23 @@ func (t *Tracker) Scan(dirs ...string) error {
 	return nil
 }
 
-// ApparentSize is the total apparent size of the regular files under dirs, each inode once.
-// Files that vanish while it walks are skipped; any other error names the path.
-func ApparentSize(dirs ...string) (uint64, error) {
+// Footprint is what one file system object is charged against its instance's capacity and
+// the maximum file size: the larger of its apparent size and the bytes allocated to it
+// (st_blocks × 512: data, blocks preallocated past its end, extent maps, extended
+// attributes), for regular files, directories and symbolic links; 0 for other kinds (devices,
+// FIFOs, sockets), which hold no data.
+func Footprint(st *unix.Stat_t) uint64 {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFDIR, unix.S_IFLNK:
+		return max(uint64(max(st.Size, 0)), uint64(max(st.Blocks, 0))*512)
+	}
+	return 0
+}
+
+// Charged is the total footprint (Footprint) of the regular files, directories and symbolic
+// links under dirs, dirs themselves included, each inode once. Entries that vanish while it
+// walks are skipped; any other error names the path.
+func Charged(dirs ...string) (uint64, error) {
 	type fileID struct{ dev, ino uint64 }
 	seen := map[fileID]bool{} // only inodes with more than one link are remembered
 	var total uint64
@@ -202,24 +236,21 @@ func ApparentSize(dirs ...string) (uint64, error) {
 				}
 				return fmt.Errorf("cannot scan %s: %w", path, err)
 			}
-			if !entry.Type().IsRegular() {
-				return nil
-			}
-			info, err := entry.Info()
-			if err != nil {
+			var st unix.Stat_t
+			if err := unix.Lstat(path, &st); err != nil {
 				if errors.Is(err, fs.ErrNotExist) {
 					return nil
 				}
 				return fmt.Errorf("cannot stat %s: %w", path, err)
 			}
-			if st, ok := info.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
-				id := fileID{uint64(st.Dev), st.Ino}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
+				id := fileID{st.Dev, st.Ino}
 				if seen[id] {
 					return nil
 				}
 				seen[id] = true
 			}
-			total += uint64(info.Size())
+			total += Footprint(&st)
 			return nil
 		})
 		if err != nil {
@@ -286,18 +317,31 @@ func (r *Registry) IDs() []int64 {
 	return ids
 }
 
-// FallocateGrowth is the most an fallocate(2) of (mode, off, size) can grow a file of
-// before bytes: what a writer must reserve before it calls it. Inserting a range grows by its
-// size; keeping the size, punching or collapsing grows nothing; otherwise the file grows to
-// off+size if that is past its end.
-func FallocateGrowth(mode uint32, off, size uint64, before int64) uint64 {
+// FallocateWorst bounds what an fallocate(2) of (mode, off, length) can do to a file of
+// size bytes with allocated bytes allocated (st_blocks × 512), block being the file system's
+// block size: worst is the most the file's footprint (Footprint) can be afterwards, not
+// counting the few blocks of its extent map, and allocEnd the end of the range the call may
+// allocate (0 when it only gives space back: PUNCH_HOLE, COLLAPSE_RANGE), which the maximum
+// file size bounds whether or not the call keeps the file's size (FALLOC_FL_KEEP_SIZE).
+// Inserting a range grows the file by its length; every other mode that allocates (0,
+// KEEP_SIZE, ZERO_RANGE, UNSHARE_RANGE, and any the kernel adds) may allocate every block the
+// range touches and make the file off+length long unless it keeps the size.
+func FallocateWorst(mode uint32, off, length uint64, size int64, allocated, block uint64) (worst, allocEnd uint64) {
+	before := max(uint64(max(size, 0)), allocated)
 	switch {
+	case mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) != 0:
+		return before, 0
 	case mode&unix.FALLOC_FL_INSERT_RANGE != 0:
-		return size
-	case mode&(unix.FALLOC_FL_KEEP_SIZE|unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) != 0:
-		return 0
-	case int64(off+size) > before:
-		return off + size - uint64(before)
+		return before + length, uint64(max(size, 0)) + length
 	}
-	return 0
+	if block == 0 {
+		block = 4096
+	}
+	end := off + length
+	touched := (end+block-1)/block*block - off/block*block // the blocks the range touches
+	newSize := uint64(max(size, 0))
+	if mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+		newSize = max(newSize, end)
+	}
+	return max(newSize, allocated+touched, before), end
 }

@@ -112,7 +112,7 @@ func TestConcurrentReservationsNeverExceedCapacity(t *testing.T) {
 	}
 }
 
-func TestScanCountsApparentSizesOnce(t *testing.T) {
+func TestScanCountsFootprintsOnce(t *testing.T) {
 	root := t.TempDir()
 	other := t.TempDir()
 	write := func(path string, size int64) {
@@ -136,7 +136,17 @@ func TestScanCountsApparentSizesOnce(t *testing.T) {
 	write(filepath.Join(root, "sub", "deeper", "b"), 5<<20) // sparse 5 MiB
 	write(filepath.Join(root, "empty"), 0)
 	write(filepath.Join(other, "c"), 24)
-	// A second link to b counts once; a symlink to a big file outside counts nothing.
+	// Space allocated past the end (FALLOC_FL_KEEP_SIZE) counts: the file's size stays 0.
+	write(filepath.Join(root, "kept"), 0)
+	f, err := os.OpenFile(filepath.Join(root, "kept"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, 3<<20); err != nil {
+		t.Skipf("fallocate KEEP_SIZE here: %v", err)
+	}
+	f.Close()
+	// A second link to b counts once; a symlink to a big file outside counts as a link.
 	if err := os.Link(filepath.Join(root, "sub", "deeper", "b"), filepath.Join(root, "b-link")); err != nil {
 		t.Fatal(err)
 	}
@@ -156,9 +166,29 @@ func TestScanCountsApparentSizesOnce(t *testing.T) {
 	if err := tr.Scan(root, other); err != nil {
 		t.Fatal(err)
 	}
-	want := uint64(1000 + 5<<20 + 24)
+	var want uint64
+	for _, p := range []string{root, other, "a", "sub", "sub/deeper", "sub/deeper/b", "empty", "kept", "sym", "emptydir", other + "/c"} {
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(root, p)
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		want += Footprint(&st)
+	}
 	if got := tr.Used(); got != want {
 		t.Errorf("Used after Scan = %d, want %d", got, want)
+	}
+	var kept unix.Stat_t
+	unix.Lstat(filepath.Join(root, "kept"), &kept)
+	if kept.Size != 0 || Footprint(&kept) < 3<<20 {
+		t.Errorf("a file of size %d with 3 MiB allocated past its end has a footprint of %d", kept.Size, Footprint(&kept))
+	}
+	var b unix.Stat_t
+	unix.Lstat(filepath.Join(root, "sub", "deeper", "b"), &b)
+	if Footprint(&b) != 5<<20 {
+		t.Errorf("a sparse 5 MiB file has a footprint of %d, want its length", Footprint(&b))
 	}
 }
 
@@ -239,28 +269,34 @@ func TestRegistryConcurrentGetReturnsOneTracker(t *testing.T) {
 	}
 }
 
-func TestFallocateGrowth(t *testing.T) {
+func TestFallocateWorst(t *testing.T) {
+	const keep = unix.FALLOC_FL_KEEP_SIZE
 	for _, tc := range []struct {
-		mode      uint32
-		off, size uint64
-		before    int64
-		want      uint64
+		mode            uint32
+		off, length     uint64
+		size            int64
+		allocated       uint64
+		worst, allocEnd uint64
 	}{
-		{0, 0, 100, 0, 100},                        // allocate a new file's first 100 bytes
-		{0, 50, 100, 100, 50},                      // past the end by 50
-		{0, 0, 50, 100, 0},                         // inside the file
-		{unix.FALLOC_FL_KEEP_SIZE, 0, 1000, 10, 0}, // the size stays
-		{unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE, 0, 10, 10, 0},
-		{unix.FALLOC_FL_COLLAPSE_RANGE, 0, 4096, 8192, 0},
-		{unix.FALLOC_FL_INSERT_RANGE, 0, 4096, 8192, 4096}, // always grows by the range
+		{0, 0, 100, 0, 0, 4096, 100},                        // a new file's first 100 bytes: a block
+		{0, 50, 100, 100, 4096, 8192, 150},                  // the block it touches may be a hole, for all it knows
+		{0, 0, 8192, 8192, 8192, 16384, 8192},               // the range may be a hole: counted again at worst
+		{keep, 0, 1 << 30, 10, 4096, 1<<30 + 4096, 1 << 30}, // the size stays; the blocks count
+		{keep, 1 << 20, 4096, 0, 0, 4096, 1<<20 + 4096},     // past the end, with a gap
+		{keep, 0, 4096, 1 << 30, 0, 1 << 30, 4096},          // a sparse file's length covers it
+		{unix.FALLOC_FL_PUNCH_HOLE | keep, 0, 4096, 8192, 8192, 8192, 0},
+		{unix.FALLOC_FL_COLLAPSE_RANGE, 0, 4096, 8192, 8192, 8192, 0},
+		{unix.FALLOC_FL_INSERT_RANGE, 0, 4096, 8192, 8192, 12288, 12288},
+		{unix.FALLOC_FL_ZERO_RANGE | keep, 0, 1 << 20, 0, 0, 1 << 20, 1 << 20},
 	} {
-		if got := FallocateGrowth(tc.mode, tc.off, tc.size, tc.before); got != tc.want {
-			t.Errorf("FallocateGrowth(%#x, %d, %d, %d) = %d, want %d", tc.mode, tc.off, tc.size, tc.before, got, tc.want)
+		worst, end := FallocateWorst(tc.mode, tc.off, tc.length, tc.size, tc.allocated, 4096)
+		if worst != tc.worst || end != tc.allocEnd {
+			t.Errorf("FallocateWorst(%#x, %d, %d, size %d, allocated %d) = %d, %d; want %d, %d",
+				tc.mode, tc.off, tc.length, tc.size, tc.allocated, worst, end, tc.worst, tc.allocEnd)
 		}
 	}
 }
 
-// Peak is the most ever counted, whatever was released since.
 func TestTrackerPeak(t *testing.T) {
 	tr := New("instance 1", 100)
 	tr.Reserve(40)

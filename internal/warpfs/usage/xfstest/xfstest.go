@@ -31,7 +31,13 @@ func MountPlain(t *testing.T, base string, size int64) string {
 	return mount(t, base, size, false)
 }
 
-func mount(t *testing.T, base string, size int64, prjquota bool) string {
+// MountWith is MountPlain with extra mount options (e.g. usage.XFSFragmentOptions).
+func MountWith(t *testing.T, base string, size int64, options string) string {
+	t.Helper()
+	return mount(t, base, size, false, options)
+}
+
+func mount(t *testing.T, base string, size int64, prjquota bool, extra ...string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("an XFS loop mount needs root")
@@ -69,6 +75,11 @@ func mount(t *testing.T, base string, size int64, prjquota bool) string {
 	options := "loop"
 	if prjquota {
 		options += ",prjquota"
+	}
+	for _, o := range extra {
+		if o != "" {
+			options += "," + o
+		}
 	}
 	out, err := exec.Command("mount", "-o", options, img, mnt).CombinedOutput()
 	if err != nil && !prjquota {

@@ -1,0 +1,84 @@
+package controller
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// Credentials without MUNGE's form cost no unmunge; well-formed ones that munged refuses are
+// decoded at most controller.munge_failures_per_minute times a minute per network, then
+// answered 429 undecoded, while other networks are decoded as before.
+func TestBadMungeCredentialsAreCheap(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	g := a.srv.munge
+	call := func(from, cred string) (int, string) {
+		req := httptest.NewRequest("GET", "/dw/v1/pools", nil)
+		req.RemoteAddr = from
+		req.Header.Set("Authorization", "MUNGE "+cred)
+		rec := httptest.NewRecorder()
+		a.srv.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	junk := strings.Repeat("x", 4096)
+	for i := 0; i < 200; i++ {
+		if code, out := call("192.0.2.10:4000", junk); code != http.StatusUnauthorized || !strings.Contains(out, "not a MUNGE credential") {
+			t.Fatalf("4 KB of junk: %d %s", code, out)
+		}
+	}
+	if n := g.decodes.Load(); n != 0 {
+		t.Errorf("junk cost %d unmunge runs, want 0", n)
+	}
+	forged := func() string {
+		b := make([]byte, 102)
+		rand.Read(b)
+		return "MUNGE:" + base64.StdEncoding.EncodeToString(b) + ":"
+	}
+	perMinute := a.c.cfg.Controller.MungeFailuresPerMinute
+	throttled := 0
+	for i := 0; i < perMinute+40; i++ {
+		from := "192.0.2." + []string{"10", "77", "200"}[i%3] + ":5000" // one /24
+		code, out := call(from, forged())
+		switch code {
+		case http.StatusUnauthorized:
+		case http.StatusTooManyRequests:
+			throttled++
+			if !strings.Contains(out, "controller.munge_failures_per_minute") || !strings.Contains(out, "192.0.2.0/24") {
+				t.Errorf("the refusal does not name the limit and the network: %s", out)
+			}
+		default:
+			t.Fatalf("a forged credential: %d %s", code, out)
+		}
+	}
+	if n := g.decodes.Load(); n > int64(perMinute)+1 || throttled < 39 {
+		t.Errorf("%d forged credentials from one /24: %d decoded, %d refused undecoded; want at most %d decoded",
+			perMinute+40, n, throttled, perMinute)
+	}
+	before := g.decodes.Load()
+	if code, out := call("198.51.100.7:5000", forged()); code != http.StatusUnauthorized || g.decodes.Load() != before+1 {
+		t.Errorf("another network's credential: %d %s (decoded %d)", code, out, g.decodes.Load()-before)
+	}
+}
+
+func TestNetworkOf(t *testing.T) {
+	for addr, want := range map[string]string{
+		"192.0.2.77:80":            "192.0.2.0/24",
+		"[2001:db8:1:2:3::4]:80":   "2001:db8:1:2::/64",
+		"[::ffff:192.0.2.9]:80":    "192.0.2.0/24",
+		"@":                        "@",
+		"[fe80::1%eth0]:1":         "fe80::/64",
+		"not an address":           "not an address",
+		"10.1.2.3":                 "10.1.2.0/24",
+		"[2001:db8::ffff:1]:65535": "2001:db8::/64",
+		"127.0.0.1:1":              "127.0.0.0/24",
+		"[::1]:1":                  "::/64",
+		"203.0.113.255:9":          "203.0.113.0/24",
+	} {
+		if got := networkOf(addr); got != want {
+			t.Errorf("networkOf(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}
