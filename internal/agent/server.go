@@ -6,15 +6,18 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/user"
+	"slices"
 	"strconv"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 )
 
-// Handler serves the agent API to the controller. Callers must be root or this agent's own
-// user on the Unix socket, or present the shared token over TCP.
-func Handler(a agentapi.Agent, token string) http.Handler {
+// Handler serves the agent API to the controller. Callers must be root, this agent's own
+// user or one of controllerUIDs (the user a controller on this host runs as,
+// agent.controller_user) on the Unix socket, or present the shared token over TCP.
+func Handler(a agentapi.Agent, token string, controllerUIDs ...uint32) http.Handler {
 	mux := http.NewServeMux()
 	do := func(w http.ResponseWriter, err error) {
 		if err != nil {
@@ -90,12 +93,12 @@ func Handler(a agentapi.Agent, token string) http.Handler {
 	self := uint32(os.Geteuid())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer := httpapi.PeerOf(r)
-		allowed := peer.Known && (peer.UID == 0 || peer.UID == self)
+		allowed := peer.Known && (peer.UID == 0 || peer.UID == self || slices.Contains(controllerUIDs, peer.UID))
 		if auth := r.Header.Get("Authorization"); auth != "" {
 			allowed = token != "" && auth == "Bearer "+token
 		}
 		if !allowed {
-			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "only the controller may call an agent: root or the agent's user on its Unix socket, or the shared token (agent.token_file) over TCP")
+			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "only the controller may call an agent: root, the agent's user or agent.controller_user on its Unix socket, or the shared token (agent.token_file) over TCP")
 			return
 		}
 		httpapi.Authenticated(w, r) // its connection may hold a reserved slot (controller.reserved_connections)
@@ -103,11 +106,28 @@ func Handler(a agentapi.Agent, token string) http.Handler {
 	})
 }
 
-// Serve serves the agent API on l until ctx ends.
-func Serve(ctx context.Context, l net.Listener, a agentapi.Agent, token string, lim httpapi.Limits) error {
-	err := httpapi.Serve(ctx, l, Handler(a, token), lim)
+// Serve serves the agent API on l until ctx ends (Handler says who may call it).
+func Serve(ctx context.Context, l net.Listener, a agentapi.Agent, token string, lim httpapi.Limits, controllerUIDs ...uint32) error {
+	err := httpapi.Serve(ctx, l, Handler(a, token, controllerUIDs...), lim)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
 	return err
+}
+
+// ControllerUIDs is the uid of agent.controller_user, when this host knows that user: a
+// controller running as it calls the agent on its Unix socket.
+func ControllerUIDs(name string) []uint32 {
+	if name == "" {
+		return nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil
+	}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil
+	}
+	return []uint32{uint32(uid)}
 }

@@ -152,6 +152,10 @@ type Controller struct {
 	// MungeSocket is the local munged's socket, which decodes the MUNGE credentials of users
 	// on TCP. "" = munge's default (/run/munge/munge.socket.2).
 	MungeSocket string `toml:"munge_socket"`
+	// User is whom a controller started as root becomes, for good, once it has read its
+	// secrets and made its sockets (the package makes "spillway" and sets it): its state
+	// directory and accounting log are given to that user. "" = stay as started.
+	User string `toml:"user"`
 	// MungeFailuresPerMinute bounds the MUNGE credentials that munged refuses from one
 	// network (an IPv4 /24, an IPv6 /64) in a minute; past it that network's credentials are
 	// refused (429) without being decoded until the minute's budget refills.
@@ -298,14 +302,18 @@ type Stage struct {
 
 // Agent is a storage and/or compute node daemon.
 type Agent struct {
-	Name              string   `toml:"name"`               // node name; default the host name
-	Pool              string   `toml:"pool"`               // pool of this node's storage; "" = compute only
-	SSDPath           string   `toml:"ssd_path"`           // directory holding fragments
-	Capacity          Size     `toml:"capacity"`           // bytes offered; 0 = half the free space at first start
-	Listen            string   `toml:"listen"`             // "unix:/path" or "host:port"
-	Advertise         string   `toml:"advertise"`          // address the controller uses; default Listen
-	Controller        string   `toml:"controller"`         // the controller's API address
-	TokenFile         string   `toml:"token_file"`         // shared secret (see controller.token_file)
+	Name       string `toml:"name"`       // node name; default the host name
+	Pool       string `toml:"pool"`       // pool of this node's storage; "" = compute only
+	SSDPath    string `toml:"ssd_path"`   // directory holding fragments
+	Capacity   Size   `toml:"capacity"`   // bytes offered; 0 = half the free space at first start
+	Listen     string `toml:"listen"`     // "unix:/path" or "host:port"
+	Advertise  string `toml:"advertise"`  // address the controller uses; default Listen
+	Controller string `toml:"controller"` // the controller's API address
+	TokenFile  string `toml:"token_file"` // shared secret (see controller.token_file)
+	// ControllerUser is the user a controller on this host runs as (the packaged unit's
+	// User=spillway): its uid may call the agent on its Unix socket, as root may. "" or a
+	// user this host does not know: none.
+	ControllerUser    string   `toml:"controller_user"`
 	HeartbeatInterval Duration `toml:"heartbeat_interval"` // how often it reports to the controller
 	// GCGrace is how old a fragment or namespace the controller no longer knows must be before
 	// the agent removes it (younger ones may simply be newer than the controller's answer).
@@ -521,6 +529,7 @@ func Defaults() Config {
 			SSDPath:              "/var/lib/spillway/ssd",
 			Listen:               "unix:/run/spillway/agent.sock",
 			Controller:           "unix:/run/spillway/controller.sock",
+			ControllerUser:       "spillway",
 			HeartbeatInterval:    Duration(5 * time.Second),
 			GCGrace:              Duration(2 * time.Minute),
 			FragmentFilesystem:   "directory",

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/agent"
 	"github.com/spillway-hpc/spillway/internal/agentapi"
@@ -30,6 +32,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/metrics"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
+	"github.com/spillway-hpc/spillway/internal/privdrop"
 	"github.com/spillway-hpc/spillway/internal/store/engines"
 	"github.com/spillway-hpc/spillway/internal/store/etcd"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
@@ -105,6 +108,39 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	}
 	defer d.stop()
 	log, cfg, from, token, serverTLS, clientTLS := d.log, d.cfg, d.from, d.token, d.serverTLS, d.clientTLS
+	// What needs root comes first — the secrets (read by daemonStart) and the listeners, whose
+	// sockets are made under /run —, then the controller becomes controller.user and opens
+	// its state as that user.
+	listeners := []string{"unix:" + cfg.Controller.Socket}
+	if cfg.Controller.Listen != "" {
+		if token == "" {
+			fmt.Fprintln(stderr, "spillway controller: controller.listen is set but controller.token_file is not: TCP clients could not authenticate; set both")
+			return 78
+		}
+		listeners = append(listeners, cfg.Controller.Listen)
+	}
+	var apiListeners []net.Listener
+	for _, addr := range listeners {
+		l, err := httpapi.Listen(addr, serverTLS)
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway controller: listen %s: %v\n", addr, err)
+			return 1
+		}
+		apiListeners = append(apiListeners, l)
+	}
+	var metricsListener net.Listener
+	if cfg.Controller.MetricsListen != "" {
+		l, err := metrics.Listen(cfg.Controller.MetricsListen, serverTLS)
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway controller: metrics_listen %s: %v\n", cfg.Controller.MetricsListen, err)
+			return 1
+		}
+		metricsListener = l
+	}
+	if err := becomeControllerUser(cfg); err != nil {
+		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
+		return 1
+	}
 	st, err := engines.OpenState(context.Background(), &cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway controller: %v\n", err)
@@ -158,33 +194,19 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 				func() float64 { return float64(el.Terms()) }))
 	}
 	var wg sync.WaitGroup
-	listeners := []string{"unix:" + cfg.Controller.Socket}
-	if cfg.Controller.Listen != "" {
-		if token == "" {
-			fmt.Fprintln(stderr, "spillway controller: controller.listen is set but controller.token_file is not: TCP clients could not authenticate; set both")
-			return 78
-		}
-		listeners = append(listeners, cfg.Controller.Listen)
-	}
-	for _, addr := range listeners {
-		l, err := httpapi.Listen(addr, serverTLS)
-		if err != nil {
-			fmt.Fprintf(stderr, "spillway controller: listen %s: %v\n", addr, err)
-			return 1
-		}
+	for _, l := range apiListeners {
 		wg.Add(1)
 		go func() { defer wg.Done(); srv.Serve(ctx, l, embedded.APILimits(cfg, log)) }()
 	}
-	if cfg.Controller.MetricsListen != "" {
-		l, err := metrics.Listen(cfg.Controller.MetricsListen, serverTLS)
-		if err != nil {
-			fmt.Fprintf(stderr, "spillway controller: metrics_listen %s: %v\n", cfg.Controller.MetricsListen, err)
-			return 1
-		}
+	if metricsListener != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); metrics.Serve(ctx, l, ctl.Registry(), embedded.APILimits(cfg, log)) }()
+		go func() {
+			defer wg.Done()
+			metrics.Serve(ctx, metricsListener, ctl.Registry(), embedded.APILimits(cfg, log))
+		}()
 	}
-	log.Info("controller started", "config", from, "state", engines.Describe(&cfg), "listen", listeners, "metrics_listen", cfg.Controller.MetricsListen, "mount_root", cfg.Controller.MountRoot, "ha", cfg.HA.Enabled)
+	log.Info("controller started", "config", from, "state", engines.Describe(&cfg), "listen", listeners, "metrics_listen", cfg.Controller.MetricsListen,
+		"mount_root", cfg.Controller.MountRoot, "ha", cfg.HA.Enabled, "uid", os.Getuid())
 	if el != nil {
 		// One of several: the executor runs only while this controller leads; a deposed
 		// leader steps down (its writes fenced, its executor stopped) and campaigns again.
@@ -317,7 +339,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		agent.Serve(ctx, l, ag, nodeCredential(token, name), embedded.APILimits(cfg, log))
+		agent.Serve(ctx, l, ag, nodeCredential(token, name), embedded.APILimits(cfg, log), agent.ControllerUIDs(cfg.Agent.ControllerUser)...)
 	}()
 	if dataListener != nil {
 		wg.Add(1)
@@ -439,4 +461,78 @@ func startCPUProfile(path, daemon string, log *slog.Logger) (func(), error) {
 			log.Error("the CPU profile is incomplete", "file", path, "err", err)
 		}
 	}, nil
+}
+
+// becomeControllerUser makes a controller started as root controller.user for good, once it
+// read its secrets and made its sockets: its state directory (SQLite) and its accounting log
+// are given to that user first. Without controller.user, or already that user, nothing
+// changes.
+func becomeControllerUser(cfg config.Config) error {
+	name := cfg.Controller.User
+	if name == "" {
+		return nil
+	}
+	id, err := privdrop.Lookup(name)
+	if err != nil {
+		return fmt.Errorf("controller.user: %v (the package makes the user spillway; or set controller.user = \"\" to run as root)", err)
+	}
+	if uint32(os.Geteuid()) == id.UID {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("controller.user = %q needs the controller started as root (which it leaves at once) or as %s; it runs as uid %d", name, name, os.Geteuid())
+	}
+	var own []string
+	if cfg.Store.Engine == "" || cfg.Store.Engine == "sqlite" {
+		if err := os.MkdirAll(cfg.Controller.StateDir, 0o700); err != nil {
+			return fmt.Errorf("controller.state_dir: %v", err)
+		}
+		own = append(own, cfg.Controller.StateDir)
+	}
+	if log := cfg.Controller.AccountingLogPath(); filepath.Dir(log) != cfg.Controller.StateDir {
+		// Made now if missing: the user may not create files where the log lives.
+		if err := os.MkdirAll(filepath.Dir(log), 0o755); err != nil {
+			return fmt.Errorf("controller.accounting_log: %v", err)
+		}
+		f, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+		if err != nil {
+			return fmt.Errorf("controller.accounting_log: %v", err)
+		}
+		f.Close()
+		own = append(own, log)
+	}
+	for _, path := range own {
+		if err := giveTo(path, id); err != nil {
+			return fmt.Errorf("cannot give %s to controller.user %s: %v", path, name, err)
+		}
+	}
+	if err := privdrop.Become(id); err != nil {
+		return fmt.Errorf("cannot become controller.user %s: the controller %v", name, err)
+	}
+	return nil
+}
+
+// giveTo makes path, and what a directory holds, id's (no link followed). A directory that
+// is id's already is left as it is: its contents were given with it.
+func giveTo(path string, id privdrop.Identity) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return err
+	}
+	if st.Uid == id.UID && st.Gid == id.GID {
+		return nil
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		entries, err := os.ReadDir(path)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if err := giveTo(filepath.Join(path, e.Name()), id); err != nil {
+				return err
+			}
+		}
+	}
+	// The directory last: an interrupted walk is done again at the next start.
+	return unix.Lchown(path, int(id.UID), int(id.GID))
 }

@@ -17,12 +17,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/privdrop"
 )
 
 // identityFlag carries the worker's identity on its command line: --as=UID:GID:G1,G2,...
@@ -103,70 +104,16 @@ func becomeStageUser(args []string) ([]string, error) {
 				"once it takes their identity; staging is refused until it is 0 (the default) or 2: sysctl -w fs.suid_dumpable=0")
 		}
 	}
-	// syscall's Setgroups, Setresgid and Setresuid change every thread of the process.
-	if err := syscall.Setgroups(intsOf(want.Groups)); err != nil {
-		return rest, fmt.Errorf("cannot take the groups of uid %d: %v", want.Uid, err)
-	}
-	if err := syscall.Setresgid(int(want.Gid), int(want.Gid), int(want.Gid)); err != nil {
-		return rest, fmt.Errorf("cannot take gid %d: %v", want.Gid, err)
-	}
-	if err := syscall.Setresuid(int(want.Uid), int(want.Uid), int(want.Uid)); err != nil {
-		return rest, fmt.Errorf("cannot take uid %d: %v", want.Uid, err)
+	if err := privdrop.Become(privdrop.Identity{UID: want.Uid, GID: want.Gid, Groups: want.Groups}); err != nil {
+		return rest, fmt.Errorf("the staging worker %v", err)
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return rest, fmt.Errorf("cannot keep the staging worker non-dumpable: %v", err)
 	}
-	return rest, checkBecame(want)
-}
-
-// checkBecame verifies that the worker holds exactly the identity it was given, no
-// capability (an agent started with securebits that keep capabilities across setuid would
-// leave them), and is not dumpable.
-func checkBecame(want *syscall.Credential) error {
-	if r, e, s := unix.Getresuid(); r != int(want.Uid) || e != r || s != r {
-		return fmt.Errorf("the staging worker holds uids %d/%d/%d after taking uid %d", r, e, s, want.Uid)
-	}
-	if r, e, s := unix.Getresgid(); r != int(want.Gid) || e != r || s != r {
-		return fmt.Errorf("the staging worker holds gids %d/%d/%d after taking gid %d", r, e, s, want.Gid)
-	}
-	if groups, err := unix.Getgroups(); err != nil || !slices.Equal(slices.Sorted(slices.Values(groups)), slices.Sorted(slices.Values(intsOf(want.Groups)))) {
-		return fmt.Errorf("the staging worker holds groups %v after taking %v (%v)", groups, want.Groups, err)
-	}
 	if d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || d != 0 {
-		return fmt.Errorf("the staging worker is still dumpable (%d, %v)", d, err)
+		return rest, fmt.Errorf("the staging worker is still dumpable (%d, %v)", d, err)
 	}
-	if want.Uid == 0 {
-		return nil
-	}
-	status, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return fmt.Errorf("cannot check the staging worker's capabilities: %v", err)
-	}
-	for _, field := range []string{"CapPrm", "CapEff", "CapAmb"} {
-		if v := statusField(string(status), field); strings.Trim(v, "0") != "" {
-			return fmt.Errorf("the staging worker kept capabilities %s=%s after taking uid %d; "+
-				"start the agent without securebits that keep capabilities (keep-caps, no-setuid-fixup)", field, v, want.Uid)
-		}
-	}
-	return nil
-}
-
-func intsOf(ids []uint32) []int {
-	out := make([]int, len(ids))
-	for i, id := range ids {
-		out[i] = int(id)
-	}
-	return out
-}
-
-// statusField is the value of "Name:\tvalue" in a /proc/<pid>/status text ("" if absent).
-func statusField(status, name string) string {
-	for _, line := range strings.Split(status, "\n") {
-		if v, ok := strings.CutPrefix(line, name+":"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
+	return rest, nil
 }
 
 // checkSealed is the agent's check, before it hands the directories to the worker pid, that
@@ -185,10 +132,10 @@ func checkSealed(pid int, uid uint32) error {
 		if err != nil {
 			return fmt.Errorf("cannot check the staging worker (pid %d, thread %s): %v", pid, task.Name(), err)
 		}
-		if uids := strings.Fields(statusField(string(status), "Uid")); len(uids) != 4 || uids[0] != want || uids[1] != want || uids[2] != want || uids[3] != want {
+		if uids := strings.Fields(privdrop.StatusField(string(status), "Uid")); len(uids) != 4 || uids[0] != want || uids[1] != want || uids[2] != want || uids[3] != want {
 			return fmt.Errorf("the staging worker (pid %d, thread %s) runs as uids %v, not uid %d", pid, task.Name(), uids, uid)
 		}
-		if tracer := statusField(string(status), "TracerPid"); tracer != "0" {
+		if tracer := privdrop.StatusField(string(status), "TracerPid"); tracer != "0" {
 			return fmt.Errorf("the staging worker (pid %d, thread %s) is traced by pid %s; its directories are not handed over", pid, task.Name(), tracer)
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/privdrop"
 )
 
 // traceAttacker is what a job's user runs to take over a staging worker before it protects
@@ -42,7 +44,7 @@ func traceAttacker() int {
 			return 0
 		}
 		status, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-		tgid, _ := strconv.Atoi(statusField(string(status), "Tgid"))
+		tgid, _ := strconv.Atoi(privdrop.StatusField(string(status), "Tgid"))
 		return tgid
 	}
 	for {

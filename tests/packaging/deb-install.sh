@@ -7,7 +7,8 @@
 #      ./python3-spillway-datawarp_*.deb (apt fetches fuse3, python3 ... from the mirror);
 #   2. start the controller and the agent with the ExecStart lines of the installed systemd
 #      units (there is no systemd here: the test reads the units, so a wrong path in them fails
-#      it), after the directories the units' RuntimeDirectory=/StateDirectory= would make;
+#      it), after the directory the units' RuntimeDirectory= would make, with their capability
+#      bounding sets, NoNewPrivileges= and UMask=; the controller must become spillway;
 #   3. as an ordinary user, spillway run --config /etc/spillway/spillway.toml a job script that
 #      stages a file in, transforms it in the burst buffer, stages it out with #DW stage_out and
 #      another file through libdatawarp (the Python module over libdatawarp.so.0, deferred
@@ -91,7 +92,7 @@ static=$(ls spillway-*-linux-amd64)
 file "$static" | grep -q 'statically linked' || fail "$static is not statically linked: $(file "$static")"
 [ "$("./$static" version)" = "spillway $version" ] || fail "$static version: $("./$static" version)"
 sha256sum --quiet -c SHA256SUMS || fail "SHA256SUMS does not match the files"
-[ "$(dpkg-deb -f "$deb" Depends)" = "fuse3" ] || fail "spillway Depends: $(dpkg-deb -f "$deb" Depends)"
+[ "$(dpkg-deb -f "$deb" Depends)" = "fuse3, passwd" ] || fail "spillway Depends: $(dpkg-deb -f "$deb" Depends)"
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/spillway/spillway.toml ||
 	fail "/etc/spillway/spillway.toml is not a conffile"
 # Man pages: groff formats each without a warning (as lintian's manpage check does).
@@ -148,8 +149,7 @@ grep -qx "libdir=/usr/lib/x86_64-linux-gnu" "$root/usr/lib/x86_64-linux-gnu/pkgc
 say "installed: $(in_root dpkg-query -W -f='${Package} ${Version}, ' spillway libdatawarp0 libdatawarp-dev python3-spillway-datawarp)"
 
 # --- the packaged services -----------------------------------------------------------------
-# What systemd would do for the units: RuntimeDirectory=, StateDirectory=, LogsDirectory=,
-# the capability bounding set, NoNewPrivileges= and UMask= (so the services are seen to work
+# What systemd would do for the units: RuntimeDirectory=, the capability bounding set, NoNewPrivileges= and UMask= (so the services are seen to work
 # with the privileges their units leave them), then ExecStart=, read from the installed unit
 # files. (The units' file-system and system-call hardening needs systemd itself.)
 start_unit() {
@@ -158,9 +158,6 @@ start_unit() {
 	[ -n "$exec_start" ] || fail "$unit has no ExecStart"
 	case "$exec_start" in /usr/bin/spillway\ *) ;; *) fail "$unit runs $exec_start, not /usr/bin/spillway" ;; esac
 	grep -qx 'RuntimeDirectory=spillway' "$root$unit" && install -d -m 0755 "$root/run/spillway"
-	grep -qx 'StateDirectory=spillway/controller' "$root$unit" && install -d -m 0755 "$root/var/lib/spillway" &&
-		install -d -m 0700 "$root/var/lib/spillway/controller"
-	grep -qx 'LogsDirectory=spillway' "$root$unit" && install -d -m 0755 "$root/var/log/spillway"
 	setpriv=(setpriv)
 	if grep -q '^CapabilityBoundingSet=' "$root$unit"; then
 		caps=$(sed -n 's/^CapabilityBoundingSet=//p' "$root$unit" | tr 'A-Z' 'a-z' | sed 's/cap_/+/g; s/ /,/g')
@@ -183,6 +180,8 @@ wait_for() { # wait_for SECONDS WHAT COMMAND...
 }
 start_unit spillway-controller
 wait_for 30 "the controller's socket /run/spillway/controller.sock" test -S "$root/run/spillway/controller.sock"
+controller_uid=$(awk '/^Uid:/ {print $2}' "/proc/${pids[-1]}/status")
+[ "$controller_uid" = "$(in_root id -u spillway)" ] || fail "the controller runs as uid $controller_uid, not as spillway"
 start_unit spillway-agent
 node_online() { in_root dwstat nodes | grep -q online; }
 wait_for 60 "the agent's node online in dwstat nodes" node_online
