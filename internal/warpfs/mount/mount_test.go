@@ -878,10 +878,11 @@ func TestMountRejectsBadSpecs(t *testing.T) {
 			t.Errorf("%s: %v, want an error saying %q", c.name, err, c.want)
 		}
 	}
-	// The good spec creates the missing parents 0755.
+	// The good spec creates the missing parents 0711: users reach their own mount by its
+	// path, and cannot list the others' (TestMountParentsCannotBeListed).
 	m := mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: tr})
-	if st := statOf(t, filepath.Dir(m.Path())); st.Mode&0o777 != 0o755 {
-		t.Errorf("created parent has mode %o, want 755", st.Mode&0o777)
+	if st := statOf(t, filepath.Dir(m.Path())); st.Mode&0o777 != 0o711 {
+		t.Errorf("created parent has mode %o, want 711", st.Mode&0o777)
 	}
 }
 
