@@ -398,6 +398,8 @@ func TestOtherUsersSessionsCannotBeEnumerated(t *testing.T) {
 		{"GET", "/dw/v1/sessions/%s/paths", ``},
 		{"POST", "/dw/v1/sessions/%s/job_stages", `{"stages":[{"direction":"in","type":"file","pfs_path":"/etc/hostname","dw_path":"/proc/self/x"}]}`},
 		{"GET", "/dw/v1/sessions/%s/job_stages", ``},
+		{"GET", "/dw/v1/sessions/%s/status?step=setup", ``},
+		{"GET", "/dw/v1/sessions/%s/status?step=teardown", ``},
 	}
 	for _, r := range routes {
 		known, knownOut := a.call(userUID, r.method, fmt.Sprintf(r.path, "77"), r.body)

@@ -230,6 +230,20 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 
 func who(r *http.Request) caller { c, _ := r.Context().Value(callerKey{}).(caller); return c }
 
+// hiddenFrom reports whether the session token is another user's job that the caller may not
+// know of (controller.private_data): it is answered as a token that does not exist.
+func (s *Server) hiddenFrom(r *http.Request, token string) (bool, error) {
+	c := who(r)
+	if c.privileged || !s.c.cfg.Controller.PrivateData {
+		return false, nil
+	}
+	sess, err := s.c.sessionByToken(r.Context(), token)
+	if err != nil || sess == nil {
+		return false, err
+	}
+	return sess.Owner != c.uid && !sess.Persistent, nil
+}
+
 // mayActOn checks that the caller owns the session (or is privileged).
 func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) bool {
 	c := who(r)
@@ -246,7 +260,8 @@ func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) 
 	}
 	if s.c.cfg.Controller.PrivateData && !sess.Persistent {
 		// Another user's job is none of the caller's business, not even that it exists:
-		// answered as an unknown token is, so tokens and owners cannot be enumerated.
+		// answered as an unknown token is (hiddenFrom), so tokens and owners cannot be
+		// enumerated.
 		s.fail(w, lifecycle.ErrNoSession)
 		return false
 	}
@@ -475,10 +490,18 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		// larger (it waits half of its own).
 		wait = min(d, s.c.cfg.Controller.MaxStatusWait.D(), s.c.cfg.Controller.RequestTimeout.D()/2)
 	}
-	if !s.mayActOn(w, r, r.PathValue("token")) {
+	token, step := r.PathValue("token"), r.URL.Query().Get("step")
+	if hidden, err := s.hiddenFrom(r, token); err != nil {
+		s.fail(w, err)
+		return
+	} else if hidden { // another user's job: what a token that does not exist gets
+		httpapi.WriteJSON(w, 200, lifecycle.Status(&lifecycle.World{}, token, step))
 		return
 	}
-	st, err := s.c.WaitStatus(r.Context(), r.PathValue("token"), r.URL.Query().Get("step"), wait)
+	if !s.mayActOn(w, r, token) {
+		return
+	}
+	st, err := s.c.WaitStatus(r.Context(), token, step, wait)
 	if err != nil {
 		s.fail(w, err)
 		return

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
+	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/crashpoint"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 )
@@ -145,6 +146,7 @@ func (c *cluster) stopController() {
 
 func (c *cluster) startAgent() {
 	c.agent = c.daemon("agent")
+	admitted := false
 	c.waitFor("the agent to be online", func() bool {
 		all, err := c.client.All(context.Background())
 		if err != nil {
@@ -152,7 +154,16 @@ func (c *cluster) startAgent() {
 		}
 		for _, n := range all.Nodes {
 			if n.ID == "storage1" && n.Online {
-				return true
+				if n.Pool == "" && n.StorageClaim != "" {
+					// An agent with a token presents its node key, which makes it no storage
+					// node: the administrator admits it, and its next heartbeat counts.
+					admit := true
+					if c.client.UpdateNode(context.Background(), "storage1", controllerapi.NodeUpdate{Storage: &admit}) == nil {
+						admitted = true
+					}
+					return false
+				}
+				return !admitted || n.Pool != ""
 			}
 		}
 		return false

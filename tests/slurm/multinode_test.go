@@ -251,6 +251,16 @@ connect_timeout = "1s"
 	m.waitFor(30*time.Second, "the four agents to be online", func() bool {
 		return len(regexp.MustCompile(`(?m)^ *(bb1|bb2|cn1|cn2) .* online `).FindAllString(m.admin("dwstat", "nodes").stdout, -1)) == 4
 	})
+	// Their node keys make bb1 and bb2 no storage nodes: the administrator admits them, and
+	// their next heartbeats put them in the pool.
+	for _, bb := range []string{"bb1", "bb2"} {
+		if r := m.admin("dwcli", "update", "node", "--name", bb, "--storage"); r.code != 0 {
+			t.Fatalf("admitting %s for storage: %s", bb, r)
+		}
+	}
+	m.waitFor(30*time.Second, "bb1 and bb2 in wlm_pool", func() bool {
+		return len(regexp.MustCompile(`(?m)^ *(bb1|bb2) +wlm_pool +online `).FindAllString(m.admin("dwstat", "nodes").stdout, -1)) == 2
+	})
 	for _, h := range []string{"cn1", "cn2"} {
 		m.mountTables = append(m.mountTables, fmt.Sprintf("/proc/%d/mounts", m.host(h).daemon.Process.Pid))
 	}
