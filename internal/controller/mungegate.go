@@ -3,14 +3,13 @@ package controller
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/munge"
+	"github.com/spillway-hpc/spillway/internal/netgroup"
 )
 
 // mungeGate bounds what MUNGE credentials cost the controller. Each one is decoded by an
@@ -57,7 +56,7 @@ func (g *mungeGate) decode(ctx context.Context, remoteAddr, cred string) (munge.
 	if err := munge.WellFormed(cred); err != nil {
 		return munge.Identity{}, err
 	}
-	network := networkOf(remoteAddr)
+	network := netgroup.Of(remoteAddr)
 	now := time.Now()
 	if !g.hasBudget(network, now) {
 		return munge.Identity{}, errMungeThrottled{network}
@@ -112,25 +111,6 @@ func (g *mungeGate) spend(network string, now time.Time) {
 	}
 	g.refill(b, now)
 	b.left = max(0, b.left-1)
-}
-
-// networkOf is the network a caller's address counts in: its /24 (IPv4) or /64 (IPv6).
-func networkOf(remoteAddr string) string {
-	host, _, err := net.SplitHostPort(remoteAddr)
-	if err != nil {
-		host = remoteAddr
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return host
-	}
-	ip = ip.Unmap().WithZone("")
-	bits := 64
-	if ip.Is4() {
-		bits = 24
-	}
-	prefix, _ := ip.Prefix(bits)
-	return prefix.String()
 }
 
 // mungeStatus is the HTTP status of a refused credential.

@@ -62,23 +62,3 @@ func TestBadMungeCredentialsAreCheap(t *testing.T) {
 		t.Errorf("another network's credential: %d %s (decoded %d)", code, out, g.decodes.Load()-before)
 	}
 }
-
-func TestNetworkOf(t *testing.T) {
-	for addr, want := range map[string]string{
-		"192.0.2.77:80":            "192.0.2.0/24",
-		"[2001:db8:1:2:3::4]:80":   "2001:db8:1:2::/64",
-		"[::ffff:192.0.2.9]:80":    "192.0.2.0/24",
-		"@":                        "@",
-		"[fe80::1%eth0]:1":         "fe80::/64",
-		"not an address":           "not an address",
-		"10.1.2.3":                 "10.1.2.0/24",
-		"[2001:db8::ffff:1]:65535": "2001:db8::/64",
-		"127.0.0.1:1":              "127.0.0.0/24",
-		"[::1]:1":                  "::/64",
-		"203.0.113.255:9":          "203.0.113.0/24",
-	} {
-		if got := networkOf(addr); got != want {
-			t.Errorf("networkOf(%q) = %q, want %q", addr, got, want)
-		}
-	}
-}

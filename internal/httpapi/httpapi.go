@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/netgroup"
 )
 
 // Error is the body of every error answer.
@@ -145,19 +147,6 @@ func peerOf(conn net.Conn) (key string, exempt, proven bool) {
 	return addr, false, false
 }
 
-// NetworkOf is the network MaxConnectionsPerNetwork counts by: an IPv4 address's /24, an
-// IPv6 address's /64 (one user, one allocation of nodes, can hold many addresses of one).
-func NetworkOf(host string) string {
-	ip := net.ParseIP(host)
-	if ip == nil {
-		return host
-	}
-	if v4 := ip.To4(); v4 != nil {
-		return v4.Mask(net.CIDRMask(24, 32)).String() + "/24"
-	}
-	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
-}
-
 func (l *limitListener) Accept() (net.Conn, error) {
 	for {
 		conn, err := l.Listener.Accept()
@@ -168,7 +157,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if exempt {
 			return conn, nil
 		}
-		c := &limitedConn{Conn: conn, l: l, peer: key, network: NetworkOf(key), proven: proven}
+		c := &limitedConn{Conn: conn, l: l, peer: key, network: netgroup.Of(key), proven: proven}
 		l.mu.Lock()
 		why := ""
 		switch {

@@ -45,17 +45,7 @@ func checkAccounting(t *testing.T, tr *usage.Tracker, src string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	empty, err := os.MkdirTemp(filepath.Dir(src), "empty-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	err = unix.Lstat(empty, &st)
-	os.Remove(empty)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := uint64(len(dirs)) * usage.Footprint(&st)
+	roots := uint64(len(dirs)) * emptyDirFootprint(t, filepath.Dir(src))
 	if got := tr.Used(); got != want && got != want-min(want, roots) {
 		t.Errorf("tracker counts %d bytes used, the namespace holds %d (%d without what its roots took when made)", got, want, want-min(want, roots))
 	}
@@ -1304,4 +1294,20 @@ func testMaxFileSize(t *testing.T, b testBackend) {
 		t.Errorf("Used = %d, want 200 KiB", tr.Used())
 	}
 	checkAccounting(t, tr, src)
+}
+
+// emptyDirFootprint is what an empty directory made in dir is charged (its blocks).
+func emptyDirFootprint(t *testing.T, dir string) uint64 {
+	t.Helper()
+	empty, err := os.MkdirTemp(dir, "empty-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	err = unix.Lstat(empty, &st)
+	os.Remove(empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return usage.Footprint(&st)
 }

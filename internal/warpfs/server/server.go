@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spillway-hpc/spillway/internal/netgroup"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
@@ -146,7 +147,7 @@ type Server struct {
 type pendingConn struct {
 	nc      net.Conn
 	peer    string // its address without the port
-	network string // its peer's network (netOf): the unit evictHandshake spreads over
+	network string // its peer's network (netgroup.Of): the unit evictHandshake spreads over
 	hello   bool   // it sent a valid HELLO: its AUTH is a round trip away
 }
 
@@ -188,7 +189,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return err
 		}
 		pc := &pendingConn{nc: nc, peer: peerHost(nc)}
-		pc.network = netOf(pc.peer)
+		pc.network = netgroup.Of(pc.peer)
 		s.mu.Lock()
 		if ctx.Err() != nil {
 			s.mu.Unlock()
@@ -256,7 +257,7 @@ func (s *Server) makeRoomForHandshake(peer string) {
 }
 
 // evictHandshake chooses the connection to close when MaxHandshakes are pending: one of the
-// network (netOf: a /24, a /64) holding the most pending connections, ties going to the
+// network (netgroup.Of: a /24, a /64) holding the most pending connections, ties going to the
 // network with the oldest one; within it pickVictim's. Connections that sent nothing go
 // before those that sent a HELLO, whoever holds them. So whoever opens idle connections, from
 // one address or a whole network of them, closes their own first, and a real client, which
@@ -302,19 +303,6 @@ func pickVictim(pending []*pendingConn, of []int) int {
 		}
 	}
 	return of[0]
-}
-
-// netOf is the network an address belongs to for the handshake limits: its /24 (IPv4) or /64
-// (IPv6), which one user or one allocation of nodes can hold many addresses of.
-func netOf(host string) string {
-	ip := net.ParseIP(host)
-	if ip == nil {
-		return host
-	}
-	if v4 := ip.To4(); v4 != nil {
-		return v4.Mask(net.CIDRMask(24, 32)).String() + "/24"
-	}
-	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 // helloed records that pc sent a valid HELLO.

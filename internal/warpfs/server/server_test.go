@@ -688,18 +688,3 @@ func TestHandshakesFromManyAddressesDoNotEvictMounts(t *testing.T) {
 		})
 	}
 }
-
-// The unit evictHandshake spreads over: a /24, a /64.
-func TestNetOf(t *testing.T) {
-	for host, want := range map[string]string{
-		"127.0.0.41":           "127.0.0.0/24",
-		"10.1.2.3":             "10.1.2.0/24",
-		"::ffff:10.1.2.3":      "10.1.2.0/24",
-		"2001:db8:1:2:3:4:5:6": "2001:db8:1:2::/64",
-		"fe80::1%eth0":         "fe80::1%eth0", // not an IP net.ParseIP takes: its own network
-	} {
-		if got := netOf(host); got != want {
-			t.Errorf("netOf(%s) = %s, want %s", host, got, want)
-		}
-	}
-}
