@@ -137,7 +137,7 @@ func PersistentMain(args []string, stdout, stderr io.Writer) int {
 	conn.Flags(fs, true)
 	capacity := fs.String("capacity", "", "create: the capacity, e.g. 200GiB")
 	pool := fs.String("pool", "", "create: the pool (default: the controller's default pool)")
-	access := fs.String("access", "striped", "create: access mode: striped, private or loadbalance")
+	access := fs.String("access", "striped", "create: access mode: striped or loadbalance (private is per job only)")
 	strategy := fs.String("optimization", "bandwidth", "create: optimization_strategy: bandwidth or interference")
 	expiration := fs.String("expiration", "", "create: when it expires: a lifetime (72h, 30d), a time (2026-12-31T18:00:00, local) or never; default: the site's (controller.persistent_expiration)")
 	hurry := fs.Bool("hurry", false, "destroy: do not wait for stage-outs")

@@ -588,7 +588,13 @@ func (d *dctx) createPersistent(args []string, s *Script, seen *seenDirectives, 
 			key = "access"
 		}
 		if spec, ok := d.accessMode(key, v[key], false); ok {
-			c.AccessModes = spec.modes
+			if slices.Contains(spec.modes, "private") {
+				// DataWarp's Table I: private namespaces belong to one job's compute nodes.
+				d.fail(key, v[key], "access_mode=private is not available for a persistent buffer (as in DataWarp): each job's compute nodes would get namespaces no other job sees",
+					"use "+key+"=striped (or loadbalance); for a private view, ask for it per job: #DW jobdw access_mode=striped,private")
+			} else {
+				c.AccessModes = spec.modes
+			}
 		}
 	}
 	if t, ok := v["type"]; ok {

@@ -14,7 +14,7 @@ var corpus = []string{
 	"#DW jobdw capacity=1GiB access_mode=striped(client_cache=no) max_mds=no\n#DW swap 1.5KB pool=wlm_pool\n",
 	"#DW jobdw capacity=10 access_mode=loadbalance\n#DW stage_in type=directory source=/ref destination=${DW_JOB_LDBAL}/ref/\n",
 	"#DW persistentdw name=alpha\n#DW persistentdw name=_b2\n#DW stage_in type=list source=/pfs/list destination=$DW_PERSISTENT_STRIPED_alpha\n#DW stage_out type=list source=/pfs/out.list destination=/pfs/results\n#DW stage_out type=file source=${DW_PERSISTENT_STRIPED__b2}/x/../y destination=%d/y\n",
-	"#BB create_persistent name=alpha capacity=32GB access=striped type=scratch\n#BB create_persistent name=beta capacity=1.5TB access_mode=private,striped pool=p optimization_strategy=interference\n#BB destroy_persistent name=gamma hurry\n#BB destroy_persistent name=delta\n",
+	"#BB create_persistent name=alpha capacity=32GB access=striped type=scratch\n#BB create_persistent name=beta capacity=1.5TB access_mode=loadbalance pool=p optimization_strategy=interference\n#BB destroy_persistent name=gamma hurry\n#BB destroy_persistent name=delta\n",
 	"#!/bin/sh\n#DW jobdw type=scratch \\\n#DW     capacity=5GiB \\\n#DWaccess_mode=striped\n#DW swap 3TiB\n",
 	"#DW jobdw capacity=1GiB type=cache pfs=/a access_mode=striped(MFS=0,MFC=0)\n",
 	"#DW jobdw capacity=1GiB write_window_length=86400 write_window_multiplier=10 optimization_strategy=bandwidth type=scratch access_mode=striped\n",

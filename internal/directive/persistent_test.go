@@ -103,12 +103,10 @@ func TestCreatePersistent(t *testing.T) {
 			CreatePersistent{1, "alpha", 32e9, []string{"striped"}, "scratch", "", "bandwidth"}},
 		{"#BB create_persistent name=beta capacity=16GB\n",
 			CreatePersistent{1, "beta", 16e9, []string{"striped"}, "scratch", "", "bandwidth"}},
-		{"#BB create_persistent capacity=1TiB name=g access_mode=private pool=sm_pool optimization_strategy=interference\n",
-			CreatePersistent{1, "g", 1 << 40, []string{"private"}, "scratch", "sm_pool", "interference"}},
+		{"#BB create_persistent capacity=1TiB name=g access_mode=striped pool=sm_pool optimization_strategy=interference\n",
+			CreatePersistent{1, "g", 1 << 40, []string{"striped"}, "scratch", "sm_pool", "interference"}},
 		{"#BB create_persistent name=lb capacity=1GiB access=ldbalance\n",
 			CreatePersistent{1, "lb", 1 << 30, []string{"loadbalance"}, "scratch", "", "bandwidth"}},
-		{"#BB create_persistent name=sp capacity=1GiB access_mode=private,striped\n",
-			CreatePersistent{1, "sp", 1 << 30, []string{"striped", "private"}, "scratch", "", "bandwidth"}},
 	}
 	for _, c := range cases {
 		s := accept(t, c.src)
@@ -138,6 +136,9 @@ func TestCreateDestroyErrors(t *testing.T) {
 		{"#BB create_persistent name=a capacity=0\n", 1, "capacity", []string{"greater than zero"}},
 		{"#BB create_persistent name=9x capacity=1GiB\n", 1, "name", []string{"must not start with a digit"}},
 		{"#BB create_persistent name=a capacity=1GiB access=striped access_mode=striped\n", 1, "access", []string{"both access= and access_mode="}},
+		// DataWarp's Table I: no private persistent instance.
+		{"#BB create_persistent name=a capacity=1GiB access_mode=private\n", 1, "access_mode", []string{"private is not available for a persistent buffer", "access_mode=striped"}},
+		{"#BB create_persistent name=a capacity=1GiB access=private,striped\n", 1, "access", []string{"private is not available for a persistent buffer", "access=striped"}},
 		{"#BB create_persistent name=a capacity=1GiB access=striped(MFS=1GiB)\n", 1, "access", []string{"suboptions are not supported here"}},
 		{"#BB create_persistent name=a capacity=1GiB type=cache\n", 1, "type", []string{"persistent cache buffers are not supported"}},
 		{"#BB create_persistent name=a capacity=1GiB type=swap\n", 1, "type", []string{"expected scratch"}},

@@ -377,6 +377,10 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 	default:
 		return userErr("type=%s: expected scratch", req.Type)
 	}
+	if sess.Persistent && slices.Contains(req.AccessModes, model.AccessPrivate) {
+		// DataWarp's Table I: a private namespace per compute node belongs to one job's nodes.
+		return userErr("access_mode=private is not available for a persistent instance (as in DataWarp): each job's compute nodes would get namespaces no other job sees; use access_mode=striped or loadbalance")
+	}
 	if req.MaxMDS && len(req.AccessModes) > 0 && !slices.Contains(req.AccessModes, model.AccessStriped) {
 		return userErr("max_mds=yes needs access_mode striped (a private namespace has one metadata server per node already)")
 	}

@@ -397,6 +397,9 @@ func TestRequestErrors(t *testing.T) {
 		{Setup{Token: "1", Owner: 1, Uses: []string{"ghost"}}, "persistentdw name=ghost"},
 		{Setup{Token: "9lives", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "must not start with a digit"},
 		{Setup{Token: "a-b", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "letters, digits and _"},
+		// DataWarp's Table I: no private persistent instance (spillway persistent create, the API).
+		{Setup{Token: "p", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool", AccessModes: []string{"private"}}}, "access_mode=private is not available for a persistent instance"},
+		{Setup{Token: "p", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool", AccessModes: []string{"striped", "private"}}}, "use access_mode=striped"},
 	}
 	for _, c := range cases {
 		err := ApplySetup(h.w, c.req, h, h.p, h.now)
