@@ -414,7 +414,7 @@ Example:
 func nodeKeyMain(args []string, stdout, stderr io.Writer) int {
 	fs := cli.NewFlags("spillway node-key", nodeKeyUsage, stderr)
 	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
-	if code, ok := cli.Parse(fs, args, stdout); !ok {
+	if code, ok := cli.ParseInterspersed(fs, args, stdout); !ok {
 		return code
 	}
 	if fs.NArg() != 1 || fs.Arg(0) == "" {

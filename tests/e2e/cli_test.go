@@ -104,3 +104,18 @@ func TestLookingNeverCreatesAHome(t *testing.T) {
 		}
 	}
 }
+
+// Options may come before or after a command's names: spillway node-key NAME --config FILE
+// is spillway node-key --config FILE NAME.
+func TestNodeKeyOptionsAnywhere(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	conf := filepath.Join(dir, "spillway.toml")
+	os.WriteFile(token, []byte("node-key-test-secret\n"), 0o600)
+	os.WriteFile(conf, []byte("[controller]\ntoken_file = \""+token+"\"\n"), 0o644)
+	after := spillway(t, cmdOpts{}, "node-key", "cn1", "--config", conf)
+	before := spillway(t, cmdOpts{}, "node-key", "--config", conf, "cn1")
+	if after.code != 0 || before.code != 0 || after.stdout != before.stdout || !strings.HasPrefix(after.stdout, "node:cn1:") {
+		t.Errorf("node-key NAME --config FILE: %s\nnode-key --config FILE NAME: %s", after, before)
+	}
+}
