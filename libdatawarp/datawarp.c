@@ -417,9 +417,36 @@ static int verb_path(const char *verb, const char *path)
 	return verb_paths(verb, list);
 }
 
-int dw_wait_file_stage(const char *dw_file_path) { return verb_path("wait", dw_file_path); }
-int dw_wait_directory_stage(const char *dw_directory_path) { return verb_path("wait", dw_directory_path); }
-int dw_wait_list_stage(const char **dw_list) { return verb_paths("wait", dw_list); }
+/* wait_paths: the dw_wait_* calls return 0 once no stage of the paths is waiting or running,
+   failed ones included, as Cray's did (clients such as AXL take any other answer for fatal);
+   a failure shows in dw_query_* and the failed-stage walk. */
+static int wait_paths(const char **paths)
+{
+	size_t nargs;
+	const char **args;
+	int rc;
+	if (paths == NULL || paths[0] == NULL)
+		return -EINVAL;
+	const char *prefix[] = {"wait", "--failed-ok", "--"};
+	args = list_args(prefix, 3, paths, &nargs);
+	if (args == NULL)
+		return -ENOMEM;
+	rc = call(args, nargs);
+	free(args);
+	return rc;
+}
+
+static int wait_path(const char *path)
+{
+	const char *list[] = {path, NULL};
+	if (path == NULL)
+		return -EINVAL;
+	return wait_paths(list);
+}
+
+int dw_wait_file_stage(const char *dw_file_path) { return wait_path(dw_file_path); }
+int dw_wait_directory_stage(const char *dw_directory_path) { return wait_path(dw_directory_path); }
+int dw_wait_list_stage(const char **dw_list) { return wait_paths(dw_list); }
 int dw_terminate_file_stage(const char *dw_file_path) { return verb_path("terminate", dw_file_path); }
 int dw_terminate_directory_stage(const char *dw_directory_path) { return verb_path("terminate", dw_directory_path); }
 int dw_terminate_list_stage(const char **dw_list) { return verb_paths("terminate", dw_list); }

@@ -40,7 +40,8 @@ Stage your own job's files while it runs, as libdatawarp's dw_stage_* calls do
                 revoke      forget an at_job_end stage-out of the path (PFS_PATH not needed)
                 activate    run an at_job_end stage-out of the path now
   query       count the stages of the paths: complete, pending, deferred, failed
-  wait        until no stage of the paths is waiting or running (an error if one failed)
+  wait        until no stage of the paths is waiting or running (an error if one failed,
+              unless --failed-ok)
   terminate   stop the paths' waiting and running stages
   list        --failed: the failed stages under PATH
   accounting  DataWarp's accounting JSON of the instance holding PATH (what Spillway counts)
@@ -62,6 +63,7 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print JSON and exit with the errno")
 	timeout := fs.Duration("timeout", 0, "wait: give up after this long (0: never)")
 	failed := fs.Bool("failed", false, "list: the failed stages")
+	failedOK := fs.Bool("failed-ok", false, "wait: succeed once the stages ended, failed ones included, as DataWarp's dw_wait_* did (libdatawarp passes it); the failures show in query and list --failed")
 	if len(args) == 0 {
 		fmt.Fprint(stdout, dwcliStageUsage)
 		return 64
@@ -162,7 +164,7 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	case "wait":
-		return finish(nil, st.Wait(ctx, words, 10*time.Millisecond))
+		return finish(nil, st.Wait(ctx, words, 10*time.Millisecond, *failedOK))
 	case "terminate":
 		n, err := st.Terminate(ctx, words)
 		if err == nil && !*asJSON {

@@ -437,7 +437,11 @@ func (t Target) pathOf(dwPath string) string {
 
 // Wait polls the paths' stages until none is waiting or running (deferred ones do not hold
 // it: they run when the job ends). It returns EIO naming the first failed stage, if any.
-func (s *Stager) Wait(ctx context.Context, paths []string, poll time.Duration) error {
+//
+// With failedOK a failed stage ends the wait as a complete one does (DataWarp's dw_wait_*
+// returned 0 then, and clients such as AXL take any other answer for fatal): the failure
+// stays visible to query, list --failed and dwstat.
+func (s *Stager) Wait(ctx context.Context, paths []string, poll time.Duration, failedOK bool) error {
 	if poll <= 0 {
 		poll = 10 * time.Millisecond
 	}
@@ -449,6 +453,9 @@ func (s *Stager) Wait(ctx context.Context, paths []string, poll time.Duration) e
 		}
 		if c.Pending == 0 {
 			for _, f := range found {
+				if failedOK {
+					break
+				}
 				if f.Status == model.StageFailed {
 					return errorf(syscall.EIO, "the stage of %s failed: %s", f.Path, f.Error)
 				}

@@ -300,7 +300,8 @@ static void check_all(void)
 		rc = dw_stage_file_out(e, pe, DW_STAGE_IMMEDIATE);
 		CHECK("stage_file_out onto another user's write-protected file is accepted", rc == 0, "rc %d", rc);
 		rc = dw_wait_file_stage(e);
-		CHECK("wait on a failed stage: -EIO", rc == -EIO, "rc %d", rc);
+		/* As Cray's: 0 once the stage ended, failed or not; the query says it failed. */
+		CHECK("wait on a failed stage: 0", rc == 0, "rc %d", rc);
 		rc = dw_query_file_stage(e, &c, &p, &d, &f);
 		CHECK("query failed", rc == 0 && f == 1 && c + p + d == 0, "rc %d c %d p %d d %d f %d", rc, c, p, d, f);
 		rc = dw_open_failed_stage(dw, &h);
