@@ -346,3 +346,35 @@ echo "most running at once: $most"
 		}
 	}
 }
+
+// make, then make install PREFIX=X: what holds the prefix (cray-datawarp.pc, the library's
+// fallback path to the spillway binary) is built again for X; with DESTDIR the files land
+// under it, still naming X, and no ldconfig runs.
+func TestLibdatawarpInstallHonoursPrefixAndDestdir(t *testing.T) {
+	build, dir := t.TempDir(), t.TempDir()
+	src := filepath.Join(repoRoot(), "libdatawarp")
+	for _, f := range []string{"Makefile", "datawarp.c", "datawarp.h", "cray-datawarp.pc.in"} {
+		os.WriteFile(filepath.Join(build, f), must(os.ReadFile(filepath.Join(src, f))), 0o644)
+	}
+	// LDCONFIG names a program that leaves a mark: it must not run for a DESTDIR install.
+	mark := filepath.Join(dir, "ldconfig-ran")
+	ldconfig := filepath.Join(dir, "ldconfig")
+	os.WriteFile(ldconfig, []byte("#!/bin/sh\ntouch "+mark+"\n"), 0o755)
+	prefix := filepath.Join(dir, "opt")
+	for _, args := range [][]string{{"-C", build}, {"-C", build, "install", "PREFIX=" + prefix, "DESTDIR=" + filepath.Join(dir, "stage"), "LDCONFIG=" + ldconfig}} {
+		if out, err := exec.Command("make", args...).CombinedOutput(); err != nil {
+			t.Fatalf("make %v: %v\n%s", args, err, out)
+		}
+	}
+	pc, err := os.ReadFile(filepath.Join(dir, "stage", prefix, "lib", "pkgconfig", "cray-datawarp.pc"))
+	if err != nil || !strings.Contains(string(pc), "prefix="+prefix+"\n") {
+		t.Errorf("cray-datawarp.pc under DESTDIR names prefix %q? %v\n%s", prefix, err, pc)
+	}
+	lib := must(os.ReadFile(filepath.Join(dir, "stage", prefix, "lib", "libdatawarp.so.0.1.0")))
+	if !strings.Contains(string(lib), filepath.Join(prefix, "bin", "spillway")) {
+		t.Errorf("the installed library does not fall back to %s", filepath.Join(prefix, "bin", "spillway"))
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Error("ldconfig ran for a DESTDIR install")
+	}
+}

@@ -95,6 +95,16 @@ sha256sum --quiet -c SHA256SUMS || fail "SHA256SUMS does not match the files"
 [ "$(dpkg-deb -f "$deb" Depends)" = "fuse3, passwd" ] || fail "spillway Depends: $(dpkg-deb -f "$deb" Depends)"
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/spillway/spillway.toml ||
 	fail "/etc/spillway/spillway.toml is not a conffile"
+# A source tree without git (a release tarball): the packages take VERSION as it is.
+if git -C "$top" rev-parse --verify -q HEAD >/dev/null 2>&1; then
+	mkdir "$dir/tarball"
+	git -C "$top" archive HEAD | tar -x -C "$dir/tarball"
+	(cd "$dir/tarball" && scripts/build-deb --out "$dir/tarball-packages") >"$dir/tarball-build.log" 2>&1 ||
+		fail "scripts/build-deb in a tree without git failed: $(tail -5 "$dir/tarball-build.log")"
+	[ "$(dpkg-deb -f "$dir"/tarball-packages/spillway_*_amd64.deb Version)" = "$(cat "$top/VERSION")" ] ||
+		fail "a tree without git built version $(dpkg-deb -f "$dir"/tarball-packages/spillway_*_amd64.deb Version), not VERSION's"
+	say "built from a tree without git: version $(cat "$top/VERSION")"
+fi
 # Man pages: groff formats each without a warning (as lintian's manpage check does).
 mkdir -p "$dir/man"
 for p in "$deb" libdatawarp-dev_*.deb; do dpkg-deb -x "$p" "$dir/man"; done
