@@ -5,9 +5,13 @@
 // one Client per server of an instance.
 //
 // Failure model. Every request ends within Limits.RequestTimeout, whatever the storage node
-// does: a reply, a timeout (EIO), or, when the connection cannot be (re)established in that
-// time, ENOTCONN; once a request has waited that long in vain, the next ones make a single
-// connection attempt and fail at once until the storage node answers again. A request in flight when its connection breaks fails with EIO, except the
+// does: a reply, or EIO — when it does not answer in that time, or when the connection cannot
+// be (re)established in that time. A storage node that refuses connections (nothing listens
+// on its port: the agent died; or its host is unreachable) fails the waiting request with EIO
+// at once, without waiting for the timeout; the next request tries to connect again, so a
+// storage node that comes back is reconnected to. Once a request has waited the whole timeout
+// in vain, the next ones make a single connection attempt and fail at once until the storage
+// node answers again. A request in flight when its connection breaks fails with EIO, except the
 // ones that can safely be sent again (lookups, attributes, opens), which are retried on the
 // new connection. Open handles belong to the connection that opened them: after a
 // reconnection a request on an old handle — or one lost in flight with its connection —
@@ -307,7 +311,7 @@ func (c *Client) conn(ctx context.Context, timer *time.Timer, deadline time.Time
 		case c.dialing <- struct{}{}:
 		case <-timer.C:
 			c.setDown()
-			return nil, syscall.ENOTCONN
+			return nil, syscall.EIO
 		case <-ctx.Done():
 			return nil, c.interrupted(ctx)
 		}
@@ -347,16 +351,19 @@ func (c *Client) conn(ctx context.Context, timer *time.Timer, deadline time.Time
 			c.downLog = time.Now()
 		}
 		c.mu.Unlock()
+		unreachable := connectionRefused(err)
 		if logIt {
-			c.log.Printf("warpfs: cannot reach storage node %s: %v; requests fail after warpfs.request_timeout (%s)",
-				c.opt.Address, err, c.lim.RequestTimeout)
+			if unreachable {
+				c.log.Printf("warpfs: cannot reach storage node %s: %v; requests fail with EIO at once until it accepts connections again",
+					c.opt.Address, err)
+			} else {
+				c.log.Printf("warpfs: cannot reach storage node %s: %v; requests fail with EIO after warpfs.request_timeout (%s)",
+					c.opt.Address, err, c.lim.RequestTimeout)
+			}
 		}
 		var refused *RefusedError
-		if errors.As(err, &refused) {
+		if errors.As(err, &refused) || unreachable || down {
 			return nil, syscall.EIO
-		}
-		if down {
-			return nil, syscall.ENOTCONN
 		}
 		wait := time.NewTimer(c.lim.ReconnectWait)
 		select {
@@ -364,7 +371,7 @@ func (c *Client) conn(ctx context.Context, timer *time.Timer, deadline time.Time
 		case <-timer.C:
 			wait.Stop()
 			c.setDown()
-			return nil, syscall.ENOTCONN
+			return nil, syscall.EIO
 		case <-ctx.Done():
 			wait.Stop()
 			return nil, c.interrupted(ctx)
@@ -380,9 +387,17 @@ func expired(ctx context.Context) bool { return errors.Is(ctx.Err(), context.Dea
 func (c *Client) interrupted(ctx context.Context) syscall.Errno {
 	if expired(ctx) {
 		c.setDown()
-		return syscall.ENOTCONN
+		return syscall.EIO
 	}
 	return syscall.EINTR
+}
+
+// connectionRefused reports whether a connection attempt failed because the storage node is
+// certainly not there now — nothing listens on its port (its agent died) or its host or
+// network is unreachable — rather than slow: waiting for it would only delay the error.
+func connectionRefused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETUNREACH)
 }
 
 func (c *Client) setDown() {

@@ -67,6 +67,17 @@ func (r *relay) setFrozen(f bool) {
 	r.thaw.Broadcast()
 }
 
+// kill closes the relay's listener and connections: connecting to it is refused, as to a
+// storage node whose agent died.
+func (r *relay) kill() {
+	r.l.Close()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.conns {
+		c.Close()
+	}
+}
+
 func (r *relay) wait() {
 	r.mu.Lock()
 	for r.frozen {
@@ -153,8 +164,8 @@ func TestSilentStorageNode(t *testing.T) {
 	r.setFrozen(true)
 	start := time.Now()
 	errno := statfs(c)
-	if errno != syscall.EIO && errno != syscall.ENOTCONN {
-		t.Errorf("a request to a silent node: %v, want EIO or ENOTCONN", errno)
+	if errno != syscall.EIO {
+		t.Errorf("a request to a silent node: %v, want EIO", errno)
 	}
 	if took := time.Since(start); took > lim.RequestTimeout+300*time.Millisecond {
 		t.Errorf("the request failed after %s; the timeout is %s", took, lim.RequestTimeout)
@@ -182,6 +193,34 @@ func TestSilentStorageNode(t *testing.T) {
 	defer logMu.Unlock()
 	if !strings.Contains(logs.String(), "did not answer a ping") || !strings.Contains(logs.String(), "reconnected") {
 		t.Errorf("the client's log:\n%s", logs.String())
+	}
+}
+
+// A storage node that refuses connections (its agent died) fails requests with EIO at once,
+// not after the request timeout (a minute here): the request's own context is the bound.
+func TestRefusingStorageNodeFailsAtOnce(t *testing.T) {
+	r := newRelay(t, startServer(t))
+	lim := Limits{RequestTimeout: time.Minute, KeepaliveInterval: 200 * time.Millisecond, ReconnectWait: 50 * time.Millisecond}
+	c, err := Dial(context.Background(), Options{Address: r.l.Addr().String(), Token: token, Client: "test", Limits: lim,
+		Log: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if errno := statfs(c); errno != 0 {
+		t.Fatalf("statfs through the relay: %v", errno)
+	}
+	r.kill()
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		errno := c.Do(ctx, &Call{Op: proto.OpStatfs, Req: &proto.Empty{}, Reply: &proto.StatfsReply{}})
+		if ctx.Err() != nil {
+			t.Errorf("request %d to a node refusing connections waited 10s", i+1)
+		}
+		cancel()
+		if errno != syscall.EIO {
+			t.Errorf("request %d to a node refusing connections: %v, want EIO", i+1, errno)
+		}
 	}
 }
 

@@ -269,14 +269,99 @@ func TestRemoteDeadServerFailsWithinTheTimeout(t *testing.T) {
 		start := time.Now()
 		err := op()
 		took := time.Since(start)
-		if !errors.Is(err, syscall.EIO) && !errors.Is(err, syscall.ENOTCONN) {
-			t.Errorf("%s on a dead storage node: %v, want EIO or ENOTCONN", what, err)
+		if !errors.Is(err, syscall.EIO) {
+			t.Errorf("%s on a dead storage node: %v, want EIO", what, err)
 		}
 		// The first request waits the timeout; once the node is known down the next fail at once.
 		if took > timeout+time.Second {
 			t.Errorf("%s failed after %s; the request timeout is %s", what, took, timeout)
 		}
 		t.Logf("%s: %v after %s", what, err, took.Round(time.Millisecond))
+	}
+}
+
+// A storage agent that dies (nothing listens on its port any more: connections are refused)
+// fails every operation on its files with EIO at once — not ENOTCONN, and not after
+// warpfs.request_timeout, which is long here: a regression hangs until the test's timeout.
+func TestRemoteRefusingServerFailsWithEIOAtOnce(t *testing.T) {
+	src, mp := dirs(t)
+	tr := usage.New("instance 37", 4*mib)
+	for _, name := range []string{"opened", "unseen"} {
+		if err := os.WriteFile(filepath.Join(src, name), []byte("on the storage node"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := startServer(t, "", src, tr, nil)
+	m := mount(t, Spec{MountPath: mp, Logger: quietLogger(t), Remote: &Remote{Address: s.addr, Token: testToken,
+		Limits: client.Limits{RequestTimeout: time.Minute, KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond}}})
+	f, err := os.Open(filepath.Join(m.Path(), "opened")) // not read yet: nothing in the page cache
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s.stop() // listener and connections closed: the port refuses connections
+
+	buf := make([]byte, 8)
+	for _, c := range []struct {
+		what string
+		op   func() error
+	}{
+		{"reading an open file", func() error { _, err := f.ReadAt(buf, 0); return err }},
+		{"stat", func() error { _, err := os.Stat(filepath.Join(m.Path(), "unseen")); return err }},
+		{"cat", func() error { _, err := os.ReadFile(filepath.Join(m.Path(), "unseen")); return err }},
+		{"listing the directory", func() error { _, err := os.ReadDir(m.Path()); return err }},
+		{"creating a file", func() error { return os.WriteFile(filepath.Join(m.Path(), "new"), nil, 0o644) }},
+		{"stat again", func() error { _, err := os.Stat(filepath.Join(m.Path(), "unseen2")); return err }},
+	} {
+		start := time.Now()
+		err := c.op()
+		if !errors.Is(err, syscall.EIO) {
+			t.Errorf("%s on a storage node refusing connections: %v, want EIO", c.what, err)
+		}
+		t.Logf("%s: %v after %s", c.what, err, time.Since(start).Round(time.Millisecond))
+	}
+
+	// It comes back: the next request reconnects.
+	startServer(t, s.addr, src, tr, nil)
+	if got, err := os.ReadFile(filepath.Join(m.Path(), "unseen")); err != nil || string(got) != "on the storage node" {
+		t.Errorf("after the storage node came back: %q, %v", got, err)
+	}
+}
+
+// A storage node that accepts connections but never answers (a hung agent, a host whose
+// kernel still answers) fails requests with EIO, not ENOTCONN, within warpfs.request_timeout.
+func TestRemoteSilentServerFailsWithEIO(t *testing.T) {
+	src, mp := dirs(t)
+	tr := usage.New("instance 38", 4*mib)
+	s := startServer(t, "", src, tr, nil)
+	m := mount(t, Spec{MountPath: mp, Logger: quietLogger(t), Remote: &Remote{Address: s.addr, Token: testToken,
+		Limits: client.Limits{RequestTimeout: 1500 * time.Millisecond, ConnectTimeout: 300 * time.Millisecond,
+			KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond}}})
+	s.stop()
+	l, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		var held []net.Conn // accepted, never answered
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	for _, name := range []string{"first", "second"} {
+		if _, err := os.Stat(filepath.Join(m.Path(), name)); !errors.Is(err, syscall.EIO) {
+			t.Errorf("stat on a storage node that never answers: %v, want EIO", err)
+		}
 	}
 }
 
