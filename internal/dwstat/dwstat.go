@@ -145,13 +145,18 @@ func align(rows [][]string) string {
 			widths[i] = max(widths[i], len(c))
 		}
 	}
+	// A last column of free text (a stage's error) is written as it is: padded to the longest
+	// message, it would push every row's columns off a terminal.
+	freeText := rows[0][len(rows[0])-1] == "error"
 	var b strings.Builder
 	for _, r := range rows {
 		for i, c := range r {
 			if i > 0 {
 				b.WriteByte(' ')
 			}
-			b.WriteString(strings.Repeat(" ", widths[i]-len(c)))
+			if !(freeText && i == len(r)-1) {
+				b.WriteString(strings.Repeat(" ", widths[i]-len(c)))
+			}
 			b.WriteString(c)
 		}
 		b.WriteByte('\n')
@@ -288,19 +293,15 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 			rows = append(rows, []string{c.Address, role, orDash(c.Leader), orDash(c.Engine), orDash(c.Version)})
 		}
 	case "stages":
-		header, empty = []string{"stage", "sess", "token", "dir", "type", "status", "files", "bytes", "source", "destination"}, "no stages"
+		header, empty = []string{"stage", "sess", "token", "dir", "type", "status", "files", "bytes", "source", "destination", "error"}, "no stages"
 		// The live stages, then the finished ones kept after their sessions went.
 		for _, s := range append(append([]views.Stage(nil), a.Stages...), a.StageHistory...) {
 			src, dst := s.PFSPath, s.DWPath
 			if s.Direction == "out" {
 				src, dst = s.DWPath, s.PFSPath
 			}
-			status := s.Status
-			if s.Error != "" {
-				status += ": " + s.Error
-			}
-			rows = append(rows, []string{id(s.ID), id(s.Session), s.Token, s.Direction, s.Type, status,
-				fmt.Sprintf("%d/%d", s.FilesDone, s.FilesTotal), size(s.BytesDone) + "/" + size(s.BytesTotal), orDash(src), orDash(dst)})
+			rows = append(rows, []string{id(s.ID), id(s.Session), s.Token, s.Direction, s.Type, s.Status,
+				fmt.Sprintf("%d/%d", s.FilesDone, s.FilesTotal), size(s.BytesDone) + "/" + size(s.BytesTotal), orDash(src), orDash(dst), orDash(s.Error)})
 		}
 	}
 	return rows, header, empty

@@ -195,10 +195,10 @@ func TestStagesShowTheHistory(t *testing.T) {
 		{ID: 42, Session: 2, Token: "4242", Direction: "out", Type: "file", PFSPath: "/lus/out/out.h5", DWPath: "/out.h5",
 			Status: "failed", Error: "no space left on device", FilesTotal: 1, BytesTotal: 1 << 30},
 	}
-	want := `stage sess token dir      type                          status files     bytes          source     destination
-   43    3  1234  in directory                         running   2/8 1MiB/4MiB         /lus/in             /in
-   41    2  4242  in      file                        complete   1/1 1GiB/1GiB /lus/in/data.h5        /data.h5
-   42    2  4242 out      file failed: no space left on device   0/1   0B/1GiB         /out.h5 /lus/out/out.h5
+	want := `stage sess token dir      type   status files     bytes          source     destination error
+   43    3  1234  in directory  running   2/8 1MiB/4MiB         /lus/in             /in -
+   41    2  4242  in      file complete   1/1 1GiB/1GiB /lus/in/data.h5        /data.h5 -
+   42    2  4242 out      file   failed   0/1   0B/1GiB         /out.h5 /lus/out/out.h5 no space left on device
 `
 	if out := Render(a, []string{"stages"}, false, Options{}); out != want {
 		t.Errorf("dwstat stages:\n%s\nwant\n%s", out, want)
