@@ -267,9 +267,13 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	if name == "" {
 		name, _ = os.Hostname()
 	}
-	advertise := cfg.Agent.Advertise
-	if advertise == "" {
-		advertise = cfg.Agent.Listen
+	// The controller dials what the agent advertises: a TCP listen becomes http(s)://host:port
+	// (a bare host:port would be taken for a Unix socket's path); a wildcard one needs
+	// agent.advertise.
+	advertise, err := cfg.AgentAdvertise()
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
+		return 78
 	}
 	exe, err := os.Executable()
 	if err != nil {
