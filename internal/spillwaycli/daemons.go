@@ -150,7 +150,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	dial := func(n *model.Node) (agentapi.Agent, error) {
 		// Each agent is called with its own credential, which it can check without the
 		// cluster's secret (package nodekey).
-		return agentclient.New(n.Address, apiclient.Options{Token: nodeCredential(token, n.Name), ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D(), TLS: clientTLS})
+		return agentclient.New(n.Name, n.Address, apiclient.Options{Token: nodeCredential(token, n.Name), ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D(), TLS: clientTLS})
 	}
 	ctl, err := controller.New(cfg, st, dial, log)
 	if err != nil {
