@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -21,6 +22,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/sqlite"
+	"github.com/spillway-hpc/spillway/internal/views"
 )
 
 // lockedBuffer is a log written by the executor's goroutines and read by the test.
@@ -178,5 +180,46 @@ func TestRemoteAgentCreatesTheFragment(t *testing.T) {
 	r.settle("4242", "setup")
 	if n := r.node(); n.Drain || len(n.Failures) != 0 {
 		t.Fatalf("node %+v", n)
+	}
+}
+
+// issue 23 item 5: a compute-only agent with agent.data_listen starts without it and says so
+// in its heartbeats: dwstat nodes shows it as the node's reason, the controller logs it.
+func TestAgentConfigurationWarningShowsInNodes(t *testing.T) {
+	r := newAcctRig(t)
+	buf := &lockedBuffer{}
+	r.c.log = slog.New(slog.NewTextHandler(buf, nil))
+	warning := `agent.data_listen "0.0.0.0:7702" is set on a compute-only node (agent.pool is empty): it has no namespaces to serve, so it serves none; remove agent.data_listen from this node's configuration`
+	cn, err := agent.New(agent.Options{Name: "cn1", SSDPath: t.TempDir(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Warnings: []string{warning}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cn.Close() })
+	rep, err := cn.Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.c.Heartbeat(context.Background(), rep); err != nil {
+		t.Fatal(err)
+	}
+	code, body := r.get("/dw/v1/all", 0)
+	var all views.All
+	if err := json.Unmarshal(body, &all); code != 200 || err != nil {
+		t.Fatalf("%d %s %v", code, body, err)
+	}
+	var seen bool
+	for _, n := range all.Nodes {
+		if n.ID == "cn1" {
+			seen = true
+			if n.Reason != "agent configuration: "+warning || len(n.Warnings) != 1 || !n.Online {
+				t.Fatalf("cn1: online %v, reason %q, warnings %q", n.Online, n.Reason, n.Warnings)
+			}
+		}
+	}
+	if !seen {
+		t.Fatalf("cn1 is not listed: %s", body)
+	}
+	if log := buf.String(); !strings.Contains(log, "node reports a configuration problem") || !strings.Contains(log, "node=cn1") {
+		t.Fatalf("the controller's log does not say it:\n%s", log)
 	}
 }
