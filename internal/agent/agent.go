@@ -41,11 +41,14 @@ var Version = "dev"
 
 // Options configure an agent.
 type Options struct {
-	Name        string   // node name
-	Pool        string   // pool of this node's storage; "" for a compute-only node
-	SSDPath     string   // directory holding fragments
-	Capacity    uint64   // bytes offered; 0 = half the free space at first start, then fixed
-	Address     string   // where the controller reaches this agent ("" = in-process)
+	Name     string // node name
+	Pool     string // pool of this node's storage; "" for a compute-only node
+	SSDPath  string // directory holding fragments
+	Capacity uint64 // bytes offered; 0 = half the free space at first start, then fixed
+	Address  string // where the controller reaches this agent ("" = in-process)
+	// Warnings are configuration problems the agent started in spite of, reported in each
+	// heartbeat (dwstat nodes shows them).
+	Warnings    []string
 	WorkerExe   []string // argv prefix of the stage worker, e.g. [/proc/self/exe stage-worker]
 	StageLimits stage.Limits
 	Mount       mount.Limits
@@ -230,7 +233,7 @@ func (a *Agent) Report(ctx context.Context) (agentapi.NodeReport, error) {
 		}
 	}
 	rep := agentapi.NodeReport{Name: a.opt.Name, Pool: a.opt.Pool, Capacity: a.capacity, Address: a.opt.Address,
-		Roles: roles, Version: Version, Health: health}
+		Roles: roles, Version: Version, Health: health, Warnings: a.opt.Warnings}
 	if a.opt.Pool != "" {
 		a.dataMu.Lock()
 		rep.DataAddress = a.opt.DataAddress

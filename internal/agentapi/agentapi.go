@@ -219,6 +219,9 @@ type NodeReport struct {
 	// the latest.
 	DataErrors    uint64 `json:"data_errors,omitempty"`
 	LastDataError string `json:"last_data_error,omitempty"`
+	// Warnings are the agent's configuration problems it started in spite of (a
+	// compute-only node with agent.data_listen): dwstat nodes shows them as the reason.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Endurance is a storage node's SSD wear, as the agent read it.

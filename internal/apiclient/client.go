@@ -41,6 +41,7 @@ type Client struct {
 	skipRounds int
 	address    string
 	hint       string
+	service    string // what the client calls, for errors ("the Spillway controller")
 	munge      bool   // authenticate each request with a fresh MUNGE credential
 	mungeAt    string // munged's socket ("" = munge's default)
 	// longPoll is how long a status request asks the controller to wait for a change: half
@@ -74,6 +75,9 @@ type Options struct {
 	// Hint ends the message of an Unreachable error: what to check ("" = the system
 	// install's advice).
 	Hint string
+	// Service names what is called, in errors: "" = "the Spillway controller"; the
+	// controller's client of an agent says "the Spillway agent of node ssd1".
+	Service string
 	// Munge authenticates every request to a TCP controller as this process's user with a
 	// MUNGE credential from the munged at MungeSocket ("" = munge's default), when there is
 	// no Token.
@@ -98,7 +102,10 @@ func New(address string, o Options) (*Client, error) {
 	if o.UnreachableRounds <= 0 {
 		o.UnreachableRounds = 4
 	}
-	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address, hint: o.Hint,
+	if o.Service == "" {
+		o.Service = "the Spillway controller"
+	}
+	c := &Client{token: o.Token, retries: o.ConnectRetries, wait: o.RetryWait, address: address, hint: o.Hint, service: o.Service,
 		mungeAt: o.MungeSocket, skipRounds: o.UnreachableRounds, longPoll: o.RequestTimeout / 2}
 	var addrs []string
 	for _, a := range strings.Split(address, ",") {
@@ -180,14 +187,22 @@ type Unreachable struct {
 	Address string
 	Err     error
 	Hint    string // what to check; "" = the system install's advice
+	Service string // what could not be reached; "" = the Spillway controller
 }
+
+// Unwrap is the error of the last attempt (a dial's, a timeout).
+func (e *Unreachable) Unwrap() error { return e.Err }
 
 func (e *Unreachable) Error() string {
 	hint := e.Hint
 	if hint == "" {
 		hint = "is `spillway controller` running? see docs/admin.md"
 	}
-	return fmt.Sprintf("cannot reach the Spillway controller at %s: %v (%s)", e.Address, e.Err, hint)
+	service := e.Service
+	if service == "" {
+		service = "the Spillway controller"
+	}
+	return fmt.Sprintf("cannot reach %s at %s: %v (%s)", service, e.Address, e.Err, hint)
 }
 
 func retryable(err error) bool {
@@ -268,10 +283,10 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 			case err != nil:
 				lastErr = err
 				if ctx.Err() != nil {
-					return &Unreachable{Address: c.address, Err: err, Hint: c.hint}
+					return &Unreachable{Address: c.address, Err: err, Hint: c.hint, Service: c.service}
 				}
 				if len(c.targets) == 1 && !retryable(err) && !errors.Is(err, errReadBody) {
-					return &Unreachable{Address: c.address, Err: err, Hint: c.hint}
+					return &Unreachable{Address: c.address, Err: err, Hint: c.hint, Service: c.service}
 				}
 				continue
 			}
@@ -282,7 +297,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 			}
 			if out != nil {
 				if err := json.Unmarshal(data, out); err != nil {
-					return fmt.Errorf("controller answer to %s %s: %v", method, path, err)
+					return fmt.Errorf("%s's answer to %s %s: %v", c.service, method, path, err)
 				}
 			}
 			return nil
@@ -292,7 +307,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	if errors.As(lastErr, &apiErr) {
 		return lastErr // no controller led within the retries: say what they said
 	}
-	return &Unreachable{Address: c.address, Err: lastErr, Hint: c.hint}
+	return &Unreachable{Address: c.address, Err: lastErr, Hint: c.hint, Service: c.service}
 }
 
 // Stream sends one request as Do does (the same retries, leader finding and errors) and
@@ -393,7 +408,7 @@ func (c *Client) send(ctx context.Context, t *target, method, path string, hasBo
 	if resp.StatusCode >= 300 {
 		var apiErr controllerapi.APIError
 		if json.Unmarshal(data, &apiErr) != nil || apiErr.Error == "" {
-			apiErr.Error = fmt.Sprintf("controller answered %s: %s", resp.Status, strings.TrimSpace(string(data)))
+			apiErr.Error = fmt.Sprintf("%s at %s answered %s: %s", c.service, t.address, resp.Status, strings.TrimSpace(string(data)))
 		}
 		e := &Error{Status: resp.StatusCode, Kind: apiErr.Kind, Msg: apiErr.Error}
 		if e.Kind == "not_leader" {

@@ -6,6 +6,7 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -847,4 +848,46 @@ func Encode(c Config) string {
 	enc.Indent = ""
 	enc.Encode(c)
 	return buf.String()
+}
+
+// AgentAdvertise is the address the controller dials to call this host's agent: agent.advertise
+// when set, else agent.listen. A Unix socket (unix:/path, /path) is given as it is; a TCP
+// address (host:port, tcp:host:port) becomes http://host:port, or https://host:port when this
+// host serves its TCP listeners over TLS ([tls] cert_file): the controller would otherwise
+// take a bare host:port for the path of a Unix socket. A wildcard listen address (0.0.0.0:7701,
+// [::]:7701, :7701) names no host the controller could dial: then agent.advertise is needed,
+// and the error says so.
+func (c Config) AgentAdvertise() (string, error) {
+	scheme := "http://"
+	if c.TLS.CertFile != "" {
+		scheme = "https://"
+	}
+	a := c.Agent
+	key, addr := "agent.advertise", a.Advertise
+	if addr == "" {
+		key, addr = "agent.listen", a.Listen
+	}
+	switch {
+	case addr == "":
+		return "", fmt.Errorf("agent.listen is empty: give a Unix socket (unix:/run/spillway/agent.sock) or host:port with agent.token_file")
+	case strings.HasPrefix(addr, "unix:") || strings.HasPrefix(addr, "/"):
+		return addr, nil
+	case strings.HasPrefix(addr, "http://") || strings.HasPrefix(addr, "https://"):
+		if key == "agent.listen" {
+			return "", fmt.Errorf("agent.listen %q: give host:port (the agent listens there; agent.advertise takes the URL, e.g. \"http://node17:7701\")", addr)
+		}
+		return strings.TrimRight(addr, "/"), nil
+	}
+	hostPort := strings.TrimPrefix(addr, "tcp:")
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil || port == "" {
+		return "", fmt.Errorf("%s %q is neither a Unix socket (unix:/path) nor host:port (\"10.0.0.17:7701\")", key, addr)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		if key == "agent.listen" {
+			return "", fmt.Errorf("agent.listen %q is a wildcard address the controller cannot dial: set agent.advertise to this node's address as the controller reaches it, e.g. advertise = \"%snode17:%s\"", addr, scheme, port)
+		}
+		return "", fmt.Errorf("agent.advertise %q is a wildcard address the controller cannot dial: give this node's address as the controller reaches it, e.g. \"%snode17:%s\"", addr, scheme, port)
+	}
+	return scheme + hostPort, nil
 }

@@ -201,3 +201,41 @@ func TestHAChoice(t *testing.T) {
 		}
 	}
 }
+
+// issue 23 item 4: an agent listening on TCP without agent.advertise used to advertise its
+// bare host:port, which the controller dialled as the path of a Unix socket.
+func TestAgentAdvertise(t *testing.T) {
+	cases := []struct {
+		listen, advertise, cert string
+		want, err               string
+	}{
+		{listen: "unix:/run/spillway/agent.sock", want: "unix:/run/spillway/agent.sock"},
+		{listen: "/run/a.sock", want: "/run/a.sock"},
+		{listen: "127.0.0.1:17711", want: "http://127.0.0.1:17711"},
+		{listen: "tcp:10.0.0.17:7701", want: "http://10.0.0.17:7701"},
+		{listen: "10.0.0.17:7701", cert: "/etc/spillway/cert.pem", want: "https://10.0.0.17:7701"},
+		{listen: "[fd00::17]:7701", want: "http://[fd00::17]:7701"},
+		{listen: "0.0.0.0:7701", advertise: "http://node17:7701/", want: "http://node17:7701"},
+		{listen: "0.0.0.0:7701", advertise: "node17:7701", want: "http://node17:7701"},
+		{listen: "0.0.0.0:7701", err: `agent.listen "0.0.0.0:7701" is a wildcard address the controller cannot dial: set agent.advertise to this node's address as the controller reaches it, e.g. advertise = "http://node17:7701"`},
+		{listen: "[::]:7701", err: "set agent.advertise"},
+		{listen: ":7701", err: "set agent.advertise"},
+		{listen: "0.0.0.0:7701", advertise: "0.0.0.0:7701", err: "agent.advertise \"0.0.0.0:7701\" is a wildcard address"},
+		{listen: "node17", err: `agent.listen "node17" is neither a Unix socket`},
+		{listen: "http://node17:7701", err: "agent.advertise takes the URL"},
+	}
+	for _, c := range cases {
+		cfg := Defaults()
+		cfg.Agent.Listen, cfg.Agent.Advertise, cfg.TLS.CertFile = c.listen, c.advertise, c.cert
+		got, err := cfg.AgentAdvertise()
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("listen %q advertise %q: got %q, %v; want the error %q", c.listen, c.advertise, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("listen %q advertise %q: got %q, %v; want %q", c.listen, c.advertise, got, err, c.want)
+		}
+	}
+}

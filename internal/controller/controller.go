@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -734,6 +735,10 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 		n.Pool, n.Capacity, n.Address, n.Roles = r.Pool, r.Capacity, r.Address, r.Roles
 		n.DataAddress = r.DataAddress
 		n.Version, n.Health = r.Version, r.Health
+		if !slices.Equal(n.Warnings, r.Warnings) && len(r.Warnings) > 0 {
+			c.log.Warn("node reports a configuration problem", "node", r.Name, "warnings", strings.Join(r.Warnings, "; "))
+		}
+		n.Warnings = r.Warnings
 		// Endurance: the bytes the data path wrote to the node's fragments, summed from
 		// the counters' growth (they outlive the fragments); an agent reporting more of its
 		// own (r.Written) is believed.

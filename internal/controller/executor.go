@@ -433,7 +433,7 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 	var r lifecycle.Result
 	agent, err := c.agentFor(w, e.Node)
 	if err != nil {
-		r.Err = err
+		r.Err, r.NotTheNode = err, true // no address, or one that cannot be dialled as given
 	} else {
 		actx, cancel := context.WithTimeout(ctx, c.cfg.Executor.AgentTimeout.D())
 		start := time.Now()
@@ -469,12 +469,17 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 			r.Err = agent.CancelStage(actx, e.Stage.Key())
 		}
 		cancel()
+		if fc, ok := agent.(nodeFaults); ok && r.Err != nil {
+			r.NotTheNode = !fc.NodeFault(r.Err)
+		}
 		c.metrics.effect(w, e, time.Since(start), r.Err)
 	}
 	if ctx.Err() != nil {
 		return // shutting down: the outcome is found again after restart
 	}
-	if r.Err != nil && e.Op != lifecycle.OpPollStage {
+	if r.Err != nil && r.NotTheNode {
+		c.log.Error("effect failed on a configuration or controller-side problem, not counted against the node (auto-drain)", "op", e.Op, "node", e.Node, "object", e.Ref, "err", r.Err)
+	} else if r.Err != nil && e.Op != lifecycle.OpPollStage {
 		c.log.Warn("effect failed", "op", e.Op, "node", e.Node, "object", e.Ref, "err", r.Err)
 	}
 	if e.Op != lifecycle.OpPollStage {
@@ -528,6 +533,12 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		// Stage polls are paced by the passes (dispatch's pacing needs their wake-up).
 		c.dispatch(ctx, q.wg, recorded, next, true, c.now(), false)
 	}
+}
+
+// nodeFaults is an agent whose errors may be no fault of its node (a remote agent's client,
+// agentclient): those do not count toward auto-drain. An in-process agent's errors all do.
+type nodeFaults interface {
+	NodeFault(err error) bool
 }
 
 // isStart reports whether an effect starts a stage (a split stage's runs are not: the stage

@@ -66,9 +66,12 @@ var failureOps = map[string]bool{
 }
 
 // noteEffectFailure counts a failed effect against its storage node. A node that is offline is
-// not counted against: its failures are explained by its being away, which dwstat shows.
-func noteEffectFailure(w *World, e Effect, err error, p Params, now time.Time) {
-	if err == nil || !failureOps[e.Op] {
+// not counted against: its failures are explained by its being away, which dwstat shows; nor
+// is a failure that is not the node's (r.NotTheNode: the controller's own, a configuration
+// problem), which draining the node would not fix.
+func noteEffectFailure(w *World, e Effect, r Result, p Params, now time.Time) {
+	err := r.Err
+	if err == nil || r.NotTheNode || !failureOps[e.Op] {
 		return
 	}
 	n := w.Nodes[e.Node]

@@ -151,6 +151,23 @@ func TestOfflineNodeFailuresAreNotCounted(t *testing.T) {
 	}
 }
 
+// issue 23 item 4: a failure that is not the node's (the controller's own, a configuration
+// problem) never counts toward auto-drain; the same error as the node's does.
+func TestFailuresNotTheNodesAreNotCounted(t *testing.T) {
+	h := healthHarness(t, "ssd1")
+	e := Effect{Op: OpCreateFragment, Node: "ssd1", Ref: Ref{KindFragment, 9}}
+	for i := 0; i < 5; i++ {
+		Complete(h.w, e, Result{Err: errors.New("node ssd1 advertises the agent address \"127.0.0.1:17711\""), NotTheNode: true}, h.p, h.now)
+	}
+	if n := h.w.Nodes["ssd1"]; n.Drain || len(n.Failures) != 0 {
+		t.Fatalf("a configuration problem counted against the node: %+v", n)
+	}
+	Complete(h.w, e, Result{Err: errors.New("connection refused")}, h.p, h.now)
+	if n := h.w.Nodes["ssd1"]; len(n.Failures) != 1 {
+		t.Fatalf("the node's own failure must count: %+v", n.Failures)
+	}
+}
+
 func TestDataPathErrorsReportedByTheAgentDrain(t *testing.T) {
 	h := Health{AutoDrainFailures: 5, AutoDrainWindow: 10 * time.Minute}
 	n := &model.Node{Name: "ssd1", Pool: "wlm_pool", Online: true}

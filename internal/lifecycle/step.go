@@ -55,6 +55,10 @@ func (e Effect) Key() EffectKey { return EffectKey{e.Ref, e.Part} }
 type Result struct {
 	Err   error
 	Stage agentapi.StageStatus // for poll-stage
+	// NotTheNode marks a failure that is no fault of the effect's node: the controller's own
+	// or a configuration problem (an agent address it cannot dial as given, TLS or
+	// credentials that do not agree). It does not count toward auto-drain.
+	NotTheNode bool
 }
 
 // Step settles what needs no agent (records whose dependents are gone, sessions that reached
@@ -600,7 +604,7 @@ func stageLabel(st *model.Stage) string {
 
 // Complete records an effect's outcome.
 func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
-	noteEffectFailure(w, e, r.Err, p, now)
+	noteEffectFailure(w, e, r, p, now)
 	if e.Part > 0 {
 		completeSplit(w, e, r, p, now)
 		return

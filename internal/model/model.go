@@ -95,7 +95,9 @@ type Node struct {
 	Roles    []string  `json:"roles,omitempty"`   // "storage", "client"
 	Version  string    `json:"version,omitempty"` // agent software version
 	Health   string    `json:"health,omitempty"`  // last health message from the agent
-	Labels   []string  `json:"labels,omitempty"`  // reserved for placement policies
+	// Warnings are the configuration problems the agent reported it started in spite of.
+	Warnings []string `json:"warnings,omitempty"`
+	Labels   []string `json:"labels,omitempty"` // reserved for placement policies
 
 	// DataAddress is where the node serves its namespaces to other hosts' mounts
 	// (host:port of warpfs); "" = only its own host can mount its instances.

@@ -3,6 +3,7 @@ package spillwaycli
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -67,6 +68,7 @@ type daemon struct {
 	token                string // the role's token_file's secret
 	serverTLS, clientTLS *tls.Config
 	stop                 func() // ends the CPU profile, if one is written
+	check                bool   // --check: validate the configuration and exit
 }
 
 // daemonStart is the start the controller and the agent share: their --config flag, the
@@ -75,9 +77,14 @@ type daemon struct {
 func daemonStart(role, usage string, args []string, stdout, stderr io.Writer, tokenFile func(config.Config) string) (d daemon, code int, ok bool) {
 	fs := cli.NewFlags("spillway "+role, usage, stderr)
 	cfgPath := fs.String("config", "", "configuration file (default $SPILLWAY_CONFIG, else "+config.DefaultPath+")")
+	var check *bool
+	if role == "agent" {
+		check = fs.Bool("check", false, "check the configuration (and the token file and TLS files it names) as a start would, print what is wrong, and exit")
+	}
 	if code, ok := cli.Parse(fs, args, stdout); !ok {
 		return d, code, false
 	}
+	d.check = check != nil && *check
 	fail := func(format string, err error) (daemon, int, bool) {
 		fmt.Fprintf(stderr, "spillway %s: "+format+"\n", role, err)
 		return daemon{}, 78, false
@@ -87,7 +94,9 @@ func daemonStart(role, usage string, args []string, stdout, stderr io.Writer, to
 	if d.cfg, d.from, err = cli.LoadSystemConfig(*cfgPath); err != nil {
 		return fail("%v", err)
 	}
-	if d.stop, err = startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), role, d.log); err != nil {
+	if d.check {
+		d.stop = func() {}
+	} else if d.stop, err = startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), role, d.log); err != nil {
 		return fail("SPILLWAY_CPUPROFILE: %v", err)
 	}
 	if d.token, err = apiclient.TokenFromFile(tokenFile(d.cfg)); err != nil {
@@ -150,7 +159,7 @@ func controllerMain(args []string, stdout, stderr io.Writer) int {
 	dial := func(n *model.Node) (agentapi.Agent, error) {
 		// Each agent is called with its own credential, which it can check without the
 		// cluster's secret (package nodekey).
-		return agentclient.New(n.Address, apiclient.Options{Token: nodeCredential(token, n.Name), ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D(), TLS: clientTLS})
+		return agentclient.New(n.Name, n.Address, apiclient.Options{Token: nodeCredential(token, n.Name), ConnectRetries: 1, RequestTimeout: cfg.Executor.AgentTimeout.D(), TLS: clientTLS})
 	}
 	ctl, err := controller.New(cfg, st, dial, log)
 	if err != nil {
@@ -238,7 +247,7 @@ func followChanges(ctx context.Context, el *ha.Elector, ctl *controller.Controll
 	}
 }
 
-const agentUsage = `Usage: spillway agent [--config FILE]
+const agentUsage = `Usage: spillway agent [--config FILE] [--check]
 
 Run the daemon of a storage node and/or compute node.
 
@@ -254,6 +263,11 @@ the controller's calls on agent.listen (a Unix socket, or host:port with
 agent.token_file). A storage node with agent.data_listen serves its namespaces to the
 compute nodes' agents there (TCP, authenticated with agent.token_file). Run it as root: it changes ownership of namespace roots, runs stage
 workers as the job's users, and mounts with allow_other. See docs/admin.md.
+
+--check reads the configuration, the token file and the TLS files as a start would, prints
+the address the controller will call the agent at, or what is wrong, and exits: 0 when the
+agent would start cleanly, 1 when it would start with warnings (printed; e.g. agent.data_listen
+on a compute-only node, which is then ignored), 78 when it would refuse to start.
 `
 
 func agentMain(args []string, stdout, stderr io.Writer) int {
@@ -267,9 +281,27 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	if name == "" {
 		name, _ = os.Hostname()
 	}
-	advertise := cfg.Agent.Advertise
-	if advertise == "" {
-		advertise = cfg.Agent.Listen
+	advertise, warnings, err := agentChecks(cfg, token, serverTLS)
+	if err != nil {
+		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
+		return 78
+	}
+	if d.check {
+		for _, w := range warnings {
+			fmt.Fprintf(stderr, "spillway agent: warning: %s\n", w)
+		}
+		role := "compute-only"
+		if cfg.Agent.Pool != "" {
+			role = "storage node of pool " + cfg.Agent.Pool
+		}
+		fmt.Fprintf(stdout, "spillway agent: %s: node %s (%s), called by the controller at %s, reporting to %s\n", from, name, role, advertise, cfg.Agent.Controller)
+		if len(warnings) > 0 {
+			return 1
+		}
+		return 0
+	}
+	for _, w := range warnings {
+		log.Warn("configuration problem, ignored: the agent starts without it (dwstat nodes shows it)", "warning", w)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -278,15 +310,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	}
 	var dataListener net.Listener
 	dataAddress := cfg.Agent.DataAdvertise
-	if cfg.Agent.DataListen != "" {
-		if cfg.Agent.Pool == "" {
-			fmt.Fprintln(stderr, "spillway agent: agent.data_listen is set on a compute-only node (agent.pool is empty): it has no namespaces to serve; remove it")
-			return 78
-		}
-		if token == "" {
-			fmt.Fprintln(stderr, "spillway agent: agent.data_listen is set but agent.token_file is not: compute nodes could not authenticate; set both")
-			return 78
-		}
+	if cfg.Agent.DataListen != "" && cfg.Agent.Pool != "" {
 		dataListener, err = net.Listen("tcp", cfg.Agent.DataListen)
 		if err != nil {
 			fmt.Fprintf(stderr, "spillway agent: data_listen %s: %v\n", cfg.Agent.DataListen, err)
@@ -296,10 +320,6 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 			dataAddress = cfg.Agent.DataListen
 		}
 		if cfg.Warpfs.TLS {
-			if serverTLS == nil {
-				fmt.Fprintln(stderr, "spillway agent: warpfs.tls is set but this host has no [tls] cert_file and key_file; set them, or warpfs.tls = false")
-				return 78
-			}
 			dataListener = tls.NewListener(dataListener, serverTLS)
 			dataAddress = client.TLSScheme + strings.TrimPrefix(dataAddress, client.TLSScheme)
 		}
@@ -310,7 +330,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		Token: token, Warpfs: embedded.WarpfsClientLimits(cfg), WarpfsServer: embedded.WarpfsServerLimits(cfg),
 		RemoteReadahead: int(cfg.Warpfs.Readahead), DataTLS: clientTLS,
 		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: embedded.FragmentFSLimits(cfg),
-		Endurance: embedded.EnduranceOptions(cfg),
+		Endurance: embedded.EnduranceOptions(cfg), Warnings: warnings,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
@@ -364,6 +384,34 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	wg.Wait()
 	log.Info("agent stopped")
 	return 0
+}
+
+// agentChecks checks what an agent's configuration needs beyond config.Validate, as a start
+// and `spillway agent --check` do: the address the controller dials (config.AgentAdvertise),
+// and the data server's needs. An error refuses the start; warnings are problems the agent
+// starts in spite of (it logs them and reports them in its heartbeats: dwstat nodes shows
+// them).
+func agentChecks(cfg config.Config, token string, serverTLS *tls.Config) (advertise string, warnings []string, err error) {
+	// The controller dials what the agent advertises: a TCP listen becomes http(s)://host:port
+	// (a bare host:port would be taken for a Unix socket's path); a wildcard one needs
+	// agent.advertise.
+	if advertise, err = cfg.AgentAdvertise(); err != nil {
+		return "", nil, err
+	}
+	if cfg.Agent.DataListen == "" {
+		return advertise, nil, nil
+	}
+	if cfg.Agent.Pool == "" {
+		// A file shared by every node is the usual cause: the compute node works without it.
+		return advertise, []string{fmt.Sprintf("agent.data_listen %q is set on a compute-only node (agent.pool is empty): it has no namespaces to serve, so it serves none; remove agent.data_listen from this node's configuration", cfg.Agent.DataListen)}, nil
+	}
+	if token == "" {
+		return "", nil, errors.New("agent.data_listen is set but agent.token_file is not: compute nodes could not authenticate; set both")
+	}
+	if cfg.Warpfs.TLS && serverTLS == nil {
+		return "", nil, errors.New("warpfs.tls is set but this host has no [tls] cert_file and key_file; set them, or warpfs.tls = false")
+	}
+	return advertise, nil, nil
 }
 
 const configUsage = `Usage: spillway config defaults

@@ -6,6 +6,7 @@ package views
 import (
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -55,6 +56,7 @@ type Node struct {
 	Roles       []string `json:"roles,omitempty"`
 	Reason      string   `json:"reason,omitempty"`
 	Health      string   `json:"health,omitempty"`
+	Warnings    []string `json:"warnings,omitempty"` // configuration problems the agent started in spite of
 	Written     uint64   `json:"bytes_written"`
 	Version     string   `json:"version,omitempty"`
 	// HeldOffline: an administrator took the node out of service (dwcli update node --offline).
@@ -339,7 +341,7 @@ func buildNodes(w *lifecycle.World) []Node {
 		}
 		out = append(out, Node{ID: name, Pool: n.Pool, Online: n.Online, Drain: n.Drain, Granularity: gran,
 			Capacity: n.Capacity, Used: u.Used * gran, Instances: u.Instances, Activations: u.Activations,
-			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Written: n.Written, Version: n.Version,
+			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Warnings: n.Warnings, Written: n.Written, Version: n.Version,
 			HeldOffline: n.HeldOffline, Worn: n.Worn, AutoDrained: n.AutoDrained, RecentFailures: len(n.Failures), StorageClaim: n.StorageClaim})
 		v := &out[len(out)-1]
 		if n.StorageClaim != "" && v.Reason == "" {
@@ -350,6 +352,9 @@ func buildNodes(w *lifecycle.World) []Node {
 		}
 		if n.Worn && v.Reason == "" {
 			v.Reason = lifecycle.WornReason(n)
+		}
+		if len(n.Warnings) > 0 && v.Reason == "" {
+			v.Reason = "agent configuration: " + strings.Join(n.Warnings, "; ")
 		}
 	}
 	return out
