@@ -233,7 +233,13 @@ func (n *node) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build f
 	defer cancel()
 	uid, gid := caller(ctx)
 	call := &client.Call{Op: op, UID: uid, GID: gid, Reply: reply}
-	return h.do(ctx, call, func(id uint64) { call.Req = build("", id) })
+	errno := h.do(ctx, call, func(id uint64) { call.Req = build("", id) })
+	if errno == syscall.EBADF && f == nil {
+		// The handle borrowed from the node was released meanwhile (the kernel's RELEASE of a
+		// file just closed races with the next call on its name): by path, as with none.
+		return n.be.callRoute(ctx, n.route(), op, build(n.path(), 0), reply)
+	}
+	return errno
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
