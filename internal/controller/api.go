@@ -230,22 +230,15 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 
 func who(r *http.Request) caller { c, _ := r.Context().Value(callerKey{}).(caller); return c }
 
-// hiddenFrom reports whether the session token is another user's job that the caller may not
-// know of (controller.private_data): it is answered as a token that does not exist.
-func (s *Server) hiddenFrom(r *http.Request, token string) (bool, error) {
-	c := who(r)
-	if c.privileged || !s.c.cfg.Controller.PrivateData {
-		return false, nil
-	}
-	sess, err := s.c.sessionByToken(r.Context(), token)
-	if err != nil || sess == nil {
-		return false, err
-	}
-	return sess.Owner != c.uid && !sess.Persistent, nil
-}
-
 // mayActOn checks that the caller owns the session (or is privileged).
 func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) bool {
+	return s.mayActOnOr(w, r, token, func() { s.fail(w, lifecycle.ErrNoSession) })
+}
+
+// mayActOnOr is mayActOn with the answer for another user's job that the caller may not know
+// of (controller.private_data): answered as an unknown token is, so tokens and owners cannot
+// be enumerated.
+func (s *Server) mayActOnOr(w http.ResponseWriter, r *http.Request, token string, unknown func()) bool {
 	c := who(r)
 	if c.privileged {
 		return true
@@ -259,10 +252,7 @@ func (s *Server) mayActOn(w http.ResponseWriter, r *http.Request, token string) 
 		return true // unknown tokens get their own answer (not found)
 	}
 	if s.c.cfg.Controller.PrivateData && !sess.Persistent {
-		// Another user's job is none of the caller's business, not even that it exists:
-		// answered as an unknown token is (hiddenFrom), so tokens and owners cannot be
-		// enumerated.
-		s.fail(w, lifecycle.ErrNoSession)
+		unknown()
 		return false
 	}
 	httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("session %s belongs to uid %d, not to uid %d", token, sess.Owner, c.uid))
@@ -491,14 +481,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		wait = min(d, s.c.cfg.Controller.MaxStatusWait.D(), s.c.cfg.Controller.RequestTimeout.D()/2)
 	}
 	token, step := r.PathValue("token"), r.URL.Query().Get("step")
-	if hidden, err := s.hiddenFrom(r, token); err != nil {
-		s.fail(w, err)
-		return
-	} else if hidden { // another user's job: what a token that does not exist gets
-		httpapi.WriteJSON(w, 200, lifecycle.Status(&lifecycle.World{}, token, step))
-		return
-	}
-	if !s.mayActOn(w, r, token) {
+	if !s.mayActOnOr(w, r, token, func() { httpapi.WriteJSON(w, 200, lifecycle.Status(&lifecycle.World{}, token, step)) }) {
 		return
 	}
 	st, err := s.c.WaitStatus(r.Context(), token, step, wait)
