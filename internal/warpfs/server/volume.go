@@ -410,23 +410,33 @@ func (v *volume) truncate(t *target, size uint64) syscall.Errno {
 	defer v.inodes.put(in)
 	in.sizeMu.Lock()
 	defer in.sizeMu.Unlock()
-	before, st, err := footprintOf(t.fd)
+	return v.measuredChange(in, t.fd, func(before uint64) uint64 {
+		if size > before { // a longer file: its new length (its blocks stay)
+			return size - before
+		}
+		return 0
+	}, func() error { return unix.Truncate(procPath(t.fd), int64(size)) })
+}
+
+// measuredChange runs op on the file open as fd (inode in, whose sizeMu the caller holds
+// exclusively) with the tracker charged for what op does to its footprint: worst(before)
+// bytes are reserved first (ENOSPC when they do not fit), and the difference settled from
+// fstat after; if that fails, what was reserved counts (never under-count).
+func (v *volume) measuredChange(in *inode, fd int, worst func(before uint64) uint64, op func() error) syscall.Errno {
+	before, st, err := footprintOf(fd)
 	if err != nil {
 		return errnoOf(err)
 	}
 	v.catchUp(in, &st)
-	var reserved uint64
-	if size > before { // a longer file: its new length (its blocks stay)
-		reserved = size - before
-		if err := v.tracker.Reserve(reserved); err != nil {
-			v.noteFull(reserved)
-			return syscall.ENOSPC
-		}
+	reserved := worst(before)
+	if err := v.tracker.Reserve(reserved); err != nil {
+		v.noteFull(reserved)
+		return syscall.ENOSPC
 	}
-	err = unix.Truncate(procPath(t.fd), int64(size))
-	after, _, serr := footprintOf(t.fd)
+	err = op()
+	after, _, serr := footprintOf(fd)
 	if serr != nil {
-		after = before + reserved // never under-count
+		after = before + reserved
 	}
 	v.settle(reserved, before, after)
 	counted(in, after)
@@ -1540,23 +1550,7 @@ func (v *volume) changeXattr(t *target, worst uint64, op func() error) syscall.E
 	defer v.inodes.put(in)
 	in.sizeMu.Lock()
 	defer in.sizeMu.Unlock()
-	before, st, err := footprintOf(t.fd)
-	if err != nil {
-		return errnoOf(err)
-	}
-	v.catchUp(in, &st)
-	if err := v.tracker.Reserve(worst); err != nil {
-		v.noteFull(worst)
-		return syscall.ENOSPC
-	}
-	err = op()
-	after, _, serr := footprintOf(t.fd)
-	if serr != nil {
-		after = before + worst
-	}
-	v.settle(worst, before, after)
-	counted(in, after)
-	return errnoOf(err)
+	return v.measuredChange(in, t.fd, func(uint64) uint64 { return worst }, op)
 }
 
 // closeFile closes a file handle; the last close of a file whose names are all gone gives
