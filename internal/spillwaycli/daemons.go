@@ -542,12 +542,17 @@ func becomeControllerUser(cfg config.Config) error {
 		if err := os.MkdirAll(filepath.Dir(log), 0o755); err != nil {
 			return fmt.Errorf("controller.accounting_log: %v", err)
 		}
-		f, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+		// Never through a link (whoever could write its directory could point it anywhere),
+		// and given to the user by its descriptor.
+		fd, err := unix.Open(log, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o640)
 		if err != nil {
-			return fmt.Errorf("controller.accounting_log: %v", err)
+			return fmt.Errorf("controller.accounting_log %s: %v", log, err)
 		}
-		f.Close()
-		own = append(own, log)
+		err = unix.Fchown(fd, int(id.UID), int(id.GID))
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("cannot give controller.accounting_log %s to controller.user %s: %v", log, name, err)
+		}
 	}
 	for _, path := range own {
 		if err := giveTo(path, id); err != nil {
