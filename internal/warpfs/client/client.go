@@ -134,6 +134,8 @@ type Client struct {
 	// connection succeeds again, requests make one attempt and fail at once, so that a
 	// process's every system call does not wait the full timeout again.
 	down bool
+
+	invalidator atomic.Pointer[func(items []proto.Inval)]
 }
 
 // Dial connects and authenticates. It fails at once (with the reason) rather than retrying:
@@ -158,6 +160,17 @@ func Dial(ctx context.Context, opt Options) (*Client, error) {
 
 // Root is the namespace root's attributes at connection time.
 func (c *Client) Root() proto.Attr { return c.root }
+
+// Lease is how long the server lets the client cache what a leased reply gives, on the
+// current connection (0: none; an older server).
+func (c *Client) Lease() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		return 0
+	}
+	return c.cur.lease
+}
 
 // Address is the storage node's data address.
 func (c *Client) Address() string { return c.opt.Address }
@@ -206,7 +219,21 @@ type Call struct {
 	// needs to send a request that names entries by path to the right one (package mount,
 	// mds.go). The client itself ignores it.
 	Route Route
+	// Lease, set by Do, is how much longer the caller may cache the names and attributes the
+	// reply gives (0: not at all): the server leased them (proto.FlagLease) and will tell the
+	// client's invalidator (SetInvalidator) before anyone else changes them.
+	Lease time.Duration
 }
+
+// maxLeaseDelay is the longest a leased reply may take to come back and still be cached:
+// the server waits out a silent client's lease plus a slack longer than this (package
+// server, leaseSlack), counted from when it registered it, which is after the request left.
+const maxLeaseDelay = time.Second
+
+// SetInvalidator makes the client a holder of leases: drop is called with what another
+// client changed, and must return once everything it names is dropped from the caches. Until
+// it is set, no reply is cached.
+func (c *Client) SetInvalidator(drop func(items []proto.Inval)) { c.invalidator.Store(&drop) }
 
 // Route tells a sharded mount where the entries a request names by path live.
 type Route struct {
@@ -267,9 +294,15 @@ func (c *Client) Do(ctx context.Context, call *Call) syscall.Errno {
 			return syscall.EPROTONOSUPPORT
 		}
 		call.UsedGen = cn.gen
-		errno, err := cn.roundTrip(ctx, timer, call)
+		call.Lease = 0
+		sent := time.Now()
+		errno, flags, err := cn.roundTrip(ctx, timer, call)
 		switch {
 		case err == nil:
+			if elapsed := time.Since(sent); flags&proto.FlagLease != 0 && cn.lease > 0 && elapsed < maxLeaseDelay &&
+				c.invalidator.Load() != nil {
+				call.Lease = cn.lease - elapsed
+			}
 			return errno
 		case errors.Is(err, errTimeout):
 			c.log.Printf("warpfs: %s: %s got no answer within %s; failing it with EIO", c.opt.Address, call.Op, c.lim.RequestTimeout)
@@ -481,7 +514,8 @@ func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
 		return fail(fmt.Errorf("%w: the server takes requests of only %d bytes", proto.ErrMalformed, w.MaxIO))
 	}
 	nc.SetDeadline(time.Time{})
-	cn := &conn{c: c, nc: nc, br: br, version: ch.Version, pending: map[uint64]*waiter{}, done: make(chan struct{})}
+	cn := &conn{c: c, nc: nc, br: br, version: ch.Version, pending: map[uint64]*waiter{}, done: make(chan struct{}),
+		lease: time.Duration(w.LeaseMillis) * time.Millisecond}
 	now := time.Now().UnixNano()
 	cn.lastRecv.Store(now)
 	cn.lastSend.Store(now)
@@ -518,7 +552,8 @@ type conn struct {
 	nc      net.Conn
 	br      *bufio.Reader
 	gen     uint64
-	version uint16 // the protocol version the server chose
+	version uint16        // the protocol version the server chose
+	lease   time.Duration // how long a leased reply may be cached (0: none)
 
 	wmu sync.Mutex
 
@@ -538,6 +573,7 @@ type waiter struct {
 	dest  []byte
 	reply proto.Message
 	errno uint32
+	flags uint8
 	n     int
 	err   error
 	taken bool // the reader is delivering the reply (guarded by conn.mu)
@@ -580,13 +616,13 @@ func (cn *conn) fail(err error) {
 }
 
 // roundTrip sends a call and waits for its reply until the timer fires. It returns the
-// reply's errno, or an error when there was no reply.
-func (cn *conn) roundTrip(ctx context.Context, timer *time.Timer, call *Call) (syscall.Errno, error) {
+// reply's errno and flags, or an error when there was no reply.
+func (cn *conn) roundTrip(ctx context.Context, timer *time.Timer, call *Call) (syscall.Errno, uint8, error) {
 	w := &waiter{ch: make(chan struct{}, 1), op: call.Op, dest: call.Dest, reply: call.Reply}
 	cn.mu.Lock()
 	if cn.err != nil {
 		cn.mu.Unlock()
-		return 0, errLost
+		return 0, 0, errLost
 	}
 	cn.nextID++
 	id := cn.nextID
@@ -605,17 +641,17 @@ func (cn *conn) roundTrip(ctx context.Context, timer *time.Timer, call *Call) (s
 	select {
 	case <-w.ch:
 		if w.err != nil {
-			return 0, w.err
+			return 0, 0, w.err
 		}
 		call.N = w.n
-		return syscall.Errno(w.errno), nil
+		return syscall.Errno(w.errno), w.flags, nil
 	case <-timer.C:
-		return 0, cn.abandon(id, w, errTimeout)
+		return 0, 0, cn.abandon(id, w, errTimeout)
 	case <-ctx.Done():
 		if expired(ctx) {
-			return 0, cn.abandon(id, w, errTimeout)
+			return 0, 0, cn.abandon(id, w, errTimeout)
 		}
-		return 0, cn.abandon(id, w, context.Canceled)
+		return 0, 0, cn.abandon(id, w, context.Canceled)
 	}
 }
 
@@ -666,8 +702,14 @@ func (cn *conn) readLoop() {
 		}
 		cn.lastRecv.Store(time.Now().UnixNano())
 		h, err := proto.ParseHeader(hdr[:], proto.MaxBody)
+		if err == nil && h.Kind == proto.KindNotify && h.Op == proto.OpInval && cn.version >= proto.LeaseVersion {
+			err = cn.notified(h)
+			if err == nil {
+				continue
+			}
+		}
 		if err == nil && h.Kind != proto.KindReply {
-			err = fmt.Errorf("%w: a request sent to the client", proto.ErrMalformed)
+			err = fmt.Errorf("%w: a %s frame of kind %d sent to the client", proto.ErrMalformed, h.Op, h.Kind)
 		}
 		if err != nil {
 			cn.fail(err)
@@ -697,11 +739,36 @@ func (cn *conn) readLoop() {
 	}
 }
 
+// notified takes an OpInval notification: the invalidator drops what it names, on a
+// goroutine of its own (the reader goes on delivering replies meanwhile), and then the server
+// is answered.
+func (cn *conn) notified(h proto.Header) error {
+	body := make([]byte, h.BodyLen)
+	if _, err := io.ReadFull(cn.br, body); err != nil {
+		return err
+	}
+	var req proto.InvalReq
+	if err := proto.Decode(body, &req); err != nil {
+		return fmt.Errorf("notification: %w", err)
+	}
+	go func() {
+		if drop := cn.c.invalidator.Load(); drop != nil {
+			(*drop)(req.Items)
+		}
+		frame := proto.AppendFrame(make([]byte, 0, proto.HeaderSize), proto.Header{Op: proto.OpInval, Kind: proto.KindReply, ID: h.ID}, nil)
+		if err := cn.write(frame, nil); err != nil {
+			cn.fail(err)
+		}
+	}()
+	return nil
+}
+
 func (cn *conn) deliver(h proto.Header, w *waiter) error {
 	if h.Op != w.op {
 		return fmt.Errorf("%w: reply to %s carries op %s", proto.ErrMalformed, w.op, h.Op)
 	}
 	w.errno = h.Errno
+	w.flags = h.Flags
 	if h.Errno != 0 || (w.op == proto.OpRead && h.BodyLen == 0) {
 		_, err := io.CopyN(io.Discard, cn.br, int64(h.BodyLen))
 		return err
@@ -744,7 +811,7 @@ func (cn *conn) keepalive() {
 			continue
 		}
 		timer := time.NewTimer(interval)
-		_, err := cn.roundTrip(context.Background(), timer, &Call{Op: proto.OpPing})
+		_, _, err := cn.roundTrip(context.Background(), timer, &Call{Op: proto.OpPing})
 		timer.Stop()
 		if errors.Is(err, errTimeout) {
 			cn.fail(errKeepalive)

@@ -450,8 +450,9 @@ func Mount(spec Spec) (*Mounted, error) {
 		removeCreated()
 		return nil, err
 	}
+	lease := be.enableLeases()
 	root := newRoot(be)
-	opts := mountOptions(spec, limits, asRoot, logger)
+	opts := mountOptions(spec, limits, asRoot, lease, logger)
 	server, err := fuse.NewServer(gofs.NewNodeFS(root, opts), path, &opts.MountOptions)
 	if err != nil {
 		be.close()
@@ -659,9 +660,11 @@ func removeDeadMount(path string, top mounttable.Entry, state pathState) error {
 	return nil
 }
 
-func mountOptions(spec Spec, l Limits, asRoot bool, logger *log.Logger) *gofs.Options {
+// mountOptions are go-fuse's options for a mount; lease is how long the kernel may cache
+// a leased reply (0: the namespace's servers grant no leases).
+func mountOptions(spec Spec, l Limits, asRoot bool, lease time.Duration, logger *log.Logger) *gofs.Options {
 	entry, attr := l.EntryTimeout, l.AttrTimeout
-	if spec.ClientCache {
+	if spec.ClientCache && lease == 0 {
 		if entry == 0 {
 			entry = l.ClientCacheTimeout
 		}
@@ -670,6 +673,12 @@ func mountOptions(spec Spec, l Limits, asRoot bool, logger *log.Logger) *gofs.Op
 		}
 	}
 	negative := l.NegativeTimeout
+	if lease > 0 {
+		// What is leased says so reply by reply (leases.go); anything else is not cached. A
+		// leased absence is kept for the lease (go-fuse's negative timeout; an unleased one
+		// sets its own).
+		entry, attr, negative = 0, 0, lease
+	}
 	fsName := spec.FsName
 	if fsName == "" {
 		fsName = fsSubtype
@@ -710,7 +719,7 @@ func mountOptions(spec Spec, l Limits, asRoot bool, logger *log.Logger) *gofs.Op
 			DisableSplice: !spliceFits(l.MaxWrite),
 			// A listing with attributes costs a request per entry, which nothing uses when
 			// attributes are not cached.
-			DisableReadDirPlus: entry == 0 && attr == 0,
+			DisableReadDirPlus: entry == 0 && attr == 0 && lease == 0,
 		},
 		EntryTimeout:    &entry,
 		AttrTimeout:     &attr,

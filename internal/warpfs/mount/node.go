@@ -9,8 +9,10 @@ package mount
 // safety, two ways to reach it. The mount lifecycle (mount.go) only sees the root node.
 //
 // Nodes are named by their path in the namespace; open files are the server's handles.
-// Nothing is cached beyond what the kernel keeps under the mount's timeouts (zero by
-// default), so every node sees every change at once.
+// The kernel caches names and attributes for as long as the server leases them, and drops
+// them when the server says another node changed them (leases.go); without leases (an older
+// server, warpfs.lease = 0) nothing is cached beyond the mount's timeouts (zero by default).
+// Either way every node sees every change at its next call.
 
 import (
 	"context"
@@ -58,6 +60,10 @@ type backend struct {
 	stripeNodes []string // the stripe servers' node names
 	maxFileSize uint64   // DataWarp's MFS, which a striped mount's client enforces on writes
 	writeBehind int64    // Limits.WriteBehind; 0: off
+
+	// leases is the mount's side of coherent caching (leases.go); nil when the namespace's
+	// server grants none.
+	leases *leaseState
 }
 
 // node is one file or directory of a namespace.
@@ -70,6 +76,8 @@ type node struct {
 	// removeOnRelease is the layout of a striped file whose last name went while this node
 	// had it open: its objects go with the last handle.
 	removeOnRelease *stripe.Layout
+
+	forgotten bool // the kernel forgot it (guarded by leaseState.mu)
 }
 
 var (
@@ -133,10 +141,22 @@ func (be *backend) call(ctx context.Context, op proto.Op, req, reply proto.Messa
 // callRoute forwards one request that names entries by path (route: where they live in a
 // sharded namespace, mds.go).
 func (be *backend) callRoute(ctx context.Context, route client.Route, op proto.Op, req, reply proto.Message) syscall.Errno {
+	_, errno := be.callLease(ctx, route, op, req, reply)
+	return errno
+}
+
+// callLease is callRoute that also says how long the kernel may cache what the reply gives
+// (0: not at all; leases.go).
+func (be *backend) callLease(ctx context.Context, route client.Route, op proto.Op, req, reply proto.Message) (time.Duration, syscall.Errno) {
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
-	return be.client.Do(ctx, &client.Call{Op: op, UID: uid, GID: gid, Req: req, Reply: reply, Route: route})
+	call := &client.Call{Op: op, UID: uid, GID: gid, Req: req, Reply: reply, Route: route}
+	errno := be.client.Do(ctx, call)
+	if be.leases == nil {
+		return 0, errno
+	}
+	return call.Lease, errno
 }
 
 // dirID is the id of directory n in a sharded namespace (mds.go): the inode number the mount
@@ -192,10 +212,14 @@ func (be *backend) fill(out *fuse.Attr, a *proto.Attr) {
 	}
 }
 
-// child makes the inode of an entry the server described.
-func (n *node) child(ctx context.Context, a *proto.Attr, out *fuse.EntryOut) *fs.Inode {
+// child makes the inode of an entry the server described; the kernel may cache it for lease.
+func (n *node) child(ctx context.Context, a *proto.Attr, out *fuse.EntryOut, lease time.Duration) *fs.Inode {
 	n.be.fill(&out.Attr, a)
-	return n.NewInode(ctx, &node{be: n.be}, fs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: a.Ino, Gen: 1})
+	c := &node{be: n.be}
+	in := n.NewInode(ctx, c, fs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: a.Ino, Gen: 1})
+	n.be.noteNode(c, a.Ino, lease > 0)
+	n.be.entryLease(out, lease)
+	return in
 }
 
 // anyHandle returns a handle open on the node, or nil. Operations on a node prefer it to the
@@ -214,20 +238,33 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return nil, errno
 	}
 	var rep proto.AttrReply
-	if errno := n.be.callRoute(ctx, n.in(), proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep); errno != 0 {
+	lease, errno := n.be.callLease(ctx, n.in(), proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep)
+	if errno == syscall.ENOENT && n.be.leases != nil && lease == 0 {
+		// Not leased: the kernel must not keep the absence either (the mount's negative
+		// timeout is the lease's, for leased absences).
+		out.SetEntryTimeout(time.Nanosecond)
+	}
+	if errno != 0 {
 		return nil, errno
 	}
-	return n.child(ctx, &rep.Attr, out), 0
+	return n.child(ctx, &rep.Attr, out, lease), 0
 }
 
 // byNode runs a request that names a node by handle or by path.
 func (n *node) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build func(path string, handle uint64) proto.Message, reply proto.Message) syscall.Errno {
+	_, errno := n.byNodeLease(ctx, f, op, build, reply)
+	return errno
+}
+
+// byNodeLease is byNode that also says how long the kernel may cache the attributes the
+// reply gives (leases.go).
+func (n *node) byNodeLease(ctx context.Context, f fs.FileHandle, op proto.Op, build func(path string, handle uint64) proto.Message, reply proto.Message) (time.Duration, syscall.Errno) {
 	h, _ := f.(*fileHandle)
 	if h == nil {
 		h = n.anyHandle()
 	}
 	if h == nil {
-		return n.be.callRoute(ctx, n.route(), op, build(n.path(), 0), reply)
+		return n.be.callLease(ctx, n.route(), op, build(n.path(), 0), reply)
 	}
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
@@ -237,19 +274,23 @@ func (n *node) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build f
 	if errno == syscall.EBADF && f == nil {
 		// The handle borrowed from the node was released meanwhile (the kernel's RELEASE of a
 		// file just closed races with the next call on its name): by path, as with none.
-		return n.be.callRoute(ctx, n.route(), op, build(n.path(), 0), reply)
+		return n.be.callLease(ctx, n.route(), op, build(n.path(), 0), reply)
 	}
-	return errno
+	if n.be.leases == nil {
+		return 0, errno
+	}
+	return call.Lease, errno
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	var rep proto.AttrReply
-	errno := n.byNode(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
+	lease, errno := n.byNodeLease(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
 		return &proto.NodeReq{Path: p, Handle: h}
 	}, &rep)
 	if errno == 0 {
 		rep.Attr.Size = max(rep.Attr.Size, n.writtenExtent())
 		n.be.fill(&out.Attr, &rep.Attr)
+		n.be.attrLease(out, lease)
 	}
 	return errno
 }
@@ -283,13 +324,14 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		return n.truncateStriped(ctx, f, req, out)
 	}
 	var rep proto.AttrReply
-	errno := n.byNode(ctx, f, proto.OpSetattr, func(p string, h uint64) proto.Message {
+	lease, errno := n.byNodeLease(ctx, f, proto.OpSetattr, func(p string, h uint64) proto.Message {
 		r := req
 		r.Path, r.Handle = p, h
 		return &r
 	}, &rep)
 	if errno == 0 {
 		n.be.fill(&out.Attr, &rep.Attr)
+		n.be.attrLease(out, lease)
 	}
 	return errno
 }
@@ -467,7 +509,11 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	if errno := n.be.client.Do(ctx, call); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	ch := n.child(ctx, &rep.Attr, out)
+	lease := call.Lease
+	if n.be.leases == nil || op == proto.OpTmpfile {
+		lease = 0
+	}
+	ch := n.child(ctx, &rep.Attr, out, lease)
 	child, ok := ch.Operations().(*node)
 	if !ok {
 		return nil, nil, 0, syscall.EIO
@@ -505,10 +551,11 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 		return nil, syscall.EROFS
 	}
 	var rep proto.AttrReply
-	if errno := n.be.callRoute(ctx, route, op, req, &rep); errno != 0 {
+	lease, errno := n.be.callLease(ctx, route, op, req, &rep)
+	if errno != 0 {
 		return nil, errno
 	}
-	return n.child(ctx, &rep.Attr, out), 0
+	return n.child(ctx, &rep.Attr, out, lease), 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {

@@ -27,8 +27,11 @@ func (t localTransport) Do(ctx context.Context, call *client.Call) syscall.Errno
 		with.Data = call.Data
 		req = &with
 	}
-	rep, n, errno := t.local.Exec(call.Op, call.UID, call.GID, req, call.Dest)
-	call.UsedGen, call.N = localGeneration, n
+	rep, n, errno, leased := t.local.ExecLeased(call.Op, call.UID, call.GID, req, call.Dest)
+	call.UsedGen, call.N, call.Lease = localGeneration, n, 0
+	if leased {
+		call.Lease = t.local.Lease()
+	}
 	if errno == 0 && call.Reply != nil && rep != nil {
 		copyReply(call.Reply, rep)
 	}

@@ -5,6 +5,8 @@ package proto
 // anything that would leave the namespace). Handles are the server's, valid on the connection
 // that opened them.
 
+import "fmt"
+
 // Timespec is a time with nanoseconds.
 type Timespec struct {
 	Sec  int64
@@ -125,10 +127,69 @@ type Welcome struct {
 	Proof [32]byte
 	MaxIO uint32 // the largest READ or WRITE the server takes
 	Root  Attr   // the namespace root
+	// LeaseMillis is how long the client may cache what a reply with FlagLease says,
+	// counted from when it sent the request (LeaseVersion on; absent before: 0, no leases).
+	LeaseMillis uint32
 }
 
-func (m *Welcome) Encode(e *Enc) { e.Raw(m.Proof[:]); e.U32(m.MaxIO); m.Root.Encode(e) }
-func (m *Welcome) Decode(d *Dec) { copy(m.Proof[:], d.Raw(32)); m.MaxIO = d.U32(); m.Root.Decode(d) }
+func (m *Welcome) Encode(e *Enc) {
+	e.Raw(m.Proof[:])
+	e.U32(m.MaxIO)
+	m.Root.Encode(e)
+	if m.LeaseMillis > 0 { // only on connections of LeaseVersion on: older clients take no more
+		e.U32(m.LeaseMillis)
+	}
+}
+
+func (m *Welcome) Decode(d *Dec) {
+	copy(m.Proof[:], d.Raw(32))
+	m.MaxIO = d.U32()
+	m.Root.Decode(d)
+	if d.err == nil && len(d.B) > 0 {
+		m.LeaseMillis = d.U32()
+	}
+}
+
+// Inval is one thing a client may have cached that a change made stale.
+type Inval struct {
+	What uint8  // InvalEntry, InvalAttr, InvalData (bits)
+	Ino  uint64 // InvalAttr, InvalData: the inode
+	Path string // InvalEntry: the entry's path in the namespace, as the client named it
+}
+
+// What an Inval drops.
+const (
+	InvalEntry uint8 = 1 << iota // the name at Path (found or not)
+	InvalAttr                    // Ino's attributes
+	InvalData                    // Ino's cached data
+)
+
+// MaxInvals bounds the items of one notification.
+const MaxInvals = 1024
+
+// InvalReq is an OpInval notification: what the client must drop before it replies.
+type InvalReq struct{ Items []Inval }
+
+func (m *InvalReq) Encode(e *Enc) {
+	e.U32(uint32(len(m.Items)))
+	for _, it := range m.Items {
+		e.U8(it.What)
+		e.U64(it.Ino)
+		e.Str(it.Path)
+	}
+}
+
+func (m *InvalReq) Decode(d *Dec) {
+	n := d.U32()
+	if n > MaxInvals {
+		d.fail(fmt.Sprintf("%d invalidations, the limit is %d", n, MaxInvals))
+		return
+	}
+	m.Items = make([]Inval, 0, n)
+	for i := uint32(0); i < n && d.err == nil; i++ {
+		m.Items = append(m.Items, Inval{What: d.U8(), Ino: d.U64(), Path: d.Str(MaxPath)})
+	}
+}
 
 // Refusal says why the handshake failed.
 type Refusal struct{ Message string }

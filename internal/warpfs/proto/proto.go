@@ -10,8 +10,9 @@
 //	offset size
 //	0      4    length: the bytes that follow this field (20 + body), big-endian
 //	4      1    op: what is asked (OpLookup, OpRead, ...); a reply carries its request's op
-//	5      1    kind: 0 request, 1 reply
-//	6      2    reserved, 0
+//	5      1    kind: 0 request, 1 reply, 2 notification (server to client, LeaseVersion on)
+//	6      1    flags: a reply's FlagLease (from LeaseVersion on); 0 otherwise
+//	7      1    reserved, 0
 //	8      8    id: chosen by the client, unique among its requests in flight; the reply
 //	            carries it, so many requests share one connection and replies may come in
 //	            any order
@@ -31,6 +32,16 @@
 // namespace it wants, and the server answers with a Welcome (its own proof, the namespace
 // root's attributes) or a failed reply whose body is a Refusal saying why. Only then are file operations accepted. Versions let
 // a later client (striped over several servers) add operations without breaking this one.
+//
+// # Leases (LeaseVersion on)
+//
+// A server of this version may let the client cache what a reply says — the name it looked
+// up (or its absence) and the attributes it returned — for the lease the Welcome grants, by
+// setting FlagLease on the reply. Before a change made by any other client is acknowledged,
+// the server sends every client that may hold something the change makes stale a
+// notification (kind 2, OpInval, an InvalReq), and waits for its reply (a reply frame of op
+// OpInval with the notification's id) or for the lease to run out. So names and attributes
+// can be cached for long while a change on one node is seen by every other at its next call.
 package proto
 
 import (
@@ -48,8 +59,12 @@ const Magic uint32 = 0x53505746
 // Versions this package speaks. A peer picks the highest both support.
 const (
 	MinVersion uint16 = 3
-	MaxVersion uint16 = 4
+	MaxVersion uint16 = 5
 )
+
+// LeaseVersion is the first version whose servers grant leases and send invalidations
+// (OpInval notifications), and whose replies carry flags.
+const LeaseVersion uint16 = 5
 
 // SyncVersion is the first version whose servers honour SetattrReq's SetSync.
 const SyncVersion uint16 = 4
@@ -106,6 +121,7 @@ const (
 	OpSetxattr    Op = 42 // XattrReq → Empty
 	OpRemovexattr Op = 43 // XattrReq → Empty
 	OpAdopt       Op = 44 // AdoptReq → RemovedReply
+	OpInval       Op = 45 // a notification: InvalReq → Empty (the client's reply)
 )
 
 var opNames = map[Op]string{
@@ -116,7 +132,7 @@ var opNames = map[Op]string{
 	OpReaddir: "READDIR", OpRelease: "RELEASE", OpRead: "READ", OpWrite: "WRITE", OpFsync: "FSYNC",
 	OpFallocate: "FALLOCATE", OpLseek: "LSEEK", OpCopyRange: "COPY_RANGE", OpStatfs: "STATFS",
 	OpGetxattr: "GETXATTR", OpListxattr: "LISTXATTR", OpSetxattr: "SETXATTR", OpRemovexattr: "REMOVEXATTR",
-	OpAdopt: "ADOPT",
+	OpAdopt: "ADOPT", OpInval: "INVAL",
 }
 
 func (o Op) String() string {
@@ -135,6 +151,15 @@ type Kind uint8
 const (
 	KindRequest Kind = 0
 	KindReply   Kind = 1
+	// KindNotify is a request from the server to the client (OpInval), answered by a reply.
+	KindNotify Kind = 2
+)
+
+// Reply flags.
+const (
+	// FlagLease: the client may cache the name and attributes this reply gives until the
+	// lease runs out; the server tells it first when another client changes them.
+	FlagLease uint8 = 1
 )
 
 // Header is the fixed part of a frame.
@@ -146,6 +171,7 @@ type Header struct {
 	UID     uint32 // request: the caller
 	GID     uint32
 	Errno   uint32 // reply: 0 or a Linux errno
+	Flags   uint8  // reply: FlagLease
 }
 
 // ErrMalformed is wrapped by every error about a frame or message that breaks the protocol.
@@ -159,6 +185,9 @@ func PutHeader(b []byte, h Header) {
 	b[4] = byte(h.Op)
 	b[5] = byte(h.Kind)
 	b[6], b[7] = 0, 0
+	if h.Kind == KindReply {
+		b[6] = h.Flags
+	}
 	binary.BigEndian.PutUint64(b[8:], h.ID)
 	if h.Kind == KindReply {
 		binary.BigEndian.PutUint32(b[16:], h.Errno)
@@ -184,15 +213,16 @@ func ParseHeader(b []byte, maxBody int) (Header, error) {
 	if maxBody < 0 || int64(h.BodyLen) > int64(maxBody) {
 		return Header{}, fmt.Errorf("%w: body of %d bytes, the limit is %d", ErrMalformed, h.BodyLen, maxBody)
 	}
-	if b[6] != 0 || b[7] != 0 {
+	if b[7] != 0 || b[6] != 0 && (Kind(b[5]) != KindReply || b[6]&^FlagLease != 0) {
 		return Header{}, fmt.Errorf("%w: reserved bytes are not zero", ErrMalformed)
 	}
 	switch h.Kind {
-	case KindRequest:
+	case KindRequest, KindNotify:
 		h.UID = binary.BigEndian.Uint32(b[16:])
 		h.GID = binary.BigEndian.Uint32(b[20:])
 	case KindReply:
 		h.Errno = binary.BigEndian.Uint32(b[16:])
+		h.Flags = b[6]
 		if binary.BigEndian.Uint32(b[20:]) != 0 {
 			return Header{}, fmt.Errorf("%w: reserved word of a reply is not zero", ErrMalformed)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"syscall"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
@@ -44,6 +45,11 @@ type LocalOptions struct {
 	Namespace int64
 	Client    string
 	Stripes   bool
+	// Lease is how long the mount may cache the names and attributes a reply gives it, once
+	// it can drop them when told (SetInvalidator); negative: never. 0 means DefaultLease.
+	// Every session of the namespace in this process shares its table (leases.go): changes
+	// made through this one are told to the others first.
+	Lease time.Duration
 }
 
 // OpenLocal opens the namespace for an in-process mount.
@@ -76,7 +82,46 @@ func OpenLocal(opt LocalOptions) (*Local, error) {
 	}
 	sess := &session{log: opt.Log, maxOpenFiles: opt.MaxOpenFiles, v: v, client: opt.Name, handles: map[uint64]*handle{}}
 	v.noteFull = sess.noteFull
+	if opt.Lease == 0 {
+		opt.Lease = DefaultLease
+	}
+	if !opt.Stripes {
+		if l := acquireLeases(opt.Dir, opt.Lease); l != nil {
+			sess.lease = &leaseUse{l: l}
+		}
+	}
 	return &Local{sess: sess}, nil
+}
+
+// Lease is how long the mount may cache what a leased reply gives (0: leases are off).
+func (l *Local) Lease() time.Duration {
+	if l.sess.lease == nil {
+		return 0
+	}
+	return l.sess.lease.l.lease
+}
+
+// SetInvalidator makes the mount a holder of leases: drop is called, on a goroutine of the
+// changer's, with what another session changed, and must return once the kernel dropped it.
+// Call it before the first request.
+func (l *Local) SetInvalidator(drop func(items []proto.Inval)) {
+	if l.sess.lease == nil {
+		return
+	}
+	l.sess.lease.h = &holder{h: localHolder(drop)}
+	l.sess.leasing = true
+}
+
+// localHolder tells an in-process mount.
+type localHolder func(items []proto.Inval)
+
+func (f localHolder) invalidate(items []proto.Inval) (<-chan struct{}, bool) {
+	done := make(chan struct{})
+	go func() {
+		f(items)
+		close(done)
+	}()
+	return done, true
 }
 
 // Root is the namespace root's attributes.
@@ -91,7 +136,15 @@ func (l *Local) Root() (proto.Attr, error) {
 // Exec runs one request as the caller uid:gid, as a connection would (see session.exec): the
 // reply message, or for READ the bytes read into dest.
 func (l *Local) Exec(op proto.Op, uid, gid uint32, req proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
-	return l.sess.measured(transportLocal, op, uid, gid, req, dest)
+	rep, n, errno, _ := l.sess.measured(transportLocal, op, uid, gid, req, dest)
+	return rep, n, errno
+}
+
+// ExecLeased is Exec that also says whether the mount may cache what the reply gives
+// (SetInvalidator).
+func (l *Local) ExecLeased(op proto.Op, uid, gid uint32, req proto.Message, dest []byte) (proto.Message, int, syscall.Errno, bool) {
+	rep, n, errno, leased := l.sess.measured(transportLocal, op, uid, gid, req, dest)
+	return rep, n, errno, leased && l.sess.leasing
 }
 
 // Fd is the descriptor of an open handle, for FUSE passthrough (the kernel then reads the
@@ -149,5 +202,6 @@ func (l *Local) KernelWrites(handle uint64) {
 // Close releases every handle still open and the namespace root.
 func (l *Local) Close() {
 	l.sess.closeAll()
+	l.sess.lease.leave()
 	l.sess.v.close()
 }

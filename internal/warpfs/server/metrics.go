@@ -122,20 +122,62 @@ func Collectors() []prometheus.Collector {
 }
 
 // measured runs one request through exec and counts it.
-func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
+//
+// Its last result says whether the client may cache what the reply gives (leases.go): the
+// other clients that held what the request changed have been told by then.
+func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno, bool) {
 	dataPath.inFlight.Inc()
 	start := time.Now()
+	tok := s.lease.before(op)
+	var ino uint64
+	if tok.ok {
+		ino = s.handleIno(m) // before: a RELEASE takes the handle away
+	}
 	rep, n, errno, panicked := s.contained(op, uid, gid, m, dest)
+	leased := false
+	if tok.ok {
+		leased = s.lease.after(tok, op, m, rep, uint32(errno), ino)
+	}
 	dataPath.record(t, op, start, rep, n, errno)
 	if panicked {
-		return nil, 0, errno // a defect of the server, not of the medium
+		return nil, 0, errno, false // a defect of the server, not of the medium
 	}
 	if errno == syscall.EIO || errno == syscall.EUCLEAN {
 		if f := s.v.acct.frag; f != nil && f.OnMediaError != nil {
 			f.OnMediaError(dataPath.ops[op].name, errno)
 		}
 	}
-	return rep, n, errno
+	return rep, n, errno, leased
+}
+
+// handleIno is the inode of the file a request changes through a handle (0: none, or a
+// directory's). A RELEASE or FSYNC changes it when the kernel wrote the file itself (FUSE
+// passthrough): what it wrote is told to the others then.
+func (s *session) handleIno(m proto.Message) uint64 {
+	var id uint64
+	passthrough := false
+	switch r := m.(type) {
+	case *proto.HandleReq:
+		id, passthrough = r.Handle, true
+	case *proto.FsyncReq:
+		id, passthrough = r.Handle, true
+	case *proto.WriteReq:
+		id = r.Handle
+	case *proto.FallocateReq:
+		id = r.Handle
+	case *proto.CopyRangeReq:
+		id = r.Out
+	case *proto.XattrReq:
+		id = r.Handle
+	default:
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.handles[id]; h != nil && h.in != nil && (!passthrough || h.kernelWrites) {
+		return h.in.key.ino
+	}
+	return 0
 }
 
 // contained runs exec, turning a panic of its handler (a defect) into EIO for this request

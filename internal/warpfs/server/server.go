@@ -85,6 +85,10 @@ type Limits struct {
 	// MaxOpenFiles bounds the files and directories one connection keeps open; past it
 	// opens fail with EMFILE. Default 16384.
 	MaxOpenFiles int
+	// Lease is how long a client may cache the names and attributes a reply gives it
+	// (leases.go, warpfs.lease); negative: never (every lookup and stat asks the server).
+	// Default DefaultLease.
+	Lease time.Duration
 }
 
 // DefaultLimits are the limits' defaults.
@@ -109,6 +113,9 @@ func (l Limits) withDefaults() Limits {
 	defInt(&l.MaxHandshakesPerPeer, 8)
 	def(&l.RefusalLogInterval, time.Minute)
 	defInt(&l.MaxOpenFiles, 16384)
+	if l.Lease == 0 {
+		l.Lease = DefaultLease
+	}
 	return l
 }
 
@@ -352,9 +359,17 @@ func (s *Server) serveConn(pc *pendingConn) {
 	nc.SetDeadline(time.Time{})
 	s.log.Info("warpfs: client connected", "client", sess.client, "remote", nc.RemoteAddr().String(),
 		"instance", sess.instance, "read_only", sess.v.readOnly)
-	c := &srvConn{s: s, nc: nc, br: br, sess: sess, sem: make(chan struct{}, s.lim.MaxInFlight)}
+	c := &srvConn{s: s, nc: nc, br: br, sess: sess, sem: make(chan struct{}, s.lim.MaxInFlight),
+		version: sess.version, notified: map[uint64]chan struct{}{}}
+	if sess.leasing {
+		sess.lease.h = &holder{h: c}
+	}
 	err = c.loop()
+	c.nmu.Lock()
+	c.closed = true
+	c.nmu.Unlock()
 	c.wg.Wait()
+	sess.lease.leave()
 	sess.closeAll()
 	sess.v.close()
 	s.mu.Lock()
@@ -477,10 +492,23 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 	}
 	s.sessions++ // released by serveConn, or below if the welcome cannot be sent
 	s.mu.Unlock()
-	sess := &session{log: s.log, maxOpenFiles: s.lim.MaxOpenFiles, v: v, client: auth.Client, instance: auth.Instance, handles: map[uint64]*handle{}}
+	sess := &session{log: s.log, maxOpenFiles: s.lim.MaxOpenFiles, v: v, client: auth.Client, instance: auth.Instance,
+		handles: map[uint64]*handle{}, version: version}
 	v.noteFull = sess.noteFull
 	w := proto.Welcome{Proof: proto.ServerProof(key, ch.Nonce, hello.Nonce), MaxIO: proto.MaxIO, Root: root}
+	if l := acquireLeases(t.Dir, s.lim.Lease); l != nil && !auth.Stripes {
+		// Every session of the namespace takes part: its changes are told to the others;
+		// a client of LeaseVersion is also told of theirs, and may cache.
+		sess.lease = &leaseUse{l: l}
+		if version >= proto.LeaseVersion {
+			sess.leasing = true
+			w.LeaseMillis = uint32(s.lim.Lease / time.Millisecond)
+		}
+	} else {
+		releaseLeases(l)
+	}
 	if err := writeFrame(nc, proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, Kind: proto.KindReply, ID: h.ID}, &w)); err != nil {
+		sess.lease.leave()
 		v.close()
 		s.mu.Lock()
 		s.sessions--
@@ -531,6 +559,12 @@ type session struct {
 	instance     int64
 	fullLogged   atomic.Bool
 	panicked     atomic.Bool // a request's handler panicked (contained)
+	version      uint16      // the protocol version of its connection (0: in-process)
+
+	// lease is the session's part in its namespace's leases (leases.go); nil: none. leasing
+	// says its client may hold them (it is told of other sessions' changes).
+	lease   *leaseUse
+	leasing bool
 
 	mu      sync.Mutex
 	handles map[uint64]*handle
@@ -623,6 +657,14 @@ type srvConn struct {
 	sem  chan struct{}
 	wg   sync.WaitGroup
 	wmu  sync.Mutex
+
+	version uint16 // the protocol version the handshake chose
+
+	// The notifications sent (leases.go) and not yet answered.
+	nmu        sync.Mutex
+	notified   map[uint64]chan struct{}
+	nextNotify uint64
+	closed     bool
 }
 
 // loop reads requests until the connection ends or breaks the protocol.
@@ -637,8 +679,15 @@ func (c *srvConn) loop() error {
 		if err != nil {
 			return err
 		}
+		if h.Kind == proto.KindReply && h.Op == proto.OpInval && c.version >= proto.LeaseVersion {
+			if _, err := io.CopyN(io.Discard, c.br, int64(h.BodyLen)); err != nil {
+				return err
+			}
+			c.acked(h.ID)
+			continue
+		}
 		if h.Kind != proto.KindRequest {
-			return fmt.Errorf("%w: a reply sent to the server", proto.ErrMalformed)
+			return fmt.Errorf("%w: a %s frame of kind %d sent to the server", proto.ErrMalformed, h.Op, h.Kind)
 		}
 		var m proto.Message
 		var buf *ioBuf
@@ -700,11 +749,48 @@ func (c *srvConn) readWrite(h proto.Header) (proto.Message, *ioBuf, error) {
 
 // reply sends a reply with message m (nil: no body).
 func (c *srvConn) reply(h proto.Header, errno syscall.Errno, m proto.Message) {
+	c.replyFlags(h, errno, m, 0)
+}
+
+// replyFlags sends a reply with flags (proto.FlagLease).
+func (c *srvConn) replyFlags(h proto.Header, errno syscall.Errno, m proto.Message, flags uint8) {
 	if errno != 0 {
 		m = nil
 	}
-	frame := proto.AppendFrame(make([]byte, 0, 256), proto.Header{Op: h.Op, Kind: proto.KindReply, ID: h.ID, Errno: uint32(errno)}, m)
+	if c.version < proto.LeaseVersion {
+		flags = 0
+	}
+	frame := proto.AppendFrame(make([]byte, 0, 256), proto.Header{Op: h.Op, Kind: proto.KindReply, ID: h.ID, Errno: uint32(errno), Flags: flags}, m)
 	c.send(frame, nil)
+}
+
+// invalidate sends an OpInval notification (leases.go): done closes when the client replied.
+func (c *srvConn) invalidate(items []proto.Inval) (<-chan struct{}, bool) {
+	done := make(chan struct{})
+	c.nmu.Lock()
+	if c.closed {
+		c.nmu.Unlock()
+		return nil, false
+	}
+	c.nextNotify++
+	id := c.nextNotify
+	c.notified[id] = done
+	c.nmu.Unlock()
+	frame := proto.AppendFrame(make([]byte, 0, 64+32*len(items)), proto.Header{Op: proto.OpInval, Kind: proto.KindNotify, ID: id},
+		&proto.InvalReq{Items: items})
+	c.send(frame, nil)
+	return done, true
+}
+
+// acked is the client's reply to notification id.
+func (c *srvConn) acked(id uint64) {
+	c.nmu.Lock()
+	done := c.notified[id]
+	delete(c.notified, id)
+	c.nmu.Unlock()
+	if done != nil {
+		close(done)
+	}
 }
 
 // replyData sends a successful reply whose body is data (READ).
@@ -749,7 +835,7 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 	if h.Op == proto.OpRead {
 		out := getBuf()
 		defer putBuf(out)
-		_, n, errno := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, out.b)
+		_, n, errno, _ := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, out.b)
 		if errno != 0 {
 			c.reply(h, errno, nil)
 			return
@@ -757,8 +843,12 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 		c.replyData(h, out.b[:n])
 		return
 	}
-	rep, _, errno := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, nil)
-	c.reply(h, errno, rep)
+	rep, _, errno, leased := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, nil)
+	var flags uint8
+	if leased {
+		flags = proto.FlagLease
+	}
+	c.replyFlags(h, errno, rep, flags)
 }
 
 // exec runs one request of the session as the caller uid:gid and returns its reply message

@@ -1,0 +1,369 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
+	"golang.org/x/sys/unix"
+)
+
+// A pair of mounts of one namespace, as two compute nodes have it: what one changes, the
+// other sees at its next call, with caching on (the default).
+type coherencePair struct {
+	name    string
+	striped bool
+	localA  bool // A is the co-located mount (the server in its process)
+}
+
+var coherencePairs = []coherencePair{
+	{name: "remote+remote"},
+	{name: "local+remote", localA: true},
+	{name: "striped-remote+remote", striped: true},
+}
+
+// startLeaseServer serves target with a lease of lease (0: the default).
+func startLeaseServer(t *testing.T, target server.Target, lease time.Duration) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(server.Options{Token: testToken, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Limits: server.Limits{Lease: lease},
+		Resolve: func(fragment, namespace, instance int64, stripes bool) (server.Target, error) {
+			return target, nil
+		}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx, l); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l.Addr().String()
+}
+
+// mountPair mounts one namespace twice and returns both mount paths.
+func mountPair(t *testing.T, p coherencePair, lease time.Duration) (string, string, string) {
+	t.Helper()
+	src, mp := dirs(t)
+	tr := usage.New("coherence", 1<<30)
+	var stripes []Server
+	if p.striped {
+		l := stripe.Layout{Size: testStripeSize, Width: testStripeServers, Servers: testStripeServers}
+		if err := unix.Setxattr(src, server.LayoutXattr, l.Encode(), 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range stripeDirs(src) {
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			addr := startLeaseServer(t, server.Target{Dir: dir, Tracker: tr}, lease)
+			stripes = append(stripes, Server{Remote: &Remote{Address: addr, Token: testToken, Client: "n", FragmentID: 1, InstanceID: 3}})
+		}
+	}
+	addr := startLeaseServer(t, server.Target{Dir: src, Tracker: tr}, lease)
+	remote := func(client string) *Remote {
+		return &Remote{Address: addr, Token: testToken, Client: client, FragmentID: 1, NamespaceID: 1, InstanceID: 3}
+	}
+	mpA, mpB := mp+"-a", mp+"-b"
+	a := Spec{MountPath: mpA, Remote: remote("node-a"), Stripes: stripes, AllowOther: true, Logger: quietLogger(t)}
+	if p.localA {
+		a = Spec{MountPath: mpA, SourceDir: src, Tracker: tr, AllowOther: true, Logger: quietLogger(t)}
+	}
+	mount(t, a)
+	mount(t, Spec{MountPath: mpB, Remote: remote("node-b"), Stripes: stripes, AllowOther: true, Logger: quietLogger(t)})
+	return src, mpA, mpB
+}
+
+func TestCoherentCachingAcrossNodes(t *testing.T) {
+	for _, p := range coherencePairs {
+		t.Run(p.name, func(t *testing.T) {
+			_, a, b := mountPair(t, p, 0)
+			checkCoherent(t, a, b)
+		})
+	}
+}
+
+// checkCoherent changes the namespace through mount a and checks, after each change, that
+// mount b sees it at once — having asked (and so cached) what the change makes stale first.
+func checkCoherent(t *testing.T, a, b string) {
+	t.Helper()
+	missing := func(p string) {
+		t.Helper()
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%s: %v, want it missing", p, err)
+		}
+	}
+	stat := func(p string) *syscall.Stat_t {
+		t.Helper()
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		return &st
+	}
+	content := func(p, want string) {
+		t.Helper()
+		got, err := os.ReadFile(p)
+		if err != nil || string(got) != want {
+			t.Fatalf("%s holds %q (%v), want %q", p, got, err, want)
+		}
+	}
+	write := func(p, data string, flag int) {
+		t.Helper()
+		f, err := os.OpenFile(p, flag|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(data); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := func(root, rel string) string { return filepath.Join(root, rel) }
+
+	// A name b looked up and did not find, made on a.
+	missing(at(b, "f"))
+	missing(at(b, "f"))
+	write(at(a, "f"), "hello", os.O_CREATE|os.O_EXCL)
+	if st := stat(at(b, "f")); st.Size != 5 {
+		t.Fatalf("b sees f of %d bytes, want 5", st.Size)
+	}
+	content(at(b, "f"), "hello")
+
+	// Attributes b holds, changed on a.
+	stat(at(b, "f"))
+	if err := os.Chmod(at(a, "f"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st := stat(at(b, "f")); st.Mode&0o777 != 0o600 {
+		t.Fatalf("b sees f with mode %o after a's chmod 600", st.Mode&0o777)
+	}
+	write(at(a, "f"), " world", os.O_APPEND)
+	if st := stat(at(b, "f")); st.Size != 11 {
+		t.Fatalf("b sees f of %d bytes after a's append, want 11", st.Size)
+	}
+	content(at(b, "f"), "hello world")
+	write(at(a, "f"), "HELLO", 0) // the same size, other bytes
+	content(at(b, "f"), "HELLO world")
+	if err := os.Truncate(at(a, "f"), 2); err != nil {
+		t.Fatal(err)
+	}
+	if st := stat(at(b, "f")); st.Size != 2 {
+		t.Fatalf("b sees f of %d bytes after a's truncate to 2", st.Size)
+	}
+	content(at(b, "f"), "HE")
+
+	// Names b holds, renamed and removed on a.
+	missing(at(b, "g"))
+	if err := os.Rename(at(a, "f"), at(a, "g")); err != nil {
+		t.Fatal(err)
+	}
+	missing(at(b, "f"))
+	content(at(b, "g"), "HE")
+	if err := os.Remove(at(a, "g")); err != nil {
+		t.Fatal(err)
+	}
+	missing(at(b, "g"))
+
+	// A directory: its entries, its attributes, its renaming.
+	if err := os.Mkdir(at(a, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	missing(at(b, "d/x"))
+	missing(at(b, "d/y"))
+	nlink := stat(at(b, "d")).Nlink
+	write(at(a, "d/x"), "x", os.O_CREATE)
+	content(at(b, "d/x"), "x")
+	if err := os.Mkdir(at(a, "d/sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := stat(at(b, "d")).Nlink; got != nlink+1 {
+		t.Fatalf("b sees d with %d links after a's mkdir in it, want %d", got, nlink+1)
+	}
+	names := func(dir string) string {
+		t.Helper()
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range entries {
+			out = append(out, e.Name())
+		}
+		return fmt.Sprint(out)
+	}
+	if got := names(at(b, "d")); got != "[sub x]" {
+		t.Fatalf("b lists d as %s", got)
+	}
+	stat(at(b, "d/x"))
+	if err := os.Rename(at(a, "d"), at(a, "e")); err != nil {
+		t.Fatal(err)
+	}
+	write(at(a, "e/y"), "y", os.O_CREATE)
+	missing(at(b, "d"))
+	missing(at(b, "d/x"))
+	content(at(b, "e/y"), "y")
+	content(at(b, "e/x"), "x")
+
+	// And back the other way: what b changes, a sees.
+	stat(at(a, "e/y"))
+	if err := os.Remove(at(b, "e/y")); err != nil {
+		t.Fatal(err)
+	}
+	missing(at(a, "e/y"))
+}
+
+// With caching on, b's repeated stats of names it holds ask the server nothing; a change on
+// a still reaches it (checkCoherent). So the caching is real, and coherent.
+func TestCachedStatsAskNothing(t *testing.T) {
+	scrape := serveMetrics(t)
+	for _, p := range coherencePairs {
+		t.Run(p.name, func(t *testing.T) {
+			_, a, b := mountPair(t, p, 0)
+			if err := os.MkdirAll(filepath.Join(a, "x/y"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(b, "x/y/f")
+			if err := os.WriteFile(path, []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			os.Lstat(filepath.Join(b, "x/y/none"))
+			asked := func() float64 {
+				s := scrape()
+				return s.Samples[`spillway_warpfs_requests_total{op="lookup",transport="remote"}`] +
+					s.Samples[`spillway_warpfs_requests_total{op="getattr",transport="remote"}`]
+			}
+			before := asked()
+			for i := 0; i < 200; i++ {
+				if _, err := os.Lstat(path); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Lstat(filepath.Join(b, "x/y/none")); !errors.Is(err, fs.ErrNotExist) {
+					t.Fatal(err)
+				}
+			}
+			if n := asked() - before; n > 20 {
+				t.Errorf("400 stats of cached names (found and not) sent %.0f LOOKUP and GETATTR requests", n)
+			}
+		})
+	}
+}
+
+// A node that holds leases and stops answering (its link cut) holds a change made elsewhere
+// back until its leases have run out, never less; then the change goes on.
+func TestCutNodeIsWaitedOut(t *testing.T) {
+	const lease = 2 * time.Second
+	src, mp := dirs(t)
+	tr := usage.New("coherence", 1<<30)
+	addr := startLeaseServer(t, server.Target{Dir: src, Tracker: tr}, lease)
+	proxy := newCutProxy(t, addr)
+	mpA, mpB := mp+"-a", mp+"-b"
+	mount(t, Spec{MountPath: mpA, Remote: &Remote{Address: addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3}, Logger: quietLogger(t)})
+	mount(t, Spec{MountPath: mpB, Remote: &Remote{Address: proxy.addr, Token: testToken, Client: "b", NamespaceID: 1, InstanceID: 3,
+		Limits: client.Limits{KeepaliveInterval: time.Second, RequestTimeout: 3 * time.Second, ConnectTimeout: time.Second}},
+		Logger: quietLogger(t)})
+	if err := os.WriteFile(filepath.Join(mpA, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(mpB, "f")); err != nil { // b caches f
+		t.Fatal(err)
+	}
+	leased := time.Now()
+	proxy.cut()
+	if err := os.Chmod(filepath.Join(mpA, "f"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(leased); waited < lease {
+		t.Fatalf("a's chmod returned %v after b's lease began; b's kernel may still cache f for %v", waited, lease)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(src, "f"), &st); err != nil || st.Mode&0o777 != 0o600 {
+		t.Fatalf("the change did not go on: mode %o, %v", st.Mode&0o777, err)
+	}
+}
+
+// cutProxy forwards TCP connections to a server until cut, then forwards nothing more in
+// either direction and keeps the connections open: a link that stopped carrying packets.
+type cutProxy struct {
+	addr string
+	mu   sync.Mutex
+	dead bool
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{addr: l.Addr().String()}
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, s)
+			mu.Unlock()
+			go p.pipe(c, s)
+			go p.pipe(s, c)
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) pipe(from, to net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := from.Read(buf)
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		dead := p.dead
+		p.mu.Unlock()
+		if dead {
+			continue // dropped on the floor
+		}
+		if _, err := to.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	p.dead = true
+	p.mu.Unlock()
+}

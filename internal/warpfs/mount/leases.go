@@ -1,0 +1,230 @@
+package mount
+
+// Coherent caching: the kernel keeps the names (found or not) and attributes a leased reply
+// gives for the lease (package server, leases.go; warpfs.lease), and the server tells the
+// mount before anyone else changes them. The mount then drops them from the kernel with
+// FUSE's notifications — an entry by its parent's inode and its name, attributes and cached
+// data by the inode — before it answers, so a change made on another node is seen here at the
+// next call, as strictly as when nothing was cached.
+//
+// Why the kernel's caches cannot keep a stale answer past a notification:
+//   - a name: the kernel adds a dentry under its parent directory's lock, which a
+//     notification of that name also takes (fuse_reverse_inval_entry), so a lookup whose
+//     reply is on its way completes first and is dropped after; a dentry once dropped stays
+//     so;
+//   - attributes: a notification bumps the inode's attribute version, and the kernel ignores
+//     the attributes of any reply to a request sent before (fuse_change_attributes); an inode
+//     the kernel does not know yet (a reply making it is on its way) is retried until it does
+//     (dropAttr).
+
+import (
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+)
+
+// leaseState is a mount's side of its leases.
+type leaseState struct {
+	mu sync.Mutex
+	// nodes are the nodes made for each inode number that the kernel may hold attributes
+	// of: usually one; more while go-fuse settles which of two lookups' nodes it keeps.
+	nodes map[uint64][]*node
+	// given is when a leased reply last handed the kernel an inode (by number): an
+	// invalidation that finds no inode in the kernel retries while one may be on its way.
+	given map[uint64]time.Time
+}
+
+// inodeRetry bounds how long an invalidation waits for an inode a leased reply is giving the
+// kernel (a reply the mount sent but the kernel has not taken yet).
+const inodeRetry = time.Second
+
+// maxNodesPerInode bounds the nodes kept per inode number.
+const maxNodesPerInode = 4
+
+func newLeaseState() *leaseState {
+	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}}
+}
+
+// noteNode notes a node made for a reply: invalidations of its inode number reach it; leased says
+// the reply was leased.
+func (be *backend) noteNode(n *node, ino uint64, leased bool) {
+	ls := be.leases
+	if ls == nil {
+		return
+	}
+	now := time.Now()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	list := ls.nodes[ino]
+	kept := list[:0]
+	for _, o := range list {
+		if !o.forgotten {
+			kept = append(kept, o)
+		}
+	}
+	if len(kept) >= maxNodesPerInode {
+		kept = kept[1:]
+	}
+	ls.nodes[ino] = append(kept, n)
+	if !leased {
+		return
+	}
+	ls.given[ino] = now
+	if len(ls.given) > 4096 { // keep only the recent ones
+		for i, t := range ls.given {
+			if now.Sub(t) > inodeRetry {
+				delete(ls.given, i)
+			}
+		}
+	}
+}
+
+// OnForget: the kernel forgot the node; it holds no attributes of it any more.
+func (n *node) OnForget() {
+	ls := n.be.leases
+	if ls == nil {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	n.forgotten = true
+	ino := n.StableAttr().Ino
+	list := ls.nodes[ino]
+	for i, o := range list {
+		if o == n {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(ls.nodes, ino)
+	} else {
+		ls.nodes[ino] = list
+	}
+}
+
+var _ fs.NodeOnForgetter = (*node)(nil)
+
+// drop is the invalidator: it drops what a change elsewhere made stale, and returns once the
+// kernel did.
+func (be *backend) drop(items []proto.Inval) {
+	for _, it := range items {
+		if it.What&proto.InvalEntry != 0 {
+			be.dropEntry(it.Path)
+		}
+		if it.What&(proto.InvalAttr|proto.InvalData) != 0 {
+			be.dropAttr(it.Ino, it.What&proto.InvalData != 0)
+		}
+	}
+}
+
+// dropEntry drops the kernel's dentry at path (found or not), if it holds its parent.
+func (be *backend) dropEntry(path string) {
+	if be.root == nil {
+		return // not mounted yet: the kernel holds nothing
+	}
+	dir, name := splitPath(path)
+	parent := be.root.EmbeddedInode()
+	for _, c := range splitComponents(dir) {
+		if parent = parent.GetChild(c); parent == nil {
+			return // the kernel holds no dentry of the parent, so none beneath it
+		}
+	}
+	parent.NotifyEntry(name)
+}
+
+// dropAttr drops the kernel's attributes of inode ino, and its cached data with data.
+func (be *backend) dropAttr(ino uint64, data bool) {
+	off := int64(-1) // attributes only
+	if data {
+		off = 0
+	}
+	ls := be.leases
+	deadline := time.Now().Add(inodeRetry)
+	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		ls.mu.Lock()
+		list := append([]*node(nil), ls.nodes[ino]...)
+		given, recent := ls.given[ino]
+		ls.mu.Unlock()
+		hit := false
+		for _, n := range list {
+			// A node go-fuse did not keep was never given to the kernel: ENOENT.
+			if n.EmbeddedInode().NotifyContent(off, 0) != syscall.ENOENT {
+				hit = true
+			}
+		}
+		// The kernel does not hold the inode: nothing to drop, unless a reply giving it is
+		// on its way (leased recently).
+		if hit || !recent || time.Since(given) > inodeRetry || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(wait)
+	}
+}
+
+func splitPath(p string) (string, string) {
+	for i := len(p) - 1; i >= 0; i-- {
+		if p[i] == '/' {
+			return p[:i], p[i+1:]
+		}
+	}
+	return "", p
+}
+
+func splitComponents(p string) []string {
+	if p == "" {
+		return nil
+	}
+	var out []string
+	start := 0
+	for i := 0; i <= len(p); i++ {
+		if i == len(p) || p[i] == '/' {
+			out = append(out, p[start:i])
+			start = i + 1
+		}
+	}
+	return out
+}
+
+// enableLeases turns coherent caching on when every server of the mount's names grants
+// leases (a single namespace, local or remote, striped or not: not replicas or shards yet),
+// and returns the lease (0: off).
+func (be *backend) enableLeases() time.Duration {
+	var lease time.Duration
+	switch t := be.client.(type) {
+	case *client.Client:
+		lease = t.Lease()
+		if lease > 0 {
+			be.leases = newLeaseState()
+			t.SetInvalidator(be.drop)
+		}
+	case localTransport:
+		lease = t.local.Lease()
+		if lease > 0 {
+			be.leases = newLeaseState()
+			t.local.SetInvalidator(be.drop)
+		}
+	}
+	return lease
+}
+
+// entryLease sets how long the kernel may keep what a reply gave: the lease when it was
+// leased; otherwise nothing (the mount's defaults, zero unless client_cache).
+func (be *backend) entryLease(out *fuse.EntryOut, lease time.Duration) {
+	if be.leases != nil && lease > 0 {
+		out.SetEntryTimeout(lease)
+		out.SetAttrTimeout(lease)
+	}
+}
+
+func (be *backend) attrLease(out *fuse.AttrOut, lease time.Duration) {
+	if be.leases != nil && lease > 0 {
+		out.SetTimeout(lease)
+	}
+}
