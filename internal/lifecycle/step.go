@@ -274,6 +274,11 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 	}
 	spec.Replicas = replicas(w, c, ns)
 	spec.MDS = shards(w, c)
+	if k := c.Cache; k != nil {
+		spec.Cache = &agentapi.CacheSpec{PFS: k.PFS, ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead,
+			SyncOnClose: k.SyncOnClose, SyncToPFS: k.SyncToPFS, HighWatermark: k.HighWatermark, LowWatermark: k.LowWatermark,
+			UID: c.Owner, GID: c.Group}
+	}
 	return spec
 }
 
