@@ -482,10 +482,19 @@ func (w *wlm) setup() int {
 		if size == 0 {
 			// Slurm allots no job capacity (a persistent-only job): no instance, and no
 			// stage-out into it to register (data_out says why, if it is asked).
-			req.Instance = nil
+			req.Instance, req.More = nil, nil
 			req.StageOut = jobspec.WithoutJobInstance(req.StageOut, len(req.Uses) > 0)
-		} else if req.Instance.Pool == "" {
-			req.Instance.Pool = pool
+		} else {
+			// Slurm's --capacity is the sum of every #DW jobdw (a scratch and a cache);
+			// each instance keeps its own capacity, and the job's pool where it names none.
+			if req.Instance.Pool == "" {
+				req.Instance.Pool = pool
+			}
+			for i := range req.More {
+				if req.More[i].Pool == "" {
+					req.More[i].Pool = pool
+				}
+			}
 		}
 	}
 	return w.step(lifecycle.PhaseSetup, func() error { return w.client.Setup(w.ctx, req) })

@@ -2,6 +2,7 @@ package jobspec
 
 import (
 	"errors"
+	"os"
 	"reflect"
 	"testing"
 
@@ -19,13 +20,11 @@ func parse(t *testing.T, src string) *directive.Script {
 	return s
 }
 
-// TestSupportedCacheSwitch: the front door refuses a cache (and a job with two instances)
-// while model.CacheDataPath is off, naming the line; with it on, a cache passes and the
-// pair is still refused.
+// TestSupportedCacheSwitch: the front door refuses a cache while model.CacheDataPath is off,
+// naming the line; with it on, a cache and a job with a scratch and a cache pass.
 func TestSupportedCacheSwitch(t *testing.T) {
 	s := parse(t, "#!/bin/bash\n#DW jobdw capacity=1GiB\n#DW jobdw type=cache capacity=1TiB pfs=/lustre/me\n#BB create_persistent name=p capacity=1GiB type=cache pfs=/lustre/p\n")
 	want := "line 3: #DW jobdw type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out\n" +
-		"line 3: #DW jobdw type=cache: a job with a scratch and a cache instance is not supported by this Spillway version yet (a session holds one instance); use one #DW jobdw\n" +
 		"line 4: #BB create_persistent type=cache: cache data path not built in this version; use type=scratch"
 	if err := Supported(s); err == nil || err.Error() != want {
 		t.Errorf("got %v\nwant %s", err, want)
@@ -33,11 +32,31 @@ func TestSupportedCacheSwitch(t *testing.T) {
 	old := model.CacheDataPath
 	model.CacheDataPath = true
 	defer func() { model.CacheDataPath = old }()
-	if err := Supported(parse(t, "#DW jobdw type=cache capacity=1TiB pfs=/lustre/me\n")); err != nil {
+	if err := Supported(s); err != nil {
 		t.Errorf("with the data path: %v", err)
 	}
-	if err := Supported(s); err == nil || err.Error() != "line 3: #DW jobdw type=cache: a job with a scratch and a cache instance is not supported by this Spillway version yet (a session holds one instance); use one #DW jobdw" {
-		t.Errorf("pair with the data path: %v", err)
+}
+
+// TestCheckPFSAsUser: spillway run checks each cache's pfs= as its user, naming the line.
+func TestCheckPFSAsUser(t *testing.T) {
+	old := checkPFS
+	defer func() { checkPFS = old }()
+	checkPFS = func(dir string) error {
+		if dir == "/lustre/ok" {
+			return nil
+		}
+		return errors.New("pfs=" + dir + ": no such directory; create it on the PFS first (mkdir -p), or correct the path")
+	}
+	s := parse(t, "#DW jobdw capacity=1GiB\n#DW jobdw type=cache capacity=1TiB pfs=/lustre/gone\n#BB create_persistent name=p capacity=1GiB type=cache pfs=/lustre/ok\n")
+	err := CheckPFSAsUser(s)
+	if os.Geteuid() == 0 {
+		if err != nil {
+			t.Fatalf("as root nothing is checked: %v", err)
+		}
+		return
+	}
+	if err == nil || err.Error() != "line 2: #DW jobdw: pfs=/lustre/gone: no such directory; create it on the PFS first (mkdir -p), or correct the path" {
+		t.Fatalf("got %v", err)
 	}
 }
 
@@ -79,8 +98,6 @@ func TestSetupErrorNamesTheCacheLine(t *testing.T) {
 			"line 3: #DW jobdw: pfs=/home/me: no such directory; create it on the PFS first (mkdir -p), or correct the path"},
 		{"type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out",
 			"line 3: #DW jobdw: type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out"},
-		{"type=cache: a job with a scratch and a cache instance is not supported by this Spillway version yet (a session holds one instance); use one #DW jobdw",
-			"line 3: #DW jobdw: type=cache: a job with a scratch and a cache instance is not supported by this Spillway version yet (a session holds one instance); use one #DW jobdw"},
 	}
 	for _, c := range cases {
 		if got := SetupError(s, errors.New(c.in)).Error(); got != c.want {

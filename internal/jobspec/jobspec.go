@@ -11,6 +11,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/directive"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/pfsaccess"
 	"github.com/spillway-hpc/spillway/internal/units"
 )
 
@@ -19,10 +20,6 @@ func Supported(s *directive.Script) error {
 	var problems []string
 	if j := s.JobDWOfType(model.TypeCache); j != nil && !model.CacheDataPath {
 		problems = append(problems, fmt.Sprintf("line %d: #DW jobdw type=cache: %s; use type=scratch with #DW stage_in/stage_out", j.Line, model.ErrCacheNotBuilt))
-	}
-	if len(s.JobDWs) > 1 {
-		problems = append(problems, fmt.Sprintf("line %d: #DW jobdw type=%s: a job with a scratch and a cache instance is not supported by this Spillway version yet (a session holds one instance); use one #DW jobdw",
-			s.JobDWs[1].Line, s.JobDWs[1].Type))
 	}
 	if s.Swap != nil {
 		problems = append(problems, fmt.Sprintf("line %d: #DW swap is not supported by this Spillway version yet", s.Swap.Line))
@@ -37,6 +34,38 @@ func Supported(s *directive.Script) error {
 	}
 	return nil
 }
+
+// CheckPFSAsUser checks, with the calling process's credentials, that the PFS directory of
+// every cache the script asks for (#DW jobdw type=cache, #BB create_persistent type=cache)
+// exists and can be entered. Only a process running as the job's user may call it honestly
+// (spillway run); as root it checks nothing (root's view says nothing of the user's).
+func CheckPFSAsUser(s *directive.Script) error {
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	var problems []string
+	for _, j := range s.JobDWs {
+		if j.Type == model.TypeCache && j.PFS != "" {
+			if err := checkPFS(j.PFS); err != nil {
+				problems = append(problems, fmt.Sprintf("line %d: #DW jobdw: %v", j.Line, err))
+			}
+		}
+	}
+	for _, c := range s.Create {
+		if c.Type == model.TypeCache && c.PFS != "" {
+			if err := checkPFS(c.PFS); err != nil {
+				problems = append(problems, fmt.Sprintf("line %d: #BB create_persistent: %v", c.Line, err))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// checkPFS is pfsaccess.Check (a variable for tests).
+var checkPFS = pfsaccess.Check
 
 // Setup is the setup request of a job: its #DW jobdw instance, the persistent instances it
 // uses, and its stage-outs (registered as deferred until data_out).
@@ -191,9 +220,6 @@ func SetupError(s *directive.Script, err error) error {
 	// need not be the first #DW jobdw.
 	if c := s.JobDWOfType(model.TypeCache); c != nil && (strings.HasPrefix(msg, "pfs=") || strings.HasPrefix(msg, "type=cache") || strings.Contains(msg, "for type=cache")) {
 		j = c
-	}
-	if len(s.JobDWs) > 1 && strings.HasPrefix(msg, "type=") && strings.Contains(msg, "scratch and a cache instance") {
-		j = s.JobDWs[1]
 	}
 	field := ""
 	switch {

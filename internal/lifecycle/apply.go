@@ -286,6 +286,13 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 			return err
 		}
 	}
+	for _, r := range req.More { // the job's instance of the other type (checkInstances)
+		if r.Capacity > 0 {
+			if err := createInstance(w, sess, r, ids, p, now); err != nil {
+				return err
+			}
+		}
+	}
 	w.put(sess)
 	for _, ps := range used {
 		inst := w.InstanceOf(ps.ID)
@@ -380,15 +387,15 @@ func CheckUserQuota(w *World, req Setup, q Quota) error {
 		if s.Owner != req.Owner {
 			continue
 		}
-		inst := w.InstanceOf(s.ID)
-		if s.State.Goal == model.GoalDestroy && inst == nil {
+		insts := w.InstancesOf(s.ID)
+		if s.State.Goal == model.GoalDestroy && len(insts) == 0 {
 			continue // going, and it holds nothing any more
 		}
 		sessions++
 		if s.Persistent {
 			persistent++
 		}
-		if inst != nil {
+		for _, inst := range insts {
 			capacity += inst.Requested
 		}
 	}
@@ -736,7 +743,7 @@ func dwPathOf(r StageRequest) string {
 
 func listTarget(w *World, s *model.Session) *model.Configuration {
 	scratch := func(c *model.Configuration) bool { return c != nil && c.Type != model.TypeCache } // a cache is never staged
-	if inst := w.InstanceOf(s.ID); inst != nil {
+	for _, inst := range w.InstancesOf(s.ID) {
 		if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); scratch(c) {
 			return c
 		}
@@ -778,15 +785,22 @@ func configForVarAny(w *World, s *model.Session, v string) (*model.Configuration
 		if v == VarJobLoadbalance {
 			mode = model.AccessLoadbalance
 		}
-		inst := w.InstanceOf(s.ID)
-		if inst == nil {
+		insts := w.InstancesOf(s.ID)
+		if len(insts) == 0 {
 			return nil, fmt.Errorf("$%s: the job has no #DW jobdw instance", v)
 		}
-		c := w.ConfigurationByMode(inst.ID, mode)
-		if c == nil {
+		// The job's scratch instance: with a scratch and a cache, $DW_JOB_STRIPED is the
+		// scratch one's (the cache's is $DW_JOB_STRIPED_CACHE).
+		var found *model.Configuration
+		for _, inst := range insts {
+			if c := w.ConfigurationByMode(inst.ID, mode); c != nil && (found == nil || found.Type == model.TypeCache) {
+				found = c
+			}
+		}
+		if found == nil {
 			return nil, fmt.Errorf("$%s: the job's instance has no access_mode=%s", v, mode)
 		}
-		return c, nil
+		return found, nil
 	case strings.HasPrefix(v, VarPersistentPre):
 		name := strings.TrimPrefix(v, VarPersistentPre)
 		if !contains(s.Uses, name) && !(s.Persistent && s.Token == name) {
@@ -830,7 +844,7 @@ type Exposure struct {
 // every persistent instance it uses.
 func Exposures(w *World, s *model.Session) []Exposure {
 	var out []Exposure
-	if inst := w.InstanceOf(s.ID); inst != nil {
+	for _, inst := range w.InstancesOf(s.ID) {
 		for _, c := range w.ConfigurationsOf(inst.ID) {
 			if v := JobVar(c); v != "" {
 				out = append(out, Exposure{Var: v, Config: c, Owner: s})

@@ -9,11 +9,11 @@ import (
 )
 
 // Cache instances (issue 20): the checks of a setup's instance requests, all of them made
-// before the refusals that stand while the cache's data path is not built
-// (model.CacheDataPath) and while a session holds one instance.
+// before the refusal that stands while the cache's data path is not built
+// (model.CacheDataPath).
 
-// checkInstances checks every instance a setup asks for, then refuses what this version
-// cannot hold yet.
+// checkInstances checks every instance a setup asks for (a job may hold one of each type,
+// DataWarp's Phase 3), then refuses what this version cannot hold yet.
 func checkInstances(req Setup, p Params) error {
 	var all []InstanceRequest
 	if req.Instance != nil {
@@ -36,10 +36,6 @@ func checkInstances(req Setup, p Params) error {
 	}
 	if seen[model.TypeCache] && !model.CacheDataPath {
 		return userErr("type=cache: %s; use type=scratch with #DW stage_in/stage_out", model.ErrCacheNotBuilt)
-	}
-	if len(req.More) > 0 {
-		return userErr("type=%s: a job with a scratch and a cache instance is not supported by this Spillway version yet (a session holds one instance); use one #DW jobdw",
-			orDefault(req.More[0].Type, model.TypeScratch))
 	}
 	return nil
 }

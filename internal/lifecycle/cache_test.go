@@ -28,7 +28,7 @@ func cacheSetup(token, pfs string, modes ...string) Setup {
 }
 
 func u64(v uint64) *uint64 { return &v }
-func yes() *bool         { b := true; return &b }
+func yes() *bool           { b := true; return &b }
 
 // TestCacheSetupRefusals: every check of a cache request, with its exact words, runs before
 // the refusal that stands while the data path is not built; that refusal comes last.
@@ -76,21 +76,17 @@ func TestCacheSetupRefusals(t *testing.T) {
 }
 
 // TestScratchAndCacheRequest: a job's second instance is checked like the first, two of one
-// type are refused, and the pair is refused (after the checks) while a session holds one
-// instance.
+// type are refused, and the user quota counts both.
 func TestScratchAndCacheRequest(t *testing.T) {
 	withCacheDataPath(t)
 	h := newHarness(t, "ssd1")
 	cacheParams(h)
-	pair := jobSetup("1", 1<<30, "striped")
-	pair.More = []InstanceRequest{*cacheSetup("1", "/home/me").Instance}
 	cases := []struct {
 		more InstanceRequest
 		want string
 	}{
 		{*cacheSetup("1", "/home/me").Instance, "pfs=/home/me is outside the directories this site allows for cache instances ([cache] allowed_pfs: /lustre, /gpfs/proj); choose a directory under one of them, or ask the administrator to add it"},
 		{*jobSetup("1", 1<<30).Instance, "type=scratch: a job may hold one instance of each type (a scratch and a cache); put all the capacity of one type into one #DW jobdw"},
-		{*cacheSetup("1", "/lustre/me").Instance, "type=cache: a job with a scratch and a cache instance is not supported by this Spillway version yet (a session holds one instance); use one #DW jobdw"},
 	}
 	for _, c := range cases {
 		req := jobSetup("1", 1<<30, "striped")
@@ -99,12 +95,103 @@ func TestScratchAndCacheRequest(t *testing.T) {
 			t.Errorf("got %v\nwant %s", err, c.want)
 		}
 	}
-	// The quota counts both instances.
 	req := jobSetup("1", 1<<30, "striped")
 	req.More = []InstanceRequest{*cacheSetup("1", "/lustre/me").Instance}
 	if err := CheckUserQuota(h.w, req, Quota{Capacity: 3 << 29}); err == nil || err.Error() != "uid 1001 holds 0B of instances; 2GiB more would pass its limit of 1.5GiB (controller.max_capacity_per_user)" {
 		t.Errorf("quota: %v", err)
 	}
+	persistent := cacheSetup("p", "/lustre/me")
+	persistent.Persistent = true
+	persistent.More = []InstanceRequest{*jobSetup("p", 1<<30).Instance}
+	if err := ApplySetup(h.w, persistent, h, h.p, h.now); err == nil || err.Error() != "create_persistent p: a persistent instance is one instance" {
+		t.Errorf("persistent pair: %v", err)
+	}
+	// The switch off: the pair is refused for its cache, after the checks.
+	model.CacheDataPath = false
+	if err := ApplySetup(h.w, req, h, h.p, h.now); err == nil || err.Error() != "type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out" {
+		t.Errorf("switch off: %v", err)
+	}
+}
+
+// TestScratchAndCacheJob (issue 20 item 10): a job holding a scratch and a cache instance
+// has both placed, each with its own configurations, variables and mount; stages go to the
+// scratch one; a second job's quota counts both; teardown removes both, and the session
+// only when both are gone.
+func TestScratchAndCacheJob(t *testing.T) {
+	withCacheDataPath(t)
+	h := newHarness(t, "ssd1", "ssd2")
+	cacheParams(h)
+	req := jobSetup("9", 2<<30, "striped")
+	req.More = []InstanceRequest{*cacheSetup("9", "/lustre/me/run").Instance}
+	h.must(ApplySetup(h.w, req, h, h.p, h.now))
+	if st := h.status("9", PhaseSetup); st.Done {
+		t.Fatal("setup done before the fragments exist")
+	}
+	h.settle()
+	if st := h.status("9", PhaseSetup); !st.Done || st.Failed {
+		t.Fatalf("setup: %+v", st)
+	}
+	s := h.w.SessionByToken("9")
+	insts := h.w.InstancesOf(s.ID)
+	if len(insts) != 2 || insts[0].Requested != 2<<30 || insts[1].Requested != 1<<30 {
+		t.Fatalf("instances: %+v", insts)
+	}
+	for i, typ := range []string{model.TypeScratch, model.TypeCache} {
+		confs := h.w.ConfigurationsOf(insts[i].ID)
+		if len(confs) != 1 || confs[0].Type != typ || !insts[i].State.Actualized {
+			t.Fatalf("instance %d: %+v %+v", i, insts[i], confs)
+		}
+	}
+	if err := CheckUserQuota(h.w, jobSetup("10", 1<<30), Quota{Capacity: 3 << 30}); err == nil ||
+		err.Error() != "uid 1001 holds 3GiB of instances; 1GiB more would pass its limit of 3GiB (controller.max_capacity_per_user)" {
+		t.Errorf("quota: %v", err)
+	}
+	env, err := Paths(h.w, "9", h.p.MountRoot)
+	if err != nil || len(env) != 2 || env["DW_JOB_STRIPED"] != "/mnt/bb/9_striped_scratch/" || env["DW_JOB_STRIPED_CACHE"] != "/mnt/bb/9_striped_cache/" {
+		t.Fatalf("paths: %v %v", env, err)
+	}
+	h.must(ApplyStages(h.w, "9", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/pfs/in", DWVar: VarJobStriped, DWPath: "/in"}}, h, h.now))
+	for _, st := range h.w.StagesOf(s.ID) {
+		if c := h.w.Configurations[st.ConfigurationID]; c == nil || c.Type != model.TypeScratch {
+			t.Fatalf("stage-in into %+v", c)
+		}
+	}
+	h.settle()
+	if st := h.status("9", PhaseDataIn); !st.Done || st.Failed {
+		t.Fatalf("data_in: %+v", st)
+	}
+	var mounts []agentapi.MountSpec
+	h.fail = func(e Effect) error {
+		if e.Op == OpMount {
+			mounts = append(mounts, e.Mount)
+		}
+		return nil
+	}
+	h.must(ApplyPreRun(h.w, "9", []string{"cn1"}, h, h.p))
+	h.settle()
+	if len(mounts) != 2 {
+		t.Fatalf("mounts: %+v", mounts)
+	}
+	byPath := map[string]agentapi.MountSpec{}
+	for _, m := range mounts {
+		byPath[m.MountPath] = m
+	}
+	if m := byPath["/mnt/bb/9_striped_scratch"]; m.Cache != nil || m.InstanceID != insts[0].ID {
+		t.Errorf("scratch mount %+v", m)
+	}
+	if m := byPath["/mnt/bb/9_striped_cache"]; m.Cache == nil || m.Cache.PFS != "/lustre/me/run" || m.InstanceID != insts[1].ID {
+		t.Errorf("cache mount %+v", m)
+	}
+	h.must(ApplyPostRun(h.w, "9"))
+	h.settle()
+	// One instance's storage node goes away: teardown still removes both, then the session.
+	h.w.Nodes[h.w.FragmentsOf(insts[1].ID)[0].Node].Online = false
+	h.must(ApplyTeardown(h.w, "9", false))
+	h.settle()
+	if st := h.status("9", PhaseTeardown); !st.Done {
+		t.Fatalf("teardown: %+v", st)
+	}
+	assertEmpty(t, h.w)
 }
 
 // TestCacheInstanceRecordsAndMountOrder follows a cache instance past the switch: its
@@ -193,4 +280,36 @@ func TestPersistentCache(t *testing.T) {
 	if err != nil || len(env) != 1 || env["DW_PERSISTENT_CACHE_STRIPED_proj"] != "/mnt/bb/proj_8_striped_cache/" {
 		t.Fatalf("paths: %v %v", env, err)
 	}
+}
+
+// TestScratchAndCacheTeardownWaitsForBoth: the session stays until both its instances are
+// gone; one whose fragment cannot be deleted keeps it (for an operator), the other goes.
+func TestScratchAndCacheTeardownWaitsForBoth(t *testing.T) {
+	withCacheDataPath(t)
+	h := newHarness(t, "ssd1", "ssd2")
+	cacheParams(h)
+	req := jobSetup("9", 1<<30, "striped")
+	req.Instance.Strategy = "bandwidth"
+	req.More = []InstanceRequest{*cacheSetup("9", "/lustre/me/run").Instance}
+	h.must(ApplySetup(h.w, req, h, h.p, h.now))
+	h.settle()
+	s := h.w.SessionByToken("9")
+	insts := h.w.InstancesOf(s.ID)
+	cacheID := insts[1].ID
+	h.fail = func(e Effect) error {
+		if e.Op == OpDeleteFragment && e.Fragment.InstanceID == cacheID {
+			return errors.New("disk busy")
+		}
+		return nil
+	}
+	h.must(ApplyTeardown(h.w, "9", false))
+	h.settle()
+	left := h.w.InstancesOf(s.ID)
+	if h.w.SessionByToken("9") == nil || len(left) != 1 || left[0].ID != cacheID {
+		t.Fatalf("session %v, instances left %+v", h.w.SessionByToken("9"), left)
+	}
+	h.fail = func(Effect) error { return nil }
+	clearFuses(h.w)
+	h.settle()
+	assertEmpty(t, h.w)
 }
