@@ -96,6 +96,8 @@ func TestSetupErrorNamesTheCacheLine(t *testing.T) {
 			"line 3: #DW jobdw: pfs=/home/me is outside the directories this site allows for cache instances ([cache] allowed_pfs: /lustre); choose a directory under one of them, or ask the administrator to add it"},
 		{"pfs=/home/me: no such directory; create it on the PFS first (mkdir -p), or correct the path",
 			"line 3: #DW jobdw: pfs=/home/me: no such directory; create it on the PFS first (mkdir -p), or correct the path"},
+		{"pool wlm_pool cannot hold 1TiB (1024 grains of 1GiB): 4 free; 4GiB free in the pool",
+			"line 3: #DW jobdw capacity=1TiB: pool wlm_pool cannot hold 1TiB (1024 grains of 1GiB): 4 free; 4GiB free in the pool"},
 		{"type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out",
 			"line 3: #DW jobdw: type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out"},
 	}

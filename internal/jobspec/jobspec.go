@@ -221,6 +221,15 @@ func SetupError(s *directive.Script, err error) error {
 	if c := s.JobDWOfType(model.TypeCache); c != nil && (strings.HasPrefix(msg, "pfs=") || strings.HasPrefix(msg, "type=cache") || strings.Contains(msg, "for type=cache")) {
 		j = c
 	}
+	// A pool that cannot hold one of a job's instances names its capacity.
+	if len(s.JobDWs) > 1 {
+		for _, x := range s.JobDWs {
+			if strings.Contains(msg, " cannot hold "+units.FormatHuman(x.Capacity)+" ") {
+				j = x
+				break
+			}
+		}
+	}
 	field := ""
 	switch {
 	case strings.HasPrefix(msg, "pool ") && strings.Contains(msg, "does not exist"):
