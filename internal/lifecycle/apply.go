@@ -103,7 +103,7 @@ func limitErr(format string, args ...any) error {
 type InstanceRequest struct {
 	Capacity              uint64   `json:"capacity"` // bytes; rounded up to the pool granularity
 	Pool                  string   `json:"pool"`
-	Type                  string   `json:"type"`         // scratch (cache and swap are refused for now)
+	Type                  string   `json:"type"`         // scratch or cache (refused while model.CacheDataPath is off); swap is refused
 	AccessModes           []string `json:"access_modes"` // striped, private, loadbalance
 	Strategy              string   `json:"optimization_strategy"`
 	MaxFileSize           uint64   `json:"max_file_size,omitempty"`

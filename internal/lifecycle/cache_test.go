@@ -313,3 +313,32 @@ func TestScratchAndCacheTeardownWaitsForBoth(t *testing.T) {
 	h.settle()
 	assertEmpty(t, h.w)
 }
+
+// TestScratchAndCacheSetupFailsForEither: setup fails when the fragment of either instance
+// cannot be made (its fuse blows); a stage list goes to the scratch instance.
+func TestScratchAndCacheSetupFailsForEither(t *testing.T) {
+	withCacheDataPath(t)
+	h := newHarness(t, "ssd1", "ssd2")
+	cacheParams(h)
+	req := jobSetup("9", 1<<30, "striped")
+	req.More = []InstanceRequest{*cacheSetup("9", "/lustre/me/run").Instance}
+	h.must(ApplySetup(h.w, req, h, h.p, h.now))
+	s := h.w.SessionByToken("9")
+	cacheID := h.w.InstancesOf(s.ID)[1].ID
+	h.fail = func(e Effect) error {
+		if e.Op == OpCreateFragment && e.Fragment.InstanceID == cacheID {
+			return errors.New("no space on the SSD")
+		}
+		return nil
+	}
+	h.settle()
+	if st := h.status("9", PhaseSetup); !st.Failed || st.Done {
+		t.Fatalf("setup with the cache's fragment failing: %+v", st)
+	}
+	h.must(ApplyStages(h.w, "9", model.StageIn, []StageRequest{{Type: "list", PFSPath: "/pfs/list"}}, h, h.now))
+	for _, st := range h.w.StagesOf(s.ID) {
+		if c := h.w.Configurations[st.ConfigurationID]; c == nil || c.Type != model.TypeScratch {
+			t.Fatalf("the list went to %+v", c)
+		}
+	}
+}
