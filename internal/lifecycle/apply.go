@@ -136,8 +136,8 @@ type Setup struct {
 	Persistent bool             `json:"persistent"`
 	Instance   *InstanceRequest `json:"instance,omitempty"` // nil: no capacity of its own
 	// More are the job's further instances, of other types than Instance's (a job may hold a
-	// scratch and a cache instance: two #DW jobdw lines, DataWarp's Phase 3). Checked, then
-	// refused until the lifecycle holds several instances per session.
+	// scratch and a cache instance: two #DW jobdw lines, DataWarp's Phase 3); a persistent
+	// session has none.
 	More        []InstanceRequest `json:"more_instances,omitempty"`
 	Uses        []string          `json:"uses,omitempty"` // persistent instances (#DW persistentdw)
 	ClientNodes []string          `json:"client_nodes,omitempty"`
