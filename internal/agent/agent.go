@@ -639,6 +639,11 @@ func (a *Agent) forgetTrackerIfUnused(instanceID int64) {
 // Mount exposes a namespace at a mount path: a namespace on this node through the loopback
 // (the fast path), one on another node through that node's data server (warpfs).
 func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
+	if spec.Cache != nil {
+		// The cache's data path (internal/warpfs/cache, internal/pfsio) replaces this refusal
+		// when it is built in: a cache namespace must never be served as a scratch one.
+		return fmt.Errorf("mount %s: type=cache of pfs=%s: %s", spec.MountPath, spec.Cache.PFS, model.ErrCacheNotBuilt)
+	}
 	a.mu.Lock()
 	if m := a.mounts[spec.MountPath]; m != nil && m.alive() {
 		a.mu.Unlock()

@@ -87,6 +87,27 @@ type MountSpec struct {
 	// (max_mds=yes), in shard order (the fragments' order); the namespace above is the first.
 	// Empty for a namespace on one metadata server.
 	MDS []Replica `json:"mds,omitempty"`
+
+	// Cache is set when the namespace is a cache of a PFS directory (type=cache, issue 20):
+	// what the storage nodes front and how. nil for scratch. An agent without the cache's
+	// data path refuses such a mount (model.ErrCacheNotBuilt).
+	Cache *CacheSpec `json:"cache,omitempty"`
+}
+
+// CacheSpec is what a cache mount fronts, and the identity its PFS accesses are made with.
+type CacheSpec struct {
+	PFS               string `json:"pfs"`                // the PFS directory, absolute and clean
+	ModifiedThreshold uint64 `json:"modified_threshold"` // dirty bytes of a file that start its write-back
+	ReadAhead         uint64 `json:"read_ahead"`         // bytes fetched ahead of a sequential reader; 0: none
+	SyncOnClose       bool   `json:"sync_on_close"`      // close() writes the file back to the PFS
+	SyncToPFS         bool   `json:"sync_to_pfs"`        // fsync()/sync() reach the PFS
+	HighWatermark     int    `json:"high_watermark"`     // % of capacity where eviction/write-back start
+	LowWatermark      int    `json:"low_watermark"`      // % of capacity where they stop
+	// UID and GID are the job user's: every PFS access is made with them (and the user's
+	// supplementary groups, which the storage node's PFS door resolves from UID), never as
+	// root. UID equals MountSpec.Owner.
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
 }
 
 // Replica is one copy of a loadbalance namespace, as a client reaches it.

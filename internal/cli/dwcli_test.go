@@ -93,6 +93,12 @@ func TestDwcliHelp(t *testing.T) {
 // executor running; it has no agents (their effects fail as an unreachable agent's do).
 func testController(t *testing.T) (*controller.Controller, string) {
 	t.Helper()
+	return testControllerWith(t, nil)
+}
+
+// testControllerWith is testController with the configuration changed by change.
+func testControllerWith(t *testing.T, change func(*config.Config)) (*controller.Controller, string) {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := config.Defaults()
 	cfg.Controller.StateDir = dir
@@ -102,6 +108,9 @@ func testController(t *testing.T) (*controller.Controller, string) {
 	cfg.Executor.Tick = config.Duration(20 * time.Millisecond)
 	cfg.Executor.RetryBackoff = config.Duration(time.Millisecond)
 	cfg.Executor.RetryBackoffMax = config.Duration(time.Millisecond)
+	if change != nil {
+		change(&cfg)
+	}
 	eng, err := sqlite.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
 		t.Fatal(err)

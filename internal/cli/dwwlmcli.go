@@ -226,9 +226,24 @@ func (w *wlm) jobProcess() int {
 	if !w.require("--job") {
 		return 64
 	}
-	s, err := w.script()
+	// Every check of the script (the parser's, the site's bounds) comes before the refusal
+	// of what this version cannot run yet (jobspec.Supported).
+	raw, err := jobspec.ReadScript(w.a.job)
+	if err != nil {
+		err = fmt.Errorf("cannot read the job script: %v", err)
+	}
+	var s *directive.Script
+	if err == nil {
+		s, err = directive.Parse(raw)
+	}
 	if err == nil {
 		err = checkSiteLimits(s)
+	}
+	if err == nil {
+		err = slurmCanRun(s)
+	}
+	if err == nil {
+		err = jobspec.Supported(s)
 	}
 	if err != nil {
 		fmt.Fprintf(w.out, "job_file_valid False\n%v\n", err)
@@ -240,19 +255,31 @@ func (w *wlm) jobProcess() int {
 // checkSiteLimits refuses a job asking past the site's write-protection bounds ([limits] of
 // the system config; the controller checks them again at setup).
 func checkSiteLimits(s *directive.Script) error {
-	if s.JobDW == nil {
+	if len(s.JobDWs) == 0 {
 		return nil
 	}
 	cfg, _, err := LoadSystemConfig("")
 	if err != nil {
 		return err
 	}
-	req, err := jobspec.Setup(s, "", "", 0, 0, nil)
-	if err != nil || req.Instance == nil {
-		return err
+	p := lifecycle.Params{Limits: controllerapi.WriteLimitsOf(cfg.Limits), Cache: controllerapi.CacheParamsOf(cfg.Cache)}
+	for _, j := range s.JobDWs {
+		if err := lifecycle.CheckInstance(jobspec.InstanceRequest(j), false, p); err != nil {
+			return fmt.Errorf("line %d: #DW jobdw: %v", j.Line, err)
+		}
 	}
-	if err := controllerapi.WriteLimitsOf(cfg.Limits).Check(*req.Instance); err != nil {
-		return fmt.Errorf("line %d: %v", s.JobDW.Line, err)
+	return nil
+}
+
+// slurmCanRun refuses what Slurm cannot hand to dw_wlm_cli: Slurm calls create_persistent
+// with the name, capacity, access mode and type only (slurm-datawarp-protocol.md §3.13), so a
+// persistent cache's pfs= never reaches it.
+func slurmCanRun(s *directive.Script) error {
+	for _, c := range s.Create {
+		if c.Type == model.TypeCache {
+			return fmt.Errorf("line %d: #BB create_persistent type=cache: Slurm passes no pfs= to create_persistent; create the persistent cache outside Slurm (spillway persistent create %s --type cache --pfs %s), then use it with #DW persistentdw name=%s",
+				c.Line, c.Name, c.PFS, c.Name)
+		}
 	}
 	return nil
 }
@@ -455,10 +482,19 @@ func (w *wlm) setup() int {
 		if size == 0 {
 			// Slurm allots no job capacity (a persistent-only job): no instance, and no
 			// stage-out into it to register (data_out says why, if it is asked).
-			req.Instance = nil
+			req.Instance, req.More = nil, nil
 			req.StageOut = jobspec.WithoutJobInstance(req.StageOut, len(req.Uses) > 0)
-		} else if req.Instance.Pool == "" {
-			req.Instance.Pool = pool
+		} else {
+			// Slurm's --capacity is the sum of every #DW jobdw (a scratch and a cache);
+			// each instance keeps its own capacity, and the job's pool where it names none.
+			if req.Instance.Pool == "" {
+				req.Instance.Pool = pool
+			}
+			for i := range req.More {
+				if req.More[i].Pool == "" {
+					req.More[i].Pool = pool
+				}
+			}
 		}
 	}
 	return w.step(lifecycle.PhaseSetup, func() error { return w.client.Setup(w.ctx, req) })

@@ -118,6 +118,7 @@ it unmounts the instance from those jobs first. Its data is gone afterwards.
 
 Examples:
   spillway persistent create myproject --capacity 200GiB
+  spillway persistent create projcache --capacity 10TiB --type cache --pfs /lustre/proj
   spillway persistent list
   spillway persistent destroy myproject
 `
@@ -139,6 +140,8 @@ func PersistentMain(args []string, stdout, stderr io.Writer) int {
 	pool := fs.String("pool", "", "create: the pool (default: the controller's default pool)")
 	access := fs.String("access", "striped", "create: access mode: striped or loadbalance (private is per job only)")
 	strategy := fs.String("optimization", "bandwidth", "create: optimization_strategy: bandwidth or interference")
+	typ := fs.String("type", "scratch", "create: scratch or cache (a cache of --pfs DIR)")
+	pfs := fs.String("pfs", "", "create: with --type cache, the PFS directory cached (absolute)")
 	expiration := fs.String("expiration", "", "create: when it expires: a lifetime (72h, 30d), a time (2026-12-31T18:00:00, local) or never; default: the site's (controller.persistent_expiration)")
 	hurry := fs.Bool("hurry", false, "destroy: do not wait for stage-outs")
 	asJSON := fs.Bool("json", false, "list: print JSON")
@@ -172,7 +175,15 @@ func PersistentMain(args []string, stdout, stderr io.Writer) int {
 		}
 		req := lifecycle.Setup{Token: positional[0], Creator: "CLI", Owner: uint32(os.Getuid()), Group: uint32(os.Getgid()), Persistent: true,
 			Expiration: expires,
-			Instance:   &lifecycle.InstanceRequest{Capacity: size, Pool: *pool, Type: "scratch", AccessModes: strings.Split(*access, ","), Strategy: *strategy}}
+			Instance:   &lifecycle.InstanceRequest{Capacity: size, Pool: *pool, Type: *typ, AccessModes: strings.Split(*access, ","), Strategy: *strategy}}
+		for i, m := range req.Instance.AccessModes {
+			if m == "ldbalance" || m == "ldbal" { // DataWarp's spellings of loadbalance
+				req.Instance.AccessModes[i] = "loadbalance"
+			}
+		}
+		if *typ == "cache" || *pfs != "" {
+			req.Instance.Cache = &lifecycle.CacheRequest{PFS: *pfs}
+		}
 		if err := sess.client.Setup(ctx, req); err != nil {
 			fmt.Fprintf(stderr, "spillway persistent create: %v\n", err)
 			return 1

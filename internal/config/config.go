@@ -70,7 +70,33 @@ type Config struct {
 	Client     Client     `toml:"client"`
 	Home       Home       `toml:"home"`
 	Limits     Limits     `toml:"limits"`
+	Cache      Cache      `toml:"cache"`
 	Pools      []Pool     `toml:"pool"`
+}
+
+// Cache is what the site allows and defaults for cache instances (#DW jobdw type=cache
+// pfs=<dir>, issue 20): the PFS directories a cache may front, and the tunables of a job
+// that names none (docs/directives.md, "Cache instances").
+type Cache struct {
+	// AllowedPFS are the directories (prefixes, whole path components) a cache's pfs= must be
+	// at or under. A system install allows none until the administrator lists them (as
+	// DataWarp's admins restrict pfs=); a one-machine home, which runs as its user, allows "/".
+	AllowedPFS []string `toml:"allowed_pfs"`
+	// ModifiedThreshold: a file's dirty bytes in the cache that start its write-back to the
+	// PFS (#DW jobdw modified_threshold=); it also bounds what a lost storage node costs per file.
+	ModifiedThreshold Size `toml:"modified_threshold"`
+	// ReadAhead: how far ahead of a sequential reader the cache fetches from the PFS
+	// (#DW jobdw read_ahead=); 0 turns read-ahead off.
+	ReadAhead Size `toml:"read_ahead"`
+	// SyncOnClose: close() writes the file's dirty data back to the PFS (#DW jobdw sync_on_close=).
+	SyncOnClose bool `toml:"sync_on_close"`
+	// SyncToPFS: fsync() and sync() return once the data is on the PFS (#DW jobdw sync_to_pfs=).
+	SyncToPFS bool `toml:"sync_to_pfs"`
+	// HighWatermark and LowWatermark are percentages of a cache instance's capacity: above
+	// the high one (data held, or dirty data) eviction and write-back start, and they run
+	// down to the low one.
+	HighWatermark int `toml:"high_watermark"`
+	LowWatermark  int `toml:"low_watermark"`
 }
 
 // Limits are the site's defaults and bounds of DataWarp's write protection (spec §5.3),
@@ -482,6 +508,13 @@ func Defaults() Config {
 			WriteWindowLength:     Duration(24 * time.Hour),
 			WriteWindowMultiplier: 10,
 		},
+		Cache: Cache{
+			AllowedPFS:        []string{},
+			ModifiedThreshold: Size(64 << 20),
+			ReadAhead:         Size(4 << 20),
+			HighWatermark:     45,
+			LowWatermark:      20,
+		},
 		Store: Store{
 			Engine:              "sqlite",
 			EtcdPrefix:          "/spillway/",
@@ -653,6 +686,16 @@ func (c *Config) Validate() error {
 	if m := c.Limits.FilesCreatedMaximum; m > 0 && (c.Limits.FilesCreated > m || c.Limits.FilesCreated == 0) {
 		problems = append(problems, fmt.Sprintf("limits.files_created (%d) must be between 1 and limits.files_created_maximum (%d)",
 			c.Limits.FilesCreated, m))
+	}
+	if c.Cache.LowWatermark < 0 || c.Cache.LowWatermark >= c.Cache.HighWatermark || c.Cache.HighWatermark > 100 {
+		problems = append(problems, fmt.Sprintf("cache.low_watermark (%d) and cache.high_watermark (%d) are percentages of a cache's capacity: 0 <= low < high <= 100 (the defaults are 20 and 45)",
+			c.Cache.LowWatermark, c.Cache.HighWatermark))
+	}
+	positive("cache.modified_threshold", int64(c.Cache.ModifiedThreshold))
+	for _, dir := range c.Cache.AllowedPFS {
+		if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
+			problems = append(problems, fmt.Sprintf("cache.allowed_pfs %q: give absolute directories in clean form (no .., no trailing /), e.g. \"/lustre\"", dir))
+		}
 	}
 	positive("executor.max_attempts", int64(c.Executor.MaxAttempts))
 	positive("executor.max_in_flight", int64(c.Executor.MaxInFlight))

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,11 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		"[controller]\nmax_connections = 64\nreserved_connections = 64\n":                      "controller.reserved_connections 64 must be from 0 (no reserve) to below controller.max_connections (64)",
 		"[controller]\nreserved_connections = -1\n":                                            "controller.reserved_connections -1 must be from 0",
 		"[controller]\nmax_connections_per_network = 0\n":                                      "controller.max_connections_per_network must be greater than 0",
+		"[cache]\nhigh_watermark = 20\n":                                                       "cache.low_watermark (20) and cache.high_watermark (20) are percentages of a cache's capacity: 0 <= low < high <= 100 (the defaults are 20 and 45)",
+		"[cache]\nhigh_watermark = 101\n":                                                      "cache.low_watermark (20) and cache.high_watermark (101)",
+		"[cache]\nmodified_threshold = \"0\"\n":                                                "cache.modified_threshold must be greater than 0",
+		"[cache]\nallowed_pfs = [\"/lustre/\"]\n":                                              "cache.allowed_pfs \"/lustre/\": give absolute directories in clean form (no .., no trailing /), e.g. \"/lustre\"",
+		"[cache]\nallowed_pfs = [\"lustre\"]\n":                                                "cache.allowed_pfs \"lustre\": give absolute directories",
 	}
 	for text, want := range cases {
 		_, err := Parse([]byte(text), "bad.toml", Defaults())
@@ -237,5 +243,17 @@ func TestAgentAdvertise(t *testing.T) {
 		if err != nil || got != c.want {
 			t.Errorf("listen %q advertise %q: got %q, %v; want %q", c.listen, c.advertise, got, err, c.want)
 		}
+	}
+}
+
+// TestCacheSection: every [cache] key is read (issue 20).
+func TestCacheSection(t *testing.T) {
+	c, err := Parse([]byte("[cache]\nallowed_pfs = [\"/lustre\", \"/gpfs/proj\"]\nmodified_threshold = \"1GiB\"\nread_ahead = \"0\"\nsync_on_close = true\nsync_to_pfs = true\nhigh_watermark = 60\nlow_watermark = 30\n"), "c.toml", Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Cache{AllowedPFS: []string{"/lustre", "/gpfs/proj"}, ModifiedThreshold: 1 << 30, ReadAhead: 0, SyncOnClose: true, SyncToPFS: true, HighWatermark: 60, LowWatermark: 30}
+	if !reflect.DeepEqual(c.Cache, want) {
+		t.Fatalf("got %+v\nwant %+v", c.Cache, want)
 	}
 }

@@ -347,7 +347,7 @@ func (c *Controller) AllAccounting(ctx context.Context) ([]views.Accounting, int
 		}
 		world = w
 		for _, s := range w.SortedSessions() {
-			if inst := w.InstanceOf(s.ID); inst != nil {
+			for _, inst := range w.InstancesOf(s.ID) {
 				out = append(out, views.BuildAccounting(w, inst, usage, byInstance[inst.ID]))
 			}
 		}

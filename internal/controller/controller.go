@@ -116,6 +116,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 				AutoDrainFailures: cfg.Controller.AutoDrainFailures, AutoDrainWindow: cfg.Controller.AutoDrainWindow.D()},
 			PersistentExpiration:    cfg.Controller.PersistentExpiration.D(),
 			MaxPersistentExpiration: cfg.Controller.MaxPersistentExpiration.D(),
+			Cache:                   controllerapi.CacheParamsOf(cfg.Cache),
 		},
 	}
 	c.metrics = newControllerMetrics(c)
@@ -401,6 +402,14 @@ func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUse
 	}
 	if req.Instance != nil && req.Instance.Pool == "" {
 		req.Instance.Pool = c.cfg.Controller.DefaultPool
+	}
+	for i := range req.More {
+		if req.More[i].Pool == "" {
+			req.More[i].Pool = c.cfg.Controller.DefaultPool
+		}
+	}
+	if err := checkPFSAsOwner(req); err != nil {
+		return err
 	}
 	// The workload manager's and administrators' setups decide on the session's world (the
 	// totals stand for the rest: the allocator's used grains, the session count); an

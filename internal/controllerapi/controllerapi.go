@@ -11,6 +11,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
 
@@ -97,6 +98,16 @@ type AccountingList struct {
 	// (it cannot be written: the controller's log says why); shown to administrators only
 	// while controller.private_data is on.
 	PendingRecords *int `json:"pending_records,omitempty"`
+}
+
+// CacheParamsOf is the lifecycle's view of the config's [cache]: the controller applies it at
+// setup, and dw_wlm_cli's job_process checks a job's pfs= against it before it is queued.
+func CacheParamsOf(c config.Cache) lifecycle.CacheParams {
+	return lifecycle.CacheParams{AllowedPFS: c.AllowedPFS, Defaults: model.CacheSettings{
+		ModifiedThreshold: uint64(c.ModifiedThreshold), ReadAhead: uint64(c.ReadAhead),
+		SyncOnClose: c.SyncOnClose, SyncToPFS: c.SyncToPFS,
+		HighWatermark: c.HighWatermark, LowWatermark: c.LowWatermark,
+	}}
 }
 
 // WriteLimitsOf is the lifecycle's view of the config's [limits]: the controller applies them

@@ -155,8 +155,7 @@ func (d *dctx) dwPath(field, value string, st Stage, s *Script, seen *seenDirect
 
 // available checks that the script has the buffer the variable name belongs to.
 func (d *dctx) available(field, value, name string, s *Script, seen *seenDirectives, in bool) {
-	j := s.JobDW
-	jobLine := seen.jobdwLine
+	j := s.JobDWOfType("scratch")
 	switch name {
 	case VarJobPrivate:
 		d.fail(field, value, "staging is not supported for access_mode=private, by design in DataWarp: each compute node has its own namespace",
@@ -168,13 +167,15 @@ func (d *dctx) available(field, value, name string, s *Script, seen *seenDirecti
 		if name == VarJobLoadbalance {
 			mode = "loadbalance"
 		}
+		cache := s.JobDWOfType("cache")
 		switch {
-		case j == nil && jobLine != 0:
+		case j == nil && cache != nil && seen.jobdwTypes["scratch"] == 0:
+			d.fail(field, value, fmt.Sprintf("the #DW jobdw on line %d is type=cache, which is not staged: it reads and writes its pfs= directory itself", cache.Line),
+				fmt.Sprintf("use type=scratch to stage data, or add a #DW jobdw type=scratch access_mode=%s capacity=<size> beside the cache", mode))
+		case j == nil && seen.jobdwLine != 0:
 			// The #DW jobdw is faulty and already reported.
 		case j == nil:
 			d.fail(field, value, fmt.Sprintf("$%s needs a #DW jobdw", name), fmt.Sprintf("add #DW jobdw type=scratch access_mode=%s capacity=<size>", mode))
-		case j.Type != "scratch":
-			d.fail(field, value, fmt.Sprintf("the #DW jobdw on line %d is type=cache, which is not staged: it reads and writes its pfs= directory itself", j.Line), "use type=scratch to stage data")
 		case !j.HasAccess(mode):
 			fix := "use access_mode=loadbalance, or stage to $DW_JOB_STRIPED"
 			if mode == "striped" {
@@ -185,6 +186,10 @@ func (d *dctx) available(field, value, name string, s *Script, seen *seenDirecti
 			d.fail(field, value, "a loadbalance buffer is read-only to the job: it holds only what was staged in", "stage out from a striped buffer instead")
 		}
 	default:
+		if IsPersistentCacheVar(name) {
+			d.fail(field, value, "a cache buffer (type=cache) is not staged: it reads and writes its pfs= directory itself", "remove the directive, or stage into a scratch buffer")
+			return
+		}
 		buf := strings.TrimPrefix(name, VarPersistentPrefix)
 		if _, ok := seen.persistent[buf]; ok {
 			return

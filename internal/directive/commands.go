@@ -2,6 +2,7 @@ package directive
 
 import (
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 
@@ -36,7 +37,8 @@ func parse(src []byte, limits Limits) (*Script, *parser) {
 // seenDirectives remembers directives across the script for the checks that relate them,
 // including faulty ones, so that one fault does not cause another.
 type seenDirectives struct {
-	jobdwLine   int // first #DW jobdw, even if faulty
+	jobdwLine   int            // first #DW jobdw, even if faulty
+	jobdwTypes  map[string]int // type -> line of the first #DW jobdw of that type, even if faulty
 	swapLine    int
 	persistent  map[string]int // name -> line of #DW persistentdw
 	created     map[string]int
@@ -152,12 +154,29 @@ var jobdwKeys = keySet{
 var cacheOnly = []string{"modified_threshold", "read_ahead", "sync_on_close", "sync_to_pfs"}
 
 func (d *dctx) jobdw(args []string, s *Script, seen *seenDirectives, l *logical) {
-	if seen.jobdwLine != l.line {
-		// Still read the rest, so that its own faults are reported too.
-		d.fail("", "", fmt.Sprintf("only one #DW jobdw per job is allowed (the first is on line %d)", seen.jobdwLine),
-			"put all the capacity into one #DW jobdw; use #DW persistentdw for other buffers")
-	}
 	v, _ := d.collect(args, jobdwKeys)
+	// A job may hold one instance of each type (a scratch and a cache, DataWarp's Phase 3);
+	// a second of one type is refused. Still read the rest, so that its own faults are
+	// reported too.
+	typ := v["type"]
+	if typ == "" {
+		typ = "scratch"
+	}
+	if typ == "scratch" || typ == "cache" {
+		if seen.jobdwTypes == nil {
+			seen.jobdwTypes = map[string]int{}
+		}
+		if first, dup := seen.jobdwTypes[typ]; dup {
+			other := "cache access_mode=striped pfs=<dir>"
+			if typ == "cache" {
+				other = "scratch"
+			}
+			d.fail("", "", fmt.Sprintf("only one #DW jobdw of type=%s per job is allowed (the first is on line %d)", typ, first),
+				fmt.Sprintf("put all the capacity into one #DW jobdw type=%s; a job may add one #DW jobdw type=%s, and use #DW persistentdw for other buffers", typ, other))
+		} else {
+			seen.jobdwTypes[typ] = l.line
+		}
+	}
 	j := &JobDW{Line: d.line, Type: "scratch", AccessModes: []string{"striped"}, OptimizationStrategy: "bandwidth",
 		WriteWindowLength: 86400, WriteWindowMultiplier: 10}
 	given := map[string]bool{}
@@ -185,8 +204,8 @@ func (d *dctx) jobdw(args []string, s *Script, seen *seenDirectives, l *logical)
 		j.Pool = pool
 	}
 	if pfs, ok := v["pfs"]; ok {
-		if d.pfsPath("pfs", pfs) {
-			j.PFS = pfs
+		if clean, good := d.pfsDir("pfs", pfs); good {
+			j.PFS = clean
 		}
 	}
 	if m, ok := v["max_mds"]; ok {
@@ -220,7 +239,9 @@ func (d *dctx) jobdw(args []string, s *Script, seen *seenDirectives, l *logical)
 			d.fail("pfs", "", "type=cache needs pfs=", "add pfs=<absolute PFS directory to cache>, e.g. pfs=/lustre/me/run1")
 		}
 		if j.HasAccess("private") {
-			d.fail("access_mode", v["access_mode"], "access_mode=private is not available for type=cache", "use access_mode=striped or access_mode=loadbalance")
+			// DataWarp's Table I: a cache's files are the PFS's, visible to every node.
+			d.fail("access_mode", v["access_mode"], "access_mode=private is not available for type=cache (as in DataWarp): a cache's files are the PFS directory's, which every compute node sees",
+				"use access_mode=striped or access_mode=loadbalance")
 		}
 		if j.MaxMDS {
 			d.fail("max_mds", v["max_mds"], "max_mds is for type=scratch: a cache keeps its metadata on the PFS", "remove max_mds")
@@ -248,7 +269,44 @@ func (d *dctx) jobdw(args []string, s *Script, seen *seenDirectives, l *logical)
 			j.Given = append(j.Given, k)
 		}
 	}
-	s.JobDW = j
+	if s.JobDW == nil {
+		s.JobDW = j
+	}
+	s.JobDWs = append(s.JobDWs, j)
+}
+
+// pfsDir checks the PFS directory of a cache instance (pfs=): an absolute path in clean form,
+// since the site's allowed_pfs prefixes are matched against it as written. One trailing "/"
+// is allowed and dropped. It returns the directory without the trailing "/".
+func (d *dctx) pfsDir(field, value string) (string, bool) {
+	if !d.pfsPath(field, value) {
+		return "", false
+	}
+	dir := value
+	if len(dir) > 1 {
+		dir = strings.TrimSuffix(dir, "/")
+	}
+	// Slurm makes %d the job's working directory: the part after it must be clean too.
+	body, sym := dir, ""
+	if rest, ok := strings.CutPrefix(dir, "%d"); ok {
+		body, sym = "/"+strings.TrimPrefix(rest, "/"), "%d"
+	}
+	if path.Clean(body) == body {
+		return dir, true
+	}
+	clean := sym + path.Clean(body)
+	if sym != "" && clean == "%d/" {
+		clean = "%d"
+	}
+	for _, part := range strings.Split(body, "/") {
+		if part == ".." {
+			d.fail(field, value, fmt.Sprintf("%s=%s contains \"..\": the site's allowed directories are matched against the path as written", field, quote(value)),
+				fmt.Sprintf("write the directory itself, e.g. %s=%s", field, clip(clean, 80)))
+			return "", false
+		}
+	}
+	d.fail(field, value, fmt.Sprintf("%s=%s is not in clean form (an empty or \".\" component)", field, quote(value)), fmt.Sprintf("write %s=%s", field, clip(clean, 80)))
+	return "", false
 }
 
 // capacity reads a capacity: a size greater than zero. It warns when Slurm will read a
@@ -557,10 +615,9 @@ func hasKeyToken(args []string, key string) bool {
 }
 
 var createKeys = keySet{
-	keys: []string{"name", "capacity", "access", "access_mode", "type", "pool", "optimization_strategy"},
+	keys: []string{"name", "capacity", "access", "access_mode", "type", "pool", "optimization_strategy", "pfs"},
 	hints: map[string]string{
 		"size": "the size is written capacity=, e.g. capacity=100GiB",
-		"pfs":  "persistent buffers are scratch only; a cache needs #DW jobdw type=cache pfs=<dir>",
 	},
 }
 
@@ -598,10 +655,21 @@ func (d *dctx) createPersistent(args []string, s *Script, seen *seenDirectives, 
 		}
 	}
 	if t, ok := v["type"]; ok {
-		if t == "cache" {
-			d.fail("type", t, "persistent cache buffers are not supported: Slurm passes no pfs= to create them", "use type=scratch, or a per-job cache: #DW jobdw type=cache pfs=<dir>")
-		} else {
-			c.Type, _ = d.oneOf("type", t, "scratch")
+		c.Type, _ = d.oneOf("type", t, "scratch", "cache")
+	}
+	if pfs, ok := v["pfs"]; ok {
+		if clean, good := d.pfsDir("pfs", pfs); good {
+			c.PFS = clean
+		}
+	}
+	switch c.Type {
+	case "cache":
+		if _, ok := v["pfs"]; !ok {
+			d.fail("pfs", "", "type=cache needs pfs=", "add pfs=<absolute PFS directory to cache>, e.g. pfs=/lustre/me/project")
+		}
+	case "scratch":
+		if pfs, ok := v["pfs"]; ok {
+			d.fail("pfs", pfs, "pfs= is only for type=cache: a scratch buffer starts empty", "remove pfs=, or add type=cache")
 		}
 	}
 	if pool, ok := v["pool"]; ok && d.pool("pool", pool) {

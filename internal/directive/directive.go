@@ -20,7 +20,10 @@ import (
 
 // Script is everything the burst-buffer directives of one job script ask for.
 type Script struct {
-	JobDW      *JobDW              // #DW jobdw; nil when absent
+	JobDW *JobDW // the first #DW jobdw; nil when absent
+	// JobDWs is every #DW jobdw, in script order: at most one of each type (a job may hold a
+	// scratch instance and a cache instance at once, DataWarp's Phase 3).
+	JobDWs     []*JobDW
 	Persistent []PersistentDW      // #DW persistentdw, in script order
 	Swap       *Swap               // #DW swap; nil when absent
 	StageIn    []Stage             // #DW stage_in, in script order
@@ -28,6 +31,16 @@ type Script struct {
 	Create     []CreatePersistent  // #BB create_persistent
 	Destroy    []DestroyPersistent // #BB destroy_persistent
 	Warnings   []Warning           // things that are legal but probably not what the user meant
+}
+
+// JobDWOfType returns the #DW jobdw of type typ (scratch or cache), or nil.
+func (s *Script) JobDWOfType(typ string) *JobDW {
+	for _, j := range s.JobDWs {
+		if j.Type == typ {
+			return j
+		}
+	}
+	return nil
 }
 
 // HasDirectives reports whether the script asks for anything at all.
@@ -119,9 +132,10 @@ type CreatePersistent struct {
 	Name                 string
 	Capacity             uint64   // bytes, > 0
 	AccessModes          []string // canonical; default [striped]
-	Type                 string   // scratch
+	Type                 string   // scratch (default) | cache
 	Pool                 string   // "" = the site's default pool
 	OptimizationStrategy string   // bandwidth (default) | interference
+	PFS                  string   // type=cache: the PFS directory cached; "" for scratch
 }
 
 // DestroyPersistent is a `#BB destroy_persistent` directive.

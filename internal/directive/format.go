@@ -15,8 +15,12 @@ import (
 // back, apart from line numbers and warnings. Warnings are not rendered.
 func Format(s *Script) string {
 	var b strings.Builder
-	if s.JobDW != nil {
-		b.WriteString(formatJobDW(s.JobDW))
+	jobs := s.JobDWs
+	if len(jobs) == 0 && s.JobDW != nil {
+		jobs = []*JobDW{s.JobDW}
+	}
+	for _, j := range jobs {
+		b.WriteString(formatJobDW(j))
 		b.WriteByte('\n')
 	}
 	if sw := s.Swap; sw != nil {
@@ -45,6 +49,9 @@ func Format(s *Script) string {
 		}
 		if c.Pool != "" {
 			b.WriteString(" pool=" + c.Pool)
+		}
+		if c.PFS != "" {
+			b.WriteString(" pfs=" + c.PFS)
 		}
 		if c.OptimizationStrategy != "" {
 			b.WriteString(" optimization_strategy=" + c.OptimizationStrategy)

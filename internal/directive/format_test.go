@@ -30,6 +30,12 @@ func withoutLines(s *Script) *Script {
 		j.Line = 0
 		c.JobDW = &j
 	}
+	c.JobDWs = nil
+	for _, x := range s.JobDWs {
+		j := *x
+		j.Line = 0
+		c.JobDWs = append(c.JobDWs, &j)
+	}
 	if s.Swap != nil {
 		w := *s.Swap
 		w.Line = 0

@@ -58,8 +58,8 @@ func referenceScan(src []byte) (starts, after []int) {
 // scriptLines are the lines that a parsed Script represents.
 func scriptLines(s *Script) map[int]bool {
 	lines := map[int]bool{}
-	if s.JobDW != nil {
-		lines[s.JobDW.Line] = true
+	for _, j := range s.JobDWs {
+		lines[j.Line] = true
 	}
 	if s.Swap != nil {
 		lines[s.Swap.Line] = true

@@ -13,7 +13,24 @@ const (
 	VarJobStripedCache     = "DW_JOB_STRIPED_CACHE"   // cache, access_mode striped
 	VarJobLoadbalanceCache = "DW_JOB_LDBAL_CACHE"     // cache, access_mode loadbalance
 	VarPersistentPrefix    = "DW_PERSISTENT_STRIPED_" // + the name of a #DW persistentdw
+	// The variables of a persistent cache instance (Spillway's names, docs/decisions.md: no
+	// DataWarp source names them; DW_PERSISTENT_STRIPED_CACHE_<name> would also be the
+	// variable of a persistent scratch buffer named CACHE_<name>).
+	VarPersistentCachePrefix      = "DW_PERSISTENT_CACHE_STRIPED_" // + name: striped cache
+	VarPersistentLdbalCachePrefix = "DW_PERSISTENT_CACHE_LDBAL_"   // + name: loadbalance cache
 )
+
+// PersistentCacheVar is the variable of the persistent cache instance name with access mode
+// mode (striped or loadbalance); "" for another mode.
+func PersistentCacheVar(name, mode string) string {
+	switch mode {
+	case "striped":
+		return VarPersistentCachePrefix + name
+	case "loadbalance":
+		return VarPersistentLdbalCachePrefix + name
+	}
+	return ""
+}
 
 // PersistentVar is the variable of the persistent buffer name: "DW_PERSISTENT_STRIPED_" + name.
 func PersistentVar(name string) string { return VarPersistentPrefix + name }
@@ -41,10 +58,17 @@ func isDWVariable(name string) bool {
 	case VarJobStriped, VarJobPrivate, VarJobLoadbalance, VarJobStripedCache, VarJobLoadbalanceCache:
 		return true
 	}
-	if buf, ok := strings.CutPrefix(name, VarPersistentPrefix); ok {
-		return checkName(buf, DefaultLimits().MaxNameBytes) == nil
+	for _, prefix := range []string{VarPersistentPrefix, VarPersistentCachePrefix, VarPersistentLdbalCachePrefix} {
+		if buf, ok := strings.CutPrefix(name, prefix); ok {
+			return checkName(buf, DefaultLimits().MaxNameBytes) == nil
+		}
 	}
 	return false
+}
+
+// IsPersistentCacheVar reports whether name is the variable of a persistent cache instance.
+func IsPersistentCacheVar(name string) bool {
+	return strings.HasPrefix(name, VarPersistentCachePrefix) || strings.HasPrefix(name, VarPersistentLdbalCachePrefix)
 }
 
 // splitVariable reads a leading "$NAME" or "${NAME}" as the shell would: an unbraced name runs

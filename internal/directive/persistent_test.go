@@ -100,13 +100,13 @@ func TestCreatePersistent(t *testing.T) {
 		want CreatePersistent
 	}{
 		{"#BB create_persistent name=alpha capacity=32GB access=striped type=scratch\n",
-			CreatePersistent{1, "alpha", 32e9, []string{"striped"}, "scratch", "", "bandwidth"}},
+			CreatePersistent{1, "alpha", 32e9, []string{"striped"}, "scratch", "", "bandwidth", ""}},
 		{"#BB create_persistent name=beta capacity=16GB\n",
-			CreatePersistent{1, "beta", 16e9, []string{"striped"}, "scratch", "", "bandwidth"}},
+			CreatePersistent{1, "beta", 16e9, []string{"striped"}, "scratch", "", "bandwidth", ""}},
 		{"#BB create_persistent capacity=1TiB name=g access_mode=striped pool=sm_pool optimization_strategy=interference\n",
-			CreatePersistent{1, "g", 1 << 40, []string{"striped"}, "scratch", "sm_pool", "interference"}},
+			CreatePersistent{1, "g", 1 << 40, []string{"striped"}, "scratch", "sm_pool", "interference", ""}},
 		{"#BB create_persistent name=lb capacity=1GiB access=ldbalance\n",
-			CreatePersistent{1, "lb", 1 << 30, []string{"loadbalance"}, "scratch", "", "bandwidth"}},
+			CreatePersistent{1, "lb", 1 << 30, []string{"loadbalance"}, "scratch", "", "bandwidth", ""}},
 	}
 	for _, c := range cases {
 		s := accept(t, c.src)
@@ -140,9 +140,9 @@ func TestCreateDestroyErrors(t *testing.T) {
 		{"#BB create_persistent name=a capacity=1GiB access_mode=private\n", 1, "access_mode", []string{"private is not available for a persistent buffer", "access_mode=striped"}},
 		{"#BB create_persistent name=a capacity=1GiB access=private,striped\n", 1, "access", []string{"private is not available for a persistent buffer", "access=striped"}},
 		{"#BB create_persistent name=a capacity=1GiB access=striped(MFS=1GiB)\n", 1, "access", []string{"suboptions are not supported here"}},
-		{"#BB create_persistent name=a capacity=1GiB type=cache\n", 1, "type", []string{"persistent cache buffers are not supported"}},
+		{"#BB create_persistent name=a capacity=1GiB type=cache\n", 1, "pfs", []string{"type=cache needs pfs="}},
 		{"#BB create_persistent name=a capacity=1GiB type=swap\n", 1, "type", []string{"expected scratch"}},
-		{"#BB create_persistent name=a capacity=1GiB pfs=/x\n", 1, "pfs", []string{"Unsupported argument - pfs", "scratch only"}},
+		{"#BB create_persistent name=a capacity=1GiB pfs=/x\n", 1, "pfs", []string{"only for type=cache", "add type=cache"}},
 		{"#BB create_persistent name=a capacity=1GiB hurry\n", 1, "", []string{"Malformed keyword[=value]: hurry"}},
 		{"#BB create_persistent name=a capacity=1GiB\n#BB create_persistent name=a capacity=2GiB\n", 2, "name", []string{"already created on line 1"}},
 		{"#BB destroy_persistent\n", 1, "name", []string{"name is required"}},

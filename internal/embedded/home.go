@@ -73,6 +73,9 @@ func Defaults(dir string) config.Config {
 	c.Executor.Tick = config.Duration(200 * time.Millisecond)
 	c.Stage.PollInterval = config.Duration(50 * time.Millisecond)
 	c.Stage.AllowRoot = os.Geteuid() == 0
+	// The home runs as its user, whose own permissions decide which directories a cache may
+	// front (checked as the user at setup): no site list to keep.
+	c.Cache.AllowedPFS = []string{"/"}
 	return c
 }
 

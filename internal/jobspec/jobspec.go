@@ -11,21 +11,22 @@ import (
 	"github.com/spillway-hpc/spillway/internal/directive"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/pfsaccess"
 	"github.com/spillway-hpc/spillway/internal/units"
 )
 
 // Supported refuses what this version of Spillway parses but cannot run yet, naming the line.
 func Supported(s *directive.Script) error {
 	var problems []string
-	if s.JobDW != nil && s.JobDW.Type == model.TypeCache {
-		problems = append(problems, fmt.Sprintf("line %d: #DW jobdw type=cache is not supported by this Spillway version yet; use type=scratch with #DW stage_in/stage_out", s.JobDW.Line))
+	if j := s.JobDWOfType(model.TypeCache); j != nil && !model.CacheDataPath {
+		problems = append(problems, fmt.Sprintf("line %d: #DW jobdw type=cache: %s; use type=scratch with #DW stage_in/stage_out", j.Line, model.ErrCacheNotBuilt))
 	}
 	if s.Swap != nil {
 		problems = append(problems, fmt.Sprintf("line %d: #DW swap is not supported by this Spillway version yet", s.Swap.Line))
 	}
 	for _, c := range s.Create {
-		if c.Type == model.TypeCache {
-			problems = append(problems, fmt.Sprintf("line %d: #BB create_persistent type=cache is not supported by this Spillway version yet", c.Line))
+		if c.Type == model.TypeCache && !model.CacheDataPath {
+			problems = append(problems, fmt.Sprintf("line %d: #BB create_persistent type=cache: %s; use type=scratch", c.Line, model.ErrCacheNotBuilt))
 		}
 	}
 	if len(problems) > 0 {
@@ -33,6 +34,38 @@ func Supported(s *directive.Script) error {
 	}
 	return nil
 }
+
+// CheckPFSAsUser checks, with the calling process's credentials, that the PFS directory of
+// every cache the script asks for (#DW jobdw type=cache, #BB create_persistent type=cache)
+// exists and can be entered. Only a process running as the job's user may call it honestly
+// (spillway run); as root it checks nothing (root's view says nothing of the user's).
+func CheckPFSAsUser(s *directive.Script) error {
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	var problems []string
+	for _, j := range s.JobDWs {
+		if j.Type == model.TypeCache && j.PFS != "" {
+			if err := checkPFS(j.PFS); err != nil {
+				problems = append(problems, fmt.Sprintf("line %d: #DW jobdw: %v", j.Line, err))
+			}
+		}
+	}
+	for _, c := range s.Create {
+		if c.Type == model.TypeCache && c.PFS != "" {
+			if err := checkPFS(c.PFS); err != nil {
+				problems = append(problems, fmt.Sprintf("line %d: #BB create_persistent: %v", c.Line, err))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// checkPFS is pfsaccess.Check (a variable for tests).
+var checkPFS = pfsaccess.Check
 
 // Setup is the setup request of a job: its #DW jobdw instance, the persistent instances it
 // uses, and its stage-outs (registered as deferred until data_out).
@@ -45,18 +78,12 @@ func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []
 		return req, err
 	}
 	req.StageOut = out
-	if j := s.JobDW; j != nil {
-		req.Instance = &lifecycle.InstanceRequest{
-			Capacity: j.Capacity, Pool: j.Pool, Type: j.Type, AccessModes: j.AccessModes,
-			Strategy: j.OptimizationStrategy, MaxFileSize: j.MaxFileSize, ClientCache: j.ClientCache,
-			MaxMDS: j.MaxMDS, MaxFilesCreated: j.MaxFilesCreated,
-		}
-		// What the job does not name is the site's default ([limits]), not DataWarp's.
-		if j.Explicit("write_window_length") {
-			req.Instance.WriteWindowLength = j.WriteWindowLength
-		}
-		if j.Explicit("write_window_multiplier") {
-			req.Instance.WriteWindowMultiplier = j.WriteWindowMultiplier
+	for i, j := range s.JobDWs {
+		r := InstanceRequest(j)
+		if i == 0 {
+			req.Instance = &r
+		} else {
+			req.More = append(req.More, r)
 		}
 	}
 	for _, p := range s.Persistent {
@@ -65,10 +92,46 @@ func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []
 	return req, nil
 }
 
+// InstanceRequest is the request of one #DW jobdw: what the job does not name is the site's
+// default ([limits], [cache]), not DataWarp's.
+func InstanceRequest(j *directive.JobDW) lifecycle.InstanceRequest {
+	r := lifecycle.InstanceRequest{
+		Capacity: j.Capacity, Pool: j.Pool, Type: j.Type, AccessModes: j.AccessModes,
+		Strategy: j.OptimizationStrategy, MaxFileSize: j.MaxFileSize, ClientCache: j.ClientCache,
+		MaxMDS: j.MaxMDS, MaxFilesCreated: j.MaxFilesCreated,
+	}
+	if j.Explicit("write_window_length") {
+		r.WriteWindowLength = j.WriteWindowLength
+	}
+	if j.Explicit("write_window_multiplier") {
+		r.WriteWindowMultiplier = j.WriteWindowMultiplier
+	}
+	if j.Type == model.TypeCache {
+		c := &lifecycle.CacheRequest{PFS: j.PFS}
+		if j.Explicit("modified_threshold") {
+			c.ModifiedThreshold = &j.ModifiedThreshold
+		}
+		if j.Explicit("read_ahead") {
+			c.ReadAhead = &j.ReadAhead
+		}
+		if j.Explicit("sync_on_close") {
+			c.SyncOnClose = &j.SyncOnClose
+		}
+		if j.Explicit("sync_to_pfs") {
+			c.SyncToPFS = &j.SyncToPFS
+		}
+		r.Cache = c
+	}
+	return r
+}
+
 // CreatePersistent is the setup request of a #BB create_persistent directive.
 func CreatePersistent(c directive.CreatePersistent, creator string, uid, gid uint32) lifecycle.Setup {
-	return lifecycle.Setup{Token: c.Name, Creator: creator, Owner: uid, Group: gid, Persistent: true,
-		Instance: &lifecycle.InstanceRequest{Capacity: c.Capacity, Pool: c.Pool, Type: c.Type, AccessModes: c.AccessModes, Strategy: c.OptimizationStrategy}}
+	r := &lifecycle.InstanceRequest{Capacity: c.Capacity, Pool: c.Pool, Type: c.Type, AccessModes: c.AccessModes, Strategy: c.OptimizationStrategy}
+	if c.Type == model.TypeCache || c.PFS != "" {
+		r.Cache = &lifecycle.CacheRequest{PFS: c.PFS}
+	}
+	return lifecycle.Setup{Token: c.Name, Creator: creator, Owner: uid, Group: gid, Persistent: true, Instance: r}
 }
 
 // Stages converts stage directives of one direction (model.StageIn or model.StageOut).
@@ -105,8 +168,12 @@ func Stages(stages []directive.Stage, direction string) ([]lifecycle.StageReques
 // Summary describes a script's requests in one line, for `spillway run`'s job_process phase.
 func Summary(s *directive.Script) string {
 	var parts []string
-	if j := s.JobDW; j != nil {
-		parts = append(parts, fmt.Sprintf("jobdw %s %s %s", units.FormatHuman(j.Capacity), j.Type, strings.Join(j.AccessModes, ",")))
+	for _, j := range s.JobDWs {
+		part := fmt.Sprintf("jobdw %s %s %s", units.FormatHuman(j.Capacity), j.Type, strings.Join(j.AccessModes, ","))
+		if j.PFS != "" {
+			part += " pfs=" + j.PFS
+		}
+		parts = append(parts, part)
 	}
 	for _, p := range s.Persistent {
 		parts = append(parts, "persistentdw "+p.Name)
@@ -149,6 +216,20 @@ func SetupError(s *directive.Script, err error) error {
 	if j == nil {
 		return err
 	}
+	// A refusal about a cache (its pfs=, its type) belongs to the type=cache line, which
+	// need not be the first #DW jobdw.
+	if c := s.JobDWOfType(model.TypeCache); c != nil && (strings.HasPrefix(msg, "pfs=") || strings.HasPrefix(msg, "type=cache") || strings.Contains(msg, "for type=cache")) {
+		j = c
+	}
+	// A pool that cannot hold one of a job's instances names its capacity.
+	if len(s.JobDWs) > 1 {
+		for _, x := range s.JobDWs {
+			if strings.Contains(msg, " cannot hold "+units.FormatHuman(x.Capacity)+" ") {
+				j = x
+				break
+			}
+		}
+	}
 	field := ""
 	switch {
 	case strings.HasPrefix(msg, "pool ") && strings.Contains(msg, "does not exist"):
@@ -158,7 +239,8 @@ func SetupError(s *directive.Script, err error) error {
 		if j.Pool != "" {
 			field = " pool=" + j.Pool + field
 		}
-	case strings.HasPrefix(msg, "type=") || strings.HasPrefix(msg, "access_mode=") || strings.HasPrefix(msg, "pool "):
+	case strings.HasPrefix(msg, "type=") || strings.HasPrefix(msg, "access_mode=") || strings.HasPrefix(msg, "pool ") || strings.HasPrefix(msg, "pfs=") ||
+		strings.HasPrefix(msg, "max_mds="):
 	default:
 		return err
 	}

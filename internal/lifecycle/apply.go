@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"path"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -39,6 +38,17 @@ type Params struct {
 	// expiration, MaxPersistentExpiration the longest one may ask for; 0: none (expire.go).
 	PersistentExpiration    time.Duration
 	MaxPersistentExpiration time.Duration
+	// Cache is what the site allows and defaults for cache instances ([cache]).
+	Cache CacheParams
+}
+
+// CacheParams are the site's rules for cache instances (config [cache]).
+type CacheParams struct {
+	// AllowedPFS are the directories a cache's pfs= must be at or under (whole components);
+	// empty: no cache is allowed. A one-machine home allows "/".
+	AllowedPFS []string
+	// Defaults are the tunables of a job that names none (PFS unused).
+	Defaults model.CacheSettings
 }
 
 // Quota is what one user may hold at once; a zero field means no limit.
@@ -93,7 +103,7 @@ func limitErr(format string, args ...any) error {
 type InstanceRequest struct {
 	Capacity              uint64   `json:"capacity"` // bytes; rounded up to the pool granularity
 	Pool                  string   `json:"pool"`
-	Type                  string   `json:"type"`         // scratch (cache and swap are refused for now)
+	Type                  string   `json:"type"`         // scratch or cache (refused while model.CacheDataPath is off); swap is refused
 	AccessModes           []string `json:"access_modes"` // striped, private, loadbalance
 	Strategy              string   `json:"optimization_strategy"`
 	MaxFileSize           uint64   `json:"max_file_size,omitempty"`
@@ -102,18 +112,35 @@ type InstanceRequest struct {
 	WriteWindowLength     int64    `json:"write_window_length,omitempty"`     // seconds; 0: the site's default
 	WriteWindowMultiplier int64    `json:"write_window_multiplier,omitempty"` // 0: the site's default
 	MaxFilesCreated       uint64   `json:"max_files_created,omitempty"`       // MFC; 0: the site's default
+	// Cache is what a type=cache instance fronts (pfs=) and the tunables the job named; nil
+	// for scratch.
+	Cache *CacheRequest `json:"cache,omitempty"`
+}
+
+// CacheRequest is the cache part of an instance request: pfs= and the tunables the job wrote
+// (absent ones take the site's [cache] defaults at setup).
+type CacheRequest struct {
+	PFS               string  `json:"pfs"`
+	ModifiedThreshold *uint64 `json:"modified_threshold,omitempty"` // nil: the site's default
+	ReadAhead         *uint64 `json:"read_ahead,omitempty"`         // nil: the site's default (0 turns it off)
+	SyncOnClose       *bool   `json:"sync_on_close,omitempty"`      // nil: the site's default
+	SyncToPFS         *bool   `json:"sync_to_pfs,omitempty"`        // nil: the site's default
 }
 
 // Setup creates a job session (WLM setup) or a persistent one (create_persistent).
 type Setup struct {
-	Token       string           `json:"token"`
-	Creator     string           `json:"creator"`
-	Owner       uint32           `json:"owner"`
-	Group       uint32           `json:"group"`
-	Persistent  bool             `json:"persistent"`
-	Instance    *InstanceRequest `json:"instance,omitempty"` // nil: no capacity of its own
-	Uses        []string         `json:"uses,omitempty"`     // persistent instances (#DW persistentdw)
-	ClientNodes []string         `json:"client_nodes,omitempty"`
+	Token      string           `json:"token"`
+	Creator    string           `json:"creator"`
+	Owner      uint32           `json:"owner"`
+	Group      uint32           `json:"group"`
+	Persistent bool             `json:"persistent"`
+	Instance   *InstanceRequest `json:"instance,omitempty"` // nil: no capacity of its own
+	// More are the job's further instances, of other types than Instance's (a job may hold a
+	// scratch and a cache instance: two #DW jobdw lines, DataWarp's Phase 3); a persistent
+	// session has none.
+	More        []InstanceRequest `json:"more_instances,omitempty"`
+	Uses        []string          `json:"uses,omitempty"` // persistent instances (#DW persistentdw)
+	ClientNodes []string          `json:"client_nodes,omitempty"`
 	// StageOut are the job's stage-outs (#DW stage_out), registered now as deferred and run
 	// when data_out asks for them.
 	StageOut []StageRequest `json:"stage_out,omitempty"`
@@ -158,8 +185,19 @@ func sameInstance(w *World, existing *model.Session, req Setup) error {
 		differ = append(differ, fmt.Sprintf("pool %s, not %s", inst.Pool, r.Pool))
 	}
 	var have []string
+	haveType, havePFS := model.TypeScratch, ""
 	for _, c := range w.ConfigurationsOf(inst.ID) {
 		have = append(have, c.AccessMode)
+		haveType, havePFS = c.Type, c.BackingPath
+	}
+	wantPFS := ""
+	if r.Cache != nil {
+		wantPFS = r.Cache.PFS
+	}
+	if t := orDefault(r.Type, model.TypeScratch); t != haveType {
+		differ = append(differ, fmt.Sprintf("type %s, not %s", haveType, t))
+	} else if wantPFS != havePFS {
+		differ = append(differ, fmt.Sprintf("pfs %s, not %s", havePFS, wantPFS))
 	}
 	sort.Strings(have)
 	want := append([]string(nil), r.AccessModes...)
@@ -208,6 +246,9 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 			return userErr("create_persistent %s: capacity must be greater than 0", req.Token)
 		}
 	}
+	if err := checkInstances(req, p); err != nil {
+		return err
+	}
 	if p.MaxSessions > 0 && w.SessionCount() >= p.MaxSessions {
 		return userErr("too many sessions (%d, the limit controller.max_sessions); wait for some to end", w.SessionCount())
 	}
@@ -243,6 +284,13 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 	if req.Instance != nil && req.Instance.Capacity > 0 {
 		if err := createInstance(w, sess, *req.Instance, ids, p, now); err != nil {
 			return err
+		}
+	}
+	for _, r := range req.More { // the job's instance of the other type (checkInstances)
+		if r.Capacity > 0 {
+			if err := createInstance(w, sess, r, ids, p, now); err != nil {
+				return err
+			}
 		}
 	}
 	w.put(sess)
@@ -339,15 +387,15 @@ func CheckUserQuota(w *World, req Setup, q Quota) error {
 		if s.Owner != req.Owner {
 			continue
 		}
-		inst := w.InstanceOf(s.ID)
-		if s.State.Goal == model.GoalDestroy && inst == nil {
+		insts := w.InstancesOf(s.ID)
+		if s.State.Goal == model.GoalDestroy && len(insts) == 0 {
 			continue // going, and it holds nothing any more
 		}
 		sessions++
 		if s.Persistent {
 			persistent++
 		}
-		if inst != nil {
+		for _, inst := range insts {
 			capacity += inst.Requested
 		}
 	}
@@ -357,32 +405,28 @@ func CheckUserQuota(w *World, req Setup, q Quota) error {
 	if req.Persistent && q.Persistent > 0 && persistent >= q.Persistent {
 		return userErr("uid %d holds %d persistent instances, its limit (controller.max_persistent_per_user); destroy one first", req.Owner, persistent)
 	}
-	if req.Instance != nil && q.Capacity > 0 && capacity+req.Instance.Capacity > q.Capacity {
+	var asked uint64
+	if req.Instance != nil {
+		asked = req.Instance.Capacity
+	}
+	for _, r := range req.More {
+		asked += r.Capacity
+	}
+	if asked > 0 && q.Capacity > 0 && capacity+asked > q.Capacity {
 		return userErr("uid %d holds %s of instances; %s more would pass its limit of %s (controller.max_capacity_per_user)",
-			req.Owner, units.FormatHuman(capacity), units.FormatHuman(req.Instance.Capacity), units.FormatHuman(q.Capacity))
+			req.Owner, units.FormatHuman(capacity), units.FormatHuman(asked), units.FormatHuman(q.Capacity))
 	}
 	return nil
 }
 
 func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSource, p Params, now time.Time) error {
-	if err := p.Limits.Check(req); err != nil {
+	if err := checkInstance(req, sess.Persistent, p); err != nil {
 		return err
 	}
-	switch req.Type {
-	case "", model.TypeScratch:
-	case model.TypeCache:
-		return userErr("type=cache is not supported by this Spillway version yet; use type=scratch with #DW stage_in/stage_out")
-	case model.TypeSwap:
-		return userErr("swap is not supported by this Spillway version yet")
-	default:
-		return userErr("type=%s: expected scratch", req.Type)
-	}
-	if sess.Persistent && slices.Contains(req.AccessModes, model.AccessPrivate) {
-		// DataWarp's Table I: a private namespace per compute node belongs to one job's nodes.
-		return userErr("access_mode=private is not available for a persistent instance (as in DataWarp): each job's compute nodes would get namespaces no other job sees; use access_mode=striped or loadbalance")
-	}
-	if req.MaxMDS && len(req.AccessModes) > 0 && !slices.Contains(req.AccessModes, model.AccessStriped) {
-		return userErr("max_mds=yes needs access_mode striped (a private namespace has one metadata server per node already)")
+	typ := orDefault(req.Type, model.TypeScratch)
+	var cache *model.CacheSettings
+	if typ == model.TypeCache {
+		cache = cacheSettings(*req.Cache, p.Cache.Defaults)
 	}
 	pool := w.Pools[req.Pool]
 	if pool == nil {
@@ -468,11 +512,14 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 			return err
 		}
 		c := &model.Configuration{
-			ID: cid, InstanceID: iid, Type: model.TypeScratch, AccessMode: mode,
+			ID: cid, InstanceID: iid, Type: typ, AccessMode: mode, Cache: cache,
 			RootPermissions: rootMode, Owner: sess.Owner, Group: sess.Group,
 			MaxFileSize: req.MaxFileSize, ClientCache: req.ClientCache, State: model.Created(),
 			MaxFilesCreated: mfc,
 			MaxMDS:          req.MaxMDS && mode == model.AccessStriped && len(frags) > 1,
+		}
+		if cache != nil {
+			c.BackingPath = cache.PFS
 		}
 		w.put(c)
 		switch {
@@ -695,18 +742,19 @@ func dwPathOf(r StageRequest) string {
 }
 
 func listTarget(w *World, s *model.Session) *model.Configuration {
-	if inst := w.InstanceOf(s.ID); inst != nil {
-		if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); c != nil {
+	scratch := func(c *model.Configuration) bool { return c != nil && c.Type != model.TypeCache } // a cache is never staged
+	for _, inst := range w.InstancesOf(s.ID) {
+		if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); scratch(c) {
 			return c
 		}
-		if c := w.ConfigurationByMode(inst.ID, model.AccessLoadbalance); c != nil {
+		if c := w.ConfigurationByMode(inst.ID, model.AccessLoadbalance); scratch(c) {
 			return c
 		}
 	}
 	for _, name := range s.Uses {
 		if ps := w.PersistentByName(name); ps != nil {
 			if inst := w.InstanceOf(ps.ID); inst != nil {
-				if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); c != nil {
+				if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); scratch(c) {
 					return c
 				}
 			}
@@ -715,9 +763,20 @@ func listTarget(w *World, s *model.Session) *model.Configuration {
 	return nil
 }
 
-// configForVar resolves a DW variable to the configuration it names for this session.
+// configForVar resolves a DW variable to the configuration it names for this session; a
+// cache configuration is never staged (it reads and writes its PFS directory itself).
 func configForVar(w *World, s *model.Session, v string) (*model.Configuration, error) {
+	c, err := configForVarAny(w, s, v)
+	if err == nil && c.Type == model.TypeCache {
+		return nil, fmt.Errorf("$%s: the instance is type=cache, which is not staged: it reads and writes its pfs= directory itself; stage into a scratch instance", v)
+	}
+	return c, err
+}
+
+func configForVarAny(w *World, s *model.Session, v string) (*model.Configuration, error) {
 	switch {
+	case v == directive.VarJobStripedCache || v == directive.VarJobLoadbalanceCache || directive.IsPersistentCacheVar(v):
+		return nil, fmt.Errorf("$%s: a cache instance is not staged: it reads and writes its pfs= directory itself; stage into a scratch instance", v)
 	case v == VarJobStriped || v == VarJobLoadbalance || v == VarJobPrivate:
 		if v == VarJobPrivate {
 			return nil, fmt.Errorf("$%s: staging is not supported for access_mode=private (by design in DataWarp); use access_mode=striped,private and stage through $%s", v, VarJobStriped)
@@ -726,15 +785,22 @@ func configForVar(w *World, s *model.Session, v string) (*model.Configuration, e
 		if v == VarJobLoadbalance {
 			mode = model.AccessLoadbalance
 		}
-		inst := w.InstanceOf(s.ID)
-		if inst == nil {
+		insts := w.InstancesOf(s.ID)
+		if len(insts) == 0 {
 			return nil, fmt.Errorf("$%s: the job has no #DW jobdw instance", v)
 		}
-		c := w.ConfigurationByMode(inst.ID, mode)
-		if c == nil {
+		// The job's scratch instance: with a scratch and a cache, $DW_JOB_STRIPED is the
+		// scratch one's (the cache's is $DW_JOB_STRIPED_CACHE).
+		var found *model.Configuration
+		for _, inst := range insts {
+			if c := w.ConfigurationByMode(inst.ID, mode); c != nil && (found == nil || found.Type == model.TypeCache) {
+				found = c
+			}
+		}
+		if found == nil {
 			return nil, fmt.Errorf("$%s: the job's instance has no access_mode=%s", v, mode)
 		}
-		return c, nil
+		return found, nil
 	case strings.HasPrefix(v, VarPersistentPre):
 		name := strings.TrimPrefix(v, VarPersistentPre)
 		if !contains(s.Uses, name) && !(s.Persistent && s.Token == name) {
@@ -778,10 +844,11 @@ type Exposure struct {
 // every persistent instance it uses.
 func Exposures(w *World, s *model.Session) []Exposure {
 	var out []Exposure
-	if inst := w.InstanceOf(s.ID); inst != nil {
+	for _, inst := range w.InstancesOf(s.ID) {
 		for _, c := range w.ConfigurationsOf(inst.ID) {
-			v := map[string]string{model.AccessStriped: VarJobStriped, model.AccessPrivate: VarJobPrivate, model.AccessLoadbalance: VarJobLoadbalance}[c.AccessMode]
-			out = append(out, Exposure{Var: v, Config: c, Owner: s})
+			if v := JobVar(c); v != "" {
+				out = append(out, Exposure{Var: v, Config: c, Owner: s})
+			}
 		}
 	}
 	for _, name := range s.Uses {
@@ -790,12 +857,29 @@ func Exposures(w *World, s *model.Session) []Exposure {
 			continue
 		}
 		if inst := w.InstanceOf(ps.ID); inst != nil {
-			if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); c != nil {
+			if c := w.ConfigurationByMode(inst.ID, model.AccessStriped); c != nil && c.Type != model.TypeCache {
 				out = append(out, Exposure{Var: VarPersistentPre + name, Config: c, Owner: ps})
+			}
+			// A persistent cache: each of its access modes (striped, loadbalance).
+			for _, c := range w.ConfigurationsOf(inst.ID) {
+				if c.Type == model.TypeCache {
+					if v := directive.PersistentCacheVar(name, c.AccessMode); v != "" {
+						out = append(out, Exposure{Var: v, Config: c, Owner: ps})
+					}
+				}
 			}
 		}
 	}
 	return out
+}
+
+// JobVar is the variable naming a job's own configuration c: DW_JOB_STRIPED, DW_JOB_PRIVATE,
+// DW_JOB_LDBAL for scratch; DW_JOB_STRIPED_CACHE, DW_JOB_LDBAL_CACHE for cache.
+func JobVar(c *model.Configuration) string {
+	if c.Type == model.TypeCache {
+		return map[string]string{model.AccessStriped: directive.VarJobStripedCache, model.AccessLoadbalance: directive.VarJobLoadbalanceCache}[c.AccessMode]
+	}
+	return map[string]string{model.AccessStriped: VarJobStriped, model.AccessPrivate: VarJobPrivate, model.AccessLoadbalance: VarJobLoadbalance}[c.AccessMode]
 }
 
 // Paths returns the job's environment: each variable and its mount path, ending in "/".

@@ -393,7 +393,7 @@ func TestRequestErrors(t *testing.T) {
 	}{
 		{Setup{Token: "1", Owner: 1, Instance: &InstanceRequest{Capacity: 1, Pool: "nosuch"}}, `pool "nosuch" does not exist; pools: wlm_pool`},
 		{Setup{Token: "1", Owner: 1, Instance: &InstanceRequest{Capacity: 11 << 30, Pool: "wlm_pool"}}, "cannot hold 11GiB"},
-		{Setup{Token: "1", Owner: 1, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool", Type: "cache"}}, "type=cache is not supported"},
+		{Setup{Token: "1", Owner: 1, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool", Type: "cache"}}, "type=cache needs pfs="},
 		{Setup{Token: "1", Owner: 1, Uses: []string{"ghost"}}, "persistentdw name=ghost"},
 		{Setup{Token: "9lives", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "must not start with a digit"},
 		{Setup{Token: "a-b", Owner: 1, Persistent: true, Instance: &InstanceRequest{Capacity: 1, Pool: "wlm_pool"}}, "letters, digits and _"},

@@ -21,7 +21,7 @@ func Settled(w *World, s *model.Session, now time.Time) (settled bool, wake time
 	if !done(s.State) || s.Persistent && expired(s, now) {
 		return false, time.Time{}
 	}
-	if inst := w.InstanceOf(s.ID); inst != nil {
+	for _, inst := range w.InstancesOf(s.ID) {
 		if !done(inst.State) {
 			return false, time.Time{}
 		}

@@ -58,7 +58,7 @@ func Status(w *World, token, step string) StepStatus {
 	}
 	switch step {
 	case PhaseSetup:
-		if inst := w.InstanceOf(s.ID); inst != nil {
+		for _, inst := range w.InstancesOf(s.ID) {
 			for _, f := range w.FragmentsOf(inst.ID) {
 				collect(f.State)
 			}
@@ -118,7 +118,7 @@ func Status(w *World, token, step string) StepStatus {
 		for _, a := range w.ActivationsOf(s.ID) {
 			collect(a.State)
 		}
-		if inst := w.InstanceOf(s.ID); inst != nil {
+		for _, inst := range w.InstancesOf(s.ID) {
 			for _, f := range w.FragmentsOf(inst.ID) {
 				collect(f.State)
 			}

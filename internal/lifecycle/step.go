@@ -94,9 +94,9 @@ func nodeOnline(w *World, name string) bool {
 
 func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *int) []Effect {
 	var effects []Effect
-	inst := w.InstanceOf(s.ID)
+	insts := w.InstancesOf(s.ID)
 	allReady := true
-	if inst != nil {
+	for _, inst := range insts {
 		for _, f := range w.FragmentsOf(inst.ID) {
 			if f.State.Actualized {
 				continue
@@ -135,9 +135,11 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 	if allReady && !s.State.Actualized {
 		s.State = model.Created()
 		w.put(s)
-		if inst != nil && !inst.State.Actualized {
-			inst.State = model.Created()
-			w.put(inst)
+		for _, inst := range insts {
+			if !inst.State.Actualized {
+				inst.State = model.Created()
+				w.put(inst)
+			}
 		}
 	}
 	effects = append(effects, stepStages(w, s, p, now, running)...)
@@ -274,6 +276,11 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 	}
 	spec.Replicas = replicas(w, c, ns)
 	spec.MDS = shards(w, c)
+	if k := c.Cache; k != nil {
+		spec.Cache = &agentapi.CacheSpec{PFS: k.PFS, ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead,
+			SyncOnClose: k.SyncOnClose, SyncToPFS: k.SyncToPFS, HighWatermark: k.HighWatermark, LowWatermark: k.LowWatermark,
+			UID: c.Owner, GID: c.Group}
+	}
 	return spec
 }
 
@@ -397,7 +404,7 @@ func stageSpec(w *World, s *model.Session, st *model.Stage) (agentapi.StageSpec,
 		if e.Config.ID == st.ConfigurationID {
 			ens = ns // a loadbalance replica's stage fills that replica
 		}
-		if ens == nil || e.Config.AccessMode == model.AccessPrivate {
+		if ens == nil || e.Config.AccessMode == model.AccessPrivate || e.Config.Type == model.TypeCache { // a cache is never staged
 			continue
 		}
 		ef := w.Fragments[ens.FragmentID]
@@ -476,67 +483,21 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 	if busyStages || len(w.ActivationsOf(s.ID)) > 0 {
 		return effects
 	}
-	inst := w.InstanceOf(s.ID)
-	if inst != nil && mountedElsewhere(w, s, inst) {
-		return effects // a hurried persistent destroy: the jobs that used it unmount it first
+	instsLeft := false
+	for _, inst := range w.InstancesOf(s.ID) {
+		if mountedElsewhere(w, s, inst) {
+			return effects // a hurried persistent destroy: the jobs that used it unmount it first
+		}
 	}
-	if inst != nil {
-		if inst.State.Goal != model.GoalDestroy {
-			inst.State = model.Destroying()
-			w.put(inst)
-		}
-		nsLeft := false
-		for _, c := range w.ConfigurationsOf(inst.ID) {
-			for _, ns := range w.NamespacesOf(c.ID) {
-				f := w.Fragments[ns.FragmentID]
-				if ns.State.Goal != model.GoalDestroy {
-					ns.State = model.Destroying()
-					w.put(ns)
-				}
-				if f == nil || !nodeOnline(w, f.Node) {
-					// The node is offline: its agent deletes what the controller no longer
-					// knows when it comes back.
-					w.remove(KindNamespace, ns.ID)
-					continue
-				}
-				nsLeft = true
-				if ready(ns.State, now) {
-					effects = append(effects, Effect{Op: OpDeleteNamespace, Ref: Ref{KindNamespace, ns.ID}, Node: f.Node,
-						Namespace: agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID}})
-				}
-			}
-		}
-		if nsLeft {
-			return effects
-		}
-		fragsLeft := false
-		for _, f := range w.FragmentsOf(inst.ID) {
-			if f.State.Goal != model.GoalDestroy {
-				f.State = model.Destroying()
-				w.put(f)
-			}
-			if !nodeOnline(w, f.Node) {
-				w.remove(KindFragment, f.ID)
-				continue
-			}
-			fragsLeft = true
-			if ready(f.State, now) {
-				effects = append(effects, Effect{Op: OpDeleteFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
-					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity}})
-			}
-		}
-		if fragsLeft {
-			return effects
-		}
-		for _, c := range w.ConfigurationsOf(inst.ID) {
-			for _, r := range w.Registrations {
-				if r.ConfigurationID == c.ID {
-					w.remove(KindRegistration, r.ID)
-				}
-			}
-			w.remove(KindConfiguration, c.ID)
-		}
-		w.remove(KindInstance, inst.ID)
+	// Each instance (a job may hold a scratch and a cache) goes at its own pace; the session
+	// goes once all of them are gone.
+	for _, inst := range w.InstancesOf(s.ID) {
+		more, done := destroyInstance(w, inst, now)
+		effects = append(effects, more...)
+		instsLeft = instsLeft || !done
+	}
+	if instsLeft {
+		return effects
 	}
 	for _, r := range w.RegistrationsOf(s.ID) {
 		w.remove(KindRegistration, r.ID)
@@ -546,6 +507,69 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 	}
 	w.remove(KindSession, s.ID)
 	return effects
+}
+
+// destroyInstance drives one instance of a session being torn down towards its removal:
+// namespaces first, then fragments, then its configurations and itself. done is true once
+// the instance is gone.
+func destroyInstance(w *World, inst *model.Instance, now time.Time) (effects []Effect, done bool) {
+	if inst.State.Goal != model.GoalDestroy {
+		inst.State = model.Destroying()
+		w.put(inst)
+	}
+	nsLeft := false
+	for _, c := range w.ConfigurationsOf(inst.ID) {
+		for _, ns := range w.NamespacesOf(c.ID) {
+			f := w.Fragments[ns.FragmentID]
+			if ns.State.Goal != model.GoalDestroy {
+				ns.State = model.Destroying()
+				w.put(ns)
+			}
+			if f == nil || !nodeOnline(w, f.Node) {
+				// The node is offline: its agent deletes what the controller no longer
+				// knows when it comes back.
+				w.remove(KindNamespace, ns.ID)
+				continue
+			}
+			nsLeft = true
+			if ready(ns.State, now) {
+				effects = append(effects, Effect{Op: OpDeleteNamespace, Ref: Ref{KindNamespace, ns.ID}, Node: f.Node,
+					Namespace: agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID}})
+			}
+		}
+	}
+	if nsLeft {
+		return effects, false
+	}
+	fragsLeft := false
+	for _, f := range w.FragmentsOf(inst.ID) {
+		if f.State.Goal != model.GoalDestroy {
+			f.State = model.Destroying()
+			w.put(f)
+		}
+		if !nodeOnline(w, f.Node) {
+			w.remove(KindFragment, f.ID)
+			continue
+		}
+		fragsLeft = true
+		if ready(f.State, now) {
+			effects = append(effects, Effect{Op: OpDeleteFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
+				Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity}})
+		}
+	}
+	if fragsLeft {
+		return effects, false
+	}
+	for _, c := range w.ConfigurationsOf(inst.ID) {
+		for _, r := range w.Registrations {
+			if r.ConfigurationID == c.ID {
+				w.remove(KindRegistration, r.ID)
+			}
+		}
+		w.remove(KindConfiguration, c.ID)
+	}
+	w.remove(KindInstance, inst.ID)
+	return effects, true
 }
 
 // waitsForStageOut reports whether a teardown must still wait: not hurried, a stage-out is

@@ -340,6 +340,16 @@ func (w *World) SessionByToken(token string) *model.Session {
 }
 
 // InstanceOf returns the session's instance, or nil when it has no capacity of its own.
+// InstancesOf returns every instance of a session in id order: a job may hold a scratch and
+// a cache instance (#DW jobdw of each type); a persistent session holds one.
+func (w *World) InstancesOf(sessionID ID) []*model.Instance {
+	if ix := w.index(); ix != nil {
+		return slices.Clone(ix.instances[sessionID])
+	}
+	w.walks++
+	return matching(w.Instances, func(i *model.Instance) bool { return i.SessionID == sessionID }, func(i *model.Instance) ID { return i.ID })
+}
+
 func (w *World) InstanceOf(sessionID ID) *model.Instance {
 	if ix := w.index(); ix != nil {
 		if list := ix.instances[sessionID]; len(list) > 0 {

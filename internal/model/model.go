@@ -265,6 +265,29 @@ func (b *StageBytes) Add(st *Stage) {
 	b.Namespaces = append(b.Namespaces, NamespaceStageBytes{Namespace: st.NamespaceID, In: in, Out: out})
 }
 
+// CacheDataPath is the one switch of cache instances (issue 20): false until the cache's
+// data path (internal/warpfs/cache, internal/pfsio) is built into the agent. While it is
+// false, jobspec.Supported, the lifecycle (setup) and the agent (mount) refuse a cache
+// instance, each after every check of its own; turning it on is the integration's one-line
+// change. A variable, not a constant, so that tests can follow a cache instance past the
+// refusal.
+var CacheDataPath = false
+
+// ErrCacheNotBuilt is the words of the refusal while CacheDataPath is false.
+const ErrCacheNotBuilt = "cache data path not built in this version"
+
+// CacheSettings are what a cache configuration fronts and how (#DW jobdw type=cache pfs=...
+// and its tunables, the site's [cache] defaults filled in at setup).
+type CacheSettings struct {
+	PFS               string `json:"pfs"`                // the PFS directory cached, absolute and clean
+	ModifiedThreshold uint64 `json:"modified_threshold"` // dirty bytes of a file that start its write-back
+	ReadAhead         uint64 `json:"read_ahead"`         // bytes fetched ahead of a sequential reader; 0: none
+	SyncOnClose       bool   `json:"sync_on_close"`      // close() writes the file back to the PFS
+	SyncToPFS         bool   `json:"sync_to_pfs"`        // fsync()/sync() reach the PFS
+	HighWatermark     int    `json:"high_watermark"`     // % of capacity: eviction/write-back start
+	LowWatermark      int    `json:"low_watermark"`      // % of capacity: they stop
+}
+
 // Configuration types.
 const (
 	TypeScratch = "scratch"
@@ -289,9 +312,11 @@ type Configuration struct {
 	Owner           uint32 `json:"owner"`
 	Group           uint32 `json:"group"`
 	BackingPath     string `json:"backing_path,omitempty"` // cache: the PFS directory
-	MaxFileSize     uint64 `json:"max_file_size,omitempty"`
-	MaxFilesCreated uint64 `json:"max_files_created,omitempty"` // MFC: files a namespace may create (0: no limit)
-	ClientCache     bool   `json:"client_cache,omitempty"`
+	// Cache is a cache configuration's PFS directory and tunables; nil for scratch.
+	Cache           *CacheSettings `json:"cache,omitempty"`
+	MaxFileSize     uint64         `json:"max_file_size,omitempty"`
+	MaxFilesCreated uint64         `json:"max_files_created,omitempty"` // MFC: files a namespace may create (0: no limit)
+	ClientCache     bool           `json:"client_cache,omitempty"`
 	// MaxMDS spreads a striped configuration's namespace over every fragment of its instance
 	// (DataWarp's max_mds=yes): one namespace shard per fragment, in fragment order.
 	MaxMDS bool  `json:"max_mds,omitempty"`

@@ -168,6 +168,11 @@ func Run(ctx context.Context, o Options) int {
 	})
 	script, err := directive.Parse(substituted)
 	if err == nil {
+		// spillway run is the user's own process: it checks, as the user, that every cache's
+		// pfs= can be entered (before the refusal of what this version cannot run yet).
+		err = jobspec.CheckPFSAsUser(script)
+	}
+	if err == nil {
 		err = jobspec.Supported(script)
 	}
 	if err == nil {
@@ -524,6 +529,7 @@ func (r *runner) describeSetup() string {
 		if s.Token != r.token {
 			continue
 		}
+		var parts []string // a job may hold a scratch and a cache instance
 		for _, i := range all.Instances {
 			if i.Links.Session == s.ID {
 				var nodes []string
@@ -532,8 +538,11 @@ func (r *runner) describeSetup() string {
 						nodes = append(nodes, f.Node)
 					}
 				}
-				return fmt.Sprintf("instance %s: %s in pool %s on %s", i.Label, units.FormatHuman(i.Capacity.Bytes), i.Pool, strings.Join(nodes, ", "))
+				parts = append(parts, fmt.Sprintf("instance %s: %s in pool %s on %s", i.Label, units.FormatHuman(i.Capacity.Bytes), i.Pool, strings.Join(nodes, ", ")))
 			}
+		}
+		if len(parts) > 0 {
+			return strings.Join(parts, "; ")
 		}
 		if len(s.Uses) > 0 {
 			return "uses " + strings.Join(s.Uses, ", ")
