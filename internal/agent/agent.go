@@ -93,6 +93,9 @@ type Agent struct {
 	mu     sync.Mutex
 	mounts map[string]*mounted   // by mount path
 	stages map[string]*stage.Run // by agentapi.StageSpec.Key
+	// stagedDirs are the namespace directories each stage-in writes into directly (by key):
+	// their mounts' caches are dropped when it ends (staged).
+	stagedDirs map[string][]string
 	// stageIns counts the stage-ins running into each instance (by id) with a reservation
 	// on its tracker: a rescan while one runs would forget what it reserved and has not
 	// written yet.
@@ -136,7 +139,7 @@ func New(opt Options) (*Agent, error) {
 		opt.Log = slog.Default()
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
-		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stageIns: map[int64]int{},
+		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, stageIns: map[int64]int{},
 		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{}}
 	if opt.Pool == "" {
 		return a, nil // compute node: no storage
@@ -827,6 +830,7 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 		return fmt.Errorf("stage %d: no namespace of the session lives on %s", spec.ID, a.opt.Name)
 	}
 	roots := map[string]string{}
+	var direct []string // namespaces the worker writes into beside their server
 	for v, loc := range spec.Roots {
 		if ms, striped := spec.Striped[v]; striped {
 			// A striped namespace's data is on every server of the instance: the worker
@@ -843,6 +847,9 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 			return fmt.Errorf("stage %d: %w", spec.ID, err)
 		}
 		roots[v] = dir
+		if spec.Direction == model.StageIn {
+			direct = append(direct, dir)
+		}
 	}
 	spec.Roots = roots
 	var charged *usage.Tracker
@@ -873,6 +880,9 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	}
 	run := stage.Start(context.Background(), a.opt.WorkerExe, spec, a.opt.StageLimits, reserve)
 	a.stages[key] = run
+	if len(direct) > 0 {
+		a.stagedDirs[key] = direct
+	}
 	if charged != nil {
 		a.stageIns[spec.Instance]++
 		go func() {
@@ -998,6 +1008,7 @@ func (a *Agent) StageStatus(ctx context.Context, key string) (agentapi.StageStat
 	st.ID, st.Known = stageID, true
 	st.Warnings, _ = r.Warnings()
 	if st.Status != "running" {
+		a.staged(key)
 		// Finished stages are forgotten once reported; the controller has recorded them.
 		a.mu.Lock()
 		delete(a.stages, key)
@@ -1015,8 +1026,22 @@ func (a *Agent) CancelStage(ctx context.Context, key string) error {
 	if r != nil {
 		r.Cancel()
 		r.Wait()
+		a.staged(key)
 	}
 	return nil
+}
+
+// staged makes the mounts of the namespaces a finished stage wrote into beside their server
+// forget the names and attributes they cache (warpfs leases), before the stage is reported
+// ended: a job then finds what was staged in at its next call.
+func (a *Agent) staged(key string) {
+	a.mu.Lock()
+	dirs := a.stagedDirs[key]
+	delete(a.stagedDirs, key)
+	a.mu.Unlock()
+	for _, dir := range dirs {
+		server.InvalidateNamespace(dir)
+	}
 }
 
 // Close unmounts everything this agent serves and stops its stages.

@@ -402,6 +402,9 @@ type Warpfs struct {
 	RefusalLogInterval   Duration `toml:"refusal_log_interval"` // storage side: log a refusal at most once per interval
 	MaxOpenFiles         int      `toml:"max_open_files"`       // storage side: files one connection keeps open
 	Readahead            Size     `toml:"readahead"`            // how far ahead a remote mount reads sequential files
+	// Lease: how long a mount may cache a name or attributes the storage node leased it (it
+	// is told first of any change by another mount); 0 turns caching off.
+	Lease Duration `toml:"lease"`
 	// TLS makes a storage node serve its data port over TLS with its [tls] certificate (it
 	// then advertises tls://host:port); compute nodes trust [tls] ca_file.
 	TLS bool `toml:"tls"`
@@ -591,6 +594,7 @@ func Defaults() Config {
 			RefusalLogInterval:   Duration(time.Minute),
 			MaxOpenFiles:         16384,
 			Readahead:            Size(4 << 20),
+			Lease:                Duration(10 * time.Second),
 		},
 		Client: Client{
 			Controller:        "unix:/run/spillway/controller.sock",
@@ -720,6 +724,9 @@ func (c *Config) Validate() error {
 	positive("stage.max_paths_per_request", int64(c.Stage.MaxPathsPerRequest))
 	positive("stage.max_job_stages", int64(c.Stage.MaxJobStages))
 	positive("client.connect_timeout", int64(c.Client.ConnectTimeout))
+	if c.Warpfs.Lease < 0 || c.Warpfs.Lease > Duration(time.Hour) {
+		problems = append(problems, fmt.Sprintf("warpfs.lease %s: give a duration from 0 (no caching) to 1h; a node that stops answering holds other nodes' changes back this long", c.Warpfs.Lease.D()))
+	}
 	positive("client.unreachable_rounds", int64(c.Client.UnreachableRounds))
 	if c.HA.Enabled {
 		if c.Store.Engine != "etcd" {

@@ -255,7 +255,16 @@ func WarpfsServerLimits(cfg config.Config) server.Limits {
 	w := cfg.Warpfs
 	return server.Limits{HandshakeTimeout: w.ConnectTimeout.D(), IdleTimeout: w.IdleTimeout.D(),
 		MaxInFlight: w.MaxInFlight, MaxConnections: w.MaxConnections, MaxOpenFiles: w.MaxOpenFiles,
-		MaxHandshakes: w.MaxHandshakes, MaxHandshakesPerPeer: w.MaxHandshakesPerPeer, RefusalLogInterval: w.RefusalLogInterval.D()}
+		MaxHandshakes: w.MaxHandshakes, MaxHandshakesPerPeer: w.MaxHandshakesPerPeer, RefusalLogInterval: w.RefusalLogInterval.D(),
+		Lease: leaseOf(cfg)}
+}
+
+// leaseOf is warpfs.lease as the data path takes it: 0 (off) is negative there.
+func leaseOf(cfg config.Config) time.Duration {
+	if l := cfg.Warpfs.Lease.D(); l > 0 {
+		return l
+	}
+	return -1
 }
 
 // MountLimits maps the configuration onto the FUSE client's limits.
@@ -265,6 +274,7 @@ func MountLimits(cfg config.Config) mount.Limits {
 		MaxWrite:           int(cfg.Mount.MaxWrite),
 		UnmountBusyTimeout: cfg.Mount.UnmountTimeout.D(),
 		WriteBehind:        writeBehind(cfg.Mount.WriteBehind),
+		Lease:              leaseOf(cfg),
 	}
 }
 

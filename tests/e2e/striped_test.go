@@ -130,6 +130,7 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 			t.Errorf("%s reads the shared file as:\n%s\nwant %s, %d bytes", h, out, sum(want), len(want))
 		}
 	}
+	checkCoherentAcrossHosts(t, run, mount, "hostb", "hoste")
 	// The stripes are on the storage nodes the stripe map names: big (3 stripes) on all
 	// three, the shared file (2) on two, small (1) on one: six objects, on every node.
 	total := 0
@@ -509,4 +510,36 @@ func TestMaxMDSAcrossStorageNodes(t *testing.T) {
 	}
 	c.wlm("--function", "teardown", "--token", "70", "--job", job)
 	c.assertClean()
+}
+
+// checkCoherentAcrossHosts changes names and attributes on host a and checks that host b,
+// which looked them up (and so caches them: warpfs leases) just before, sees each change at
+// its next command.
+func checkCoherentAcrossHosts(t *testing.T, run func(host, script string) string, mount, a, b string) {
+	t.Helper()
+	d := mount + "/coherence"
+	run(a, "mkdir "+d)
+	check := func(host, script, want string) {
+		t.Helper()
+		if out := strings.TrimSpace(run(host, script)); out != want {
+			t.Errorf("on %s, %q printed %q, want %q", host, script, out, want)
+		}
+	}
+	missing := "test -e " + d + "/f && echo there || echo missing"
+	check(b, missing, "missing")
+	run(a, "echo one > "+d+"/f")
+	check(b, "cat "+d+"/f", "one")
+	check(b, "stat -c %a "+d+"/f", "644")
+	run(a, "chmod 600 "+d+"/f")
+	check(b, "stat -c %a "+d+"/f", "600")
+	run(a, "echo two >> "+d+"/f")
+	check(b, "stat -c %s "+d+"/f", "8")
+	check(b, "cat "+d+"/f | tail -1", "two")
+	run(a, "mv "+d+"/f "+d+"/g")
+	check(b, missing, "missing")
+	check(b, "cat "+d+"/g | head -1", "one")
+	run(a, "rm "+d+"/g")
+	check(b, "ls -A "+d+" | wc -l", "0")
+	run(b, "rmdir "+d)
+	check(a, "test -e "+d+" && echo there || echo gone", "gone")
 }

@@ -25,6 +25,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -136,12 +137,17 @@ type Client struct {
 	down bool
 
 	invalidator atomic.Pointer[func(items []proto.Inval)]
+	// incarnation names this client's mount to servers across reconnections (proto.Auth).
+	incarnation uint64
 }
 
 // Dial connects and authenticates. It fails at once (with the reason) rather than retrying:
 // the caller is mounting, and the controller retries a failed mount.
 func Dial(ctx context.Context, opt Options) (*Client, error) {
 	c := &Client{opt: opt, lim: opt.Limits.withDefaults(), log: opt.Log, dialing: make(chan struct{}, 1), closeCh: make(chan struct{})}
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	c.incarnation = binary.LittleEndian.Uint64(nonce[:]) | 1
 	if c.log == nil {
 		c.log = log.Default()
 	}
@@ -499,6 +505,9 @@ func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
 	auth := proto.Auth{Proof: proto.ClientProof(key, ch.Nonce, hello.Nonce), Client: c.opt.Client,
 		Fragment: c.opt.Fragment, Namespace: c.opt.Namespace, Instance: c.opt.Instance,
 		ReadOnly: c.opt.ReadOnly, MaxFileSize: c.opt.MaxFileSize, Capability: c.opt.Capability, Stripes: c.opt.Stripes}
+	if ch.Version >= proto.LeaseVersion {
+		auth.Incarnation = c.incarnation
+	}
 	if _, err := nc.Write(proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, ID: 2}, &auth)); err != nil {
 		return fail(err)
 	}

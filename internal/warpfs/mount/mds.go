@@ -78,7 +78,7 @@ func openShards(spec Spec, l Limits, path string, logger *log.Logger) (*backend,
 			local, err := server.OpenLocal(server.LocalOptions{
 				Dir: s.Dir, Tracker: s.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 				Name: fmt.Sprintf("%s (shard %d)", path, i), Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
-				Fragment: s.Fragment, Namespace: s.NamespaceID, Client: spec.Client,
+				Fragment: s.Fragment, Namespace: s.NamespaceID, Client: spec.Client, Lease: l.Lease,
 			})
 			if err != nil {
 				sh.Close()

@@ -178,6 +178,10 @@ type Limits struct {
 	EntryTimeout    time.Duration
 	AttrTimeout     time.Duration
 	NegativeTimeout time.Duration
+	// Lease is how long an in-process (co-located) mount may cache the names and attributes
+	// its server leases it (package server, leases.go): 0 means server.DefaultLease, negative
+	// none. A remote mount takes its storage node's.
+	Lease time.Duration
 	// ClientCacheTimeout replaces a zero EntryTimeout and AttrTimeout when Spec.ClientCache
 	// is on. Default 1s.
 	ClientCacheTimeout time.Duration
@@ -934,6 +938,7 @@ func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger
 		Dir: spec.SourceDir, Tracker: spec.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 		Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)), ProjectQuota: spec.ProjectQuota,
 		FragmentDevice: spec.FragmentDevice, Fragment: spec.Fragment, Namespace: spec.NamespaceID, Client: spec.Client,
+		Lease: l.Lease,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)

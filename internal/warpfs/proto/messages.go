@@ -95,6 +95,10 @@ type Auth struct {
 	// Stripes asks for the fragment's stripe objects (the data of a striped instance's files)
 	// instead of a namespace; Namespace is then 0.
 	Stripes bool
+	// Incarnation names the client's mount across its reconnections (LeaseVersion on; 0:
+	// none): the server hands a reconnected mount the leases its kernel still holds, and
+	// tells it of their changes, rather than waiting them out.
+	Incarnation uint64
 }
 
 func (m *Auth) Encode(e *Enc) {
@@ -107,6 +111,9 @@ func (m *Auth) Encode(e *Enc) {
 	e.U64(m.MaxFileSize)
 	e.Str(m.Capability)
 	e.Bool(m.Stripes)
+	if m.Incarnation != 0 { // LeaseVersion on only: older servers take no more
+		e.U64(m.Incarnation)
+	}
 }
 
 func (m *Auth) Decode(d *Dec) {
@@ -117,6 +124,9 @@ func (m *Auth) Decode(d *Dec) {
 	m.MaxFileSize = d.U64()
 	m.Capability = d.Str(MaxCapability)
 	m.Stripes = d.Bool()
+	if d.err == nil && len(d.B) > 0 {
+		m.Incarnation = d.U64()
+	}
 }
 
 // MaxCapability bounds a capability's text.

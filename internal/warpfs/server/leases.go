@@ -87,6 +87,10 @@ type leases struct {
 	attrs   map[uint64]interest            // inode → holders
 	inos    map[string]uint64              // path → inode, from the grants: a directory's inode by its path
 
+	// holders are the clients' mounts by incarnation (proto.Auth): a mount that reconnects
+	// takes its holder back, with what its kernel still caches.
+	holders map[string]*holder
+
 	seq            uint64
 	inflight       int
 	changedEntries map[string]change // path → its last change, while requests are in flight
@@ -117,8 +121,10 @@ func acquireLeases(dir string, lease time.Duration) *leases {
 	l := registry.m[dir]
 	if l == nil {
 		l = &leases{dir: dir, lease: lease, entries: map[string]map[string]interest{}, attrs: map[uint64]interest{},
-			inos: map[string]uint64{}, changedEntries: map[string]change{}, changedAttrs: map[uint64]change{}}
-		if bornBefore(dir, processStart) {
+			inos: map[string]uint64{}, holders: map[string]*holder{}, changedEntries: map[string]change{}, changedAttrs: map[uint64]change{}}
+		// Files' times come from the kernel's coarse clock, a tick behind: a directory made
+		// just after the process started may look a little older than it.
+		if bornBefore(dir, processStart.Add(-time.Second)) {
 			l.graceUntil = processStart.Add(lease + leaseSlack)
 		}
 		registry.m[dir] = l
@@ -198,6 +204,24 @@ func split(p string) (string, string) {
 		return p[:i], p[i+1:]
 	}
 	return "", p
+}
+
+// bind returns the holder of a connection of the mount named incarnation ("": one of its
+// own): the mount's holder from an earlier connection when it reconnected, now told through
+// this one.
+func (l *leases) bind(incarnation string, h leaseHolder) *holder {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if incarnation == "" {
+		return &holder{h: h}
+	}
+	if old := l.holders[incarnation]; old != nil {
+		old.h, old.gone = h, false
+		return old
+	}
+	n := &holder{h: h}
+	l.holders[incarnation] = n
+	return n
 }
 
 // leaseToken brackets one request (begin ... end).
@@ -529,8 +553,9 @@ func waitFor(done <-chan struct{}, until time.Time) {
 
 // leaseUse is a session's side of its namespace's table.
 type leaseUse struct {
-	l *leases
-	h *holder // nil: the session's client holds no leases (it only changes)
+	l   *leases
+	h   *holder     // nil: the session's client holds no leases (it only changes)
+	own leaseHolder // the session's own way to its client (h.h, unless h moved to a newer connection)
 }
 
 // before brackets a request (see after).
@@ -627,7 +652,9 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 		if errno == 0 {
 			p := join(r.Dir, r.Name)
 			l.recordLocked(h, now, &out, []string{p}, []uint64{l.inos[r.Dir], l.inos[p]}, false)
-			l.takeBeneath(nil, now, &out, p, nil)
+			// The names beneath a directory removed: the others' are told; the remover's own
+			// kernel drops its own (and is busy removing: it could not take a notification).
+			l.takeBeneath(h, now, &out, p, map[string]map[string]time.Time{})
 			delete(l.inos, p)
 		}
 	case *proto.RenameReq:
@@ -679,7 +706,9 @@ func (u *leaseUse) leave() {
 	}
 	if u.h != nil {
 		u.l.mu.Lock()
-		u.h.gone = true
+		if u.h.h == u.own { // not already taken back by the mount's next connection
+			u.h.gone = true
+		}
 		u.l.mu.Unlock()
 	}
 	releaseLeases(u.l)

@@ -108,17 +108,18 @@ func (l *Local) SetInvalidator(drop func(items []proto.Inval)) {
 	if l.sess.lease == nil {
 		return
 	}
-	l.sess.lease.h = &holder{h: localHolder(drop)}
+	own := &localHolder{drop: drop}
+	l.sess.lease.h, l.sess.lease.own = &holder{h: own}, own
 	l.sess.leasing = true
 }
 
 // localHolder tells an in-process mount.
-type localHolder func(items []proto.Inval)
+type localHolder struct{ drop func(items []proto.Inval) }
 
-func (f localHolder) invalidate(items []proto.Inval) (<-chan struct{}, bool) {
+func (f *localHolder) invalidate(items []proto.Inval) (<-chan struct{}, bool) {
 	done := make(chan struct{})
 	go func() {
-		f(items)
+		f.drop(items)
 		close(done)
 	}()
 	return done, true

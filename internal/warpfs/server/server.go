@@ -362,7 +362,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	c := &srvConn{s: s, nc: nc, br: br, sess: sess, sem: make(chan struct{}, s.lim.MaxInFlight),
 		version: sess.version, notified: map[uint64]chan struct{}{}}
 	if sess.leasing {
-		sess.lease.h = &holder{h: c}
+		sess.lease.h, sess.lease.own = sess.lease.l.bind(sess.incarnation, c), c
 	}
 	err = c.loop()
 	c.nmu.Lock()
@@ -502,6 +502,9 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 		sess.lease = &leaseUse{l: l}
 		if version >= proto.LeaseVersion {
 			sess.leasing = true
+			if auth.Incarnation != 0 {
+				sess.incarnation = fmt.Sprintf("%s/%x", auth.Client, auth.Incarnation)
+			}
 			w.LeaseMillis = uint32(s.lim.Lease / time.Millisecond)
 		}
 	} else {
@@ -563,8 +566,9 @@ type session struct {
 
 	// lease is the session's part in its namespace's leases (leases.go); nil: none. leasing
 	// says its client may hold them (it is told of other sessions' changes).
-	lease   *leaseUse
-	leasing bool
+	lease       *leaseUse
+	leasing     bool
+	incarnation string // the client's mount across reconnections ("": none)
 
 	mu      sync.Mutex
 	handles map[uint64]*handle
