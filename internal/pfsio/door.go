@@ -162,6 +162,9 @@ func (d *Door) dispose(req *request, r *reply) {
 // do runs req and turns its errno into an error naming the operation and path.
 func (d *Door) do(req *request) (*reply, error) {
 	req.dataFd = -1
+	if errno := tooLarge(req); errno != 0 {
+		return &reply{fd: -1}, &fs.PathError{Op: req.Op.String(), Path: req.Path, Err: errno}
+	}
 	r := d.call(req)
 	if r.fd >= 0 && req.Op != opOpen { // nothing else carries a descriptor
 		unix.Close(r.fd)
@@ -171,6 +174,17 @@ func (d *Door) do(req *request) (*reply, error) {
 		return r, &fs.PathError{Op: req.Op.String(), Path: req.Path, Err: syscall.Errno(r.Errno)}
 	}
 	return r, nil
+}
+
+// tooLarge refuses what no request may carry, so that every message fits (maxMessage).
+func tooLarge(req *request) syscall.Errno {
+	switch {
+	case len(req.Path) > maxPath || len(req.Path2) > maxPath || len(req.Name) > maxPath:
+		return unix.ENAMETOOLONG
+	case len(req.Value) > xattrSizeMax:
+		return unix.E2BIG
+	}
+	return 0
 }
 
 // Lstat returns the attributes of the entry at path; a symbolic link is described, not

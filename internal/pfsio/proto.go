@@ -3,20 +3,26 @@ package pfsio
 import (
 	"bytes"
 	"encoding/gob"
+	"errors"
 	"fmt"
+	"io"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
 // The door's requests and replies. In-process they are passed as they are; to a worker each is
-// one SOCK_SEQPACKET message, gob-encoded (names on a PFS are any bytes: gob keeps them, JSON
+// one SOCK_SEQPACKET message of a gob stream (one stream each way) (names on a PFS are any bytes: gob keeps them, JSON
 // would not), with the descriptors it carries (Open's file, WriteAt's pipe) attached by
 // SCM_RIGHTS.
 
 type op uint8
 
 const (
-	opLstat op = iota + 1
+	// opHello is the agent's first message, once it has checked the worker (asuser.Accept):
+	// only then does the worker open the root, and it answers whether it could.
+	opHello op = iota + 1
+	opLstat
 	opReadlink
 	opOpenDir
 	opReadDir
@@ -43,7 +49,7 @@ const (
 )
 
 var opNames = map[op]string{
-	opLstat: "lstat", opReadlink: "readlink", opOpenDir: "opendir", opReadDir: "readdir", opOpen: "open",
+	opHello: "hello", opLstat: "lstat", opReadlink: "readlink", opOpenDir: "opendir", opReadDir: "readdir", opOpen: "open",
 	opWrite: "pwrite", opSync: "fsync", opTruncate: "ftruncate", opAllocate: "fallocate", opClose: "close",
 	opMkdir: "mkdir", opRmdir: "rmdir", opUnlink: "unlink", opRename: "rename", opSymlink: "symlink",
 	opLink: "link", opChmod: "chmod", opChown: "chown", opUtimens: "utimens", opStatfs: "statfs",
@@ -109,15 +115,79 @@ const maxMessage = 160 << 10
 // maxBatch is the most entries one readdir reply carries.
 const maxBatch = 128
 
-func encode(v any) ([]byte, error) {
-	var b bytes.Buffer
-	if err := gob.NewEncoder(&b).Encode(v); err != nil {
-		return nil, err
-	}
-	if b.Len() > maxMessage {
-		return nil, unix.EMSGSIZE
-	}
-	return b.Bytes(), nil
+// errTooLarge: a message that would not fit (the sizes a request may carry are checked before,
+// and a reply is bounded by construction, so it means a defect; the stream is then given up).
+var errTooLarge = errors.New("a message larger than the door's limit")
+
+// encoder writes one gob stream as messages: the types are described once, in the first
+// message, not in every one (a fresh encoder per message cost a round trip ~100 µs).
+type encoder struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	enc *gob.Encoder
 }
 
-func decode(b []byte, v any) error { return gob.NewDecoder(bytes.NewReader(b)).Decode(v) }
+func newEncoder() *encoder {
+	e := &encoder{}
+	e.enc = gob.NewEncoder(&e.buf)
+	return e
+}
+
+// send encodes v and passes the message to send, under one lock: messages leave in the
+// order they were encoded, as the peer's decoder needs.
+func (e *encoder) send(v any, send func(msg []byte) error) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.buf.Reset()
+	if err := e.enc.Encode(v); err != nil {
+		return err
+	}
+	if e.buf.Len() > maxMessage {
+		return errTooLarge
+	}
+	return send(e.buf.Bytes())
+}
+
+// decoder reads the peer's gob stream one message at a time (from one goroutine).
+type decoder struct {
+	msg messageReader
+	dec *gob.Decoder
+}
+
+func newDecoder() *decoder {
+	d := &decoder{}
+	d.dec = gob.NewDecoder(&d.msg) // an io.ByteReader: gob reads no further than it needs
+	return d
+}
+
+// decode reads v from msg, which must hold it exactly.
+func (d *decoder) decode(msg []byte, v any) error {
+	d.msg.b = msg
+	if err := d.dec.Decode(v); err != nil {
+		return err
+	}
+	if len(d.msg.b) != 0 {
+		return errors.New("a message with bytes past its value")
+	}
+	return nil
+}
+
+type messageReader struct{ b []byte }
+
+func (r *messageReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+func (r *messageReader) ReadByte() (byte, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c, nil
+}

@@ -86,10 +86,16 @@ func Start(exe []string, root string, id *privdrop.Identity, opts Options) (*Doo
 	if err != nil {
 		return fail(err)
 	}
-	c := &conn{sock: sock, cmd: cmd, exited: exited, pending: map[uint64]chan *reply{}, dead: make(chan struct{})}
-	// Its first message says whether it opened the root.
+	c := &conn{sock: sock, cmd: cmd, exited: exited, pending: map[uint64]chan *reply{}, dead: make(chan struct{}),
+		enc: newEncoder(), dec: newDecoder(), buf: make([]byte, maxMessage+1)}
+	// Checked: let it open the root; its answer says whether it could.
 	timer = time.AfterFunc(opts.RequestTimeout, func() { unix.Shutdown(sock, unix.SHUT_RDWR) })
-	hello, err := c.receive()
+	hello, err := (*reply)(nil), error(nil)
+	if c.enc.send(&request{Op: opHello}, func(msg []byte) error { return unix.Sendmsg(sock, msg, nil, nil, 0) }) != nil {
+		err = errors.New("it closed its socket")
+	} else {
+		hello, err = c.receive()
+	}
 	timer.Stop()
 	if err != nil {
 		unix.Close(sock)
@@ -110,6 +116,9 @@ type conn struct {
 	sock   int
 	cmd    *exec.Cmd
 	exited chan struct{}
+	enc    *encoder
+	dec    *decoder // and buf: read by one goroutine at a time (Start, then read)
+	buf    []byte
 
 	sendMu sync.RWMutex // senders hold it shared; close takes it to close sock once they are out
 	mu     sync.Mutex
@@ -117,14 +126,13 @@ type conn struct {
 	// pending are the requests sent and not answered, by id.
 	pending map[uint64]chan *reply
 	dead    chan struct{} // closed when the socket is done: the worker went, or close
-	deadErr error
 }
 
 func (c *conn) pid() int { return c.cmd.Process.Pid }
 
 // receive reads one reply and the descriptor it carries, if any.
 func (c *conn) receive() (*reply, error) {
-	buf := make([]byte, maxMessage+1)
+	buf := c.buf
 	oob := make([]byte, unix.CmsgSpace(4))
 	for {
 		n, oobn, flags, _, err := unix.Recvmsg(c.sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
@@ -139,7 +147,7 @@ func (c *conn) receive() (*reply, error) {
 			return nil, errors.New("the worker closed its socket")
 		}
 		var r reply
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || decode(buf[:n], &r) != nil || len(fds) > 1 {
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || c.dec.decode(buf[:n], &r) != nil || len(fds) > 1 {
 			closeFds(fds)
 			return nil, errors.New("the worker sent a malformed message")
 		}
@@ -198,11 +206,10 @@ func (c *conn) read() {
 		}
 		ch <- r
 	}
-	c.mu.Lock()
-	c.deadErr = err
-	close(c.dead)
-	c.mu.Unlock()
 	unix.Shutdown(c.sock, unix.SHUT_RDWR) // the worker sees its end close and exits
+	c.mu.Lock()
+	close(c.dead) // from here on close may close sock
+	c.mu.Unlock()
 }
 
 // validDescriptor: the worker hands over only regular files it opened. A descriptor of
@@ -265,18 +272,19 @@ func (c *conn) send(req *request) (*reply, bool) {
 		rights, pipeW = unix.UnixRights(p[0]), p[1]
 		defer unix.Close(p[0]) // the worker has its own copy once sent
 	}
-	msg, err := encode(req)
-	if err == nil {
-		err = retry(func() error { return unix.Sendmsg(c.sock, msg, rights, nil, 0) })
-	}
+	err := c.enc.send(req, func(msg []byte) error {
+		return retry(func() error { return unix.Sendmsg(c.sock, msg, rights, nil, 0) })
+	})
 	if err != nil {
 		if pipeW >= 0 {
 			unix.Close(pipeW)
 		}
-		if err == unix.EMSGSIZE {
-			return &reply{Errno: int32(unix.E2BIG), fd: -1}, false
+		if err != errTooLarge && err != unix.EMSGSIZE {
+			return &reply{Errno: int32(ErrClosed), fd: -1}, false
 		}
-		return &reply{Errno: int32(ErrClosed), fd: -1}, false
+		// Cannot be (Door.do checks what a request carries); the stream is given up.
+		unix.Shutdown(c.sock, unix.SHUT_RDWR)
+		return &reply{Errno: int32(unix.E2BIG), fd: -1}, false
 	}
 	if pipeW >= 0 {
 		// The worker splices what comes; if it stops (an error, it died) the pipe breaks

@@ -7,7 +7,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -61,7 +60,11 @@ func WorkerMain(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "pfs-worker:", err)
 		return 1
 	}
-	w := &worker{sock: sock}
+	w := &worker{sock: sock, enc: newEncoder(), dec: newDecoder()}
+	// Nothing is touched before the agent has checked this process and says go.
+	if !w.hello() {
+		return 1
+	}
 	t, err := openTree(root)
 	hello := &reply{fd: -1}
 	if err != nil {
@@ -93,8 +96,22 @@ func noCapabilities() error {
 }
 
 type worker struct {
-	sock   int
-	sendMu sync.Mutex
+	sock int
+	enc  *encoder
+	dec  *decoder // read by serve's loop only
+}
+
+// hello waits for the agent's first message, which must be opHello.
+func (w *worker) hello() bool {
+	buf := make([]byte, maxMessage+1)
+	for {
+		n, _, err := unix.Recvfrom(w.sock, buf, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		var req request
+		return err == nil && n > 0 && w.dec.decode(buf[:n], &req) == nil && req.Op == opHello
+	}
 }
 
 // serve reads requests and answers each in its own goroutine, at most maxInFlight at once:
@@ -113,7 +130,7 @@ func (w *worker) serve(t *tree, maxInFlight int) {
 		}
 		fds := receivedFds(oob[:oobn])
 		req := &request{}
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || decode(buf[:n], req) != nil || len(fds) > 1 ||
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || w.dec.decode(buf[:n], req) != nil || len(fds) > 1 ||
 			(len(fds) == 1) != (req.Op == opWrite) {
 			closeFds(fds)
 			return // not the agent speaking
@@ -130,20 +147,17 @@ func (w *worker) serve(t *tree, maxInFlight int) {
 	}
 }
 
-// send sends a reply, with the descriptor of an opened file; a reply too large for one
-// message (it cannot be, by the limits on batches and values) is sent as E2BIG.
+// send sends a reply, with the descriptor of an opened file. Replies are bounded by
+// construction (batches, attribute values); one that cannot be sent ends the worker.
 func (w *worker) send(r *reply) {
-	msg, err := encode(r)
-	if err != nil {
-		msg, _ = encode(&reply{ID: r.ID, Errno: int32(unix.E2BIG)})
-	}
 	var rights []byte
-	if r.fd >= 0 && err == nil {
+	if r.fd >= 0 {
 		rights = unix.UnixRights(r.fd)
 	}
-	w.sendMu.Lock()
-	defer w.sendMu.Unlock()
-	if err := retry(func() error { return unix.Sendmsg(w.sock, msg, rights, nil, 0) }); err != nil {
-		os.Exit(0) // the agent is gone: so is the door
+	err := w.enc.send(r, func(msg []byte) error {
+		return retry(func() error { return unix.Sendmsg(w.sock, msg, rights, nil, 0) })
+	})
+	if err != nil {
+		os.Exit(0) // the agent is gone (or the stream broke): so is the door
 	}
 }
