@@ -195,6 +195,17 @@ func everyOperation(t *testing.T, d *Door) {
 	if !slices.Equal(names, want) || batches < 3 {
 		t.Errorf("readdir: %d names in %d batches, want %d in 3 or more", len(names), batches, len(want))
 	}
+	var top []string
+	must(t, d.ReadDir("", func(entries []Entry) error {
+		for _, e := range entries {
+			top = append(top, e.Name)
+		}
+		return nil
+	}))
+	sort.Strings(top)
+	if !slices.Equal(top, []string{"dir", "fifo", "many"}) {
+		t.Errorf("readdir of the root: %v", top)
+	}
 	if err := d.ReadDir("dir/f", func([]Entry) error { return nil }); !errnoIs(err, unix.ENOTDIR) {
 		t.Errorf("readdir of a file: %v", err)
 	}

@@ -490,3 +490,33 @@ func openIn(pid int, path string) bool {
 	}
 	return false
 }
+
+// Writes are the user's process's, not root's through the descriptor it was given: a write
+// or truncate clears the set-user-id bit of the user's file, as the kernel does for every
+// writer without CAP_FSETID (root writing would keep it; it would also pass the user's quotas
+// and the file system's reserved blocks with CAP_SYS_RESOURCE).
+func TestWritesAreTheUsers(t *testing.T) {
+	needRoot(t)
+	a := newArea(t)
+	d := startDoor(t, a.pfs, Options{})
+	for _, write := range []string{"pwrite", "ftruncate"} {
+		name := "setuid-" + write
+		userFile(t, filepath.Join(a.pfs, name), "#!/bin/sh\n", 0o4755)
+		f, err := d.OpenFile(name, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if write == "pwrite" {
+			_, err = f.WriteAt([]byte("#"), 0)
+		} else {
+			err = f.Truncate(3)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", write, err)
+		}
+		f.Close()
+		if st, _ := d.Lstat(name); st.Mode&unix.S_ISUID != 0 {
+			t.Errorf("after a %s through the door the file is still set-user-id (%o): the write was not the user's", write, st.Mode)
+		}
+	}
+}
