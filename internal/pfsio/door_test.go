@@ -29,7 +29,7 @@ func TestPathsAreCleanedAndConfined(t *testing.T) {
 
 // Every operation of the API, through a worker and in-process: the same answers.
 func TestEveryOperation(t *testing.T) {
-	eachDoor(t, func(t *testing.T, d *Door, _ area) { everyOperation(t, d) })
+	eachDoor(t, Options{}, func(t *testing.T, d *Door, _ area) { everyOperation(t, d) })
 }
 
 func everyOperation(t *testing.T, d *Door) {

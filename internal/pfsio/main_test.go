@@ -196,15 +196,15 @@ func startDoor(t *testing.T, root string, opts Options) *Door {
 // eachDoor runs fn with each of the two ways in, each on an area of its own: a worker holding
 // the user's credentials, and in-process (this root test process playing a caller that
 // already is its user: no permission stops it, so only the door's own rules do).
-func eachDoor(t *testing.T, fn func(t *testing.T, d *Door, a area)) {
+func eachDoor(t *testing.T, opts Options, fn func(t *testing.T, d *Door, a area)) {
 	needRoot(t)
 	t.Run("worker", func(t *testing.T) {
 		a := newArea(t)
-		fn(t, startDoor(t, a.pfs, Options{}), a)
+		fn(t, startDoor(t, a.pfs, opts), a)
 	})
 	t.Run("in-process", func(t *testing.T) {
 		a := newArea(t)
-		d, err := Open(a.pfs, Options{})
+		d, err := Open(a.pfs, opts)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -77,9 +77,9 @@ func Start(exe []string, root string, id *privdrop.Identity, opts Options) (*Doo
 
 	// The worker's socket, once it is sealed as the user; a worker that never sends it (it
 	// failed, it hangs) is given up after the request timeout.
-	timer := time.AfterFunc(opts.RequestTimeout, func() { unix.Shutdown(int(agentEnd.Fd()), unix.SHUT_RDWR) })
+	stop := shutdownAfter(int(agentEnd.Fd()), opts.RequestTimeout)
 	sock, err := asuser.Accept(int(agentEnd.Fd()), cmd.Process.Pid, uid, workerName)
-	timer.Stop()
+	stop()
 	if errors.Is(err, asuser.ErrNotAsked) {
 		return fail(fmt.Errorf("the PFS worker (pid %d) did not start", cmd.Process.Pid))
 	}
@@ -89,14 +89,14 @@ func Start(exe []string, root string, id *privdrop.Identity, opts Options) (*Doo
 	c := &conn{sock: sock, cmd: cmd, exited: exited, pending: map[uint64]chan *reply{}, dead: make(chan struct{}),
 		enc: newEncoder(), dec: newDecoder(), buf: make([]byte, maxMessage+1)}
 	// Checked: let it open the root; its answer says whether it could.
-	timer = time.AfterFunc(opts.RequestTimeout, func() { unix.Shutdown(sock, unix.SHUT_RDWR) })
+	stop = shutdownAfter(sock, opts.RequestTimeout)
 	hello, err := (*reply)(nil), error(nil)
 	if c.enc.send(&request{Op: opHello}, func(msg []byte) error { return unix.Sendmsg(sock, msg, nil, nil, 0) }) != nil {
 		err = errors.New("it closed its socket")
 	} else {
 		hello, err = c.receive()
 	}
-	timer.Stop()
+	stop()
 	if err != nil {
 		unix.Close(sock)
 		return fail(fmt.Errorf("the PFS worker (pid %d) did not say whether it opened %s: %v", cmd.Process.Pid, root, err))
@@ -108,6 +108,27 @@ func Start(exe []string, root string, id *privdrop.Identity, opts Options) (*Doo
 	}
 	go c.read()
 	return newDoor(root, hello.Text, opts, c), nil
+}
+
+// shutdownAfter shuts the socket fd down after d, waking whoever waits on it, unless stop is
+// called first; once stop has returned it never will (fd may then be closed and its number
+// reused).
+func shutdownAfter(fd int, d time.Duration) (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	timer := time.AfterFunc(d, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			unix.Shutdown(fd, unix.SHUT_RDWR)
+		}
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		timer.Stop()
+	}
 }
 
 // conn is the door's end of a worker's socket (SOCK_SEQPACKET: one message per request or
@@ -237,12 +258,29 @@ func (c *conn) roundTrip(req *request) *reply {
 	req.ID = c.nextID
 	c.pending[req.ID] = ch
 	c.mu.Unlock()
-	r, sent := c.send(req)
-	if !sent {
+	r, pipeW := c.send(req)
+	if r != nil {
 		c.mu.Lock()
 		delete(c.pending, req.ID)
 		c.mu.Unlock()
 		return r
+	}
+	if pipeW >= 0 {
+		// A write's bytes, outside sendMu: a worker that stops reading (a hung PFS) must
+		// not keep close from closing the socket. The worker splices what comes; if it
+		// stops (an error, it died) the pipe breaks (EPIPE: no signal for a Go program's
+		// other descriptors) and its reply says why.
+		for data := req.data; len(data) > 0; {
+			n, err := unix.Write(pipeW, data)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				break
+			}
+			data = data[n:]
+		}
+		unix.Close(pipeW)
 	}
 	select {
 	case r := <-ch:
@@ -257,16 +295,17 @@ func (c *conn) roundTrip(req *request) *reply {
 	}
 }
 
-// send sends req; a write's bytes follow through a pipe whose read end goes with it.
-func (c *conn) send(req *request) (*reply, bool) {
+// send sends req: a failure's reply, or nil and, for a write, the pipe to write its bytes to
+// (its read end went with the request).
+func (c *conn) send(req *request) (failed *reply, pipeW int) {
 	c.sendMu.RLock()
 	defer c.sendMu.RUnlock()
 	var rights []byte
-	var pipeW = -1
+	pipeW = -1
 	if req.Op == opWrite {
 		var p [2]int
 		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-			return &reply{Errno: int32(errnoOf(err)), fd: -1}, false
+			return &reply{Errno: int32(errnoOf(err)), fd: -1}, -1
 		}
 		unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, int(min(req.Size, 1<<20)))
 		rights, pipeW = unix.UnixRights(p[0]), p[1]
@@ -280,28 +319,13 @@ func (c *conn) send(req *request) (*reply, bool) {
 			unix.Close(pipeW)
 		}
 		if err != errTooLarge && err != unix.EMSGSIZE {
-			return &reply{Errno: int32(ErrClosed), fd: -1}, false
+			return &reply{Errno: int32(ErrClosed), fd: -1}, -1
 		}
 		// Cannot be (Door.do checks what a request carries); the stream is given up.
 		unix.Shutdown(c.sock, unix.SHUT_RDWR)
-		return &reply{Errno: int32(unix.E2BIG), fd: -1}, false
+		return &reply{Errno: int32(unix.E2BIG), fd: -1}, -1
 	}
-	if pipeW >= 0 {
-		// The worker splices what comes; if it stops (an error, it died) the pipe breaks
-		// (EPIPE, no signal for a Go program's other descriptors) and its reply says why.
-		for data := req.data; len(data) > 0; {
-			n, err := unix.Write(pipeW, data)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				break
-			}
-			data = data[n:]
-		}
-		unix.Close(pipeW)
-	}
-	return nil, true
+	return nil, pipeW
 }
 
 func (c *conn) close() error {

@@ -153,7 +153,7 @@ func TestWorkerRefusesCapabilities(t *testing.T) {
 // the middle of the path: a link to a directory outside the root that the user could write
 // to themselves, and one to /etc/shadow.
 func TestSymlinksAreNeverFollowed(t *testing.T) {
-	eachDoor(t, func(t *testing.T, d *Door, a area) {
+	eachDoor(t, Options{}, func(t *testing.T, d *Door, a area) {
 		userSymlink(t, a.outside, filepath.Join(a.pfs, "out"))
 		userSymlink(t, a.canary, filepath.Join(a.pfs, "canary"))
 		userSymlink(t, "/etc/shadow", filepath.Join(a.pfs, "shadow"))
@@ -241,7 +241,7 @@ func TestSymlinksAreNeverFollowed(t *testing.T) {
 // rules) in a loop, while the door opens, creates, writes, truncates, changes and lists
 // beneath "d" as fast as it can. Nothing outside the root is ever touched.
 func TestSymlinkSwapCannotLeaveTheRoot(t *testing.T) {
-	eachDoor(t, func(t *testing.T, d *Door, a area) {
+	eachDoor(t, Options{}, func(t *testing.T, d *Door, a area) {
 		work := filepath.Join(a.pfs, "attack")
 		decoy := filepath.Join(a.pfs, "decoy") // the attacker's own loops act here, harmlessly
 		userDir(t, work, 0o755)

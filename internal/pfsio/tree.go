@@ -277,7 +277,7 @@ func (t *tree) do(req *request, r *reply) syscall.Errno {
 	case opUnlink:
 		return t.atParent(req.Path, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) })
 	case opSymlink:
-		if req.Name == "" || strings.IndexByte(req.Name, 0) >= 0 || len(req.Name) >= unix.PathMax {
+		if strings.IndexByte(req.Name, 0) >= 0 {
 			return unix.EINVAL
 		}
 		return t.atParent(req.Path, func(dirfd int, name string) error { return unix.Symlinkat(req.Name, dirfd, name) })
