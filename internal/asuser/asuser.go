@@ -234,6 +234,9 @@ func Dial(sockType int) (int, error) {
 		return -1, fmt.Errorf("cannot make a socket to the agent: %v", err)
 	}
 	err = unix.Sendmsg(HandoffFd, []byte{'?'}, unix.UnixRights(pair[1]), nil, 0)
+	for err == unix.EINTR {
+		err = unix.Sendmsg(HandoffFd, []byte{'?'}, unix.UnixRights(pair[1]), nil, 0)
+	}
 	unix.Close(pair[1])
 	if err != nil {
 		unix.Close(pair[0])
@@ -252,7 +255,7 @@ var ErrNotAsked = errors.New("the worker never asked")
 func Accept(agent int, workerPid int, uid uint32, who string) (int, error) {
 	reply, err := ReceiveFds(agent, 1)
 	if err != nil {
-		return -1, ErrNotAsked
+		return -1, fmt.Errorf("%w (%v)", ErrNotAsked, err)
 	}
 	sock := reply[0]
 	cred, err := unix.GetsockoptUcred(sock, unix.SOL_SOCKET, unix.SO_PEERCRED)
@@ -277,6 +280,9 @@ func ReceiveFds(sock, want int) ([]int, error) {
 	buf := make([]byte, 1)
 	oob := make([]byte, unix.CmsgSpace(4*want))
 	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	for err == unix.EINTR {
+		n, oobn, _, _, err = unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package asuser
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -93,7 +94,7 @@ func TestAcceptRefusesASocketOfAnotherProcess(t *testing.T) {
 		t.Errorf("a socket made by the wrong pid: %v", err)
 	}
 	worker.Close()
-	if _, err := Accept(int(agent.Fd()), os.Getpid(), uint32(os.Getuid()), "w"); err != ErrNotAsked {
+	if _, err := Accept(int(agent.Fd()), os.Getpid(), uint32(os.Getuid()), "w"); !errors.Is(err, ErrNotAsked) {
 		t.Errorf("a worker that never asked: %v", err)
 	}
 }

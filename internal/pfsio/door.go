@@ -228,8 +228,9 @@ func (d *Door) ReadDir(path string, fn func([]Entry) error) error {
 
 // OpenFile opens the regular file at path as the user (flags: O_RDONLY, O_WRONLY or O_RDWR,
 // with O_CREAT, O_EXCL, O_TRUNC, O_SYNC, O_DSYNC, O_DIRECT, O_NOATIME; mode for a new file,
-// under the worker's umask 0). The last component is never followed: a symbolic link is
-// ELOOP, a directory EISDIR, a FIFO, socket or device ENXIO.
+// as given: a worker's umask is 0, an in-process door's the process's own). The last
+// component is never followed: a symbolic link is ELOOP, a directory EISDIR, a FIFO, socket or
+// device ENXIO.
 func (d *Door) OpenFile(path string, flags int, mode uint32) (*File, error) {
 	r, err := d.do(&request{Op: opOpen, Path: path, Flags: int64(flags), Mode: mode})
 	if err != nil {
@@ -238,7 +239,7 @@ func (d *Door) OpenFile(path string, flags int, mode uint32) (*File, error) {
 	return &File{door: d, path: path, handle: r.Handle, fd: os.NewFile(uintptr(r.fd), path), Stat: r.Stat}, nil
 }
 
-// Mkdir makes the directory path with mode (under umask 0).
+// Mkdir makes the directory path with mode (as given: see OpenFile on the umask).
 func (d *Door) Mkdir(path string, mode uint32) error {
 	_, err := d.do(&request{Op: opMkdir, Path: path, Mode: mode})
 	return err

@@ -210,6 +210,24 @@ func everyOperation(t *testing.T, d *Door) {
 		t.Errorf("readdir of a file: %v", err)
 	}
 
+	// Names are bytes, not text.
+	odd := "\xff\xfe odd\x01name"
+	g, err := d.OpenFile("many/"+odd, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	found := false
+	must(t, d.ReadDir("many", func(entries []Entry) error {
+		for _, e := range entries {
+			found = found || e.Name == odd
+		}
+		return nil
+	}))
+	if !found {
+		t.Errorf("a name that is not UTF-8 did not come back as it is")
+	}
+
 	// Paths that leave the root are refused before anything is looked up.
 	for _, p := range []string{"../x", "/etc/passwd", "dir/../../x"} {
 		if _, err := d.Lstat(p); !errnoIs(err, unix.EINVAL) {
@@ -226,6 +244,12 @@ func TestWorkerHoldsOnlyTheUsersCredentials(t *testing.T) {
 	d := startDoor(t, a.pfs, Options{})
 	if d.Root() != a.pfs {
 		t.Errorf("Root() = %q, want %q", d.Root(), a.pfs)
+	}
+	// Named through a link, the root is where the link leads (what allowed_pfs must see).
+	via := filepath.Join(a.base, "via")
+	must(t, os.Symlink(a.pfs, via))
+	if linked := startDoor(t, via, Options{}); linked.Root() != a.pfs {
+		t.Errorf("Root() of a root named through a link = %q, want %q", linked.Root(), a.pfs)
 	}
 	pid := d.Pid()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

@@ -13,10 +13,12 @@ import (
 
 // hangOpens makes every open of path block in the kernel until release is called (a
 // fanotify permission event nobody answers: as an open on a PFS server that does not
-// answer). It returns how many opens are held so far, and release.
+// answer). It returns how many opens are held so far, and release. Only its goroutine uses
+// the fanotify descriptor, and closes it: a descriptor closed under another goroutine's read
+// could be reused by the next test's sockets and read from there.
 func hangOpens(t *testing.T, path string) (held func() int, release func()) {
 	t.Helper()
-	fan, err := unix.FanotifyInit(unix.FAN_CLASS_CONTENT|unix.FAN_CLOEXEC, unix.O_RDONLY|unix.O_LARGEFILE)
+	fan, err := unix.FanotifyInit(unix.FAN_CLASS_CONTENT|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK, unix.O_RDONLY|unix.O_LARGEFILE)
 	if err != nil {
 		t.Skipf("no fanotify here: %v", err)
 	}
@@ -25,42 +27,46 @@ func hangOpens(t *testing.T, path string) (held func() int, release func()) {
 		t.Skipf("cannot mark %s: %v", path, err)
 	}
 	var mu sync.Mutex
-	var events []int32 // the held opens, by their event's descriptor
-	released := false
+	count := 0
+	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(stopped)
+		var events []int32 // the held opens, by their event's descriptor
 		buf := make([]byte, 4096)
 		for {
+			select {
+			case <-stop:
+				for _, fd := range events {
+					allow(fan, fd)
+				}
+				unix.Close(fan) // answers anything not yet read
+				return
+			default:
+			}
+			unix.Poll([]unix.PollFd{{Fd: int32(fan), Events: unix.POLLIN}}, 20)
 			n, err := unix.Read(fan, buf)
 			if err != nil || n <= 0 {
-				return
+				continue
 			}
 			for off := 0; off+int(unsafe.Sizeof(unix.FanotifyEventMetadata{})) <= n; {
 				ev := (*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
-				mu.Lock()
-				if released {
-					allow(fan, ev.Fd)
-				} else {
-					events = append(events, ev.Fd)
-				}
-				mu.Unlock()
+				events = append(events, ev.Fd)
 				off += int(ev.Event_len)
 			}
+			mu.Lock()
+			count = len(events)
+			mu.Unlock()
 		}
 	}()
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
-			mu.Lock()
-			released = true
-			for _, fd := range events {
-				allow(fan, fd)
-			}
-			mu.Unlock()
-			unix.Close(fan) // also answers anything not yet read
+			close(stop)
+			<-stopped
 		})
 	}
 	t.Cleanup(release)
-	return func() int { mu.Lock(); defer mu.Unlock(); return len(events) }, release
+	return func() int { mu.Lock(); defer mu.Unlock(); return count }, release
 }
 
 func allow(fan int, fd int32) {

@@ -2,6 +2,7 @@ package pfsio
 
 import (
 	"encoding/binary"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -118,8 +119,12 @@ func (t *tree) write(req *request, r *reply) syscall.Errno {
 	if req.dataFd >= 0 {
 		defer unix.Close(req.dataFd)
 	}
-	h := t.handle(req.Handle)
-	if h == nil || h.dir != nil {
+	h := t.acquire(req.Handle)
+	if h == nil {
+		return unix.EBADF
+	}
+	defer t.release(h)
+	if h.dir != nil {
 		return unix.EBADF
 	}
 	if req.Size < 0 || req.Size > maxWrite || req.Off < 0 {
@@ -188,6 +193,7 @@ func copyFromPipe(req *request, fd int, r *reply) syscall.Errno {
 
 // dirReader is a directory being listed: getdents' buffer and where it is read.
 type dirReader struct {
+	mu       sync.Mutex
 	buf      []byte
 	pos, end int
 }
@@ -215,11 +221,17 @@ func (t *tree) openDir(req *request, r *reply) syscall.Errno {
 // readDir returns the next entries (at most maxBatch), each with its lstat attributes; EOF
 // once there are no more.
 func (t *tree) readDir(req *request, r *reply) syscall.Errno {
-	h := t.handle(req.Handle)
-	if h == nil || h.dir == nil {
+	h := t.acquire(req.Handle)
+	if h == nil {
+		return unix.EBADF
+	}
+	defer t.release(h)
+	if h.dir == nil {
 		return unix.EBADF
 	}
 	d := h.dir
+	d.mu.Lock() // one listing at a time reads a directory's buffer
+	defer d.mu.Unlock()
 	for len(r.Entries) < maxBatch {
 		if d.pos >= d.end {
 			n, err := unix.Getdents(h.fd, d.buf)

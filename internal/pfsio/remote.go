@@ -81,7 +81,7 @@ func Start(exe []string, root string, id *privdrop.Identity, opts Options) (*Doo
 	sock, err := asuser.Accept(int(agentEnd.Fd()), cmd.Process.Pid, uid, workerName)
 	stop()
 	if errors.Is(err, asuser.ErrNotAsked) {
-		return fail(fmt.Errorf("the PFS worker (pid %d) did not start", cmd.Process.Pid))
+		return fail(fmt.Errorf("the PFS worker (pid %d) did not start: %v", cmd.Process.Pid, err))
 	}
 	if err != nil {
 		return fail(err)

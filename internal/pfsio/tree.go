@@ -37,10 +37,14 @@ type tree struct {
 	closed       bool // close was called: the descriptors go when the last request ends
 }
 
-// handle is a file or directory open in the tree.
+// handle is a file or directory open in the tree. Its descriptor is closed once it is closed
+// and no request uses it any more: a number closed under a running pwrite could be reused by
+// another open meanwhile, and the write land there.
 type handle struct {
-	fd  int
-	dir *dirReader // a directory being listed
+	fd     int
+	dir    *dirReader // a directory being listed
+	users  int        // requests using fd (under tree.mu)
+	closed bool
 }
 
 func openTree(root string) (*tree, error) {
@@ -425,27 +429,54 @@ func (t *tree) addHandle(h *handle) uint64 {
 	return t.next
 }
 
-func (t *tree) handle(id uint64) *handle {
+// acquire returns the open handle id for one request, which must release it.
+func (t *tree) acquire(id uint64) *handle {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.handles[id]
+	h := t.handles[id]
+	if h != nil {
+		h.users++
+	}
+	return h
+}
+
+func (t *tree) release(h *handle) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h.users--
+	if h.closed && h.users == 0 {
+		unix.Close(h.fd)
+	}
+}
+
+// closeHandle forgets the handle id; its descriptor goes when no request uses it.
+func (t *tree) closeHandle(id uint64) syscall.Errno {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.handles[id]
+	if h == nil {
+		return unix.EBADF
+	}
+	delete(t.handles, id)
+	h.closed = true
+	if h.users == 0 {
+		return errnoOf(unix.Close(h.fd))
+	}
+	return 0
 }
 
 // onHandle is fsync, ftruncate, fallocate and close of an open file: as the user, so that
 // what they allocate is charged to the user's quota with the user's limits.
 func (t *tree) onHandle(req *request, r *reply) syscall.Errno {
 	if req.Op == opClose {
-		t.mu.Lock()
-		h := t.handles[req.Handle]
-		delete(t.handles, req.Handle)
-		t.mu.Unlock()
-		if h == nil {
-			return unix.EBADF
-		}
-		return errnoOf(unix.Close(h.fd))
+		return t.closeHandle(req.Handle)
 	}
-	h := t.handle(req.Handle)
-	if h == nil || h.dir != nil {
+	h := t.acquire(req.Handle)
+	if h == nil {
+		return unix.EBADF
+	}
+	defer t.release(h)
+	if h.dir != nil {
 		return unix.EBADF
 	}
 	switch req.Op {
