@@ -63,6 +63,7 @@ type backend interface {
 	roundTrip(req *request) *reply
 	close() error
 	pid() int
+	gone() <-chan struct{} // closed when it can serve no more (a worker that died)
 }
 
 // Open opens the door in this process, for a caller that already runs with the user's
@@ -84,6 +85,20 @@ func newDoor(root, realRoot string, opts Options, b backend) *Door {
 // Root is the root's path with every symbolic link resolved, as the user's process found it
 // when the door opened: what a check of the site's allowed PFS directories must look at.
 func (d *Door) Root() string { return d.realRoot }
+
+// Gone is closed once the door can serve nothing more: it was closed, or its worker died
+// (requests then end with ENOTCONN; a new door must be started).
+func (d *Door) Gone() <-chan struct{} {
+	gone := make(chan struct{})
+	go func() {
+		select {
+		case <-d.closed:
+		case <-d.backend.gone():
+		}
+		close(gone)
+	}()
+	return gone
+}
 
 // Pid is the worker's process id (0 in-process).
 func (d *Door) Pid() int { return d.backend.pid() }
@@ -408,3 +423,5 @@ func (l *local) roundTrip(req *request) *reply { return l.tree.serve(req) }
 
 func (l *local) close() error { l.tree.close(); return nil }
 func (l *local) pid() int     { return 0 }
+
+func (l *local) gone() <-chan struct{} { return nil } // only closing ends it

@@ -151,6 +151,8 @@ type conn struct {
 
 func (c *conn) pid() int { return c.cmd.Process.Pid }
 
+func (c *conn) gone() <-chan struct{} { return c.dead }
+
 // receive reads one reply and the descriptor it carries, if any.
 func (c *conn) receive() (*reply, error) {
 	buf := c.buf

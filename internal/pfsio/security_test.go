@@ -411,6 +411,25 @@ func TestWorkerDiesWithItsAgent(t *testing.T) {
 	}
 }
 
+// A worker that dies (killed, crashed) ends its door: Gone says so, and requests end with
+// ENOTCONN at once rather than at their timeout.
+func TestAWorkerThatDiesEndsItsDoor(t *testing.T) {
+	needRoot(t)
+	a := newArea(t)
+	d := startDoor(t, a.pfs, Options{RequestTimeout: time.Minute})
+	gone := d.Gone()
+	must(t, syscall.Kill(d.Pid(), syscall.SIGKILL))
+	select {
+	case <-gone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Gone is still open 5 s after the worker was killed")
+	}
+	start := time.Now()
+	if _, err := d.Lstat(""); !errnoIs(err, ErrClosed) || time.Since(start) > time.Second {
+		t.Errorf("a request to a door whose worker died: %v after %v, want ENOTCONN at once", err, time.Since(start))
+	}
+}
+
 // A hung PFS (here: the worker stopped, so that nothing is answered, as when every request
 // waits on a server that does not answer) gives ETIMEDOUT after the request timeout, never a
 // hang; the requests that timed out keep their slots (at most MaxInFlight wait in the
