@@ -66,6 +66,7 @@ type Config struct {
 	Agent      Agent      `toml:"agent"`
 	Mount      Mount      `toml:"mount"`
 	Warpfs     Warpfs     `toml:"warpfs"`
+	PFS        PFS        `toml:"pfs"`
 	TLS        TLS        `toml:"tls"`
 	Client     Client     `toml:"client"`
 	Home       Home       `toml:"home"`
@@ -410,6 +411,18 @@ type Warpfs struct {
 	TLS bool `toml:"tls"`
 }
 
+// PFS is how a storage node reaches the parallel file system for a cache instance: through a
+// door (package pfsio), a worker process per PFS directory and user holding only the user's
+// credentials.
+type PFS struct {
+	// MaxInFlight bounds the requests in flight to one door's worker (and in it): a request
+	// past it waits for a slot within RequestTimeout.
+	MaxInFlight int `toml:"max_in_flight"`
+	// RequestTimeout bounds one request to the PFS: past it the caller gets ETIMEDOUT (a hung
+	// PFS), while the request keeps its slot until the PFS answers.
+	RequestTimeout Duration `toml:"request_timeout"`
+}
+
 // Mount is the compute-node side: how instances appear to jobs.
 type Mount struct {
 	// ClientCacheTimeout is the attribute/entry cache of a client_cache mount; without
@@ -595,6 +608,10 @@ func Defaults() Config {
 			MaxOpenFiles:         16384,
 			Readahead:            Size(4 << 20),
 			Lease:                Duration(10 * time.Second),
+		},
+		PFS: PFS{
+			MaxInFlight:    16,
+			RequestTimeout: Duration(2 * time.Minute),
 		},
 		Client: Client{
 			Controller:        "unix:/run/spillway/controller.sock",
@@ -787,6 +804,8 @@ func (c *Config) Validate() error {
 	positive("warpfs.reconnect_wait", int64(c.Warpfs.ReconnectWait))
 	positive("warpfs.idle_timeout", int64(c.Warpfs.IdleTimeout))
 	positive("warpfs.max_in_flight", int64(c.Warpfs.MaxInFlight))
+	positive("pfs.max_in_flight", int64(c.PFS.MaxInFlight))
+	positive("pfs.request_timeout", int64(c.PFS.RequestTimeout))
 	positive("controller.idle_timeout", int64(c.Controller.IdleTimeout))
 	positive("controller.max_connections", int64(c.Controller.MaxConnections))
 	positive("controller.max_connections_per_peer", int64(c.Controller.MaxConnectionsPerPeer))

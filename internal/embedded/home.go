@@ -23,6 +23,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/controller"
 	"github.com/spillway-hpc/spillway/internal/httpapi"
+	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/store"
 	"github.com/spillway-hpc/spillway/internal/store/engines"
@@ -223,6 +224,11 @@ func StageLimits(cfg config.Config) stage.Limits {
 		MaxStderrBytes:   int(cfg.Stage.WorkerStderrLimit),
 		AllowRoot:        cfg.Stage.AllowRoot,
 	}
+}
+
+// PFSOptions are the bounds of a cache instance's doors to the PFS ([pfs]).
+func PFSOptions(cfg config.Config) pfsio.Options {
+	return pfsio.Options{MaxInFlight: cfg.PFS.MaxInFlight, RequestTimeout: cfg.PFS.RequestTimeout.D()}
 }
 
 // WarpfsClientLimits are the network client's limits of remote mounts.

@@ -109,3 +109,24 @@ func StatusField(status, name string) string {
 	}
 	return ""
 }
+
+// UserGroups lists the supplementary groups of uid from the user database, as login would.
+func UserGroups(uid uint32) ([]uint32, error) {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return nil, fmt.Errorf("cannot find the groups of uid %d: %v; the storage nodes must know the same users as the login nodes (nsswitch, sssd)", uid, err)
+	}
+	ids, err := u.GroupIds()
+	if err != nil {
+		return nil, fmt.Errorf("cannot find the groups of uid %d (%s): %v", uid, u.Username, err)
+	}
+	list := []uint32{}
+	for _, id := range ids {
+		n, err := strconv.ParseUint(id, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("group id %q of user %s is not a number", id, u.Username)
+		}
+		list = append(list, uint32(n))
+	}
+	return list, nil
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/cli"
 	"github.com/spillway-hpc/spillway/internal/embedded"
+	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/stage"
 )
 
@@ -85,6 +86,9 @@ func Main(argv []string) int {
 	case "stage-worker":
 		// Hidden: the agent starts it to move one stage's data as the job's user.
 		return stage.WorkerMain(rest, os.Stdin, os.Stdout)
+	case "pfs-worker":
+		// Hidden: a cache instance's door to the PFS, as the job's user (package pfsio).
+		return pfsio.WorkerMain(rest, os.Stderr)
 	case "version", "--version":
 		fmt.Println("spillway", cli.Version)
 		return 0

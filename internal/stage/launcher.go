@@ -7,13 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"os/exec"
-	"os/user"
-	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,13 +17,11 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/asuser"
+	"github.com/spillway-hpc/spillway/internal/privdrop"
 	"github.com/spillway-hpc/spillway/internal/units"
 	"golang.org/x/sys/unix"
 )
-
-// workerEnv is the whole environment of a worker: nothing of the agent's (tokens, keys,
-// proxies) reaches a process that runs as a user.
-var workerEnv = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
 
 // Why a run was stopped from the agent side.
 const (
@@ -118,7 +112,7 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		r.finishEarly(err)
 		return r
 	}
-	agentEnd, workerEnd, err := handoffPair()
+	agentEnd, workerEnd, err := asuser.Pair()
 	if err != nil {
 		closeAll(rootFiles)
 		r.finishEarly(err)
@@ -139,23 +133,16 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	}
 
 	// A worker for another user starts as root and takes the user's identity itself, once it
-	// is non-dumpable (identity.go): started as the user, it could be traced before that.
-	args := exe[1:]
+	// is non-dumpable (package asuser): started as the user, it could be traced before that.
+	var id *privdrop.Identity
 	if credential != nil {
-		args = append(slices.Clip(args), identityArg(credential))
+		id = &privdrop.Identity{UID: credential.Uid, GID: credential.Gid, Groups: credential.Groups}
 	}
-	cmd := exec.Command(exe[0], args...)
-	cmd.Env = workerEnv
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setpgid: true, // Cancel signals the whole group
-		// No Pdeathsig: it fires when the forking thread exits, not the agent. A worker
-		// outlives no agent anyway: the agent's end of its stdin closes when the agent dies,
-		// and a worker whose stdin ends stops, removes its partial file and exits.
-	}
+	// fd 3 (asuser.HandoffFd): the worker asks for its directories there. Its stdin ending
+	// stops it, so it outlives no agent.
+	cmd := asuser.Command(exe, id, workerEnd)
 	r.stderr = &headBuffer{max: r.limits.MaxStderrBytes}
 	cmd.Stderr = r.stderr
-	cmd.ExtraFiles = []*os.File{workerEnd} // fd 3 (handoffFd): the worker asks for its directories here
 	cmd.WaitDelay = r.limits.CancelGrace
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -167,7 +154,7 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		r.finishEarly(fmt.Errorf("cannot start the staging worker: %v", err))
 		return r
 	}
-	markDescriptorsCloseOnExec()
+	asuser.MarkDescriptorsCloseOnExec()
 	if err := cmd.Start(); err != nil {
 		r.finishEarly(fmt.Errorf("cannot start the staging worker %s as uid %d: %v", exe[0], spec.UID, err))
 		return r
@@ -249,30 +236,6 @@ func closeAll(files []*os.File) {
 	}
 }
 
-// markDescriptorsCloseOnExec keeps descriptors the agent inherited from whoever started it
-// (a careless init script, a shell) out of workers, which run as users. Go opens every
-// descriptor of its own close-on-exec, so only inherited ones change; the agent itself keeps
-// them. Done before every start, since non-Go code may open more.
-func markDescriptorsCloseOnExec() {
-	if unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC) == nil {
-		return
-	}
-	// Kernels before 5.11: one descriptor at a time.
-	entries, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil || fd <= 2 {
-			continue
-		}
-		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
-			unix.FcntlInt(uintptr(fd), unix.F_SETFD, flags|unix.FD_CLOEXEC)
-		}
-	}
-}
-
 // workerCredential decides the identity of the worker. agentUID is the agent's own uid.
 func workerCredential(spec agentapi.StageSpec, agentUID int, allowRoot bool, groups func(uid, gid uint32) ([]uint32, error)) (*syscall.Credential, error) {
 	if spec.UID == 0 && !allowRoot {
@@ -292,25 +255,7 @@ func workerCredential(spec agentapi.StageSpec, agentUID int, allowRoot bool, gro
 }
 
 // userGroups lists the supplementary groups of uid from the user database, as login would.
-func userGroups(uid, gid uint32) ([]uint32, error) {
-	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
-	if err != nil {
-		return nil, fmt.Errorf("cannot find the groups of uid %d: %v; the storage nodes must know the same users as the login nodes (nsswitch, sssd)", uid, err)
-	}
-	ids, err := u.GroupIds()
-	if err != nil {
-		return nil, fmt.Errorf("cannot find the groups of uid %d (%s): %v", uid, u.Username, err)
-	}
-	list := []uint32{}
-	for _, id := range ids {
-		n, err := strconv.ParseUint(id, 10, 32)
-		if err != nil {
-			return nil, fmt.Errorf("group id %q of user %s is not a number", id, u.Username)
-		}
-		list = append(list, uint32(n))
-	}
-	return list, nil
-}
+func userGroups(uid, gid uint32) ([]uint32, error) { return privdrop.UserGroups(uid) }
 
 // finishEarly fails a run that never started a worker.
 func (r *Run) finishEarly(err error) {

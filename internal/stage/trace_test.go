@@ -1,92 +1,25 @@
 package stage
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/spillway-hpc/spillway/internal/privdrop"
+	"github.com/spillway-hpc/spillway/internal/traceattack"
 )
 
 // traceAttacker is what a job's user runs to take over a staging worker before it protects
-// itself: it watches the newest pids and PTRACE_SEIZEs each as soon as it can, from its exec
-// on. A worker it seizes is its to rewrite (its prctl, its code) and later to read the
-// instance's directories from. It runs as the user, in this test binary ("trace-attacker"
-// in TestMain), until stdin closes, and then prints "seen N" (stage workers it watched) and
-// "won M" (stage workers it seized) and the pids it won.
+// itself (package traceattack), run as the user in this test binary ("trace-attacker" in
+// TestMain) until stdin closes.
 func traceAttacker() int {
-	runtime.LockOSThread() // a tracee belongs to the thread that seized it
-	stop := make(chan struct{})
-	go func() {
-		bufio.NewReader(os.Stdin).ReadString('\n')
-		close(stop)
-	}()
-	seen, won := map[int]bool{}, map[int]bool{}
-	selfPid := os.Getpid()
-	// workerOf is the stage worker process that the thread pid belongs to (0: none). Only
-	// this test binary's workers are attacked: the other processes of the user, other
-	// packages' tests among them, must not be stopped by the attacker.
 	self, _ := os.Executable()
-	workerOf := func(pid int) int {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		if !bytes.HasPrefix(b, []byte(self+"\x00stage-worker")) {
-			return 0
-		}
-		status, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-		tgid, _ := strconv.Atoi(privdrop.StatusField(string(status), "Tgid"))
-		return tgid
-	}
-	for {
-		select {
-		case <-stop:
-			fmt.Printf("seen %d\nwon %d\n", len(seen), len(won))
-			for pid := range won {
-				fmt.Printf("won worker %d\n", pid)
-			}
-			return 0
-		default:
-		}
-		b, err := os.ReadFile("/proc/sys/kernel/ns_last_pid")
-		if err != nil {
-			fmt.Println("cannot read ns_last_pid:", err)
-			return 1
-		}
-		last, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		for pid := last - 24; pid <= last+2; pid++ {
-			if pid <= 1 || pid == selfPid {
-				continue
-			}
-			w := workerOf(pid)
-			if w == 0 {
-				continue
-			}
-			err := unix.PtraceSeize(pid)
-			if err == nil {
-				// Seized: stop it (where a real attacker would rewrite it) and let it go, so
-				// that its exit still reaches its parent.
-				won[w] = true
-				unix.PtraceInterrupt(pid)
-				var ws unix.WaitStatus
-				unix.Wait4(pid, &ws, unix.WALL, nil)
-				unix.PtraceDetach(pid)
-				continue
-			}
-			if err == unix.EPERM {
-				seen[w] = true
-			}
-		}
-	}
+	return traceattack.Main([]string{self, "stage-worker"})
 }
 
 // The job's user, watching for their stage workers and seizing each the moment it may, never
@@ -138,9 +71,7 @@ func TestUserCannotTraceAStartingWorker(t *testing.T) {
 		t.Fatalf("the attacker did not stop:\n%s", out.String())
 	}
 	report := out.String()
-	var seen, won int
-	fmt.Sscanf(between(report, "seen ", "\n"), "%d", &seen)
-	fmt.Sscanf(between(report, "won ", "\n"), "%d", &won)
+	seen, won := traceattack.Result(report)
 	if won != 0 {
 		t.Errorf("the job's user seized %d of %d stage workers:\n%s", won, stages, report)
 	}
@@ -148,60 +79,4 @@ func TestUserCannotTraceAStartingWorker(t *testing.T) {
 		t.Errorf("the attacker never saw a stage worker, so this test proves nothing:\n%s", report)
 	}
 	t.Logf("the attacker watched %d stage workers and seized %d", seen, won)
-}
-
-// The agent hands the directories over only to a worker of the stage's uid that nobody
-// traces and that is not dumpable.
-func TestCheckSealedRefusesAReachableWorker(t *testing.T) {
-	if !isRoot() {
-		t.Skip("needs root: the processes must run as another user")
-	}
-	uid, gid := stageIdentity()
-	start := func(cred *syscall.Credential) *exec.Cmd {
-		cmd := exec.Command("/bin/sleep", "30")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		return cmd
-	}
-	// A process started as the user is dumpable: theirs to trace.
-	user := start(&syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}})
-	if err := checkSealed(user.Process.Pid, uid); err == nil || !strings.Contains(err.Error(), "is dumpable") {
-		t.Errorf("a dumpable process of the user: %v", err)
-	}
-	if err := checkSealed(user.Process.Pid, uid+1); err == nil || !strings.Contains(err.Error(), "runs as uids") {
-		t.Errorf("another user's process: %v", err)
-	}
-	// A traced process.
-	traced := start(nil)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := unix.PtraceSeize(traced.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
-	if err := checkSealed(traced.Process.Pid, 0); err == nil || !strings.Contains(err.Error(), "is traced by pid") {
-		t.Errorf("a traced process: %v", err)
-	}
-}
-
-func TestIdentityArgumentRoundTrips(t *testing.T) {
-	for _, c := range []*syscall.Credential{
-		{Uid: 1003, Gid: 1004, Groups: []uint32{1004, 27, 100}},
-		{Uid: 65534, Gid: 65534, Groups: []uint32{}},
-	} {
-		got, ok, err := parseIdentity(identityArg(c))
-		if !ok || err != nil || got.Uid != c.Uid || got.Gid != c.Gid || fmt.Sprint(got.Groups) != fmt.Sprint(c.Groups) {
-			t.Errorf("%+v came back as %+v (%v, %v)", c, got, ok, err)
-		}
-	}
-	for _, bad := range []string{"--as=1", "--as=a:1:", "--as=1:1:x", "--as=1:1:1:1"} {
-		if _, ok, err := parseIdentity(bad); !ok || err == nil {
-			t.Errorf("%q accepted (%v)", bad, ok)
-		}
-	}
-	if _, ok, _ := parseIdentity("stage-worker"); ok {
-		t.Error("an argument without --as= read as an identity")
-	}
 }

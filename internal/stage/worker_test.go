@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/asuser"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,7 +31,7 @@ type workerProcess struct {
 func startWorker(t *testing.T, s agentapi.StageSpec, asStager bool) *workerProcess {
 	t.Helper()
 	cmd := exec.Command(workerExe[0], workerExe[1:]...)
-	cmd.Env = workerEnv
+	cmd.Env = asuser.Env
 	if asStager && isRoot() {
 		uid, gid := stageIdentity()
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{gid}}}
