@@ -27,7 +27,9 @@ const dwcliShort = `Usage: dwcli ls OBJECT [--json]
        dwcli rm session|instance|configuration|activation -i ID [--hurry]
        dwcli update registration -i ID --no-wait
        dwcli update fragment|namespace|activation -i ID --replace-fuse
-       dwcli stage in|out|query|wait|terminate|list|accounting|concurrency ...
+       dwcli stage in|out --session ID --configuration ID --backing-path PFS_DIR/ --dir /DIR
+       dwcli stage query|list|wait|terminate --session ID --configuration ID [--dir /DIR]
+       dwcli stage in|out|query|wait|terminate|list|accounting|concurrency PATH...
        dwcli config backup [-o FILE] | dwcli config restore FILE
 dwcli --help for the manual, dwcli VERB --help for one verb.
 `
@@ -120,8 +122,17 @@ mistake on the command line.
       Forget a retired node: refused while it holds fragments or mounts (the message names
       them), or while its agent still sends heartbeats (stop the agent first).
 `,
-	"stage": `  stage in|out|query|wait|terminate|list|accounting|concurrency ...
-      Stage your own job's files while it runs, as libdatawarp does (dwcli stage --help).
+	"stage": `  stage in|out --session ID --configuration ID --backing-path PFS_DIR/ --dir /DIR
+  stage query|list|wait|terminate --session ID --configuration ID [--dir /DIR]
+      DataWarp's form: stage a directory of a session's configuration (ids from dwstat
+      sessions and dwstat configurations) from or to a PFS directory, from any node; the
+      stage runs as the session's user. query prints DataWarp's columns (the 8th is the
+      files remaining, "-" once the stage ended).
+        dwcli stage out --session 7 --configuration 9 --backing-path /lustre/me/out/ --dir /results
+        dwcli stage query --session 7 --configuration 9
+  stage in|out|query|wait|terminate|list|accounting|concurrency PATH...
+      The path form: stage your own job's files while it runs, as libdatawarp does.
+      dwcli stage --help is the whole manual of both forms.
 `,
 	"config": `  config backup [-o FILE]
   config restore FILE

@@ -393,3 +393,7 @@ func Select(a views.All, tables []string) map[string]any {
 	}
 	return out
 }
+
+// Align right-aligns rows (the header first) as dwstat's tables are; a last column named
+// "error" is free text, not padded.
+func Align(rows [][]string) string { return align(rows) }
