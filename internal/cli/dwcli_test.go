@@ -81,6 +81,8 @@ func TestDwcliHelp(t *testing.T) {
 		{[]string{"update", "--help"}, "--replace-fuse forgets the failures", "Forget a retired node"},
 		{[]string{"update", "node", "--help"}, "--offline   take the node out of service", ""},
 		{[]string{"ls", "-h"}, "plural or singular", "Forget a retired node"},
+		{[]string{"create", "--help"}, "(octal, e.g. 0755 or 2770; default 0700 for a job, 0755 for a persistent", "Forget a retired node"},
+		{[]string{"stage", "--help"}, "remaining (column 8) is the files still to copy", ""},
 	} {
 		r := dwcli(tc.args...)
 		if r.code != 0 || !strings.Contains(r.stdout, tc.want) || tc.notWant != "" && strings.Contains(r.stdout, tc.notWant) || r.stderr != "" {
