@@ -277,15 +277,18 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&co.backingPath, "backing-path", "", "create configuration --type cache: the PFS directory")
 	fs.Int64Var(&co.configuration, "configuration", 0, "create activation: the configuration's id")
 	fs.StringVar(&co.mount, "mount", "", "create activation: where it is mounted")
-	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
-		return code
-	}
-	words := fs.Args()
 	mistake := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "dwcli: "+format+"\n", a...)
 		fmt.Fprint(stderr, dwcliShort)
 		return 64
 	}
+	if msg := unknownDwcliFlag(fs, args); msg != "" {
+		return mistake("%s", msg)
+	}
+	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
+		return code
+	}
+	words := fs.Args()
 	if len(words) == 0 {
 		return mistake("give a command")
 	}

@@ -189,6 +189,36 @@ func unknownStageFlag(fs *flag.FlagSet, args []string) string {
 			dataWarp = true
 		}
 	}
+	name := unknownFlag(fs, args)
+	switch {
+	case name == "":
+		return ""
+	case dataWarp:
+		return fmt.Sprintf("--%s is a DataWarp flag this version does not support; DataWarp's form takes --session ID --configuration ID --backing-path PFS_DIR/ --dir /DIR (dwcli stage --help)", name)
+	}
+	return fmt.Sprintf("--%s is not an option of dwcli stage (dwcli stage --help lists them)", name)
+}
+
+// dwcliDataWarpFlags are DataWarp's dwcli options this version does not take, and what to
+// do instead.
+var dwcliDataWarpFlags = map[string]string{
+	"public": "a persistent instance is built from a session made with dwcli create session --persistent",
+}
+
+// unknownDwcliFlag says, in one line, what is wrong with an option dwcli does not have.
+func unknownDwcliFlag(fs *flag.FlagSet, args []string) string {
+	name := unknownFlag(fs, args)
+	if name == "" {
+		return ""
+	}
+	if hint, ok := dwcliDataWarpFlags[name]; ok {
+		return fmt.Sprintf("--%s is a DataWarp flag this version does not support; %s", name, hint)
+	}
+	return fmt.Sprintf("--%s is not an option of dwcli (dwcli --help lists them)", name)
+}
+
+// unknownFlag is the name of the first option in args that fs does not define ("" if none).
+func unknownFlag(fs *flag.FlagSet, args []string) string {
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "--" {
@@ -203,10 +233,7 @@ func unknownStageFlag(fs *flag.FlagSet, args []string) string {
 		}
 		f := fs.Lookup(name)
 		if f == nil {
-			if dataWarp {
-				return fmt.Sprintf("--%s is a DataWarp flag this version does not support; DataWarp's form takes --session ID --configuration ID --backing-path PFS_DIR/ --dir /DIR (dwcli stage --help)", name)
-			}
-			return fmt.Sprintf("--%s is not an option of dwcli stage (dwcli stage --help lists them)", name)
+			return name
 		}
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) {
 			i++ // its value follows

@@ -60,7 +60,8 @@ func TestDwcliMistakes(t *testing.T) {
 		{[]string{"rm", "session"}, "rm session needs -i ID"},
 		{[]string{"rm", "node"}, "rm node needs --name"},
 		{[]string{"rm", "session", "-i", "4", "--drain"}, "rm session takes no -drain"},
-		{[]string{"ls", "nodes", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"ls", "nodes", "--bogus"}, "dwcli: --bogus is not an option of dwcli (dwcli --help lists them)"},
+		{[]string{"create", "instance", "--session", "1", "--capacity", "1GiB", "--public"}, "dwcli: --public is a DataWarp flag this version does not support; a persistent instance is built from a session made with dwcli create session --persistent"},
 	} {
 		r := dwcli(tc.args...)
 		lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
