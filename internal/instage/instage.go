@@ -271,15 +271,19 @@ func (s *Stager) StageInTarget(ctx context.Context, t Target, typ, pfs string) e
 		if err := mustExist(pfs, "PFS file", wantFile); err != nil {
 			return err
 		}
-		if err := mustWriteDir(filepath.Dir(t.Path), "burst buffer directory"); t.Path != "" && err != nil {
-			return err
+		if t.Path != "" {
+			if err := mustWriteDir(filepath.Dir(t.Path), "burst buffer directory"); err != nil {
+				return err
+			}
 		}
 	case model.StageDir:
 		if err := mustExist(pfs, "PFS directory", wantDir); err != nil {
 			return err
 		}
-		if err := mustWriteDir(t.Path, "burst buffer directory"); t.Path != "" && err != nil {
-			return err
+		if t.Path != "" {
+			if err := mustWriteDir(t.Path, "burst buffer directory"); err != nil {
+				return err
+			}
 		}
 	default:
 		return errorf(syscall.EINVAL, "type %q: expected file or directory", typ)
@@ -352,16 +356,20 @@ func (s *Stager) checkOut(t Target, typ, when, pfs string, req *lifecycle.InJobS
 	}
 	switch typ {
 	case model.StageFile:
-		if err := mustExist(t.Path, "burst buffer file", wantFile); t.Path != "" && err != nil {
-			return err
+		if t.Path != "" {
+			if err := mustExist(t.Path, "burst buffer file", wantFile); err != nil {
+				return err
+			}
 		}
 		if fi, err := os.Stat(req.PFSPath); err == nil && fi.IsDir() {
 			return mustWriteDir(req.PFSPath, "PFS directory")
 		}
 		return mustWriteDir(filepath.Dir(req.PFSPath), "PFS directory")
 	case model.StageDir:
-		if err := mustExist(t.Path, "burst buffer directory", wantDir); t.Path != "" && err != nil {
-			return err
+		if t.Path != "" {
+			if err := mustExist(t.Path, "burst buffer directory", wantDir); err != nil {
+				return err
+			}
 		}
 		return mustWriteDir(req.PFSPath, "PFS directory")
 	}
