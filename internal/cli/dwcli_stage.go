@@ -52,8 +52,10 @@ user). Directories only: a file is staged with the path form.
             (complete, failed or canceled: state says which); files the files copied so far
   list      the same stages, one a line: state, direction, dir, backing_path, error
             (--failed: only the failed ones)
-  wait      until no stage under --dir is waiting or running
+  wait      until no stage under --dir is waiting or running (--timeout DURATION: at most
+            that long); a failed one ends the wait too: query and list --failed show it
   terminate stop the waiting and running stages under --dir
+
   dwcli stage in --session 7 --configuration 9 --backing-path /lustre/me/input/ --dir /input
   dwcli stage out --session 7 --configuration 9 --backing-path /lustre/me/out/ --dir /results
   dwcli stage query --session 7 --configuration 9
