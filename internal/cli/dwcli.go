@@ -43,10 +43,12 @@ dwcli --help for the manual, dwcli VERB --help for one verb.
 var dwcliHelp = map[string]string{
 	"": `Administrative changes, as DataWarp's dwcli makes them: list objects, make and remove
 pools, drain and fill nodes, take them offline and online, move them between pools, forget
-retired ones, replace blown fuses, remove sessions and their objects. Every command takes
---json: it then prints one JSON object on standard output (errors too: {"error": "..."}).
-Changes need root or a controller.wlm_users user; ordinary users may list (what they may
-see) and remove their own sessions. Options may come anywhere (dwcli rm session -i 7
+retired ones, replace blown fuses, build an instance by hand (session, instance,
+configuration, activation), stage a session's directories, remove sessions and their
+objects. Every command takes --json: it then prints one JSON object on standard output
+(errors too: {"error": "..."}). Changes need root or a controller.wlm_users user; ordinary
+users may list (what they may see), create sessions for themselves, stage and remove their
+own sessions. Options may come anywhere (dwcli rm session -i 7
 --hurry, dwcli --config FILE ls pools).
 
 Connection, as dwstat's: --config FILE (a system install's configuration; default
