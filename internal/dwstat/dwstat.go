@@ -117,7 +117,11 @@ func Render(a views.All, tables []string, summary bool, o Options) string {
 			}
 		} else if len(rows) == 0 {
 			if summary {
-				missing = append(missing, t)
+				if t == "nodes" && computeNodes {
+					missing = append(missing, "storage nodes")
+				} else {
+					missing = append(missing, t)
+				}
 				continue
 			}
 			if !first {

@@ -194,6 +194,9 @@ func TestNodesShowEnduranceAndWhy(t *testing.T) {
 	if got := Render(views.All{Nodes: []views.Node{{ID: "cn1", Online: true, ComputeOnly: true}}}, []string{"nodes"}, false, Options{}); got != "no storage nodes\n\nnode    role online activs reason\n cn1 compute online      0      -\n" {
 		t.Errorf("compute nodes only:\n%s", got)
 	}
+	if got := Render(views.All{Nodes: []views.Node{{ID: "cn1", Online: true, ComputeOnly: true}}}, []string{"nodes", "pools"}, true, Options{}); got != "node    role online activs reason\n cn1 compute online      0      -\n\ndid not find any storage nodes, pools\n" {
+		t.Errorf("compute nodes only, summarised:\n%q", got)
+	}
 }
 
 // Finished stages kept after their session went follow the live ones in dwstat stages, and
