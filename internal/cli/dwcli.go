@@ -47,8 +47,7 @@ retired ones, replace blown fuses, build an instance by hand (session, instance,
 configuration, activation), stage a session's directories, remove sessions and their
 objects. Every command takes --json: it then prints one JSON object on standard output
 (errors too: {"error": "..."}). Changes need root or a controller.wlm_users user; ordinary
-users may list (what they may see), create sessions for themselves, stage and remove their
-own sessions. Options may come anywhere (dwcli rm session -i 7
+users may list (what they may see), stage and remove their own sessions. Options may come anywhere (dwcli rm session -i 7
 --hurry, dwcli --config FILE ls pools).
 
 Connection, as dwstat's: --config FILE (a system install's configuration; default
@@ -76,8 +75,9 @@ mistake on the command line.
   DataWarp's manual walk-through: an instance built by hand, object by object, with the
   choices a #DW jobdw line does not offer (the instance root's permissions and group). Each
   command prints the new object's id ("create request for configurations entity with id =
-  3 accepted, ..."); dwcli rm session -i ID takes it all down again. Administrators only,
-  but for create session, which a user may make for themselves as spillway run does.
+  3 accepted, ..."); dwcli rm session -i ID takes it all down again. Administrators only
+  (a user's own instances come from #DW directives, spillway run and spillway persistent
+  create).
 
   create session --token TOKEN --owner UID [--group GID] [--creator NAME] [--hosts NODE,...]
                  [--persistent [--expiration WHEN]]

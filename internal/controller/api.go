@@ -347,6 +347,9 @@ func (s *Server) setup(w http.ResponseWriter, r *http.Request) {
 	if !httpapi.Decode(w, r, &req) {
 		return
 	}
+	if req.Manual && !s.requirePrivileged(w, r) { // dwcli create session: the walk-through is the administrators'
+		return
+	}
 	if c := who(r); !c.privileged {
 		if err := checkUserSetup(c.uid, groupsOf(c), req); err != nil {
 			httpapi.WriteError(w, http.StatusForbidden, "forbidden", err.Error())
