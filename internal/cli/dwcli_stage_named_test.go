@@ -118,6 +118,28 @@ func TestDwcliStageDataWarpForm(t *testing.T) {
 			t.Errorf("dwcli stage %q: exit %d\n%s%s\nwant %q", tc.args, r.code, r.stdout, r.stderr, tc.want)
 		}
 	}
+	// A persistent instance's own session and configuration: $DW_PERSISTENT_STRIPED_proj.
+	if err := c.Setup(ctx, lifecycle.Setup{Token: "proj", Creator: "CLI", Owner: 1000, Group: 1000, Persistent: true, Expiration: lifecycle.ExpirationNever,
+		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}, false); err != nil {
+		t.Fatal(err)
+	}
+	all = waitAll(t, addr, func(a views.All) bool { return len(a.Configurations) == 2 })
+	psess, pconf := itoa(all.Sessions[1].ID), itoa(all.Configurations[1].ID)
+	if r := run("in", "--session", psess, "--configuration", pconf, "--backing-path", pfs, "--dir", "/data"); r.code != 0 {
+		t.Errorf("stage into a persistent instance: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	waitAll(t, addr, func(a views.All) bool {
+		for _, s := range a.Stages {
+			if s.DWPath == "$DW_PERSISTENT_STRIPED_proj/data" {
+				return true
+			}
+		}
+		return false
+	})
+	// Another session's configuration, which the job does not use: the controller says so.
+	if r := run("in", "--session", sess, "--configuration", pconf, "--backing-path", pfs); r.code != 1 || r.stderr != "dwcli stage in: stage: $DW_PERSISTENT_STRIPED_proj: the job has no #DW persistentdw name=proj\n" {
+		t.Errorf("a configuration the session does not use: %d %q", r.code, r.stderr)
+	}
 	if r := run("in", "--session", "99", "--configuration", conf, "--backing-path", pfs); r.code != 1 || r.stderr != "dwcli stage in: no session 99 (dwstat sessions lists yours)\n" {
 		t.Errorf("no such session: %d %q", r.code, r.stderr)
 	}
