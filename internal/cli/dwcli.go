@@ -353,9 +353,6 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			return mistake("%s %s takes no -%s", verb, object, f)
 		}
 	}
-	if command == "create pools" && set["pool"] {
-		return mistake("create pool takes --name POOL, not --pool")
-	}
 	var createReq any
 	if createOptions[command] != nil {
 		co.pool = *pool
