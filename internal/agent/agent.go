@@ -507,7 +507,9 @@ func (a *Agent) CreateNamespace(ctx context.Context, spec agentapi.NamespaceSpec
 	} else if spec.Owner != uint32(os.Geteuid()) {
 		return fmt.Errorf("create namespace %d for uid %d: this agent runs as uid %d, not root, and can only serve its own user", spec.ID, spec.Owner, os.Geteuid())
 	}
-	if err := os.Chmod(dir, os.FileMode(spec.Mode&0o7777)); err != nil {
+	// chmod(2) itself: os.FileMode keeps its setgid and sticky bits elsewhere than 02000 and
+	// 01000, and would drop them from a root_permissions of 2770 or 1777.
+	if err := unix.Chmod(dir, spec.Mode&0o7777); err != nil {
 		return fmt.Errorf("create namespace %d: chmod: %w", spec.ID, err)
 	}
 	if spec.Servers > 1 {

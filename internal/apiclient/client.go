@@ -677,3 +677,11 @@ func (c *Client) AllAccounting(ctx context.Context) (controllerapi.AccountingLis
 	err := c.Do(ctx, "GET", "/dw/v1/accounting", nil, &out)
 	return out, err
 }
+
+// CreateObject builds one of a session's objects by hand (table instances, configurations or
+// activations; req the lifecycle.Manual* of it) and returns the new objects' ids.
+func (c *Client) CreateObject(ctx context.Context, token, table string, req any) ([]int64, error) {
+	var out controllerapi.Created
+	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/"+esc(table), req, &out)
+	return out.IDs, err
+}

@@ -21,13 +21,19 @@ import (
 // dwcliShort is what a mistake prints under its one line: the synopsis.
 const dwcliShort = `Usage: dwcli ls OBJECT [--json]
        dwcli create pool --name POOL --granularity SIZE
+       dwcli create session --token TOKEN --owner UID [--group GID] [--creator NAME] [--hosts NODE,...] [--persistent [--expiration WHEN]]
+       dwcli create instance --session ID --capacity SIZE [--pool POOL] [--label LABEL] [--optimization bandwidth|interference]
+       dwcli create configuration --instance ID --access-mode stripe|private|ldbal [--type scratch] [--root-permissions MODE] [--group GID]
+       dwcli create activation --session ID --configuration ID --mount NAME
        dwcli rm pool --name POOL
        dwcli update node --name NODE[,NODE...] [--drain|--fill] [--offline|--online] [--pool POOL] [--storage] [--reason TEXT]
        dwcli rm node --name NODE
        dwcli rm session|instance|configuration|activation -i ID [--hurry]
        dwcli update registration -i ID --no-wait
        dwcli update fragment|namespace|activation -i ID --replace-fuse
-       dwcli stage in|out|query|wait|terminate|list|accounting|concurrency ...
+       dwcli stage in|out --session ID --configuration ID --backing-path PFS_DIR/ --dir /DIR
+       dwcli stage query|list|wait|terminate --session ID --configuration ID [--dir /DIR]
+       dwcli stage in|out|query|wait|terminate|list|accounting|concurrency PATH...
        dwcli config backup [-o FILE] | dwcli config restore FILE
 dwcli --help for the manual, dwcli VERB --help for one verb.
 `
@@ -37,10 +43,11 @@ dwcli --help for the manual, dwcli VERB --help for one verb.
 var dwcliHelp = map[string]string{
 	"": `Administrative changes, as DataWarp's dwcli makes them: list objects, make and remove
 pools, drain and fill nodes, take them offline and online, move them between pools, forget
-retired ones, replace blown fuses, remove sessions and their objects. Every command takes
---json: it then prints one JSON object on standard output (errors too: {"error": "..."}).
-Changes need root or a controller.wlm_users user; ordinary users may list (what they may
-see) and remove their own sessions. Options may come anywhere (dwcli rm session -i 7
+retired ones, replace blown fuses, build an instance by hand (session, instance,
+configuration, activation), stage a session's directories, remove sessions and their
+objects. Every command takes --json: it then prints one JSON object on standard output
+(errors too: {"error": "..."}). Changes need root or a controller.wlm_users user; ordinary
+users may list (what they may see), stage and remove their own sessions. Options may come anywhere (dwcli rm session -i 7
 --hurry, dwcli --config FILE ls pools).
 
 Connection, as dwstat's: --config FILE (a system install's configuration; default
@@ -64,6 +71,43 @@ mistake on the command line.
       ... Nodes join it by their agent.pool, or by dwcli update node --pool.
         dwcli create pool --name sm_pool --granularity 16MiB
         --json: {"request": "create", "entity": "pools", "ids": ["sm_pool"], "status": "accepted"}
+
+  DataWarp's manual walk-through: an instance built by hand, object by object, with the
+  choices a #DW jobdw line does not offer (the instance root's permissions and group). Each
+  command prints the new object's id ("create request for configurations entity with id =
+  3 accepted, ..."); dwcli rm session -i ID takes it all down again. Administrators only
+  (a user's own instances come from #DW directives, spillway run and spillway persistent
+  create).
+
+  create session --token TOKEN --owner UID [--group GID] [--creator NAME] [--hosts NODE,...]
+                 [--persistent [--expiration WHEN]]
+      A session with no instance yet. --owner and --group take ids or names (--group
+      defaults to the owner's primary group); --creator defaults to CLI; --hosts are the
+      compute nodes an activation mounts on. A job id as TOKEN belongs to the workload
+      manager (Slurm removes sessions of job ids it does not know): give a name. --persistent
+      makes a persistent instance's session (TOKEN its name, as #BB create_persistent);
+      --expiration WHEN (seconds since the epoch, 2026-12-31T18:00:00, 72h, 30d or never) is
+      for those only.
+  create instance --session ID --capacity SIZE [--pool POOL] [--label LABEL]
+                  [--optimization bandwidth|interference]
+      Place capacity in a pool (default: controller.default_pool) for a session that has no
+      instance: fragments on the pool's nodes as a setup places them. --label defaults to
+      I<id>-0 (a persistent session's: its name).
+  create configuration --instance ID --access-mode stripe|private|ldbal [--type scratch]
+                       [--root-permissions MODE] [--group GID]
+      How the instance is used: its namespace(s), owned by the session's user, the root
+      with mode MODE (octal, e.g. 0755 or 2770; default 0700 for a job, 0755 for a persistent
+      instance) and group GID (default the session's). One configuration per access mode;
+      private is not for persistent instances; --type cache (--backing-path) and swap are
+      refused in this version.
+  create activation --session ID --configuration ID --mount NAME
+      Mount the configuration on every compute node of the session (its --hosts), at
+      controller.mount_root/NAME (NAME alone, or that whole path): the session's own
+      configuration, or one of a persistent instance the session uses.
+        dwcli create session --token mybuf --owner alice --hosts nid00012,nid00013
+        dwcli create instance --session 5 --capacity 200GiB --pool wlm_pool
+        dwcli create configuration --instance 5 --access-mode stripe --root-permissions 2770 --group proj
+        dwcli create activation --session 5 --configuration 8 --mount mybuf
 `,
 	"update": `  update node --name NODE[,NODE...] CHANGES [--reason TEXT]
       Change storage nodes; CHANGES are one or more of:
@@ -120,8 +164,17 @@ mistake on the command line.
       Forget a retired node: refused while it holds fragments or mounts (the message names
       them), or while its agent still sends heartbeats (stop the agent first).
 `,
-	"stage": `  stage in|out|query|wait|terminate|list|accounting|concurrency ...
-      Stage your own job's files while it runs, as libdatawarp does (dwcli stage --help).
+	"stage": `  stage in|out --session ID --configuration ID --backing-path PFS_DIR/ --dir /DIR
+  stage query|list|wait|terminate --session ID --configuration ID [--dir /DIR]
+      DataWarp's form: stage a directory of a session's configuration (ids from dwstat
+      sessions and dwstat configurations) from or to a PFS directory, from any node; the
+      stage runs as the session's user. query prints DataWarp's columns (the 8th is the
+      files remaining, "-" once the stage ended).
+        dwcli stage out --session 7 --configuration 9 --backing-path /lustre/me/out/ --dir /results
+        dwcli stage query --session 7 --configuration 9
+  stage in|out|query|wait|terminate|list|accounting|concurrency PATH...
+      The path form: stage your own job's files while it runs, as libdatawarp does.
+      dwcli stage --help is the whole manual of both forms.
 `,
 	"config": `  config backup [-o FILE]
   config restore FILE
@@ -207,15 +260,37 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	replaceFuse := fs.Bool("replace-fuse", false, "update fragment|namespace|activation: try its failed effect again")
 	hurry := fs.Bool("hurry", false, "rm session: do not wait for stage-outs")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
-		return code
-	}
-	words := fs.Args()
+	var co createOpts
+	fs.StringVar(&co.token, "token", "", "create session: its token (a job id, or a persistent instance's name)")
+	fs.StringVar(&co.owner, "owner", "", "create session: its user (uid or name)")
+	fs.StringVar(&co.creator, "creator", "", "create session: who made it (default CLI)")
+	fs.StringVar(&co.hosts, "hosts", "", "create session: its compute nodes, comma-separated")
+	fs.StringVar(&co.expiration, "expiration", "", "create session --persistent: when it expires")
+	fs.StringVar(&co.group, "group", "", "create session|configuration: the group (gid or name)")
+	fs.BoolVar(&co.persistent, "persistent", false, "create session: a persistent instance's session")
+	fs.Int64Var(&co.session, "session", 0, "create instance|activation: the session's id")
+	fs.StringVar(&co.capacity, "capacity", "", "create instance: its capacity, e.g. 1TiB")
+	fs.StringVar(&co.label, "label", "", "create instance: its label")
+	fs.StringVar(&co.optimization, "optimization", "", "create instance: bandwidth or interference")
+	fs.Int64Var(&co.instance, "instance", 0, "create configuration: the instance's id")
+	fs.StringVar(&co.typ, "type", "", "create configuration: scratch")
+	fs.StringVar(&co.accessMode, "access-mode", "", "create configuration: stripe, private or ldbal")
+	fs.StringVar(&co.rootPermissions, "root-permissions", "", "create configuration: the mode of the instance root, octal")
+	fs.StringVar(&co.backingPath, "backing-path", "", "create configuration --type cache: the PFS directory")
+	fs.Int64Var(&co.configuration, "configuration", 0, "create activation: the configuration's id")
+	fs.StringVar(&co.mount, "mount", "", "create activation: where it is mounted")
 	mistake := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "dwcli: "+format+"\n", a...)
 		fmt.Fprint(stderr, dwcliShort)
 		return 64
 	}
+	if msg := unknownDwcliFlag(fs, args); msg != "" {
+		return mistake("%s", msg)
+	}
+	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
+		return code
+	}
+	words := fs.Args()
 	if len(words) == 0 {
 		return mistake("give a command")
 	}
@@ -243,18 +318,22 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 	allowed := map[string][]string{
 		"ls pools": nil, "ls nodes": nil, "ls sessions": nil, "ls instances": nil, "ls configurations": nil, "ls registrations": nil,
 		"ls activations": nil, "ls fragments": nil, "ls namespaces": nil, "ls stages": nil,
-		"create pools":         {"name", "granularity"},
-		"rm pools":             {"name"},
-		"update nodes":         {"name", "drain", "fill", "offline", "online", "pool", "storage", "reason"},
-		"rm nodes":             {"name"},
-		"rm sessions":          {"i", "hurry"},
-		"rm instances":         {"i", "hurry"},
-		"rm configurations":    {"i", "hurry"},
-		"rm activations":       {"i"},
-		"update registrations": {"i", "no-wait"},
-		"update fragments":     {"i", "replace-fuse"},
-		"update namespaces":    {"i", "replace-fuse"},
-		"update activations":   {"i", "replace-fuse"},
+		"create pools":          {"name", "granularity"},
+		"create sessions":       createOptions["create sessions"],
+		"create instances":      createOptions["create instances"],
+		"create configurations": createOptions["create configurations"],
+		"create activations":    createOptions["create activations"],
+		"rm pools":              {"name"},
+		"update nodes":          {"name", "drain", "fill", "offline", "online", "pool", "storage", "reason"},
+		"rm nodes":              {"name"},
+		"rm sessions":           {"i", "hurry"},
+		"rm instances":          {"i", "hurry"},
+		"rm configurations":     {"i", "hurry"},
+		"rm activations":        {"i"},
+		"update registrations":  {"i", "no-wait"},
+		"update fragments":      {"i", "replace-fuse"},
+		"update namespaces":     {"i", "replace-fuse"},
+		"update activations":    {"i", "replace-fuse"},
 	}
 	command := verb + " " + table
 	opts, known := allowed[command]
@@ -272,6 +351,14 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		}
 		if !ok {
 			return mistake("%s %s takes no -%s", verb, object, f)
+		}
+	}
+	var createReq any
+	if createOptions[command] != nil {
+		co.pool = *pool
+		var msg string
+		if createReq, msg = co.check(command, set); msg != "" {
+			return mistake("%s", msg)
 		}
 	}
 	// The checks of each command's options, before connecting.
@@ -360,6 +447,16 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		return done("create", "accepted", *name)
+	case "create sessions", "create instances", "create configurations", "create activations":
+		made, err := co.create(ctx, sess, command, createReq)
+		if err != nil {
+			return fail(err)
+		}
+		ids := []any{}
+		for _, id := range made {
+			ids = append(ids, id)
+		}
+		return done("create", "accepted", ids...)
 	case "rm pools":
 		if err := sess.client.RemovePool(ctx, *name); err != nil {
 			return fail(err)
@@ -523,7 +620,9 @@ func firstWord(args []string) string {
 			return a
 		}
 		switch strings.TrimLeft(a, "-") {
-		case "home", "config", "controller", "token-file", "name", "granularity", "pool", "reason", "i":
+		case "home", "config", "controller", "token-file", "name", "granularity", "pool", "reason", "i",
+			"token", "owner", "creator", "hosts", "expiration", "group", "session", "capacity", "label", "optimization",
+			"instance", "type", "access-mode", "root-permissions", "backing-path", "configuration", "mount":
 			i++ // its value follows
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,7 +19,10 @@ import (
 	"github.com/spillway-hpc/spillway/internal/model"
 )
 
-const dwcliStageUsage = `Usage: dwcli stage in  [--type file|directory] DW_PATH PFS_PATH
+const dwcliStageUsage = `Usage: dwcli stage in  --session ID --configuration ID --backing-path PFS_DIR/ --dir /DIR
+       dwcli stage out --session ID --configuration ID --backing-path PFS_DIR/ --dir /DIR [--when WHEN]
+       dwcli stage query|list|wait|terminate --session ID --configuration ID [--dir /DIR]
+       dwcli stage in  [--type file|directory] DW_PATH PFS_PATH
        dwcli stage in  --type list DW_DIRECTORY PFS_FILE...
        dwcli stage out [--type file|directory] [--when WHEN] DW_PATH [PFS_PATH]
        dwcli stage out --type list [--when WHEN] PFS_DIRECTORY DW_FILE...
@@ -29,7 +33,34 @@ const dwcliStageUsage = `Usage: dwcli stage in  [--type file|directory] DW_PATH 
        dwcli stage accounting PATH
        dwcli stage concurrency PATH N
 
-Stage your own job's files while it runs, as libdatawarp's dw_stage_* calls do
+Stage a session's files while it lives, in either of two forms (the same requests underneath).
+
+DataWarp's form names the session and configuration by id (dwstat sessions, dwstat
+configurations) and works from any node, the instance mounted there or not:
+  --session ID        the session (a job's, or a persistent instance's)
+  --configuration ID  the configuration staged: the session's own, or the striped one of a
+                      persistent instance the job uses
+  --dir /DIR          a directory of the instance, relative to its root (${path#$DW_JOB_STRIPED});
+                      the leading / is optional; default: the root
+  --backing-path DIR/ the PFS directory (in: the source; out: the destination, which must
+                      exist); the trailing / DataWarp asked for is optional
+Stages run as the session's user, whoever asks (its owner, root or a controller.wlm_users
+user). Directories only: a file is staged with the path form.
+  query     one line per stage under --dir, DataWarp's columns first:
+              sess conf dir direction state backing_path files remaining bytes error
+            remaining (column 8) is the files still to copy, "-" once the stage ended
+            (complete, failed or canceled: state says which); files the files copied so far
+  list      the same stages, one a line: state, direction, dir, backing_path, error
+            (--failed: only the failed ones)
+  wait      until no stage under --dir is waiting or running (--timeout DURATION: at most
+            that long); a failed one ends the wait too: query and list --failed show it
+  terminate stop the waiting and running stages under --dir
+
+  dwcli stage in --session 7 --configuration 9 --backing-path /lustre/me/input/ --dir /input
+  dwcli stage out --session 7 --configuration 9 --backing-path /lustre/me/out/ --dir /results
+  dwcli stage query --session 7 --configuration 9
+
+The path form stages your own job's files while it runs, as libdatawarp's dw_stage_* calls do
 (docs/libdatawarp.md). Paths are burst buffer paths as the job sees them
 ($DW_JOB_STRIPED/...); the mount, the session and the controller are found from them.
 
@@ -64,8 +95,20 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 0, "wait: give up after this long (0: never)")
 	failed := fs.Bool("failed", false, "list: the failed stages")
 	failedOK := fs.Bool("failed-ok", false, "wait: succeed once the stages ended, failed ones included, as DataWarp's dw_wait_* did (libdatawarp passes it); the failures show in query and list --failed")
+	var named namedStage
+	fs.Int64Var(&named.session, "session", 0, "DataWarp's form: the session's id")
+	fs.Int64Var(&named.configuration, "configuration", 0, "DataWarp's form: the configuration's id")
+	fs.StringVar(&named.backingPath, "backing-path", "", "DataWarp's form: the PFS directory")
+	fs.StringVar(&named.dir, "dir", "", "DataWarp's form: a directory of the instance, relative to its root")
 	if len(args) == 0 {
 		fmt.Fprint(stdout, dwcliStageUsage)
+		return 64
+	}
+	if msg := unknownStageFlag(fs, args); msg != "" {
+		if hasJSON(args) {
+			return jsonOut(stdout, nil, errorfErrno(syscall.EINVAL, "%s", msg))
+		}
+		fmt.Fprintln(stderr, "dwcli stage: "+msg)
 		return 64
 	}
 	if code, ok := ParseInterspersed(fs, args, stdout); !ok {
@@ -101,6 +144,14 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 	default:
 		return usage(fmt.Sprintf("unknown verb %q: expected in, out, query, wait, terminate, list, accounting or concurrency", verb))
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	named.on = set["session"] || set["configuration"] || set["backing-path"] || set["dir"]
+	if named.on {
+		if msg := named.check(verb, set, words, *when); msg != "" {
+			return usage(msg)
+		}
+	}
 	conn.lookOnly = true // staging never creates a home: the job's must exist
 	ctx := context.Background()
 	if *timeout > 0 {
@@ -115,6 +166,9 @@ func dwcliStageMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return sess.client, nil
 	}}
+	if named.on {
+		return named.run(ctx, st, verb, *when, *failed, *asJSON, stdout, finish)
+	}
 	switch verb {
 	case "in":
 		if *typ == model.StageList {

@@ -60,7 +60,8 @@ func TestDwcliMistakes(t *testing.T) {
 		{[]string{"rm", "session"}, "rm session needs -i ID"},
 		{[]string{"rm", "node"}, "rm node needs --name"},
 		{[]string{"rm", "session", "-i", "4", "--drain"}, "rm session takes no -drain"},
-		{[]string{"ls", "nodes", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"ls", "nodes", "--bogus"}, "dwcli: --bogus is not an option of dwcli (dwcli --help lists them)"},
+		{[]string{"create", "instance", "--session", "1", "--capacity", "1GiB", "--public"}, "dwcli: --public is a DataWarp flag this version does not support; a persistent instance is built from a session made with dwcli create session --persistent"},
 	} {
 		r := dwcli(tc.args...)
 		lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
@@ -81,6 +82,8 @@ func TestDwcliHelp(t *testing.T) {
 		{[]string{"update", "--help"}, "--replace-fuse forgets the failures", "Forget a retired node"},
 		{[]string{"update", "node", "--help"}, "--offline   take the node out of service", ""},
 		{[]string{"ls", "-h"}, "plural or singular", "Forget a retired node"},
+		{[]string{"create", "--help"}, "(octal, e.g. 0755 or 2770; default 0700 for a job, 0755 for a persistent", "Forget a retired node"},
+		{[]string{"stage", "--help"}, "remaining (column 8) is the files still to copy", ""},
 	} {
 		r := dwcli(tc.args...)
 		if r.code != 0 || !strings.Contains(r.stdout, tc.want) || tc.notWant != "" && strings.Contains(r.stdout, tc.notWant) || r.stderr != "" {

@@ -497,7 +497,8 @@ func (w *wlm) setup() int {
 			}
 		}
 	}
-	return w.step(lifecycle.PhaseSetup, func() error { return w.client.Setup(w.ctx, req) })
+	// A refusal names the script's line and quotes the directive as the user wrote it.
+	return w.step(lifecycle.PhaseSetup, func() error { return jobspec.SetupError(s, w.client.Setup(w.ctx, req)) })
 }
 
 func (w *wlm) stage(direction string) int {

@@ -293,8 +293,8 @@ func PersistentMain(args []string, stdout, stderr io.Writer) int {
 
 // parseExpiration reads --expiration: "" (the site's default: 0), "never"
 // (lifecycle.ExpirationNever), a lifetime from now ("72h", "30d"), or a local time
-// ("2026-12-31T18:00:00", as dwstat prints it; RFC 3339 too). It returns seconds since the
-// epoch.
+// ("2026-12-31T18:00:00", as dwstat prints it; RFC 3339 too), or seconds since the epoch
+// (DataWarp's dwcli create session --expiration). It returns seconds since the epoch.
 func parseExpiration(s string, now time.Time) (int64, error) {
 	switch s {
 	case "":
@@ -312,6 +312,9 @@ func parseExpiration(s string, now time.Time) (int64, error) {
 	}
 	if t, err := time.ParseInLocation("2006-01-02T15:04:05", s, time.Local); err == nil {
 		return t.Unix(), nil
+	}
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+		return n, nil
 	}
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
 		return t.Unix(), nil

@@ -139,6 +139,11 @@ func TestAdminChangesNeedAnAdministrator(t *testing.T) {
 		{"DELETE", "/dw/v1/activations/" + itoa(actID), ``},
 		{"POST", "/dw/v1/fragments/1/replace_fuse", ``},
 		{"PATCH", "/dw/v1/registrations/1", `{"wait":false}`},
+		// DataWarp's manual walk-through (dwcli create session|instance|configuration|activation).
+		{"POST", "/dw/v1/sessions", `{"token":"mine","owner":` + itoa(userUID) + `,"group":` + itoa(userUID) + `,"persistent":true,"manual":true}`},
+		{"POST", "/dw/v1/sessions/77/instances", `{"capacity":1073741824,"pool":"wlm_pool"}`},
+		{"POST", "/dw/v1/sessions/77/configurations", `{"instance":1,"access_mode":"stripe","root_permissions":511}`},
+		{"POST", "/dw/v1/sessions/77/activations", `{"configuration":1,"mount":"x"}`},
 	} {
 		code, out := a.call(userUID, r.method, r.path, r.body)
 		if code != http.StatusForbidden || !strings.Contains(out, "this operation is for administrators") {

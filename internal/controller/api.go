@@ -102,6 +102,9 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 	s.handle("POST /dw/v1/pools", s.pool)
 	s.handle("DELETE /dw/v1/pools/{name}", s.removePool)
 	s.handle("DELETE /dw/v1/activations/{id}", s.removeActivation)
+	s.handle("POST /dw/v1/sessions/{token}/instances", s.createInstance)
+	s.handle("POST /dw/v1/sessions/{token}/configurations", s.createConfiguration)
+	s.handle("POST /dw/v1/sessions/{token}/activations", s.createActivation)
 	s.handle("POST /dw/v1/{table}/{id}/replace_fuse", s.replaceFuse)
 	s.handle("POST /dw/v1/nodes/{name}/heartbeat", s.heartbeat)
 	s.handle("POST /dw/v1/run_ids", s.runID)
@@ -344,6 +347,9 @@ func (s *Server) setup(w http.ResponseWriter, r *http.Request) {
 	if !httpapi.Decode(w, r, &req) {
 		return
 	}
+	if req.Manual && !s.requirePrivileged(w, r) { // dwcli create session: the walk-through is the administrators'
+		return
+	}
 	if c := who(r); !c.privileged {
 		if err := checkUserSetup(c.uid, groupsOf(c), req); err != nil {
 			httpapi.WriteError(w, http.StatusForbidden, "forbidden", err.Error())
@@ -578,6 +584,48 @@ func (s *Server) removeActivation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.WriteJSON(w, 202, map[string]int64{"id": id})
+}
+
+// createInstance, createConfiguration and createActivation build a session's objects by
+// hand (dwcli create instance|configuration|activation, DataWarp's walk-through): changes
+// only administrators make, as the other administrative operations.
+func (s *Server) createInstance(w http.ResponseWriter, r *http.Request) {
+	var req lifecycle.ManualInstance
+	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
+		return
+	}
+	id, err := s.c.CreateInstance(r.Context(), r.PathValue("token"), req)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 201, controllerapi.Created{IDs: []int64{id}})
+}
+
+func (s *Server) createConfiguration(w http.ResponseWriter, r *http.Request) {
+	var req lifecycle.ManualConfiguration
+	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
+		return
+	}
+	id, err := s.c.CreateConfiguration(r.Context(), r.PathValue("token"), req)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 201, controllerapi.Created{IDs: []int64{id}})
+}
+
+func (s *Server) createActivation(w http.ResponseWriter, r *http.Request) {
+	var req lifecycle.ManualActivation
+	if !httpapi.Decode(w, r, &req) || !s.requirePrivileged(w, r) {
+		return
+	}
+	ids, err := s.c.CreateActivation(r.Context(), r.PathValue("token"), req)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, 201, controllerapi.Created{IDs: ids})
 }
 
 // fuseTables are the tables whose objects have a fuse an administrator may replace.

@@ -1049,3 +1049,39 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 	}
 	return spec
 }
+
+// CreateInstance places an instance by hand for the session of token (dwcli create instance)
+// and returns its id.
+func (c *Controller) CreateInstance(ctx context.Context, token string, req lifecycle.ManualInstance) (int64, error) {
+	var id int64
+	err := c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		var err error
+		id, err = lifecycle.ApplyCreateInstance(w, token, req, ids, c.params, now)
+		return err
+	})
+	return id, err
+}
+
+// CreateConfiguration adds a configuration by hand to an instance of the session of token
+// (dwcli create configuration) and returns its id.
+func (c *Controller) CreateConfiguration(ctx context.Context, token string, req lifecycle.ManualConfiguration) (int64, error) {
+	var id int64
+	err := c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		var err error
+		id, err = lifecycle.ApplyCreateConfiguration(w, token, req, ids, c.params)
+		return err
+	})
+	return id, err
+}
+
+// CreateActivation mounts a configuration by hand on the compute nodes of the session of
+// token (dwcli create activation) and returns the activations' ids.
+func (c *Controller) CreateActivation(ctx context.Context, token string, req lifecycle.ManualActivation) ([]int64, error) {
+	var made []int64
+	err := c.decide(ctx, "", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		var err error
+		made, err = lifecycle.ApplyCreateActivation(w, token, req, ids, c.params)
+		return err
+	})
+	return made, err
+}

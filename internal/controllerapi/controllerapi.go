@@ -79,6 +79,12 @@ type JobStagesReply struct {
 	Stages []lifecycle.StageProgress `json:"stages"`
 }
 
+// Created answers POST /dw/v1/sessions/{token}/instances, .../configurations and
+// .../activations: the ids of the objects made.
+type Created struct {
+	IDs []int64 `json:"ids"`
+}
+
 // TerminateRequest is the body of POST .../job_stages/terminate.
 type TerminateRequest struct {
 	Var  string `json:"var"`

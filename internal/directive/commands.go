@@ -196,7 +196,7 @@ func (d *dctx) jobdw(args []string, s *Script, seen *seenDirectives, l *logical)
 		}
 	}
 	if c, ok := v["capacity"]; ok {
-		j.Capacity = d.capacity("capacity", c)
+		j.Capacity, j.CapacityText = d.capacity("capacity", c), c
 	} else {
 		d.fail("capacity", "", "capacity is required", "add capacity=<size>, e.g. capacity=100GiB")
 	}

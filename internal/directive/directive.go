@@ -55,6 +55,7 @@ type JobDW struct {
 	Type                  string   // scratch (default) | cache
 	AccessModes           []string // canonical and in this order: striped, private, loadbalance
 	Capacity              uint64   // bytes, > 0
+	CapacityText          string   // capacity as the script wrote it ("3.5TB"), for messages
 	Pool                  string   // "" = the site's default pool
 	PFS                   string   // type=cache: the PFS directory cached; "" for scratch
 	MaxMDS                bool     // max_mds=yes: a metadata server on every server of the instance

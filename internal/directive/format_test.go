@@ -27,13 +27,13 @@ func withoutLines(s *Script) *Script {
 	c.Warnings = nil
 	if s.JobDW != nil {
 		j := *s.JobDW
-		j.Line = 0
+		j.Line, j.CapacityText = 0, ""
 		c.JobDW = &j
 	}
 	c.JobDWs = nil
 	for _, x := range s.JobDWs {
 		j := *x
-		j.Line = 0
+		j.Line, j.CapacityText = 0, ""
 		c.JobDWs = append(c.JobDWs, &j)
 	}
 	if s.Swap != nil {

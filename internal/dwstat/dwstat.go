@@ -90,8 +90,22 @@ func Render(a views.All, tables []string, summary bool, o Options) string {
 	var b strings.Builder
 	var missing []string
 	first := true
+	computeNodes := false
+	for _, n := range a.Nodes {
+		computeNodes = computeNodes || n.ComputeOnly
+	}
+	var expanded []string
 	for _, t := range tables {
+		expanded = append(expanded, t)
+		if t == "nodes" && computeNodes {
+			expanded = append(expanded, "compute nodes") // after the storage nodes
+		}
+	}
+	for _, t := range expanded {
 		rows, header, empty := table(a, t, o)
+		if t == "nodes" && computeNodes {
+			empty = "no storage nodes"
+		}
 		if t == "configurations" && summary {
 			for _, typ := range []string{"scratch", "cache", "swap"} {
 				if !hasType(a, typ) {
@@ -103,7 +117,11 @@ func Render(a views.All, tables []string, summary bool, o Options) string {
 			}
 		} else if len(rows) == 0 {
 			if summary {
-				missing = append(missing, t)
+				if t == "nodes" && computeNodes {
+					missing = append(missing, "storage nodes")
+				} else {
+					missing = append(missing, t)
+				}
 				continue
 			}
 			if !first {
@@ -195,6 +213,9 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 		// takes no new fragments (last: the reason has spaces).
 		header, empty = []string{"node", "pool", "online", "drain", "gran", "capacity", "insts", "activs", "endurance", "reason"}, "no nodes"
 		for _, n := range a.Nodes {
+			if n.ComputeOnly {
+				continue // listed apart, in the compute nodes' table
+			}
 			online, drain, pool, endurance, reason := "offline", "fill", n.Pool, "-", "-"
 			if n.Online {
 				online = "online"
@@ -218,6 +239,24 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 				reason = n.Reason
 			}
 			rows = append(rows, []string{n.ID, pool, online, drain, size(n.Granularity), size(n.Capacity), strconv.Itoa(n.Instances), strconv.Itoa(n.Activations), endurance, reason})
+		}
+	case "compute nodes":
+		// Nodes whose agent serves no storage: DataWarp's dwstat nodes listed its servers
+		// only, so they are not rows of the storage table (whose scripts count $3 != "online"
+		// as a drained server) but a table of their own, column 3 online as there.
+		header = []string{"node", "role", "online", "activs", "reason"}
+		for _, n := range a.Nodes {
+			if !n.ComputeOnly {
+				continue
+			}
+			online, reason := "offline", "-"
+			if n.Online {
+				online = "online"
+			}
+			if n.Reason != "" {
+				reason = n.Reason
+			}
+			rows = append(rows, []string{n.ID, "compute", online, strconv.Itoa(n.Activations), reason})
 		}
 	case "sessions":
 		header, empty = []string{"sess", "state", "token", "creator", "owner", "created", "expiration", "nodes"}, "no sessions"
@@ -358,3 +397,7 @@ func Select(a views.All, tables []string) map[string]any {
 	}
 	return out
 }
+
+// Align right-aligns rows (the header first) as dwstat's tables are; a last column named
+// "error" is free text, not padded.
+func Align(rows [][]string) string { return align(rows) }

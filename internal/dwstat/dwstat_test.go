@@ -157,29 +157,45 @@ func TestNodesShowEnduranceAndWhy(t *testing.T) {
 		{ID: "bb3", Pool: "wlm_pool", Online: true, Drain: true, AutoDrained: true, Granularity: 1 << 30, Capacity: 4 << 40,
 			Endurance: &views.NodeEndurance{Error: "neither smartctl nor nvme is installed"},
 			Reason:    "auto-drained: 5 failures in 10m: create-fragment: mkdir: input/output error"},
-		{ID: "cn1", Online: true},
+		{ID: "cn1", Online: true, Activations: 2, ComputeOnly: true},
+		{ID: "cn2", Reason: "agent configuration: data_listen is only for storage nodes", ComputeOnly: true},
 		{ID: "cnevil", Online: true, StorageClaim: "pool wlm_pool, 64GiB",
 			Reason: "not admitted for storage (claims pool wlm_pool, 64GiB): dwcli update node --name cnevil --storage"},
 	}}
 	lines := strings.Split(strings.TrimSpace(Render(a, []string{"nodes"}, false, Options{Location: time.UTC})), "\n")
-	fields := func(i int) string { return strings.Join(strings.Fields(lines[i]), " ") }
+	fields := func(i int) string {
+		if i >= len(lines) {
+			return "(no line)"
+		}
+		return strings.Join(strings.Fields(lines[i]), " ")
+	}
 	for i, want := range []string{
 		"node pool online drain gran capacity insts activs endurance reason",
 		"bb1 wlm_pool online fill 1GiB 4TiB 0 0 97% -",
 		"bb2 wlm_pool online worn 1GiB 4TiB 0 0 4% SSD endurance 4% remaining, below controller.endurance_threshold",
 		"bb3 wlm_pool online drain 1GiB 4TiB 0 0 - auto-drained: 5 failures in 10m: create-fragment: mkdir: input/output error",
-		"cn1 - online - 0B 0B 0 0 - -",
 		"cnevil - online unadmitted 0B 0B 0 0 - not admitted for storage (claims pool wlm_pool, 64GiB): dwcli update node --name cnevil --storage",
+		// A compute-only agent is not a storage node: it is listed apart (issue 23 item 12).
+		"",
+		"node role online activs reason",
+		"cn1 compute online 2 -",
+		"cn2 compute offline 0 agent configuration: data_listen is only for storage nodes",
 	} {
 		if got := fields(i); got != want {
 			t.Errorf("line %d:\n got %q\nwant %q", i, got, want)
 		}
 	}
 	js, _ := json.Marshal(Select(a, []string{"nodes"}))
-	for _, want := range []string{`"percent_remaining":4`, `"worn":true`, `"auto_drained":true`, `"error":"neither smartctl nor nvme is installed"`, `"storage_claim":"pool wlm_pool, 64GiB"`} {
+	for _, want := range []string{`"percent_remaining":4`, `"worn":true`, `"auto_drained":true`, `"error":"neither smartctl nor nvme is installed"`, `"storage_claim":"pool wlm_pool, 64GiB"`, `"compute_only":true`} {
 		if !strings.Contains(string(js), want) {
 			t.Errorf("--json nodes lacks %s: %s", want, js)
 		}
+	}
+	if got := Render(views.All{Nodes: []views.Node{{ID: "cn1", Online: true, ComputeOnly: true}}}, []string{"nodes"}, false, Options{}); got != "no storage nodes\n\nnode    role online activs reason\n cn1 compute online      0      -\n" {
+		t.Errorf("compute nodes only:\n%s", got)
+	}
+	if got := Render(views.All{Nodes: []views.Node{{ID: "cn1", Online: true, ComputeOnly: true}}}, []string{"nodes", "pools"}, true, Options{}); got != "node    role online activs reason\n cn1 compute online      0      -\n\ndid not find any storage nodes, pools\n" {
+		t.Errorf("compute nodes only, summarised:\n%q", got)
 	}
 }
 

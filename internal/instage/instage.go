@@ -253,7 +253,17 @@ func (s *Stager) StageIn(ctx context.Context, typ, dw, pfs string) error {
 	if err != nil {
 		return err
 	}
+	return s.StageInTarget(ctx, t, typ, pfs)
+}
+
+// StageInTarget copies pfs into t now (typ file or directory). A target without a local
+// path (Named) is not checked here: the stage checks it, as the session's user.
+func (s *Stager) StageInTarget(ctx context.Context, t Target, typ, pfs string) error {
+	var err error
 	if pfs, err = absPFS(pfs); err != nil {
+		return err
+	}
+	if _, err := s.API(); err != nil {
 		return err
 	}
 	switch typ {
@@ -261,15 +271,19 @@ func (s *Stager) StageIn(ctx context.Context, typ, dw, pfs string) error {
 		if err := mustExist(pfs, "PFS file", wantFile); err != nil {
 			return err
 		}
-		if err := mustWriteDir(filepath.Dir(t.Path), "burst buffer directory"); err != nil {
-			return err
+		if t.Path != "" {
+			if err := mustWriteDir(filepath.Dir(t.Path), "burst buffer directory"); err != nil {
+				return err
+			}
 		}
 	case model.StageDir:
 		if err := mustExist(pfs, "PFS directory", wantDir); err != nil {
 			return err
 		}
-		if err := mustWriteDir(t.Path, "burst buffer directory"); err != nil {
-			return err
+		if t.Path != "" {
+			if err := mustWriteDir(t.Path, "burst buffer directory"); err != nil {
+				return err
+			}
 		}
 	default:
 		return errorf(syscall.EINVAL, "type %q: expected file or directory", typ)
@@ -312,6 +326,15 @@ func (s *Stager) StageOut(ctx context.Context, typ, when, dw, pfs string) error 
 	if err != nil {
 		return err
 	}
+	return s.StageOutTarget(ctx, t, typ, when, pfs)
+}
+
+// StageOutTarget copies t to pfs (typ file or directory), when says when. A target without a
+// local path (Named) is not checked here: the stage checks it, as the session's user.
+func (s *Stager) StageOutTarget(ctx context.Context, t Target, typ, when, pfs string) error {
+	if _, err := s.API(); err != nil {
+		return err
+	}
 	req := lifecycle.InJobStage{Direction: model.StageOut, Type: typ, When: when, DWVar: t.Info.Var, DWPath: t.Rel}
 	if err := s.checkOut(t, typ, when, pfs, &req); err != nil {
 		return err
@@ -333,16 +356,20 @@ func (s *Stager) checkOut(t Target, typ, when, pfs string, req *lifecycle.InJobS
 	}
 	switch typ {
 	case model.StageFile:
-		if err := mustExist(t.Path, "burst buffer file", wantFile); err != nil {
-			return err
+		if t.Path != "" {
+			if err := mustExist(t.Path, "burst buffer file", wantFile); err != nil {
+				return err
+			}
 		}
 		if fi, err := os.Stat(req.PFSPath); err == nil && fi.IsDir() {
 			return mustWriteDir(req.PFSPath, "PFS directory")
 		}
 		return mustWriteDir(filepath.Dir(req.PFSPath), "PFS directory")
 	case model.StageDir:
-		if err := mustExist(t.Path, "burst buffer directory", wantDir); err != nil {
-			return err
+		if t.Path != "" {
+			if err := mustExist(t.Path, "burst buffer directory", wantDir); err != nil {
+				return err
+			}
 		}
 		return mustWriteDir(req.PFSPath, "PFS directory")
 	}

@@ -236,6 +236,9 @@ func SetupError(s *directive.Script, err error) error {
 		field = " pool=" + j.Pool
 	case strings.Contains(msg, "cannot hold"):
 		field = " capacity=" + units.FormatExact(j.Capacity)
+		if j.CapacityText != "" {
+			field = " capacity=" + j.CapacityText // as the user wrote it
+		}
 		if j.Pool != "" {
 			field = " pool=" + j.Pool + field
 		}

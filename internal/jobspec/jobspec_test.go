@@ -34,6 +34,15 @@ func TestSetupErrorNamesTheDirective(t *testing.T) {
 	if SetupError(s, nil) != nil {
 		t.Error("no error must stay no error")
 	}
+	// The directive is quoted as the user wrote it, not rewritten (issue 23 item 12).
+	s, err = directive.Parse([]byte("#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=3.5TB\necho hi\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := "pool wlm_pool cannot hold 3.18TiB (3260 grains of 1GiB): 4 free; 4GiB free in the pool"
+	if got, want := SetupError(s, errors.New(in)).Error(), "line 2: #DW jobdw capacity=3.5TB: "+in; got != want {
+		t.Errorf("SetupError(%q)\n got %q\nwant %q", in, got, want)
+	}
 	if got := CreateError(4, "create_persistent", "p", errors.New("pool x does not exist")).Error(); got != "line 4: #BB create_persistent name=p: pool x does not exist" {
 		t.Errorf("CreateError: %q", got)
 	}

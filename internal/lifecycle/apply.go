@@ -147,6 +147,9 @@ type Setup struct {
 	// Expiration is when a persistent instance expires, in seconds since the epoch; 0: the
 	// site's default (controller.persistent_expiration), ExpirationNever: never (expire.go).
 	Expiration int64 `json:"expiration,omitempty"`
+	// Manual: the session is built object by object (dwcli create session, then create
+	// instance, ...): a persistent one may come without its instance.
+	Manual bool `json:"manual,omitempty"`
 }
 
 // StageRequest is one stage directive, resolved by the caller to a variable and a path.
@@ -242,7 +245,7 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 		if err := checkPersistentName(req.Token); err != nil {
 			return err
 		}
-		if req.Instance == nil || req.Instance.Capacity == 0 {
+		if (req.Instance == nil || req.Instance.Capacity == 0) && !req.Manual {
 			return userErr("create_persistent %s: capacity must be greater than 0", req.Token)
 		}
 	}
@@ -428,13 +431,62 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 	if typ == model.TypeCache {
 		cache = cacheSettings(*req.Cache, p.Cache.Defaults)
 	}
+	inst, frags, err := placeInstance(w, sess, req, "", ids, p, now)
+	if err != nil {
+		return err
+	}
+	modes := req.AccessModes
+	if len(modes) == 0 {
+		modes = []string{model.AccessStriped}
+	}
+	mfc := req.MaxFilesCreated
+	if mfc == 0 {
+		mfc = p.Limits.FilesCreated
+	}
+	seen := map[string]bool{}
+	for _, mode := range modes {
+		if seen[mode] { // two configurations would share one mount path
+			return userErr("access_mode %s is given twice; give each access mode once", mode)
+		}
+		seen[mode] = true
+		c := &model.Configuration{
+			InstanceID: inst.ID, Type: typ, AccessMode: mode, Cache: cache,
+			RootPermissions: DefaultRootPermissions(sess), Owner: sess.Owner, Group: sess.Group,
+			MaxFileSize: req.MaxFileSize, ClientCache: req.ClientCache, State: model.Created(),
+			MaxFilesCreated: mfc,
+			MaxMDS:          req.MaxMDS && mode == model.AccessStriped && len(frags) > 1,
+		}
+		if cache != nil {
+			c.BackingPath = cache.PFS
+		}
+		if err := addConfiguration(w, sess, c, frags, ids); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DefaultRootPermissions is the mode of an instance's root when its configuration does not
+// set one: a job's files are its user's alone, even on shared compute nodes (0700); a
+// persistent instance is shared by its owner's jobs, and the owner may chmod (0755).
+func DefaultRootPermissions(sess *model.Session) uint32 {
+	if sess.Persistent {
+		return 0o755
+	}
+	return 0o700
+}
+
+// placeInstance places an instance of req's capacity in req's pool for sess and records it
+// and its fragments (no configuration yet); label "" is DataWarp's I<id>-0, or the name of
+// a persistent instance.
+func placeInstance(w *World, sess *model.Session, req InstanceRequest, label string, ids IDSource, p Params, now time.Time) (*model.Instance, []*model.Fragment, error) {
 	pool := w.Pools[req.Pool]
 	if pool == nil {
 		var names []string
 		for n := range w.Pools {
 			names = append(names, n)
 		}
-		return userErr("pool %q does not exist; pools: %s", req.Pool, strings.Join(sortedStrings(names), ", "))
+		return nil, nil, userErr("pool %q does not exist; pools: %s", req.Pool, strings.Join(sortedStrings(names), ", "))
 	}
 	grains := units.Grains(req.Capacity, pool.Granularity)
 	var candidates []alloc.Node
@@ -450,15 +502,15 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 	if err != nil {
 		var ie *alloc.InsufficientError
 		if errors.As(err, &ie) {
-			return userErr("pool %s cannot hold %s (%s of %s): %s; %s free in the pool",
+			return nil, nil, userErr("pool %s cannot hold %s (%s of %s): %s; %s free in the pool",
 				req.Pool, units.FormatHuman(req.Capacity), alloc.Grains(grains), units.FormatHuman(pool.Granularity), ie.Error(),
 				units.FormatHuman(w.UsageOfPool(req.Pool).Free*pool.Granularity))
 		}
-		return userErr("pool %s: %v", req.Pool, err)
+		return nil, nil, userErr("pool %s: %v", req.Pool, err)
 	}
 	iid, err := ids.NewID(KindInstance)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	inst := &model.Instance{
 		ID: iid, SessionID: sess.ID, Pool: req.Pool, Requested: req.Capacity,
@@ -468,81 +520,60 @@ func createInstance(w *World, sess *model.Session, req InstanceRequest, ids IDSo
 		WriteWindowLength:     orDefault64(req.WriteWindowLength, p.Limits.windowLength()),
 		WriteWindowMultiplier: orDefault64(req.WriteWindowMultiplier, p.Limits.Multiplier),
 	}
-	if sess.Persistent {
+	switch {
+	case label != "":
+		inst.Label = label
+	case sess.Persistent:
 		inst.Label = sess.Token
 	}
 	w.put(inst)
-	var mds *model.Fragment
 	var frags []*model.Fragment
 	for _, pl := range placements {
 		fid, err := ids.NewID(KindFragment)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		f := &model.Fragment{ID: fid, InstanceID: iid, Node: pl.Node, Grains: pl.Grains, Capacity: pl.Grains * pool.Granularity, State: model.Creating()}
 		w.put(f)
 		frags = append(frags, f)
-		if mds == nil {
-			mds = f
+	}
+	return inst, frags, nil
+}
+
+// addConfiguration records configuration c (its ID given here) of an instance whose
+// fragments are frags, its namespaces and, for a job, its registration.
+func addConfiguration(w *World, sess *model.Session, c *model.Configuration, frags []*model.Fragment, ids IDSource) error {
+	mode := c.AccessMode
+	if mode != model.AccessStriped && mode != model.AccessPrivate && mode != model.AccessLoadbalance {
+		return userErr("access_mode=%s: expected striped, private or loadbalance", mode)
+	}
+	if len(frags) == 0 {
+		return userErr("instance %d has no fragments", c.InstanceID)
+	}
+	cid, err := ids.NewID(KindConfiguration)
+	if err != nil {
+		return err
+	}
+	c.ID = cid
+	w.put(c)
+	switch {
+	case mode == model.AccessPrivate: // private namespaces are made per compute node at pre_run
+	case mode == model.AccessLoadbalance && len(frags) > 1, c.MaxMDS:
+		// Loadbalance: a replica on every server; each stages in its own copy, each compute
+		// node reads one. max_mds: a shard of the one namespace on every server, in
+		// fragment order (the first is the one staging and the mount orders name).
+		for _, f := range frags {
+			if err := addNamespace(w, c, f, "", ids); err != nil {
+				return err
+			}
 		}
-	}
-	modes := req.AccessModes
-	if len(modes) == 0 {
-		modes = []string{model.AccessStriped}
-	}
-	rootMode := uint32(0o700) // a job's files are its user's alone, even on shared compute nodes
-	if sess.Persistent {
-		rootMode = 0o755 // persistent instances are shared by their owner's jobs; the owner may chmod
-	}
-	mfc := req.MaxFilesCreated
-	if mfc == 0 {
-		mfc = p.Limits.FilesCreated
-	}
-	seen := map[string]bool{}
-	for _, mode := range modes {
-		if mode != model.AccessStriped && mode != model.AccessPrivate && mode != model.AccessLoadbalance {
-			return userErr("access_mode=%s: expected striped, private or loadbalance", mode)
-		}
-		if seen[mode] { // two configurations would share one mount path
-			return userErr("access_mode %s is given twice; give each access mode once", mode)
-		}
-		seen[mode] = true
-		cid, err := ids.NewID(KindConfiguration)
-		if err != nil {
+	default:
+		if err := addNamespace(w, c, frags[0], "", ids); err != nil {
 			return err
 		}
-		c := &model.Configuration{
-			ID: cid, InstanceID: iid, Type: typ, AccessMode: mode, Cache: cache,
-			RootPermissions: rootMode, Owner: sess.Owner, Group: sess.Group,
-			MaxFileSize: req.MaxFileSize, ClientCache: req.ClientCache, State: model.Created(),
-			MaxFilesCreated: mfc,
-			MaxMDS:          req.MaxMDS && mode == model.AccessStriped && len(frags) > 1,
-		}
-		if cache != nil {
-			c.BackingPath = cache.PFS
-		}
-		w.put(c)
-		switch {
-		case mode == model.AccessPrivate: // private namespaces are made per compute node at pre_run
-		case mode == model.AccessLoadbalance && len(frags) > 1, c.MaxMDS:
-			// Loadbalance: a replica on every server; each stages in its own copy, each compute
-			// node reads one. max_mds: a shard of the one namespace on every server, in
-			// fragment order (the first is the one staging and the mount orders name).
-			for _, f := range frags {
-				if err := addNamespace(w, c, f, "", ids); err != nil {
-					return err
-				}
-			}
-		default:
-			if err := addNamespace(w, c, mds, "", ids); err != nil {
-				return err
-			}
-		}
-		if !sess.Persistent {
-			if err := addRegistration(w, sess, c, ids); err != nil {
-				return err
-			}
-		}
+	}
+	if !sess.Persistent {
+		return addRegistration(w, sess, c, ids)
 	}
 	return nil
 }
@@ -915,62 +946,73 @@ func ApplyPreRun(w *World, token string, nodes []string, ids IDSource, p Params)
 	// What each node needs is found through maps built once per request (the session's
 	// activations, each configuration's namespaces by client node): the work is linear in
 	// the nodes, however many the job runs on.
-	type mount struct {
-		config ID
-		node   string
-	}
-	mounted := map[mount]bool{}
+	mounted := map[mountKey]bool{}
 	for _, a := range w.ActivationsOf(s.ID) {
-		mounted[mount{a.ConfigurationID, a.Node}] = true
+		mounted[mountKey{a.ConfigurationID, a.Node}] = true
 	}
 	for _, e := range Exposures(w, s) {
-		nss := w.NamespacesOf(e.Config.ID)
-		private := map[string]*model.Namespace{} // by client node, the first of each
-		for i := len(nss) - 1; i >= 0; i-- {
-			private[nss[i].ClientNode] = nss[i]
-		}
-		var frags []*model.Fragment
-		for _, node := range nodes {
-			ns := namespaceIn(e.Config, nss, private, node)
-			if ns == nil && e.Config.AccessMode == model.AccessPrivate {
-				if frags == nil {
-					frags = w.FragmentsOf(e.Config.InstanceID)
-				}
-				if len(frags) == 0 {
-					return userErr("pre_run %s: instance has no fragments", token)
-				}
-				// Each compute node's private namespace has its own metadata server, spread over
-				// the instance's servers by the node's name; its data is striped over all.
-				nid, err := ids.NewID(KindNamespace)
-				if err != nil {
-					return err
-				}
-				ns = &model.Namespace{ID: nid, ConfigurationID: e.Config.ID, FragmentID: frags[spreadIndex(node, len(frags))].ID, ClientNode: node, State: model.Creating()}
-				w.put(ns)
-				private[node] = ns
-			}
-			if ns == nil {
-				return fmt.Errorf("pre_run %s: configuration %d has no namespace", token, e.Config.ID)
-			}
-			if mounted[mount{e.Config.ID, node}] {
-				continue
-			}
-			aid, err := ids.NewID(KindActivation)
-			if err != nil {
-				return err
-			}
-			w.put(&model.Activation{
-				ID: aid, SessionID: s.ID, ConfigurationID: e.Config.ID, NamespaceID: ns.ID, Node: node,
-				MountPath: MountPath(p.MountRoot, s, e.Owner, e.Config),
-				ReadOnly:  e.Config.AccessMode == model.AccessLoadbalance, State: model.Creating(),
-			})
-			mounted[mount{e.Config.ID, node}] = true
+		if err := activate(w, s, e.Config, nodes, MountPath(p.MountRoot, s, e.Owner, e.Config), mounted, ids, "pre_run "+token); err != nil {
+			return err
 		}
 	}
 	s.ClientNodes = nodes
 	s.Phase = PhasePreRun
 	s.Failure = ""
 	w.put(s)
+	return nil
+}
+
+// mountKey is a configuration mounted on a node.
+type mountKey struct {
+	config ID
+	node   string
+}
+
+// activate records the activations of configuration c on nodes at mountPath for session s,
+// but those mounted says exist (it is kept up to date); a private configuration gets each
+// node's namespace here. what prefixes its errors.
+func activate(w *World, s *model.Session, c *model.Configuration, nodes []string, mountPath string, mounted map[mountKey]bool, ids IDSource, what string) error {
+	nss := w.NamespacesOf(c.ID)
+	private := map[string]*model.Namespace{} // by client node, the first of each
+	for i := len(nss) - 1; i >= 0; i-- {
+		private[nss[i].ClientNode] = nss[i]
+	}
+	var frags []*model.Fragment
+	for _, node := range nodes {
+		ns := namespaceIn(c, nss, private, node)
+		if ns == nil && c.AccessMode == model.AccessPrivate {
+			if frags == nil {
+				frags = w.FragmentsOf(c.InstanceID)
+			}
+			if len(frags) == 0 {
+				return userErr("%s: instance has no fragments", what)
+			}
+			// Each compute node's private namespace has its own metadata server, spread over
+			// the instance's servers by the node's name; its data is striped over all.
+			nid, err := ids.NewID(KindNamespace)
+			if err != nil {
+				return err
+			}
+			ns = &model.Namespace{ID: nid, ConfigurationID: c.ID, FragmentID: frags[spreadIndex(node, len(frags))].ID, ClientNode: node, State: model.Creating()}
+			w.put(ns)
+			private[node] = ns
+		}
+		if ns == nil {
+			return fmt.Errorf("%s: configuration %d has no namespace", what, c.ID)
+		}
+		if mounted[mountKey{c.ID, node}] {
+			continue
+		}
+		aid, err := ids.NewID(KindActivation)
+		if err != nil {
+			return err
+		}
+		w.put(&model.Activation{
+			ID: aid, SessionID: s.ID, ConfigurationID: c.ID, NamespaceID: ns.ID, Node: node,
+			MountPath: mountPath, ReadOnly: c.AccessMode == model.AccessLoadbalance, State: model.Creating(),
+		})
+		mounted[mountKey{c.ID, node}] = true
+	}
 	return nil
 }
 

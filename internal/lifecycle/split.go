@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
@@ -134,7 +135,12 @@ func advanceSplit(w *World, st *model.Stage, servers []agentapi.StripeServer, md
 		return true
 	case st.Step == agentapi.StepAbort:
 		msg := st.CopyError
-		if failure != "" {
+		switch {
+		case failure == "":
+		case strings.Contains(st.CopyError, failure):
+			// The abort failed for the reason the copy did (a refused uid, say): say it once.
+			msg += "; removing the partly staged files failed for the same reason"
+		default:
 			msg += "; removing the partly staged files also failed: " + failure
 		}
 		failStage(w, st, msg, now)

@@ -239,7 +239,7 @@ func closeAll(files []*os.File) {
 // workerCredential decides the identity of the worker. agentUID is the agent's own uid.
 func workerCredential(spec agentapi.StageSpec, agentUID int, allowRoot bool, groups func(uid, gid uint32) ([]uint32, error)) (*syscall.Credential, error) {
 	if spec.UID == 0 && !allowRoot {
-		return nil, errors.New("refusing to stage as uid 0 (root): the stage names no user; if root's own jobs must stage, set allow_root = true under [stage] in the configuration")
+		return nil, errors.New("refusing to stage as uid 0 (root): [stage] allow_root is off, the default of a system install (DataWarp staged as the job's user, and a uid 0 there is almost always a missing one; a home that root runs allows it); if root's own jobs must stage, set allow_root = true under [stage] in the storage nodes' configuration and restart their agents")
 	}
 	if agentUID != 0 {
 		if int64(spec.UID) != int64(agentUID) {

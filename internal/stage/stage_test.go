@@ -454,7 +454,7 @@ func TestRootStagesAreRefusedByDefault(t *testing.T) {
 	a := newArea(t)
 	s := spec(a, "in", "file", "/etc/hostname", "$DW_JOB_STRIPED/x")
 	s.UID, s.GID = 0, 0
-	mustFail(t, s, "refusing to stage as uid 0 (root)")
+	mustFail(t, s, "refusing to stage as uid 0 (root): [stage] allow_root is off, the default of a system install (DataWarp staged as the job's user, and a uid 0 there is almost always a missing one; a home that root runs allows it); if root's own jobs must stage, set allow_root = true under [stage] in the storage nodes' configuration and restart their agents")
 }
 
 func TestWorkerCredential(t *testing.T) {

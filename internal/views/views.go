@@ -65,6 +65,9 @@ type Node struct {
 	// own node key, and no administrator admitted it: it takes no fragments (Reason says how
 	// to admit it).
 	StorageClaim string `json:"storage_claim,omitempty"`
+	// ComputeOnly: a node whose agent serves no storage (no pool, no claim): a compute node,
+	// which dwstat nodes lists apart from the storage nodes.
+	ComputeOnly bool `json:"compute_only,omitempty"`
 
 	// Health (docs/admin.md): the SSD's wear; Worn when its remaining endurance is below
 	// controller.endurance_threshold (no new fragments); AutoDrained when the controller
@@ -344,6 +347,7 @@ func buildNodes(w *lifecycle.World) []Node {
 			LastSeen: n.LastSeen.Unix(), Address: n.Address, Roles: n.Roles, Reason: n.Reason, Health: n.Health, Warnings: n.Warnings, Written: n.Written, Version: n.Version,
 			HeldOffline: n.HeldOffline, Worn: n.Worn, AutoDrained: n.AutoDrained, RecentFailures: len(n.Failures), StorageClaim: n.StorageClaim})
 		v := &out[len(out)-1]
+		v.ComputeOnly = n.Pool == "" && n.StorageClaim == ""
 		if n.StorageClaim != "" && v.Reason == "" {
 			v.Reason = "not admitted for storage (claims " + n.StorageClaim + "): dwcli update node --name " + name + " --storage"
 		}
