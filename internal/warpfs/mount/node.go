@@ -112,9 +112,12 @@ func newRoot(be *backend) *node {
 	return root
 }
 
-// opCtx bounds one operation in time: a reconnection and a reopen share the budget.
+// opCtx bounds one operation in time: a reconnection and a reopen share the budget. A signal
+// to the caller ends it only when the caller is being killed (interrupt.go).
 func (be *backend) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, be.timeout)
+	ctx, unwatch := killableCtx(ctx)
+	ctx, cancel := context.WithTimeout(ctx, be.timeout)
+	return ctx, func() { cancel(); unwatch() }
 }
 
 // caller is the uid and gid of the process making the request.
