@@ -246,6 +246,7 @@ func (n *node) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build f
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.settleAll() // this node's writes behind first: their size and times
 	var rep proto.AttrReply
 	errno := n.byNode(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
 		return &proto.NodeReq{Path: p, Handle: h}
@@ -285,6 +286,8 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	if in.Valid&fuse.FATTR_SIZE != 0 && n.be.stripes != nil {
 		return n.truncateStriped(ctx, f, req, out)
 	}
+	n.settleAll() // a truncate, chmod or utimes comes after this node's writes
+
 	var rep proto.AttrReply
 	errno := n.byNode(ctx, f, proto.OpSetattr, func(p string, h uint64) proto.Message {
 		r := req
@@ -417,6 +420,9 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, flags uint32) (*fileHandle, syscall.Errno) {
 	h := n.addHandle(rep.Handle, gen, flags)
 	if len(rep.Layout) == 0 {
+		if n.be.stripes == nil && n.be.local == nil && n.be.writesBehind(flags, false) {
+			h.behind = newWriteBehind(n.be.writeBehind, 1)
+		}
 		return h, 0
 	}
 	l, err := stripe.Decode(rep.Layout)
@@ -425,8 +431,8 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 		return nil, syscall.EIO // a layout for another instance's servers: never served
 	}
 	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length}
-	if n.be.writeBehind > 0 && flags&(syscall.O_SYNC|syscall.O_DSYNC|syscall.O_DIRECT) == 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		h.striped.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
+	if n.be.writesBehind(flags, true) {
+		h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
 	}
 	if rep.Truncated {
 		if errno := h.truncateObjects(ctx, 0); errno != 0 {
@@ -713,6 +719,8 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	if !ok1 || !ok2 || hin.striped != nil || hout.striped != nil {
 		return 0, syscall.ENOTSUP // the kernel copies through read and write
 	}
+	hin.node.settleAll() // the server copies what it holds: this node's writes first
+	hout.node.settleAll()
 	in, inGen := hin.current()
 	outID, outGen := hout.current()
 	if inGen != outGen {
@@ -755,6 +763,9 @@ type fileHandle struct {
 
 	// striped is set for a file of a striped instance, whose data is in stripe objects.
 	striped *stripedFile
+	// behind carries the handle's writes after write(2) returned (writebehind.go); nil:
+	// every write waits for its server.
+	behind *writeBehind
 }
 
 func (h *fileHandle) current() (uint64, uint64) {
@@ -808,6 +819,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if h.striped != nil {
 		return h.readStriped(ctx, dest, off)
 	}
+	h.node.settleAll() // this node's writes behind first
 	if local := h.node.be.local; local != nil {
 		// A file of this host: go-fuse reads (or splices) it straight from the descriptor.
 		id, _ := h.current()
@@ -838,6 +850,9 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	if h.striped != nil {
 		return h.writeStriped(ctx, data, off)
 	}
+	if n, errno, plain := h.writeOrBehind(ctx, data, off); !plain {
+		return n, errno
+	}
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -856,8 +871,8 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	n.mu.Unlock()
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
+	h.settle() // an error was the close's to report (Flush)
 	if h.striped != nil {
-		h.settle()
 		h.reportSize(ctx)
 		h.releaseObjects(ctx)
 	}
@@ -893,13 +908,12 @@ func (h *fileHandle) PassthroughFd() (int, bool) {
 	return be.local.Fd(id)
 }
 
-// Flush needs no round trip: every write already reached the server. A striped file's writer
-// reports the size its writes reached, so that stat is exact after close on every node.
+// Flush waits for the handle's writes behind (and returns the first error one met); without
+// them it needs no round trip: every write already reached the server. A striped file's
+// writer reports the size its writes reached, so that stat is exact after close on every
+// node.
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
-	if h.striped == nil {
-		return 0
-	}
-	if errno := h.settle(); errno != 0 {
+	if errno := h.settle(); errno != 0 || h.striped == nil {
 		return errno
 	}
 	ctx, cancel := h.node.be.opCtx(ctx)
@@ -919,6 +933,9 @@ func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if h.striped != nil {
 		return h.fsyncStriped(ctx, flags)
 	}
+	if errno := h.settle(); errno != 0 {
+		return errno
+	}
 	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message {
 		return &proto.FsyncReq{Handle: id, Flags: flags}
 	}, nil)
@@ -936,6 +953,7 @@ func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		}
 		return h.allocateStriped(ctx, off, size, mode)
 	}
+	h.node.settleAll()
 	return h.handleCall(ctx, proto.OpFallocate, func(id uint64) proto.Message {
 		return &proto.FallocateReq{Handle: id, Offset: off, Length: size, Mode: mode}
 	}, nil)
@@ -956,6 +974,7 @@ func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint
 		}
 		return off, 0
 	}
+	h.node.settleAll() // holes and data as this node wrote them
 	var rep proto.CountReply
 	errno := h.handleCall(ctx, proto.OpLseek, func(id uint64) proto.Message {
 		return &proto.LseekReq{Handle: id, Offset: off, Whence: whence}
