@@ -276,8 +276,8 @@ func TestRemoteDeadServerFailsWithinTheTimeout(t *testing.T) {
 			}
 			return err
 		},
-		"stat":                    func() error { _, err := os.Stat(filepath.Join(m.Path(), "other")); return err },
-		"creating a file":         func() error { return os.WriteFile(filepath.Join(m.Path(), "new"), nil, 0o644) },
+		"stat":            func() error { _, err := os.Stat(filepath.Join(m.Path(), "other")); return err },
+		"creating a file": func() error { return os.WriteFile(filepath.Join(m.Path(), "new"), nil, 0o644) },
 	} {
 		start := time.Now()
 		err := op()
