@@ -114,10 +114,7 @@ func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
 			return
 		}
 		if q.bytes < gatherBytes && wb.waiters == 0 && wb.err == 0 {
-			wb.gather(q)
-			if len(q.pending) == 0 {
-				continue
-			}
+			wb.gather(q) // only this goroutine takes from q: it still holds what it held
 		}
 		qp := q.pending[0]
 		run := 1
