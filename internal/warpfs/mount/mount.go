@@ -202,12 +202,14 @@ type Limits struct {
 	// PreferredIOSize is the st_blksize reported for regular files, which stdio and many tools
 	// use as their buffer size. Default 1 MiB.
 	PreferredIOSize int
-	// WriteBehind is how many bytes of a striped file's writes one open file may have on
-	// their way to the servers after write(2) returned: writes to different servers overlap,
-	// and a writer never waits for a server while another is idle. An error of a write in
-	// flight is returned by the next write, fsync or close. Default 16 MiB; negative turns
-	// it off (every write waits for its servers). Files opened O_SYNC, O_DSYNC or O_DIRECT
-	// never write behind.
+	// WriteBehind is how many bytes of writes one open file may have on their way to the
+	// servers after write(2) returned: a striped file's writes to different servers overlap,
+	// and a writer never waits for a server while another is idle; a file of a one-server
+	// instance on another node has its small sequential writes gathered into requests of up
+	// to 1 MiB. An error of a write in flight is returned by the next write, fsync or close.
+	// Default 16 MiB; negative turns it off (every write waits for its servers). Files
+	// opened O_SYNC, O_DSYNC or O_DIRECT never write behind, nor O_APPEND on a one-server
+	// instance, nor files of a namespace on this host (no network to wait for).
 	WriteBehind int
 
 	// ProbeTimeout bounds the stat of a mount path before mounting or unmounting: a mount
@@ -924,11 +926,13 @@ func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 		return nil, fmt.Errorf("cannot reach namespace %d on storage node %s: %w", r.NamespaceID, r.Address, err)
 	}
 	return &backend{
-		client:    c,
-		readOnly:  spec.ReadOnly,
-		keepCache: spec.ClientCache,
-		blockSize: uint32(l.PreferredIOSize),
-		timeout:   c.Limits().RequestTimeout,
+		client:      c,
+		readOnly:    spec.ReadOnly,
+		keepCache:   spec.ClientCache,
+		blockSize:   uint32(l.PreferredIOSize),
+		timeout:     c.Limits().RequestTimeout,
+		writeBehind: int64(max(l.WriteBehind, 0)),
+		maxFileSize: spec.MaxFileSize,
 	}, nil
 }
 

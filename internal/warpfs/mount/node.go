@@ -120,9 +120,12 @@ func newRoot(be *backend) *node {
 	return root
 }
 
-// opCtx bounds one operation in time: a reconnection and a reopen share the budget.
+// opCtx bounds one operation in time: a reconnection and a reopen share the budget. A signal
+// to the caller ends it only when the caller is being killed (interrupt.go).
 func (be *backend) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, be.timeout)
+	ctx, unwatch := killableCtx(ctx)
+	ctx, cancel := context.WithTimeout(ctx, be.timeout)
+	return ctx, func() { cancel(); unwatch() }
 }
 
 // caller is the uid and gid of the process making the request.
@@ -283,6 +286,7 @@ func (n *node) byNodeLease(ctx context.Context, f fs.FileHandle, op proto.Op, bu
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.settleAll() // this node's writes behind first: their size and times
 	var rep proto.AttrReply
 	lease, errno := n.byNodeLease(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
 		return &proto.NodeReq{Path: p, Handle: h}
@@ -323,6 +327,8 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	if in.Valid&fuse.FATTR_SIZE != 0 && n.be.stripes != nil {
 		return n.truncateStriped(ctx, f, req, out)
 	}
+	n.settleAll() // a truncate, chmod or utimes comes after this node's writes
+
 	var rep proto.AttrReply
 	lease, errno := n.byNodeLease(ctx, f, proto.OpSetattr, func(p string, h uint64) proto.Message {
 		r := req
@@ -456,6 +462,9 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, flags uint32) (*fileHandle, syscall.Errno) {
 	h := n.addHandle(rep.Handle, gen, flags)
 	if len(rep.Layout) == 0 {
+		if n.be.stripes == nil && n.be.local == nil && n.be.writesBehind(flags, false) {
+			h.behind = newWriteBehind(n.be.writeBehind, 1)
+		}
 		return h, 0
 	}
 	l, err := stripe.Decode(rep.Layout)
@@ -464,8 +473,8 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 		return nil, syscall.EIO // a layout for another instance's servers: never served
 	}
 	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length}
-	if n.be.writeBehind > 0 && flags&(syscall.O_SYNC|syscall.O_DSYNC|syscall.O_DIRECT) == 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		h.striped.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
+	if n.be.writesBehind(flags, true) {
+		h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
 	}
 	if rep.Truncated {
 		if errno := h.truncateObjects(ctx, 0); errno != 0 {
@@ -757,6 +766,8 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	if !ok1 || !ok2 || hin.striped != nil || hout.striped != nil {
 		return 0, syscall.ENOTSUP // the kernel copies through read and write
 	}
+	hin.node.settleAll() // the server copies what it holds: this node's writes first
+	hout.node.settleAll()
 	in, inGen := hin.current()
 	outID, outGen := hout.current()
 	if inGen != outGen {
@@ -799,6 +810,9 @@ type fileHandle struct {
 
 	// striped is set for a file of a striped instance, whose data is in stripe objects.
 	striped *stripedFile
+	// behind carries the handle's writes after write(2) returned (writebehind.go); nil:
+	// every write waits for its server.
+	behind *writeBehind
 }
 
 func (h *fileHandle) current() (uint64, uint64) {
@@ -852,6 +866,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if h.striped != nil {
 		return h.readStriped(ctx, dest, off)
 	}
+	h.node.settleAll() // this node's writes behind first
 	if local := h.node.be.local; local != nil {
 		// A file of this host: go-fuse reads (or splices) it straight from the descriptor.
 		id, _ := h.current()
@@ -882,6 +897,9 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	if h.striped != nil {
 		return h.writeStriped(ctx, data, off)
 	}
+	if n, errno, plain := h.writeOrBehind(ctx, data, off); !plain {
+		return n, errno
+	}
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -900,8 +918,8 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	n.mu.Unlock()
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
+	h.settle() // an error was the close's to report (Flush)
 	if h.striped != nil {
-		h.settle()
 		h.reportSize(ctx)
 		h.releaseObjects(ctx)
 	}
@@ -937,13 +955,12 @@ func (h *fileHandle) PassthroughFd() (int, bool) {
 	return be.local.Fd(id)
 }
 
-// Flush needs no round trip: every write already reached the server. A striped file's writer
-// reports the size its writes reached, so that stat is exact after close on every node.
+// Flush waits for the handle's writes behind (and returns the first error one met); without
+// them it needs no round trip: every write already reached the server. A striped file's
+// writer reports the size its writes reached, so that stat is exact after close on every
+// node.
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
-	if h.striped == nil {
-		return 0
-	}
-	if errno := h.settle(); errno != 0 {
+	if errno := h.settle(); errno != 0 || h.striped == nil {
 		return errno
 	}
 	ctx, cancel := h.node.be.opCtx(ctx)
@@ -963,6 +980,9 @@ func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if h.striped != nil {
 		return h.fsyncStriped(ctx, flags)
 	}
+	if errno := h.settle(); errno != 0 {
+		return errno
+	}
 	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message {
 		return &proto.FsyncReq{Handle: id, Flags: flags}
 	}, nil)
@@ -980,6 +1000,7 @@ func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		}
 		return h.allocateStriped(ctx, off, size, mode)
 	}
+	h.node.settleAll()
 	return h.handleCall(ctx, proto.OpFallocate, func(id uint64) proto.Message {
 		return &proto.FallocateReq{Handle: id, Offset: off, Length: size, Mode: mode}
 	}, nil)
@@ -1000,6 +1021,7 @@ func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint
 		}
 		return off, 0
 	}
+	h.node.settleAll() // holes and data as this node wrote them
 	var rep proto.CountReply
 	errno := h.handleCall(ctx, proto.OpLseek, func(id uint64) proto.Message {
 		return &proto.LseekReq{Handle: id, Offset: off, Whence: whence}

@@ -85,39 +85,6 @@ type stripedFile struct {
 	extent  uint64   // one past the last byte written or allocated through this handle
 	report  bool     // the size and mtime need reporting to the metadata server
 	dirty   bool     // data written since the last fsync
-
-	behind *writeBehind // nil: every write waits for its servers
-}
-
-// writeBehind carries a handle's writes to the servers after write(2) returned: a queue per
-// server, sent in order one at a time (so that overlapping writes land in the order they were
-// made), at most limit bytes in flight in all. The first error is kept, what was queued after
-// it dropped, and the next write, flush or fsync returns it, once (as Linux reports a
-// write-back error).
-type writeBehind struct {
-	limit int64
-
-	mu       sync.Mutex
-	cond     *sync.Cond
-	inflight int64
-	err      syscall.Errno
-	queues   []serverQueue
-}
-
-type serverQueue struct {
-	pending []queuedPiece
-	running bool
-}
-
-type queuedPiece struct {
-	piece stripe.Piece
-	data  []byte
-}
-
-func newWriteBehind(limit int64, servers int) *writeBehind {
-	wb := &writeBehind{limit: limit, queues: make([]serverQueue, servers)}
-	wb.cond = sync.NewCond(&wb.mu)
-	return wb
 }
 
 // object is a handle's open stripe object on one server.
@@ -284,8 +251,8 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 		}
 		length = be.maxFileSize - start
 	}
-	if wb := h.striped.behind; wb != nil {
-		return h.writeBehind(wb, data[:length], start)
+	if wb := h.behind; wb != nil {
+		return h.writeBehind(ctx, wb, data[:length], start)
 	}
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
@@ -316,95 +283,8 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 	return uint32(n), 0 // short when cut at the maximum file size: the next write gets EFBIG
 }
 
-// writeBehind queues a write's pieces for their servers and returns at once, unless limit
-// bytes are already in flight: then it waits for room.
-func (h *fileHandle) writeBehind(wb *writeBehind, data []byte, start uint64) (uint32, syscall.Errno) {
-	n := int64(len(data))
-	wb.mu.Lock()
-	for wb.err == 0 && wb.inflight > 0 && wb.inflight+n > wb.limit {
-		wb.cond.Wait()
-	}
-	if wb.err != 0 {
-		errno := wb.err
-		wb.err = 0
-		wb.mu.Unlock()
-		return 0, errno
-	}
-	buf := append([]byte(nil), data...) // the kernel reuses data once we return
-	wb.inflight += n
-	for _, p := range h.striped.layout.Pieces(start, uint64(n)) {
-		q := &wb.queues[p.Server]
-		q.pending = append(q.pending, queuedPiece{piece: p, data: buf[p.BufOffset : p.BufOffset+p.Length]})
-		if !q.running {
-			q.running = true
-			go h.sendQueue(wb, p.Server)
-		}
-	}
-	wb.mu.Unlock()
-	h.grew(start + uint64(n))
-	return uint32(n), 0
-}
-
-// sendQueue sends one server's queued pieces in order until the queue is empty. Pieces
-// queued one after the other that continue each other in the object (a sequential writer's
-// small writes, which pile up while the previous request is on its way) go as one request of
-// up to proto.MaxIO bytes: the same bytes in the same order, in fewer round trips.
-func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
-	for {
-		wb.mu.Lock()
-		q := &wb.queues[s]
-		if len(q.pending) == 0 {
-			q.running = false
-			wb.mu.Unlock()
-			return
-		}
-		qp := q.pending[0]
-		run := 1
-		for end := qp.piece.ObjOffset + qp.piece.Length; run < len(q.pending); run++ {
-			next := q.pending[run].piece
-			if next.ObjOffset != end || end+next.Length-qp.piece.ObjOffset > proto.MaxIO {
-				break
-			}
-			end += next.Length
-		}
-		var merged *[]byte
-		if run > 1 {
-			merged = mergeBuffers.Get().(*[]byte)
-			data := (*merged)[:0]
-			for _, p := range q.pending[:run] {
-				data = append(data, p.data...)
-			}
-			qp = queuedPiece{piece: stripe.Piece{Server: s, ObjOffset: qp.piece.ObjOffset, Length: uint64(len(data))}, data: data}
-		}
-		clear(q.pending[:run]) // the pieces' buffers can go
-		q.pending = q.pending[run:]
-		failed := wb.err != 0
-		wb.mu.Unlock()
-		var errno syscall.Errno
-		if !failed { // after an error the rest is dropped: the writer learns of the error
-			errno = h.sendPiece(qp)
-		}
-		if merged != nil {
-			mergeBuffers.Put(merged)
-		}
-		wb.mu.Lock()
-		wb.inflight -= int64(qp.piece.Length)
-		if errno != 0 && wb.err == 0 {
-			wb.err = errno
-		}
-		wb.cond.Broadcast()
-		wb.mu.Unlock()
-	}
-}
-
-// mergeBuffers hold the runs of pieces sendQueue sends as one request.
-var mergeBuffers = sync.Pool{New: func() any {
-	b := make([]byte, 0, proto.MaxIO)
-	return &b
-}}
-
-// sendPiece writes one piece to its server's object.
-func (h *fileHandle) sendPiece(qp queuedPiece) syscall.Errno {
+// sendObjectPiece writes one piece of a striped file's write-behind to its server's object.
+func (h *fileHandle) sendObjectPiece(qp queuedPiece) syscall.Errno {
 	ctx, cancel := h.node.be.opCtx(context.Background())
 	defer cancel()
 	var rep proto.CountReply
@@ -419,39 +299,6 @@ func (h *fileHandle) sendPiece(qp queuedPiece) syscall.Errno {
 		h.markDirty(qp.piece.Server)
 	}
 	return errno
-}
-
-// settle waits until the handle's writes reached their servers, and returns the first error
-// any of them met.
-func (h *fileHandle) settle() syscall.Errno {
-	wb := h.striped.behind
-	if wb == nil {
-		return 0
-	}
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	for wb.inflight > 0 {
-		wb.cond.Wait()
-	}
-	errno := wb.err
-	wb.err = 0
-	return errno
-}
-
-// settleAll waits for the writes of every handle of this node's file: what a read, truncate
-// or fallocate must see.
-func (n *node) settleAll() {
-	n.mu.Lock()
-	var hs []*fileHandle
-	for h := range n.handles {
-		if h.striped != nil && h.striped.behind != nil {
-			hs = append(hs, h)
-		}
-	}
-	n.mu.Unlock()
-	for _, h := range hs {
-		h.settle()
-	}
 }
 
 func (h *fileHandle) markDirty(s int) {

@@ -1,13 +1,18 @@
 package server
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
-	"golang.org/x/sys/unix"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // Round trips of single requests to a server over TCP on the loopback interface, in a
@@ -54,4 +59,113 @@ func BenchmarkRequests(b *testing.B) {
 			}
 		}
 	})
+}
+
+// The server's own cost of creating and removing files, against the file system's: N files
+// created (create + release) and removed (unlink) in a subdirectory of the namespace through
+// a Local server (the requests' handlers, no network, no FUSE), and the same loop of raw
+// open(O_CREAT)/close and unlink in a directory of the same file system, in one run. Both a
+// plain and a striped namespace (whose files are stubs with a layout attribute).
+//
+//	SPILLWAY_BENCH_DIR=/dev/shm go test -run '^$' -bench 'CreateUnlink' -benchtime 2000x -cpuprofile cpu.out ./internal/warpfs/server
+func BenchmarkCreateUnlink(b *testing.B) {
+	if unix.Geteuid() != 0 {
+		b.Skip("files are created as their caller: root only")
+	}
+	const sub = "job/rank0"
+	b.Run("raw", func(b *testing.B) {
+		dir := filepath.Join(benchDir(b), sub)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		names := benchNames(b.N)
+		b.ResetTimer()
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			fd, err := unix.Open(filepath.Join(dir, names[i]), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+			if err != nil {
+				b.Fatal(err)
+			}
+			unix.Close(fd)
+		}
+		created := time.Now()
+		for i := 0; i < b.N; i++ {
+			if err := unix.Unlink(filepath.Join(dir, names[i])); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reportPhases(b, start, created)
+	})
+	for _, striped := range []bool{false, true} {
+		name := "server"
+		if striped {
+			name = "server-striped"
+		}
+		b.Run(name, func(b *testing.B) {
+			dir := benchDir(b)
+			if striped {
+				root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
+				if err := unix.Setxattr(dir, LayoutXattr, root.Encode(), 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+				b.Fatal(err)
+			}
+			l, err := OpenLocal(LocalOptions{Dir: dir, Tracker: usage.New("bench", 1<<40), Name: "bench"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			names := benchNames(b.N)
+			b.ResetTimer()
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				rep, _, errno := l.Exec(proto.OpCreate, 1000, 1000, &proto.CreateReq{Dir: sub, Name: names[i], Flags: syscall.O_WRONLY | syscall.O_CREAT | syscall.O_EXCL, Mode: 0o644}, nil)
+				if errno != 0 {
+					b.Fatal(errno)
+				}
+				l.Exec(proto.OpRelease, 1000, 1000, &proto.HandleReq{Handle: rep.(*proto.OpenReply).Handle}, nil)
+			}
+			created := time.Now()
+			for i := 0; i < b.N; i++ {
+				if _, _, errno := l.Exec(proto.OpUnlink, 1000, 1000, &proto.EntryReq{Dir: sub, Name: names[i]}, nil); errno != 0 {
+					b.Fatal(errno)
+				}
+			}
+			reportPhases(b, start, created)
+		})
+	}
+}
+
+func benchNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = "file." + strconv.Itoa(i)
+	}
+	return names
+}
+
+// benchDir is a new directory for one benchmark: under $SPILLWAY_BENCH_DIR when set (a
+// tmpfs such as /dev/shm shows the server's own cost best: its creates cost the file system
+// little, and the same on every run), else the test's temporary directory.
+func benchDir(b *testing.B) string {
+	base := os.Getenv("SPILLWAY_BENCH_DIR")
+	if base == "" {
+		return b.TempDir()
+	}
+	dir, err := os.MkdirTemp(base, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// reportPhases reports the time per file of the create phase (start to created) and of the
+// remove phase (created to now).
+func reportPhases(b *testing.B, start, created time.Time) {
+	now := time.Now()
+	b.ReportMetric(float64(created.Sub(start).Nanoseconds())/float64(b.N), "create-ns/file")
+	b.ReportMetric(float64(now.Sub(created).Nanoseconds())/float64(b.N), "unlink-ns/file")
 }

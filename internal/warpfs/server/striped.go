@@ -45,6 +45,19 @@ func readLayout(fd int) (stripe.Layout, bool) {
 	return l, err == nil
 }
 
+// readLayoutAt reads the layout of dirfd/name without opening it: through the directory's
+// descriptor (/proc/self/fd/N is the directory itself, not a path resolved again), and
+// without following name if it is a symbolic link (whose trusted attributes no user can set).
+func readLayoutAt(dirfd int, name string) (stripe.Layout, bool) {
+	var buf [64]byte
+	n, err := unix.Lgetxattr(procPath(dirfd)+"/"+name, LayoutXattr, buf[:])
+	if err != nil {
+		return stripe.Layout{}, false
+	}
+	l, err := stripe.Decode(buf[:n])
+	return l, err == nil
+}
+
 func writeLayout(fd int, l stripe.Layout) syscall.Errno {
 	return errnoOf(unix.Setxattr(procPath(fd), LayoutXattr, l.Encode(), 0))
 }
@@ -88,18 +101,19 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 		return nil, proto.Attr{}, false, errnoOf(err)
 	}
 	v.own(t, parent, uid, gid, r.Mode)
-	if _, _, errno := v.layoutFor(fd, dirfd); errno != 0 {
+	layout, _, errno := v.layoutFor(fd, dirfd)
+	if errno != 0 {
 		unix.Close(fd)
 		return nil, proto.Attr{}, false, errno
 	}
-	l := v.lockDir(dirfd)
+	l := v.lockDirOf(dirfd, parent)
 	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
 	l.unlock()
 	if err == nil {
 		if fp, _, err := footprintOf(fd); err == nil {
 			v.tracker.Charge(fp) // its layout's attribute, if it takes a block
 		}
-		h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+		h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, &layout)
 		return h, a, true, errno
 	}
 	unix.Close(fd)
@@ -110,7 +124,7 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 	if err != nil {
 		return nil, proto.Attr{}, false, errnoOf(err)
 	}
-	h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+	h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, nil)
 	return h, a, false, errno
 }
 
@@ -129,15 +143,15 @@ func (v *volume) stubAttr(fd int, st *unix.Stat_t) proto.Attr {
 
 // attrAt is stubAttr of dirfd/name, a node just stat'ed as st.
 func (v *volume) attrAt(dirfd int, name string, st *unix.Stat_t) proto.Attr {
+	a := toAttr(st)
 	if !v.striped || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return toAttr(st)
+		return a
 	}
-	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return toAttr(st)
+	if l, ok := readLayoutAt(dirfd, name); ok && l.ID != 0 {
+		a.Size = l.Length
+		a.Blocks = (l.Length + 511) / 512
 	}
-	defer unix.Close(fd)
-	return v.stubAttr(fd, st)
+	return a
 }
 
 // stubOf is the layout of a striped file's stub open as t.
@@ -178,12 +192,7 @@ func (v *volume) removedLayout(dirfd int, name string) []byte {
 	if !v.striped {
 		return nil
 	}
-	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil
-	}
-	defer unix.Close(fd)
-	if l, ok := readLayout(fd); ok && l.ID != 0 {
+	if l, ok := readLayoutAt(dirfd, name); ok && l.ID != 0 {
 		return l.Encode()
 	}
 	return nil

@@ -63,6 +63,8 @@ type volume struct {
 	fragmentFS uint64
 	// acct counts the session's requests and enforces the write window and MFC (limits.go).
 	acct account
+	// dirs are the directories the session used last, open (dircache.go).
+	dirs dirCache
 }
 
 // useFragmentFS makes statfs report the room of the file system the namespace root is on,
@@ -103,7 +105,10 @@ func openVolume(dir string, t *usage.Tracker, inodes *inodeTable) (*volume, erro
 	return v, nil
 }
 
-func (v *volume) close() { unix.Close(v.rootFd) }
+func (v *volume) close() {
+	v.dirs.close()
+	unix.Close(v.rootFd)
+}
 
 // errnoOf turns an error into the errno the client sees.
 func errnoOf(err error) syscall.Errno {
@@ -154,19 +159,24 @@ func pathErrno(p string) syscall.Errno {
 	return 0
 }
 
-// dirAt opens the directory at path; done closes it.
+// dirAt opens the directory at path, or takes it from the session's cache (dircache.go);
+// done ends the caller's use of it.
 func (v *volume) dirAt(path string) (fd int, done func(), errno syscall.Errno) {
 	if path == "" {
 		return v.rootFd, func() {}, 0
 	}
+	if d, done := v.dirs.get(path); d != nil {
+		return d.fd, done, 0
+	}
 	if errno := pathErrno(path); errno != 0 {
 		return -1, nil, errno
 	}
+	gen := dirGeneration.Load() // before the walk: a rename during it makes it stale
 	fd, err := openBeneath(v.rootFd, path)
 	if err != nil {
 		return -1, nil, errnoOf(err)
 	}
-	return fd, func() { unix.Close(fd) }, 0
+	return fd, v.dirs.put(path, fd, gen), 0
 }
 
 // openBeneath opens the directory path beneath dirfd (see beneath), retrying the kernel's
@@ -550,18 +560,14 @@ func openFlags(flags uint32) int {
 
 func writes(flags uint32) bool { return flags&unix.O_ACCMODE != unix.O_RDONLY }
 
-// newFile makes a handle of a regular file just opened.
+// newFile makes a handle of a regular file just opened, st its state just taken (fstat).
 // While it is open the tracker's count of the file is kept in in.charged: from its footprint
 // now, which the tracker counts already (a new file's was charged by its creator).
 func (v *volume) newFile(fd int, flags uint32, st *unix.Stat_t, orphan bool) *handle {
 	in := v.inodes.get(keyOf(st))
 	in.sizeMu.Lock()
 	if !in.tracked {
-		if fp, _, err := footprintOf(fd); err == nil {
-			in.charged = fp
-		} else {
-			in.charged = usage.Footprint(st)
-		}
+		in.charged = usage.Footprint(st)
 		in.tracked = true
 	}
 	in.mu.Lock()
@@ -598,12 +604,13 @@ func (v *volume) openFile(path string, flags uint32) (*handle, proto.Attr, sysca
 	if err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
-	return v.finishOpen(fd, flags, false, nil, 0, 0, 0)
+	return v.finishOpen(fd, flags, false, nil, 0, 0, 0, nil)
 }
 
 // finishOpen checks that fd is a regular file, takes ownership of a new one, applies O_TRUNC
-// and returns the handle.
-func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Stat_t, uid, gid, mode uint32) (*handle, proto.Attr, syscall.Errno) {
+// and returns the handle. layout is a striped file's layout when the caller has just written
+// it (a stub it created), nil to read it.
+func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Stat_t, uid, gid, mode uint32, layout *stripe.Layout) (*handle, proto.Attr, syscall.Errno) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
@@ -620,13 +627,19 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 	}
 	t := &target{fd: fd, real: true, st: st, done: func() {}}
 	if created {
-		v.own(t, parent, uid, gid, mode)
-		if fp, _, err := footprintOf(fd); err == nil {
-			v.tracker.Charge(fp) // what it takes already (attributes it inherited)
-		}
+		v.own(t, parent, uid, gid, mode)         // t.st is the file's state after it
+		v.tracker.Charge(usage.Footprint(&t.st)) // what it takes already (attributes it inherited)
 	}
-	h := v.newFile(fd, flags, &st, false)
-	if l, stub := v.stubOf(t); stub {
+	h := v.newFile(fd, flags, &t.st, false)
+	var l stripe.Layout
+	stub := layout != nil
+	if stub {
+		l = *layout
+	} else {
+		l, stub = v.stubOf(t)
+	}
+	changed := false
+	if stub {
 		// The client truncates the objects of a striped file opened with O_TRUNC.
 		if !created && flags&unix.O_TRUNC != 0 && l.Length > 0 {
 			if errno := v.setLength(t, 0, false); errno != 0 {
@@ -634,25 +647,33 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 				return nil, proto.Attr{}, errno
 			}
 			l.Length = 0
-			h.truncated = true
+			h.truncated, changed = true, true
 		}
 		h.layout = l.Encode()
-	} else if !created && flags&unix.O_TRUNC != 0 && st.Size > 0 {
+	} else if !created && flags&unix.O_TRUNC != 0 && t.st.Size > 0 {
 		if errno := v.truncate(t, 0); errno != 0 {
 			v.closeFile(h)
 			return nil, proto.Attr{}, errno
 		}
+		changed = true
 	}
-	if err := unix.Fstat(fd, &st); err != nil {
-		v.closeFile(h)
-		return nil, proto.Attr{}, errnoOf(err)
+	if changed {
+		if err := unix.Fstat(fd, &t.st); err != nil {
+			v.closeFile(h)
+			return nil, proto.Attr{}, errnoOf(err)
+		}
 	}
-	return h, v.stubAttr(fd, &st), 0
+	a := toAttr(&t.st)
+	if stub { // stubAttr, from the layout at hand
+		a.Size, a.Blocks = l.Length, (l.Length+511)/512
+	}
+	return h, a, 0
 }
 
 // own gives a new entry to its creator: the caller's uid, and the caller's gid or the
 // directory's in a set-group-ID directory (whose new subdirectories inherit the bit); and the
-// permission bits the caller asked for (the server's own umask must not apply).
+// permission bits the caller asked for (the server's own umask must not apply). For anything
+// but a symbolic link, t.st is the entry's state after it.
 func (v *volume) own(t *target, parent *unix.Stat_t, uid, gid uint32, mode uint32) {
 	if v.asRoot {
 		g := gid
@@ -668,9 +689,10 @@ func (v *volume) own(t *target, parent *unix.Stat_t, uid, gid uint32, mode uint3
 	if t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR && parent != nil && parent.Mode&syscall.S_ISGID != 0 {
 		want |= syscall.S_ISGID
 	}
-	var st unix.Stat_t
-	if unix.Fstat(t.fd, &st) == nil && st.Mode&0o7777 != want {
-		v.chmod(t, want)
+	if unix.Fstat(t.fd, &t.st) == nil && t.st.Mode&0o7777 != want {
+		if v.chmod(t, want) == nil {
+			unix.Fstat(t.fd, &t.st)
+		}
 	}
 }
 
@@ -698,7 +720,7 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 		// A full instance still opens an existing file, as O_CREAT allows.
 		if r.Flags&unix.O_EXCL == 0 {
 			if fd, err := unix.Openat(dirfd, r.Name, base, 0); err == nil {
-				return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+				return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, nil)
 			}
 		}
 		return nil, proto.Attr{}, errno
@@ -707,7 +729,7 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 		// Past MFC (or the write window) an existing file still opens, as O_CREAT allows.
 		if r.Flags&unix.O_EXCL == 0 && errno == syscall.EMFILE {
 			if fd, err := unix.Openat(dirfd, r.Name, base, 0); err == nil {
-				return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0)
+				return v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, nil)
 			}
 		}
 		return nil, proto.Attr{}, errno
@@ -718,7 +740,7 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 		return h, a, errno
 	}
 	created := true
-	l := v.lockDir(dirfd)
+	l := v.lockDirOf(dirfd, &parent)
 	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
 	l.unlock()
 	if errors.Is(err, syscall.EEXIST) && r.Flags&unix.O_EXCL == 0 {
@@ -730,7 +752,7 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	if err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
-	return v.finishOpen(fd, r.Flags, created, &parent, uid, gid, r.Mode)
+	return v.finishOpen(fd, r.Flags, created, &parent, uid, gid, r.Mode, nil)
 }
 
 // tmpfile creates a file with no name (O_TMPFILE): its space is released when it is closed.
@@ -1006,10 +1028,17 @@ func (v *volume) lockDir(fd int) *dirLock {
 	if unix.Fstat(fd, &st) != nil {
 		return nil
 	}
-	l := &dirLock{v: v, fd: fd, in: v.inodes.get(keyOf(&st))}
+	return v.lockDirOf(fd, &st)
+}
+
+// lockDirOf is lockDir of a directory the caller stat'ed already as st (only its identity
+// is used: its footprint is taken again once it is locked).
+func (v *volume) lockDirOf(fd int, st *unix.Stat_t) *dirLock {
+	l := &dirLock{v: v, fd: fd, in: v.inodes.get(keyOf(st))}
 	l.in.sizeMu.Lock()
-	if unix.Fstat(fd, &st) == nil {
-		l.before = usage.Footprint(&st)
+	var now unix.Stat_t
+	if unix.Fstat(fd, &now) == nil {
+		l.before = usage.Footprint(&now)
 	}
 	return l
 }
@@ -1075,6 +1104,7 @@ func (v *volume) removeDir(dirfd int, name string) error {
 	if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil {
 		return err
 	}
+	namespaceChanged() // no cached descriptor may stand for its path any longer
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		v.tracker.Release(usage.Footprint(&st))
@@ -1166,6 +1196,9 @@ func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 	}
 	unlockDirs := v.lockDirs(olddir, newdir)
 	err := unix.Renameat2(olddir, r.Name, newdir, r.NewName, uint(r.Flags))
+	if err == nil {
+		namespaceChanged() // a directory renamed (or replaced) is no longer under its path
+	}
 	if err == nil && replacedDir >= 0 {
 		// The directory replaced is gone if it is no longer under its name.
 		var gone, now unix.Stat_t
@@ -1580,6 +1613,9 @@ func (v *volume) closeFile(h *handle) {
 	if releaseSize {
 		v.tracker.Release(in.charged)
 		in.charged = 0
+		unix.Close(h.fd)
+	} else if st.Blocks == 0 && st.Size == 0 && !h.kernelWrites {
+		// An empty file holds no blocks a close could trim (a create and release, a stub).
 		unix.Close(h.fd)
 	} else {
 		// The close itself may give blocks back: XFS trims what it preallocated past the end
