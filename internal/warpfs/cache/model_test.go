@@ -3,8 +3,8 @@ package cache
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"math/rand"
+	"os"
 	"syscall"
 	"testing"
 
