@@ -367,7 +367,7 @@ func Recover(cfg Config, b []byte) (*Cache, []Action, error) {
 			}
 			f = c.files[r.Key]
 			if f == nil {
-				f = &file{key: r.Key, ext: map[uint64]*extent{}}
+				f = &file{key: r.Key, ext: map[uint64]*extent{}, policy: c.cfg.Defaults}
 				if err := c.setLayout(f, r.Layout); err != nil {
 					return nil, nil, bad("%v", err)
 				}

@@ -8,12 +8,15 @@
 // The unit is the extent (Config.ExtentSize, 1 MiB by default): file bytes
 // [k×ExtentSize, (k+1)×ExtentSize), always inside one stripe. Its states:
 //
-//	absent ──read miss / RMW──▶ fetching ──FetchDone ok──▶ clean ──evict──▶ absent
-//	   │                           └──FetchDone err──▶ absent (waiters fail EIO)
-//	   └──write (no fetch needed)──▶ dirty ◀──write── clean
-//	                         dirty ──flush──▶ flushing ──FlushDone ok──▶ clean
-//	                                             │   (written during the flush) ──▶ dirty
-//	                                             └──FlushDone err──▶ dirty + file error
+//	absent ──read miss, or a write that must read first──▶ fetching ──FetchDone ok──▶ clean
+//	absent ──a write with nothing to read first──────────▶ dirty
+//	clean ───write──▶ dirty ──flush──▶ flushing ──FlushDone ok──▶ clean
+//	                    ▲                  │
+//	                    └──────────────────┘  FlushDone failed (data kept, the error kept for
+//	                                          the next sync), or ok after a write during it
+//	fetching ──FetchDone failed──▶ absent (its requests fail EIO)
+//	clean ──eviction, invalidation──▶ absent
+//	any ──truncated away, unlinked (at the last close), Discard──▶ absent
 //
 // docs/architecture.md ("Cache instances: the extent state machine") explains the decisions.
 package cache
