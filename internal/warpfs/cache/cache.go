@@ -368,11 +368,15 @@ func (c *Cache) unpin(e *extent) {
 	}
 	e.pins--
 	if e.pins == 0 && e.state == Clean {
-		if e.stale {
+		switch {
+		case e.stale:
 			c.evict(e)
-			return
+		case e.end == 0: // a known hole, made for the read: nothing to keep
+			c.remove(e)
+			c.forget(e.f)
+		default:
+			c.lruPush(e)
 		}
-		c.lruPush(e)
 	}
 }
 
@@ -1033,24 +1037,23 @@ func (c *Cache) scheduleFlushes() {
 	}
 }
 
-// startFlush flushes e with the adjacent dirty extents of its file whose dirty bytes join
-// its own into one range, up to MaxIOBytes.
+// startFlush flushes the run of adjacent dirty extents of e's file that e is in (their dirty
+// bytes joining into one range), from the run's start, up to MaxIOBytes: a run is cut into the
+// same pieces whichever of its extents was picked.
 func (c *Cache) startFlush(e *extent) {
 	f, E := e.f, c.cfg.ExtentSize
-	first, last := e, e
-	length := e.dhi - e.dlo
-	for {
-		p := f.ext[first.idx-1]
-		if first.idx == 0 || p == nil || !c.flushable(p, true) || p.dhi != E || first.dlo != 0 ||
-			c.objOff(f, p.idx*E)+E != c.objOff(f, first.idx*E) || length+p.dhi-p.dlo > c.cfg.MaxIOBytes {
-			break
-		}
-		first, length = p, length+p.dhi-p.dlo
+	joins := func(a, b *extent) bool { // a just before b
+		return a != nil && b != nil && c.flushable(a, true) && c.flushable(b, true) && a.dhi == E && b.dlo == 0 &&
+			c.objOff(f, a.idx*E)+E == c.objOff(f, b.idx*E)
 	}
+	first := e
+	for n := 0; first.idx > 0 && n < 1024 && joins(f.ext[first.idx-1], first); n++ {
+		first = f.ext[first.idx-1]
+	}
+	last, length := first, first.dhi-first.dlo
 	for {
 		nx := f.ext[last.idx+1]
-		if nx == nil || !c.flushable(nx, true) || last.dhi != E || nx.dlo != 0 ||
-			c.objOff(f, last.idx*E)+E != c.objOff(f, nx.idx*E) || length+nx.dhi-nx.dlo > c.cfg.MaxIOBytes {
+		if !joins(last, nx) || length+nx.dhi-nx.dlo > c.cfg.MaxIOBytes {
 			break
 		}
 		last, length = nx, length+nx.dhi-nx.dlo
@@ -1136,7 +1139,8 @@ func (c *Cache) FlushDone(now time.Time, id uint64, attrs Attrs, err error) []Ac
 		e.logLo, e.logHi, e.logEnd = 0, 0, 0
 		c.logDirty(e)
 	}
-	if f == nil {
+	if f == nil { // the file was dropped or truncated meanwhile
+		c.pump()
 		return c.out
 	}
 	if err == nil {

@@ -119,7 +119,10 @@ func TestTransitions(t *testing.T) {
 		{name: "read past the PFS file's data: no fetch", pfs: tE / 2, run: func(t *testing.T, s *sim) {
 			h := s.open(Override{})
 			s.wantStatus(s.read(h, 2*tE, 10), Ready)
-			s.wantState(2, Clean)
+			s.wantState(2, Absent) // a known hole: pinned while read, then nothing to keep
+			if s.c.Stats().Used != 0 {
+				t.Fatal("a hole charged")
+			}
 			if len(s.fetches) != 0 {
 				t.Fatal("fetched zeros")
 			}

@@ -370,10 +370,19 @@ func runModel(t *testing.T, seed int64, ops int, cfg Config, noCrash bool) *driv
 	if os.Getenv("TRACE") != "" {
 		traceAll = true // TRACE=1 SEED=n: every action and write of seed n
 	}
+	if !noCrash { // the PFS fails some flushes (EIO: retried, reported to syncs, never lost)
+		d.flushErr = func(Action) error {
+			if r.Intn(10) == 0 {
+				return syscall.EIO
+			}
+			return nil
+		}
+	}
 	for i := 0; i < ops; i++ {
 		d.op()
 		d.serve()
 	}
+	d.flushErr = nil
 	// Teardown: close everything (after the requests), drain, check the PFS.
 	for iter := 0; len(d.pend) > 0; iter++ {
 		if iter > 100000 {

@@ -71,8 +71,11 @@ func uv(b []byte, vs ...uint64) []byte {
 	return b
 }
 
-// Log takes the records appended since the last call: the I/O layer must persist them, in
-// order, before it acknowledges a write admitted by the call that produced them.
+// Log takes the records appended since the last call. After every call the I/O layer appends
+// them to its log, in order, before it carries out the call's actions or acknowledges a write
+// the call admitted or woke: a write is acknowledged only once its extent is recorded dirty,
+// and an extent's object range is punched (ActEvict) only once the record that made it clean
+// is in the log, so a recovery never takes a hole for dirty data.
 func (c *Cache) Log() []byte {
 	b := c.log
 	c.log = nil
