@@ -541,7 +541,7 @@ func (c *Cache) closeHandle(hd *handle) {
 	f := hd.f
 	f.handles--
 	if f.handles == 0 && f.doomed {
-		c.drop(f, false)
+		c.drop(f)
 		return
 	}
 	c.forget(f)
@@ -634,13 +634,14 @@ func (c *Cache) Read(h Handle, off, n uint64) (Result, []Action) {
 			return ready(), c.out
 		}
 	}
-	w := &waiter{kind: wRead, h: hd, f: f, off: off, n: n}
-	if c.admitRead(w, false, true) {
+	w := waiter{kind: wRead, h: hd, f: f, off: off, n: n} // on the stack unless held
+	if c.admitRead(&w, false, true) {
 		c.readAhead(hd, off, n)
 		c.pump()
 		return ready(), c.out
 	}
-	r := c.hold(w)
+	held := w
+	r := c.hold(&held)
 	c.readAhead(hd, off, n)
 	c.pump()
 	return r, c.out
@@ -846,12 +847,13 @@ func (c *Cache) Write(h Handle, off, n uint64) (Result, []Action) {
 	if errno := c.checkRange(f, off, n); errno != 0 {
 		return failed(errno), nil
 	}
-	w := &waiter{kind: wWrite, h: hd, f: f, off: off, n: n}
-	if c.admitWrite(w, false) {
+	w := waiter{kind: wWrite, h: hd, f: f, off: off, n: n} // on the stack unless held
+	if c.admitWrite(&w, false) {
 		c.pump()
 		return ready(), c.out
 	}
-	r := c.hold(w)
+	held := w
+	r := c.hold(&held)
 	c.pump()
 	return r, c.out
 }
@@ -1444,14 +1446,14 @@ func (c *Cache) Unlink(key FileKey) []Action {
 	}
 	f.doomed = true
 	if f.handles == 0 {
-		c.drop(f, false)
+		c.drop(f)
 	}
 	c.pump()
 	return c.out
 }
 
 // drop forgets everything of f: ActDrop removes its object.
-func (c *Cache) drop(f *file, discardCounted bool) uint64 {
+func (c *Cache) drop(f *file) uint64 {
 	var lost uint64
 	for _, e := range f.ext {
 		if e.state == Dirty || e.state == Flushing {
@@ -1496,7 +1498,7 @@ func (c *Cache) Discard() (uint64, []Action) {
 	c.begin()
 	var lost uint64
 	for _, f := range c.files {
-		lost += c.drop(f, true)
+		lost += c.drop(f)
 	}
 	for _, w := range c.waiters {
 		c.emit(Action{Kind: ActFail, Waiter: w.id, Errno: syscall.EIO})
