@@ -116,7 +116,11 @@ type fetchOp struct {
 }
 
 // Cache is one server's cache of one cache instance. It is not safe for concurrent use: the
-// I/O layer serialises every call.
+// I/O layer serialises every call. After each call it persists Log(), then carries out the
+// actions the call returned (a slice of the cache's own, valid until the next call): each
+// ActFetch, ActFlush and ActSyncPFS is answered later by FetchDone, FlushDone or SyncDone
+// with its ID, each held request (Result.Waiter) is answered by exactly one ActWake or
+// ActFail.
 type Cache struct {
 	cfg     Config
 	files   map[FileKey]*file
@@ -679,7 +683,7 @@ func (c *Cache) admitRead(w *waiter, fifoBlocked, first bool) bool {
 			return false
 		}
 		c.stats.Misses += uint64(len(miss))
-		w.fetches = append(w.fetches, c.startFetches(f, miss, false)...)
+		w.fetches = append(w.fetches, c.startFetches(f, miss, nil, false)...)
 	}
 	if len(w.fetches) > 0 {
 		return false
@@ -754,21 +758,25 @@ func (c *Cache) readAhead(hd *handle, off, n uint64) {
 		idxs = append(idxs, idx)
 	}
 	if len(idxs) > 0 {
-		c.startFetches(f, idxs, true)
+		c.startFetches(f, idxs, nil, true)
 	}
 }
 
 // startFetches makes the extents idxs (absent) fetching, in ops of adjacent extents, queued;
-// it returns the ops' ids.
-func (c *Cache) startFetches(f *file, idxs []uint64, readAhead bool) []uint64 {
+// it returns the ops' ids. ends[i], if given, is how far extent i is to hold data (≥ what the
+// PFS has of it, the rest zeros).
+func (c *Cache) startFetches(f *file, idxs, ends []uint64, readAhead bool) []uint64 {
 	var ids []uint64
 	var op *fetchOp
-	for _, idx := range idxs {
+	for i, idx := range idxs {
 		pp := c.pfsPart(f, idx)
 		e := c.newExtent(f, idx)
 		e.state = Fetching
 		e.end = pp
-		c.setCharge(e, roundUp(pp, Block))
+		if ends != nil {
+			e.end = max(pp, ends[i])
+		}
+		c.setCharge(e, roundUp(e.end, Block))
 		r := c.extentRange(e, 0, pp)
 		if op != nil && op.rng.End() == r.Off && op.rng.ObjOff+op.rng.Len == r.ObjOff &&
 			op.rng.Len+r.Len <= c.cfg.MaxIOBytes && op.rng.Len%c.cfg.ExtentSize == 0 {
@@ -809,8 +817,10 @@ func (c *Cache) FetchDone(id uint64, err error) []Action {
 			c.remove(e)
 			continue
 		}
-		c.stats.FetchedBytes += e.end
 		c.setState(e, Clean)
+	}
+	if err == nil {
+		c.stats.FetchedBytes += op.rng.Len
 	}
 	if err != nil {
 		c.stats.FetchErrors++
@@ -866,16 +876,19 @@ func (c *Cache) admitWrite(w *waiter, fifoBlocked bool) bool {
 	}
 	first, last := c.span(w.off, w.n)
 	var fetchNeed, grow uint64
-	var rmw []uint64
+	var rmw, ends []uint64
 	for idx := first; idx <= last; idx++ {
 		lo, hi := c.within(idx, w.off, w.n)
 		e := f.ext[idx]
 		switch {
 		case e == nil:
 			// Read-modify-write unless the write covers every byte the PFS holds of the extent.
+			// The fetched extent is charged for the write too (past the PFS's part it is
+			// zeros), so that the write goes on the moment the fetch lands.
 			if pp := c.pfsPart(f, idx); pp > 0 && (lo > 0 || hi < pp) {
 				rmw = append(rmw, idx)
-				fetchNeed += roundUp(pp, Block)
+				ends = append(ends, max(pp, hi))
+				fetchNeed += roundUp(max(pp, hi), Block)
 			} else {
 				grow += roundUp(max(hi, pp), Block)
 			}
@@ -892,7 +905,7 @@ func (c *Cache) admitWrite(w *waiter, fifoBlocked bool) bool {
 			return false
 		}
 		c.stats.Misses += uint64(len(rmw))
-		w.fetches = append(w.fetches, c.startFetches(f, rmw, false)...)
+		w.fetches = append(w.fetches, c.startFetches(f, rmw, ends, false)...)
 	}
 	if len(w.fetches) > 0 || !c.reserve(w, grow, fifoBlocked) {
 		return false

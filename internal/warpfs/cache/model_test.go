@@ -7,6 +7,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
@@ -310,6 +311,8 @@ func (d *driver) op() {
 		for i := 0; i < 3; i++ {
 			d.step(d.r)
 		}
+		d.now = d.now.Add(time.Second) // time passes: failed flushes are retried
+		d.apply(d.c.Tick(d.now))
 	}
 }
 
@@ -390,6 +393,10 @@ func runModel(t *testing.T, seed int64, ops int, cfg Config, noCrash bool) *driv
 				t.Logf("waiter %d kind %d off %d n %d space %d fetches %v fail %v set %d", w.id, w.kind, w.off, w.n, w.space, w.fetches, w.failErr, len(w.set))
 			}
 			t.Fatalf("livelock: %s %+v", d.sim, d.c.Stats())
+		}
+		if iter%64 == 63 { // time passes, as the backend's ticker says
+			d.now = d.now.Add(d.c.cfg.RetryMin)
+			d.apply(d.c.Tick(d.now))
 		}
 		if !d.step(r) {
 			d.now = d.now.Add(2 * d.c.cfg.RetryMax)

@@ -123,6 +123,8 @@ type Config struct {
 
 	RetryMin, RetryMax time.Duration // backoff of a file's failed flushes
 
+	// Defaults is the instance's policy, from its directive and the site's configuration
+	// (DefaultPolicy is the spec's suggestion; the zero Policy reads nothing ahead).
 	Defaults Policy
 }
 
