@@ -368,7 +368,7 @@ func runModel(t *testing.T, seed int64, ops int, cfg Config, noCrash bool) *driv
 	d.files = []*mfile{
 		{},
 		{layout: stripe.Layout{Size: 2 * mE, Width: 2, Servers: 2, Start: 0}, o: Override{SyncToPFS: &yes}},
-		{layout: stripe.Layout{Size: 4 * mE, Width: 2, Servers: 3, Start: 2}, o: Override{SyncOnClose: &yes}},
+		{layout: stripe.Layout{Size: 4 * mE, Width: 2, Servers: 3, Start: uint32(2 + 2*cfg.Server) % 3}, o: Override{SyncOnClose: &yes}},
 	}
 	if os.Getenv("TRACE") != "" {
 		traceAll = true // TRACE=1 SEED=n: every action and write of seed n
@@ -466,6 +466,16 @@ func TestModel(t *testing.T) {
 			continue
 		}
 		runModel(t, seed, 1500, modelConfig(), false)
+	}
+}
+
+// TestModelOtherServer: the model test as server 1, which holds the other stripes of the
+// files (and the first stripe of the third, whose object offsets then start at 0).
+func TestModelOtherServer(t *testing.T) {
+	cfg := modelConfig()
+	cfg.Server = 1
+	for seed := int64(100); seed < 110; seed++ {
+		runModel(t, seed, 1500, cfg, false)
 	}
 }
 
