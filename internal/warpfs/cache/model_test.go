@@ -368,7 +368,7 @@ func runModel(t *testing.T, seed int64, ops int, cfg Config, noCrash bool) *driv
 	d.files = []*mfile{
 		{},
 		{layout: stripe.Layout{Size: 2 * mE, Width: 2, Servers: 2, Start: 0}, o: Override{SyncToPFS: &yes}},
-		{layout: stripe.Layout{Size: 4 * mE, Width: 2, Servers: 3, Start: uint32(2 + 2*cfg.Server) % 3}, o: Override{SyncOnClose: &yes}},
+		{layout: stripe.Layout{Size: 4 * mE, Width: 2, Servers: 3, Start: uint32(2+2*cfg.Server) % 3}, o: Override{SyncOnClose: &yes}},
 	}
 	if os.Getenv("TRACE") != "" {
 		traceAll = true // TRACE=1 SEED=n: every action and write of seed n
