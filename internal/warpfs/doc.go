@@ -2,6 +2,8 @@
 //
 //	proto   the wire protocol (pure): frames, messages, the handshake's proofs
 //	stripe  the stripe map (pure): which server holds which bytes of a striped file
+//	cache   a cache instance's server (pure): extent states, when to fetch, flush and
+//	        evict, which requests wait, the log that makes dirty data survive a restart
 //	server  the storage node's server: namespaces, stub files, stripe objects, beneath
 //	        the namespace root's descriptor
 //	client  the compute node's connection to one server: multiplexing, deadlines,
