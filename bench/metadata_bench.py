@@ -392,12 +392,13 @@ def num(v):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--binary", default=os.path.join(ROOT, "bin", "spillway"))
+    ap.add_argument("--binary", default=os.path.join(ROOT, "bin", "spillway"), help="the spillway binary (scripts/install-deps builds it)")
     ap.add_argument("--ior-src", default=None, help="a source tree of github.com/hpc/ior to build IOR and mdtest from "
                     "(without it: fio's engines, labelled so)")
     ap.add_argument("--cache", default="/var/tmp/spillway-bench-cache", help="where IOR is built and kept")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions (the figures are their medians)")
-    ap.add_argument("--targets", default=",".join(k for k, _, _ in TARGETS))
+    ap.add_argument("--targets", default=",".join(k for k, _, _ in TARGETS),
+                    help="what to measure, comma-separated (the ratios need raw and gluster)")
     ap.add_argument("--ranks", type=int, default=4, help="MPI ranks (fio jobs) on compute node c1")
     ap.add_argument("--easy-files", type=int, default=1000, help="mdtest-easy's -n (files per rank)")
     ap.add_argument("--hard-files", type=int, default=500, help="mdtest-hard's -n (files per rank)")
@@ -407,6 +408,8 @@ def main():
     ap.add_argument("--runtime", type=int, default=5, help="seconds of each fio random-I/O run")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temporary one under /var/tmp)")
     ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    ap.add_argument("--json", default=None, help="also write every repetition's records (figure, units, CPU, requests "
+                    "by operation) to this file")
     a = ap.parse_args()
     a.size_mib = 256  # striped_bench's Bench: the random-I/O file
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
@@ -501,6 +504,9 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
     elapsed = time.time() - started
     load1 = os.getloadavg()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"argv": sys.argv[1:], "mpi_base": mpi_base, "failures": failures, "results": results}, f, indent=1)
 
     # Medians over the repetitions that succeeded.
     med = {}
@@ -592,7 +598,9 @@ def main():
         + ((f"mdtest-easy: `mdtest -n {a.easy_files} -u -F -L -N 1`; mdtest-hard: `mdtest -n {a.hard_files} -F -N 1 "
             f"-w 3901 -e 3901`, each phase a run of its own (`-C`, `-T`, `-E`, `-r`); ior-hard: `ior -a POSIX -t 47008 "
             f"-b 47008 -s {a.segments} -C -Q 1 -g -e`, ior-easy: `ior -a POSIX -t 1m -b {a.easy_mib}m -F -C -Q 1 -g -e`, "
-            "each a write run (`-w -k`) then a read run (`-r`), no cache drop between (as IO500).")
+            "each a write run (`-w -k`) then a read run (`-r`), no cache drop between (as IO500). mdtest's files "
+            "are five path components below the mount point (`io500-R/mdt-easy/test-dir.0-0/mdtest_tree.N.0/file`): "
+            "where nothing is cached, each component costs a LOOKUP and a GETATTR in every phase.")
            if bindir else
            "No IOR source tree was given: the metadata figures are fio's filecreate, filestat and filedelete engines "
            "and 3901-byte psync writes and reads; ior-hard and ior-easy are fio jobs of the same shapes (see the "
