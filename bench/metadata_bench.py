@@ -382,6 +382,12 @@ def rows(ior):
     return r
 
 
+def request_cell(requests, per=1):
+    """The requests of one operation ({op: requests per unit}, times per): the total, then by operation."""
+    ops = sorted(((v * per, op) for op, v in requests.items() if v * per >= 0.05), reverse=True)
+    return f"**{sum(requests.values()) * per:.1f}**<br>" + ", ".join(f"{v:.1f} {op.upper()}" for v, op in ops)
+
+
 def num(v):
     if v >= 100:
         return f"{v:,.0f}"
@@ -559,7 +565,7 @@ def main():
         per = 47008 / 2**20 if key.startswith("iorhard") else 1
         for t in spill:
             m = med[t].get(key)
-            cells.append(f"{sum(m['requests'].values()) * per:.1f}" if m else "—")
+            cells.append(request_cell(m["requests"], per) if m else "—")
         unit = {"iorhard": "per 47008-byte transfer", "ioreasy": "per 1 MiB transfer"}.get(key.split("_")[0], "per file")
         rlines.append(f"| {labels[key].rsplit(',', 1)[0]}, {unit} | " + " | ".join(cells) + " |")
     per_file = {}
