@@ -283,15 +283,8 @@ def job_instance(c, work, token, directive, nodes=("c1",)):
     hostfile = os.path.join(work, f"nodes{token}")
     with open(hostfile, "w") as f:
         f.write("".join(n + "\n" for n in nodes))
-    setup = ["setup", "--token", token, "--caller", "SLURM", "--user", str(NOBODY), "--groupid", str(NOBODY),
-             "--capacity", f"wlm_pool:{capacity}", "--job", job]
-    deadline = time.time() + 30  # the storage nodes report their capacity a heartbeat after they come online
-    ok = c.wlm_try(*setup)
-    while not ok and time.time() < deadline:
-        time.sleep(0.5)
-        ok = c.wlm_try(*setup)
-    if not ok:
-        c.wlm(*setup)  # its error
+    c.wlm("setup", "--token", token, "--caller", "SLURM", "--user", str(NOBODY), "--groupid", str(NOBODY),
+          "--capacity", f"wlm_pool:{capacity}", "--job", job)
     pathfile = os.path.join(work, f"paths{token}")
     c.wlm("paths", "--token", token, "--job", job, "--pathfile", pathfile)
     mount = open(pathfile).read().strip().splitlines()[0].split("=", 1)[1].rstrip("/")

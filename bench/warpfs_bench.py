@@ -148,17 +148,29 @@ class Cluster:
             out = self.wlm_try("show_instances") if name == "ctl" else self.node_online(name)
             if out:
                 if name in self.storage:
-                    # An agent's heartbeat does not make its host a storage node: the
-                    # administrator admits it (its next heartbeat brings its capacity).
-                    sh(self.binary, "dwcli", "--config", self.config["ctl"], "update", "node", "--name", name,
-                       "--storage")
+                    self.admit(name)
                 return
             time.sleep(0.1)
         sys.exit(f"{name} did not come up")
 
-    def node_online(self, name):
+    def node_online(self, name, storage=False):
+        """Whether dwstat shows the node online (storage: and in a pool, admitted)."""
         p = subprocess.run([self.binary, "dwstat", "--config", self.config["ctl"], "nodes"], capture_output=True, text=True)
-        return any(line.split()[:1] == [name] and "online" in line for line in p.stdout.splitlines())
+        for line in p.stdout.splitlines():
+            f = line.split()  # node pool online drain ...
+            if f[:1] == [name] and "online" in f and (not storage or (f[1] != "-" and f[3] not in ("-", "unadmitted"))):
+                return True
+        return False
+
+    def admit(self, name):
+        """An agent's heartbeat does not make its host a storage node: the administrator admits it
+        (dwcli update node --storage); waits for the next heartbeat to bring its pool and capacity."""
+        sh(self.binary, "dwcli", "--config", self.config["ctl"], "update", "node", "--name", name, "--storage")
+        deadline = time.time() + 30
+        while not self.node_online(name, storage=True):
+            if time.time() > deadline:
+                sys.exit(f"{name} was admitted but is still not a storage node (dwstat nodes)")
+            time.sleep(0.1)
 
     def wlm_try(self, function, *args):
         p = subprocess.run([self.binary, "dw_wlm_cli", "--function", function, *args], capture_output=True, text=True,
