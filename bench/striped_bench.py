@@ -40,7 +40,7 @@ import threading
 import time
 
 from benchmarks_md import write_section
-from warpfs_bench import Cluster, NOBODY, ROOT, drop_caches, sh
+from warpfs_bench import Cluster, NOBODY, ROOT, drop_caches, enter_cgroup, sh
 
 STORAGE = ("s1", "s2", "s3", "s4")
 COMPUTE = ("c1", "c2")
@@ -68,13 +68,18 @@ print(" ".join("%.6f" % (t[i + 1] - t[i]) for i in range(3)))
 class Bench:
     def __init__(self, c, a, work):
         self.c, self.a, self.work = c, a, work
+        self.cgroup = None  # the cgroup.procs file the workloads run in (bench/metadata_bench.py counts their CPU)
+
+    def run(self, host, script):
+        """Runs a shell script as the ordinary user on a host (None: the machine's own namespaces,
+        where the raw file system is measured); returns the CompletedProcess."""
+        if host is None:
+            cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", "/bin/sh", "-c", script]
+            return subprocess.run(cmd, capture_output=True, text=True, cwd="/", preexec_fn=enter_cgroup(self.cgroup))
+        return self.c.on(host, script, cgroup=self.cgroup)
 
     def run_on(self, host, script):
-        if host is None:  # the raw file system, in the machine's own namespaces
-            cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", "/bin/sh", "-c", script]
-            r = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
-        else:
-            r = self.c.on(host, script)
+        r = self.run(host, script)
         if r.returncode != 0:
             sys.exit(f"on {host or 'the raw file system'}: {script}\n{r.stdout}{r.stderr}")
         return r.stdout
@@ -98,20 +103,21 @@ class Bench:
         self.run_on(host, f"rm -f {directory}/{name}.*")
         return w["jobs"][0]["write"]["bw_bytes"], r["jobs"][0]["read"]["bw_bytes"]
 
-    def random(self, host, directory):
-        """4 KiB random reads and writes, O_DIRECT, iodepth 32: IOPS each."""
+    def random(self, host, directory, measure=lambda name, run: run()):
+        """4 KiB random reads and writes, O_DIRECT, iodepth 32: IOPS each. measure(name, run)
+        calls run() (a fio run's JSON) for "randread" and "randwrite", and may time it."""
         size = min(256, self.a.size_mib)
         base = f"--bs=4k --ioengine=libaio --iodepth=32 --direct=1 --runtime={self.a.runtime} --time_based"
         self.fio(host, directory, "rand", "write", "1M", size, 1, "--end_fsync=1")  # lay the file out
         drop_caches()
-        r = self.fio(host, directory, "rand", "randread", "4k", size, 1, base)
-        w = self.fio(host, directory, "rand", "randwrite", "4k", size, 1, base)
+        r = measure("randread", lambda: self.fio(host, directory, "rand", "randread", "4k", size, 1, base))
+        w = measure("randwrite", lambda: self.fio(host, directory, "rand", "randwrite", "4k", size, 1, base))
         self.run_on(host, f"rm -f {directory}/rand.*")
         return r["jobs"][0]["read"]["iops"], w["jobs"][0]["write"]["iops"]
 
-    def fdatasync_p50(self, host, directory):
-        """Median latency of a 4 KiB write followed by fdatasync, in microseconds."""
-        j = self.fio(host, directory, "sync", "write", "4k", 4, 1, "--fdatasync=1 --ioengine=psync")
+    def fdatasync_p50(self, host, directory, measure=lambda name, run: run()):
+        """Median latency of a 4 KiB write followed by fdatasync, in microseconds (measure as in random)."""
+        j = measure("sync", lambda: self.fio(host, directory, "sync", "write", "4k", 4, 1, "--fdatasync=1 --ioengine=psync"))
         job = j["jobs"][0]
         sync = job.get("sync", {}).get("lat_ns", {}).get("percentile", {}).get("50.000000")
         write = job["write"]["clat_ns"]["percentile"]["50.000000"]
@@ -193,7 +199,9 @@ class Gluster:
     def __init__(self, c, work):
         self.c, self.work, self.procs = c, work, {}
 
-    def start(self, hosts):
+    def start(self, hosts, cgroup=None):
+        """Starts a glusterd on each host (in the cgroup whose cgroup.procs file is cgroup: the
+        bricks' glusterfsd it starts too)."""
         for name in hosts:
             base = os.path.join(self.work, "gluster", name)
             for d in ("lib", "run", "log", "brick"):
@@ -206,7 +214,7 @@ class Gluster:
             log = open(os.path.join(base, "glusterd.out"), "w")
             self.procs[name] = subprocess.Popen(
                 ["ip", "netns", "exec", f"{self.c.tag}-{name}", "unshare", "--mount", "--propagation", "private",
-                 "sh", "-c", script], stdout=log, stderr=log)
+                 "sh", "-c", script], stdout=log, stderr=log, preexec_fn=enter_cgroup(cgroup))
         for name in hosts:
             self.wait(name, "gluster pool list")
 
@@ -240,9 +248,16 @@ class Gluster:
         self.cli(first, ["volume", "create", "bench", "transport", "tcp"] + bricks + ["force"])
         self.cli(first, ["volume", "start", "bench"])
 
-    def mount(self, host, path):
+    def up(self, hosts, client, path, server_cgroup=None, client_cgroup=None):
+        """Everything at once: glusterds on hosts, the distributed volume over them, mounted on client at path."""
+        self.start(hosts, server_cgroup)
+        self.volume(hosts)
+        self.mount(client, path, client_cgroup)
+
+    def mount(self, host, path, cgroup=None):
+        """Mounts the volume on host (its glusterfs client process in cgroup, if given)."""
         r = self.c.on(host, f"mkdir -p {path} && mount -t glusterfs {self.c.addr['s1']}:/bench {path} && "
-                            f"chown {NOBODY}:{NOBODY} {path}", user=False)
+                            f"chown {NOBODY}:{NOBODY} {path}", user=False, cgroup=cgroup)
         if r.returncode != 0:
             sys.exit(f"mounting the gluster volume on {host}: {r.stdout}{r.stderr}")
 
@@ -254,6 +269,34 @@ class Gluster:
             subprocess.run(["pkill", "-TERM", "-P", str(p.pid)], capture_output=True)
             p.terminate()
         subprocess.run(["pkill", "-f", os.path.join(self.work, "gluster")], capture_output=True)
+
+
+def job_instance(c, work, token, directive, nodes=("c1",)):
+    """A job instance through the workload manager's calls (setup, paths, pre_run), as Slurm
+    makes one: directive is the #DW line (e.g. "jobdw type=scratch access_mode=striped
+    capacity=4GiB"), nodes the compute nodes it is mounted on. Returns the mount path the
+    paths call gives (the first variable: $DW_JOB_STRIPED or $DW_JOB_PRIVATE); end_job ends it."""
+    job = os.path.join(work, f"job{token}.sh")
+    with open(job, "w") as f:
+        f.write(f"#!/bin/sh\n#DW {directive}\n\0")
+    capacity = directive.split("capacity=", 1)[1].split()[0]
+    hostfile = os.path.join(work, f"nodes{token}")
+    with open(hostfile, "w") as f:
+        f.write("".join(n + "\n" for n in nodes))
+    c.wlm("setup", "--token", token, "--caller", "SLURM", "--user", str(NOBODY), "--groupid", str(NOBODY),
+          "--capacity", f"wlm_pool:{capacity}", "--job", job)
+    pathfile = os.path.join(work, f"paths{token}")
+    c.wlm("paths", "--token", token, "--job", job, "--pathfile", pathfile)
+    mount = open(pathfile).read().strip().splitlines()[0].split("=", 1)[1].rstrip("/")
+    c.wlm("pre_run", "--token", token, "--job", job, "--nodehostnamefile", hostfile)
+    return mount
+
+
+def end_job(c, work, token):
+    """post_run and teardown of a job_instance."""
+    job = os.path.join(work, f"job{token}.sh")
+    c.wlm("post_run", "--token", token, "--job", job)
+    c.wlm("teardown", "--token", token, "--job", job)
 
 
 def cap_links(c, mbit, on):
@@ -349,27 +392,15 @@ def main():
             gmnt = os.path.join(work, "gluster-mount")
             try:
                 print(f"GlusterFS, {len(hosts)} bricks …", flush=True)
-                g.start(hosts)
-                g.volume(hosts)
-                g.mount("c1", gmnt)
+                g.up(hosts, "c1", gmnt)
                 results["gluster"] = b.all_uncapped("c1", gmnt)
                 print(json.dumps(results["gluster"], indent=1), flush=True)
             finally:
                 g.close("c1", gmnt)
         for n in ([] if a.only_gluster else servers):
             token = str(100 + n)
-            job = os.path.join(work, f"job{n}.sh")
-            with open(job, "w") as f:
-                f.write(f"#!/bin/sh\n#DW jobdw type=scratch access_mode=striped capacity={n}GiB\n\0")
-            nodes = os.path.join(work, f"nodes{n}")
-            with open(nodes, "w") as f:
-                f.write("c1\nc2\ns1\n")
-            c.wlm("setup", "--token", token, "--caller", "SLURM", "--user", str(NOBODY), "--groupid", str(NOBODY),
-                  "--capacity", f"wlm_pool:{n}GiB", "--job", job)
-            pathfile = os.path.join(work, f"paths{n}")
-            c.wlm("paths", "--token", token, "--job", job, "--pathfile", pathfile)
-            mount = open(pathfile).read().strip().split("=", 1)[1].rstrip("/")
-            c.wlm("pre_run", "--token", token, "--job", job, "--nodehostnamefile", nodes)
+            mount = job_instance(c, work, token, f"jobdw type=scratch access_mode=striped capacity={n}GiB",
+                                 nodes=("c1", "c2", "s1"))
             print(f"{n} server(s): uncapped …", flush=True)
             results[n] = b.all_uncapped("c1", mount)
             if n == 1:
@@ -381,8 +412,7 @@ def main():
                 results[n]["capped"] = b.capped(mount)
             finally:
                 cap_links(c, a.cap_mbit, False)
-            c.wlm("post_run", "--token", token, "--job", job)
-            c.wlm("teardown", "--token", token, "--job", job)
+            end_job(c, work, token)
             print(json.dumps(results[n], indent=1), flush=True)
     finally:
         c.close()

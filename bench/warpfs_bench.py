@@ -97,9 +97,11 @@ class Cluster:
         return (f'[tls]\ncert_file = "{cert}"\nkey_file = "{key}"\nca_file = "{ca}"\n'
                 f'[warpfs]\ntls = true\n')
 
-    def configs(self, capacity_gib, extra="", storage_extra=""):
+    def configs(self, capacity_gib, extra="", storage_extra="", metrics=False):
         """Writes every host's configuration: extra goes to every file (after the [[pool]]),
-        storage_extra into the storage nodes' [agent] section (e.g. fragment_filesystem)."""
+        storage_extra into the storage nodes' [agent] section (e.g. fragment_filesystem);
+        metrics: every agent serves its Prometheus metrics on port 7703 of its address
+        (Cluster.metrics reads them)."""
         w, a = self.work, self.addr
         scheme = "https" if self.tls else "http"
         token = os.path.join(w, "token")
@@ -116,6 +118,8 @@ class Cluster:
         def agent(name, storage):
             s = (f'[agent]\nname = "{name}"\nlisten = "{a[name]}:7701"\nadvertise = "{scheme}://{a[name]}:7701"\n'
                  f'controller = "{scheme}://{a["ctl"]}:7700"\ntoken_file = "{token}"\nheartbeat_interval = "1s"\n')
+            if metrics:
+                s += f'metrics_listen = "{a[name]}:7703"\n'
             if storage:
                 s += (f'pool = "wlm_pool"\nssd_path = "{w}/{name}/ssd"\ncapacity = "{capacity_gib}GiB"\n'
                       f'data_listen = "{a[name]}:7702"\n' + storage_extra)
@@ -130,25 +134,43 @@ class Cluster:
                 f.write(body)
             self.config[name] = path
 
-    def start(self, name):
+    def start(self, name, cgroup=None):
+        """Starts a host's daemon; cgroup: the cgroup.procs file to start it in (its CPU counted there)."""
         role = "controller" if name == "ctl" else "agent"
         log = open(os.path.join(self.work, name + ".log"), "a")
         self.procs[name] = subprocess.Popen(
             ["ip", "netns", "exec", f"{self.tag}-{name}", self.binary, role, "--config", self.config[name]],
-            stdout=log, stderr=log, env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"})
+            stdout=log, stderr=log, env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}, preexec_fn=enter_cgroup(cgroup))
         deadline = time.time() + 30
         while time.time() < deadline:
             if self.procs[name].poll() is not None:
                 sys.exit(f"{role} of {name} exited; see {log.name}")
             out = self.wlm_try("show_instances") if name == "ctl" else self.node_online(name)
             if out:
+                if name in self.storage:
+                    self.admit(name)
                 return
             time.sleep(0.1)
         sys.exit(f"{name} did not come up")
 
-    def node_online(self, name):
+    def node_online(self, name, storage=False):
+        """Whether dwstat shows the node online (storage: and in a pool, admitted)."""
         p = subprocess.run([self.binary, "dwstat", "--config", self.config["ctl"], "nodes"], capture_output=True, text=True)
-        return any(line.split()[:1] == [name] and "online" in line for line in p.stdout.splitlines())
+        for line in p.stdout.splitlines():
+            f = line.split()  # node pool online drain ...
+            if f[:1] == [name] and "online" in f and (not storage or (f[1] != "-" and f[3] not in ("-", "unadmitted"))):
+                return True
+        return False
+
+    def admit(self, name):
+        """An agent's heartbeat does not make its host a storage node: the administrator admits it
+        (dwcli update node --storage); waits for the next heartbeat to bring its pool and capacity."""
+        sh(self.binary, "dwcli", "--config", self.config["ctl"], "update", "node", "--name", name, "--storage")
+        deadline = time.time() + 30
+        while not self.node_online(name, storage=True):
+            if time.time() > deadline:
+                sys.exit(f"{name} was admitted but is still not a storage node (dwstat nodes)")
+            time.sleep(0.1)
 
     def wlm_try(self, function, *args):
         p = subprocess.run([self.binary, "dw_wlm_cli", "--function", function, *args], capture_output=True, text=True,
@@ -162,12 +184,34 @@ class Cluster:
             sys.exit(f"dw_wlm_cli {function}: {p.stdout}{p.stderr}")
         return p.stdout
 
-    def on(self, name, script, user=True):
-        """Runs a shell script inside a host's network and mount namespaces."""
+    def on(self, name, script, user=True, cgroup=None):
+        """Runs a shell script inside a host's network and mount namespaces (as the ordinary
+        user unless user=False; in the cgroup whose cgroup.procs file is cgroup, if given)."""
         cmd = ["nsenter", "-t", str(self.procs[name].pid), "-m", "-n", "--"]
         if user:
             cmd += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
-        return subprocess.run(cmd + ["/bin/sh", "-c", script], capture_output=True, text=True, cwd="/")
+        return subprocess.run(cmd + ["/bin/sh", "-c", script], capture_output=True, text=True, cwd="/",
+                              preexec_fn=enter_cgroup(cgroup))
+
+    def metrics(self, names, pattern):
+        """The samples of the agents' metrics (configs(metrics=True)) whose line matches the regular
+        expression pattern (its groups: the labels that key the sample), summed over the hosts
+        names: {groups: value}. Read from compute node c1's network namespace."""
+        urls = [f"http://{self.addr[n]}:7703/metrics" for n in names]
+        script = ("import sys, urllib.request\n"
+                  "for u in sys.argv[1:]:\n"
+                  "    sys.stdout.write(urllib.request.urlopen(u, timeout=10).read().decode())\n")
+        host = self.compute[0]
+        r = subprocess.run(["nsenter", "-t", str(self.procs[host].pid), "-n", "--", "python3", "-c", script] + urls,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"reading the agents' metrics: {r.stderr}")
+        out = {}
+        for line in r.stdout.splitlines():
+            m = re.match(pattern, line)
+            if m:
+                out[m.groups()] = out.get(m.groups(), 0) + float(line.rsplit(None, 1)[1])
+        return out
 
     def close(self):
         for name in list(reversed(self.compute + self.storage)) + ["ctl"]:
@@ -181,6 +225,18 @@ class Cluster:
                     p.wait()
         for ns in reversed(self.spaces):
             subprocess.run(["ip", "netns", "del", ns])
+
+
+def enter_cgroup(procs):
+    """A preexec_fn that moves the new process into the cgroup whose cgroup.procs file is procs
+    (None: stay where it is)."""
+    if procs is None:
+        return None
+
+    def move():
+        with open(procs, "w") as f:
+            f.write("0")
+    return move
 
 
 def dd_seconds(result):
