@@ -129,7 +129,7 @@ func startServerFor(t testing.TB, addr string, target server.Target, logTo *slog
 	if logTo == nil {
 		logTo = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
-	srv := server.New(server.Options{Token: testToken, Log: logTo,
+	srv := server.New(server.Options{Token: testToken, Log: logTo, Limits: server.Limits{Lease: testLease()},
 		Resolve: func(fragment, namespace, instance int64, stripes bool) (server.Target, error) {
 			return target, nil
 		}})
@@ -138,6 +138,19 @@ func startServerFor(t testing.TB, addr string, target server.Target, logTo *slog
 	go func() { srv.Serve(ctx, l); close(s.done) }()
 	t.Cleanup(s.stop)
 	return s
+}
+
+// testLease is the lease of the test servers and local mounts: SPILLWAY_TEST_LEASE (a
+// duration; 0 turns caching off, to compare) or the default.
+func testLease() time.Duration {
+	d, err := time.ParseDuration(os.Getenv("SPILLWAY_TEST_LEASE"))
+	switch {
+	case err != nil:
+		return 0
+	case d == 0:
+		return -1
+	}
+	return d
 }
 
 func (s *testServer) stop() {

@@ -20,6 +20,7 @@ import (
 // Benchmarks of the metadata and small-I/O paths through a real mount (the bandwidth figures
 // come from bench_mount.sh, which drives fio). Compare with the same operations on the
 // namespace directory itself: go test -bench . -run '^$' ./internal/warpfs/mount
+// (SPILLWAY_TEST_LEASE=0: without caching, to compare)
 
 func benchMount(b *testing.B, direct bool) string {
 	b.Helper()
@@ -35,7 +36,8 @@ func benchMount(b *testing.B, direct bool) string {
 	if direct {
 		return src
 	}
-	m, err := Mount(Spec{MountPath: filepath.Join(dir, "mnt"), SourceDir: src, Tracker: usage.New("bench", 1<<40)})
+	m, err := Mount(Spec{MountPath: filepath.Join(dir, "mnt"), SourceDir: src, Tracker: usage.New("bench", 1<<40),
+		Limits: Limits{Lease: testLease()}})
 	if err != nil {
 		b.Fatal(err)
 	}

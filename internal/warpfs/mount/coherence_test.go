@@ -38,7 +38,14 @@ var coherencePairs = []coherencePair{
 // startLeaseServer serves target with a lease of lease (0: the default).
 func startLeaseServer(t *testing.T, target server.Target, lease time.Duration) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, _ := startLeaseServerOn(t, "127.0.0.1:0", target, lease)
+	return addr
+}
+
+// startLeaseServerOn is startLeaseServer on addr; stop stops it (before the test's end).
+func startLeaseServerOn(t *testing.T, addr string, target server.Target, lease time.Duration) (string, func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,8 +57,10 @@ func startLeaseServer(t *testing.T, target server.Target, lease time.Duration) s
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { srv.Serve(ctx, l); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return l.Addr().String()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return l.Addr().String(), stop
 }
 
 // mountPair mounts one namespace twice and returns both mount paths.
@@ -366,4 +375,40 @@ func (p *cutProxy) cut() {
 	p.mu.Lock()
 	p.dead = true
 	p.mu.Unlock()
+}
+
+// A storage server restarted under two mounts: what a mount cached before the restart is
+// dropped or waited out, never shown stale after another mount's change.
+func TestServerRestartKeepsMountsCoherent(t *testing.T) {
+	const lease = 2 * time.Second
+	src, mp := dirs(t)
+	tr := usage.New("coherence", 1<<30)
+	target := server.Target{Dir: src, Tracker: tr}
+	addr, stop := startLeaseServerOn(t, "127.0.0.1:0", target, lease)
+	limits := client.Limits{KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond, RequestTimeout: 20 * time.Second}
+	mpA, mpB := mp+"-a", mp+"-b"
+	mount(t, Spec{MountPath: mpA, Remote: &Remote{Address: addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
+	mount(t, Spec{MountPath: mpB, Remote: &Remote{Address: addr, Token: testToken, Client: "b", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
+	a, b := filepath.Join(mpA, "f"), filepath.Join(mpB, "f")
+	if err := os.WriteFile(a, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{b, filepath.Join(mpB, "g")} {
+		os.Lstat(p) // b caches f, and that g does not exist
+	}
+	stop()
+	startLeaseServerOn(t, addr, target, lease)
+	if err := os.Chmod(a, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mpA, "g"), []byte("g"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(b, &st); err != nil || st.Mode&0o777 != 0o600 {
+		t.Errorf("after the restart b sees f with mode %o (%v), want 600", st.Mode&0o777, err)
+	}
+	if _, err := os.Lstat(filepath.Join(mpB, "g")); err != nil {
+		t.Errorf("after the restart b does not see g, made by a: %v", err)
+	}
 }

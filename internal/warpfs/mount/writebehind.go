@@ -76,8 +76,7 @@ func (h *fileHandle) writeBehind(ctx context.Context, wb *writeBehind, data []by
 		wb.cond.Wait()
 	}
 	if wb.err != 0 {
-		errno := wb.err
-		wb.err = 0
+		errno := wb.takeErrLocked()
 		wb.mu.Unlock()
 		return 0, errno
 	}
@@ -177,8 +176,21 @@ func (h *fileHandle) settle() syscall.Errno {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	wb.waitLocked()
+	return wb.takeErrLocked()
+}
+
+// takeErrLocked is the error a write behind met, for the writer to learn. An error that
+// freeing space can cure (ENOSPC, EDQUOT, EFBIG) is told once; any other (EIO: the storage
+// node lost) stays with the handle, and every later write, flush and fsync of it fails:
+// bytes it was told were written are lost, and a close by another process sharing the open
+// file (a child's inherited descriptor) must not take the only report of it (as NFS keeps a
+// fatal write error with its open context).
+func (wb *writeBehind) takeErrLocked() syscall.Errno {
 	errno := wb.err
-	wb.err = 0
+	switch errno {
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG:
+		wb.err = 0
+	}
 	return errno
 }
 

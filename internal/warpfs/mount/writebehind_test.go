@@ -7,9 +7,11 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
@@ -132,4 +134,39 @@ func TestOneServerWriteBehindErrors(t *testing.T) {
 		t.Errorf("the server holds %d bytes of a 1 MiB instance", st.Size())
 	}
 	t.Logf("writes: %v after %d bytes; close: %v; on the server: %d bytes", werr, written, cerr, st.Size())
+}
+
+// A storage node lost under a writer whose small writes go behind: once a write behind has
+// failed, the writer's later writes fail too, even when another descriptor of the same open
+// file (a child's inherited one, closed at its exit) took the first report of the error at
+// its close. (The e2e "storage node killed" writer, `while echo line >&3; do sleep 0.1; done`,
+// ran on forever: each sleep's exit flushed the inherited descriptor and took the error.)
+func TestWriteBehindLossIsToldToTheWriter(t *testing.T) {
+	src, mp := dirs(t)
+	s := startServer(t, "", src, usage.New("writebehind", 1<<30), nil)
+	m := mount(t, Spec{MountPath: mp, Logger: quietLogger(t), Remote: &Remote{Address: s.addr, Token: testToken,
+		Limits: client.Limits{RequestTimeout: time.Second, KeepaliveInterval: 300 * time.Millisecond}}})
+	f, err := os.OpenFile(filepath.Join(m.Path(), "log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte("line\n")); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	f.Write([]byte("lost\n")) // accepted, or already failing
+	// Another descriptor of the open file closes: its flush waits for the writes behind and
+	// reports their error.
+	dup, err := syscall.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Close(dup)
+	if _, err := f.Write([]byte("more\n")); err == nil {
+		t.Fatal("a write after a write behind was lost (the storage node gone) succeeded")
+	}
+	if err := f.Sync(); err == nil {
+		t.Fatal("fsync after a write behind was lost succeeded")
+	}
 }
