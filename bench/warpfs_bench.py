@@ -157,20 +157,32 @@ class Cluster:
         """Whether dwstat shows the node online (storage: and in a pool, admitted)."""
         p = subprocess.run([self.binary, "dwstat", "--config", self.config["ctl"], "nodes"], capture_output=True, text=True)
         for line in p.stdout.splitlines():
-            f = line.split()  # node pool online drain ...
-            if f[:1] == [name] and "online" in f and (not storage or (f[1] != "-" and f[3] not in ("-", "unadmitted"))):
+            # Storage nodes: node pool online drain gran capacity ...; compute nodes (and
+            # storage claims not yet admitted), a table of their own: node role online ...
+            f = line.split()
+            if f[:1] != [name] or "online" not in f:
+                continue
+            if not storage:
+                return True
+            if len(f) >= 6 and f[1] not in ("-", "compute") and f[2] == "online" and "unadmitted" not in f:
                 return True
         return False
 
     def admit(self, name):
         """An agent's heartbeat does not make its host a storage node: the administrator admits it
         (dwcli update node --storage); waits for the next heartbeat to bring its pool and capacity."""
-        sh(self.binary, "dwcli", "--config", self.config["ctl"], "update", "node", "--name", name, "--storage")
         deadline = time.time() + 30
-        while not self.node_online(name, storage=True):
+        while True:
+            # Again until it shows: an admission before the node's heartbeat brought its claim
+            # has nothing to admit.
+            sh(self.binary, "dwcli", "--config", self.config["ctl"], "update", "node", "--name", name, "--storage")
+            wait = time.time() + 3
+            while time.time() < wait:
+                if self.node_online(name, storage=True):
+                    return
+                time.sleep(0.1)
             if time.time() > deadline:
                 sys.exit(f"{name} was admitted but is still not a storage node (dwstat nodes)")
-            time.sleep(0.1)
 
     def wlm_try(self, function, *args):
         p = subprocess.run([self.binary, "dw_wlm_cli", "--function", function, *args], capture_output=True, text=True,
