@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -304,4 +305,28 @@ func ReceiveFds(sock, want int) ([]int, error) {
 		return nil, fmt.Errorf("%d descriptors instead of %d", len(fds), want)
 	}
 	return fds, nil
+}
+
+// HeadBuffer keeps the first Max bytes written to it: the start of a worker's crash report
+// (its standard error) says why it died.
+type HeadBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	Max int
+}
+
+func (b *HeadBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.Max - len(b.buf); room > 0 {
+		b.buf = append(b.buf, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+// Text is what was kept, without surrounding space.
+func (b *HeadBuffer) Text() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.TrimSpace(string(b.buf))
 }

@@ -57,37 +57,15 @@ func TestMain(m *testing.M) {
 	}
 	// The build directory is private to root; attackers run as nobody from a copy in a
 	// directory anyone may enter.
-	dir, err := os.MkdirTemp("", "pfsio-test-bin-")
+	exe, err := traceattack.PublicCopy("pfsio.test")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	exe := filepath.Join(dir, "pfsio.test")
-	if err := copyExecutable(os.Args[0], exe); err != nil || os.Chmod(dir, 0o755) != nil {
 		fmt.Fprintln(os.Stderr, "cannot prepare the worker binary:", err)
 		os.Exit(2)
 	}
 	workerExe = []string{exe, "pfsio-worker"}
 	code := m.Run()
-	os.RemoveAll(dir)
+	os.RemoveAll(filepath.Dir(exe))
 	os.Exit(code)
-}
-
-func copyExecutable(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 func needRoot(t *testing.T) {

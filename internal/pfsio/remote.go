@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -56,7 +55,7 @@ func Start(exe []string, root string, id *privdrop.Identity, opts Options) (*Doo
 	}
 	defer agentEnd.Close()
 	cmd := asuser.Command(append(append([]string(nil), exe...), maxInFlightFlag+strconv.Itoa(opts.MaxInFlight), root), id, workerEnd)
-	stderr := &headBuffer{max: 4096}
+	stderr := &asuser.HeadBuffer{Max: 4096}
 	cmd.Stderr = stderr
 	asuser.MarkDescriptorsCloseOnExec()
 	err = cmd.Start()
@@ -69,7 +68,7 @@ func Start(exe []string, root string, id *privdrop.Identity, opts Options) (*Doo
 	fail := func(err error) (*Door, error) {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-exited
-		if text := stderr.text(); text != "" {
+		if text := stderr.Text(); text != "" {
 			err = fmt.Errorf("%w; its error output: %s", err, text)
 		}
 		return nil, err
@@ -347,26 +346,4 @@ func (c *conn) close() error {
 		}
 	}()
 	return nil
-}
-
-// headBuffer keeps the first max bytes written to it: the start of a crash report says why.
-type headBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-	max int
-}
-
-func (b *headBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := b.max - len(b.buf); room > 0 {
-		b.buf = append(b.buf, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
-}
-
-func (b *headBuffer) text() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.TrimSpace(string(b.buf))
 }

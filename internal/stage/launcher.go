@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -50,7 +49,7 @@ type Run struct {
 
 	cmd      *exec.Cmd
 	stdin    io.WriteCloser
-	stderr   *headBuffer
+	stderr   *asuser.HeadBuffer
 	cancelCh chan struct{}
 	cancel   sync.Once
 	done     chan struct{}
@@ -141,7 +140,7 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	// fd 3 (asuser.HandoffFd): the worker asks for its directories there. Its stdin ending
 	// stops it, so it outlives no agent.
 	cmd := asuser.Command(exe, id, workerEnd)
-	r.stderr = &headBuffer{max: r.limits.MaxStderrBytes}
+	r.stderr = &asuser.HeadBuffer{Max: r.limits.MaxStderrBytes}
 	cmd.Stderr = r.stderr
 	cmd.WaitDelay = r.limits.CancelGrace
 	stdin, err := cmd.StdinPipe()
@@ -481,7 +480,7 @@ func (r *Run) settle(final *event, waitErr error) {
 	case final != nil && final.Event == eventDone:
 		fail("the staging worker reported success but then %v", exitText(waitErr))
 	default:
-		fail("the staging worker %s without reporting a result%s", exitText(waitErr), r.stderr.tail())
+		fail("the staging worker %s without reporting a result%s", exitText(waitErr), stderrTail(r.stderr))
 	}
 }
 
@@ -539,26 +538,9 @@ func (r *Run) Wait() agentapi.StageStatus {
 	return r.Status()
 }
 
-// headBuffer keeps the first max bytes written to it: the start of a crash report says why.
-type headBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-	max int
-}
-
-func (b *headBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := b.max - len(b.buf); room > 0 {
-		b.buf = append(b.buf, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
-}
-
-func (b *headBuffer) tail() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	text := strings.TrimSpace(string(b.buf))
+// stderrTail is a worker's error output for a message ("" when it wrote none).
+func stderrTail(b *asuser.HeadBuffer) string {
+	text := b.Text()
 	if text == "" {
 		return ""
 	}

@@ -10,7 +10,9 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -94,4 +96,41 @@ func Result(report string) (seen, won int) {
 		fmt.Sscanf(line, "won %d", &won)
 	}
 	return seen, won
+}
+
+// PublicCopy copies the test binary (os.Args[0], in a build directory private to root) into a
+// new directory anyone may enter, as name, so that workers dropped to an ordinary user (and
+// the attacker) can run it; remove the directory (filepath.Dir of the path) when done.
+func PublicCopy(name string) (string, error) {
+	dir, err := os.MkdirTemp("", name+"-bin-")
+	if err != nil {
+		return "", err
+	}
+	exe := filepath.Join(dir, name)
+	if err := copyExecutable(os.Args[0], exe); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return exe, nil
+}
+
+func copyExecutable(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
