@@ -23,6 +23,9 @@ func TestDwcliStageDataWarpGrammarInAJob(t *testing.T) {
 		`sess=$("$SPILLWAY_BIN" dwcli ls sessions)`+"\n"+
 		`conf=$("$SPILLWAY_BIN" dwcli ls configurations)`+"\n"+
 		"mkdir $DW_JOB_STRIPED/input $DW_JOB_STRIPED/results\n"+
+		// The mount caches that the file is not there yet (warpfs leases): the stage-in,
+		// which writes into the namespace beside its server, must drop that before it ends.
+		"if test -e $DW_JOB_STRIPED/input/input.dat; then exit 3; fi\n"+
 		dw+" in --session $sess --configuration $conf --backing-path "+in+"/ --dir /input\n"+
 		dw+" wait --session $sess --configuration $conf --dir /input\n"+
 		"cp $DW_JOB_STRIPED/input/input.dat $DW_JOB_STRIPED/results/copy.dat\n"+
