@@ -225,6 +225,10 @@ type Call struct {
 	// needs to send a request that names entries by path to the right one (package mount,
 	// mds.go). The client itself ignores it.
 	Route Route
+	// OneWay sends the request without waiting for its reply, on connections of
+	// proto.LeaseVersion on (the server then sends none); on older ones it waits as usual.
+	// RELEASE: nothing the caller does depends on its answer.
+	OneWay bool
 	// Lease, set by Do, is how much longer the caller may cache the names and attributes the
 	// reply gives (0: not at all): the server leased them (proto.FlagLease) and will tell the
 	// client's invalidator (SetInvalidator) before anyone else changes them.
@@ -301,6 +305,14 @@ func (c *Client) Do(ctx context.Context, call *Call) syscall.Errno {
 		}
 		call.UsedGen = cn.gen
 		call.Lease = 0
+		if call.OneWay && cn.version >= proto.LeaseVersion {
+			h := proto.Header{Op: call.Op, Kind: proto.KindRequest, UID: call.UID, GID: call.GID, Flags: proto.FlagOneWay}
+			if err := cn.write(proto.AppendFrame(make([]byte, 0, 64), h, call.Req), nil); err != nil {
+				cn.fail(err)
+				return syscall.EIO
+			}
+			return 0
+		}
 		sent := time.Now()
 		errno, flags, err := cn.roundTrip(ctx, timer, call)
 		switch {

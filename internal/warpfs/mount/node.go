@@ -925,7 +925,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	}
 	id, gen := h.current()
 	// A handle of a connection that is gone is gone with it.
-	n.be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, Req: &proto.HandleReq{Handle: id}})
+	n.be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: id}})
 	n.mu.Lock()
 	var remove *stripe.Layout
 	if len(n.handles) == 0 {
@@ -1126,7 +1126,7 @@ func (d *dirStream) Close() {
 	d.mu.Unlock()
 	ctx, cancel := d.node.be.opCtx(context.Background())
 	defer cancel()
-	d.node.be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, Req: &proto.HandleReq{Handle: id}})
+	d.node.be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: id}})
 }
 
 // remoteEqual reports whether two specs name the same remote namespace.

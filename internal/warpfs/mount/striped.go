@@ -427,7 +427,7 @@ func (h *fileHandle) releaseObjects(ctx context.Context) {
 	}
 	parallel(pieces, func(p stripe.Piece) syscall.Errno {
 		o := objects[p.Server]
-		return h.node.be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpRelease, Gen: o.gen, NoReconnect: true, Req: &proto.HandleReq{Handle: o.id}})
+		return h.node.be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpRelease, Gen: o.gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: o.id}})
 	})
 }
 

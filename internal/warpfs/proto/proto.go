@@ -11,7 +11,7 @@
 //	0      4    length: the bytes that follow this field (20 + body), big-endian
 //	4      1    op: what is asked (OpLookup, OpRead, ...); a reply carries its request's op
 //	5      1    kind: 0 request, 1 reply, 2 notification (server to client, LeaseVersion on)
-//	6      1    flags: a reply's FlagLease (from LeaseVersion on); 0 otherwise
+//	6      1    flags (from LeaseVersion on): a reply's FlagLease, a request's FlagOneWay; 0 otherwise
 //	7      1    reserved, 0
 //	8      8    id: chosen by the client, unique among its requests in flight; the reply
 //	            carries it, so many requests share one connection and replies may come in
@@ -160,6 +160,9 @@ const (
 	// FlagLease: the client may cache the name and attributes this reply gives until the
 	// lease runs out; the server tells it first when another client changes them.
 	FlagLease uint8 = 1
+	// FlagOneWay, on a request (RELEASE): the client waits for no reply and the server sends
+	// none.
+	FlagOneWay uint8 = 2
 )
 
 // Header is the fixed part of a frame.
@@ -171,7 +174,7 @@ type Header struct {
 	UID     uint32 // request: the caller
 	GID     uint32
 	Errno   uint32 // reply: 0 or a Linux errno
-	Flags   uint8  // reply: FlagLease
+	Flags   uint8  // reply: FlagLease; request: FlagOneWay
 }
 
 // ErrMalformed is wrapped by every error about a frame or message that breaks the protocol.
@@ -185,7 +188,7 @@ func PutHeader(b []byte, h Header) {
 	b[4] = byte(h.Op)
 	b[5] = byte(h.Kind)
 	b[6], b[7] = 0, 0
-	if h.Kind == KindReply {
+	if h.Kind == KindReply || h.Kind == KindRequest {
 		b[6] = h.Flags
 	}
 	binary.BigEndian.PutUint64(b[8:], h.ID)
@@ -213,13 +216,15 @@ func ParseHeader(b []byte, maxBody int) (Header, error) {
 	if maxBody < 0 || int64(h.BodyLen) > int64(maxBody) {
 		return Header{}, fmt.Errorf("%w: body of %d bytes, the limit is %d", ErrMalformed, h.BodyLen, maxBody)
 	}
-	if b[7] != 0 || b[6] != 0 && (Kind(b[5]) != KindReply || b[6]&^FlagLease != 0) {
+	if b[7] != 0 || b[6] != 0 && !(Kind(b[5]) == KindReply && b[6]&^FlagLease == 0 ||
+		Kind(b[5]) == KindRequest && b[6]&^FlagOneWay == 0) {
 		return Header{}, fmt.Errorf("%w: reserved bytes are not zero", ErrMalformed)
 	}
 	switch h.Kind {
 	case KindRequest, KindNotify:
 		h.UID = binary.BigEndian.Uint32(b[16:])
 		h.GID = binary.BigEndian.Uint32(b[20:])
+		h.Flags = b[6]
 	case KindReply:
 		h.Errno = binary.BigEndian.Uint32(b[16:])
 		h.Flags = b[6]
