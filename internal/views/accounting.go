@@ -55,6 +55,12 @@ type Realm struct {
 	// was deleted. A record with final false has a fragment whose node was offline at
 	// teardown: its counters are the node's last heartbeat's.
 	Final bool `json:"final"`
+	// Current: a live record whose every fragment's counters were read from its storage node
+	// for this answer (controller.accounting_refresh_timeout); StaleNodes are the storage
+	// nodes whose figures are their last heartbeat's instead (no answer in time, or beyond
+	// controller.accounting_refresh_limit). Records of the log have neither.
+	Current    bool     `json:"current,omitempty"`
+	StaleNodes []string `json:"stale_nodes,omitempty"`
 }
 
 // RealmFragment is one server of the realm: a fragment on one storage node.
