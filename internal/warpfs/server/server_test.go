@@ -96,7 +96,7 @@ func newFixtureHolding(t testing.TB, lim Limits, held, node string) *fixture {
 	f.addr = l.Addr().String()
 	log := slog.New(slog.NewTextHandler(f.logs, nil))
 	f.srv = New(Options{Token: held, Node: node, Log: log, Limits: lim, Resolve: func(fragment, namespace, instance int64, stripes bool) (Target, error) {
-		if namespace != 1 {
+		if namespace != 1 && !stripes {
 			return Target{}, errors.New("namespace 2 does not exist on this node")
 		}
 		return Target{Dir: f.dir, Tracker: f.tracker}, nil
@@ -469,6 +469,25 @@ func TestCapabilitiesGateTheNamespaces(t *testing.T) {
 	}
 	if err := dial("cn1", 1, "", secret); err == nil {
 		t.Error("the cluster's secret opened a namespace on a node that holds only its own credential")
+	}
+	// A stripes capability names the namespace whose objects the session counts to: a
+	// client sending it, or 0 (a client of before), is served; another namespace is not.
+	objects := nodekey.Capability{Namespace: 7, Client: "cn1", Stripes: true, Expires: time.Now().Add(time.Hour).Unix()}
+	capText5, key5 := grant(objects, "ssd1")
+	for _, ns := range []int64{7, 0} {
+		c, err := client.Dial(context.Background(), client.Options{Address: f.addr, Client: "cn1", Namespace: ns, Stripes: true,
+			Capability: capText5, CapabilityKey: key5, Limits: client.Limits{RequestTimeout: 5 * time.Second}})
+		if err != nil {
+			t.Errorf("stripe objects with the capability for namespace 7, asking %d: %v", ns, err)
+			continue
+		}
+		c.Close()
+	}
+	c, err := client.Dial(context.Background(), client.Options{Address: f.addr, Client: "cn1", Namespace: 8, Stripes: true,
+		Capability: capText5, CapabilityKey: key5, Limits: client.Limits{RequestTimeout: 5 * time.Second}})
+	if err == nil {
+		c.Close()
+		t.Error("stripe objects counted to namespace 8 with a capability naming 7")
 	}
 }
 
