@@ -707,3 +707,66 @@ func TestHandshakesFromManyAddressesDoNotEvictMounts(t *testing.T) {
 		})
 	}
 }
+
+// A namespace on one server keeps the stripe configuration a user sets (libdatawarp's
+// dw_set_stripe_configuration, user.spillway.layout) and answers it back: on an empty file,
+// or on a directory for the files created in it afterwards; a width above 1 is EINVAL (the
+// instance has one server), a file holding data EEXIST; nothing set, ENODATA (the default).
+// Issue 23 item 10.
+func TestOneServerKeepsStripeConfiguration(t *testing.T) {
+	f := newFixture(t, Limits{})
+	c := f.client()
+	get := func(p string) (string, syscall.Errno) {
+		var rep proto.XattrReply
+		errno := do(c, proto.OpGetxattr, &proto.XattrReq{Path: p, Name: UserLayoutXattr, Size: 256}, &rep)
+		return string(rep.Data), errno
+	}
+	set := func(p, v string) syscall.Errno {
+		return do(c, proto.OpSetxattr, &proto.XattrReq{Path: p, Name: UserLayoutXattr, Value: []byte(v)}, nil)
+	}
+	if errno := do(c, proto.OpCreate, &proto.CreateReq{Name: "f", Flags: syscall.O_RDWR, Mode: 0o644}, &proto.OpenReply{}); errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := get("f"); errno != syscall.ENODATA {
+		t.Errorf("nothing set: %v, want ENODATA", errno)
+	}
+	if errno := set("f", "stripe_size=1048576 stripe_width=1"); errno != 0 {
+		t.Fatalf("set: %v", errno)
+	}
+	if text, errno := get("f"); errno != 0 || text != "stripe_size=1048576 stripe_width=1 start=0" {
+		t.Errorf("kept: %q %v", text, errno)
+	}
+	if errno := set("f", "stripe_size=1048576 stripe_width=2"); errno != syscall.EINVAL {
+		t.Errorf("width 2 on one server: %v, want EINVAL", errno)
+	}
+	if errno := set("f", "stripe_size=1000"); errno != syscall.EINVAL {
+		t.Errorf("a size not a multiple of 4 KiB: %v, want EINVAL", errno)
+	}
+	if errno := do(c, proto.OpMkdir, &proto.MkdirReq{Name: "d", Mode: 0o755}, &proto.AttrReply{}); errno != 0 {
+		t.Fatal(errno)
+	}
+	if errno := set("d", "stripe_size=2097152"); errno != 0 {
+		t.Fatalf("set on a directory: %v", errno)
+	}
+	if errno := do(c, proto.OpCreate, &proto.CreateReq{Dir: "d", Name: "g", Flags: syscall.O_RDWR, Mode: 0o644}, &proto.OpenReply{}); errno != 0 {
+		t.Fatal(errno)
+	}
+	if text, errno := get("d/g"); errno != 0 || text != "stripe_size=2097152 stripe_width=1 start=0" {
+		t.Errorf("a new file in the directory: %q %v, want the directory's", text, errno)
+	}
+	os.WriteFile(filepath.Join(f.dir, "d", "g"), []byte("data"), 0o644)
+	if errno := set("d/g", "stripe_size=1048576"); errno != syscall.EEXIST {
+		t.Errorf("a file holding data: %v, want EEXIST", errno)
+	}
+	// The server's own attribute stays hidden.
+	var list proto.XattrReply
+	if errno := do(c, proto.OpListxattr, &proto.XattrReq{Path: "f", Size: 1024}, &list); errno != 0 || strings.Contains(string(list.Data), "spillway") {
+		t.Errorf("listxattr: %q %v", list.Data, errno)
+	}
+	if errno := do(c, proto.OpSetxattr, &proto.XattrReq{Path: "f", Name: KeptXattr, Value: []byte("stripe_size=4096")}, nil); errno != syscall.EPERM {
+		t.Errorf("a client setting the server's own attribute: %v, want EPERM", errno)
+	}
+	if errno := do(c, proto.OpGetxattr, &proto.XattrReq{Path: "f", Name: KeptXattr, Size: 64}, &proto.XattrReply{}); errno != syscall.ENODATA {
+		t.Errorf("a client reading the server's own attribute: %v, want ENODATA", errno)
+	}
+}
