@@ -381,7 +381,9 @@ wait:
 		return nil
 	})
 	if err != nil {
-		if ctx.Err() == nil {
+		// A follower (high availability) writes nothing: it answers with the leader's
+		// figures, named stale.
+		if ctx.Err() == nil && !errors.Is(err, store.ErrFenced) {
 			c.log.Warn("accounting: cannot keep the counters the nodes reported for a query; it answers with the last heartbeat's", "err", err)
 		}
 		for node := range byNode {
