@@ -292,28 +292,28 @@ func pendRecord(tx *store.Tx, id int64, now time.Time) error {
 // controller.accounting_refresh_limit fragments, all at once, for at most
 // controller.accounting_refresh_timeout) and keeps them as a heartbeat's would be kept: a query
 // of a running instance's accounting reads what its data path counted up to the query, not
-// up to the last heartbeat. It returns the nodes whose figures stay the last heartbeat's (no
-// answer in time, or beyond the limit).
-func (c *Controller) refreshUsage(ctx context.Context, frags []*model.Fragment) map[string]bool {
-	stale := map[string]bool{}
+// up to the last heartbeat. It returns the fragments whose figures stay the last heartbeat's
+// (no answer in time, or beyond the limit).
+func (c *Controller) refreshUsage(ctx context.Context, frags []*model.Fragment) map[int64]bool {
+	stale := map[int64]bool{}
 	limit := c.cfg.Controller.AccountingRefreshLimit
 	if len(frags) == 0 {
 		return stale
 	}
 	if limit <= 0 {
 		for _, f := range frags {
-			stale[f.Node] = true
+			stale[f.ID] = true
 		}
 		return stale
 	}
 	for _, f := range frags[min(len(frags), limit):] {
-		stale[f.Node] = true
+		stale[f.ID] = true
 	}
 	frags = frags[:min(len(frags), limit)]
 	w, err := c.view(ctx)
 	if err != nil {
 		for _, f := range frags {
-			stale[f.Node] = true
+			stale[f.ID] = true
 		}
 		return stale
 	}
@@ -351,7 +351,7 @@ wait:
 	}
 	for _, f := range frags {
 		if !answered[f.ID] {
-			stale[f.Node] = true
+			stale[f.ID] = true
 		}
 	}
 	if len(byNode) == 0 {
@@ -386,8 +386,8 @@ wait:
 		if ctx.Err() == nil && !errors.Is(err, store.ErrFenced) {
 			c.log.Warn("accounting: cannot keep the counters the nodes reported for a query; it answers with the last heartbeat's", "err", err)
 		}
-		for node := range byNode {
-			stale[node] = true
+		for id := range answered {
+			stale[id] = true
 		}
 	}
 	return stale
@@ -402,16 +402,17 @@ func sortedNodes(m map[string][]agentapi.FragmentUsage) []string {
 	return out
 }
 
-// markStale says in a record which storage nodes' figures are their last heartbeat's.
-func markStale(a *views.Accounting, stale map[string]bool) {
-	a.Realm.Current = len(a.Realm.Fragments) > 0 && len(stale) == 0
+// markStale says in a record which storage nodes' figures are their last heartbeat's (its
+// fragments in stale), and whether every figure was read now.
+func markStale(a *views.Accounting, stale map[int64]bool) {
 	a.Realm.StaleNodes = nil
 	for _, f := range a.Realm.Fragments {
-		if stale[f.ServerHostname] && !slices.Contains(a.Realm.StaleNodes, f.ServerHostname) {
+		if stale[f.Fragment] && !slices.Contains(a.Realm.StaleNodes, f.ServerHostname) {
 			a.Realm.StaleNodes = append(a.Realm.StaleNodes, f.ServerHostname)
 		}
 	}
 	sort.Strings(a.Realm.StaleNodes)
+	a.Realm.Current = len(a.Realm.Fragments) > 0 && len(a.Realm.StaleNodes) == 0
 }
 
 // liveFragments is instance id's fragments in the state (nil: the instance is unknown).
