@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -34,6 +35,7 @@
 #endif
 
 #define LAYOUT_XATTR "user.spillway.layout"
+#define FUSE_MAGIC 0x65735546 /* a Spillway mount is a FUSE file system */
 #define DEFAULT_STRIPE_SIZE 8388608
 #define MAX_OUTPUT (16 << 20) /* bound on the helper's answer */
 
@@ -704,10 +706,17 @@ int dw_set_stripe_configuration(int fd, int stripe_size, int stripe_width)
 	if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
 		return -EINVAL;
 	if (fgetxattr_r(fd, LAYOUT_XATTR, cur, sizeof(cur)) < 0) {
-		if (errno != ENODATA && errno != ENOTSUP)
-			return -errno;
-		/* One server: any size is that server's, and the width can only be 1. */
-		return stripe_width == 1 ? 0 : -EINVAL;
+		int err = errno;
+		struct statfs sfs;
+		int rc;
+		if (err != ENODATA && err != ENOTSUP)
+			return -err;
+		while ((rc = fstatfs(fd, &sfs)) != 0 && errno == EINTR)
+			;
+		if (err == ENOTSUP || rc != 0 || sfs.f_type != FUSE_MAGIC)
+			return stripe_width == 1 ? 0 : -EINVAL; /* not a Spillway file: nothing to keep */
+		/* An instance on one server: the server keeps the configuration (width 1 only,
+		 * -EINVAL otherwise, as for any width above the instance's servers). */
 	}
 	snprintf(buf, sizeof(buf), "stripe_size=%d stripe_width=%d", stripe_size, stripe_width);
 	while (fsetxattr(fd, LAYOUT_XATTR, buf, strlen(buf), 0) != 0) {

@@ -679,6 +679,9 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 		MountPath: spec.MountPath, ReadOnly: spec.ReadOnly, AllowOther: a.root, FsName: spec.Label,
 		ClientCache: spec.ClientCache, MaxFileSize: spec.MaxFileSize, Limits: a.opt.Mount, Client: a.opt.Name,
 	}
+	if spec.Stage { // the stage workers' traffic, not a compute node's (agentapi.StageClient)
+		ls.Client = agentapi.StageClient(a.opt.Name)
+	}
 	here := func(node string) bool { return node == a.opt.Name && a.ssd != "" }
 	if len(spec.Replicas) > 1 {
 		// A loadbalance namespace with a copy on every server: read-only, any copy will do.
@@ -787,7 +790,11 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 
 // remoteSpec is how this node reaches a fragment on another node for a mount.
 func (a *Agent) remoteSpec(spec agentapi.MountSpec, address string, fragmentID int64, capability, key string) *mount.Remote {
-	return &mount.Remote{Address: address, Token: a.opt.Token, Client: a.opt.Name,
+	client := a.opt.Name
+	if spec.Stage {
+		client = agentapi.StageClient(a.opt.Name)
+	}
+	return &mount.Remote{Address: address, Token: a.opt.Token, Client: client,
 		Capability: capability, CapabilityKey: key,
 		FragmentID: fragmentID, NamespaceID: spec.NamespaceID, InstanceID: spec.InstanceID, Limits: a.opt.Warpfs,
 		Readahead: a.opt.RemoteReadahead, TLS: a.opt.DataTLS}
@@ -960,6 +967,7 @@ func (a *Agent) stagingMount(ms agentapi.MountSpec) (string, error) {
 	ms.MountPath = a.stagingMountPath(ms.NamespaceID)
 	ms.ReadOnly = false
 	ms.Label = "spillway-stage"
+	ms.Stage = true
 	if err := os.MkdirAll(filepath.Dir(ms.MountPath), 0o711); err != nil {
 		return "", err
 	}

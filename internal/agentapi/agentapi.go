@@ -52,6 +52,9 @@ type NamespaceSpec struct {
 
 // MountSpec asks a compute node to expose a namespace at a mount path.
 type MountSpec struct {
+	// Stage: the agent's own mount for its stage workers (never sent): its sessions name
+	// themselves StageClient(node).
+	Stage        bool   `json:"-"`
 	ActivationID int64  `json:"activation"`
 	MountPath    string `json:"mount_path"`
 	StorageNode  string `json:"storage_node"` // the node holding the namespace

@@ -56,6 +56,14 @@ type NamespaceUsage struct {
 	MaxOffsetWritten uint64 `json:"max_offset_written"`
 }
 
+// StageClientPrefix starts the client name a storage node's stage workers use in the data
+// path (their staging mounts of striped namespaces): their traffic is the stages', counted
+// as such (views.Realm.StageTraffic, docs/decisions.md), never as a compute node's.
+const StageClientPrefix = "stage@"
+
+// StageClient is the client name of node's stage workers.
+func StageClient(node string) string { return StageClientPrefix + node }
+
 // ClientUsage is one compute node's share of a fragment's counters (DataWarp's RUR dws
 // plugin, per client).
 type ClientUsage struct {

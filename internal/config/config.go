@@ -216,6 +216,14 @@ type Controller struct {
 	// transaction deletes after a record is written: a transaction's writes stay bounded
 	// (etcd refuses more than store.etcd_max_txn_ops).
 	AccountingBatch int `toml:"accounting_batch"`
+	// AccountingRefreshTimeout is how long a query of a live instance's accounting waits for
+	// the storage nodes holding its fragments to report their counters now (the answer is
+	// then current, not the last heartbeat's); a node that has not answered by then keeps
+	// its last heartbeat's figures, and the answer says so (stale_nodes).
+	AccountingRefreshTimeout Duration `toml:"accounting_refresh_timeout"`
+	// AccountingRefreshLimit is the most fragments one accounting query asks their nodes
+	// about (0: none; the heartbeats' figures only).
+	AccountingRefreshLimit int `toml:"accounting_refresh_limit"`
 }
 
 // AccountingLogPath is where the accounting records go: controller.accounting_log, or
@@ -516,6 +524,8 @@ func Defaults() Config {
 			RunLease:                 Duration(2 * time.Minute),
 			MountCapabilityLifetime:  Duration(7 * 24 * time.Hour),
 			AccountingBatch:          64,
+			AccountingRefreshTimeout: Duration(2 * time.Second),
+			AccountingRefreshLimit:   64,
 			EnduranceThreshold:       10,
 			AutoDrainFailures:        5,
 			AutoDrainWindow:          Duration(10 * time.Minute),
@@ -875,6 +885,12 @@ func (c *Config) Validate() error {
 	}
 	positive("store.restore_batch", int64(c.Store.RestoreBatch))
 	positive("controller.accounting_batch", int64(c.Controller.AccountingBatch))
+	if c.Controller.AccountingRefreshLimit < 0 {
+		problems = append(problems, "controller.accounting_refresh_limit must be 0 (no refresh) or more")
+	}
+	if c.Controller.AccountingRefreshLimit > 0 && c.Controller.AccountingRefreshTimeout <= 0 {
+		problems = append(problems, "controller.accounting_refresh_timeout must be greater than 0 (e.g. \"2s\") while controller.accounting_refresh_limit is not 0")
+	}
 	switch c.Store.Engine {
 	case "sqlite":
 	case "etcd":

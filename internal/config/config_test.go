@@ -181,6 +181,8 @@ func TestStoreEngineChoice(t *testing.T) {
 		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\netcd_username = \"u\"\n":                "store.etcd_password_file go together",
 		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\nrestore_batch = 127\n":                  "store.restore_batch (127) must be at most",
 		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\n[controller]\naccounting_batch = 125\n": "controller.accounting_batch (125) must be at most store.etcd_max_txn_ops - 8",
+		"[controller]\naccounting_refresh_limit = -1\n":                                                "controller.accounting_refresh_limit must be 0 (no refresh) or more",
+		"[controller]\naccounting_refresh_timeout = \"0s\"\n":                                          "controller.accounting_refresh_timeout must be greater than 0",
 		"[controller]\naccounting_batch = 0\n":                                                         "controller.accounting_batch must be greater than 0",
 	} {
 		if _, err := Parse([]byte(text), "bad", Defaults()); err == nil || !strings.Contains(err.Error(), want) {

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"syscall"
 	"time"
@@ -287,10 +288,150 @@ func pendRecord(tx *store.Tx, id int64, now time.Time) error {
 	return store.AccountingRecords.Put(tx, &store.AccountingRecord{Instance: id, ID: recordID, Line: line})
 }
 
-// Accounting is instance id's live accounting record (views.BuildAccounting).
+// refreshUsage asks the storage nodes holding fragments for their counters now (at most
+// controller.accounting_refresh_limit fragments, all at once, for at most
+// controller.accounting_refresh_timeout) and keeps them as a heartbeat's would be kept: a query
+// of a running instance's accounting reads what its data path counted up to the query, not
+// up to the last heartbeat. It returns the fragments whose figures stay the last heartbeat's
+// (no answer in time, or beyond the limit).
+func (c *Controller) refreshUsage(ctx context.Context, frags []*model.Fragment) map[int64]bool {
+	stale := map[int64]bool{}
+	limit := c.cfg.Controller.AccountingRefreshLimit
+	if len(frags) == 0 {
+		return stale
+	}
+	if limit <= 0 {
+		for _, f := range frags {
+			stale[f.ID] = true
+		}
+		return stale
+	}
+	for _, f := range frags[min(len(frags), limit):] {
+		stale[f.ID] = true
+	}
+	frags = frags[:min(len(frags), limit)]
+	w, err := c.view(ctx)
+	if err != nil {
+		for _, f := range frags {
+			stale[f.ID] = true
+		}
+		return stale
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.Controller.AccountingRefreshTimeout.D())
+	defer cancel()
+	type answer struct {
+		frag *model.Fragment
+		fu   agentapi.FragmentUsage
+		ok   bool
+	}
+	answers := make(chan answer, len(frags))
+	for _, f := range frags {
+		go func(f *model.Fragment) {
+			a := answer{frag: f}
+			if agent, err := c.agentFor(w, f.Node); err == nil {
+				fu, found, err := agent.FragmentUsage(rctx, f.ID)
+				a.fu, a.ok = fu, err == nil && found
+			}
+			answers <- a
+		}(f)
+	}
+	byNode := map[string][]agentapi.FragmentUsage{}
+	answered := map[int64]bool{}
+wait:
+	for range frags {
+		select {
+		case a := <-answers:
+			if a.ok {
+				byNode[a.frag.Node] = append(byNode[a.frag.Node], a.fu)
+				answered[a.frag.ID] = true
+			}
+		case <-rctx.Done():
+			break wait // the others' figures stay the heartbeat's
+		}
+	}
+	for _, f := range frags {
+		if !answered[f.ID] {
+			stale[f.ID] = true
+		}
+	}
+	if len(byNode) == 0 {
+		return stale
+	}
+	err = c.store.Update(ctx, func(tx *store.Tx) error {
+		for _, node := range sortedNodes(byNode) {
+			written, err := recordUsage(tx, node, byNode[node], c.now(), 0, len(byNode[node]))
+			if err != nil || written == 0 {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			n, err := store.Nodes.Get(tx, node)
+			if store.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			n.Written += written
+			if err := store.Nodes.Put(tx, n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		// A follower (high availability) writes nothing: it answers with the leader's
+		// figures, named stale.
+		if ctx.Err() == nil && !errors.Is(err, store.ErrFenced) {
+			c.log.Warn("accounting: cannot keep the counters the nodes reported for a query; it answers with the last heartbeat's", "err", err)
+		}
+		for id := range answered {
+			stale[id] = true
+		}
+	}
+	return stale
+}
+
+func sortedNodes(m map[string][]agentapi.FragmentUsage) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// markStale says in a record which storage nodes' figures are their last heartbeat's (its
+// fragments in stale), and whether every figure was read now.
+func markStale(a *views.Accounting, stale map[int64]bool) {
+	a.Realm.StaleNodes = nil
+	for _, f := range a.Realm.Fragments {
+		if stale[f.Fragment] && !slices.Contains(a.Realm.StaleNodes, f.ServerHostname) {
+			a.Realm.StaleNodes = append(a.Realm.StaleNodes, f.ServerHostname)
+		}
+	}
+	sort.Strings(a.Realm.StaleNodes)
+	a.Realm.Current = len(a.Realm.Fragments) > 0 && len(a.Realm.StaleNodes) == 0
+}
+
+// liveFragments is instance id's fragments in the state (nil: the instance is unknown).
+func (c *Controller) liveFragments(ctx context.Context, id int64) []*model.Fragment {
+	var frags []*model.Fragment
+	c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		frags, err = store.Fragments.ChildrenOf(tx, lifecycle.KindInstance, id)
+		return err
+	})
+	return frags
+}
+
+// Accounting is instance id's live accounting record (views.BuildAccounting), its
+// fragments' counters asked of their nodes first (refreshUsage).
 func (c *Controller) Accounting(ctx context.Context, id int64) (views.Accounting, *model.Session, error) {
 	var a views.Accounting
 	var sess *model.Session
+	stale := c.refreshUsage(ctx, c.liveFragments(ctx, id))
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		inst, err := store.Instances.Get(tx, id)
 		if store.IsNotFound(err) {
@@ -314,6 +455,7 @@ func (c *Controller) Accounting(ctx context.Context, id int64) (views.Accounting
 		a, sess = views.BuildAccounting(w, inst, usage, carried), w.Sessions[inst.SessionID]
 		return nil
 	})
+	markStale(&a, stale)
 	return a, sess, err
 }
 
@@ -323,6 +465,13 @@ func (c *Controller) AllAccounting(ctx context.Context) ([]views.Accounting, int
 	var out []views.Accounting
 	var world *lifecycle.World
 	var pending int
+	var frags []*model.Fragment
+	c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		frags, err = store.Fragments.List(tx)
+		return err
+	})
+	stale := c.refreshUsage(ctx, frags)
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		recs, err := store.AccountingRecords.List(tx)
 		if err != nil {
@@ -348,7 +497,9 @@ func (c *Controller) AllAccounting(ctx context.Context) ([]views.Accounting, int
 		world = w
 		for _, s := range w.SortedSessions() {
 			for _, inst := range w.InstancesOf(s.ID) {
-				out = append(out, views.BuildAccounting(w, inst, usage, byInstance[inst.ID]))
+				a := views.BuildAccounting(w, inst, usage, byInstance[inst.ID])
+				markStale(&a, stale)
+				out = append(out, a)
 			}
 		}
 		return nil

@@ -11,8 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agent"
 	"github.com/spillway-hpc/spillway/internal/agentapi"
@@ -459,5 +461,94 @@ func TestAccountingBatch(t *testing.T) {
 	r.heartbeat(report(100))
 	if n, w := counted(), r.node().Written; n != 3 || w != 300 {
 		t.Fatalf("after two heartbeats: %d fragments' counters kept, node bytes_written %d; want 3 and 300", n, w)
+	}
+}
+
+// liveAgent is the rig's agent whose data path has counted more than its last heartbeat
+// said: FragmentUsage answers usage (after delay).
+type liveAgent struct {
+	agentapi.Agent
+	usage agentapi.FragmentUsage
+	delay time.Duration
+	calls int
+	mu    sync.Mutex
+}
+
+func (a *liveAgent) FragmentUsage(ctx context.Context, id int64) (agentapi.FragmentUsage, bool, error) {
+	a.mu.Lock()
+	a.calls++
+	a.mu.Unlock()
+	select {
+	case <-time.After(a.delay):
+	case <-ctx.Done():
+		return agentapi.FragmentUsage{}, false, ctx.Err()
+	}
+	u := a.usage
+	u.Fragment = id
+	return u, true, nil
+}
+
+// TestAccountingCurrentInsideTheJob: a job that wrote N bytes and reads its accounting at
+// once (before any heartbeat) reads N written; a write window that tripped reads ro at once
+// (issue 23 item 9). A node that does not answer within controller.accounting_refresh_timeout
+// leaves its last heartbeat's figures, and the answer names it.
+func TestAccountingCurrentInsideTheJob(t *testing.T) {
+	r := newAcctRig(t)
+	ctx := context.Background()
+	setup := lifecycle.Setup{Token: "42", Creator: "TEST", Owner: 1000, Group: 1000,
+		Instance: &lifecycle.InstanceRequest{Capacity: 8 << 20, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}
+	if err := r.c.Setup(ctx, setup, false); err != nil {
+		t.Fatal(err)
+	}
+	r.settle("42", lifecycle.PhaseSetup)
+	r.heartbeat(nil)
+	const n = 3<<20 + 17
+	live := &liveAgent{Agent: r.agent, usage: agentapi.FragmentUsage{BytesWritten: n, WriteOps: 4, FilesCreated: 1,
+		WriteLimit: 2 << 20, WindowWritten: n, ReadOnly: true, ReadOnlyReason: "write window"}}
+	r.c.AddLocalAgent("ssd1", live)
+
+	code, body := r.get("/dw/v1/sessions/42/accounting", 1000)
+	if code != 200 {
+		t.Fatalf("GET session accounting: %d %s", code, body)
+	}
+	var a views.Accounting
+	json.Unmarshal(body, &a)
+	if a.Realm.BytesWritten != n || len(a.Realm.Fragments) != 1 || !a.Realm.Fragments[0].ReadOnly || a.Realm.Fragments[0].BytesWritten != n {
+		t.Errorf("inside the job: written %d (want %d), fragments %+v: the figures are the last heartbeat's, not the data path's now", a.Realm.BytesWritten, n, a.Realm.Fragments)
+	}
+	if !a.Realm.Current || len(a.Realm.StaleNodes) != 0 {
+		t.Errorf("current %v stale %v, want current", a.Realm.Current, a.Realm.StaleNodes)
+	}
+	if n := r.node(); n.Written != 3<<20+17 {
+		t.Errorf("node bytes_written %d: the query's counters count for the node's endurance as a heartbeat's", n.Written)
+	}
+	// dwstat accounting (GET /accounting) is current too.
+	code, body = r.get("/dw/v1/accounting", 0)
+	var list controllerapi.AccountingList
+	if json.Unmarshal(body, &list); code != 200 || len(list.Accounting) != 1 || !list.Accounting[0].Realm.Fragments[0].ReadOnly || !list.Accounting[0].Realm.Current {
+		t.Errorf("GET /accounting: %d %s", code, body)
+	}
+
+	// A node that does not answer in time: the last figures, named stale, within the timeout.
+	r.c.cfg.Controller.AccountingRefreshTimeout = config.Duration(200 * time.Millisecond)
+	slow := &liveAgent{Agent: r.agent, usage: agentapi.FragmentUsage{BytesWritten: 2 * n}, delay: time.Minute}
+	r.c.AddLocalAgent("ssd1", slow)
+	start := time.Now()
+	code, body = r.get("/dw/v1/sessions/42/accounting", 1000)
+	a = views.Accounting{}
+	json.Unmarshal(body, &a)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("a silent node held the query %v", took)
+	}
+	if code != 200 || a.Realm.BytesWritten != n || a.Realm.Current || len(a.Realm.StaleNodes) != 1 || a.Realm.StaleNodes[0] != "ssd1" {
+		t.Errorf("silent node: %d written %d current %v stale %v, want the last figures (%d) and ssd1 named stale", code, a.Realm.BytesWritten, a.Realm.Current, a.Realm.StaleNodes, n)
+	}
+
+	// accounting_refresh_limit = 0: the heartbeats' figures only, the node not asked.
+	r.c.cfg.Controller.AccountingRefreshLimit = 0
+	calls := slow.calls
+	r.get("/dw/v1/sessions/42/accounting", 1000)
+	if slow.calls != calls {
+		t.Errorf("accounting_refresh_limit 0 asked the node")
 	}
 }

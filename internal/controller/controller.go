@@ -1026,7 +1026,8 @@ func (c *Controller) grant(spec agentapi.MountSpec, client string) agentapi.Moun
 	if len(spec.Stripes) > 0 {
 		stripes := make([]agentapi.StripeServer, len(spec.Stripes))
 		for i, st := range spec.Stripes {
-			st.Capability, st.CapabilityKey = sign(st.Node, st.FragmentID, 0, true)
+			// The namespace whose files' data the objects hold: what the session counts to.
+			st.Capability, st.CapabilityKey = sign(st.Node, st.FragmentID, spec.NamespaceID, true)
 			stripes[i] = st
 		}
 		spec.Stripes = stripes

@@ -457,7 +457,7 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 			// node (a fresh map: a split stage's runs on other nodes share the step's).
 			granted := make(map[string]agentapi.MountSpec, len(e.Stage.Striped))
 			for v, ms := range e.Stage.Striped {
-				granted[v] = c.grant(ms, e.Node)
+				granted[v] = c.grant(ms, agentapi.StageClient(e.Node)) // its stage workers' sessions
 			}
 			if len(granted) > 0 {
 				e.Stage.Striped = granted

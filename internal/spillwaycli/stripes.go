@@ -23,7 +23,10 @@ const stripesUsage = `Usage: spillway stripes [--json] FILE...
 Show how files of a Spillway mount are striped: the stripe size, the number of servers the
 file uses (stripe width) and the first one (start), and which storage node holds which
 stripes and how many bytes of the file. An instance placed on several storage nodes stripes
-its files over all of them; one on a single node is not striped (its files hold their data).
+its files over all of them; one on a single node is not striped (its files hold their data;
+a stripe configuration set on them is kept and shown). A loadbalance instance is not striped
+either: each of its storage nodes holds a full copy (a replica); the command names them and
+the one this node reads now (it moves to the next when that node stops answering).
 
 A file's or a directory's striping is set through the extended attribute
 user.spillway.layout while the file is empty (a directory's is inherited by the files and
@@ -51,6 +54,10 @@ type fileStripes struct {
 	Start       uint32          `json:"start"`
 	Stripes     uint64          `json:"stripes"`
 	Servers     []serverStripes `json:"servers,omitempty"`
+	// A loadbalance mount: the storage nodes holding a copy, in the order the mount tries
+	// them, and the one this node reads now.
+	Replicas []string `json:"replicas,omitempty"`
+	Reading  string   `json:"reading,omitempty"`
 }
 
 // serverStripes is what one server holds of a file.
@@ -89,7 +96,16 @@ func stripesMain(args []string, stdout, stderr io.Writer) int {
 		return status
 	}
 	for _, f := range all {
-		if !f.Striped {
+		switch {
+		case len(f.Replicas) > 0:
+			fmt.Fprintf(stdout, "%s: %d bytes, not striped: a loadbalance instance, a full copy on each of its %d storage nodes (%s); this node reads the copy on %s\n",
+				f.Path, f.Size, len(f.Replicas), strings.Join(f.Replicas, ", "), f.Reading)
+			continue
+		case !f.Striped && f.StripeSize > 0:
+			fmt.Fprintf(stdout, "%s: %d bytes, not striped (its instance is on one storage node); stripe configuration kept: stripe_size %d, stripe_width %d\n",
+				f.Path, f.Size, f.StripeSize, f.StripeWidth)
+			continue
+		case !f.Striped:
 			fmt.Fprintf(stdout, "%s: %d bytes, not striped (its instance is on one storage node)\n", f.Path, f.Size)
 			continue
 		}
@@ -116,6 +132,13 @@ func readStripes(path string) (fileStripes, error) {
 		return fileStripes{}, err
 	}
 	out := fileStripes{Path: path, Size: st.Size()}
+	if replicas, err := getxattr(path, mount.ReplicasXattr); err == nil {
+		out.Replicas = strings.Fields(replicas)
+		if out.Reading, err = getxattr(path, mount.ReplicaXattr); err != nil {
+			return out, fmt.Errorf("reading the replica this node reads: %w", err)
+		}
+		return out, nil
+	}
 	text, err := getxattr(path, server.UserLayoutXattr)
 	if errors.Is(err, syscall.ENODATA) || errors.Is(err, syscall.ENOTSUP) {
 		return out, nil
@@ -124,6 +147,15 @@ func readStripes(path string) (fileStripes, error) {
 		return out, fmt.Errorf("reading its layout: %w (is it on a Spillway mount?)", err)
 	}
 	names, err := getxattr(path, mount.ServersXattr)
+	if errors.Is(err, syscall.ENODATA) {
+		// One server: the configuration a user set is kept (width 1), nothing laid out.
+		l, err := stripe.ParseText(text, stripe.Layout{Size: stripe.DefaultSize, Width: 1, Servers: 1})
+		if err != nil {
+			return out, fmt.Errorf("layout %q: %w", text, err)
+		}
+		out.StripeSize, out.StripeWidth = l.Size, l.Width
+		return out, nil
+	}
 	if err != nil {
 		return out, fmt.Errorf("reading the instance's servers: %w", err)
 	}

@@ -2,8 +2,10 @@ package views
 
 import (
 	"sort"
+	"strings"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
 )
@@ -51,10 +53,22 @@ type Realm struct {
 	StageBytesOut uint64 `json:"stage_bytes_out"`
 	// Clients are the compute nodes' shares (RUR dws), by node name.
 	Clients []RealmClient `json:"clients"`
+	// StageTraffic is the data path's traffic of the stage workers (split stages of striped
+	// namespaces), by the storage node they ran on: the stages' I/O, not a compute node's
+	// (DataWarp counted stages in stage_bytes_*, never as a client: docs/decisions.md). It is
+	// in the fragments' and the totals' bytes (what the SSDs wrote), not in the namespaces'
+	// bytes_read/bytes_written.
+	StageTraffic []RealmClient `json:"stage_traffic"`
 	// Final: every fragment's counters were taken from its agent right before the fragment
 	// was deleted. A record with final false has a fragment whose node was offline at
 	// teardown: its counters are the node's last heartbeat's.
 	Final bool `json:"final"`
+	// Current: a live record whose every fragment's counters were read from its storage node
+	// for this answer (controller.accounting_refresh_timeout); StaleNodes are the storage
+	// nodes whose figures are their last heartbeat's instead (no answer in time, or beyond
+	// controller.accounting_refresh_limit). Records of the log have neither.
+	Current    bool     `json:"current,omitempty"`
+	StaleNodes []string `json:"stale_nodes,omitempty"`
 }
 
 // RealmFragment is one server of the realm: a fragment on one storage node.
@@ -120,7 +134,7 @@ type RealmClient struct {
 func BuildAccounting(w *lifecycle.World, inst *model.Instance, usage []*model.FragmentUsage, carried *model.StageBytes) Accounting {
 	r := Realm{RealmID: inst.ID, Session: inst.SessionID, Label: inst.Label, Pool: inst.Pool,
 		Capacity: inst.Capacity, Created: inst.Created.Unix(),
-		Fragments: []RealmFragment{}, Namespaces: []RealmNamespace{}, Clients: []RealmClient{}}
+		Fragments: []RealmFragment{}, Namespaces: []RealmNamespace{}, Clients: []RealmClient{}, StageTraffic: []RealmClient{}}
 	if s := w.Sessions[inst.SessionID]; s != nil {
 		r.Token, r.Owner, r.Group = s.Token, s.Owner, s.Group
 	}
@@ -260,6 +274,12 @@ func BuildAccounting(w *lifecycle.World, inst *model.Instance, usage []*model.Fr
 		r.Namespaces = append(r.Namespaces, *n)
 	}
 	for _, name := range sortedKeys(clients) {
+		if node, ok := strings.CutPrefix(name, agentapi.StageClientPrefix); ok {
+			c := *clients[name]
+			c.Node = node
+			r.StageTraffic = append(r.StageTraffic, c)
+			continue
+		}
 		r.Clients = append(r.Clients, *clients[name])
 	}
 	r.ServerCount, r.NamespaceCount = len(r.Fragments), len(r.Namespaces)

@@ -108,3 +108,25 @@ func TestBuildAccounting(t *testing.T) {
 		t.Errorf("an instance with nothing: %+v", r)
 	}
 }
+
+// The stage workers' traffic (client agentapi.StageClient(node)) is no compute node's: it is
+// the record's stage_traffic, by the storage node it ran on (issue 23 item 9).
+func TestAccountingStageTraffic(t *testing.T) {
+	w := lifecycle.NewWorld()
+	w.Sessions[1] = &model.Session{ID: 1, Token: "4711"}
+	w.Instances[2] = &model.Instance{ID: 2, SessionID: 1, Created: time.Unix(1700000000, 0)}
+	w.Fragments[3] = &model.Fragment{ID: 3, InstanceID: 2, Node: "bb1"}
+	usage := []*model.FragmentUsage{{Fragment: 3, Instance: 2, Node: "bb1", Counters: agentapi.FragmentUsage{
+		Fragment: 3, BytesWritten: 700,
+		Clients: []agentapi.ClientUsage{{Node: "cn1", BytesWritten: 200}, {Node: agentapi.StageClient("bb1"), BytesWritten: 500, WriteOps: 5}}}}}
+	r := BuildAccounting(w, w.Instances[2], usage, nil).Realm
+	if len(r.Clients) != 1 || r.Clients[0].Node != "cn1" {
+		t.Errorf("clients %+v: the compute nodes only", r.Clients)
+	}
+	if len(r.StageTraffic) != 1 || r.StageTraffic[0] != (RealmClient{Node: "bb1", BytesWritten: 500, WriteOps: 5}) {
+		t.Errorf("stage traffic %+v, want bb1's 500 bytes", r.StageTraffic)
+	}
+	if r.BytesWritten != 700 {
+		t.Errorf("totals %d: what the SSD wrote, stages included", r.BytesWritten)
+	}
+}

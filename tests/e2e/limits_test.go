@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -54,7 +55,7 @@ func TestWriteProtectionAcrossHosts(t *testing.T) {
 			c.wlm("--function", "data_in", "--token", token, "--job", job)
 			mount := c.jobPath(token, job, "DW_JOB_STRIPED")
 			c.wlm("--function", "pre_run", "--token", token, "--job", job, "--nodehostnamefile", nodes)
-			writeProtection(t, c, mount)
+			writeProtection(t, c, mount, token)
 			c.wlm("--function", "post_run", "--token", token, "--job", job)
 			// The storage nodes saved what they counted: every byte hostb wrote over the network.
 			c.waitFor("the counters saved after the job's last write", func() bool {
@@ -85,7 +86,7 @@ func TestWriteProtectionAcrossHosts(t *testing.T) {
 
 // writeProtection trips the three policies of a mount with MFS=4MiB, MFC=3 and a write window
 // of 32 MiB per fragment per 3 s, on compute node hostb.
-func writeProtection(t *testing.T, c *netCluster, mount string) {
+func writeProtection(t *testing.T, c *netCluster, mount, token string) {
 	t.Helper()
 	run := func(script string) string {
 		out, _ := c.onHost("hostb", "cd "+mount+" && "+script).CombinedOutput()
@@ -101,6 +102,18 @@ func writeProtection(t *testing.T, c *netCluster, mount string) {
 	trip := run("for i in $(seq 1 40); do dd if=/dev/zero of=a bs=1M count=4 conv=notrunc,fsync 2>&1 || { echo tripped after $i; exit 0; }; done; echo never tripped")
 	if !strings.Contains(trip, "Read-only file system") || !strings.Contains(trip, "tripped after") {
 		t.Errorf("overwriting past the write window:\n%s", trip)
+	}
+	// The job reads its accounting at once: read-only, what it wrote (issue 23 item 9).
+	if a, err := c.client.SessionAccounting(context.Background(), token); err != nil {
+		t.Error(err)
+	} else {
+		ro := false
+		for _, f := range a.Realm.Fragments {
+			ro = ro || f.ReadOnly
+		}
+		if !ro || !a.Realm.Current || a.Realm.BytesWritten < 32<<20 {
+			t.Errorf("accounting at EROFS: read-only %v, current %v, written %d (want true, true, 32 MiB or more): %+v", ro, a.Realm.Current, a.Realm.BytesWritten, a.Realm.Fragments)
+		}
 	}
 	// Reads go on; writes come back once the window cooled down (a bounded wait).
 	if out := run("cat a | wc -c"); strings.TrimSpace(out) != "4194304" {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -154,6 +156,27 @@ func TestStripedAcrossStorageNodes(t *testing.T) {
 	}
 	// The two stripes of the shared file went out through the two nodes holding them.
 	c.assertStagedByEveryServer(t, "$DW_JOB_STRIPED/out", storage[:0], uint64(len(want)))
+	// Accounting: the stages' traffic is stage traffic, by the storage node it ran on, not a
+	// client named after a storage node; the clients are the compute nodes (issue 23 item 9).
+	acct, err := c.client.SessionAccounting(context.Background(), "60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var staged uint64
+	for _, s := range acct.Realm.StageTraffic {
+		if !slices.Contains(storage, s.Node) {
+			t.Errorf("stage traffic on %q, not a storage node of the instance", s.Node)
+		}
+		staged += s.BytesWritten
+	}
+	if staged < uint64(len(big)) {
+		t.Errorf("stage traffic %+v: wrote %d, want at least big's %d bytes staged in", acct.Realm.StageTraffic, staged, len(big))
+	}
+	for _, cl := range acct.Realm.Clients {
+		if cl.Node != "hostb" && cl.Node != "hoste" {
+			t.Errorf("accounting client %q: only the compute nodes are clients (%+v)", cl.Node, acct.Realm.Clients)
+		}
+	}
 	c.wlm("--function", "teardown", "--token", "60", "--job", job)
 	c.assertClean()
 

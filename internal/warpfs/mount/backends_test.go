@@ -178,7 +178,8 @@ func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 			st := Server{Dir: dir, Tracker: spec.Tracker, Fragment: frag}
 			if b.remote {
 				s := startServerFor(t, "", server.Target{Dir: dir, Tracker: spec.Tracker, Fragment: frag}, logTo, nil)
-				st = Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, InstanceID: 3}}
+				// As the agent's: the mount's namespace, which the objects' session counts to.
+				st = Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: spec.NamespaceID, InstanceID: 3}}
 			}
 			spec.Stripes = append(spec.Stripes, st)
 		}

@@ -269,6 +269,23 @@ func testUsageCounters(t *testing.T, b testBackend) {
 			t.Errorf("namespace usage: %+v", u.Namespaces)
 		}
 	}
+	// The namespace's bytes, over every server (a striped file's data is on its stripe
+	// servers): what the file system wrote and read, issue 23 item 9. The furthest offset
+	// written is the file's, not an object's.
+	var nsWritten, nsRead, maxOff uint64
+	for _, f := range frags {
+		for _, n := range f.Usage(0).Namespaces {
+			if n.Namespace != 2 && b.shards < 2 { // max_mds: each shard is a namespace of its own
+				t.Errorf("fragment %d counts namespace %d, want 2 only", f.ID, n.Namespace)
+			}
+			nsWritten += n.BytesWritten
+			nsRead += n.BytesRead
+			maxOff = max(maxOff, n.MaxOffsetWritten)
+		}
+	}
+	if nsWritten != written || nsRead != read || maxOff != size {
+		t.Errorf("namespace 2 over the servers: written %d read %d max offset %d, want %d, %d, %d (the fragments' totals)", nsWritten, nsRead, maxOff, written, read, size)
+	}
 }
 
 // The co-located path is no hole in the write window: where the kernel would write a local

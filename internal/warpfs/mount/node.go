@@ -711,20 +711,31 @@ func (n *node) xattr(ctx context.Context, op proto.Op, req proto.XattrReq, reply
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	if attr == ServersXattr && n.be.stripes != nil {
-		names := []byte(strings.Join(n.be.stripeNodes, " "))
-		if len(dest) == 0 {
-			return uint32(len(names)), 0
+		return clientXattr(dest, strings.Join(n.be.stripeNodes, " "))
+	}
+	if f, ok := n.be.client.(*failover); ok && (attr == ReplicasXattr || attr == ReplicaXattr) {
+		nodes, current := f.where()
+		if attr == ReplicaXattr {
+			return clientXattr(dest, current)
 		}
-		if len(dest) < len(names) {
-			return 0, syscall.ERANGE
-		}
-		return uint32(copy(dest, names)), 0
+		return clientXattr(dest, strings.Join(nodes, " "))
 	}
 	var rep proto.XattrReply
 	if errno := n.xattr(ctx, proto.OpGetxattr, proto.XattrReq{Name: attr, Size: uint32(len(dest))}, &rep); errno != 0 {
 		return 0, errno
 	}
 	return xattrResult(dest, &rep), 0
+}
+
+// clientXattr answers an attribute the client knows itself (never stored).
+func clientXattr(dest []byte, value string) (uint32, syscall.Errno) {
+	if len(dest) == 0 {
+		return uint32(len(value)), 0
+	}
+	if len(dest) < len(value) {
+		return 0, syscall.ERANGE
+	}
+	return uint32(copy(dest, value)), 0
 }
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {

@@ -133,6 +133,22 @@ func (f *failover) move(from int) {
 	f.log.Printf("warpfs: replica on %s stopped answering; reading the copy on %s", f.nodes[from], f.nodes[f.current])
 }
 
+// ReplicasXattr names, for a file or directory of a loadbalance mount on several storage
+// nodes, the nodes holding a copy of the namespace, in the order the mount tries them
+// (space-separated); ReplicaXattr the one this node reads now (`spillway stripes`). The
+// client answers them; they are not stored.
+const (
+	ReplicasXattr = "user.spillway.replicas"
+	ReplicaXattr  = "user.spillway.replica"
+)
+
+// where is the replicas' nodes and the one read now.
+func (f *failover) where() (nodes []string, current string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.nodes...), f.nodes[f.current]
+}
+
 func (f *failover) Close() {
 	for _, t := range f.replicas {
 		t.Close()

@@ -19,6 +19,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
@@ -34,7 +35,7 @@ func (be *backend) openStripes(spec Spec, limits Limits, path string, logger *lo
 			r := st.Remote
 			c, err := client.Dial(context.Background(), client.Options{
 				Address: r.Address, Token: r.Token, Client: r.Client, Capability: r.Capability, CapabilityKey: r.CapabilityKey,
-				TLS: r.TLS, Fragment: r.FragmentID, Instance: r.InstanceID, Stripes: true,
+				TLS: r.TLS, Fragment: r.FragmentID, Instance: r.InstanceID, Stripes: true, Namespace: stripesNamespace(r),
 				ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize, Limits: r.Limits, Log: logger,
 			})
 			if err != nil {
@@ -45,7 +46,7 @@ func (be *backend) openStripes(spec Spec, limits Limits, path string, logger *lo
 			local, err := server.OpenLocal(server.LocalOptions{
 				Dir: st.Dir, Tracker: st.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 				Name: path + " (stripes)", Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
-				Fragment: st.Fragment, Client: spec.Client, Stripes: true,
+				Fragment: st.Fragment, Client: spec.Client, Stripes: true, Namespace: spec.NamespaceID,
 			})
 			if err != nil {
 				return fmt.Errorf("cannot serve stripe directory %s: %w", st.Dir, err)
@@ -60,6 +61,20 @@ func (be *backend) openStripes(spec Spec, limits Limits, path string, logger *lo
 	be.maxFileSize = spec.MaxFileSize
 	be.writeBehind = int64(max(limits.WriteBehind, 0))
 	return nil
+}
+
+// stripesNamespace is the namespace a session of stripe objects counts its bytes to: the one
+// its capability names (a controller of before names none), or without a capability the
+// mount's own.
+func stripesNamespace(r *Remote) int64 {
+	if r.Capability == "" {
+		return r.NamespaceID
+	}
+	c, err := nodekey.ParseCapability(r.Capability)
+	if err != nil {
+		return 0
+	}
+	return c.Namespace
 }
 
 // ServersXattr names, for a file or directory of a striped mount, the instance's servers in

@@ -359,6 +359,19 @@ func testReplicasFailOver(t *testing.T, lim client.Limits) {
 	if _, err := f.ReadAt(buf, 0); err != nil {
 		t.Fatal(err)
 	}
+	// Which replicas exist and which one this node reads (`spillway stripes`).
+	xattr := func(name string) string {
+		t.Helper()
+		n, err := unix.Getxattr(filepath.Join(m.Path(), "a"), name, buf)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return ""
+		}
+		return string(buf[:n])
+	}
+	if got, cur := xattr(ReplicasXattr), xattr(ReplicaXattr); got != "ssd1 ssd2" || cur != "ssd1" {
+		t.Errorf("replicas %q, read now %q; want ssd1 ssd2, ssd1", got, cur)
+	}
 	servers[0].stop()
 	start := time.Now()
 	// The replica's server refuses connections: the failover must not wait the request
@@ -385,6 +398,9 @@ func testReplicasFailOver(t *testing.T, lim client.Limits) {
 	}
 	if err := os.WriteFile(filepath.Join(m.Path(), "c"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Errorf("writing to a loadbalance mount: %v, want EROFS", err)
+	}
+	if cur := xattr(ReplicaXattr); cur != "ssd2" {
+		t.Errorf("the replica read after the failover: %q, want ssd2", cur)
 	}
 }
 

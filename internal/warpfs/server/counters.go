@@ -8,6 +8,7 @@ package server
 import (
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -46,10 +47,16 @@ type Client struct {
 
 // account is what one session counts into: its fragment, namespace and client (any may be
 // nil: nothing counted). A session of stripe objects counts no files created: its creates
-// are a striped file's objects, counted on the metadata server as the file.
+// are a striped file's objects, counted on the metadata server as the file; it counts the
+// bytes of the namespace its capability names (the files whose objects they are), not their
+// offsets (an object's are not the file's). A stage worker's session (agentapi.StageClient)
+// counts in the fragment and as the stages' traffic, not in the namespace's bytes: those are
+// the file system's I/O, the stages' bytes are the namespace's stage_bytes_* (DataWarp's
+// split, docs/decisions.md).
 type account struct {
 	frag    *Fragment
-	ns      *Namespace
+	ns      *Namespace // nil: no namespace's bytes (a stage's traffic, or objects of none)
+	nsFiles *Namespace // the namespace files are admitted to and counted in (MFC)
 	client  *Client
 	objects bool // the fragment's stripe objects, not a namespace
 }
@@ -60,7 +67,13 @@ func newAccount(f *Fragment, namespace int64, client string, objects bool) accou
 	}
 	a := account{frag: f, client: f.Client(client), objects: objects}
 	if !objects { // stripe objects belong to no one namespace the server knows
+		a.nsFiles = f.Namespace(namespace)
+		a.ns = a.nsFiles
+	} else if namespace != 0 {
 		a.ns = f.Namespace(namespace)
+	}
+	if strings.HasPrefix(client, agentapi.StageClientPrefix) {
+		a.ns = nil
 	}
 	return a
 }
@@ -88,7 +101,9 @@ func (a *account) read(n int, end uint64) {
 	a.client.bytesRead.Add(uint64(n))
 	if a.ns != nil {
 		a.ns.bytesRead.Add(uint64(n))
-		atomicMax(&a.ns.maxOffRead, end)
+		if !a.objects {
+			atomicMax(&a.ns.maxOffRead, end)
+		}
 	}
 }
 
@@ -106,7 +121,9 @@ func (a *account) wrote(n int, end uint64) {
 	a.client.bytesWritten.Add(uint64(n))
 	if a.ns != nil {
 		a.ns.bytesWritten.Add(uint64(n))
-		atomicMax(&a.ns.maxOffWritten, end)
+		if !a.objects {
+			atomicMax(&a.ns.maxOffWritten, end)
+		}
 	}
 	a.frag.wrote(uint64(n))
 }
@@ -129,7 +146,7 @@ func (a *account) admitFile() syscall.Errno {
 	if a.frag == nil || a.objects {
 		return 0
 	}
-	return a.ns.startCreate()
+	return a.nsFiles.startCreate()
 }
 
 // kernelWrote counts what the kernel wrote into a file by itself (FUSE passthrough, only for
@@ -142,15 +159,17 @@ func (a *account) kernelWrote(n, end uint64) {
 	a.client.bytesWritten.Add(n)
 	if a.ns != nil {
 		a.ns.bytesWritten.Add(n)
-		atomicMax(&a.ns.maxOffWritten, end)
+		if !a.objects {
+			atomicMax(&a.ns.maxOffWritten, end)
+		}
 	}
 }
 
 // sizeReported records the size a striped file's writes reached (the client's report to the
 // metadata server): the namespace's furthest offset written.
 func (a *account) sizeReported(size uint64) {
-	if a.ns != nil {
-		atomicMax(&a.ns.maxOffWritten, size)
+	if a.nsFiles != nil {
+		atomicMax(&a.nsFiles.maxOffWritten, size)
 	}
 }
 
@@ -159,7 +178,7 @@ func (a *account) createDone(ok bool) {
 		return
 	}
 	if !ok {
-		a.ns.createFailed()
+		a.nsFiles.createFailed()
 		return
 	}
 	a.frag.filesCreated.Add(1)

@@ -1070,6 +1070,11 @@ func (s *Server) proofKey(auth *proto.Auth) ([]byte, *refused) {
 	if err != nil {
 		return nil, &refused{syscall.EACCES, "malformed capability: " + err.Error()}
 	}
+	if c.Stripes && auth.Stripes && auth.Namespace == 0 {
+		// A stripes capability names the namespace whose files' objects the session serves
+		// (what it counts to); a client of before sends 0.
+		auth.Namespace = c.Namespace
+	}
 	if c.Fragment != auth.Fragment || c.Namespace != auth.Namespace || c.Instance != auth.Instance || c.Client != auth.Client || c.Stripes != auth.Stripes {
 		return nil, &refused{syscall.EACCES, fmt.Sprintf("client %q asked for namespace %d of fragment %d with a capability for namespace %d of fragment %d on node %q",
 			auth.Client, auth.Namespace, auth.Fragment, c.Namespace, c.Fragment, c.Client)}

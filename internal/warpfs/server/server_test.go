@@ -96,7 +96,7 @@ func newFixtureHolding(t testing.TB, lim Limits, held, node string) *fixture {
 	f.addr = l.Addr().String()
 	log := slog.New(slog.NewTextHandler(f.logs, nil))
 	f.srv = New(Options{Token: held, Node: node, Log: log, Limits: lim, Resolve: func(fragment, namespace, instance int64, stripes bool) (Target, error) {
-		if namespace != 1 {
+		if namespace != 1 && !stripes {
 			return Target{}, errors.New("namespace 2 does not exist on this node")
 		}
 		return Target{Dir: f.dir, Tracker: f.tracker}, nil
@@ -470,6 +470,25 @@ func TestCapabilitiesGateTheNamespaces(t *testing.T) {
 	if err := dial("cn1", 1, "", secret); err == nil {
 		t.Error("the cluster's secret opened a namespace on a node that holds only its own credential")
 	}
+	// A stripes capability names the namespace whose objects the session counts to: a
+	// client sending it, or 0 (a client of before), is served; another namespace is not.
+	objects := nodekey.Capability{Namespace: 7, Client: "cn1", Stripes: true, Expires: time.Now().Add(time.Hour).Unix()}
+	capText5, key5 := grant(objects, "ssd1")
+	for _, ns := range []int64{7, 0} {
+		c, err := client.Dial(context.Background(), client.Options{Address: f.addr, Client: "cn1", Namespace: ns, Stripes: true,
+			Capability: capText5, CapabilityKey: key5, Limits: client.Limits{RequestTimeout: 5 * time.Second}})
+		if err != nil {
+			t.Errorf("stripe objects with the capability for namespace 7, asking %d: %v", ns, err)
+			continue
+		}
+		c.Close()
+	}
+	c, err := client.Dial(context.Background(), client.Options{Address: f.addr, Client: "cn1", Namespace: 8, Stripes: true,
+		Capability: capText5, CapabilityKey: key5, Limits: client.Limits{RequestTimeout: 5 * time.Second}})
+	if err == nil {
+		c.Close()
+		t.Error("stripe objects counted to namespace 8 with a capability naming 7")
+	}
 }
 
 // dialGranted mounts namespace as client with a capability and its session key, or with key
@@ -686,5 +705,68 @@ func TestHandshakesFromManyAddressesDoNotEvictMounts(t *testing.T) {
 			}
 			c.Close()
 		})
+	}
+}
+
+// A namespace on one server keeps the stripe configuration a user sets (libdatawarp's
+// dw_set_stripe_configuration, user.spillway.layout) and answers it back: on an empty file,
+// or on a directory for the files created in it afterwards; a width above 1 is EINVAL (the
+// instance has one server), a file holding data EEXIST; nothing set, ENODATA (the default).
+// Issue 23 item 10.
+func TestOneServerKeepsStripeConfiguration(t *testing.T) {
+	f := newFixture(t, Limits{})
+	c := f.client()
+	get := func(p string) (string, syscall.Errno) {
+		var rep proto.XattrReply
+		errno := do(c, proto.OpGetxattr, &proto.XattrReq{Path: p, Name: UserLayoutXattr, Size: 256}, &rep)
+		return string(rep.Data), errno
+	}
+	set := func(p, v string) syscall.Errno {
+		return do(c, proto.OpSetxattr, &proto.XattrReq{Path: p, Name: UserLayoutXattr, Value: []byte(v)}, nil)
+	}
+	if errno := do(c, proto.OpCreate, &proto.CreateReq{Name: "f", Flags: syscall.O_RDWR, Mode: 0o644}, &proto.OpenReply{}); errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := get("f"); errno != syscall.ENODATA {
+		t.Errorf("nothing set: %v, want ENODATA", errno)
+	}
+	if errno := set("f", "stripe_size=1048576 stripe_width=1"); errno != 0 {
+		t.Fatalf("set: %v", errno)
+	}
+	if text, errno := get("f"); errno != 0 || text != "stripe_size=1048576 stripe_width=1 start=0" {
+		t.Errorf("kept: %q %v", text, errno)
+	}
+	if errno := set("f", "stripe_size=1048576 stripe_width=2"); errno != syscall.EINVAL {
+		t.Errorf("width 2 on one server: %v, want EINVAL", errno)
+	}
+	if errno := set("f", "stripe_size=1000"); errno != syscall.EINVAL {
+		t.Errorf("a size not a multiple of 4 KiB: %v, want EINVAL", errno)
+	}
+	if errno := do(c, proto.OpMkdir, &proto.MkdirReq{Name: "d", Mode: 0o755}, &proto.AttrReply{}); errno != 0 {
+		t.Fatal(errno)
+	}
+	if errno := set("d", "stripe_size=2097152"); errno != 0 {
+		t.Fatalf("set on a directory: %v", errno)
+	}
+	if errno := do(c, proto.OpCreate, &proto.CreateReq{Dir: "d", Name: "g", Flags: syscall.O_RDWR, Mode: 0o644}, &proto.OpenReply{}); errno != 0 {
+		t.Fatal(errno)
+	}
+	if text, errno := get("d/g"); errno != 0 || text != "stripe_size=2097152 stripe_width=1 start=0" {
+		t.Errorf("a new file in the directory: %q %v, want the directory's", text, errno)
+	}
+	os.WriteFile(filepath.Join(f.dir, "d", "g"), []byte("data"), 0o644)
+	if errno := set("d/g", "stripe_size=1048576"); errno != syscall.EEXIST {
+		t.Errorf("a file holding data: %v, want EEXIST", errno)
+	}
+	// The server's own attribute stays hidden.
+	var list proto.XattrReply
+	if errno := do(c, proto.OpListxattr, &proto.XattrReq{Path: "f", Size: 1024}, &list); errno != 0 || strings.Contains(string(list.Data), "spillway") {
+		t.Errorf("listxattr: %q %v", list.Data, errno)
+	}
+	if errno := do(c, proto.OpSetxattr, &proto.XattrReq{Path: "f", Name: KeptXattr, Value: []byte("stripe_size=4096")}, nil); errno != syscall.EPERM {
+		t.Errorf("a client setting the server's own attribute: %v, want EPERM", errno)
+	}
+	if errno := do(c, proto.OpGetxattr, &proto.XattrReq{Path: "f", Name: KeptXattr, Size: 64}, &proto.XattrReply{}); errno != syscall.ENODATA {
+		t.Errorf("a client reading the server's own attribute: %v, want ENODATA", errno)
 	}
 }

@@ -74,6 +74,7 @@ func newFileID() uint64 {
 // layout; nothing in an unstriped one.
 func (v *volume) layoutFor(fd, dirfd int) (stripe.Layout, bool, syscall.Errno) {
 	if !v.striped {
+		inheritKept(fd, dirfd)
 		return stripe.Layout{}, false, 0
 	}
 	dir, ok := readLayout(dirfd)
@@ -218,14 +219,18 @@ func (v *volume) inheritLayout(parentFd, dirfd int, name string) {
 // layoutXattr answers the striping attributes: users read and set user.spillway.layout, and
 // never see the server's own. handled is false for every other attribute.
 func (v *volume) layoutXattr(op proto.Op, r *proto.XattrReq, t *target) (rep proto.XattrReply, errno syscall.Errno, handled bool) {
-	if strings.HasPrefix(r.Name, hiddenXattrPrefix) {
+	if hiddenXattr(r.Name) {
 		if op == proto.OpGetxattr {
 			return rep, syscall.ENODATA, true
 		}
 		return rep, syscall.EPERM, true
 	}
-	if r.Name != UserLayoutXattr || !v.striped {
+	if r.Name != UserLayoutXattr {
 		return rep, 0, false
+	}
+	if !v.striped {
+		rep, errno = v.keptLayout(op, r, t)
+		return rep, errno, true
 	}
 	dir := t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR
 	if !dir && !t.regular() {
@@ -284,11 +289,75 @@ func (v *volume) layoutXattr(op proto.Op, r *proto.XattrReq, t *target) (rep pro
 	}
 }
 
+// KeptXattr holds the stripe configuration a user set on a file or directory of a namespace
+// on one server (dw_set_stripe_configuration, user.spillway.layout): one server holds all
+// of every file, so nothing is laid out by it, but it is kept and read back as DataWarp
+// kept it (issue 23 item 10; docs/decisions.md). Its width can only be 1. It is in the user
+// namespace, hidden from clients as the server's trusted ones are: a server that is not root
+// (a home run by a user) can keep it too.
+const KeptXattr = "user.spillway.stripe"
+
+// hiddenXattr says whether name is one of the server's own attributes.
+func hiddenXattr(name string) bool {
+	return strings.HasPrefix(name, hiddenXattrPrefix) || name == KeptXattr
+}
+
+// keptLayout answers user.spillway.layout in a namespace on one server: the configuration
+// kept (ENODATA: none set, the instance's default), set on a directory (the default of the
+// files created in it afterwards, not of its subdirectories) or an empty file.
+func (v *volume) keptLayout(op proto.Op, r *proto.XattrReq, t *target) (rep proto.XattrReply, errno syscall.Errno) {
+	dir := t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	if !dir && !t.regular() {
+		return rep, syscall.ENODATA
+	}
+	switch op {
+	case proto.OpGetxattr:
+		var buf [128]byte
+		n, err := unix.Getxattr(procPath(t.fd), KeptXattr, buf[:])
+		if err != nil {
+			return rep, errnoOf(err)
+		}
+		rep.Size = uint32(n)
+		if r.Size > 0 {
+			if int(r.Size) < n {
+				return proto.XattrReply{}, syscall.ERANGE
+			}
+			rep.Data = append([]byte(nil), buf[:n]...)
+		}
+		return rep, 0
+	case proto.OpSetxattr:
+		if v.readOnly {
+			return rep, syscall.EROFS
+		}
+		l, err := stripe.ParseText(string(r.Value), stripe.Layout{Size: stripe.DefaultSize, Width: 1, Servers: 1})
+		if err != nil {
+			return rep, syscall.EINVAL // a width above 1: the instance has one server
+		}
+		if !dir && t.st.Size > 0 {
+			return rep, syscall.EEXIST // a file's is set while it is empty, as a striped file's
+		}
+		return rep, errnoOf(unix.Setxattr(procPath(t.fd), KeptXattr, []byte(l.Text()), 0))
+	default: // remove
+		return rep, syscall.EPERM
+	}
+}
+
+// inheritKept gives a file just created in a namespace on one server its directory's kept
+// stripe configuration, if it has one.
+func inheritKept(fd, dirfd int) {
+	var buf [128]byte
+	n, err := unix.Getxattr(procPath(dirfd), KeptXattr, buf[:])
+	if err != nil {
+		return
+	}
+	unix.Setxattr(procPath(fd), KeptXattr, buf[:n], 0)
+}
+
 // hideXattrs drops the server's own attributes from a listing.
 func hideXattrs(list []byte) []byte {
 	out := list[:0]
 	for _, name := range strings.SplitAfter(string(list), "\x00") {
-		if name != "" && !strings.HasPrefix(name, hiddenXattrPrefix) {
+		if name != "" && !hiddenXattr(strings.TrimSuffix(name, "\x00")) {
 			out = append(out, name...)
 		}
 	}

@@ -752,6 +752,9 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	if err != nil {
 		return nil, proto.Attr{}, errnoOf(err)
 	}
+	if created {
+		inheritKept(fd, dirfd) // its directory's kept stripe configuration (one server)
+	}
 	return v.finishOpen(fd, r.Flags, created, &parent, uid, gid, r.Mode, nil)
 }
 

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+
 	"bytes"
 	"fmt"
 	"log/slog"
@@ -233,5 +235,47 @@ func TestWindowClockBackAndRestore(t *testing.T) {
 	}
 	if got := y.add(1, t0+200*sec); got != 1 {
 		t.Errorf("restored, long after: %d, want 1", got)
+	}
+}
+
+// The namespace's bytes (issue 23 item 9): a session of stripe objects counts the bytes of
+// the namespace its capability names (not its offsets, an object's, nor files: MFC stays the
+// namespace's); a stage worker's session (agentapi.StageClient) counts in the fragment and
+// under its own client, not in the namespace's bytes, which are the file system's I/O.
+func TestNamespaceBytesOfObjectsAndStages(t *testing.T) {
+	f := NewFragment(1, 2, FragmentLimits{}, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	f.Namespace(9).SetLimits(1, 0)
+	objects := newAccount(f, 9, "cn1", true)
+	objects.wrote(1000, 1<<40)
+	objects.read(300, 1<<40)
+	if errno := objects.startCreate(); errno != 0 {
+		t.Fatal(errno)
+	}
+	objects.createDone(true)
+	files := newAccount(f, 9, "cn1", false)
+	if errno := files.startCreate(); errno != 0 {
+		t.Errorf("the namespace's one file (MFC 1) after an object: %v", errno)
+	}
+	files.createDone(true)
+	files.wrote(10, 10)
+	stage := newAccount(f, 9, agentapi.StageClient("sn1"), false)
+	stage.wrote(5000, 5000)
+	u := f.Usage(0)
+	if len(u.Namespaces) != 1 {
+		t.Fatalf("namespaces: %+v", u.Namespaces)
+	}
+	n := u.Namespaces[0]
+	if n.BytesWritten != 1010 || n.BytesRead != 300 || n.MaxOffsetWritten != 10 || n.MaxOffsetRead != 0 || n.FilesCreated != 1 {
+		t.Errorf("namespace 9: %+v, want 1010 written (objects and files, no stage), 300 read, offsets the files' only, 1 file", n)
+	}
+	if u.BytesWritten != 6010 {
+		t.Errorf("fragment bytes written %d, want 6010 (every session's)", u.BytesWritten)
+	}
+	var stageSeen bool
+	for _, c := range u.Clients {
+		stageSeen = stageSeen || c.Node == "stage@sn1" && c.BytesWritten == 5000
+	}
+	if !stageSeen {
+		t.Errorf("clients %+v: the stage's traffic under stage@sn1", u.Clients)
 	}
 }

@@ -337,6 +337,27 @@ static void check_all(void)
 		CHECK("get_stripe_configuration", rc == 0 && size == 8388608 && width == 1 && start == 0, "rc %d size %d width %d start %d", rc, size, width, start);
 		rc = dw_set_stripe_configuration(fd, 1 << 20, 1);
 		CHECK("set_stripe_configuration", rc == 0, "rc %d", rc);
+		/* kept, on an instance of one server too (issue 23 item 10) */
+		rc = dw_get_stripe_configuration(fd, &size, &width, &start);
+		CHECK("get_stripe_configuration after set: kept", rc == 0 && size == 1 << 20 && width == 1 && start == 0, "rc %d size %d width %d start %d", rc, size, width, start);
+		{
+			char *d = path(dw, "stripedir");
+			char *f;
+			int dfd, ffd;
+			R(mkdir(d, 0755));
+			dfd = (int)R(open(d, O_RDONLY | O_DIRECTORY));
+			rc = dw_set_stripe_configuration(dfd, 2 << 20, 1);
+			CHECK("set_stripe_configuration on a directory", rc == 0, "rc %d", rc);
+			f = path(dw, "stripedir/new.dat");
+			ffd = (int)R(open(f, O_CREAT | O_RDWR, 0644));
+			rc = dw_get_stripe_configuration(ffd, &size, &width, &start);
+			CHECK("a new file takes its directory's stripe configuration", rc == 0 && size == 2 << 20 && width == 1, "rc %d size %d width %d", rc, size, width);
+			R(write(ffd, "x", 1));
+			rc = dw_set_stripe_configuration(ffd, 1 << 20, 1);
+			CHECK("set_stripe_configuration on a file holding data: -EINVAL", rc == -EINVAL, "rc %d", rc);
+			close(ffd);
+			close(dfd);
+		}
 		rc = dw_set_stripe_configuration(fd, 1000, 1);
 		CHECK("set_stripe_configuration size not a multiple of 4 KiB: -EINVAL", rc == -EINVAL, "rc %d", rc);
 		rc = dw_set_stripe_configuration(fd, 0, 1);
