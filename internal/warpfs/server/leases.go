@@ -92,6 +92,7 @@ type leases struct {
 	holders map[string]*holder
 
 	seq            uint64
+	grants         uint64
 	inflight       int
 	changedEntries map[string]change // path → its last change, while requests are in flight
 	changedAttrs   map[uint64]change
@@ -190,10 +191,13 @@ func bornBefore(dir string, t time.Time) bool {
 	return time.Unix(ts.Sec, int64(ts.Nsec)).Before(t)
 }
 
-// join is the path of name in dir.
+// join is the path of name in dir (either may be "": the root, or dir itself).
 func join(dir, name string) string {
-	if dir == "" {
+	switch {
+	case dir == "":
 		return name
+	case name == "":
+		return dir
 	}
 	return dir + "/" + name
 }
@@ -269,6 +273,9 @@ func (l *leases) changedSinceLocked(t leaseToken, h *holder, p string, hasPath b
 // grantLocked registers h as a holder of entry p (when hasPath) and of inode ino's attributes
 // (when not 0), the path naming ino when byPath.
 func (l *leases) grantLocked(h *holder, until time.Time, p string, hasPath bool, ino uint64, byPath bool) {
+	if l.grants++; l.grants%sweepGrants == 0 {
+		l.sweepLocked(time.Now()) // a namespace only read (no changes to sweep after) stays bounded too
+	}
 	if hasPath {
 		dir, name := split(p)
 		names := l.entries[dir]
@@ -379,16 +386,24 @@ func (l *leases) recordLocked(by *holder, now time.Time, out *pending, entries [
 	}
 }
 
-// sweepEvery is how many changes pass between sweeps of leases run out.
-const sweepEvery = 4096
+// sweepEvery and sweepGrants are how many changes and grants pass between sweeps of the
+// leases run out.
+const (
+	sweepEvery  = 4096
+	sweepGrants = 1 << 16
+)
 
-// sweepLocked forgets the leases that have run out.
+// sweepLocked forgets the leases that have run out, the paths of inodes nobody holds, and
+// the holders of mounts gone for good.
 func (l *leases) sweepLocked(now time.Time) {
+	live := map[*holder]bool{}
 	for dir, names := range l.entries {
 		for name, in := range names {
 			for h, until := range in {
 				if !until.After(now) {
 					delete(in, h)
+				} else {
+					live[h] = true
 				}
 			}
 			if len(in) == 0 {
@@ -403,10 +418,22 @@ func (l *leases) sweepLocked(now time.Time) {
 		for h, until := range in {
 			if !until.After(now) {
 				delete(in, h)
+			} else {
+				live[h] = true
 			}
 		}
 		if len(in) == 0 {
 			delete(l.attrs, ino)
+		}
+	}
+	for p, ino := range l.inos {
+		if l.attrs[ino] == nil {
+			delete(l.inos, p)
+		}
+	}
+	for key, h := range l.holders {
+		if h.gone && !live[h] {
+			delete(l.holders, key)
 		}
 	}
 }

@@ -1,0 +1,114 @@
+package server
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+)
+
+// recorder is a holder that answers at once and keeps what it was told.
+type recorder struct {
+	mu   sync.Mutex
+	told []proto.Inval
+}
+
+func (r *recorder) invalidate(items []proto.Inval) (<-chan struct{}, bool) {
+	r.mu.Lock()
+	r.told = append(r.told, items...)
+	r.mu.Unlock()
+	done := make(chan struct{})
+	close(done)
+	return done, true
+}
+
+func (r *recorder) take() []proto.Inval {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := r.told
+	r.told = nil
+	return t
+}
+
+func newTestLeases(t *testing.T) *leases {
+	t.Helper()
+	l := acquireLeases(t.TempDir(), time.Minute)
+	l.graceUntil = time.Time{}
+	t.Cleanup(func() { releaseLeases(l) })
+	return l
+}
+
+// lookup runs a LOOKUP of p through use, found (ino) or not (ino 0), as a session would.
+func lookup(use *leaseUse, p string, ino uint64) bool {
+	tok := use.before(proto.OpLookup)
+	var rep proto.Message = &proto.AttrReply{Attr: proto.Attr{Ino: ino}}
+	errno := uint32(0)
+	if ino == 0 {
+		rep, errno = nil, 2 // ENOENT
+	}
+	return use.after(tok, proto.OpLookup, &proto.PathReq{Path: p}, rep, errno, 0)
+}
+
+// A renamed directory's names move with it in the renamer's kernel: the table moves the
+// renamer's, and tells everyone else theirs (under both paths).
+func TestRenamedDirectoryMovesTheRenamersNames(t *testing.T) {
+	l := newTestLeases(t)
+	ra, rb := &recorder{}, &recorder{}
+	a := &leaseUse{l: l, h: l.bind("a/1", ra), own: ra}
+	b := &leaseUse{l: l, h: l.bind("b/1", rb), own: rb}
+	if !lookup(a, "d/x", 0) || !lookup(b, "d/y", 0) || !lookup(b, "e/z", 0) {
+		t.Fatal("a lookup with nothing changing was not leased")
+	}
+	tok := a.before(proto.OpRename)
+	a.after(tok, proto.OpRename, &proto.RenameReq{Dir: "", Name: "d", NewDir: "", NewName: "e"}, &proto.RemovedReply{}, 0, 0)
+	told := map[string]bool{}
+	for _, it := range rb.take() {
+		told[it.Path] = true
+	}
+	if !told["d/y"] || !told["e/z"] {
+		t.Errorf("b was told %v; want d/y and e/z (its names beneath both paths)", told)
+	}
+	if got := ra.take(); len(got) != 0 {
+		t.Errorf("the renamer was told %v", got)
+	}
+	// a's absence of x moved to e/x: b making e/x tells a.
+	tok = b.before(proto.OpCreate)
+	b.after(tok, proto.OpCreate, &proto.CreateReq{Dir: "e", Name: "x"}, &proto.OpenReply{Attr: proto.Attr{Ino: 77}}, 0, 0)
+	if got := ra.take(); len(got) != 1 || got[0].Path != "e/x" || got[0].What != proto.InvalEntry {
+		t.Errorf("after b made e/x, a was told %v; want e/x", got)
+	}
+}
+
+// A reply computed while someone else changed what it gives is not leased.
+func TestReplyRacingAChangeIsNotLeased(t *testing.T) {
+	l := newTestLeases(t)
+	ra, rb := &recorder{}, &recorder{}
+	a := &leaseUse{l: l, h: l.bind("a/1", ra), own: ra}
+	b := &leaseUse{l: l, h: l.bind("b/1", rb), own: rb}
+	tok := a.before(proto.OpLookup) // a's lookup reads the state ...
+	tb := b.before(proto.OpUnlink)  // ... while b removes the name
+	b.after(tb, proto.OpUnlink, &proto.EntryReq{Dir: "", Name: "f"}, &proto.RemovedReply{}, 0, 0)
+	if a.after(tok, proto.OpLookup, &proto.PathReq{Path: "f"}, &proto.AttrReply{Attr: proto.Attr{Ino: 5}}, 0, 0) {
+		t.Error("a lookup that raced an unlink of its name was leased")
+	}
+	if lookup(a, "f", 0) != true {
+		t.Error("the next lookup, with nothing changing, was not leased")
+	}
+}
+
+// What runs out is forgotten: the table holds nothing of a mount gone for good.
+func TestSweepForgetsWhatRanOut(t *testing.T) {
+	l := newTestLeases(t)
+	r := &recorder{}
+	a := &leaseUse{l: l, h: l.bind("a/1", r), own: r}
+	lookup(a, "d/f", 9)
+	a.leave()
+	l.mu.Lock()
+	l.sweepLocked(time.Now().Add(2 * time.Minute))
+	entries, attrs, inos, holders := len(l.entries), len(l.attrs), len(l.inos), len(l.holders)
+	l.mu.Unlock()
+	if entries+attrs+inos+holders != 0 {
+		t.Errorf("after its lease ran out the table holds %d directories, %d inodes, %d paths, %d holders", entries, attrs, inos, holders)
+	}
+}
