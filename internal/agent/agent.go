@@ -1019,18 +1019,37 @@ func (a *Agent) StageStatus(ctx context.Context, key string) (agentapi.StageStat
 	return st, nil
 }
 
-// CancelStage stops a stage.
-func (a *Agent) CancelStage(ctx context.Context, key string) error {
+// CancelStage stops a stage and returns what its worker ended with, once the worker is gone:
+// "canceled", or "complete" when it finished first (a terminate that races the end of the
+// copy: the files are all there, and the controller must say so). The run stays known until
+// then, so a cancel that the controller repeats (its request timed out) waits for the same
+// worker instead of finding nothing. An unknown key (never started here, or already
+// reported) answers Known false: nothing of it runs here.
+func (a *Agent) CancelStage(ctx context.Context, key string) (agentapi.StageStatus, error) {
+	id, _, _ := strings.Cut(key, "-")
+	stageID, _ := strconv.ParseInt(id, 10, 64)
 	a.mu.Lock()
 	r := a.stages[key]
-	delete(a.stages, key)
 	a.mu.Unlock()
-	if r != nil {
-		r.Cancel()
-		r.Wait()
-		a.staged(key)
+	if r == nil {
+		return agentapi.StageStatus{ID: stageID, Known: false}, nil
 	}
-	return nil
+	r.Cancel()
+	select {
+	case <-r.Done():
+	case <-ctx.Done():
+		return agentapi.StageStatus{}, fmt.Errorf("stage %s: its worker has not stopped yet: %w", key, ctx.Err())
+	}
+	a.mu.Lock()
+	if a.stages[key] == r {
+		delete(a.stages, key)
+	}
+	a.mu.Unlock()
+	st := r.Status()
+	st.ID, st.Known = stageID, true
+	st.Warnings, _ = r.Warnings()
+	a.staged(key)
+	return st, nil
 }
 
 // staged makes the mounts of the namespaces a finished stage wrote into beside their server

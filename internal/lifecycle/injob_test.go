@@ -597,3 +597,82 @@ func TestStagesAndPreRunCostIsLinear(t *testing.T) {
 		t.Errorf("%d private namespaces, want one per node (%d)", private, n)
 	}
 }
+
+// A terminate that comes while the stage's start is on its way to the agent (the start
+// effect in flight, or sent by a controller that then restarted) must not leave a worker
+// nobody cancels or polls: the stage stays pending (the job's query still counts it) until
+// its agent confirms that nothing of it runs; a start that lands meanwhile makes it running,
+// and its terminate cancels it. A cancel that finds the copy finished reports it complete.
+// Issue 23 item 15.
+func TestTerminateRacesTheStart(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		startLands  bool                 // the start in flight reaches the agent
+		cancelFinds agentapi.StageStatus // what the agent's cancel answers
+		want        string
+	}{
+		{"start-lands-then-canceled", true, agentapi.StageStatus{Known: true, Status: model.StageCanceled}, model.StageCanceled},
+		{"start-lands-copy-finished-first", true, agentapi.StageStatus{Known: true, Status: model.StageComplete, FilesDone: 1, FilesTotal: 1, BytesDone: 7, BytesTotal: 7}, model.StageComplete},
+		{"start-fails", false, agentapi.StageStatus{Known: false}, model.StageCanceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := runningJob(t)
+			h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenImmediate, "/big", "/pfs/big")}, h, h.now))
+			h.w.TakeChanges()
+			// The pass that starts it: the start effect is now in flight.
+			var start *Effect
+			for _, e := range Step(h.w, h.p, h.now) {
+				if e.Op == OpStartStage {
+					start = &e
+				}
+			}
+			h.w.TakeChanges()
+			if start == nil {
+				t.Fatal("no start effect")
+			}
+			if n, err := ApplyTerminate(h.w, "9", VarJobStriped, "/big", h.now); err != nil || n != 1 {
+				t.Fatalf("terminate: %d %v", n, err)
+			}
+			h.w.TakeChanges()
+			if st := h.w.Stages[start.Ref.ID]; st.Ended() {
+				t.Fatalf("a terminated stage whose start may have reached its agent ended before the agent said so: %+v", st)
+			}
+			if c := h.counts("/big"); c != (InJobCounts{Pending: 1}) {
+				t.Fatalf("until then the job's query counts it pending: %+v", c)
+			}
+			// Now the start's outcome is recorded.
+			r := Result{}
+			if !tc.startLands {
+				r.Err = errors.New("agent unreachable")
+			}
+			Complete(h.w, *start, r, h.p, h.now)
+			h.w.TakeChanges()
+			canceled := 0
+			for i := 0; i < 5 && !h.w.Stages[start.Ref.ID].Ended(); i++ {
+				h.now = h.now.Add(time.Hour) // past any retry backoff
+				for _, e := range Step(h.w, h.p, h.now) {
+					switch e.Op {
+					case OpStartStage:
+						t.Fatalf("a terminated stage is started again: %+v", e)
+					case OpCancelStage:
+						canceled++
+						Complete(h.w, e, Result{Stage: tc.cancelFinds}, h.p, h.now)
+					case OpPollStage:
+						Complete(h.w, e, Result{Stage: agentapi.StageStatus{Known: true, Status: model.StageRunning}}, h.p, h.now)
+					}
+				}
+				h.w.TakeChanges()
+			}
+			st := h.w.Stages[start.Ref.ID]
+			if canceled == 0 {
+				t.Fatalf("the agent was never asked to cancel the stage: %+v", st)
+			}
+			if st.Status != tc.want {
+				t.Fatalf("ended %s, want %s: %+v", st.Status, tc.want, st)
+			}
+			if tc.want == model.StageComplete && (st.BytesDone != 7 || st.FilesDone != 1) {
+				t.Fatalf("a complete stage keeps its figures: %+v", st)
+			}
+		})
+	}
+}
