@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -10,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agent"
+	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -205,4 +208,137 @@ func namespaceDirOf(t *testing.T, ssd string) string {
 		t.Fatalf("namespace directories under %s: %v", ssd, found)
 	}
 	return found[0]
+}
+
+// lostStart forwards the first stage start to the real agent, which starts the worker, and
+// then answers with an error, as a controller that crashed after sending the start (or whose
+// request timed out) finds it: the worker runs, and the state still says "pending".
+type lostStart struct {
+	*agent.Agent
+	lost atomic.Bool
+}
+
+func (l *lostStart) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
+	if err := l.Agent.StartStage(ctx, spec); err != nil {
+		return err
+	}
+	if l.lost.CompareAndSwap(false, true) {
+		return errors.New("connection reset by peer (the controller died with the request)")
+	}
+	return nil
+}
+
+// TestTerminateAfterAStartNobodyRecorded: a stage whose start reached its agent but was never
+// recorded (the controller crashed after sending it) is terminated by a new controller on
+// the same state. It must end canceled with its worker stopped, or complete with the whole
+// file — never "canceled" while the worker goes on copying. Issue 23 item 15, "including
+// across a controller restart".
+func TestTerminateAfterAStartNobodyRecorded(t *testing.T) {
+	cfg := config.Defaults()
+	cfg.Controller.StateDir = t.TempDir()
+	cfg.Pools = []config.Pool{{Name: "wlm_pool", Granularity: config.Size(1 << 20)}}
+	cfg.Executor.RetryBackoff = config.Duration(time.Hour) // the lost start is not retried
+	cfg.Executor.RetryBackoffMax = config.Duration(time.Hour)
+	eng, err := sqlite.Open(filepath.Join(cfg.Controller.StateDir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := store.New(eng)
+	t.Cleanup(func() { st.Close() })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ssd := t.TempDir()
+	limits := stage.DefaultLimits()
+	limits.AllowRoot = true
+	limits.CancelGrace = 2 * time.Second
+	ag, err := agent.New(agent.Options{Name: "ssd1", Pool: "wlm_pool", SSDPath: ssd, Capacity: 4 << 30, Log: log,
+		WorkerExe: []string{os.Args[0], "stage-worker"}, StageLimits: limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ag.Close)
+	ctx := context.Background()
+
+	first, err := New(cfg, st, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.AddLocalAgent("ssd1", &lostStart{Agent: ag})
+	rep, _ := ag.Report(ctx)
+	if _, err := first.Heartbeat(ctx, rep); err != nil {
+		t.Fatal(err)
+	}
+	setup := lifecycle.Setup{Token: "78", Creator: "TEST", Owner: uint32(os.Getuid()), Group: uint32(os.Getgid()),
+		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}
+	if err := first.Setup(ctx, setup, false); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		first.RunOnce(ctx)
+		if s, err := first.Status(ctx, "78", lifecycle.PhaseSetup); err == nil && s.Done {
+			break
+		}
+	}
+	nsDir := namespaceDirOf(t, ssd)
+	// Large enough that the worker is still copying when the terminate comes.
+	const size = 512 << 20
+	data := bytes.Repeat([]byte("spillway"), size/8)
+	if err := os.WriteFile(filepath.Join(nsDir, "big"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dest := filepath.Join(t.TempDir(), "big")
+	os.Chmod(filepath.Dir(dest), 0o777)
+	req := []lifecycle.InJobStage{{Direction: model.StageOut, Type: model.StageFile, DWVar: lifecycle.VarJobStriped, DWPath: "/big", PFSPath: dest}}
+	if err := first.JobStages(ctx, "78", req); err != nil {
+		t.Fatal(err)
+	}
+	first.RunOnce(ctx) // sends the start; its answer is lost
+	if alive, _ := stage.WorkerProcesses(); alive != 1 {
+		t.Fatalf("the start did not reach the agent: %d workers", alive)
+	}
+
+	// A new controller on the same state: it knows nothing of the start.
+	second, err := New(cfg, st, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.AddLocalAgent("ssd1", ag)
+	if _, err := second.TerminateStages(ctx, "78", lifecycle.VarJobStriped, "/big"); err != nil {
+		t.Fatal(err)
+	}
+	var ended *model.Stage
+	waitUntil(t, 60*time.Second, "the stage's end", func() bool {
+		second.RunOnce(ctx)
+		w, err := second.World(ctx)
+		if err != nil {
+			return false
+		}
+		for _, s := range w.Stages {
+			if s.PFSPath == dest && s.Ended() {
+				ended = s
+				return true
+			}
+		}
+		return false
+	})
+	alive, _ := stage.WorkerProcesses()
+	switch ended.Status {
+	case model.StageCanceled:
+		if alive != 0 {
+			t.Fatalf("recorded canceled while %d stage worker(s) still run: nobody will cancel or poll it", alive)
+		}
+		time.Sleep(time.Second)
+		if got, err := os.ReadFile(dest); err == nil && bytes.Equal(got, data) {
+			t.Fatal("recorded canceled, yet the whole file is at the destination")
+		}
+	case model.StageComplete:
+		if got, err := os.ReadFile(dest); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("reported complete, but the destination holds %d bytes: %v", len(got), err)
+		}
+	default:
+		t.Fatalf("ended %s: %s", ended.Status, ended.Error)
+	}
+	waitUntil(t, 30*time.Second, "no stage worker left", func() bool {
+		alive, _ := stage.WorkerProcesses()
+		return alive == 0
+	})
 }

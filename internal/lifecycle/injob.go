@@ -345,6 +345,9 @@ func ApplyTerminate(w *World, token, v, p string, now time.Time) (int, error) {
 			// confirmed that nothing of it runs (cancelPending), or reported it complete.
 			if !st.Terminate {
 				st.Terminate = true
+				// Not after the backoff of a start that failed (or whose answer was lost):
+				// the agent is asked now.
+				st.State.RetryAt = time.Time{}
 				w.put(st)
 			}
 			n++
