@@ -676,3 +676,75 @@ func TestTerminateRacesTheStart(t *testing.T) {
 		})
 	}
 }
+
+// A split stage (a file of a 2-server instance: each server copies its part) terminated while
+// the starts of its copy runs are in flight: each run whose start lands is canceled on its
+// node before the stage ends; none is left running unknown to the controller. Issue 23 #15.
+func TestTerminateRacesTheStartOfASplitStage(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2")
+	h.must(ApplySetup(h.w, jobSetup("9", 2<<30, "striped"), h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "9", []string{"cn1"}, h, h.p))
+	h.settle()
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out("", "/ckpt", "/pfs/ckpt")}, h, h.now))
+	h.w.TakeChanges()
+	done := func(e Effect) Result {
+		return Result{Stage: agentapi.StageStatus{Known: true, Status: model.StageComplete, FilesTotal: 1, FilesDone: 1}}
+	}
+	// Run until the copy step's starts are decided; hold them (in flight).
+	var inflight []Effect
+	for i := 0; i < 20 && len(inflight) == 0; i++ {
+		for _, e := range Step(h.w, h.p, h.now) {
+			if e.Op == OpStartStage && e.Stage.Part != nil && e.Stage.Part.Step == agentapi.StepCopy {
+				inflight = append(inflight, e)
+				continue
+			}
+			Complete(h.w, e, done(e), h.p, h.now)
+		}
+		h.w.TakeChanges()
+		h.now = h.now.Add(time.Second)
+	}
+	if len(inflight) == 0 {
+		t.Fatal("the copy step never started")
+	}
+	if n, err := ApplyTerminate(h.w, "9", VarJobStriped, "/ckpt", h.now); err != nil || n != 1 {
+		t.Fatalf("terminate: %d %v", n, err)
+	}
+	h.w.TakeChanges()
+	busy := map[EffectKey]bool{}
+	for _, e := range inflight {
+		busy[e.Key()] = true
+	}
+	// A pass while the starts are in flight: the executor runs nothing on their keys.
+	for _, e := range Step(h.w, h.p, h.now) {
+		if !busy[e.Key()] {
+			Complete(h.w, e, done(e), h.p, h.now)
+		}
+	}
+	h.w.TakeChanges()
+	// The starts land: the runs are started on their nodes.
+	running := map[EffectKey]bool{}
+	for _, e := range inflight {
+		Complete(h.w, e, Result{}, h.p, h.now)
+		running[e.Key()] = true
+	}
+	h.w.TakeChanges()
+	for i := 0; i < 20 && !h.w.Stages[1].Ended(); i++ {
+		h.now = h.now.Add(time.Second)
+		for _, e := range Step(h.w, h.p, h.now) {
+			if e.Op == OpCancelStage {
+				delete(running, e.Key())
+				Complete(h.w, e, Result{Stage: agentapi.StageStatus{Known: true, Status: model.StageCanceled}}, h.p, h.now)
+				continue
+			}
+			Complete(h.w, e, done(e), h.p, h.now)
+		}
+		h.w.TakeChanges()
+	}
+	if st := h.w.Stages[1]; !st.Ended() || st.Status != model.StageCanceled {
+		t.Fatalf("the stage: %s (%s)", st.Status, st.Error)
+	}
+	if len(running) > 0 {
+		t.Fatalf("the stage ended while %d of its copy runs, started on their nodes, were never canceled there", len(running))
+	}
+}
