@@ -849,7 +849,9 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 			return fmt.Errorf("stage %d: %w", spec.ID, err)
 		}
 		roots[v] = dir
-		if spec.Direction == model.StageIn {
+		if spec.Direction == model.StageIn || spec.Protect {
+			// A stage-in writes the namespace; a protected stage-out changes its file's
+			// mode (write bits off while it runs, back at its end).
 			direct = append(direct, dir)
 		}
 	}
@@ -885,6 +887,9 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	if len(direct) > 0 {
 		a.stagedDirs[key] = direct
 	}
+	if spec.Protect && spec.Direction == model.StageOut && len(direct) > 0 {
+		go protectedVisible(run, direct)
+	}
 	if charged != nil {
 		a.stageIns[spec.Instance]++
 		go func() {
@@ -893,6 +898,29 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 		}()
 	}
 	return nil
+}
+
+// protectedVisible makes the mounts of a write-protected stage-out's namespaces drop what they
+// cache once its copy has begun — the worker removes the file's write bits before it copies a
+// byte — so that the job sees the file read-only while it is staged out (a mount caches
+// attributes for its lease, warpfs.lease). The end of the stage drops them again (staged):
+// the write bits are back then.
+func protectedVisible(run *stage.Run, dirs []string) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-run.Done():
+			return
+		case <-tick.C:
+		}
+		if st := run.Status(); st.BytesDone > 0 || st.FilesDone > 0 {
+			for _, dir := range dirs {
+				server.InvalidateNamespace(dir)
+			}
+			return
+		}
+	}
 }
 
 // stageInEnded settles a finished stage-in's reservation of reserved bytes on the instance's
