@@ -96,6 +96,10 @@ type Agent struct {
 	// stagedDirs are the namespace directories each stage-in writes into directly (by key):
 	// their mounts' caches are dropped when it ends (staged).
 	stagedDirs map[string][]string
+	// starting are the stages whose StartStage is under way (by key): closed when it returns.
+	// A cancel that comes meanwhile waits for it, so that it cancels the worker the start
+	// is about to run rather than find nothing.
+	starting map[string]chan struct{}
 	// stageIns counts the stage-ins running into each instance (by id) with a reservation
 	// on its tracker: a rescan while one runs would forget what it reserved and has not
 	// written yet.
@@ -139,7 +143,7 @@ func New(opt Options) (*Agent, error) {
 		opt.Log = slog.Default()
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
-		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, stageIns: map[int64]int{},
+		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
 		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{}}
 	if opt.Pool == "" {
 		return a, nil // compute node: no storage
@@ -816,6 +820,9 @@ func (a *Agent) Unmount(ctx context.Context, activationID int64, mountPath strin
 	return nil
 }
 
+// startStageHook, when set (tests only), is called by StartStage once the start is under way.
+var startStageHook func(key string)
+
 // StartStage begins a stage as the session's user.
 func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	if err := a.requireStorage(); err != nil {
@@ -824,9 +831,37 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	key := spec.Key()
 	a.mu.Lock()
 	known := a.stages[key] != nil
+	other := a.starting[key]
+	var started chan struct{}
+	if !known && other == nil {
+		started = make(chan struct{})
+		a.starting[key] = started
+	}
 	a.mu.Unlock()
+	if other != nil { // a start of it is under way (a request repeated): its outcome is ours
+		select {
+		case <-other:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		a.mu.Lock()
+		known = a.stages[key] != nil
+		a.mu.Unlock()
+		if !known {
+			return fmt.Errorf("stage %d: a concurrent start of it failed", spec.ID)
+		}
+	}
 	if known {
 		return nil // already running or finished: the controller polls it
+	}
+	defer func() {
+		a.mu.Lock()
+		delete(a.starting, key)
+		a.mu.Unlock()
+		close(started)
+	}()
+	if startStageHook != nil {
+		startStageHook(key)
 	}
 	if len(spec.Roots) == 0 {
 		return fmt.Errorf("stage %d: no namespace of the session lives on %s", spec.ID, a.opt.Name)
@@ -1057,8 +1092,18 @@ func (a *Agent) CancelStage(ctx context.Context, key string) (agentapi.StageStat
 	id, _, _ := strings.Cut(key, "-")
 	stageID, _ := strconv.ParseInt(id, 10, 64)
 	a.mu.Lock()
-	r := a.stages[key]
+	r, starting := a.stages[key], a.starting[key]
 	a.mu.Unlock()
+	if r == nil && starting != nil {
+		select { // a start of it is under way: cancel what it starts
+		case <-starting:
+		case <-ctx.Done():
+			return agentapi.StageStatus{}, fmt.Errorf("stage %s: it is being started: %w", key, ctx.Err())
+		}
+		a.mu.Lock()
+		r = a.stages[key]
+		a.mu.Unlock()
+	}
 	if r == nil {
 		return agentapi.StageStatus{ID: stageID, Known: false}, nil
 	}
