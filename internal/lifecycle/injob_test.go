@@ -748,3 +748,56 @@ func TestTerminateRacesTheStartOfASplitStage(t *testing.T) {
 		t.Fatalf("the stage ended while %d of its copy runs, started on their nodes, were never canceled there", len(running))
 	}
 }
+
+// A teardown (with hurry) that comes while a stage's start is in flight cancels the stage on
+// its agent once the start has landed, before it ends; it does not end it on the controller's
+// word, leaving a worker writing into an instance being destroyed. Issue 23 item 15.
+func TestTeardownRacesTheStart(t *testing.T) {
+	h := runningJob(t)
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenImmediate, "/big", "/pfs/big")}, h, h.now))
+	h.w.TakeChanges()
+	var start *Effect
+	for _, e := range Step(h.w, h.p, h.now) {
+		if e.Op == OpStartStage {
+			start = &e
+		}
+	}
+	h.w.TakeChanges()
+	if start == nil {
+		t.Fatal("no start effect")
+	}
+	h.must(ApplyTeardown(h.w, "9", true))
+	h.w.TakeChanges()
+	// A pass while the start is in flight: nothing runs on the stage's key.
+	for _, e := range Step(h.w, h.p, h.now) {
+		if e.Key() != start.Key() {
+			Complete(h.w, e, Result{}, h.p, h.now)
+		}
+	}
+	h.w.TakeChanges()
+	Complete(h.w, *start, Result{}, h.p, h.now) // the worker runs on the node now
+	h.w.TakeChanges()
+	canceled := false
+	for i := 0; i < 30; i++ {
+		h.now = h.now.Add(time.Second)
+		effects := Step(h.w, h.p, h.now)
+		if len(effects) == 0 {
+			break
+		}
+		for _, e := range effects {
+			r := Result{}
+			switch e.Op {
+			case OpCancelStage:
+				canceled = true
+				r.Stage = agentapi.StageStatus{Known: true, Status: model.StageCanceled}
+			case OpPollStage:
+				r.Stage = agentapi.StageStatus{Known: true, Status: model.StageRunning}
+			}
+			Complete(h.w, e, r, h.p, h.now)
+		}
+		h.w.TakeChanges()
+	}
+	if !canceled {
+		t.Fatal("the teardown ended a stage whose start had landed without canceling it on its agent")
+	}
+}
