@@ -96,6 +96,10 @@ type Agent struct {
 	// stagedDirs are the namespace directories each stage-in writes into directly (by key):
 	// their mounts' caches are dropped when it ends (staged).
 	stagedDirs map[string][]string
+	// starting are the stages whose StartStage is under way (by key): closed when it returns.
+	// A cancel that comes meanwhile waits for it, so that it cancels the worker the start
+	// is about to run rather than find nothing.
+	starting map[string]chan struct{}
 	// stageIns counts the stage-ins running into each instance (by id) with a reservation
 	// on its tracker: a rescan while one runs would forget what it reserved and has not
 	// written yet.
@@ -139,7 +143,7 @@ func New(opt Options) (*Agent, error) {
 		opt.Log = slog.Default()
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
-		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, stageIns: map[int64]int{},
+		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
 		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{}}
 	if opt.Pool == "" {
 		return a, nil // compute node: no storage
@@ -823,6 +827,9 @@ func (a *Agent) Unmount(ctx context.Context, activationID int64, mountPath strin
 	return nil
 }
 
+// startStageHook, when set (tests only), is called by StartStage once the start is under way.
+var startStageHook func(key string)
+
 // StartStage begins a stage as the session's user.
 func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	if err := a.requireStorage(); err != nil {
@@ -831,9 +838,37 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	key := spec.Key()
 	a.mu.Lock()
 	known := a.stages[key] != nil
+	other := a.starting[key]
+	var started chan struct{}
+	if !known && other == nil {
+		started = make(chan struct{})
+		a.starting[key] = started
+	}
 	a.mu.Unlock()
+	if other != nil { // a start of it is under way (a request repeated): its outcome is ours
+		select {
+		case <-other:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		a.mu.Lock()
+		known = a.stages[key] != nil
+		a.mu.Unlock()
+		if !known {
+			return fmt.Errorf("stage %d: a concurrent start of it failed", spec.ID)
+		}
+	}
 	if known {
 		return nil // already running or finished: the controller polls it
+	}
+	defer func() {
+		a.mu.Lock()
+		delete(a.starting, key)
+		a.mu.Unlock()
+		close(started)
+	}()
+	if startStageHook != nil {
+		startStageHook(key)
 	}
 	if len(spec.Roots) == 0 {
 		return fmt.Errorf("stage %d: no namespace of the session lives on %s", spec.ID, a.opt.Name)
@@ -856,7 +891,9 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 			return fmt.Errorf("stage %d: %w", spec.ID, err)
 		}
 		roots[v] = dir
-		if spec.Direction == model.StageIn {
+		if spec.Direction == model.StageIn || spec.Protect {
+			// A stage-in writes the namespace; a protected stage-out changes its file's
+			// mode (write bits off while it runs, back at its end).
 			direct = append(direct, dir)
 		}
 	}
@@ -892,6 +929,9 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 	if len(direct) > 0 {
 		a.stagedDirs[key] = direct
 	}
+	if spec.Protect && spec.Direction == model.StageOut && len(direct) > 0 {
+		go protectedVisible(run, direct)
+	}
 	if charged != nil {
 		a.stageIns[spec.Instance]++
 		go func() {
@@ -900,6 +940,29 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 		}()
 	}
 	return nil
+}
+
+// protectedVisible makes the mounts of a write-protected stage-out's namespaces drop what they
+// cache once its copy has begun — the worker removes the file's write bits before it copies a
+// byte — so that the job sees the file read-only while it is staged out (a mount caches
+// attributes for its lease, warpfs.lease). The end of the stage drops them again (staged):
+// the write bits are back then.
+func protectedVisible(run *stage.Run, dirs []string) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-run.Done():
+			return
+		case <-tick.C:
+		}
+		if st := run.Status(); st.BytesDone > 0 || st.FilesDone > 0 {
+			for _, dir := range dirs {
+				server.InvalidateNamespace(dir)
+			}
+			return
+		}
+	}
 }
 
 // stageInEnded settles a finished stage-in's reservation of reserved bytes on the instance's
@@ -1027,18 +1090,47 @@ func (a *Agent) StageStatus(ctx context.Context, key string) (agentapi.StageStat
 	return st, nil
 }
 
-// CancelStage stops a stage.
-func (a *Agent) CancelStage(ctx context.Context, key string) error {
+// CancelStage stops a stage and returns what its worker ended with, once the worker is gone:
+// "canceled", or "complete" when it finished first (a terminate that races the end of the
+// copy: the files are all there, and the controller must say so). The run stays known until
+// then, so a cancel that the controller repeats (its request timed out) waits for the same
+// worker instead of finding nothing. An unknown key (never started here, or already
+// reported) answers Known false: nothing of it runs here.
+func (a *Agent) CancelStage(ctx context.Context, key string) (agentapi.StageStatus, error) {
+	id, _, _ := strings.Cut(key, "-")
+	stageID, _ := strconv.ParseInt(id, 10, 64)
 	a.mu.Lock()
-	r := a.stages[key]
-	delete(a.stages, key)
+	r, starting := a.stages[key], a.starting[key]
 	a.mu.Unlock()
-	if r != nil {
-		r.Cancel()
-		r.Wait()
-		a.staged(key)
+	if r == nil && starting != nil {
+		select { // a start of it is under way: cancel what it starts
+		case <-starting:
+		case <-ctx.Done():
+			return agentapi.StageStatus{}, fmt.Errorf("stage %s: it is being started: %w", key, ctx.Err())
+		}
+		a.mu.Lock()
+		r = a.stages[key]
+		a.mu.Unlock()
 	}
-	return nil
+	if r == nil {
+		return agentapi.StageStatus{ID: stageID, Known: false}, nil
+	}
+	r.Cancel()
+	select {
+	case <-r.Done():
+	case <-ctx.Done():
+		return agentapi.StageStatus{}, fmt.Errorf("stage %s: its worker has not stopped yet: %w", key, ctx.Err())
+	}
+	a.mu.Lock()
+	if a.stages[key] == r {
+		delete(a.stages, key)
+	}
+	a.mu.Unlock()
+	st := r.Status()
+	st.ID, st.Known = stageID, true
+	st.Warnings, _ = r.Warnings()
+	a.staged(key)
+	return st, nil
 }
 
 // staged makes the mounts of the namespaces a finished stage wrote into beside their server

@@ -88,7 +88,12 @@ func Handler(a agentapi.Agent, token string, controllerUIDs ...uint32) http.Hand
 		httpapi.WriteJSON(w, 200, st)
 	})
 	mux.HandleFunc("DELETE /agent/v1/stages/{key}", func(w http.ResponseWriter, r *http.Request) {
-		do(w, a.CancelStage(r.Context(), r.PathValue("key")))
+		st, err := a.CancelStage(r.Context(), r.PathValue("key"))
+		if err != nil {
+			do(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, 200, st)
 	})
 	self := uint32(os.Geteuid())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -273,10 +273,13 @@ type Agent interface {
 	Mount(ctx context.Context, spec MountSpec) error
 	Unmount(ctx context.Context, activationID int64, mountPath string) error
 
-	// StartStage begins a stage and returns at once; StageStatus polls it; CancelStage stops it.
+	// StartStage begins a stage and returns at once; StageStatus polls it; CancelStage stops it
+	// and returns what its worker ended with once it is gone: "canceled", or "complete" (or
+	// "failed") when it ended on its own first; Known false when the agent has no such stage
+	// (never started here, or already reported). A stage is forgotten once canceled.
 	StartStage(ctx context.Context, spec StageSpec) error
 	StageStatus(ctx context.Context, key string) (StageStatus, error) // key: StageSpec.Key
-	CancelStage(ctx context.Context, key string) error
+	CancelStage(ctx context.Context, key string) (StageStatus, error)
 }
 
 // Assignment is the controller's answer to a heartbeat: what it keeps on the node. An agent

@@ -153,9 +153,12 @@ func (a *Client) StageStatus(ctx context.Context, key string) (agentapi.StageSta
 	return st, err
 }
 
-// CancelStage cancels a stage.
-func (a *Client) CancelStage(ctx context.Context, key string) error {
-	return a.do(ctx, "DELETE", "/agent/v1/stages/"+url.PathEscape(key), nil, nil)
+// CancelStage cancels a stage and returns its final status (agentapi.Agent). An agent of an
+// earlier version answers {"ok": true}: that reads as Known false, a stage it no longer runs.
+func (a *Client) CancelStage(ctx context.Context, key string) (agentapi.StageStatus, error) {
+	var st agentapi.StageStatus
+	err := a.do(ctx, "DELETE", "/agent/v1/stages/"+url.PathEscape(key), nil, &st)
+	return st, err
 }
 
 // NodeFault reports whether err, from one of this client's calls, counts against the agent's

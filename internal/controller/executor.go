@@ -466,7 +466,7 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		case lifecycle.OpPollStage:
 			r.Stage, r.Err = agent.StageStatus(actx, e.Stage.Key())
 		case lifecycle.OpCancelStage:
-			r.Err = agent.CancelStage(actx, e.Stage.Key())
+			r.Stage, r.Err = agent.CancelStage(actx, e.Stage.Key())
 		}
 		cancel()
 		if fc, ok := agent.(nodeFaults); ok && r.Err != nil {

@@ -14,10 +14,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/spillway-hpc/spillway/internal/agent"
 	"github.com/spillway-hpc/spillway/internal/config"
@@ -185,6 +191,34 @@ func listen(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("controller socket %s: %w", path, err)
 	}
 	return l, nil
+}
+
+// Metrics is what a home serves at GET /metrics on its socket: the controller's registry and
+// the agent's, with the names the daemons use on their metrics_listen addresses
+// (spillway_controller_..., spillway_executor_..., spillway_agent_..., the data path's
+// spillway_warpfs_...), and the process's and Go runtime's metrics once (both registries hold
+// them: it is one process).
+func (r *Running) Metrics() prometheus.Gatherer {
+	ag := r.Agent.Metrics()
+	return prometheus.Gatherers{r.Controller.Registry(), prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		families, err := ag.Gather()
+		kept := families[:0]
+		for _, f := range families {
+			if name := f.GetName(); !strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") {
+				kept = append(kept, f)
+			}
+		}
+		return kept, err
+	})}
+}
+
+// handler serves the home's API (api) and, beside it, GET /metrics (Metrics). A scrape is no
+// activity: it does not keep an idle home's server running.
+func (r *Running) handler(api http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.Metrics(), promhttp.HandlerOpts{EnableOpenMetrics: true}))
+	mux.Handle("/", api)
+	return mux
 }
 
 // Close stops everything: unmounts, stops stages, closes the state.

@@ -354,7 +354,7 @@ func (h *Home) Serve(log *slog.Logger, workerExe []string) error {
 	}
 	act := &activity{last: time.Now()}
 	lim := APILimits(cfg, log)
-	srv := httpapi.NewServer(act.wrap(controller.NewServer(r.Controller, "", nil, log)), lim)
+	srv := httpapi.NewServer(r.handler(act.wrap(controller.NewServer(r.Controller, "", nil, log))), lim)
 	served := make(chan struct{})
 	go func() { defer close(served); srv.Serve(httpapi.LimitListener(l, lim)) }()
 

@@ -321,8 +321,9 @@ func (c *InJobCounts) add(st *model.Stage, p string) {
 }
 
 // ApplyTerminate stops the session's in-job stages that concern the path and have not ended
-// (deferred ones stay: revoke them): waiting ones end canceled now, running ones when their
-// worker has stopped. It returns how many it stops; a path with no in-job stage at all is a
+// (deferred ones stay: revoke them): each ends canceled once its agent has confirmed that
+// nothing of it runs (a waiting one's start may be on its way there), or complete when its
+// copy finished first. It returns how many it stops; a path with no in-job stage at all is a
 // user error (DataWarp's -EINVAL).
 func ApplyTerminate(w *World, token, v, p string, now time.Time) (int, error) {
 	s, err := liveSession(w, token, "terminate")
@@ -340,9 +341,15 @@ func ApplyTerminate(w *World, token, v, p string, now time.Time) (int, error) {
 		any = true
 		switch st.Status {
 		case model.StagePending:
-			st.Status, st.Error, st.Finished, st.Terminate = model.StageCanceled, terminatedMsg, now, true
-			st.State.Transitioning = false
-			w.put(st)
+			// Its start may be on its way to the agent: the stage ends once the agent has
+			// confirmed that nothing of it runs (cancelPending), or reported it complete.
+			if !st.Terminate {
+				st.Terminate = true
+				// Not after the backoff of a start that failed (or whose answer was lost):
+				// the agent is asked now.
+				st.State.RetryAt = time.Time{}
+				w.put(st)
+			}
 			n++
 		case model.StageRunning:
 			if !st.Terminate {

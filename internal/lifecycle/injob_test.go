@@ -597,3 +597,207 @@ func TestStagesAndPreRunCostIsLinear(t *testing.T) {
 		t.Errorf("%d private namespaces, want one per node (%d)", private, n)
 	}
 }
+
+// A terminate that comes while the stage's start is on its way to the agent (the start
+// effect in flight, or sent by a controller that then restarted) must not leave a worker
+// nobody cancels or polls: the stage stays pending (the job's query still counts it) until
+// its agent confirms that nothing of it runs; a start that lands meanwhile makes it running,
+// and its terminate cancels it. A cancel that finds the copy finished reports it complete.
+// Issue 23 item 15.
+func TestTerminateRacesTheStart(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		startLands  bool                 // the start in flight reaches the agent
+		cancelFinds agentapi.StageStatus // what the agent's cancel answers
+		want        string
+	}{
+		{"start-lands-then-canceled", true, agentapi.StageStatus{Known: true, Status: model.StageCanceled}, model.StageCanceled},
+		{"start-lands-copy-finished-first", true, agentapi.StageStatus{Known: true, Status: model.StageComplete, FilesDone: 1, FilesTotal: 1, BytesDone: 7, BytesTotal: 7}, model.StageComplete},
+		{"start-fails", false, agentapi.StageStatus{Known: false}, model.StageCanceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := runningJob(t)
+			h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenImmediate, "/big", "/pfs/big")}, h, h.now))
+			h.w.TakeChanges()
+			// The pass that starts it: the start effect is now in flight.
+			var start *Effect
+			for _, e := range Step(h.w, h.p, h.now) {
+				if e.Op == OpStartStage {
+					start = &e
+				}
+			}
+			h.w.TakeChanges()
+			if start == nil {
+				t.Fatal("no start effect")
+			}
+			if n, err := ApplyTerminate(h.w, "9", VarJobStriped, "/big", h.now); err != nil || n != 1 {
+				t.Fatalf("terminate: %d %v", n, err)
+			}
+			h.w.TakeChanges()
+			if st := h.w.Stages[start.Ref.ID]; st.Ended() {
+				t.Fatalf("a terminated stage whose start may have reached its agent ended before the agent said so: %+v", st)
+			}
+			if c := h.counts("/big"); c != (InJobCounts{Pending: 1}) {
+				t.Fatalf("until then the job's query counts it pending: %+v", c)
+			}
+			// Now the start's outcome is recorded.
+			r := Result{}
+			if !tc.startLands {
+				r.Err = errors.New("agent unreachable")
+			}
+			Complete(h.w, *start, r, h.p, h.now)
+			h.w.TakeChanges()
+			canceled := 0
+			for i := 0; i < 5 && !h.w.Stages[start.Ref.ID].Ended(); i++ {
+				h.now = h.now.Add(time.Hour) // past any retry backoff
+				for _, e := range Step(h.w, h.p, h.now) {
+					switch e.Op {
+					case OpStartStage:
+						t.Fatalf("a terminated stage is started again: %+v", e)
+					case OpCancelStage:
+						canceled++
+						Complete(h.w, e, Result{Stage: tc.cancelFinds}, h.p, h.now)
+					case OpPollStage:
+						Complete(h.w, e, Result{Stage: agentapi.StageStatus{Known: true, Status: model.StageRunning}}, h.p, h.now)
+					}
+				}
+				h.w.TakeChanges()
+			}
+			st := h.w.Stages[start.Ref.ID]
+			if canceled == 0 {
+				t.Fatalf("the agent was never asked to cancel the stage: %+v", st)
+			}
+			if st.Status != tc.want {
+				t.Fatalf("ended %s, want %s: %+v", st.Status, tc.want, st)
+			}
+			if tc.want == model.StageComplete && (st.BytesDone != 7 || st.FilesDone != 1) {
+				t.Fatalf("a complete stage keeps its figures: %+v", st)
+			}
+		})
+	}
+}
+
+// A split stage (a file of a 2-server instance: each server copies its part) terminated while
+// the starts of its copy runs are in flight: each run whose start lands is canceled on its
+// node before the stage ends; none is left running unknown to the controller. Issue 23 #15.
+func TestTerminateRacesTheStartOfASplitStage(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2")
+	h.must(ApplySetup(h.w, jobSetup("9", 2<<30, "striped"), h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "9", []string{"cn1"}, h, h.p))
+	h.settle()
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out("", "/ckpt", "/pfs/ckpt")}, h, h.now))
+	h.w.TakeChanges()
+	done := func(e Effect) Result {
+		return Result{Stage: agentapi.StageStatus{Known: true, Status: model.StageComplete, FilesTotal: 1, FilesDone: 1}}
+	}
+	// Run until the copy step's starts are decided; hold them (in flight).
+	var inflight []Effect
+	for i := 0; i < 20 && len(inflight) == 0; i++ {
+		for _, e := range Step(h.w, h.p, h.now) {
+			if e.Op == OpStartStage && e.Stage.Part != nil && e.Stage.Part.Step == agentapi.StepCopy {
+				inflight = append(inflight, e)
+				continue
+			}
+			Complete(h.w, e, done(e), h.p, h.now)
+		}
+		h.w.TakeChanges()
+		h.now = h.now.Add(time.Second)
+	}
+	if len(inflight) == 0 {
+		t.Fatal("the copy step never started")
+	}
+	if n, err := ApplyTerminate(h.w, "9", VarJobStriped, "/ckpt", h.now); err != nil || n != 1 {
+		t.Fatalf("terminate: %d %v", n, err)
+	}
+	h.w.TakeChanges()
+	busy := map[EffectKey]bool{}
+	for _, e := range inflight {
+		busy[e.Key()] = true
+	}
+	// A pass while the starts are in flight: the executor runs nothing on their keys.
+	for _, e := range Step(h.w, h.p, h.now) {
+		if !busy[e.Key()] {
+			Complete(h.w, e, done(e), h.p, h.now)
+		}
+	}
+	h.w.TakeChanges()
+	// The starts land: the runs are started on their nodes.
+	running := map[EffectKey]bool{}
+	for _, e := range inflight {
+		Complete(h.w, e, Result{}, h.p, h.now)
+		running[e.Key()] = true
+	}
+	h.w.TakeChanges()
+	for i := 0; i < 20 && !h.w.Stages[1].Ended(); i++ {
+		h.now = h.now.Add(time.Second)
+		for _, e := range Step(h.w, h.p, h.now) {
+			if e.Op == OpCancelStage {
+				delete(running, e.Key())
+				Complete(h.w, e, Result{Stage: agentapi.StageStatus{Known: true, Status: model.StageCanceled}}, h.p, h.now)
+				continue
+			}
+			Complete(h.w, e, done(e), h.p, h.now)
+		}
+		h.w.TakeChanges()
+	}
+	if st := h.w.Stages[1]; !st.Ended() || st.Status != model.StageCanceled {
+		t.Fatalf("the stage: %s (%s)", st.Status, st.Error)
+	}
+	if len(running) > 0 {
+		t.Fatalf("the stage ended while %d of its copy runs, started on their nodes, were never canceled there", len(running))
+	}
+}
+
+// A teardown (with hurry) that comes while a stage's start is in flight cancels the stage on
+// its agent once the start has landed, before it ends; it does not end it on the controller's
+// word, leaving a worker writing into an instance being destroyed. Issue 23 item 15.
+func TestTeardownRacesTheStart(t *testing.T) {
+	h := runningJob(t)
+	h.must(ApplyInJobStages(h.w, "9", []InJobStage{out(WhenImmediate, "/big", "/pfs/big")}, h, h.now))
+	h.w.TakeChanges()
+	var start *Effect
+	for _, e := range Step(h.w, h.p, h.now) {
+		if e.Op == OpStartStage {
+			start = &e
+		}
+	}
+	h.w.TakeChanges()
+	if start == nil {
+		t.Fatal("no start effect")
+	}
+	h.must(ApplyTeardown(h.w, "9", true))
+	h.w.TakeChanges()
+	// A pass while the start is in flight: nothing runs on the stage's key.
+	for _, e := range Step(h.w, h.p, h.now) {
+		if e.Key() != start.Key() {
+			Complete(h.w, e, Result{}, h.p, h.now)
+		}
+	}
+	h.w.TakeChanges()
+	Complete(h.w, *start, Result{}, h.p, h.now) // the worker runs on the node now
+	h.w.TakeChanges()
+	canceled := false
+	for i := 0; i < 30; i++ {
+		h.now = h.now.Add(time.Second)
+		effects := Step(h.w, h.p, h.now)
+		if len(effects) == 0 {
+			break
+		}
+		for _, e := range effects {
+			r := Result{}
+			switch e.Op {
+			case OpCancelStage:
+				canceled = true
+				r.Stage = agentapi.StageStatus{Known: true, Status: model.StageCanceled}
+			case OpPollStage:
+				r.Stage = agentapi.StageStatus{Known: true, Status: model.StageRunning}
+			}
+			Complete(h.w, e, r, h.p, h.now)
+		}
+		h.w.TakeChanges()
+	}
+	if !canceled {
+		t.Fatal("the teardown ended a stage whose start had landed without canceling it on its agent")
+	}
+}

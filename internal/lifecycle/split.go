@@ -189,7 +189,7 @@ func completeSplit(w *World, e Effect, r Result, p Params, now time.Time) {
 			part.Status = model.StageRunning
 		}
 	case OpCancelStage:
-		if part.Status == model.StageRunning {
+		if part.Status == model.StageRunning || part.Status == model.StagePending {
 			part.Status, part.Error = model.StageCanceled, "canceled"
 		}
 	case OpPollStage:
@@ -256,6 +256,17 @@ func cancelSplit(w *World, st *model.Stage, spec agentapi.StageSpec, servers []a
 				}
 				continue
 			}
+			if !restoring && ok && nodeOnline(w, part.Node) && st.Step != agentapi.StepAbort {
+				// Its start may be on its way to the node (in flight, or sent before a
+				// controller restart): the node's agent is asked to cancel the run first,
+				// after the start's outcome is known (one effect per run at a time).
+				busy = true
+				if ready(st.State, now) {
+					effects = append(effects, Effect{Op: OpCancelStage, Ref: Ref{KindStage, st.ID}, Part: i + 1, Node: part.Node,
+						Stage: agentapi.StageSpec{ID: st.ID, Part: &agentapi.StagePart{Step: st.Step}}})
+				}
+				continue
+			}
 			part.Status = model.StageCanceled
 			w.put(st)
 		case model.StageRunning:
@@ -278,7 +289,8 @@ func cancelSplit(w *World, st *model.Stage, spec agentapi.StageSpec, servers []a
 	if len(effects) == 0 {
 		busy = false
 		for _, part := range st.Parts {
-			busy = busy || part.Status == model.StageRunning || restoring && part.Status == model.StagePending && nodeOnline(w, part.Node)
+			busy = busy || part.Status == model.StageRunning || restoring && part.Status == model.StagePending && nodeOnline(w, part.Node) ||
+				!restoring && ok && st.Step != agentapi.StepAbort && part.Status == model.StagePending && nodeOnline(w, part.Node)
 		}
 	}
 	if busy {

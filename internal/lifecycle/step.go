@@ -162,6 +162,10 @@ func stepStages(w *World, s *model.Session, p Params, now time.Time, running *in
 	for _, st := range stages {
 		switch st.Status {
 		case model.StagePending:
+			if st.Terminate { // the job terminated it before it was known to run
+				effects = append(effects, cancelPending(w, s, st, now)...)
+				continue
+			}
 			ns := w.Namespaces[st.NamespaceID]
 			if ns == nil || !ns.State.Actualized || !ready(st.State, now) || *running >= p.StageMaxRunning {
 				continue
@@ -446,7 +450,14 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 	busyStages := false
 	for _, st := range stages {
 		switch st.Status {
-		case model.StagePending, model.StageDeferred:
+		case model.StagePending:
+			// Its start may be on its way to the agent (cancelPending): the teardown waits
+			// until the agent confirms that nothing of it runs.
+			if cancels := cancelPending(w, s, st, now); len(cancels) > 0 || !st.Ended() {
+				effects = append(effects, cancels...)
+				busyStages = true
+			}
+		case model.StageDeferred:
 			st.Status = model.StageCanceled
 			st.Error = "canceled by teardown"
 			st.Finished = now
@@ -704,9 +715,41 @@ func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
 			w.put(st)
 			return
 		}
+		if r.Stage.Known && r.Stage.Status == model.StageComplete {
+			// The worker finished its copy before the cancel reached it: every file is
+			// there, and the stage says so (a terminate that races the end of a copy).
+			applyStageStatus(w, st, r.Stage, p, now)
+			return
+		}
 		st.Status, st.Error, st.Finished = model.StageCanceled, cancelMessage(st), now
+		st.State.Transitioning = false
+		if r.Stage.Known {
+			st.FilesDone, st.BytesDone = r.Stage.FilesDone, r.Stage.BytesDone
+		}
 		w.put(st)
 	}
+}
+
+// cancelPending ends a pending stage the job terminated. Its start may have been sent (the
+// start effect was in flight when the terminate came, or the controller restarted after
+// sending it and before recording it): the stage's agent is asked to cancel it, which is
+// harmless when nothing was started, and the stage ends with what the agent answers
+// (canceled, or complete when the copy finished first). The executor never runs the cancel
+// while the start is still in flight (one effect per stage at a time), and a start that
+// lands meanwhile makes the stage running, whose terminate cancels it in turn. Only a stage
+// that no agent can have been asked to run, or whose node is offline, ends at once.
+func cancelPending(w *World, s *model.Session, st *model.Stage, now time.Time) []Effect {
+	_, node, err := stageSpec(w, s, st)
+	if err != nil || node == "" || !nodeOnline(w, node) {
+		st.Status, st.Error, st.Finished = model.StageCanceled, cancelMessage(st), now
+		st.State.Transitioning = false
+		w.put(st)
+		return nil
+	}
+	if !ready(st.State, now) {
+		return nil
+	}
+	return []Effect{{Op: OpCancelStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: agentapi.StageSpec{ID: st.ID}}}
 }
 
 func applyStageStatus(w *World, st *model.Stage, ss agentapi.StageStatus, p Params, now time.Time) {

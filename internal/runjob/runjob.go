@@ -572,12 +572,15 @@ func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.S
 		name = "data_out"
 	}
 	began := time.Now()
+	// The stages that had ended before this step: the job's own (libdatawarp, dwcli stage)
+	// that it saw to their end. The summary counts only what this step ran or waited for.
+	prior, priorErr := r.o.Client.Status(ctx, r.token, name, 0)
+	before := endedStages(prior)
 	if len(reqs) == 0 {
 		// Slurm calls data_in/data_out for every job; there is nothing to ask for here, but
 		// the job may have asked for stage-outs itself (libdatawarp: at its end, or still
 		// running): they are waited for as the script's.
-		st, err := r.o.Client.Status(ctx, r.token, name, 0)
-		if direction != model.StageOut || err != nil || len(st.Stages) == 0 {
+		if direction != model.StageOut || priorErr != nil || len(prior.Stages) == 0 {
 			r.phase(name, began, "nothing to stage")
 			return "", true
 		}
@@ -602,7 +605,13 @@ func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.S
 	}
 	var files int64
 	var bytes uint64
+	counted, earlier := 0, 0
 	for _, s := range st.Stages {
+		if p, ok := before[s.ID]; ok && sameEnd(p, s) {
+			earlier++ // ended before this step, as the job's own calls left it
+			continue
+		}
+		counted++
 		files += s.FilesDone
 		bytes += s.BytesDone
 		for _, w := range s.Warnings {
@@ -617,8 +626,30 @@ func (r *runner) stage(ctx context.Context, direction string, reqs []lifecycle.S
 	if secs > 0 && bytes > 0 {
 		rate = fmt.Sprintf(" (%s/s)", units.FormatHuman(uint64(float64(bytes)/secs)))
 	}
-	r.phase(name, began, "%d stage(s), %d file(s), %s%s", len(st.Stages), files, units.FormatHuman(bytes), rate)
+	also := ""
+	if earlier > 0 {
+		also = fmt.Sprintf("; %d stage(s) the job ran itself had ended before", earlier)
+	}
+	r.phase(name, began, "%d stage(s), %d file(s), %s%s%s", counted, files, units.FormatHuman(bytes), rate, also)
 	return "", true
+}
+
+// endedStages are a step status's stages that have ended (complete, failed, canceled), by id.
+func endedStages(st lifecycle.StepStatus) map[lifecycle.ID]lifecycle.StageProgress {
+	out := map[lifecycle.ID]lifecycle.StageProgress{}
+	for _, s := range st.Stages {
+		switch s.Status {
+		case model.StageComplete, model.StageFailed, model.StageCanceled:
+			out[s.ID] = s
+		}
+	}
+	return out
+}
+
+// sameEnd says whether a stage that had ended before a step is still as it was (the step did
+// not run it again: a retried stage starts over and ends anew).
+func sameEnd(before, now lifecycle.StageProgress) bool {
+	return before.Status == now.Status && before.FilesDone == now.FilesDone && before.BytesDone == now.BytesDone && before.Error == now.Error
 }
 
 // teardown destroys the job's session, asking up to client.teardown_attempts times. It waits

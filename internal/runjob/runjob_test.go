@@ -105,3 +105,51 @@ func TestCommandsAreQuoted(t *testing.T) {
 		t.Errorf("discard: %s", discard)
 	}
 }
+
+// TestDataOutCountsOnlyWhatItRan: the data_out summary counts the stages data_out itself ran
+// or waited for, not the job's own stage-outs (libdatawarp, dwcli stage) that had ended
+// before it: here one stage-out the job finished itself (3 files) and one deferred to the
+// job's end that data_out runs (2 files, 100 bytes). Issue 23 item 18.
+func TestDataOutCountsOnlyWhatItRan(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := lifecycle.StageProgress{ID: 1, Direction: "out", Type: "file", Status: "complete", FilesTotal: 3, FilesDone: 3, BytesTotal: 1 << 20, BytesDone: 1 << 20}
+	deferred := lifecycle.StageProgress{ID: 2, Direction: "out", Type: "file", Status: "deferred", FilesTotal: 2}
+	var asked atomic.Bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /dw/v1/sessions/{token}/data_out", func(w http.ResponseWriter, r *http.Request) {
+		asked.Store(true)
+		w.WriteHeader(202)
+		json.NewEncoder(w).Encode(map[string]string{"token": r.PathValue("token")})
+	})
+	mux.HandleFunc("GET /dw/v1/sessions/{token}/status", func(w http.ResponseWriter, r *http.Request) {
+		st := lifecycle.StepStatus{Token: r.PathValue("token"), Step: "data_out", Exists: true, Stages: []lifecycle.StageProgress{own, deferred}}
+		if asked.Load() {
+			ran := deferred
+			ran.Status, ran.FilesDone, ran.BytesTotal, ran.BytesDone = "complete", 2, 100, 100
+			st.Stages, st.Done = []lifecycle.StageProgress{own, ran}, true
+		}
+		json.NewEncoder(w).Encode(st)
+	})
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	client, err := apiclient.New("unix:"+sock, apiclient.Options{ConnectRetries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	r := newRunner(context.Background(), Options{Client: client, Out: &out, Poll: time.Millisecond})
+	r.token = "run1"
+	_, ok := r.stage(context.Background(), "out", nil)
+	r.in.stop()
+	if !ok {
+		t.Fatalf("data_out failed:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), " 1 stage(s), 2 file(s), 100B") || !strings.Contains(out.String(), "1 stage(s) the job ran itself had ended before") {
+		t.Fatalf("the data_out line must count the one stage it ran, and say the job's own apart:\n%s", out.String())
+	}
+}

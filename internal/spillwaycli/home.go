@@ -18,7 +18,9 @@ and storage agent in a small background server: the first command that needs it 
 run, dwstat, dwcli, spillway persistent) starts it, every command on the home talks to it,
 and it exits by itself once nothing has moved and nobody has asked anything for
 home.idle_timeout (default 1m). Its output goes to server.log in the home. It also cleans
-up after spillway runs that were killed (see spillway run --help).
+up after spillway runs that were killed (see spillway run --help). It serves Prometheus
+metrics on its socket (curl --unix-socket HOME/controller.sock http://home/metrics), with
+the names the controller and agent daemons use.
 
   status   whether the server runs: its pid, since when, its socket and log
   stop     stop it now (to use a changed spillway.toml or a rebuilt binary at once).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +25,10 @@ func (w *worker) copy(ctx context.Context, p *plan) error {
 	if err := w.copyEntries(ctx, p, w.copyEntry); err != nil {
 		return err
 	}
-	return w.finishAllDirectories(ctx, p)
+	// Every file is in place: a stop asked for now comes too late to undo the stage, which
+	// completes (the directories' modes and times are a moment's work). Reporting it
+	// canceled would leave complete files behind a stage said to be stopped (issue 23 #15).
+	return w.finishAllDirectories(context.WithoutCancel(ctx), p)
 }
 
 // prepareAllDirectories creates every directory of the plan, parents before children.
@@ -235,7 +239,8 @@ func (w *worker) applyMetadata(fd int, display string, dst unix.Stat_t, mode, gi
 }
 
 // copyEntries copies every file and link of the plan, w.parallel at a time. The first failure
-// stops the others; each removes the file it was writing.
+// stops the others; each removes the file it was writing. A stop (ctx) that comes once every
+// entry is done is no failure: the copy is complete.
 func (w *worker) copyEntries(ctx context.Context, p *plan, do entryAction) error {
 	type task struct {
 		job   *copyJob
@@ -248,7 +253,16 @@ func (w *worker) copyEntries(ctx context.Context, p *plan, do entryAction) error
 		mu       sync.Mutex
 		firstErr error
 		wg       sync.WaitGroup
+		total    int          // entries fed to the workers
+		finished atomic.Int64 // and done
 	)
+	for _, job := range p.jobs {
+		for _, e := range job.entries {
+			if e.kind != kindDir {
+				total++
+			}
+		}
+	}
 	for range w.parallel {
 		wg.Add(1)
 		go func() {
@@ -270,6 +284,7 @@ func (w *worker) copyEntries(ctx context.Context, p *plan, do entryAction) error
 					continue
 				}
 				w.filesDone.Add(1)
+				finished.Add(1)
 			}
 		}()
 	}
@@ -290,6 +305,9 @@ feed:
 	wg.Wait()
 	if firstErr != nil {
 		return firstErr
+	}
+	if finished.Load() == int64(total) {
+		return nil // every entry copied, even if a stop came meanwhile
 	}
 	return ctx.Err()
 }

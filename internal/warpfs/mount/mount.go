@@ -829,16 +829,45 @@ func unmountLive(path string, l Limits, served <-chan struct{}, conn uint32, log
 	}
 	timer := time.NewTimer(l.ServerExitTimeout)
 	defer timer.Stop()
-	select {
-	case <-served:
-		return nil
-	case <-timer.C:
+	// The kernel ends the FUSE connection, and so the server, when the file system's last
+	// mount goes. A copy of the mount in another mount namespace (one made while it was
+	// mounted: unshare -m, a service with a private /tmp, a container — root's) keeps the
+	// connection, and the server, alive after our unmount: waiting for the server would sit
+	// out ServerExitTimeout every time (root's post_run took 5.0 s). When the connection
+	// outlives the unmount, cut it at once; otherwise give the server the time to finish the
+	// requests it is answering.
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
+	for checks := 0; ; checks++ {
+		select {
+		case <-served:
+			return nil
+		case <-timer.C:
+			// Unmounted, but the server still reads the device: cut the connection.
+			if err := abortConnection(conn); err != nil {
+				logger.Printf("mount: server of %s did not stop after unmount: %v", path, err)
+			}
+			return nil
+		case <-poll.C:
+		}
+		if checks < 10 { // the first 100 ms: a connection the unmount ended is gone by then
+			continue
+		}
+		if connectionOutlives(conn) {
+			if err := abortConnection(conn); err != nil {
+				logger.Printf("mount: %s is unmounted here but still mounted elsewhere (another mount namespace), and its FUSE connection could not be cut: %v", path, err)
+				<-timer.C // as before: the server stops when the other mounts go, or not at all
+				return nil
+			}
+			logger.Printf("mount: %s was still mounted in another mount namespace after its unmount: its FUSE connection %d was cut", path, conn)
+			select {
+			case <-served:
+			case <-timer.C:
+			}
+			return nil
+		}
+		poll.Stop() // the connection is gone: the server ends when its requests are answered
 	}
-	// Unmounted, but the server still reads the device: cut the connection.
-	if err := abortConnection(conn); err != nil {
-		logger.Printf("mount: server of %s did not stop after unmount: %v", path, err)
-	}
-	return nil
 }
 
 // abortWhenOverdue aborts the connection of a detached mount that is still served after limit.

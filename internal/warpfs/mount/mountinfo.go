@@ -97,6 +97,41 @@ func abortConnection(minor uint32) error {
 	return nil
 }
 
+// connectionOutlives reports whether FUSE connection minor, whose mount was just unmounted
+// here, is still alive: its fusectl directory exists and no mount in this namespace uses it
+// (such a mount would be a new one that got the number again). False when that cannot be
+// told (no fusectl, and it cannot be mounted).
+func connectionOutlives(minor uint32) bool {
+	if minor == 0 || !connectionAlive(minor) {
+		return false
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if e, ok := mounttable.ParseLine(line); ok && e.Major == 0 && e.Minor == minor {
+			return false
+		}
+	}
+	return true
+}
+
+// connectionAlive reports whether the kernel still has FUSE connection minor (its fusectl
+// directory exists). False when that cannot be told (no fusectl, and it cannot be mounted).
+func connectionAlive(minor uint32) bool {
+	const fusectl = "/sys/fs/fuse/connections"
+	const fusectlMagic = 0x65735543
+	var fs unix.Statfs_t
+	if err := unix.Statfs(fusectl, &fs); err != nil || fs.Type != fusectlMagic {
+		if merr := unix.Mount("fusectl", fusectl, "fusectl", 0, ""); merr != nil && !errors.Is(merr, unix.EBUSY) {
+			return false
+		}
+	}
+	_, err := os.Stat(filepath.Join(fusectl, strconv.FormatUint(uint64(minor), 10)))
+	return err == nil
+}
+
 // errNotMounted is what an unmount of a path that is not a mount point gives.
 var errNotMounted = errors.New("not mounted")
 
