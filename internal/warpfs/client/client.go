@@ -233,6 +233,10 @@ type Call struct {
 	// reply gives (0: not at all): the server leased them (proto.FlagLease) and will tell the
 	// client's invalidator (SetInvalidator) before anyone else changes them.
 	Lease time.Duration
+	// Listing, set by Do with Lease, says the caller knows every name of the directory the
+	// reply (MKDIR) made while the lease lasts: the server tells it (proto.InvalListing)
+	// before anyone else adds one.
+	Listing bool
 }
 
 // maxLeaseDelay is the longest a leased reply may take to come back and still be cached:
@@ -304,7 +308,7 @@ func (c *Client) Do(ctx context.Context, call *Call) syscall.Errno {
 			return syscall.EPROTONOSUPPORT
 		}
 		call.UsedGen = cn.gen
-		call.Lease = 0
+		call.Lease, call.Listing = 0, false
 		if call.OneWay && cn.version >= proto.LeaseVersion {
 			h := proto.Header{Op: call.Op, Kind: proto.KindRequest, UID: call.UID, GID: call.GID, Flags: proto.FlagOneWay}
 			if err := cn.write(proto.AppendFrame(make([]byte, 0, 64), h, call.Req), nil); err != nil {
@@ -320,6 +324,7 @@ func (c *Client) Do(ctx context.Context, call *Call) syscall.Errno {
 			if elapsed := time.Since(sent); flags&proto.FlagLease != 0 && cn.lease > 0 && elapsed < maxLeaseDelay &&
 				c.invalidator.Load() != nil {
 				call.Lease = cn.lease - elapsed
+				call.Listing = flags&proto.FlagListing != 0
 			}
 			return errno
 		case errors.Is(err, errTimeout):

@@ -229,6 +229,28 @@ func checkCoherent(t *testing.T, a, b string) {
 	content(at(b, "e/y"), "y")
 	content(at(b, "e/x"), "x")
 
+	// A directory b made: b knows every name in it and answers absent names itself, until a
+	// adds one.
+	if err := os.Mkdir(at(b, "made"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	missing(at(b, "made/n"))
+	write(at(b, "made/mine"), "m", os.O_CREATE|os.O_EXCL)
+	content(at(b, "made/mine"), "m")
+	write(at(a, "made/n"), "n", os.O_CREATE|os.O_EXCL)
+	content(at(b, "made/n"), "n")
+	missing(at(b, "made/other"))
+	if err := os.Remove(at(b, "made/mine")); err != nil {
+		t.Fatal(err)
+	}
+	missing(at(b, "made/mine"))
+	if err := os.Rename(at(b, "made"), at(b, "moved")); err != nil {
+		t.Fatal(err)
+	}
+	missing(at(b, "moved/late"))
+	write(at(a, "moved/late"), "l", os.O_CREATE|os.O_EXCL)
+	content(at(b, "moved/late"), "l")
+
 	// And back the other way: what b changes, a sees.
 	stat(at(a, "e/y"))
 	if err := os.Remove(at(b, "e/y")); err != nil {
@@ -268,6 +290,19 @@ func TestCachedStatsAskNothing(t *testing.T) {
 			}
 			if n := asked() - before; n > 20 {
 				t.Errorf("400 stats of cached names (found and not) sent %.0f LOOKUP and GETATTR requests", n)
+			}
+			// In a directory b made, names nobody made are absent without asking.
+			if err := os.Mkdir(filepath.Join(b, "fresh"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			before = asked()
+			for i := 0; i < 200; i++ {
+				if _, err := os.Lstat(filepath.Join(b, "fresh", fmt.Sprint("n", i))); !errors.Is(err, fs.ErrNotExist) {
+					t.Fatal(err)
+				}
+			}
+			if n := asked() - before; n > 20 {
+				t.Errorf("200 lookups of different absent names in a directory this mount made sent %.0f requests", n)
 			}
 		})
 	}

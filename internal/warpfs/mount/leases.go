@@ -121,6 +121,9 @@ func (be *backend) drop(items []proto.Inval) {
 		if it.What&(proto.InvalAttr|proto.InvalData) != 0 {
 			be.dropAttr(it.Ino, it.What&proto.InvalData != 0)
 		}
+		if it.What&proto.InvalListing != 0 {
+			be.dropListing(it.Path)
+		}
 	}
 }
 
@@ -226,5 +229,79 @@ func (be *backend) entryLease(out *fuse.EntryOut, lease time.Duration) {
 func (be *backend) attrLease(out *fuse.AttrOut, lease time.Duration) {
 	if be.leases != nil && lease > 0 {
 		out.SetTimeout(lease)
+	}
+}
+
+// setListing makes n, a directory this mount just made, know every name in it (none) for
+// lease: lookups of other names are answered absent here, without asking the server, which
+// tells the mount (InvalListing) before anyone else adds one. The server holds the listing
+// for twice the lease: an absence answered here is kept by the kernel for a lease more.
+func (n *node) setListing(lease time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.listingUntil = time.Now().Add(lease)
+	n.names, n.absent = map[string]struct{}{}, map[string]struct{}{}
+}
+
+// answerAbsent says whether a lookup of name in n can be answered absent without asking:
+// n knows every name in it, and name is none of them. The answer is noted, under the same
+// lock as the check, so that an InvalListing finds it (dropListing).
+func (n *node) answerAbsent(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.names == nil {
+		return false
+	}
+	if !time.Now().Before(n.listingUntil) {
+		n.names = nil // run out: asks the server from now on; the absences answered run out with the server's hold
+		return false
+	}
+	if _, ok := n.names[name]; ok {
+		return false
+	}
+	n.absent[name] = struct{}{}
+	return true
+}
+
+// noteName records this mount's own change of name in n (made, or removed).
+func (n *node) noteName(name string, exists bool) {
+	if name == "" {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.names == nil {
+		return
+	}
+	if exists {
+		n.names[name] = struct{}{}
+		delete(n.absent, name)
+	} else {
+		delete(n.names, name)
+	}
+}
+
+// dropListing ends the listing of the directory at path (another mount changed an entry of
+// it) and drops every absence it answered alone from the kernel.
+func (be *backend) dropListing(path string) {
+	if be.root == nil {
+		return
+	}
+	dir := be.root.EmbeddedInode()
+	for _, c := range splitComponents(path) {
+		if dir = dir.GetChild(c); dir == nil {
+			return
+		}
+	}
+	n, ok := dir.Operations().(*node)
+	if !ok {
+		return
+	}
+	n.mu.Lock()
+	absent := n.absent
+	n.names, n.absent = nil, nil
+	n.mu.Unlock()
+	for name := range absent {
+		dir.NotifyEntry(name)
 	}
 }

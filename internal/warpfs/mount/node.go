@@ -78,6 +78,13 @@ type node struct {
 	removeOnRelease *stripe.Layout
 
 	forgotten bool // the kernel forgot it (guarded by leaseState.mu)
+
+	// A directory this mount made knows every name in it until listingUntil (leases.go,
+	// proto.FlagListing): names are those that exist, absent those it answered absent
+	// itself (guarded by mu).
+	listingUntil time.Time
+	names        map[string]struct{}
+	absent       map[string]struct{}
 }
 
 var (
@@ -151,15 +158,22 @@ func (be *backend) callRoute(ctx context.Context, route client.Route, op proto.O
 // callLease is callRoute that also says how long the kernel may cache what the reply gives
 // (0: not at all; leases.go).
 func (be *backend) callLease(ctx context.Context, route client.Route, op proto.Op, req, reply proto.Message) (time.Duration, syscall.Errno) {
+	lease, _, errno := be.callListing(ctx, route, op, req, reply)
+	return lease, errno
+}
+
+// callListing is callLease that also says whether the mount knows every name of the
+// directory the request made (proto.FlagListing).
+func (be *backend) callListing(ctx context.Context, route client.Route, op proto.Op, req, reply proto.Message) (time.Duration, bool, syscall.Errno) {
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
 	call := &client.Call{Op: op, UID: uid, GID: gid, Req: req, Reply: reply, Route: route}
 	errno := be.client.Do(ctx, call)
 	if be.leases == nil {
-		return 0, errno
+		return 0, false, errno
 	}
-	return call.Lease, errno
+	return call.Lease, call.Listing, errno
 }
 
 // dirID is the id of directory n in a sharded namespace (mds.go): the inode number the mount
@@ -239,6 +253,9 @@ func (n *node) anyHandle() *fileHandle {
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if errno := n.nameErrno(name); errno != 0 {
 		return nil, errno
+	}
+	if n.answerAbsent(name) {
+		return nil, syscall.ENOENT // kept for the negative timeout: the lease
 	}
 	var rep proto.AttrReply
 	lease, errno := n.be.callLease(ctx, n.in(), proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep)
@@ -523,6 +540,9 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 		lease = 0
 	}
 	ch := n.child(ctx, &rep.Attr, out, lease)
+	if op == proto.OpCreate {
+		n.noteName(name, true)
+	}
 	child, ok := ch.Operations().(*node)
 	if !ok {
 		return nil, nil, 0, syscall.EIO
@@ -560,11 +580,29 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 		return nil, syscall.EROFS
 	}
 	var rep proto.AttrReply
-	lease, errno := n.be.callLease(ctx, route, op, req, &rep)
+	lease, listing, errno := n.be.callListing(ctx, route, op, req, &rep)
 	if errno != 0 {
 		return nil, errno
 	}
-	return n.child(ctx, &rep.Attr, out, lease), 0
+	ch := n.child(ctx, &rep.Attr, out, lease)
+	if c, ok := ch.Operations().(*node); ok && listing {
+		c.setListing(lease) // a directory it just made: it knows every name in it (none)
+	}
+	n.noteName(madeName(req), true)
+	return ch, 0
+}
+
+// madeName is the name a MKDIR, MKNOD, SYMLINK or LINK makes.
+func madeName(req proto.Message) string {
+	switch r := req.(type) {
+	case *proto.MkdirReq:
+		return r.Name
+	case *proto.SymlinkReq:
+		return r.Name
+	case *proto.LinkReq:
+		return r.Name
+	}
+	return ""
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -615,6 +653,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	var rep proto.RemovedReply
 	errno := n.be.callRoute(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
 	if errno == 0 {
+		n.noteName(name, false)
 		n.removed(ctx, name, rep.Layout)
 	}
 	return errno
@@ -654,7 +693,11 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
-	return n.be.callRoute(ctx, n.in(), proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
+	errno := n.be.callRoute(ctx, n.in(), proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
+	if errno == 0 {
+		n.noteName(name, false)
+	}
+	return errno
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -675,6 +718,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	route := client.Route{Parent: n.dirID(), NewParent: dst.dirID()}
 	errno := n.be.callRoute(ctx, route, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, &rep)
 	if errno == 0 {
+		if flags&unix.RENAME_EXCHANGE == 0 {
+			n.noteName(name, false)
+		}
+		dst.noteName(newName, true)
 		dst.removed(ctx, newName, rep.Layout)
 	}
 	return errno

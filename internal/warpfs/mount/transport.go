@@ -27,10 +27,11 @@ func (t localTransport) Do(ctx context.Context, call *client.Call) syscall.Errno
 		with.Data = call.Data
 		req = &with
 	}
-	rep, n, errno, leased := t.local.ExecLeased(call.Op, call.UID, call.GID, req, call.Dest)
-	call.UsedGen, call.N, call.Lease = localGeneration, n, 0
-	if leased {
+	rep, n, errno, flags := t.local.ExecLeased(call.Op, call.UID, call.GID, req, call.Dest)
+	call.UsedGen, call.N, call.Lease, call.Listing = localGeneration, n, 0, false
+	if flags&proto.FlagLease != 0 {
 		call.Lease = t.local.Lease()
+		call.Listing = flags&proto.FlagListing != 0
 	}
 	if errno == 0 && call.Reply != nil && rep != nil {
 		copyReply(call.Reply, rep)

@@ -172,6 +172,9 @@ const (
 	InvalEntry uint8 = 1 << iota // the name at Path (found or not)
 	InvalAttr                    // Ino's attributes
 	InvalData                    // Ino's cached data
+	// InvalListing: the directory at Path may have names the client did not make (it held
+	// them all, FlagListing).
+	InvalListing
 )
 
 // MaxInvals bounds the items of one notification.

@@ -163,6 +163,10 @@ const (
 	// FlagOneWay, on a request (RELEASE): the client waits for no reply and the server sends
 	// none.
 	FlagOneWay uint8 = 2
+	// FlagListing, on a leased MKDIR reply: the client knows every name of the new directory
+	// (none) and may answer lookups of others as absent while the lease lasts; the server
+	// tells it (InvalListing) before anyone else adds a name.
+	FlagListing uint8 = 4
 )
 
 // Header is the fixed part of a frame.
@@ -216,7 +220,7 @@ func ParseHeader(b []byte, maxBody int) (Header, error) {
 	if maxBody < 0 || int64(h.BodyLen) > int64(maxBody) {
 		return Header{}, fmt.Errorf("%w: body of %d bytes, the limit is %d", ErrMalformed, h.BodyLen, maxBody)
 	}
-	if b[7] != 0 || b[6] != 0 && !(Kind(b[5]) == KindReply && b[6]&^FlagLease == 0 ||
+	if b[7] != 0 || b[6] != 0 && !(Kind(b[5]) == KindReply && b[6]&^(FlagLease|FlagListing) == 0 ||
 		Kind(b[5]) == KindRequest && b[6]&^FlagOneWay == 0) {
 		return Header{}, fmt.Errorf("%w: reserved bytes are not zero", ErrMalformed)
 	}

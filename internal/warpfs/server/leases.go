@@ -86,6 +86,9 @@ type leases struct {
 	entries map[string]map[string]interest // parent path → name → holders
 	attrs   map[uint64]interest            // inode → holders
 	inos    map[string]uint64              // path → inode, from the grants: a directory's inode by its path
+	// listings are the holders that know every name of a directory (by path): its maker,
+	// until anyone else changes one of its entries (proto.FlagListing).
+	listings map[string]interest
 
 	// holders are the clients' mounts by incarnation (proto.Auth): a mount that reconnects
 	// takes its holder back, with what its kernel still caches.
@@ -122,11 +125,13 @@ func acquireLeases(dir string, lease time.Duration) *leases {
 	l := registry.m[dir]
 	if l == nil {
 		l = &leases{dir: dir, lease: lease, entries: map[string]map[string]interest{}, attrs: map[uint64]interest{},
-			inos: map[string]uint64{}, holders: map[string]*holder{}, changedEntries: map[string]change{}, changedAttrs: map[uint64]change{}}
+			inos: map[string]uint64{}, holders: map[string]*holder{}, listings: map[string]interest{}, changedEntries: map[string]change{}, changedAttrs: map[uint64]change{}}
 		// Files' times come from the kernel's coarse clock, a tick behind: a directory made
 		// just after the process started may look a little older than it.
 		if bornBefore(dir, processStart.Add(-time.Second)) {
-			l.graceUntil = processStart.Add(lease + leaseSlack)
+			// A listing is held twice the lease (what its holder answered absent alone is
+			// kept a lease more).
+			l.graceUntil = processStart.Add(2*lease + leaseSlack)
 		}
 		registry.m[dir] = l
 	}
@@ -159,6 +164,13 @@ func releaseLeases(l *leases) {
 
 // liveLocked says whether anything held may still be cached somewhere.
 func (l *leases) liveLocked(now time.Time) bool {
+	for _, in := range l.listings {
+		for _, until := range in {
+			if until.After(now) {
+				return true
+			}
+		}
+	}
 	for _, names := range l.entries {
 		for _, in := range names {
 			for _, until := range in {
@@ -340,6 +352,7 @@ func (l *leases) recordLocked(by *holder, now time.Time, out *pending, entries [
 			l.note(l.changedEntries, p, by)
 		}
 		dir, name := split(p)
+		l.dropListingLocked(by, now, out, dir)
 		if in := l.entries[dir][name]; in != nil {
 			for h, until := range in {
 				if h == by {
@@ -426,6 +439,18 @@ func (l *leases) sweepLocked(now time.Time) {
 			delete(l.attrs, ino)
 		}
 	}
+	for dir, in := range l.listings {
+		for h, until := range in {
+			if !until.After(now) {
+				delete(in, h)
+			} else {
+				live[h] = true
+			}
+		}
+		if len(in) == 0 {
+			delete(l.listings, dir)
+		}
+	}
 	for p, ino := range l.inos {
 		if l.attrs[ino] == nil {
 			delete(l.inos, p)
@@ -454,6 +479,59 @@ func (l *leases) noteIno(ino uint64, by *holder) {
 	l.changedAttrs[ino] = change{seq: l.seq, by: by}
 }
 
+// dropListingLocked ends the others' listings of dir: one of its entries changed.
+func (l *leases) dropListingLocked(by *holder, now time.Time, out *pending, dir string) {
+	in := l.listings[dir]
+	for h, until := range in {
+		if h == by {
+			continue // its own change: its mount knows of it
+		}
+		delete(in, h)
+		if until.After(now) {
+			out.add(h, until, proto.Inval{What: proto.InvalListing, Path: dir})
+		}
+	}
+	if len(in) == 0 {
+		delete(l.listings, dir)
+	}
+}
+
+// moveListingsLocked handles the listings of directory p and those beneath it when p moves
+// to to: mover's move with it (its kernel moved the directory), everyone else's end, told.
+// With to "" (p removed, or replaced by a rename), mover's end untold: its kernel knows the
+// directory is gone, and it is busy removing it. An empty p is the root: every listing.
+func (l *leases) moveListingsLocked(mover *holder, now time.Time, out *pending, p, to string) {
+	type moved struct {
+		path  string
+		until time.Time
+	}
+	var keep []moved
+	for dir, in := range l.listings {
+		if p != "" && dir != p && !strings.HasPrefix(dir, p+"/") {
+			continue
+		}
+		for h, until := range in {
+			if !until.After(now) {
+				continue
+			}
+			if h == mover && mover != nil {
+				if to != "" {
+					keep = append(keep, moved{to + dir[len(p):], until})
+				}
+				continue
+			}
+			out.add(h, until, proto.Inval{What: proto.InvalListing, Path: dir})
+		}
+		delete(l.listings, dir)
+	}
+	for _, m := range keep {
+		if l.listings[m.path] == nil {
+			l.listings[m.path] = interest{}
+		}
+		l.listings[m.path][mover] = m.until
+	}
+}
+
 // moveLocked handles a rename of old to new (a directory's names move with it; exchange:
 // both ways): the other holders of names beneath either are told, the renamer's own move
 // (its kernel moved them), and so do the paths of inodes.
@@ -472,6 +550,17 @@ func (l *leases) moveLocked(by *holder, now time.Time, out *pending, old, new st
 	put(new, mine)
 	if exchange {
 		put(old, theirs)
+		// The two swap in the renamer's kernel, and in its listings (through a path no
+		// request can name).
+		const aside = "\x00exchanging"
+		l.moveListingsLocked(by, now, out, old, aside)
+		l.moveListingsLocked(by, now, out, new, old)
+		l.moveListingsLocked(by, now, out, aside, new)
+	} else {
+		// The target (an empty directory, if one) is gone; the renamer's own kernel dropped
+		// what it knew of it, and must not be told while it renames.
+		l.moveListingsLocked(by, now, out, new, "")
+		l.moveListingsLocked(by, now, out, old, new)
 	}
 	// The inodes' paths.
 	moved := map[string]uint64{}
@@ -606,15 +695,15 @@ func leaseRelevant(op proto.Op) bool {
 // after registers what the reply gives and tells the other holders what the request
 // changed, waiting for them; it says whether the reply may be cached. hd is the request's
 // handle's inode (writes), 0 when it names none.
-func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno uint32, handleIno uint64) bool {
+func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno uint32, handleIno uint64) uint8 {
 	if u == nil || !t.ok {
-		return false
+		return 0
 	}
 	l, h := u.l, u.h
 	now := time.Now()
 	until := now.Add(l.lease)
 	var out pending
-	leased := false
+	leased, listing := false, false
 	l.mu.Lock()
 	switch r := m.(type) {
 	case *proto.PathReq:
@@ -660,6 +749,17 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 	case *proto.MkdirReq:
 		if errno == 0 {
 			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, rep.(*proto.AttrReply).Attr.Ino, 0)
+			if leased && op == proto.OpMkdir {
+				// Its maker knows every name of the new directory: none. Its kernel may keep
+				// an absence it answered alone for a lease after it stops answering so: the
+				// listing is held twice as long.
+				p := join(r.Dir, r.Name)
+				if l.listings[p] == nil {
+					l.listings[p] = interest{}
+				}
+				l.listings[p][h] = now.Add(2 * l.lease)
+				listing = true
+			}
 		}
 	case *proto.SymlinkReq:
 		if errno == 0 {
@@ -682,6 +782,7 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 			// The names beneath a directory removed: the others' are told; the remover's own
 			// kernel drops its own (and is busy removing: it could not take a notification).
 			l.takeBeneath(h, now, &out, p, map[string]map[string]time.Time{})
+			l.moveListingsLocked(h, now, &out, p, "")
 			delete(l.inos, p)
 		}
 	case *proto.RenameReq:
@@ -711,7 +812,14 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 	grace := l.graceLocked(now)
 	l.mu.Unlock()
 	l.wait(&out, grace)
-	return leased
+	var flags uint8
+	if leased {
+		flags |= proto.FlagLease
+	}
+	if listing {
+		flags |= proto.FlagListing
+	}
+	return flags
 }
 
 // made records a new entry dir/name (inode ino; also a changed inode, for LINK) and leases it
@@ -759,6 +867,7 @@ func (l *leases) invalidateAll() {
 		}
 	}
 	clear(l.attrs)
+	l.moveListingsLocked(nil, now, &out, "", "")
 	grace := l.graceLocked(now)
 	l.mu.Unlock()
 	l.wait(&out, grace)

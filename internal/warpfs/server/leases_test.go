@@ -47,7 +47,7 @@ func lookup(use *leaseUse, p string, ino uint64) bool {
 	if ino == 0 {
 		rep, errno = nil, 2 // ENOENT
 	}
-	return use.after(tok, proto.OpLookup, &proto.PathReq{Path: p}, rep, errno, 0)
+	return use.after(tok, proto.OpLookup, &proto.PathReq{Path: p}, rep, errno, 0)&proto.FlagLease != 0
 }
 
 // A renamed directory's names move with it in the renamer's kernel: the table moves the
@@ -80,6 +80,33 @@ func TestRenamedDirectoryMovesTheRenamersNames(t *testing.T) {
 	}
 }
 
+// The maker of a directory knows its names until someone else adds one: then it is told.
+func TestListingOfAMadeDirectory(t *testing.T) {
+	l := newTestLeases(t)
+	ra, rb := &recorder{}, &recorder{}
+	a := &leaseUse{l: l, h: l.bind("a/1", ra), own: ra}
+	b := &leaseUse{l: l, h: l.bind("b/1", rb), own: rb}
+	tok := a.before(proto.OpMkdir)
+	if f := a.after(tok, proto.OpMkdir, &proto.MkdirReq{Name: "d"}, &proto.AttrReply{Attr: proto.Attr{Ino: 3}}, 0, 0); f&proto.FlagListing == 0 {
+		t.Fatalf("a's MKDIR reply has flags %#x, want a listing", f)
+	}
+	tok = a.before(proto.OpCreate) // a's own: it knows
+	a.after(tok, proto.OpCreate, &proto.CreateReq{Dir: "d", Name: "mine"}, &proto.OpenReply{Attr: proto.Attr{Ino: 4}}, 0, 0)
+	if got := ra.take(); len(got) != 0 {
+		t.Errorf("a was told %v of its own create", got)
+	}
+	tok = b.before(proto.OpCreate)
+	b.after(tok, proto.OpCreate, &proto.CreateReq{Dir: "d", Name: "theirs"}, &proto.OpenReply{Attr: proto.Attr{Ino: 5}}, 0, 0)
+	got := ra.take()
+	listing := false
+	for _, it := range got {
+		listing = listing || it.What == proto.InvalListing && it.Path == "d"
+	}
+	if !listing {
+		t.Errorf("after b's create in d, a was told %v; want d's listing among it", got)
+	}
+}
+
 // A reply computed while someone else changed what it gives is not leased.
 func TestReplyRacingAChangeIsNotLeased(t *testing.T) {
 	l := newTestLeases(t)
@@ -89,7 +116,7 @@ func TestReplyRacingAChangeIsNotLeased(t *testing.T) {
 	tok := a.before(proto.OpLookup) // a's lookup reads the state ...
 	tb := b.before(proto.OpUnlink)  // ... while b removes the name
 	b.after(tb, proto.OpUnlink, &proto.EntryReq{Dir: "", Name: "f"}, &proto.RemovedReply{}, 0, 0)
-	if a.after(tok, proto.OpLookup, &proto.PathReq{Path: "f"}, &proto.AttrReply{Attr: proto.Attr{Ino: 5}}, 0, 0) {
+	if a.after(tok, proto.OpLookup, &proto.PathReq{Path: "f"}, &proto.AttrReply{Attr: proto.Attr{Ino: 5}}, 0, 0) != 0 {
 		t.Error("a lookup that raced an unlink of its name was leased")
 	}
 	if lookup(a, "f", 0) != true {

@@ -141,11 +141,14 @@ func (l *Local) Exec(op proto.Op, uid, gid uint32, req proto.Message, dest []byt
 	return rep, n, errno
 }
 
-// ExecLeased is Exec that also says whether the mount may cache what the reply gives
-// (SetInvalidator).
-func (l *Local) ExecLeased(op proto.Op, uid, gid uint32, req proto.Message, dest []byte) (proto.Message, int, syscall.Errno, bool) {
-	rep, n, errno, leased := l.sess.measured(transportLocal, op, uid, gid, req, dest)
-	return rep, n, errno, leased && l.sess.leasing
+// ExecLeased is Exec that also gives the reply's lease flags (proto.FlagLease: the mount may
+// cache what it gives; proto.FlagListing; SetInvalidator).
+func (l *Local) ExecLeased(op proto.Op, uid, gid uint32, req proto.Message, dest []byte) (proto.Message, int, syscall.Errno, uint8) {
+	rep, n, errno, flags := l.sess.measured(transportLocal, op, uid, gid, req, dest)
+	if !l.sess.leasing {
+		flags = 0
+	}
+	return rep, n, errno, flags
 }
 
 // Fd is the descriptor of an open handle, for FUSE passthrough (the kernel then reads the

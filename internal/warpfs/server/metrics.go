@@ -123,9 +123,9 @@ func Collectors() []prometheus.Collector {
 
 // measured runs one request through exec and counts it.
 //
-// Its last result says whether the client may cache what the reply gives (leases.go): the
-// other clients that held what the request changed have been told by then.
-func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno, bool) {
+// Its last result is the reply's lease flags (proto.FlagLease, proto.FlagListing; leases.go):
+// the other clients that held what the request changed have been told by then.
+func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno, uint8) {
 	dataPath.inFlight.Inc()
 	start := time.Now()
 	tok := s.lease.before(op)
@@ -134,20 +134,20 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 		ino = s.handleIno(m) // before: a RELEASE takes the handle away
 	}
 	rep, n, errno, panicked := s.contained(op, uid, gid, m, dest)
-	leased := false
+	var flags uint8
 	if tok.ok {
-		leased = s.lease.after(tok, op, m, rep, uint32(errno), ino)
+		flags = s.lease.after(tok, op, m, rep, uint32(errno), ino)
 	}
 	dataPath.record(t, op, start, rep, n, errno)
 	if panicked {
-		return nil, 0, errno, false // a defect of the server, not of the medium
+		return nil, 0, errno, 0 // a defect of the server, not of the medium
 	}
 	if errno == syscall.EIO || errno == syscall.EUCLEAN {
 		if f := s.v.acct.frag; f != nil && f.OnMediaError != nil {
 			f.OnMediaError(dataPath.ops[op].name, errno)
 		}
 	}
-	return rep, n, errno, leased
+	return rep, n, errno, flags
 }
 
 // handleIno is the inode of the file a request changes through a handle (0: none, or a

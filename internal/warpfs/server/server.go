@@ -847,13 +847,9 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 		c.replyData(h, out.b[:n])
 		return
 	}
-	rep, _, errno, leased := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, nil)
+	rep, _, errno, flags := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, nil)
 	if h.Flags&proto.FlagOneWay != 0 {
 		return // the client waits for no reply
-	}
-	var flags uint8
-	if leased {
-		flags = proto.FlagLease
 	}
 	c.replyFlags(h, errno, rep, flags)
 }
