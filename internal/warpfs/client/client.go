@@ -779,7 +779,7 @@ func (cn *conn) notified(h proto.Header) error {
 	}
 	go func() {
 		if drop := cn.c.invalidator.Load(); drop != nil {
-			(*drop)(req.Items)
+			proto.DropWithin(*drop, req.Items)
 		}
 		frame := proto.AppendFrame(make([]byte, 0, proto.HeaderSize), proto.Header{Op: proto.OpInval, Kind: proto.KindReply, ID: h.ID}, nil)
 		if err := cn.write(frame, nil); err != nil {

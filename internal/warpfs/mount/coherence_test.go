@@ -447,3 +447,44 @@ func TestServerRestartKeepsMountsCoherent(t *testing.T) {
 		t.Errorf("after the restart b does not see g, made by a: %v", err)
 	}
 }
+
+// Two nodes creating the same names at once, each caching that the other's name is absent:
+// each create's reply waits until the other node dropped its cached absence, and that node
+// may be inside its own create in the same directory, holding the directory's lock, which
+// dropping a name takes. A node answers a notification it cannot carry out at once after a
+// short wait (proto.MaxNotifyWait), so neither waits for the other's lease.
+func TestCrosswiseCreatesDoNotWaitForLeases(t *testing.T) {
+	const lease = time.Minute // a create that waited a lease out would fail (request timeout)
+	src, mp := dirs(t)
+	addr := startLeaseServer(t, server.Target{Dir: src, Tracker: usage.New("crosswise", 1<<30)}, lease)
+	limits := client.Limits{RequestTimeout: 20 * time.Second}
+	mpA, mpB := mp+"-a", mp+"-b"
+	mount(t, Spec{MountPath: mpA, Remote: &Remote{Address: addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
+	mount(t, Spec{MountPath: mpB, Remote: &Remote{Address: addr, Token: testToken, Client: "b", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
+	if err := os.Mkdir(filepath.Join(mpA, "shared"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		name := fmt.Sprint("shared/n", i)
+		for _, m := range []string{mpA, mpB} {
+			os.Lstat(filepath.Join(m, name)) // both cache the absence
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for j, m := range []string{mpA, mpB} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f, err := os.OpenFile(filepath.Join(m, name), os.O_CREATE|os.O_WRONLY, 0o644)
+				if err == nil {
+					err = f.Close()
+				}
+				errs[j] = err
+			}()
+		}
+		wg.Wait()
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("creating %s from both nodes at once: %v, %v", name, errs[0], errs[1])
+		}
+	}
+}

@@ -5,7 +5,10 @@ package proto
 // anything that would leave the namespace). Handles are the server's, valid on the connection
 // that opened them.
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Timespec is a time with nanoseconds.
 type Timespec struct {
@@ -179,6 +182,33 @@ const (
 
 // MaxInvals bounds the items of one notification.
 const MaxInvals = 1024
+
+// MaxNotifyWait bounds how long a notification waits for the kernel to drop a name before
+// it is answered. Dropping a name takes its directory's lock, which this node may hold for
+// a change of its own in that directory, whose reply may wait on the server for another
+// node's answer to a notification of the same kind: two nodes changing one directory at once
+// would wait for each other until their leases ran out. Past the bound the answer goes, and
+// the name is dropped as soon as this node's own change ends: in that window a process of
+// this node that finds the name in its kernel's cache may see it as it was (docs/mounts.md).
+// It is the clients' rule (package client, and an in-process mount); it lives here, beside
+// the notification, so that both share it.
+const MaxNotifyWait = 100 * time.Millisecond
+
+// DropWithin runs drop(items) and returns when it has, or after MaxNotifyWait, leaving it to
+// finish on its own.
+func DropWithin(drop func([]Inval), items []Inval) {
+	done := make(chan struct{})
+	go func() {
+		drop(items)
+		close(done)
+	}()
+	t := time.NewTimer(MaxNotifyWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
 
 // InvalReq is an OpInval notification: what the client must drop before it replies.
 type InvalReq struct{ Items []Inval }

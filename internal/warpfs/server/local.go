@@ -119,7 +119,7 @@ type localHolder struct{ drop func(items []proto.Inval) }
 func (f *localHolder) invalidate(items []proto.Inval) (<-chan struct{}, bool) {
 	done := make(chan struct{})
 	go func() {
-		f.drop(items)
+		proto.DropWithin(f.drop, items) // as a remote mount answers (proto.MaxNotifyWait)
 		close(done)
 	}()
 	return done, true
