@@ -164,27 +164,29 @@ func releaseLeases(l *leases) {
 
 // liveLocked says whether anything held may still be cached somewhere.
 func (l *leases) liveLocked(now time.Time) bool {
-	for _, in := range l.listings {
+	live := func(in interest) bool {
 		for _, until := range in {
 			if until.After(now) {
 				return true
 			}
 		}
+		return false
 	}
 	for _, names := range l.entries {
 		for _, in := range names {
-			for _, until := range in {
-				if until.After(now) {
-					return true
-				}
+			if live(in) {
+				return true
 			}
 		}
 	}
 	for _, in := range l.attrs {
-		for _, until := range in {
-			if until.After(now) {
-				return true
-			}
+		if live(in) {
+			return true
+		}
+	}
+	for _, in := range l.listings {
+		if live(in) {
+			return true
 		}
 	}
 	return false
@@ -406,20 +408,26 @@ const (
 	sweepGrants = 1 << 16
 )
 
+// prune forgets the holders whose lease on this thing ran out, notes the others in live, and
+// says whether none is left.
+func (in interest) prune(now time.Time, live map[*holder]bool) bool {
+	for h, until := range in {
+		if !until.After(now) {
+			delete(in, h)
+		} else {
+			live[h] = true
+		}
+	}
+	return len(in) == 0
+}
+
 // sweepLocked forgets the leases that have run out, the paths of inodes nobody holds, and
 // the holders of mounts gone for good.
 func (l *leases) sweepLocked(now time.Time) {
 	live := map[*holder]bool{}
 	for dir, names := range l.entries {
 		for name, in := range names {
-			for h, until := range in {
-				if !until.After(now) {
-					delete(in, h)
-				} else {
-					live[h] = true
-				}
-			}
-			if len(in) == 0 {
+			if in.prune(now, live) {
 				delete(names, name)
 			}
 		}
@@ -428,26 +436,12 @@ func (l *leases) sweepLocked(now time.Time) {
 		}
 	}
 	for ino, in := range l.attrs {
-		for h, until := range in {
-			if !until.After(now) {
-				delete(in, h)
-			} else {
-				live[h] = true
-			}
-		}
-		if len(in) == 0 {
+		if in.prune(now, live) {
 			delete(l.attrs, ino)
 		}
 	}
 	for dir, in := range l.listings {
-		for h, until := range in {
-			if !until.After(now) {
-				delete(in, h)
-			} else {
-				live[h] = true
-			}
-		}
-		if len(in) == 0 {
+		if in.prune(now, live) {
 			delete(l.listings, dir)
 		}
 	}
