@@ -196,6 +196,11 @@ func (c *Client) Close() {
 	cn := c.cur
 	c.mu.Unlock()
 	if cn != nil {
+		if !cn.dead() && cn.version >= proto.LeaseVersion {
+			// The mount is closed once its kernel unmounted it: the server need not wait out
+			// what it leased this client.
+			cn.write(proto.AppendFrame(nil, proto.Header{Op: proto.OpBye, Kind: proto.KindRequest, Flags: proto.FlagOneWay}, &proto.Empty{}), nil)
+		}
 		cn.fail(errClosed)
 	}
 }

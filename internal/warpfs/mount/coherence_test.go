@@ -488,3 +488,41 @@ func TestCrosswiseCreatesDoNotWaitForLeases(t *testing.T) {
 		}
 	}
 }
+
+// A mount that is unmounted caches nothing: another mount's change to what it held does not
+// wait for its leases (proto.OpBye). Slurm's post_run unmounts the compute nodes before
+// data_out, whose stages change the namespace.
+func TestUnmountedMountIsNotWaitedFor(t *testing.T) {
+	const lease = time.Minute // a change that waited it out would fail (request timeout)
+	for _, p := range []coherencePair{{name: "remote+remote"}, {name: "local+remote", localA: true}} {
+		t.Run(p.name, func(t *testing.T) {
+			src, mp := dirs(t)
+			tr := usage.New("bye", 1<<30)
+			addr := startLeaseServer(t, server.Target{Dir: src, Tracker: tr}, lease)
+			limits := client.Limits{RequestTimeout: 20 * time.Second}
+			a := Spec{MountPath: mp + "-a", Remote: &Remote{Address: addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)}
+			if p.localA {
+				a = Spec{MountPath: mp + "-a", SourceDir: src, Tracker: tr, Logger: quietLogger(t), Limits: Limits{Lease: lease}}
+			}
+			ma, err := Mount(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mount(t, Spec{MountPath: mp + "-b", Remote: &Remote{Address: addr, Token: testToken, Client: "b", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
+			if err := os.WriteFile(filepath.Join(mp+"-a", "f"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			os.Lstat(filepath.Join(mp+"-a", "f"))
+			os.Lstat(filepath.Join(mp+"-a", "g"))
+			if err := ma.Unmount(); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(filepath.Join(mp+"-b", "f"), 0o600); err != nil {
+				t.Fatalf("a change after the other mount was unmounted: %v", err)
+			}
+			if err := os.WriteFile(filepath.Join(mp+"-b", "g"), []byte("g"), 0o644); err != nil {
+				t.Fatalf("a create after the other mount was unmounted: %v", err)
+			}
+		})
+	}
+}

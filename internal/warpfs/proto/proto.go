@@ -122,6 +122,9 @@ const (
 	OpRemovexattr Op = 43 // XattrReq → Empty
 	OpAdopt       Op = 44 // AdoptReq → RemovedReply
 	OpInval       Op = 45 // a notification: InvalReq → Empty (the client's reply)
+	// OpBye, one-way (FlagOneWay), is a mount's last request: it is unmounted, its kernel
+	// caches nothing, and the server need not wait out its leases (LeaseVersion on).
+	OpBye Op = 46 // Empty
 )
 
 var opNames = map[Op]string{
@@ -132,7 +135,7 @@ var opNames = map[Op]string{
 	OpReaddir: "READDIR", OpRelease: "RELEASE", OpRead: "READ", OpWrite: "WRITE", OpFsync: "FSYNC",
 	OpFallocate: "FALLOCATE", OpLseek: "LSEEK", OpCopyRange: "COPY_RANGE", OpStatfs: "STATFS",
 	OpGetxattr: "GETXATTR", OpListxattr: "LISTXATTR", OpSetxattr: "SETXATTR", OpRemovexattr: "REMOVEXATTR",
-	OpAdopt: "ADOPT", OpInval: "INVAL",
+	OpAdopt: "ADOPT", OpInval: "INVAL", OpBye: "BYE",
 }
 
 func (o Op) String() string {

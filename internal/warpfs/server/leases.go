@@ -843,6 +843,43 @@ func (u *leaseUse) leave() {
 	releaseLeases(u.l)
 }
 
+// forget ends the session's client's leases at once: it is unmounted (proto.OpBye, or an
+// in-process mount's close), so its kernel holds nothing any more.
+func (u *leaseUse) forget() {
+	if u == nil || u.h == nil {
+		return
+	}
+	l, h := u.l, u.h
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for dir, names := range l.entries {
+		for name, in := range names {
+			delete(in, h)
+			if len(in) == 0 {
+				delete(names, name)
+			}
+		}
+		if len(names) == 0 {
+			delete(l.entries, dir)
+		}
+	}
+	for ino, in := range l.attrs {
+		delete(in, h)
+		if len(in) == 0 {
+			delete(l.attrs, ino)
+		}
+	}
+	for dir, in := range l.listings {
+		delete(in, h)
+		if len(in) == 0 {
+			delete(l.listings, dir)
+		}
+	}
+	if h.h == u.own {
+		h.gone = true
+	}
+}
+
 // invalidateAll tells every holder of the namespace to drop everything it holds, and waits:
 // for changes made beside the server (a stage writing into the namespace's directory).
 func (l *leases) invalidateAll() {

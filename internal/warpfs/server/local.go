@@ -206,6 +206,7 @@ func (l *Local) KernelWrites(handle uint64) {
 // Close releases every handle still open and the namespace root.
 func (l *Local) Close() {
 	l.sess.closeAll()
+	l.sess.lease.forget() // the mount is closed after its kernel unmounted it: nothing is cached
 	l.sess.lease.leave()
 	l.sess.v.close()
 }

@@ -709,6 +709,9 @@ func (c *srvConn) loop() error {
 			case h.Op == proto.OpPing:
 				c.reply(h, 0, nil)
 				continue
+			case h.Op == proto.OpBye:
+				c.sess.lease.forget() // unmounted: nothing of it is cached any more
+				continue
 			case h.Op == proto.OpHello || h.Op == proto.OpAuth:
 				return fmt.Errorf("%w: %s after the handshake", proto.ErrMalformed, h.Op)
 			}
