@@ -513,7 +513,15 @@ func (a *Agent) CreateNamespace(ctx context.Context, spec agentapi.NamespaceSpec
 	}
 	// chmod(2) itself: os.FileMode keeps its setgid and sticky bits elsewhere than 02000 and
 	// 01000, and would drop them from a root_permissions of 2770 or 1777.
-	if err := unix.Chmod(dir, spec.Mode&0o7777); err != nil {
+	// Through a descriptor of the directory itself, never following a link: the directory
+	// belongs to the user by now.
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("create namespace %d: %w", spec.ID, err)
+	}
+	err = unix.Fchmod(dfd, spec.Mode&0o7777)
+	unix.Close(dfd)
+	if err != nil {
 		return fmt.Errorf("create namespace %d: chmod: %w", spec.ID, err)
 	}
 	if spec.Servers > 1 {
