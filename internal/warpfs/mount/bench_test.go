@@ -1,8 +1,6 @@
 package mount
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"io"
 	"log"
 	"math/rand/v2"
@@ -248,30 +246,7 @@ func BenchmarkSmallWritesRemote(b *testing.B) {
 			if err := os.Mkdir(src, 0o755); err != nil {
 				b.Fatal(err)
 			}
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(server.Collectors()...)
-			requests := func() float64 {
-				mfs, err := reg.Gather()
-				if err != nil {
-					b.Fatal(err)
-				}
-				var n float64
-				for _, mf := range mfs {
-					if mf.GetName() != "spillway_warpfs_requests_total" {
-						continue
-					}
-					for _, m := range mf.Metric {
-						labels := map[string]string{}
-						for _, l := range m.Label {
-							labels[l.GetName()] = l.GetValue()
-						}
-						if labels["op"] == "write" && labels["transport"] == "remote" {
-							n += m.GetCounter().GetValue()
-						}
-					}
-				}
-				return n
-			}
+			requests := func() float64 { return remoteWriteRequests(b) }
 			be := testBackend{name: "remote", remote: true}
 			m, err := Mount(be.prepare(b, Spec{MountPath: filepath.Join(dir, "mnt"), SourceDir: src, Tracker: usage.New("bench", 1<<40),
 				Logger: log.New(io.Discard, "", 0)}))
