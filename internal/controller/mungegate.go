@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -27,6 +28,7 @@ type mungeGate struct {
 	failures map[string]*failureBudget
 
 	decodes atomic.Int64 // unmunge processes run (tests)
+	now     func() time.Time
 }
 
 // failureBudget is a token bucket of failed decodes: perMinute tokens, refilled evenly.
@@ -40,7 +42,7 @@ const maxFailureNetworks = 4096
 
 func newMungeGate(socket string, perMinute, maxDecodes int) *mungeGate {
 	return &mungeGate{socket: socket, perMinute: float64(perMinute), slots: make(chan struct{}, max(1, maxDecodes)),
-		failures: map[string]*failureBudget{}}
+		failures: map[string]*failureBudget{}, now: time.Now}
 }
 
 // errMungeThrottled answers a network out of budget (429).
@@ -57,20 +59,22 @@ func (g *mungeGate) decode(ctx context.Context, remoteAddr, cred string) (munge.
 		return munge.Identity{}, err
 	}
 	network := netgroup.Of(remoteAddr)
-	now := time.Now()
+	now := g.now()
 	if !g.hasBudget(network, now) {
 		return munge.Identity{}, errMungeThrottled{network}
 	}
 	select {
 	case g.slots <- struct{}{}:
 	case <-ctx.Done():
-		return munge.Identity{}, fmt.Errorf("MUNGE credential not checked: every one of controller.max_munge_decodes is busy: %v", ctx.Err())
+		return munge.Identity{}, fmt.Errorf("MUNGE credential not checked: every one of controller.max_munge_decodes is busy: %w", ctx.Err())
 	}
 	g.decodes.Add(1)
 	id, err := munge.Decode(ctx, g.socket, cred)
 	<-g.slots
-	if err != nil {
-		g.spend(network, time.Now())
+	// Only munged's verdict on the credential counts against its network: munged down or
+	// stuck is this host's fault, and every network's.
+	if err != nil && !errors.Is(err, munge.ErrUnavailable) {
+		g.spend(network, g.now())
 	}
 	return id, err
 }
@@ -117,6 +121,9 @@ func (g *mungeGate) spend(network string, now time.Time) {
 func mungeStatus(err error) int {
 	if _, ok := err.(errMungeThrottled); ok {
 		return http.StatusTooManyRequests
+	}
+	if errors.Is(err, munge.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		return http.StatusServiceUnavailable
 	}
 	return http.StatusUnauthorized
 }

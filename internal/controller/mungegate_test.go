@@ -5,8 +5,12 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/mungetest"
 )
 
 // Credentials without MUNGE's form cost no unmunge; well-formed ones that munged refuses are
@@ -15,6 +19,12 @@ import (
 func TestBadMungeCredentialsAreCheap(t *testing.T) {
 	a := newAdminWorld(t, nil)
 	g := a.srv.munge
+	// A munged of the test's own judges the credentials (without one, unmunge retries its
+	// socket for seconds), and the gate's clock stands still: however slowly the machine
+	// decodes, no budget refills during the test.
+	g.socket = mungetest.Start(t, t.TempDir(), "munged")
+	frozen := time.Now()
+	g.now = func() time.Time { return frozen }
 	call := func(from, cred string) (int, string) {
 		req := httptest.NewRequest("GET", "/dw/v1/pools", nil)
 		req.RemoteAddr = from
@@ -60,5 +70,15 @@ func TestBadMungeCredentialsAreCheap(t *testing.T) {
 	before := g.decodes.Load()
 	if code, out := call("198.51.100.7:5000", forged()); code != http.StatusUnauthorized || g.decodes.Load() != before+1 {
 		t.Errorf("another network's credential: %d %s (decoded %d)", code, out, g.decodes.Load()-before)
+	}
+
+	// munged down is this host's fault: the caller is told to retry (503, naming munged), and
+	// no network's budget pays for it.
+	g.socket = filepath.Join(t.TempDir(), "no-munged.sock")
+	for i := 0; i < perMinute+5; i++ {
+		code, out := call("203.0.113.9:5000", forged())
+		if code != http.StatusServiceUnavailable || !strings.Contains(out, "munged") {
+			t.Fatalf("a credential while munged is down (try %d): %d %s", i+1, code, out)
+		}
 	}
 }

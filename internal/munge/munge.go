@@ -50,6 +50,9 @@ func Decode(ctx context.Context, socket, cred string) (Identity, error) {
 		args = append(args, "-S", socket)
 	}
 	out, err := run(ctx, "unmunge", []byte(cred), args...)
+	if errors.Is(err, ErrUnavailable) {
+		return Identity{}, fmt.Errorf("MUNGE credential not checked: %w", err)
+	}
 	if err != nil {
 		return Identity{}, fmt.Errorf("MUNGE credential refused: %w", err)
 	}
@@ -110,20 +113,42 @@ func run(ctx context.Context, name string, stdin []byte, args ...string) ([]byte
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	if err != nil {
-		if msg := strings.TrimSpace(stderr.String()); msg != "" {
-			return nil, errors.New(clip(strings.TrimPrefix(msg, name+": ")))
-		}
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			if why, ok := exitReasons[exit.ExitCode()]; ok {
-				return nil, errors.New(why)
-			}
-		}
-		return nil, err
+	if err == nil {
+		return out, nil
 	}
-	return out, nil
+	var exit *exec.ExitError
+	code := -1
+	if errors.As(err, &exit) {
+		code = exit.ExitCode()
+	}
+	msg := strings.TrimSpace(stderr.String())
+	switch {
+	case msg != "":
+		err = errors.New(clip(strings.TrimPrefix(msg, name+": ")))
+	case exitReasons[code] != "":
+		err = errors.New(exitReasons[code])
+	}
+	// munged down or stuck, or no munge installed, says nothing about the credential.
+	if code == exitSocket || code == exitTimeout || (exit == nil && ctx.Err() == nil) {
+		return nil, unavailable{err}
+	}
+	return nil, err
 }
+
+// ErrUnavailable is what a failure of munged itself (not running, timed out) or of running
+// munge's commands matches (errors.Is): the credential was not judged.
+var ErrUnavailable = errors.New("munged unavailable")
+
+type unavailable struct{ err error }
+
+func (u unavailable) Error() string   { return u.err.Error() }
+func (u unavailable) Unwrap() []error { return []error{u.err, ErrUnavailable} }
+
+// munge_err_t codes of munged's own failures.
+const (
+	exitSocket  = 6
+	exitTimeout = 7
+)
 
 // exitReasons are munge's exit codes (munge_err_t) that unmunge may end with silently.
 var exitReasons = map[int]string{

@@ -11,46 +11,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spillway-hpc/spillway/internal/mungetest"
 )
 
-// startMunged runs a munged of the test's own in dir, named name, with the key in dir (made
-// by the first call), until the test ends; it returns the daemon's socket.
-func startMunged(t *testing.T, dir, name string) string {
-	t.Helper()
-	if _, err := exec.LookPath("munged"); err != nil {
-		t.Fatal("munged is missing: scripts/install-deps --test installs Debian's munge")
-	}
-	keyPath := filepath.Join(dir, "munge.key")
-	if _, err := os.Stat(keyPath); err != nil {
-		key := make([]byte, 1024)
-		if f, err := os.Open("/dev/urandom"); err == nil {
-			f.Read(key)
-			f.Close()
-		}
-		if err := os.WriteFile(keyPath, key, 0o400); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sock := filepath.Join(dir, name+".sock")
-	cmd := exec.Command("munged", "-F", "-f", "--socket="+sock, "--key-file="+keyPath,
-		"--log-file="+filepath.Join(dir, name+".log"), "--pid-file="+filepath.Join(dir, name+".pid"),
-		"--seed-file="+filepath.Join(dir, name+".seed"))
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			return sock
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("munged did not open its socket within 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// startMunged runs a munged of the test's own in dir (package mungetest).
+func startMunged(t *testing.T, dir, name string) string { return mungetest.Start(t, dir, name) }
 
 // TestUsersOnOtherHostsAuthenticateWithMunge: a TCP controller takes MUNGE credentials from
 // users: they act as themselves (their own persistent instance, refused another's), a
