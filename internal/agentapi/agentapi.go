@@ -29,6 +29,10 @@ type FragmentSpec struct {
 	// Job is the session's token (a job id, a persistent instance's name), for the storage
 	// node's log lines about the fragment.
 	Job string `json:"job,omitempty"`
+	// Cache is set when the fragment belongs to a cache instance (type=cache): its stripe
+	// server caches the PFS files' data it holds, moving it to and from Cache.PFS as the
+	// cache's user. nil for scratch.
+	Cache *CacheSpec `json:"cache,omitempty"`
 }
 
 // NamespaceSpec asks a storage node to create a file tree inside one of its fragments.
@@ -48,6 +52,9 @@ type NamespaceSpec struct {
 	// mount's capability enforces it).
 	MaxFilesCreated uint64 `json:"max_files_created,omitempty"`
 	MaxFileSize     uint64 `json:"max_file_size,omitempty"`
+	// Cache is set when the namespace is a cache of a PFS directory: its names are the
+	// directory's, looked up and changed there as the caller. nil for scratch.
+	Cache *CacheSpec `json:"cache,omitempty"`
 }
 
 // MountSpec asks a compute node to expose a namespace at a mount path.

@@ -205,8 +205,37 @@ func TestCacheInstanceRecordsAndMountOrder(t *testing.T) {
 	req := cacheSetup("7", "/lustre/me/run", "striped")
 	req.Instance.Cache.ReadAhead = u64(0)
 	req.Instance.Cache.SyncOnClose = yes()
+	var fragments []agentapi.FragmentSpec
+	var namespaces []agentapi.NamespaceSpec
+	h.fail = func(e Effect) error {
+		switch e.Op {
+		case OpCreateFragment:
+			fragments = append(fragments, e.Fragment)
+		case OpCreateNamespace:
+			namespaces = append(namespaces, e.Namespace)
+		}
+		return nil
+	}
 	h.must(ApplySetup(h.w, req, h, h.p, h.now))
 	h.settle()
+	// Every storage node of the instance learns what it caches: the stripe servers (every
+	// fragment) and the namespace server.
+	wantSpec := agentapi.CacheSpec{PFS: "/lustre/me/run", ModifiedThreshold: 64 << 20, SyncOnClose: true, HighWatermark: 45, LowWatermark: 20, UID: 1001, GID: 1002}
+	if len(fragments) != 1 || len(namespaces) != 1 {
+		t.Fatalf("creates: %+v %+v", fragments, namespaces)
+	}
+	// Even on one node a cache's data is in stripe objects (one data path): a layout of one.
+	if namespaces[0].Servers != 1 || namespaces[0].StripeSize == 0 {
+		t.Errorf("namespace order: servers %d stripe size %d, want a layout over the one fragment", namespaces[0].Servers, namespaces[0].StripeSize)
+	}
+	for _, f := range fragments {
+		if f.Cache == nil || *f.Cache != wantSpec {
+			t.Errorf("fragment %d's order: cache %+v", f.ID, f.Cache)
+		}
+	}
+	if namespaces[0].Cache == nil || *namespaces[0].Cache != wantSpec {
+		t.Errorf("namespace order: cache %+v", namespaces[0].Cache)
+	}
 	inst := h.w.InstanceOf(h.w.SessionByToken("7").ID)
 	confs := h.w.ConfigurationsOf(inst.ID)
 	if len(confs) != 1 {
@@ -242,10 +271,9 @@ func TestCacheInstanceRecordsAndMountOrder(t *testing.T) {
 	}
 	h.must(ApplyPreRun(h.w, "7", []string{"cn1"}, h, h.p))
 	h.settle()
-	if len(mounts) != 1 || mounts[0].Cache == nil {
+	if len(mounts) != 1 || mounts[0].Cache == nil || len(mounts[0].Stripes) != 1 {
 		t.Fatalf("mounts: %+v", mounts)
 	}
-	wantSpec := agentapi.CacheSpec{PFS: "/lustre/me/run", ModifiedThreshold: 64 << 20, SyncOnClose: true, HighWatermark: 45, LowWatermark: 20, UID: 1001, GID: 1002}
 	if *mounts[0].Cache != wantSpec || mounts[0].Owner != 1001 {
 		t.Fatalf("mount order cache: %+v", *mounts[0].Cache)
 	}

@@ -105,7 +105,8 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 			if ready(f.State, now) {
 				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
 					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity,
-						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength, Job: s.Token}})
+						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength, Job: s.Token,
+						Cache: instanceCache(w, inst.ID)}})
 			}
 		}
 		for _, c := range w.ConfigurationsOf(inst.ID) {
@@ -121,7 +122,7 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 					continue
 				}
 				spec := agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID, Owner: c.Owner, Group: c.Group, Mode: c.RootPermissions,
-					MaxFilesCreated: c.MaxFilesCreated, MaxFileSize: c.MaxFileSize}
+					MaxFilesCreated: c.MaxFilesCreated, MaxFileSize: c.MaxFileSize, Cache: cacheSpec(c)}
 				if c.MaxMDS { // each shard counts its own files: it enforces its share
 					spec.MaxFilesCreated = stripe.ShardLimit(c.MaxFilesCreated, len(w.NamespacesOf(c.ID)))
 				}
@@ -280,12 +281,31 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 	}
 	spec.Replicas = replicas(w, c, ns)
 	spec.MDS = shards(w, c)
-	if k := c.Cache; k != nil {
-		spec.Cache = &agentapi.CacheSpec{PFS: k.PFS, ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead,
-			SyncOnClose: k.SyncOnClose, SyncToPFS: k.SyncToPFS, HighWatermark: k.HighWatermark, LowWatermark: k.LowWatermark,
-			UID: c.Owner, GID: c.Group}
-	}
+	spec.Cache = cacheSpec(c)
 	return spec
+}
+
+// cacheSpec is what the agents need of a cache configuration (nil for scratch): the mount,
+// the namespace server and every stripe server of its instance.
+func cacheSpec(c *model.Configuration) *agentapi.CacheSpec {
+	k := c.Cache
+	if k == nil {
+		return nil
+	}
+	return &agentapi.CacheSpec{PFS: k.PFS, ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead,
+		SyncOnClose: k.SyncOnClose, SyncToPFS: k.SyncToPFS, HighWatermark: k.HighWatermark, LowWatermark: k.LowWatermark,
+		UID: c.Owner, GID: c.Group}
+}
+
+// instanceCache is the cache an instance's fragments hold (nil: a scratch instance). An
+// instance has one cache configuration at most (a job's scratch and cache are two instances).
+func instanceCache(w *World, instanceID ID) *agentapi.CacheSpec {
+	for _, c := range w.ConfigurationsOf(instanceID) {
+		if spec := cacheSpec(c); spec != nil {
+			return spec
+		}
+	}
+	return nil
 }
 
 // shards are the namespace shards of a striped configuration spread over every server
@@ -314,6 +334,9 @@ func shards(w *World, c *model.Configuration) []agentapi.Replica {
 // every access mode of an instance on several nodes but loadbalance, which has a replica on
 // each.
 func striped(w *World, c *model.Configuration) bool {
+	if c.Type == model.TypeCache && c.AccessMode == model.AccessStriped {
+		return true // even on one node: a cache's file data is always in stripe objects, one data path
+	}
 	return c.AccessMode != model.AccessLoadbalance && len(w.FragmentsOf(c.InstanceID)) > 1
 }
 
@@ -350,10 +373,11 @@ func indexOf(nss []*model.Namespace, ns *model.Namespace) int {
 }
 
 // stripeServers are the servers of a striped instance's data: its fragments in id order (the
-// layout's order), or none for an instance on one fragment.
+// layout's order). Callers ask striped() first: a scratch instance on one fragment keeps its
+// data in its namespace, a cache's is in stripe objects even then.
 func stripeServers(w *World, instanceID ID) []agentapi.StripeServer {
 	frags := w.FragmentsOf(instanceID)
-	if len(frags) < 2 {
+	if len(frags) == 0 {
 		return nil
 	}
 	out := make([]agentapi.StripeServer, len(frags))
