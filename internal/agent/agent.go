@@ -9,6 +9,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/units"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
@@ -76,6 +78,12 @@ type Options struct {
 	// Endurance says how a storage node reads its SSD's wear (endurance.go); zero values
 	// mean the defaults.
 	Endurance EnduranceOptions
+	// PFSWorkerExe is the argv prefix of a cache instance's PFS door worker, e.g.
+	// [/proc/self/exe pfs-worker]; PFS bounds each door ([pfs]), PFSMaxWorkers the doors
+	// running at once (pfs.max_workers; 0: 256).
+	PFSWorkerExe  []string
+	PFS           pfsio.Options
+	PFSMaxWorkers int
 }
 
 // Agent serves one node.
@@ -86,6 +94,7 @@ type Agent struct {
 	root     bool
 
 	trackers *usage.Registry
+	pfsDoors *pfsDoors // the doors of this node's cache instances to their PFS directories
 
 	dataMu sync.Mutex
 	data   *server.Server // serves this node's namespaces to other hosts (ServeData), or nil
@@ -145,6 +154,7 @@ func New(opt Options) (*Agent, error) {
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
 		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
 		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{}}
+	a.pfsDoors = newPFSDoors(opt.PFSWorkerExe, opt.PFS, cmp.Or(opt.PFSMaxWorkers, 256))
 	if opt.Pool == "" {
 		return a, nil // compute node: no storage
 	}
@@ -353,6 +363,8 @@ type fragmentMeta struct {
 	WriteLimit        uint64 `json:"write_limit,omitempty"`
 	WriteWindowLength int64  `json:"write_window_length,omitempty"`
 	Job               string `json:"job,omitempty"` // the session's token, for the log
+	// Cache: the fragment belongs to a cache instance, and this is what it caches.
+	Cache *agentapi.CacheSpec `json:"cache,omitempty"`
 }
 
 // CreateFragment makes the fragment's directory, or its file system mounted there
@@ -401,7 +413,7 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 		}
 	}
 	meta := fragmentMeta{ID: spec.ID, InstanceID: spec.InstanceID, Capacity: spec.Capacity, InstanceCapacity: spec.InstanceCapacity,
-		WriteLimit: spec.WriteLimit, WriteWindowLength: spec.WriteWindowLength, Job: spec.Job}
+		WriteLimit: spec.WriteLimit, WriteWindowLength: spec.WriteWindowLength, Job: spec.Job, Cache: spec.Cache}
 	raw, _ := json.Marshal(meta)
 	if err := writeFileAtomic(filepath.Join(dir, "fragment.json"), raw); err != nil {
 		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
@@ -1156,6 +1168,7 @@ func (a *Agent) staged(key string) {
 
 // Close unmounts everything this agent serves and stops its stages.
 func (a *Agent) Close() {
+	defer a.pfsDoors.closeAll()
 	a.mu.Lock()
 	mounts := a.mounts
 	a.mounts = map[string]*mounted{}

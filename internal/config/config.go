@@ -429,6 +429,10 @@ type PFS struct {
 	// RequestTimeout bounds one request to the PFS: past it the caller gets ETIMEDOUT (a hung
 	// PFS), while the request keeps its slot until the PFS answers.
 	RequestTimeout Duration `toml:"request_timeout"`
+	// MaxWorkers bounds the door workers a storage node runs at once (one per PFS directory
+	// and user of its cache instances); past it a new user's first access fails EAGAIN with
+	// this key's name, until an instance ends.
+	MaxWorkers int `toml:"max_workers"`
 }
 
 // Mount is the compute-node side: how instances appear to jobs.
@@ -622,6 +626,7 @@ func Defaults() Config {
 		PFS: PFS{
 			MaxInFlight:    16,
 			RequestTimeout: Duration(2 * time.Minute),
+			MaxWorkers:     256,
 		},
 		Client: Client{
 			Controller:        "unix:/run/spillway/controller.sock",
@@ -815,6 +820,7 @@ func (c *Config) Validate() error {
 	positive("warpfs.idle_timeout", int64(c.Warpfs.IdleTimeout))
 	positive("warpfs.max_in_flight", int64(c.Warpfs.MaxInFlight))
 	positive("pfs.max_in_flight", int64(c.PFS.MaxInFlight))
+	positive("pfs.max_workers", int64(c.PFS.MaxWorkers))
 	positive("pfs.request_timeout", int64(c.PFS.RequestTimeout))
 	positive("controller.idle_timeout", int64(c.Controller.IdleTimeout))
 	positive("controller.max_connections", int64(c.Controller.MaxConnections))

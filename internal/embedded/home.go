@@ -157,6 +157,7 @@ func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 	ag, err := agent.New(agent.Options{
 		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity),
 		WorkerExe: workerExe, StageLimits: StageLimits(cfg), Mount: MountLimits(cfg), Log: log,
+		PFSWorkerExe: pfsWorkerExe(workerExe), PFS: PFSOptions(cfg), PFSMaxWorkers: cfg.PFS.MaxWorkers,
 		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: FragmentFSLimits(cfg), Endurance: EnduranceOptions(cfg),
 	})
 	if err != nil {
@@ -258,6 +259,15 @@ func StageLimits(cfg config.Config) stage.Limits {
 		MaxStderrBytes:   int(cfg.Stage.WorkerStderrLimit),
 		AllowRoot:        cfg.Stage.AllowRoot,
 	}
+}
+
+// pfsWorkerExe is the PFS door worker's argv prefix beside the stage worker's ({exe,
+// "stage-worker"}): the same program.
+func pfsWorkerExe(stageWorker []string) []string {
+	if len(stageWorker) == 0 {
+		return nil
+	}
+	return []string{stageWorker[0], "pfs-worker"}
 }
 
 // PFSOptions are the bounds of a cache instance's doors to the PFS ([pfs]).

@@ -100,6 +100,19 @@ func (d *Door) Gone() <-chan struct{} {
 	return gone
 }
 
+// Alive says, without waiting, whether the door can still serve (not closed, its worker
+// not dead).
+func (d *Door) Alive() bool {
+	select {
+	case <-d.closed:
+		return false
+	case <-d.backend.gone():
+		return false
+	default:
+		return true
+	}
+}
+
 // Pid is the worker's process id (0 in-process).
 func (d *Door) Pid() int { return d.backend.pid() }
 
