@@ -316,6 +316,19 @@ func TestChangedFileReadFreshAtOpen(t *testing.T) {
 	if !bytes.Equal(read(), c) {
 		t.Fatal("after a size change: stale data")
 	}
+
+	// Emptied on the PFS: the cached extents are holes again, so a write further on leaves
+	// zeros before it, not the old bytes.
+	must(t, os.Truncate(path, 0))
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	writeAll(t, f, []byte("tail"), 250_000, 4)
+	want := make([]byte, 250_004)
+	copy(want[250_000:], "tail")
+	if got := readAll(t, f, len(want), 64<<10); !bytes.Equal(got, want) {
+		t.Fatal("after the PFS file was emptied: old bytes read back")
+	}
+	must(t, f.Close())
 }
 
 // A store closed without draining (a crash, as far as the data is concerned) recovers its
@@ -444,6 +457,15 @@ func TestTruncateAndUnlink(t *testing.T) {
 	data := randomBytes(15, 300_000)
 	writeAll(t, f, data, 0, 64<<10)
 	must(t, s.Truncate(door, ref, 100_000))
+	// Past the new size the object is a hole again: a write further on leaves zeros between.
+	tail := []byte("tail")
+	writeAll(t, f, tail, 250_000, 4)
+	want := make([]byte, 250_004)
+	copy(want, data[:100_000])
+	copy(want[250_000:], tail)
+	if got := readAll(t, f, len(want), 64<<10); !bytes.Equal(got, want) {
+		t.Fatal("after truncate and a write past it: the bytes between are not zeros")
+	}
 	must(t, f.Close())
 	g, err := s.OpenFile(door, gone, true)
 	must(t, err)
@@ -451,7 +473,7 @@ func TestTruncateAndUnlink(t *testing.T) {
 	must(t, g.Close())
 	s.Unlink(gone.Key)
 	drain(t, s)
-	if !bytes.Equal(readPFS(t, pfs, "t"), data[:100_000]) {
+	if !bytes.Equal(readPFS(t, pfs, "t"), want) {
 		t.Fatal("after truncate and Drain: wrong PFS file")
 	}
 	if len(readPFS(t, pfs, "gone")) != 0 {
@@ -498,5 +520,76 @@ func TestTwoServersStripes(t *testing.T) {
 			t.Fatalf("server %d reads back wrong data", i)
 		}
 		must(t, f.Close())
+	}
+}
+
+// Closed dirty files keep a PFS descriptor each, at most MaxOpenPFSFiles of them: past it the
+// one closed longest ago is flushed and let go.
+func TestLingeringPFSFilesBounded(t *testing.T) {
+	pfs, door := newPFS(t)
+	s, err := Open(Options{Dir: t.TempDir(), Config: testConfig(), MaxOpenPFSFiles: 2, TickInterval: time.Hour})
+	must(t, err)
+	defer s.Close()
+	names := []string{"a", "b", "c", "d", "e"}
+	data := randomBytes(17, 10_000)
+	for _, name := range names {
+		ref := writePFS(t, pfs, name, nil)
+		f, err := s.OpenFile(door, ref, true)
+		must(t, err)
+		writeAll(t, f, data, 0, len(data))
+		must(t, f.Close())
+		time.Sleep(time.Millisecond) // distinct close times
+	}
+	s.mu.Lock()
+	s.sweepLocked(nil) // what the ticker does
+	held := s.openLingering()
+	s.mu.Unlock()
+	if held > 2 {
+		t.Fatalf("%d closed dirty files hold a PFS descriptor, bound 2", held)
+	}
+	for i, name := range names {
+		onPFS := bytes.Equal(readPFS(t, pfs, name), data)
+		if flushed := i < len(names)-2; onPFS != flushed {
+			t.Errorf("%s: on the PFS %v, want %v (the oldest closed are flushed first)", name, onPFS, flushed)
+		}
+	}
+	drain(t, s)
+	for _, name := range names {
+		if !bytes.Equal(readPFS(t, pfs, name), data) {
+			t.Errorf("%s: not on the PFS after Drain", name)
+		}
+	}
+}
+
+// The log is compacted past MaxLogBytes and still recovers every dirty byte.
+func TestLogCompaction(t *testing.T) {
+	pfs, door := newPFS(t)
+	dir := t.TempDir()
+	const maxLog = 2048
+	s, err := Open(Options{Dir: dir, Config: testConfig(), MaxLogBytes: maxLog})
+	must(t, err)
+	want := map[string][]byte{}
+	for i, name := range []string{"x", "y", "z"} {
+		ref := writePFS(t, pfs, name, nil)
+		f, err := s.OpenFile(door, ref, true)
+		must(t, err)
+		data := randomBytes(int64(20+i), 180_000)
+		writeAll(t, f, data, 0, 1000) // many small writes: many records
+		want[name] = data
+		must(t, f.Close())
+		st, err := os.Stat(filepath.Join(dir, "log"))
+		must(t, err)
+		if st.Size() > 2*maxLog {
+			t.Fatalf("log of %d bytes, compaction past %d expected", st.Size(), maxLog)
+		}
+	}
+	must(t, s.Close())
+	s2 := openStore(t, dir, testConfig())
+	s2.SetDoor(func(string) (*pfsio.Door, error) { return door, nil })
+	drain(t, s2)
+	for name, data := range want {
+		if !bytes.Equal(readPFS(t, pfs, name), data) {
+			t.Errorf("%s: not recovered whole from the compacted log", name)
+		}
 	}
 }
