@@ -142,6 +142,12 @@ type Store struct {
 	drainFail chan error // a Drain in progress hears of unrecoverable flush errors here
 	closed    bool
 
+	// objMu: punches (write) against fetches' and flushes' object I/O (read), which check
+	// under it that their extents are still theirs: a Discard or an unlink at the last close
+	// may drop a file while its fetch or flush is in flight, and its fetch must not write
+	// into the emptied object, nor its flush write the emptied object's zeros to the PFS.
+	objMu sync.RWMutex
+
 	io        sync.WaitGroup // fetch, flush and sync goroutines
 	stop      chan struct{}
 	tickDone  chan struct{}
@@ -974,14 +980,14 @@ func (s *Store) runIO(j ioJob) {
 	switch a.Kind {
 	case cache.ActFetch:
 		err = s.fetch(j)
-		if err != nil {
+		if err != nil && err != errDropped {
 			s.opt.Log.Warn("cache store: fetch failed", "path", a.Path, "off", a.Range.Off, "len", a.Range.Len, "err", err)
 		}
 		s.done(j, func() []cache.Action { return s.c.FetchDone(a.ID, err) })
 	case cache.ActFlush:
 		var attrs cache.Attrs
 		attrs, err = s.flush(j)
-		if err != nil {
+		if err != nil && err != errDropped {
 			s.opt.Log.Warn("cache store: flush failed", "path", a.Path, "off", a.Range.Off, "len", a.Range.Len, "err", err)
 		}
 		s.done(j, func() []cache.Action {
@@ -1092,8 +1098,29 @@ func (s *Store) fetch(j ioJob) error {
 		return err
 	}
 	s.punches.waitQueued()
+	s.objMu.RLock()
+	defer s.objMu.RUnlock()
+	if !s.stillIn(j.act, cache.Fetching) {
+		return errDropped
+	}
 	_, err = obj.WriteAt(b[:n], int64(r.ObjOff))
 	return err
+}
+
+// errDropped: the file's extents were dropped while their fetch or flush was in flight.
+var errDropped = errors.New("the file's cached data was dropped meanwhile")
+
+// stillIn reports whether every extent of a's range is still in state (not dropped).
+func (s *Store) stillIn(a cache.Action, state cache.State) bool {
+	E := s.cfg.ExtentSize
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for idx := a.Range.Off / E; idx <= (a.Range.End()-1)/E; idx++ {
+		if s.c.ExtentState(a.File, idx) != state {
+			return false
+		}
+	}
+	return true
 }
 
 // flush writes the range from the object to the PFS and returns the PFS file's attributes
@@ -1107,7 +1134,14 @@ func (s *Store) flush(j ioJob) (cache.Attrs, error) {
 	bp, b := s.buf(r.Len)
 	defer s.bufs.Put(bp)
 	s.punches.waitQueued()
-	if err := readFull(obj, b, int64(r.ObjOff)); err != nil {
+	s.objMu.RLock()
+	if !s.stillIn(j.act, cache.Flushing) {
+		s.objMu.RUnlock()
+		return cache.Attrs{}, errDropped
+	}
+	err = readFull(obj, b, int64(r.ObjOff))
+	s.objMu.RUnlock()
+	if err != nil {
 		return cache.Attrs{}, err
 	}
 	if _, err := pf.WriteAt(b, int64(r.Off)); err != nil {
@@ -1134,6 +1168,8 @@ func (s *Store) punch(j punchJob) {
 	if err := s.log.sync(j.logPos); err != nil {
 		return // the log is broken: keep the data, the store fails its writes from now on
 	}
+	s.objMu.Lock()
+	defer s.objMu.Unlock()
 	for _, a := range j.actions {
 		path := s.objectPath(a.File)
 		switch a.Kind {

@@ -593,3 +593,77 @@ func TestLogCompaction(t *testing.T) {
 		}
 	}
 }
+
+// Concurrent writers of one file (disjoint regions, together 4 times the capacity) and
+// readers of another, through one store: every byte lands where it was written.
+func TestConcurrentReadersAndWriters(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "shared", nil)
+	input := randomBytes(30, 2*testCapacity)
+	inRef := writePFS(t, pfs, "input", input)
+	s := newStore(t, testConfig())
+	const writers, region = 4, testCapacity
+	want := randomBytes(31, writers*region)
+	errs := make(chan error, writers+2)
+	for w := 0; w < writers; w++ {
+		go func() {
+			f, err := s.OpenFile(door, ref, true)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer f.Close()
+			rng := rand.New(rand.NewSource(int64(w)))
+			base := w * region
+			for off := 0; off < region; {
+				n := min(1+rng.Intn(100_000), region-off)
+				if _, err := f.WriteAt(want[base+off:base+off+n], uint64(base+off)); err != nil {
+					errs <- err
+					return
+				}
+				off += n
+			}
+			got := make([]byte, region)
+			if _, err := f.ReadAt(got, uint64(base)); err != nil {
+				errs <- err
+				return
+			}
+			if !bytes.Equal(got, want[base:base+region]) {
+				errs <- errors.New("a writer reads back other bytes than it wrote")
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for r := 0; r < 2; r++ {
+		go func() {
+			f, err := s.OpenFile(door, inRef, false)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer f.Close()
+			got := make([]byte, len(input))
+			for off := 0; off < len(got); off += 33_333 {
+				if _, err := f.ReadAt(got[off:min(off+33_333, len(got))], uint64(off)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			if !bytes.Equal(got, input) {
+				errs <- errors.New("a reader reads other bytes than the PFS holds")
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for i := 0; i < writers+2; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	drain(t, s)
+	if sum(readPFS(t, pfs, "shared")) != sum(want) {
+		t.Fatal("the PFS file is not what the writers wrote")
+	}
+}
