@@ -101,6 +101,9 @@ func (e *FileError) Error() string {
 
 func (e *FileError) Unwrap() error { return e.Err }
 
+// maxPFSWrite is the longest pfsio File.WriteAt.
+const maxPFSWrite = 64 << 20
+
 // errNoDoor: a flush or fetch of a file for which no PFS door is known (recovered after a
 // restart, not opened since, and no SetDoor).
 var errNoDoor = errors.New("no PFS door for the file: open it through the store or call SetDoor")
@@ -160,6 +163,9 @@ type Store struct {
 // files have no PFS door until OpenFile (or SetDoor) gives one.
 func Open(opt Options) (*Store, error) {
 	opt = opt.withDefaults()
+	if opt.Config.MaxIOBytes > maxPFSWrite {
+		opt.Config.MaxIOBytes = maxPFSWrite // a flush is one door write
+	}
 	objDir := filepath.Join(opt.Dir, "objects")
 	if err := os.MkdirAll(objDir, 0o700); err != nil {
 		return nil, err
@@ -395,13 +401,10 @@ func openPFS(door *pfsio.Door, path string, key cache.FileKey, flags int) (*pfsi
 	if err != nil {
 		return nil, unix.Stat_t{}, errnoOf(err)
 	}
-	st, err := pf.Fstat()
-	if err == nil && keyOf(st) != key {
-		err = syscall.ESTALE
-	}
-	if err != nil {
+	st := pf.Stat // the user's process fstat'ed it at open
+	if keyOf(st) != key {
 		pf.Close()
-		return nil, st, errnoOf(err)
+		return nil, st, syscall.ESTALE
 	}
 	return pf, st, nil
 }
