@@ -326,6 +326,10 @@ func (s *Store) hold(r cache.Result) chan syscall.Errno {
 		return nil
 	}
 	ch := make(chan syscall.Errno, 1)
+	if s.closed { // nothing will answer it: the store starts no more I/O
+		ch <- syscall.EIO
+		return ch
+	}
 	s.waiters[r.Waiter] = ch
 	return ch
 }
@@ -828,6 +832,10 @@ func (s *Store) Drain(ctx context.Context) error {
 	var missing error
 	fail := make(chan error, 1)
 	err := s.locked(func(b *batch) {
+		if s.closed {
+			missing = syscall.EIO
+			return
+		}
 		if missing = s.doorlessLocked(); missing != nil {
 			return
 		}

@@ -667,3 +667,32 @@ func TestConcurrentReadersAndWriters(t *testing.T) {
 		t.Fatal("the PFS file is not what the writers wrote")
 	}
 }
+
+// After the store is closed, what would wait for the PFS fails EIO at once.
+func TestClosedStoreFailsHeldRequests(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "f", nil)
+	cfg := testConfig()
+	cfg.Defaults.SyncOnClose = true
+	s := newStore(t, cfg)
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	writeAll(t, f, randomBytes(40, 10_000), 0, 10_000)
+	must(t, s.Close())
+	done := make(chan error, 1)
+	go func() { done <- f.Close() }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, syscall.EIO) {
+			t.Fatalf("close with sync_on_close after the store closed: %v, want EIO", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("close with sync_on_close after the store closed hangs")
+	}
+	if err := s.Drain(context.Background()); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Drain after Close: %v, want EIO", err)
+	}
+	if _, err := s.OpenFile(door, ref, false); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("OpenFile after Close: %v, want EIO", err)
+	}
+}
