@@ -261,8 +261,13 @@ func (s *Store) SetDoor(resolve func(path string) (*pfsio.Door, error)) {
 // held requests to answer, PFS I/O to start (punches go to the punch queue at once).
 type batch struct {
 	logPos uint64
-	wakes  []wake
-	io     []ioJob
+	// mustSync: the log must be on disk up to logPos before anything is carried out or
+	// answered: the batch made records, or answers held requests (a woken write may rely on
+	// records an earlier batch made), or acknowledges a write. A read alone does not wait
+	// for other callers' log writes.
+	mustSync bool
+	wakes    []wake
+	io       []ioJob
 }
 
 type wake struct {
@@ -287,9 +292,14 @@ func (s *Store) locked(fn func(b *batch)) error {
 
 // take collects the log records and actions of the core call just made (under the lock).
 func (s *Store) take(b *batch, acts []cache.Action) {
-	b.logPos = max(b.logPos, s.log.add(s.c.Log()))
-	if s.log.size() > s.opt.MaxLogBytes {
-		b.logPos = s.log.replace(s.c.Snapshot())
+	if recs := s.c.Log(); len(recs) > 0 {
+		b.mustSync = true
+		b.logPos = s.log.add(recs)
+		if s.log.size() > s.opt.MaxLogBytes {
+			b.logPos = s.log.replace(s.c.Snapshot())
+		}
+	} else {
+		b.logPos = max(b.logPos, s.log.add(nil))
 	}
 	var punches []cache.Action
 	for _, a := range acts {
@@ -298,6 +308,7 @@ func (s *Store) take(b *batch, acts []cache.Action) {
 			if ch := s.waiters[a.Waiter]; ch != nil {
 				delete(s.waiters, a.Waiter)
 				b.wakes = append(b.wakes, wake{ch, a.Errno})
+				b.mustSync = true
 			}
 		case cache.ActEvict, cache.ActDrop:
 			punches = append(punches, a)
@@ -335,7 +346,10 @@ func (s *Store) hold(r cache.Result) chan syscall.Errno {
 }
 
 func (s *Store) carryOut(b *batch) error {
-	err := s.log.sync(b.logPos)
+	var err error
+	if b.mustSync {
+		err = s.log.sync(b.logPos)
+	}
 	if err != nil {
 		s.opt.Log.Error("cache store: cannot write the log", "dir", s.opt.Dir, "err", err)
 	}
@@ -363,12 +377,13 @@ func wait(r cache.Result, ch chan syscall.Errno) syscall.Errno {
 
 // File is one open of a PFS file through the store.
 type File struct {
-	s    *Store
-	fs   *fileState
-	h    cache.Handle
-	key  cache.FileKey
-	slot uint64 // this server's position among the file's servers
-	lay  stripe.Layout
+	s     *Store
+	fs    *fileState
+	h     cache.Handle
+	key   cache.FileKey
+	slot  uint64 // this server's position among the file's servers
+	lay   stripe.Layout
+	write bool
 
 	closeOnce sync.Once
 }
@@ -428,7 +443,7 @@ func (s *Store) OpenFile(door *pfsio.Door, ref FileRef, write bool) (*File, erro
 	if err != nil {
 		return nil, err
 	}
-	f := &File{s: s, key: ref.Key, lay: ref.Layout}
+	f := &File{s: s, key: ref.Key, lay: ref.Layout, write: write}
 	if ref.Layout != (stripe.Layout{}) {
 		f.slot = uint64(ref.Layout.Slot(s.cfg.Server))
 	}
@@ -598,6 +613,9 @@ func readFull(obj *os.File, p []byte, off int64) error {
 // WriteAt writes p at object offset objOff, one extent at a time. It returns once the data is
 // in the object and the log says it is dirty (write-behind): the PFS sees it later.
 func (f *File) WriteAt(p []byte, objOff uint64) (int, error) {
+	if !f.write {
+		return 0, syscall.EBADF
+	}
 	s, E := f.s, f.s.cfg.ExtentSize
 	done := 0
 	for done < len(p) {
@@ -610,6 +628,7 @@ func (f *File) WriteAt(p []byte, objOff uint64) (int, error) {
 			var acts []cache.Action
 			r, acts = s.c.Write(f.h, off, n)
 			ch = s.hold(r)
+			b.mustSync = true // its extent may have been recorded dirty by an earlier call
 			if r.Status != cache.Fail {
 				f.fs.written = true
 			}

@@ -696,3 +696,45 @@ func TestClosedStoreFailsHeldRequests(t *testing.T) {
 		t.Fatalf("OpenFile after Close: %v, want EIO", err)
 	}
 }
+
+// copyDir copies a fragment's directory as it is on disk now: what a crash would leave.
+func copyDir(t *testing.T, from, to string) {
+	t.Helper()
+	must(t, filepath.Walk(from, func(path string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, path)
+		if info.IsDir() {
+			return os.MkdirAll(filepath.Join(to, rel), 0o700)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), b, 0o600)
+	}))
+}
+
+// A write is in the log when WriteAt returns: a copy of the directory taken then (the store
+// still running, nothing closed) recovers it.
+func TestAcknowledgedWriteIsInTheLog(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "f", nil)
+	dir := t.TempDir()
+	s := openStore(t, dir, testConfig())
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	data := randomBytes(50, 200_000)
+	writeAll(t, f, data, 0, 30_000)
+	crashed := t.TempDir()
+	copyDir(t, dir, crashed)
+
+	s2 := openStore(t, crashed, testConfig())
+	s2.SetDoor(func(string) (*pfsio.Door, error) { return door, nil })
+	drain(t, s2)
+	if !bytes.Equal(readPFS(t, pfs, "f"), data) {
+		t.Fatal("the acknowledged writes were not recovered from the log as it was on disk")
+	}
+	must(t, f.Close())
+}
