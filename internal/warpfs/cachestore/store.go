@@ -1021,6 +1021,7 @@ func (s *Store) runIO(j ioJob) {
 			s.opt.Log.Warn("cache store: flush failed", "path", a.Path, "off", a.Range.Off, "len", a.Range.Len, "err", err)
 		}
 		s.done(j, func() []cache.Action {
+			s.forgetClosedDoor(j.fs, err)
 			if err != nil && s.drainFail != nil {
 				if fe := unrecoverable(a.Path, err); fe != nil {
 					select {
@@ -1033,14 +1034,31 @@ func (s *Store) runIO(j ioJob) {
 		})
 	case cache.ActSyncPFS:
 		err = s.syncPFS(j)
-		s.done(j, func() []cache.Action { return s.c.SyncDone(a.ID, err) })
+		s.done(j, func() []cache.Action {
+			s.forgetClosedDoor(j.fs, err)
+			return s.c.SyncDone(a.ID, err)
+		})
+	}
+}
+
+// forgetClosedDoor: a write that failed ENOTCONN went through a door that was closed (or
+// whose worker died): its write descriptor is useless, so the next try finds a door anew
+// (an OpenFile's, SetDoor's) or Drain says there is none.
+func (s *Store) forgetClosedDoor(fs *fileState, err error) {
+	if !errors.Is(err, pfsio.ErrClosed) || fs.wr == nil {
+		return
+	}
+	wr := fs.wr
+	fs.wr, fs.door = nil, nil
+	if fs.rd != wr { // reads through a closed door still work: keep it for them
+		go wr.Close()
 	}
 }
 
 // unrecoverable is the error Drain reports for a flush's failure, nil if retrying may help.
 func unrecoverable(path string, err error) *FileError {
 	switch {
-	case errors.Is(err, errNoDoor):
+	case errors.Is(err, errNoDoor), errors.Is(err, pfsio.ErrClosed):
 		return &FileError{Path: path, Err: syscall.ENOTCONN, Why: errNoDoor.Error()}
 	case errors.Is(err, syscall.ESTALE):
 		return &FileError{Path: path, Err: syscall.ESTALE, Why: "the PFS file at the path is another file now"}

@@ -738,3 +738,31 @@ func TestAcknowledgedWriteIsInTheLog(t *testing.T) {
 	}
 	must(t, f.Close())
 }
+
+// A dirty closed file whose door was closed (the job's worker gone) is not lost: Drain names
+// it, and a new door (SetDoor) flushes it.
+func TestClosedDoorIsReplaced(t *testing.T) {
+	pfs := t.TempDir()
+	door, err := pfsio.Open(pfs, pfsio.Options{})
+	must(t, err)
+	ref := writePFS(t, pfs, "f", nil)
+	s := newStore(t, testConfig())
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	data := randomBytes(60, 100_000)
+	writeAll(t, f, data, 0, 100_000)
+	must(t, f.Close())
+	door.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var fe *FileError
+	if err := s.Drain(ctx); !errors.As(err, &fe) || fe.Path != "f" || !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("Drain through a closed door: %v, want ENOTCONN naming f", err)
+	}
+	door2 := openDoor(t, pfs)
+	s.SetDoor(func(string) (*pfsio.Door, error) { return door2, nil })
+	drain(t, s)
+	if !bytes.Equal(readPFS(t, pfs, "f"), data) {
+		t.Fatal("after a new door, Drain did not put the data on the PFS")
+	}
+}
