@@ -143,6 +143,9 @@ type Store struct {
 	waiters   map[cache.WaiterID]chan syscall.Errno
 	resolve   func(path string) (*pfsio.Door, error)
 	drainFail chan error // a Drain in progress hears of unrecoverable flush errors here
+	// truncating: a file's truncate in progress, closed when it ends (the core takes one
+	// truncate of a file at a time: the next waits here)
+	truncating map[cache.FileKey]chan struct{}
 	closed    bool
 
 	// objMu: punches (write) against fetches' and flushes' object I/O (read), which check
@@ -189,6 +192,7 @@ func Open(opt Options) (*Store, error) {
 		log:   &opLog{path: logPath, syncLog: opt.SyncLog},
 		files: map[cache.FileKey]*fileState{}, lingering: map[*fileState]struct{}{},
 		waiters: map[cache.WaiterID]chan syscall.Errno{}, punches: newPunchQueue(),
+		truncating: map[cache.FileKey]chan struct{}{},
 		stop: make(chan struct{}), tickDone: make(chan struct{}), punchDone: make(chan struct{})}
 	s.bufs.New = func() any { b := make([]byte, s.cfg.MaxIOBytes); return &b }
 	if err := s.recover(data, recovered); err != nil {
@@ -800,6 +804,25 @@ func (s *Store) Truncate(door *pfsio.Door, ref FileRef, size uint64) error {
 		return err
 	}
 	defer pf.Close()
+	for {
+		s.mu.Lock()
+		busy := s.truncating[ref.Key]
+		if busy == nil {
+			mine := make(chan struct{})
+			s.truncating[ref.Key] = mine
+			defer func() {
+				s.mu.Lock()
+				delete(s.truncating, ref.Key)
+				s.mu.Unlock()
+				close(mine)
+			}()
+		}
+		s.mu.Unlock()
+		if busy == nil {
+			break
+		}
+		<-busy
+	}
 	var r cache.Result
 	var ch chan syscall.Errno
 	s.locked(func(b *batch) {

@@ -766,3 +766,24 @@ func TestClosedDoorIsReplaced(t *testing.T) {
 		t.Fatal("after a new door, Drain did not put the data on the PFS")
 	}
 }
+
+// Truncates of one file at once are taken one after the other (the core refuses a second one
+// in progress).
+func TestConcurrentTruncates(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "f", randomBytes(70, 500_000))
+	s := newStore(t, testConfig())
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	defer f.Close()
+	readAll(t, f, 500_000, 64<<10)
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		go func() { errs <- s.Truncate(door, ref, uint64(400_000-i*10_000)) }()
+	}
+	for i := 0; i < 8; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent truncate: %v", err)
+		}
+	}
+}
