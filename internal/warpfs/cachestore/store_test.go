@@ -787,3 +787,23 @@ func TestConcurrentTruncates(t *testing.T) {
 		}
 	}
 }
+
+// The defaults (1 MiB extents, coalesced flushes of up to 8 MiB) with a working set four
+// times the capacity, written and read back in large requests.
+func TestDefaultExtentSize(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "big", nil)
+	s := newStore(t, cache.Config{Capacity: 4 << 20, RetryMin: 20 * time.Millisecond})
+	data := randomBytes(80, 16<<20+12345)
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	writeAll(t, f, data, 0, 3<<20+7)
+	if got := readAll(t, f, len(data), 5<<20); sum(got) != sum(data) {
+		t.Fatal("reading back: wrong data")
+	}
+	must(t, f.Close())
+	drain(t, s)
+	if sum(readPFS(t, pfs, "big")) != sum(data) {
+		t.Fatal("the PFS file is not what was written")
+	}
+}
