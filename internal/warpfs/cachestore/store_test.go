@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/pfsio"
+	"github.com/spillway-hpc/spillway/internal/privdrop"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
@@ -805,5 +806,71 @@ func TestDefaultExtentSize(t *testing.T) {
 	drain(t, s)
 	if sum(readPFS(t, pfs, "big")) != sum(data) {
 		t.Fatal("the PFS file is not what was written")
+	}
+}
+
+// Through a door whose worker runs as an ordinary user, a flush the PFS refuses the user
+// (EACCES: the file was made read-only while its dirty data waited, across a restart) fails
+// Drain naming the file and keeps the data; once the user may write again, Drain puts it
+// there, written by the user.
+func TestUserDoorFlushRefused(t *testing.T) {
+	if workerExe == nil {
+		t.Skip("needs root: the door's worker must run as another user")
+	}
+	const nobody = 65534
+	base, err := os.MkdirTemp("", "cachestore-user-") // t.TempDir's parent is root's only
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(base) })
+	must(t, os.Chmod(base, 0o755))
+	pfs := filepath.Join(base, "pfs")
+	must(t, os.Mkdir(pfs, 0o755))
+	must(t, os.Chown(pfs, nobody, nobody))
+	old := randomBytes(90, 150_000)
+	ref := writePFS(t, pfs, "f", old)
+	path := filepath.Join(pfs, "f")
+	must(t, os.Chown(path, nobody, nobody))
+	door, err := pfsio.Start(workerExe, pfs, &privdrop.Identity{UID: nobody, GID: nobody, Groups: []uint32{nobody}}, pfsio.Options{})
+	must(t, err)
+	t.Cleanup(func() { door.Close() })
+
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, Config: testConfig()})
+	must(t, err)
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	if got := readAll(t, f, len(old), 40_000); !bytes.Equal(got, old) {
+		t.Fatal("read through the user's door: wrong data")
+	}
+	update := randomBytes(91, 70_000)
+	writeAll(t, f, update, 50_000, 70_000)
+	want := append([]byte(nil), old...)
+	copy(want[50_000:], update)
+	must(t, f.Close())
+	must(t, s.Close())
+
+	must(t, os.Chmod(path, 0o444))
+	if _, err := door.OpenFile("f", syscall.O_WRONLY, 0); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("the user opens a read-only file for writing: %v, want EACCES", err)
+	}
+	s2 := openStore(t, dir, testConfig())
+	s2.SetDoor(func(string) (*pfsio.Door, error) { return door, nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var fe *FileError
+	if err := s2.Drain(ctx); !errors.Is(err, syscall.EACCES) || !errors.As(err, &fe) || fe.Path != "f" {
+		t.Fatalf("Drain of a file the user may not write: %v, want EACCES naming f", err)
+	}
+	if st := s2.Stats(); st.Dirty == 0 {
+		t.Fatal("the dirty data was not kept")
+	}
+	must(t, os.Chmod(path, 0o644))
+	drain(t, s2)
+	if !bytes.Equal(readPFS(t, pfs, "f"), want) {
+		t.Fatal("after the user may write again, Drain did not put the data on the PFS")
+	}
+	var st syscall.Stat_t
+	must(t, syscall.Stat(path, &st))
+	if st.Uid != nobody {
+		t.Errorf("the PFS file's owner is %d, want the user's %d", st.Uid, nobody)
 	}
 }
