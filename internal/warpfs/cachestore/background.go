@@ -116,8 +116,8 @@ func (s *Store) ioFiles(j ioJob, write bool) (*pfsio.File, *os.File, error) {
 	s.mu.Lock()
 	obj, err := s.objLocked(fs)
 	pf := fs.wr
-	if !write && fs.rd != nil {
-		pf = fs.rd
+	if !write {
+		pf = fs.rd // a write descriptor may be write-only (opened for a flush)
 	}
 	door, resolve, path := fs.door, s.resolve, fs.path
 	s.mu.Unlock()
