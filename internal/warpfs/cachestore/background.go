@@ -61,7 +61,7 @@ func (s *Store) runIO(j ioJob) {
 					}
 				}
 			}
-			return s.c.FlushDone(time.Now(), a.ID, attrs, err)
+			return s.c.FlushDone(time.Now(), a.ID, j.fs.newestAttrs(attrs), err)
 		})
 	case cache.ActSyncPFS:
 		err = s.syncPFS(j)
@@ -98,6 +98,18 @@ func unrecoverable(path string, err error) *FileError {
 		return &FileError{Path: path, Err: errno, Why: "flushing to the PFS"}
 	}
 	return nil
+}
+
+// newestAttrs is attrs unless a flush reported later ones already (two flushes of a file in
+// flight may fstat in one order and report in the other; the core must keep the later, or
+// the next open takes the file for changed): then none (the core keeps what it has).
+func (fs *fileState) newestAttrs(attrs cache.Attrs) cache.Attrs {
+	n := fs.flushAttrs
+	if attrs == (cache.Attrs{}) || attrs.Ctime < n.Ctime || attrs.Ctime == n.Ctime && attrs.Size < n.Size {
+		return cache.Attrs{}
+	}
+	fs.flushAttrs = attrs
+	return attrs
 }
 
 func (s *Store) done(j ioJob, report func() []cache.Action) {

@@ -121,6 +121,8 @@ type fileState struct {
 	opens    int  // Files open
 	inflight int  // fetches, flushes, syncs using its descriptors
 	written  bool // it may hold dirty data: a write was admitted (or it was recovered)
+	// flushAttrs: the latest attributes a flush reported (newestAttrs)
+	flushAttrs cache.Attrs
 	// lingering: no File is open but it may be dirty; since when (the oldest is flushed
 	// first when MaxOpenPFSFiles is passed)
 	lingering   bool
