@@ -431,3 +431,21 @@ func (s *Store) sweepLocked(only *fileState) {
 		check(fs)
 	}
 }
+
+// SetOverride sets the file's cache policy overrides (libdatawarp's per-file settings); they
+// last until the file's next open.
+func (f *File) SetOverride(o cache.Override) {
+	f.s.mu.Lock()
+	defer f.s.mu.Unlock()
+	f.s.c.SetOverride(f.key, o)
+}
+
+// NoteAttrs tells the cache the PFS file's attributes after a change the instance made itself
+// (another server's flush, a utimens through the namespace server), so that the next open
+// does not take it for someone else's change and drop the clean data.
+func (s *Store) NoteAttrs(key cache.FileKey, attrs cache.Attrs) {
+	s.locked(func(b *batch) {
+		s.c.NoteAttrs(key, attrs)
+		s.take(b, nil)
+	})
+}

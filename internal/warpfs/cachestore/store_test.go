@@ -900,3 +900,25 @@ func TestOwnFlushesKeepTheCacheValid(t *testing.T) {
 		}
 	}
 }
+
+// A per-file override (libdatawarp's sync_to_pfs) makes that file's Fsync reach the PFS.
+func TestSetOverride(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "f", nil)
+	s := newStore(t, testConfig())
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	data := randomBytes(110, 100_000)
+	writeAll(t, f, data, 0, 50_000)
+	must(t, f.Fsync())
+	if len(readPFS(t, pfs, "f")) != 0 {
+		t.Fatal("Fsync without sync_to_pfs reached the PFS")
+	}
+	yes := true
+	f.SetOverride(cache.Override{SyncToPFS: &yes})
+	must(t, f.Fsync())
+	if !bytes.Equal(readPFS(t, pfs, "f"), data) {
+		t.Fatal("Fsync with sync_to_pfs set for the file did not reach the PFS")
+	}
+	must(t, f.Close())
+}
