@@ -8,17 +8,17 @@ import (
 
 // Calling the core: one critical section per call, its decisions carried out after it.
 
-// batch is what one critical section decided: the log position that must be on disk first,
-// held requests to answer, PFS I/O to start (punches go to the punch queue at once).
+// batch is what one critical section decided: held requests to answer, PFS I/O to start
+// (punches go to the punch queue at once, with the log position they must wait for).
+//
+// The log is written by those who need it on disk, not here: a writer after its data is in
+// the object (a record saying dirty never precedes the bytes it covers, so a crash never
+// flushes a hole over the PFS's data), a punch before it punches (the record that made the
+// extent clean first), a truncate before the PFS's truncate, an Fsync, Close.
 type batch struct {
 	logPos uint64
-	// mustSync: the log must be on disk up to logPos before anything is carried out or
-	// answered: the batch made records, or answers held requests (a woken write may rely on
-	// records an earlier batch made), or acknowledges a write. A read alone does not wait
-	// for other callers' log writes.
-	mustSync bool
-	wakes    []wake
-	io       []ioJob
+	wakes  []wake
+	io     []ioJob
 }
 
 type wake struct {
@@ -32,25 +32,20 @@ type ioJob struct {
 }
 
 // locked runs fn under the lock (fn calls the core and take()s its actions), then carries the
-// actions out: the log first, then answers to held requests, then new PFS I/O.
-func (s *Store) locked(fn func(b *batch)) error {
+// actions out: answers to held requests, new PFS I/O.
+func (s *Store) locked(fn func(b *batch)) {
 	var b batch
 	s.mu.Lock()
 	fn(&b)
 	s.mu.Unlock()
-	return s.carryOut(&b)
+	s.carryOut(&b)
 }
 
 // take collects the log records and actions of the core call just made (under the lock).
 func (s *Store) take(b *batch, acts []cache.Action) {
-	if recs := s.c.Log(); len(recs) > 0 {
-		b.mustSync = true
-		b.logPos = s.log.add(recs)
-		if s.log.size() > s.opt.MaxLogBytes {
-			b.logPos = s.log.replace(s.c.Snapshot())
-		}
-	} else {
-		b.logPos = max(b.logPos, s.log.add(nil))
+	b.logPos = s.log.add(s.c.Log())
+	if s.log.size() > s.opt.MaxLogBytes {
+		b.logPos = s.log.replace(s.c.Snapshot())
 	}
 	var punches []cache.Action
 	for _, a := range acts {
@@ -59,7 +54,6 @@ func (s *Store) take(b *batch, acts []cache.Action) {
 			if ch := s.waiters[a.Waiter]; ch != nil {
 				delete(s.waiters, a.Waiter)
 				b.wakes = append(b.wakes, wake{ch, a.Errno})
-				b.mustSync = true
 			}
 		case cache.ActEvict, cache.ActDrop:
 			punches = append(punches, a)
@@ -96,19 +90,20 @@ func (s *Store) hold(r cache.Result) chan syscall.Errno {
 	return ch
 }
 
-func (s *Store) carryOut(b *batch) error {
-	var err error
-	if b.mustSync {
-		err = s.log.sync(b.logPos)
-	}
-	if err != nil {
-		s.opt.Log.Error("cache store: cannot write the log", "dir", s.opt.Dir, "err", err)
-	}
+func (s *Store) carryOut(b *batch) {
 	for _, w := range b.wakes {
 		w.ch <- w.errno
 	}
 	for _, j := range b.io {
 		go s.runIO(j)
+	}
+}
+
+// syncLog puts every record so far on disk (a write's, before it is acknowledged).
+func (s *Store) syncLog() error {
+	err := s.log.sync(s.log.position())
+	if err != nil {
+		s.opt.Log.Error("cache store: cannot write the log", "dir", s.opt.Dir, "err", err)
 	}
 	return err
 }

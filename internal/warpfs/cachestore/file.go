@@ -91,7 +91,7 @@ func (s *Store) OpenFile(door *pfsio.Door, ref FileRef, write bool) (*File, erro
 	}
 	adopted := false
 	var openErr error
-	err = s.locked(func(b *batch) {
+	s.locked(func(b *batch) {
 		if s.closed {
 			openErr = syscall.EIO
 			return
@@ -130,10 +130,6 @@ func (s *Store) OpenFile(door *pfsio.Door, ref FileRef, write bool) (*File, erro
 	}
 	if openErr != nil {
 		return nil, openErr
-	}
-	if err != nil {
-		f.Close()
-		return nil, syscall.EIO
 	}
 	return f, nil
 }
@@ -266,11 +262,10 @@ func (f *File) WriteAt(p []byte, objOff uint64) (int, error) {
 		off := f.fileOff(o)
 		var r cache.Result
 		var ch chan syscall.Errno
-		logErr := s.locked(func(b *batch) {
+		s.locked(func(b *batch) {
 			var acts []cache.Action
 			r, acts = s.c.Write(f.h, off, n)
 			ch = s.hold(r)
-			b.mustSync = true // its extent may have been recorded dirty by an earlier call
 			if r.Status != cache.Fail {
 				f.fs.written = true
 			}
@@ -281,12 +276,17 @@ func (f *File) WriteAt(p []byte, objOff uint64) (int, error) {
 		}
 		s.punches.waitQueued()
 		_, err := f.fs.obj.WriteAt(p[done:done+int(n)], int64(o))
-		logErr2 := s.locked(func(b *batch) { s.take(b, s.c.WriteDone(f.h, off, n)) })
+		errno := syscall.Errno(0)
 		if err != nil {
-			return done, errnoOf(err)
+			errno = errnoOf(err)
+		} else if s.syncLog() != nil {
+			// The data first, then the record saying it is dirty (made when the write was
+			// admitted, by this call or the one that woke it); without it, no ack.
+			errno = syscall.EIO
 		}
-		if logErr != nil || logErr2 != nil || s.log.failed() {
-			return done, syscall.EIO // not recorded dirty: never acknowledge it
+		s.locked(func(b *batch) { s.take(b, s.c.WriteDone(f.h, off, n)) })
+		if errno != 0 {
+			return done, errno
 		}
 		done += int(n)
 	}

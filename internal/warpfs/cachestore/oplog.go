@@ -40,6 +40,13 @@ func (l *opLog) add(b []byte) uint64 {
 	return l.added
 }
 
+// position is the end of the stream so far.
+func (l *opLog) position() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.added
+}
+
 // size is how long the log file will be once the pending bytes are written.
 func (l *opLog) size() int64 {
 	l.mu.Lock()
@@ -159,11 +166,4 @@ func (l *opLog) fsync() error {
 		return os.ErrClosed
 	}
 	return l.f.Sync()
-}
-
-// failed reports whether a write of the log failed: nothing more can be made durable.
-func (l *opLog) failed() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err != nil && l.err != os.ErrClosed
 }

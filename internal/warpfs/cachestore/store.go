@@ -308,6 +308,12 @@ func (s *Store) Truncate(door *pfsio.Door, ref FileRef, size uint64) error {
 	if st, err := os.Stat(s.objectPath(ref.Key)); err == nil && uint64(st.Size()) > objSize {
 		os.Truncate(s.objectPath(ref.Key), int64(objSize))
 	}
+	// The truncate's record first: a recovery must not flush dirty bytes past the new size
+	// back over a truncated PFS file.
+	if err := s.syncLog(); err != nil {
+		s.locked(func(b *batch) { s.take(b, s.c.TruncateDone(ref.Key, cache.Attrs{}, err)) })
+		return syscall.EIO
+	}
 	err = pf.Truncate(int64(size))
 	var attrs cache.Attrs
 	if err == nil {
@@ -339,7 +345,7 @@ func (s *Store) Drain(ctx context.Context) error {
 	var ch chan syscall.Errno
 	var missing error
 	fail := make(chan error, 1)
-	err := s.locked(func(b *batch) {
+	s.locked(func(b *batch) {
 		if s.closed {
 			missing = syscall.EIO
 			return
@@ -363,9 +369,6 @@ func (s *Store) Drain(ctx context.Context) error {
 		}
 		s.mu.Unlock()
 	}()
-	if err != nil {
-		return err
-	}
 	if r.Status != cache.Wait {
 		return errOf(r.Errno)
 	}
