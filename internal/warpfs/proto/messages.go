@@ -323,7 +323,11 @@ type OpenReq struct {
 }
 
 func (m *OpenReq) Encode(e *Enc) { e.Str(m.Path); e.U32(m.Flags); m.Cache.encode(e) }
-func (m *OpenReq) Decode(d *Dec) { m.Path = d.Str(MaxPath); m.Flags = d.U32(); m.Cache = decodeCacheRef(d) }
+func (m *OpenReq) Decode(d *Dec) {
+	m.Path = d.Str(MaxPath)
+	m.Flags = d.U32()
+	m.Cache = decodeCacheRef(d)
+}
 
 // OpenReply is an open file: its handle and attributes.
 type OpenReply struct {
