@@ -540,7 +540,9 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 		c.sizes.forget(key)
 	}
 	l := c.t.fileLayout(key)
-	rep := &proto.OpenReply{Attr: c.attr(&st), Layout: l.Encode(), Truncated: truncated,
+	a := c.attr(&st)
+	l.Length = a.Size // the logical size, as a striped stub's layout carries it
+	rep := &proto.OpenReply{Attr: a, Layout: l.Encode(), Truncated: truncated,
 		Cache: &proto.CacheRef{Path: path, Dev: key.Dev, Ino: key.Ino}}
 	return &cacheHandle{path: path, key: key, door: door, file: f, flags: of}, rep, 0
 }
