@@ -400,16 +400,20 @@ func (c *cacheNS) exec(s *session, op proto.Op, uid, gid uint32, m proto.Message
 		if op == proto.OpTmpfile {
 			return nil, 0, syscall.EOPNOTSUPP
 		}
-		if errno := nameErrno(r.Name); errno != 0 {
+		path, errno := c.newPath(r.Dir, r.Name)
+		if errno != 0 {
 			return nil, 0, errno
 		}
-		return opened(c.open(door, joinPath(r.Dir, r.Name), r.Flags, true, r.Mode))
+		return opened(c.create(door, path, r.Flags, r.Mode))
 	case *proto.MkdirReq:
 		if op == proto.OpMknod {
 			return attrReply(c.mknod(door, r))
 		}
 		path, errno := c.newPath(r.Dir, r.Name)
 		if errno != 0 {
+			return nil, 0, errno
+		}
+		if errno := c.v.acct.writable(); errno != 0 {
 			return nil, 0, errno
 		}
 		if errno := doorErrno(door.Mkdir(path, r.Mode&0o7777)); errno != 0 {
@@ -424,7 +428,12 @@ func (c *cacheNS) exec(s *session, op proto.Op, uid, gid uint32, m proto.Message
 		if r.Target == "" || strings.IndexByte(r.Target, 0) >= 0 {
 			return nil, 0, syscall.EINVAL
 		}
-		if errno := doorErrno(door.Symlink(r.Target, path)); errno != 0 {
+		if errno := c.v.acct.startCreate(); errno != 0 {
+			return nil, 0, errno
+		}
+		errno = doorErrno(door.Symlink(r.Target, path))
+		c.v.acct.createDone(errno == 0)
+		if errno != 0 {
 			return nil, 0, errno
 		}
 		return attrReply(c.lookup(door, path))
@@ -438,6 +447,9 @@ func (c *cacheNS) exec(s *session, op proto.Op, uid, gid uint32, m proto.Message
 		}
 		if r.Path == "" {
 			return nil, 0, syscall.EPERM // the root is a directory
+		}
+		if errno := c.v.acct.writable(); errno != 0 {
+			return nil, 0, errno
 		}
 		if errno := doorErrno(door.Link(r.Path, path)); errno != 0 {
 			return nil, 0, errno
@@ -525,6 +537,9 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 		of &^= unix.O_CREAT | unix.O_EXCL
 	}
 	if writes(flags) || flags&unix.O_TRUNC != 0 {
+		if c.v.readOnly {
+			return nil, nil, syscall.EROFS
+		}
 		if errno := c.v.acct.writable(); errno != 0 {
 			return nil, nil, errno
 		}
@@ -535,7 +550,7 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 	}
 	st := f.Stat
 	key := keyOfStat(&st)
-	truncated := flags&unix.O_TRUNC != 0 && writes(flags)
+	truncated := flags&unix.O_TRUNC != 0
 	if truncated {
 		c.sizes.forget(key)
 	}
@@ -547,6 +562,28 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 	return &cacheHandle{path: path, key: key, door: door, file: f, flags: of}, rep, 0
 }
 
+// create opens the regular file at path, creating it if need be (O_CREAT): counted against
+// the namespace's MFC, as a create of any namespace (past it an existing file still opens,
+// as O_CREAT allows).
+func (c *cacheNS) create(door *pfsio.Door, path string, flags, mode uint32) (*cacheHandle, *proto.OpenReply, syscall.Errno) {
+	if errno := c.v.acct.startCreate(); errno != 0 {
+		if flags&unix.O_EXCL == 0 && errno == syscall.EMFILE {
+			return c.open(door, path, flags, false, 0)
+		}
+		return nil, nil, errno
+	}
+	h, rep, errno := c.open(door, path, flags|unix.O_EXCL, true, mode)
+	created := errno == 0
+	if errno == syscall.EEXIST && flags&unix.O_EXCL == 0 {
+		h, rep, errno = c.open(door, path, flags, false, 0) // it was there, or another made it
+	}
+	c.v.acct.createDone(created)
+	if created {
+		rep.Truncated = false // a new file: nothing of it to truncate
+	}
+	return h, rep, errno
+}
+
 // mknod makes regular files only (the door opens nothing else).
 func (c *cacheNS) mknod(door *pfsio.Door, r *proto.MkdirReq) (proto.Attr, syscall.Errno) {
 	path, errno := c.newPath(r.Dir, r.Name)
@@ -556,7 +593,11 @@ func (c *cacheNS) mknod(door *pfsio.Door, r *proto.MkdirReq) (proto.Attr, syscal
 	if r.Mode&syscall.S_IFMT != syscall.S_IFREG && r.Mode&syscall.S_IFMT != 0 {
 		return proto.Attr{}, syscall.EPERM
 	}
+	if errno := c.v.acct.startCreate(); errno != 0 {
+		return proto.Attr{}, errno
+	}
 	f, err := door.OpenFile(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
+	c.v.acct.createDone(err == nil)
 	if err != nil {
 		return proto.Attr{}, doorErrno(err)
 	}
@@ -589,7 +630,10 @@ func (c *cacheNS) setattr(door *pfsio.Door, r *proto.SetattrReq, h *cacheHandle)
 	}
 	key := keyOfStat(&st)
 	if r.Valid&(proto.SetSize|proto.SetSizeAtLeast) != 0 {
-		if !isRegular(&st) {
+		switch {
+		case st.Mode&syscall.S_IFMT == syscall.S_IFDIR:
+			return proto.Attr{}, syscall.EISDIR
+		case !isRegular(&st):
 			return proto.Attr{}, syscall.EINVAL
 		}
 		if c.v.maxFileSize > 0 && r.Size > uint64(c.v.maxFileSize) || r.Size > 1<<62 {
@@ -626,6 +670,16 @@ func (c *cacheNS) setattr(door *pfsio.Door, r *proto.SetattrReq, h *cacheHandle)
 		}
 		c.sizes.forget(key)
 	}
+	const byPath = proto.SetMode | proto.SetUID | proto.SetGID | proto.SetAtime | proto.SetMtime | proto.SetAtimeNow | proto.SetMtimeNow
+	if r.Valid&byPath != 0 && h != nil {
+		// The door changes these by name: the handle's name must still be its file's.
+		if errno := c.samePath(door, h); errno != 0 {
+			if r.Valid&byPath != proto.SetMtimeNow || r.Valid&proto.SetSizeAtLeast == 0 {
+				return proto.Attr{}, errno
+			}
+			r.Valid &^= proto.SetMtimeNow // a size report's touch of a file renamed since: left out
+		}
+	}
 	if r.Valid&proto.SetMode != 0 {
 		if errno := doorErrno(door.Chmod(path, r.Mode&0o7777)); errno != 0 {
 			return proto.Attr{}, errno
@@ -659,6 +713,16 @@ func (c *cacheNS) setattr(door *pfsio.Door, r *proto.SetattrReq, h *cacheHandle)
 		return proto.Attr{}, errno
 	}
 	return c.attr(&st), 0
+}
+
+// samePath says whether the handle's path still names its node (ESTALE: renamed, replaced or
+// removed since it was opened): what the door does by name to a handle's node must reach it.
+func (c *cacheNS) samePath(door *pfsio.Door, h *cacheHandle) syscall.Errno {
+	st, errno := c.lstat(door, h.path)
+	if errno == syscall.ENOENT || errno == 0 && keyOfStat(&st) != h.key {
+		return syscall.ESTALE
+	}
+	return errno
 }
 
 // fileFlags is the access mode the handle's PFS file was opened with.
@@ -759,7 +823,7 @@ func (c *cacheNS) opendir(door *pfsio.Door, path string) (*cacheHandle, syscall.
 	if err != nil {
 		return nil, doorErrno(err)
 	}
-	return &cacheHandle{path: path, door: door, entries: entries}, 0
+	return &cacheHandle{path: path, key: keyOfStat(&st), door: door, entries: entries}, 0
 }
 
 // readdir serves a directory handle's listing from offset (an entry's Off: the index of the
@@ -807,6 +871,9 @@ func (c *cacheNS) xattr(door *pfsio.Door, op proto.Op, r *proto.XattrReq, h *cac
 	path := r.Path
 	if h != nil {
 		path = h.path
+		if errno := c.samePath(door, h); errno != 0 {
+			return proto.XattrReply{}, errno
+		}
 	}
 	if errno := pathErrno(path); errno != 0 {
 		return proto.XattrReply{}, errno

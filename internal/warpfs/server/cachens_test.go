@@ -539,3 +539,72 @@ func TestCacheSizesPersist(t *testing.T) {
 		t.Fatalf("after forgetting: %d (%d entries)", got, tab.len())
 	}
 }
+
+// What the door changes by name through a handle reaches the handle's file or nothing: once
+// the name is another file's, a chmod through the handle is ESTALE (the other file keeps its
+// mode), and a size report still counts, without touching the other file's times.
+func TestCacheHandleRenamedOver(t *testing.T) {
+	f := newCacheFixture(t)
+	ns := f.dial(t, false)
+	var open proto.OpenReply
+	if errno := as(ns, 1000, 1000, proto.OpCreate, &proto.CreateReq{Name: "x", Flags: unix.O_WRONLY | unix.O_CREAT, Mode: 0o644}, &open); errno != 0 {
+		t.Fatal(errno)
+	}
+	if err := os.Rename(filepath.Join(f.pfs, "x"), filepath.Join(f.pfs, "y")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.pfs, "x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Unix(1000000000, 0)
+	os.Chtimes(filepath.Join(f.pfs, "x"), old, old)
+	var a proto.AttrReply
+	if errno := as(ns, 1000, 1000, proto.OpSetattr, &proto.SetattrReq{Handle: open.Handle, Valid: proto.SetMode, Mode: 0o666}, &a); errno != syscall.ESTALE {
+		t.Errorf("chmod through a handle renamed over: %v, want ESTALE", errno)
+	}
+	if errno := as(ns, 1000, 1000, proto.OpSetattr, &proto.SetattrReq{Handle: open.Handle, Valid: proto.SetSizeAtLeast | proto.SetMtimeNow, Size: 10}, &a); errno != 0 || a.Attr.Size != 10 {
+		t.Errorf("a size report through it: %v, size %d", errno, a.Attr.Size)
+	}
+	st, _ := os.Stat(filepath.Join(f.pfs, "x"))
+	if st.Mode().Perm() != 0o600 || !st.ModTime().Equal(old) {
+		t.Errorf("the file now named x changed: %v %v", st.Mode(), st.ModTime())
+	}
+	if errno := as(ns, 1000, 1000, proto.OpLookup, &proto.PathReq{Path: "y"}, &a); errno != 0 || a.Attr.Size != 10 {
+		t.Errorf("the file reported on, now y: %v, size %d", errno, a.Attr.Size)
+	}
+}
+
+// A read-only mount of a cache namespace changes nothing on the PFS.
+func TestCacheNamespaceReadOnly(t *testing.T) {
+	f := newCacheFixture(t)
+	if err := os.WriteFile(filepath.Join(f.pfs, "f"), []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(context.Background(), client.Options{Address: f.addr, Token: token, Client: "cn1",
+		Namespace: 1, ReadOnly: true, Limits: client.Limits{RequestTimeout: 10 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tc := range []struct {
+		op  proto.Op
+		req proto.Message
+		rep proto.Message
+	}{
+		{proto.OpCreate, &proto.CreateReq{Name: "new", Flags: unix.O_WRONLY | unix.O_CREAT, Mode: 0o644}, &proto.OpenReply{}},
+		{proto.OpOpen, &proto.OpenReq{Path: "f", Flags: unix.O_WRONLY | unix.O_TRUNC}, &proto.OpenReply{}},
+		{proto.OpMkdir, &proto.MkdirReq{Name: "d", Mode: 0o755}, &proto.AttrReply{}},
+		{proto.OpUnlink, &proto.EntryReq{Name: "f"}, &proto.RemovedReply{}},
+		{proto.OpSetattr, &proto.SetattrReq{Path: "f", Valid: proto.SetSize}, &proto.AttrReply{}},
+	} {
+		if errno := as(c, 1000, 1000, tc.op, tc.req, tc.rep); errno != syscall.EROFS {
+			t.Errorf("%s on a read-only mount: %v, want EROFS", tc.op, errno)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(f.pfs, "f")); string(got) != "data" {
+		t.Errorf("the PFS file changed: %q", got)
+	}
+	if names, _ := os.ReadDir(f.pfs); len(names) != 1 {
+		t.Errorf("the PFS directory holds %d entries", len(names))
+	}
+}

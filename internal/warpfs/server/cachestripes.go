@@ -64,6 +64,9 @@ func (c *cacheObjects) exec(s *session, op proto.Op, uid, gid uint32, m proto.Me
 			return nil, 0, errno
 		}
 		if write {
+			if c.v.readOnly {
+				return nil, 0, syscall.EROFS
+			}
 			if errno := c.v.acct.writable(); errno != 0 {
 				return nil, 0, errno
 			}
