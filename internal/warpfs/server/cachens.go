@@ -81,8 +81,11 @@ type CacheTarget struct {
 	// through a door opened on it).
 	PFSRoot string
 	// Door returns the door to PFSRoot with the credentials of uid:gid (a request's caller).
-	// The server never closes it: the provider keeps one per user. An error refuses the
-	// request (its errno, or EACCES).
+	// The server never closes it: the provider keeps one per user (and starts a new one when
+	// its Gone closes); it is called for every request, so it must be quick once the door
+	// is open. uid 0 is root on a compute node (and the kernel's own requests, a RELEASE's
+	// size report among them): the provider decides whether root gets a door. An error
+	// refuses the request (its errno, or EACCES).
 	Door func(uid, gid uint32) (*pfsio.Door, error)
 	// Data is this node's data engine: the stripes of the files it holds.
 	Data CacheData
@@ -703,11 +706,8 @@ func (c *cacheNS) setattr(door *pfsio.Door, r *proto.SetattrReq, h *cacheHandle)
 			return proto.Attr{}, errno
 		}
 	}
-	if r.Valid&proto.SetSync != 0 && h.file != nil && writes(uint32(h.fileFlags())) {
-		if errno := doorErrno(h.file.Sync(false)); errno != 0 {
-			return proto.Attr{}, errno
-		}
-	}
+	// SetSync asks nothing more: the sizes table is durable at every change, the door's
+	// changes are the PFS's own, and the data's durability is the stripe servers' FSYNC.
 	st, errno = stat()
 	if errno != 0 {
 		return proto.Attr{}, errno
