@@ -247,6 +247,18 @@ func TestCacheInstanceWritesThroughToThePFS(t *testing.T) {
 		t.Errorf("nobody's requests asked for nobody's doors %d times on the stripe servers, %d on the namespace server", asked, nsDoors.askedBy(65534, 65534))
 	}
 
+	// Rewriting a file (O_TRUNC) leaves only the new data.
+	rewritten := filepath.Join("sub", "f")
+	if err := os.WriteFile(filepath.Join(root, rewritten), []byte("short"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(pfs, rewritten)); err != nil || string(got) != "short" {
+		t.Errorf("rewritten: the PFS file holds %d bytes (%v)", len(got), err)
+	}
+	if got, err := os.ReadFile(filepath.Join(root, rewritten)); err != nil || string(got) != "short" {
+		t.Errorf("rewritten, read through the mount: %d bytes (%v)", len(got), err)
+	}
+
 	// Rename, truncate, unlink act on the PFS; the engines are told.
 	if err := os.Rename(filepath.Join(root, "sub", "e"), filepath.Join(root, "moved")); err != nil {
 		t.Fatal(err)

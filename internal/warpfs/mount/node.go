@@ -495,7 +495,14 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 		h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
 	}
 	if rep.Truncated {
-		if errno := h.truncateObjects(ctx, 0); errno != 0 {
+		errno := h.truncateObjects(ctx, 0)
+		if errno == 0 && rep.Cache != nil {
+			// A cache instance's PFS file is emptied after its objects (proto.OpenReply).
+			errno = h.handleCall(ctx, proto.OpSetattr, func(id uint64) proto.Message {
+				return &proto.SetattrReq{Handle: id, Valid: proto.SetSize}
+			}, &proto.AttrReply{})
+		}
+		if errno != 0 {
 			h.Release(ctx)
 			return nil, errno
 		}

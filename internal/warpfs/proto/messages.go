@@ -337,7 +337,9 @@ type OpenReply struct {
 	// stripe objects on the instance's servers; empty when the data is in the file itself.
 	Layout []byte
 	// Truncated says the open (O_TRUNC) emptied an existing striped file: its objects must be
-	// truncated too.
+	// truncated too. For a cache instance's file (Cache set) the server has not truncated
+	// the PFS file yet: the client truncates the objects, then the file (a SETATTR of size 0
+	// through the handle), so that no stripe server writes the old data back after.
 	Truncated bool
 	// Cache, for a regular file of a cache instance's namespace, is the PFS file it is: the
 	// client passes it on in the opens of the file's stripe objects. nil otherwise, and then

@@ -547,18 +547,29 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 			return nil, nil, errno
 		}
 	}
+	truncated := flags&unix.O_TRUNC != 0
+	if truncated {
+		// Not truncated here: the client truncates the file's objects first (the data
+		// engines drop what they hold of it, dirty or not, before the PFS file is emptied:
+		// else they could write old data back into it), then the file, through this handle
+		// (proto.OpenReply.Truncated). Opened for writing, so that a user who may not write
+		// it is refused before the engines drop anything.
+		of &^= unix.O_TRUNC
+		if of&unix.O_ACCMODE == unix.O_RDONLY {
+			of = of&^unix.O_ACCMODE | unix.O_RDWR
+		}
+	}
 	f, err := door.OpenFile(path, of, mode&0o7777)
 	if err != nil {
 		return nil, nil, doorErrno(err)
 	}
 	st := f.Stat
 	key := keyOfStat(&st)
-	truncated := flags&unix.O_TRUNC != 0
-	if truncated {
-		c.sizes.forget(key)
-	}
 	l := c.t.fileLayout(key)
 	a := c.attr(&st)
+	if truncated {
+		a.Size, a.Blocks = 0, 0 // what it is once the client has truncated it
+	}
 	l.Length = a.Size // the logical size, as a striped stub's layout carries it
 	rep := &proto.OpenReply{Attr: a, Layout: l.Encode(), Truncated: truncated,
 		Cache: &proto.CacheRef{Path: path, Dev: key.Dev, Ino: key.Ino}}
@@ -581,8 +592,9 @@ func (c *cacheNS) create(door *pfsio.Door, path string, flags, mode uint32) (*ca
 		h, rep, errno = c.open(door, path, flags, false, 0) // it was there, or another made it
 	}
 	c.v.acct.createDone(created)
-	if created {
+	if created && rep.Truncated {
 		rep.Truncated = false // a new file: nothing of it to truncate
+		rep.Attr = c.attr(&h.file.Stat)
 	}
 	return h, rep, errno
 }

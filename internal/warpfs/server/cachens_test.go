@@ -608,3 +608,49 @@ func TestCacheNamespaceReadOnly(t *testing.T) {
 		t.Errorf("the PFS directory holds %d entries", len(names))
 	}
 }
+
+// An open with O_TRUNC leaves the PFS file whole for the client to truncate the file's
+// objects first (the data engines drop what they hold) and the file after, through the
+// handle; a user who may not write the file is refused at the open, before anything drops.
+func TestCacheOpenTruncLetsTheObjectsGoFirst(t *testing.T) {
+	f := newCacheFixture(t)
+	ns := f.dial(t, false)
+	pfsFile := filepath.Join(f.pfs, "f")
+	if err := os.WriteFile(pfsFile, []byte("old data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var open proto.OpenReply
+	if errno := as(ns, 1000, 1000, proto.OpOpen, &proto.OpenReq{Path: "f", Flags: unix.O_WRONLY | unix.O_TRUNC}, &open); errno != 0 {
+		t.Fatal(errno)
+	}
+	if !open.Truncated || open.Attr.Size != 0 {
+		t.Errorf("open O_TRUNC: truncated %v, size %d", open.Truncated, open.Attr.Size)
+	}
+	if got, _ := os.ReadFile(pfsFile); string(got) != "old data" {
+		t.Errorf("the PFS file was truncated before its objects: %q", got)
+	}
+	var a proto.AttrReply
+	if errno := as(ns, 1000, 1000, proto.OpSetattr, &proto.SetattrReq{Handle: open.Handle, Valid: proto.SetSize}, &a); errno != 0 || a.Attr.Size != 0 {
+		t.Fatalf("truncate through the handle: %v, size %d", errno, a.Attr.Size)
+	}
+	if st, _ := os.Stat(pfsFile); st.Size() != 0 {
+		t.Errorf("the PFS file holds %d bytes", st.Size())
+	}
+	// A new file made with O_TRUNC has nothing to truncate.
+	if errno := as(ns, 1000, 1000, proto.OpCreate, &proto.CreateReq{Name: "new", Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_TRUNC, Mode: 0o600}, &open); errno != 0 || open.Truncated {
+		t.Errorf("create O_TRUNC of a new file: %v, truncated %v", errno, open.Truncated)
+	}
+	// An O_RDONLY|O_TRUNC open needs the right to write, as open(2) does.
+	if err := os.WriteFile(pfsFile, []byte("old data"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(pfsFile, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		return // the test's door is this process's: root may write anything
+	}
+	if errno := as(ns, 1000, 1000, proto.OpOpen, &proto.OpenReq{Path: "f", Flags: unix.O_RDONLY | unix.O_TRUNC}, &open); errno != syscall.EACCES {
+		t.Errorf("O_RDONLY|O_TRUNC of a file the user may not write: %v, want EACCES", errno)
+	}
+}
