@@ -33,6 +33,10 @@ package server
 //		},
 //	}
 //
+// Cache targets are served to remote mounts only: OpenLocal serves none, so a mount of a
+// cache instance on one of its own storage nodes goes through that node's server (TCP), as
+// a mount from any compute node does.
+//
 // Every node of the instance must be given the same Layout (its servers in the instance's
 // fragment order, as for a striped instance) and the same PFSRoot: a file's layout is that
 // default with an ID derived from the PFS file's (st_dev, st_ino) (cacheFileID), so every

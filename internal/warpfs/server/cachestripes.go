@@ -93,6 +93,9 @@ func (c *cacheObjects) exec(s *session, op proto.Op, uid, gid uint32, m proto.Me
 	case *proto.HandleReq:
 		return &proto.Empty{}, 0, s.release(r.Handle)
 	case *proto.ReadReq:
+		if r.Offset > 1<<62 {
+			return nil, 0, syscall.EINVAL
+		}
 		var n int
 		errno := withHandle(r.Handle, func(h *cacheHandle) syscall.Errno {
 			var err error
@@ -107,6 +110,9 @@ func (c *cacheObjects) exec(s *session, op proto.Op, uid, gid uint32, m proto.Me
 		}
 		return nil, n, errno
 	case *proto.WriteReq:
+		if r.Offset > 1<<62 {
+			return nil, 0, syscall.EFBIG
+		}
 		var n int
 		errno := withHandle(r.Handle, func(h *cacheHandle) syscall.Errno {
 			var err error
