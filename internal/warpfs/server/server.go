@@ -491,6 +491,9 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 	if s.sessions >= s.lim.MaxConnections {
 		n := s.sessions
 		s.mu.Unlock()
+		if cache != nil {
+			cache.close()
+		}
 		v.close()
 		return nil, s.refuse(nc, h, &refused{syscall.EAGAIN, fmt.Sprintf(
 			"storage node serves %d mounts already, its limit (warpfs.max_connections); raise it or spread jobs over more nodes", n)})
