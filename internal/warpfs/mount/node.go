@@ -75,7 +75,7 @@ type node struct {
 	handles map[*fileHandle]struct{} // open through this mount
 	// removeOnRelease is the layout of a striped file whose last name went while this node
 	// had it open: its objects go with the last handle.
-	removeOnRelease *stripe.Layout
+	removeOnRelease *removal
 
 	forgotten bool // the kernel forgot it (guarded by leaseState.mu)
 
@@ -489,12 +489,20 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 		h.Release(ctx)
 		return nil, syscall.EIO // a layout for another instance's servers: never served
 	}
-	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length}
+	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length, cache: rep.Cache}
+	h.striped.uid, h.striped.gid = caller(ctx)
 	if n.be.writesBehind(flags, true) {
 		h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
 	}
 	if rep.Truncated {
-		if errno := h.truncateObjects(ctx, 0); errno != 0 {
+		errno := h.truncateObjects(ctx, 0)
+		if errno == 0 && rep.Cache != nil {
+			// A cache instance's PFS file is emptied after its objects (proto.OpenReply).
+			errno = h.handleCall(ctx, proto.OpSetattr, func(id uint64) proto.Message {
+				return &proto.SetattrReq{Handle: id, Valid: proto.SetSize}
+			}, &proto.AttrReply{})
+		}
+		if errno != 0 {
 			h.Release(ctx)
 			return nil, errno
 		}
@@ -553,7 +561,7 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	}
 	if op == proto.OpTmpfile && h.striped != nil {
 		l := h.striped.layout
-		child.removeOnRelease = &l // a file with no name: its objects go when it is closed
+		child.removeOnRelease = &removal{layout: l} // a file with no name: its objects go when it is closed
 	}
 	return ch, h, n.openFlags(flags), 0
 }
@@ -654,7 +662,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	errno := n.be.callRoute(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
 	if errno == 0 {
 		n.noteName(name, false)
-		n.removed(ctx, name, rep.Layout)
+		n.removed(ctx, name, rep.Layout, rep.Cache)
 	}
 	return errno
 }
@@ -662,7 +670,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 // removed removes the objects of a striped file whose last name (name in n) went, now or,
 // if this node has it open, at its last close. Another node that has it open reads holes
 // from then on (docs/mounts.md).
-func (n *node) removed(ctx context.Context, name string, layout []byte) {
+func (n *node) removed(ctx context.Context, name string, layout []byte, cache *proto.CacheRef) {
 	if len(layout) == 0 || n.be.stripes == nil {
 		return
 	}
@@ -675,7 +683,7 @@ func (n *node) removed(ctx context.Context, name string, layout []byte) {
 			child.mu.Lock()
 			open := len(child.handles) > 0
 			if open {
-				child.removeOnRelease = &l
+				child.removeOnRelease = &removal{layout: l, cache: cache}
 			}
 			child.mu.Unlock()
 			if open {
@@ -683,7 +691,7 @@ func (n *node) removed(ctx context.Context, name string, layout []byte) {
 			}
 		}
 	}
-	n.be.removeObjects(ctx, l)
+	n.be.removeObjects(ctx, removal{layout: l, cache: cache})
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
@@ -722,7 +730,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			n.noteName(name, false)
 		}
 		dst.noteName(newName, true)
-		dst.removed(ctx, newName, rep.Layout)
+		dst.removed(ctx, newName, rep.Layout, rep.Cache)
 	}
 	return errno
 }
@@ -985,7 +993,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	// A handle of a connection that is gone is gone with it.
 	n.be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: id}})
 	n.mu.Lock()
-	var remove *stripe.Layout
+	var remove *removal
 	if len(n.handles) == 0 {
 		remove, n.removeOnRelease = n.removeOnRelease, nil
 	}

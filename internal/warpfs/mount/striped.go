@@ -7,6 +7,12 @@ package mount
 // of a request's pieces at once. The metadata server keeps the logical size, which a writer
 // reports when it closes, flushes or syncs the file (stat is exact after close, as DataWarp
 // promised; meanwhile this node sees its own writes).
+//
+// A cache instance's files are striped files too (server/cachens.go): their namespace is a
+// PFS directory, and their open comes with a CacheRef naming the PFS file, which the requests
+// for the file's objects carry (the opens and the removal), sent as the user who opened the
+// file (the stripe servers open the PFS file with that user's credentials). Nothing else
+// here knows a cache from a striped instance.
 
 import (
 	"context"
@@ -100,6 +106,18 @@ type stripedFile struct {
 	extent  uint64   // one past the last byte written or allocated through this handle
 	report  bool     // the size and mtime need reporting to the metadata server
 	dirty   bool     // data written since the last fsync
+
+	// cache names the PFS file of a cache instance's file (OpenReply.Cache), whose objects
+	// are opened as its opener, uid:gid; nil for a striped instance's.
+	cache    *proto.CacheRef
+	uid, gid uint32
+}
+
+// removal is what a striped file's objects are removed by: its layout, and a cache
+// instance's file's CacheRef.
+type removal struct {
+	layout stripe.Layout
+	cache  *proto.CacheRef
 }
 
 // object is a handle's open stripe object on one server.
@@ -169,11 +187,15 @@ func (h *fileHandle) objectHandle(ctx context.Context, s int, stale uint64) (id,
 	var rep proto.OpenReply
 	var call *client.Call
 	flags := objectFlags(h.flags)
+	uid, gid := uint32(objectCaller), uint32(0)
+	if sf.cache != nil {
+		uid, gid = sf.uid, sf.gid
+	}
 	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
-		call = &client.Call{Op: proto.OpOpen, UID: objectCaller, Req: &proto.OpenReq{Path: name, Flags: flags}, Reply: &rep}
+		call = &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: name, Flags: flags, Cache: sf.cache}, Reply: &rep}
 	} else {
-		call = &client.Call{Op: proto.OpCreate, UID: objectCaller, Reply: &rep,
-			Req: &proto.CreateReq{Name: name, Flags: flags, Mode: 0o600}}
+		call = &client.Call{Op: proto.OpCreate, UID: uid, GID: gid, Reply: &rep,
+			Req: &proto.CreateReq{Name: name, Flags: flags, Mode: 0o600, Cache: sf.cache}}
 	}
 	errno = t.Do(ctx, call)
 	if errno == syscall.ENOENT && flags&syscall.O_ACCMODE == syscall.O_RDONLY {
@@ -498,7 +520,7 @@ func (h *fileHandle) truncateObjects(ctx context.Context, size uint64) syscall.E
 	l := h.striped.layout
 	for _, e := range parallel(serverPieces(l), func(p stripe.Piece) syscall.Errno {
 		objSize := l.ObjectSize(size, p.Server)
-		if objSize == 0 {
+		if objSize == 0 && h.striped.cache == nil {
 			// Emptying needs no object: by name, and a missing one is as good as empty.
 			errno := h.node.be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpSetattr, UID: objectCaller,
 				Req: &proto.SetattrReq{Path: stripe.ObjectName(l.ID), Valid: proto.SetSize}, Reply: &proto.AttrReply{}})
@@ -522,12 +544,12 @@ func (h *fileHandle) truncateObjects(ctx context.Context, size uint64) syscall.E
 
 // removeObjects removes a file's objects from every server: its last name is gone and no
 // handle of this node has it open.
-func (be *backend) removeObjects(ctx context.Context, l stripe.Layout) {
+func (be *backend) removeObjects(ctx context.Context, r removal) {
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
-	name := stripe.ObjectName(l.ID)
-	parallel(serverPieces(l), func(p stripe.Piece) syscall.Errno {
-		return be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpUnlink, UID: objectCaller, Req: &proto.EntryReq{Name: name}})
+	name := stripe.ObjectName(r.layout.ID)
+	parallel(serverPieces(r.layout), func(p stripe.Piece) syscall.Errno {
+		return be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpUnlink, UID: objectCaller, Req: &proto.EntryReq{Name: name, Cache: r.cache}})
 	})
 }
 
@@ -539,10 +561,11 @@ func (be *backend) statfsStriped(ctx context.Context, out *fuse.StatfsOut) sysca
 	for i := range all {
 		all[i].Server = i
 	}
+	uid, gid := caller(ctx) // a cache instance's servers answer the PFS's, as the caller
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	for _, e := range parallel(all, func(p stripe.Piece) syscall.Errno {
-		return be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpStatfs, Req: &proto.Empty{}, Reply: &reps[p.Server]})
+		return be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpStatfs, UID: uid, GID: gid, Req: &proto.Empty{}, Reply: &reps[p.Server]})
 	}) {
 		if e != 0 {
 			return e

@@ -316,10 +316,18 @@ func (m *AttrReply) Decode(d *Dec) { m.Attr.Decode(d) }
 type OpenReq struct {
 	Path  string
 	Flags uint32
+	// Cache, on the open of a stripe object of a cache instance's file, is the PFS file the
+	// object caches (the namespace server's OpenReply.Cache); nil otherwise, and then not
+	// sent.
+	Cache *CacheRef
 }
 
-func (m *OpenReq) Encode(e *Enc) { e.Str(m.Path); e.U32(m.Flags) }
-func (m *OpenReq) Decode(d *Dec) { m.Path = d.Str(MaxPath); m.Flags = d.U32() }
+func (m *OpenReq) Encode(e *Enc) { e.Str(m.Path); e.U32(m.Flags); m.Cache.encode(e) }
+func (m *OpenReq) Decode(d *Dec) {
+	m.Path = d.Str(MaxPath)
+	m.Flags = d.U32()
+	m.Cache = decodeCacheRef(d)
+}
 
 // OpenReply is an open file: its handle and attributes.
 type OpenReply struct {
@@ -329,8 +337,14 @@ type OpenReply struct {
 	// stripe objects on the instance's servers; empty when the data is in the file itself.
 	Layout []byte
 	// Truncated says the open (O_TRUNC) emptied an existing striped file: its objects must be
-	// truncated too.
+	// truncated too. For a cache instance's file (Cache set) the server has not truncated
+	// the PFS file yet: the client truncates the objects, then the file (a SETATTR of size 0
+	// through the handle), so that no stripe server writes the old data back after.
 	Truncated bool
+	// Cache, for a regular file of a cache instance's namespace, is the PFS file it is: the
+	// client passes it on in the opens of the file's stripe objects. nil otherwise, and then
+	// not sent.
+	Cache *CacheRef
 }
 
 func (m *OpenReply) Encode(e *Enc) {
@@ -338,12 +352,49 @@ func (m *OpenReply) Encode(e *Enc) {
 	m.Attr.Encode(e)
 	e.Bytes(m.Layout)
 	e.Bool(m.Truncated)
+	m.Cache.encode(e)
 }
 func (m *OpenReply) Decode(d *Dec) {
 	m.Handle = d.U64()
 	m.Attr.Decode(d)
 	m.Layout = d.Bytes(MaxLayout)
 	m.Truncated = d.Bool()
+	m.Cache = decodeCacheRef(d)
+}
+
+// CacheRef names a regular file of a cache instance's PFS directory: its path in that
+// directory (the namespace's path) and its identity there, (st_dev, st_ino) as the namespace
+// server's lstat found it. A stripe server opens the PFS file by Path and refuses it
+// (ESTALE) when it is no longer that file.
+type CacheRef struct {
+	Path     string
+	Dev, Ino uint64
+}
+
+// encode appends the optional trailing CacheRef field: nothing when r is nil, so a message
+// without one is byte for byte what peers of before send and take.
+func (r *CacheRef) encode(e *Enc) {
+	if r == nil {
+		return
+	}
+	e.U8(1) // the field's version
+	e.Str(r.Path)
+	e.U64(r.Dev)
+	e.U64(r.Ino)
+}
+
+// decodeCacheRef reads the optional trailing CacheRef field, if the body has more.
+func decodeCacheRef(d *Dec) *CacheRef {
+	if d.err != nil || len(d.B) == 0 {
+		return nil
+	}
+	if v := d.U8(); v != 1 {
+		d.fail(fmt.Sprintf("cache reference of version %d", v))
+		return nil
+	}
+	r := &CacheRef{Path: d.Str(MaxPath)}
+	r.Dev, r.Ino = d.U64(), d.U64()
+	return r
 }
 
 // MaxLayout bounds an encoded stripe layout.
@@ -354,22 +405,35 @@ const MaxLayout = 256
 // remove its stripe objects; empty if no striped file lost its last name.
 type RemovedReply struct {
 	Layout []byte
+	// Cache, when the file is a cache instance's, is the PFS file that went (optional, as
+	// OpenReply's): the client passes it on in the UNLINKs of the file's objects.
+	Cache *CacheRef
 }
 
-func (m *RemovedReply) Encode(e *Enc) { e.Bytes(m.Layout) }
-func (m *RemovedReply) Decode(d *Dec) { m.Layout = d.Bytes(MaxLayout) }
+func (m *RemovedReply) Encode(e *Enc) { e.Bytes(m.Layout); m.Cache.encode(e) }
+func (m *RemovedReply) Decode(d *Dec) { m.Layout = d.Bytes(MaxLayout); m.Cache = decodeCacheRef(d) }
 
 // CreateReq creates and opens a file Name in directory Dir (CREATE), or an unnamed file in
 // Dir (TMPFILE, Name ""), owned by the caller.
 type CreateReq struct {
 	Dir, Name   string
 	Flags, Mode uint32
+	// Cache, on the writable open of a stripe object of a cache instance's file, is the PFS
+	// file (as OpenReq's).
+	Cache *CacheRef
 }
 
-func (m *CreateReq) Encode(e *Enc) { e.Str(m.Dir); e.Str(m.Name); e.U32(m.Flags); e.U32(m.Mode) }
+func (m *CreateReq) Encode(e *Enc) {
+	e.Str(m.Dir)
+	e.Str(m.Name)
+	e.U32(m.Flags)
+	e.U32(m.Mode)
+	m.Cache.encode(e)
+}
 func (m *CreateReq) Decode(d *Dec) {
 	m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxName)
 	m.Flags, m.Mode = d.U32(), d.U32()
+	m.Cache = decodeCacheRef(d)
 }
 
 // MkdirReq creates a directory (MKDIR) or a special file (MKNOD, with Rdev).
@@ -401,10 +465,18 @@ func (m *LinkReq) Decode(d *Dec) {
 }
 
 // EntryReq names a directory entry (UNLINK, RMDIR).
-type EntryReq struct{ Dir, Name string }
+type EntryReq struct {
+	Dir, Name string
+	// Cache, on the UNLINK of a stripe object of a cache instance's file, is the PFS file
+	// that went (RemovedReply.Cache).
+	Cache *CacheRef
+}
 
-func (m *EntryReq) Encode(e *Enc) { e.Str(m.Dir); e.Str(m.Name) }
-func (m *EntryReq) Decode(d *Dec) { m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxName) }
+func (m *EntryReq) Encode(e *Enc) { e.Str(m.Dir); e.Str(m.Name); m.Cache.encode(e) }
+func (m *EntryReq) Decode(d *Dec) {
+	m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxName)
+	m.Cache = decodeCacheRef(d)
+}
 
 // RenameReq renames Dir/Name to NewDir/NewName with renameat2(2) flags.
 type RenameReq struct {

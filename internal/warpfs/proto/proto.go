@@ -42,6 +42,20 @@
 // notification (kind 2, OpInval, an InvalReq), and waits for its reply (a reply frame of op
 // OpInval with the notification's id) or for the lease to run out. So names and attributes
 // can be cached for long while a change on one node is seen by every other at its next call.
+//
+// # Cache instances
+//
+// A cache instance's namespace is a directory of the parallel file system (PFS), and its
+// files' data is cached in stripe objects on the instance's servers, which move it to and
+// from the PFS themselves. A server names such a file with a CacheRef (its path in the PFS
+// directory and its (st_dev, st_ino) there) in an optional trailing field: OpenReply.Cache
+// (the namespace server, on the open or create of a regular file), RemovedReply.Cache (the
+// file an UNLINK or RENAME removed the last name of), and a client passes it on in the
+// requests for the file's stripe objects: OpenReq.Cache, CreateReq.Cache (the object's
+// open) and EntryReq.Cache (its UNLINK). The field is one version byte (1), the path (Str)
+// and Dev and Ino (U64); it is absent (the body ends before it) when there is none, so every
+// other message is byte for byte what earlier versions send, and no version number changed:
+// only servers and clients of cache instances, all of this version, ever send it.
 package proto
 
 import (

@@ -30,6 +30,11 @@ func samples() []struct {
 		{OpSetattr, false, &SetattrReq{Path: "p", Handle: 1, Valid: SetSize | SetMtime, Mode: 0o600, UID: 1, GID: 2, Size: 77, Atime: Timespec{1, 2}, Mtime: Timespec{3, 4}}},
 		{OpOpen, false, &OpenReq{Path: "f", Flags: 0o2}},
 		{OpOpen, true, &OpenReply{Handle: 99, Attr: attr, Layout: []byte{1, 2, 3}, Truncated: true}},
+		{OpOpen, true, &OpenReply{Handle: 99, Attr: attr, Layout: []byte{1, 2, 3}, Cache: &CacheRef{Path: "d/f", Dev: 1 << 40, Ino: 77}}},
+		{OpOpen, false, &OpenReq{Path: "00000000000000ff", Flags: 2, Cache: &CacheRef{Path: "f", Dev: 3, Ino: 4}}},
+		{OpCreate, false, &CreateReq{Name: "00000000000000ff", Flags: 0o102, Mode: 0o600, Cache: &CacheRef{Path: "a/b", Dev: 5, Ino: 6}}},
+		{OpUnlink, false, &EntryReq{Name: "00000000000000ff", Cache: &CacheRef{Path: "a/b", Dev: 5, Ino: 6}}},
+		{OpUnlink, true, &RemovedReply{Layout: []byte{4, 5}, Cache: &CacheRef{Path: "x", Dev: 7, Ino: 8}}},
 		{OpUnlink, true, &RemovedReply{Layout: []byte{4, 5}}},
 		{OpCreate, false, &CreateReq{Dir: "d", Name: "n", Flags: 0o101, Mode: 0o644}},
 		{OpMkdir, false, &MkdirReq{Dir: "", Name: "sub", Mode: 0o755, Rdev: 0}},
@@ -190,3 +195,29 @@ func FuzzDecode(f *testing.F) {
 		Decode(body, &Refusal{})
 	})
 }
+
+// A message without a CacheRef is encoded as before the field existed (peers of before take
+// it), and one with it carries it.
+func TestCacheRefIsOptionalAndTrailing(t *testing.T) {
+	plain := AppendFrame(nil, Header{Op: OpOpen}, &OpenReq{Path: "f", Flags: 2})
+	var e Enc
+	e.Str("f")
+	e.U32(2)
+	if want := AppendFrame(nil, Header{Op: OpOpen}, rawMessage(e.B)); !bytes.Equal(plain, want) {
+		t.Fatalf("an OPEN without a cache reference is % x, want % x", plain, want)
+	}
+	with := AppendFrame(nil, Header{Op: OpOpen}, &OpenReq{Path: "f", Flags: 2, Cache: &CacheRef{Path: "f", Dev: 1, Ino: 2}})
+	var got OpenReq
+	if err := Decode(with[HeaderSize:], &got); err != nil || got.Cache == nil || *got.Cache != (CacheRef{Path: "f", Dev: 1, Ino: 2}) {
+		t.Fatalf("decoded %+v, %v", got, err)
+	}
+	bad := append(append([]byte(nil), plain[HeaderSize:]...), 9)
+	if err := Decode(bad, &got); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a cache reference of an unknown version: %v, want malformed", err)
+	}
+}
+
+type rawMessage []byte
+
+func (r rawMessage) Encode(e *Enc) { e.Raw(r) }
+func (r rawMessage) Decode(d *Dec) {}

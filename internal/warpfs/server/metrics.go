@@ -142,7 +142,7 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 	if panicked {
 		return nil, 0, errno, 0 // a defect of the server, not of the medium
 	}
-	if errno == syscall.EIO || errno == syscall.EUCLEAN {
+	if (errno == syscall.EIO || errno == syscall.EUCLEAN) && s.cache == nil { // a cache's are the PFS's
 		if f := s.v.acct.frag; f != nil && f.OnMediaError != nil {
 			f.OnMediaError(dataPath.ops[op].name, errno)
 		}

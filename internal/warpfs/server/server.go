@@ -49,6 +49,10 @@ type Target struct {
 	// Fragment is the fragment's counters and write window (limits.go), shared by every
 	// session of the fragment; nil: nothing counted or limited.
 	Fragment *Fragment
+	// Cache makes the target a cache instance's (cachens.go): its namespace is a PFS
+	// directory and its stripe objects are a data engine's; Dir is then the instance's
+	// directory on this node's SSD, which holds the sizes table. nil: an ordinary target.
+	Cache *CacheTarget
 }
 
 // Resolver finds the namespace a client names in its handshake, or says why it cannot be
@@ -371,6 +375,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	c.wg.Wait()
 	sess.lease.leave()
 	sess.closeAll()
+	sess.closeCache()
 	sess.v.close()
 	s.mu.Lock()
 	s.active[sess.instance]--
@@ -477,7 +482,7 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 	if t.FragmentDevice != 0 {
 		v.useFragmentFS(t.FragmentDevice)
 	}
-	root, errno := v.lookup("")
+	cache, root, errno := openCache(t, v, auth.Stripes)
 	if errno != 0 {
 		v.close()
 		return nil, s.refuse(nc, h, &refused{errno, fmt.Sprintf("namespace %d: %v", auth.Namespace, errno)})
@@ -486,6 +491,9 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 	if s.sessions >= s.lim.MaxConnections {
 		n := s.sessions
 		s.mu.Unlock()
+		if cache != nil {
+			cache.close()
+		}
 		v.close()
 		return nil, s.refuse(nc, h, &refused{syscall.EAGAIN, fmt.Sprintf(
 			"storage node serves %d mounts already, its limit (warpfs.max_connections); raise it or spread jobs over more nodes", n)})
@@ -493,10 +501,14 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 	s.sessions++ // released by serveConn, or below if the welcome cannot be sent
 	s.mu.Unlock()
 	sess := &session{log: s.log, maxOpenFiles: s.lim.MaxOpenFiles, v: v, client: auth.Client, instance: auth.Instance,
-		handles: map[uint64]*handle{}, version: version}
+		handles: map[uint64]*handle{}, version: version, cache: cache}
 	v.noteFull = sess.noteFull
 	w := proto.Welcome{Proof: proto.ServerProof(key, ch.Nonce, hello.Nonce), MaxIO: proto.MaxIO, Root: root}
-	if l := acquireLeases(t.Dir, s.lim.Lease); l != nil && !auth.Stripes {
+	var l *leases
+	if t.Cache == nil { // a cache namespace is the PFS's, which others change unseen: no leases
+		l = acquireLeases(t.Dir, s.lim.Lease)
+	}
+	if l != nil && !auth.Stripes {
 		// Every session of the namespace takes part: its changes are told to the others;
 		// a client of LeaseVersion is also told of theirs, and may cache.
 		sess.lease = &leaseUse{l: l}
@@ -512,6 +524,7 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 	}
 	if err := writeFrame(nc, proto.AppendFrame(nil, proto.Header{Op: proto.OpAuth, Kind: proto.KindReply, ID: h.ID}, &w)); err != nil {
 		sess.lease.leave()
+		sess.closeCache()
 		v.close()
 		s.mu.Lock()
 		s.sessions--
@@ -570,6 +583,10 @@ type session struct {
 	leasing     bool
 	incarnation string // the client's mount across reconnections ("": none)
 
+	// cache serves the session when its target is a cache instance's (cachens.go,
+	// cachestripes.go); nil otherwise.
+	cache cacheBackend
+
 	mu      sync.Mutex
 	handles map[uint64]*handle
 	next    uint64
@@ -591,7 +608,7 @@ func (s *session) add(h *handle) (uint64, syscall.Errno) {
 	s.mu.Lock()
 	if len(s.handles) >= s.maxOpenFiles {
 		s.mu.Unlock()
-		s.v.closeFile(h)
+		s.closeFile(h)
 		return 0, syscall.EMFILE
 	}
 	s.next++
@@ -621,8 +638,17 @@ func (s *session) put(h *handle) {
 	last := h.refs == 0 && h.removed
 	s.mu.Unlock()
 	if last {
-		s.v.closeFile(h)
+		s.closeFile(h)
 	}
+}
+
+// closeFile closes a handle whose last use ended.
+func (s *session) closeFile(h *handle) {
+	if h.cache != nil {
+		h.cache.close()
+		return
+	}
+	s.v.closeFile(h)
 }
 
 func (s *session) release(id uint64) syscall.Errno {
@@ -862,6 +888,9 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 // Both transports run every request through here: a connection (handle) and an in-process
 // mount (Local).
 func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
+	if s.cache != nil {
+		return s.cache.exec(s, op, uid, gid, m, dest)
+	}
 	v := s.v
 	withHandle := func(id uint64, fn func(*handle) syscall.Errno) syscall.Errno {
 		hd := s.get(id)

@@ -1723,4 +1723,6 @@ type handle struct {
 	truncated bool   // the open emptied the striped file (O_TRUNC)
 
 	kernelWrites bool // the kernel writes through it itself (see volume.kernelWrites)
+
+	cache *cacheHandle // a handle of a cache session (cachens.go): nothing else above is set but dir
 }
