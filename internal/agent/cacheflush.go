@@ -110,10 +110,12 @@ func (a *Agent) FlushCache(ctx context.Context, spec agentapi.CacheFlushSpec) (a
 		st := store.Stats()
 		return agentapi.CacheFlushStatus{Done: true, DiscardedBytes: n, DirtyBytes: st.Dirty, FlushedBytes: st.FlushedBytes}, nil
 	}
-	if f == nil {
+	st := store.Stats()
+	if f == nil || f.ended && f.err == nil && st.Dirty > 0 {
+		// The first call, or written again since its drain ended (a persistent instance
+		// whose teardown was undone and used again): drain (again).
 		f = a.startDrain(id, spec.InstanceID, store)
 	}
-	st := store.Stats()
 	out := agentapi.CacheFlushStatus{DirtyBytes: st.Dirty, FlushedBytes: st.FlushedBytes}
 	if !f.ended {
 		return out, nil
