@@ -143,4 +143,9 @@ func TestCacheFlushFailureShown(t *testing.T) {
 	if last := fa.calls[len(fa.calls)-1]; !last.Discard {
 		t.Fatalf("the hurried flush %+v", last)
 	}
+	// The instance's accounting record says what was discarded.
+	runUntil(t, r.c, "the accounting record", func() bool { return len(r.logLines()) == 1 })
+	if rec := r.logLines()[0].Realm; rec.CacheDiscarded != 4096 || len(rec.CacheLost) != 0 {
+		t.Fatalf("accounting record: discarded %d, lost %q", rec.CacheDiscarded, rec.CacheLost)
+	}
 }
