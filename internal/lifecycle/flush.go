@@ -192,3 +192,26 @@ func completeFlush(w *World, e Effect, r Result, p Params, now time.Time) {
 	}
 	w.put(f)
 }
+
+// flushProgress says what a teardown waits for while it flushes the session's cache
+// instances ("" when it does not): the bytes their nodes last reported not yet on the PFS.
+func flushProgress(w *World, s *model.Session) string {
+	var parts []string
+	for _, inst := range w.InstancesOf(s.ID) {
+		if inst.State.Goal == model.GoalDestroy || instanceCache(w, inst.ID) == nil {
+			continue
+		}
+		waiting, dirty := 0, uint64(0)
+		for _, f := range w.FragmentsOf(inst.ID) {
+			if !f.CacheFlushed && f.State.Actualized {
+				waiting++
+				dirty += f.CacheDirty
+			}
+		}
+		if waiting > 0 {
+			parts = append(parts, fmt.Sprintf("flushing the cache to %s: %s not yet on the PFS (%d of its storage nodes to finish)",
+				cachePFS(w, inst), units.FormatHuman(dirty), waiting))
+		}
+	}
+	return strings.Join(parts, "; ")
+}

@@ -64,6 +64,9 @@ func TestCacheTeardownWaitsForFlush(t *testing.T) {
 				t.Errorf("namespace %d is being destroyed during the flush", ns.ID)
 			}
 		}
+		if st := h.status("7", PhaseTeardown); polls[f.ID] > 0 && !strings.HasPrefix(st.Message, "flushing the cache to /lustre/me/run: ") {
+			t.Errorf("teardown status while flushing: %+v", st)
+		}
 		polls[f.ID]++
 		dirty := 300 - 100*uint64(polls[f.ID])
 		return agentapi.CacheFlushStatus{Done: dirty == 0, DirtyBytes: dirty, FlushedBytes: 300 - dirty}
@@ -235,6 +238,9 @@ func TestCacheFlushOfflineNode(t *testing.T) {
 	}
 	if f := h.w.Fragments[lost.ID]; f == nil || f.CacheDirty != 7<<20 || f.CacheFlushed {
 		t.Fatalf("ssd2's fragment while it flushes: %+v", f)
+	}
+	if st := h.status("7", PhaseTeardown); st.Done || st.Failed || st.Message != "flushing the cache to /lustre/me/run: 7MiB not yet on the PFS (1 of its storage nodes to finish)" {
+		t.Fatalf("teardown status %+v", st)
 	}
 	h.w.Nodes["ssd2"].Online = false
 	var report string
