@@ -107,8 +107,14 @@ func flushCaches(w *World, s *model.Session, p Params, now time.Time) (effects [
 func undoFlush(w *World, s *model.Session, caches []*model.Instance, failed []string) {
 	for _, inst := range caches {
 		for _, f := range w.FragmentsOf(inst.ID) {
+			changed := false
 			if f.CacheLost == "" && f.CacheFlushed {
-				f.CacheFlushed = false
+				f.CacheFlushed, changed = false, true
+			}
+			if f.State.Actualized && f.State != model.Created() {
+				f.State, changed = model.Created(), true // a flush call's retry: no longer due
+			}
+			if changed {
 				w.put(f)
 			}
 		}

@@ -106,6 +106,12 @@ func TestCacheFlushFailureUndoesTeardown(t *testing.T) {
 		t.Run(out, func(t *testing.T) {
 			h, inst := cacheJob(t, "7")
 			bad := fragmentOn(h.w, inst, "ssd2")
+			h.fail = func(e Effect) error {
+				if e.Op == OpFlushCache && e.Node == "ssd1" {
+					return errors.New("connection reset") // pending its retry at the undo
+				}
+				return nil
+			}
 			h.flushResult = func(e Effect) agentapi.CacheFlushStatus {
 				if e.Node == "ssd2" {
 					return agentapi.CacheFlushStatus{DirtyBytes: 5 << 20, FlushedBytes: 1 << 20, Error: "pfs: no space left on device (ENOSPC) on /lustre/me/run/out.dat"}
@@ -135,6 +141,12 @@ func TestCacheFlushFailureUndoesTeardown(t *testing.T) {
 			if bad.CacheFlushError == "" || bad.CacheFlushed || bad.CacheDirty != 5<<20 {
 				t.Fatalf("the failed fragment: %+v", bad)
 			}
+			for _, f := range h.w.FragmentsOf(inst.ID) {
+				if f.State != model.Created() {
+					t.Fatalf("fragment on %s after the undo: %+v", f.Node, f.State)
+				}
+			}
+			h.fail = func(Effect) error { return nil }
 			for _, op := range []string{OpDeleteNamespace, OpDeleteFragment} {
 				if slices.Contains(h.log, op) {
 					t.Fatalf("%s during a teardown that was undone: %v", op, h.log)
