@@ -3,12 +3,15 @@ package agent
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
+	"github.com/spillway-hpc/spillway/internal/agentclient"
+	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 )
 
@@ -224,5 +227,26 @@ func TestFlushCacheDiscard(t *testing.T) {
 	}
 	if n := m.drainCount(); n != 1 {
 		t.Fatalf("%d drains", n)
+	}
+}
+
+// TestFlushCacheOverHTTP: the controller's client of a remote agent reaches FlushCache
+// through the agent's API, the spec and the status whole.
+func TestFlushCacheOverHTTP(t *testing.T) {
+	a := flushAgent(t)
+	m := newMemStore(42, 1)
+	a.setCacheStore(7, m)
+	srv := httptest.NewServer(Handler(a, "secret"))
+	defer srv.Close()
+	c, err := agentclient.New("ssd1", srv.URL, apiclient.Options{Token: "secret", ConnectRetries: 1, RequestTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.FlushCache(context.Background(), agentapi.CacheFlushSpec{FragmentID: 7, InstanceID: 1, Discard: true})
+	if err != nil || st != (agentapi.CacheFlushStatus{Done: true, DiscardedBytes: 42}) {
+		t.Fatalf("discard over HTTP: %+v %v", st, err)
+	}
+	if st, err := c.FlushCache(context.Background(), agentapi.CacheFlushSpec{FragmentID: 8, InstanceID: 1}); err != nil || !st.Done {
+		t.Fatalf("a fragment without a store over HTTP: %+v %v", st, err)
 	}
 }
