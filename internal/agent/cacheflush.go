@@ -18,10 +18,11 @@ type cacheStore interface {
 	// again after a failure, and must start over then.
 	Drain(ctx context.Context) error
 	// Discard drops every dirty byte (teardown --hurry) and returns how many; a Drain under
-	// way returns.
+	// way returns (its ctx is canceled first). It must not wait for PFS I/O.
 	Discard() uint64
 	// Stats are the store's counters now: Dirty is the progress (bytes not yet on the
-	// PFS), FlushedBytes what went to the PFS.
+	// PFS), FlushedBytes what went to the PFS. It is called at every poll, under the
+	// registry's lock: it must be cheap and never wait for I/O.
 	Stats() cache.Stats
 }
 
