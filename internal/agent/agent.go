@@ -94,7 +94,8 @@ type Agent struct {
 	root     bool
 
 	trackers *usage.Registry
-	pfsDoors *pfsDoors // the doors of this node's cache instances to their PFS directories
+	pfsDoors *pfsDoors     // the doors of this node's cache instances to their PFS directories
+	caches   *cacheFlushes // cache fragments' stores and their teardown drains (cacheflush.go)
 
 	dataMu sync.Mutex
 	data   *server.Server // serves this node's namespaces to other hosts (ServeData), or nil
@@ -154,6 +155,7 @@ func New(opt Options) (*Agent, error) {
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
 		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
 		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{}}
+	a.caches = newCacheFlushes()
 	a.pfsDoors = newPFSDoors(opt.PFSWorkerExe, opt.PFS, cmp.Or(opt.PFSMaxWorkers, 256))
 	if opt.Pool == "" {
 		return a, nil // compute node: no storage
@@ -443,6 +445,7 @@ func (a *Agent) DeleteFragment(ctx context.Context, id int64) error {
 	}
 	a.unlimitFragment(id)
 	a.forgetCounters(id)
+	a.forgetCache(id)
 	if meta != nil {
 		a.forgetTrackerIfUnused(meta.InstanceID)
 	}
@@ -1169,6 +1172,7 @@ func (a *Agent) staged(key string) {
 // Close unmounts everything this agent serves and stops its stages.
 func (a *Agent) Close() {
 	defer a.pfsDoors.closeAll()
+	a.closeCaches()
 	a.mu.Lock()
 	mounts := a.mounts
 	a.mounts = map[string]*mounted{}

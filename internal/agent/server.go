@@ -95,6 +95,19 @@ func Handler(a agentapi.Agent, token string, controllerUIDs ...uint32) http.Hand
 		}
 		httpapi.WriteJSON(w, 200, st)
 	})
+	mux.HandleFunc("POST /agent/v1/fragments/{id}/flush", func(w http.ResponseWriter, r *http.Request) {
+		var spec agentapi.CacheFlushSpec
+		if !httpapi.Decode(w, r, &spec) {
+			return
+		}
+		spec.FragmentID = id(r, "id") // the path names the fragment
+		st, err := a.FlushCache(r.Context(), spec)
+		if err != nil {
+			do(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, 200, st)
+	})
 	self := uint32(os.Geteuid())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer := httpapi.PeerOf(r)

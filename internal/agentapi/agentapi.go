@@ -226,6 +226,33 @@ type StageStatus struct {
 	ProtectedMode uint32 `json:"protected_mode,omitempty"`
 }
 
+// CacheFlushSpec asks a storage node to move a cache fragment's dirty data (written by the
+// job, not yet on the PFS) to the cache's PFS directory before the fragment is deleted:
+// teardown's flush. It is a poll: the first call starts the drain, every call (the same spec
+// again) answers how far it got; asking again after Done answers Done.
+type CacheFlushSpec struct {
+	FragmentID int64 `json:"fragment"`
+	InstanceID int64 `json:"instance"`
+	// Discard drops the dirty data instead (teardown --hurry): the answer is Done at once,
+	// with the bytes dropped.
+	Discard bool `json:"discard,omitempty"`
+}
+
+// CacheFlushStatus is how far a fragment's flush got.
+type CacheFlushStatus struct {
+	// Done: nothing of the fragment is left to move (or it was discarded); a fragment
+	// without a cache (never written, scratch) is Done.
+	Done bool `json:"done"`
+	// DirtyBytes are the bytes not yet on the PFS now; FlushedBytes those written to the PFS
+	// since the fragment's cache started; DiscardedBytes those dropped by a Discard.
+	DirtyBytes     uint64 `json:"dirty_bytes"`
+	FlushedBytes   uint64 `json:"flushed_bytes"`
+	DiscardedBytes uint64 `json:"discarded_bytes,omitempty"`
+	// Error is the failure that stopped the drain ("pfs: no space left on device (ENOSPC) on
+	// ..."): the data is kept; the next call starts the drain again.
+	Error string `json:"error,omitempty"`
+}
+
 // NodeReport is what an agent tells the controller about itself.
 type NodeReport struct {
 	Name     string   `json:"name"`
@@ -287,6 +314,10 @@ type Agent interface {
 	StartStage(ctx context.Context, spec StageSpec) error
 	StageStatus(ctx context.Context, key string) (StageStatus, error) // key: StageSpec.Key
 	CancelStage(ctx context.Context, key string) (StageStatus, error)
+
+	// FlushCache drains a cache fragment's dirty data to its PFS directory (or discards it),
+	// a poll: see CacheFlushSpec.
+	FlushCache(ctx context.Context, spec CacheFlushSpec) (CacheFlushStatus, error)
 }
 
 // Assignment is the controller's answer to a heartbeat: what it keeps on the node. An agent

@@ -161,6 +161,13 @@ func (a *Client) CancelStage(ctx context.Context, key string) (agentapi.StageSta
 	return st, err
 }
 
+// FlushCache drains (or discards) a cache fragment's dirty data: a poll (agentapi.Agent).
+func (a *Client) FlushCache(ctx context.Context, s agentapi.CacheFlushSpec) (agentapi.CacheFlushStatus, error) {
+	var st agentapi.CacheFlushStatus
+	err := a.do(ctx, "POST", fmt.Sprintf("/agent/v1/fragments/%d/flush", s.FragmentID), s, &st)
+	return st, err
+}
+
 // NodeFault reports whether err, from one of this client's calls, counts against the agent's
 // node (the function NodeFault); the controller's executor asks it.
 func (a *Client) NodeFault(err error) bool { return NodeFault(err) }

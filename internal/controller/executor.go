@@ -198,7 +198,7 @@ func (c *Controller) dispatch(ctx context.Context, wg *sync.WaitGroup, w *lifecy
 		session := lifecycle.SessionOf(w, e.Ref)
 		withEffects[session] = true
 		busy := c.inflight[key] || c.queued[key]
-		if e.Op == lifecycle.OpPollStage {
+		if isPoll(e) {
 			polled[key] = true
 			p, seen := c.polls[key]
 			if !seen {
@@ -427,7 +427,7 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		c.launch(ctx, start)
 		c.wakeUp()
 	}()
-	if e.Op != lifecycle.OpPollStage {
+	if !isPoll(e) {
 		crashpoint.Hit("before-effect:" + e.Op)
 	}
 	var r lifecycle.Result
@@ -467,6 +467,8 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 			r.Stage, r.Err = agent.StageStatus(actx, e.Stage.Key())
 		case lifecycle.OpCancelStage:
 			r.Stage, r.Err = agent.CancelStage(actx, e.Stage.Key())
+		case lifecycle.OpFlushCache:
+			r.Flush, r.Err = agent.FlushCache(actx, e.Flush)
 		}
 		cancel()
 		if fc, ok := agent.(nodeFaults); ok && r.Err != nil {
@@ -479,10 +481,10 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 	}
 	if r.Err != nil && r.NotTheNode {
 		c.log.Error("effect failed on a configuration or controller-side problem, not counted against the node (auto-drain)", "op", e.Op, "node", e.Node, "object", e.Ref, "err", r.Err)
-	} else if r.Err != nil && e.Op != lifecycle.OpPollStage {
+	} else if r.Err != nil && !isPoll(e) {
 		c.log.Warn("effect failed", "op", e.Op, "node", e.Node, "object", e.Ref, "err", r.Err)
 	}
-	if e.Op != lifecycle.OpPollStage {
+	if !isPoll(e) {
 		crashpoint.Hit("after-effect:" + e.Op)
 	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
@@ -525,12 +527,12 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		c.metrics.stagesOver(recorded, false) // a stage this outcome ended, seen at once
 	}
 	c.announce(touched)
-	if e.Op != lifecycle.OpPollStage {
+	if !isPoll(e) {
 		crashpoint.Hit("outcome-persisted:" + e.Op)
 	}
 	release()
-	if err == nil && stepped && !slices.ContainsFunc(next, func(n lifecycle.Effect) bool { return n.Op == lifecycle.OpPollStage }) {
-		// Stage polls are paced by the passes (dispatch's pacing needs their wake-up).
+	if err == nil && stepped && !slices.ContainsFunc(next, isPoll) {
+		// Polls are paced by the passes (dispatch's pacing needs their wake-up).
 		c.dispatch(ctx, q.wg, recorded, next, true, c.now(), false)
 	}
 }
@@ -539,6 +541,15 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 // agentclient): those do not count toward auto-drain. An in-process agent's errors all do.
 type nodeFaults interface {
 	NodeFault(err error) bool
+}
+
+// isPoll reports whether an effect is a poll: a running stage's (poll-stage) or a cache
+// flush's (flush-cache). Polls are paced (dispatch: soon after the first, then less and
+// less often, up to stage.poll_interval), are not crash points (their number varies from run
+// to run; a restart polls again, which is harmless: a poll is idempotent) and their failures
+// are not logged one by one (the object's state keeps the last).
+func isPoll(e lifecycle.Effect) bool {
+	return e.Op == lifecycle.OpPollStage || e.Op == lifecycle.OpFlushCache
 }
 
 // isStart reports whether an effect starts a stage (a split stage's runs are not: the stage

@@ -30,7 +30,7 @@ var stageDirections = []string{model.StageIn, model.StageOut}
 
 var effectOps = []string{lifecycle.OpCreateFragment, lifecycle.OpDeleteFragment, lifecycle.OpCreateNamespace,
 	lifecycle.OpDeleteNamespace, lifecycle.OpMount, lifecycle.OpUnmount, lifecycle.OpStartStage,
-	lifecycle.OpPollStage, lifecycle.OpCancelStage}
+	lifecycle.OpPollStage, lifecycle.OpCancelStage, lifecycle.OpFlushCache}
 
 var objectKinds = []string{lifecycle.KindSession, lifecycle.KindInstance, lifecycle.KindFragment,
 	lifecycle.KindConfiguration, lifecycle.KindNamespace, lifecycle.KindRegistration,
@@ -189,7 +189,7 @@ func (m *controllerMetrics) effect(w *lifecycle.World, e lifecycle.Effect, elaps
 	} else {
 		em.ok.Inc()
 	}
-	if st := stateOf(w, e.Ref); st != nil && st.Attempts > 0 && e.Op != lifecycle.OpPollStage {
+	if st := stateOf(w, e.Ref); st != nil && st.Attempts > 0 && !isPoll(e) {
 		em.retries.Inc()
 	}
 }

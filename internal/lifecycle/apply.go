@@ -1081,6 +1081,17 @@ func ApplyTeardown(w *World, token string, hurry bool) error {
 	if s.State.Goal != model.GoalDestroy {
 		s.State = model.Destroying()
 	}
+	// A cache flush that failed and undid the previous teardown is tried again (the PFS
+	// may be fixed), or its data discarded with hurry (flush.go).
+	for _, inst := range w.InstancesOf(s.ID) {
+		for _, f := range w.FragmentsOf(inst.ID) {
+			if f.CacheFlushError != "" {
+				f.CacheFlushError = ""
+				w.put(f)
+				s.Failure = ""
+			}
+		}
+	}
 	s.Hurry = s.Hurry || hurry
 	s.Phase = PhaseTeardown
 	w.put(s)

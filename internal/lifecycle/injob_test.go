@@ -335,6 +335,9 @@ func (h *harness) stepOnce() {
 		if e.Op == OpPollStage && r.Err == nil {
 			r.Stage = h.stageResult(e)
 		}
+		if e.Op == OpFlushCache && r.Err == nil {
+			r.Flush = h.flushResult(e)
+		}
 		Complete(h.w, e, r, h.p, h.now)
 	}
 	h.w.TakeChanges()

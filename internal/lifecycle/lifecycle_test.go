@@ -25,6 +25,8 @@ type harness struct {
 	fail func(e Effect) error
 	// stageResult decides what a poll of a running stage answers.
 	stageResult func(e Effect) agentapi.StageStatus
+	// flushResult decides what a cache flush poll answers (default: Done).
+	flushResult func(e Effect) agentapi.CacheFlushStatus
 	log         []string
 }
 
@@ -50,6 +52,7 @@ func newHarness(t *testing.T, nodes ...string) *harness {
 		stageResult: func(Effect) agentapi.StageStatus {
 			return agentapi.StageStatus{Known: true, Status: model.StageComplete}
 		},
+		flushResult: func(Effect) agentapi.CacheFlushStatus { return agentapi.CacheFlushStatus{Done: true} },
 	}
 }
 
@@ -70,6 +73,9 @@ func (h *harness) settle() {
 			r := Result{Err: h.fail(e)}
 			if e.Op == OpPollStage && r.Err == nil {
 				r.Stage = h.stageResult(e)
+			}
+			if e.Op == OpFlushCache && r.Err == nil {
+				r.Flush = h.flushResult(e)
 			}
 			Complete(h.w, e, r, h.p, h.now)
 			h.w.TakeChanges()

@@ -128,7 +128,9 @@ func Status(w *World, token, step string) StepStatus {
 				}
 			}
 		}
-		if s.State.Goal != model.GoalDestroy {
+		if s.State.Goal == model.GoalDestroy {
+			st.Message = flushProgress(w, s) // a cache's data on its way to the PFS, if any
+		} else {
 			st.Message = "teardown was not requested"
 			if s.Failure != "" { // undone: a stage-out it waited for failed
 				st.Failed, st.Message = true, s.Failure

@@ -22,6 +22,9 @@ const (
 	OpStartStage      = "start-stage"
 	OpPollStage       = "poll-stage"
 	OpCancelStage     = "cancel-stage"
+	// OpFlushCache moves a cache fragment's dirty data to the PFS (or discards it) before
+	// its instance is destroyed: a poll, like OpPollStage (flush.go).
+	OpFlushCache = "flush-cache"
 )
 
 // maxStageWarnings bounds the warnings kept on a stage record.
@@ -37,6 +40,7 @@ type Effect struct {
 	Namespace agentapi.NamespaceSpec
 	Mount     agentapi.MountSpec
 	Stage     agentapi.StageSpec
+	Flush     agentapi.CacheFlushSpec
 	// Part is, for a split stage's runs, 1 + the run's index in Stage.Parts (0 otherwise).
 	Part int
 }
@@ -54,7 +58,8 @@ func (e Effect) Key() EffectKey { return EffectKey{e.Ref, e.Part} }
 // Result is the outcome of an effect.
 type Result struct {
 	Err   error
-	Stage agentapi.StageStatus // for poll-stage
+	Stage agentapi.StageStatus      // for poll-stage
+	Flush agentapi.CacheFlushStatus // for flush-cache
 	// NotTheNode marks a failure that is no fault of the effect's node: the controller's own
 	// or a configuration problem (an agent address it cannot dial as given, TLS or
 	// credentials that do not agree). It does not count toward auto-drain.
@@ -524,6 +529,11 @@ func stepDestroy(w *World, s *model.Session, p Params, now time.Time, running *i
 			return effects // a hurried persistent destroy: the jobs that used it unmount it first
 		}
 	}
+	// Nothing mounts the instances any more: a cache's dirty data goes to the PFS before
+	// any of them is touched (a failed flush undoes the teardown, which must find them whole).
+	if more, wait := flushCaches(w, s, p, now); wait {
+		return append(effects, more...)
+	}
 	// Each instance (a job may hold a scratch and a cache) goes at its own pace; the session
 	// goes once all of them are gone.
 	for _, inst := range w.InstancesOf(s.ID) {
@@ -726,6 +736,8 @@ func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
 			return
 		}
 		applyStageStatus(w, st, r.Stage, p, now)
+	case OpFlushCache:
+		completeFlush(w, e, r, p, now)
 	case OpCancelStage:
 		st := w.Stages[e.Ref.ID]
 		if st == nil || st.Ended() {

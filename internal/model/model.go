@@ -196,6 +196,11 @@ type Instance struct {
 	// endurance limits DataWarp exposes as instance limits.
 	WriteWindowLength     int64 `json:"write_window_length"`
 	WriteWindowMultiplier int64 `json:"write_window_multiplier"`
+	// CacheDiscarded are the bytes of a cache instance's data a teardown with --hurry
+	// discarded instead of flushing them to the PFS, CacheLost what was lost with storage
+	// nodes offline at the flush: set when the flush ends, for the accounting record.
+	CacheDiscarded uint64   `json:"cache_discarded,omitempty"`
+	CacheLost      []string `json:"cache_lost,omitempty"`
 }
 
 // Fragment is the part of an instance on one storage node.
@@ -206,6 +211,19 @@ type Fragment struct {
 	Grains     uint64 `json:"grains"`
 	Capacity   uint64 `json:"capacity"`
 	State      State  `json:"state"`
+
+	// The teardown's flush of a cache instance's fragment (lifecycle, OpFlushCache): its
+	// dirty data (written by the job, not yet on the PFS) goes to the PFS, or is discarded
+	// (--hurry), before the fragment is deleted. CacheFlushed: nothing is left to wait for;
+	// CacheDirty and CacheFlushedBytes are the last progress its node reported; the error of
+	// the last failed flush (kept until the next teardown); the bytes a --hurry dropped; and
+	// CacheLost says what was lost with a node that went offline before its data was out.
+	CacheFlushed      bool   `json:"cache_flushed,omitempty"`
+	CacheDirty        uint64 `json:"cache_dirty,omitempty"`
+	CacheFlushedBytes uint64 `json:"cache_flushed_bytes,omitempty"`
+	CacheFlushError   string `json:"cache_flush_error,omitempty"`
+	CacheDiscarded    uint64 `json:"cache_discarded,omitempty"`
+	CacheLost         string `json:"cache_lost,omitempty"`
 }
 
 // FragmentUsage is what the data path counted on one fragment (agentapi.FragmentUsage, from

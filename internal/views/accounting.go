@@ -69,6 +69,11 @@ type Realm struct {
 	// controller.accounting_refresh_limit). Records of the log have neither.
 	Current    bool     `json:"current,omitempty"`
 	StaleNodes []string `json:"stale_nodes,omitempty"`
+	// A cache instance's teardown flush (docs/cache.md, "Teardown"): CacheDiscarded are the
+	// bytes not yet on the PFS that a teardown with --hurry discarded, CacheLost what was
+	// lost with storage nodes offline at the flush (one line per fragment).
+	CacheDiscarded uint64   `json:"cache_discarded,omitempty"`
+	CacheLost      []string `json:"cache_lost,omitempty"`
 }
 
 // RealmFragment is one server of the realm: a fragment on one storage node.
@@ -134,7 +139,8 @@ type RealmClient struct {
 func BuildAccounting(w *lifecycle.World, inst *model.Instance, usage []*model.FragmentUsage, carried *model.StageBytes) Accounting {
 	r := Realm{RealmID: inst.ID, Session: inst.SessionID, Label: inst.Label, Pool: inst.Pool,
 		Capacity: inst.Capacity, Created: inst.Created.Unix(),
-		Fragments: []RealmFragment{}, Namespaces: []RealmNamespace{}, Clients: []RealmClient{}, StageTraffic: []RealmClient{}}
+		Fragments: []RealmFragment{}, Namespaces: []RealmNamespace{}, Clients: []RealmClient{}, StageTraffic: []RealmClient{},
+		CacheDiscarded: inst.CacheDiscarded, CacheLost: inst.CacheLost}
 	if s := w.Sessions[inst.SessionID]; s != nil {
 		r.Token, r.Owner, r.Group = s.Token, s.Owner, s.Group
 	}

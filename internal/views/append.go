@@ -187,6 +187,18 @@ func AppendFragment(dst []byte, f *Fragment) []byte {
 	dst = appendString(dst, f.Node)
 	dst = append(dst, `,"state":`...)
 	dst = AppendState(dst, &f.State)
+	if f.CacheDirty != 0 {
+		dst = append(dst, `,"cache_dirty":`...)
+		dst = strconv.AppendUint(dst, f.CacheDirty, 10)
+	}
+	if f.CacheFlushError != "" {
+		dst = append(dst, `,"cache_flush_error":`...)
+		dst = appendString(dst, f.CacheFlushError)
+	}
+	if f.CacheLost != "" {
+		dst = append(dst, `,"cache_lost":`...)
+		dst = appendString(dst, f.CacheLost)
+	}
 	return append(dst, '}')
 }
 

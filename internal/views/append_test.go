@@ -42,7 +42,7 @@ func rowsWith(s string, n int64, b bool) (Pool, Session, Instance, Configuration
 			Public: b, State: st, Pool: s, Requested: u, Strategy: s},
 		Configuration{ID: n, Type: s, AccessType: s, AccessMode: s, RootPermissions: uint32(n), Group: uint32(u >> 3), BackingPath: s,
 			Activations: int(n), Links: ConfigurationLink{Instance: n}, State: st},
-		Fragment{ID: n, Instance: n, Capacity: u, Node: s, State: st},
+		Fragment{ID: n, Instance: n, Capacity: u, Node: s, State: st, CacheDirty: u, CacheFlushError: s, CacheLost: s},
 		Namespace{ID: n, Configuration: n, Fragment: n, Span: int(n), ClientNode: s, State: st},
 		Registration{ID: n, Session: n, Configuration: n, Wait: b, State: st},
 		Activation{ID: n, Session: n, Configuration: n, Namespace: n, Node: s, Mount: s, ReadOnly: b, State: st}

@@ -174,6 +174,12 @@ type Fragment struct {
 	Capacity uint64 `json:"capacity"`
 	Node     string `json:"node"`
 	State    State  `json:"state"`
+	// A cache instance's fragment during its teardown's flush (docs/cache.md, "Teardown"):
+	// the bytes its node last reported not yet on the PFS, the last flush failure, and what
+	// was lost with its node offline.
+	CacheDirty      uint64 `json:"cache_dirty,omitempty"`
+	CacheFlushError string `json:"cache_flush_error,omitempty"`
+	CacheLost       string `json:"cache_lost,omitempty"`
 }
 
 // Namespace is one element of {"namespaces": [...]}.
@@ -434,7 +440,8 @@ func buildFragments(w *lifecycle.World) []Fragment {
 	out := make([]Fragment, 0, len(w.Fragments))
 	for _, id := range ids(w.Fragments) {
 		f := w.Fragments[id]
-		out = append(out, Fragment{ID: f.ID, Instance: f.InstanceID, Capacity: f.Capacity, Node: f.Node, State: stateOf(f.State)})
+		out = append(out, Fragment{ID: f.ID, Instance: f.InstanceID, Capacity: f.Capacity, Node: f.Node, State: stateOf(f.State),
+			CacheDirty: f.CacheDirty, CacheFlushError: f.CacheFlushError, CacheLost: f.CacheLost})
 	}
 	return out
 }
