@@ -30,6 +30,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/stage"
 	"github.com/spillway-hpc/spillway/internal/units"
+	"github.com/spillway-hpc/spillway/internal/warpfs/cachestore"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/mount"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
@@ -93,9 +94,10 @@ type Agent struct {
 	capacity uint64
 	root     bool
 
-	trackers *usage.Registry
-	pfsDoors *pfsDoors     // the doors of this node's cache instances to their PFS directories
-	caches   *cacheFlushes // cache fragments' stores and their teardown drains (cacheflush.go)
+	trackers  *usage.Registry
+	pfsDoors  *pfsDoors     // the doors of this node's cache instances to their PFS directories
+	cacheOpen cacheStores   // the stores of this node's cache fragments
+	caches    *cacheFlushes // cache fragments' stores and their teardown drains (cacheflush.go)
 
 	dataMu sync.Mutex
 	data   *server.Server // serves this node's namespaces to other hosts (ServeData), or nil
@@ -154,7 +156,8 @@ func New(opt Options) (*Agent, error) {
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
 		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
-		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{}}
+		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{},
+		cacheOpen: cacheStores{stores: map[int64]*cachestore.Store{}}}
 	a.caches = newCacheFlushes()
 	a.pfsDoors = newPFSDoors(opt.PFSWorkerExe, opt.PFS, cmp.Or(opt.PFSMaxWorkers, 256))
 	if opt.Pool == "" {
@@ -329,9 +332,15 @@ func (a *Agent) resolveNamespace(fragmentID, namespaceID, instanceID int64, stri
 	if err != nil {
 		return server.Target{}, err
 	}
+	var cacheTarget *server.CacheTarget
+	if meta.Cache != nil {
+		if cacheTarget, err = a.cacheTarget(*meta); err != nil {
+			return server.Target{}, err
+		}
+	}
 	// statfs of remote mounts then counts what co-located mounts wrote through the kernel.
 	return server.Target{Dir: dir, Tracker: t, ProjectQuota: a.fragmentQuota(fragmentID), FragmentDevice: a.fragmentDevice(fragmentID),
-		Fragment: counters}, nil
+		Fragment: counters, Cache: cacheTarget}, nil
 }
 
 func (a *Agent) fragmentDir(id int64) string {
@@ -366,7 +375,8 @@ type fragmentMeta struct {
 	WriteWindowLength int64  `json:"write_window_length,omitempty"`
 	Job               string `json:"job,omitempty"` // the session's token, for the log
 	// Cache: the fragment belongs to a cache instance, and this is what it caches.
-	Cache *agentapi.CacheSpec `json:"cache,omitempty"`
+	Cache       *agentapi.CacheSpec `json:"cache,omitempty"`
+	StripeIndex int                 `json:"stripe_index,omitempty"` // its place in the cache's layout
 }
 
 // CreateFragment makes the fragment's directory, or its file system mounted there
@@ -415,7 +425,8 @@ func (a *Agent) CreateFragment(ctx context.Context, spec agentapi.FragmentSpec) 
 		}
 	}
 	meta := fragmentMeta{ID: spec.ID, InstanceID: spec.InstanceID, Capacity: spec.Capacity, InstanceCapacity: spec.InstanceCapacity,
-		WriteLimit: spec.WriteLimit, WriteWindowLength: spec.WriteWindowLength, Job: spec.Job, Cache: spec.Cache}
+		WriteLimit: spec.WriteLimit, WriteWindowLength: spec.WriteWindowLength, Job: spec.Job, Cache: spec.Cache,
+		StripeIndex: spec.StripeIndex}
 	raw, _ := json.Marshal(meta)
 	if err := writeFileAtomic(filepath.Join(dir, "fragment.json"), raw); err != nil {
 		return fmt.Errorf("create fragment %d: %w", spec.ID, err)
@@ -440,12 +451,16 @@ func (a *Agent) DeleteFragment(ctx context.Context, id int64) error {
 			return fmt.Errorf("delete fragment %d: %w", id, err)
 		}
 	}
+	// Its store is closed first (teardown flushed it), its PFS doors with the last.
+	a.forgetCache(id)
+	if meta != nil {
+		a.closeCacheStore(meta)
+	}
 	if err := a.removeFragmentStorage(id); err != nil {
 		return fmt.Errorf("delete fragment %d: %w", id, err)
 	}
 	a.unlimitFragment(id)
 	a.forgetCounters(id)
-	a.forgetCache(id)
 	if meta != nil {
 		a.forgetTrackerIfUnused(meta.InstanceID)
 	}
@@ -671,10 +686,10 @@ func (a *Agent) forgetTrackerIfUnused(instanceID int64) {
 // Mount exposes a namespace at a mount path: a namespace on this node through the loopback
 // (the fast path), one on another node through that node's data server (warpfs).
 func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
-	if spec.Cache != nil {
-		// The cache's data path (internal/warpfs/cache, internal/pfsio) replaces this refusal
-		// when it is built in: a cache namespace must never be served as a scratch one.
-		return fmt.Errorf("mount %s: type=cache of pfs=%s: %s", spec.MountPath, spec.Cache.PFS, model.ErrCacheNotBuilt)
+	if spec.Cache != nil && len(spec.Stripes) == 0 {
+		// A cache namespace must never be served as a scratch one: its data is in stripe
+		// objects, always (lifecycle: striped()).
+		return fmt.Errorf("mount %s: type=cache of pfs=%s: the mount order names no stripe servers (a controller older than this agent?)", spec.MountPath, spec.Cache.PFS)
 	}
 	a.mu.Lock()
 	if m := a.mounts[spec.MountPath]; m != nil && m.alive() {
@@ -746,6 +761,11 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 			return ls, false, err
 		}
 		ls.NamespaceID = spec.NamespaceID
+		if spec.Cache != nil {
+			if ls.Cache, err = a.cacheTargetOf(spec.FragmentID); err != nil {
+				return ls, false, err
+			}
+		}
 		if len(spec.Stripes) == 0 && len(spec.MDS) <= 1 {
 			// The file system enforces the capacity: df counts what it counts, and the kernel
 			// may write the files itself where the mount enforces nothing more (no MFS).
@@ -774,7 +794,13 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 			if err != nil {
 				return ls, false, err
 			}
-			ls.Stripes = append(ls.Stripes, mount.Server{Node: st.Node, Dir: dir, Tracker: t, Fragment: counters})
+			srv := mount.Server{Node: st.Node, Dir: dir, Tracker: t, Fragment: counters}
+			if spec.Cache != nil {
+				if srv.Cache, err = a.cacheTargetOf(st.FragmentID); err != nil {
+					return ls, false, err
+				}
+			}
+			ls.Stripes = append(ls.Stripes, srv)
 			remote = false
 			continue
 		}
@@ -1172,6 +1198,7 @@ func (a *Agent) staged(key string) {
 // Close unmounts everything this agent serves and stops its stages.
 func (a *Agent) Close() {
 	defer a.pfsDoors.closeAll()
+	defer a.closeCacheStores()
 	a.closeCaches()
 	a.mu.Lock()
 	mounts := a.mounts

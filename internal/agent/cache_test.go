@@ -9,9 +9,9 @@ import (
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 )
 
-// TestCacheMountRefused: until the cache's data path is built in, an agent refuses a cache
-// mount order with a clear error and mounts nothing (issue 20: a cache namespace must never
-// be served as scratch).
+// TestCacheMountRefused: a cache mount order without stripe servers (a controller older than
+// the agent) is refused with a clear error and mounts nothing: a cache namespace must never be
+// served as scratch.
 func TestCacheMountRefused(t *testing.T) {
 	dir := t.TempDir()
 	a, err := New(Options{Name: "cn1"})
@@ -21,7 +21,7 @@ func TestCacheMountRefused(t *testing.T) {
 	mnt := filepath.Join(dir, "run1_striped_cache")
 	err = a.Mount(context.Background(), agentapi.MountSpec{ActivationID: 1, MountPath: mnt, NamespaceID: 2, InstanceID: 3,
 		Cache: &agentapi.CacheSpec{PFS: "/lustre/me/run", UID: 1000, GID: 1000}})
-	want := "mount " + mnt + ": type=cache of pfs=/lustre/me/run: cache data path not built in this version"
+	want := "mount " + mnt + ": type=cache of pfs=/lustre/me/run: the mount order names no stripe servers (a controller older than this agent?)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("Mount = %v\nwant %s", err, want)
 	}

@@ -89,6 +89,10 @@ func (a *Agent) closeCaches() {
 // drops the dirty data instead and answers Done with the bytes dropped. A fragment without a
 // store (never used as a cache, or scratch) has nothing to flush: Done.
 func (a *Agent) FlushCache(ctx context.Context, spec agentapi.CacheFlushSpec) (agentapi.CacheFlushStatus, error) {
+	// After a restart the store may not be open yet: its log holds what is still dirty.
+	if err := a.openCacheStoreOf(spec.FragmentID); err != nil {
+		return agentapi.CacheFlushStatus{}, err
+	}
 	c := a.caches
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -33,6 +33,8 @@ type FragmentSpec struct {
 	// server caches the PFS files' data it holds, moving it to and from Cache.PFS as the
 	// cache's user. nil for scratch.
 	Cache *CacheSpec `json:"cache,omitempty"`
+	// StripeIndex is the fragment's place in its cache instance's layout (Cache.Servers).
+	StripeIndex int `json:"stripe_index,omitempty"`
 }
 
 // NamespaceSpec asks a storage node to create a file tree inside one of its fragments.
@@ -100,7 +102,7 @@ type MountSpec struct {
 
 	// Cache is set when the namespace is a cache of a PFS directory (type=cache, issue 20):
 	// what the storage nodes front and how. nil for scratch. An agent without the cache's
-	// data path refuses such a mount (model.ErrCacheNotBuilt).
+	// data path refuses such a mount.
 	Cache *CacheSpec `json:"cache,omitempty"`
 }
 
@@ -118,6 +120,10 @@ type CacheSpec struct {
 	// root. UID equals MountSpec.Owner.
 	UID uint32 `json:"uid"`
 	GID uint32 `json:"gid"`
+	// Servers and StripeSize are the instance's layout (every fragment, in id order, is a
+	// stripe server, even one alone); a fragment's own place in it is FragmentSpec.StripeIndex.
+	Servers    int    `json:"servers,omitempty"`
+	StripeSize uint64 `json:"stripe_size,omitempty"`
 }
 
 // Replica is one copy of a loadbalance namespace, as a client reaches it.

@@ -12,7 +12,6 @@ import (
 	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/config"
 	"github.com/spillway-hpc/spillway/internal/dwstat"
-	"github.com/spillway-hpc/spillway/internal/model"
 )
 
 func apiclientFor(t *testing.T, addr string) *apiclient.Client {
@@ -39,8 +38,8 @@ func jobProcess(t *testing.T, config, script string) (int, string) {
 }
 
 // TestJobProcessCache: job_process checks a cache's pfs= against the site's [cache]
-// allowed_pfs before the refusal of what this version cannot run, and refuses a persistent
-// cache Slurm could never create (it passes no pfs=).
+// allowed_pfs, refuses a load-balanced cache (not built yet) and a persistent cache Slurm
+// could never create (it passes no pfs=).
 func TestJobProcessCache(t *testing.T) {
 	const site = "[cache]\nallowed_pfs = [\"/lustre\"]\n"
 	cases := []struct{ script, want string }{
@@ -50,8 +49,8 @@ func TestJobProcessCache(t *testing.T) {
 			"job_file_valid False\nline 3: #DW jobdw: pfs=\"/lustre/x/../../etc\" contains \"..\": the site's allowed directories are matched against the path as written; write the directory itself, e.g. pfs=/etc\n"},
 		{"#!/bin/bash\n#BB create_persistent name=pc capacity=1TiB type=cache pfs=/lustre/p\n",
 			"job_file_valid False\nline 2: #BB create_persistent type=cache: Slurm passes no pfs= to create_persistent; create the persistent cache outside Slurm (spillway persistent create pc --type cache --pfs /lustre/p), then use it with #DW persistentdw name=pc\n"},
-		{"#!/bin/bash\n#DW jobdw type=cache capacity=1TiB pfs=/lustre/me\n",
-			"job_file_valid False\nline 2: #DW jobdw type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out\n"},
+		{"#!/bin/bash\n#DW jobdw type=cache access_mode=loadbalance capacity=1TiB pfs=/lustre/me\n",
+			"job_file_valid False\nline 2: #DW jobdw: access_mode=loadbalance is not built for type=cache in this version yet (the load-balanced cache); use access_mode=striped\n"},
 	}
 	for _, c := range cases {
 		code, out := jobProcess(t, site, c.script)
@@ -59,9 +58,6 @@ func TestJobProcessCache(t *testing.T) {
 			t.Errorf("%q: exit %d\n%s\nwant\n%s", c.script, code, out, c.want)
 		}
 	}
-	old := model.CacheDataPath
-	model.CacheDataPath = true
-	defer func() { model.CacheDataPath = old }()
 	if code, out := jobProcess(t, site, "#!/bin/bash\n#DW jobdw type=cache capacity=1TiB pfs=/lustre/me\n"); code != 0 || out != "" {
 		t.Errorf("with the data path: exit %d %s", code, out)
 	}
@@ -76,9 +72,6 @@ func TestJobProcessCache(t *testing.T) {
 // own capacity and the job's pool; paths prints both variables; dwstat configurations --cd
 // shows the cache with its backing path; real_size sums both.
 func TestWLMScratchAndCacheJob(t *testing.T) {
-	old := model.CacheDataPath
-	model.CacheDataPath = true
-	defer func() { model.CacheDataPath = old }()
 	c, addr := testControllerWith(t, func(cfg *config.Config) {
 		cfg.Cache.AllowedPFS = []string{"/lustre"}
 		cfg.Controller.MountRoot = "/mnt/bb"

@@ -41,10 +41,9 @@ func (f *flushingAgent) callCount() int {
 // started again: nothing of the old one's memory is kept).
 func cacheRig(t *testing.T, answers ...agentapi.CacheFlushStatus) (*acctRig, *flushingAgent, func() *Controller) {
 	t.Helper()
-	oldPath, oldCheck := model.CacheDataPath, checkPFS
-	model.CacheDataPath = true
+	oldCheck := checkPFS
 	checkPFS = func(string) error { return nil }
-	t.Cleanup(func() { model.CacheDataPath, checkPFS = oldPath, oldCheck })
+	t.Cleanup(func() { checkPFS = oldCheck })
 	r := newAcctRig(t)
 	fa := &flushingAgent{Agent: r.agent, answers: answers}
 	restart := func() *Controller {

@@ -103,7 +103,7 @@ func limitErr(format string, args ...any) error {
 type InstanceRequest struct {
 	Capacity              uint64   `json:"capacity"` // bytes; rounded up to the pool granularity
 	Pool                  string   `json:"pool"`
-	Type                  string   `json:"type"`         // scratch or cache (refused while model.CacheDataPath is off); swap is refused
+	Type                  string   `json:"type"`         // scratch or cache; swap is refused
 	AccessModes           []string `json:"access_modes"` // striped, private, loadbalance
 	Strategy              string   `json:"optimization_strategy"`
 	MaxFileSize           uint64   `json:"max_file_size,omitempty"`

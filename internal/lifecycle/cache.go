@@ -8,12 +8,10 @@ import (
 	"github.com/spillway-hpc/spillway/internal/model"
 )
 
-// Cache instances (issue 20): the checks of a setup's instance requests, all of them made
-// before the refusal that stands while the cache's data path is not built
-// (model.CacheDataPath).
+// Cache instances (issue 20): the checks of a setup's instance requests.
 
 // checkInstances checks every instance a setup asks for (a job may hold one of each type,
-// DataWarp's Phase 3), then refuses what this version cannot hold yet.
+// DataWarp's Phase 3).
 func checkInstances(req Setup, p Params) error {
 	var all []InstanceRequest
 	if req.Instance != nil {
@@ -33,9 +31,6 @@ func checkInstances(req Setup, p Params) error {
 	}
 	if len(req.More) > 0 && req.Persistent {
 		return userErr("create_persistent %s: a persistent instance is one instance", req.Token)
-	}
-	if seen[model.TypeCache] && !model.CacheDataPath {
-		return userErr("type=cache: %s; use type=scratch with #DW stage_in/stage_out", model.ErrCacheNotBuilt)
 	}
 	return nil
 }
@@ -76,6 +71,9 @@ func checkInstance(req InstanceRequest, persistent bool, p Params) error {
 }
 
 func checkCache(req InstanceRequest, cp CacheParams) error {
+	if slices.Contains(req.AccessModes, model.AccessLoadbalance) {
+		return userErr("%s", model.ErrLoadbalanceCacheNotBuilt)
+	}
 	if slices.Contains(req.AccessModes, model.AccessPrivate) {
 		return userErr("access_mode=private is not available for type=cache (as in DataWarp): a cache's files are the PFS directory's, which every compute node sees; use access_mode=striped or access_mode=loadbalance")
 	}

@@ -8,14 +8,9 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
 
-// withCacheDataPath turns the one switch on for a test (as the data path's integration will).
-func withCacheDataPath(t *testing.T) {
-	old := model.CacheDataPath
-	model.CacheDataPath = true
-	t.Cleanup(func() { model.CacheDataPath = old })
-}
 
 func cacheParams(h *harness) {
 	h.p.Cache = CacheParams{AllowedPFS: []string{"/lustre", "/gpfs/proj"},
@@ -30,8 +25,8 @@ func cacheSetup(token, pfs string, modes ...string) Setup {
 func u64(v uint64) *uint64 { return &v }
 func yes() *bool           { b := true; return &b }
 
-// TestCacheSetupRefusals: every check of a cache request, with its exact words, runs before
-// the refusal that stands while the data path is not built; that refusal comes last.
+// TestCacheSetupRefusals: every check of a cache request, with its exact words; a refused
+// request changes nothing.
 func TestCacheSetupRefusals(t *testing.T) {
 	h := newHarness(t, "ssd1")
 	cacheParams(h)
@@ -49,9 +44,7 @@ func TestCacheSetupRefusals(t *testing.T) {
 		{cacheSetup("1", "/lustre2/me"), "pfs=/lustre2/me is outside the directories this site allows for cache instances ([cache] allowed_pfs: /lustre, /gpfs/proj); choose a directory under one of them, or ask the administrator to add it"},
 		{cacheSetup("1", "/gpfs"), "pfs=/gpfs is outside the directories this site allows for cache instances ([cache] allowed_pfs: /lustre, /gpfs/proj); choose a directory under one of them, or ask the administrator to add it"},
 		{scratchWithPFS, "pfs= and the cache tunables are only for type=cache: a scratch instance starts empty; remove them, or use type=cache"},
-		// Everything checked: the switch's refusal.
-		{cacheSetup("1", "/lustre/me"), "type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out"},
-		{cacheSetup("1", "/gpfs/proj"), "type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out"},
+		{cacheSetup("1", "/lustre/me", "loadbalance"), model.ErrLoadbalanceCacheNotBuilt},
 	}
 	for _, c := range cases {
 		err := ApplySetup(h.w, c.req, h, h.p, h.now)
@@ -78,7 +71,6 @@ func TestCacheSetupRefusals(t *testing.T) {
 // TestScratchAndCacheRequest: a job's second instance is checked like the first, two of one
 // type are refused, and the user quota counts both.
 func TestScratchAndCacheRequest(t *testing.T) {
-	withCacheDataPath(t)
 	h := newHarness(t, "ssd1")
 	cacheParams(h)
 	cases := []struct {
@@ -106,10 +98,11 @@ func TestScratchAndCacheRequest(t *testing.T) {
 	if err := ApplySetup(h.w, persistent, h, h.p, h.now); err == nil || err.Error() != "create_persistent p: a persistent instance is one instance" {
 		t.Errorf("persistent pair: %v", err)
 	}
-	// The switch off: the pair is refused for its cache, after the checks.
-	model.CacheDataPath = false
-	if err := ApplySetup(h.w, req, h, h.p, h.now); err == nil || err.Error() != "type=cache: cache data path not built in this version; use type=scratch with #DW stage_in/stage_out" {
-		t.Errorf("switch off: %v", err)
+	// A load-balanced cache is not built yet: refused, with the way out.
+	lb := cacheSetup("lb", "/lustre/me")
+	lb.Instance.AccessModes = []string{model.AccessLoadbalance}
+	if err := ApplySetup(h.w, lb, h, h.p, h.now); err == nil || err.Error() != model.ErrLoadbalanceCacheNotBuilt {
+		t.Errorf("load-balanced cache: %v", err)
 	}
 }
 
@@ -118,7 +111,6 @@ func TestScratchAndCacheRequest(t *testing.T) {
 // scratch one; a second job's quota counts both; teardown removes both, and the session
 // only when both are gone.
 func TestScratchAndCacheJob(t *testing.T) {
-	withCacheDataPath(t)
 	h := newHarness(t, "ssd1", "ssd2")
 	cacheParams(h)
 	req := jobSetup("9", 2<<30, "striped")
@@ -199,7 +191,6 @@ func TestScratchAndCacheJob(t *testing.T) {
 // filled in), the job's variable is DW_JOB_STRIPED_CACHE, the mount order carries the cache,
 // and all of it survives the state's and the API's JSON.
 func TestCacheInstanceRecordsAndMountOrder(t *testing.T) {
-	withCacheDataPath(t)
 	h := newHarness(t, "ssd1", "ssd2")
 	cacheParams(h)
 	req := cacheSetup("7", "/lustre/me/run", "striped")
@@ -220,7 +211,8 @@ func TestCacheInstanceRecordsAndMountOrder(t *testing.T) {
 	h.settle()
 	// Every storage node of the instance learns what it caches: the stripe servers (every
 	// fragment) and the namespace server.
-	wantSpec := agentapi.CacheSpec{PFS: "/lustre/me/run", ModifiedThreshold: 64 << 20, SyncOnClose: true, HighWatermark: 45, LowWatermark: 20, UID: 1001, GID: 1002}
+	wantSpec := agentapi.CacheSpec{PFS: "/lustre/me/run", ModifiedThreshold: 64 << 20, SyncOnClose: true, HighWatermark: 45, LowWatermark: 20, UID: 1001, GID: 1002,
+		Servers: 1, StripeSize: stripe.DefaultSize}
 	if len(fragments) != 1 || len(namespaces) != 1 {
 		t.Fatalf("creates: %+v %+v", fragments, namespaces)
 	}
@@ -290,7 +282,6 @@ func TestCacheInstanceRecordsAndMountOrder(t *testing.T) {
 // TestPersistentCache: a persistent cache instance, used by a job, is named
 // DW_PERSISTENT_CACHE_STRIPED_<name>; created again with another pfs= it is refused.
 func TestPersistentCache(t *testing.T) {
-	withCacheDataPath(t)
 	h := newHarness(t, "ssd1")
 	cacheParams(h)
 	create := cacheSetup("proj", "/gpfs/proj/a", "striped")
@@ -313,7 +304,6 @@ func TestPersistentCache(t *testing.T) {
 // TestScratchAndCacheTeardownWaitsForBoth: the session stays until both its instances are
 // gone; one whose fragment cannot be deleted keeps it (for an operator), the other goes.
 func TestScratchAndCacheTeardownWaitsForBoth(t *testing.T) {
-	withCacheDataPath(t)
 	h := newHarness(t, "ssd1", "ssd2")
 	cacheParams(h)
 	req := jobSetup("9", 1<<30, "striped")
@@ -345,7 +335,6 @@ func TestScratchAndCacheTeardownWaitsForBoth(t *testing.T) {
 // TestScratchAndCacheSetupFailsForEither: setup fails when the fragment of either instance
 // cannot be made (its fuse blows); a stage list goes to the scratch instance.
 func TestScratchAndCacheSetupFailsForEither(t *testing.T) {
-	withCacheDataPath(t)
 	h := newHarness(t, "ssd1", "ssd2")
 	cacheParams(h)
 	req := jobSetup("9", 1<<30, "striped")

@@ -15,7 +15,6 @@ import (
 // compute node: a teardown unmounts it, flushes it and destroys it.
 func cacheJob(t *testing.T, token string) (*harness, *model.Instance) {
 	t.Helper()
-	withCacheDataPath(t)
 	h := newHarness(t, "ssd1", "ssd2")
 	cacheParams(h)
 	req := cacheSetup(token, "/lustre/me/run", "striped")
@@ -344,7 +343,6 @@ func TestCacheFlushCallRetried(t *testing.T) {
 
 // TestPersistentCacheDestroyFlushes: destroying a persistent cache instance flushes it too.
 func TestPersistentCacheDestroyFlushes(t *testing.T) {
-	withCacheDataPath(t)
 	h := newHarness(t, "ssd1")
 	cacheParams(h)
 	create := cacheSetup("proj", "/gpfs/proj/a", "striped")

@@ -104,9 +104,6 @@ func ApplyCreateConfiguration(w *World, token string, req ManualConfiguration, i
 			return 0, userErr("--backing-path is for --type cache: a scratch configuration starts empty")
 		}
 	case model.TypeCache:
-		if !model.CacheDataPath {
-			return 0, userErr("--type cache: %s; use --type scratch", model.ErrCacheNotBuilt)
-		}
 		return 0, userErr("--type cache: a cache configuration is not made by hand in this version; make a cache instance with #DW jobdw type=cache pfs=DIR or spillway persistent create NAME --type cache --pfs DIR")
 	case model.TypeSwap:
 		return 0, userErr("--type swap: swap is not supported by this Spillway version yet")

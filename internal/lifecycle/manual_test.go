@@ -71,7 +71,7 @@ func TestManualInstance(t *testing.T) {
 		{second(ApplyCreateConfiguration(h.w, "manual1", ManualConfiguration{Instance: iid, AccessMode: "sideways"}, h, h.p)),
 			`--access-mode "sideways": expected stripe, private or ldbal (or striped, loadbalance)`},
 		{second(ApplyCreateConfiguration(h.w, "manual1", ManualConfiguration{Instance: iid, Type: "cache", AccessMode: "stripe", BackingPath: "/lustre/p"}, h, h.p)),
-			"--type cache: cache data path not built in this version; use --type scratch"},
+			"--type cache: a cache configuration is not made by hand in this version; make a cache instance with #DW jobdw type=cache pfs=DIR or spillway persistent create NAME --type cache --pfs DIR"},
 		{second(ApplyCreateConfiguration(h.w, "manual1", ManualConfiguration{Instance: 99, AccessMode: "private"}, h, h.p)),
 			"session 1 (token manual1) has no instance 99 (dwstat instances: the sess column)"},
 		{second(ApplyCreateActivation(h.w, "manual1", ManualActivation{Configuration: cid, Mount: "/etc"}, h, h.p)),

@@ -111,7 +111,7 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
 					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity,
 						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength, Job: s.Token,
-						Cache: instanceCache(w, inst.ID)}})
+						Cache: instanceCache(w, inst.ID), StripeIndex: stripeIndex(w, f)}})
 			}
 		}
 		for _, c := range w.ConfigurationsOf(inst.ID) {
@@ -127,7 +127,7 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 					continue
 				}
 				spec := agentapi.NamespaceSpec{ID: ns.ID, FragmentID: f.ID, InstanceID: inst.ID, Owner: c.Owner, Group: c.Group, Mode: c.RootPermissions,
-					MaxFilesCreated: c.MaxFilesCreated, MaxFileSize: c.MaxFileSize, Cache: cacheSpec(c)}
+					MaxFilesCreated: c.MaxFilesCreated, MaxFileSize: c.MaxFileSize, Cache: cacheSpec(w, c)}
 				if c.MaxMDS { // each shard counts its own files: it enforces its share
 					spec.MaxFilesCreated = stripe.ShardLimit(c.MaxFilesCreated, len(w.NamespacesOf(c.ID)))
 				}
@@ -286,27 +286,41 @@ func mountSpec(w *World, a *model.Activation) agentapi.MountSpec {
 	}
 	spec.Replicas = replicas(w, c, ns)
 	spec.MDS = shards(w, c)
-	spec.Cache = cacheSpec(c)
+	spec.Cache = cacheSpec(w, c)
 	return spec
 }
 
 // cacheSpec is what the agents need of a cache configuration (nil for scratch): the mount,
 // the namespace server and every stripe server of its instance.
-func cacheSpec(c *model.Configuration) *agentapi.CacheSpec {
+func cacheSpec(w *World, c *model.Configuration) *agentapi.CacheSpec {
 	k := c.Cache
 	if k == nil {
 		return nil
 	}
-	return &agentapi.CacheSpec{PFS: k.PFS, ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead,
+	spec := &agentapi.CacheSpec{PFS: k.PFS, ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead,
 		SyncOnClose: k.SyncOnClose, SyncToPFS: k.SyncToPFS, HighWatermark: k.HighWatermark, LowWatermark: k.LowWatermark,
-		UID: c.Owner, GID: c.Group}
+		UID: c.Owner, GID: c.Group, Servers: len(w.FragmentsOf(c.InstanceID))}
+	if inst := w.Instances[c.InstanceID]; inst != nil {
+		spec.StripeSize = w.StripeSize(inst)
+	}
+	return spec
+}
+
+// stripeIndex is fragment f's place in its instance's layout (fragments in id order).
+func stripeIndex(w *World, f *model.Fragment) int {
+	for i, g := range w.FragmentsOf(f.InstanceID) {
+		if g.ID == f.ID {
+			return i
+		}
+	}
+	return 0
 }
 
 // instanceCache is the cache an instance's fragments hold (nil: a scratch instance). An
 // instance has one cache configuration at most (a job's scratch and cache are two instances).
 func instanceCache(w *World, instanceID ID) *agentapi.CacheSpec {
 	for _, c := range w.ConfigurationsOf(instanceID) {
-		if spec := cacheSpec(c); spec != nil {
+		if spec := cacheSpec(w, c); spec != nil {
 			return spec
 		}
 	}

@@ -283,16 +283,10 @@ func (b *StageBytes) Add(st *Stage) {
 	b.Namespaces = append(b.Namespaces, NamespaceStageBytes{Namespace: st.NamespaceID, In: in, Out: out})
 }
 
-// CacheDataPath is the one switch of cache instances (issue 20): false until the cache's
-// data path (internal/warpfs/cache, internal/pfsio) is built into the agent. While it is
-// false, jobspec.Supported, the lifecycle (setup) and the agent (mount) refuse a cache
-// instance, each after every check of its own; turning it on is the integration's one-line
-// change. A variable, not a constant, so that tests can follow a cache instance past the
-// refusal.
-var CacheDataPath = false
-
-// ErrCacheNotBuilt is the words of the refusal while CacheDataPath is false.
-const ErrCacheNotBuilt = "cache data path not built in this version"
+// ErrLoadbalanceCacheNotBuilt refuses a load-balanced cache (type=cache
+// access_mode=loadbalance: read-only copies of the PFS directory's data on every server),
+// which this version does not build yet; a striped cache it does.
+const ErrLoadbalanceCacheNotBuilt = "access_mode=loadbalance is not built for type=cache in this version yet (the load-balanced cache); use access_mode=striped"
 
 // CacheSettings are what a cache configuration fronts and how (#DW jobdw type=cache pfs=...
 // and its tunables, the site's [cache] defaults filled in at setup).

@@ -37,8 +37,6 @@ func attrsOf(st unix.Stat_t) cache.Attrs {
 	return cache.Attrs{Size: uint64(st.Size), Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano()}
 }
 
-func keyOf(st unix.Stat_t) cache.FileKey { return cache.FileKey{Dev: uint64(st.Dev), Ino: st.Ino} }
-
 // errnoOf is err's errno (EIO if it has none).
 func errnoOf(err error) syscall.Errno {
 	var errno syscall.Errno
@@ -63,7 +61,9 @@ func openPFS(door *pfsio.Door, path string, key cache.FileKey, flags int) (*pfsi
 		return nil, unix.Stat_t{}, errnoOf(err)
 	}
 	st := pf.Stat // the user's process fstat'ed it at open
-	if keyOf(st) != key {
+	// The inode number alone: the key's st_dev is the namespace server's, and a network file
+	// system's st_dev differs from node to node.
+	if st.Ino != key.Ino {
 		pf.Close()
 		return nil, st, syscall.ESTALE
 	}

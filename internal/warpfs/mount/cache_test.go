@@ -51,7 +51,7 @@ func (w *writeThrough) OpenFile(door *pfsio.Door, ref server.CacheFileRef, write
 	return &wtFile{f: f, l: ref.Layout, server: w.server}, nil
 }
 
-func (w *writeThrough) Truncate(door *pfsio.Door, ref server.CacheFileRef, objSize uint64) error {
+func (w *writeThrough) Truncate(door *pfsio.Door, ref server.CacheFileRef, size uint64) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.truncates++

@@ -125,6 +125,10 @@ type Spec struct {
 	Logger *log.Logger
 	// Debug logs every FUSE request and reply to Logger (very verbose; for diagnosis).
 	Debug bool
+	// Cache makes a local namespace (SourceDir: then the instance's directory on the SSD) a
+	// cache instance's: its names are the PFS directory's (server.CacheTarget). Its stripe
+	// servers on this host carry their own (Server.Cache). Nil for scratch.
+	Cache *server.CacheTarget
 }
 
 // Server is one server of a mount's data: a directory on this host (the namespace of a
@@ -138,6 +142,9 @@ type Server struct {
 	// Fragment and NamespaceID are a local Dir's counters and write window (Spec.Fragment).
 	Fragment    *server.Fragment
 	NamespaceID int64
+	// Cache: a local Dir of a cache instance's stripe objects is served through its data
+	// engine (Spec.Cache).
+	Cache *server.CacheTarget
 }
 
 // Remote is a namespace on another host: its storage agent's data address, and which
@@ -971,7 +978,7 @@ func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger
 		Dir: spec.SourceDir, Tracker: spec.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 		Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)), ProjectQuota: spec.ProjectQuota,
 		FragmentDevice: spec.FragmentDevice, Fragment: spec.Fragment, Namespace: spec.NamespaceID, Client: spec.Client,
-		Lease: l.Lease,
+		Lease: l.Lease, Cache: spec.Cache,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot serve namespace directory %s: %w", spec.SourceDir, err)
@@ -989,7 +996,8 @@ func openLocal(spec Spec, l Limits, path string, asRoot bool, logger *log.Logger
 		// and a striped file's data is on other servers. Every open of such a mount is handed
 		// over: mixing passthrough and cached opens of one file makes the kernel fail the
 		// later open with EIO.
-		passthrough: !spec.DisablePassthrough && asRoot &&
+		// Never for a cache: its files are the PFS's, their data the cache engine's.
+		passthrough: !spec.DisablePassthrough && asRoot && spec.Cache == nil &&
 			(spec.ReadOnly || kernelWritesAllowed(spec, local)),
 		kernelWrites: !spec.DisablePassthrough && asRoot && !spec.ReadOnly && kernelWritesAllowed(spec, local),
 	}, nil

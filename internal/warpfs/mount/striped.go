@@ -52,7 +52,7 @@ func (be *backend) openStripes(spec Spec, limits Limits, path string, logger *lo
 			local, err := server.OpenLocal(server.LocalOptions{
 				Dir: st.Dir, Tracker: st.Tracker, ReadOnly: spec.ReadOnly, MaxFileSize: spec.MaxFileSize,
 				Name: path + " (stripes)", Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
-				Fragment: st.Fragment, Client: spec.Client, Stripes: true, Namespace: spec.NamespaceID,
+				Fragment: st.Fragment, Client: spec.Client, Stripes: true, Namespace: spec.NamespaceID, Cache: st.Cache,
 			})
 			if err != nil {
 				return fmt.Errorf("cannot serve stripe directory %s: %w", st.Dir, err)
@@ -530,6 +530,9 @@ func (h *fileHandle) truncateObjects(ctx context.Context, size uint64) syscall.E
 			return errno
 		}
 		call := &client.Call{Op: proto.OpSetattr, UID: objectCaller, Reply: &proto.AttrReply{}}
+		if h.striped.cache != nil {
+			objSize = size // a cache object is cut by the file's size (server.CacheData.Truncate)
+		}
 		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
 			call.Req = &proto.SetattrReq{Handle: id, Valid: proto.SetSize, Size: objSize}
 		})

@@ -55,7 +55,9 @@
 // open) and EntryReq.Cache (its UNLINK). The field is one version byte (1), the path (Str)
 // and Dev and Ino (U64); it is absent (the body ends before it) when there is none, so every
 // other message is byte for byte what earlier versions send, and no version number changed:
-// only servers and clients of cache instances, all of this version, ever send it.
+// only servers and clients of cache instances, all of this version, ever send it. A SETATTR
+// of a cache file's object (through its handle) carries the file's new size, not the
+// object's: the cache decides in file offsets.
 package proto
 
 import (

@@ -132,11 +132,12 @@ type CacheData interface {
 	// OpenFile opens the file ref names, for writing if write, with the caller's door (the
 	// credentials the PFS file is opened with).
 	OpenFile(door *pfsio.Door, ref CacheFileRef, write bool) (CacheFile, error)
-	// Truncate sets this server's object of the file to objSize bytes
-	// (ref.Layout.ObjectSize of the file's new size, for this server): what it holds past
-	// objSize is gone, never written back. The PFS file itself is truncated by the namespace
-	// server (SETATTR of the size), so an engine that writes through needs do nothing more.
-	Truncate(door *pfsio.Door, ref CacheFileRef, objSize uint64) error
+	// Truncate cuts the file to size bytes (the file's new size, not this server's object's:
+	// a cache object's SETATTR carries the file's size, which the cache's decisions are made
+	// in): what this server holds past it is gone, never written back. The PFS file is
+	// truncated by the namespace server too (SETATTR of the size, after the objects), so an
+	// engine that writes through needs do nothing more.
+	Truncate(door *pfsio.Door, ref CacheFileRef, size uint64) error
 	// Unlink drops everything held of the file key, whose last name is gone.
 	Unlink(key CacheFileKey)
 }

@@ -52,10 +52,10 @@ func (w *writeThrough) OpenFile(door *pfsio.Door, ref CacheFileRef, write bool) 
 	return &wtFile{f: f, l: ref.Layout, server: w.server}, nil
 }
 
-func (w *writeThrough) Truncate(door *pfsio.Door, ref CacheFileRef, objSize uint64) error {
+func (w *writeThrough) Truncate(door *pfsio.Door, ref CacheFileRef, size uint64) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.truncates = append(w.truncates, objSize)
+	w.truncates = append(w.truncates, size)
 	return nil // the namespace server truncated the PFS file; nothing is cached here
 }
 

@@ -15,7 +15,8 @@ import (
 // its volume: confined beneath the namespace, charged to the instance, created as the
 // caller), as direct calls: no encoding of data, no socket, no copy.
 type Local struct {
-	sess *session
+	sess      *session
+	cacheRoot proto.Attr // a cache namespace's root, as the PFS gave it at open
 }
 
 // LocalOptions say which namespace to serve and how.
@@ -50,6 +51,10 @@ type LocalOptions struct {
 	// Every session of the namespace in this process shares its table (leases.go): changes
 	// made through this one are told to the others first.
 	Lease time.Duration
+	// Cache makes the namespace (or, with Stripes, the stripe objects) a cache instance's
+	// (Target.Cache): its names are the PFS directory's, its data the engine's. Dir is then
+	// the instance's directory on the SSD (the sizes table), not the names.
+	Cache *CacheTarget
 }
 
 // OpenLocal opens the namespace for an in-process mount.
@@ -80,10 +85,19 @@ func OpenLocal(opt LocalOptions) (*Local, error) {
 				"dir", opt.Dir, "err", err)
 		}
 	}
-	sess := &session{log: opt.Log, maxOpenFiles: opt.MaxOpenFiles, v: v, client: opt.Name, handles: map[uint64]*handle{}}
+	cache, root, errno := openCache(Target{Dir: opt.Dir, Cache: opt.Cache}, v, opt.Stripes)
+	if errno != 0 {
+		v.close()
+		return nil, fmt.Errorf("namespace %s: %w", opt.Dir, errno)
+	}
+	sess := &session{log: opt.Log, maxOpenFiles: opt.MaxOpenFiles, v: v, client: opt.Name, handles: map[uint64]*handle{}, cache: cache}
 	v.noteFull = sess.noteFull
 	if opt.Lease == 0 {
 		opt.Lease = DefaultLease
+	}
+	if cache != nil {
+		// A cache namespace is the PFS's, which others change unseen: no leases.
+		return &Local{sess: sess, cacheRoot: root}, nil
 	}
 	if !opt.Stripes {
 		if l := acquireLeases(opt.Dir, opt.Lease); l != nil {
@@ -127,6 +141,9 @@ func (f *localHolder) invalidate(items []proto.Inval) (<-chan struct{}, bool) {
 
 // Root is the namespace root's attributes.
 func (l *Local) Root() (proto.Attr, error) {
+	if l.sess.cache != nil {
+		return l.cacheRoot, nil
+	}
 	a, errno := l.sess.v.lookup("")
 	if errno != 0 {
 		return proto.Attr{}, fmt.Errorf("namespace root: %w", errno)
@@ -208,5 +225,6 @@ func (l *Local) Close() {
 	l.sess.closeAll()
 	l.sess.lease.forget() // the mount is closed after its kernel unmounted it: nothing is cached
 	l.sess.lease.leave()
+	l.sess.closeCache()
 	l.sess.v.close()
 }
