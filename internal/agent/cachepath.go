@@ -54,6 +54,14 @@ func (a *Agent) cacheStore(meta fragmentMeta) (*cachestore.Store, error) {
 	return s, nil
 }
 
+// openCacheStore is fragment id's store if it is open (nil otherwise: scratch, or not used
+// since the agent started).
+func (a *Agent) openCacheStore(id int64) *cachestore.Store {
+	a.cacheOpen.mu.Lock()
+	defer a.cacheOpen.mu.Unlock()
+	return a.cacheOpen.stores[id]
+}
+
 // openCacheStoreOf opens the store of fragment id if it is a cache fragment (after a restart
 // a flush may come before any mount).
 func (a *Agent) openCacheStoreOf(id int64) error {

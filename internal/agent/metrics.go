@@ -30,6 +30,8 @@ type agentCollector struct {
 
 	capacity, allocated, used, fragments, ssdSize, ssdFree, mounts, stageWorkers, stageRuns, connections *prometheus.Desc
 	workerProcesses, workersStuck                                                                        *prometheus.Desc
+	// Cache fragments' stores (issue 20), by fragment and instance.
+	cachePFSRead, cachePFSWritten, cacheHits, cacheMisses, cacheEvictions, cacheFlushErrors, cacheDirty, cacheUsed *prometheus.Desc
 }
 
 func newAgentCollector(a *Agent) *agentCollector {
@@ -49,12 +51,22 @@ func newAgentCollector(a *Agent) *agentCollector {
 		workerProcesses: d("stage_worker_processes", "Stage worker processes alive on this node (started and not yet exited), whatever their stage's state: a canceled or stalled stage's worker counts until it is gone."),
 		workersStuck:    d("stage_workers_stuck", "Stage worker processes still alive stage.cancel_grace after SIGKILL: blocked in the kernel, typically on a FUSE file system whose server does not answer (a user's own, stopped); their stages have ended without them, and they exit when the server answers or the FUSE connection is aborted."),
 		connections:     d("warpfs_connections", "Connections to this node's data server (agent.data_listen), handshakes included; 0 without one."),
+
+		cachePFSRead:     d("cache_pfs_read_bytes_total", "Bytes a cache fragment's store read from the PFS (misses and read-ahead), since the agent opened the store.", "fragment", "instance"),
+		cachePFSWritten:  d("cache_pfs_written_bytes_total", "Bytes a cache fragment's store wrote to the PFS (write-behind, syncs, teardown's flush), since the agent opened the store.", "fragment", "instance"),
+		cacheHits:        d("cache_hits_total", "Extents of reads a cache fragment served from its SSD.", "fragment", "instance"),
+		cacheMisses:      d("cache_misses_total", "Extents of reads a cache fragment fetched from the PFS first.", "fragment", "instance"),
+		cacheEvictions:   d("cache_evictions_total", "Clean extents a cache fragment dropped to make room.", "fragment", "instance"),
+		cacheFlushErrors: d("cache_flush_errors_total", "Failed writes of a cache fragment to the PFS (the data is kept and the flush retried).", "fragment", "instance"),
+		cacheDirty:       d("cache_dirty_bytes", "A cache fragment's flush backlog: bytes written by jobs and not yet on the PFS.", "fragment", "instance"),
+		cacheUsed:        d("cache_used_bytes", "Bytes a cache fragment's store holds on the SSD.", "fragment", "instance"),
 	}
 }
 
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.capacity, c.allocated, c.used, c.fragments, c.ssdSize, c.ssdFree,
-		c.mounts, c.stageWorkers, c.stageRuns, c.connections, c.workerProcesses, c.workersStuck} {
+		c.mounts, c.stageWorkers, c.stageRuns, c.connections, c.workerProcesses, c.workersStuck,
+		c.cachePFSRead, c.cachePFSWritten, c.cacheHits, c.cacheMisses, c.cacheEvictions, c.cacheFlushErrors, c.cacheDirty, c.cacheUsed} {
 		ch <- d
 	}
 }
@@ -113,8 +125,25 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		fragments++
-		if meta, err := a.readFragment(id); err == nil {
-			allocated += float64(meta.Capacity)
+		meta, err := a.readFragment(id)
+		if err != nil {
+			continue
+		}
+		allocated += float64(meta.Capacity)
+		if s := a.openCacheStore(id); s != nil {
+			st := s.Stats()
+			labels := []string{strconv.FormatInt(id, 10), strconv.FormatInt(meta.InstanceID, 10)}
+			counter := func(d *prometheus.Desc, v uint64) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+			}
+			counter(c.cachePFSRead, st.FetchedBytes)
+			counter(c.cachePFSWritten, st.FlushedBytes)
+			counter(c.cacheHits, st.Hits)
+			counter(c.cacheMisses, st.Misses)
+			counter(c.cacheEvictions, st.Evictions)
+			counter(c.cacheFlushErrors, st.FlushErrors)
+			gauge(c.cacheDirty, float64(st.Dirty), labels...)
+			gauge(c.cacheUsed, float64(st.Used), labels...)
 		}
 	}
 	gauge(c.fragments, fragments)

@@ -229,7 +229,14 @@ func (a *Agent) fragmentUsage(f *server.Fragment, capacity uint64) agentapi.Frag
 		used = t.Used()
 		f.NoteCapacity(t.Peak())
 	}
-	return f.Usage(used)
+	u := f.Usage(used)
+	if s := a.openCacheStore(f.ID); s != nil {
+		st := s.Stats()
+		u.Cache = &agentapi.CacheUsage{PFSBytesRead: st.FetchedBytes, PFSBytesWritten: st.FlushedBytes, ReadAheadBytes: st.ReadAheadBytes,
+			Hits: st.Hits, Misses: st.Misses, Evictions: st.Evictions, EvictedBytes: st.EvictedBytes, FlushErrors: st.FlushErrors,
+			FetchErrors: st.FetchErrors, DiscardedBytes: st.DiscardedBytes, ConflictBytes: st.ConflictBytes, Dirty: st.Dirty, Used: st.Used}
+	}
+	return u
 }
 
 // FragmentUsage is one fragment's counters now: what the controller keeps of them right

@@ -41,6 +41,28 @@ type FragmentUsage struct {
 	Clients    []ClientUsage    `json:"clients,omitempty"`
 
 	Restored bool `json:"restored,omitempty"` // counters restarted from zero (nothing saved)
+
+	// Cache is a cache fragment's store's counters (issue 20), since the agent opened the
+	// store (an agent restart starts them again from zero); nil for scratch.
+	Cache *CacheUsage `json:"cache,omitempty"`
+}
+
+// CacheUsage is what a cache fragment's store moved and decided: the PFS traffic it made,
+// how reads were served, what it evicted, and its flush backlog.
+type CacheUsage struct {
+	PFSBytesRead    uint64 `json:"pfs_bytes_read"`    // fetched from the PFS (misses and read-ahead)
+	PFSBytesWritten uint64 `json:"pfs_bytes_written"` // flushed to the PFS
+	ReadAheadBytes  uint64 `json:"read_ahead_bytes"`  // of PFSBytesRead, fetched ahead of readers
+	Hits            uint64 `json:"hits"`              // extents of reads served from the SSD
+	Misses          uint64 `json:"misses"`            // extents of reads fetched from the PFS first
+	Evictions       uint64 `json:"evictions"`         // clean extents dropped for room
+	EvictedBytes    uint64 `json:"evicted_bytes"`
+	FlushErrors     uint64 `json:"flush_errors"` // failed writes to the PFS (retried)
+	FetchErrors     uint64 `json:"fetch_errors"` // failed reads from the PFS
+	DiscardedBytes  uint64 `json:"discarded_bytes"`
+	ConflictBytes   uint64 `json:"conflict_bytes"` // dirty bytes kept over a file changed on the PFS
+	Dirty           uint64 `json:"dirty"`          // the flush backlog now: bytes not yet on the PFS
+	Used            uint64 `json:"used"`           // bytes the store holds now
 }
 
 // NamespaceUsage is one namespace's share of a fragment's counters (DataWarp's realm

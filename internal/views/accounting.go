@@ -74,6 +74,9 @@ type Realm struct {
 	// lost with storage nodes offline at the flush (one line per fragment).
 	CacheDiscarded uint64   `json:"cache_discarded,omitempty"`
 	CacheLost      []string `json:"cache_lost,omitempty"`
+	// Cache sums the fragments' cache counters (a cache instance; nil for scratch): the PFS
+	// bytes the cache read and wrote, hits, misses, evictions, and the flush backlog now.
+	Cache *agentapi.CacheUsage `json:"cache,omitempty"`
 }
 
 // RealmFragment is one server of the realm: a fragment on one storage node.
@@ -101,6 +104,8 @@ type RealmFragment struct {
 	ReadOnly       bool   `json:"read_only"`
 	ReadOnlyReason string `json:"read_only_reason,omitempty"`
 	Updated        int64  `json:"updated"`
+	// Cache: the fragment's cache store's counters (a cache instance's; nil for scratch).
+	Cache *agentapi.CacheUsage `json:"cache,omitempty"`
 }
 
 // RealmNamespace is one namespace of the realm.
@@ -184,6 +189,10 @@ func BuildAccounting(w *lifecycle.World, inst *model.Instance, usage []*model.Fr
 			}
 			rf.BytesWritten, rf.BytesRead, rf.ReadOps, rf.WriteOps = c.BytesWritten, c.BytesRead, c.ReadOps, c.WriteOps
 			rf.WindowLength, rf.WindowWritten, rf.ReadOnly, rf.ReadOnlyReason = c.WindowLength, c.WindowWritten, c.ReadOnly, c.ReadOnlyReason
+			if c.Cache != nil {
+				rf.Cache = c.Cache
+				r.Cache = addCacheUsage(r.Cache, c.Cache)
+			}
 			if !u.Updated.IsZero() {
 				rf.Updated = u.Updated.Unix()
 				r.Updated = max(r.Updated, rf.Updated)
@@ -307,4 +316,26 @@ func AccountingOf(w *lifecycle.World, inst *model.Instance, usage []*model.Fragm
 	a := BuildAccounting(w, inst, usage, carried)
 	a.Realm.RecordID, a.Realm.Ended = recordID, ended.Unix()
 	return a
+}
+
+// addCacheUsage is sum plus u (a new sum when sum is nil): counters add, gauges too (each
+// fragment's backlog and holdings are its own).
+func addCacheUsage(sum, u *agentapi.CacheUsage) *agentapi.CacheUsage {
+	if sum == nil {
+		sum = &agentapi.CacheUsage{}
+	}
+	sum.PFSBytesRead += u.PFSBytesRead
+	sum.PFSBytesWritten += u.PFSBytesWritten
+	sum.ReadAheadBytes += u.ReadAheadBytes
+	sum.Hits += u.Hits
+	sum.Misses += u.Misses
+	sum.Evictions += u.Evictions
+	sum.EvictedBytes += u.EvictedBytes
+	sum.FlushErrors += u.FlushErrors
+	sum.FetchErrors += u.FetchErrors
+	sum.DiscardedBytes += u.DiscardedBytes
+	sum.ConflictBytes += u.ConflictBytes
+	sum.Dirty += u.Dirty
+	sum.Used += u.Used
+	return sum
 }

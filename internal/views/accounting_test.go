@@ -70,10 +70,22 @@ func TestBuildAccounting(t *testing.T) {
 		r.Clients[1] != (RealmClient{Node: "cn1", BytesWritten: 700, BytesRead: 200, WriteOps: 7, ReadOps: 2, FilesCreated: 4}) {
 		t.Errorf("clients: %+v", r.Clients)
 	}
+	if r.Cache != nil || f0.Cache != nil {
+		t.Errorf("a scratch instance's record has cache figures: %+v", r.Cache)
+	}
 	usage[1].Final = true
 	if r := BuildAccounting(w, w.Instances[2], usage, nil).Realm; !r.Final {
 		t.Error("every fragment's counters are final: the record is")
 	}
+	// A cache instance's fragments' cache figures, and their sum.
+	usage[0].Counters.Cache = &agentapi.CacheUsage{PFSBytesRead: 10, PFSBytesWritten: 20, Hits: 3, Misses: 1, Dirty: 5}
+	usage[1].Counters.Cache = &agentapi.CacheUsage{PFSBytesRead: 1, PFSBytesWritten: 2, Hits: 4, Evictions: 2, Dirty: 7}
+	if r := BuildAccounting(w, w.Instances[2], usage, nil).Realm; r.Cache == nil ||
+		*r.Cache != (agentapi.CacheUsage{PFSBytesRead: 11, PFSBytesWritten: 22, Hits: 7, Misses: 1, Evictions: 2, Dirty: 12}) ||
+		r.Fragments[1].Cache == nil || r.Fragments[1].Cache.PFSBytesWritten != 2 {
+		t.Errorf("cache figures: %+v", r.Cache)
+	}
+	usage[0].Counters.Cache, usage[1].Counters.Cache = nil, nil
 
 	// At teardown the namespaces and fragments are gone: their metadata kept with the
 	// counters makes the same namespace.
