@@ -40,6 +40,9 @@ type FileRef struct {
 	Path   string        // relative to the PFS directory (pfsio path rules)
 	Key    cache.FileKey // (st_dev, st_ino) the namespace server saw; checked at open (ESTALE if the PFS file at Path is another)
 	Layout stripe.Layout // the file's stripe layout
+	// Override is the file's policy (the namespace server's, set through libdatawarp): every
+	// open sets it for the file, its other opens on this server included.
+	Override cache.Override
 }
 
 // Options configure a Store. Zero fields take the defaults below.
@@ -474,3 +477,7 @@ func (s *Store) Close() error {
 	s.files = map[cache.FileKey]*fileState{}
 	return err
 }
+
+// Defaults is the instance's cache policy on this server (Config.Defaults): what a file's
+// overrides apply to.
+func (s *Store) Defaults() cache.Policy { return s.cfg.Defaults }

@@ -19,6 +19,8 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 )
 
 // cacheSizesFile is the table's file in Target.Dir. Its lines are "dev ino size", decimal.
@@ -29,8 +31,9 @@ type sizeTable struct {
 	path string
 	refs int // guarded by sizeTables.mu
 
-	mu sync.Mutex
-	m  map[CacheFileKey]uint64
+	mu  sync.Mutex
+	m   map[CacheFileKey]uint64
+	pol map[CacheFileKey]cache.Override // cachepolicy.go: in memory only
 }
 
 // sizeTables holds the tables in use, by file.
