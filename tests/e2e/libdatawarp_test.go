@@ -126,6 +126,25 @@ func TestLibdatawarpEveryFunction(t *testing.T) {
 	w.assertClean()
 }
 
+// A cache instance's calls in a real job (type=cache over a PFS directory of the job's user):
+// dw_wait_sync_complete puts a file's data on the PFS, the cache policy reads back as set and
+// sync_on_close puts the data on the PFS by close(), and stages of a cache path are refused
+// (-EINVAL). The scratch side (-EOPNOTSUPP) is in TestLibdatawarpEveryFunction.
+func TestLibdatawarpCache(t *testing.T) {
+	w, _ := libdwWorld(t)
+	cached := w.pfsDir("out/cached")
+	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=cache access_mode=striped capacity=1GiB pfs="+cached+"\n"+
+		"exec "+libdw.dwcheck+" cache "+cached+"\n")
+	r := w.runEnv([]string{"SPILLWAY_BIN=" + binary}, "run", script)
+	if r.code != 0 || !strings.Contains(r.stdout, "failures 0") || strings.Contains(r.stdout, "FAIL") {
+		t.Fatalf("dwcheck cache in a job:\n%s", r)
+	}
+	if n := strings.Count("\n"+r.stdout, "\nok "); n < 12 {
+		t.Errorf("only %d checks ran:\n%s", n, r.stdout)
+	}
+	w.waitNoSessions()
+}
+
 // The same program linked statically with libdatawarp.a.
 func TestLibdatawarpStaticLibrary(t *testing.T) {
 	w, out := libdwWorld(t)
