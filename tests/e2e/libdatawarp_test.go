@@ -232,6 +232,23 @@ func TestLibdatawarpPython(t *testing.T) {
 	}
 }
 
+// The Python package's cache calls in a job with a cache instance.
+func TestLibdatawarpPythonCache(t *testing.T) {
+	w, _ := libdwWorld(t)
+	py := "/usr/bin/python3"
+	if _, err := os.Stat(py); err != nil {
+		t.Skip("/usr/bin/python3 is not installed")
+	}
+	cached := w.pfsDir("out/cached")
+	check := filepath.Join(repoRoot(), "tests", "e2e", "testdata", "libdatawarp", "pycheck_cache.py")
+	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=cache access_mode=striped capacity=1GiB pfs="+cached+"\nexec "+py+" "+check+" "+cached+"\n")
+	env := []string{"SPILLWAY_BIN=" + binary, "PYTHONPATH=" + filepath.Join(repoRoot(), "python"), "SPILLWAY_LIBDATAWARP=" + filepath.Join(libdw.prefix, "lib", "libdatawarp.so.0")}
+	r := w.runEnv(env, "run", script)
+	if r.code != 0 || !strings.Contains(r.stdout, "failures 0") || strings.Count(r.stdout, "\nok ") < 5 {
+		t.Fatalf("pycheck_cache in a job:\n%s", r)
+	}
+}
+
 // The example (examples/libdatawarp): built as its comment says, run as its job script says;
 // after the job only the newest checkpoint is on the PFS.
 func TestLibdatawarpExample(t *testing.T) {
