@@ -142,7 +142,7 @@ func (a *Agent) cacheTargetOf(id int64) (*server.CacheTarget, error) {
 type cacheData struct{ s *cachestore.Store }
 
 func storeRef(ref server.CacheFileRef) cachestore.FileRef {
-	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout, Override: ref.Override}
+	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout, Override: ref.Override, OverrideGen: ref.OverrideGen}
 }
 
 func (d cacheData) OpenFile(door *pfsio.Door, ref server.CacheFileRef, write bool) (server.CacheFile, error) {

@@ -106,7 +106,7 @@ func (s *Store) OpenFile(door *pfsio.Door, ref FileRef, write bool) (*File, erro
 			s.releaseLocked(fs)
 			return
 		}
-		opened, acts, err := s.c.Open(ref.Key, ref.Path, ref.Layout, attrsOf(st), ref.Override)
+		opened, acts, err := s.c.Open(ref.Key, ref.Path, ref.Layout, attrsOf(st), s.overrideLocked(ref))
 		if err != nil {
 			s.opt.Log.Warn("cache store: cannot open", "path", ref.Path, "err", err)
 			openErr = syscall.EINVAL

@@ -23,7 +23,7 @@ import (
 type storeData struct{ s *cachestore.Store }
 
 func storeRefOf(ref server.CacheFileRef) cachestore.FileRef {
-	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout, Override: ref.Override}
+	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout, Override: ref.Override, OverrideGen: ref.OverrideGen}
 }
 
 func (d storeData) OpenFile(door *pfsio.Door, ref server.CacheFileRef, write bool) (server.CacheFile, error) {
@@ -44,7 +44,7 @@ func (d storeData) Unlink(key server.CacheFileKey) {
 
 // mountCacheStores mounts a cache instance of PFS directory pfs on two stripe servers whose
 // engines are real cache stores (write-behind: nothing reaches the PFS unless synced).
-func mountCacheStores(t *testing.T, pfs, mountPath string) (*Mounted, []*cachestore.Store) {
+func mountCacheStores(t *testing.T, pfs, mountPath string) (*Mounted, []*cachestore.Store, Spec) {
 	layout := stripe.Layout{Size: 1 << 20, Width: 2, Servers: 2}
 	ns := startServerFor(t, "", server.Target{Dir: t.TempDir(), Tracker: usage.New("cache ns", 1<<30), Cache: &server.CacheTarget{
 		PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: &writeThrough{}, Layout: layout, Defaults: cache.DefaultPolicy}}, quietSlog(t), nil)
@@ -63,7 +63,7 @@ func mountCacheStores(t *testing.T, pfs, mountPath string) (*Mounted, []*cachest
 			PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: storeData{st}, Layout: layout, Defaults: cache.DefaultPolicy}}, quietSlog(t), nil)
 		spec.Stripes = append(spec.Stripes, Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "cn1", FragmentID: int64(10 + i), InstanceID: 3}})
 	}
-	return mount(t, spec), stores
+	return mount(t, spec), stores, spec
 }
 
 func getxattr(t *testing.T, path, name string) (string, error) {
@@ -85,7 +85,7 @@ func TestCacheInstanceSyncAndPolicy(t *testing.T) {
 		t.Skip("needs root: a FUSE mount")
 	}
 	pfs, mountPath := dirs(t)
-	m, stores := mountCacheStores(t, pfs, mountPath)
+	m, stores, spec := mountCacheStores(t, pfs, mountPath)
 	root := m.Path()
 	rng := rand.New(rand.NewSource(20))
 	data := make([]byte, 3<<20+12345) // on both servers
@@ -201,6 +201,39 @@ func TestCacheInstanceSyncAndPolicy(t *testing.T) {
 	}
 	if got, _ := getxattr(t, filepath.Join(d, "c"), cache.PolicyXattr); !strings.Contains(got, "sync_on_close=yes") {
 		t.Errorf("the new file's policy: %q", got)
+	}
+
+	// Another compute node's open made before a setting on this one: its first write to each
+	// server opens its objects with the policy it was opened with (none), which must not undo
+	// the newer setting there; its close puts the data on the PFS.
+	spec2 := spec
+	spec2.MountPath = filepath.Join(filepath.Dir(mountPath), "cn2")
+	spec2.Remote = &Remote{Address: spec.Remote.Address, Token: testToken, Client: "cn2", FragmentID: 1, NamespaceID: 2, InstanceID: 3}
+	spec2.Stripes = nil
+	for _, st := range spec.Stripes {
+		r := *st.Remote
+		r.Client = "cn2"
+		spec2.Stripes = append(spec2.Stripes, Server{Remote: &r})
+	}
+	m2 := mount(t, spec2)
+	if err := os.WriteFile(filepath.Join(root, "e"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fe, err := os.OpenFile(filepath.Join(m2.Path(), "e"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(filepath.Join(root, "e"), cache.PolicyXattr, []byte("sync_on_close=yes"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fe.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := fe.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !onPFS("e") {
+		t.Error("an open of another node made before the setting: after its close the PFS file does not hold the data")
 	}
 
 	// Nonsense is EINVAL; nothing of the cache's is stored on the PFS.

@@ -376,11 +376,14 @@ type CacheRef struct {
 }
 
 // CachePolicy is a cache file's policy overrides (cache.Override): Set says which fields
-// are set; the others are the instance's defaults.
+// are set; the others are the instance's defaults. Gen orders the settings of a file (the
+// namespace server's clock when it was set; 0: never set): a stripe server keeps the newest
+// it heard of, so that an open carrying an older one (made before a setting) does not undo it.
 type CachePolicy struct {
 	Set                          uint8
 	ModifiedThreshold, ReadAhead uint64
 	SyncOnClose, SyncToPFS       bool
+	Gen                          uint64
 }
 
 // CachePolicy.Set's bits.
@@ -398,7 +401,7 @@ func (r *CacheRef) encode(e *Enc) {
 	if r == nil {
 		return
 	}
-	if r.Policy.Set == 0 {
+	if r.Policy.Gen == 0 {
 		e.U8(1) // the field's version
 	} else {
 		e.U8(2)
@@ -406,12 +409,13 @@ func (r *CacheRef) encode(e *Enc) {
 	e.Str(r.Path)
 	e.U64(r.Dev)
 	e.U64(r.Ino)
-	if p := r.Policy; p.Set != 0 {
+	if p := r.Policy; p.Gen != 0 {
 		e.U8(p.Set)
 		e.U64(p.ModifiedThreshold)
 		e.U64(p.ReadAhead)
 		e.Bool(p.SyncOnClose)
 		e.Bool(p.SyncToPFS)
+		e.U64(p.Gen)
 	}
 }
 
@@ -432,6 +436,7 @@ func decodeCacheRef(d *Dec) *CacheRef {
 		p.Set = d.U8()
 		p.ModifiedThreshold, p.ReadAhead = d.U64(), d.U64()
 		p.SyncOnClose, p.SyncToPFS = d.Bool(), d.Bool()
+		p.Gen = d.U64()
 	}
 	return r
 }

@@ -115,9 +115,10 @@ type CacheFileRef struct {
 	Path   string
 	Key    CacheFileKey
 	Layout stripe.Layout
-	// Override is the file's policy overrides (cachepolicy.go): the engine applies them to
-	// the file at every open.
-	Override cache.Override
+	// Override is the file's policy overrides (cachepolicy.go), set at OverrideGen (0:
+	// never): the engine applies the newest it heard of to the file at every open.
+	Override    cache.Override
+	OverrideGen uint64
 }
 
 // CacheFile is a file open in the data engine: its object on this server, at object offsets
@@ -784,7 +785,7 @@ func timeOf(valid uint32, set, now uint32, t proto.Timespec) unix.Timespec {
 func (c *cacheNS) removedRef(path string, st *unix.Stat_t) *proto.RemovedReply {
 	key := keyOfStat(st)
 	c.sizes.forget(key)
-	c.sizes.setPolicy(key, cache.Override{})
+	c.sizes.dropPolicy(key)
 	return &proto.RemovedReply{Layout: c.t.fileLayout(key).Encode(),
 		Cache: &proto.CacheRef{Path: path, Dev: key.Dev, Ino: key.Ino}}
 }

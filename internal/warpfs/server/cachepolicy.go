@@ -14,6 +14,9 @@ package server
 //   - A directory's are inherited by the regular files created in it afterwards (not by its
 //     subdirectories, nor by files already there), as a directory's stripe configuration.
 //   - They go with the file's last name.
+//   - Each setting has a generation (proto.CachePolicy.Gen): a stripe server keeps the newest
+//     it heard of for the file, so that an open made before a setting (on another compute
+//     node, which opens its objects later) does not undo it there.
 //   - user.spillway.cache.sync is the mount's (it syncs the file on every stripe server);
 //     it never reaches the namespace server's PFS.
 
@@ -21,36 +24,52 @@ import (
 	"path"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 )
 
-// policy is the overrides set on key.
-func (t *sizeTable) policy(key CacheFileKey) cache.Override {
+// setPolicy is a file's or directory's policy as set: its overrides and when (proto.CachePolicy.Gen).
+type setPolicy struct {
+	o   cache.Override
+	gen uint64
+}
+
+// policy is the policy set on key (gen 0: none).
+func (t *sizeTable) policy(key CacheFileKey) setPolicy {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.pol[key]
 }
 
-// setPolicy records key's overrides (none: forgets it).
+// setPolicy records key's overrides (none: the instance's defaults, which a setting of
+// before must not outlive on the stripe servers: kept with its generation too).
 func (t *sizeTable) setPolicy(key CacheFileKey, o cache.Override) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if o.Empty() {
-		delete(t.pol, key)
-		return
-	}
 	if t.pol == nil {
-		t.pol = map[CacheFileKey]cache.Override{}
+		t.pol = map[CacheFileKey]setPolicy{}
 	}
-	t.pol[key] = o
+	// The clock, so that settings after a restart of this server still come after those
+	// the stripe servers heard of before it; never twice the same.
+	gen := max(uint64(time.Now().UnixNano()), t.lastGen+1)
+	t.lastGen = gen
+	t.pol[key] = setPolicy{o: o, gen: gen}
 }
 
-// policyOf is the wire form of overrides.
-func policyOf(o cache.Override) proto.CachePolicy {
-	var p proto.CachePolicy
+// dropPolicy forgets key's policy (its last name is gone).
+func (t *sizeTable) dropPolicy(key CacheFileKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.pol, key)
+}
+
+// policyOf is the wire form of a policy set.
+func policyOf(sp setPolicy) proto.CachePolicy {
+	o := sp.o
+	p := proto.CachePolicy{Gen: sp.gen}
 	if o.ModifiedThreshold != nil {
 		p.Set |= proto.PolicyModifiedThreshold
 		p.ModifiedThreshold = *o.ModifiedThreshold
@@ -118,11 +137,11 @@ func (c *cacheNS) policyXattr(door *pfsio.Door, op proto.Op, r *proto.XattrReq, 
 	key := keyOfStat(&st)
 	switch op {
 	case proto.OpGetxattr:
-		return sized([]byte(c.sizes.policy(key).Apply(c.t.Defaults).Text()))
+		return sized([]byte(c.sizes.policy(key).o.Apply(c.t.Defaults).Text()))
 	case proto.OpSetxattr:
 		// Who may write the file or directory may set its policy, as any of its user.*
 		// attributes: the mount's kernel checks it (default_permissions).
-		o, err := cache.ParseOverride(string(r.Value), c.sizes.policy(key))
+		o, err := cache.ParseOverride(string(r.Value), c.sizes.policy(key).o)
 		if err != nil {
 			return proto.XattrReply{}, syscall.EINVAL
 		}
@@ -145,7 +164,7 @@ func (c *cacheNS) inheritPolicy(door *pfsio.Door, p string, key CacheFileKey) {
 	if err != nil {
 		return
 	}
-	if o := c.sizes.policy(keyOfStat(&st)); !o.Empty() {
-		c.sizes.setPolicy(key, o)
+	if sp := c.sizes.policy(keyOfStat(&st)); !sp.o.Empty() {
+		c.sizes.setPolicy(key, sp.o)
 	}
 }

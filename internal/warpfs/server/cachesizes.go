@@ -19,8 +19,6 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
-
-	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 )
 
 // cacheSizesFile is the table's file in Target.Dir. Its lines are "dev ino size", decimal.
@@ -31,9 +29,10 @@ type sizeTable struct {
 	path string
 	refs int // guarded by sizeTables.mu
 
-	mu  sync.Mutex
-	m   map[CacheFileKey]uint64
-	pol map[CacheFileKey]cache.Override // cachepolicy.go: in memory only
+	mu      sync.Mutex
+	m       map[CacheFileKey]uint64
+	pol     map[CacheFileKey]setPolicy // cachepolicy.go: in memory only
+	lastGen uint64
 }
 
 // sizeTables holds the tables in use, by file.

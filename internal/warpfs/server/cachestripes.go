@@ -39,7 +39,7 @@ func (c *cacheObjects) ref(name string, r *proto.CacheRef) (CacheFileRef, syscal
 	if name != stripe.ObjectName(l.ID) {
 		return CacheFileRef{}, syscall.EINVAL
 	}
-	return CacheFileRef{Path: r.Path, Key: key, Layout: l, Override: overrideOf(r.Policy)}, 0
+	return CacheFileRef{Path: r.Path, Key: key, Layout: l, Override: overrideOf(r.Policy), OverrideGen: r.Policy.Gen}, 0
 }
 
 // exec serves one request of a cache fragment's stripe session.
