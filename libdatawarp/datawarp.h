@@ -71,9 +71,13 @@ int dw_get_stripe_configuration(int fd, int *stripe_size, int *stripe_width, int
 
 char *dw_get_mds_path(const char *dw_root, uint64_t key);
 char *dw_get_accounting_data_json(const char *path, int *ecode);
+
+/* Returns once fd's data is on the PFS (a cache instance's file: every server of the file
+ * writes it back and syncs the PFS file), or on the burst buffer (scratch: fsync). */
 int dw_wait_sync_complete(int fd);
 
-/* Cache instances only (-EOPNOTSUPP elsewhere); fd is an open file or directory. */
+/* A cache instance's policy of a file (at once, all its opens) or a directory (the files
+ * created in it afterwards); -EOPNOTSUPP off a cache. fd is an open file or directory. */
 int dw_get_cache_policy(int fd, dw_cache_policy_t *policy);
 int dw_set_cache_policy(int fd, const dw_cache_policy_t *policy);
 
