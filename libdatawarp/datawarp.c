@@ -825,11 +825,111 @@ done:
 	return out;
 }
 
-/* dw_wait_sync_complete: Spillway's instances are scratch (no write-back cache to the PFS):
- * the data is synced once it is on the burst buffer. */
+/* ---- cache instances ---------------------------------------------------------------------- */
+
+/* A cache instance's mount answers these attributes of its files and directories itself
+ * (never stored on the PFS); a scratch instance's refuses them (EOPNOTSUPP). */
+#define POLICY_XATTR "user.spillway.cache.policy"
+#define SYNC_XATTR "user.spillway.cache.sync"
+
+/* policy_text reads fd's policy attribute into buf: 0, or -EOPNOTSUPP when fd is not a cache
+ * instance's file or directory. */
+static int policy_text(int fd, char *buf, size_t size)
+{
+	ssize_t n = fgetxattr_r(fd, POLICY_XATTR, buf, size - 1);
+	if (n < 0) {
+		if (errno == ENODATA || errno == ENOTSUP || errno == EOPNOTSUPP)
+			return -EOPNOTSUPP; /* scratch, or not Spillway's */
+		return -errno;
+	}
+	buf[n] = '\0';
+	return 0;
+}
+
+/* policy_field reads "name=value" of a policy text: a number, or yes/no as 1/0. */
+static int policy_field(const char *text, const char *name, uint64_t *out)
+{
+	size_t n = strlen(name);
+	const char *p = text;
+	while ((p = strstr(p, name)) != NULL) {
+		if ((p == text || p[-1] == ' ') && p[n] == '=') {
+			p += n + 1;
+			if (strncmp(p, "yes", 3) == 0)
+				*out = 1;
+			else if (strncmp(p, "no", 2) == 0)
+				*out = 0;
+			else
+				*out = strtoull(p, NULL, 10);
+			return 0;
+		}
+		p += n;
+	}
+	return -1;
+}
+
+int dw_get_cache_policy(int fd, dw_cache_policy_t *policy)
+{
+	char buf[256];
+	uint64_t mt, ra, soc, stp;
+	int rc;
+	if (policy == NULL)
+		return -EINVAL;
+	rc = policy_text(fd, buf, sizeof(buf));
+	if (rc != 0)
+		return rc;
+	if (policy_field(buf, "modified_threshold", &mt) != 0 || policy_field(buf, "read_ahead", &ra) != 0 ||
+	    policy_field(buf, "sync_on_close", &soc) != 0 || policy_field(buf, "sync_to_pfs", &stp) != 0)
+		return -EIO;
+	policy->modified_threshold = mt;
+	policy->read_ahead = ra;
+	policy->sync_on_close = (int)soc;
+	policy->sync_to_pfs = (int)stp;
+	return 0;
+}
+
+int dw_set_cache_policy(int fd, const dw_cache_policy_t *policy)
+{
+	char cur[256], buf[256];
+	int rc;
+	if (policy == NULL)
+		return -EINVAL;
+	rc = policy_text(fd, cur, sizeof(cur)); /* a cache's file or directory: nothing set elsewhere */
+	if (rc != 0)
+		return rc;
+	snprintf(buf, sizeof(buf), "modified_threshold=%llu read_ahead=%llu sync_on_close=%s sync_to_pfs=%s",
+		 (unsigned long long)policy->modified_threshold, (unsigned long long)policy->read_ahead,
+		 policy->sync_on_close ? "yes" : "no", policy->sync_to_pfs ? "yes" : "no");
+	while (fsetxattr(fd, POLICY_XATTR, buf, strlen(buf), 0) != 0) {
+		if (errno != EINTR)
+			return -errno;
+	}
+	return 0;
+}
+
+/* dw_wait_sync_complete: fsync (what the program wrote reaches the burst buffer, durably);
+ * then, on a cache instance, every server holding some of the file puts its data on the PFS
+ * and syncs the PFS file. On a scratch instance nothing is kept for the PFS: the fsync is all. */
 int dw_wait_sync_complete(int fd)
 {
+	char cur[256];
+	int rc;
 	while (fsync(fd) != 0) {
+		if (errno != EINTR)
+			return -errno;
+	}
+	{
+		struct stat st;
+		if (fstat_r(fd, &st) != 0)
+			return -errno;
+		if (!S_ISREG(st.st_mode))
+			return 0; /* no data of its own to put on the PFS */
+	}
+	rc = policy_text(fd, cur, sizeof(cur));
+	if (rc == -EOPNOTSUPP)
+		return 0; /* not a cache's file: synced */
+	if (rc != 0)
+		return rc;
+	while (fsetxattr(fd, SYNC_XATTR, "1", 1, 0) != 0) {
 		if (errno != EINTR)
 			return -errno;
 	}

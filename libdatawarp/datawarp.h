@@ -27,6 +27,16 @@ enum dw_stage_type {
 	DW_ACTIVATE_DEFERRED_STAGE  /* 3: run an earlier DW_STAGE_AT_JOB_END request now (pfs path ignored) */
 };
 
+/* A cache instance's policy for a file or directory (dw_get_cache_policy, dw_set_cache_policy):
+ * the instance's defaults (its #DW jobdw tunables) unless set on the file, or on the directory
+ * it was created in. Spillway's names: Cray described these calls but never published them. */
+typedef struct dw_cache_policy {
+	uint64_t modified_threshold; /* bytes: a file's dirty data on a server past this is flushed to the PFS (0: none) */
+	uint64_t read_ahead;         /* bytes each server reads ahead of a sequential reader (0: none) */
+	int sync_on_close;           /* nonzero: close() returns once the file's data is on the PFS */
+	int sync_to_pfs;             /* nonzero: fsync() returns once the file's data is on the PFS */
+} dw_cache_policy_t;
+
 /* A walk over failed stages (dw_open_failed_stage). */
 typedef struct dw_failed_stage_state dw_failed_stage_t;
 
@@ -61,7 +71,15 @@ int dw_get_stripe_configuration(int fd, int *stripe_size, int *stripe_width, int
 
 char *dw_get_mds_path(const char *dw_root, uint64_t key);
 char *dw_get_accounting_data_json(const char *path, int *ecode);
+
+/* Returns once fd's data is on the PFS (a cache instance's file: every server of the file
+ * writes it back and syncs the PFS file), or on the burst buffer (scratch: fsync). */
 int dw_wait_sync_complete(int fd);
+
+/* A cache instance's policy of a file (at once, all its opens) or a directory (the files
+ * created in it afterwards); -EOPNOTSUPP off a cache. fd is an open file or directory. */
+int dw_get_cache_policy(int fd, dw_cache_policy_t *policy);
+int dw_set_cache_policy(int fd, const dw_cache_policy_t *policy);
 
 #ifdef __cplusplus
 }

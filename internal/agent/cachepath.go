@@ -122,7 +122,7 @@ func (a *Agent) cacheTarget(meta fragmentMeta) (*server.CacheTarget, error) {
 	if size == 0 {
 		size = stripe.DefaultSize
 	}
-	return &server.CacheTarget{PFSRoot: k.PFS, Data: cacheData{s}, UID: k.UID, GID: k.GID,
+	return &server.CacheTarget{PFSRoot: k.PFS, Data: cacheData{s}, UID: k.UID, GID: k.GID, Defaults: s.Defaults(),
 		Layout: stripe.Layout{Size: size, Width: uint32(servers), Servers: uint32(servers)},
 		Door: func(uid, gid uint32) (*pfsio.Door, error) {
 			if uid == 0 {
@@ -150,7 +150,7 @@ func (a *Agent) cacheTargetOf(id int64) (*server.CacheTarget, error) {
 type cacheData struct{ s *cachestore.Store }
 
 func storeRef(ref server.CacheFileRef) cachestore.FileRef {
-	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout}
+	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout, Override: ref.Override, OverrideGen: ref.OverrideGen}
 }
 
 func (d cacheData) OpenFile(door *pfsio.Door, ref server.CacheFileRef, write bool) (server.CacheFile, error) {

@@ -176,6 +176,15 @@ mistake on the command line.
       The path form: stage your own job's files while it runs, as libdatawarp does.
       dwcli stage --help is the whole manual of both forms.
 `,
+	"cache": `  cache policy [--modified-threshold SIZE] [--read-ahead SIZE] [--sync-on-close yes|no|default]
+               [--sync-to-pfs yes|no|default] PATH
+  cache sync PATH...
+      A cache instance's file or directory ($DW_JOB_STRIPED_CACHE): print (and set) its cache
+      policy, or wait until files' data is on the PFS, as libdatawarp's dw_get_cache_policy,
+      dw_set_cache_policy and dw_wait_sync_complete. dwcli cache --help is the whole manual.
+        dwcli cache policy --sync-on-close yes $DW_JOB_STRIPED_CACHE/out
+        dwcli cache sync $DW_JOB_STRIPED_CACHE/out/result.h5
+`,
 	"config": `  config backup [-o FILE]
   config restore FILE
       DataWarp's dump of the node and pool configuration: the pools (name, granularity) and
@@ -188,7 +197,7 @@ mistake on the command line.
 `,
 }
 
-var dwcliVerbs = []string{"ls", "create", "update", "rm", "stage", "config"}
+var dwcliVerbs = []string{"ls", "create", "update", "rm", "stage", "cache", "config"}
 
 // dwcliManual is the whole manual, or one verb's part of it.
 func dwcliManual(verb string) string {
@@ -226,6 +235,13 @@ func dwcliMain(args []string, stdout, stderr io.Writer) int {
 		for i, a := range args {
 			if a == "config" {
 				return dwcliConfigMain(append(append([]string(nil), args[:i]...), args[i+1:]...), stdout, stderr)
+			}
+		}
+	}
+	if firstWord(args) == "cache" {
+		for i, a := range args {
+			if a == "cache" {
+				return dwcliCacheMain(append(append([]string(nil), args[:i]...), args[i+1:]...), stdout, stderr)
 			}
 		}
 	}

@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
-
 
 func cacheParams(h *harness) {
 	h.p.Cache = CacheParams{AllowedPFS: []string{"/lustre", "/gpfs/proj"},
@@ -251,6 +251,17 @@ func TestCacheInstanceRecordsAndMountOrder(t *testing.T) {
 	if err := ApplyStages(h.w, "7", model.StageIn, []StageRequest{{Type: "file", PFSPath: "/lustre/x", DWVar: VarJobStriped, DWPath: "/x"}}, h, h.now); err == nil ||
 		err.Error() != "data_in line 0: $DW_JOB_STRIPED: the instance is type=cache, which is not staged: it reads and writes its pfs= directory itself; stage into a scratch instance" {
 		t.Errorf("stage into a cache: %v", err)
+	}
+	// libdatawarp's and dwcli's stages of a cache path are refused the same way (EINVAL).
+	for _, r := range []InJobStage{
+		{Direction: model.StageOut, Type: model.StageFile, DWVar: "DW_JOB_STRIPED_CACHE", DWPath: "/x", PFSPath: "/lustre/x"},
+		{Direction: model.StageIn, Type: model.StageDir, DWVar: "DW_JOB_STRIPED_CACHE", DWPath: "/", PFSPath: "/lustre/d"},
+	} {
+		err := ApplyInJobStages(h.w, "7", []InJobStage{r}, h, h.now)
+		var ue *UserError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "a cache instance is not staged") {
+			t.Errorf("in-job stage %s of a cache path: %v, want a user error", r.Direction, err)
+		}
 	}
 	h.w.TakeChanges()
 

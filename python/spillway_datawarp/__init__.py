@@ -23,6 +23,7 @@ __all__ = [
     "failed_stages", "set_stage_concurrency",
     "get_stripe_configuration", "set_stripe_configuration",
     "get_mds_path", "get_accounting_data_json", "wait_sync_complete",
+    "CachePolicy", "get_cache_policy", "set_cache_policy",
 ]
 
 # enum dw_stage_type
@@ -33,6 +34,13 @@ DW_ACTIVATE_DEFERRED_STAGE = ACTIVATE_DEFERRED = 3
 
 StageCounts = namedtuple("StageCounts", "complete pending deferred failed")
 StripeConfiguration = namedtuple("StripeConfiguration", "stripe_size stripe_width starting_index")
+# A cache instance's policy of a file or directory (dw_cache_policy_t): bytes, bytes, bools.
+CachePolicy = namedtuple("CachePolicy", "modified_threshold read_ahead sync_on_close sync_to_pfs")
+
+
+class _dw_cache_policy_t(ctypes.Structure):
+    _fields_ = [("modified_threshold", ctypes.c_uint64), ("read_ahead", ctypes.c_uint64),
+                ("sync_on_close", ctypes.c_int), ("sync_to_pfs", ctypes.c_int)]
 
 _lib = None
 _lock = threading.Lock()
@@ -80,6 +88,8 @@ def _declare(lib):
         "dw_set_stripe_configuration": [c_int, c_int, c_int],
         "dw_get_stripe_configuration": [c_int, ip, ip, ip],
         "dw_wait_sync_complete": [c_int],
+        "dw_get_cache_policy": [c_int, ctypes.POINTER(_dw_cache_policy_t)],
+        "dw_set_cache_policy": [c_int, ctypes.POINTER(_dw_cache_policy_t)],
     }
     for name, args in sigs.items():
         f = getattr(lib, name)
@@ -233,4 +243,27 @@ def get_accounting_data_json(path):
 
 
 def wait_sync_complete(fd):
-    _check(_library().dw_wait_sync_complete(int(fd)))
+    """Returns once the file's data is on the PFS (a cache instance's), or on the burst
+    buffer (a scratch instance's: fsync)."""
+    _check(_library().dw_wait_sync_complete(_fd(fd)))
+
+
+def _fd(f):
+    return f if isinstance(f, int) else f.fileno()
+
+
+def get_cache_policy(fd):
+    """The cache policy in effect for an open file or directory of a cache instance (a
+    CachePolicy); OSError EOPNOTSUPP elsewhere. fd: a descriptor or an object with fileno()."""
+    p = _dw_cache_policy_t()
+    _check(_library().dw_get_cache_policy(_fd(fd), ctypes.byref(p)))
+    return CachePolicy(p.modified_threshold, p.read_ahead, bool(p.sync_on_close), bool(p.sync_to_pfs))
+
+
+def set_cache_policy(fd, policy=None, **settings):
+    """Sets the cache policy of an open file or directory of a cache instance: a CachePolicy,
+    or the current one with some fields changed (set_cache_policy(fd, sync_on_close=True))."""
+    cur = policy if policy is not None else get_cache_policy(fd)
+    cur = cur._replace(**settings)
+    p = _dw_cache_policy_t(int(cur.modified_threshold), int(cur.read_ahead), int(bool(cur.sync_on_close)), int(bool(cur.sync_to_pfs)))
+    _check(_library().dw_set_cache_policy(_fd(fd), ctypes.byref(p)))

@@ -126,6 +126,25 @@ func TestLibdatawarpEveryFunction(t *testing.T) {
 	w.assertClean()
 }
 
+// A cache instance's calls in a real job (type=cache over a PFS directory of the job's user):
+// dw_wait_sync_complete puts a file's data on the PFS, the cache policy reads back as set and
+// sync_on_close puts the data on the PFS by close(), and stages of a cache path are refused
+// (-EINVAL). The scratch side (-EOPNOTSUPP) is in TestLibdatawarpEveryFunction.
+func TestLibdatawarpCache(t *testing.T) {
+	w, _ := libdwWorld(t)
+	cached := w.pfsDir("out/cached")
+	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=cache access_mode=striped capacity=1GiB pfs="+cached+"\n"+
+		"exec "+libdw.dwcheck+" cache "+cached+"\n")
+	r := w.runEnv([]string{"SPILLWAY_BIN=" + binary}, "run", script)
+	if r.code != 0 || !strings.Contains(r.stdout, "failures 0") || strings.Contains(r.stdout, "FAIL") {
+		t.Fatalf("dwcheck cache in a job:\n%s", r)
+	}
+	if n := strings.Count("\n"+r.stdout, "\nok "); n < 12 {
+		t.Errorf("only %d checks ran:\n%s", n, r.stdout)
+	}
+	w.waitNoSessions()
+}
+
 // The same program linked statically with libdatawarp.a.
 func TestLibdatawarpStaticLibrary(t *testing.T) {
 	w, out := libdwWorld(t)
@@ -210,6 +229,23 @@ func TestLibdatawarpPython(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(out, "k1")); err == nil {
 		t.Error("k1 was revoked but is on the PFS")
+	}
+}
+
+// The Python package's cache calls in a job with a cache instance.
+func TestLibdatawarpPythonCache(t *testing.T) {
+	w, _ := libdwWorld(t)
+	py := "/usr/bin/python3"
+	if _, err := os.Stat(py); err != nil {
+		t.Skip("/usr/bin/python3 is not installed")
+	}
+	cached := w.pfsDir("out/cached")
+	check := filepath.Join(repoRoot(), "tests", "e2e", "testdata", "libdatawarp", "pycheck_cache.py")
+	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=cache access_mode=striped capacity=1GiB pfs="+cached+"\nexec "+py+" "+check+" "+cached+"\n")
+	env := []string{"SPILLWAY_BIN=" + binary, "PYTHONPATH=" + filepath.Join(repoRoot(), "python"), "SPILLWAY_LIBDATAWARP=" + filepath.Join(libdw.prefix, "lib", "libdatawarp.so.0")}
+	r := w.runEnv(env, "run", script)
+	if r.code != 0 || !strings.Contains(r.stdout, "failures 0") || strings.Count(r.stdout, "\nok ") < 5 {
+		t.Fatalf("pycheck_cache in a job:\n%s", r)
 	}
 }
 

@@ -568,6 +568,23 @@ func (c *Cache) Fsync(h Handle) (Result, []Action) {
 	return r, c.out
 }
 
+// SyncToPFS waits until the file's writes admitted so far are on the PFS and the PFS file is
+// synced, whatever its policy (libdatawarp's dw_wait_sync_complete); a flush's error since
+// the last sync fails it. A file being removed has nothing to sync.
+func (c *Cache) SyncToPFS(h Handle) (Result, []Action) {
+	c.begin()
+	hd := c.handles[h]
+	if hd == nil {
+		return failed(syscall.EBADF), nil
+	}
+	if hd.f.doomed {
+		return ready(), nil
+	}
+	r := c.sync(hd, false)
+	c.pump()
+	return r, c.out
+}
+
 func (c *Cache) sync(hd *handle, closing bool) Result {
 	f := hd.f
 	if errno := f.err; errno != 0 {

@@ -715,3 +715,23 @@ func BenchmarkStripedReadHit(b *testing.B) {
 		c.ReadDone(o.Handle, off+4096, 65536)
 	}
 }
+
+func TestPolicyText(t *testing.T) {
+	o, err := ParseOverride("modified_threshold=1048576 sync_on_close=yes", Override{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := o.Apply(Policy{ReadAhead: 4 << 20, SyncToPFS: true})
+	if got, want := p.Text(), "modified_threshold=1048576 read_ahead=4194304 sync_on_close=yes sync_to_pfs=yes"; got != want {
+		t.Fatalf("policy %q, want %q", got, want)
+	}
+	o, err = ParseOverride("sync_on_close=default read_ahead=0", o)
+	if err != nil || o.SyncOnClose != nil || o.ReadAhead == nil || *o.ReadAhead != 0 || *o.ModifiedThreshold != 1<<20 {
+		t.Fatalf("after reset: %+v %v", o, err)
+	}
+	for _, bad := range []string{"", "read_ahead", "read_ahead=-1", "sync_to_pfs=maybe", "colour=blue"} {
+		if _, err := ParseOverride(bad, Override{}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

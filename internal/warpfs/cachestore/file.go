@@ -106,7 +106,7 @@ func (s *Store) OpenFile(door *pfsio.Door, ref FileRef, write bool) (*File, erro
 			s.releaseLocked(fs)
 			return
 		}
-		opened, acts, err := s.c.Open(ref.Key, ref.Path, ref.Layout, attrsOf(st), cache.Override{})
+		opened, acts, err := s.c.Open(ref.Key, ref.Path, ref.Layout, attrsOf(st), s.overrideLocked(ref))
 		if err != nil {
 			s.opt.Log.Warn("cache store: cannot open", "path", ref.Path, "err", err)
 			openErr = syscall.EINVAL
@@ -316,6 +316,34 @@ func (f *File) Fsync() error {
 		return nil
 	}
 	return errOf(wait(r, ch))
+}
+
+// SyncToPFS returns once the file's writes so far (through any open, on this server) are on
+// the PFS and the PFS file is synced, or a flush's error: an fsync with sync_to_pfs, whatever
+// the file's policy (libdatawarp's dw_wait_sync_complete).
+func (f *File) SyncToPFS() error {
+	s := f.s
+	var r cache.Result
+	var ch chan syscall.Errno
+	s.locked(func(b *batch) {
+		var acts []cache.Action
+		r, acts = s.c.SyncToPFS(f.h)
+		ch = s.hold(r)
+		s.take(b, acts)
+	})
+	return errOf(wait(r, ch))
+}
+
+// Closing is a close's sync, before the close itself (the mount's FLUSH): with
+// sync_on_close, SyncToPFS; else nothing.
+func (f *File) Closing() error {
+	f.s.mu.Lock()
+	soc := f.s.c.Policy(f.key).SyncOnClose
+	f.s.mu.Unlock()
+	if !soc {
+		return nil
+	}
+	return f.SyncToPFS()
 }
 
 // Close closes the file; with sync_on_close it returns once its data is on the PFS and

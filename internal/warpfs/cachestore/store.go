@@ -40,6 +40,12 @@ type FileRef struct {
 	Path   string        // relative to the PFS directory (pfsio path rules)
 	Key    cache.FileKey // (st_dev, st_ino) the namespace server saw; checked at open (ESTALE if the PFS file at Path is another)
 	Layout stripe.Layout // the file's stripe layout
+	// Override is the file's policy (the namespace server's, set through libdatawarp) as set
+	// at OverrideGen (0: never): every open sets the newest the store heard of for the file,
+	// its other opens on this server included (an open carrying an older one, made before a
+	// setting, does not undo it).
+	Override    cache.Override
+	OverrideGen uint64
 }
 
 // Options configure a Store. Zero fields take the defaults below.
@@ -148,6 +154,8 @@ type Store struct {
 	// truncate of a file at a time: the next waits here)
 	truncating map[cache.FileKey]chan struct{}
 	closed     bool
+	// policies: the newest policy heard of for each file that had one set, until unlinked
+	policies map[cache.FileKey]FileRef
 
 	// objMu: punches (write) against fetches' and flushes' object I/O (read), which check
 	// under it that their extents are still theirs: a Discard or an unlink at the last close
@@ -332,7 +340,25 @@ func (s *Store) Truncate(door *pfsio.Door, ref FileRef, size uint64) error {
 // Unlink: the PFS file was removed. Its cached data is dropped at its last close (now if it
 // is not open), dirty data included.
 func (s *Store) Unlink(key cache.FileKey) {
-	s.locked(func(b *batch) { s.take(b, s.c.Unlink(key)) })
+	s.locked(func(b *batch) {
+		delete(s.policies, key)
+		s.take(b, s.c.Unlink(key))
+	})
+}
+
+// overrideLocked is the policy to open ref with: the newest of ref's and the one kept.
+func (s *Store) overrideLocked(ref FileRef) cache.Override {
+	kept, ok := s.policies[ref.Key]
+	if ok && kept.OverrideGen >= ref.OverrideGen {
+		return kept.Override
+	}
+	if ref.OverrideGen > 0 {
+		if s.policies == nil {
+			s.policies = map[cache.FileKey]FileRef{}
+		}
+		s.policies[ref.Key] = FileRef{Override: ref.Override, OverrideGen: ref.OverrideGen}
+	}
+	return ref.Override
 }
 
 // Drain is teardown's flush: it returns once every dirty byte is on the PFS, or with the
@@ -474,3 +500,7 @@ func (s *Store) Close() error {
 	s.files = map[cache.FileKey]*fileState{}
 	return err
 }
+
+// Defaults is the instance's cache policy on this server (Config.Defaults): what a file's
+// overrides apply to.
+func (s *Store) Defaults() cache.Policy { return s.cfg.Defaults }

@@ -814,12 +814,21 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
+	if data == nil {
+		data = []byte{} // nil stands for a removal in cacheSetxattr
+	}
+	if errno, handled := n.cacheSetxattr(ctx, attr, data, flags); handled {
+		return errno
+	}
 	return n.xattr(ctx, proto.OpSetxattr, proto.XattrReq{Name: attr, Value: data, Flags: flags}, nil)
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
+	}
+	if errno, handled := n.cacheSetxattr(ctx, attr, nil, 0); handled {
+		return errno
 	}
 	return n.xattr(ctx, proto.OpRemovexattr, proto.XattrReq{Name: attr}, nil)
 }
@@ -1031,7 +1040,10 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	}
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
-	return h.reportSize(ctx)
+	if errno := h.reportSize(ctx); errno != 0 || h.striped.cache == nil {
+		return errno
+	}
+	return h.closingSync(ctx)
 }
 
 func (h *fileHandle) handleCall(ctx context.Context, op proto.Op, build func(id uint64) proto.Message, reply proto.Message) syscall.Errno {

@@ -111,6 +111,10 @@ type stripedFile struct {
 	// are opened as its opener, uid:gid; nil for a striped instance's.
 	cache    *proto.CacheRef
 	uid, gid uint32
+	// policy replaces cache.Policy in the opens of objects when policySet: the file's policy
+	// as set through this node after the open (cacheops.go).
+	policy    proto.CachePolicy
+	policySet bool
 }
 
 // removal is what a striped file's objects are removed by: its layout, and a cache
@@ -188,14 +192,20 @@ func (h *fileHandle) objectHandle(ctx context.Context, s int, stale uint64) (id,
 	var call *client.Call
 	flags := objectFlags(h.flags)
 	uid, gid := uint32(objectCaller), uint32(0)
-	if sf.cache != nil {
+	ref := sf.cache
+	if ref != nil {
 		uid, gid = sf.uid, sf.gid
+		if sf.policySet {
+			r := *ref
+			r.Policy = sf.policy
+			ref = &r
+		}
 	}
 	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
-		call = &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: name, Flags: flags, Cache: sf.cache}, Reply: &rep}
+		call = &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: name, Flags: flags, Cache: ref}, Reply: &rep}
 	} else {
 		call = &client.Call{Op: proto.OpCreate, UID: uid, GID: gid, Reply: &rep,
-			Req: &proto.CreateReq{Name: name, Flags: flags, Mode: 0o600, Cache: sf.cache}}
+			Req: &proto.CreateReq{Name: name, Flags: flags, Mode: 0o600, Cache: ref}}
 	}
 	errno = t.Do(ctx, call)
 	if errno == syscall.ENOENT && flags&syscall.O_ACCMODE == syscall.O_RDONLY {

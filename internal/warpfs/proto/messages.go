@@ -366,21 +366,57 @@ func (m *OpenReply) Decode(d *Dec) {
 // directory (the namespace's path) and its identity there, (st_dev, st_ino) as the namespace
 // server's lstat found it. A stripe server opens the PFS file by Path and refuses it
 // (ESTALE) when it is no longer that file.
+//
+// Policy is the file's cache policy overrides as the namespace server keeps them (set through
+// libdatawarp): the stripe servers apply them at every open of the file's objects.
 type CacheRef struct {
 	Path     string
 	Dev, Ino uint64
+	Policy   CachePolicy
 }
 
+// CachePolicy is a cache file's policy overrides (cache.Override): Set says which fields
+// are set; the others are the instance's defaults. Gen orders the settings of a file (the
+// namespace server's clock when it was set; 0: never set): a stripe server keeps the newest
+// it heard of, so that an open carrying an older one (made before a setting) does not undo it.
+type CachePolicy struct {
+	Set                          uint8
+	ModifiedThreshold, ReadAhead uint64
+	SyncOnClose, SyncToPFS       bool
+	Gen                          uint64
+}
+
+// CachePolicy.Set's bits.
+const (
+	PolicyModifiedThreshold = 1 << iota
+	PolicyReadAhead
+	PolicySyncOnClose
+	PolicySyncToPFS
+)
+
 // encode appends the optional trailing CacheRef field: nothing when r is nil, so a message
-// without one is byte for byte what peers of before send and take.
+// without one is byte for byte what peers of before send and take; version 1 without a
+// policy, version 2 with one.
 func (r *CacheRef) encode(e *Enc) {
 	if r == nil {
 		return
 	}
-	e.U8(1) // the field's version
+	if r.Policy.Gen == 0 {
+		e.U8(1) // the field's version
+	} else {
+		e.U8(2)
+	}
 	e.Str(r.Path)
 	e.U64(r.Dev)
 	e.U64(r.Ino)
+	if p := r.Policy; p.Gen != 0 {
+		e.U8(p.Set)
+		e.U64(p.ModifiedThreshold)
+		e.U64(p.ReadAhead)
+		e.Bool(p.SyncOnClose)
+		e.Bool(p.SyncToPFS)
+		e.U64(p.Gen)
+	}
 }
 
 // decodeCacheRef reads the optional trailing CacheRef field, if the body has more.
@@ -388,12 +424,20 @@ func decodeCacheRef(d *Dec) *CacheRef {
 	if d.err != nil || len(d.B) == 0 {
 		return nil
 	}
-	if v := d.U8(); v != 1 {
+	v := d.U8()
+	if v != 1 && v != 2 {
 		d.fail(fmt.Sprintf("cache reference of version %d", v))
 		return nil
 	}
 	r := &CacheRef{Path: d.Str(MaxPath)}
 	r.Dev, r.Ino = d.U64(), d.U64()
+	if v == 2 {
+		p := &r.Policy
+		p.Set = d.U8()
+		p.ModifiedThreshold, p.ReadAhead = d.U64(), d.U64()
+		p.SyncOnClose, p.SyncToPFS = d.Bool(), d.Bool()
+		p.Gen = d.U64()
+	}
 	return r
 }
 
@@ -632,6 +676,18 @@ type FsyncReq struct {
 	Handle uint64
 	Flags  uint32
 }
+
+// FsyncToPFS in FsyncReq.Flags asks a cache instance's stripe server to return once the
+// file's data it holds is on the PFS and the PFS file synced, whatever the file's policy
+// (libdatawarp's dw_wait_sync_complete). Other servers ignore it (fsync's own flags are
+// FUSE's, bit 0 only).
+const FsyncToPFS = 1 << 16
+
+// FsyncClosing in FsyncReq.Flags is a close's request to a cache instance's stripe server:
+// if the file's policy syncs on close, return once its data there is on the PFS, else at
+// once. A file's close (FUSE's FLUSH) sends it, since the release of its objects comes after
+// close(2) has returned.
+const FsyncClosing = 1 << 17
 
 func (m *FsyncReq) Encode(e *Enc) { e.U64(m.Handle); e.U32(m.Flags) }
 func (m *FsyncReq) Decode(d *Dec) { m.Handle, m.Flags = d.U64(), d.U32() }

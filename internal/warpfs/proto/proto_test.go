@@ -32,6 +32,8 @@ func samples() []struct {
 		{OpOpen, true, &OpenReply{Handle: 99, Attr: attr, Layout: []byte{1, 2, 3}, Truncated: true}},
 		{OpOpen, true, &OpenReply{Handle: 99, Attr: attr, Layout: []byte{1, 2, 3}, Cache: &CacheRef{Path: "d/f", Dev: 1 << 40, Ino: 77}}},
 		{OpOpen, false, &OpenReq{Path: "00000000000000ff", Flags: 2, Cache: &CacheRef{Path: "f", Dev: 3, Ino: 4}}},
+		{OpOpen, false, &OpenReq{Path: "00000000000000ff", Flags: 2, Cache: &CacheRef{Path: "f", Dev: 3, Ino: 4,
+			Policy: CachePolicy{Set: PolicySyncOnClose | PolicyReadAhead, ReadAhead: 1 << 20, SyncOnClose: true, Gen: 42}}}},
 		{OpCreate, false, &CreateReq{Name: "00000000000000ff", Flags: 0o102, Mode: 0o600, Cache: &CacheRef{Path: "a/b", Dev: 5, Ino: 6}}},
 		{OpUnlink, false, &EntryReq{Name: "00000000000000ff", Cache: &CacheRef{Path: "a/b", Dev: 5, Ino: 6}}},
 		{OpUnlink, true, &RemovedReply{Layout: []byte{4, 5}, Cache: &CacheRef{Path: "x", Dev: 7, Ino: 8}}},

@@ -74,6 +74,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/pfsio"
+	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
@@ -99,6 +100,9 @@ type CacheTarget struct {
 	// UID and GID are the instance's owner: a mount's handshake looks the root up through
 	// their door.
 	UID, GID uint32
+	// Defaults is the instance's cache policy, which user.spillway.cache.policy reads with a
+	// file's overrides applied (cachepolicy.go).
+	Defaults cache.Policy
 }
 
 // CacheFileKey is a PFS file's identity: (st_dev, st_ino) as the door's lstat sees it.
@@ -111,6 +115,10 @@ type CacheFileRef struct {
 	Path   string
 	Key    CacheFileKey
 	Layout stripe.Layout
+	// Override is the file's policy overrides (cachepolicy.go), set at OverrideGen (0:
+	// never): the engine applies the newest it heard of to the file at every open.
+	Override    cache.Override
+	OverrideGen uint64
 }
 
 // CacheFile is a file open in the data engine: its object on this server, at object offsets
@@ -123,6 +131,13 @@ type CacheFile interface {
 	// Fsync makes what was written durable (on the PFS, or in the engine's own durable
 	// state, as the engine promises).
 	Fsync() error
+	// SyncToPFS returns once what the file holds on this server is on the PFS and synced
+	// (proto.FsyncToPFS; libdatawarp's dw_wait_sync_complete): for an engine that writes
+	// through, Fsync.
+	SyncToPFS() error
+	// Closing is a close's sync (proto.FsyncClosing): SyncToPFS if the file's policy syncs on
+	// close, else nothing.
+	Closing() error
 	Close() error
 }
 
@@ -577,7 +592,7 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 	}
 	l.Length = a.Size // the logical size, as a striped stub's layout carries it
 	rep := &proto.OpenReply{Attr: a, Layout: l.Encode(), Truncated: truncated,
-		Cache: &proto.CacheRef{Path: path, Dev: key.Dev, Ino: key.Ino}}
+		Cache: &proto.CacheRef{Path: path, Dev: key.Dev, Ino: key.Ino, Policy: policyOf(c.sizes.policy(key))}}
 	return &cacheHandle{path: path, key: key, door: door, file: f, flags: of}, rep, 0
 }
 
@@ -597,6 +612,10 @@ func (c *cacheNS) create(door *pfsio.Door, path string, flags, mode uint32) (*ca
 		h, rep, errno = c.open(door, path, flags, false, 0) // it was there, or another made it
 	}
 	c.v.acct.createDone(created)
+	if created {
+		c.inheritPolicy(door, path, h.key)
+		rep.Cache.Policy = policyOf(c.sizes.policy(h.key))
+	}
 	if created && rep.Truncated {
 		rep.Truncated = false // a new file: nothing of it to truncate
 		rep.Attr = c.attr(&h.file.Stat)
@@ -766,6 +785,7 @@ func timeOf(valid uint32, set, now uint32, t proto.Timespec) unix.Timespec {
 func (c *cacheNS) removedRef(path string, st *unix.Stat_t) *proto.RemovedReply {
 	key := keyOfStat(st)
 	c.sizes.forget(key)
+	c.sizes.dropPolicy(key)
 	return &proto.RemovedReply{Layout: c.t.fileLayout(key).Encode(),
 		Cache: &proto.CacheRef{Path: path, Dev: key.Dev, Ino: key.Ino}}
 }
@@ -903,6 +923,9 @@ func (c *cacheNS) xattr(door *pfsio.Door, op proto.Op, r *proto.XattrReq, h *cac
 			return proto.XattrReply{}, syscall.ERANGE
 		}
 		return proto.XattrReply{Size: uint32(len(data)), Data: data}, 0
+	}
+	if cacheXattr(r.Name) {
+		return c.policyXattr(door, op, r, path, sized)
 	}
 	if r.Name == UserLayoutXattr || hiddenXattr(r.Name) {
 		if op != proto.OpGetxattr {

@@ -105,8 +105,10 @@ func (f *wtFile) WriteAt(p []byte, objOff uint64) (int, error) {
 	})
 }
 
-func (f *wtFile) Fsync() error { return f.f.Sync(false) }
-func (f *wtFile) Close() error { return f.f.Close() }
+func (f *wtFile) Fsync() error     { return f.f.Sync(false) }
+func (f *wtFile) SyncToPFS() error { return f.f.Sync(false) }
+func (f *wtFile) Closing() error   { return nil }
+func (f *wtFile) Close() error     { return f.f.Close() }
 
 // doors opens one in-process door per (uid, gid) to a PFS directory and records who asked.
 type doors struct {

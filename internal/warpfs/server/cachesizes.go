@@ -29,8 +29,10 @@ type sizeTable struct {
 	path string
 	refs int // guarded by sizeTables.mu
 
-	mu sync.Mutex
-	m  map[CacheFileKey]uint64
+	mu      sync.Mutex
+	m       map[CacheFileKey]uint64
+	pol     map[CacheFileKey]setPolicy // cachepolicy.go: in memory only
+	lastGen uint64
 }
 
 // sizeTables holds the tables in use, by file.

@@ -39,7 +39,7 @@ func (c *cacheObjects) ref(name string, r *proto.CacheRef) (CacheFileRef, syscal
 	if name != stripe.ObjectName(l.ID) {
 		return CacheFileRef{}, syscall.EINVAL
 	}
-	return CacheFileRef{Path: r.Path, Key: key, Layout: l}, 0
+	return CacheFileRef{Path: r.Path, Key: key, Layout: l, Override: overrideOf(r.Policy), OverrideGen: r.Policy.Gen}, 0
 }
 
 // exec serves one request of a cache fragment's stripe session.
@@ -125,6 +125,12 @@ func (c *cacheObjects) exec(s *session, op proto.Op, uid, gid uint32, m proto.Me
 		return &proto.CountReply{N: uint64(n)}, 0, errno
 	case *proto.FsyncReq:
 		return &proto.Empty{}, 0, withHandle(r.Handle, func(h *cacheHandle) syscall.Errno {
+			if r.Flags&proto.FsyncToPFS != 0 {
+				return doorErrno(h.data.SyncToPFS())
+			}
+			if r.Flags&proto.FsyncClosing != 0 {
+				return doorErrno(h.data.Closing())
+			}
 			return doorErrno(h.data.Fsync())
 		})
 	case *proto.SetattrReq:

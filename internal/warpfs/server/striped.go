@@ -218,7 +218,12 @@ func (v *volume) inheritLayout(parentFd, dirfd int, name string) {
 
 // layoutXattr answers the striping attributes: users read and set user.spillway.layout, and
 // never see the server's own. handled is false for every other attribute.
+// The cache's attributes (cachepolicy.go) are not a scratch instance's: EOPNOTSUPP, so that
+// libdatawarp's cache calls fail clearly rather than store an attribute.
 func (v *volume) layoutXattr(op proto.Op, r *proto.XattrReq, t *target) (rep proto.XattrReply, errno syscall.Errno, handled bool) {
+	if cacheXattr(r.Name) {
+		return rep, syscall.EOPNOTSUPP, true
+	}
 	if hiddenXattr(r.Name) {
 		if op == proto.OpGetxattr {
 			return rep, syscall.ENODATA, true

@@ -5,6 +5,7 @@
  *   dwcheck rotate PFS_DIR     checkpoint rotation: AT_JOB_END on the newest, REVOKE the rest
  *   dwcheck terminate PFS_DIR  terminate a large stage-out while it runs
  *   dwcheck threads PFS_DIR    the same calls from several threads at once
+ *   dwcheck cache PFS_DIR      a cache instance ($DW_JOB_STRIPED_CACHE over PFS_DIR): sync, policy
  *
  * Prints "ok NAME" or "FAIL NAME: ..." per check and exits with the number of failures.
  * Written against Cray's datawarp.h as a DataWarp user would.
@@ -372,6 +373,13 @@ static void check_all(void)
 		CHECK("get_stripe_configuration bad fd: -EBADF", rc == -EBADF, "rc %d", rc);
 		rc = dw_wait_sync_complete(fd);
 		CHECK("wait_sync_complete", rc == 0, "rc %d", rc);
+		{
+			dw_cache_policy_t pol = {1 << 20, 0, 1, 0};
+			rc = dw_get_cache_policy(fd, &pol);
+			CHECK("get_cache_policy on scratch: -EOPNOTSUPP", rc == -EOPNOTSUPP, "rc %d", rc);
+			rc = dw_set_cache_policy(fd, &pol);
+			CHECK("set_cache_policy on scratch: -EOPNOTSUPP", rc == -EOPNOTSUPP, "rc %d", rc);
+		}
 		close(fd);
 		rc = dw_wait_sync_complete(9999);
 		CHECK("wait_sync_complete bad fd: -EBADF", rc == -EBADF, "rc %d", rc);
@@ -405,6 +413,116 @@ static void check_all(void)
 		rc = dw_set_stage_concurrency(pfs, 4);
 		CHECK("set_stage_concurrency outside any instance: -EINVAL", rc == -EINVAL, "rc %d", rc);
 	}
+}
+
+/* pattern is n bytes seeded by seed (malloc'd); write_all writes them to fd; holds checks
+ * that the file p holds exactly them. */
+static char *pattern(size_t n, int seed)
+{
+	char *b = malloc(n);
+	size_t i;
+	if (b == NULL)
+		abort();
+	for (i = 0; i < n; i++)
+		b[i] = (char)((i * 131 + (size_t)seed * 7) & 0xff);
+	return b;
+}
+
+static int write_all(int fd, const char *b, size_t n)
+{
+	size_t done = 0;
+	while (done < n) {
+		long k = R(write(fd, b + done, n - done));
+		if (k <= 0)
+			return -1;
+		done += (size_t)k;
+	}
+	return 0;
+}
+
+static int holds(const char *p, const char *want, size_t n)
+{
+	char *got = malloc(n + 1);
+	size_t have = 0;
+	int fd = (int)R(open(p, O_RDONLY)), ok;
+	if (fd < 0) {
+		free(got);
+		return 0;
+	}
+	for (;;) {
+		long k = R(read(fd, got + have, n + 1 - have));
+		if (k <= 0)
+			break;
+		have += (size_t)k;
+		if (have == n + 1)
+			break;
+	}
+	close(fd);
+	ok = have == n && memcmp(got, want, n) == 0;
+	free(got);
+	return ok;
+}
+
+/* A cache instance ($DW_JOB_STRIPED_CACHE over PFS_DIR): dw_wait_sync_complete puts a
+ * file's data on the PFS; the cache policy reads back as set and sync_on_close puts the data
+ * on the PFS by close; a stage is refused. */
+static void check_cache(void)
+{
+	const char *bb = getenv("DW_JOB_STRIPED_CACHE");
+	const size_t n = (3 << 20) + 4321; /* more than one stripe: several extents */
+	char *data = pattern(n, 1), *data2 = pattern(n, 2);
+	dw_cache_policy_t pol, got;
+	int fd, rc;
+	if (bb == NULL) {
+		printf("FAIL setup: DW_JOB_STRIPED_CACHE is not set\n");
+		exit(100);
+	}
+	fd = (int)R(open(path(bb, "c1"), O_RDWR | O_CREAT | O_TRUNC, 0644));
+	if (fd < 0 || write_all(fd, data, n) != 0) {
+		printf("FAIL setup: cannot write c1: %s\n", strerror(errno));
+		exit(100);
+	}
+	CHECK("cache: written, not yet on the PFS", !holds(path(pfs, "c1"), data, n), "the PFS holds it before any sync");
+	rc = dw_wait_sync_complete(fd);
+	CHECK("cache: wait_sync_complete", rc == 0, "rc %d", rc);
+	CHECK("cache: after wait_sync_complete the PFS holds the data", holds(path(pfs, "c1"), data, n), "it does not");
+
+	rc = dw_get_cache_policy(fd, &pol);
+	CHECK("cache: get_cache_policy (the instance's defaults)", rc == 0 && pol.sync_on_close == 0 && pol.sync_to_pfs == 0,
+	      "rc %d sync_on_close %d sync_to_pfs %d", rc, pol.sync_on_close, pol.sync_to_pfs);
+	close(fd);
+
+	fd = (int)R(open(path(bb, "c2"), O_RDWR | O_CREAT | O_TRUNC, 0644));
+	pol.modified_threshold = 32 << 20;
+	pol.read_ahead = 1 << 20;
+	pol.sync_on_close = 1;
+	pol.sync_to_pfs = 0;
+	rc = dw_set_cache_policy(fd, &pol);
+	CHECK("cache: set_cache_policy", rc == 0, "rc %d", rc);
+	memset(&got, 0xff, sizeof(got));
+	rc = dw_get_cache_policy(fd, &got);
+	CHECK("cache: get_cache_policy returns what was set",
+	      rc == 0 && got.modified_threshold == 32 << 20 && got.read_ahead == 1 << 20 && got.sync_on_close == 1 && got.sync_to_pfs == 0,
+	      "rc %d: %llu %llu %d %d", rc, (unsigned long long)got.modified_threshold, (unsigned long long)got.read_ahead,
+	      got.sync_on_close, got.sync_to_pfs);
+	if (write_all(fd, data2, n) != 0) {
+		printf("FAIL setup: cannot write c2: %s\n", strerror(errno));
+		exit(100);
+	}
+	rc = close(fd);
+	CHECK("cache: close with sync_on_close", rc == 0, "rc %d errno %d", rc, errno);
+	CHECK("cache: after close with sync_on_close the PFS holds the data", holds(path(pfs, "c2"), data2, n), "it does not");
+
+	rc = dw_set_cache_policy(fd, NULL);
+	CHECK("cache: set_cache_policy NULL: -EINVAL", rc == -EINVAL, "rc %d", rc);
+	rc = dw_get_cache_policy(9999, &got);
+	CHECK("cache: get_cache_policy bad fd: -EBADF", rc == -EBADF, "rc %d", rc);
+	rc = dw_stage_file_out(path(bb, "c2"), path(pfs, "c2.out"), DW_STAGE_IMMEDIATE);
+	CHECK("cache: stage_file_out of a cache file: -EINVAL", rc == -EINVAL, "rc %d", rc);
+	rc = dw_stage_directory_in(bb, pfs);
+	CHECK("cache: stage_directory_in into a cache: -EINVAL", rc == -EINVAL, "rc %d", rc);
+	free(data);
+	free(data2);
 }
 
 /* Checkpoint rotation as libhio does it: each new checkpoint is staged at job end and the
@@ -521,11 +639,17 @@ static void on_alarm(int sig) { (void)sig; }
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: dwcheck all|rotate|terminate|threads PFS_DIR\n");
+		fprintf(stderr, "usage: dwcheck all|rotate|terminate|threads|cache PFS_DIR\n");
 		return 100;
 	}
 	dw = getenv("DW_JOB_STRIPED");
 	pfs = argv[2];
+	if (strcmp(argv[1], "cache") == 0) {
+		check_cache();
+		free_paths();
+		printf("failures %d\n", failures);
+		return failures;
+	}
 	if (dw == NULL) {
 		printf("FAIL setup: DW_JOB_STRIPED is not set\n");
 		return 100;
