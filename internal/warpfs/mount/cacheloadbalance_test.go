@@ -152,3 +152,39 @@ func TestCacheLoadbalanceReplicas(t *testing.T) {
 		t.Errorf("after the PFS file changed: %d bytes (%v), want the new %d", len(got), err, len(changed))
 	}
 }
+
+// A load-balanced cache on one server, mounted on that server's own host (a local namespace,
+// served in-process): its files have no descriptor to read from, so their reads go through
+// the namespace server to the cache store, as a remote mount's do.
+func TestCacheLoadbalanceLocalNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a FUSE mount")
+	}
+	pfs, mp := dirs(t)
+	data := make([]byte, 2<<20+99)
+	rand.New(rand.NewSource(21)).Read(data)
+	if err := os.WriteFile(filepath.Join(pfs, "data"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := cachestore.Open(cachestore.Options{Dir: t.TempDir(), Config: cache.Config{Server: 0, Capacity: 64 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: storeData{s},
+		Layout: stripe.Layout{Size: 1 << 20, Width: 1, Servers: 1}, Loadbalance: true}
+	m := mount(t, Spec{MountPath: mp, SourceDir: t.TempDir(), Tracker: usage.New("ldbal cache", 1<<30), Cache: ct,
+		ReadOnly: true, AllowOther: true, Logger: quietLogger(t)})
+	for i := range 2 {
+		got, err := os.ReadFile(filepath.Join(m.Path(), "data"))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read %d: %d bytes (%v), want the PFS file's %d (equal: %v)", i+1, len(got), err, len(data), bytes.Equal(got, data))
+		}
+	}
+	if st := s.Stats(); st.FetchedBytes != uint64(len(data)) || st.Hits == 0 {
+		t.Errorf("the store fetched %d bytes with %d hits: want the file's %d once, and hits", st.FetchedBytes, st.Hits, len(data))
+	}
+	if err := os.WriteFile(filepath.Join(m.Path(), "new"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("creating a file: %v, want EROFS", err)
+	}
+}
