@@ -33,9 +33,9 @@ package server
 //		},
 //	}
 //
-// Cache targets are served to remote mounts only: OpenLocal serves none, so a mount of a
-// cache instance on one of its own storage nodes goes through that node's server (TCP), as
-// a mount from any compute node does.
+// A mount of a cache instance on one of its own storage nodes serves that node's part
+// in-process (OpenLocal with LocalOptions.Cache), as for scratch; a cache file has no
+// descriptor there (Local.ReadFd), so its data always goes through the data engine.
 //
 // Every node of the instance must be given the same Layout (its servers in the instance's
 // fragment order, as for a striped instance) and the same PFSRoot: a file's layout is that
