@@ -171,6 +171,10 @@ controller = "unix:$dir/run/controller.sock"
 [client]
 controller = "unix:$dir/run/controller.sock"
 
+[cache]
+# Cache instances (#DW jobdw type=cache pfs=...) may front the users' "PFS" directories.
+allowed_pfs = ["$dir/pfs"]
+
 [[pool]]
 name = "wlm_pool"
 granularity = "$granularity"

@@ -28,6 +28,7 @@ func TestDatawarpPlugin(t *testing.T) {
 	c.run("afterburstbuffer", (*cluster).afterBurstBuffer)
 	c.run("slurmctld_restart_during_stage_out", (*cluster).restartDuringStageOut)
 	c.run("scontrol_show_dwstat", (*cluster).showDwstat)
+	c.run("cache_and_scratch_cache", (*cluster).cacheJobs)
 	c.assertClean()
 }
 
@@ -407,5 +408,80 @@ func (c *cluster) showDwstat(t *testing.T) {
 		if r.code != 0 || !regexp.MustCompile(tc.want).MatchString(r.stdout) {
 			t.Errorf("scontrol show %s %v: want %s\n%s", word, tc.args, tc.want, r)
 		}
+	}
+}
+
+// Cache instances (issue 20): a cache job reads a file of its PFS directory through
+// $DW_JOB_STRIPED_CACHE and writes its result there, which is on the PFS after the job, the
+// user's; a root-only file stays unreadable through the cache. Then a job with a scratch and
+// a cache instance: each with its own variable, the result copied from scratch to the cache.
+func (c *cluster) cacheJobs(t *testing.T) {
+	dir := filepath.Join(c.pfs, "cachedir")
+	c.writeFile("cachedir/in", "from the pfs\n", 0o644)
+	secret := filepath.Join(dir, "root-only")
+	os.WriteFile(secret, []byte("secret\n"), 0o600) // root's
+	id := c.sbatch("cache.sh", `#!/bin/bash
+#SBATCH --output=cache-%j.out
+#DW jobdw type=cache access_mode=striped capacity=1GiB pfs=`+dir+c.pool()+`
+set -e
+echo "C=$DW_JOB_STRIPED_CACHE"
+cat "$DW_JOB_STRIPED_CACHE/in"
+if cat "$DW_JOB_STRIPED_CACHE/root-only" 2>/dev/null; then echo "LEAK"; fi
+seq 1 200000 > "$DW_JOB_STRIPED_CACHE/out-$SLURM_JOB_ID"
+`)
+	j := c.waitEnd(id, 2*time.Minute)
+	out := c.read("cache-" + id + ".out")
+	if j["JobState"] != "COMPLETED" || j["ExitCode"] != "0:0" {
+		t.Fatalf("cache job %s: %s %s\n%s", id, j["JobState"], j["ExitCode"], out)
+	}
+	if want := "C=" + filepath.Join(c.dir, "mounts", id+"_striped_cache") + "/\n"; !strings.Contains(out, want) || !strings.Contains(out, "from the pfs\n") {
+		t.Errorf("job output lacks %q or the PFS file's content:\n%s", want, out)
+	}
+	if strings.Contains(out, "LEAK") || strings.Contains(out, "secret") {
+		t.Errorf("a root-only PFS file was read through the cache:\n%s", out)
+	}
+	c.assertGone(id)
+	var want strings.Builder
+	for i := 1; i <= 200000; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	result := filepath.Join(dir, "out-"+id)
+	if got, err := os.ReadFile(result); err != nil || string(got) != want.String() {
+		t.Errorf("the result on the PFS after the job: %d bytes, %v", len(got), err)
+	}
+	if fi, err := os.Stat(result); err == nil && int(fi.Sys().(*syscall.Stat_t).Uid) != c.uid {
+		t.Errorf("the result on the PFS is not the job user's: uid %d", fi.Sys().(*syscall.Stat_t).Uid)
+	}
+
+	id = c.sbatch("both.sh", `#!/bin/bash
+#SBATCH --output=both-%j.out
+#DW jobdw type=scratch access_mode=striped capacity=1GiB`+c.pool()+`
+#DW jobdw type=cache access_mode=striped capacity=1GiB pfs=`+dir+c.pool()+`
+set -e
+echo "S=$DW_JOB_STRIPED"
+echo "C=$DW_JOB_STRIPED_CACHE"
+seq 1 1000 > "$DW_JOB_STRIPED/tmp"
+cp "$DW_JOB_STRIPED/tmp" "$DW_JOB_STRIPED_CACHE/both-$SLURM_JOB_ID"
+`)
+	j = c.waitEnd(id, 2*time.Minute)
+	out = c.read("both-" + id + ".out")
+	if j["JobState"] != "COMPLETED" || j["ExitCode"] != "0:0" {
+		t.Fatalf("scratch+cache job %s: %s %s\n%s", id, j["JobState"], j["ExitCode"], out)
+	}
+	for _, want := range []string{
+		"S=" + filepath.Join(c.dir, "mounts", id+"_striped_scratch") + "/\n",
+		"C=" + filepath.Join(c.dir, "mounts", id+"_striped_cache") + "/\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("job output lacks %q:\n%s", want, out)
+		}
+	}
+	c.assertGone(id)
+	var seq strings.Builder
+	for i := 1; i <= 1000; i++ {
+		fmt.Fprintf(&seq, "%d\n", i)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "both-"+id)); err != nil || string(got) != seq.String() {
+		t.Errorf("the scratch+cache job's result on the PFS: %q %v", got, err)
 	}
 }

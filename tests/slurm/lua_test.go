@@ -21,6 +21,7 @@ func TestLuaPlugin(t *testing.T) {
 	c.run("unreadable_stage_in", (*cluster).unreadableStageIn)
 	c.run("scancel_hurry", (*cluster).cancelHurry)
 	c.run("scontrol_show_bbstat", (*cluster).showDwstat)
+	c.run("cache_and_scratch_cache", (*cluster).cacheJobs)
 	c.assertClean()
 }
 
