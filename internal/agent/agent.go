@@ -686,9 +686,13 @@ func (a *Agent) forgetTrackerIfUnused(instanceID int64) {
 // Mount exposes a namespace at a mount path: a namespace on this node through the loopback
 // (the fast path), one on another node through that node's data server (warpfs).
 func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
-	if spec.Cache != nil && len(spec.Stripes) == 0 {
+	if spec.Cache != nil && spec.Cache.Loadbalance && len(spec.Stripes) > 0 {
+		return fmt.Errorf("mount %s: type=cache access_mode=loadbalance of pfs=%s: the mount order names stripe servers, which a load-balanced cache has none of", spec.MountPath, spec.Cache.PFS)
+	}
+	if spec.Cache != nil && !spec.Cache.Loadbalance && len(spec.Stripes) == 0 {
 		// A cache namespace must never be served as a scratch one: its data is in stripe
-		// objects, always (lifecycle: striped()).
+		// objects, always (lifecycle: striped()), but for a load-balanced cache, whose every
+		// server serves whole files behind its own namespace.
 		return fmt.Errorf("mount %s: type=cache of pfs=%s: the mount order names no stripe servers (a controller older than this agent?)", spec.MountPath, spec.Cache.PFS)
 	}
 	a.mu.Lock()
@@ -725,6 +729,9 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 		ls.Client = agentapi.StageClient(a.opt.Name)
 	}
 	here := func(node string) bool { return node == a.opt.Name && a.ssd != "" }
+	if spec.Cache != nil && spec.Cache.Loadbalance {
+		ls.ReadOnly = true // a load-balanced cache: every change is EROFS on its servers too
+	}
 	if len(spec.Replicas) > 1 {
 		// A loadbalance namespace with a copy on every server: read-only, any copy will do.
 		ls.ReadOnly, remote = true, true
@@ -738,8 +745,16 @@ func (a *Agent) mountSource(spec agentapi.MountSpec) (ls mount.Spec, remote bool
 				if err != nil {
 					return ls, false, err
 				}
-				ls.Replicas = append(ls.Replicas, mount.Server{Node: r.Node, Dir: a.namespaceDir(r.FragmentID, r.NamespaceID), Tracker: t,
-					Fragment: counters, NamespaceID: r.NamespaceID})
+				srv := mount.Server{Node: r.Node, Dir: a.namespaceDir(r.FragmentID, r.NamespaceID), Tracker: t,
+					Fragment: counters, NamespaceID: r.NamespaceID}
+				if spec.Cache != nil {
+					// A load-balanced cache's replica here: the PFS directory, whole files from
+					// this node's cache of the fragment.
+					if srv.Cache, err = a.cacheTargetOf(r.FragmentID); err != nil {
+						return ls, false, err
+					}
+				}
+				ls.Replicas = append(ls.Replicas, srv)
 				remote = false
 				continue
 			}

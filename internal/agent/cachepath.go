@@ -38,7 +38,11 @@ func (a *Agent) cacheStore(meta fragmentMeta) (*cachestore.Store, error) {
 		return s, nil
 	}
 	k := meta.Cache
-	cfg := cache.Config{Server: meta.StripeIndex, Capacity: meta.Capacity,
+	index := meta.StripeIndex
+	if k.Loadbalance {
+		index = 0 // a load-balanced cache: this fragment holds all of every file it serves
+	}
+	cfg := cache.Config{Server: index, Capacity: meta.Capacity,
 		Defaults: cache.Policy{ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead, SyncOnClose: k.SyncOnClose, SyncToPFS: k.SyncToPFS}}
 	if k.HighWatermark > 0 && k.LowWatermark > 0 && k.LowWatermark < k.HighWatermark {
 		cfg.DirtyHigh, cfg.DirtyLow = float64(k.HighWatermark)/100, float64(k.LowWatermark)/100
@@ -110,7 +114,8 @@ func (a *Agent) closeCacheStores() {
 }
 
 // cacheTarget is how the servers of fragment meta serve its cache: its namespace (the PFS
-// directory) and its stripe objects (the store).
+// directory) and its stripe objects (the store); for a load-balanced cache, the namespace
+// of the fragment and the whole files' data it serves (the store, with a one-server layout).
 func (a *Agent) cacheTarget(meta fragmentMeta) (*server.CacheTarget, error) {
 	k := meta.Cache
 	s, err := a.cacheStore(meta)
@@ -118,11 +123,14 @@ func (a *Agent) cacheTarget(meta fragmentMeta) (*server.CacheTarget, error) {
 		return nil, err
 	}
 	servers := max(k.Servers, 1)
+	if k.Loadbalance {
+		servers = 1 // one server's layout: whole files, served with the namespace
+	}
 	size := k.StripeSize
 	if size == 0 {
 		size = stripe.DefaultSize
 	}
-	return &server.CacheTarget{PFSRoot: k.PFS, Data: cacheData{s}, UID: k.UID, GID: k.GID, Defaults: s.Defaults(),
+	return &server.CacheTarget{PFSRoot: k.PFS, Data: cacheData{s}, UID: k.UID, GID: k.GID, Defaults: s.Defaults(), Loadbalance: k.Loadbalance,
 		Layout: stripe.Layout{Size: size, Width: uint32(servers), Servers: uint32(servers)},
 		Door: func(uid, gid uint32) (*pfsio.Door, error) {
 			if uid == 0 {

@@ -124,6 +124,12 @@ type CacheSpec struct {
 	// stripe server, even one alone); a fragment's own place in it is FragmentSpec.StripeIndex.
 	Servers    int    `json:"servers,omitempty"`
 	StripeSize uint64 `json:"stripe_size,omitempty"`
+	// Loadbalance marks a load-balanced cache (access_mode=loadbalance): read-only, every
+	// fragment serving a namespace of its own (the PFS directory; the mount's replicas) and
+	// the data of whole files from its own cache. Servers is then 1 and every fragment's
+	// StripeIndex 0 (a one-server layout: each holds all of every file it serves), and the
+	// mount order names no stripe servers.
+	Loadbalance bool `json:"loadbalance,omitempty"`
 }
 
 // Replica is one copy of a loadbalance namespace, as a client reaches it.

@@ -38,8 +38,8 @@ func jobProcess(t *testing.T, config, script string) (int, string) {
 }
 
 // TestJobProcessCache: job_process checks a cache's pfs= against the site's [cache]
-// allowed_pfs, refuses a load-balanced cache (not built yet) and a persistent cache Slurm
-// could never create (it passes no pfs=).
+// allowed_pfs, refuses a persistent cache Slurm could never create (it passes no pfs=), and
+// passes a striped and a load-balanced cache.
 func TestJobProcessCache(t *testing.T) {
 	const site = "[cache]\nallowed_pfs = [\"/lustre\"]\n"
 	cases := []struct{ script, want string }{
@@ -49,8 +49,6 @@ func TestJobProcessCache(t *testing.T) {
 			"job_file_valid False\nline 3: #DW jobdw: pfs=\"/lustre/x/../../etc\" contains \"..\": the site's allowed directories are matched against the path as written; write the directory itself, e.g. pfs=/etc\n"},
 		{"#!/bin/bash\n#BB create_persistent name=pc capacity=1TiB type=cache pfs=/lustre/p\n",
 			"job_file_valid False\nline 2: #BB create_persistent type=cache: Slurm passes no pfs= to create_persistent; create the persistent cache outside Slurm (spillway persistent create pc --type cache --pfs /lustre/p), then use it with #DW persistentdw name=pc\n"},
-		{"#!/bin/bash\n#DW jobdw type=cache access_mode=loadbalance capacity=1TiB pfs=/lustre/me\n",
-			"job_file_valid False\nline 2: #DW jobdw: access_mode=loadbalance is not built for type=cache in this version yet (the load-balanced cache); use access_mode=striped\n"},
 	}
 	for _, c := range cases {
 		code, out := jobProcess(t, site, c.script)
@@ -60,6 +58,9 @@ func TestJobProcessCache(t *testing.T) {
 	}
 	if code, out := jobProcess(t, site, "#!/bin/bash\n#DW jobdw type=cache capacity=1TiB pfs=/lustre/me\n"); code != 0 || out != "" {
 		t.Errorf("with the data path: exit %d %s", code, out)
+	}
+	if code, out := jobProcess(t, site, "#!/bin/bash\n#DW jobdw type=cache access_mode=loadbalance capacity=1TiB pfs=/lustre/me\n"); code != 0 || out != "" {
+		t.Errorf("a load-balanced cache: exit %d %s", code, out)
 	}
 	if code, out := jobProcess(t, "", "#!/bin/bash\n#DW jobdw type=cache capacity=1TiB pfs=/lustre/me\n"); code != 1 ||
 		out != "job_file_valid False\nline 2: #DW jobdw: pfs=/lustre/me: this site allows no PFS directory for cache instances yet ([cache] allowed_pfs is empty); ask the administrator to list the PFS directories users may cache\n" {

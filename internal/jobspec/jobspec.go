@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 
 	"github.com/spillway-hpc/spillway/internal/directive"
@@ -19,16 +18,8 @@ import (
 // Supported refuses what this version of Spillway parses but cannot run yet, naming the line.
 func Supported(s *directive.Script) error {
 	var problems []string
-	if j := s.JobDWOfType(model.TypeCache); j != nil && slices.Contains(j.AccessModes, model.AccessLoadbalance) {
-		problems = append(problems, fmt.Sprintf("line %d: #DW jobdw: %s", j.Line, model.ErrLoadbalanceCacheNotBuilt))
-	}
 	if s.Swap != nil {
 		problems = append(problems, fmt.Sprintf("line %d: #DW swap is not supported by this Spillway version yet", s.Swap.Line))
-	}
-	for _, c := range s.Create {
-		if c.Type == model.TypeCache && slices.Contains(c.AccessModes, model.AccessLoadbalance) {
-			problems = append(problems, fmt.Sprintf("line %d: #BB create_persistent: %s", c.Line, model.ErrLoadbalanceCacheNotBuilt))
-		}
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "\n"))

@@ -71,9 +71,6 @@ func checkInstance(req InstanceRequest, persistent bool, p Params) error {
 }
 
 func checkCache(req InstanceRequest, cp CacheParams) error {
-	if slices.Contains(req.AccessModes, model.AccessLoadbalance) {
-		return userErr("%s", model.ErrLoadbalanceCacheNotBuilt)
-	}
 	if slices.Contains(req.AccessModes, model.AccessPrivate) {
 		return userErr("access_mode=private is not available for type=cache (as in DataWarp): a cache's files are the PFS directory's, which every compute node sees; use access_mode=striped or access_mode=loadbalance")
 	}

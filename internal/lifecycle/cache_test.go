@@ -44,7 +44,6 @@ func TestCacheSetupRefusals(t *testing.T) {
 		{cacheSetup("1", "/lustre2/me"), "pfs=/lustre2/me is outside the directories this site allows for cache instances ([cache] allowed_pfs: /lustre, /gpfs/proj); choose a directory under one of them, or ask the administrator to add it"},
 		{cacheSetup("1", "/gpfs"), "pfs=/gpfs is outside the directories this site allows for cache instances ([cache] allowed_pfs: /lustre, /gpfs/proj); choose a directory under one of them, or ask the administrator to add it"},
 		{scratchWithPFS, "pfs= and the cache tunables are only for type=cache: a scratch instance starts empty; remove them, or use type=cache"},
-		{cacheSetup("1", "/lustre/me", "loadbalance"), model.ErrLoadbalanceCacheNotBuilt},
 	}
 	for _, c := range cases {
 		err := ApplySetup(h.w, c.req, h, h.p, h.now)
@@ -97,12 +96,6 @@ func TestScratchAndCacheRequest(t *testing.T) {
 	persistent.More = []InstanceRequest{*jobSetup("p", 1<<30).Instance}
 	if err := ApplySetup(h.w, persistent, h, h.p, h.now); err == nil || err.Error() != "create_persistent p: a persistent instance is one instance" {
 		t.Errorf("persistent pair: %v", err)
-	}
-	// A load-balanced cache is not built yet: refused, with the way out.
-	lb := cacheSetup("lb", "/lustre/me")
-	lb.Instance.AccessModes = []string{model.AccessLoadbalance}
-	if err := ApplySetup(h.w, lb, h, h.p, h.now); err == nil || err.Error() != model.ErrLoadbalanceCacheNotBuilt {
-		t.Errorf("load-balanced cache: %v", err)
 	}
 }
 
@@ -369,4 +362,117 @@ func TestScratchAndCacheSetupFailsForEither(t *testing.T) {
 			t.Fatalf("the list went to %+v", c)
 		}
 	}
+}
+
+// TestLoadbalanceCache (issue 20 item 8): a load-balanced cache on two servers gets a
+// namespace on each fragment (each a replica: the PFS directory, read-only, whole files
+// served from that server's own cache), every fragment and namespace order carries the cache
+// with a one-server layout (each fragment is server 0 of it), and each compute node's mount
+// order is read-only, names no stripe servers and lists every replica, the one its name picks
+// first.
+func TestLoadbalanceCache(t *testing.T) {
+	h := newHarness(t, "ssd1", "ssd2")
+	cacheParams(h)
+	req := cacheSetup("5", "/lustre/me/run", model.AccessLoadbalance)
+	req.Instance.Capacity, req.Instance.Strategy = 2<<30, "bandwidth"
+	var fragments []agentapi.FragmentSpec
+	var namespaces []agentapi.NamespaceSpec
+	h.fail = func(e Effect) error {
+		switch e.Op {
+		case OpCreateFragment:
+			fragments = append(fragments, e.Fragment)
+		case OpCreateNamespace:
+			namespaces = append(namespaces, e.Namespace)
+		}
+		return nil
+	}
+	h.must(ApplySetup(h.w, req, h, h.p, h.now))
+	h.settle()
+	if st := h.status("5", PhaseSetup); !st.Done || st.Failed {
+		t.Fatalf("setup: %+v", st)
+	}
+	inst := h.w.InstanceOf(h.w.SessionByToken("5").ID)
+	frags := h.w.FragmentsOf(inst.ID)
+	if len(frags) != 2 || frags[0].Node == frags[1].Node {
+		t.Fatalf("fragments: %+v", frags)
+	}
+	c := h.w.ConfigurationsOf(inst.ID)[0]
+	if c.Type != model.TypeCache || c.AccessMode != model.AccessLoadbalance || striped(h.w, c) {
+		t.Fatalf("configuration %+v (striped %v)", c, striped(h.w, c))
+	}
+	wantSpec := agentapi.CacheSpec{PFS: "/lustre/me/run", ModifiedThreshold: 64 << 20, ReadAhead: 4 << 20, HighWatermark: 45, LowWatermark: 20,
+		UID: 1001, GID: 1002, Servers: 1, StripeSize: h.w.StripeSize(inst), Loadbalance: true}
+	if len(fragments) != 2 || len(namespaces) != 2 {
+		t.Fatalf("creates: %d fragments %d namespaces", len(fragments), len(namespaces))
+	}
+	for _, f := range fragments {
+		if f.Cache == nil || *f.Cache != wantSpec || f.StripeIndex != 0 {
+			t.Errorf("fragment %d's order: cache %+v, stripe index %d", f.ID, f.Cache, f.StripeIndex)
+		}
+	}
+	nsFrag := map[int64]bool{}
+	for _, ns := range namespaces {
+		if ns.Cache == nil || *ns.Cache != wantSpec || ns.Servers != 0 {
+			t.Errorf("namespace %d's order: cache %+v, servers %d", ns.ID, ns.Cache, ns.Servers)
+		}
+		nsFrag[ns.FragmentID] = true
+	}
+	if len(nsFrag) != 2 {
+		t.Errorf("the namespaces are on fragments %v, want one on each", nsFrag)
+	}
+	env, err := Paths(h.w, "5", h.p.MountRoot)
+	if err != nil || len(env) != 1 || env["DW_JOB_LDBAL_CACHE"] == "" {
+		t.Fatalf("paths: %v %v", env, err)
+	}
+
+	var mounts []agentapi.MountSpec
+	h.fail = func(e Effect) error {
+		if e.Op == OpMount {
+			mounts = append(mounts, e.Mount)
+		}
+		return nil
+	}
+	nodes := []string{"cn1", "cn2", "cn3", "cn4", "cn5", "cn6"}
+	for _, n := range nodes {
+		h.w.Nodes[n] = &model.Node{Name: n, Online: true}
+	}
+	h.must(ApplyPreRun(h.w, "5", nodes, h, h.p))
+	h.settle()
+	if len(mounts) != len(nodes) {
+		t.Fatalf("%d mounts for %d nodes", len(mounts), len(nodes))
+	}
+	nss := h.w.NamespacesOf(c.ID)
+	firsts := map[int64]bool{}
+	for _, m := range mounts {
+		node := ""
+		for _, a := range h.w.Activations {
+			if a.ID == m.ActivationID {
+				node = a.Node
+			}
+		}
+		if m.Cache == nil || *m.Cache != wantSpec || !m.ReadOnly || len(m.Stripes) != 0 || len(m.MDS) != 0 {
+			t.Errorf("%s's mount order: cache %+v read-only %v stripes %d", node, m.Cache, m.ReadOnly, len(m.Stripes))
+		}
+		want := h.w.NamespaceFor(c, node)
+		if len(m.Replicas) != 2 || m.Replicas[0].NamespaceID != want.ID || m.NamespaceID != want.ID ||
+			m.Replicas[0].NamespaceID == m.Replicas[1].NamespaceID {
+			t.Errorf("%s's replicas %+v, want both namespaces, %d first", node, m.Replicas, want.ID)
+			continue
+		}
+		for _, r := range m.Replicas {
+			ns := h.w.Namespaces[r.NamespaceID]
+			if ns == nil || ns.ConfigurationID != c.ID || ns.FragmentID != r.FragmentID || h.w.Fragments[r.FragmentID].Node != r.Node {
+				t.Errorf("%s's replica %+v names no namespace of the cache", node, r)
+			}
+		}
+		firsts[m.Replicas[0].NamespaceID] = true
+	}
+	if len(firsts) != len(nss) {
+		t.Errorf("the compute nodes read %d of the %d servers first: not spread", len(firsts), len(nss))
+	}
+	h.must(ApplyPostRun(h.w, "5"))
+	h.settle()
+	h.must(ApplyTeardown(h.w, "5", false))
+	h.settle()
+	assertEmpty(t, h.w)
 }

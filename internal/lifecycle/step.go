@@ -111,7 +111,7 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
 					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity,
 						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength, Job: s.Token,
-						Cache: instanceCache(w, inst.ID), StripeIndex: stripeIndex(w, f)}})
+						Cache: instanceCache(w, inst.ID), StripeIndex: cacheStripeIndex(w, inst.ID, f)}})
 			}
 		}
 		for _, c := range w.ConfigurationsOf(inst.ID) {
@@ -300,6 +300,11 @@ func cacheSpec(w *World, c *model.Configuration) *agentapi.CacheSpec {
 	spec := &agentapi.CacheSpec{PFS: k.PFS, ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead,
 		SyncOnClose: k.SyncOnClose, SyncToPFS: k.SyncToPFS, HighWatermark: k.HighWatermark, LowWatermark: k.LowWatermark,
 		UID: c.Owner, GID: c.Group, Servers: len(w.FragmentsOf(c.InstanceID))}
+	if c.AccessMode == model.AccessLoadbalance {
+		// The load-balanced cache: every fragment serves whole files from its own cache (a
+		// one-server layout) behind a namespace of its own, each a replica of the others.
+		spec.Loadbalance, spec.Servers = true, 1
+	}
 	if inst := w.Instances[c.InstanceID]; inst != nil {
 		spec.StripeSize = w.StripeSize(inst)
 	}
@@ -314,6 +319,15 @@ func stripeIndex(w *World, f *model.Fragment) int {
 		}
 	}
 	return 0
+}
+
+// cacheStripeIndex is fragment f's place in its instance's cache layout: stripeIndex, or 0 for
+// a load-balanced cache, whose every fragment holds all of the files it serves.
+func cacheStripeIndex(w *World, instanceID ID, f *model.Fragment) int {
+	if spec := instanceCache(w, instanceID); spec != nil && spec.Loadbalance {
+		return 0
+	}
+	return stripeIndex(w, f)
 }
 
 // instanceCache is the cache an instance's fragments hold (nil: a scratch instance). An
@@ -352,6 +366,7 @@ func shards(w *World, c *model.Configuration) []agentapi.Replica {
 // striped reports whether a configuration's files are striped over its instance's servers:
 // every access mode of an instance on several nodes but loadbalance, which has a replica on
 // each.
+// A load-balanced cache is not striped: each of its servers serves whole files (cacheSpec).
 func striped(w *World, c *model.Configuration) bool {
 	if c.Type == model.TypeCache && c.AccessMode == model.AccessStriped {
 		return true // even on one node: a cache's file data is always in stripe objects, one data path

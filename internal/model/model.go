@@ -283,11 +283,6 @@ func (b *StageBytes) Add(st *Stage) {
 	b.Namespaces = append(b.Namespaces, NamespaceStageBytes{Namespace: st.NamespaceID, In: in, Out: out})
 }
 
-// ErrLoadbalanceCacheNotBuilt refuses a load-balanced cache (type=cache
-// access_mode=loadbalance: read-only copies of the PFS directory's data on every server),
-// which this version does not build yet; a striped cache it does.
-const ErrLoadbalanceCacheNotBuilt = "access_mode=loadbalance is not built for type=cache in this version yet (the load-balanced cache); use access_mode=striped"
-
 // CacheSettings are what a cache configuration fronts and how (#DW jobdw type=cache pfs=...
 // and its tunables, the site's [cache] defaults filled in at setup).
 type CacheSettings struct {

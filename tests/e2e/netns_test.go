@@ -141,6 +141,8 @@ connect_timeout = "1s"
 keepalive_interval = "500ms"
 reconnect_wait = "100ms"
 idle_timeout = "5s"
+[cache]
+allowed_pfs = ["%[1]s/pfs"]
 `, dir, ctl.addr, token, netRequestTimeout)
 	agent := func(h *netHost, storage bool) string {
 		// Each other host holds its own node credential, never the cluster's secret.

@@ -143,7 +143,8 @@ type Server struct {
 	Fragment    *server.Fragment
 	NamespaceID int64
 	// Cache: a local Dir of a cache instance's stripe objects is served through its data
-	// engine (Spec.Cache).
+	// engine (Spec.Cache); a local replica of a load-balanced cache (Spec.Replicas) is that
+	// server's namespace, serving whole files through its engine (CacheTarget.Loadbalance).
 	Cache *server.CacheTarget
 }
 

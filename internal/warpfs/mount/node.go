@@ -944,12 +944,16 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	h.node.settleAll() // this node's writes behind first
 	if local := h.node.be.local; local != nil {
 		// A file of this host: go-fuse reads (or splices) it straight from the descriptor.
+		// A load-balanced cache's file has none: its reads go through the server (Exec).
 		id, _ := h.current()
-		if fd, ok := local.ReadFd(id, off, len(dest)); ok {
+		fd, ok := local.ReadFd(id, off, len(dest))
+		if !ok {
+			return nil, syscall.EBADF
+		}
+		if fd >= 0 {
 			local.CountSplicedRead(fd, off, len(dest))
 			return fuse.ReadResultFd(uintptr(fd), off, len(dest)), 0
 		}
-		return nil, syscall.EBADF
 	}
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()

@@ -6,6 +6,11 @@ package mount
 // the next one. The mount is read-only, so any copy is as good as another. A server that
 // refuses connections fails a request at once (package client), so the failover is then
 // immediate; one that stops answering costs a request timeout first.
+//
+// A load-balanced cache (access_mode=loadbalance, type=cache) is served the same way: every
+// server's namespace is the PFS directory, read-only, serving the data of whole files from
+// that server's own cache (server.CacheTarget.Loadbalance), so any server is a replica; a
+// local one is served through its data engine (Server.Cache).
 
 import (
 	"context"
@@ -43,7 +48,7 @@ func openReplicas(spec Spec, l Limits, path string, logger *log.Logger) (*backen
 		case r.Dir != "":
 			local, err := server.OpenLocal(server.LocalOptions{Dir: r.Dir, Tracker: r.Tracker, ReadOnly: true,
 				Name: path, Log: slog.New(slog.NewTextHandler(logger.Writer(), nil)),
-				Fragment: r.Fragment, Namespace: r.NamespaceID, Client: spec.Client})
+				Fragment: r.Fragment, Namespace: r.NamespaceID, Client: spec.Client, Cache: r.Cache})
 			if err != nil {
 				return nil, fmt.Errorf("cannot serve replica directory %s: %w", r.Dir, err)
 			}

@@ -33,9 +33,9 @@ package server
 //		},
 //	}
 //
-// Cache targets are served to remote mounts only: OpenLocal serves none, so a mount of a
-// cache instance on one of its own storage nodes goes through that node's server (TCP), as
-// a mount from any compute node does.
+// A mount of a cache instance on one of its own storage nodes serves that node's part
+// in-process (OpenLocal with LocalOptions.Cache), as for scratch; a cache file has no
+// descriptor there (Local.ReadFd), so its data always goes through the data engine.
 //
 // Every node of the instance must be given the same Layout (its servers in the instance's
 // fragment order, as for a striped instance) and the same PFSRoot: a file's layout is that
@@ -63,11 +63,35 @@ package server
 //   - STATFS is the PFS's.
 //   - The data of a regular file never goes through the namespace server: READ, WRITE and
 //     their kin on its handles are EOPNOTSUPP (the mount sends them to the stripe servers).
+//     A load-balanced cache's namespace (below) is the exception.
+//
+// # The load-balanced cache
+//
+// A cache of access_mode=loadbalance (CacheTarget.Loadbalance) is read-only, and every server
+// of the instance serves the whole of it: its namespace (the PFS directory, as above) and the
+// data of every file, each server fetching what it serves from the PFS once into its own data
+// engine. Every server's namespace is then a replica of the others' (the PFS directory is
+// the same), and a mount reads one and fails over to the next as it does for a loadbalance
+// scratch instance's copies (package mount, replicas.go); the controller spreads the compute
+// nodes over the servers. In this mode:
+//
+//   - Every change is EROFS: creates, writes, truncations, renames, removals, attribute and
+//     extended attribute changes, opens for writing or with O_TRUNC.
+//   - The Layout is one server's (Width 1, Servers 1): this server holds all of every file,
+//     in its engine (whose cache.Config.Server is 0), at object offsets equal to file offsets.
+//   - OPEN of a regular file opens it through the door (the user's rights, as above) and in
+//     the engine; the reply carries neither layout nor CacheRef, so the mount reads the file
+//     through this session as a plain file. READ on the handle reads the engine, bounded by
+//     the file's size when it was opened (close-to-open: the engine drops what it holds of a
+//     file changed on the PFS at the next open). LSEEK's SEEK_DATA and SEEK_HOLE see one
+//     extent of data up to that size.
+//   - There are no stripe sessions: nothing holds a stripe object of such an instance.
 
 import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"io"
 	"strings"
 	"syscall"
 
@@ -103,6 +127,10 @@ type CacheTarget struct {
 	// Defaults is the instance's cache policy, which user.spillway.cache.policy reads with a
 	// file's overrides applied (cachepolicy.go).
 	Defaults cache.Policy
+	// Loadbalance makes the namespace a load-balanced cache's (access_mode=loadbalance, see
+	// above): read-only, and serving the data of its regular files itself through Data,
+	// whole. Layout must then be one server's (Width 1, Servers 1).
+	Loadbalance bool
 }
 
 // CacheFileKey is a PFS file's identity: (st_dev, st_ino) as the door's lstat sees it.
@@ -218,6 +246,9 @@ func openCache(t Target, v *volume, stripes bool) (cacheBackend, proto.Attr, sys
 	if ct.Door == nil || ct.Data == nil || ct.Layout.Validate() != nil || ct.Layout.ID > stripe.FixedStart {
 		return nil, proto.Attr{}, syscall.EINVAL
 	}
+	if ct.Loadbalance && (stripes || ct.Layout.Servers != 1 || ct.Layout.Width != 1) {
+		return nil, proto.Attr{}, syscall.EINVAL // one server holds all of every file: no stripe objects
+	}
 	if stripes {
 		root, errno := v.lookup("")
 		return &cacheObjects{t: ct, v: v}, root, errno
@@ -260,8 +291,9 @@ type cacheHandle struct {
 	flags   int            // the flags it was opened with
 	entries []proto.Dirent // namespace: a directory's listing, read at OPENDIR
 
-	data CacheFile // stripe session: the object, in the data engine
+	data CacheFile // stripe session: the object, in the data engine; load-balanced namespace: the file
 	ref  CacheFileRef
+	size uint64 // load-balanced namespace: the file's size at open (READ stops there)
 }
 
 func (c *cacheHandle) close() {
@@ -335,13 +367,23 @@ func modifying(op proto.Op) bool {
 }
 
 // exec serves one request of a cache namespace's session (session.exec's counterpart).
-func (c *cacheNS) exec(s *session, op proto.Op, uid, gid uint32, m proto.Message, _ []byte) (proto.Message, int, syscall.Errno) {
-	if c.v.readOnly && modifying(op) {
+func (c *cacheNS) exec(s *session, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
+	if (c.v.readOnly || c.t.Loadbalance) && modifying(op) {
 		return nil, 0, syscall.EROFS
 	}
 	switch r := m.(type) {
 	case *proto.HandleReq:
 		return &proto.Empty{}, 0, s.release(r.Handle)
+	case *proto.ReadReq:
+		if c.t.Loadbalance {
+			return c.read(s, r, dest)
+		}
+	case *proto.LseekReq:
+		if c.t.Loadbalance {
+			return c.lseek(s, r)
+		}
+	}
+	switch r := m.(type) {
 	case *proto.ReaddirReq:
 		hd := s.get(r.Handle)
 		if hd == nil {
@@ -560,7 +602,7 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 		of &^= unix.O_CREAT | unix.O_EXCL
 	}
 	if writes(flags) || flags&unix.O_TRUNC != 0 {
-		if c.v.readOnly {
+		if c.v.readOnly || c.t.Loadbalance {
 			return nil, nil, syscall.EROFS
 		}
 		if errno := c.v.acct.writable(); errno != 0 {
@@ -589,6 +631,9 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 	a := c.attr(&st)
 	if truncated {
 		a.Size, a.Blocks = 0, 0 // what it is once the client has truncated it
+	}
+	if c.t.Loadbalance {
+		return c.openWhole(door, path, f, key, a)
 	}
 	l.Length = a.Size // the logical size, as a striped stub's layout carries it
 	rep := &proto.OpenReply{Attr: a, Layout: l.Encode(), Truncated: truncated,
@@ -974,4 +1019,80 @@ func (c *cacheNS) xattr(door *pfsio.Door, op proto.Op, r *proto.XattrReq, h *cac
 		return proto.XattrReply{}, doorErrno(door.Removexattr(path, r.Name))
 	}
 	return proto.XattrReply{}, syscall.ENOSYS
+}
+
+// openWhole opens, for a load-balanced cache, the regular file f (opened through door at path)
+// in the data engine, whole: the reply names no layout, so the mount reads it through this
+// session (read).
+func (c *cacheNS) openWhole(door *pfsio.Door, path string, f *pfsio.File, key CacheFileKey, a proto.Attr) (*cacheHandle, *proto.OpenReply, syscall.Errno) {
+	ref := CacheFileRef{Path: path, Key: key, Layout: c.t.fileLayout(key)}
+	data, err := c.t.Data.OpenFile(door, ref, false)
+	if err != nil {
+		f.Close()
+		return nil, nil, doorErrno(err)
+	}
+	h := &cacheHandle{path: path, key: key, door: door, file: f, flags: unix.O_RDONLY, data: data, ref: ref, size: uint64(f.Stat.Size)}
+	return h, &proto.OpenReply{Attr: a}, 0
+}
+
+// wholeFile is the handle id's load-balanced cache file (EBADF: none, or not a file's).
+func wholeFile(s *session, id uint64) (*handle, syscall.Errno) {
+	hd := s.get(id)
+	if hd == nil {
+		return nil, syscall.EBADF
+	}
+	if hd.cache == nil || hd.cache.data == nil {
+		s.put(hd)
+		return nil, syscall.EBADF
+	}
+	return hd, 0
+}
+
+// read serves READ of a load-balanced cache's file from the data engine, up to the file's
+// size at open (the engine reads zeros past what the file holds).
+func (c *cacheNS) read(s *session, r *proto.ReadReq, dest []byte) (proto.Message, int, syscall.Errno) {
+	if r.Offset > 1<<62 {
+		return nil, 0, syscall.EINVAL
+	}
+	hd, errno := wholeFile(s, r.Handle)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	defer s.put(hd)
+	h := hd.cache
+	if r.Offset >= h.size {
+		return nil, 0, 0
+	}
+	want := min(uint64(r.Size), uint64(len(dest)), h.size-r.Offset)
+	n, err := h.data.ReadAt(dest[:want], r.Offset)
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	if errno := doorErrno(err); errno != 0 {
+		return nil, 0, errno
+	}
+	c.v.acct.read(n, r.Offset+uint64(n))
+	return nil, n, 0
+}
+
+// lseek serves SEEK_DATA and SEEK_HOLE of a load-balanced cache's file: data up to its size
+// at open, no holes before it.
+func (c *cacheNS) lseek(s *session, r *proto.LseekReq) (proto.Message, int, syscall.Errno) {
+	hd, errno := wholeFile(s, r.Handle)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	defer s.put(hd)
+	size := hd.cache.size
+	switch r.Whence {
+	case unix.SEEK_DATA, unix.SEEK_HOLE:
+		if r.Offset >= size {
+			return nil, 0, syscall.ENXIO
+		}
+		if r.Whence == unix.SEEK_DATA {
+			return &proto.CountReply{N: r.Offset}, 0, 0
+		}
+		return &proto.CountReply{N: size}, 0, 0
+	}
+	return nil, 0, syscall.EINVAL
 }

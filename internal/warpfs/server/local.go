@@ -176,18 +176,27 @@ func (l *Local) Fd(handle uint64) (int, bool) {
 		return -1, false
 	}
 	defer l.sess.put(h)
+	if h.cache != nil {
+		return -1, false // a cache's file has no descriptor of this namespace's
+	}
 	return h.fd, true
 }
 
 // ReadFd is the descriptor of an open handle for a read of n bytes at off that the mount
 // serves from it itself (go-fuse reads or splices it): the read is counted as the server
 // counts its own.
+//
+// A load-balanced cache's file has no descriptor (its data is the cache engine's): ReadFd
+// then answers -1 and true, and the mount sends the read through Exec.
 func (l *Local) ReadFd(handle uint64, off int64, n int) (int, bool) {
 	h := l.sess.get(handle)
 	if h == nil {
 		return -1, false
 	}
 	defer l.sess.put(h)
+	if h.cache != nil {
+		return -1, true
+	}
 	if a := &l.sess.v.acct; a.frag != nil && off >= 0 {
 		if size, err := sizeOf(h.fd); err == nil {
 			got := max(min(int64(n), size-off), 0)
