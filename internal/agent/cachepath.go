@@ -130,7 +130,7 @@ func (a *Agent) cacheTarget(meta fragmentMeta) (*server.CacheTarget, error) {
 	if size == 0 {
 		size = stripe.DefaultSize
 	}
-	return &server.CacheTarget{PFSRoot: k.PFS, Data: cacheData{s}, UID: k.UID, GID: k.GID, Defaults: s.Defaults(), Loadbalance: k.Loadbalance,
+	return &server.CacheTarget{PFSRoot: k.PFS, Data: cachestore.ServerData(s), UID: k.UID, GID: k.GID, Defaults: s.Defaults(), Loadbalance: k.Loadbalance,
 		Layout: stripe.Layout{Size: size, Width: uint32(servers), Servers: uint32(servers)},
 		Door: func(uid, gid uint32) (*pfsio.Door, error) {
 			if uid == 0 {
@@ -152,27 +152,4 @@ func (a *Agent) cacheTargetOf(id int64) (*server.CacheTarget, error) {
 		return nil, nil
 	}
 	return a.cacheTarget(*meta)
-}
-
-// cacheData is a store as the storage server's cache fragments use it (server.CacheData).
-type cacheData struct{ s *cachestore.Store }
-
-func storeRef(ref server.CacheFileRef) cachestore.FileRef {
-	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout, Override: ref.Override, OverrideGen: ref.OverrideGen}
-}
-
-func (d cacheData) OpenFile(door *pfsio.Door, ref server.CacheFileRef, write bool) (server.CacheFile, error) {
-	f, err := d.s.OpenFile(door, storeRef(ref), write)
-	if err != nil {
-		return nil, err
-	}
-	return f, nil
-}
-
-func (d cacheData) Truncate(door *pfsio.Door, ref server.CacheFileRef, size uint64) error {
-	return d.s.Truncate(door, storeRef(ref), size)
-}
-
-func (d cacheData) Unlink(key server.CacheFileKey) {
-	d.s.Unlink(cache.FileKey{Dev: key.Dev, Ino: key.Ino})
 }

@@ -9,37 +9,12 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cachestore"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
-
-// storeData is a cache store as a server's data engine, as the agent adapts it
-// (internal/agent/cachepath.go).
-type storeData struct{ s *cachestore.Store }
-
-func storeRefOf(ref server.CacheFileRef) cachestore.FileRef {
-	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout}
-}
-
-func (d storeData) OpenFile(door *pfsio.Door, ref server.CacheFileRef, write bool) (server.CacheFile, error) {
-	f, err := d.s.OpenFile(door, storeRefOf(ref), write)
-	if err != nil {
-		return nil, err
-	}
-	return f, nil
-}
-
-func (d storeData) Truncate(door *pfsio.Door, ref server.CacheFileRef, size uint64) error {
-	return d.s.Truncate(door, storeRefOf(ref), size)
-}
-
-func (d storeData) Unlink(key server.CacheFileKey) {
-	d.s.Unlink(cache.FileKey{Dev: key.Dev, Ino: key.Ino})
-}
 
 // A load-balanced cache (access_mode=loadbalance, type=cache) as two compute nodes see it:
 // two servers, each serving the PFS directory read-only and the data of whole files from its
@@ -73,7 +48,7 @@ func TestCacheLoadbalanceReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: storeData{s}, Layout: layout, Loadbalance: true}
+		ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: cachestore.ServerData(s), Layout: layout, Loadbalance: true}
 		ssd := t.TempDir()
 		srv := startServerFor(t, "", server.Target{Dir: ssd, Tracker: usage.New("ldbal cache", 1<<30), Cache: ct}, quietSlog(t), nil)
 		stores, targets, servers, ssds = append(stores, s), append(targets, ct), append(servers, srv), append(ssds, ssd)
@@ -171,7 +146,7 @@ func TestCacheLoadbalanceLocalNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: storeData{s},
+	ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: cachestore.ServerData(s),
 		Layout: stripe.Layout{Size: 1 << 20, Width: 1, Servers: 1}, Loadbalance: true}
 	m := mount(t, Spec{MountPath: mp, SourceDir: t.TempDir(), Tracker: usage.New("ldbal cache", 1<<30), Cache: ct,
 		ReadOnly: true, AllowOther: true, Logger: quietLogger(t)})

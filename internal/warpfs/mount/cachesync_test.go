@@ -11,36 +11,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cachestore"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
-
-// storeData is a cache store as a stripe server uses it (the agent's adapter).
-type storeData struct{ s *cachestore.Store }
-
-func storeRefOf(ref server.CacheFileRef) cachestore.FileRef {
-	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout, Override: ref.Override, OverrideGen: ref.OverrideGen}
-}
-
-func (d storeData) OpenFile(door *pfsio.Door, ref server.CacheFileRef, write bool) (server.CacheFile, error) {
-	f, err := d.s.OpenFile(door, storeRefOf(ref), write)
-	if err != nil {
-		return nil, err
-	}
-	return f, nil
-}
-
-func (d storeData) Truncate(door *pfsio.Door, ref server.CacheFileRef, size uint64) error {
-	return d.s.Truncate(door, storeRefOf(ref), size)
-}
-
-func (d storeData) Unlink(key server.CacheFileKey) {
-	d.s.Unlink(cache.FileKey{Dev: key.Dev, Ino: key.Ino})
-}
 
 // mountCacheStores mounts a cache instance of PFS directory pfs on two stripe servers whose
 // engines are real cache stores (write-behind: nothing reaches the PFS unless synced).
@@ -60,7 +36,7 @@ func mountCacheStores(t *testing.T, pfs, mountPath string) (*Mounted, []*cachest
 		t.Cleanup(func() { st.Close() })
 		stores = append(stores, st)
 		s := startServerFor(t, "", server.Target{Dir: t.TempDir(), Tracker: usage.New("cache stripes", 1<<30), Cache: &server.CacheTarget{
-			PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: storeData{st}, Layout: layout, Defaults: cache.DefaultPolicy}}, quietSlog(t), nil)
+			PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: cachestore.ServerData(st), Layout: layout, Defaults: cache.DefaultPolicy}}, quietSlog(t), nil)
 		spec.Stripes = append(spec.Stripes, Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "cn1", FragmentID: int64(10 + i), InstanceID: 3}})
 	}
 	return mount(t, spec), stores, spec
