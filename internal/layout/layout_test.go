@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -313,5 +314,48 @@ func checkSchema(t *testing.T, all views.All, version int) {
 	}
 	if doc["format"] != Format || doc["version"].(float64) != float64(version) {
 		t.Errorf("format %v version %v", doc["format"], doc["version"])
+	}
+}
+
+// TestCacheSnapshotFeedsBbsim feeds a version 2 snapshot (a cache instance's settings) to the
+// real `bbsim predict`, when SPILLWAY_TEST_BBSIM names it (scripts/test-all sets it): bbsim
+// reads what this package writes, and models the instance as a cache.
+func TestCacheSnapshotFeedsBbsim(t *testing.T) {
+	bbsim := os.Getenv("SPILLWAY_TEST_BBSIM")
+	if bbsim == "" {
+		t.Skip("SPILLWAY_TEST_BBSIM is unset: set it to a bbsim executable (pip install ./sim); scripts/test-all does")
+	}
+	snap, _, err := FromAll(cacheWorld(), Options{Generated: time.Now(), Controller: "unix:/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(snap)
+	path := filepath.Join(t.TempDir(), "snap.json")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bbsim, "predict", path, "--machine", "trinity", "--mapping", "ordered", "--session", "project",
+		"--nodes", "4", "--op", "write", "--block", "1GiB", "--set", "pfs.bandwidth.write=10", "--set", "pfs.bandwidth.read=12", "--json").Output()
+	if err != nil {
+		t.Fatalf("bbsim predict: %v\n%s", err, out)
+	}
+	var got struct {
+		GBps  float64 `json:"gbps"`
+		Cache *struct {
+			Capacity      float64 `json:"capacity"`
+			HighWatermark int     `json:"high_watermark"`
+			PFS           string  `json:"pfs_directory"`
+			BytesWritten  float64 `json:"bytes_written"`
+			DrainGBps     float64 `json:"drain_gbps"`
+			DrainSeconds  float64 `json:"drain_seconds_after_job"`
+		} `json:"cache"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	c := got.Cache
+	if c == nil || c.Capacity != float64(2*gib) || c.HighWatermark != 45 || c.PFS != "/lus/me/run" ||
+		c.BytesWritten != float64(4*32*gib) || c.DrainGBps <= 0 || c.DrainSeconds <= 0 || got.GBps <= 0 {
+		t.Fatalf("bbsim's prediction of the cache instance: %s", out)
 	}
 }

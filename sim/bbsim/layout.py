@@ -335,7 +335,7 @@ def cache_settings(conf: dict) -> dict:
     given = conf.get("cache") or {}
     out = {k: given.get(k, v) for k, v in cachemodel.DEFAULTS.items()}
     if "pfs" in given:
-        out["pfs"] = given["pfs"]
+        out["pfs_directory"] = given["pfs"]
     return out
 
 

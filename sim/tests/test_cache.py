@@ -165,6 +165,16 @@ def test_settings_missing_from_the_snapshot_take_spillways_defaults(tmp_path):
     path.write_text(json.dumps(data))
     c = predict(with_pfs(), load_snapshot(path), "5151", IorSpec(nodes=1))["cache"]
     assert (c["high_watermark"], c["low_watermark"], c["modified_threshold"]) == (45, 20, 64 * MiB)
+    assert "pfs_directory" not in c
+
+
+def test_the_settings_of_the_snapshot_are_used(snap):
+    c = predict(with_pfs(), snap, "5151", IorSpec(nodes=1))["cache"]
+    assert c["pfs_directory"] == "/lustre/scratch/me/run42" and c["pfs"]["reach"] == "lnet"
+    data = json.loads(CACHE_SNAPSHOT.read_text())
+    data["configurations"][3]["cache"]["high_watermark"] = 10
+    c10 = predict(with_pfs(), parse_snapshot(data), "5151", IorSpec(nodes=1, block_size=256 * MiB))["cache"]
+    assert c10["write_back_starts_at"] == pytest.approx(0.10 * c10["capacity"])
 
 
 # -- the snapshot's version 2 and the machine's pfs section -------------------------------------
