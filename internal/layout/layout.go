@@ -1,12 +1,16 @@
 // Package layout converts the controller's state (views.All, what GET /dw/v1/all returns)
-// into the layout snapshot the bbsim simulator reads: "Spillway layout snapshot, format
-// version 1" (docs/bbsim.md; JSON Schema sim/bbsim/schemas/spillway-layout-v1.json).
+// into the layout snapshot the bbsim simulator reads: "Spillway layout snapshot", format
+// version 1 or 2 (docs/bbsim.md; JSON Schemas sim/bbsim/schemas/spillway-layout-v1.json and
+// -v2.json). Version 2 is version 1 plus a cache configuration's settings
+// (configurations[].cache); a snapshot holding none is written as version 1, which every
+// bbsim reads.
 //
 // The conversion is pure: a views.All in, a Snapshot out, no I/O. The snapshot keeps what a
 // bandwidth prediction needs and drops the rest: pools (granularity, quantity and free in
 // grains), the storage nodes (the nodes that belong to a pool), every instance with its
 // fragments nested and its session named by token, configurations, and sessions with their
-// client nodes. Field names and units are the controller's.
+// client nodes, and a cache configuration's write-behind settings. Field names and units are
+// the controller's.
 package layout
 
 import (
@@ -17,10 +21,12 @@ import (
 	"github.com/spillway-hpc/spillway/internal/views"
 )
 
-// Format and Version identify the snapshot format; a reader rejects any other version.
+// Format and the versions identify the snapshot format; a reader rejects any other version.
+// Version is the newest: a snapshot is written as Version1 unless it needs Version's fields.
 const (
-	Format  = "spillway-layout"
-	Version = 1
+	Format   = "spillway-layout"
+	Version1 = 1
+	Version  = 2
 )
 
 // Snapshot is one layout snapshot, in the order the format lists its fields.
@@ -70,12 +76,26 @@ type Fragment struct {
 	Capacity uint64 `json:"capacity"`
 }
 
-// Configuration is one use of an instance: its type and access mode.
+// Configuration is one use of an instance: its type and access mode, and for a cache its
+// settings (version 2).
 type Configuration struct {
 	ID         int64  `json:"id"`
 	Instance   int64  `json:"instance"`
 	Type       string `json:"type"`
 	AccessMode string `json:"access_mode"`
+	Cache      *Cache `json:"cache,omitempty"`
+}
+
+// Cache is what bbsim needs of a cache configuration's settings to model its write-behind
+// (the cache's capacity is its instance's): the PFS directory (informational), the dirty
+// watermarks in % of the capacity, the per-file threshold and the read-ahead in bytes. A
+// watermark or threshold left out (unset in the configuration) is the cache's default.
+type Cache struct {
+	PFS               string `json:"pfs,omitempty"`
+	HighWatermark     int    `json:"high_watermark,omitempty"`
+	LowWatermark      int    `json:"low_watermark,omitempty"`
+	ModifiedThreshold uint64 `json:"modified_threshold,omitempty"`
+	ReadAhead         uint64 `json:"read_ahead"`
 }
 
 // Session is a job (token = job id) or a persistent instance (token = its name); ClientNodes
@@ -100,7 +120,7 @@ type Options struct {
 // configuration type or access mode) is an error naming the object.
 func FromAll(all views.All, opt Options) (Snapshot, []string, error) {
 	snap := Snapshot{
-		Format: Format, Version: Version, Controller: opt.Controller,
+		Format: Format, Version: Version1, Controller: opt.Controller,
 		Pools: []Pool{}, Nodes: []Node{}, Instances: []Instance{}, Configurations: []Configuration{}, Sessions: []Session{},
 	}
 	if !opt.Generated.IsZero() {
@@ -173,7 +193,17 @@ func FromAll(all views.All, opt Options) (Snapshot, []string, error) {
 		default:
 			return Snapshot{}, nil, fmt.Errorf("configuration %d has access mode %q, which the snapshot format does not know", c.ID, c.AccessMode)
 		}
-		snap.Configurations = append(snap.Configurations, Configuration{ID: c.ID, Instance: c.Links.Instance, Type: c.Type, AccessMode: c.AccessMode})
+		conf := Configuration{ID: c.ID, Instance: c.Links.Instance, Type: c.Type, AccessMode: c.AccessMode}
+		if k := c.Cache; k != nil && c.Type == model.TypeCache {
+			conf.Cache = &Cache{PFS: k.PFS, ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead}
+			// Watermarks the cache would not take (unset: 0) are the cache's defaults, as on
+			// the storage nodes (agent/cachepath.go): left out, bbsim takes the same defaults.
+			if 0 < k.LowWatermark && k.LowWatermark < k.HighWatermark && k.HighWatermark <= 100 {
+				conf.Cache.HighWatermark, conf.Cache.LowWatermark = k.HighWatermark, k.LowWatermark
+			}
+			snap.Version = Version
+		}
+		snap.Configurations = append(snap.Configurations, conf)
 	}
 	return snap, warnings, nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/model"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
 
@@ -189,11 +191,65 @@ func TestEmptyStateIsAValidSnapshot(t *testing.T) {
 	}
 }
 
-// TestFieldsFollowTheSchema reads the JSON Schema bbsim validates snapshots against
-// (sim/bbsim/schemas/spillway-layout-v1.json) and checks every object of a converted
-// snapshot: each field is one the schema defines, and each required field is present.
+// cacheWorld is world() with instance 11's configuration a cache with its settings.
+func cacheWorld() views.All {
+	all := world()
+	all.Configurations[1].Type, all.Configurations[1].AccessMode = "cache", "striped"
+	all.Configurations[1].BackingPath = "/lus/me/run"
+	all.Configurations[1].Cache = &model.CacheSettings{PFS: "/lus/me/run", ModifiedThreshold: 64 << 20, ReadAhead: 4 << 20,
+		SyncOnClose: true, HighWatermark: 45, LowWatermark: 20}
+	return all
+}
+
+func TestCacheSettingsMakeAVersion2Snapshot(t *testing.T) {
+	snap, _, err := FromAll(cacheWorld(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Cache{PFS: "/lus/me/run", HighWatermark: 45, LowWatermark: 20, ModifiedThreshold: 64 << 20, ReadAhead: 4 << 20}
+	if snap.Version != 2 || !reflect.DeepEqual(snap.Configurations[1].Cache, want) || snap.Configurations[0].Cache != nil {
+		t.Fatalf("version %d, configurations %+v, cache %+v", snap.Version, snap.Configurations, snap.Configurations[1].Cache)
+	}
+	raw, _ := json.Marshal(snap.Configurations[1])
+	if w := `{"id":21,"instance":11,"type":"cache","access_mode":"striped","cache":{"pfs":"/lus/me/run","high_watermark":45,"low_watermark":20,"modified_threshold":67108864,"read_ahead":4194304}}`; string(raw) != w {
+		t.Errorf("got %s\nwant %s", raw, w)
+	}
+	// Unset watermarks are the cache's defaults: left out, as bbsim takes the same ones.
+	all := cacheWorld()
+	all.Configurations[1].Cache.HighWatermark, all.Configurations[1].Cache.LowWatermark = 0, 0
+	snap, _, _ = FromAll(all, Options{})
+	if c := snap.Configurations[1].Cache; c.HighWatermark != 0 || c.LowWatermark != 0 || snap.Version != 2 {
+		t.Errorf("unset watermarks: %+v", c)
+	}
+	// A cache configuration without settings, or settings on a scratch one, stay version 1.
+	all = cacheWorld()
+	all.Configurations[1].Cache = nil
+	if snap, _, _ = FromAll(all, Options{}); snap.Version != 1 {
+		t.Errorf("a cache type alone: version %d", snap.Version)
+	}
+	all = cacheWorld()
+	all.Configurations[1].Type = "scratch"
+	if snap, _, _ = FromAll(all, Options{}); snap.Version != 1 || snap.Configurations[1].Cache != nil {
+		t.Errorf("settings on a scratch configuration: version %d", snap.Version)
+	}
+}
+
+// TestFieldsFollowTheSchema reads the JSON Schemas bbsim validates snapshots against
+// (sim/bbsim/schemas/spillway-layout-v1.json, -v2.json) and checks every object of a
+// converted snapshot, without and with a cache configuration: each field is one the schema of
+// the snapshot's version defines, and each required field is present.
 func TestFieldsFollowTheSchema(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "..", "sim", "bbsim", "schemas", "spillway-layout-v1.json"))
+	for _, c := range []struct {
+		name string
+		all  views.All
+		want int
+	}{{"scratch only", world(), 1}, {"with a cache", cacheWorld(), 2}} {
+		t.Run(c.name, func(t *testing.T) { checkSchema(t, c.all, c.want) })
+	}
+}
+
+func checkSchema(t *testing.T, all views.All, version int) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "sim", "bbsim", "schemas", fmt.Sprintf("spillway-layout-v%d.json", version)))
 	if err != nil {
 		t.Skipf("the bbsim schema is not beside this checkout: %v", err)
 	}
@@ -208,7 +264,7 @@ func TestFieldsFollowTheSchema(t *testing.T) {
 	if err := json.Unmarshal(raw, &schema); err != nil {
 		t.Fatal(err)
 	}
-	snap, _, err := FromAll(world(), Options{Generated: time.Now(), Controller: "unix:/x"})
+	snap, _, err := FromAll(all, Options{Generated: time.Now(), Controller: "unix:/x"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,6 +301,9 @@ func TestFieldsFollowTheSchema(t *testing.T) {
 		for i, item := range items {
 			obj := item.(map[string]any)
 			check(fmt.Sprintf("%s[%d]", list, i), obj, d.Properties, d.Required)
+			if k, ok := obj["cache"]; ok && def == "configuration" {
+				check(list+" cache", k.(map[string]any), schema.Defs["cache"].Properties, schema.Defs["cache"].Required)
+			}
 			if def == "instance" {
 				f := schema.Defs["fragment"]
 				for _, frag := range obj["fragments"].([]any) {
@@ -253,7 +312,50 @@ func TestFieldsFollowTheSchema(t *testing.T) {
 			}
 		}
 	}
-	if doc["format"] != Format || doc["version"].(float64) != Version {
+	if doc["format"] != Format || doc["version"].(float64) != float64(version) {
 		t.Errorf("format %v version %v", doc["format"], doc["version"])
+	}
+}
+
+// TestCacheSnapshotFeedsBbsim feeds a version 2 snapshot (a cache instance's settings) to the
+// real `bbsim predict`, when SPILLWAY_TEST_BBSIM names it (scripts/test-all sets it): bbsim
+// reads what this package writes, and models the instance as a cache.
+func TestCacheSnapshotFeedsBbsim(t *testing.T) {
+	bbsim := os.Getenv("SPILLWAY_TEST_BBSIM")
+	if bbsim == "" {
+		t.Skip("SPILLWAY_TEST_BBSIM is unset: set it to a bbsim executable (pip install ./sim); scripts/test-all does")
+	}
+	snap, _, err := FromAll(cacheWorld(), Options{Generated: time.Now(), Controller: "unix:/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(snap)
+	path := filepath.Join(t.TempDir(), "snap.json")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bbsim, "predict", path, "--machine", "trinity", "--mapping", "ordered", "--session", "project",
+		"--nodes", "4", "--op", "write", "--block", "1GiB", "--set", "pfs.bandwidth.write=10", "--set", "pfs.bandwidth.read=12", "--json").Output()
+	if err != nil {
+		t.Fatalf("bbsim predict: %v\n%s", err, out)
+	}
+	var got struct {
+		GBps  float64 `json:"gbps"`
+		Cache *struct {
+			Capacity      float64 `json:"capacity"`
+			HighWatermark int     `json:"high_watermark"`
+			PFS           string  `json:"pfs_directory"`
+			BytesWritten  float64 `json:"bytes_written"`
+			DrainGBps     float64 `json:"drain_gbps"`
+			DrainSeconds  float64 `json:"drain_seconds_after_job"`
+		} `json:"cache"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	c := got.Cache
+	if c == nil || c.Capacity != float64(2*gib) || c.HighWatermark != 45 || c.PFS != "/lus/me/run" ||
+		c.BytesWritten != float64(4*32*gib) || c.DrainGBps <= 0 || c.DrainSeconds <= 0 || got.GBps <= 0 {
+		t.Fatalf("bbsim's prediction of the cache instance: %s", out)
 	}
 }

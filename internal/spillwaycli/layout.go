@@ -15,8 +15,8 @@ const layoutUsage = `Usage: spillway layout [-o FILE] [--compact] [connection op
 
 Write a layout snapshot of the running burst buffer: its pools, storage nodes, instances
 with their fragments, configurations and sessions with their compute nodes, in the JSON
-format the bbsim simulator reads ("Spillway layout snapshot, format version 1" in
-docs/bbsim.md; JSON Schema sim/bbsim/schemas/spillway-layout-v1.json). bbsim places the
+format the bbsim simulator reads ("Spillway layout snapshot" in docs/bbsim.md; JSON Schemas
+sim/bbsim/schemas/spillway-layout-v1.json and -v2.json). bbsim places the
 snapshot on a model of the machine's network and predicts the bandwidth a job will get from
 its instance, and what limits it:
 
@@ -29,7 +29,10 @@ objects are consistent with each other. What it holds:
   nodes           storage nodes only (nodes in a pool): capacity in bytes, online, drain
   instances       capacity in bytes, the owning session's token (job id or persistent
                   name), the pool, and the fragments: which storage node holds how many bytes
-  configurations  type (scratch, cache, swap) and access mode (striped, private, loadbalance)
+  configurations  type (scratch, cache, swap) and access mode (striped, private, loadbalance);
+                  a cache's settings (PFS directory, dirty watermarks, modified_threshold,
+                  read_ahead), which make the snapshot format version 2 (version 1
+                  otherwise, so an older bbsim still reads a snapshot without caches)
   sessions        token, owner uid and client_nodes: the job's compute nodes, known once the
                   workload manager has named them (dw_wlm_cli setup or pre_run); empty for a
                   persistent instance

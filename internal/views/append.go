@@ -166,6 +166,23 @@ func AppendConfiguration(dst []byte, c *Configuration) []byte {
 		dst = append(dst, `,"backing_path":`...)
 		dst = appendString(dst, c.BackingPath)
 	}
+	if k := c.Cache; k != nil {
+		dst = append(dst, `,"cache":{"pfs":`...)
+		dst = appendString(dst, k.PFS)
+		dst = append(dst, `,"modified_threshold":`...)
+		dst = strconv.AppendUint(dst, k.ModifiedThreshold, 10)
+		dst = append(dst, `,"read_ahead":`...)
+		dst = strconv.AppendUint(dst, k.ReadAhead, 10)
+		dst = append(dst, `,"sync_on_close":`...)
+		dst = strconv.AppendBool(dst, k.SyncOnClose)
+		dst = append(dst, `,"sync_to_pfs":`...)
+		dst = strconv.AppendBool(dst, k.SyncToPFS)
+		dst = append(dst, `,"high_watermark":`...)
+		dst = strconv.AppendInt(dst, int64(k.HighWatermark), 10)
+		dst = append(dst, `,"low_watermark":`...)
+		dst = strconv.AppendInt(dst, int64(k.LowWatermark), 10)
+		dst = append(dst, '}')
+	}
 	dst = append(dst, `,"activs":`...)
 	dst = strconv.AppendInt(dst, int64(c.Activations), 10)
 	dst = append(dst, `,"links":{"instance":`...)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"math"
 	"testing"
+
+	"github.com/spillway-hpc/spillway/internal/model"
 )
 
 // oddStrings are strings encoding/json escapes in every way it has.
@@ -40,12 +42,21 @@ func rowsWith(s string, n int64, b bool) (Pool, Session, Instance, Configuration
 		Instance{Capacity: Capacity{Bytes: u, Nodes: int(n)}, Created: n, Expiration: n, Expired: b, ID: n, Intact: !b, Label: s,
 			Limits: Limits{WriteWindowLength: n, WriteWindowMultiplier: -n}, Links: InstanceLinks{Configurations: confs, Session: n},
 			Public: b, State: st, Pool: s, Requested: u, Strategy: s},
-		Configuration{ID: n, Type: s, AccessType: s, AccessMode: s, RootPermissions: uint32(n), Group: uint32(u >> 3), BackingPath: s,
+		Configuration{ID: n, Type: s, AccessType: s, AccessMode: s, RootPermissions: uint32(n), Group: uint32(u >> 3), BackingPath: s, Cache: cacheOf(s, n, u, b),
 			Activations: int(n), Links: ConfigurationLink{Instance: n}, State: st},
 		Fragment{ID: n, Instance: n, Capacity: u, Node: s, State: st, CacheDirty: u, CacheFlushError: s, CacheLost: s},
 		Namespace{ID: n, Configuration: n, Fragment: n, Span: int(n), ClientNode: s, State: st},
 		Registration{ID: n, Session: n, Configuration: n, Wait: b, State: st},
 		Activation{ID: n, Session: n, Configuration: n, Namespace: n, Node: s, Mount: s, ReadOnly: b, State: st}
+}
+
+// cacheOf is a cache configuration's settings for the odd values (nil for half the rows).
+func cacheOf(s string, n int64, u uint64, b bool) *model.CacheSettings {
+	if n%2 != 0 {
+		return nil
+	}
+	return &model.CacheSettings{PFS: s, ModifiedThreshold: u, ReadAhead: u >> 1, SyncOnClose: b, SyncToPFS: !b,
+		HighWatermark: int(n), LowWatermark: -int(n)}
 }
 
 // checkSame fails unless appended is what encoding/json writes for v.

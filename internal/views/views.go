@@ -150,16 +150,19 @@ type InstanceLinks struct {
 
 // Configuration is one element of {"configurations": [...]}.
 type Configuration struct {
-	ID              int64             `json:"id"`
-	Type            string            `json:"type"`
-	AccessType      string            `json:"access_type"` // DataWarp's words: stripe, private, ldbal
-	AccessMode      string            `json:"access_mode"` // Spillway's: striped, private, loadbalance
-	RootPermissions uint32            `json:"root_permissions"`
-	Group           uint32            `json:"group"`
-	BackingPath     string            `json:"backing_path,omitempty"`
-	Activations     int               `json:"activs"`
-	Links           ConfigurationLink `json:"links"`
-	State           State             `json:"state"`
+	ID              int64  `json:"id"`
+	Type            string `json:"type"`
+	AccessType      string `json:"access_type"` // DataWarp's words: stripe, private, ldbal
+	AccessMode      string `json:"access_mode"` // Spillway's: striped, private, loadbalance
+	RootPermissions uint32 `json:"root_permissions"`
+	Group           uint32 `json:"group"`
+	BackingPath     string `json:"backing_path,omitempty"`
+	// Cache is a cache configuration's PFS directory and tunables (nil for scratch): what
+	// `spillway layout` gives bbsim to model its write-behind.
+	Cache       *model.CacheSettings `json:"cache,omitempty"`
+	Activations int                  `json:"activs"`
+	Links       ConfigurationLink    `json:"links"`
+	State       State                `json:"state"`
 }
 
 // ConfigurationLink links a configuration to its instance.
@@ -430,10 +433,19 @@ func buildConfigurations(w *lifecycle.World) []Configuration {
 	for _, id := range ids(w.Configurations) {
 		c := w.Configurations[id]
 		out = append(out, Configuration{ID: c.ID, Type: c.Type, AccessType: AccessType(c.AccessMode), AccessMode: c.AccessMode,
-			RootPermissions: c.RootPermissions, Group: c.Group, BackingPath: c.BackingPath, Activations: activs[c.ID],
+			RootPermissions: c.RootPermissions, Group: c.Group, BackingPath: c.BackingPath, Cache: cacheSettings(c.Cache), Activations: activs[c.ID],
 			Links: ConfigurationLink{Instance: c.InstanceID}, State: stateOf(c.State)})
 	}
 	return out
+}
+
+// cacheSettings copies a configuration's cache settings (the view never aliases the world).
+func cacheSettings(c *model.CacheSettings) *model.CacheSettings {
+	if c == nil {
+		return nil
+	}
+	cp := *c
+	return &cp
 }
 
 func buildFragments(w *lifecycle.World) []Fragment {

@@ -90,11 +90,17 @@ condition in the note. Exits 1 if any row fails.
 PREDICT_HELP = """\
 Predict the bandwidth a Spillway session's job gets from its instance, using a layout snapshot
 of a running Spillway placed on a machine description. The snapshot is what `spillway layout`
-writes (format: docs/bbsim.md, 'Spillway layout snapshot, format version 1'; schema
-bbsim/schemas/spillway-layout-v1.json). The job is the session's client nodes running an
-IOR-like phase (--op, --pattern, --transfer, --ppn) on the instance's fragments (shares by
-fragment capacity; offline nodes left out). --concurrent adds other sessions' jobs running at
-the same time (what-if); --nodes models sessions that list no client nodes yet.
+writes (format: docs/bbsim.md, 'Spillway layout snapshot'; schemas
+bbsim/schemas/spillway-layout-v1.json and -v2.json). The job is the session's client nodes
+running an IOR-like phase (--op, --pattern, --transfer, --ppn) on the instance's fragments
+(1/K of every file on each; offline nodes left out). --concurrent adds other sessions' jobs
+running at the same time (what-if); --nodes models sessions that list no client nodes yet.
+
+A cache instance (type cache) also gets its PFS figures: for writes, the burst of --block
+bytes per process written at the burst buffer's speed, then throttled to the drain rate once
+the cache is full of dirty data, and the drain time after the job; for reads, warm (cached)
+and cold (from the PFS) rates. The machine must describe its PFS (a 'pfs' section, or --set
+pfs.bandwidth.write=GBPS --set pfs.bandwidth.read=GBPS).
 """
 
 PREDICT_EPILOG = """\
@@ -104,6 +110,9 @@ examples:
   bbsim predict snap.json --machine trinity --session 4242 --concurrent 4243 --json
   bbsim predict snap.json --machine trinity --session project --nodes 128
       a persistent instance used by a 128-node job
+  bbsim predict sim/examples/spillway-layout-trinity-cache.json --machine trinity --session 5151 \
+      --set pfs.bandwidth.write=10 --set pfs.bandwidth.read=12 --block 1GiB
+      a cache instance draining to a 10 GB/s PFS
 
 hostnames: the machine's 'hostnames' section places each hostname: its map first, then its
 rule ('nid': hostname = prefix + nid; 'ordered': storage nodes take burst-buffer positions and
@@ -196,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("predict", help="expected bandwidth of a job in a live Spillway layout",
                        description=PREDICT_HELP, epilog=PREDICT_EPILOG, formatter_class=fmt)
-    p.add_argument("snapshot", metavar="SNAPSHOT.json", help="Spillway layout snapshot, format version 1")
+    p.add_argument("snapshot", metavar="SNAPSHOT.json", help="Spillway layout snapshot, format version 1 or 2")
     _add_machine_args(p)
     p.add_argument("--session", required=True, metavar="TOKEN", help="the session (job id) to predict")
     p.add_argument("--instance", type=int, metavar="ID", help="instance id, if the session has several")
@@ -560,11 +569,42 @@ def cmd_predict(args) -> int:
         _print(_report_lines(r["bottlenecks"]).replace("\n  ", "\n    ").replace("  ", "    ", 1))
         for other, gbps in r["concurrent"].items():
             _print(f"  concurrent session {other}: {gbps:.1f} GB/s")
+        if "cache" in r:
+            _print(_cache_lines(r["cache"]))
         for w in r["warnings"]:
             _print(f"  warning: {w}")
         if args.classes:
             _print(_class_table(r["classes"]))
     return 0
+
+
+def _cache_lines(c: dict) -> str:
+    from .output import human_size
+    pfs = c["pfs"]
+    path = "through the LNET routers" if pfs["reach"] == "lnet" else "over the servers' own links"
+    shared = f", shared by {pfs['cache_instances_sharing']} cache instances" if pfs["cache_instances_sharing"] > 1 else ""
+    head = (f"  cache instance of {human_size(c['capacity'])}, PFS {pfs['op']} path {pfs['gbps']:.1f} GB/s {path} "
+            f"(bound by {pfs['limited_by']}{shared}):")
+    if "warm_gbps" in c:
+        return (f"{head}\n    warm reads (cached) {c['warm_gbps']:.1f} GB/s; cold reads (fetched from the PFS) "
+                f"{c['cold_gbps']:.1f} GB/s, bound by {c['cold_limited_by']}")
+    start = c["write_back_starts_at"]
+    lines = [head]
+    throttled = c["throttled_bytes"] > 0
+    lines.append(f"    the job writes {human_size(c['bytes_written'])}: "
+                 + (f"{human_size(c['bb_speed_bytes'])} at the burst buffer's {c['bb_gbps']:.1f} GB/s, then "
+                    f"{human_size(c['throttled_bytes'])} throttled to {c['throttled_gbps']:.1f} GB/s (the cache is "
+                    f"full of dirty data; bound by {c['throttled_limited_by']})" if throttled else
+                    f"all at the burst buffer's {c['bb_gbps']:.1f} GB/s")
+                 + f": {c['job_seconds']:.1f} s, {c['job_gbps']:.1f} GB/s on average")
+    lines.append(f"    write-back starts at {human_size(start)} dirty "
+                 f"({c['high_watermark']}% of the capacity, or sooner as files pass "
+                 f"{human_size(c['modified_threshold'])} on a server); drain to the PFS "
+                 f"{c['drain_gbps_during_job']:.1f} GB/s beside the job (bound by {c['drain_during_job_limited_by']}), "
+                 f"{c['drain_gbps']:.1f} GB/s after it (bound by {c['drain_limited_by']})")
+    lines.append(f"    at the job's end {human_size(c['dirty_at_job_end'])} not yet on the PFS: "
+                 f"{c['drain_seconds_after_job']:.1f} s to drain after the job (the teardown waits for it)")
+    return "\n".join(lines)
 
 
 def cmd_machine(args) -> int:
@@ -587,6 +627,7 @@ def cmd_machine(args) -> int:
             "server": {"profile": m.profile.name, "peak_gbps": m.profile.peak, "iops": m.iops,
                        "shared_file_efficiency": m.shared_file_efficiency,
                        "at_1MiB_many_streams_gbps": {op: m.server_bandwidth(op, 1024**2, 1e6) for op in ("write", "read")}},
+            "pfs": m.pfs.__dict__ if m.pfs else None,
             "sources": m.sources}
     if args.json:
         _print(output.dumps(info))
@@ -607,6 +648,11 @@ def cmd_machine(args) -> int:
            f"at scale with 1 MiB {bw['write']:.2f} W / {bw['read']:.2f} R GB/s; "
            f"IOPS {m.iops['write']:.0f} W / {m.iops['read']:.0f} R; N-1 x{m.shared_file_efficiency['write']} W / "
            f"x{m.shared_file_efficiency['read']} R")
+    if m.pfs:
+        p = m.pfs
+        path = (f"through {counts['lnet']} LNET routers x {p.lnet_node_bandwidth} GB/s" if p.reach == "lnet"
+                else f"over each server's own {p.server_link} GB/s link")
+        _print(f"  PFS (cache instances): {p.bandwidth['write']} W / {p.bandwidth['read']} R GB/s, share {p.share}, {path}")
     if m.sources:
         _print("  sources:")
         for k, v in m.sources.items():

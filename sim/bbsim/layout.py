@@ -1,9 +1,10 @@
-"""Spillway layout snapshots (format version 1) and `predict`: what a job will get from the
-instances a running Spillway gave it.
+"""Spillway layout snapshots (format versions 1 and 2) and `predict`: what a job will get from
+the instances a running Spillway gave it.
 
 The snapshot lists the controller's pools, storage nodes, instances with their fragments,
-configurations and sessions (docs/bbsim.md, "Spillway layout snapshot, format version 1";
-JSON Schema in bbsim/schemas/spillway-layout-v1.json). Hostnames are placed on the machine
+configurations and sessions (docs/bbsim.md, "Spillway layout snapshot"; JSON Schemas in
+bbsim/schemas/spillway-layout-v1.json and -v2.json: version 2 adds a cache configuration's
+settings, `configurations[].cache`). Hostnames are placed on the machine
 by its `hostnames` section: an explicit map first, then the rule (`nid`: hostname
 <prefix><number> sits at that nid; `ordered`: storage nodes take the machine's burst-buffer
 positions and client nodes its compute positions, both in natural hostname order).
@@ -19,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cache as cachemodel
 from .errors import InputError
 from .ior import IorSpec, flow_groups_for, select_nodes
 from .machine import Machine
-from .model import ServerTable, build_problem
+from .model import ServerTable, build_problem, size_efficiency
 from .units import GB
 
 ACCESS_MODES = ("striped", "private", "loadbalance")
@@ -32,8 +34,11 @@ class ReadOnlyInstance(InputError):
     """A write predicted on a loadbalance instance (read-only for jobs)."""
 
 
-def schema() -> dict:
-    return json.loads((resources.files("bbsim") / "schemas" / "spillway-layout-v1.json").read_text())
+VERSIONS = (1, 2)
+
+
+def schema(version: int = 1) -> dict:
+    return json.loads((resources.files("bbsim") / "schemas" / f"spillway-layout-v{version}.json").read_text())
 
 
 @dataclass
@@ -71,7 +76,11 @@ def _field(path) -> str:
 
 def parse_snapshot(data, source: str = "snapshot") -> Snapshot:
     import jsonschema
-    validator = jsonschema.Draft202012Validator(schema())
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(data, dict) and "version" in data and version not in VERSIONS:
+        raise InputError(source, "field version", f"unsupported format version {version!r}",
+                         "this bbsim reads versions 1 and 2 (docs/bbsim.md, 'Spillway layout snapshot')")
+    validator = jsonschema.Draft202012Validator(schema(version if version in VERSIONS else 1))
     errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         err = jsonschema.exceptions.best_match(errors)
@@ -81,11 +90,15 @@ def parse_snapshot(data, source: str = "snapshot") -> Snapshot:
             fix = f"add the field '{missing[0]}'" if missing else "add the missing field"
         elif err.validator == "additionalProperties":
             fix = "remove the unknown field, or prefix an extension field with 'x_'"
+            if version == 1 and "'cache'" in err.message:
+                fix = "a configuration's 'cache' settings need \"version\": 2"
         elif err.validator in ("const", "enum"):
             fix = f"use {err.validator_value!r}" if err.validator == "const" else \
                 f"use one of {', '.join(map(str, err.validator_value))}"
         elif err.validator == "minimum":
             fix = f"use a value >= {err.validator_value}"
+        elif err.validator == "maximum":
+            fix = f"use a value <= {err.validator_value}"
         elif err.validator == "type":
             fix = f"write {_TYPE_WORDS.get(err.validator_value, err.validator_value)}" + \
                   (" (sizes are plain byte counts, not strings with units)" if err.validator_value == "integer" else "")
@@ -245,6 +258,7 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
     table = ServerTable(nids=np.array([position[h] for h in storage], dtype=np.int64), names=storage)
     index = {h: i for i, h in enumerate(storage)}
     groups, warnings, described = [], [], []
+    caches: dict = {}                        # token -> (cache configuration, online fragments)
     for t in tokens:
         inst = instance_of(snap, t, instance_id if t == token else None)
         session = snap.sessions[t]
@@ -274,6 +288,7 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
         shares = merged[servers]
         confs = snap.configurations.get(inst["id"], [])
         mode = confs[0]["access_mode"] if confs else "striped"
+        caches[t] = (confs[0], frags) if confs and confs[0]["type"] == "cache" else None
         if len(confs) > 1:
             warnings.append(f"instance {inst['id']}: {len(confs)} configurations, using the first ({mode})")
         if mode == "loadbalance" and spec.op == "write":
@@ -299,6 +314,10 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
         if fg.job != token:
             others[fg.job] += solution.group_rate(i)
     nodes = described[0]["client_nodes"]
+    cache = None
+    if caches[token] is not None:
+        cache = cache_figures(machine, problem, solution, mine, spec, nodes, *caches[token],
+                              sharing=sum(c is not None for c in caches.values()))
     return {"machine": machine.name, "snapshot": snap.source, "session": token, "op": spec.op,
             "pattern": spec.pattern, "transfer_size": spec.transfer_size, "ppn": spec.ppn,
             "gbps": rate, "gbps_per_node": rate / nodes,
@@ -307,4 +326,78 @@ def predict(machine: Machine, snap: Snapshot, token: str, spec: IorSpec, *, inst
             "placement": {h: machine.position(n) for h, n in position.items()
                           if h in described[0]["servers"]},
             "warnings": warnings, "seconds_per_GiB_per_node": (1024**3 / GB) / (rate / nodes) if rate else None,
+            **({"cache": cache} if cache is not None else {}),
             **({"classes": [row for i in mine for row in solution.class_bindings(i)]} if classes else {})}
+
+
+def cache_settings(conf: dict) -> dict:
+    """A cache configuration's settings, Spillway's defaults for what the snapshot leaves out."""
+    given = conf.get("cache") or {}
+    out = {k: given.get(k, v) for k, v in cachemodel.DEFAULTS.items()}
+    if "pfs" in given:
+        out["pfs_directory"] = given["pfs"]
+    return out
+
+
+def cache_figures(machine: Machine, problem, solution, mine: list, spec: IorSpec, nodes: int,
+                  conf: dict, frags: list, sharing: int = 1) -> dict:
+    """The cache block of a prediction (bbsim/cache.py): the PFS path, the drain or fetch rates
+    beside the job's burst-buffer rate, and for writes the burst's phases."""
+    if machine.pfs is None:
+        raise InputError(machine.source, "pfs", f"the session's instance is a cache, and {machine.name} "
+                         "describes no PFS to drain it to", "add a 'pfs' section to the machine file "
+                         "(docs/bbsim.md), or give it on the command line: --set pfs.bandwidth.write=GBPS "
+                         "--set pfs.bandwidth.read=GBPS")
+    settings = cache_settings(conf)
+    capacity = float(sum(f["capacity"] for f in frags))
+    op = spec.op
+    b = sum(solution.group_rate(i) for i in mine)
+    o = problem.offsets
+    n_srv = len(problem.servers.nids)
+    job_time = np.zeros(n_srv)
+    job_streams = np.zeros(n_srv)
+    for i in mine:
+        fg = problem.groups[i]
+        coef = 1.0 / (machine.profile.peak[fg.op] * size_efficiency(machine, fg) *
+                      (machine.shared_file_efficiency[fg.op] if fg.shared_file else 1.0))
+        share = np.bincount(fg.servers, weights=fg.shares, minlength=n_srv)
+        job_time += solution.group_rate(i) * share * coef
+        job_streams += float(np.sum(fg.streams)) * share
+    servers = np.flatnonzero(np.bincount(problem.groups[mine[0]].servers, minlength=n_srv))
+    load = solution.allocation.load
+    cap = solution.capacity[o["server_bw"] + servers]
+    other = np.maximum(load[o["server_bw"] + servers] - job_time[servers], 0.0)
+    other_streams = np.maximum(problem.server_streams(solution.active)[servers] - job_streams[servers], 0.0)
+    idle_cap = machine.profile.stream_factor(other_streams + cachemodel.FLUSHES_PER_SERVER)
+    pfs_op = "write" if op == "write" else "read"           # a drain writes the PFS, a fetch reads it
+    if machine.pfs.reach == "lnet":
+        link = o["bb_out"] if op == "write" else o["bb_in"]
+        link_free = np.maximum(solution.capacity[link + servers] - load[link + servers], 0.0)
+    else:
+        link_free = np.full(len(servers), machine.pfs.server_link)
+    st = cachemodel.ServerState(cap=cap, job_time=job_time[servers] / b if b > 0 else job_time[servers],
+                                other_time=other, link_free=link_free, idle_cap=idle_cap)
+    pfs_gbps, pfs_limit = cachemodel.pfs_path(machine, pfs_op, len(servers), sharing)
+    if op == "write":
+        ssd = machine.profile.peak["read"] * machine.profile.size_factor(cachemodel.FLUSH_SIZE)
+    else:
+        ssd = machine.profile.peak["write"] * machine.profile.size_factor(cachemodel.FETCH_SIZE)
+    rates = cachemodel.background_rates(st, b, pfs_gbps, ssd)
+    out = {"capacity": capacity, **settings,
+           "pfs": {"reach": machine.pfs.reach, "op": pfs_op, "gbps": pfs_gbps, "limited_by": pfs_limit,
+                   "cache_instances_sharing": sharing}}
+    if op == "write":
+        volume = float(nodes * spec.ppn * spec.block_size)
+        files, file_bytes = (nodes * spec.ppn, spec.block_size) if spec.pattern == "nn" else (1, volume)
+        start = cachemodel.write_back_start(capacity, settings["high_watermark"], settings["modified_threshold"],
+                                            files, file_bytes, len(servers))
+        alone, during, (throttled, throttled_by) = rates["alone"], rates["during"], rates["coupled"]
+        burst = cachemodel.write_burst(volume, b, during[0], throttled, alone[0], capacity, start)
+        out.update({"bb_gbps": b, "write_back_starts_at": start,
+                    "drain_gbps": alone[0], "drain_limited_by": alone[1],
+                    "drain_gbps_during_job": during[0], "drain_during_job_limited_by": during[1],
+                    "throttled_gbps": throttled, "throttled_limited_by": throttled_by, **burst})
+    else:
+        cold, cold_by = rates["coupled"]
+        out.update({"warm_gbps": b, "cold_gbps": cold, "cold_limited_by": cold_by})
+    return out

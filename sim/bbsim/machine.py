@@ -60,6 +60,25 @@ class ServerProfile:
 
 
 @dataclass(frozen=True)
+class PFS:
+    """The parallel file system behind cache instances (the machine's optional `pfs` section).
+
+    `bandwidth` is the PFS's aggregate per op (GB/s), `share` the fraction of it the cache
+    instances of a prediction may use (the rest is other users' load), split evenly between
+    them. `reach` says how a burst-buffer server gets there: `lnet`, over its node link and
+    the machine's LNET router nodes (`lnet_node_bandwidth` each, all of them shared); or
+    `direct`, over a link of its own to the PFS (`server_link` each: a Spillway storage node
+    mounting the PFS on its own network).
+    """
+
+    bandwidth: dict                 # op -> GB/s, aggregate
+    share: float = 1.0
+    reach: str = "lnet"             # "lnet" | "direct"
+    lnet_node_bandwidth: float = 0.0
+    server_link: float = 0.0
+
+
+@dataclass(frozen=True)
 class Placement:
     default: str
     rules: tuple                    # (kind, groups, chassis, slots, ports) tuples of index lists
@@ -84,6 +103,7 @@ class Machine:
     hostname_width: int
     hostname_map: dict = field(default_factory=dict)   # hostname -> nid
     sources: dict = field(default_factory=dict)
+    pfs: PFS | None = None          # the PFS behind cache instances; None: not described
 
     @functools.cached_property
     def topology(self) -> Dragonfly:
@@ -121,6 +141,10 @@ class Machine:
     @functools.cached_property
     def bb_nids(self) -> np.ndarray:
         return self.nids_of(BURST_BUFFER)
+
+    @functools.cached_property
+    def lnet_nids(self) -> np.ndarray:
+        return self.nids_of(LNET)
 
     def router_of(self, nid):
         return np.asarray(nid) // self.shape.nodes_per_router
@@ -273,6 +297,8 @@ def parse_machine(doc: yamlio.Document) -> Machine:
     shared = _per_op(server, "shared_file_efficiency", {"write": 1.0, "read": 1.0}, fraction=True)
     server.done()
 
+    pfs = _parse_pfs(top, bandwidth) if top.has("pfs") else None
+
     h = top.section("hostnames", required=False)
     rule = h.choice("rule", ("nid", "ordered"), "nid")
     prefix = h.string("prefix", "nid")
@@ -294,14 +320,28 @@ def parse_machine(doc: yamlio.Document) -> Machine:
                       placement=placement, node_cap=node_cap, stream_cap=stream_cap, profile=profile,
                       iops=iops, shared_file_efficiency=shared, hostname_rule=rule,
                       hostname_prefix=prefix, hostname_width=width, hostname_map=hostmap,
-                      sources=dict(sources))
+                      sources=dict(sources), pfs=pfs)
     counts = machine.counts()
     if counts["compute"] == 0:
         raise top.error("placement", "the placement leaves no compute nodes", "make some ports compute")
     if counts["burst_buffer"] == 0:
         raise top.error("placement", "the placement has no burst_buffer nodes",
                         "add a rule with kind: burst_buffer")
+    if pfs is not None and pfs.reach == "lnet" and counts["lnet"] == 0:
+        raise top.error("pfs", "pfs.reach is lnet: the servers reach the PFS through LNET routers, but the placement has none",
+                        "add a placement rule with kind: lnet, or set pfs.reach: direct")
     return machine
+
+
+def _parse_pfs(top: yamlio.Section, bandwidth: dict) -> PFS:
+    p = top.section("pfs")
+    bw = _per_op(p, "bandwidth", None, positive=True)
+    share = p.fraction("share", 1.0, positive=True)
+    reach = p.choice("reach", ("lnet", "direct"), "lnet")
+    lnet = p.number("lnet_node_bandwidth", bandwidth["bb_node_link"], positive=True, unit="GB/s")
+    link = p.number("server_link", bandwidth["bb_node_link"], positive=True, unit="GB/s")
+    p.done()
+    return PFS(bandwidth=bw, share=share, reach=reach, lnet_node_bandwidth=lnet, server_link=link)
 
 
 def _path_exists(data, dotted: str) -> bool:

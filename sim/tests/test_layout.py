@@ -85,8 +85,8 @@ def test_unknown_field(example):
 
 def test_wrong_version_and_negative_capacity(example):
     bad = copy.deepcopy(example)
-    bad["version"] = 2
-    assert "field version" in err(bad)
+    bad["version"] = 3
+    assert "field version" in err(bad) and "versions 1 and 2" in err(bad)
     bad = copy.deepcopy(example)
     bad["nodes"][0]["capacity"] = -1
     assert "nodes[0].capacity" in err(bad) and ">= 0" in err(bad)

@@ -158,6 +158,7 @@ def test_the_documented_example_machine_loads(tmp_path):
     counts = m.counts()
     assert counts["burst_buffer"] == 4 * 4 * 2 and counts["lnet"] == 2
     assert m.hostname_map == {"bbserver01": 4, "bbserver02": 5}
+    assert m.pfs.bandwidth == {"write": 100.0, "read": 120.0} and m.pfs.reach == "lnet"
 
 
 @pytest.mark.parametrize("path", sorted(shipped_dir().glob("*.yaml")) + sorted((shipped_dir() / "profiles").glob("*.yaml")),

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/mounttable"
+	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/swaprace"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
@@ -47,6 +48,9 @@ type helperSpec struct {
 }
 
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == pfsWorkerArg {
+		os.Exit(pfsio.WorkerMain(os.Args[2:], os.Stderr))
+	}
 	if spec := os.Getenv(helperEnv); spec != "" {
 		os.Exit(runHelper(spec))
 	}
