@@ -130,7 +130,7 @@ func (a *Agent) cacheTarget(meta fragmentMeta) (*server.CacheTarget, error) {
 	if size == 0 {
 		size = stripe.DefaultSize
 	}
-	return &server.CacheTarget{PFSRoot: k.PFS, Data: cachestore.ServerData(s), UID: k.UID, GID: k.GID, Defaults: s.Defaults(), Loadbalance: k.Loadbalance,
+	return &server.CacheTarget{PFSRoot: k.PFS, Data: server.StoreData(s), UID: k.UID, GID: k.GID, Defaults: s.Defaults(), Loadbalance: k.Loadbalance,
 		Layout: stripe.Layout{Size: size, Width: uint32(servers), Servers: uint32(servers)},
 		Door: func(uid, gid uint32) (*pfsio.Door, error) {
 			if uid == 0 {

@@ -48,7 +48,7 @@ func TestCacheLoadbalanceReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: cachestore.ServerData(s), Layout: layout, Loadbalance: true}
+		ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: server.StoreData(s), Layout: layout, Loadbalance: true}
 		ssd := t.TempDir()
 		srv := startServerFor(t, "", server.Target{Dir: ssd, Tracker: usage.New("ldbal cache", 1<<30), Cache: ct}, quietSlog(t), nil)
 		stores, targets, servers, ssds = append(stores, s), append(targets, ct), append(servers, srv), append(ssds, ssd)
@@ -146,7 +146,7 @@ func TestCacheLoadbalanceLocalNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: cachestore.ServerData(s),
+	ct := &server.CacheTarget{PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: server.StoreData(s),
 		Layout: stripe.Layout{Size: 1 << 20, Width: 1, Servers: 1}, Loadbalance: true}
 	m := mount(t, Spec{MountPath: mp, SourceDir: t.TempDir(), Tracker: usage.New("ldbal cache", 1<<30), Cache: ct,
 		ReadOnly: true, AllowOther: true, Logger: quietLogger(t)})

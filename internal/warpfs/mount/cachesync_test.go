@@ -36,7 +36,7 @@ func mountCacheStores(t *testing.T, pfs, mountPath string) (*Mounted, []*cachest
 		t.Cleanup(func() { st.Close() })
 		stores = append(stores, st)
 		s := startServerFor(t, "", server.Target{Dir: t.TempDir(), Tracker: usage.New("cache stripes", 1<<30), Cache: &server.CacheTarget{
-			PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: cachestore.ServerData(st), Layout: layout, Defaults: cache.DefaultPolicy}}, quietSlog(t), nil)
+			PFSRoot: pfs, Door: newPFSDoors(t, pfs).For, Data: server.StoreData(st), Layout: layout, Defaults: cache.DefaultPolicy}}, quietSlog(t), nil)
 		spec.Stripes = append(spec.Stripes, Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "cn1", FragmentID: int64(10 + i), InstanceID: 3}})
 	}
 	return mount(t, spec), stores, spec

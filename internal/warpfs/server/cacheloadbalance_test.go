@@ -15,7 +15,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/pfsio"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cache"
 	"github.com/spillway-hpc/spillway/internal/warpfs/cachestore"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
@@ -23,27 +22,6 @@ import (
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
-
-// storeData is a cache store as a server's data engine (the agent's cacheData).
-type storeData struct{ s *cachestore.Store }
-
-func storeRefOf(ref CacheFileRef) cachestore.FileRef {
-	return cachestore.FileRef{Path: ref.Path, Key: cache.FileKey{Dev: ref.Key.Dev, Ino: ref.Key.Ino}, Layout: ref.Layout}
-}
-
-func (d storeData) OpenFile(door *pfsio.Door, ref CacheFileRef, write bool) (CacheFile, error) {
-	f, err := d.s.OpenFile(door, storeRefOf(ref), write)
-	if err != nil {
-		return nil, err
-	}
-	return f, nil
-}
-
-func (d storeData) Truncate(door *pfsio.Door, ref CacheFileRef, size uint64) error {
-	return d.s.Truncate(door, storeRefOf(ref), size)
-}
-
-func (d storeData) Unlink(key CacheFileKey) { d.s.Unlink(cache.FileKey{Dev: key.Dev, Ino: key.Ino}) }
 
 // A load-balanced cache's namespace serves the PFS directory read-only and the data of its
 // files itself, through its own data engine (a real cache store): the open names no layout,
@@ -69,7 +47,7 @@ func TestCacheLoadbalanceNamespaceServesData(t *testing.T) {
 	defer store.Close()
 	doors := newDoors(t, pfs)
 	target := Target{Dir: ssd, Tracker: usage.New("cache", 1<<30), Cache: &CacheTarget{PFSRoot: pfs, Door: doors.For,
-		Data: storeData{store}, Layout: stripe.Layout{Size: 1 << 20, Width: 1, Servers: 1}, UID: 4321, GID: 4322, Loadbalance: true}}
+		Data: StoreData(store), Layout: stripe.Layout{Size: 1 << 20, Width: 1, Servers: 1}, UID: 4321, GID: 4322, Loadbalance: true}}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
