@@ -42,7 +42,7 @@ func (a *Agent) cacheStore(meta fragmentMeta) (*cachestore.Store, error) {
 	if k.Loadbalance {
 		index = 0 // a load-balanced cache: this fragment holds all of every file it serves
 	}
-	cfg := cache.Config{Server: index, Capacity: meta.Capacity,
+	cfg := cache.Config{Server: index, Capacity: meta.Capacity, ExtentSize: extentSize(k.StripeSize),
 		Defaults: cache.Policy{ModifiedThreshold: k.ModifiedThreshold, ReadAhead: k.ReadAhead, SyncOnClose: k.SyncOnClose, SyncToPFS: k.SyncToPFS}}
 	if k.HighWatermark > 0 && k.LowWatermark > 0 && k.LowWatermark < k.HighWatermark {
 		cfg.DirtyHigh, cfg.DirtyLow = float64(k.HighWatermark)/100, float64(k.LowWatermark)/100
@@ -56,6 +56,20 @@ func (a *Agent) cacheStore(meta fragmentMeta) (*cachestore.Store, error) {
 	a.cacheOpen.stores[meta.ID] = s
 	a.setCacheStore(meta.ID, s)
 	return s, nil
+}
+
+// extentSize is the cache's unit for an instance of stripe size: DataWarp's 1 MiB, or the
+// largest power of two that divides a smaller or odd stripe size (a pool's stripe_size is a
+// multiple of 4 KiB; an extent must never span two servers).
+func extentSize(stripeSize uint64) uint64 {
+	if stripeSize == 0 {
+		return cache.DefaultExtentSize // the instance's layout then takes stripe.DefaultSize, a multiple
+	}
+	e := uint64(cache.DefaultExtentSize)
+	for e > cache.Block && stripeSize%e != 0 {
+		e /= 2
+	}
+	return e
 }
 
 // openCacheStore is fragment id's store if it is open (nil otherwise: scratch, or not used

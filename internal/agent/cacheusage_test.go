@@ -29,7 +29,7 @@ func TestCacheFragmentUsage(t *testing.T) {
 	ctx := context.Background()
 	me := uint32(os.Geteuid())
 	spec := agentapi.FragmentSpec{ID: 5, InstanceID: 9, Capacity: 64 << 20, InstanceCapacity: 64 << 20,
-		Cache: &agentapi.CacheSpec{PFS: pfs, UID: me, GID: uint32(os.Getegid()), Servers: 1, StripeSize: 1 << 20}}
+		Cache: &agentapi.CacheSpec{PFS: pfs, UID: me, GID: uint32(os.Getegid()), Servers: 1, StripeSize: 64 << 10}} // a stripe 1 MiB does not divide
 	if err := a.CreateFragment(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -119,5 +119,15 @@ func TestCacheFragmentUsage(t *testing.T) {
 	}
 	if u, _, _ := a.FragmentUsage(ctx, 5); u.Cache == nil || u.Cache.PFSBytesWritten != 200<<10 || u.Cache.Dirty != 0 {
 		t.Errorf("after the flush: %+v", u.Cache)
+	}
+}
+
+// TestCacheExtentFitsTheStripe: a pool's stripe size that 1 MiB does not divide (any multiple
+// of 4 KiB is allowed) gets extents that do divide it, so the cache accepts its layouts.
+func TestCacheExtentFitsTheStripe(t *testing.T) {
+	for stripe, want := range map[uint64]uint64{0: 1 << 20, 8 << 20: 1 << 20, 1 << 20: 1 << 20, 64 << 10: 64 << 10, 3 << 20: 1 << 20, 12 << 10: 4 << 10, 1536 << 10: 512 << 10} {
+		if got := extentSize(stripe); got != want {
+			t.Errorf("stripe %d: extent %d, want %d", stripe, got, want)
+		}
 	}
 }
