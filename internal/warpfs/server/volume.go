@@ -53,6 +53,9 @@ type volume struct {
 	// objects (striped.go); rootLayout is the instance's default layout.
 	striped    bool
 	rootLayout stripe.Layout
+	// objects: a directory of stripe objects (a session a mount opened for them), which
+	// WRITE_NAME may write by name.
+	objects bool
 	// quota is the project whose hard limit, enforced by the backing file system, holds the
 	// namespace (usage/quota.go); 0: none. statfs reports the lesser of its room and the
 	// tracker's.
@@ -650,6 +653,12 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 			h.truncated, changed = true, true
 		}
 		h.layout = l.Encode()
+		if writes(flags) || flags&unix.O_TRUNC != 0 {
+			if errno := v.writerOpened(h, created || layout != nil); errno != 0 {
+				v.closeFile(h)
+				return nil, proto.Attr{}, errno
+			}
+		}
 	} else if !created && flags&unix.O_TRUNC != 0 && t.st.Size > 0 {
 		if errno := v.truncate(t, 0); errno != 0 {
 			v.closeFile(h)
@@ -950,7 +959,7 @@ func (v *volume) link(r *proto.LinkReq) (proto.Attr, syscall.Errno) {
 	if srcName == "" {
 		return proto.Attr{}, syscall.EPERM // the root directory
 	}
-	if v.removedLayout(srcDir, srcName) != nil {
+	if l, ok := readLayoutAt(srcDir, srcName); v.striped && ok && l.ID != 0 {
 		// A striped file has one name: its objects go when that name does (docs/mounts.md).
 		return proto.Attr{}, syscall.EPERM
 	}
@@ -1117,25 +1126,25 @@ func (v *volume) removeDir(dirfd int, name string) error {
 
 // unlink removes a name; for a striped file it returns the layout, whose objects the client
 // removes.
-func (v *volume) unlink(r *proto.EntryReq, dir bool) ([]byte, syscall.Errno) {
+func (v *volume) unlink(r *proto.EntryReq, dir bool) (proto.RemovedReply, syscall.Errno) {
 	if v.readOnly {
-		return nil, syscall.EROFS
+		return proto.RemovedReply{}, syscall.EROFS
 	}
 	if errno := nameErrno(r.Name); errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	dirfd, done, errno := v.dirAt(r.Dir)
 	if errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	defer done()
 	if dir {
-		return nil, errnoOf(v.removeDir(dirfd, r.Name))
+		return proto.RemovedReply{}, errnoOf(v.removeDir(dirfd, r.Name))
 	}
 	rm, isFile := v.prepareRemoval(dirfd, r.Name)
-	var layout []byte
+	var layout proto.RemovedReply
 	if isFile && rm.regular {
-		layout = v.removedLayout(dirfd, r.Name)
+		layout = v.removedLayout(dirfd, r.Name, rm.in)
 	}
 	l := v.lockDir(dirfd)
 	err := unix.Unlinkat(dirfd, r.Name, 0)
@@ -1144,33 +1153,33 @@ func (v *volume) unlink(r *proto.EntryReq, dir bool) ([]byte, syscall.Errno) {
 		v.finish(rm, err == nil)
 	}
 	if err != nil {
-		return nil, errnoOf(err)
+		return proto.RemovedReply{}, errnoOf(err)
 	}
 	return layout, 0
 }
 
 // rename moves a name; when it replaces a striped file, it returns that file's layout.
-func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
+func (v *volume) rename(r *proto.RenameReq) (proto.RemovedReply, syscall.Errno) {
 	if v.readOnly {
-		return nil, syscall.EROFS
+		return proto.RemovedReply{}, syscall.EROFS
 	}
 	if errno := nameErrno(r.Name); errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	if errno := nameErrno(r.NewName); errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	if r.Flags&^(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE|unix.RENAME_WHITEOUT) != 0 {
-		return nil, syscall.EINVAL
+		return proto.RemovedReply{}, syscall.EINVAL
 	}
 	olddir, doneOld, errno := v.dirAt(r.Dir)
 	if errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	defer doneOld()
 	newdir, doneNew, errno := v.dirAt(r.NewDir)
 	if errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	defer doneNew()
 	// A rename that replaces a regular file removes the replaced file's name.
@@ -1193,9 +1202,9 @@ func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 			}
 		}
 	}
-	var layout []byte
+	var layout proto.RemovedReply
 	if replacing && rm.regular {
-		layout = v.removedLayout(newdir, r.NewName)
+		layout = v.removedLayout(newdir, r.NewName, rm.in)
 	}
 	unlockDirs := v.lockDirs(olddir, newdir)
 	err := unix.Renameat2(olddir, r.Name, newdir, r.NewName, uint(r.Flags))
@@ -1215,7 +1224,7 @@ func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 		v.finish(rm, err == nil)
 	}
 	if err != nil {
-		return nil, errnoOf(err)
+		return proto.RemovedReply{}, errnoOf(err)
 	}
 	return layout, 0
 }
@@ -1598,6 +1607,9 @@ func (v *volume) closeFile(h *handle) {
 	}
 	in := h.in
 	in.sizeMu.Lock()
+	if h.stubWriter {
+		v.writerClosed(h)
+	}
 	var st unix.Stat_t
 	if unix.Fstat(h.fd, &st) == nil {
 		v.catchUp(in, &st)
@@ -1663,6 +1675,13 @@ type inode struct {
 	mu     sync.Mutex // guards open and orphan; changes of open also hold sizeMu
 	open   int        // handles open on it
 	orphan bool       // the last link is gone while handles are open: release at last close
+
+	// A striped file's stub: its handles open for writing, and what those closed so far
+	// said of the servers they made objects on (striped.go, writerOpened). Guarded by sizeMu
+	// held exclusively.
+	stubWriters int
+	stubUnknown bool   // a writer closed without saying, or the record was unknown already
+	stubObjects []byte // a bit per server
 }
 
 // hostInodes is the inode table of this process: every server and in-process mount shares it,
@@ -1723,4 +1742,10 @@ type handle struct {
 	truncated bool   // the open emptied the striped file (O_TRUNC)
 
 	kernelWrites bool // the kernel writes through it itself (see volume.kernelWrites)
+
+	// A striped file's handle open for writing (stubWriter): its RELEASE said (reported)
+	// which servers it made objects on (objects). Guarded by the inode's sizeMu.
+	stubWriter bool
+	reported   bool
+	objects    []byte
 }
