@@ -20,6 +20,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/mounttable"
 	"github.com/spillway-hpc/spillway/internal/testca"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
@@ -116,6 +117,12 @@ func startServerOn(t testing.TB, addr, dir string, tr *usage.Tracker, logTo *slo
 // startServerFor is startServerOn, serving target.
 func startServerFor(t testing.TB, addr string, target server.Target, logTo *slog.Logger, serverTLS *tls.Config) *testServer {
 	t.Helper()
+	return startServerWith(t, addr, target, logTo, serverTLS, nil)
+}
+
+// startServerWith is startServerFor, calling onRequest (if not nil) with every request.
+func startServerWith(t testing.TB, addr string, target server.Target, logTo *slog.Logger, serverTLS *tls.Config, onRequest func(proto.Op)) *testServer {
+	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -129,7 +136,7 @@ func startServerFor(t testing.TB, addr string, target server.Target, logTo *slog
 	if logTo == nil {
 		logTo = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
-	srv := server.New(server.Options{Token: testToken, Log: logTo, Limits: server.Limits{Lease: testLease()},
+	srv := server.New(server.Options{Token: testToken, Log: logTo, Limits: server.Limits{Lease: testLease()}, OnRequest: onRequest,
 		Resolve: func(fragment, namespace, instance int64, stripes bool) (server.Target, error) {
 			return target, nil
 		}})

@@ -654,7 +654,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	errno := n.be.callRoute(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
 	if errno == 0 {
 		n.noteName(name, false)
-		n.removed(ctx, name, rep.Layout)
+		n.removed(ctx, name, &rep)
 	}
 	return errno
 }
@@ -662,11 +662,18 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 // removed removes the objects of a striped file whose last name (name in n) went, now or,
 // if this node has it open, at its last close. Another node that has it open reads holes
 // from then on (docs/mounts.md).
-func (n *node) removed(ctx context.Context, name string, layout []byte) {
-	if len(layout) == 0 || n.be.stripes == nil {
+//
+// The metadata server says which servers may hold them when it knows (rep.ObjectsKnown): only
+// those are asked (none for a file that never had data); otherwise every server is.
+func (n *node) removed(ctx context.Context, name string, rep *proto.RemovedReply) {
+	if len(rep.Layout) == 0 || n.be.stripes == nil {
 		return
 	}
-	l, err := stripe.Decode(layout)
+	var on []byte // nil: every server
+	if rep.ObjectsKnown {
+		on = append([]byte{}, rep.Objects...)
+	}
+	l, err := stripe.Decode(rep.Layout)
 	if err != nil || int(l.Servers) != len(n.be.stripes) {
 		return
 	}
@@ -683,7 +690,7 @@ func (n *node) removed(ctx context.Context, name string, layout []byte) {
 			}
 		}
 	}
-	n.be.removeObjects(ctx, l)
+	n.be.removeObjects(ctx, l, on)
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
@@ -722,7 +729,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			n.noteName(name, false)
 		}
 		dst.noteName(newName, true)
-		dst.removed(ctx, newName, rep.Layout)
+		dst.removed(ctx, newName, &rep)
 	}
 	return errno
 }
@@ -983,7 +990,20 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	}
 	id, gen := h.current()
 	// A handle of a connection that is gone is gone with it.
-	n.be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: id}})
+	release := &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: id}}
+	if h.striped != nil && (h.flags&syscall.O_ACCMODE != syscall.O_RDONLY || h.flags&syscall.O_TRUNC != 0) {
+		// A writer says where it made objects: the metadata server then knows which servers
+		// to ask when the file is removed (proto.HandleReq.Objects).
+		reported := *release
+		reported.Req = &proto.HandleReq{Handle: id, Reported: true, Objects: h.madeObjects()}
+		reported.MinVersion = proto.ObjectsVersion
+		if n.be.client.Do(ctx, &reported) != syscall.EPROTONOSUPPORT {
+			release = nil
+		}
+	}
+	if release != nil {
+		n.be.client.Do(ctx, release)
+	}
 	n.mu.Lock()
 	var remove *stripe.Layout
 	if len(n.handles) == 0 {
@@ -991,7 +1011,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	}
 	n.mu.Unlock()
 	if remove != nil {
-		n.be.removeObjects(ctx, *remove)
+		n.be.removeObjects(ctx, *remove, nil)
 	}
 	return 0
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -107,6 +108,9 @@ type object struct {
 	id, gen uint64
 	open    bool
 	dirty   bool
+	made    bool // this handle created it (or may have): its RELEASE tells the metadata server
+	read    bool // read once by name (readByName)
+	written bool // written once by name (writeByName)
 }
 
 // objectCaller is the uid of requests for stripe objects: the agent's own. The metadata
@@ -175,15 +179,100 @@ func (h *fileHandle) objectHandle(ctx context.Context, s int, stale uint64) (id,
 		call = &client.Call{Op: proto.OpCreate, UID: objectCaller, Reply: &rep,
 			Req: &proto.CreateReq{Name: name, Flags: flags, Mode: 0o600}}
 	}
+	creating := flags&syscall.O_ACCMODE != syscall.O_RDONLY
+	if creating {
+		o.made = true // before: a create whose reply is lost may have made it
+	}
 	errno = t.Do(ctx, call)
-	if errno == syscall.ENOENT && flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+	if errno == syscall.ENOENT && !creating {
 		return 0, 0, false, 0
 	}
 	if errno != 0 {
 		return 0, 0, false, errno
 	}
-	*o = object{id: rep.Handle, gen: call.UsedGen, open: true, dirty: o.dirty}
+	*o = object{id: rep.Handle, gen: call.UsedGen, open: true, dirty: o.dirty, made: o.made, read: o.read, written: o.written}
 	return o.id, o.gen, true, 0
+}
+
+// readByName reads a piece of a read-only handle's object on server s without opening it
+// (proto.ReadReq.Path: one request, no handle to release) the first time the handle reads
+// there; handled is false when it did not (the object is open, read so once already, or the
+// server is too old), and the caller opens the object. Most small files are read in one
+// request per server this way.
+func (h *fileHandle) readByName(ctx context.Context, s int, call *client.Call, p stripe.Piece) (found, handled bool, errno syscall.Errno) {
+	sf := h.striped
+	if h.flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return false, false, 0
+	}
+	sf.mu.Lock()
+	o := &sf.objects[s]
+	first := !o.open && !o.read
+	o.read = true
+	sf.mu.Unlock()
+	if !first {
+		return false, false, 0
+	}
+	call.Req = &proto.ReadReq{Path: stripe.ObjectName(sf.layout.ID), Offset: p.ObjOffset, Size: uint32(p.Length)}
+	call.MinVersion = proto.ObjectsVersion
+	errno = h.node.be.stripes[s].Do(ctx, call)
+	switch errno {
+	case syscall.EPROTONOSUPPORT:
+		return false, false, 0
+	case syscall.ENOENT:
+		return false, true, 0 // no object: holes
+	}
+	return errno == 0, true, errno
+}
+
+// writeByName writes data at off of the handle's object on server s without opening it
+// (proto.OpWriteName: created if missing, written and closed in one request, where a
+// CREATE, the WRITE and a RELEASE were three) the first time the handle writes there;
+// handled is false when it did not (the object is open or was written so already, the
+// handle asks for synchronous or direct I/O, or the server is too old), and the caller
+// writes through the object's handle. A small file is written in one request this way.
+func (h *fileHandle) writeByName(ctx context.Context, s int, off uint64, data []byte) (n uint64, handled bool, errno syscall.Errno) {
+	if h.flags&(syscall.O_DIRECT|syscall.O_SYNC|syscall.O_DSYNC) != 0 {
+		return 0, false, 0
+	}
+	sf := h.striped
+	sf.mu.Lock()
+	o := &sf.objects[s]
+	first := !o.open && !o.written
+	if first {
+		o.written, o.made = true, true // made before: a write whose reply is lost may have made it
+	}
+	sf.mu.Unlock()
+	if !first {
+		return 0, false, 0
+	}
+	var rep proto.CountReply
+	call := &client.Call{Op: proto.OpWriteName, UID: objectCaller, Reply: &rep, MinVersion: proto.ObjectsVersion,
+		Req: &proto.WriteNameReq{Name: stripe.ObjectName(sf.layout.ID), Offset: off, Data: data}}
+	errno = h.node.be.stripes[s].Do(ctx, call)
+	if errno == syscall.EPROTONOSUPPORT {
+		return 0, false, 0
+	}
+	if errno == 0 && rep.N < uint64(len(data)) {
+		errno = syscall.ENOSPC // a server writes short only when its share is full
+	}
+	if errno == 0 {
+		h.markDirty(s)
+	}
+	return rep.N, true, errno
+}
+
+// madeObjects is the set of servers this handle made objects on (proto.HandleReq.Objects).
+func (h *fileHandle) madeObjects() []byte {
+	sf := h.striped
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	set := make([]byte, (len(sf.objects)+7)/8)
+	for s, o := range sf.objects {
+		if o.made {
+			set[s/8] |= 1 << (s % 8)
+		}
+	}
+	return set
 }
 
 // onObject runs a request on the file's object on server s, reopening it once if its
@@ -238,9 +327,13 @@ func (h *fileHandle) readStriped(ctx context.Context, dest []byte, off int64) (f
 	errs := parallel(h.striped.layout.Pieces(start, n), func(p stripe.Piece) syscall.Errno {
 		buf := dest[p.BufOffset : p.BufOffset+p.Length]
 		call := &client.Call{Op: proto.OpRead, UID: objectCaller, Dest: buf}
-		found, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
-			call.Req = &proto.ReadReq{Handle: id, Offset: p.ObjOffset, Size: uint32(p.Length)}
-		})
+		found, handled, errno := h.readByName(ctx, p.Server, call, p)
+		if !handled {
+			call.MinVersion = 0
+			found, errno = h.onObject(ctx, p.Server, call, func(id uint64) {
+				call.Req = &proto.ReadReq{Handle: id, Offset: p.ObjOffset, Size: uint32(p.Length)}
+			})
+		}
 		got := call.N
 		if !found || errno != 0 {
 			got = 0
@@ -273,6 +366,9 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 	defer cancel()
 	pieces := h.striped.layout.Pieces(start, length)
 	errs := parallel(pieces, func(p stripe.Piece) syscall.Errno {
+		if _, handled, errno := h.writeByName(ctx, p.Server, p.ObjOffset, data[p.BufOffset:p.BufOffset+p.Length]); handled {
+			return errno
+		}
 		var rep proto.CountReply
 		call := &client.Call{Op: proto.OpWrite, UID: objectCaller, Data: data[p.BufOffset : p.BufOffset+p.Length], Reply: &rep}
 		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
@@ -302,6 +398,9 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 func (h *fileHandle) sendObjectPiece(qp queuedPiece) syscall.Errno {
 	ctx, cancel := h.node.be.opCtx(context.Background())
 	defer cancel()
+	if _, handled, errno := h.writeByName(ctx, qp.piece.Server, qp.piece.ObjOffset, qp.data); handled {
+		return errno
+	}
 	var rep proto.CountReply
 	call := &client.Call{Op: proto.OpWrite, UID: objectCaller, Data: qp.data, Reply: &rep}
 	_, errno := h.onObject(ctx, qp.piece.Server, call, func(id uint64) {
@@ -520,13 +619,20 @@ func (h *fileHandle) truncateObjects(ctx context.Context, size uint64) syscall.E
 	return 0
 }
 
-// removeObjects removes a file's objects from every server: its last name is gone and no
-// handle of this node has it open.
-func (be *backend) removeObjects(ctx context.Context, l stripe.Layout) {
+// removeObjects removes a file's objects: its last name is gone and no handle of this node
+// has it open. on is the servers that may hold them, a bit per server (the metadata server's
+// record, proto.RemovedReply.Objects); nil: unknown, every server of the layout.
+func (be *backend) removeObjects(ctx context.Context, l stripe.Layout, on []byte) {
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	name := stripe.ObjectName(l.ID)
-	parallel(serverPieces(l), func(p stripe.Piece) syscall.Errno {
+	pieces := serverPieces(l)
+	if on != nil {
+		pieces = slices.DeleteFunc(pieces, func(p stripe.Piece) bool {
+			return p.Server/8 >= len(on) || on[p.Server/8]&(1<<(p.Server%8)) == 0
+		})
+	}
+	parallel(pieces, func(p stripe.Piece) syscall.Errno {
 		return be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpUnlink, UID: objectCaller, Req: &proto.EntryReq{Name: name}})
 	})
 }
