@@ -1,7 +1,10 @@
 package mount
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"log"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
@@ -271,7 +275,9 @@ func (p phaseCounts) ops(op proto.Op) (n int) {
 // Removing a striped file asks only the stripe servers that hold its objects, as its
 // stub's record says: one for a small file, none for an empty one, three for a file of
 // 2.5 stripes (grown by truncate, which counts as a write); every server when the record is
-// unknown (a writer on another node still has it open). Every object goes either way.
+// unknown (a writer on another node still has it open). A file made by mknod, never opened
+// for writing, has none; one whose writer's node was lost is unknown for good. Every object
+// goes either way.
 func TestStripedRemoveAsksOnlyObjectHolders(t *testing.T) {
 	in := newCountedInstance(t)
 	m := in.mountAt(t, "cn1")
@@ -302,6 +308,11 @@ func TestStripedRemoveAsksOnlyObjectHolders(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	remove("mknod", 0, func(p string) { // never opened for writing
+		if err := unix.Mknod(p, unix.S_IFREG|0o644, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
 	remove("truncated", 3, func(p string) {
 		if err := os.WriteFile(p, nil, 0o644); err != nil {
 			t.Fatal(err)
@@ -315,6 +326,27 @@ func TestStripedRemoveAsksOnlyObjectHolders(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := os.Truncate(p, 10); err != nil {
+			t.Fatal(err)
+		}
+	})
+	remove("writer-lost", countedServers, func(p string) {
+		if err := os.WriteFile(p, make([]byte, 100), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// A writer whose node is lost: its connection ends without a RELEASE. Its objects
+		// could be anywhere, and stay unknown after later writers close.
+		c, err := client.Dial(context.Background(), client.Options{Address: in.mdsAddr, Token: testToken, Client: "cn3",
+			Fragment: 1, Namespace: 2, Instance: 3, Log: log.New(io.Discard, "", 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep proto.OpenReply
+		if errno := c.Do(context.Background(), &client.Call{Op: proto.OpOpen, Req: &proto.OpenReq{Path: "writer-lost", Flags: unix.O_WRONLY}, Reply: &rep}); errno != 0 {
+			t.Fatal(errno)
+		}
+		c.Close()
+		in.settle()
+		if err := os.WriteFile(p, make([]byte, 200), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	})

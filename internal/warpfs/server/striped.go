@@ -100,8 +100,10 @@ func newFileID() uint64 {
 }
 
 // layoutFor gives a regular file just created under a directory of a striped namespace its
-// layout; nothing in an unstriped one.
-func (v *volume) layoutFor(fd, dirfd int) (stripe.Layout, bool, syscall.Errno) {
+// layout; nothing in an unstriped one. empty says the file is not opened for writing as it
+// is made: its record says it has no objects (otherwise it has none, unknown, until its
+// writer closes).
+func (v *volume) layoutFor(fd, dirfd int, empty bool) (stripe.Layout, bool, syscall.Errno) {
 	if !v.striped {
 		inheritKept(fd, dirfd)
 		return stripe.Layout{}, false, 0
@@ -111,7 +113,11 @@ func (v *volume) layoutFor(fd, dirfd int) (stripe.Layout, bool, syscall.Errno) {
 		dir = v.rootLayout
 	}
 	l := dir.ForFile(newFileID())
-	return l, true, writeLayout(fd, l)
+	var rec []byte
+	if empty {
+		rec = objectsRecord(nil, true)
+	}
+	return l, true, writeStub(fd, l, rec)
 }
 
 // createStub creates a striped file: made without a name, given its owner and layout, then
@@ -131,7 +137,7 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 		return nil, proto.Attr{}, false, errnoOf(err)
 	}
 	v.own(t, parent, uid, gid, r.Mode)
-	layout, _, errno := v.layoutFor(fd, dirfd)
+	layout, _, errno := v.layoutFor(fd, dirfd, !writes(r.Flags) && r.Flags&unix.O_TRUNC == 0)
 	if errno != 0 {
 		unix.Close(fd)
 		return nil, proto.Attr{}, false, errno
@@ -214,6 +220,9 @@ func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
 		return 0
 	}
 	l.Length = size
+	if !atLeast && in.stubWriters == 0 {
+		rec = nil // a truncate by name, not through a writer's handle: objects may follow
+	}
 	return writeStub(t.fd, l, rec)
 }
 

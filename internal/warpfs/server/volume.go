@@ -801,7 +801,7 @@ func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.At
 		return nil, proto.Attr{}, errnoOf(err)
 	}
 	v.own(&target{fd: fd, real: true, st: st}, &parent, uid, gid, r.Mode)
-	l, striped, errno := v.layoutFor(fd, dirfd)
+	l, striped, errno := v.layoutFor(fd, dirfd, false)
 	if errno != 0 {
 		unix.Close(fd)
 		return nil, proto.Attr{}, errno
@@ -909,7 +909,7 @@ func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 		if err != nil {
 			return proto.Attr{}, errnoOf(err)
 		}
-		_, _, errno := v.layoutFor(fd, dirfd)
+		_, _, errno := v.layoutFor(fd, dirfd, true)
 		unix.Close(fd)
 		if errno != 0 {
 			unix.Unlinkat(dirfd, r.Name, 0)
