@@ -468,10 +468,21 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 	uid, gid := caller(ctx)
 	var rep proto.OpenReply
 	call := &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: n.path(), Flags: flags}, Reply: &rep, Route: n.route()}
+	ls := n.be.leases
+	var epoch uint64
+	if ls != nil {
+		epoch = ls.sizeEpoch()
+	}
 	if errno := n.be.client.Do(ctx, call); errno != 0 {
 		return nil, errno
 	}
-	return n.opened(ctx, &rep, call.UsedGen, flags)
+	h, errno := n.opened(ctx, &rep, call.UsedGen, flags)
+	if errno == 0 && ls != nil && call.Lease > 0 && h.striped != nil {
+		// A striped file opened for reading: the server leased its size (attributes), so
+		// a read past it needs no GETATTR until someone else changes it.
+		ls.leaseSize(h.striped, rep.Attr.Ino, epoch, call.Lease)
+	}
+	return h, errno
 }
 
 // opened registers the handle the server opened; a striped file's objects are emptied when
@@ -987,6 +998,9 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	if h.striped != nil {
 		h.reportSize(ctx)
 		h.releaseObjects(ctx)
+		if ls := n.be.leases; ls != nil {
+			ls.unleaseSize(h.striped)
+		}
 	}
 	id, gen := h.current()
 	// A handle of a connection that is gone is gone with it.

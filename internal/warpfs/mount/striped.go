@@ -16,6 +16,7 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -101,6 +102,10 @@ type stripedFile struct {
 	extent  uint64   // one past the last byte written or allocated through this handle
 	report  bool     // the size and mtime need reporting to the metadata server
 	dirty   bool     // data written since the last fsync
+	// sizeUntil is when the lease on known (the OPEN's, leases.go: leaseSize) ends; ino
+	// is the file's inode number while it lasts.
+	sizeUntil time.Time
+	ino       uint64
 }
 
 // object is a handle's open stripe object on one server.
@@ -300,9 +305,10 @@ func (h *fileHandle) size(ctx context.Context, end uint64) uint64 {
 	sf := h.striped
 	sf.mu.Lock()
 	size := max(sf.known, sf.extent)
+	leased := time.Now().Before(sf.sizeUntil)
 	sf.mu.Unlock()
-	if end <= size {
-		return size
+	if end <= size || leased {
+		return size // nobody else changed it since this node heard it (leases.go)
 	}
 	var rep proto.AttrReply
 	if h.handleCall(ctx, proto.OpGetattr, func(id uint64) proto.Message { return &proto.NodeReq{Handle: id} }, &rep) == 0 {
@@ -473,10 +479,29 @@ func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, er
 		sf.known = rep.Attr.Size
 	}
 	sf.mu.Unlock()
+	if errno == 0 {
+		// This node's other handles hear of it too: the server tells the other nodes, not
+		// the one that changed it (their size may be leased).
+		h.node.sizeReported(h, rep.Attr.Size)
+	}
 	if errno == syscall.EPROTONOSUPPORT {
 		return false, 0
 	}
 	return errno == 0, errno
+}
+
+// sizeReported tells this node's other handles of the file that it is now at least size
+// bytes long (a handle's size report).
+func (n *node) sizeReported(from *fileHandle, size uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for h := range n.handles {
+		if sf := h.striped; sf != nil && h != from {
+			sf.mu.Lock()
+			sf.known = max(sf.known, size)
+			sf.mu.Unlock()
+		}
+	}
 }
 
 // syncMetadata is the metadata server's part of fsync(2): the size report, and the stub

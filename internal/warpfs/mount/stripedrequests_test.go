@@ -254,15 +254,58 @@ func TestStripedSmallFileCreateRequests(t *testing.T) {
 }
 
 // Reading a small file back asks the one stripe server holding it once (a READ by name, no
-// OPEN or RELEASE of its object): 4 requests with the metadata server's, 6 before.
+// OPEN or RELEASE of its object), and the metadata server only to open and release it (the
+// OPEN leases the size: a read past it asks no GETATTR): 3 requests, 6 before.
 func TestStripedSmallFileReadRequests(t *testing.T) {
 	c := smallFileRequests(t, 3901)["read"]
 	if n := c[1:].total(); n != 1 || c.servers() != 1 || c[1:].ops(proto.OpRead) != 1 {
 		t.Errorf("read of 3901 bytes: %d requests to %d stripe servers, want one READ: %v", n, c.servers(), c)
 	}
-	if c.total() > 4 {
-		t.Errorf("read: %d requests, want at most 4: %v", c.total(), c)
+	if c.total() > 3 || c.ops(proto.OpGetattr) != 0 {
+		t.Errorf("read: %d requests, want at most 3 and no GETATTR: %v", c.total(), c)
 	}
+}
+
+// A reader whose size is leased (its OPEN's) still sees what is appended after it read, by
+// another node once that node closed the file, and by another descriptor of its own node.
+func TestStripedLeasedSizeSeesLaterWrites(t *testing.T) {
+	in := newCountedInstance(t)
+	m1, m2 := in.mountAt(t, "cn1"), in.mountAt(t, "cn2")
+	p1, p2 := filepath.Join(m1.Path(), "grows"), filepath.Join(m2.Path(), "grows")
+	if err := os.WriteFile(p1, []byte("first "), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.Open(p2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	readAll := func(want string) {
+		t.Helper()
+		buf := make([]byte, 100)
+		n, _ := r.ReadAt(buf, 0)
+		if string(buf[:n]) != want {
+			t.Errorf("read %q, want %q", buf[:n], want)
+		}
+	}
+	readAll("first ")
+	appendTo := func(p, s string) {
+		t.Helper()
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendTo(p1, "second ")
+	readAll("first second ")
+	appendTo(p2, "third")
+	readAll("first second third")
 }
 
 func (p phaseCounts) ops(op proto.Op) (n int) {
