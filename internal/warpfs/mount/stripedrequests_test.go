@@ -372,6 +372,14 @@ func TestStripedRemoveAsksOnlyObjectHolders(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	remove("overwritten", 3, func(p string) { // O_TRUNC: the objects stay, emptied
+		if err := os.WriteFile(p, make([]byte, 5*testStripeSize/2), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, make([]byte, 100), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
 	remove("writer-lost", countedServers, func(p string) {
 		if err := os.WriteFile(p, make([]byte, 100), 0o644); err != nil {
 			t.Fatal(err)

@@ -643,6 +643,13 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 	}
 	changed := false
 	if stub {
+		// A writer first (its truncate is its own: the record of the objects stays).
+		if writes(flags) || flags&unix.O_TRUNC != 0 {
+			if errno := v.writerOpened(h, created || layout != nil); errno != 0 {
+				v.closeFile(h)
+				return nil, proto.Attr{}, errno
+			}
+		}
 		// The client truncates the objects of a striped file opened with O_TRUNC.
 		if !created && flags&unix.O_TRUNC != 0 && l.Length > 0 {
 			if errno := v.setLength(t, 0, false); errno != 0 {
@@ -653,12 +660,6 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 			h.truncated, changed = true, true
 		}
 		h.layout = l.Encode()
-		if writes(flags) || flags&unix.O_TRUNC != 0 {
-			if errno := v.writerOpened(h, created || layout != nil); errno != 0 {
-				v.closeFile(h)
-				return nil, proto.Attr{}, errno
-			}
-		}
 	} else if !created && flags&unix.O_TRUNC != 0 && t.st.Size > 0 {
 		if errno := v.truncate(t, 0); errno != 0 {
 			v.closeFile(h)
