@@ -478,8 +478,8 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 	}
 	h, errno := n.opened(ctx, &rep, call.UsedGen, flags)
 	if errno == 0 && ls != nil && call.Lease > 0 && h.striped != nil {
-		// A striped file opened for reading: the server leased its size (attributes), so
-		// a read past it needs no GETATTR until someone else changes it.
+		// A striped file: the server leased its size (attributes), so a read past it needs
+		// no GETATTR until someone else changes it.
 		ls.leaseSize(h.striped, rep.Attr.Ino, epoch, call.Lease)
 	}
 	return h, errno

@@ -199,14 +199,15 @@ func (h *fileHandle) objectHandle(ctx context.Context, s int, stale uint64) (id,
 	return o.id, o.gen, true, 0
 }
 
-// readByName reads a piece of a read-only handle's object on server s without opening it
+// readByName reads a piece of the handle's object on server s without opening it
 // (proto.ReadReq.Path: one request, no handle to release) the first time the handle reads
 // there; handled is false when it did not (the object is open, read so once already, the
-// handle asks for direct I/O, or the server is too old), and the caller opens the object. Most small files are read in one
-// request per server this way.
+// handle asks for direct I/O, or the server is too old), and the caller opens the object.
+// Most small files are read in one request per server this way, through a writable handle
+// too (mdtest reads through one): a read creates no object.
 func (h *fileHandle) readByName(ctx context.Context, s int, call *client.Call, p stripe.Piece) (found, handled bool, errno syscall.Errno) {
 	sf := h.striped
-	if h.flags&syscall.O_ACCMODE != syscall.O_RDONLY || h.flags&syscall.O_DIRECT != 0 {
+	if h.flags&syscall.O_DIRECT != 0 {
 		return false, false, 0 // (direct I/O: its objects are opened O_DIRECT)
 	}
 	sf.mu.Lock()

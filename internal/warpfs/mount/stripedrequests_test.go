@@ -183,6 +183,12 @@ func (p phaseCounts) String() string {
 // instance (create and write, close, stat, read, remove) and returns the requests each phase
 // sent to each server.
 func smallFileRequests(t *testing.T, size int) map[string]phaseCounts {
+	return smallFileRequestsReading(t, size, os.O_RDONLY)
+}
+
+// smallFileRequestsReading is smallFileRequests, reading the file back through a
+// descriptor opened with flags.
+func smallFileRequestsReading(t *testing.T, size int, flags int) map[string]phaseCounts {
 	in := newCountedInstance(t)
 	m := in.mountAt(t, "cn1")
 	dir := filepath.Join(m.Path(), "rank0")
@@ -211,7 +217,12 @@ func smallFileRequests(t *testing.T, size int) map[string]phaseCounts {
 		t.Fatalf("stat: %v %v", st, err)
 	}
 	out["stat"] = in.settle()
-	got, err := os.ReadFile(p)
+	r, err := os.OpenFile(p, flags, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	r.Close()
 	if err != nil || string(got) != string(data) {
 		t.Fatalf("read back %d bytes (%v), want %d", len(got), err, size)
 	}
@@ -256,13 +267,16 @@ func TestStripedSmallFileCreateRequests(t *testing.T) {
 // Reading a small file back asks the one stripe server holding it once (a READ by name, no
 // OPEN or RELEASE of its object), and the metadata server only to open and release it (the
 // OPEN leases the size: a read past it asks no GETATTR): 3 requests, 6 before.
+// So does reading it through a descriptor opened for reading and writing, as mdtest does.
 func TestStripedSmallFileReadRequests(t *testing.T) {
-	c := smallFileRequests(t, 3901)["read"]
-	if n := c[1:].total(); n != 1 || c.servers() != 1 || c[1:].ops(proto.OpRead) != 1 {
-		t.Errorf("read of 3901 bytes: %d requests to %d stripe servers, want one READ: %v", n, c.servers(), c)
-	}
-	if c.total() > 3 || c.ops(proto.OpGetattr) != 0 {
-		t.Errorf("read: %d requests, want at most 3 and no GETATTR: %v", c.total(), c)
+	for _, flags := range []int{os.O_RDONLY, os.O_RDWR} {
+		c := smallFileRequestsReading(t, 3901, flags)["read"]
+		if n := c[1:].total(); n != 1 || c.servers() != 1 || c[1:].ops(proto.OpRead) != 1 {
+			t.Errorf("read of 3901 bytes (flags %#o): %d requests to %d stripe servers, want one READ: %v", flags, n, c.servers(), c)
+		}
+		if c.total() > 3 || c.ops(proto.OpGetattr) != 0 {
+			t.Errorf("read (flags %#o): %d requests, want at most 3 and no GETATTR: %v", flags, c.total(), c)
+		}
 	}
 }
 

@@ -570,6 +570,12 @@ func (v *volume) newFile(fd int, flags uint32, st *unix.Stat_t, orphan bool) *ha
 	in := v.inodes.get(keyOf(st))
 	in.sizeMu.Lock()
 	if !in.tracked {
+		// Its state now, under the lock: st may be older than another handle's last write
+		// and close, which the tracker counted.
+		var now unix.Stat_t
+		if unix.Fstat(fd, &now) == nil {
+			st = &now
+		}
 		in.charged = usage.Footprint(st)
 		in.tracked = true
 	}
@@ -749,6 +755,12 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 		v.acct.createDone(created)
 		return h, a, errno
 	}
+	if v.objects {
+		if h, a, created, errno, ok := v.createObject(dirfd, &parent, r, uid, gid); ok {
+			v.acct.createDone(created)
+			return h, a, errno
+		}
+	}
 	created := true
 	l := v.lockDirOf(dirfd, &parent)
 	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
@@ -769,6 +781,55 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 }
 
 // tmpfile creates a file with no name (O_TMPFILE): its space is released when it is closed.
+// createObject creates (or opens) a stripe object. A new one is made with no name
+// (O_TMPFILE), tracked and charged, and only then linked in: the object's other writers (other
+// nodes writing the same file, whose first writes create it too) cannot open and write it
+// between its creation and its first charge, which would count their bytes twice. ok is false
+// where the file system makes no such files: the caller creates it by name.
+func (v *volume) createObject(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, uid, gid uint32) (h *handle, a proto.Attr, created bool, errno syscall.Errno, ok bool) {
+	base := openFlags(r.Flags)
+	if r.Flags&unix.O_EXCL == 0 {
+		if fd, err := unix.Openat(dirfd, r.Name, base, 0); err == nil { // most often, it is there
+			h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, nil)
+			return h, a, false, errno, true
+		}
+	}
+	if !writes(r.Flags) {
+		return nil, proto.Attr{}, false, 0, false // O_TMPFILE needs a writable open
+	}
+	fd, err := unix.Openat(dirfd, ".", base&^(unix.O_NOFOLLOW|unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC)|unix.O_TMPFILE, r.Mode&0o7777)
+	if err != nil {
+		return nil, proto.Attr{}, false, 0, false
+	}
+	t := &target{fd: fd, real: true}
+	if err := unix.Fstat(fd, &t.st); err != nil {
+		unix.Close(fd)
+		return nil, proto.Attr{}, false, errnoOf(err), true
+	}
+	v.own(t, parent, uid, gid, r.Mode)
+	v.tracker.Charge(usage.Footprint(&t.st)) // given back at its close if it is never linked (orphan)
+	h = v.newFile(fd, r.Flags, &t.st, true)
+	l := v.lockDirOf(dirfd, parent)
+	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
+	l.unlock()
+	if err == nil {
+		h.in.mu.Lock()
+		h.in.orphan = false
+		h.in.mu.Unlock()
+		return h, toAttr(&t.st), true, 0, true
+	}
+	v.closeFile(h)
+	if !errors.Is(err, syscall.EEXIST) || r.Flags&unix.O_EXCL != 0 {
+		return nil, proto.Attr{}, false, errnoOf(err), true
+	}
+	fd, err = unix.Openat(dirfd, r.Name, base, 0) // another writer made it meanwhile
+	if err != nil {
+		return nil, proto.Attr{}, false, errnoOf(err), true
+	}
+	h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, nil)
+	return h, a, false, errno, true
+}
+
 func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Attr, syscall.Errno) {
 	if v.readOnly {
 		return nil, proto.Attr{}, syscall.EROFS
