@@ -20,7 +20,6 @@ import (
 	"github.com/spillway-hpc/spillway/internal/mounttable"
 	"github.com/spillway-hpc/spillway/internal/testca"
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
-	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
@@ -120,8 +119,8 @@ func startServerFor(t testing.TB, addr string, target server.Target, logTo *slog
 	return startServerWith(t, addr, target, logTo, serverTLS, nil)
 }
 
-// startServerWith is startServerFor, calling onRequest (if not nil) with every request.
-func startServerWith(t testing.TB, addr string, target server.Target, logTo *slog.Logger, serverTLS *tls.Config, onRequest func(proto.Op)) *testServer {
+// startServerWith is startServerFor, with the server's options changed by tweak (if not nil).
+func startServerWith(t testing.TB, addr string, target server.Target, logTo *slog.Logger, serverTLS *tls.Config, tweak func(*server.Options)) *testServer {
 	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -136,10 +135,14 @@ func startServerWith(t testing.TB, addr string, target server.Target, logTo *slo
 	if logTo == nil {
 		logTo = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
-	srv := server.New(server.Options{Token: testToken, Log: logTo, Limits: server.Limits{Lease: testLease()}, OnRequest: onRequest,
+	opt := server.Options{Token: testToken, Log: logTo, Limits: server.Limits{Lease: testLease()},
 		Resolve: func(fragment, namespace, instance int64, stripes bool) (server.Target, error) {
 			return target, nil
-		}})
+		}}
+	if tweak != nil {
+		tweak(&opt)
+	}
+	srv := server.New(opt)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &testServer{addr: l.Addr().String(), srv: srv, cancel: cancel, done: make(chan struct{})}
 	go func() { srv.Serve(ctx, l); close(s.done) }()

@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -71,6 +72,13 @@ const countedServers = 4
 
 func newCountedInstance(t *testing.T) *countedInstance {
 	t.Helper()
+	return newCountedInstanceOf(t, 0)
+}
+
+// newCountedInstanceOf is newCountedInstance, its servers speaking protocol versions up to
+// maxVersion (0: the newest).
+func newCountedInstanceOf(t *testing.T, maxVersion uint16) *countedInstance {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
 	}
@@ -80,7 +88,7 @@ func newCountedInstance(t *testing.T) *countedInstance {
 		t.Fatal(err)
 	}
 	in := &countedInstance{src: src, mds: &requestCounter{ops: map[proto.Op]int{}}}
-	in.mdsAddr = startCountingServer(t, src, in.mds)
+	in.mdsAddr = startCountingServer(t, src, in.mds, maxVersion)
 	for i := 0; i < countedServers; i++ {
 		dir := fmt.Sprintf("%s.c%d", src, i)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -88,15 +96,17 @@ func newCountedInstance(t *testing.T) *countedInstance {
 		}
 		c := &requestCounter{ops: map[proto.Op]int{}}
 		in.stripes = append(in.stripes, c)
-		in.addrs = append(in.addrs, startCountingServer(t, dir, c))
+		in.addrs = append(in.addrs, startCountingServer(t, dir, c, maxVersion))
 	}
 	return in
 }
 
-func startCountingServer(t *testing.T, dir string, c *requestCounter) string {
+func startCountingServer(t *testing.T, dir string, c *requestCounter, maxVersion uint16) string {
 	t.Helper()
 	target := server.Target{Dir: dir, Tracker: usage.New("server "+filepath.Base(dir), 64*mib)}
-	s := startServerWith(t, "", target, quietSlog(t), nil, c.add)
+	s := startServerWith(t, "", target, quietSlog(t), nil, func(o *server.Options) {
+		o.OnRequest, o.MaxVersion = c.add, maxVersion
+	})
 	return s.addr
 }
 
@@ -451,4 +461,37 @@ func TestStripedRemoveAsksOnlyObjectHolders(t *testing.T) {
 // instance, per phase and server.
 func TestStripedSmallFileRequests(t *testing.T) {
 	smallFileRequests(t, 3901)
+}
+
+// Against servers of protocol version 5 (before ObjectsVersion) a mount does as it did: it
+// opens objects to read and write them, and removes a file's objects from every server.
+func TestStripedSmallFileOnOlderServers(t *testing.T) {
+	in := newCountedInstanceOf(t, proto.LeaseVersion)
+	m := in.mountAt(t, "cn1")
+	p := filepath.Join(m.Path(), "f")
+	data := bytes.Repeat([]byte("0123456789"), 400)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := phaseCounts(in.settle())
+	if c.ops(proto.OpWriteName) != 0 || c[1:].ops(proto.OpCreate) != 1 || c[1:].ops(proto.OpWrite) != 1 {
+		t.Errorf("writing: %v, want a CREATE and a WRITE of the object", c)
+	}
+	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes: %v", len(got), err)
+	}
+	c = phaseCounts(in.settle())
+	if c[1:].ops(proto.OpOpen) != 1 || c[1:].ops(proto.OpRead) != 1 {
+		t.Errorf("reading: %v, want an OPEN and a READ of the object", c)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	c = phaseCounts(in.settle())
+	if c[1:].ops(proto.OpUnlink) != countedServers {
+		t.Errorf("removing: %v, want an UNLINK on every server", c)
+	}
+	if n := in.objectsLeft(t); n != 0 {
+		t.Errorf("%d objects left", n)
+	}
 }

@@ -134,6 +134,9 @@ type Options struct {
 	// OnRequest, when set, is called with the operation of every file operation a remote
 	// mount sends, as the server starts it (tests count the requests each server gets).
 	OnRequest func(op proto.Op)
+	// MaxVersion, when not 0, is the newest protocol version the server speaks, below
+	// proto.MaxVersion (tests of newer clients against older servers).
+	MaxVersion uint16
 }
 
 // Server serves namespaces to remote mounts.
@@ -419,6 +422,9 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 		return nil, fmt.Errorf("%w: not a warpfs client (magic %#x)", proto.ErrMalformed, hello.Magic)
 	}
 	version := min(hello.MaxVersion, proto.MaxVersion)
+	if s.opt.MaxVersion != 0 {
+		version = min(version, s.opt.MaxVersion)
+	}
 	if version < max(hello.MinVersion, proto.MinVersion) {
 		return nil, s.refuse(nc, h, &refused{syscall.EPROTONOSUPPORT, fmt.Sprintf(
 			"the client speaks warpfs versions %d-%d, this storage node %d-%d; upgrade the older side",
