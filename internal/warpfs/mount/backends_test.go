@@ -116,6 +116,12 @@ func startServerOn(t testing.TB, addr, dir string, tr *usage.Tracker, logTo *slo
 // startServerFor is startServerOn, serving target.
 func startServerFor(t testing.TB, addr string, target server.Target, logTo *slog.Logger, serverTLS *tls.Config) *testServer {
 	t.Helper()
+	return startServerWith(t, addr, target, logTo, serverTLS, nil)
+}
+
+// startServerWith is startServerFor, with the server's options changed by tweak (if not nil).
+func startServerWith(t testing.TB, addr string, target server.Target, logTo *slog.Logger, serverTLS *tls.Config, tweak func(*server.Options)) *testServer {
+	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -129,10 +135,14 @@ func startServerFor(t testing.TB, addr string, target server.Target, logTo *slog
 	if logTo == nil {
 		logTo = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
-	srv := server.New(server.Options{Token: testToken, Log: logTo, Limits: server.Limits{Lease: testLease()},
+	opt := server.Options{Token: testToken, Log: logTo, Limits: server.Limits{Lease: testLease()},
 		Resolve: func(fragment, namespace, instance int64, stripes bool) (server.Target, error) {
 			return target, nil
-		}})
+		}}
+	if tweak != nil {
+		tweak(&opt)
+	}
+	srv := server.New(opt)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &testServer{addr: l.Addr().String(), srv: srv, cancel: cancel, done: make(chan struct{})}
 	go func() { srv.Serve(ctx, l); close(s.done) }()

@@ -38,6 +38,69 @@ type leaseState struct {
 	// given is when a leased reply last handed the kernel an inode (by number): an
 	// invalidation that finds no inode in the kernel retries while one may be on its way.
 	given map[uint64]time.Time
+
+	// sizes are the striped files open for reading whose size the metadata server leased
+	// with their OPEN (by inode number): a read past it asks nothing while the lease lasts
+	// (fileHandle.size). An invalidation of the inode's attributes ends it; epoch counts
+	// them, so that an OPEN's reply that one overtook leases nothing. Guarded by mu.
+	sizes map[uint64]map[*stripedFile]struct{}
+	epoch uint64
+}
+
+// sizeEpoch is where invalidations are before an OPEN that may be leased.
+func (ls *leaseState) sizeEpoch() uint64 {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.epoch
+}
+
+// leaseSize gives an open striped file the lease its OPEN's reply carried, unless an
+// invalidation came since epoch (sizeEpoch before the OPEN).
+func (ls *leaseState) leaseSize(sf *stripedFile, ino uint64, epoch uint64, lease time.Duration) {
+	until := time.Now().Add(lease)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.epoch != epoch || ino == 0 {
+		return
+	}
+	set := ls.sizes[ino]
+	if set == nil {
+		set = map[*stripedFile]struct{}{}
+		ls.sizes[ino] = set
+	}
+	set[sf] = struct{}{}
+	sf.mu.Lock()
+	sf.sizeUntil, sf.ino = until, ino
+	sf.mu.Unlock()
+}
+
+// unleaseSize forgets an open striped file's size lease (its handle is released).
+func (ls *leaseState) unleaseSize(sf *stripedFile) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	sf.mu.Lock()
+	ino := sf.ino
+	sf.sizeUntil, sf.ino = time.Time{}, 0
+	sf.mu.Unlock()
+	if set := ls.sizes[ino]; set != nil {
+		delete(set, sf)
+		if len(set) == 0 {
+			delete(ls.sizes, ino)
+		}
+	}
+}
+
+// dropSizes ends the size leases of inode ino: its attributes changed elsewhere.
+func (ls *leaseState) dropSizes(ino uint64) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.epoch++
+	for sf := range ls.sizes[ino] {
+		sf.mu.Lock()
+		sf.sizeUntil, sf.ino = time.Time{}, 0
+		sf.mu.Unlock()
+	}
+	delete(ls.sizes, ino)
 }
 
 // inodeRetry bounds how long an invalidation waits for an inode a leased reply is giving the
@@ -48,7 +111,7 @@ const inodeRetry = time.Second
 const maxNodesPerInode = 4
 
 func newLeaseState() *leaseState {
-	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}}
+	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{}}
 }
 
 // noteNode notes a node made for a reply: invalidations of its inode number reach it; leased says
@@ -149,6 +212,7 @@ func (be *backend) dropAttr(ino uint64, data bool) {
 		off = 0
 	}
 	ls := be.leases
+	ls.dropSizes(ino)
 	deadline := time.Now().Add(inodeRetry)
 	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 20*time.Millisecond) {
 		ls.mu.Lock()

@@ -689,7 +689,7 @@ func (sh *shards) move(ctx context.Context, call *client.Call, r *proto.RenameRe
 		return errno
 	}
 	if rep, ok := call.Reply.(*proto.RemovedReply); ok {
-		rep.Layout = replaced.Layout
+		*rep = replaced // its layout, and where its objects are
 	}
 	return 0
 }

@@ -97,8 +97,11 @@ func TestDataPathMetricsCountWhatAMountMoved(t *testing.T) {
 					t.Logf("%s{%s} grew by %.0f for %d bytes moved", metric, transport, d, n)
 				}
 			}
-			writes := delta(`spillway_warpfs_requests_total{op="write",` + transport + `}`)
-			timed := delta(`spillway_warpfs_request_duration_seconds_count{op="write"}`)
+			// A striped file's first write to each object is a WRITE_NAME (it creates it).
+			writes := delta(`spillway_warpfs_requests_total{op="write",`+transport+`}`) +
+				delta(`spillway_warpfs_requests_total{op="write_name",`+transport+`}`)
+			timed := delta(`spillway_warpfs_request_duration_seconds_count{op="write"}`) +
+				delta(`spillway_warpfs_request_duration_seconds_count{op="write_name"}`)
 			if writes < n/(1<<20) || timed != writes {
 				t.Errorf("%.0f WRITE requests counted, %.0f timed, for %d bytes", writes, timed, n)
 			}

@@ -468,10 +468,21 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 	uid, gid := caller(ctx)
 	var rep proto.OpenReply
 	call := &client.Call{Op: proto.OpOpen, UID: uid, GID: gid, Req: &proto.OpenReq{Path: n.path(), Flags: flags}, Reply: &rep, Route: n.route()}
+	ls := n.be.leases
+	var epoch uint64
+	if ls != nil {
+		epoch = ls.sizeEpoch()
+	}
 	if errno := n.be.client.Do(ctx, call); errno != 0 {
 		return nil, errno
 	}
-	return n.opened(ctx, &rep, call.UsedGen, flags)
+	h, errno := n.opened(ctx, &rep, call.UsedGen, flags)
+	if errno == 0 && ls != nil && call.Lease > 0 && h.striped != nil {
+		// A striped file: the server leased its size (attributes), so a read past it needs
+		// no GETATTR until someone else changes it.
+		ls.leaseSize(h.striped, rep.Attr.Ino, epoch, call.Lease)
+	}
+	return h, errno
 }
 
 // opened registers the handle the server opened; a striped file's objects are emptied when
@@ -662,7 +673,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	errno := n.be.callRoute(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
 	if errno == 0 {
 		n.noteName(name, false)
-		n.removed(ctx, name, rep.Layout, rep.Cache)
+		n.removed(ctx, name, &rep)
 	}
 	return errno
 }
@@ -670,11 +681,18 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 // removed removes the objects of a striped file whose last name (name in n) went, now or,
 // if this node has it open, at its last close. Another node that has it open reads holes
 // from then on (docs/mounts.md).
-func (n *node) removed(ctx context.Context, name string, layout []byte, cache *proto.CacheRef) {
-	if len(layout) == 0 || n.be.stripes == nil {
+//
+// The metadata server says which servers may hold them when it knows (rep.ObjectsKnown): only
+// those are asked (none for a file that never had data); otherwise every server is.
+func (n *node) removed(ctx context.Context, name string, rep *proto.RemovedReply) {
+	if len(rep.Layout) == 0 || n.be.stripes == nil {
 		return
 	}
-	l, err := stripe.Decode(layout)
+	var on []byte // nil: every server
+	if rep.ObjectsKnown {
+		on = append([]byte{}, rep.Objects...)
+	}
+	l, err := stripe.Decode(rep.Layout)
 	if err != nil || int(l.Servers) != len(n.be.stripes) {
 		return
 	}
@@ -683,7 +701,7 @@ func (n *node) removed(ctx context.Context, name string, layout []byte, cache *p
 			child.mu.Lock()
 			open := len(child.handles) > 0
 			if open {
-				child.removeOnRelease = &removal{layout: l, cache: cache}
+				child.removeOnRelease = &removal{layout: l, cache: rep.Cache}
 			}
 			child.mu.Unlock()
 			if open {
@@ -691,7 +709,7 @@ func (n *node) removed(ctx context.Context, name string, layout []byte, cache *p
 			}
 		}
 	}
-	n.be.removeObjects(ctx, removal{layout: l, cache: cache})
+	n.be.removeObjects(ctx, removal{layout: l, cache: rep.Cache}, on)
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
@@ -730,7 +748,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			n.noteName(name, false)
 		}
 		dst.noteName(newName, true)
-		dst.removed(ctx, newName, rep.Layout, rep.Cache)
+		dst.removed(ctx, newName, &rep)
 	}
 	return errno
 }
@@ -1001,10 +1019,26 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	if h.striped != nil {
 		h.reportSize(ctx)
 		h.releaseObjects(ctx)
+		if ls := n.be.leases; ls != nil {
+			ls.unleaseSize(h.striped)
+		}
 	}
 	id, gen := h.current()
 	// A handle of a connection that is gone is gone with it.
-	n.be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: id}})
+	release := &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: id}}
+	if h.striped != nil && (h.flags&syscall.O_ACCMODE != syscall.O_RDONLY || h.flags&syscall.O_TRUNC != 0) {
+		// A writer says where it made objects: the metadata server then knows which servers
+		// to ask when the file is removed (proto.HandleReq.Objects).
+		reported := *release
+		reported.Req = &proto.HandleReq{Handle: id, Reported: true, Objects: h.madeObjects()}
+		reported.MinVersion = proto.ObjectsVersion
+		if n.be.client.Do(ctx, &reported) != syscall.EPROTONOSUPPORT {
+			release = nil
+		}
+	}
+	if release != nil {
+		n.be.client.Do(ctx, release)
+	}
 	n.mu.Lock()
 	var remove *removal
 	if len(n.handles) == 0 {
@@ -1012,7 +1046,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	}
 	n.mu.Unlock()
 	if remove != nil {
-		n.be.removeObjects(ctx, *remove)
+		n.be.removeObjects(ctx, *remove, nil)
 	}
 	return 0
 }

@@ -19,8 +19,10 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -106,6 +108,10 @@ type stripedFile struct {
 	extent  uint64   // one past the last byte written or allocated through this handle
 	report  bool     // the size and mtime need reporting to the metadata server
 	dirty   bool     // data written since the last fsync
+	// sizeUntil is when the lease on known (the OPEN's, leases.go: leaseSize) ends; ino
+	// is the file's inode number while it lasts.
+	sizeUntil time.Time
+	ino       uint64
 
 	// cache names the PFS file of a cache instance's file (OpenReply.Cache), whose objects
 	// are opened as its opener, uid:gid; nil for a striped instance's.
@@ -129,6 +135,9 @@ type object struct {
 	id, gen uint64
 	open    bool
 	dirty   bool
+	made    bool // this handle created it (or may have): its RELEASE tells the metadata server
+	read    bool // read once by name (readByName)
+	written bool // written once by name (writeByName)
 }
 
 // objectCaller is the uid of requests for stripe objects: the agent's own. The metadata
@@ -207,15 +216,103 @@ func (h *fileHandle) objectHandle(ctx context.Context, s int, stale uint64) (id,
 		call = &client.Call{Op: proto.OpCreate, UID: uid, GID: gid, Reply: &rep,
 			Req: &proto.CreateReq{Name: name, Flags: flags, Mode: 0o600, Cache: ref}}
 	}
+	creating := flags&syscall.O_ACCMODE != syscall.O_RDONLY
+	if creating {
+		o.made = true // before: a create whose reply is lost may have made it
+	}
 	errno = t.Do(ctx, call)
-	if errno == syscall.ENOENT && flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+	if errno == syscall.ENOENT && !creating {
 		return 0, 0, false, 0
 	}
 	if errno != 0 {
 		return 0, 0, false, errno
 	}
-	*o = object{id: rep.Handle, gen: call.UsedGen, open: true, dirty: o.dirty}
+	*o = object{id: rep.Handle, gen: call.UsedGen, open: true, dirty: o.dirty, made: o.made, read: o.read, written: o.written}
 	return o.id, o.gen, true, 0
+}
+
+// readByName reads a piece of the handle's object on server s without opening it
+// (proto.ReadReq.Path: one request, no handle to release) the first time the handle reads
+// there; handled is false when it did not (the object is open, read so once already, the
+// handle asks for direct I/O, or the server is too old), and the caller opens the object.
+// Most small files are read in one request per server this way, through a writable handle
+// too (mdtest reads through one): a read creates no object.
+func (h *fileHandle) readByName(ctx context.Context, s int, call *client.Call, p stripe.Piece) (found, handled bool, errno syscall.Errno) {
+	sf := h.striped
+	if h.flags&syscall.O_DIRECT != 0 || sf.cache != nil {
+		// (direct I/O: its objects are opened O_DIRECT; a cache's objects are opened with
+		// their PFS file's CacheRef, as their opener)
+		return false, false, 0
+	}
+	sf.mu.Lock()
+	o := &sf.objects[s]
+	first := !o.open && !o.read
+	o.read = true
+	sf.mu.Unlock()
+	if !first {
+		return false, false, 0
+	}
+	call.Req = &proto.ReadReq{Path: stripe.ObjectName(sf.layout.ID), Offset: p.ObjOffset, Size: uint32(p.Length)}
+	call.MinVersion = proto.ObjectsVersion
+	errno = h.node.be.stripes[s].Do(ctx, call)
+	switch errno {
+	case syscall.EPROTONOSUPPORT:
+		return false, false, 0
+	case syscall.ENOENT:
+		return false, true, 0 // no object: holes
+	}
+	return errno == 0, true, errno
+}
+
+// writeByName writes data at off of the handle's object on server s without opening it
+// (proto.OpWriteName: created if missing, written and closed in one request, where a
+// CREATE, the WRITE and a RELEASE were three) the first time the handle writes there;
+// handled is false when it did not (the object is open or was written so already, the
+// handle asks for synchronous or direct I/O, or the server is too old), and the caller
+// writes through the object's handle. A small file is written in one request this way.
+func (h *fileHandle) writeByName(ctx context.Context, s int, off uint64, data []byte) (n uint64, handled bool, errno syscall.Errno) {
+	sf := h.striped
+	if h.flags&(syscall.O_DIRECT|syscall.O_SYNC|syscall.O_DSYNC) != 0 || sf.cache != nil {
+		return 0, false, 0 // (a cache's objects are opened with their CacheRef, as their opener)
+	}
+	sf.mu.Lock()
+	o := &sf.objects[s]
+	first := !o.open && !o.written
+	if first {
+		o.written, o.made = true, true // made before: a write whose reply is lost may have made it
+	}
+	sf.mu.Unlock()
+	if !first {
+		return 0, false, 0
+	}
+	var rep proto.CountReply
+	call := &client.Call{Op: proto.OpWriteName, UID: objectCaller, Reply: &rep, MinVersion: proto.ObjectsVersion,
+		Req: &proto.WriteNameReq{Name: stripe.ObjectName(sf.layout.ID), Offset: off, Data: data}}
+	errno = h.node.be.stripes[s].Do(ctx, call)
+	if errno == syscall.EPROTONOSUPPORT {
+		return 0, false, 0
+	}
+	if errno == 0 && rep.N < uint64(len(data)) {
+		errno = syscall.ENOSPC // a server writes short only when its share is full
+	}
+	if errno == 0 {
+		h.markDirty(s)
+	}
+	return rep.N, true, errno
+}
+
+// madeObjects is the set of servers this handle made objects on (proto.HandleReq.Objects).
+func (h *fileHandle) madeObjects() []byte {
+	sf := h.striped
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	set := make([]byte, (len(sf.objects)+7)/8)
+	for s, o := range sf.objects {
+		if o.made {
+			set[s/8] |= 1 << (s % 8)
+		}
+	}
+	return set
 }
 
 // onObject runs a request on the file's object on server s, reopening it once if its
@@ -243,9 +340,10 @@ func (h *fileHandle) size(ctx context.Context, end uint64) uint64 {
 	sf := h.striped
 	sf.mu.Lock()
 	size := max(sf.known, sf.extent)
+	leased := time.Now().Before(sf.sizeUntil)
 	sf.mu.Unlock()
-	if end <= size {
-		return size
+	if end <= size || leased {
+		return size // nobody else changed it since this node heard it (leases.go)
 	}
 	var rep proto.AttrReply
 	if h.handleCall(ctx, proto.OpGetattr, func(id uint64) proto.Message { return &proto.NodeReq{Handle: id} }, &rep) == 0 {
@@ -270,9 +368,13 @@ func (h *fileHandle) readStriped(ctx context.Context, dest []byte, off int64) (f
 	errs := parallel(h.striped.layout.Pieces(start, n), func(p stripe.Piece) syscall.Errno {
 		buf := dest[p.BufOffset : p.BufOffset+p.Length]
 		call := &client.Call{Op: proto.OpRead, UID: objectCaller, Dest: buf}
-		found, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
-			call.Req = &proto.ReadReq{Handle: id, Offset: p.ObjOffset, Size: uint32(p.Length)}
-		})
+		found, handled, errno := h.readByName(ctx, p.Server, call, p)
+		if !handled {
+			call.MinVersion = 0
+			found, errno = h.onObject(ctx, p.Server, call, func(id uint64) {
+				call.Req = &proto.ReadReq{Handle: id, Offset: p.ObjOffset, Size: uint32(p.Length)}
+			})
+		}
 		got := call.N
 		if !found || errno != 0 {
 			got = 0
@@ -305,6 +407,9 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 	defer cancel()
 	pieces := h.striped.layout.Pieces(start, length)
 	errs := parallel(pieces, func(p stripe.Piece) syscall.Errno {
+		if _, handled, errno := h.writeByName(ctx, p.Server, p.ObjOffset, data[p.BufOffset:p.BufOffset+p.Length]); handled {
+			return errno
+		}
 		var rep proto.CountReply
 		call := &client.Call{Op: proto.OpWrite, UID: objectCaller, Data: data[p.BufOffset : p.BufOffset+p.Length], Reply: &rep}
 		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) {
@@ -334,6 +439,9 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 func (h *fileHandle) sendObjectPiece(qp queuedPiece) syscall.Errno {
 	ctx, cancel := h.node.be.opCtx(context.Background())
 	defer cancel()
+	if _, handled, errno := h.writeByName(ctx, qp.piece.Server, qp.piece.ObjOffset, qp.data); handled {
+		return errno
+	}
 	var rep proto.CountReply
 	call := &client.Call{Op: proto.OpWrite, UID: objectCaller, Data: qp.data, Reply: &rep}
 	_, errno := h.onObject(ctx, qp.piece.Server, call, func(id uint64) {
@@ -406,10 +514,29 @@ func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, er
 		sf.known = rep.Attr.Size
 	}
 	sf.mu.Unlock()
+	if errno == 0 {
+		// This node's other handles hear of it too: the server tells the other nodes, not
+		// the one that changed it (their size may be leased).
+		h.node.sizeReported(h, rep.Attr.Size)
+	}
 	if errno == syscall.EPROTONOSUPPORT {
 		return false, 0
 	}
 	return errno == 0, errno
+}
+
+// sizeReported tells this node's other handles of the file that it is now at least size
+// bytes long (a handle's size report).
+func (n *node) sizeReported(from *fileHandle, size uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for h := range n.handles {
+		if sf := h.striped; sf != nil && h != from {
+			sf.mu.Lock()
+			sf.known = max(sf.known, size)
+			sf.mu.Unlock()
+		}
+	}
 }
 
 // syncMetadata is the metadata server's part of fsync(2): the size report, and the stub
@@ -555,13 +682,20 @@ func (h *fileHandle) truncateObjects(ctx context.Context, size uint64) syscall.E
 	return 0
 }
 
-// removeObjects removes a file's objects from every server: its last name is gone and no
-// handle of this node has it open.
-func (be *backend) removeObjects(ctx context.Context, r removal) {
+// removeObjects removes a file's objects: its last name is gone and no handle of this node
+// has it open. on is the servers that may hold them, a bit per server (the metadata server's
+// record, proto.RemovedReply.Objects); nil: unknown, every server of the layout.
+func (be *backend) removeObjects(ctx context.Context, r removal, on []byte) {
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	name := stripe.ObjectName(r.layout.ID)
-	parallel(serverPieces(r.layout), func(p stripe.Piece) syscall.Errno {
+	pieces := serverPieces(r.layout)
+	if on != nil {
+		pieces = slices.DeleteFunc(pieces, func(p stripe.Piece) bool {
+			return p.Server/8 >= len(on) || on[p.Server/8]&(1<<(p.Server%8)) == 0
+		})
+	}
+	parallel(pieces, func(p stripe.Piece) syscall.Errno {
 		return be.stripes[p.Server].Do(ctx, &client.Call{Op: proto.OpUnlink, UID: objectCaller, Req: &proto.EntryReq{Name: name, Cache: r.cache}})
 	})
 }

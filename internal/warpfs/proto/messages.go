@@ -452,10 +452,45 @@ type RemovedReply struct {
 	// Cache, when the file is a cache instance's, is the PFS file that went (optional, as
 	// OpenReply's): the client passes it on in the UNLINKs of the file's objects.
 	Cache *CacheRef
+	// ObjectsKnown says Objects is known (ObjectsVersion on): the servers that may hold the
+	// removed file's objects, a bit per server in layout order (bit s of byte s/8), none if
+	// it never had data. Unknown (a writer has it open, or one never said), the client
+	// removes the objects on every server of the layout.
+	ObjectsKnown bool
+	Objects      []byte
 }
 
-func (m *RemovedReply) Encode(e *Enc) { e.Bytes(m.Layout); m.Cache.encode(e) }
-func (m *RemovedReply) Decode(d *Dec) { m.Layout = d.Bytes(MaxLayout); m.Cache = decodeCacheRef(d) }
+// MaxObjects bounds a set of servers (a bit per server, stripe.MaxServers of them).
+const MaxObjects = 128
+
+// objectsTag opens RemovedReply's trailing Objects field, telling it from a CacheRef (whose
+// first byte is its version, 1 or 2): a striped scratch file has one, a cache file the other.
+const objectsTag = 0x80
+
+func (m *RemovedReply) Encode(e *Enc) {
+	e.Bytes(m.Layout)
+	switch { // trailing fields: older clients never get either (ObjectsVersion, cache peers)
+	case m.ObjectsKnown:
+		e.U8(objectsTag)
+		e.Bytes(m.Objects)
+	case m.Cache != nil:
+		m.Cache.encode(e)
+	}
+}
+
+func (m *RemovedReply) Decode(d *Dec) {
+	m.Layout = d.Bytes(MaxLayout)
+	if d.err != nil || len(d.B) == 0 {
+		return
+	}
+	if d.B[0] == objectsTag {
+		d.U8()
+		m.ObjectsKnown = true
+		m.Objects = d.Bytes(MaxObjects)
+		return
+	}
+	m.Cache = decodeCacheRef(d)
+}
 
 // CreateReq creates and opens a file Name in directory Dir (CREATE), or an unnamed file in
 // Dir (TMPFILE, Name ""), owned by the caller.
@@ -580,10 +615,29 @@ func (m *AdoptReq) Decode(d *Dec) {
 }
 
 // HandleReq names an open handle (RELEASE).
-type HandleReq struct{ Handle uint64 }
+type HandleReq struct {
+	Handle uint64
+	// Reported, on the RELEASE of a striped file's handle opened for writing (ObjectsVersion
+	// on), says Objects are every server the handle made (or may have made) objects on, a
+	// bit per server as in RemovedReply. A writer's RELEASE without it leaves where the
+	// file's objects are unknown.
+	Reported bool
+	Objects  []byte
+}
 
-func (m *HandleReq) Encode(e *Enc) { e.U64(m.Handle) }
-func (m *HandleReq) Decode(d *Dec) { m.Handle = d.U64() }
+func (m *HandleReq) Encode(e *Enc) {
+	e.U64(m.Handle)
+	if m.Reported { // a trailing field: sent only to servers of ObjectsVersion on
+		e.Bytes(m.Objects)
+	}
+}
+func (m *HandleReq) Decode(d *Dec) {
+	m.Handle = d.U64()
+	if len(d.B) > 0 {
+		m.Reported = true
+		m.Objects = d.Bytes(MaxObjects)
+	}
+}
 
 // HandleReply is a new handle (OPENDIR).
 type HandleReply struct{ Handle uint64 }
@@ -651,10 +705,26 @@ func (m *ReaddirReply) Decode(d *Dec) {
 type ReadReq struct {
 	Handle, Offset uint64
 	Size           uint32
+	// Path, when set (ObjectsVersion on), names the file to read instead of Handle: the
+	// server opens it read-only, reads and closes it, one request where an OPEN, the READ and
+	// a RELEASE were three (a striped file's object read once).
+	Path string
 }
 
-func (m *ReadReq) Encode(e *Enc) { e.U64(m.Handle); e.U64(m.Offset); e.U32(m.Size) }
-func (m *ReadReq) Decode(d *Dec) { m.Handle, m.Offset, m.Size = d.U64(), d.U64(), d.U32() }
+func (m *ReadReq) Encode(e *Enc) {
+	e.U64(m.Handle)
+	e.U64(m.Offset)
+	e.U32(m.Size)
+	if m.Path != "" { // a trailing field: sent only to servers of ObjectsVersion on
+		e.Str(m.Path)
+	}
+}
+func (m *ReadReq) Decode(d *Dec) {
+	m.Handle, m.Offset, m.Size = d.U64(), d.U64(), d.U32()
+	if len(d.B) > 0 {
+		m.Path = d.Str(MaxPath)
+	}
+}
 
 // WriteReq writes Data at Offset. Data is the rest of the body (not length-prefixed).
 type WriteReq struct {
@@ -664,6 +734,21 @@ type WriteReq struct {
 
 func (m *WriteReq) Encode(e *Enc) { e.U64(m.Handle); e.U64(m.Offset); e.Raw(m.Data) }
 func (m *WriteReq) Decode(d *Dec) { m.Handle, m.Offset = d.U64(), d.U64(); m.Data = d.Rest() }
+
+// WriteNameReq writes Data at Offset of the regular file Name of the root directory (a
+// stripe object), creating it (mode 0600) if it is missing, and closes it (OpWriteName).
+type WriteNameReq struct {
+	Name   string
+	Offset uint64
+	Data   []byte
+}
+
+func (m *WriteNameReq) Encode(e *Enc) { e.Str(m.Name); e.U64(m.Offset); e.Raw(m.Data) }
+func (m *WriteNameReq) Decode(d *Dec) {
+	m.Name = d.Str(MaxName)
+	m.Offset = d.U64()
+	m.Data = d.Rest()
+}
 
 // CountReply is a number: bytes written or copied, a new offset.
 type CountReply struct{ N uint64 }
@@ -837,6 +922,8 @@ func NewRequest(op Op) Message {
 		return &ReadReq{}
 	case OpWrite:
 		return &WriteReq{}
+	case OpWriteName:
+		return &WriteNameReq{}
 	case OpFsync:
 		return &FsyncReq{}
 	case OpFallocate:
@@ -869,7 +956,7 @@ func NewReply(op Op) Message {
 		return &DataReply{}
 	case OpReaddir:
 		return &ReaddirReply{}
-	case OpWrite, OpLseek, OpCopyRange:
+	case OpWrite, OpLseek, OpCopyRange, OpWriteName:
 		return &CountReply{}
 	case OpStatfs:
 		return &StatfsReply{}

@@ -75,7 +75,7 @@ const Magic uint32 = 0x53505746
 // Versions this package speaks. A peer picks the highest both support.
 const (
 	MinVersion uint16 = 3
-	MaxVersion uint16 = 5
+	MaxVersion uint16 = 6
 )
 
 // LeaseVersion is the first version whose servers grant leases and send invalidations
@@ -84,6 +84,13 @@ const LeaseVersion uint16 = 5
 
 // SyncVersion is the first version whose servers honour SetattrReq's SetSync.
 const SyncVersion uint16 = 4
+
+// ObjectsVersion is the first version whose servers keep which servers hold a striped file's
+// objects: a RELEASE may carry the servers its handle made objects on (HandleReq.Objects),
+// and the reply to UNLINK and RENAME says which servers the removed file's objects are on
+// (RemovedReply.Objects), a READ may name an object instead of a handle (ReadReq.Path), and
+// WRITE_NAME writes one by name.
+const ObjectsVersion uint16 = 6
 
 // Sizes and limits of the protocol.
 const (
@@ -141,6 +148,10 @@ const (
 	// OpBye, one-way (FlagOneWay), is a mount's last request: it is unmounted, its kernel
 	// caches nothing, and the server need not wait out its leases (LeaseVersion on).
 	OpBye Op = 46 // Empty
+	// OpWriteName (ObjectsVersion on) writes to a file of the root directory by name,
+	// creating it: a striped file's object written once, in one request where a CREATE, a
+	// WRITE and a RELEASE were three.
+	OpWriteName Op = 47 // WriteNameReq → CountReply
 )
 
 var opNames = map[Op]string{
@@ -151,7 +162,7 @@ var opNames = map[Op]string{
 	OpReaddir: "READDIR", OpRelease: "RELEASE", OpRead: "READ", OpWrite: "WRITE", OpFsync: "FSYNC",
 	OpFallocate: "FALLOCATE", OpLseek: "LSEEK", OpCopyRange: "COPY_RANGE", OpStatfs: "STATFS",
 	OpGetxattr: "GETXATTR", OpListxattr: "LISTXATTR", OpSetxattr: "SETXATTR", OpRemovexattr: "REMOVEXATTR",
-	OpAdopt: "ADOPT", OpInval: "INVAL", OpBye: "BYE",
+	OpAdopt: "ADOPT", OpInval: "INVAL", OpBye: "BYE", OpWriteName: "WRITE_NAME",
 }
 
 func (o Op) String() string {

@@ -735,6 +735,13 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 	case *proto.OpenReq:
 		if errno == 0 && rep.(*proto.OpenReply).Truncated || errno == 0 && r.Flags&unix.O_TRUNC != 0 {
 			l.recordLocked(h, now, &out, nil, []uint64{rep.(*proto.OpenReply).Attr.Ino}, true)
+		} else if errno == 0 && h != nil {
+			// An open leases the file's attributes: a striped file's reader then knows its
+			// size is current (its reads past it ask nothing) until told.
+			ino := rep.(*proto.OpenReply).Attr.Ino
+			if leased = !l.changedSinceLocked(t, h, "", false, ino); leased {
+				l.grantLocked(h, until, "", false, ino, false)
+			}
 		}
 	case *proto.CreateReq:
 		if errno == 0 && r.Name != "" {

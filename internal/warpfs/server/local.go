@@ -72,6 +72,7 @@ func OpenLocal(opt LocalOptions) (*Local, error) {
 	v.readOnly = opt.ReadOnly
 	v.maxFileSize = int64(min(opt.MaxFileSize, 1<<62))
 	v.acct = newAccount(opt.Fragment, opt.Namespace, opt.Client, opt.Stripes)
+	v.objects = opt.Stripes
 	var quotaErr error
 	if opt.ProjectQuota != 0 {
 		if quotaErr = v.useQuota(opt.ProjectQuota); quotaErr != nil {

@@ -218,7 +218,7 @@ func (dp *dataPathMetrics) record(t transport, op proto.Op, start time.Time, rep
 	switch op {
 	case proto.OpRead:
 		dp.readBytes[t].Add(float64(n))
-	case proto.OpWrite, proto.OpCopyRange:
+	case proto.OpWrite, proto.OpCopyRange, proto.OpWriteName:
 		if c, ok := rep.(*proto.CountReply); ok {
 			dp.writtenBytes[t].Add(float64(c.N))
 		}

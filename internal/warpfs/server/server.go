@@ -135,6 +135,12 @@ type Options struct {
 	Resolve Resolver
 	Limits  Limits
 	Log     *slog.Logger
+	// OnRequest, when set, is called with the operation of every file operation a remote
+	// mount sends, as the server starts it (tests count the requests each server gets).
+	OnRequest func(op proto.Op)
+	// MaxVersion, when not 0, is the newest protocol version the server speaks, below
+	// proto.MaxVersion (tests of newer clients against older servers).
+	MaxVersion uint16
 }
 
 // Server serves namespaces to remote mounts.
@@ -421,6 +427,9 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 		return nil, fmt.Errorf("%w: not a warpfs client (magic %#x)", proto.ErrMalformed, hello.Magic)
 	}
 	version := min(hello.MaxVersion, proto.MaxVersion)
+	if s.opt.MaxVersion != 0 {
+		version = min(version, s.opt.MaxVersion)
+	}
 	if version < max(hello.MinVersion, proto.MinVersion) {
 		return nil, s.refuse(nc, h, &refused{syscall.EPROTONOSUPPORT, fmt.Sprintf(
 			"the client speaks warpfs versions %d-%d, this storage node %d-%d; upgrade the older side",
@@ -476,6 +485,7 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 	v.readOnly = auth.ReadOnly
 	v.maxFileSize = int64(min(auth.MaxFileSize, 1<<62))
 	v.acct = newAccount(t.Fragment, auth.Namespace, auth.Client, auth.Stripes)
+	v.objects = auth.Stripes
 	if t.ProjectQuota != 0 {
 		v.useQuota(t.ProjectQuota) // without it statfs counts the tracker alone, as before
 	}
@@ -865,6 +875,9 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 			c.nc.Close()
 		}
 	}()
+	if f := c.s.opt.OnRequest; f != nil {
+		f(h.Op)
+	}
 	if h.Op == proto.OpRead {
 		out := getBuf()
 		defer putBuf(out)
@@ -881,6 +894,15 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 		return // the client waits for no reply
 	}
 	c.replyFlags(h, errno, rep, flags)
+}
+
+// removedReply is an UNLINK's or RENAME's reply as the session's client reads it: where the
+// objects are, from ObjectsVersion on.
+func (s *session) removedReply(rep proto.RemovedReply) *proto.RemovedReply {
+	if s.version != 0 && s.version < proto.ObjectsVersion {
+		rep.ObjectsKnown, rep.Objects = false, nil
+	}
+	return &rep
 }
 
 // exec runs one request of the session as the caller uid:gid and returns its reply message
@@ -973,17 +995,17 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 	case *proto.LinkReq:
 		return attrReply(v.link(r))
 	case *proto.EntryReq:
-		layout, errno := v.unlink(r, op == proto.OpRmdir)
+		rep, errno := v.unlink(r, op == proto.OpRmdir)
 		if op == proto.OpRmdir {
 			return empty(errno)
 		}
-		return &proto.RemovedReply{Layout: layout}, 0, errno
+		return s.removedReply(rep), 0, errno
 	case *proto.RenameReq:
-		layout, errno := v.rename(r)
-		return &proto.RemovedReply{Layout: layout}, 0, errno
+		rep, errno := v.rename(r)
+		return s.removedReply(rep), 0, errno
 	case *proto.AdoptReq:
-		layout, errno := v.adopt(r)
-		return &proto.RemovedReply{Layout: layout}, 0, errno
+		rep, errno := v.adopt(r)
+		return s.removedReply(rep), 0, errno
 	case *proto.ReaddirReq:
 		var rep proto.ReaddirReply
 		errno := withHandle(r.Handle, func(hd *handle) (e syscall.Errno) {
@@ -992,17 +1014,34 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		})
 		return &rep, 0, errno
 	case *proto.HandleReq:
+		if r.Reported {
+			if hd := s.get(r.Handle); hd != nil {
+				hd.noteReported(r.Objects)
+				s.put(hd)
+			}
+		}
 		return empty(s.release(r.Handle))
 	case *proto.ReadReq:
 		if r.Offset > 1<<62 {
 			return nil, 0, syscall.EINVAL
 		}
 		var n int
-		errno := withHandle(r.Handle, func(hd *handle) syscall.Errno {
+		pread := func(hd *handle) syscall.Errno {
 			var err error
 			n, err = unix.Pread(hd.fd, dest[:min(int(r.Size), len(dest))], int64(r.Offset))
 			return errnoOf(err)
-		})
+		}
+		var errno syscall.Errno
+		if r.Path != "" {
+			// By name: opened, read and closed at once, as OPEN, READ and RELEASE would.
+			var hd *handle
+			if hd, _, errno = v.openFile(r.Path, unix.O_RDONLY); errno == 0 {
+				errno = pread(hd)
+				v.closeFile(hd)
+			}
+		} else {
+			errno = withHandle(r.Handle, pread)
+		}
 		if errno == 0 {
 			v.acct.read(n, r.Offset+uint64(n))
 		}
@@ -1014,6 +1053,24 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 				return unix.Pwrite(hd.fd, r.Data[:l], int64(r.Offset))
 			})
 			return e
+		})
+		if n > 0 || errno == 0 {
+			v.acct.wrote(n, r.Offset+uint64(n))
+		}
+		return count(int64(n), errno)
+	case *proto.WriteNameReq:
+		// A stripe object written once: created if missing, written and closed, as CREATE,
+		// WRITE and RELEASE would.
+		if !v.objects {
+			return nil, 0, syscall.EPERM // only stripe objects: a namespace's files are the metadata server's
+		}
+		hd, _, errno := v.create(&proto.CreateReq{Name: r.Name, Flags: unix.O_WRONLY | unix.O_CREAT, Mode: 0o600}, uid, gid)
+		if errno != 0 {
+			return nil, 0, errno
+		}
+		defer v.closeFile(hd)
+		n, errno := v.write(hd, int64(len(r.Data)), int64(min(r.Offset, 1<<62)), uid, func(l int64) (int, error) {
+			return unix.Pwrite(hd.fd, r.Data[:l], int64(r.Offset))
 		})
 		if n > 0 || errno == 0 {
 			v.acct.wrote(n, r.Offset+uint64(n))

@@ -34,32 +34,61 @@ const UserLayoutXattr = stripe.UserXattr
 // hiddenXattrPrefix is the server's own attributes: never shown to clients, never set by them.
 const hiddenXattrPrefix = "trusted.spillway."
 
+// maxStub bounds a stub's attribute: its layout and the record of its objects.
+const maxStub = stripe.EncodedSize + 1 + proto.MaxObjects
+
 // readLayout reads the layout of the node open as fd (any descriptor, O_PATH included).
 func readLayout(fd int) (stripe.Layout, bool) {
-	var buf [64]byte
+	l, _, ok := readStub(fd)
+	return l, ok
+}
+
+// readStub reads the layout of the node open as fd and, for a file's stub, the record of
+// where its objects are that follows it in the attribute (ObjectsRecord; nil: none).
+func readStub(fd int) (stripe.Layout, []byte, bool) {
+	var buf [maxStub]byte
 	n, err := unix.Getxattr(procPath(fd), LayoutXattr, buf[:])
-	if err != nil {
-		return stripe.Layout{}, false
+	return decodeStub(buf[:max(n, 0)], err)
+}
+
+func decodeStub(b []byte, err error) (stripe.Layout, []byte, bool) {
+	if err != nil || len(b) < stripe.EncodedSize {
+		return stripe.Layout{}, nil, false
 	}
-	l, err := stripe.Decode(buf[:n])
-	return l, err == nil
+	l, err := stripe.Decode(b[:stripe.EncodedSize])
+	if err != nil {
+		return stripe.Layout{}, nil, false
+	}
+	var rec []byte
+	if len(b) > stripe.EncodedSize {
+		rec = append([]byte(nil), b[stripe.EncodedSize:]...)
+	}
+	return l, rec, true
 }
 
 // readLayoutAt reads the layout of dirfd/name without opening it: through the directory's
 // descriptor (/proc/self/fd/N is the directory itself, not a path resolved again), and
 // without following name if it is a symbolic link (whose trusted attributes no user can set).
 func readLayoutAt(dirfd int, name string) (stripe.Layout, bool) {
-	var buf [64]byte
-	n, err := unix.Lgetxattr(procPath(dirfd)+"/"+name, LayoutXattr, buf[:])
-	if err != nil {
-		return stripe.Layout{}, false
-	}
-	l, err := stripe.Decode(buf[:n])
-	return l, err == nil
+	l, _, ok := readStubAt(dirfd, name)
+	return l, ok
 }
 
+func readStubAt(dirfd int, name string) (stripe.Layout, []byte, bool) {
+	var buf [maxStub]byte
+	n, err := unix.Lgetxattr(procPath(dirfd)+"/"+name, LayoutXattr, buf[:])
+	return decodeStub(buf[:max(n, 0)], err)
+}
+
+// writeLayout writes a layout with no record of objects (a directory's; a stub's whose
+// objects are then unknown).
 func writeLayout(fd int, l stripe.Layout) syscall.Errno {
-	return errnoOf(unix.Setxattr(procPath(fd), LayoutXattr, l.Encode(), 0))
+	return writeStub(fd, l, nil)
+}
+
+// writeStub writes a stub's layout and the record of its objects (nil: none, unknown).
+func writeStub(fd int, l stripe.Layout, rec []byte) syscall.Errno {
+	return errnoOf(unix.Setxattr(procPath(fd), LayoutXattr, append(l.Encode(), rec...), 0))
 }
 
 // newFileID is a file's object name: random, so that no two files of an instance share
@@ -71,8 +100,10 @@ func newFileID() uint64 {
 }
 
 // layoutFor gives a regular file just created under a directory of a striped namespace its
-// layout; nothing in an unstriped one.
-func (v *volume) layoutFor(fd, dirfd int) (stripe.Layout, bool, syscall.Errno) {
+// layout; nothing in an unstriped one. empty says the file is not opened for writing as it
+// is made: its record says it has no objects (otherwise it has none, unknown, until its
+// writer closes).
+func (v *volume) layoutFor(fd, dirfd int, empty bool) (stripe.Layout, bool, syscall.Errno) {
 	if !v.striped {
 		inheritKept(fd, dirfd)
 		return stripe.Layout{}, false, 0
@@ -82,7 +113,11 @@ func (v *volume) layoutFor(fd, dirfd int) (stripe.Layout, bool, syscall.Errno) {
 		dir = v.rootLayout
 	}
 	l := dir.ForFile(newFileID())
-	return l, true, writeLayout(fd, l)
+	var rec []byte
+	if empty {
+		rec = objectsRecord(nil, true)
+	}
+	return l, true, writeStub(fd, l, rec)
 }
 
 // createStub creates a striped file: made without a name, given its owner and layout, then
@@ -102,7 +137,7 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 		return nil, proto.Attr{}, false, errnoOf(err)
 	}
 	v.own(t, parent, uid, gid, r.Mode)
-	layout, _, errno := v.layoutFor(fd, dirfd)
+	layout, _, errno := v.layoutFor(fd, dirfd, !writes(r.Flags) && r.Flags&unix.O_TRUNC == 0)
 	if errno != 0 {
 		unix.Close(fd)
 		return nil, proto.Attr{}, false, errno
@@ -174,7 +209,7 @@ func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
 	defer v.inodes.put(in)
 	in.sizeMu.Lock()
 	defer in.sizeMu.Unlock()
-	l, ok := readLayout(t.fd)
+	l, rec, ok := readStub(t.fd)
 	if !ok {
 		return syscall.EIO
 	}
@@ -185,18 +220,124 @@ func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
 		return 0
 	}
 	l.Length = size
-	return writeLayout(t.fd, l)
+	if !atLeast && in.stubWriters == 0 {
+		rec = nil // a truncate by name, not through a writer's handle: objects may follow
+	}
+	return writeStub(t.fd, l, rec)
 }
 
-// removedLayout is the layout of the regular file dirfd/name if it is a striped stub.
-func (v *volume) removedLayout(dirfd int, name string) []byte {
+// removedLayout is the layout of the regular file dirfd/name if it is a striped stub, and
+// where its objects are if that is known. in is its inode, locked (prepareRemoval), or nil.
+func (v *volume) removedLayout(dirfd int, name string, in *inode) proto.RemovedReply {
 	if !v.striped {
-		return nil
+		return proto.RemovedReply{}
 	}
-	if l, ok := readLayoutAt(dirfd, name); ok && l.ID != 0 {
-		return l.Encode()
+	l, rec, ok := readStubAt(dirfd, name)
+	if !ok || l.ID == 0 {
+		return proto.RemovedReply{}
 	}
-	return nil
+	rep := proto.RemovedReply{Layout: l.Encode()}
+	if in != nil && in.stubWriters > 0 {
+		return rep // being written: anywhere
+	}
+	if set, known := decodeObjects(rec); known {
+		rep.ObjectsKnown, rep.Objects = true, set
+	}
+	return rep
+}
+
+// The record of a stub's objects follows its layout in its attribute (LayoutXattr): which
+// servers hold the file's objects, so that removing it asks only those. It is a byte 0
+// (known) or 1 (unknown: being written, or a writer left without saying), then a bit per
+// server in layout order. A stub without one (a new one, one an older version wrote, one
+// adopted from another shard, one whose layout was set again) is unknown: its objects are
+// looked for on every server. A handle opened for writing (truncates and fallocate write
+// through one too) makes it unknown until the file's last writer closes; each writer's
+// RELEASE says where it made objects (proto.HandleReq.Objects), and if every writer said,
+// the record is known again: the union of what they said and what it was. In the same
+// attribute as the layout, it takes no room of its own: a second attribute would not fit in
+// the inode of some file systems (ext4's 256 bytes) and take a block per file.
+
+func decodeObjects(rec []byte) (set []byte, known bool) {
+	if len(rec) == 0 || rec[0] != 0 {
+		return nil, false
+	}
+	return append([]byte{}, rec[1:]...), true
+}
+
+func objectsRecord(set []byte, known bool) []byte {
+	rec := make([]byte, 1, 1+len(set))
+	if !known {
+		rec[0] = 1
+	}
+	return append(rec, set...)
+}
+
+// writerOpened notes a handle of a striped stub opened for writing: the record of its
+// objects is unknown from now on (on disk first, so that it stays so if this server or the
+// writer stops), until its last writer closes (writerClosed). created says the stub was
+// just made (it has no objects and no record, which reads as unknown already).
+func (v *volume) writerOpened(h *handle, created bool) syscall.Errno {
+	in := h.in
+	in.sizeMu.Lock()
+	defer in.sizeMu.Unlock()
+	if in.stubWriters == 0 {
+		if created {
+			in.stubObjects, in.stubUnknown = nil, false
+		} else {
+			l, rec, ok := readStub(h.fd)
+			if !ok {
+				return syscall.EIO
+			}
+			var known bool
+			in.stubObjects, known = decodeObjects(rec)
+			in.stubUnknown = !known
+			if known {
+				if errno := writeStub(h.fd, l, objectsRecord(in.stubObjects, false)); errno != 0 {
+					return errno
+				}
+			}
+		}
+	}
+	in.stubWriters++
+	h.stubWriter = true
+	return 0
+}
+
+// writerClosed is writerOpened's close (closeFile, holding the inode's sizeMu): the last
+// writer records the objects as known if every writer said where its objects are.
+func (v *volume) writerClosed(h *handle) {
+	in := h.in
+	in.stubWriters--
+	if h.reported {
+		for i, b := range h.objects {
+			if i >= len(in.stubObjects) {
+				in.stubObjects = append(in.stubObjects, 0)
+			}
+			in.stubObjects[i] |= b
+		}
+	} else {
+		in.stubUnknown = true // a writer whose connection ended, or of an older version
+	}
+	if in.stubWriters > 0 {
+		return
+	}
+	if !in.stubUnknown {
+		if l, _, ok := readStub(h.fd); ok && len(in.stubObjects) <= proto.MaxObjects {
+			writeStub(h.fd, l, objectsRecord(in.stubObjects, true)) // if it fails, it stays unknown
+		}
+	}
+	in.stubObjects, in.stubUnknown = nil, false
+}
+
+// reported notes what a RELEASE said of the servers its handle made objects on.
+func (h *handle) noteReported(objects []byte) {
+	if h.in == nil {
+		return
+	}
+	h.in.sizeMu.Lock()
+	h.reported, h.objects = true, append([]byte(nil), objects...)
+	h.in.sizeMu.Unlock()
 }
 
 // inheritLayout gives a new directory its parent's default layout.
@@ -378,19 +519,19 @@ const adoptTempPrefix = ".spillway-adopt-"
 // not move), a symbolic link, a FIFO or a socket, with the owner, mode and times given. It is
 // built under a temporary name and renamed into place, so no client sees it unfinished;
 // like RENAME, it returns the layout of a striped file it replaced.
-func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
+func (v *volume) adopt(r *proto.AdoptReq) (proto.RemovedReply, syscall.Errno) {
 	if v.readOnly {
-		return nil, syscall.EROFS
+		return proto.RemovedReply{}, syscall.EROFS
 	}
 	if errno := nameErrno(r.Name); errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	if r.Flags&^unix.RENAME_NOREPLACE != 0 {
-		return nil, syscall.EINVAL
+		return proto.RemovedReply{}, syscall.EINVAL
 	}
 	dirfd, done, errno := v.dirAt(r.Dir)
 	if errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	defer done()
 	var b [8]byte
@@ -401,48 +542,48 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 	case syscall.S_IFREG:
 		l, err := stripe.Decode(r.Layout)
 		if !v.striped || err != nil || l.ID == 0 {
-			return nil, syscall.EINVAL
+			return proto.RemovedReply{}, syscall.EINVAL
 		}
 		fd, err := unix.Openat(dirfd, ".", unix.O_RDWR|unix.O_TMPFILE|unix.O_CLOEXEC, 0o600)
 		if err != nil {
-			return nil, errnoOf(err)
+			return proto.RemovedReply{}, errnoOf(err)
 		}
 		defer unix.Close(fd)
 		if errno := writeLayout(fd, l); errno != 0 {
-			return nil, errno
+			return proto.RemovedReply{}, errno
 		}
 		if v.asRoot {
 			if err := unix.Fchown(fd, int(r.UID), int(r.GID)); err != nil {
-				return nil, errnoOf(err)
+				return proto.RemovedReply{}, errnoOf(err)
 			}
 		}
 		if err := unix.Fchmod(fd, mode); err != nil { // after chown, which drops set-id bits
-			return nil, errnoOf(err)
+			return proto.RemovedReply{}, errnoOf(err)
 		}
 		if err := unix.UtimesNanoAt(unix.AT_FDCWD, procPath(fd), adoptTimes(r), 0); err != nil {
-			return nil, errnoOf(err)
+			return proto.RemovedReply{}, errnoOf(err)
 		}
 		if err := unix.Linkat(fd, "", dirfd, tmp, unix.AT_EMPTY_PATH); err != nil {
-			return nil, errnoOf(err)
+			return proto.RemovedReply{}, errnoOf(err)
 		}
 	case syscall.S_IFLNK:
 		if r.Target == "" {
-			return nil, syscall.EINVAL
+			return proto.RemovedReply{}, syscall.EINVAL
 		}
 		if err := unix.Symlinkat(r.Target, dirfd, tmp); err != nil {
-			return nil, errnoOf(err)
+			return proto.RemovedReply{}, errnoOf(err)
 		}
 	case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFBLK, syscall.S_IFCHR:
 		// Device nodes as MKNOD makes them (the mount is nodev: they never open as devices).
 		if err := unix.Mknodat(dirfd, tmp, r.Mode&syscall.S_IFMT|mode, int(r.Rdev)); err != nil {
-			return nil, errnoOf(err)
+			return proto.RemovedReply{}, errnoOf(err)
 		}
 	default:
-		return nil, syscall.EINVAL
+		return proto.RemovedReply{}, syscall.EINVAL
 	}
-	fail := func(err error) ([]byte, syscall.Errno) {
+	fail := func(err error) (proto.RemovedReply, syscall.Errno) {
 		unix.Unlinkat(dirfd, tmp, 0)
-		return nil, errnoOf(err)
+		return proto.RemovedReply{}, errnoOf(err)
 	}
 	if r.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		// Owner, mode and times through a descriptor of the entry made, never by its name: a
@@ -478,9 +619,9 @@ func (v *volume) adopt(r *proto.AdoptReq) ([]byte, syscall.Errno) {
 	if r.Flags&unix.RENAME_NOREPLACE == 0 {
 		rm, replacing = v.prepareRemoval(dirfd, r.Name)
 	}
-	var layout []byte
+	var layout proto.RemovedReply
 	if replacing && rm.regular {
-		layout = v.removedLayout(dirfd, r.Name)
+		layout = v.removedLayout(dirfd, r.Name, rm.in)
 	}
 	err := unix.Renameat2(dirfd, tmp, dirfd, r.Name, uint(r.Flags))
 	if replacing {

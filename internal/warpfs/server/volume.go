@@ -53,6 +53,9 @@ type volume struct {
 	// objects (striped.go); rootLayout is the instance's default layout.
 	striped    bool
 	rootLayout stripe.Layout
+	// objects: a directory of stripe objects (a session a mount opened for them), which
+	// WRITE_NAME may write by name.
+	objects bool
 	// quota is the project whose hard limit, enforced by the backing file system, holds the
 	// namespace (usage/quota.go); 0: none. statfs reports the lesser of its room and the
 	// tracker's.
@@ -567,6 +570,12 @@ func (v *volume) newFile(fd int, flags uint32, st *unix.Stat_t, orphan bool) *ha
 	in := v.inodes.get(keyOf(st))
 	in.sizeMu.Lock()
 	if !in.tracked {
+		// Its state now, under the lock: st may be older than another handle's last write
+		// and close, which the tracker counted.
+		var now unix.Stat_t
+		if unix.Fstat(fd, &now) == nil {
+			st = &now
+		}
 		in.charged = usage.Footprint(st)
 		in.tracked = true
 	}
@@ -640,6 +649,13 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 	}
 	changed := false
 	if stub {
+		// A writer first (its truncate is its own: the record of the objects stays).
+		if writes(flags) || flags&unix.O_TRUNC != 0 {
+			if errno := v.writerOpened(h, created || layout != nil); errno != 0 {
+				v.closeFile(h)
+				return nil, proto.Attr{}, errno
+			}
+		}
 		// The client truncates the objects of a striped file opened with O_TRUNC.
 		if !created && flags&unix.O_TRUNC != 0 && l.Length > 0 {
 			if errno := v.setLength(t, 0, false); errno != 0 {
@@ -739,6 +755,12 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 		v.acct.createDone(created)
 		return h, a, errno
 	}
+	if v.objects {
+		if h, a, created, errno, ok := v.createObject(dirfd, &parent, r, uid, gid); ok {
+			v.acct.createDone(created)
+			return h, a, errno
+		}
+	}
 	created := true
 	l := v.lockDirOf(dirfd, &parent)
 	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
@@ -759,6 +781,55 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 }
 
 // tmpfile creates a file with no name (O_TMPFILE): its space is released when it is closed.
+// createObject creates (or opens) a stripe object. A new one is made with no name
+// (O_TMPFILE), tracked and charged, and only then linked in: the object's other writers (other
+// nodes writing the same file, whose first writes create it too) cannot open and write it
+// between its creation and its first charge, which would count their bytes twice. ok is false
+// where the file system makes no such files: the caller creates it by name.
+func (v *volume) createObject(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, uid, gid uint32) (h *handle, a proto.Attr, created bool, errno syscall.Errno, ok bool) {
+	base := openFlags(r.Flags)
+	if r.Flags&unix.O_EXCL == 0 {
+		if fd, err := unix.Openat(dirfd, r.Name, base, 0); err == nil { // most often, it is there
+			h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, nil)
+			return h, a, false, errno, true
+		}
+	}
+	if !writes(r.Flags) {
+		return nil, proto.Attr{}, false, 0, false // O_TMPFILE needs a writable open
+	}
+	fd, err := unix.Openat(dirfd, ".", base&^(unix.O_NOFOLLOW|unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC)|unix.O_TMPFILE, r.Mode&0o7777)
+	if err != nil {
+		return nil, proto.Attr{}, false, 0, false
+	}
+	t := &target{fd: fd, real: true}
+	if err := unix.Fstat(fd, &t.st); err != nil {
+		unix.Close(fd)
+		return nil, proto.Attr{}, false, errnoOf(err), true
+	}
+	v.own(t, parent, uid, gid, r.Mode)
+	v.tracker.Charge(usage.Footprint(&t.st)) // given back at its close if it is never linked (orphan)
+	h = v.newFile(fd, r.Flags, &t.st, true)
+	l := v.lockDirOf(dirfd, parent)
+	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
+	l.unlock()
+	if err == nil {
+		h.in.mu.Lock()
+		h.in.orphan = false
+		h.in.mu.Unlock()
+		return h, toAttr(&t.st), true, 0, true
+	}
+	v.closeFile(h)
+	if !errors.Is(err, syscall.EEXIST) || r.Flags&unix.O_EXCL != 0 {
+		return nil, proto.Attr{}, false, errnoOf(err), true
+	}
+	fd, err = unix.Openat(dirfd, r.Name, base, 0) // another writer made it meanwhile
+	if err != nil {
+		return nil, proto.Attr{}, false, errnoOf(err), true
+	}
+	h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, nil)
+	return h, a, false, errno, true
+}
+
 func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Attr, syscall.Errno) {
 	if v.readOnly {
 		return nil, proto.Attr{}, syscall.EROFS
@@ -792,7 +863,7 @@ func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.At
 		return nil, proto.Attr{}, errnoOf(err)
 	}
 	v.own(&target{fd: fd, real: true, st: st}, &parent, uid, gid, r.Mode)
-	l, striped, errno := v.layoutFor(fd, dirfd)
+	l, striped, errno := v.layoutFor(fd, dirfd, false)
 	if errno != 0 {
 		unix.Close(fd)
 		return nil, proto.Attr{}, errno
@@ -900,7 +971,7 @@ func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 		if err != nil {
 			return proto.Attr{}, errnoOf(err)
 		}
-		_, _, errno := v.layoutFor(fd, dirfd)
+		_, _, errno := v.layoutFor(fd, dirfd, true)
 		unix.Close(fd)
 		if errno != 0 {
 			unix.Unlinkat(dirfd, r.Name, 0)
@@ -950,7 +1021,7 @@ func (v *volume) link(r *proto.LinkReq) (proto.Attr, syscall.Errno) {
 	if srcName == "" {
 		return proto.Attr{}, syscall.EPERM // the root directory
 	}
-	if v.removedLayout(srcDir, srcName) != nil {
+	if l, ok := readLayoutAt(srcDir, srcName); v.striped && ok && l.ID != 0 {
 		// A striped file has one name: its objects go when that name does (docs/mounts.md).
 		return proto.Attr{}, syscall.EPERM
 	}
@@ -1117,25 +1188,25 @@ func (v *volume) removeDir(dirfd int, name string) error {
 
 // unlink removes a name; for a striped file it returns the layout, whose objects the client
 // removes.
-func (v *volume) unlink(r *proto.EntryReq, dir bool) ([]byte, syscall.Errno) {
+func (v *volume) unlink(r *proto.EntryReq, dir bool) (proto.RemovedReply, syscall.Errno) {
 	if v.readOnly {
-		return nil, syscall.EROFS
+		return proto.RemovedReply{}, syscall.EROFS
 	}
 	if errno := nameErrno(r.Name); errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	dirfd, done, errno := v.dirAt(r.Dir)
 	if errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	defer done()
 	if dir {
-		return nil, errnoOf(v.removeDir(dirfd, r.Name))
+		return proto.RemovedReply{}, errnoOf(v.removeDir(dirfd, r.Name))
 	}
 	rm, isFile := v.prepareRemoval(dirfd, r.Name)
-	var layout []byte
+	var layout proto.RemovedReply
 	if isFile && rm.regular {
-		layout = v.removedLayout(dirfd, r.Name)
+		layout = v.removedLayout(dirfd, r.Name, rm.in)
 	}
 	l := v.lockDir(dirfd)
 	err := unix.Unlinkat(dirfd, r.Name, 0)
@@ -1144,33 +1215,33 @@ func (v *volume) unlink(r *proto.EntryReq, dir bool) ([]byte, syscall.Errno) {
 		v.finish(rm, err == nil)
 	}
 	if err != nil {
-		return nil, errnoOf(err)
+		return proto.RemovedReply{}, errnoOf(err)
 	}
 	return layout, 0
 }
 
 // rename moves a name; when it replaces a striped file, it returns that file's layout.
-func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
+func (v *volume) rename(r *proto.RenameReq) (proto.RemovedReply, syscall.Errno) {
 	if v.readOnly {
-		return nil, syscall.EROFS
+		return proto.RemovedReply{}, syscall.EROFS
 	}
 	if errno := nameErrno(r.Name); errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	if errno := nameErrno(r.NewName); errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	if r.Flags&^(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE|unix.RENAME_WHITEOUT) != 0 {
-		return nil, syscall.EINVAL
+		return proto.RemovedReply{}, syscall.EINVAL
 	}
 	olddir, doneOld, errno := v.dirAt(r.Dir)
 	if errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	defer doneOld()
 	newdir, doneNew, errno := v.dirAt(r.NewDir)
 	if errno != 0 {
-		return nil, errno
+		return proto.RemovedReply{}, errno
 	}
 	defer doneNew()
 	// A rename that replaces a regular file removes the replaced file's name.
@@ -1193,9 +1264,9 @@ func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 			}
 		}
 	}
-	var layout []byte
+	var layout proto.RemovedReply
 	if replacing && rm.regular {
-		layout = v.removedLayout(newdir, r.NewName)
+		layout = v.removedLayout(newdir, r.NewName, rm.in)
 	}
 	unlockDirs := v.lockDirs(olddir, newdir)
 	err := unix.Renameat2(olddir, r.Name, newdir, r.NewName, uint(r.Flags))
@@ -1215,7 +1286,7 @@ func (v *volume) rename(r *proto.RenameReq) ([]byte, syscall.Errno) {
 		v.finish(rm, err == nil)
 	}
 	if err != nil {
-		return nil, errnoOf(err)
+		return proto.RemovedReply{}, errnoOf(err)
 	}
 	return layout, 0
 }
@@ -1598,6 +1669,9 @@ func (v *volume) closeFile(h *handle) {
 	}
 	in := h.in
 	in.sizeMu.Lock()
+	if h.stubWriter {
+		v.writerClosed(h)
+	}
 	var st unix.Stat_t
 	if unix.Fstat(h.fd, &st) == nil {
 		v.catchUp(in, &st)
@@ -1663,6 +1737,13 @@ type inode struct {
 	mu     sync.Mutex // guards open and orphan; changes of open also hold sizeMu
 	open   int        // handles open on it
 	orphan bool       // the last link is gone while handles are open: release at last close
+
+	// A striped file's stub: its handles open for writing, and what those closed so far
+	// said of the servers they made objects on (striped.go, writerOpened). Guarded by sizeMu
+	// held exclusively.
+	stubWriters int
+	stubUnknown bool   // a writer closed without saying, or the record was unknown already
+	stubObjects []byte // a bit per server
 }
 
 // hostInodes is the inode table of this process: every server and in-process mount shares it,
@@ -1725,4 +1806,10 @@ type handle struct {
 	kernelWrites bool // the kernel writes through it itself (see volume.kernelWrites)
 
 	cache *cacheHandle // a handle of a cache session (cachens.go): nothing else above is set but dir
+
+	// A striped file's handle open for writing (stubWriter): its RELEASE said (reported)
+	// which servers it made objects on (objects). Guarded by the inode's sizeMu.
+	stubWriter bool
+	reported   bool
+	objects    []byte
 }

@@ -141,6 +141,10 @@ func ObjectName(id uint64) string { return fmt.Sprintf("%016x", id) }
 // encodedSize is the size of Encode's bytes.
 const encodedSize = 1 + 8 + 8 + 4 + 4 + 4 + 8
 
+// EncodedSize is the size of Encode's bytes: what a metadata server stores after them in the
+// same attribute is its own (package server's record of where the objects are).
+const EncodedSize = encodedSize
+
 const encodingVersion = 1
 
 // Encode is the layout as the metadata server stores it (an extended attribute of the stub).

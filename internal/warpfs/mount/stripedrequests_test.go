@@ -1,0 +1,497 @@
+package mount
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
+)
+
+// requestCounter counts the requests one server gets, by operation.
+type requestCounter struct {
+	mu  sync.Mutex
+	ops map[proto.Op]int
+}
+
+func (c *requestCounter) add(op proto.Op) {
+	c.mu.Lock()
+	c.ops[op]++
+	c.mu.Unlock()
+	if os.Getenv("SPILLWAY_TEST_TRACE") != "" {
+		fmt.Fprintf(os.Stderr, "%s %p %s\n", time.Now().Format("05.000000"), c, op)
+	}
+}
+
+// take returns the counts since the last take and starts again.
+func (c *requestCounter) take() map[proto.Op]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.ops
+	c.ops = map[proto.Op]int{}
+	return out
+}
+
+func (c *requestCounter) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range c.ops {
+		n += v
+	}
+	return n
+}
+
+// countedInstance is a striped instance of countedServers stripe servers and a metadata
+// server, each counting the requests it gets: server -1 is the metadata server.
+type countedInstance struct {
+	src      string
+	mds      *requestCounter
+	stripes  []*requestCounter
+	mdsAddr  string
+	addrs    []string
+	fileSize uint64
+}
+
+const countedServers = 4
+
+func newCountedInstance(t *testing.T) *countedInstance {
+	t.Helper()
+	return newCountedInstanceOf(t, 0)
+}
+
+// newCountedInstanceOf is newCountedInstance, its servers speaking protocol versions up to
+// maxVersion (0: the newest).
+func newCountedInstanceOf(t *testing.T, maxVersion uint16) *countedInstance {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
+	}
+	src, _ := dirs(t)
+	l := stripe.Layout{Size: testStripeSize, Width: countedServers, Servers: countedServers}
+	if err := unix.Setxattr(src, server.LayoutXattr, l.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	in := &countedInstance{src: src, mds: &requestCounter{ops: map[proto.Op]int{}}}
+	in.mdsAddr = startCountingServer(t, src, in.mds, maxVersion)
+	for i := 0; i < countedServers; i++ {
+		dir := fmt.Sprintf("%s.c%d", src, i)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		c := &requestCounter{ops: map[proto.Op]int{}}
+		in.stripes = append(in.stripes, c)
+		in.addrs = append(in.addrs, startCountingServer(t, dir, c, maxVersion))
+	}
+	return in
+}
+
+func startCountingServer(t *testing.T, dir string, c *requestCounter, maxVersion uint16) string {
+	t.Helper()
+	target := server.Target{Dir: dir, Tracker: usage.New("server "+filepath.Base(dir), 64*mib)}
+	s := startServerWith(t, "", target, quietSlog(t), nil, func(o *server.Options) {
+		o.OnRequest, o.MaxVersion = c.add, maxVersion
+	})
+	return s.addr
+}
+
+func (in *countedInstance) mountAt(t *testing.T, node string) *Mounted {
+	t.Helper()
+	mp := filepath.Join(t.TempDir(), "mnt-"+node)
+	spec := Spec{MountPath: mp,
+		Remote: &Remote{Address: in.mdsAddr, Token: testToken, Client: node, FragmentID: 1, NamespaceID: 2, InstanceID: 3}}
+	for _, addr := range in.addrs {
+		spec.Stripes = append(spec.Stripes, Server{Remote: &Remote{Address: addr, Token: testToken, Client: node, FragmentID: 1, InstanceID: 3}})
+	}
+	return mount(t, spec)
+}
+
+// settle waits until no server has counted a request for a while (one-way RELEASEs), and
+// returns what each counted since the last call: index 0 is the metadata server, then the
+// stripe servers in layout order.
+func (in *countedInstance) settle() []map[proto.Op]int {
+	all := append([]*requestCounter{in.mds}, in.stripes...)
+	sum := func() (n int) {
+		for _, c := range all {
+			n += c.total()
+		}
+		return n
+	}
+	last, stable := sum(), 0
+	for stable < 5 {
+		time.Sleep(20 * time.Millisecond)
+		if n := sum(); n != last {
+			last, stable = n, 0
+		} else {
+			stable++
+		}
+	}
+	var out []map[proto.Op]int
+	for _, c := range all {
+		out = append(out, c.take())
+	}
+	return out
+}
+
+// phaseCounts is what one phase cost: requests per server (metadata server first).
+type phaseCounts []map[proto.Op]int
+
+func (p phaseCounts) total() (n int) {
+	for _, m := range p {
+		for _, v := range m {
+			n += v
+		}
+	}
+	return n
+}
+
+// servers is how many stripe servers got any request.
+func (p phaseCounts) servers() (n int) {
+	for _, m := range p[1:] {
+		if len(m) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func (p phaseCounts) String() string {
+	var b strings.Builder
+	for i, m := range p {
+		if i == 0 {
+			b.WriteString("mds:")
+		} else {
+			fmt.Fprintf(&b, " s%d:", i-1)
+		}
+		var ops []string
+		for op, n := range m {
+			ops = append(ops, fmt.Sprintf("%s=%d", op, n))
+		}
+		slices.Sort(ops)
+		b.WriteString(strings.Join(ops, ","))
+	}
+	fmt.Fprintf(&b, " (total %d)", p.total())
+	return b.String()
+}
+
+// smallFileRequests runs mdtest-easy's life of one small file on a four-server striped
+// instance (create and write, close, stat, read, remove) and returns the requests each phase
+// sent to each server.
+func smallFileRequests(t *testing.T, size int) map[string]phaseCounts {
+	return smallFileRequestsReading(t, size, os.O_RDONLY)
+}
+
+// smallFileRequestsReading is smallFileRequests, reading the file back through a
+// descriptor opened with flags.
+func smallFileRequestsReading(t *testing.T, size int, flags int) map[string]phaseCounts {
+	in := newCountedInstance(t)
+	m := in.mountAt(t, "cn1")
+	dir := filepath.Join(m.Path(), "rank0")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	in.settle()
+	out := map[string]phaseCounts{}
+	p := filepath.Join(dir, "file.0")
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out["create"] = in.settle()
+	if st, err := os.Stat(p); err != nil || st.Size() != int64(size) {
+		t.Fatalf("stat: %v %v", st, err)
+	}
+	out["stat"] = in.settle()
+	r, err := os.OpenFile(p, flags, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	r.Close()
+	if err != nil || string(got) != string(data) {
+		t.Fatalf("read back %d bytes (%v), want %d", len(got), err, size)
+	}
+	out["read"] = in.settle()
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	out["remove"] = in.settle()
+	for _, phase := range []string{"create", "stat", "read", "remove"} {
+		t.Logf("%d bytes, %s: %v", size, phase, out[phase])
+	}
+	return out
+}
+
+// objectsLeft is how many stripe objects the counted instance's servers hold.
+func (in *countedInstance) objectsLeft(t *testing.T) (n int) {
+	t.Helper()
+	for i := range in.stripes {
+		objs, err := os.ReadDir(fmt.Sprintf("%s.c%d", in.src, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += len(objs)
+	}
+	return n
+}
+
+// Creating, writing and closing a small file asks its one stripe server once (WRITE_NAME:
+// the object created, written and closed in one request; before, CREATE, WRITE and
+// RELEASE), and the metadata server at most four times (CREATE, the kernel's GETATTR of the
+// directory, the size report, RELEASE): 5 requests, 7 before.
+func TestStripedSmallFileCreateRequests(t *testing.T) {
+	c := smallFileRequests(t, 3901)["create"]
+	if n := c[1:].total(); n != 1 || c.servers() != 1 {
+		t.Errorf("create+write+close of 3901 bytes: %d requests to %d stripe servers, want 1 to 1: %v", n, c.servers(), c)
+	}
+	if c.total() > 5 {
+		t.Errorf("create+write+close: %d requests, want at most 5: %v", c.total(), c)
+	}
+}
+
+// Reading a small file back asks the one stripe server holding it once (a READ by name, no
+// OPEN or RELEASE of its object), and the metadata server only to open and release it (the
+// OPEN leases the size: a read past it asks no GETATTR): 3 requests, 6 before.
+// So does reading it through a descriptor opened for reading and writing, as mdtest does.
+func TestStripedSmallFileReadRequests(t *testing.T) {
+	for _, flags := range []int{os.O_RDONLY, os.O_RDWR} {
+		c := smallFileRequestsReading(t, 3901, flags)["read"]
+		if n := c[1:].total(); n != 1 || c.servers() != 1 || c[1:].ops(proto.OpRead) != 1 {
+			t.Errorf("read of 3901 bytes (flags %#o): %d requests to %d stripe servers, want one READ: %v", flags, n, c.servers(), c)
+		}
+		if c.total() > 3 || c.ops(proto.OpGetattr) != 0 {
+			t.Errorf("read (flags %#o): %d requests, want at most 3 and no GETATTR: %v", flags, c.total(), c)
+		}
+	}
+}
+
+// A reader whose size is leased (its OPEN's) still sees what is appended after it read, by
+// another node once that node closed the file, and by another descriptor of its own node.
+func TestStripedLeasedSizeSeesLaterWrites(t *testing.T) {
+	in := newCountedInstance(t)
+	m1, m2 := in.mountAt(t, "cn1"), in.mountAt(t, "cn2")
+	p1, p2 := filepath.Join(m1.Path(), "grows"), filepath.Join(m2.Path(), "grows")
+	if err := os.WriteFile(p1, []byte("first "), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.Open(p2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	readAll := func(want string) {
+		t.Helper()
+		buf := make([]byte, 100)
+		n, _ := r.ReadAt(buf, 0)
+		if string(buf[:n]) != want {
+			t.Errorf("read %q, want %q", buf[:n], want)
+		}
+	}
+	readAll("first ")
+	appendTo := func(p, s string) {
+		t.Helper()
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendTo(p1, "second ")
+	readAll("first second ")
+	appendTo(p2, "third")
+	readAll("first second third")
+}
+
+func (p phaseCounts) ops(op proto.Op) (n int) {
+	for _, m := range p {
+		n += m[op]
+	}
+	return n
+}
+
+// Removing a striped file asks only the stripe servers that hold its objects, as its
+// stub's record says: one for a small file, none for an empty one, three for a file of
+// 2.5 stripes (grown by truncate, which counts as a write); every server when the record is
+// unknown (a writer on another node still has it open). A file made by mknod, never opened
+// for writing, has none; one whose writer's node was lost is unknown for good. Every object
+// goes either way.
+func TestStripedRemoveAsksOnlyObjectHolders(t *testing.T) {
+	in := newCountedInstance(t)
+	m := in.mountAt(t, "cn1")
+	other := in.mountAt(t, "cn2")
+	remove := func(name string, want int, prepare func(p string)) {
+		t.Helper()
+		p := filepath.Join(m.Path(), name)
+		prepare(p)
+		in.settle()
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		c := phaseCounts(in.settle())
+		if got := c[1:].ops(proto.OpUnlink); got != want || c[1:].total() != want {
+			t.Errorf("%s: removing it sent %d UNLINKs to stripe servers, want %d: %v", name, got, want, c)
+		}
+		if n := in.objectsLeft(t); n != 0 {
+			t.Errorf("%s: %d objects left after removing it", name, n)
+		}
+	}
+	remove("small", 1, func(p string) {
+		if err := os.WriteFile(p, make([]byte, 3901), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+	remove("empty", 0, func(p string) {
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+	remove("mknod", 0, func(p string) { // never opened for writing
+		if err := unix.Mknod(p, unix.S_IFREG|0o644, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	remove("truncated", 3, func(p string) {
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, 5*testStripeSize/2); err != nil {
+			t.Fatal(err)
+		}
+	})
+	remove("rewritten", 2, func(p string) { // shrunk, its objects stay where they were
+		if err := os.WriteFile(p, make([]byte, testStripeSize+1), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, 10); err != nil {
+			t.Fatal(err)
+		}
+	})
+	remove("overwritten", 3, func(p string) { // O_TRUNC: the objects stay, emptied
+		if err := os.WriteFile(p, make([]byte, 5*testStripeSize/2), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, make([]byte, 100), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+	remove("writer-lost", countedServers, func(p string) {
+		if err := os.WriteFile(p, make([]byte, 100), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// A writer whose node is lost: its connection ends without a RELEASE. Its objects
+		// could be anywhere, and stay unknown after later writers close.
+		c, err := client.Dial(context.Background(), client.Options{Address: in.mdsAddr, Token: testToken, Client: "cn3",
+			Fragment: 1, Namespace: 2, Instance: 3, Log: log.New(io.Discard, "", 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep proto.OpenReply
+		if errno := c.Do(context.Background(), &client.Call{Op: proto.OpOpen, Req: &proto.OpenReq{Path: "writer-lost", Flags: unix.O_WRONLY}, Reply: &rep}); errno != 0 {
+			t.Fatal(errno)
+		}
+		c.Close()
+		in.settle()
+		if err := os.WriteFile(p, make([]byte, 200), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var f *os.File
+	remove("open-elsewhere", countedServers, func(p string) {
+		if err := os.WriteFile(p, make([]byte, 100), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		f, err = os.OpenFile(filepath.Join(other.Path(), "open-elsewhere"), os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(make([]byte, 3*testStripeSize), 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.Close()
+
+	// Renaming over a file removes the replaced one's objects from its servers alone.
+	src, dst := filepath.Join(m.Path(), "new"), filepath.Join(m.Path(), "old")
+	os.WriteFile(dst, make([]byte, 3901), 0o644)
+	os.WriteFile(src, nil, 0o644)
+	in.settle()
+	if err := os.Rename(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	if c := phaseCounts(in.settle()); c[1:].total() != 1 {
+		t.Errorf("renaming over a small file: %d requests to stripe servers, want 1: %v", c[1:].total(), c)
+	}
+	if n := in.objectsLeft(t); n != 0 {
+		t.Errorf("%d objects left after renaming an empty file over a small one", n)
+	}
+}
+
+// TestStripedSmallFileRequests logs what one small file's life costs on a four-server
+// instance, per phase and server.
+func TestStripedSmallFileRequests(t *testing.T) {
+	smallFileRequests(t, 3901)
+}
+
+// Against servers of protocol version 5 (before ObjectsVersion) a mount does as it did: it
+// opens objects to read and write them, and removes a file's objects from every server.
+func TestStripedSmallFileOnOlderServers(t *testing.T) {
+	in := newCountedInstanceOf(t, proto.LeaseVersion)
+	m := in.mountAt(t, "cn1")
+	p := filepath.Join(m.Path(), "f")
+	data := bytes.Repeat([]byte("0123456789"), 400)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := phaseCounts(in.settle())
+	if c.ops(proto.OpWriteName) != 0 || c[1:].ops(proto.OpCreate) != 1 || c[1:].ops(proto.OpWrite) != 1 {
+		t.Errorf("writing: %v, want a CREATE and a WRITE of the object", c)
+	}
+	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes: %v", len(got), err)
+	}
+	c = phaseCounts(in.settle())
+	if c[1:].ops(proto.OpOpen) != 1 || c[1:].ops(proto.OpRead) != 1 {
+		t.Errorf("reading: %v, want an OPEN and a READ of the object", c)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	c = phaseCounts(in.settle())
+	if c[1:].ops(proto.OpUnlink) != countedServers {
+		t.Errorf("removing: %v, want an UNLINK on every server", c)
+	}
+	if n := in.objectsLeft(t); n != 0 {
+		t.Errorf("%d objects left", n)
+	}
+}
