@@ -1,0 +1,290 @@
+package e2e
+
+// The failures a cache instance (issue 20, docs/cache.md "What a failure costs") must ride
+// out: an agent restarted with dirty data, a PFS full or read-only at teardown, a controller
+// killed mid-flush, a storage node lost.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/lifecycle"
+)
+
+// cacheJob is a cache job of nobody's on a cluster: its PFS directory, its mount.
+type cacheJob struct {
+	c     *cluster
+	token string
+	pfs   string            // the PFS directory the instance caches
+	mount string            // $DW_JOB_STRIPED_CACHE, with its trailing slash
+	files map[string]string // name → sha256 of what the job wrote
+}
+
+// newCacheCluster is a cluster whose site allows caches of its PFS, started.
+func newCacheCluster(t *testing.T) *cluster {
+	c := newCluster(t)
+	c.configure("stage", "") // the section exists
+	// The cluster's PFS, and the temporary directory where tests mount small file systems
+	// as PFS stand-ins (outside the cluster's directory, which must be left without mounts).
+	cfg, _ := os.ReadFile(c.config)
+	os.WriteFile(c.config, append(cfg, []byte("[cache]\nallowed_pfs = [\""+filepath.Dir(c.dir)+"\"]\n")...), 0o644)
+	return c
+}
+
+// startCacheJob sets up a cache instance of pfs (a directory of nobody's) and pre-runs it on
+// storage1.
+func (c *cluster) startCacheJob(token, pfs string) *cacheJob {
+	c.t.Helper()
+	ctx := context.Background()
+	os.MkdirAll(pfs, 0o755)
+	os.Chown(pfs, nobodyUID, nobodyGID)
+	setup := lifecycle.Setup{Token: token, Creator: "TEST", Owner: nobodyUID, Group: nobodyGID,
+		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "cache", AccessModes: []string{"striped"},
+			Cache: &lifecycle.CacheRequest{PFS: pfs}}}
+	c.step(token, lifecycle.PhaseSetup, func() error { return c.client.Setup(ctx, setup) })
+	c.step(token, lifecycle.PhasePreRun, func() error { return c.client.PreRun(ctx, token, []string{"storage1"}) })
+	env, err := c.client.Paths(ctx, token)
+	if err != nil || env["DW_JOB_STRIPED_CACHE"] == "" {
+		c.t.Fatalf("paths of the cache job: %v %v", env, err)
+	}
+	return &cacheJob{c: c, token: token, pfs: pfs, mount: env["DW_JOB_STRIPED_CACHE"], files: map[string]string{}}
+}
+
+// write writes a file of size random bytes through the cache, as the job would (closed
+// before it returns).
+func (j *cacheJob) write(name string, size int, seed int64) {
+	j.c.t.Helper()
+	data := make([]byte, size)
+	rand.New(rand.NewSource(seed)).Read(data)
+	if err := os.WriteFile(filepath.Join(j.mount, name), data, 0o644); err != nil {
+		j.c.t.Fatalf("the job cannot write %s: %v", name, err)
+	}
+	s := sha256.Sum256(data)
+	j.files[name] = hex.EncodeToString(s[:])
+}
+
+// sumOf is the sha256 of a file (or why it cannot be read).
+func sumOf(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// assertOnPFS checks that every file the job wrote is on the PFS, whole.
+func (j *cacheJob) assertOnPFS() {
+	j.c.t.Helper()
+	for name, want := range j.files {
+		if got := sumOf(filepath.Join(j.pfs, name)); got != want {
+			j.c.t.Errorf("%s on the PFS: %s, want sha256 %s", name, got, want)
+		}
+	}
+}
+
+// assertNotOnPFS checks that the data is not on the PFS yet (write-behind: the test must
+// be able to fail).
+func (j *cacheJob) assertNotOnPFS() {
+	j.c.t.Helper()
+	for name, want := range j.files {
+		if sumOf(filepath.Join(j.pfs, name)) == want {
+			j.c.t.Fatalf("%s is on the PFS already: the cache did not hold it dirty, the test shows nothing", name)
+		}
+	}
+}
+
+// teardown asks for the teardown and waits for its step.
+func (j *cacheJob) teardown(hurry bool) lifecycle.StepStatus {
+	j.c.t.Helper()
+	ctx := context.Background()
+	if err := j.c.client.Teardown(ctx, j.token, hurry); err != nil {
+		j.c.t.Fatalf("teardown: %v", err)
+	}
+	st, err := j.c.client.WaitStep(ctx, j.token, lifecycle.PhaseTeardown, 60*time.Second)
+	if err != nil {
+		j.c.t.Fatalf("waiting for the teardown: %v", err)
+	}
+	return st
+}
+
+// postRun ends the job (post_run: the instance is unmounted from the compute node).
+func (j *cacheJob) postRun() {
+	j.c.t.Helper()
+	j.c.step(j.token, lifecycle.PhasePostRun, func() error { return j.c.client.PostRun(context.Background(), j.token) })
+}
+
+// assertReadable checks that the job reads back every file it wrote, through the cache.
+func (j *cacheJob) assertReadable() {
+	j.c.t.Helper()
+	for name, want := range j.files {
+		if got := sumOf(filepath.Join(j.mount, name)); got != want {
+			j.c.t.Errorf("the job reads %s as %s, want sha256 %s", name, got, want)
+		}
+	}
+}
+
+// TestCacheSurvivesAgentRestart: a cache job's data written (dirty: on the burst buffer, not
+// on the PFS) survives its storage agent killed with SIGKILL during the job (after the writes
+// were closed) and again between the job and the teardown: the job reads its files back
+// after the first restart, and the teardown after the second flushes every byte to the PFS.
+func TestCacheSurvivesAgentRestart(t *testing.T) {
+	requireRoot(t)
+	c := newCacheCluster(t)
+	c.startController()
+	c.startAgent()
+	j := c.startCacheJob("21", filepath.Join(c.dir, "pfs", "run"))
+	j.write("a", 3<<20+17, 1)
+	j.write("small", 1000, 2)
+	j.assertNotOnPFS()
+	// Killed during the job: the mount comes back, the data with it.
+	c.killAgent()
+	c.startAgent()
+	c.waitFor("the cache mount to come back", func() bool {
+		_, err := os.Stat(filepath.Join(j.mount, "small"))
+		return err == nil
+	})
+	j.assertReadable()
+	j.write("b", 2<<20+5, 3)
+	j.assertNotOnPFS()
+	j.postRun()
+	// Killed between the job and the teardown: nothing mounts the instance, the store is
+	// opened by the flush.
+	c.killAgent()
+	c.startAgent()
+	j.assertNotOnPFS()
+	if st := j.teardown(false); st.Failed {
+		t.Fatalf("teardown failed: %s", st.Message)
+	}
+	j.assertOnPFS()
+	c.assertClean()
+}
+
+// mountTmpfs mounts a small tmpfs of nobody's, the PFS stand-in a test can fill up or make
+// read-only, on a new directory beside the cluster's; it is unmounted when the test ends.
+func mountTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "spillway-pfs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0755", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs as the PFS: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run(); os.Remove(dir) })
+	os.Chown(dir, nobodyUID, nobodyGID)
+	return dir
+}
+
+func remount(t *testing.T, dir, opts string) {
+	t.Helper()
+	if out, err := exec.Command("mount", "-o", "remount,"+opts, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount -o remount,%s %s: %v %s", opts, dir, err, out)
+	}
+}
+
+// sessionJSON is what dwstat --json sessions says.
+func (c *cluster) sessionJSON() string {
+	return spillway(c.t, cmdOpts{}, "dwstat", "--config", c.config, "--json", "sessions").stdout
+}
+
+// assertFlushFailed checks a teardown that must fail to flush: undone, its message naming
+// the PFS directory, the error and the two ways out, the session and its data kept.
+func (j *cacheJob) assertFlushFailed(st lifecycle.StepStatus, pfsError string) {
+	j.c.t.Helper()
+	if !st.Failed {
+		j.c.t.Fatalf("the teardown must fail when the PFS cannot take the data: %+v", st)
+	}
+	j.c.t.Logf("the failed teardown says: %s", st.Message)
+	for _, want := range []string{"teardown undone, the instance is kept", "could not flush to " + j.pfs, pfsError,
+		"Fix the PFS", "tear down again", "--hurry to discard"} {
+		if !strings.Contains(st.Message, want) {
+			j.c.t.Errorf("the failed teardown's message lacks %q:\n%s", want, st.Message)
+		}
+	}
+	if out := j.c.sessionJSON(); !strings.Contains(out, `"token": "`+j.token+`"`) || !strings.Contains(out, "teardown undone") {
+		j.c.t.Errorf("dwstat must show the session kept, with its failure:\n%s", out)
+	}
+	if frags, _ := os.ReadDir(filepath.Join(j.c.dir, "ssd", "fragment")); len(frags) != 1 {
+		j.c.t.Errorf("the instance's fragment must be kept: %d on the disk", len(frags))
+	}
+}
+
+// TestCacheFlushFailureKeepsTheInstance: the PFS full (a small tmpfs) or read-only at teardown
+// makes the teardown fail, saying the PFS directory, its error and the two ways out; the
+// instance and its data are kept (dwstat shows the session and why); once the PFS is fixed
+// a second teardown flushes every byte. With --hurry instead the data is discarded and the
+// bytes are said on the teardown and in the accounting record.
+func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
+	requireRoot(t)
+	c := newCacheCluster(t)
+	c.startController()
+	c.startAgent()
+	t.Run("full", func(t *testing.T) {
+		c.t = t
+		pfs := mountTmpfs(t, "2m")
+		j := c.startCacheJob("31", pfs)
+		j.write("big", 5<<20+3, 11)
+		j.write("small", 4000, 12)
+		j.assertNotOnPFS()
+		j.postRun()
+		j.assertFlushFailed(j.teardown(false), "no space left on device")
+		// Still there, still whole: the job's data is on the burst buffer.
+		remount(t, pfs, "size=64m")
+		if st := j.teardown(false); st.Failed {
+			t.Fatalf("the teardown after the PFS was fixed failed: %s", st.Message)
+		}
+		j.assertOnPFS()
+		c.assertClean()
+	})
+	t.Run("readonly", func(t *testing.T) {
+		c.t = t
+		pfs := mountTmpfs(t, "64m")
+		j := c.startCacheJob("32", pfs)
+		j.write("data", 3<<20+9, 21)
+		j.assertNotOnPFS()
+		j.postRun()
+		// The store holds its dirty files open for writing (write-behind), and a file
+		// system with files open for writing cannot be remounted read-only: the agent is
+		// stopped meanwhile (as if the PFS went read-only during a restart), and the flush
+		// reopens the files on the read-only PFS.
+		c.stopAgent()
+		remount(t, pfs, "ro")
+		c.startAgent()
+		j.assertFlushFailed(j.teardown(false), "read-only file system")
+		remount(t, pfs, "rw")
+		if st := j.teardown(false); st.Failed {
+			t.Fatalf("the teardown after the PFS was fixed failed: %s", st.Message)
+		}
+		j.assertOnPFS()
+		c.assertClean()
+	})
+	t.Run("hurry", func(t *testing.T) {
+		c.t = t
+		pfs := mountTmpfs(t, "1m")
+		j := c.startCacheJob("33", pfs)
+		j.write("big", 4<<20, 31)
+		j.assertNotOnPFS()
+		j.postRun()
+		j.assertFlushFailed(j.teardown(false), "no space left on device")
+		st := j.teardown(true)
+		if st.Failed {
+			t.Fatalf("a teardown with hurry must not fail: %+v", st)
+		}
+		c.waitFor("the instance's accounting record", func() bool { return len(recordsOf(c.accountingLog(), "33")) > 0 })
+		recs := recordsOf(c.accountingLog(), "33")
+		// What the PFS had no room for: at least the 3 MiB past its 1 MiB.
+		if len(recs) != 1 || recs[0].CacheDiscarded < 3<<20 || recs[0].CacheDiscarded > 4<<20+4096 {
+			t.Errorf("the accounting record must say the bytes discarded: %+v", recs)
+		}
+		c.assertClean()
+	})
+}
