@@ -8,14 +8,18 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 )
 
@@ -285,6 +289,135 @@ func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
 		if len(recs) != 1 || recs[0].CacheDiscarded < 3<<20 || recs[0].CacheDiscarded > 4<<20+4096 {
 			t.Errorf("the accounting record must say the bytes discarded: %+v", recs)
 		}
+		c.assertClean()
+	})
+}
+
+// runCacheJob drives a cache job through its lifecycle over the API, riding out controller
+// crashes (c.step), and writes files through the cache as the job would; it returns the job.
+func (c *cluster) runCacheJob(token, pfs string) *cacheJob {
+	c.t.Helper()
+	ctx := context.Background()
+	os.MkdirAll(pfs, 0o755)
+	os.Chown(pfs, nobodyUID, nobodyGID)
+	setup := lifecycle.Setup{Token: token, Creator: "TEST", Owner: nobodyUID, Group: nobodyGID,
+		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "cache", AccessModes: []string{"striped"},
+			Cache: &lifecycle.CacheRequest{PFS: pfs}}}
+	c.step(token, lifecycle.PhaseSetup, func() error { return c.client.Setup(ctx, setup) })
+	c.step(token, lifecycle.PhasePreRun, func() error { return c.client.PreRun(ctx, token, []string{"storage1"}) })
+	var env map[string]string
+	c.waitFor("paths", func() bool {
+		var err error
+		env, err = c.client.Paths(ctx, token)
+		if err != nil {
+			c.restartIfCrashed()
+		}
+		return err == nil
+	})
+	j := &cacheJob{c: c, token: token, pfs: pfs, mount: env["DW_JOB_STRIPED_CACHE"], files: map[string]string{}}
+	j.write("a", 3<<20+17, 41)
+	j.write("b", 1000, 42)
+	j.assertNotOnPFS()
+	c.step(token, lifecycle.PhasePostRun, func() error { return c.client.PostRun(ctx, token) })
+	c.step(token, lifecycle.PhaseTeardown, func() error {
+		err := c.client.Teardown(ctx, token, false)
+		if apiclient.IsNotFound(err) {
+			return nil // the teardown before the crash finished
+		}
+		return err
+	})
+	return j
+}
+
+// TestCacheControllerCrashMidFlush: a cache job's teardown flushes its data to the PFS
+// whatever the controller's crashes. "every-point": the controller is killed at each crash
+// point of a cache job's path in turn (as TestControllerKilledAtEveryStep does for scratch;
+// the teardown's flush polls have none, but the points around it are the teardown's request
+// persisted before the first poll and the deletions after the last), restarted, and the job
+// ends with every byte on the PFS and nothing left. "while-draining": the controller is
+// killed with SIGKILL once the agent has begun draining, and restarted: the teardown asks on
+// and completes.
+func TestCacheControllerCrashMidFlush(t *testing.T) {
+	requireRoot(t)
+	t.Run("every-point", func(t *testing.T) {
+		c := newCacheCluster(t)
+		logPath := filepath.Join(c.dir, "crash.log")
+		c.startController("SPILLWAY_CRASH_LOG=" + logPath)
+		c.startAgent()
+		c.runCacheJob("1", filepath.Join(c.dir, "pfs", "run")).assertOnPFS()
+		c.assertClean()
+		c.waitFor("the reference job's accounting record", func() bool { // past its crash points
+			list, err := c.client.AllAccounting(context.Background())
+			return err == nil && list.PendingRecords != nil && *list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), "1")) == 1
+		})
+		raw, _ := os.ReadFile(logPath)
+		points := strings.Split(strings.TrimSpace(string(raw)), "\n")
+		if !slices.ContainsFunc(points, func(p string) bool { return strings.HasSuffix(p, " request-persisted:teardown") }) {
+			t.Fatalf("no teardown among a cache job's crash points: %v", points)
+		}
+		for k := 1; k <= len(points); k++ {
+			name := strings.SplitN(points[k-1], " ", 2)[1]
+			t.Run(strconv.Itoa(k)+"-"+name, func(t *testing.T) {
+				c := newCacheCluster(t)
+				c.startController("SPILLWAY_CRASH_AFTER=" + strconv.Itoa(k))
+				c.startAgent()
+				j := c.runCacheJob(strconv.Itoa(1000+k), filepath.Join(c.dir, "pfs", "run"))
+				c.waitFor("the teardown to finish", func() bool {
+					c.restartIfCrashed()
+					all, err := c.client.All(context.Background())
+					return err == nil && len(all.Sessions) == 0
+				})
+				j.assertOnPFS()
+				c.waitFor("the agent's disk to be empty", func() bool {
+					frags, _ := os.ReadDir(filepath.Join(c.dir, "ssd", "fragment"))
+					return len(frags) == 0
+				})
+				token := strconv.Itoa(1000 + k)
+				c.waitFor("the job's accounting record", func() bool {
+					c.restartIfCrashed()
+					list, err := c.client.AllAccounting(context.Background())
+					return err == nil && list.PendingRecords != nil && *list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), token)) > 0
+				})
+				c.assertClean()
+				logs, _ := os.ReadFile(filepath.Join(c.dir, "controller.log"))
+				if !strings.Contains(string(logs), fmt.Sprintf("crash point %d (", k)) {
+					t.Fatalf("the controller never crashed at point %d (%s in the reference run)", k, name)
+				}
+			})
+		}
+	})
+	t.Run("while-draining", func(t *testing.T) {
+		c := newCacheCluster(t)
+		c.startController()
+		c.startAgent()
+		j := c.startCacheJob("2", filepath.Join(c.dir, "pfs", "run"))
+		for i := range 4 {
+			j.write(fmt.Sprintf("f%d", i), 16<<20+i, int64(50+i))
+		}
+		j.assertNotOnPFS()
+		j.postRun()
+		if err := c.client.Teardown(context.Background(), "2", false); err != nil {
+			t.Fatal(err)
+		}
+		c.waitFor("the agent to begin draining", func() bool {
+			logs, _ := os.ReadFile(filepath.Join(c.dir, "agent.log"))
+			return strings.Contains(string(logs), "cache flush: draining to the PFS")
+		})
+		logs, _ := os.ReadFile(filepath.Join(c.dir, "agent.log"))
+		t.Logf("the controller killed with the drain done already: %v", strings.Contains(string(logs), "cache flush: drained"))
+		c.controller.Process.Kill()
+		<-c.ctlExit
+		c.controller = nil
+		c.startController()
+		c.waitFor("the teardown to finish", func() bool {
+			all, err := c.client.All(context.Background())
+			return err == nil && len(all.Sessions) == 0
+		})
+		j.assertOnPFS()
+		c.waitFor("the agent's disk to be empty", func() bool {
+			frags, _ := os.ReadDir(filepath.Join(c.dir, "ssd", "fragment"))
+			return len(frags) == 0
+		})
 		c.assertClean()
 	})
 }
