@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"math/rand"
 	"os"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/apiclient"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/views"
 )
 
 // cacheJob is a cache job of nobody's on a cluster: its PFS directory, its mount.
@@ -420,4 +422,118 @@ func TestCacheControllerCrashMidFlush(t *testing.T) {
 		})
 		c.assertClean()
 	})
+}
+
+// TestCacheStorageNodeLost: a cache instance on two storage nodes, hosta and hostc, written
+// from compute node hostb; hostc's agent is killed for good with dirty data on it. The job
+// gets EIO for the files with stripes on hostc (and reads those without); hostc goes
+// offline; the teardown completes without it, says what was lost (the accounting record:
+// "storage node hostc offline: its unflushed data ... is lost"), and the data hosta held is
+// on the PFS whole.
+func TestCacheStorageNodeLost(t *testing.T) {
+	c := newNetClusterOf(t, []string{"hosta", "hostc"}, []string{"hostb"})
+	ctl := c.hosts["ctl"].config
+	cfg, _ := os.ReadFile(ctl)
+	os.WriteFile(ctl, append(cfg, []byte("[cache]\nallowed_pfs = [\""+filepath.Join(c.dir, "pfs")+"\"]\n")...), 0o644)
+	for _, h := range []string{"ctl", "hosta", "hostc", "hostb"} {
+		c.start(h)
+	}
+	pfs := filepath.Join(c.dir, "pfs", "run")
+	os.MkdirAll(pfs, 0o755)
+	os.Chown(pfs, nobodyUID, nobodyGID)
+	job := c.jobFile("cache.sh", "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=2GiB pfs="+pfs+"\n\x00")
+	c.wlm("--function", "setup", "--token", "70", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:2GiB", "--job", job)
+	for _, h := range c.storage {
+		if f := c.fragments(h); len(f) != 1 {
+			t.Fatalf("%s holds %d fragments of the 2-grain cache, want 1", h, len(f))
+		}
+	}
+	mount := c.jobPath("70", job, "DW_JOB_STRIPED_CACHE")
+	c.wlm("--function", "pre_run", "--token", "70", "--job", job, "--nodehostnamefile", c.jobFile("cache.nodes", "hostb\n"))
+
+	// Files of one stripe each, and one spanning both servers, written from hostb (random
+	// data, dirty in the cache: write-behind).
+	var names []string
+	for i := range 6 {
+		names = append(names, fmt.Sprintf("f%d", i))
+	}
+	names = append(names, "spanning")
+	c.mustRun(t, "hostb", fmt.Sprintf("for f in f0 f1 f2 f3 f4 f5; do head -c 300000 /dev/urandom > %s/$f; done; "+
+		"head -c 20000000 /dev/urandom > %s/spanning", mount, mount))
+	sums := map[string]string{} // what hostb wrote
+	onC := map[string]bool{}    // the files with a stripe on hostc
+	for _, n := range names {
+		sums[n] = strings.Fields(c.mustRun(t, "hostb", "sha256sum < "+mount+"/"+n))[0]
+		if sumOf(filepath.Join(pfs, n)) == sums[n] {
+			t.Fatalf("%s is on the PFS already: the cache did not hold it dirty", n)
+		}
+		var shown []struct {
+			Servers []struct {
+				Node  string `json:"node"`
+				Bytes int64  `json:"bytes"`
+			} `json:"servers"`
+		}
+		out := c.mustRun(t, "hostb", binary+" stripes --json "+mount+"/"+n)
+		if err := json.Unmarshal([]byte(out), &shown); err != nil || len(shown) != 1 {
+			t.Fatalf("spillway stripes --json %s: %v\n%s", n, err, out)
+		}
+		for _, s := range shown[0].Servers {
+			if s.Node == "hostc" && s.Bytes > 0 {
+				onC[n] = true
+			}
+		}
+	}
+	if !onC["spanning"] || len(onC) == len(names) {
+		t.Fatalf("the files must be spread over both servers, some on hosta only: on hostc %v", onC)
+	}
+	t.Logf("files with a stripe on hostc: %v", onC)
+
+	// hostc dies for good: the job gets EIO for the files with stripes there.
+	c.stop("hostc", true)
+	for _, n := range names {
+		out, err := c.onHost("hostb", "sha256sum < "+mount+"/"+n).CombinedOutput()
+		switch {
+		case onC[n] && (err == nil || !strings.Contains(string(out), "Input/output error")):
+			t.Errorf("reading %s, with a stripe on the dead hostc: %v\n%s", n, err, out)
+		case !onC[n] && (err != nil || !strings.HasPrefix(string(out), sums[n])):
+			t.Errorf("reading %s, all on hosta: %v\n%s", n, err, out)
+		}
+	}
+	c.wlm("--function", "post_run", "--token", "70", "--job", job)
+	c.waitFor("hostc to go offline", func() bool {
+		all, _ := c.client.All(context.Background())
+		for _, n := range all.Nodes {
+			if n.ID == "hostc" {
+				return !n.Online
+			}
+		}
+		return false
+	})
+	out := c.wlm("--function", "teardown", "--token", "70", "--job", job)
+	t.Logf("teardown: %s", out)
+	// The data hosta held is on the PFS; hostc's is lost, and said so.
+	for _, n := range names {
+		if !onC[n] && sumOf(filepath.Join(pfs, n)) != sums[n] {
+			t.Errorf("%s, all on hosta, is not on the PFS whole after the teardown", n)
+		}
+	}
+	var lost []string
+	c.waitFor("the instance's accounting record", func() bool {
+		raw, _ := os.ReadFile(filepath.Join(c.dir, "state", "accounting.log"))
+		for _, line := range strings.Split(string(raw), "\n") {
+			var a views.Accounting
+			if json.Unmarshal([]byte(line), &a) == nil && a.Realm.Token == "70" {
+				lost = a.Realm.CacheLost
+				return true
+			}
+		}
+		return false
+	})
+	if len(lost) != 1 || !strings.Contains(lost[0], "storage node hostc offline: its unflushed data (") || !strings.Contains(lost[0], ") is lost") {
+		t.Errorf("the accounting record must say what was lost with hostc: %q", lost)
+	}
+	if all, err := c.client.All(context.Background()); err != nil || len(all.Sessions)+len(all.Instances)+len(all.Fragments) != 0 {
+		t.Errorf("the teardown left %+v (%v)", all, err)
+	}
 }
