@@ -172,6 +172,32 @@ func TestCacheSurvivesAgentRestart(t *testing.T) {
 	}
 	j.assertOnPFS()
 	c.assertClean()
+
+	// Killed while the teardown's flush drains (or just after): the restarted agent drains
+	// what its log says is still dirty.
+	j = c.startCacheJob("22", filepath.Join(c.dir, "pfs", "run2"))
+	for i := range 4 {
+		j.write(fmt.Sprintf("f%d", i), 16<<20+i, int64(60+i))
+	}
+	j.assertNotOnPFS()
+	j.postRun()
+	if err := c.client.Teardown(context.Background(), j.token, false); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the agent to begin draining", func() bool {
+		logs, _ := os.ReadFile(filepath.Join(c.dir, "agent.log"))
+		return strings.Count(string(logs), "cache flush: draining to the PFS") == 2
+	})
+	c.killAgent()
+	logs, _ := os.ReadFile(filepath.Join(c.dir, "agent.log"))
+	t.Logf("the agent killed with the drain done already: %v", strings.Count(string(logs), "cache flush: drained") == 2)
+	c.startAgent()
+	st, err := c.client.WaitStep(context.Background(), j.token, lifecycle.PhaseTeardown, 60*time.Second)
+	if err != nil || st.Failed {
+		t.Fatalf("the teardown after the agent was killed mid-flush: %+v %v", st, err)
+	}
+	j.assertOnPFS()
+	c.assertClean()
 }
 
 // mountTmpfs mounts a small tmpfs of nobody's, the PFS stand-in a test can fill up or make
