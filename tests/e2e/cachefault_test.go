@@ -306,11 +306,23 @@ func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
 		j.write("big", 4<<20, 31)
 		j.assertNotOnPFS()
 		j.postRun()
-		j.assertFlushFailed(j.teardown(false), "no space left on device")
-		st := j.teardown(true)
-		if st.Failed {
-			t.Fatalf("a teardown with hurry must not fail: %+v", st)
+		// As Slurm tears it down: dw_wlm_cli fails, saying why and the ways out.
+		job := filepath.Join(c.dir, "job33.sh")
+		os.WriteFile(job, []byte("#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=1GiB pfs="+pfs+"\n"), 0o644)
+		wlm := func(args ...string) result {
+			return runAs(t, smallBinary, cmdOpts{env: []string{"SPILLWAY_CONFIG=" + c.config}}, append([]string{"--function", "teardown", "--token", "33", "--job", job}, args...)...)
 		}
+		r := wlm()
+		if r.code == 0 {
+			t.Fatalf("dw_wlm_cli teardown must fail when the flush fails: %s", r)
+		}
+		mustContain(t, r, "teardown undone, the instance is kept", "could not flush to "+pfs, "no space left on device", "--hurry to discard")
+		j.assertFlushFailed(j.teardown(false), "no space left on device")
+		r = wlm("--hurry")
+		if r.code != 0 {
+			t.Fatalf("dw_wlm_cli teardown --hurry must not fail: %s", r)
+		}
+		t.Logf("dw_wlm_cli teardown --hurry: %s", r)
 		c.waitFor("the instance's accounting record", func() bool { return len(recordsOf(c.accountingLog(), "33")) > 0 })
 		recs := recordsOf(c.accountingLog(), "33")
 		// What the PFS had no room for: at least the 3 MiB past its 1 MiB.
