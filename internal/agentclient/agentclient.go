@@ -95,6 +95,15 @@ func NodeFault(err error) bool {
 	return true
 }
 
+// NoAnswer reports whether err, from a call to a node's agent, is a fault of that node
+// (NodeFault) without an answer of its agent: connection refused or reset, no route, a
+// timeout. Its agent may be restarting, or the node lost: either way not a failure of what
+// was asked (a cache flush's teardown waits on, lifecycle.Result.NoAnswer).
+func NoAnswer(err error) bool {
+	var apiErr *apiclient.Error
+	return NodeFault(err) && !errors.As(err, &apiErr)
+}
+
 var _ agentapi.Agent = (*Client)(nil)
 
 // Report asks the agent about itself.
@@ -171,6 +180,10 @@ func (a *Client) FlushCache(ctx context.Context, s agentapi.CacheFlushSpec) (age
 // NodeFault reports whether err, from one of this client's calls, counts against the agent's
 // node (the function NodeFault); the controller's executor asks it.
 func (a *Client) NodeFault(err error) bool { return NodeFault(err) }
+
+// NoAnswer reports whether err, from one of this client's calls, is its node not answering
+// (the function NoAnswer); the controller's executor asks it.
+func (a *Client) NoAnswer(err error) bool { return NoAnswer(err) }
 
 // do makes one call. An answer refusing the controller's credentials, or one without the
 // agent API's form, is a configuration problem: it is said with the agent's node and address.
