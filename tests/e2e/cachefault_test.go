@@ -508,12 +508,19 @@ func TestCacheControllerCrashMidFlush(t *testing.T) {
 }
 
 // TestCacheStorageNodeLost: a cache instance on two storage nodes, hosta and hostc, written
-// from compute node hostb; hostc's agent is killed for good with dirty data on it. The job
-// gets EIO for the files with stripes on hostc (and reads those without); hostc goes
-// offline; the teardown completes without it, says what was lost (the accounting record:
-// "storage node hostc offline: its unflushed data ... is lost"), and the data hosta held is
-// on the PFS whole.
+// from compute node hostb; one node's agent is killed for good with dirty data on it (each
+// in turn). The job gets EIO for the files with stripes there (and reads those without,
+// unless the node served the namespace: then every open fails);
+// the teardown, sent at once, waits for the node to be offline and completes without it,
+// says what was lost (the accounting record: "storage node X offline: its unflushed data
+// ... is lost"), and the data the other node held is on the PFS whole.
 func TestCacheStorageNodeLost(t *testing.T) {
+	// The second server of the instance, then the first, which serves its namespace.
+	t.Run("hostc", func(t *testing.T) { cacheStorageNodeLost(t, "hostc", "hosta") })
+	t.Run("hosta", func(t *testing.T) { cacheStorageNodeLost(t, "hosta", "hostc") })
+}
+
+func cacheStorageNodeLost(t *testing.T, dead, kept string) {
 	c := newNetClusterOf(t, []string{"hosta", "hostc"}, []string{"hostb"})
 	ctl := c.hosts["ctl"].config
 	cfg, _ := os.ReadFile(ctl)
@@ -545,7 +552,7 @@ func TestCacheStorageNodeLost(t *testing.T) {
 	c.mustRun(t, "hostb", fmt.Sprintf("for f in f0 f1 f2 f3 f4 f5; do head -c 300000 /dev/urandom > %s/$f; done; "+
 		"head -c 20000000 /dev/urandom > %s/spanning", mount, mount))
 	sums := map[string]string{} // what hostb wrote
-	onC := map[string]bool{}    // the files with a stripe on hostc
+	onDead := map[string]bool{} // the files with a stripe on the dead node
 	for _, n := range names {
 		sums[n] = strings.Fields(c.mustRun(t, "hostb", "sha256sum < "+mount+"/"+n))[0]
 		if sumOf(filepath.Join(pfs, n)) == sums[n] {
@@ -562,37 +569,47 @@ func TestCacheStorageNodeLost(t *testing.T) {
 			t.Fatalf("spillway stripes --json %s: %v\n%s", n, err, out)
 		}
 		for _, s := range shown[0].Servers {
-			if s.Node == "hostc" && s.Bytes > 0 {
-				onC[n] = true
+			if s.Node == dead && s.Bytes > 0 {
+				onDead[n] = true
 			}
 		}
 	}
-	if !onC["spanning"] || len(onC) == len(names) {
-		t.Fatalf("the files must be spread over both servers, some on hosta only: on hostc %v", onC)
+	if !onDead["spanning"] || len(onDead) == len(names) {
+		t.Fatalf("the files must be spread over both servers, some on %s only: on %s %v", kept, dead, onDead)
 	}
-	t.Logf("files with a stripe on hostc: %v", onC)
+	t.Logf("files with a stripe on %s: %v", dead, onDead)
 
-	// hostc dies for good: the job gets EIO for the files with stripes there.
-	c.stop("hostc", true)
+	// The node dies for good: the job gets EIO for the files with stripes there; for every
+	// file if it served the instance's namespace (its first server), where files are
+	// opened.
+	all, err := c.client.All(context.Background())
+	if err != nil || len(all.Namespaces) != 1 {
+		t.Fatalf("the instance's namespace: %+v %v", all.Namespaces, err)
+	}
+	namespaceLost := false
+	for _, f := range all.Fragments {
+		namespaceLost = namespaceLost || f.ID == all.Namespaces[0].Fragment && f.Node == dead
+	}
+	c.stop(dead, true)
 	for _, n := range names {
 		out, err := c.onHost("hostb", "sha256sum < "+mount+"/"+n).CombinedOutput()
 		switch {
-		case onC[n] && (err == nil || !strings.Contains(string(out), "Input/output error")):
-			t.Errorf("reading %s, with a stripe on the dead hostc: %v\n%s", n, err, out)
-		case !onC[n] && (err != nil || !strings.HasPrefix(string(out), sums[n])):
-			t.Errorf("reading %s, all on hosta: %v\n%s", n, err, out)
+		case (onDead[n] || namespaceLost) && (err == nil || !strings.Contains(string(out), "Input/output error")):
+			t.Errorf("reading %s, with a stripe on the dead %s: %v\n%s", n, dead, err, out)
+		case !onDead[n] && !namespaceLost && (err != nil || !strings.HasPrefix(string(out), sums[n])):
+			t.Errorf("reading %s, all on %s: %v\n%s", n, kept, err, out)
 		}
 	}
 	c.wlm("--function", "post_run", "--token", "70", "--job", job)
-	// Torn down at once, as Slurm does when the job ends: hostc is not offline yet (no
+	// Torn down at once, as Slurm does when the job ends: the node is not offline yet (no
 	// heartbeat for controller.node_timeout), its flush calls fail; the teardown waits for
 	// it to be found offline, and goes on without it.
 	out := c.wlm("--function", "teardown", "--token", "70", "--job", job)
 	t.Logf("teardown: %s", out)
-	// The data hosta held is on the PFS; hostc's is lost, and said so.
+	// The data the other node held is on the PFS; the dead node's is lost, and said so.
 	for _, n := range names {
-		if !onC[n] && sumOf(filepath.Join(pfs, n)) != sums[n] {
-			t.Errorf("%s, all on hosta, is not on the PFS whole after the teardown", n)
+		if !onDead[n] && sumOf(filepath.Join(pfs, n)) != sums[n] {
+			t.Errorf("%s, all on %s, is not on the PFS whole after the teardown", n, kept)
 		}
 	}
 	var lost []string
@@ -607,8 +624,8 @@ func TestCacheStorageNodeLost(t *testing.T) {
 		}
 		return false
 	})
-	if len(lost) != 1 || !strings.Contains(lost[0], "storage node hostc offline: its unflushed data (") || !strings.Contains(lost[0], ") is lost") {
-		t.Errorf("the accounting record must say what was lost with hostc: %q", lost)
+	if len(lost) != 1 || !strings.Contains(lost[0], "storage node "+dead+" offline: its unflushed data (") || !strings.Contains(lost[0], ") is lost") {
+		t.Errorf("the accounting record must say what was lost with %s: %q", dead, lost)
 	}
 	if all, err := c.client.All(context.Background()); err != nil || len(all.Sessions)+len(all.Instances)+len(all.Fragments) != 0 {
 		t.Errorf("the teardown left %+v (%v)", all, err)
