@@ -167,6 +167,11 @@ func (j *cacheJob) assertReadable() {
 // after the first restart, and the teardown after the second flushes every byte to the PFS.
 func TestCacheSurvivesAgentRestart(t *testing.T) {
 	requireRoot(t)
+	t.Run("local", cacheSurvivesAgentRestart)
+	t.Run("remote", cacheSurvivesRemoteAgentRestart)
+}
+
+func cacheSurvivesAgentRestart(t *testing.T) {
 	c := newCacheCluster(t)
 	c.startController()
 	c.startAgent()
@@ -241,6 +246,65 @@ func TestCacheSurvivesAgentRestart(t *testing.T) {
 	}
 	if sumOf(filepath.Join(j.pfs, "x")) == j.files["x"] {
 		t.Error("x reached the PFS although the teardown discarded it")
+	}
+	c.assertClean()
+}
+
+// cacheSurvivesRemoteAgentRestart: the same across hosts, two storage nodes and a compute
+// node: hostc's agent is killed and restarted during the job, and the compute node's mount
+// reads the files back once it answers again; then both storage agents are killed and
+// restarted between the job and the teardown, which flushes every byte.
+func cacheSurvivesRemoteAgentRestart(t *testing.T) {
+	c := newNetClusterOf(t, []string{"hosta", "hostc"}, []string{"hostb"})
+	ctl := c.hosts["ctl"].config
+	cfg, _ := os.ReadFile(ctl)
+	os.WriteFile(ctl, append(cfg, []byte("[cache]\nallowed_pfs = [\""+filepath.Join(c.dir, "pfs")+"\"]\n")...), 0o644)
+	for _, h := range []string{"ctl", "hosta", "hostc", "hostb"} {
+		c.start(h)
+	}
+	pfs := filepath.Join(c.dir, "pfs", "run")
+	os.MkdirAll(pfs, 0o755)
+	os.Chown(pfs, nobodyUID, nobodyGID)
+	job := c.jobFile("cache.sh", "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=2GiB pfs="+pfs+"\n\x00")
+	c.wlm("--function", "setup", "--token", "24", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:2GiB", "--job", job)
+	mount := c.jobPath("24", job, "DW_JOB_STRIPED_CACHE")
+	c.wlm("--function", "pre_run", "--token", "24", "--job", job, "--nodehostnamefile", c.jobFile("cache.nodes", "hostb\n"))
+	sums := map[string]string{}
+	write := func(name string, size int) {
+		t.Helper()
+		c.mustRun(t, "hostb", fmt.Sprintf("head -c %d /dev/urandom > %s/%s", size, mount, name))
+		sums[name] = strings.Fields(c.mustRun(t, "hostb", "sha256sum < "+mount+"/"+name))[0]
+		if sumOf(filepath.Join(pfs, name)) == sums[name] {
+			t.Fatalf("%s is on the PFS already: the cache did not hold it dirty", name)
+		}
+	}
+	write("spanning", 20000000)
+	for i := range 4 {
+		write(fmt.Sprintf("f%d", i), 300000+i)
+	}
+	c.stop("hostc", true)
+	c.start("hostc")
+	for name, want := range sums {
+		c.waitFor(name+" readable on hostb again", func() bool {
+			out, err := c.onHost("hostb", "sha256sum < "+mount+"/"+name).CombinedOutput()
+			if err == nil && !strings.HasPrefix(string(out), want) {
+				t.Fatalf("after hostc's restart hostb reads %s as %s, want %s", name, out, want)
+			}
+			return err == nil
+		})
+	}
+	write("after", 9000000)
+	c.wlm("--function", "post_run", "--token", "24", "--job", job)
+	for _, h := range c.storage {
+		c.stop(h, true)
+		c.start(h)
+	}
+	c.wlm("--function", "teardown", "--token", "24", "--job", job)
+	for name, want := range sums {
+		if got := sumOf(filepath.Join(pfs, name)); got != want {
+			t.Errorf("%s on the PFS: %s, want %s", name, got, want)
+		}
 	}
 	c.assertClean()
 }
