@@ -187,6 +187,29 @@ func cacheSurvivesAgentRestart(t *testing.T) {
 		return err == nil
 	})
 	j.assertReadable()
+	// A file still open, written and fsync'ed: what fsync() returned for survives too.
+	synced := make([]byte, 2<<20+77)
+	rand.New(rand.NewSource(5)).Read(synced)
+	f, err := os.Create(filepath.Join(j.mount, "synced"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(synced); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	c.killAgent()
+	f.Close() // fails: its mount died with the agent
+	c.startAgent()
+	c.waitFor("the cache mount to come back", func() bool {
+		_, err := os.Stat(filepath.Join(j.mount, "synced"))
+		return err == nil
+	})
+	sum := sha256.Sum256(synced)
+	j.files["synced"], j.data["synced"] = hex.EncodeToString(sum[:]), synced
+	j.assertReadable()
 	// The job goes on writing, into a file the store recovered dirty too.
 	j.patch("a", 1<<20+100, 1<<20, 4)
 	j.assertReadable()
