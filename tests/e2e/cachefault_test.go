@@ -380,6 +380,10 @@ func (j *cacheJob) assertFlushFailed(st lifecycle.StepStatus, pfsError string) {
 	if frags, _ := os.ReadDir(filepath.Join(j.c.dir, "ssd", "fragment")); len(frags) != 1 {
 		j.c.t.Errorf("the instance's fragment must be kept: %d on the disk", len(frags))
 	}
+	if out := spillway(j.c.t, cmdOpts{}, "dwstat", "--config", j.c.config, "--json", "fragments").stdout; !strings.Contains(out, `"cache_flush_error": "`) ||
+		!strings.Contains(out, pfsError) {
+		j.c.t.Errorf("dwstat must show the fragment's flush error:\n%s", out)
+	}
 }
 
 // TestCacheFlushFailureKeepsTheInstance: the PFS full (a small tmpfs) or read-only at teardown
@@ -401,7 +405,11 @@ func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
 		j.assertNotOnPFS()
 		j.postRun()
 		j.assertFlushFailed(j.teardown(false), "no space left on device")
-		// Still there, still whole: the job's data is on the burst buffer.
+		// Still there, still whole: the job's data is on the burst buffer, and survives an
+		// agent restart while the session waits.
+		c.killAgent()
+		c.startAgent()
+		j.assertFlushFailed(j.teardown(false), "no space left on device")
 		remount(t, pfs, "size=64m")
 		if st := j.teardown(false); st.Failed {
 			t.Fatalf("the teardown after the PFS was fixed failed: %s", st.Message)
