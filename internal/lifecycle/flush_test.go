@@ -387,6 +387,29 @@ func TestCacheFlushNodeNotAnswering(t *testing.T) {
 			t.Errorf("back=%v: report %q", back, report)
 		}
 	}
+	// A hurry ends the wait: the node's data goes with its fragment, said so.
+	h, inst := cacheJob(t, "7")
+	silent := fragmentOn(h.w, inst, "ssd2")
+	calls := 0
+	var report string
+	h.fail = func(e Effect) error {
+		if e.Op == OpDeleteNamespace && report == "" {
+			report = h.w.SessionByToken("7").Failure
+		}
+		if e.Op != OpFlushCache || e.Node != "ssd2" {
+			return nil
+		}
+		if calls++; calls == 3*h.p.MaxAttempts {
+			h.must(ApplyTeardown(h.w, "7", true))
+		}
+		return noAnswerError("dial tcp: connection refused")
+	}
+	h.must(ApplyTeardown(h.w, "7", false))
+	h.settle()
+	assertEmpty(t, h.w)
+	if want := fmt.Sprintf("fragment %d: storage node ssd2 could not discard its unflushed data (never reported)", silent.ID); !strings.HasPrefix(report, want) {
+		t.Errorf("hurry: report %q, want %q...", report, want)
+	}
 }
 
 // TestPersistentCacheDestroyFlushes: destroying a persistent cache instance flushes it too.
