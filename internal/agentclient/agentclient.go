@@ -95,13 +95,23 @@ func NodeFault(err error) bool {
 	return true
 }
 
-// NoAnswer reports whether err, from a call to a node's agent, is a fault of that node
-// (NodeFault) without an answer of its agent: connection refused or reset, no route, a
-// timeout. Its agent may be restarting, or the node lost: either way not a failure of what
-// was asked (a cache flush's teardown waits on, lifecycle.Result.NoAnswer).
+// NoAnswer reports whether err, from a call to a node's agent, is its agent not answering
+// at all: a fault of that node (NodeFault) that is not an answer of its agent (connection
+// refused or reset, no route, a timeout), or its Unix socket gone (an agent stopped
+// cleanly removes it; NodeFault does not count that against the node, as a socket that
+// never existed is a configuration problem). Its agent may be restarting, or the node lost:
+// either way not a failure of what was asked (a cache flush's teardown waits on,
+// lifecycle.Result.NoAnswer).
 func NoAnswer(err error) bool {
 	var apiErr *apiclient.Error
-	return NodeFault(err) && !errors.As(err, &apiErr)
+	if err == nil || errors.As(err, &apiErr) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Net == "unix" && op.Op == "dial" && errors.Is(err, syscall.ENOENT) {
+		return true
+	}
+	return NodeFault(err)
 }
 
 var _ agentapi.Agent = (*Client)(nil)
