@@ -169,6 +169,41 @@ func TestCacheSurvivesAgentRestart(t *testing.T) {
 	requireRoot(t)
 	t.Run("local", cacheSurvivesAgentRestart)
 	t.Run("remote", cacheSurvivesRemoteAgentRestart)
+	t.Run("down-at-teardown", cacheAgentDownAtTeardown)
+}
+
+// cacheAgentDownAtTeardown: the teardown comes while the storage agent is down, and it stays
+// down longer than the flush call's retries (executor.max_attempts) but less than
+// controller.node_timeout: the teardown waits for it, and flushes every byte once it is back.
+func cacheAgentDownAtTeardown(t *testing.T) {
+	c := newCacheCluster(t)
+	cfg, _ := os.ReadFile(c.config)
+	os.WriteFile(c.config, []byte(strings.Replace(string(cfg), `node_timeout = "2s"`, `node_timeout = "20s"`, 1)), 0o644)
+	c.startController()
+	c.startAgent()
+	j := c.startCacheJob("25", filepath.Join(c.dir, "pfs", "run"))
+	j.write("a", 3<<20+1, 80)
+	j.postRun()
+	c.stopAgent()
+	if err := c.client.Teardown(context.Background(), j.token, false); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the flush to fail", func() bool {
+		all, err := c.client.All(context.Background())
+		return err == nil && len(all.Fragments) == 1 && strings.Contains(all.Fragments[0].State.Error, "flush the cache")
+	})
+	// Down long enough for the retries (max_attempts 4, 100 ms to 500 ms apart: 1.2 s) to
+	// be spent several times over.
+	time.Sleep(4 * time.Second)
+	if st, err := c.client.Status(context.Background(), j.token, lifecycle.PhaseTeardown, 0); err != nil || st.Failed {
+		t.Fatalf("the teardown failed while the agent was down: %+v %v", st, err)
+	}
+	c.startAgent()
+	if st, err := c.client.WaitStep(context.Background(), j.token, lifecycle.PhaseTeardown, 60*time.Second); err != nil || st.Failed {
+		t.Fatalf("the teardown after the agent came back: %+v %v", st, err)
+	}
+	j.assertOnPFS()
+	c.assertClean()
 }
 
 func cacheSurvivesAgentRestart(t *testing.T) {
