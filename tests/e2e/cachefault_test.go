@@ -730,6 +730,11 @@ func cacheStorageNodeLost(t *testing.T, dead, kept string) {
 			t.Errorf("reading %s, all on %s: %v\n%s", n, kept, err, out)
 		}
 	}
+	// Writing over the spanning file (stripes on both nodes) fails too.
+	if out, err := c.onHost("hostb", "head -c 20000000 /dev/zero | dd of="+mount+"/spanning bs=1M conv=notrunc,fsync status=none").CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "Input/output error") {
+		t.Errorf("writing over spanning, with stripes on the dead %s: %v\n%s", dead, err, out)
+	}
 	c.wlm("--function", "post_run", "--token", "70", "--job", job)
 	// Torn down at once, as Slurm does when the job ends: the node is not offline yet (no
 	// heartbeat for controller.node_timeout), its flush calls fail; the teardown waits for
