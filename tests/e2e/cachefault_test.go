@@ -38,7 +38,6 @@ type cacheJob struct {
 // newCacheCluster is a cluster whose site allows caches of its PFS, started.
 func newCacheCluster(t *testing.T) *cluster {
 	c := newCluster(t)
-	c.configure("stage", "") // the section exists
 	// The cluster's PFS, and the temporary directory where tests mount small file systems
 	// as PFS stand-ins (outside the cluster's directory, which must be left without mounts).
 	cfg, _ := os.ReadFile(c.config)
@@ -432,6 +431,7 @@ func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
 	c.startController()
 	c.startAgent()
 	t.Run("full", func(t *testing.T) {
+		defer func(parent *testing.T) { c.t = parent }(c.t)
 		c.t = t
 		pfs := mountTmpfs(t, "2m")
 		j := c.startCacheJob("31", pfs)
@@ -453,6 +453,7 @@ func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
 		c.assertClean()
 	})
 	t.Run("readonly", func(t *testing.T) {
+		defer func(parent *testing.T) { c.t = parent }(c.t)
 		c.t = t
 		pfs := mountTmpfs(t, "64m")
 		j := c.startCacheJob("32", pfs)
@@ -475,6 +476,7 @@ func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
 		c.assertClean()
 	})
 	t.Run("hurry", func(t *testing.T) {
+		defer func(parent *testing.T) { c.t = parent }(c.t)
 		c.t = t
 		pfs := mountTmpfs(t, "1m")
 		j := c.startCacheJob("33", pfs)
@@ -497,7 +499,6 @@ func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("dw_wlm_cli teardown --hurry must not fail: %s", r)
 		}
-		t.Logf("dw_wlm_cli teardown --hurry: %s", r)
 		c.waitFor("the instance's accounting record", func() bool { return len(recordsOf(c.accountingLog(), "33")) > 0 })
 		recs := recordsOf(c.accountingLog(), "33")
 		// What the PFS had no room for: at least the 3 MiB past its 1 MiB.
