@@ -248,6 +248,16 @@ func cacheSurvivesAgentRestart(t *testing.T) {
 	j.patch("a", 1<<20+100, 1<<20, 4)
 	j.assertReadable()
 	j.write("b", 2<<20+5, 3)
+	// Written under a temporary name, then renamed into place: the store learned the
+	// first name, and must find the file at the teardown's flush after the restart.
+	j.write("b.tmp", 1<<20+9, 6)
+	os.Mkdir(filepath.Join(j.mount, "results"), 0o755)
+	if err := os.Rename(filepath.Join(j.mount, "b.tmp"), filepath.Join(j.mount, "results", "b.final")); err != nil {
+		t.Fatal(err)
+	}
+	j.files["results/b.final"], j.data["results/b.final"] = j.files["b.tmp"], j.data["b.tmp"]
+	delete(j.files, "b.tmp")
+	delete(j.data, "b.tmp")
 	j.assertNotOnPFS()
 	j.postRun()
 	// Killed between the job and the teardown: nothing mounts the instance, the store is
