@@ -362,6 +362,11 @@ func cacheSurvivesRemoteAgentRestart(t *testing.T) {
 		})
 	}
 	write("after", 9000000)
+	// Written under a temporary name and renamed into place: stripes on both nodes.
+	write("big.tmp", 20000000)
+	c.mustRun(t, "hostb", "mv "+mount+"/big.tmp "+mount+"/big.final")
+	sums["big.final"] = sums["big.tmp"]
+	delete(sums, "big.tmp")
 	c.wlm("--function", "post_run", "--token", "24", "--job", job)
 	for _, h := range c.storage {
 		c.stop(h, true)
