@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand"
 	"os"
@@ -524,9 +525,10 @@ func TestCacheFlushFailureKeepsTheInstance(t *testing.T) {
 	})
 }
 
-// runCacheJob drives a cache job through its lifecycle over the API, riding out controller
-// crashes (c.step), and writes files through the cache as the job would; it returns the job.
-func (c *cluster) runCacheJob(token, pfs string) *cacheJob {
+// runCacheJob drives a cache job through its lifecycle over the API (up to its post_run
+// unless teardown), riding out controller crashes (c.step), and writes files through the
+// cache as the job would; it returns the job.
+func (c *cluster) runCacheJob(token, pfs string, teardown bool) *cacheJob {
 	c.t.Helper()
 	ctx := context.Background()
 	os.MkdirAll(pfs, 0o755)
@@ -550,6 +552,9 @@ func (c *cluster) runCacheJob(token, pfs string) *cacheJob {
 	j.write("b", 1000, 42)
 	j.assertNotOnPFS()
 	c.step(token, lifecycle.PhasePostRun, func() error { return c.client.PostRun(ctx, token) })
+	if !teardown {
+		return j
+	}
 	c.step(token, lifecycle.PhaseTeardown, func() error {
 		err := c.client.Teardown(ctx, token, false)
 		if apiclient.IsNotFound(err) {
@@ -560,12 +565,43 @@ func (c *cluster) runCacheJob(token, pfs string) *cacheJob {
 	return j
 }
 
+// failingTeardown sends a teardown that must fail (the PFS cannot take the data), riding out
+// controller crashes, and returns its message.
+func (c *cluster) failingTeardown(token string) string {
+	c.t.Helper()
+	ctx := context.Background()
+	for attempt := 0; attempt < 20; attempt++ {
+		err := c.client.Teardown(ctx, token, false)
+		if err == nil {
+			st, werr := c.client.WaitStep(ctx, token, lifecycle.PhaseTeardown, 60*time.Second)
+			if werr == nil {
+				if !st.Failed {
+					c.t.Fatalf("the teardown must fail when the PFS cannot take the data: %+v", st)
+				}
+				return st.Message
+			}
+			err = werr
+		}
+		time.Sleep(100 * time.Millisecond)
+		if !c.restartIfCrashed() {
+			var un *apiclient.Unreachable
+			if !errors.As(err, &un) {
+				c.t.Fatalf("teardown: %v", err)
+			}
+		}
+	}
+	c.t.Fatal("the teardown did not complete after 20 attempts")
+	return ""
+}
+
 // TestCacheControllerCrashMidFlush: a cache job's teardown flushes its data to the PFS
 // whatever the controller's crashes. "every-point": the controller is killed at each crash
 // point of a cache job's path in turn (as TestControllerKilledAtEveryStep does for scratch;
 // the teardown's flush polls have none, but the points around it are the teardown's request
 // persisted before the first poll and the deletions after the last), restarted, and the job
-// ends with every byte on the PFS and nothing left. "while-draining": the controller is
+// ends with every byte on the PFS and nothing left. "failed-flush-every-point": the same at
+// each crash point of a teardown whose flush fails (the PFS full), undone, and of the second
+// teardown once the PFS has room. "while-draining": the controller is
 // killed with SIGKILL once the agent has begun draining, and restarted: the teardown asks on
 // and completes.
 func TestCacheControllerCrashMidFlush(t *testing.T) {
@@ -575,7 +611,7 @@ func TestCacheControllerCrashMidFlush(t *testing.T) {
 		logPath := filepath.Join(c.dir, "crash.log")
 		c.startController("SPILLWAY_CRASH_LOG=" + logPath)
 		c.startAgent()
-		c.runCacheJob("1", filepath.Join(c.dir, "pfs", "run")).assertOnPFS()
+		c.runCacheJob("1", filepath.Join(c.dir, "pfs", "run"), true).assertOnPFS()
 		c.assertClean()
 		c.waitFor("the reference job's accounting record", func() bool { // past its crash points
 			list, err := c.client.AllAccounting(context.Background())
@@ -592,7 +628,7 @@ func TestCacheControllerCrashMidFlush(t *testing.T) {
 				c := newCacheCluster(t)
 				c.startController("SPILLWAY_CRASH_AFTER=" + strconv.Itoa(k))
 				c.startAgent()
-				j := c.runCacheJob(strconv.Itoa(1000+k), filepath.Join(c.dir, "pfs", "run"))
+				j := c.runCacheJob(strconv.Itoa(1000+k), filepath.Join(c.dir, "pfs", "run"), true)
 				c.waitFor("the teardown to finish", func() bool {
 					c.restartIfCrashed()
 					all, err := c.client.All(context.Background())
@@ -610,6 +646,63 @@ func TestCacheControllerCrashMidFlush(t *testing.T) {
 					return err == nil && list.PendingRecords != nil && *list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), token)) > 0
 				})
 				c.assertClean()
+				logs, _ := os.ReadFile(filepath.Join(c.dir, "controller.log"))
+				if !strings.Contains(string(logs), fmt.Sprintf("crash point %d (", k)) {
+					t.Fatalf("the controller never crashed at point %d (%s in the reference run)", k, name)
+				}
+			})
+		}
+	})
+	t.Run("failed-flush-every-point", func(t *testing.T) {
+		// The first teardown's flush fails (the PFS full): the undone teardown, and the
+		// second one once the PFS is fixed, with the controller killed at each of their
+		// crash points.
+		run := func(t *testing.T, c *cluster, token string) {
+			pfs := mountTmpfs(t, "2m")
+			j := c.runCacheJob(token, pfs, false)
+			if msg := c.failingTeardown(token); !strings.Contains(msg, "teardown undone, the instance is kept") || !strings.Contains(msg, "no space left on device") {
+				t.Fatalf("the failed teardown says: %s", msg)
+			}
+			remount(t, pfs, "size=64m")
+			c.step(token, lifecycle.PhaseTeardown, func() error {
+				err := c.client.Teardown(context.Background(), token, false)
+				if apiclient.IsNotFound(err) {
+					return nil
+				}
+				return err
+			})
+			c.waitFor("the teardown to finish", func() bool {
+				c.restartIfCrashed()
+				all, err := c.client.All(context.Background())
+				return err == nil && len(all.Sessions) == 0
+			})
+			j.assertOnPFS()
+			c.waitFor("the job's accounting record", func() bool {
+				c.restartIfCrashed()
+				list, err := c.client.AllAccounting(context.Background())
+				return err == nil && list.PendingRecords != nil && *list.PendingRecords == 0 && len(recordsOf(c.accountingLog(), token)) > 0
+			})
+			c.assertClean()
+		}
+		c := newCacheCluster(t)
+		logPath := filepath.Join(c.dir, "crash.log")
+		c.startController("SPILLWAY_CRASH_LOG=" + logPath)
+		c.startAgent()
+		run(t, c, "1")
+		raw, _ := os.ReadFile(logPath)
+		points := strings.Split(strings.TrimSpace(string(raw)), "\n")
+		// The points before the teardown are every-point's.
+		first := slices.IndexFunc(points, func(p string) bool { return strings.HasSuffix(p, " request-persisted:teardown") })
+		if first < 0 {
+			t.Fatalf("no teardown among the crash points: %v", points)
+		}
+		for k := first + 1; k <= len(points); k++ {
+			name := strings.SplitN(points[k-1], " ", 2)[1]
+			t.Run(strconv.Itoa(k)+"-"+name, func(t *testing.T) {
+				c := newCacheCluster(t)
+				c.startController("SPILLWAY_CRASH_AFTER=" + strconv.Itoa(k))
+				c.startAgent()
+				run(t, c, strconv.Itoa(2000+k))
 				logs, _ := os.ReadFile(filepath.Join(c.dir, "controller.log"))
 				if !strings.Contains(string(logs), fmt.Sprintf("crash point %d (", k)) {
 					t.Fatalf("the controller never crashed at point %d (%s in the reference run)", k, name)
