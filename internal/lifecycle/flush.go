@@ -129,13 +129,14 @@ func undoFlush(w *World, s *model.Session, caches []*model.Instance, failed []st
 
 // flushFailure says why a fragment's flush failed, and the ways out.
 func flushFailure(f *model.Fragment, pfs string) string {
-	kept := "its unflushed data"
+	kept, discard := "its unflushed data is kept", "its unflushed data" // never reported
 	if f.CacheDirty > 0 {
-		kept = fmt.Sprintf("%d bytes (%s)", f.CacheDirty, units.FormatHuman(f.CacheDirty))
+		discard = fmt.Sprintf("%d bytes (%s)", f.CacheDirty, units.FormatHuman(f.CacheDirty))
+		kept = discard + " not yet on the PFS are kept"
 	}
-	return fmt.Sprintf("the cache on storage node %s (fragment %d) could not flush to %s: %s; %s not yet on the PFS are kept. "+
+	return fmt.Sprintf("the cache on storage node %s (fragment %d) could not flush to %s: %s; %s. "+
 		"Fix the PFS (space, quota, permissions, reachability) and tear down again, or tear down with --hurry to discard %s",
-		f.Node, f.ID, pfs, f.CacheFlushError, kept, kept)
+		f.Node, f.ID, pfs, f.CacheFlushError, kept, discard)
 }
 
 // lastReported is the dirty data a fragment's node last reported.
