@@ -95,21 +95,27 @@ func NodeFault(err error) bool {
 	return true
 }
 
-// NoAnswer reports whether err, from a call to a node's agent, is its agent not answering
-// at all: a fault of that node (NodeFault) that is not an answer of its agent (connection
-// refused or reset, no route, a timeout), or its Unix socket gone (an agent stopped
-// cleanly removes it; NodeFault does not count that against the node, as a socket that
-// never existed is a configuration problem). Its agent may be restarting, or the node lost:
-// either way not a failure of what was asked (a cache flush's teardown waits on,
-// lifecycle.Result.NoAnswer).
+// NoAnswer reports whether err, from a call to a node's agent, is its agent not there to
+// answer: a fault of that node (NodeFault) that is not an answer of its agent (connection
+// refused or reset, no route, a connection that could not be made in time), or its Unix
+// socket gone (an agent stopped cleanly removes it; NodeFault does not count that against
+// the node, as a socket that never existed is a configuration problem). Its agent may be
+// restarting, or the node lost: either way not a failure of what was asked (a cache
+// flush's teardown waits on, lifecycle.Result.NoAnswer). An agent that took the call and
+// did not answer it in time is there, and failing: not NoAnswer.
 func NoAnswer(err error) bool {
 	var apiErr *apiclient.Error
 	if err == nil || errors.As(err, &apiErr) {
 		return false
 	}
 	var op *net.OpError
-	if errors.As(err, &op) && op.Net == "unix" && op.Op == "dial" && errors.Is(err, syscall.ENOENT) {
+	dial := errors.As(err, &op) && op.Op == "dial"
+	if dial && op.Net == "unix" && errors.Is(err, syscall.ENOENT) {
 		return true
+	}
+	var timeout interface{ Timeout() bool }
+	if !dial && (errors.Is(err, context.DeadlineExceeded) || errors.As(err, &timeout) && timeout.Timeout()) {
+		return false
 	}
 	return NodeFault(err)
 }

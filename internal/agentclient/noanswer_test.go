@@ -3,6 +3,7 @@ package agentclient
 import (
 	"context"
 	"net"
+	"net/url"
 	"os"
 	"syscall"
 	"testing"
@@ -10,9 +11,9 @@ import (
 	"github.com/spillway-hpc/spillway/internal/apiclient"
 )
 
-// TestNoAnswer: a node that does not answer (refused, timed out, its agent's Unix socket
-// gone) is told from an agent's error answer and from a configuration problem (neither is
-// "no answer").
+// TestNoAnswer: a node whose agent is not there to answer (refused, reset, a connection
+// not made in time, its Unix socket gone) is told from an agent's error answer, an agent
+// that took the call and did not answer in time, and a configuration problem.
 func TestNoAnswer(t *testing.T) {
 	refused := &apiclient.Unreachable{Address: "http://10.0.0.2:7701", Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
 	for _, c := range []struct {
@@ -20,7 +21,11 @@ func TestNoAnswer(t *testing.T) {
 		want bool
 	}{
 		{refused, true},
-		{&apiclient.Unreachable{Address: "http://10.0.0.2:7701", Err: context.DeadlineExceeded}, true},
+		{&apiclient.Unreachable{Address: "http://10.0.0.2:7701", Err: &net.OpError{Op: "dial", Net: "tcp", Err: &timeoutError{}}}, true},
+		{&apiclient.Unreachable{Address: "http://10.0.0.2:7701", Err: &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}}, true},
+		// Connected, and no answer in time: the agent is there, hung.
+		{&apiclient.Unreachable{Address: "http://10.0.0.2:7701", Err: &url.Error{Op: "Post", URL: "http://10.0.0.2:7701/x", Err: context.DeadlineExceeded}}, false},
+		{&apiclient.Unreachable{Address: "http://10.0.0.2:7701", Err: &net.OpError{Op: "read", Net: "tcp", Err: &timeoutError{}}}, false},
 		{&apiclient.Error{Status: 500, Kind: "internal", Msg: "cache store: no space left on device"}, false},
 		{&apiclient.Error{Status: 401, Kind: "unauthorized", Msg: "bad token"}, false},
 		{&AddressError{Node: "ssd1", Address: "10.0.0.2:7701"}, false},
@@ -33,3 +38,8 @@ func TestNoAnswer(t *testing.T) {
 		}
 	}
 }
+
+type timeoutError struct{}
+
+func (*timeoutError) Error() string { return "i/o timeout" }
+func (*timeoutError) Timeout() bool { return true }
