@@ -65,7 +65,7 @@ type Result struct {
 	// credentials that do not agree). It does not count toward auto-drain.
 	NotTheNode bool
 	// NoAnswer marks a failure of the node not answering at all (its agent down or
-	// restarting, the node unreachable: refused, reset, timed out), not an error its agent
+	// restarting, the node unreachable: refused, reset, no connection made), not an error its agent
 	// answered. A cache flush waits on such a node until it answers or is found offline.
 	NoAnswer bool
 }
