@@ -65,8 +65,9 @@ type Result struct {
 	// credentials that do not agree). It does not count toward auto-drain.
 	NotTheNode bool
 	// NoAnswer marks a failure of the node not answering at all (its agent down or
-	// restarting, the node unreachable: refused, reset, no connection made), not an error its agent
-	// answered. A cache flush waits on such a node until it answers or is found offline.
+	// restarting, the node unreachable: refused, reset, no connection made), not an error
+	// its agent answered, nor a call it took and did not answer in time. A cache flush
+	// waits on such a node until it answers or is found offline.
 	NoAnswer bool
 }
 
