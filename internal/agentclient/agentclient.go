@@ -95,6 +95,31 @@ func NodeFault(err error) bool {
 	return true
 }
 
+// NoAnswer reports whether err, from a call to a node's agent, is its agent not there to
+// answer: a fault of that node (NodeFault) that is not an answer of its agent (connection
+// refused or reset, no route, a connection that could not be made in time), or its Unix
+// socket gone (an agent stopped cleanly removes it; NodeFault does not count that against
+// the node, as a socket that never existed is a configuration problem). Its agent may be
+// restarting, or the node lost: either way not a failure of what was asked (a cache
+// flush's teardown waits on, lifecycle.Result.NoAnswer). An agent that took the call and
+// did not answer it in time is there, and failing: not NoAnswer.
+func NoAnswer(err error) bool {
+	var apiErr *apiclient.Error
+	if err == nil || errors.As(err, &apiErr) {
+		return false
+	}
+	var op *net.OpError
+	dial := errors.As(err, &op) && op.Op == "dial"
+	if dial && op.Net == "unix" && errors.Is(err, syscall.ENOENT) {
+		return true
+	}
+	var timeout interface{ Timeout() bool }
+	if !dial && (errors.Is(err, context.DeadlineExceeded) || errors.As(err, &timeout) && timeout.Timeout()) {
+		return false
+	}
+	return NodeFault(err)
+}
+
 var _ agentapi.Agent = (*Client)(nil)
 
 // Report asks the agent about itself.
@@ -171,6 +196,10 @@ func (a *Client) FlushCache(ctx context.Context, s agentapi.CacheFlushSpec) (age
 // NodeFault reports whether err, from one of this client's calls, counts against the agent's
 // node (the function NodeFault); the controller's executor asks it.
 func (a *Client) NodeFault(err error) bool { return NodeFault(err) }
+
+// NoAnswer reports whether err, from one of this client's calls, is its node not answering
+// (the function NoAnswer); the controller's executor asks it.
+func (a *Client) NoAnswer(err error) bool { return NoAnswer(err) }
 
 // do makes one call. An answer refusing the controller's credentials, or one without the
 // agent API's form, is a configuration problem: it is said with the agent's node and address.

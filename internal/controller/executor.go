@@ -474,6 +474,9 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		if fc, ok := agent.(nodeFaults); ok && r.Err != nil {
 			r.NotTheNode = !fc.NodeFault(r.Err)
 		}
+		if na, ok := agent.(noAnswers); ok && r.Err != nil {
+			r.NoAnswer = na.NoAnswer(r.Err)
+		}
 		c.metrics.effect(w, e, time.Since(start), r.Err)
 	}
 	if ctx.Err() != nil {
@@ -541,6 +544,12 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 // agentclient): those do not count toward auto-drain. An in-process agent's errors all do.
 type nodeFaults interface {
 	NodeFault(err error) bool
+}
+
+// noAnswers is an agent whose errors may be its node not answering at all (a remote agent's
+// client, agentclient): lifecycle.Result.NoAnswer. An in-process agent always answers.
+type noAnswers interface {
+	NoAnswer(err error) bool
 }
 
 // isPoll reports whether an effect is a poll: a running stage's (poll-stage) or a cache

@@ -19,7 +19,7 @@ import (
 // polls on (the agent's drain never stopped).
 //
 //   - A flush that fails (the PFS full, a quota, a permission, the PFS unreachable), or whose
-//     node keeps failing the call, undoes the teardown as a failed stage-out does: the session
+//     node answers but keeps failing the call, undoes the teardown as a failed stage-out does: the session
 //     back to created, in data_out, its failure naming the fragment's node, the PFS directory
 //     and the error, and the ways out (fix the PFS and tear down again, or tear down with
 //     --hurry to discard the data). Nothing was destroyed: the instance is whole.
@@ -28,7 +28,9 @@ import (
 //     instance's accounting record (Instance.CacheDiscarded).
 //   - A fragment whose node is offline (no heartbeat for controller.node_timeout) is not
 //     waited for: its unflushed data is lost with the node, and said so the same ways
-//     (Instance.CacheLost).
+//     (Instance.CacheLost). A node that does not answer at all (Result.NoAnswer: its agent
+//     restarting, or the node dying and not yet offline) is asked again until it answers
+//     or is found offline.
 
 // flushCaches drives the flush of the session's cache instances. wait is true while a
 // fragment is not flushed yet (effects: the polls due now), or when a failed flush undid the
@@ -127,13 +129,14 @@ func undoFlush(w *World, s *model.Session, caches []*model.Instance, failed []st
 
 // flushFailure says why a fragment's flush failed, and the ways out.
 func flushFailure(f *model.Fragment, pfs string) string {
-	kept := "its unflushed data"
+	kept, discard := "its unflushed data is kept", "its unflushed data" // never reported
 	if f.CacheDirty > 0 {
-		kept = fmt.Sprintf("%d bytes (%s)", f.CacheDirty, units.FormatHuman(f.CacheDirty))
+		discard = fmt.Sprintf("%d bytes (%s)", f.CacheDirty, units.FormatHuman(f.CacheDirty))
+		kept = discard + " not yet on the PFS are kept"
 	}
-	return fmt.Sprintf("the cache on storage node %s (fragment %d) could not flush to %s: %s; %s not yet on the PFS are kept. "+
+	return fmt.Sprintf("the cache on storage node %s (fragment %d) could not flush to %s: %s; %s. "+
 		"Fix the PFS (space, quota, permissions, reachability) and tear down again, or tear down with --hurry to discard %s",
-		f.Node, f.ID, pfs, f.CacheFlushError, kept, kept)
+		f.Node, f.ID, pfs, f.CacheFlushError, kept, discard)
 }
 
 // lastReported is the dirty data a fragment's node last reported.
@@ -168,6 +171,14 @@ func completeFlush(w *World, e Effect, r Result, p Params, now time.Time) {
 	}
 	if r.Err != nil {
 		retryLater(w, &f.State, fmt.Sprintf("flush the cache of fragment %d on %s: %v", f.ID, f.Node, r.Err), p, now)
+		if f.State.FuseBlown && r.NoAnswer && !e.Flush.Discard && !s.Hurry {
+			// The node does not answer at all: its agent is restarting (and will drain what
+			// its log holds), or the node is lost, which flushCaches reports once it is
+			// offline (controller.node_timeout). Neither is a failed flush, whose message
+			// would blame the PFS: ask again, at the slowest retry pace, meanwhile.
+			f.State.FuseBlown = false
+			f.State.RetryAt = now.Add(p.RetryBackoffMax)
+		}
 		if f.State.FuseBlown {
 			// The node answers, but not the flush: without hurry the teardown is undone
 			// (flushCaches), with hurry the data goes with the fragment.

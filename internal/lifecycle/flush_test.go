@@ -341,6 +341,77 @@ func TestCacheFlushCallRetried(t *testing.T) {
 	}
 }
 
+// noAnswerError is a node that does not answer (Result.NoAnswer, as the executor marks a
+// remote agent's connection refused or timeout).
+type noAnswerError string
+
+func (e noAnswerError) Error() string { return string(e) }
+
+// TestCacheFlushNodeNotAnswering: a node whose agent does not answer the flush at all (down
+// or restarting, not yet offline) does not fail the teardown, whatever the attempts: its
+// flush is asked again until the node answers (an agent restarted drains on), or is found
+// offline, when its data is reported lost and the teardown goes on.
+func TestCacheFlushNodeNotAnswering(t *testing.T) {
+	for _, back := range []bool{true, false} {
+		h, inst := cacheJob(t, "7")
+		silent := fragmentOn(h.w, inst, "ssd2")
+		calls := 0
+		var report string
+		h.fail = func(e Effect) error {
+			if e.Op == OpDeleteNamespace && report == "" {
+				report = h.w.SessionByToken("7").Failure
+			}
+			if e.Op != OpFlushCache || e.Node != "ssd2" {
+				return nil
+			}
+			calls++
+			if calls == 3*h.p.MaxAttempts {
+				if back {
+					return nil // the agent restarted: it answers
+				}
+				h.w.Nodes["ssd2"].Online = false
+			}
+			return noAnswerError("dial tcp: connection refused")
+		}
+		h.must(ApplyTeardown(h.w, "7", false))
+		h.settle()
+		if s := h.w.SessionByToken("7"); s != nil {
+			t.Fatalf("back=%v: the teardown must not be undone by a node that does not answer: %+v", back, s)
+		}
+		assertEmpty(t, h.w)
+		if calls < 3*h.p.MaxAttempts {
+			t.Errorf("back=%v: %d flush calls to ssd2, want it asked on past max_attempts (%d)", back, calls, h.p.MaxAttempts)
+		}
+		want := fmt.Sprintf("fragment %d: storage node ssd2 offline: its unflushed data (never reported) is lost", silent.ID)
+		if back && report != "" || !back && report != want {
+			t.Errorf("back=%v: report %q", back, report)
+		}
+	}
+	// A hurry ends the wait: the node's data goes with its fragment, said so.
+	h, inst := cacheJob(t, "7")
+	silent := fragmentOn(h.w, inst, "ssd2")
+	calls := 0
+	var report string
+	h.fail = func(e Effect) error {
+		if e.Op == OpDeleteNamespace && report == "" {
+			report = h.w.SessionByToken("7").Failure
+		}
+		if e.Op != OpFlushCache || e.Node != "ssd2" {
+			return nil
+		}
+		if calls++; calls == 3*h.p.MaxAttempts {
+			h.must(ApplyTeardown(h.w, "7", true))
+		}
+		return noAnswerError("dial tcp: connection refused")
+	}
+	h.must(ApplyTeardown(h.w, "7", false))
+	h.settle()
+	assertEmpty(t, h.w)
+	if want := fmt.Sprintf("fragment %d: storage node ssd2 could not discard its unflushed data (never reported)", silent.ID); !strings.HasPrefix(report, want) {
+		t.Errorf("hurry: report %q, want %q...", report, want)
+	}
+}
+
 // TestPersistentCacheDestroyFlushes: destroying a persistent cache instance flushes it too.
 func TestPersistentCacheDestroyFlushes(t *testing.T) {
 	h := newHarness(t, "ssd1")

@@ -71,6 +71,8 @@ func (h *harness) settle() {
 		for _, e := range effects {
 			h.log = append(h.log, e.Op)
 			r := Result{Err: h.fail(e)}
+			var silent noAnswerError
+			r.NoAnswer = errors.As(r.Err, &silent)
 			if e.Op == OpPollStage && r.Err == nil {
 				r.Stage = h.stageResult(e)
 			}

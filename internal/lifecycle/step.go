@@ -64,6 +64,11 @@ type Result struct {
 	// or a configuration problem (an agent address it cannot dial as given, TLS or
 	// credentials that do not agree). It does not count toward auto-drain.
 	NotTheNode bool
+	// NoAnswer marks a failure of the node not answering at all (its agent down or
+	// restarting, the node unreachable: refused, reset, no connection made), not an error
+	// its agent answered, nor a call it took and did not answer in time. A cache flush
+	// waits on such a node until it answers or is found offline.
+	NoAnswer bool
 }
 
 // Step settles what needs no agent (records whose dependents are gone, sessions that reached

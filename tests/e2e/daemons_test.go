@@ -198,7 +198,7 @@ func (c *cluster) waitFor(what string, ok func() bool) {
 	deadline := time.Now().Add(30 * time.Second)
 	for !ok() {
 		if time.Now().After(deadline) {
-			logs, _ := exec.Command("sh", "-c", "tail -20 "+c.dir+"/*.log").CombinedOutput()
+			logs, _ := exec.Command("sh", "-c", "tail -n 20 "+c.dir+"/*.log").CombinedOutput()
 			c.t.Fatalf("timed out waiting for %s\n%s", what, logs)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -93,6 +93,10 @@ func unrecoverable(path string, err error) *FileError {
 		return &FileError{Path: path, Err: syscall.ENOTCONN, Why: errNoDoor.Error()}
 	case errors.Is(err, syscall.ESTALE):
 		return &FileError{Path: path, Err: syscall.ESTALE, Why: "the PFS file at the path is another file now"}
+	case errors.Is(err, syscall.ENOENT):
+		// Not at its path, nor anywhere under the PFS directory (ioFiles looked): removed on
+		// the PFS by someone else, or moved out of the directory. Retrying cannot help.
+		return &FileError{Path: path, Err: syscall.ENOENT, Why: "the PFS file is gone (removed, or moved out of the cached directory, on the PFS)"}
 	}
 	if errno := cache.Errno(err); errno != syscall.EIO {
 		return &FileError{Path: path, Err: errno, Why: "flushing to the PFS"}
@@ -149,6 +153,17 @@ func (s *Store) ioFiles(j ioJob, write bool) (*pfsio.File, *os.File, error) {
 		flags = unix.O_WRONLY
 	}
 	pf, _, err = openPFS(door, path, fs.key, flags)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE) {
+		// Renamed since the store learned its path? Look for it by its inode number.
+		if moved := s.moved.find(door, fs.key.Ino); moved != "" && moved != path {
+			if pf, _, err = openPFS(door, moved, fs.key, flags); err == nil {
+				s.opt.Log.Info("cache store: a dirty file was renamed on the PFS; flushing it at its new path", "was", path, "now", moved)
+				s.mu.Lock()
+				fs.path = moved
+				s.mu.Unlock()
+			}
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -163,6 +163,9 @@ type Store struct {
 	// into the emptied object, nor its flush write the emptied object's zeros to the PFS.
 	objMu sync.RWMutex
 
+	// moved finds files renamed on the PFS since the store learned their paths (rename.go).
+	moved movedFiles
+
 	io        sync.WaitGroup // fetch, flush and sync goroutines
 	stop      chan struct{}
 	tickDone  chan struct{}
