@@ -337,9 +337,7 @@ func isRegular(st *unix.Stat_t) bool { return st.Mode&syscall.S_IFMT == syscall.
 func (c *cacheNS) attr(st *unix.Stat_t) proto.Attr {
 	a := toAttr(st)
 	if isRegular(st) {
-		if mode, ok := c.sizes.pendingMode(keyOfStat(st)); ok {
-			a.Mode = a.Mode&^0o7777 | mode // being created: the mode asked (cacheopens.go)
-		}
+		c.sizes.openAttr(keyOfStat(st), &a) // being created, or removed while open (cacheopens.go)
 		if size := c.sizes.size(keyOfStat(st), uint64(st.Size)); size > a.Size {
 			a.Size = size
 			a.Blocks = max(a.Blocks, (size+511)/512)

@@ -87,6 +87,23 @@ func (t *sizeTable) pendingMode(key CacheFileKey) (uint32, bool) {
 	return 0, false
 }
 
+// openAttr makes a the attributes the namespace shows of the open file key: while it is
+// being created, the mode asked; once removed, its link count without the hidden name.
+func (t *sizeTable) openAttr(key CacheFileKey, a *proto.Attr) {
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	o := t.opens[key]
+	if o == nil {
+		return
+	}
+	if o.creator != nil {
+		a.Mode = a.Mode&^0o7777 | o.mode
+	}
+	if o.hidden != "" && a.Nlink > 0 {
+		a.Nlink--
+	}
+}
+
 // ownerRW is the owner's read and write permission, which a file being created keeps.
 const ownerRW = 0o600
 

@@ -78,8 +78,8 @@ func TestCacheUnlinkOfAnOpenFile(t *testing.T) {
 	if errno := as(ns, 1000, 1000, proto.OpSetattr, &proto.SetattrReq{Handle: open.Handle, Valid: proto.SetMode, Mode: 0o600}, &a); errno != 0 || a.Attr.Mode&0o7777 != 0o600 {
 		t.Errorf("chmod through the handle: %v, mode %o", errno, a.Attr.Mode)
 	}
-	if errno := as(ns, 1000, 1000, proto.OpGetattr, &proto.NodeReq{Handle: open.Handle}, &a); errno != 0 || a.Attr.Ino != key.Ino {
-		t.Errorf("fstat: %v, ino %d", errno, a.Attr.Ino)
+	if errno := as(ns, 1000, 1000, proto.OpGetattr, &proto.NodeReq{Handle: open.Handle}, &a); errno != 0 || a.Attr.Ino != key.Ino || a.Attr.Nlink != 0 {
+		t.Errorf("fstat: %v, ino %d, nlink %d (want 0: the hidden name does not count)", errno, a.Attr.Ino, a.Attr.Nlink)
 	}
 	as(ns, 1000, 1000, proto.OpRelease, &proto.HandleReq{Handle: open.Handle}, nil)
 	if exists(hidden) {
