@@ -47,7 +47,8 @@ func (t *tree) cutByUmask(dirfd int, mode uint32) uint32 {
 	if cut == 0 {
 		return 0
 	}
-	if _, err := unix.Fgetxattr(dirfd, "system.posix_acl_default", nil); err == nil {
+	// dirfd may be O_PATH (no getxattr through it): its /proc/self/fd name is that directory.
+	if _, err := unix.Getxattr(procPath(dirfd), "system.posix_acl_default", nil); err == nil || err == unix.ERANGE {
 		return 0
 	}
 	return cut

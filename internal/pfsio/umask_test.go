@@ -38,6 +38,29 @@ func TestModesIgnoreTheProcessUmask(t *testing.T) {
 				t.Errorf("%s: mode %o (%v), want %o", path, st.Mode, err, want)
 			}
 		}
+		// A directory with a default ACL: the ACL gives the modes, not the umask.
+		acl := []byte{2, 0, 0, 0, // version 2; entries: tag, perm (u16), id (u32)
+			1, 0, 7, 0, 0xff, 0xff, 0xff, 0xff, // user::rwx
+			4, 0, 5, 0, 0xff, 0xff, 0xff, 0xff, // group::r-x
+			0x20, 0, 0, 0, 0xff, 0xff, 0xff, 0xff} // other::---
+		must(t, d.Mkdir("acl", 0o755))
+		if err := unix.Setxattr(filepath.Join(a.pfs, "acl"), "system.posix_acl_default", acl, 0); err != nil {
+			t.Logf("no default ACL on this file system (%v): that case is not tried", err)
+		} else {
+			must(t, d.Mkdir("acl/d", 0o777))
+			must(t, d.Mkdir("acl/sub", 0o777))
+			f, err := d.OpenFile("acl/sub/f", os.O_RDWR|os.O_CREATE, 0o666)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			for path, want := range map[string]uint32{"acl/d": unix.S_IFDIR | 0o750, "acl/sub/f": unix.S_IFREG | 0o640} {
+				var st unix.Stat_t
+				if err := unix.Lstat(filepath.Join(a.pfs, path), &st); err != nil || st.Mode != want {
+					t.Errorf("%s (default ACL): mode %o (%v), want %o", path, st.Mode, err, want)
+				}
+			}
+		}
 		// A set-group-ID directory: a directory made in it inherits the bit.
 		must(t, d.Chmod("d", 0o2775))
 		must(t, d.Mkdir("d/sub", 0o770))
