@@ -256,7 +256,8 @@ func (d *Door) ReadDir(path string, fn func([]Entry) error) error {
 
 // OpenFile opens the regular file at path as the user (flags: O_RDONLY, O_WRONLY or O_RDWR,
 // with O_CREAT, O_EXCL, O_TRUNC, O_SYNC, O_DSYNC, O_DIRECT, O_NOATIME; mode for a new file,
-// as given: a worker's umask is 0, an in-process door's the process's own). The last
+// as given, whatever the umask: a worker's is 0, and an in-process door sets back the bits
+// its process's umask cut, umask.go; a directory's default ACL applies as always). The last
 // component is never followed: a symbolic link is ELOOP, a directory EISDIR, a FIFO, socket or
 // device ENXIO.
 func (d *Door) OpenFile(path string, flags int, mode uint32) (*File, error) {

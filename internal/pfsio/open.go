@@ -59,6 +59,9 @@ func (t *tree) open(req *request, r *reply) syscall.Errno {
 		if err != nil {
 			return errnoOf(err)
 		}
+		if cut := t.cutByUmask(dirfd, req.Mode); cut != 0 {
+			restoreMode(fd, cut) // umask.go: the descriptor of the file just made
+		}
 		return t.opened(fd, r)
 	}
 	return unix.EAGAIN

@@ -275,7 +275,7 @@ func (t *tree) do(req *request, r *reply) syscall.Errno {
 	case opSync, opTruncate, opAllocate, opClose:
 		return t.onHandle(req, r)
 	case opMkdir:
-		return t.atParent(req.Path, func(dirfd int, name string) error { return unix.Mkdirat(dirfd, name, req.Mode&0o7777) })
+		return t.atParent(req.Path, func(dirfd int, name string) error { return t.mkdirAt(dirfd, name, req.Mode&0o7777) })
 	case opRmdir:
 		return t.atParent(req.Path, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
 	case opUnlink:

@@ -54,9 +54,16 @@ func errOf(errno syscall.Errno) error {
 }
 
 // openPFS opens ref's PFS file through door and checks it is the file the namespace server
-// saw (ESTALE if the path now names another).
+// saw (ESTALE if the path now names another). A path that is gone may be a file removed
+// while open: the namespace server keeps it under a hidden name in the same directory until
+// its last close (cache.UnlinkedPath), which is tried then.
 func openPFS(door *pfsio.Door, path string, key cache.FileKey, flags int) (*pfsio.File, unix.Stat_t, error) {
 	pf, err := door.OpenFile(path, flags, 0)
+	if errnoOf(err) == syscall.ENOENT && !cache.IsUnlinkedName(path) {
+		if hidden, herr := door.OpenFile(cache.UnlinkedPath(path, key.Ino), flags, 0); herr == nil {
+			pf, err = hidden, nil
+		}
+	}
 	if err != nil {
 		return nil, unix.Stat_t{}, errnoOf(err)
 	}

@@ -60,6 +60,13 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(spaceAttackEnv); spec != "" {
 		os.Exit(spaceAttack(spec))
 	}
+	if path := os.Getenv(create0Env); path != "" {
+		if err := create0(path); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if p := os.Getenv(directEnv); p != "" {
 		if err := directCheck(p); err != nil {
 			fmt.Println(err)

@@ -68,26 +68,11 @@ func cacheDifferences() map[string]pjdfstestDiff {
 	} {
 		out[c] = special
 	}
-	out["unlink::open_file_not_freed"] = pjdfstestDiff{reason: cacheUnlinkedOpen, output: "ENOENT"}
-	out["ftruncate::affected_create_flags_only"] = pjdfstestDiff{reason: cacheCreateMode, output: "ftruncate(file, 0).is_ok()"}
-	out["posix_fallocate::affected_only_create_flags"] = pjdfstestDiff{reason: cacheCreateMode, output: "posix_fallocate(file, 0, 1).is_ok()"}
-	out["rename::write_access_required_subdir"] = pjdfstestDiff{reason: cacheOwnDoorUmask, output: "rename(&another_subdir_path, &subdir)"}
 	return out
 }
 
-const (
-	cacheSpecialFiles = "a cache refuses FIFOs, sockets and device nodes with EPERM: it moves regular files only " +
-		"(docs/mounts.md, Cache instances)"
-	cacheUnlinkedOpen = "each server opens its stripes of a file on the PFS by the file's path at the file's first " +
-		"I/O: once the name is removed, I/O through a descriptor opened before fails with ENOENT, close too " +
-		"(docs/mounts.md, Cache instances)"
-	cacheCreateMode = "each server opens the PFS file with the user's credentials when it first needs it: a file a user " +
-		"creates without write permission for itself (mode 0) cannot be truncated, allocated or written through the " +
-		"descriptor of its creation (EACCES) (docs/mounts.md, Cache instances)"
-	cacheOwnDoorUmask = "an instance whose owner is the agent's own user (root here) reaches the PFS in the agent's " +
-		"process, whose umask applies to the modes of what it makes: mkdir(0777) with umask 0 makes 0755, and the " +
-		"other user the case switches to cannot rename in it (docs/mounts.md, Cache instances)"
-)
+const cacheSpecialFiles = "a cache refuses FIFOs, sockets and device nodes with EPERM: it moves regular files only " +
+	"(docs/mounts.md, Cache instances)"
 
 // cacheStoreData is a cache store as a storage server's cache fragment uses it (the agent's
 // cacheData, internal/agent/cachepath.go).

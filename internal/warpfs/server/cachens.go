@@ -294,9 +294,16 @@ type cacheHandle struct {
 	data CacheFile // stripe session: the object, in the data engine; load-balanced namespace: the file
 	ref  CacheFileRef
 	size uint64 // load-balanced namespace: the file's size at open (READ stops there)
+
+	// A namespace's regular file: counted in its open files (cacheopens.go) by ns, in tbl.
+	ns  *cacheNS
+	tbl *sizeTable
 }
 
 func (c *cacheHandle) close() {
+	if c.tbl != nil {
+		c.ns.untrack(c) // first: the creator's mode is set by name, the file still open
+	}
 	if c.file != nil {
 		c.file.Close()
 	}
@@ -330,6 +337,7 @@ func isRegular(st *unix.Stat_t) bool { return st.Mode&syscall.S_IFMT == syscall.
 func (c *cacheNS) attr(st *unix.Stat_t) proto.Attr {
 	a := toAttr(st)
 	if isRegular(st) {
+		c.sizes.openAttr(keyOfStat(st), &a) // being created, or removed while open (cacheopens.go)
 		if size := c.sizes.size(keyOfStat(st), uint64(st.Size)); size > a.Size {
 			a.Size = size
 			a.Blocks = max(a.Blocks, (size+511)/512)
@@ -342,6 +350,9 @@ func (c *cacheNS) attr(st *unix.Stat_t) proto.Attr {
 func (c *cacheNS) lstat(door *pfsio.Door, path string) (unix.Stat_t, syscall.Errno) {
 	if errno := pathErrno(path); errno != 0 {
 		return unix.Stat_t{}, errno
+	}
+	if cache.IsUnlinkedName(path) {
+		return unix.Stat_t{}, syscall.ENOENT // a file removed while open (cacheopens.go)
 	}
 	st, err := door.Lstat(path)
 	return st, doorErrno(err)
@@ -521,13 +532,13 @@ func (c *cacheNS) exec(s *session, op proto.Op, uid, gid uint32, m proto.Message
 		}
 		return attrReply(c.lookup(door, path))
 	case *proto.EntryReq:
-		rep, errno := c.unlink(door, r, op == proto.OpRmdir)
+		rep, errno := c.unlink(door, uid, gid, r, op == proto.OpRmdir)
 		if op == proto.OpRmdir {
 			return empty(errno)
 		}
 		return rep, 0, errno
 	case *proto.RenameReq:
-		rep, errno := c.rename(door, r)
+		rep, errno := c.rename(door, uid, gid, r)
 		return rep, 0, errno
 	case *proto.Empty: // STATFS
 		rep, errno := pfsStatfs(door, 1)
@@ -558,6 +569,9 @@ func (c *cacheNS) newPath(dir, name string) (string, syscall.Errno) {
 	}
 	if errno := pathErrno(dir); errno != 0 {
 		return "", errno
+	}
+	if cache.IsUnlinkedName(name) {
+		return "", syscall.EPERM // the hidden names of files removed while open (cacheopens.go)
 	}
 	return joinPath(dir, name), 0
 }
@@ -638,7 +652,9 @@ func (c *cacheNS) open(door *pfsio.Door, path string, flags uint32, create bool,
 	l.Length = a.Size // the logical size, as a striped stub's layout carries it
 	rep := &proto.OpenReply{Attr: a, Layout: l.Encode(), Truncated: truncated,
 		Cache: &proto.CacheRef{Path: path, Dev: key.Dev, Ino: key.Ino, Policy: policyOf(c.sizes.policy(key))}}
-	return &cacheHandle{path: path, key: key, door: door, file: f, flags: of}, rep, 0
+	h := &cacheHandle{path: path, key: key, door: door, file: f, flags: of}
+	c.track(h)
+	return h, rep, 0
 }
 
 // create opens the regular file at path, creating it if need be (O_CREAT): counted against
@@ -651,12 +667,19 @@ func (c *cacheNS) create(door *pfsio.Door, path string, flags, mode uint32) (*ca
 		}
 		return nil, nil, errno
 	}
-	h, rep, errno := c.open(door, path, flags|unix.O_EXCL, true, mode)
+	// A file its owner may not read and write is made so until the creating handle's release
+	// (cacheopens.go): the stripe servers open it as the user.
+	asked := mode & 0o7777
+	h, rep, errno := c.open(door, path, flags|unix.O_EXCL, true, asked|ownerRW)
 	created := errno == 0
 	if errno == syscall.EEXIST && flags&unix.O_EXCL == 0 {
 		h, rep, errno = c.open(door, path, flags, false, 0) // it was there, or another made it
 	}
 	c.v.acct.createDone(created)
+	if created && asked&ownerRW != ownerRW && !c.t.Loadbalance {
+		c.creating(h, asked)
+		rep.Attr = c.attr(&h.file.Stat)
+	}
 	if created {
 		c.inheritPolicy(door, path, h.key)
 		rep.Cache.Policy = policyOf(c.sizes.policy(h.key))
@@ -696,7 +719,7 @@ func (c *cacheNS) mknod(door *pfsio.Door, r *proto.MkdirReq) (proto.Attr, syscal
 func (c *cacheNS) setattr(door *pfsio.Door, r *proto.SetattrReq, h *cacheHandle) (proto.Attr, syscall.Errno) {
 	path := r.Path
 	if h != nil {
-		path = h.path
+		path = c.handlePath(h)
 	}
 	if r.Valid&proto.SetSync != 0 && h == nil {
 		return proto.Attr{}, syscall.EINVAL
@@ -765,8 +788,15 @@ func (c *cacheNS) setattr(door *pfsio.Door, r *proto.SetattrReq, h *cacheHandle)
 		}
 	}
 	if r.Valid&proto.SetMode != 0 {
-		if errno := doorErrno(door.Chmod(path, r.Mode&0o7777)); errno != 0 {
+		mode := r.Mode & 0o7777
+		if _, creating := c.sizes.pendingMode(key); creating && isRegular(&st) {
+			mode |= ownerRW // being created: the mode asked is set at the creator's release
+		}
+		if errno := doorErrno(door.Chmod(path, mode)); errno != 0 {
 			return proto.Attr{}, errno
+		}
+		if mode != r.Mode&0o7777 && !c.sizes.setPendingMode(key, r.Mode&0o7777) {
+			door.Chmod(path, r.Mode&0o7777) // the creator closed meanwhile
 		}
 	}
 	if r.Valid&(proto.SetUID|proto.SetGID) != 0 {
@@ -799,7 +829,12 @@ func (c *cacheNS) setattr(door *pfsio.Door, r *proto.SetattrReq, h *cacheHandle)
 // samePath says whether the handle's path still names its node (ESTALE: renamed, replaced or
 // removed since it was opened): what the door does by name to a handle's node must reach it.
 func (c *cacheNS) samePath(door *pfsio.Door, h *cacheHandle) syscall.Errno {
-	st, errno := c.lstat(door, h.path)
+	path := c.handlePath(h)
+	if errno := pathErrno(path); errno != 0 {
+		return errno
+	}
+	st, err := door.Lstat(path) // not c.lstat: a hidden name is the handle's own
+	errno := doorErrno(err)
 	if errno == syscall.ENOENT || errno == 0 && keyOfStat(&st) != h.key {
 		return syscall.ESTALE
 	}
@@ -831,13 +866,20 @@ func (c *cacheNS) removedRef(path string, st *unix.Stat_t) *proto.RemovedReply {
 	key := keyOfStat(st)
 	c.sizes.forget(key)
 	c.sizes.dropPolicy(key)
+	return c.removedObjects(path, st)
+}
+
+// removedObjects is removedRef's reply alone: the file's size report and policy stay (a file
+// removed while open, cacheopens.go: they go at its last release).
+func (c *cacheNS) removedObjects(path string, st *unix.Stat_t) *proto.RemovedReply {
+	key := keyOfStat(st)
 	return &proto.RemovedReply{Layout: c.t.fileLayout(key).Encode(),
 		Cache: &proto.CacheRef{Path: path, Dev: key.Dev, Ino: key.Ino}}
 }
 
 // unlink removes a name (dir: a directory). A regular file's last name going (as far as the
 // lstat just before says) tells the client to remove its objects.
-func (c *cacheNS) unlink(door *pfsio.Door, r *proto.EntryReq, dir bool) (*proto.RemovedReply, syscall.Errno) {
+func (c *cacheNS) unlink(door *pfsio.Door, uid, gid uint32, r *proto.EntryReq, dir bool) (*proto.RemovedReply, syscall.Errno) {
 	path, errno := c.newPath(r.Dir, r.Name)
 	if errno != 0 {
 		return nil, errno
@@ -849,16 +891,10 @@ func (c *cacheNS) unlink(door *pfsio.Door, r *proto.EntryReq, dir bool) (*proto.
 	if err != nil {
 		return nil, doorErrno(err)
 	}
-	if err := door.Unlink(path); err != nil {
-		return nil, doorErrno(err)
-	}
-	if isRegular(&st) && st.Nlink <= 1 {
-		return c.removedRef(path, &st), 0
-	}
-	return &proto.RemovedReply{}, 0
+	return c.removeName(door, uid, gid, path, &st) // an open file's is renamed (cacheopens.go)
 }
 
-func (c *cacheNS) rename(door *pfsio.Door, r *proto.RenameReq) (*proto.RemovedReply, syscall.Errno) {
+func (c *cacheNS) rename(door *pfsio.Door, uid, gid uint32, r *proto.RenameReq) (*proto.RemovedReply, syscall.Errno) {
 	from, errno := c.newPath(r.Dir, r.Name)
 	if errno != 0 {
 		return nil, errno
@@ -867,19 +903,40 @@ func (c *cacheNS) rename(door *pfsio.Door, r *proto.RenameReq) (*proto.RemovedRe
 	if errno != 0 {
 		return nil, errno
 	}
+	src, srcErr := door.Lstat(from)
 	var replaced unix.Stat_t
-	replacing := false
-	if r.Flags&(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE) == 0 {
-		if st, err := door.Lstat(to); err == nil && isRegular(&st) && st.Nlink <= 1 {
-			if src, err := door.Lstat(from); err == nil && keyOfStat(&src) != keyOfStat(&st) {
-				replaced, replacing = st, true
+	replacing, hidden, tell := false, false, false
+	if r.Flags&(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE) == 0 && srcErr == nil {
+		if st, err := door.Lstat(to); err == nil && isRegular(&st) && keyOfStat(&src) != keyOfStat(&st) {
+			// The file renamed over, if open, keeps a hidden name until its last release
+			// (cacheopens.go): renamed there first, and back if the rename fails.
+			c.sizes.omu.Lock()
+			hidden, tell, errno = c.hideLocked(door, uid, gid, to, &st)
+			c.sizes.omu.Unlock()
+			if errno != 0 {
+				return nil, errno
 			}
+			replaced, replacing = st, !hidden && st.Nlink <= 1
 		}
 	}
 	if err := door.Rename(from, to, uint(r.Flags)); err != nil {
+		if hidden {
+			c.unhide(door, keyOfStat(&replaced), to)
+		}
 		return nil, doorErrno(err)
 	}
-	if replacing {
+	if srcErr == nil {
+		c.renamed(keyOfStat(&src), to)
+		if r.Flags&unix.RENAME_EXCHANGE != 0 {
+			if st, err := door.Lstat(from); err == nil {
+				c.renamed(keyOfStat(&st), from)
+			}
+		}
+	}
+	switch {
+	case hidden && tell:
+		return c.removedObjects(to, &replaced), 0
+	case replacing:
 		return c.removedRef(to, &replaced), 0
 	}
 	return &proto.RemovedReply{}, 0
@@ -898,6 +955,9 @@ func (c *cacheNS) opendir(door *pfsio.Door, path string) (*cacheHandle, syscall.
 	entries := []proto.Dirent{{Ino: st.Ino, Off: 1, Type: syscall.S_IFDIR, Name: "."}, {Ino: st.Ino, Off: 2, Type: syscall.S_IFDIR, Name: ".."}}
 	err := door.ReadDir(path, func(batch []pfsio.Entry) error {
 		for _, e := range batch {
+			if cache.IsUnlinkedName(e.Name) {
+				continue // a file removed while open (cacheopens.go)
+			}
 			entries = append(entries, proto.Dirent{Ino: e.Stat.Ino, Off: uint64(len(entries) + 1), Type: e.Type & syscall.S_IFMT, Name: e.Name})
 		}
 		return nil
@@ -952,7 +1012,7 @@ func (c *cacheNS) xattr(door *pfsio.Door, op proto.Op, r *proto.XattrReq, h *cac
 	}
 	path := r.Path
 	if h != nil {
-		path = h.path
+		path = c.handlePath(h)
 		if errno := c.samePath(door, h); errno != 0 {
 			return proto.XattrReply{}, errno
 		}

@@ -33,6 +33,9 @@ type sizeTable struct {
 	m       map[CacheFileKey]uint64
 	pol     map[CacheFileKey]setPolicy // cachepolicy.go: in memory only
 	lastGen uint64
+
+	omu   sync.Mutex
+	opens map[CacheFileKey]*openFile // cacheopens.go: in memory only
 }
 
 // sizeTables holds the tables in use, by file.
