@@ -33,9 +33,12 @@ var heavy = []string{
 }
 
 // light are the exceptions under a heavy prefix: warpfs/stripe is the stripe arithmetic
-// (standard library only) that package lifecycle computes sizes with.
+// (standard library only) that package lifecycle computes sizes with; warpfs/cache is a cache
+// instance's pure decisions (no I/O, no goroutines; stripe and the standard library only),
+// whose policy text dwcli's cache commands read and write.
 var light = map[string]bool{
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe": true,
+	"github.com/spillway-hpc/spillway/internal/warpfs/cache":  true,
 }
 
 // TestLinksNoDaemon fails when cmd/dw_wlm_cli links a daemon or a heavy library: go list
