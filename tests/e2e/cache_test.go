@@ -1,0 +1,477 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+// Cache instances (issue 20) end to end: a PFS stand-in directory (shared by every host: the
+// network namespaces share the machine's file system), cache instances over several storage
+// nodes used from compute nodes, jobs run as nobody.
+
+// opsEnv makes the test binary the file-operation runner of these tests (see TestMain and
+// opsMain): the job's processes on the compute nodes run it, as nobody, on the cache's mount.
+const opsEnv = "SPILLWAY_E2E_OPS"
+
+// fsOp is one file operation; its data (create, pwrite, append) is Len bytes of the seeded
+// PRNG Seed, so a list of operations is small and applies the same anywhere.
+type fsOp struct {
+	Kind string `json:"k"` // create (O_TRUNC), pwrite, append (O_APPEND), truncate, rename, unlink, mkdir
+	Path string `json:"p"`
+	To   string `json:"to,omitempty"`
+	Off  int64  `json:"off,omitempty"` // pwrite's offset, truncate's size
+	Len  int64  `json:"len,omitempty"`
+	Seed int64  `json:"seed,omitempty"`
+}
+
+func opData(seed, n int64) []byte {
+	b := make([]byte, n)
+	rand.New(rand.NewSource(seed)).Read(b)
+	return b
+}
+
+// apply does op in dir.
+func (op fsOp) apply(dir string) error {
+	p := filepath.Join(dir, op.Path)
+	write := func(flags int, at int64) error {
+		f, err := os.OpenFile(p, flags, 0o644)
+		if err != nil {
+			return err
+		}
+		data := opData(op.Seed, op.Len)
+		if at >= 0 {
+			_, err = f.WriteAt(data, at)
+		} else {
+			_, err = f.Write(data)
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}
+	var err error
+	switch op.Kind {
+	case "create":
+		err = write(os.O_WRONLY|os.O_CREATE|os.O_TRUNC, -1)
+	case "pwrite":
+		err = write(os.O_WRONLY, op.Off)
+	case "append":
+		err = write(os.O_WRONLY|os.O_APPEND, -1)
+	case "truncate":
+		err = os.Truncate(p, op.Off)
+	case "rename":
+		err = os.Rename(p, filepath.Join(dir, op.To))
+	case "unlink":
+		err = os.Remove(p)
+	case "mkdir":
+		err = os.Mkdir(p, 0o755)
+	default:
+		err = fmt.Errorf("unknown operation %q", op.Kind)
+	}
+	if err != nil {
+		return fmt.Errorf("%s %s %s: %w", op.Kind, op.Path, op.To, err)
+	}
+	return nil
+}
+
+// genOps is n operations from seed on the files of a tree (files: name → size, changed as
+// the operations go): small files created, large ones (several stripes), overwrites at
+// random offsets (some past the end), appends, truncates (shorter and longer), renames (some
+// over another file) and unlinks, in a few directories.
+func genOps(seed int64, n int, files map[string]int64) []fsOp {
+	rng := rand.New(rand.NewSource(seed))
+	dirs := []string{"", "a", "a/b", "c"}
+	ops := []fsOp{{Kind: "mkdir", Path: "a"}, {Kind: "mkdir", Path: "a/b"}, {Kind: "mkdir", Path: "c"}}
+	next, large := 0, 0
+	newName := func() string {
+		next++
+		return filepath.Join(dirs[rng.Intn(len(dirs))], fmt.Sprintf("f%03d", next))
+	}
+	existing := func() (string, bool) {
+		if len(files) == 0 {
+			return "", false
+		}
+		names := make([]string, 0, len(files))
+		for f := range files {
+			names = append(names, f)
+		}
+		sort.Strings(names)
+		return names[rng.Intn(len(names))], true
+	}
+	for len(ops) < n {
+		r := rng.Intn(100)
+		name, ok := existing()
+		switch {
+		case r < 30 || !ok:
+			size := int64(rng.Intn(100 << 10))
+			if rng.Intn(10) == 0 {
+				size = 0
+			}
+			p := newName()
+			if ok && rng.Intn(4) == 0 {
+				p = name // rewrite an existing file whole
+			}
+			ops = append(ops, fsOp{Kind: "create", Path: p, Len: size, Seed: rng.Int63()})
+			files[p] = size
+		case r < 34 && large < 4:
+			large++
+			p, size := newName(), int64(4<<20+rng.Intn(16<<20))
+			ops = append(ops, fsOp{Kind: "create", Path: p, Len: size, Seed: rng.Int63()})
+			files[p] = size
+		case r < 52:
+			size := files[name]
+			n := 1 + rng.Int63n(64<<10)
+			if size > 1<<20 {
+				n = 1 + rng.Int63n(3<<20)
+			}
+			off := rng.Int63n(size + 512<<10 + 1)
+			ops = append(ops, fsOp{Kind: "pwrite", Path: name, Off: off, Len: n, Seed: rng.Int63()})
+			files[name] = max(size, off+n)
+		case r < 64:
+			n := 1 + rng.Int63n(256<<10)
+			ops = append(ops, fsOp{Kind: "append", Path: name, Len: n, Seed: rng.Int63()})
+			files[name] += n
+		case r < 72:
+			size := rng.Int63n(files[name]*5/4 + 4096 + 1)
+			ops = append(ops, fsOp{Kind: "truncate", Path: name, Off: size})
+			files[name] = size
+		case r < 88:
+			to := newName()
+			if other, _ := existing(); other != name && rng.Intn(3) == 0 {
+				to = other // replaces another file
+			}
+			ops = append(ops, fsOp{Kind: "rename", Path: name, To: to})
+			files[to] = files[name]
+			delete(files, name)
+		default:
+			ops = append(ops, fsOp{Kind: "unlink", Path: name})
+			delete(files, name)
+		}
+	}
+	return ops
+}
+
+// opsSpec is what the runner does: Ops (a JSON file) applied to Dir in order, then, with
+// Manifest, the tree's manifest printed as JSON.
+type opsSpec struct {
+	Dir, Ops string
+	Manifest bool
+}
+
+// entry is a name of a tree: its type (f, d, l), size and SHA-256.
+type entry struct {
+	Type string
+	Size int64
+	Sum  string
+}
+
+func manifest(dir string) (map[string]entry, error) {
+	out := map[string]entry{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." {
+			return nil
+		}
+		switch {
+		case d.IsDir():
+			out[rel] = entry{Type: "d"}
+		case d.Type().IsRegular():
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			h := sha256.New()
+			n, err := io.Copy(h, f)
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", rel, err)
+			}
+			out[rel] = entry{Type: "f", Size: n, Sum: hex.EncodeToString(h.Sum(nil))}
+		default:
+			out[rel] = entry{Type: d.Type().String()}
+		}
+		return nil
+	})
+	return out, err
+}
+
+func opsMain(encoded string) int {
+	var spec opsSpec
+	if err := json.Unmarshal([]byte(encoded), &spec); err != nil {
+		fmt.Println("error:", err)
+		return 2
+	}
+	if spec.Ops != "" {
+		var ops []fsOp
+		raw, err := os.ReadFile(spec.Ops)
+		if err == nil {
+			err = json.Unmarshal(raw, &ops)
+		}
+		if err != nil {
+			fmt.Println("error:", err)
+			return 2
+		}
+		for i, op := range ops {
+			if err := op.apply(spec.Dir); err != nil {
+				fmt.Printf("error: operation %d: %v\n", i, err)
+				return 1
+			}
+		}
+	}
+	if spec.Manifest {
+		m, err := manifest(spec.Dir)
+		if err != nil {
+			fmt.Println("error:", err)
+			return 1
+		}
+		out, _ := json.Marshal(m)
+		fmt.Println(string(out))
+	}
+	return 0
+}
+
+var helperOnce sync.Once
+
+// helperBinary is a copy of the test binary that nobody may run (the runner, the attacker).
+func helperBinary(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(filepath.Dir(binary), "e2e-helper.test")
+	var err error
+	helperOnce.Do(func() {
+		var data []byte
+		if data, err = os.ReadFile(os.Args[0]); err == nil {
+			err = os.WriteFile(p, data, 0o755)
+		}
+	})
+	if err != nil {
+		t.Fatalf("installing the test helper: %v", err)
+	}
+	return p
+}
+
+// cacheJob is a job with a cache instance, driven by dw_wlm_cli as Slurm drives it.
+type cacheJob struct {
+	c     *netCluster
+	token string
+	job   string
+	mount string // $DW_JOB_STRIPED_CACHE, no trailing slash
+}
+
+// startCacheJob sets up a job with "#DW jobdw type=cache access_mode=striped capacity=...
+// pfs=... <more>" on the nodes and runs its pre_run.
+func (c *netCluster) startCacheJob(t *testing.T, token, capacity, pfs, more string, nodes ...string) *cacheJob {
+	t.Helper()
+	job := c.jobFile("cache"+token+".sh", fmt.Sprintf("#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=%s pfs=%s %s\n\x00", capacity, pfs, more))
+	c.wlm("--function", "job_process", "--job", job)
+	c.wlm("--function", "setup", "--token", token, "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:"+capacity, "--job", job)
+	j := &cacheJob{c: c, token: token, job: job, mount: c.jobPath(token, job, "DW_JOB_STRIPED_CACHE")}
+	c.wlm("--function", "pre_run", "--token", token, "--job", job, "--nodehostnamefile", c.jobFile("cache"+token+".nodes", strings.Join(nodes, "\n")+"\n"))
+	return j
+}
+
+// end is the job's end: post_run, data_out, teardown (which flushes the cache).
+func (j *cacheJob) end() {
+	j.c.t.Helper()
+	j.c.wlm("--function", "post_run", "--token", j.token, "--job", j.job)
+	j.c.wlm("--function", "data_out", "--token", j.token, "--job", j.job)
+	j.c.wlm("--function", "teardown", "--token", j.token, "--job", j.job)
+}
+
+// runOps runs ops in dir on host, as nobody, and returns the tree's manifest after them
+// (when manifest).
+func (c *netCluster) runOps(t *testing.T, host, dir string, ops []fsOp, manifest bool) map[string]entry {
+	t.Helper()
+	spec := opsSpec{Dir: dir, Manifest: manifest}
+	if len(ops) > 0 {
+		raw, _ := json.Marshal(ops)
+		f, err := os.CreateTemp(c.dir, "ops-*.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Write(raw)
+		f.Close()
+		os.Chmod(f.Name(), 0o644)
+		spec.Ops = f.Name()
+	}
+	enc, _ := json.Marshal(spec)
+	out, err := c.onHost(host, fmt.Sprintf("%s=%s exec %s", opsEnv, shellQuote(string(enc)), helperBinary(t))).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the operations on %s: %v\n%s", host, err, out)
+	}
+	if !manifest {
+		return nil
+	}
+	var m map[string]entry
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatalf("the manifest from %s: %v\n%s", host, err, out)
+	}
+	return m
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// sameTree reports how got differs from want (nothing: "").
+func sameTree(want, got map[string]entry) string {
+	var diffs []string
+	for name, w := range want {
+		g, ok := got[name]
+		switch {
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("%s missing (want %+v)", name, w))
+		case g != w:
+			diffs = append(diffs, fmt.Sprintf("%s is %+v, want %+v", name, g, w))
+		}
+	}
+	for name, g := range got {
+		if _, ok := want[name]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s should not exist (%+v)", name, g))
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > 20 {
+		diffs = append(diffs[:20], fmt.Sprintf("... and %d more", len(diffs)-20))
+	}
+	return strings.Join(diffs, "\n")
+}
+
+// pfsFile writes a file on the PFS stand-in as the test (root), then gives it to uid:gid with
+// mode.
+func pfsFile(t *testing.T, path string, data []byte, uid, gid int, mode os.FileMode) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	if err := os.WriteFile(path, data, mode); err != nil {
+		t.Fatal(err)
+	}
+	os.Chown(path, uid, gid)
+	os.Chmod(path, mode)
+}
+
+// cacheConfig lets cache instances front $DIR/pfs, in a pool of granularity grain (and
+// stripe size stripe, "" for the default).
+func cacheConfig(grain, stripe string) string {
+	cfg := "[cache]\nallowed_pfs = [\"$DIR/pfs\"]\n[[pool]]\nname = \"wlm_pool\"\ngranularity = \"" + grain + "\"\n"
+	if stripe != "" {
+		cfg += "stripe_size = \"" + stripe + "\"\n"
+	}
+	return cfg
+}
+
+// TestCacheAcrossStorageNodes: a cache instance over three storage nodes used from two compute
+// nodes by nobody. A file on the PFS before the job is read through the cache from both; a
+// large file written and closed is not (all) on the PFS while the job runs (write-behind);
+// then a seeded sequence of operations (small and large files, overwrites at random offsets,
+// appends, truncates, renames, unlinks) runs in turns on both compute nodes through the cache
+// and on a plain directory (the model). Both compute nodes read the tree as the model has
+// it; after teardown the PFS directory is the model, name for name and byte for byte, and
+// nothing else.
+func TestCacheAcrossStorageNodes(t *testing.T) {
+	storage := []string{"hosta", "hostc", "hostd"}
+	c := newNetClusterWith(t, storage, []string{"hostb", "hoste"}, cacheConfig("1GiB", ""))
+	c.start("ctl")
+	for _, h := range append(storage, "hostb", "hoste") {
+		c.start(h)
+	}
+	pfs := filepath.Join(c.dir, "pfs", "run")
+	model := filepath.Join(c.dir, "model")
+	for _, d := range []string{pfs, model} {
+		os.MkdirAll(d, 0o755)
+		os.Chown(d, nobodyUID, nobodyGID)
+	}
+	// On the PFS before the job (and in the model): a file of several stripes, a small one.
+	files := map[string]int64{}
+	for name, size := range map[string]int64{"pre-big": 17<<20 + 4321, "pre-small": 3000} {
+		data := opData(int64(len(name)), size)
+		pfsFile(t, filepath.Join(pfs, name), data, nobodyUID, nobodyGID, 0o644)
+		pfsFile(t, filepath.Join(model, name), data, nobodyUID, nobodyGID, 0o644)
+		files[name] = size
+	}
+	j := c.startCacheJob(t, "80", "3GiB", pfs, "", "hostb", "hoste")
+	for _, h := range storage {
+		if f := c.fragments(h); len(f) != 1 {
+			t.Errorf("%s holds %d fragments of the 3-grain cache instance, want 1", h, len(f))
+		}
+	}
+	before, _ := manifest(model)
+	for _, h := range []string{"hostb", "hoste"} {
+		if diff := sameTree(before, c.runOps(t, h, j.mount, nil, true)); diff != "" {
+			t.Errorf("%s reads the PFS directory through the cache as:\n%s", h, diff)
+		}
+	}
+
+	// Write-behind: 20 MiB written and closed is below modified_threshold (64 MiB) and the
+	// watermarks (45 % of 1 GiB per server), and nothing syncs it: while the job runs, the PFS
+	// file does not hold it.
+	wb := fsOp{Kind: "create", Path: "written-behind", Len: 20 << 20, Seed: 99}
+	c.runOps(t, "hostb", j.mount, []fsOp{wb}, false)
+	wb.apply(model)
+	if onPFS, err := os.ReadFile(filepath.Join(pfs, wb.Path)); err != nil || bytes.Equal(onPFS, opData(wb.Seed, wb.Len)) {
+		t.Errorf("a closed file below every flush threshold is on the PFS already (%d bytes, %v): no write-behind", len(onPFS), err)
+	} else {
+		t.Logf("written-behind: %d bytes on the PFS while the job runs", len(onPFS))
+	}
+
+	seed := int64(80)
+	if s := os.Getenv("CACHE_SEED"); s != "" {
+		fmt.Sscan(s, &seed)
+	}
+	ops := genOps(seed, 300, files)
+	third := len(ops) / 3
+	for i, part := range [][]fsOp{ops[:third], ops[third : 2*third], ops[2*third:]} {
+		host := []string{"hostb", "hoste", "hostb"}[i]
+		c.runOps(t, host, j.mount, part, false)
+		for _, op := range part {
+			if err := op.apply(model); err != nil {
+				t.Fatalf("the model: %v", err)
+			}
+		}
+	}
+	want, err := manifest(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, e := range want {
+		total += e.Size
+	}
+	t.Logf("%d operations; the model holds %d names, %d bytes", len(ops)+1, len(want), total)
+	for _, h := range []string{"hoste", "hostb"} {
+		if diff := sameTree(want, c.runOps(t, h, j.mount, nil, true)); diff != "" {
+			t.Errorf("%s reads the tree through the cache as:\n%s", h, diff)
+		}
+	}
+	j.end()
+	got, err := manifest(pfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := sameTree(want, got); diff != "" {
+		t.Errorf("after teardown the PFS directory differs from the model:\n%s", diff)
+	}
+	// The job's files on the PFS are nobody's.
+	filepath.WalkDir(pfs, func(p string, d fs.DirEntry, err error) error {
+		if err == nil {
+			if st, err := os.Lstat(p); err == nil && st.Sys().(*syscall.Stat_t).Uid != nobodyUID {
+				t.Errorf("%s on the PFS is owned by uid %d, want nobody", p, st.Sys().(*syscall.Stat_t).Uid)
+			}
+		}
+		return nil
+	})
+	c.assertClean()
+}
