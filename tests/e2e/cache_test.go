@@ -475,3 +475,175 @@ func TestCacheAcrossStorageNodes(t *testing.T) {
 	})
 	c.assertClean()
 }
+
+// onPFS reports whether the PFS file holds exactly data.
+func onPFS(path string, data []byte) bool {
+	got, err := os.ReadFile(path)
+	return err == nil && bytes.Equal(got, data)
+}
+
+// TestCacheSyncPolicies: with sync_on_close=yes a file the job closed is on the PFS while the
+// job still runs; with sync_to_pfs=yes a file is not on the PFS after its writes and is after
+// its fsync (the file still open); with neither, a closed file is not on the PFS while the job
+// runs and is after teardown. A file changed on the PFS underneath the job, between two
+// opens, is read fresh at the second.
+func TestCacheSyncPolicies(t *testing.T) {
+	storage := []string{"hosta", "hostc", "hostd"}
+	c := newNetClusterWith(t, storage, []string{"hostb"}, cacheConfig("1GiB", ""))
+	c.start("ctl")
+	for _, h := range append(storage, "hostb") {
+		c.start(h)
+	}
+	pfs := filepath.Join(c.dir, "pfs")
+	// 20 MiB: three stripes, one on each storage node, each flushed by its own server.
+	big := func(name string, seed int64) fsOp { return fsOp{Kind: "create", Path: name, Len: 20<<20 + 5, Seed: seed} }
+
+	t.Run("sync_on_close", func(t *testing.T) {
+		dir := filepath.Join(pfs, "soc")
+		os.Mkdir(dir, 0o755)
+		os.Chown(dir, nobodyUID, nobodyGID)
+		j := c.startCacheJob(t, "90", "3GiB", dir, "sync_on_close=yes", "hostb")
+		op := big("closed", 1)
+		c.runOps(t, "hostb", j.mount, []fsOp{op}, false)
+		if !onPFS(filepath.Join(dir, op.Path), opData(op.Seed, op.Len)) {
+			t.Errorf("sync_on_close=yes: the file the job closed is not on the PFS")
+		}
+		// An overwrite in the middle, closed: on the PFS too.
+		over := fsOp{Kind: "pwrite", Path: "closed", Off: 9<<20 + 17, Len: 3 << 20, Seed: 2}
+		c.runOps(t, "hostb", j.mount, []fsOp{over}, false)
+		want := opData(op.Seed, op.Len)
+		copy(want[over.Off:], opData(over.Seed, over.Len))
+		if !onPFS(filepath.Join(dir, op.Path), want) {
+			t.Errorf("sync_on_close=yes: the overwrite the job closed is not on the PFS")
+		}
+		j.end()
+		if !onPFS(filepath.Join(dir, op.Path), want) {
+			t.Errorf("after teardown the file is not on the PFS")
+		}
+		c.assertClean()
+	})
+
+	t.Run("sync_to_pfs", func(t *testing.T) {
+		dir := filepath.Join(pfs, "stp")
+		os.Mkdir(dir, 0o755)
+		os.Chown(dir, nobodyUID, nobodyGID)
+		j := c.startCacheJob(t, "91", "3GiB", dir, "sync_to_pfs=yes", "hostb")
+		data := opData(3, 20<<20+5)
+		src := filepath.Join(c.dir, "stp.src")
+		os.WriteFile(src, data, 0o644)
+		// The job writes, says so and waits; then fsyncs, says so and waits, the file open.
+		job := c.onHost("hostb", fmt.Sprintf(`exec python3 -c '
+import os, sys
+fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+with open(sys.argv[1], "rb") as f:
+    os.write(fd, f.read())
+print("written", flush=True)
+sys.stdin.readline()
+os.fsync(fd)
+print("synced", flush=True)
+sys.stdin.readline()
+os.close(fd)
+' %s %s/held`, src, j.mount))
+		stdin, _ := job.StdinPipe()
+		stdout, _ := job.StdoutPipe()
+		job.Stderr = os.Stderr
+		if err := job.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer job.Process.Kill()
+		lines := make(chan string, 4)
+		go func() {
+			buf := make([]byte, 4096)
+			var acc string
+			for {
+				n, err := stdout.Read(buf)
+				acc += string(buf[:n])
+				for {
+					line, rest, ok := strings.Cut(acc, "\n")
+					if !ok {
+						break
+					}
+					lines <- line
+					acc = rest
+				}
+				if err != nil {
+					close(lines)
+					return
+				}
+			}
+		}()
+		expect := func(want string) {
+			t.Helper()
+			if got := <-lines; got != want {
+				t.Fatalf("the job printed %q, want %q", got, want)
+			}
+		}
+		expect("written")
+		if onPFS(filepath.Join(dir, "held"), data) {
+			t.Errorf("sync_to_pfs=yes: the data is on the PFS before any fsync (write-behind expected)")
+		}
+		io.WriteString(stdin, "go\n")
+		expect("synced")
+		if !onPFS(filepath.Join(dir, "held"), data) {
+			t.Errorf("sync_to_pfs=yes: after fsync() returned the data is not on the PFS")
+		}
+		io.WriteString(stdin, "go\n")
+		if err := job.Wait(); err != nil {
+			t.Fatalf("the job: %v", err)
+		}
+		j.end()
+		c.assertClean()
+	})
+
+	t.Run("neither, and a file changed underneath", func(t *testing.T) {
+		dir := filepath.Join(pfs, "plain")
+		os.Mkdir(dir, 0o755)
+		os.Chown(dir, nobodyUID, nobodyGID)
+		fresh := filepath.Join(dir, "fresh")
+		pfsFile(t, fresh, []byte("version one\n"), nobodyUID, nobodyGID, 0o644)
+		sameSize := opData(4, 3<<20)
+		pfsFile(t, filepath.Join(dir, "same-size"), sameSize, nobodyUID, nobodyGID, 0o644)
+		j := c.startCacheJob(t, "92", "3GiB", dir, "", "hostb")
+		op := big("behind", 5)
+		c.runOps(t, "hostb", j.mount, []fsOp{op, {Kind: "create", Path: "small", Len: 1000, Seed: 6}}, false)
+		if onPFS(filepath.Join(dir, op.Path), opData(op.Seed, op.Len)) {
+			t.Errorf("without sync_on_close and sync_to_pfs a closed file is on the PFS while the job runs")
+		}
+		sum := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+		read := func(name string) string {
+			t.Helper()
+			return strings.Fields(c.mustRun(t, "hostb", "sha256sum "+j.mount+"/"+name))[0]
+		}
+		if got := read("fresh"); got != sum([]byte("version one\n")) {
+			t.Errorf("fresh reads as %s before the change", got)
+		}
+		if got := read("same-size"); got != sum(sameSize) {
+			t.Errorf("same-size reads as %s before the change", got)
+		}
+		// Changed on the PFS between two opens: one file's size changes, the other's bytes
+		// (in the middle, the size kept).
+		pfsFile(t, fresh, []byte("version two, longer\n"), nobodyUID, nobodyGID, 0o644)
+		f, err := os.OpenFile(filepath.Join(dir, "same-size"), os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch := opData(7, 100<<10)
+		f.WriteAt(patch, 1<<20+12345)
+		f.Close()
+		copy(sameSize[1<<20+12345:], patch)
+		if got := read("fresh"); got != sum([]byte("version two, longer\n")) {
+			t.Errorf("a file changed on the PFS reads stale at the next open: %s", got)
+		}
+		if got := read("same-size"); got != sum(sameSize) {
+			t.Errorf("a file whose bytes changed on the PFS (same size) reads stale at the next open: %s", got)
+		}
+		j.end()
+		if !onPFS(filepath.Join(dir, op.Path), opData(op.Seed, op.Len)) || !onPFS(filepath.Join(dir, "small"), opData(6, 1000)) {
+			t.Errorf("after teardown the job's files are not on the PFS")
+		}
+		if !onPFS(filepath.Join(dir, "same-size"), sameSize) || !onPFS(fresh, []byte("version two, longer\n")) {
+			t.Errorf("teardown changed the files the job only read")
+		}
+		c.assertClean()
+	})
+}
