@@ -496,7 +496,9 @@ func TestCacheSyncPolicies(t *testing.T) {
 	}
 	pfs := filepath.Join(c.dir, "pfs")
 	// 20 MiB: three stripes, one on each storage node, each flushed by its own server.
-	big := func(name string, seed int64) fsOp { return fsOp{Kind: "create", Path: name, Len: 20<<20 + 5, Seed: seed} }
+	big := func(name string, seed int64) fsOp {
+		return fsOp{Kind: "create", Path: name, Len: 20<<20 + 5, Seed: seed}
+	}
 
 	t.Run("sync_on_close", func(t *testing.T) {
 		dir := filepath.Join(pfs, "soc")
