@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Cache instances (issue 20) end to end: a PFS stand-in directory (shared by every host: the
@@ -311,7 +312,17 @@ func (c *netCluster) runOps(t *testing.T, host, dir string, ops []fsOp, manifest
 		spec.Ops = f.Name()
 	}
 	enc, _ := json.Marshal(spec)
-	out, err := c.onHost(host, fmt.Sprintf("%s=%s exec %s", opsEnv, shellQuote(string(enc)), helperBinary(t))).CombinedOutput()
+	cmd := c.onHost(host, fmt.Sprintf("%s=%s exec %s", opsEnv, shellQuote(string(enc)), helperBinary(t)))
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// A hung cache must fail the test, not hang it.
+	timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
+	err := cmd.Wait()
+	timer.Stop()
+	out := buf.Bytes()
 	if err != nil {
 		t.Fatalf("the operations on %s: %v\n%s", host, err, out)
 	}
@@ -648,4 +659,85 @@ os.close(fd)
 		}
 		c.assertClean()
 	})
+}
+
+// TestCacheWorkingSetLargerThanInstance: a 48 MiB cache instance (a 16 MiB grain on each of
+// three storage nodes) takes a working set four times its size: files written whole, parts of
+// the first ones (long evicted) overwritten, everything read back through the cache, without
+// ENOSPC; the PFS holds it all after teardown.
+func TestCacheWorkingSetLargerThanInstance(t *testing.T) {
+	storage := []string{"hosta", "hostc", "hostd"}
+	c := newNetClusterWith(t, storage, []string{"hostb"}, cacheConfig("16MiB", ""))
+	c.start("ctl")
+	for _, h := range append(storage, "hostb") {
+		c.start(h)
+	}
+	pfs := filepath.Join(c.dir, "pfs", "big")
+	model := filepath.Join(c.dir, "model")
+	for _, d := range []string{pfs, model} {
+		os.MkdirAll(d, 0o755)
+		os.Chown(d, nobodyUID, nobodyGID)
+	}
+	const capacity = 48 << 20
+	j := c.startCacheJob(t, "95", "48MiB", pfs, "", "hostb")
+	for _, h := range storage {
+		if f := c.fragments(h); len(f) != 1 {
+			t.Errorf("%s holds %d fragments of the 3-grain cache instance, want 1", h, len(f))
+		}
+	}
+	var ops []fsOp
+	var total int64
+	for i := 0; total < 4*capacity; i++ {
+		size := int64(16<<20 + i*4099)
+		ops = append(ops, fsOp{Kind: "create", Path: fmt.Sprintf("part%02d", i), Len: size, Seed: int64(100 + i)})
+		total += size
+	}
+	// The first files' data left the cache long ago: overwriting part of an extent of them
+	// reads it from the PFS first.
+	for i := 0; i < 4; i++ {
+		ops = append(ops, fsOp{Kind: "pwrite", Path: fmt.Sprintf("part%02d", i), Off: int64(i)<<20 + 777, Len: 3<<20 + 1, Seed: int64(200 + i)})
+	}
+	c.runOps(t, "hostb", j.mount, ops, false)
+	for _, op := range ops {
+		if err := op.apply(model); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, _ := manifest(model)
+	t.Logf("a working set of %d bytes in %d files through a %d-byte cache instance", total, len(want), capacity)
+	// The cache stays within its capacity: each storage node's objects hold at most its
+	// share (eviction punches holes; allow it to catch up, and 1 MiB of slack).
+	held := func(h string) int64 {
+		var n int64
+		objects, _ := filepath.Glob(filepath.Join(c.dir, h, "ssd", "fragment", "*", "cache", "objects", "*"))
+		for _, o := range objects {
+			if st, err := os.Stat(o); err == nil {
+				n += st.Sys().(*syscall.Stat_t).Blocks * 512
+			}
+		}
+		return n
+	}
+	for _, h := range storage {
+		deadline := time.Now().Add(30 * time.Second)
+		for held(h) > capacity/3+1<<20 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if n := held(h); n > capacity/3+1<<20 {
+			t.Errorf("%s's cache objects hold %d bytes, more than its %d-byte share of the instance", h, n, capacity/3)
+		} else {
+			t.Logf("%s's cache objects hold %d bytes", h, n)
+		}
+	}
+	if diff := sameTree(want, c.runOps(t, "hostb", j.mount, nil, true)); diff != "" {
+		t.Errorf("hostb reads the working set through the cache as:\n%s", diff)
+	}
+	j.end()
+	got, err := manifest(pfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := sameTree(want, got); diff != "" {
+		t.Errorf("after teardown the PFS directory differs from the model:\n%s", diff)
+	}
+	c.assertClean()
 }
