@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -17,6 +18,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spillway-hpc/spillway/internal/swaprace"
+	"golang.org/x/sys/unix"
 )
 
 // Cache instances (issue 20) end to end: a PFS stand-in directory (shared by every host: the
@@ -740,4 +744,155 @@ func TestCacheWorkingSetLargerThanInstance(t *testing.T) {
 		t.Errorf("after teardown the PFS directory differs from the model:\n%s", diff)
 	}
 	c.assertClean()
+}
+
+// TestCacheKeepsPFSPermissions: nobody's cache job reaches the PFS with nobody's rights only.
+// Root's 0600 file is unreadable through the cache (EACCES), as it is for root on the compute
+// node (root's requests act as the instance's owner); no file is created in root's read-only
+// directory; a file of nobody's group is readable, one of another group is not; what the job
+// creates is nobody's on the PFS. Then symlink swaps: while the job reads and writes files
+// through the cache (sync_on_close=yes, so that flushes run too), nobody exchanges a
+// directory of the PFS tree with a link to root's directory outside it, in a loop, and races
+// chmod, truncate and create through the cache (package swaprace): root's directory and its
+// canary are untouched, and the job never read the canary.
+func TestCacheKeepsPFSPermissions(t *testing.T) {
+	c := newNetClusterWith(t, []string{"hosta"}, []string{"hostb"}, cacheConfig("1GiB", ""))
+	c.start("ctl")
+	c.start("hosta")
+	c.start("hostb")
+	pfs := filepath.Join(c.dir, "pfs", "perm")
+	os.MkdirAll(pfs, 0o755)
+	os.Chown(pfs, nobodyUID, nobodyGID)
+	pfsFile(t, filepath.Join(pfs, "secret"), []byte("root's secret\n"), 0, 0, 0o600)
+	pfsFile(t, filepath.Join(pfs, "ro", "inside"), []byte("root's readable file\n"), 0, 0, 0o644)
+	pfsFile(t, filepath.Join(pfs, "group-in"), []byte("nogroup may read\n"), 0, nobodyGID, 0o640)
+	pfsFile(t, filepath.Join(pfs, "group-out"), []byte("only root's group\n"), 0, 0, 0o640)
+	os.MkdirAll(filepath.Join(pfs, "work"), 0o755)
+	os.Chown(filepath.Join(pfs, "work"), nobodyUID, nobodyGID)
+
+	victim := filepath.Join(c.dir, "victim") // root's, outside the PFS tree
+	os.Mkdir(victim, 0o755)
+	canary := []byte("root's canary outside the PFS tree: never read, never changed\n")
+	target := filepath.Join(victim, swaprace.TargetName)
+	if err := os.WriteFile(target, canary, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	canaryInfo, _ := os.Stat(target)
+
+	j := c.startCacheJob(t, "97", "1GiB", pfs, "sync_on_close=yes", "hostb")
+	m := j.mount
+	try := func(what, script string) string {
+		out, _ := c.onHost("hostb", script+" 2>&1 && echo ok || echo failed").CombinedOutput()
+		return what + ": " + strings.TrimSpace(string(out))
+	}
+	for _, tc := range []struct{ script, want string }{
+		{"cat " + m + "/secret", "Permission denied"},
+		{"cat " + m + "/group-out", "Permission denied"},
+		{"touch " + m + "/ro/new", "Permission denied"},
+		{"mkdir " + m + "/ro/newdir", "Permission denied"},
+		{"echo more >> " + m + "/ro/inside", "Permission denied"},
+		{"mv " + m + "/ro/inside " + m + "/stolen", "Permission denied"},
+		{"cat " + m + "/group-in", "nogroup may read\nok"},
+		{"cat " + m + "/ro/inside", "root's readable file\nok"},
+		{"echo mine > " + m + "/mine && mkdir " + m + "/mydir && echo deeper > " + m + "/mydir/f && cat " + m + "/mydir/f", "deeper\nok"},
+	} {
+		if got := try(tc.script, tc.script); !strings.Contains(got, tc.want) || strings.Contains(tc.want, "denied") && !strings.HasSuffix(got, "failed") {
+			t.Errorf("%s\nwant %q", got, tc.want)
+		}
+	}
+	// Root on the compute node reads through the cache with the instance owner's rights.
+	pid := fmt.Sprint(c.hosts["hostb"].cmd.Process.Pid)
+	asRoot := exec.Command("nsenter", "-t", pid, "-m", "-n", "--", "/bin/sh", "-c", "cat "+m+"/group-in && cat "+m+"/secret")
+	if out, err := asRoot.CombinedOutput(); err == nil || !strings.Contains(string(out), "nogroup may read") || strings.Contains(string(out), "root's secret") {
+		t.Errorf("root on the compute node, through the cache: %v\n%s\nwant group-in read and secret refused", err, out)
+	}
+	for _, p := range []string{"secret", "group-out", "ro/inside"} {
+		if st, _ := os.Stat(filepath.Join(pfs, p)); st == nil || st.Sys().(*syscall.Stat_t).Uid != 0 {
+			t.Errorf("%s changed hands on the PFS: %v", p, st)
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Join(pfs, "ro")); len(entries) != 1 {
+		t.Errorf("root's read-only directory on the PFS holds %v", entries)
+	}
+
+	// The swaps, with the job's I/O through the cache beside them.
+	attack, _ := json.Marshal(swaprace.Spec{Work: filepath.Join(pfs, "work"), Through: m + "/work", Victim: victim, Duration: 3 * time.Second})
+	attacker := c.onHost("hostb", fmt.Sprintf("%s=%s exec %s", attackEnv, shellQuote(string(attack)), helperBinary(t)))
+	jobIO := c.onHost("hostb", fmt.Sprintf(`d=%s/work/d; end=$(($(date +%%s)+4)); n=0
+while [ $(date +%%s) -lt $end ]; do
+  n=$((n+1))
+  cat $d/target 2>/dev/null
+  echo "written $n" >> $d/target 2>/dev/null
+  head -c 300000 /dev/urandom > $d/data 2>/dev/null && cat $d/data > /dev/null 2>&1
+  echo "file $n" > $d/f$n 2>/dev/null; cat $d/f$n 2>/dev/null
+done; echo "rounds $n"`, m))
+	var attackOut, ioOut bytes.Buffer
+	attacker.Stdout, attacker.Stderr = &attackOut, &attackOut
+	jobIO.Stdout, jobIO.Stderr = &ioOut, &ioOut
+	if err := attacker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := jobIO.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ioErr, attackErr := jobIO.Wait(), attacker.Wait()
+	var rep swaprace.Report
+	if attackErr != nil || json.Unmarshal(bytes.TrimSpace(attackOut.Bytes()), &rep) != nil {
+		t.Fatalf("the attacker: %v\n%s", attackErr, attackOut.String())
+	}
+	t.Logf("the attack: %s; the job's I/O: %v, %s", rep, ioErr, lastLine(ioOut.String()))
+	if rep.Exchanges < 10 || rep.Chmods < 10 || rep.Creates < 10 {
+		t.Fatalf("the attack did not run (%s): the test would prove nothing", rep)
+	}
+	if bytes.Contains(ioOut.Bytes(), []byte("canary")) {
+		t.Errorf("the job read root's canary outside the PFS tree through the cache")
+	}
+	// Leave the directory a directory (the attack may stop mid-swap), as the job's user would.
+	work := filepath.Join(pfs, "work")
+	if st, err := os.Lstat(filepath.Join(work, swaprace.DirName)); err == nil && st.Mode()&os.ModeSymlink != 0 {
+		if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(work, swaprace.DirName), unix.AT_FDCWD, filepath.Join(work, swaprace.LinkName), unix.RENAME_EXCHANGE); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.end()
+	assertCanary := func() {
+		t.Helper()
+		st, err := os.Lstat(target)
+		if err != nil || st.Mode() != canaryInfo.Mode() || !st.ModTime().Equal(canaryInfo.ModTime()) || st.Sys().(*syscall.Stat_t).Uid != 0 {
+			t.Errorf("root's canary outside the PFS tree changed: %v %v (was %v, %v)", st.Mode(), err, canaryInfo.Mode(), canaryInfo.ModTime())
+		}
+		if data, _ := os.ReadFile(target); !bytes.Equal(data, canary) {
+			t.Errorf("root's canary outside the PFS tree holds %q", data)
+		}
+		if entries, _ := os.ReadDir(victim); len(entries) != 1 {
+			t.Errorf("files were created in root's directory outside the PFS tree: %v", entries)
+		}
+	}
+	assertCanary()
+	// What the job made is nobody's, on the PFS, with what it wrote.
+	filepath.WalkDir(pfs, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == pfs {
+			return nil
+		}
+		rel, _ := filepath.Rel(pfs, p)
+		if rel == "secret" || rel == "ro" || strings.HasPrefix(rel, "ro/") || strings.HasPrefix(rel, "group-") {
+			return nil
+		}
+		if st, err := os.Lstat(p); err == nil && (st.Sys().(*syscall.Stat_t).Uid != nobodyUID || st.Sys().(*syscall.Stat_t).Gid != nobodyGID) {
+			t.Errorf("%s on the PFS is owned by %d:%d, want nobody's", rel, st.Sys().(*syscall.Stat_t).Uid, st.Sys().(*syscall.Stat_t).Gid)
+		}
+		return nil
+	})
+	if data, err := os.ReadFile(filepath.Join(pfs, "mydir", "f")); err != nil || string(data) != "deeper\n" {
+		t.Errorf("the job's file on the PFS: %q %v", data, err)
+	}
+	if data, _ := os.ReadFile(filepath.Join(work, swaprace.DirName, swaprace.TargetName)); !bytes.Contains(data, []byte("written")) {
+		t.Logf("the attacker's own target after the race: %q", data)
+	}
+	c.assertClean()
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
