@@ -34,7 +34,7 @@ const opsEnv = "SPILLWAY_E2E_OPS"
 // fsOp is one file operation; its data (create, pwrite, append) is Len bytes of the seeded
 // PRNG Seed, so a list of operations is small and applies the same anywhere.
 type fsOp struct {
-	Kind string `json:"k"` // create (O_TRUNC), pwrite, append (O_APPEND), truncate, rename, unlink, mkdir
+	Kind string `json:"k"` // create (O_TRUNC), pwrite, append (O_APPEND), truncate, rename, link, unlink, mkdir
 	Path string `json:"p"`
 	To   string `json:"to,omitempty"`
 	Off  int64  `json:"off,omitempty"` // pwrite's offset, truncate's size
@@ -79,6 +79,8 @@ func (op fsOp) apply(dir string) error {
 		err = os.Truncate(p, op.Off)
 	case "rename":
 		err = os.Rename(p, filepath.Join(dir, op.To))
+	case "link":
+		err = os.Link(p, filepath.Join(dir, op.To))
 	case "unlink":
 		err = os.Remove(p)
 	case "mkdir":
@@ -92,26 +94,35 @@ func (op fsOp) apply(dir string) error {
 	return nil
 }
 
-// genOps is n operations from seed on the files of a tree (files: name → size, changed as
-// the operations go): small files created, large ones (several stripes), overwrites at
-// random offsets (some past the end), appends, truncates (shorter and longer), renames (some
-// over another file) and unlinks, in a few directories.
-func genOps(seed int64, n int, files map[string]int64) []fsOp {
+// genFile is a file as genOps sees it: its names share it (hard links).
+type genFile struct{ size int64 }
+
+// genOps is n operations from seed on the files of a tree under root (files: name → file,
+// changed as the operations go): small files created, large ones (several stripes),
+// overwrites at random offsets (some past the end), appends, truncates (shorter and longer),
+// renames (some over another file), hard links and unlinks, in a few directories.
+func genOps(seed int64, n int, files map[string]*genFile, root string) []fsOp {
 	rng := rand.New(rand.NewSource(seed))
-	dirs := []string{"", "a", "a/b", "c"}
-	ops := []fsOp{{Kind: "mkdir", Path: "a"}, {Kind: "mkdir", Path: "a/b"}, {Kind: "mkdir", Path: "c"}}
+	dirs := []string{root, filepath.Join(root, "a"), filepath.Join(root, "a", "b"), filepath.Join(root, "c")}
+	var ops []fsOp
+	if root != "" {
+		ops = append(ops, fsOp{Kind: "mkdir", Path: root})
+	}
+	for _, d := range dirs[1:] {
+		ops = append(ops, fsOp{Kind: "mkdir", Path: d})
+	}
 	next, large := 0, 0
 	newName := func() string {
 		next++
 		return filepath.Join(dirs[rng.Intn(len(dirs))], fmt.Sprintf("f%03d", next))
 	}
 	existing := func() (string, bool) {
-		if len(files) == 0 {
-			return "", false
-		}
 		names := make([]string, 0, len(files))
 		for f := range files {
 			names = append(names, f)
+		}
+		if len(names) == 0 {
+			return "", false
 		}
 		sort.Strings(names)
 		return names[rng.Intn(len(names))], true
@@ -120,7 +131,7 @@ func genOps(seed int64, n int, files map[string]int64) []fsOp {
 		r := rng.Intn(100)
 		name, ok := existing()
 		switch {
-		case r < 30 || !ok:
+		case r < 28 || !ok:
 			size := int64(rng.Intn(100 << 10))
 			if rng.Intn(10) == 0 {
 				size = 0
@@ -130,37 +141,44 @@ func genOps(seed int64, n int, files map[string]int64) []fsOp {
 				p = name // rewrite an existing file whole
 			}
 			ops = append(ops, fsOp{Kind: "create", Path: p, Len: size, Seed: rng.Int63()})
-			files[p] = size
-		case r < 34 && large < 4:
+			if files[p] == nil {
+				files[p] = &genFile{}
+			}
+			files[p].size = size
+		case r < 32 && large < 4:
 			large++
 			p, size := newName(), int64(4<<20+rng.Intn(16<<20))
 			ops = append(ops, fsOp{Kind: "create", Path: p, Len: size, Seed: rng.Int63()})
-			files[p] = size
-		case r < 52:
-			size := files[name]
+			files[p] = &genFile{size: size}
+		case r < 50:
+			f := files[name]
 			n := 1 + rng.Int63n(64<<10)
-			if size > 1<<20 {
+			if f.size > 1<<20 {
 				n = 1 + rng.Int63n(3<<20)
 			}
-			off := rng.Int63n(size + 512<<10 + 1)
+			off := rng.Int63n(f.size + 512<<10 + 1)
 			ops = append(ops, fsOp{Kind: "pwrite", Path: name, Off: off, Len: n, Seed: rng.Int63()})
-			files[name] = max(size, off+n)
-		case r < 64:
+			f.size = max(f.size, off+n)
+		case r < 62:
 			n := 1 + rng.Int63n(256<<10)
 			ops = append(ops, fsOp{Kind: "append", Path: name, Len: n, Seed: rng.Int63()})
-			files[name] += n
-		case r < 72:
-			size := rng.Int63n(files[name]*5/4 + 4096 + 1)
-			ops = append(ops, fsOp{Kind: "truncate", Path: name, Off: size})
-			files[name] = size
-		case r < 88:
+			files[name].size += n
+		case r < 70:
+			f := files[name]
+			f.size = rng.Int63n(f.size*5/4 + 4096 + 1)
+			ops = append(ops, fsOp{Kind: "truncate", Path: name, Off: f.size})
+		case r < 84:
 			to := newName()
-			if other, _ := existing(); other != name && rng.Intn(3) == 0 {
+			if other, _ := existing(); other != name && files[other] != files[name] && rng.Intn(3) == 0 {
 				to = other // replaces another file
 			}
 			ops = append(ops, fsOp{Kind: "rename", Path: name, To: to})
 			files[to] = files[name]
 			delete(files, name)
+		case r < 89:
+			to := newName()
+			ops = append(ops, fsOp{Kind: "link", Path: name, To: to})
+			files[to] = files[name]
 		default:
 			ops = append(ops, fsOp{Kind: "unlink", Path: name})
 			delete(files, name)
@@ -300,15 +318,24 @@ func (j *cacheJob) end() {
 }
 
 // runOps runs ops in dir on host, as nobody, and returns the tree's manifest after them
-// (when manifest).
+// (when manifest); a failure ends the test.
 func (c *netCluster) runOps(t *testing.T, host, dir string, ops []fsOp, manifest bool) map[string]entry {
 	t.Helper()
+	m, err := c.opsOn(host, dir, ops, manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// opsOn is runOps for any goroutine: it returns its failure.
+func (c *netCluster) opsOn(host, dir string, ops []fsOp, manifest bool) (map[string]entry, error) {
 	spec := opsSpec{Dir: dir, Manifest: manifest}
 	if len(ops) > 0 {
 		raw, _ := json.Marshal(ops)
 		f, err := os.CreateTemp(c.dir, "ops-*.json")
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		f.Write(raw)
 		f.Close()
@@ -316,11 +343,11 @@ func (c *netCluster) runOps(t *testing.T, host, dir string, ops []fsOp, manifest
 		spec.Ops = f.Name()
 	}
 	enc, _ := json.Marshal(spec)
-	cmd := c.onHost(host, fmt.Sprintf("%s=%s exec %s", opsEnv, shellQuote(string(enc)), helperBinary(t)))
+	cmd := c.onHost(host, fmt.Sprintf("%s=%s exec %s", opsEnv, shellQuote(string(enc)), helperBinary(c.t)))
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	// A hung cache must fail the test, not hang it.
 	timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
@@ -328,16 +355,16 @@ func (c *netCluster) runOps(t *testing.T, host, dir string, ops []fsOp, manifest
 	timer.Stop()
 	out := buf.Bytes()
 	if err != nil {
-		t.Fatalf("the operations on %s: %v\n%s", host, err, out)
+		return nil, fmt.Errorf("the operations on %s: %v\n%s", host, err, out)
 	}
 	if !manifest {
-		return nil
+		return nil, nil
 	}
 	var m map[string]entry
 	if err := json.Unmarshal(out, &m); err != nil {
-		t.Fatalf("the manifest from %s: %v\n%s", host, err, out)
+		return nil, fmt.Errorf("the manifest from %s: %v\n%s", host, err, out)
 	}
-	return m
+	return m, nil
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -410,12 +437,12 @@ func TestCacheAcrossStorageNodes(t *testing.T) {
 		os.Chown(d, nobodyUID, nobodyGID)
 	}
 	// On the PFS before the job (and in the model): a file of several stripes, a small one.
-	files := map[string]int64{}
+	files := map[string]*genFile{}
 	for name, size := range map[string]int64{"pre-big": 17<<20 + 4321, "pre-small": 3000} {
 		data := opData(int64(len(name)), size)
 		pfsFile(t, filepath.Join(pfs, name), data, nobodyUID, nobodyGID, 0o644)
 		pfsFile(t, filepath.Join(model, name), data, nobodyUID, nobodyGID, 0o644)
-		files[name] = size
+		files[name] = &genFile{size: size}
 	}
 	j := c.startCacheJob(t, "80", "3GiB", pfs, "", "hostb", "hoste")
 	for _, h := range storage {
@@ -446,16 +473,38 @@ func TestCacheAcrossStorageNodes(t *testing.T) {
 	if s := os.Getenv("CACHE_SEED"); s != "" {
 		fmt.Sscan(s, &seed)
 	}
-	ops := genOps(seed, 300, files)
-	third := len(ops) / 3
-	for i, part := range [][]fsOp{ops[:third], ops[third : 2*third], ops[2*third:]} {
-		host := []string{"hostb", "hoste", "hostb"}[i]
-		c.runOps(t, host, j.mount, part, false)
-		for _, op := range part {
+	applyModel := func(ops []fsOp) {
+		t.Helper()
+		for _, op := range ops {
 			if err := op.apply(model); err != nil {
 				t.Fatalf("the model: %v", err)
 			}
 		}
+	}
+	// In turns: a third of the operations on hostb, a third on hoste, a third on hostb.
+	ops := genOps(seed, 300, files, "")
+	third := len(ops) / 3
+	for i, part := range [][]fsOp{ops[:third], ops[third : 2*third], ops[2*third:]} {
+		c.runOps(t, []string{"hostb", "hoste", "hostb"}[i], j.mount, part, false)
+		applyModel(part)
+	}
+	// At once: each compute node its own subtree.
+	var wg sync.WaitGroup
+	for i, h := range []string{"hostb", "hoste"} {
+		sub := genOps(seed+int64(i)+1, 120, map[string]*genFile{}, "on-"+h)
+		ops = append(ops, sub...)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.opsOn(h, j.mount, sub, false); err != nil {
+				t.Error(err)
+			}
+		}()
+		applyModel(sub)
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
 	}
 	want, err := manifest(model)
 	if err != nil {
