@@ -149,6 +149,21 @@ func (s *Store) ioFiles(j ioJob, write bool) (*pfsio.File, *os.File, error) {
 		flags = unix.O_WRONLY
 	}
 	pf, _, err = openPFS(door, path, fs.key, flags)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE) {
+		// The file was renamed (or its directory) since the store last had it open, and the
+		// store has since lost its descriptor (a restart, a dead worker): find it by its
+		// inode in the PFS directory.
+		if moved := findIno(door, "", fs.key.Ino); moved != "" {
+			if pf, _, err = openPFS(door, moved, fs.key, flags); err == nil {
+				s.opt.Log.Info("cache store: a dirty file found under its new name", "was", path, "now", moved)
+				s.mu.Lock()
+				if fs.path == path {
+					fs.path = moved
+				}
+				s.mu.Unlock()
+			}
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -164,6 +179,40 @@ func (s *Store) ioFiles(j ioJob, write bool) (*pfsio.File, *os.File, error) {
 	}
 	*held, fs.door = pf, door
 	return pf, obj, nil
+}
+
+// findIno is the path of a regular file with inode ino under dir of door's tree, "" if none.
+func findIno(door *pfsio.Door, dir string, ino uint64) string {
+	var found string
+	var subdirs []string
+	door.ReadDir(dir, func(entries []pfsio.Entry) error {
+		for _, e := range entries {
+			p := e.Name
+			if dir != "" {
+				p = dir + "/" + e.Name
+			}
+			mode := e.Stat.Mode & syscall.S_IFMT
+			if e.Errno != 0 {
+				mode = e.Type
+			}
+			switch mode {
+			case syscall.S_IFREG:
+				if e.Errno == 0 && e.Stat.Ino == ino {
+					found = p
+					return io.EOF
+				}
+			case syscall.S_IFDIR:
+				subdirs = append(subdirs, p)
+			}
+		}
+		return nil
+	})
+	for _, sub := range subdirs {
+		if found == "" {
+			found = findIno(door, sub, ino)
+		}
+	}
+	return found
 }
 
 func (s *Store) buf(n uint64) (*[]byte, []byte) {

@@ -384,6 +384,40 @@ func TestRestartKeepsDirtyData(t *testing.T) {
 	}
 }
 
+// A dirty file renamed (its directory too) after its last open, then the store restarted:
+// Drain finds it by its inode under its new name, even with another file at the old one.
+func TestRestartFindsRenamedDirtyFile(t *testing.T) {
+	pfs, door := newPFS(t)
+	must(t, os.Mkdir(filepath.Join(pfs, "d"), 0o755))
+	old := randomBytes(21, 300_000)
+	ref := writePFS(t, pfs, "d/f", old)
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, Config: testConfig()})
+	must(t, err)
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	update := randomBytes(22, 100_000)
+	writeAll(t, f, update, 5_000, 50_000)
+	want := append([]byte(nil), old...)
+	copy(want[5_000:], update)
+	must(t, f.Close())
+	must(t, s.Close())
+	must(t, os.Rename(filepath.Join(pfs, "d", "f"), filepath.Join(pfs, "d", "g")))
+	must(t, os.Rename(filepath.Join(pfs, "d"), filepath.Join(pfs, "e")))
+	must(t, os.Mkdir(filepath.Join(pfs, "d"), 0o755))
+	writePFS(t, pfs, "d/f", []byte("another file at the old name\n"))
+
+	s2 := openStore(t, dir, testConfig())
+	s2.SetDoor(func(path string) (*pfsio.Door, error) { return door, nil })
+	drain(t, s2)
+	if sum(readPFS(t, pfs, "e/g")) != sum(want) {
+		t.Fatal("after the restart and Drain the renamed file is not what was written")
+	}
+	if string(readPFS(t, pfs, "d/f")) != "another file at the old name\n" {
+		t.Fatal("Drain wrote over the file now at the old name")
+	}
+}
+
 // A flush that the PFS refuses (full) fails Drain with its errno and keeps the data; once
 // there is room, Drain puts it there. The PFS is a small tmpfs, since root writes through
 // any permission bits.
