@@ -309,12 +309,32 @@ func (c *netCluster) startCacheJob(t *testing.T, token, capacity, pfs, more stri
 	return j
 }
 
-// end is the job's end: post_run, data_out, teardown (which flushes the cache).
+// end is the job's end: post_run, data_out, teardown (which flushes the cache). A teardown
+// that does not finish within 2 minutes fails the test (and is hurried, to clean up).
 func (j *cacheJob) end() {
-	j.c.t.Helper()
-	j.c.wlm("--function", "post_run", "--token", j.token, "--job", j.job)
-	j.c.wlm("--function", "data_out", "--token", j.token, "--job", j.job)
-	j.c.wlm("--function", "teardown", "--token", j.token, "--job", j.job)
+	c := j.c
+	c.t.Helper()
+	c.wlm("--function", "post_run", "--token", j.token, "--job", j.job)
+	c.wlm("--function", "data_out", "--token", j.token, "--job", j.job)
+	cmd := exec.Command(filepath.Join(c.dir, "dw_wlm_cli"), "--function", "teardown", "--token", j.token, "--job", j.job)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "SPILLWAY_CONFIG=" + c.hosts["ctl"].config}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	timer := time.AfterFunc(2*time.Minute, func() { cmd.Process.Kill() })
+	err := cmd.Wait()
+	if !timer.Stop() {
+		st := exec.Command(binary, "dwstat", "sessions")
+		st.Env = cmd.Env
+		status, _ := st.CombinedOutput()
+		c.wlm("--function", "teardown", "--token", j.token, "--job", j.job, "--hurry")
+		c.t.Fatalf("the teardown of job %s did not finish within 2 minutes (hurried):\n%s", j.token, status)
+	}
+	if err != nil || out.Len() > 0 {
+		c.t.Fatalf("teardown of job %s: %v\n%s", j.token, err, out.String())
+	}
 }
 
 // runOps runs ops in dir on host, as nobody, and returns the tree's manifest after them
@@ -519,6 +539,22 @@ func TestCacheAcrossStorageNodes(t *testing.T) {
 		if diff := sameTree(want, c.runOps(t, h, j.mount, nil, true)); diff != "" {
 			t.Errorf("%s reads the tree through the cache as:\n%s", h, diff)
 		}
+	}
+	// Dirty data survives a restart of the storage nodes' agents (it is in their logs), files
+	// renamed since their last open included, a directory with them too: teardown finds them
+	// under their new names.
+	late := []fsOp{{Kind: "mkdir", Path: "late"}, {Kind: "create", Path: "late/x", Len: 9<<20 + 3, Seed: 301},
+		{Kind: "create", Path: "late/y", Len: 5000, Seed: 302}, {Kind: "create", Path: "z", Len: 2<<20 + 1, Seed: 303},
+		{Kind: "rename", Path: "late/y", To: "late/y2"}, {Kind: "rename", Path: "late", To: "moved"},
+		{Kind: "rename", Path: "z", To: "a/z2"}, {Kind: "create", Path: "z", Len: 100, Seed: 304}}
+	c.runOps(t, "hoste", j.mount, late, false)
+	applyModel(late)
+	for _, h := range storage {
+		c.stop(h, true)
+		c.start(h)
+	}
+	if want, err = manifest(model); err != nil {
+		t.Fatal(err)
 	}
 	j.end()
 	got, err := manifest(pfs)
