@@ -418,6 +418,35 @@ func TestRestartFindsRenamedDirtyFile(t *testing.T) {
 	}
 }
 
+// A removal that arrives after the PFS gave the removed file's inode number to a new file
+// this store has opened since (another compute node created it between the namespace's
+// unlink and the removal) is of the earlier file: the new file's data stays.
+func TestStaleUnlinkOfReusedInode(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "new", nil)
+	s := newStore(t, testConfig())
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	data := randomBytes(31, 35_799)
+	writeAll(t, f, data, 0, 10_000)
+	must(t, f.Close())
+	s.Unlink(ref.Key) // late: of the file that had this inode number before
+	drain(t, s)
+	if sum(readPFS(t, pfs, "new")) != sum(data) {
+		t.Fatal("a late removal of an earlier file with the same inode number dropped the new file's data")
+	}
+	// A removal of the file itself (no name has its inode any more) drops its data.
+	f, err = s.OpenFile(door, ref, true)
+	must(t, err)
+	writeAll(t, f, randomBytes(32, 1000), 0, 1000)
+	must(t, f.Close())
+	must(t, os.Remove(filepath.Join(pfs, "new")))
+	s.Unlink(ref.Key)
+	if st := s.Stats(); st.Dirty != 0 {
+		t.Fatalf("the removed file's dirty data is kept: %+v", st)
+	}
+}
+
 // A flush that the PFS refuses (full) fails Drain with its errno and keeps the data; once
 // there is room, Drain puts it there. The PFS is a small tmpfs, since root writes through
 // any permission bits.
@@ -506,12 +535,15 @@ func TestTruncateAndUnlink(t *testing.T) {
 	must(t, err)
 	writeAll(t, g, data, 0, 64<<10)
 	must(t, g.Close())
+	// Removed on the PFS (a second name kept here to look at its inode), then Unlink.
+	must(t, os.Link(filepath.Join(pfs, "gone"), filepath.Join(pfs, "gone-inode")))
+	must(t, os.Remove(filepath.Join(pfs, "gone")))
 	s.Unlink(gone.Key)
 	drain(t, s)
 	if !bytes.Equal(readPFS(t, pfs, "t"), want) {
 		t.Fatal("after truncate and Drain: wrong PFS file")
 	}
-	if len(readPFS(t, pfs, "gone")) != 0 {
+	if len(readPFS(t, pfs, "gone-inode")) != 0 {
 		t.Fatal("an unlinked file's data was flushed")
 	}
 }
