@@ -536,8 +536,10 @@ func TestCacheAcrossStorageNodes(t *testing.T) {
 	}
 	t.Logf("%d operations; the model holds %d names, %d bytes", len(ops)+1, len(want), total)
 	for _, h := range []string{"hoste", "hostb"} {
-		if diff := sameTree(want, c.runOps(t, h, j.mount, nil, true)); diff != "" {
+		got := c.runOps(t, h, j.mount, nil, true)
+		if diff := sameTree(want, got); diff != "" {
 			t.Errorf("%s reads the tree through the cache as:\n%s", h, diff)
+			c.explainDiff(t, h, j.mount, model, pfs, want, got, ops)
 		}
 	}
 	// Dirty data survives a restart of the storage nodes' agents (it is in their logs), files
@@ -574,6 +576,42 @@ func TestCacheAcrossStorageNodes(t *testing.T) {
 		return nil
 	})
 	c.assertClean()
+}
+
+// explainDiff logs, for each file host reads wrong through the cache at mount, the byte
+// ranges that differ from the model's and the operations that named it.
+func (c *netCluster) explainDiff(t *testing.T, host, mount, model, pfs string, want, got map[string]entry, ops []fsOp) {
+	t.Helper()
+	for name, w := range want {
+		if got[name] == w || w.Type != "f" {
+			continue
+		}
+		copied := filepath.Join(c.dir, "read-"+strings.ReplaceAll(name, "/", "_"))
+		os.WriteFile(copied, nil, 0o666)
+		os.Chmod(copied, 0o666)
+		c.mustRun(t, host, "cat "+mount+"/"+name+" > "+copied)
+		a, _ := os.ReadFile(copied)
+		b, _ := os.ReadFile(filepath.Join(model, name))
+		var ranges []string
+		for off := 0; off < len(a) && off < len(b) && len(ranges) < 10; {
+			if a[off] == b[off] {
+				off++
+				continue
+			}
+			start := off
+			for off < len(a) && off < len(b) && a[off] != b[off] {
+				off++
+			}
+			ranges = append(ranges, fmt.Sprintf("[%d,%d) zeros=%v", start, off, bytes.Count(a[start:off], []byte{0}) == off-start))
+		}
+		onPFS, _ := os.ReadFile(filepath.Join(pfs, name))
+		t.Logf("%s: %d bytes read on %s, differing at %v; the PFS holds %d bytes (the same as read: %v)", name, len(a), host, ranges, len(onPFS), bytes.Equal(onPFS, a))
+		for i, op := range ops {
+			if filepath.Base(op.Path) == filepath.Base(name) || filepath.Base(op.To) == filepath.Base(name) {
+				t.Logf("  operation %d: %+v", i, op)
+			}
+		}
+	}
 }
 
 // onPFS reports whether the PFS file holds exactly data.
