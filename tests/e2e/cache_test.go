@@ -656,6 +656,19 @@ func TestCacheSyncPolicies(t *testing.T) {
 		if !onPFS(filepath.Join(dir, op.Path), want) {
 			t.Errorf("sync_on_close=yes: the overwrite the job closed is not on the PFS")
 		}
+		// Changed on the PFS after the job's own (synced) writes: the next open reads the change.
+		patch := opData(8, 5000)
+		f, err := os.OpenFile(filepath.Join(dir, op.Path), os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteAt(patch, 17<<20)
+		f.Close()
+		copy(want[17<<20:], patch)
+		sum := sha256.Sum256(want)
+		if out := c.mustRun(t, "hostb", "sha256sum "+j.mount+"/"+op.Path); !strings.HasPrefix(out, hex.EncodeToString(sum[:])) {
+			t.Errorf("a file the job wrote and synced, then changed on the PFS, reads stale at the next open: %s", out)
+		}
 		j.end()
 		if !onPFS(filepath.Join(dir, op.Path), want) {
 			t.Errorf("after teardown the file is not on the PFS")
