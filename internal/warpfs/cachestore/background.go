@@ -93,6 +93,10 @@ func unrecoverable(path string, err error) *FileError {
 		return &FileError{Path: path, Err: syscall.ENOTCONN, Why: errNoDoor.Error()}
 	case errors.Is(err, syscall.ESTALE):
 		return &FileError{Path: path, Err: syscall.ESTALE, Why: "the PFS file at the path is another file now"}
+	case errors.Is(err, syscall.ENOENT):
+		// Not at its path, nor anywhere in the directory (ioFiles looked): removed on the
+		// PFS, or moved out of the cache's directory, with no descriptor left to it.
+		return &FileError{Path: path, Err: syscall.ENOENT, Why: "the PFS file is gone: removed or moved out of the cache's directory"}
 	}
 	if errno := cache.Errno(err); errno != syscall.EIO {
 		return &FileError{Path: path, Err: errno, Why: "flushing to the PFS"}

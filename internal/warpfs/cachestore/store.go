@@ -363,8 +363,8 @@ func (s *Store) Unlink(key cache.FileKey) {
 
 // Drain is teardown's flush: it returns once every dirty byte is on the PFS, or with the
 // first unrecoverable error (a *FileError: the PFS's ENOSPC, EDQUOT, EFBIG, EROFS, EACCES,
-// EPERM; ESTALE; no door for a file — see SetDoor), or ctx's. The data stays dirty on
-// error: Drain again later, or Discard. A flush that failed for another reason (EIO,
+// EPERM; ESTALE; ENOENT, the file gone from the PFS; no door for a file — see SetDoor), or
+// ctx's. The data stays dirty on error: Drain again later, or Discard. A flush that failed for another reason (EIO,
 // ETIMEDOUT) is retried with the core's backoff until ctx ends.
 func (s *Store) Drain(ctx context.Context) error {
 	var r cache.Result

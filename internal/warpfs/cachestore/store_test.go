@@ -418,6 +418,34 @@ func TestRestartFindsRenamedDirtyFile(t *testing.T) {
 	}
 }
 
+// A dirty file removed on the PFS underneath (not through the cache) while the store was
+// down: Drain fails naming it (ENOENT), the data kept, rather than retrying forever.
+func TestRestartDirtyFileGoneFromPFS(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "f", randomBytes(41, 10_000))
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, Config: testConfig()})
+	must(t, err)
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	writeAll(t, f, randomBytes(42, 5_000), 0, 5_000)
+	must(t, f.Close())
+	must(t, s.Close())
+	must(t, os.Remove(filepath.Join(pfs, "f")))
+
+	s2 := openStore(t, dir, testConfig())
+	s2.SetDoor(func(path string) (*pfsio.Door, error) { return door, nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var fe *FileError
+	if err := s2.Drain(ctx); !errors.As(err, &fe) || fe.Path != "f" || !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("Drain of a dirty file gone from the PFS: %v, want a FileError naming f (ENOENT)", err)
+	}
+	if st := s2.Stats(); st.Dirty == 0 {
+		t.Fatalf("the data was dropped: %+v", st)
+	}
+}
+
 // A removal that arrives after the PFS gave the removed file's inode number to a new file
 // this store has opened since (another compute node created it between the namespace's
 // unlink and the removal) is of the earlier file: the new file's data stays.
