@@ -324,9 +324,7 @@ func cacheSurvivesAgentRestart(t *testing.T) {
 // restarted between the job and the teardown, which flushes every byte.
 func cacheSurvivesRemoteAgentRestart(t *testing.T) {
 	c := newNetClusterOf(t, []string{"hosta", "hostc"}, []string{"hostb"})
-	ctl := c.hosts["ctl"].config
-	cfg, _ := os.ReadFile(ctl)
-	os.WriteFile(ctl, append(cfg, []byte("[cache]\nallowed_pfs = [\""+filepath.Join(c.dir, "pfs")+"\"]\n")...), 0o644)
+	// (every net cluster lets cache instances front its pfs directory)
 	for _, h := range []string{"ctl", "hosta", "hostc", "hostb"} {
 		c.start(h)
 	}
@@ -761,9 +759,7 @@ func TestCacheStorageNodeLost(t *testing.T) {
 
 func cacheStorageNodeLost(t *testing.T, dead, kept string) {
 	c := newNetClusterOf(t, []string{"hosta", "hostc"}, []string{"hostb"})
-	ctl := c.hosts["ctl"].config
-	cfg, _ := os.ReadFile(ctl)
-	os.WriteFile(ctl, append(cfg, []byte("[cache]\nallowed_pfs = [\""+filepath.Join(c.dir, "pfs")+"\"]\n")...), 0o644)
+	// (every net cluster lets cache instances front its pfs directory)
 	for _, h := range []string{"ctl", "hosta", "hostc", "hostb"} {
 		c.start(h)
 	}

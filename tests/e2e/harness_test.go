@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(attackEnv); spec != "" {
 		os.Exit(swaprace.Main(spec))
 	}
+	if spec := os.Getenv(opsEnv); spec != "" {
+		os.Exit(opsMain(spec))
+	}
 	dir, err := os.MkdirTemp("", "spillway-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -75,6 +75,13 @@ func newNetCluster(t *testing.T) *netCluster {
 // own, addresses in the order ctl, storage, compute).
 func newNetClusterOf(t *testing.T, storage, compute []string) *netCluster {
 	t.Helper()
+	return newNetClusterWith(t, storage, compute, "")
+}
+
+// newNetClusterWith is newNetClusterOf with extra configuration appended to every host's
+// (e.g. "[cache]" and "[[pool]]" tables); "$DIR" in it is the cluster's directory.
+func newNetClusterWith(t *testing.T, storage, compute []string, extra string) *netCluster {
+	t.Helper()
 	requireRoot(t)
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs iproute2 (ip) for network namespaces")
@@ -143,7 +150,7 @@ reconnect_wait = "100ms"
 idle_timeout = "5s"
 [cache]
 allowed_pfs = ["%[1]s/pfs"]
-`, dir, ctl.addr, token, netRequestTimeout)
+`, dir, ctl.addr, token, netRequestTimeout) + strings.ReplaceAll(extra, "$DIR", dir)
 	agent := func(h *netHost, storage bool) string {
 		// Each other host holds its own node credential, never the cluster's secret.
 		token := filepath.Join(dir, h.name+".token")

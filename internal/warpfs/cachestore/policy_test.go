@@ -2,6 +2,8 @@ package cachestore
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -59,6 +61,7 @@ func TestSyncToPFSAndPolicyGenerations(t *testing.T) {
 	for _, x := range []*File{f, g, old, h} {
 		must(t, x.Close())
 	}
+	must(t, os.Remove(filepath.Join(pfs, "f"))) // the namespace server removes the name first
 	s.Unlink(ref.Key)
 	s.mu.Lock()
 	n := len(s.policies)

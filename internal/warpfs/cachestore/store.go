@@ -342,7 +342,35 @@ func (s *Store) Truncate(door *pfsio.Door, ref FileRef, size uint64) error {
 
 // Unlink: the PFS file was removed. Its cached data is dropped at its last close (now if it
 // is not open), dirty data included.
+//
+// A removal comes from the compute node that removed the file's last name, after the PFS
+// did: meanwhile the PFS may have given the inode number to a new file, which another
+// compute node created and this store opened (same key). So if the path the store last
+// opened the key by names a regular file with that inode now, the removal is of an earlier
+// file and is ignored (the removed file itself has no name left).
 func (s *Store) Unlink(key cache.FileKey) {
+	s.mu.Lock()
+	fs := s.files[key]
+	var path string
+	var door *pfsio.Door
+	if fs != nil {
+		path, door = fs.path, fs.door
+	}
+	resolve := s.resolve
+	s.mu.Unlock()
+	if fs != nil {
+		if door == nil && resolve != nil {
+			door, _ = resolve(path)
+		}
+		// A late removal (the PFS removed the name first) of an earlier file whose inode
+		// number a new file at the same path already has: the new file's data stays.
+		if door != nil {
+			if st, err := door.Lstat(path); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG && st.Ino == key.Ino {
+				s.opt.Log.Info("cache store: a removal of an earlier file with this inode number ignored", "path", path, "ino", key.Ino)
+				return
+			}
+		}
+	}
 	s.locked(func(b *batch) {
 		delete(s.policies, key)
 		s.take(b, s.c.Unlink(key))
@@ -366,8 +394,8 @@ func (s *Store) overrideLocked(ref FileRef) cache.Override {
 
 // Drain is teardown's flush: it returns once every dirty byte is on the PFS, or with the
 // first unrecoverable error (a *FileError: the PFS's ENOSPC, EDQUOT, EFBIG, EROFS, EACCES,
-// EPERM; ESTALE; no door for a file — see SetDoor), or ctx's. The data stays dirty on
-// error: Drain again later, or Discard. A flush that failed for another reason (EIO,
+// EPERM; ESTALE; ENOENT, the file gone from the PFS; no door for a file — see SetDoor), or
+// ctx's. The data stays dirty on error: Drain again later, or Discard. A flush that failed for another reason (EIO,
 // ETIMEDOUT) is retried with the core's backoff until ctx ends.
 func (s *Store) Drain(ctx context.Context) error {
 	var r cache.Result

@@ -384,6 +384,97 @@ func TestRestartKeepsDirtyData(t *testing.T) {
 	}
 }
 
+// A dirty file renamed (its directory too) after its last open, then the store restarted:
+// Drain finds it by its inode under its new name, even with another file at the old one.
+func TestRestartFindsRenamedDirtyFile(t *testing.T) {
+	pfs, door := newPFS(t)
+	must(t, os.Mkdir(filepath.Join(pfs, "d"), 0o755))
+	old := randomBytes(21, 300_000)
+	ref := writePFS(t, pfs, "d/f", old)
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, Config: testConfig()})
+	must(t, err)
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	update := randomBytes(22, 100_000)
+	writeAll(t, f, update, 5_000, 50_000)
+	want := append([]byte(nil), old...)
+	copy(want[5_000:], update)
+	must(t, f.Close())
+	must(t, s.Close())
+	must(t, os.Rename(filepath.Join(pfs, "d", "f"), filepath.Join(pfs, "d", "g")))
+	must(t, os.Rename(filepath.Join(pfs, "d"), filepath.Join(pfs, "e")))
+	must(t, os.Mkdir(filepath.Join(pfs, "d"), 0o755))
+	writePFS(t, pfs, "d/f", []byte("another file at the old name\n"))
+
+	s2 := openStore(t, dir, testConfig())
+	s2.SetDoor(func(path string) (*pfsio.Door, error) { return door, nil })
+	drain(t, s2)
+	if sum(readPFS(t, pfs, "e/g")) != sum(want) {
+		t.Fatal("after the restart and Drain the renamed file is not what was written")
+	}
+	if string(readPFS(t, pfs, "d/f")) != "another file at the old name\n" {
+		t.Fatal("Drain wrote over the file now at the old name")
+	}
+}
+
+// A dirty file removed on the PFS underneath (not through the cache) while the store was
+// down: Drain fails naming it (ENOENT), the data kept, rather than retrying forever.
+func TestRestartDirtyFileGoneFromPFS(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "f", randomBytes(41, 10_000))
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, Config: testConfig()})
+	must(t, err)
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	writeAll(t, f, randomBytes(42, 5_000), 0, 5_000)
+	must(t, f.Close())
+	must(t, s.Close())
+	must(t, os.Remove(filepath.Join(pfs, "f")))
+
+	s2 := openStore(t, dir, testConfig())
+	s2.SetDoor(func(path string) (*pfsio.Door, error) { return door, nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var fe *FileError
+	if err := s2.Drain(ctx); !errors.As(err, &fe) || fe.Path != "f" || !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("Drain of a dirty file gone from the PFS: %v, want a FileError naming f (ENOENT)", err)
+	}
+	if st := s2.Stats(); st.Dirty == 0 {
+		t.Fatalf("the data was dropped: %+v", st)
+	}
+}
+
+// A removal that arrives after the PFS gave the removed file's inode number to a new file
+// this store has opened since (another compute node created it between the namespace's
+// unlink and the removal) is of the earlier file: the new file's data stays.
+func TestStaleUnlinkOfReusedInode(t *testing.T) {
+	pfs, door := newPFS(t)
+	ref := writePFS(t, pfs, "new", nil)
+	s := newStore(t, testConfig())
+	f, err := s.OpenFile(door, ref, true)
+	must(t, err)
+	data := randomBytes(31, 35_799)
+	writeAll(t, f, data, 0, 10_000)
+	must(t, f.Close())
+	s.Unlink(ref.Key) // late: of the file that had this inode number before
+	drain(t, s)
+	if sum(readPFS(t, pfs, "new")) != sum(data) {
+		t.Fatal("a late removal of an earlier file with the same inode number dropped the new file's data")
+	}
+	// A removal of the file itself (no name has its inode any more) drops its data.
+	f, err = s.OpenFile(door, ref, true)
+	must(t, err)
+	writeAll(t, f, randomBytes(32, 1000), 0, 1000)
+	must(t, f.Close())
+	must(t, os.Remove(filepath.Join(pfs, "new")))
+	s.Unlink(ref.Key)
+	if st := s.Stats(); st.Dirty != 0 {
+		t.Fatalf("the removed file's dirty data is kept: %+v", st)
+	}
+}
+
 // A flush that the PFS refuses (full) fails Drain with its errno and keeps the data; once
 // there is room, Drain puts it there. The PFS is a small tmpfs, since root writes through
 // any permission bits.
@@ -472,12 +563,15 @@ func TestTruncateAndUnlink(t *testing.T) {
 	must(t, err)
 	writeAll(t, g, data, 0, 64<<10)
 	must(t, g.Close())
+	// Removed on the PFS (a second name kept here to look at its inode), then Unlink.
+	must(t, os.Link(filepath.Join(pfs, "gone"), filepath.Join(pfs, "gone-inode")))
+	must(t, os.Remove(filepath.Join(pfs, "gone")))
 	s.Unlink(gone.Key)
 	drain(t, s)
 	if !bytes.Equal(readPFS(t, pfs, "t"), want) {
 		t.Fatal("after truncate and Drain: wrong PFS file")
 	}
-	if len(readPFS(t, pfs, "gone")) != 0 {
+	if len(readPFS(t, pfs, "gone-inode")) != 0 {
 		t.Fatal("an unlinked file's data was flushed")
 	}
 }
