@@ -291,6 +291,18 @@ func (s *Server) versions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) all(w http.ResponseWriter, r *http.Request) {
+	if token := r.URL.Query().Get("token"); token != "" {
+		// One session's objects (and those of the persistent instances it uses), read
+		// through the indexes: what a command asks about its own job costs that job's
+		// objects, not the state's.
+		world, err := s.c.viewSession(r.Context(), token)
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, 200, s.visible(r, views.Build(world)))
+		return
+	}
 	all, err := s.snapshot(r)
 	if err != nil {
 		s.fail(w, err)

@@ -337,6 +337,13 @@ func (c *Controller) sessionID(ctx context.Context, token string) (int64, error)
 // World returns a snapshot of every object, for status views.
 func (c *Controller) World(ctx context.Context) (*lifecycle.World, error) { return c.view(ctx) }
 
+// SessionWorld is the session with token and its objects, and those of the persistent
+// instances it uses, read through the indexes (readSessionWorld: no pools, nodes or other
+// sessions); without the session when there is none. For reading only.
+func (c *Controller) SessionWorld(ctx context.Context, token string) (*lifecycle.World, error) {
+	return c.viewSession(ctx, token)
+}
+
 // decide runs fn on the whole world loaded in a write transaction and persists what it
 // changed.
 func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {

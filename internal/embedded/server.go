@@ -318,8 +318,8 @@ func atRest(w *lifecycle.World) bool {
 // ctlOps lets the cleanup of gone runs (runjob.Reap) act on the controller directly.
 type ctlOps struct{ c *controller.Controller }
 
-func (o ctlOps) All(ctx context.Context) (views.All, error) {
-	w, err := o.c.World(ctx)
+func (o ctlOps) Session(ctx context.Context, token string) (views.All, error) {
+	w, err := o.c.SessionWorld(ctx, token)
 	if err != nil {
 		return views.All{}, err
 	}
