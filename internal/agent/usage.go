@@ -15,9 +15,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -199,15 +196,8 @@ func (a *Agent) usage() agentapi.NodeUsage {
 		defer a.fragLock.Unlock()
 	}
 	var u agentapi.NodeUsage
-	entries, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
-	var ids []int64
-	for _, e := range entries {
-		if id, err := strconv.ParseInt(e.Name(), 10, 64); err == nil {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	capacities := a.instanceCapacities()
+	ids := a.scanFragments()
+	capacities := a.capacitiesOf(ids)
 	for _, id := range ids {
 		f, err := a.fragmentCounters(id)
 		if err != nil {
