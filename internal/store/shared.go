@@ -90,7 +90,6 @@ type Versioned interface {
 	ChangedSince(kind string, since uint64) (keys []string, ok bool)
 }
 
-
 // sharedLookahead is how many records of the last listing a record's bytes are compared
 // with before it is decoded: deleted records in between cost no decoding, up to this many
 // in a row.
