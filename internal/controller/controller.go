@@ -778,7 +778,7 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 		// What lives on the node, read after the report is in (a snapshot as consistent as
 		// the write's, which writers need not wait for): the node's objects by index.
 		err = c.store.View(ctx, func(tx *store.Tx) error {
-			w, err := loadNodeWorld(tx, r.Name, c.now(), c.cfg.Controller.NodeTimeout.D())
+			w, err := c.nodeWorld(tx, r.Name)
 			if err != nil {
 				return err
 			}

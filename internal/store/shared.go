@@ -90,6 +90,17 @@ type Versioned interface {
 	ChangedSince(kind string, since uint64) (keys []string, ok bool)
 }
 
+// Versioned reports whether the transaction knows the version of the state it reads
+// (Versioned): listings through Shared then cost what changed since the previous one.
+func (tx *Tx) Versioned() bool {
+	vs, ok := tx.kv.(Versioned)
+	if !ok {
+		return false
+	}
+	_, _, ok = vs.Version()
+	return ok
+}
+
 // sharedLookahead is how many records of the last listing a record's bytes are compared
 // with before it is decoded: deleted records in between cost no decoding, up to this many
 // in a row.
