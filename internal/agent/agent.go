@@ -115,6 +115,9 @@ type Agent struct {
 	// written yet.
 	stageIns map[int64]int
 	fragLock sync.Mutex // serializes fragment/namespace creation and removal
+	// namespaceSweep is when Reconcile last looked for namespaces the controller forgot
+	// (under fragLock).
+	namespaceSweep time.Time
 
 	quotaOnce sync.Once // logs whether fragments get project quotas (quota.go)
 
