@@ -82,6 +82,9 @@ type Controller struct {
 
 	// listed keeps the records the listings (GET /dw/v1/<table>) decoded last (listing.go).
 	listed store.Shared
+	// usageRows keeps the fragments' usage rows the heartbeats compared their reports with
+	// (recordUsage): those no commit wrote since are not read again.
+	usageRows store.Rows[model.FragmentUsage]
 }
 
 // New creates a controller over a store. Pools listed in the configuration are created if
@@ -758,7 +761,7 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 		// Endurance: the bytes the data path wrote to the node's fragments, summed from
 		// the counters' growth (they outlive the fragments); an agent reporting more of its
 		// own (r.Written) is believed.
-		written, err := recordUsage(tx, r.Name, r.Usage.Fragments, c.now(), 0, c.cfg.Controller.AccountingBatch)
+		written, err := recordUsage(tx, &c.usageRows, r.Name, r.Usage.Fragments, c.now(), 0, c.cfg.Controller.AccountingBatch)
 		if err != nil {
 			return err
 		}

@@ -188,3 +188,81 @@ func TestChangeLogForgetsWholeCommits(t *testing.T) {
 		t.Fatal("changes since 4 up to 3 cannot be told")
 	}
 }
+
+// Records read through store.Rows in write transactions are read again only when a commit
+// wrote them since: one changed behind the log's back is not, one committed is; a write that
+// rolls back leaves the committed record; a record missing, then created, is found.
+func TestRowsReadAgainWhatCommitsWrote(t *testing.T) {
+	e, err := Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	st := store.New(e)
+	ctx := context.Background()
+	var rows store.Rows[model.FragmentUsage]
+	put := func(id int64, node string) {
+		t.Helper()
+		if err := st.Update(ctx, func(tx *store.Tx) error {
+			return store.Usage.Put(tx, &model.FragmentUsage{Fragment: id, Instance: 1, Node: node})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(id int64) string {
+		t.Helper()
+		node := ""
+		if err := st.Update(ctx, func(tx *store.Tx) error {
+			row, err := store.Usage.GetCached(tx, &rows, id)
+			if store.IsNotFound(err) {
+				node = "(none)"
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			node = row.Node
+			row.Node = "changed by the caller" // a copy: the rows keep theirs
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return node
+	}
+	put(1, "a")
+	put(2, "a")
+	if got := get(1) + get(2) + get(3); got != "aa(none)" {
+		t.Fatalf("first reads: %q", got)
+	}
+	if _, err := e.db.Exec(`UPDATE kv SET value = ? WHERE kind = 'fragment_usage' AND key = ?`,
+		`{"fragment":1,"instance":1,"node":"behind","counters":{}}`, fmt.Sprintf("%019d", 1)); err != nil {
+		t.Fatal(err)
+	}
+	put(2, "b")
+	put(3, "c")
+	if got := get(1) + get(2) + get(3); got != "abc" {
+		t.Fatalf("after commits wrote 2 and 3 (and 1 was changed behind the log): %q, want abc", got)
+	}
+	// A transaction that reads, writes and rolls back.
+	st.Update(ctx, func(tx *store.Tx) error {
+		row, err := store.Usage.GetCached(tx, &rows, 2)
+		if err != nil {
+			return err
+		}
+		row.Node = "rolled back"
+		if err := store.Usage.Put(tx, row); err != nil {
+			return err
+		}
+		return fmt.Errorf("roll back")
+	})
+	if got := get(2); got != "b" {
+		t.Fatalf("after a rolled-back write: %q, want b", got)
+	}
+	// A read transaction reads the store (the rows are for write transactions).
+	if err := st.View(ctx, func(tx *store.Tx) error {
+		_, err := store.Usage.GetCached(tx, &rows, 1)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

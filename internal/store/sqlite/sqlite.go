@@ -362,12 +362,27 @@ func (k *kv) Version() (any, uint64, bool) {
 	return k.e, k.version, k.known > 0
 }
 
-// ChangedSince is store.Versioned's.
-func (k *kv) ChangedSince(kind string, since uint64) ([]string, bool) {
-	if _, v, ok := k.Version(); ok {
-		return k.e.log.changedSince(kind, since, v)
+// WriteVersion is store.Versioned's for a write transaction: writers take turns (writeMu),
+// so the state it started from is the log's version (its own writes come after).
+func (k *kv) WriteVersion() (any, uint64, bool) {
+	if k.e.log == nil || !k.writable {
+		return k.e, 0, false
 	}
-	return nil, false
+	v, _ := k.e.log.now()
+	return k.e, v, true
+}
+
+// ChangedSince is store.Versioned's (for a write transaction: up to the version it started
+// from, its own writes not included).
+func (k *kv) ChangedSince(kind string, since uint64) ([]string, bool) {
+	_, v, ok := k.Version()
+	if k.writable {
+		_, v, ok = k.WriteVersion()
+	}
+	if !ok {
+		return nil, false
+	}
+	return k.e.log.changedSince(kind, since, v)
 }
 
 // txStmt is the prepared statement of q bound to the transaction (once per transaction).
