@@ -58,6 +58,12 @@ func (a *Agent) fragmentCounters(id int64) (*server.Fragment, error) {
 	f := server.RestoreFragment(id, meta.InstanceID, meta.limits(), st, a.opt.Log)
 	f.Job, f.OnMediaError = meta.Job, a.mediaError(id)
 	a.counters[id] = f
+	if err == nil {
+		// What was read (or nothing: zero counters) is what a restart restores: nothing to
+		// save until they change (a restarted agent's first report wrote and synced the
+		// counters of every fragment of the node).
+		a.countersSaved[id], _ = json.Marshal(f.State())
+	}
 	return f, nil
 }
 

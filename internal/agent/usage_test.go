@@ -269,3 +269,52 @@ func TestInstanceFragmentsThroughTheIndex(t *testing.T) {
 	b.metasMu.Unlock()
 	check(b, map[int64]uint64{20: 32 * mib}, map[int64]int{20: 2})
 }
+
+// A restarted agent's first report does not write the counters it read back (a synced write
+// per fragment of the node); counters that change after are written.
+func TestRestartDoesNotRewriteTheCountersItRead(t *testing.T) {
+	ssd := filepath.Join(t.TempDir(), "ssd")
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	open := func() *Agent {
+		a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 256 * mib, Log: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a := open()
+	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 7, InstanceID: 3, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := a.fragmentCounters(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.NoteCapacity(12345)
+	a.Report(ctx)
+	counters := filepath.Join(a.fragmentDir(7), accountingDir, countersFile)
+	inode := func() uint64 {
+		t.Helper()
+		st, err := os.Stat(counters)
+		if err != nil {
+			t.Fatalf("the counters were not saved: %v", err)
+		}
+		return st.Sys().(*syscall.Stat_t).Ino
+	}
+	saved := inode()
+	b := open()
+	rep, _ := b.Report(ctx)
+	if got := inode(); got != saved {
+		t.Fatal("a restarted agent's report wrote the counters it had just read")
+	}
+	if u := fragmentUsage(t, rep, 7); u.CapacityMax != 12345 {
+		t.Fatalf("restored capacity_max %d, want 12345", u.CapacityMax)
+	}
+	g, _ := b.fragmentCounters(7)
+	g.NoteCapacity(99999)
+	b.Report(ctx)
+	if got := inode(); got == saved {
+		t.Fatal("counters that changed were not written")
+	}
+}
