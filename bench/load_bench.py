@@ -22,7 +22,8 @@ A home row (--home-rows, counts of persistent instances) measures a one-machine 
 README's `spillway run`: its server (controller and agent in one process) started as a command
 starts it, 4 MiB grains, the persistent instances created through the REST API on the home's
 socket (one POST /dw/v1/sessions each, as users make them; nothing seeded), then the median of
-`spillway run` on an empty job script and the same dw_wlm_cli calls as above on the home's
+`spillway run` on an empty job script, one more on a stopped server (as after
+home.idle_timeout: the run starts it), and the same dw_wlm_cli calls as above on the home's
 socket. Its table is the section load-home of BENCHMARKS.md.
 
 `dw_wlm_cli` is --wlm-binary (the small binary, bin/dw_wlm_cli, when it is built; else
@@ -251,6 +252,16 @@ idle_timeout = "1h"
                 sys.exit(f"spillway run: {p.stdout}{p.stderr}")
             runs.append(time.perf_counter() - t)
         result["run_job"] = statistics.median(runs[1:])
+        # The same once the server has exited (idle for home.idle_timeout): the run starts it
+        # again, and its start reads the state and the node's fragments.
+        subprocess.run([a.binary, "home", "stop"], env=henv, capture_output=True)
+        t = time.perf_counter()
+        p = subprocess.run([a.binary, "run", job], env=henv, capture_output=True, text=True, cwd=d)
+        if p.returncode != 0:
+            sys.exit(f"spillway run: {p.stdout}{p.stderr}")
+        result["cold_job"] = time.perf_counter() - t
+        with open(os.path.join(d, "server.json")) as f:
+            server = json.load(f)["pid"]
         link = os.path.join(d, "dw_wlm_cli")
         os.symlink(os.path.abspath(a.wlm_binary), link)
         result.update(measure(a, d, link, {"PATH": "/usr/bin:/bin", "SPILLWAY_CONFIG": client_cfg}, [server]))
@@ -416,17 +427,18 @@ def main():
                  f"home (`spillway run`'s; controller and agent in its server, one process; SQLite; 4 MiB grains) whose "
                  f"persistent instances were created through the REST API on its socket, one request each (the rate they "
                  f"were created at, settled, is given). `spillway run` is the README's command on an empty job script "
-                 f"(`#DW jobdw capacity=4MiB`, `true`), whole process, median of {a.jobs}; the other columns are the "
+                 f"(`#DW jobdw capacity=4MiB`, `true`), whole process, median of {a.jobs}, and once on a stopped server "
+                 f"(as after home.idle_timeout: the run starts it); the other columns are the "
                  f"daemons' rows' dw_wlm_cli calls on the home's socket, in ms, median / 99th percentile, the empty job "
                  f"setup, paths, pre_run, post_run, teardown, and the CPU ms per lifecycle of the home's server, the three "
                  f"`{wlm}` processes and the harness. " + machine, "",
-                 "| persistent (API) | created/s | `spillway run` empty job | `job_process` | `paths` | `pools` | `show_sessions` | `show_instances` | `show_configurations` | empty job | lifecycles/s | CPU ms per lifecycle: server / dw_wlm_cli / harness | server RSS / peak (MiB) |",
-                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| persistent (API) | created/s | `spillway run` empty job | the same, server stopped | `job_process` | `paths` | `pools` | `show_sessions` | `show_instances` | `show_configurations` | empty job | lifecycles/s | CPU ms per lifecycle: server / dw_wlm_cli / harness | server RSS / peak (MiB) |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for persistent, r in home_rows:
             cells = [f"{ms(r[n][0])} / {ms(r[n][1])}" for n in calls]
             cpu = " / ".join(f"{x:.1f}" for x in r["cpu"])
             created = f"{r['created']:.0f}" if persistent else "–"
-            lines.append(f"| {persistent:,} | {created} | {ms(r['run_job'])} | " + " | ".join(cells) +
+            lines.append(f"| {persistent:,} | {created} | {ms(r['run_job'])} | {ms(r['cold_job'])} | " + " | ".join(cells) +
                          f" | {ms(r['empty_job'])} | {r['rate']:.1f} | {cpu} | {r['mem']['VmRSS']:.0f} / {r['mem']['VmHWM']:.0f} |")
         text = "\n".join(lines)
         print(text)
