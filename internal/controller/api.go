@@ -313,7 +313,7 @@ func (s *Server) all(w http.ResponseWriter, r *http.Request) {
 
 // snapshot is every table and the stage history, as the caller may see them.
 func (s *Server) snapshot(r *http.Request) (views.All, error) {
-	world, err := s.c.view(r.Context())
+	world, err := s.c.viewShared(r.Context())
 	if err != nil {
 		return views.All{}, err
 	}
@@ -797,7 +797,7 @@ func (s *Server) mount(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, 400, "user", "give ?path=<mount point>")
 		return
 	}
-	world, err := s.c.view(r.Context())
+	world, err := s.c.viewShared(r.Context())
 	if err != nil {
 		s.fail(w, err)
 		return

@@ -295,6 +295,36 @@ func (c *Controller) view(ctx context.Context) (*lifecycle.World, error) {
 	return w, err
 }
 
+// wholeTables are the tables of the state besides the pools and the nodes.
+var wholeTables = []string{"sessions", "instances", "fragments", "configurations", "namespaces", "registrations", "activations", "stages"}
+
+// viewShared is view for answers that only render the world (GET /dw/v1/all, dwstat, the
+// mounts' lookup): when the read knows its version (store.Versioned: SQLite), its objects
+// come from the listings' cache (c.listed), which reads again only the records written since
+// the previous listing: what dwstat costs follows what changed, not the state. The objects
+// are shared: read them, never change them.
+func (c *Controller) viewShared(ctx context.Context) (*lifecycle.World, error) {
+	var w *lifecycle.World
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		if !tx.Versioned() {
+			w, err = loadWorld(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
+			return err
+		}
+		if w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D()); err != nil {
+			return err
+		}
+		for _, t := range wholeTables {
+			if err := c.listInto(tx, w, t); err != nil {
+				return err
+			}
+		}
+		w.Index()
+		return nil
+	})
+	return w, err
+}
+
 // viewSession loads, in a read transaction, what an answer about one session looks at
 // (readSessionWorld).
 func (c *Controller) viewSession(ctx context.Context, token string) (*lifecycle.World, error) {
