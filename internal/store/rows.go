@@ -10,6 +10,8 @@ import (
 type WriteVersioned interface {
 	WriteVersion() (src any, version uint64, ok bool)
 	ChangedSince(kind string, since uint64) (keys []string, ok bool)
+	// Wrote reports whether this transaction wrote the key (put or deleted).
+	Wrote(kind, key string) bool
 }
 
 // Rows keeps records of one table read by id in write transactions, on an engine that says
@@ -70,6 +72,9 @@ func (t IDTable[T]) GetCached(tx *Tx, r *Rows[T], id int64) (*T, error) {
 		return t.Get(tx, id)
 	}
 	key := idKey(id)
+	if tx.kv.(WriteVersioned).Wrote(t.kind, key) {
+		return t.Get(tx, id) // its own write, not yet in the rows
+	}
 	if o, ok := r.rows[key]; ok {
 		if o == nil {
 			return nil, ErrNotFound

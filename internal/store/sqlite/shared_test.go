@@ -258,6 +258,25 @@ func TestRowsReadAgainWhatCommitsWrote(t *testing.T) {
 	if got := get(2); got != "b" {
 		t.Fatalf("after a rolled-back write: %q, want b", got)
 	}
+	// A transaction reads its own writes.
+	if err := st.Update(ctx, func(tx *store.Tx) error {
+		if err := store.Usage.Put(tx, &model.FragmentUsage{Fragment: 2, Instance: 1, Node: "own"}); err != nil {
+			return err
+		}
+		row, err := store.Usage.GetCached(tx, &rows, 2)
+		if err != nil {
+			return err
+		}
+		if row.Node != "own" {
+			return fmt.Errorf("a transaction read %q after writing own", row.Node)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(2); got != "own" {
+		t.Fatalf("after a committed write: %q, want own", got)
+	}
 	// A read transaction reads the store (the rows are for write transactions).
 	if err := st.View(ctx, func(tx *store.Tx) error {
 		_, err := store.Usage.GetCached(tx, &rows, 1)

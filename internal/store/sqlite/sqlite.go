@@ -333,6 +333,7 @@ type kv struct {
 	ctx      context.Context
 	writable bool
 	written  []change // a write transaction's keys (changeLog)
+	wrote    map[change]bool
 	// A read transaction's version (store.Versioned): the log's when it began, and once
 	// asked, the version it reads (known: 1 yes, -1 unknown, 0 not asked yet).
 	begun           uint64
@@ -361,6 +362,21 @@ func (k *kv) Version() (any, uint64, bool) {
 	}
 	return k.e, k.version, k.known > 0
 }
+
+// note records a key the write transaction writes.
+func (k *kv) note(kind, key string) {
+	c := change{kind: kind, key: key}
+	if k.wrote == nil {
+		k.wrote = map[change]bool{}
+	}
+	if !k.wrote[c] {
+		k.wrote[c] = true
+		k.written = append(k.written, c)
+	}
+}
+
+// Wrote is store.WriteVersioned's: whether this write transaction wrote the key.
+func (k *kv) Wrote(kind, key string) bool { return k.wrote[change{kind: kind, key: key}] }
 
 // WriteVersion is store.Versioned's for a write transaction: writers take turns (writeMu),
 // so the state it started from is the log's version (its own writes come after).
@@ -434,7 +450,7 @@ func (k *kv) Put(kind, key string, value []byte) error {
 	if !k.writable {
 		return store.ErrReadOnly
 	}
-	k.written = append(k.written, change{kind: kind, key: key})
+	k.note(kind, key)
 	return k.exec(qPut, kind, key, value)
 }
 
@@ -442,7 +458,7 @@ func (k *kv) Delete(kind, key string) error {
 	if !k.writable {
 		return store.ErrReadOnly
 	}
-	k.written = append(k.written, change{kind: kind, key: key})
+	k.note(kind, key)
 	return k.exec(qDelete, kind, key)
 }
 
