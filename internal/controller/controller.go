@@ -370,6 +370,12 @@ func (c *Controller) sessionID(ctx context.Context, token string) (int64, error)
 // World returns a snapshot of every object, for status views.
 func (c *Controller) World(ctx context.Context) (*lifecycle.World, error) { return c.view(ctx) }
 
+// ReadWorld is World for a caller that only reads it (viewShared: on SQLite the listings'
+// cache, which reads again only what changed): its objects are shared, never change them.
+func (c *Controller) ReadWorld(ctx context.Context) (*lifecycle.World, error) {
+	return c.viewShared(ctx)
+}
+
 // SessionWorld is the session with token and its objects, and those of the persistent
 // instances it uses, read through the indexes (readSessionWorld: no pools, nodes or other
 // sessions); without the session when there is none. For reading only.

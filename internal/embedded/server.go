@@ -382,7 +382,7 @@ func (h *Home) Serve(log *slog.Logger, workerExe []string) error {
 		if act.quietFor() < cfg.Home.IdleTimeout.D() {
 			return false
 		}
-		w, err := r.Controller.World(context.Background())
+		w, err := r.Controller.ReadWorld(context.Background())
 		if err != nil || !atRest(w) {
 			lastBusy = time.Now()
 			return false
