@@ -310,7 +310,11 @@ func (c *Controller) refreshUsage(ctx context.Context, frags []*model.Fragment) 
 		stale[f.ID] = true
 	}
 	frags = frags[:min(len(frags), limit)]
-	w, err := c.view(ctx)
+	var w *lifecycle.World // the nodes alone: where each fragment's agent is
+	err := c.store.View(ctx, func(tx *store.Tx) (err error) {
+		w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
+		return err
+	})
 	if err != nil {
 		for _, f := range frags {
 			stale[f.ID] = true

@@ -849,12 +849,12 @@ func (s *Server) instanceAccounting(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) sessionAccounting(w http.ResponseWriter, r *http.Request) {
-	world, err := s.c.view(r.Context())
+	token := r.PathValue("token")
+	world, err := s.c.viewSession(r.Context(), token) // the session's objects, by index
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	token := r.PathValue("token")
 	sess := world.SessionByToken(token)
 	if sess == nil || !s.mayRead(r, sess) { // another user's job: as an unknown token
 		s.fail(w, lifecycle.ErrNoSession)
