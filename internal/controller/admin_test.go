@@ -482,3 +482,41 @@ func TestAllOfOneSession(t *testing.T) {
 		}
 	}
 }
+
+// An ordinary user's setup decides on the session's world and counts the user's sessions
+// among every session and instance, read through the listings' cache in the setup's own
+// transaction: the quota holds as it did on the whole world.
+func TestUserQuotaCountsEverySession(t *testing.T) {
+	a := newAdminWorld(t, func(c *config.Config) { c.Controller.MaxSessionsPerUser = 2; c.Controller.MaxPersistentPerUser = 5 })
+	a.heartbeat("n1", "wlm_pool")
+	ctx := context.Background()
+	setup := func(token string, owner uint32) error {
+		return a.c.Setup(ctx, lifecycle.Setup{Token: token, Creator: "CLI", Owner: owner, Group: owner, Persistent: true,
+			Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}, Strategy: "bandwidth"}}, true)
+	}
+	a.all() // the listings' cache holds the state before the setups: they read what changed
+	for _, token := range []string{"pa", "pb"} {
+		if err := setup(token, userUID); err != nil {
+			t.Fatal(err)
+		}
+		a.all()
+	}
+	if err := setup("pc", userUID); err == nil || !strings.Contains(err.Error(), "max_sessions_per_user") {
+		t.Fatalf("a third session of uid %d: %v, want its quota's refusal", userUID, err)
+	}
+	if err := setup("pa", userUID); err != nil {
+		t.Fatalf("a setup sent again: %v", err)
+	}
+	if err := setup("qa", userUID+1); err != nil {
+		t.Fatalf("another user's session: %v", err)
+	}
+	if err := setup("qb", userUID+1); err != nil {
+		t.Fatalf("another user's second session: %v", err)
+	}
+	if err := setup("qc", userUID+1); err == nil || !strings.Contains(err.Error(), "max_sessions_per_user") {
+		t.Fatalf("a third session of uid %d: %v, want its quota's refusal", userUID+1, err)
+	}
+	if n := len(a.all().Sessions); n != 4 {
+		t.Fatalf("%d sessions, want 4", n)
+	}
+}

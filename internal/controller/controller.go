@@ -395,6 +395,14 @@ func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *li
 // whole world), or the whole world when the token names a persistent instance (its teardown
 // looks at every job using it) or lifecycle.NeedsWhole says so. token "": the whole world.
 func (c *Controller) decideOn(ctx context.Context, token string, more []string, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
+	return c.decideOnTx(ctx, token, more, crashName, func(_ *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return fn(w, ids, now)
+	})
+}
+
+// decideOnTx is decideOn whose fn also gets the transaction (to read more, never to write:
+// what it decides is persisted from the world's changes).
+func (c *Controller) decideOnTx(ctx context.Context, token string, more []string, crashName string, fn func(tx *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
 	var touched map[int64]bool
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
@@ -413,7 +421,7 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 				return err
 			}
 		}
-		if err := fn(w, txIDs{tx}, now); err != nil {
+		if err := fn(tx, w, txIDs{tx}, now); err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
@@ -457,21 +465,35 @@ func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUse
 	if err := checkPFSAsOwner(req); err != nil {
 		return err
 	}
-	// The workload manager's and administrators' setups decide on the session's world (the
-	// totals stand for the rest: the allocator's used grains, the session count); an
-	// ordinary user's quota counts their sessions in the whole world.
-	scope := req.Token
-	if ordinaryUser {
-		scope = ""
-	}
-	return c.decideOn(ctx, scope, req.Uses, "request-persisted:setup", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	// Setups decide on the session's world (the totals stand for the rest: the allocator's
+	// used grains, the session count); an ordinary user's quota counts their sessions among
+	// every session and instance, read in the same transaction (quotaWorld).
+	return c.decideOnTx(ctx, req.Token, req.Uses, "request-persisted:setup", func(tx *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		if ordinaryUser {
-			if err := lifecycle.CheckUserQuota(w, req, c.params.UserQuota); err != nil {
+			all, err := c.quotaWorld(tx)
+			if err != nil {
+				return err
+			}
+			if err := lifecycle.CheckUserQuota(all, req, c.params.UserQuota); err != nil {
 				return err
 			}
 		}
 		return lifecycle.ApplySetup(w, req, ids, c.params, now)
 	})
+}
+
+// quotaWorld is every session and instance, for reading only (lifecycle.CheckUserQuota),
+// through the listings' cache: in a write transaction that has written nothing yet its
+// version is the log's (SQLite), and only what changed since the previous listing is read.
+func (c *Controller) quotaWorld(tx *store.Tx) (*lifecycle.World, error) {
+	w := lifecycle.NewWorld()
+	for _, t := range []string{"sessions", "instances"} {
+		if err := c.listInto(tx, w, t); err != nil {
+			return nil, err
+		}
+	}
+	w.Index()
+	return w, nil
 }
 
 // Stages asks for stage-ins (direction "in") or stage-outs ("out").

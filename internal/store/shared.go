@@ -82,7 +82,7 @@ func (s *Shared) keep(kind string, t sharedTable) {
 type Versioned interface {
 	// Version is the version of the state this transaction reads (the commits it sees) and
 	// the engine it is of; ok false when it cannot be told (a commit was under way when the
-	// transaction took its snapshot, or it writes).
+	// transaction took its snapshot, or it has written).
 	Version() (src any, version uint64, ok bool)
 	// ChangedSince lists the keys of kind that commits after version since, up to this
 	// transaction's version, wrote (put or deleted), in any order, repeats possible; ok false

@@ -345,8 +345,18 @@ type kv struct {
 
 // Version is store.Versioned's: the version of a read transaction's snapshot, known when
 // no commit was under way from before the transaction began until after its snapshot was
-// taken (by its first statement: one is run if none has).
+// taken (by its first statement: one is run if none has); a write transaction's until it
+// writes.
 func (k *kv) Version() (any, uint64, bool) {
+	if k.writable {
+		// Writers take turns (writeMu): until it writes, a write transaction reads the
+		// state of the log's version.
+		if k.e.log == nil || len(k.written) > 0 {
+			return k.e, 0, false
+		}
+		v, _ := k.e.log.now()
+		return k.e, v, true
+	}
 	if k.known == 0 {
 		k.known = -1
 		if k.e.log != nil && !k.writable && !k.begunCommitting {
@@ -393,7 +403,7 @@ func (k *kv) WriteVersion() (any, uint64, bool) {
 func (k *kv) ChangedSince(kind string, since uint64) ([]string, bool) {
 	_, v, ok := k.Version()
 	if k.writable {
-		_, v, ok = k.WriteVersion()
+		_, v, ok = k.WriteVersion() // Rows: its own writes are told apart by Wrote
 	}
 	if !ok {
 		return nil, false
