@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,6 +118,9 @@ type Agent struct {
 	// written yet.
 	stageIns map[int64]int
 	fragLock sync.Mutex // serializes fragment/namespace creation and removal
+	// namespaceSweep is when Reconcile last looked for namespaces the controller forgot
+	// (under fragLock).
+	namespaceSweep time.Time
 
 	quotaOnce sync.Once // logs whether fragments get project quotas (quota.go)
 
@@ -125,6 +129,14 @@ type Agent struct {
 	// create and first read, dropped when the fragment's storage is removed.
 	metasMu sync.Mutex
 	metas   map[int64]fragmentMeta
+	// byInstance indexes metas by instance: an instance's fragments here are found without
+	// reading the fragment directory and every fragment's metadata (a mount, a namespace's
+	// removal and a fragment's deletion cost the instance's fragments, not the node's).
+	// indexed: every fragment directory's metadata has been read into metas (scanFragments),
+	// so the index holds every fragment of the node; a removal that fails half-way clears it
+	// (its metadata may be read again from disk).
+	byInstance map[int64]map[int64]struct{}
+	indexed    bool
 
 	countersMu    sync.Mutex
 	counters      map[int64]*server.Fragment // the data path's counters and write window, by fragment (usage.go)
@@ -157,7 +169,7 @@ func New(opt Options) (*Agent, error) {
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
 		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
 		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{},
-		cacheOpen: cacheStores{stores: map[int64]*cachestore.Store{}}}
+		cacheOpen: cacheStores{stores: map[int64]*cachestore.Store{}}, byInstance: map[int64]map[int64]struct{}{}}
 	a.caches = newCacheFlushes()
 	a.pfsDoors = newPFSDoors(opt.PFSWorkerExe, opt.PFS, cmp.Or(opt.PFSMaxWorkers, 256))
 	if opt.Pool == "" {
@@ -479,8 +491,15 @@ func (a *Agent) directoryFragment(id int64) bool {
 
 // removeFragmentStorage removes a fragment: its file system (unmounted, detached, its image
 // removed), then its directory.
-func (a *Agent) removeFragmentStorage(id int64) error {
+func (a *Agent) removeFragmentStorage(id int64) (err error) {
 	a.uncacheFragment(id) // before: a removal that fails half-way is read again from disk
+	defer func() {
+		if err != nil { // what is left of it is found by the next whole scan
+			a.metasMu.Lock()
+			a.indexed = false
+			a.metasMu.Unlock()
+		}
+	}()
 	if a.hasImage(id) {
 		if err := a.removeFragmentFS(id); err != nil {
 			return err
@@ -510,14 +529,81 @@ func (a *Agent) readFragment(id int64) (*fragmentMeta, error) {
 
 func (a *Agent) cacheFragment(m fragmentMeta) {
 	a.metasMu.Lock()
+	if old, ok := a.metas[m.ID]; ok && old.InstanceID != m.InstanceID {
+		a.unindexLocked(old)
+	}
 	a.metas[m.ID] = m
+	frags := a.byInstance[m.InstanceID]
+	if frags == nil {
+		frags = map[int64]struct{}{}
+		a.byInstance[m.InstanceID] = frags
+	}
+	frags[m.ID] = struct{}{}
 	a.metasMu.Unlock()
 }
 
 func (a *Agent) uncacheFragment(id int64) {
 	a.metasMu.Lock()
+	if m, ok := a.metas[id]; ok {
+		a.unindexLocked(m)
+	}
 	delete(a.metas, id)
 	a.metasMu.Unlock()
+}
+
+func (a *Agent) unindexLocked(m fragmentMeta) {
+	if frags := a.byInstance[m.InstanceID]; frags != nil {
+		delete(frags, m.ID)
+		if len(frags) == 0 {
+			delete(a.byInstance, m.InstanceID)
+		}
+	}
+}
+
+// scanFragments reads the fragment directory and every fragment's metadata (cached), and
+// returns the fragments' ids, sorted; the index then holds every fragment of the node.
+func (a *Agent) scanFragments() []int64 {
+	entries, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
+	ids := make([]int64, 0, len(entries))
+	for _, e := range entries {
+		if id, err := strconv.ParseInt(e.Name(), 10, 64); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	a.metasMu.Lock()
+	a.indexed = true // before the reads: a removal failing meanwhile clears it again
+	a.metasMu.Unlock()
+	for _, id := range ids {
+		a.readFragment(id) // caches and indexes it; one being created or removed is skipped
+	}
+	return ids
+}
+
+// instanceFragments is the metadata of the instance's fragments on this node, sorted by id,
+// through the index (a whole scan first when the index is not complete). A fragment whose
+// directory is gone (removed while its metadata was being read again) is left out.
+func (a *Agent) instanceFragments(instanceID int64) []fragmentMeta {
+	a.metasMu.Lock()
+	indexed := a.indexed
+	a.metasMu.Unlock()
+	if !indexed {
+		a.scanFragments()
+	}
+	a.metasMu.Lock()
+	metas := make([]fragmentMeta, 0, len(a.byInstance[instanceID]))
+	for id := range a.byInstance[instanceID] {
+		metas = append(metas, a.metas[id])
+	}
+	a.metasMu.Unlock()
+	slices.SortFunc(metas, func(x, y fragmentMeta) int { return cmp.Compare(x.ID, y.ID) })
+	kept := metas[:0]
+	for _, m := range metas {
+		if _, err := os.Lstat(filepath.Join(a.fragmentDir(m.ID), "fragment.json")); err == nil {
+			kept = append(kept, m)
+		}
+	}
+	return kept
 }
 
 // CreateNamespace makes a namespace root owned by the session's user.
@@ -626,46 +712,52 @@ func (a *Agent) rescan(instanceID int64, t *usage.Tracker) error {
 }
 
 // instanceCapacity is what the instance may hold on this node: all it asked for when it lives
-// here alone, its fragments' capacity when it is striped over several nodes.
+// here alone, its fragments' capacity when it is striped over several nodes. It reads the
+// instance's fragments alone (instanceFragments).
 func (a *Agent) instanceCapacity(instanceID int64) uint64 {
-	return a.instanceCapacities()[instanceID]
+	return capacityOf(a.instanceFragments(instanceID))
 }
 
-// instanceCapacities is instanceCapacity of every instance with a fragment here, from one
-// read of the fragments' metadata.
-func (a *Agent) instanceCapacities() map[int64]uint64 {
-	frags, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
-	instance, here := map[int64]uint64{}, map[int64]uint64{}
-	for _, f := range frags {
-		id, err := strconv.ParseInt(f.Name(), 10, 64)
-		if err != nil {
-			continue
-		}
-		if meta, err := a.readFragment(id); err == nil {
-			instance[meta.InstanceID] = meta.InstanceCapacity
-			here[meta.InstanceID] += meta.Capacity
-		}
+// capacityOf is instanceCapacity from the metadata of the instance's fragments here.
+func capacityOf(metas []fragmentMeta) uint64 {
+	var instance, here uint64
+	for _, m := range metas {
+		instance = m.InstanceCapacity
+		here += m.Capacity
 	}
-	for id, h := range here {
-		if h > 0 {
-			instance[id] = min(instance[id], h)
-		}
+	if here > 0 {
+		instance = min(instance, here)
 	}
 	return instance
 }
 
+// instanceCapacities is instanceCapacity of every instance with a fragment here, from one
+// read of the fragment directory.
+func (a *Agent) instanceCapacities() map[int64]uint64 {
+	return a.capacitiesOf(a.scanFragments())
+}
+
+// capacitiesOf is instanceCapacities of the fragments ids (scanFragments).
+func (a *Agent) capacitiesOf(ids []int64) map[int64]uint64 {
+	byInstance := map[int64][]fragmentMeta{}
+	for _, id := range ids {
+		if meta, err := a.readFragment(id); err == nil {
+			byInstance[meta.InstanceID] = append(byInstance[meta.InstanceID], *meta)
+		}
+	}
+	instance := make(map[int64]uint64, len(byInstance))
+	for id, metas := range byInstance {
+		instance[id] = capacityOf(metas)
+	}
+	return instance
+}
+
+// instanceNamespaceDirs are the directories of the instance's namespaces and stripes on this
+// node (instanceFragments: its fragments alone are read).
 func (a *Agent) instanceNamespaceDirs(instanceID int64) []string {
 	var dirs []string
-	frags, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
-	for _, f := range frags {
-		id, err := strconv.ParseInt(f.Name(), 10, 64)
-		if err != nil {
-			continue
-		}
-		meta, err := a.readFragment(id)
-		if err != nil || meta.InstanceID != instanceID {
-			continue
-		}
+	for _, meta := range a.instanceFragments(instanceID) {
+		id := meta.ID
 		nss, _ := os.ReadDir(filepath.Join(a.fragmentDir(id), "namespace"))
 		for _, ns := range nss {
 			dirs = append(dirs, filepath.Join(a.fragmentDir(id), "namespace", ns.Name()))

@@ -41,6 +41,13 @@ func (a *Agent) Reconcile(ctx context.Context, as agentapi.Assignment, grace tim
 	}
 	a.fragLock.Lock()
 	defer a.fragLock.Unlock()
+	// Namespaces are looked for at most every quarter of grace (and 30 s): a readdir per
+	// fragment, most of a heartbeat's cost on a node holding thousands; one the controller
+	// forgot is removed once older than grace all the same, at most that much later.
+	sweep := time.Since(a.namespaceSweep) >= min(grace/4, 30*time.Second)
+	if sweep {
+		a.namespaceSweep = time.Now()
+	}
 	entries, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
 	for _, e := range entries {
 		fid, err := strconv.ParseInt(e.Name(), 10, 64)
@@ -55,6 +62,9 @@ func (a *Agent) Reconcile(ctx context.Context, as agentapi.Assignment, grace tim
 					a.opt.Log.Warn("cannot remove a fragment the controller no longer knows", "fragment", fid, "err", err)
 				}
 			}
+			continue
+		}
+		if !sweep {
 			continue
 		}
 		nss, _ := os.ReadDir(filepath.Join(dir, "namespace"))

@@ -15,9 +15,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -61,6 +58,12 @@ func (a *Agent) fragmentCounters(id int64) (*server.Fragment, error) {
 	f := server.RestoreFragment(id, meta.InstanceID, meta.limits(), st, a.opt.Log)
 	f.Job, f.OnMediaError = meta.Job, a.mediaError(id)
 	a.counters[id] = f
+	if err == nil {
+		// What was read (or nothing: zero counters) is what a restart restores: nothing to
+		// save until they change (a restarted agent's first report wrote and synced the
+		// counters of every fragment of the node).
+		a.countersSaved[id], _ = json.Marshal(f.State())
+	}
 	return f, nil
 }
 
@@ -199,15 +202,8 @@ func (a *Agent) usage() agentapi.NodeUsage {
 		defer a.fragLock.Unlock()
 	}
 	var u agentapi.NodeUsage
-	entries, _ := os.ReadDir(filepath.Join(a.ssd, "fragment"))
-	var ids []int64
-	for _, e := range entries {
-		if id, err := strconv.ParseInt(e.Name(), 10, 64); err == nil {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	capacities := a.instanceCapacities()
+	ids := a.scanFragments()
+	capacities := a.capacitiesOf(ids)
 	for _, id := range ids {
 		f, err := a.fragmentCounters(id)
 		if err != nil {

@@ -205,3 +205,116 @@ func TestFreshFragmentSavesNothingAndItsMetadataGoesWithIt(t *testing.T) {
 		t.Fatalf("a restarted agent reads fragment 7 as %+v, %v; want instance 4", m, err)
 	}
 }
+
+// An instance's fragments, capacity and namespace directories are found through the index of
+// the metadata by instance, as a whole scan of the fragment directory finds them: fragments
+// made before the agent started, created, deleted, an id reused by another instance, and a
+// fragment left on disk by a removal that failed half-way.
+func TestInstanceFragmentsThroughTheIndex(t *testing.T) {
+	ssd := filepath.Join(t.TempDir(), "ssd")
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	open := func() *Agent {
+		a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 1024 * mib, Log: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a := open()
+	create := func(a *Agent, id, instance int64, capacity, instanceCapacity uint64) {
+		t.Helper()
+		if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: id, InstanceID: instance, Capacity: capacity, InstanceCapacity: instanceCapacity}); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 100 + id, FragmentID: id, Owner: uint32(os.Getuid()), Group: uint32(os.Getgid()), Mode: 0o700}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create(a, 1, 10, 64*mib, 64*mib)
+	create(a, 2, 20, 32*mib, 96*mib) // instance 20 striped: 32 MiB here of 96
+	create(a, 3, 20, 32*mib, 96*mib)
+	check := func(a *Agent, want map[int64]uint64, nsDirs map[int64]int) {
+		t.Helper()
+		whole := a.instanceCapacities()
+		for inst, c := range want {
+			if got := a.instanceCapacity(inst); got != c || whole[inst] != c {
+				t.Errorf("instance %d: capacity %d through the index, %d by a whole scan; want %d", inst, got, whole[inst], c)
+			}
+			if got := len(a.instanceNamespaceDirs(inst)); got != nsDirs[inst] {
+				t.Errorf("instance %d: %d namespace and stripe directories, want %d: %v", inst, got, nsDirs[inst], a.instanceNamespaceDirs(inst))
+			}
+		}
+	}
+	// Each fragment holds one namespace and its stripes directory.
+	check(a, map[int64]uint64{10: 64 * mib, 20: 64 * mib, 30: 0}, map[int64]int{10: 2, 20: 4, 30: 0})
+	// A fresh agent (a restart) indexes what it finds on disk at the first lookup.
+	b := open()
+	check(b, map[int64]uint64{10: 64 * mib, 20: 64 * mib}, map[int64]int{10: 2, 20: 4})
+	if err := b.DeleteFragment(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	create(b, 4, 30, 16*mib, 32*mib)
+	check(b, map[int64]uint64{10: 64 * mib, 20: 32 * mib, 30: 16 * mib}, map[int64]int{10: 2, 20: 2, 30: 2})
+	if err := b.DeleteFragment(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	create(b, 1, 30, 16*mib, 32*mib) // id 1 reused by instance 30
+	check(b, map[int64]uint64{10: 0, 20: 32 * mib, 30: 32 * mib}, map[int64]int{10: 0, 20: 2, 30: 4})
+	// A removal that fails half-way leaves the fragment on disk: the next lookup finds it
+	// again, as a whole scan does.
+	b.uncacheFragment(2)
+	b.metasMu.Lock()
+	b.indexed = false
+	b.metasMu.Unlock()
+	check(b, map[int64]uint64{20: 32 * mib}, map[int64]int{20: 2})
+}
+
+// A restarted agent's first report does not write the counters it read back (a synced write
+// per fragment of the node); counters that change after are written.
+func TestRestartDoesNotRewriteTheCountersItRead(t *testing.T) {
+	ssd := filepath.Join(t.TempDir(), "ssd")
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	open := func() *Agent {
+		a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: ssd, Capacity: 256 * mib, Log: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a := open()
+	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 7, InstanceID: 3, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := a.fragmentCounters(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.NoteCapacity(12345)
+	a.Report(ctx)
+	counters := filepath.Join(a.fragmentDir(7), accountingDir, countersFile)
+	inode := func() uint64 {
+		t.Helper()
+		st, err := os.Stat(counters)
+		if err != nil {
+			t.Fatalf("the counters were not saved: %v", err)
+		}
+		return st.Sys().(*syscall.Stat_t).Ino
+	}
+	saved := inode()
+	b := open()
+	rep, _ := b.Report(ctx)
+	if got := inode(); got != saved {
+		t.Fatal("a restarted agent's report wrote the counters it had just read")
+	}
+	if u := fragmentUsage(t, rep, 7); u.CapacityMax != 12345 {
+		t.Fatalf("restored capacity_max %d, want 12345", u.CapacityMax)
+	}
+	g, _ := b.fragmentCounters(7)
+	g.NoteCapacity(99999)
+	b.Report(ctx)
+	if got := inode(); got == saved {
+		t.Fatal("counters that changed were not written")
+	}
+}

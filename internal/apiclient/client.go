@@ -440,6 +440,15 @@ func (c *Client) All(ctx context.Context) (views.All, error) {
 	return a, err
 }
 
+// Session is the job or persistent session with token, with its objects and those of the
+// persistent instances it uses, in views.All's shapes (GET /dw/v1/all?token=): the other
+// sessions are not read. No session with token (or one the caller may not see): no sessions.
+func (c *Client) Session(ctx context.Context, token string) (views.All, error) {
+	var a views.All
+	err := c.Do(ctx, "GET", "/dw/v1/all?token="+url.QueryEscape(token), nil, &a)
+	return a, err
+}
+
 // Controllers asks every controller the client was given, one by one, what it is (GET
 // /dw/v1/controller): one row each, in the order given; one that cannot be reached, or
 // answers with an error, is a row with role "unreachable" and the reason. It needs no

@@ -38,7 +38,7 @@ import (
 // stalest first, the others at the next report), and returns the bytes written since the
 // counters it had (the node's endurance figure grows by them). Fragments the state does not
 // know, or knows on another node, are ignored. finalID's counters are marked as the last.
-func recordUsage(tx *store.Tx, node string, reports []agentapi.FragmentUsage, now time.Time, finalID int64, limit int) (uint64, error) {
+func recordUsage(tx *store.Tx, rows *store.Rows[model.FragmentUsage], node string, reports []agentapi.FragmentUsage, now time.Time, finalID int64, limit int) (uint64, error) {
 	type change struct {
 		row   *model.FragmentUsage
 		fu    agentapi.FragmentUsage
@@ -46,7 +46,7 @@ func recordUsage(tx *store.Tx, node string, reports []agentapi.FragmentUsage, no
 	}
 	var changes []change
 	for _, fu := range reports {
-		row, err := store.Usage.Get(tx, fu.Fragment)
+		row, err := store.Usage.GetCached(tx, rows, fu.Fragment) // the rows not written since the last heartbeat are not read again
 		if store.IsNotFound(err) {
 			f, ferr := store.Fragments.Get(tx, fu.Fragment)
 			if store.IsNotFound(ferr) {
@@ -117,7 +117,7 @@ func (c *Controller) finalUsage(ctx context.Context, agent agentapi.Agent, node 
 			row.Final = true
 			return store.Usage.Put(tx, row)
 		}
-		written, err := recordUsage(tx, node, own, c.now(), id, c.cfg.Controller.AccountingBatch)
+		written, err := recordUsage(tx, &c.usageRows, node, own, c.now(), id, c.cfg.Controller.AccountingBatch)
 		if err != nil || written == 0 {
 			return err
 		}
@@ -310,7 +310,11 @@ func (c *Controller) refreshUsage(ctx context.Context, frags []*model.Fragment) 
 		stale[f.ID] = true
 	}
 	frags = frags[:min(len(frags), limit)]
-	w, err := c.view(ctx)
+	var w *lifecycle.World // the nodes alone: where each fragment's agent is
+	err := c.store.View(ctx, func(tx *store.Tx) (err error) {
+		w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
+		return err
+	})
 	if err != nil {
 		for _, f := range frags {
 			stale[f.ID] = true
@@ -359,7 +363,7 @@ wait:
 	}
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		for _, node := range sortedNodes(byNode) {
-			written, err := recordUsage(tx, node, byNode[node], c.now(), 0, len(byNode[node]))
+			written, err := recordUsage(tx, &c.usageRows, node, byNode[node], c.now(), 0, len(byNode[node]))
 			if err != nil || written == 0 {
 				if err != nil {
 					return err

@@ -431,3 +431,92 @@ func TestOtherUsersSessionsCannotBeEnumerated(t *testing.T) {
 		t.Errorf("another user's teardown with private_data off: %d %s", code, out)
 	}
 }
+
+// GET /dw/v1/all?token= answers one session's objects (and its persistent instances'), not
+// the state's: what `spillway run` and the home's cleanup ask about their own jobs.
+func TestAllOfOneSession(t *testing.T) {
+	a := newAdminWorld(t, nil)
+	a.heartbeat("n1", "wlm_pool")
+	a.setup("40", userUID, 1)
+	a.setup("41", userUID, 0)
+	a.setup("42", userUID+1, 0)
+	whole := a.all()
+	var one views.All
+	if err := json.Unmarshal([]byte(a.must(userUID, "GET", "/dw/v1/all?token=41", "", 200)), &one); err != nil {
+		t.Fatal(err)
+	}
+	if len(one.Sessions) != 1 || one.Sessions[0].Token != "41" {
+		t.Fatalf("sessions %+v, want 41 alone", one.Sessions)
+	}
+	id := one.Sessions[0].ID
+	want := 0
+	for _, i := range whole.Instances {
+		if i.Links.Session == id {
+			want++
+		}
+	}
+	if len(one.Instances) != want || want == 0 {
+		t.Fatalf("%d instances, want the session's %d", len(one.Instances), want)
+	}
+	for _, i := range one.Instances {
+		if i.Links.Session != id {
+			t.Fatalf("instance %d of session %d in session %d's answer", i.ID, i.Links.Session, id)
+		}
+	}
+	for _, st := range one.Stages {
+		if st.Session != id {
+			t.Fatalf("stage %d of session %d in session %d's answer", st.ID, st.Session, id)
+		}
+	}
+	if len(one.Pools) != 0 || len(one.Nodes) != 0 {
+		t.Fatalf("pools %v nodes %v: only the session's objects are read", one.Pools, one.Nodes)
+	}
+	// Another user's session is not theirs to see (private_data); an unknown token has none.
+	for _, q := range []string{"42", "nosuch"} {
+		var none views.All
+		if err := json.Unmarshal([]byte(a.must(userUID, "GET", "/dw/v1/all?token="+q, "", 200)), &none); err != nil {
+			t.Fatal(err)
+		}
+		if len(none.Sessions) != 0 || len(none.Instances) != 0 {
+			t.Fatalf("token %s: %+v, want nothing", q, none)
+		}
+	}
+}
+
+// An ordinary user's setup decides on the session's world and counts the user's sessions
+// among every session and instance, read through the listings' cache in the setup's own
+// transaction: the quota holds as it did on the whole world.
+func TestUserQuotaCountsEverySession(t *testing.T) {
+	a := newAdminWorld(t, func(c *config.Config) { c.Controller.MaxSessionsPerUser = 2; c.Controller.MaxPersistentPerUser = 5 })
+	a.heartbeat("n1", "wlm_pool")
+	ctx := context.Background()
+	setup := func(token string, owner uint32) error {
+		return a.c.Setup(ctx, lifecycle.Setup{Token: token, Creator: "CLI", Owner: owner, Group: owner, Persistent: true,
+			Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}, Strategy: "bandwidth"}}, true)
+	}
+	a.all() // the listings' cache holds the state before the setups: they read what changed
+	for _, token := range []string{"pa", "pb"} {
+		if err := setup(token, userUID); err != nil {
+			t.Fatal(err)
+		}
+		a.all()
+	}
+	if err := setup("pc", userUID); err == nil || !strings.Contains(err.Error(), "max_sessions_per_user") {
+		t.Fatalf("a third session of uid %d: %v, want its quota's refusal", userUID, err)
+	}
+	if err := setup("pa", userUID); err != nil {
+		t.Fatalf("a setup sent again: %v", err)
+	}
+	if err := setup("qa", userUID+1); err != nil {
+		t.Fatalf("another user's session: %v", err)
+	}
+	if err := setup("qb", userUID+1); err != nil {
+		t.Fatalf("another user's second session: %v", err)
+	}
+	if err := setup("qc", userUID+1); err == nil || !strings.Contains(err.Error(), "max_sessions_per_user") {
+		t.Fatalf("a third session of uid %d: %v, want its quota's refusal", userUID+1, err)
+	}
+	if n := len(a.all().Sessions); n != 4 {
+		t.Fatalf("%d sessions, want 4", n)
+	}
+}

@@ -291,6 +291,18 @@ func (s *Server) versions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) all(w http.ResponseWriter, r *http.Request) {
+	if token := r.URL.Query().Get("token"); token != "" {
+		// One session's objects (and those of the persistent instances it uses), read
+		// through the indexes: what a command asks about its own job costs that job's
+		// objects, not the state's.
+		world, err := s.c.viewSession(r.Context(), token)
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, 200, s.visible(r, views.Build(world)))
+		return
+	}
 	all, err := s.snapshot(r)
 	if err != nil {
 		s.fail(w, err)
@@ -301,7 +313,7 @@ func (s *Server) all(w http.ResponseWriter, r *http.Request) {
 
 // snapshot is every table and the stage history, as the caller may see them.
 func (s *Server) snapshot(r *http.Request) (views.All, error) {
-	world, err := s.c.view(r.Context())
+	world, err := s.c.viewShared(r.Context())
 	if err != nil {
 		return views.All{}, err
 	}
@@ -785,7 +797,7 @@ func (s *Server) mount(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, 400, "user", "give ?path=<mount point>")
 		return
 	}
-	world, err := s.c.view(r.Context())
+	world, err := s.c.viewShared(r.Context())
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -837,12 +849,12 @@ func (s *Server) instanceAccounting(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) sessionAccounting(w http.ResponseWriter, r *http.Request) {
-	world, err := s.c.view(r.Context())
+	token := r.PathValue("token")
+	world, err := s.c.viewSession(r.Context(), token) // the session's objects, by index
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	token := r.PathValue("token")
 	sess := world.SessionByToken(token)
 	if sess == nil || !s.mayRead(r, sess) { // another user's job: as an unknown token
 		s.fail(w, lifecycle.ErrNoSession)

@@ -82,6 +82,9 @@ type Controller struct {
 
 	// listed keeps the records the listings (GET /dw/v1/<table>) decoded last (listing.go).
 	listed store.Shared
+	// usageRows keeps the fragments' usage rows the heartbeats compared their reports with
+	// (recordUsage): those no commit wrote since are not read again.
+	usageRows store.Rows[model.FragmentUsage]
 }
 
 // New creates a controller over a store. Pools listed in the configuration are created if
@@ -292,6 +295,36 @@ func (c *Controller) view(ctx context.Context) (*lifecycle.World, error) {
 	return w, err
 }
 
+// wholeTables are the tables of the state besides the pools and the nodes.
+var wholeTables = []string{"sessions", "instances", "fragments", "configurations", "namespaces", "registrations", "activations", "stages"}
+
+// viewShared is view for answers that only render the world (GET /dw/v1/all, dwstat, the
+// mounts' lookup): when the read knows its version (store.Versioned: SQLite), its objects
+// come from the listings' cache (c.listed), which reads again only the records written since
+// the previous listing: what dwstat costs follows what changed, not the state. The objects
+// are shared: read them, never change them.
+func (c *Controller) viewShared(ctx context.Context) (*lifecycle.World, error) {
+	var w *lifecycle.World
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		if !tx.Versioned() {
+			w, err = loadWorld(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
+			return err
+		}
+		if w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D()); err != nil {
+			return err
+		}
+		for _, t := range wholeTables {
+			if err := c.listInto(tx, w, t); err != nil {
+				return err
+			}
+		}
+		w.Index()
+		return nil
+	})
+	return w, err
+}
+
 // viewSession loads, in a read transaction, what an answer about one session looks at
 // (readSessionWorld).
 func (c *Controller) viewSession(ctx context.Context, token string) (*lifecycle.World, error) {
@@ -337,6 +370,19 @@ func (c *Controller) sessionID(ctx context.Context, token string) (int64, error)
 // World returns a snapshot of every object, for status views.
 func (c *Controller) World(ctx context.Context) (*lifecycle.World, error) { return c.view(ctx) }
 
+// ReadWorld is World for a caller that only reads it (viewShared: on SQLite the listings'
+// cache, which reads again only what changed): its objects are shared, never change them.
+func (c *Controller) ReadWorld(ctx context.Context) (*lifecycle.World, error) {
+	return c.viewShared(ctx)
+}
+
+// SessionWorld is the session with token and its objects, and those of the persistent
+// instances it uses, read through the indexes (readSessionWorld: no pools, nodes or other
+// sessions); without the session when there is none. For reading only.
+func (c *Controller) SessionWorld(ctx context.Context, token string) (*lifecycle.World, error) {
+	return c.viewSession(ctx, token)
+}
+
 // decide runs fn on the whole world loaded in a write transaction and persists what it
 // changed.
 func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
@@ -349,6 +395,14 @@ func (c *Controller) decide(ctx context.Context, crashName string, fn func(w *li
 // whole world), or the whole world when the token names a persistent instance (its teardown
 // looks at every job using it) or lifecycle.NeedsWhole says so. token "": the whole world.
 func (c *Controller) decideOn(ctx context.Context, token string, more []string, crashName string, fn func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
+	return c.decideOnTx(ctx, token, more, crashName, func(_ *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+		return fn(w, ids, now)
+	})
+}
+
+// decideOnTx is decideOn whose fn also gets the transaction (to read more, never to write:
+// what it decides is persisted from the world's changes).
+func (c *Controller) decideOnTx(ctx context.Context, token string, more []string, crashName string, fn func(tx *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
 	var touched map[int64]bool
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
@@ -367,7 +421,7 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 				return err
 			}
 		}
-		if err := fn(w, txIDs{tx}, now); err != nil {
+		if err := fn(tx, w, txIDs{tx}, now); err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
@@ -411,21 +465,35 @@ func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUse
 	if err := checkPFSAsOwner(req); err != nil {
 		return err
 	}
-	// The workload manager's and administrators' setups decide on the session's world (the
-	// totals stand for the rest: the allocator's used grains, the session count); an
-	// ordinary user's quota counts their sessions in the whole world.
-	scope := req.Token
-	if ordinaryUser {
-		scope = ""
-	}
-	return c.decideOn(ctx, scope, req.Uses, "request-persisted:setup", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	// Setups decide on the session's world (the totals stand for the rest: the allocator's
+	// used grains, the session count); an ordinary user's quota counts their sessions among
+	// every session and instance, read in the same transaction (quotaWorld).
+	return c.decideOnTx(ctx, req.Token, req.Uses, "request-persisted:setup", func(tx *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		if ordinaryUser {
-			if err := lifecycle.CheckUserQuota(w, req, c.params.UserQuota); err != nil {
+			all, err := c.quotaWorld(tx)
+			if err != nil {
+				return err
+			}
+			if err := lifecycle.CheckUserQuota(all, req, c.params.UserQuota); err != nil {
 				return err
 			}
 		}
 		return lifecycle.ApplySetup(w, req, ids, c.params, now)
 	})
+}
+
+// quotaWorld is every session and instance, for reading only (lifecycle.CheckUserQuota),
+// through the listings' cache: in a write transaction that has written nothing yet its
+// version is the log's (SQLite), and only what changed since the previous listing is read.
+func (c *Controller) quotaWorld(tx *store.Tx) (*lifecycle.World, error) {
+	w := lifecycle.NewWorld()
+	for _, t := range []string{"sessions", "instances"} {
+		if err := c.listInto(tx, w, t); err != nil {
+			return nil, err
+		}
+	}
+	w.Index()
+	return w, nil
 }
 
 // Stages asks for stage-ins (direction "in") or stage-outs ("out").
@@ -751,7 +819,7 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 		// Endurance: the bytes the data path wrote to the node's fragments, summed from
 		// the counters' growth (they outlive the fragments); an agent reporting more of its
 		// own (r.Written) is believed.
-		written, err := recordUsage(tx, r.Name, r.Usage.Fragments, c.now(), 0, c.cfg.Controller.AccountingBatch)
+		written, err := recordUsage(tx, &c.usageRows, r.Name, r.Usage.Fragments, c.now(), 0, c.cfg.Controller.AccountingBatch)
 		if err != nil {
 			return err
 		}
@@ -771,7 +839,7 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 		// What lives on the node, read after the report is in (a snapshot as consistent as
 		// the write's, which writers need not wait for): the node's objects by index.
 		err = c.store.View(ctx, func(tx *store.Tx) error {
-			w, err := loadNodeWorld(tx, r.Name, c.now(), c.cfg.Controller.NodeTimeout.D())
+			w, err := c.nodeWorld(tx, r.Name)
 			if err != nil {
 				return err
 			}

@@ -18,6 +18,21 @@ import (
 // match byte for byte.
 func (a *adminWorld) wholeWorldListing(table string, uid uint32) string {
 	a.t.Helper()
+	all := a.wholeWorldAll(uid)
+	rows := map[string]any{"pools": all.Pools, "nodes": all.Nodes, "sessions": all.Sessions, "instances": all.Instances,
+		"configurations": all.Configurations, "registrations": all.Registrations, "activations": all.Activations,
+		"fragments": all.Fragments, "namespaces": all.Namespaces, "stages": all.Stages, "stage_history": all.StageHistory}[table]
+	var b bytes.Buffer
+	if err := json.NewEncoder(&b).Encode(map[string]any{table: rows}); err != nil {
+		a.t.Fatal(err)
+	}
+	return b.String()
+}
+
+// wholeWorldAll is GET /dw/v1/all rendered from the whole state read afresh (view), as uid
+// may see it.
+func (a *adminWorld) wholeWorldAll(uid uint32) views.All {
+	a.t.Helper()
 	ctx := context.Background()
 	world, err := a.c.view(ctx)
 	if err != nil {
@@ -32,14 +47,7 @@ func (a *adminWorld) wholeWorldListing(table string, uid uint32) string {
 	if uid != rootUID && a.c.cfg.Controller.PrivateData {
 		all = all.VisibleTo(uid)
 	}
-	rows := map[string]any{"pools": all.Pools, "nodes": all.Nodes, "sessions": all.Sessions, "instances": all.Instances,
-		"configurations": all.Configurations, "registrations": all.Registrations, "activations": all.Activations,
-		"fragments": all.Fragments, "namespaces": all.Namespaces, "stages": all.Stages, "stage_history": all.StageHistory}[table]
-	var b bytes.Buffer
-	if err := json.NewEncoder(&b).Encode(map[string]any{table: rows}); err != nil {
-		a.t.Fatal(err)
-	}
-	return b.String()
+	return all
 }
 
 // checkListings: every table, as an administrator, as the owner of some sessions, as another
@@ -51,6 +59,16 @@ func (a *adminWorld) checkListings(when string) {
 			if got, want := a.must(uid, "GET", "/dw/v1/"+table, "", 200), a.wholeWorldListing(table, uid); got != want {
 				a.t.Errorf("%s: GET /dw/v1/%s as uid %d:\n%s\nthe whole world's:\n%s", when, table, uid, got, want)
 			}
+		}
+	}
+	// GET /dw/v1/all, from the listings' cache (viewShared), is the whole state read afresh.
+	for _, uid := range []uint32{rootUID, userUID, userUID + 1, userUID + 2} {
+		var b bytes.Buffer
+		if err := json.NewEncoder(&b).Encode(a.wholeWorldAll(uid)); err != nil {
+			a.t.Fatal(err)
+		}
+		if got, want := a.must(uid, "GET", "/dw/v1/all", "", 200), b.String(); got != want {
+			a.t.Errorf("%s: GET /dw/v1/all as uid %d:\n%s\nthe whole world's:\n%s", when, uid, got, want)
 		}
 	}
 }

@@ -241,7 +241,7 @@ func (m *controllerMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	if m.stale.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), m.c.cfg.Controller.RequestTimeout.D())
-		whole, err := m.c.view(ctx)
+		whole, err := m.c.viewShared(ctx) // read only
 		cancel()
 		if err != nil {
 			return

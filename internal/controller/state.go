@@ -106,9 +106,15 @@ func loadNodeWorld(tx *store.Tx, node string, now time.Time, nodeTimeout time.Du
 			return nil, err
 		}
 	}
+	return w, addActivationSessions(tx, w, node)
+}
+
+// addActivationSessions adds the sessions of the node's activations, with their objects (a
+// mount order names the instance's other servers).
+func addActivationSessions(tx *store.Tx, w *lifecycle.World, node string) error {
 	acts, err := store.Activations.ChildrenOfKey(tx, lifecycle.KindNode, node)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, a := range acts {
 		if w.Sessions[a.SessionID] != nil {
@@ -120,13 +126,47 @@ func loadNodeWorld(tx *store.Tx, node string, now time.Time, nodeTimeout time.Du
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := addSession(tx, w, s); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return w, nil
+	return nil
+}
+
+// nodeWorld is loadNodeWorld for a heartbeat's answer (liveOn). When the transaction knows
+// its version (store.Versioned: SQLite), the node's fragments and their namespaces are
+// picked from the listings' cache (c.listed), which reads again only the records written
+// since the previous listing: a node holding 10,000 fragments cost a query per fragment (its
+// namespaces) at every heartbeat. The objects are shared: for reading only.
+func (c *Controller) nodeWorld(tx *store.Tx, node string) (*lifecycle.World, error) {
+	if !tx.Versioned() {
+		return loadNodeWorld(tx, node, c.now(), c.cfg.Controller.NodeTimeout.D())
+	}
+	w, err := loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
+	if err != nil {
+		return nil, err
+	}
+	frags, err := store.Fragments.ListShared(tx, &c.listed)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range frags {
+		if f.Node == node {
+			w.Fragments[f.ID] = f
+		}
+	}
+	namespaces, err := store.Namespaces.ListShared(tx, &c.listed)
+	if err != nil {
+		return nil, err
+	}
+	for _, ns := range namespaces {
+		if w.Fragments[ns.FragmentID] != nil {
+			w.Namespaces[ns.ID] = ns
+		}
+	}
+	return w, addActivationSessions(tx, w, node)
 }
 
 // countElsewhere fills a partial world's Elsewhere from the state's totals: the totals less

@@ -143,29 +143,46 @@ func TestSessionWorldIsTheSessionsSlice(t *testing.T) {
 			t.Errorf("paths of %s: %v %v from the session world, %v %v from the whole world", token, gotPaths, gotErr, wantPaths, wantErr)
 		}
 	}
-	// A heartbeat's answer from the node's objects is the one from the whole world.
-	for _, node := range []string{"n1", "n2", "nowhere"} {
-		var part *lifecycle.World
-		if err := a.c.store.View(ctx, func(tx *store.Tx) error {
-			var err error
-			part, err = loadNodeWorld(tx, node, a.c.now(), a.c.cfg.Controller.NodeTimeout.D())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		got, want := liveOn(part, node), liveOn(whole, node)
-		sort.Slice(got.Namespaces, func(i, j int) bool { return got.Namespaces[i].ID < got.Namespaces[j].ID })
-		sort.Slice(want.Namespaces, func(i, j int) bool { return want.Namespaces[i].ID < want.Namespaces[j].ID })
-		slices.Sort(got.Fragments)
-		slices.Sort(want.Fragments)
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("what lives on %s from its objects: %+v, from the whole world: %+v", node, got, want)
-		}
-		if node != "nowhere" && len(want.Fragments) == 0 {
-			t.Errorf("no fragment on %s: the comparison proves nothing", node)
+	// A heartbeat's answer from the node's objects is the one from the whole world, read by
+	// index or picked from the listings' cache (nodeWorld, on SQLite), twice: the second
+	// listing starts from the first.
+	for _, how := range []string{"index", "listings", "listings again"} {
+		for _, node := range []string{"n1", "n2", "nowhere"} {
+			var part *lifecycle.World
+			if err := a.c.store.View(ctx, func(tx *store.Tx) error {
+				var err error
+				if how == "index" {
+					part, err = loadNodeWorld(tx, node, a.c.now(), a.c.cfg.Controller.NodeTimeout.D())
+					return err
+				}
+				if !tx.Versioned() {
+					t.Fatal("a read transaction of SQLite with no commit under way does not know its version")
+				}
+				part, err = a.c.nodeWorld(tx, node)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			checkLiveOn(t, how, node, part, whole)
 		}
 	}
 	if p, _ := a.c.Paths(ctx, "3"); p[lifecycle.VarPersistentPre+"proj"] == "" {
 		t.Errorf("paths of job 3 = %v, want its persistent instance proj's variable", p)
+	}
+}
+
+// checkLiveOn compares what lives on node according to a partial world with the whole's.
+func checkLiveOn(t *testing.T, how, node string, part, whole *lifecycle.World) {
+	t.Helper()
+	got, want := liveOn(part, node), liveOn(whole, node)
+	sort.Slice(got.Namespaces, func(i, j int) bool { return got.Namespaces[i].ID < got.Namespaces[j].ID })
+	sort.Slice(want.Namespaces, func(i, j int) bool { return want.Namespaces[i].ID < want.Namespaces[j].ID })
+	slices.Sort(got.Fragments)
+	slices.Sort(want.Fragments)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("what lives on %s from its objects (%s): %+v, from the whole world: %+v", node, how, got, want)
+	}
+	if node != "nowhere" && len(want.Fragments) == 0 {
+		t.Errorf("no fragment on %s: the comparison proves nothing", node)
 	}
 }

@@ -318,8 +318,8 @@ func atRest(w *lifecycle.World) bool {
 // ctlOps lets the cleanup of gone runs (runjob.Reap) act on the controller directly.
 type ctlOps struct{ c *controller.Controller }
 
-func (o ctlOps) All(ctx context.Context) (views.All, error) {
-	w, err := o.c.World(ctx)
+func (o ctlOps) Session(ctx context.Context, token string) (views.All, error) {
+	w, err := o.c.SessionWorld(ctx, token)
 	if err != nil {
 		return views.All{}, err
 	}
@@ -382,7 +382,7 @@ func (h *Home) Serve(log *slog.Logger, workerExe []string) error {
 		if act.quietFor() < cfg.Home.IdleTimeout.D() {
 			return false
 		}
-		w, err := r.Controller.World(context.Background())
+		w, err := r.Controller.ReadWorld(context.Background())
 		if err != nil || !atRest(w) {
 			lastBusy = time.Now()
 			return false

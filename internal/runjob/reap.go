@@ -14,7 +14,9 @@ import (
 // Ops is what cleaning up a gone run needs of the controller: the API client in a command,
 // the controller itself in the home's server.
 type Ops interface {
-	All(ctx context.Context) (views.All, error)
+	// Session is the session with token and its objects (no session when there is none):
+	// a pass reads the sessions of its records only, never the whole state.
+	Session(ctx context.Context, token string) (views.All, error)
 	PostRun(ctx context.Context, token string) error
 	Stages(ctx context.Context, token, direction string, reqs []lifecycle.StageRequest) error
 	Teardown(ctx context.Context, token string, hurry bool) error
@@ -47,28 +49,25 @@ func Reap(ctx context.Context, ops Ops, rs Records) ([]Cleanup, error) {
 		return nil, err
 	}
 	defer unlock()
-	records := rs.List()
-	if len(records) == 0 {
-		return nil, nil
-	}
-	all, err := ops.All(ctx)
-	if err != nil {
-		return nil, err
-	}
 	var done []Cleanup
-	for _, rec := range records {
+	for _, rec := range rs.List() {
 		switch rec.State {
-		case StateKept:
-			if sessionOf(all, rec.Token) == nil {
-				rs.Remove(rec.Token) // retried or removed since
-			}
-			continue
 		case StateCleaned:
 			continue
 		case StateRunning:
 			if Alive(rec.PID, rec.PIDStart) {
 				continue
 			}
+		}
+		all, err := ops.Session(ctx, rec.Token)
+		if err != nil {
+			return done, err
+		}
+		if rec.State == StateKept {
+			if sessionOf(all, rec.Token) == nil {
+				rs.Remove(rec.Token) // retried or removed since
+			}
+			continue
 		}
 		c, err := reapOne(ctx, ops, rs, all, rec)
 		if err != nil {
@@ -81,7 +80,7 @@ func Reap(ctx context.Context, ops Ops, rs Records) ([]Cleanup, error) {
 	return done, nil
 }
 
-// reapOne advances the cleanup of one gone run.
+// reapOne advances the cleanup of one gone run; all holds its session's objects (Ops.Session).
 func reapOne(ctx context.Context, ops Ops, rs Records, all views.All, rec *Record) (*Cleanup, error) {
 	sess := sessionOf(all, rec.Token)
 	// record notes what was done, in the state given, and returns it as this pass's cleanup.

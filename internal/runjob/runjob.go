@@ -391,7 +391,7 @@ func (r *runner) sessionAbsent() bool {
 	if r.sessionID != 0 {
 		return false
 	}
-	all, err := r.o.Client.All(context.Background())
+	all, err := r.o.Client.Session(context.Background(), r.token)
 	return err == nil && sessionOf(all, r.token) == nil
 }
 
@@ -420,7 +420,7 @@ func (r *runner) lookupSessionID() int64 {
 	if r.sessionID != 0 {
 		return r.sessionID
 	}
-	all, err := r.o.Client.All(context.Background())
+	all, err := r.o.Client.Session(context.Background(), r.token)
 	if err == nil {
 		if s := sessionOf(all, r.token); s != nil {
 			r.sessionID = s.ID
@@ -439,7 +439,7 @@ func RetryStageOut(ctx context.Context, o Options, token string) int {
 	r.token = token
 	// Any interrupt leaves: the stage-out goes on in the controller, and the home's server
 	// finishes it (releasing the session, or keeping it again) once this command is gone.
-	all, err := o.Client.All(r.in.abort)
+	all, err := o.Client.Session(r.in.abort, token)
 	if err != nil {
 		fmt.Fprintf(o.Out, "spillway run --retry-stage-out: %v\n", err)
 		return ExitStageOut
@@ -521,7 +521,7 @@ func (r *runner) step(ctx context.Context, step string, send func() error) error
 }
 
 func (r *runner) describeSetup() string {
-	all, err := r.o.Client.All(r.ctx)
+	all, err := r.o.Client.Session(r.ctx, r.token)
 	if err != nil {
 		return ""
 	}

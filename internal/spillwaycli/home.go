@@ -62,6 +62,12 @@ func homeMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "spillway home serve: %v\n", err)
 			return 1
 		}
+		stop, err := startCPUProfile(os.Getenv("SPILLWAY_CPUPROFILE"), "home server", log)
+		if err != nil {
+			fmt.Fprintf(stderr, "spillway home serve: SPILLWAY_CPUPROFILE: %v\n", err)
+			return 78
+		}
+		defer stop()
 		if err := home.Serve(log, []string{exe, "stage-worker"}); err != nil {
 			fmt.Fprintf(stderr, "spillway home serve: %v\n", err)
 			return 1

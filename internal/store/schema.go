@@ -163,7 +163,7 @@ func migrateTokenIndexToJSON(kv KV) error {
 
 // migrateChildIndex: version 3 indexes a session's objects by their parent and keeps totals.
 func migrateChildIndex(kv KV) error {
-	tx := &Tx{kv: kv}
+	tx := newTx(kv)
 	for _, index := range []func(*Tx) error{Instances.index, Fragments.index, Configurations.index,
 		Namespaces.index, Registrations.index, Activations.index, Stages.index, Sessions.index, Usage.index} {
 		if err := index(tx); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spillway-hpc/spillway/internal/model"
@@ -22,17 +23,22 @@ func New(e Engine) *Store { return &Store{engine: e} }
 
 // Tx is one transaction over model objects.
 type Tx struct {
-	kv KV
+	kv     KV
+	serial uint64 // unique in the process (Rows tells its transactions apart by it)
 }
+
+var txSerial atomic.Uint64
+
+func newTx(kv KV) *Tx { return &Tx{kv: kv, serial: txSerial.Add(1)} }
 
 // Update runs fn in a read-write transaction.
 func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
-	return s.engine.Update(ctx, func(kv KV) error { return fn(&Tx{kv: kv}) })
+	return s.engine.Update(ctx, func(kv KV) error { return fn(newTx(kv)) })
 }
 
 // View runs fn in a read-only transaction.
 func (s *Store) View(ctx context.Context, fn func(*Tx) error) error {
-	return s.engine.View(ctx, func(kv KV) error { return fn(&Tx{kv: kv}) })
+	return s.engine.View(ctx, func(kv KV) error { return fn(newTx(kv)) })
 }
 
 // Engine is the engine under the store (backup and restore work on its keys).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,83 @@ type Engine struct {
 	// stmts are the statements every transaction runs, prepared once (database/sql keeps
 	// each prepared on the connections it ran on): a request's reads do not parse SQL.
 	stmts map[string]*sql.Stmt
+	// log numbers this process's commits and remembers the keys the latest wrote
+	// (store.Versioned); nil when opened read-only (another process writes).
+	log *changeLog
+}
+
+// changeLog numbers the commits of the process holding the database (the only writer: Open
+// takes its lock) and keeps the keys the latest of them wrote, so that a listing can read
+// again only what changed since an earlier one (store.Shared). A read transaction knows the
+// version it sees when no commit was under way from before it began until its snapshot was
+// taken (a WAL read transaction takes it at its first read, and keeps it).
+type changeLog struct {
+	mu         sync.Mutex
+	version    uint64   // commits so far
+	committing bool     // a commit is under way: the version a snapshot sees is unknown
+	changes    []change // the keys written by the commits after since, oldest first
+	since      uint64
+}
+
+type change struct {
+	version   uint64
+	kind, key string
+}
+
+// maxChanges bounds the log; past it the older half is forgotten (a listing from before them
+// reads its whole table again).
+const maxChanges = 1 << 16
+
+// now is the version and whether a commit is under way.
+func (l *changeLog) now() (uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.version, l.committing
+}
+
+func (l *changeLog) begin() {
+	l.mu.Lock()
+	l.committing = true
+	l.mu.Unlock()
+}
+
+// end records a commit's keys (also when the commit reported an error: it may have happened,
+// and a key listed in vain is only read again).
+func (l *changeLog) end(written []change) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.version++
+	for _, c := range written {
+		c.version = l.version
+		l.changes = append(l.changes, c)
+	}
+	if len(l.changes) > maxChanges {
+		drop := len(l.changes) - maxChanges/2
+		l.since = l.changes[drop-1].version
+		l.changes = slices.Clone(l.changes[drop:])
+		// A commit cut in two is forgotten whole: since means every change after it is here.
+		for len(l.changes) > 0 && l.changes[0].version == l.since {
+			l.changes = l.changes[1:]
+		}
+	}
+	l.committing = false
+}
+
+// changedSince lists the keys of kind written by the commits after since, up to version
+// upto; ok false when some are forgotten.
+func (l *changeLog) changedSince(kind string, since, upto uint64) ([]string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if since < l.since || since > upto {
+		return nil, false
+	}
+	var keys []string
+	for i := len(l.changes) - 1; i >= 0 && l.changes[i].version > since; i-- {
+		if c := l.changes[i]; c.version <= upto && c.kind == kind {
+			keys = append(keys, c.key)
+		}
+	}
+	return keys, true
 }
 
 // hotQueries are the statements every transaction runs: prepared when the engine opens (no
@@ -120,7 +198,7 @@ func Open(path string) (*Engine, error) {
 		lock.Close()
 		return nil, fmt.Errorf("state database %s: %w", path, err)
 	}
-	e := &Engine{db: db, lock: lock}
+	e := &Engine{db: db, lock: lock, log: &changeLog{}}
 	if err := e.prepare(); err != nil {
 		db.Close()
 		lock.Close()
@@ -219,10 +297,14 @@ func (e *Engine) Update(ctx context.Context, fn func(store.KV) error) error {
 			tx.Rollback()
 		}
 	}()
-	if err := fn(&kv{e: e, tx: tx, ctx: ctx, writable: true}); err != nil {
+	k := &kv{e: e, tx: tx, ctx: ctx, writable: true}
+	if err := fn(k); err != nil {
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	e.log.begin()
+	err = tx.Commit()
+	e.log.end(k.written)
+	if err != nil {
 		return err
 	}
 	committed = true
@@ -231,12 +313,17 @@ func (e *Engine) Update(ctx context.Context, fn func(store.KV) error) error {
 
 // View runs fn in a read transaction.
 func (e *Engine) View(ctx context.Context, fn func(store.KV) error) error {
+	k := &kv{e: e, ctx: ctx}
+	if e.log != nil {
+		k.begun, k.begunCommitting = e.log.now() // before the snapshot, whenever it is taken
+	}
 	tx, err := e.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	return fn(&kv{e: e, tx: tx, ctx: ctx})
+	k.tx = tx
+	return fn(k)
 }
 
 type kv struct {
@@ -245,10 +332,88 @@ type kv struct {
 	tx       *sql.Tx
 	ctx      context.Context
 	writable bool
+	written  []change // a write transaction's keys (changeLog)
+	wrote    map[change]bool
+	// A read transaction's version (store.Versioned): the log's when it began, and once
+	// asked, the version it reads (known: 1 yes, -1 unknown, 0 not asked yet).
+	begun           uint64
+	begunCommitting bool
+	read            bool // a statement ran: the snapshot is taken
+	version         uint64
+	known           int8
+}
+
+// Version is store.Versioned's: the version of a read transaction's snapshot, known when
+// no commit was under way from before the transaction began until after its snapshot was
+// taken (by its first statement: one is run if none has); a write transaction's until it
+// writes.
+func (k *kv) Version() (any, uint64, bool) {
+	if k.writable {
+		// Writers take turns (writeMu): until it writes, a write transaction reads the
+		// state of the log's version.
+		if k.e.log == nil || len(k.written) > 0 {
+			return k.e, 0, false
+		}
+		v, _ := k.e.log.now()
+		return k.e, v, true
+	}
+	if k.known == 0 {
+		k.known = -1
+		if k.e.log != nil && !k.writable && !k.begunCommitting {
+			if !k.read {
+				if _, err := k.Get("", ""); err != nil && !errors.Is(err, store.ErrNotFound) {
+					return k.e, 0, false
+				}
+			}
+			if v, committing := k.e.log.now(); !committing && v == k.begun {
+				k.version, k.known = v, 1
+			}
+		}
+	}
+	return k.e, k.version, k.known > 0
+}
+
+// note records a key the write transaction writes.
+func (k *kv) note(kind, key string) {
+	c := change{kind: kind, key: key}
+	if k.wrote == nil {
+		k.wrote = map[change]bool{}
+	}
+	if !k.wrote[c] {
+		k.wrote[c] = true
+		k.written = append(k.written, c)
+	}
+}
+
+// Wrote is store.WriteVersioned's: whether this write transaction wrote the key.
+func (k *kv) Wrote(kind, key string) bool { return k.wrote[change{kind: kind, key: key}] }
+
+// WriteVersion is store.Versioned's for a write transaction: writers take turns (writeMu),
+// so the state it started from is the log's version (its own writes come after).
+func (k *kv) WriteVersion() (any, uint64, bool) {
+	if k.e.log == nil || !k.writable {
+		return k.e, 0, false
+	}
+	v, _ := k.e.log.now()
+	return k.e, v, true
+}
+
+// ChangedSince is store.Versioned's (for a write transaction: up to the version it started
+// from, its own writes not included).
+func (k *kv) ChangedSince(kind string, since uint64) ([]string, bool) {
+	_, v, ok := k.Version()
+	if k.writable {
+		_, v, ok = k.WriteVersion() // Rows: its own writes are told apart by Wrote
+	}
+	if !ok {
+		return nil, false
+	}
+	return k.e.log.changedSince(kind, since, v)
 }
 
 // txStmt is the prepared statement of q bound to the transaction (once per transaction).
 func (k *kv) txStmt(q string) (*sql.Stmt, error) {
+	k.read = true
 	if st := k.stmts[q]; st != nil {
 		return st, nil
 	}
@@ -295,6 +460,7 @@ func (k *kv) Put(kind, key string, value []byte) error {
 	if !k.writable {
 		return store.ErrReadOnly
 	}
+	k.note(kind, key)
 	return k.exec(qPut, kind, key, value)
 }
 
@@ -302,6 +468,7 @@ func (k *kv) Delete(kind, key string) error {
 	if !k.writable {
 		return store.ErrReadOnly
 	}
+	k.note(kind, key)
 	return k.exec(qDelete, kind, key)
 }
 
@@ -416,6 +583,7 @@ func prefixEnd(prefix string) (string, bool) {
 }
 
 func (k *kv) Kinds() ([]string, error) {
+	k.read = true
 	rows, err := k.tx.QueryContext(k.ctx, `SELECT DISTINCT kind FROM kv ORDER BY kind`)
 	if err != nil {
 		return nil, err
@@ -433,6 +601,7 @@ func (k *kv) Kinds() ([]string, error) {
 }
 
 func (k *kv) Sequences() (map[string]int64, error) {
+	k.read = true
 	rows, err := k.tx.QueryContext(k.ctx, `SELECT name, value FROM seq`)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,57 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spillway-hpc/spillway/internal/agentapi"
+)
+
+// Reconcile removes a namespace the controller no longer knows once it is older than grace,
+// looking for them at most every quarter of grace: a heartbeat of a node holding thousands of
+// fragments does not read every fragment's namespace directory.
+func TestReconcileSweepsNamespacesAtMostEveryQuarterOfGrace(t *testing.T) {
+	ctx := context.Background()
+	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(t.TempDir(), "ssd"), Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	namespace := func(id int64) string {
+		t.Helper()
+		if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: id, FragmentID: 1, Owner: uint32(os.Getuid()), Group: uint32(os.Getgid()), Mode: 0o700}); err != nil {
+			t.Fatal(err)
+		}
+		dir := a.namespaceDir(1, id)
+		if err := os.Chtimes(dir, old, old); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	exists := func(dir string) bool { _, err := os.Stat(dir); return err == nil }
+	kept, forgotten := namespace(11), namespace(12)
+	live := agentapi.Assignment{ClusterID: "c1", Fragments: []int64{1}, Namespaces: []agentapi.NamespaceSpec{{ID: 11, FragmentID: 1, InstanceID: 1}}}
+	const grace = 4 * time.Second
+	a.Reconcile(ctx, live, grace)
+	if !exists(kept) || exists(forgotten) {
+		t.Fatalf("after the first reconcile: namespace 11 kept %v (want true), 12 kept %v (want false)", exists(kept), exists(forgotten))
+	}
+	later := namespace(13)
+	a.Reconcile(ctx, live, grace)
+	if !exists(later) {
+		t.Fatal("namespace 13 was looked for within a quarter of grace of the last sweep")
+	}
+	a.namespaceSweep = time.Now().Add(-grace / 4)
+	a.Reconcile(ctx, live, grace)
+	if exists(later) || !exists(kept) {
+		t.Fatalf("a quarter of grace later: namespace 13 kept %v (want false), 11 kept %v (want true)", exists(later), exists(kept))
+	}
+}
