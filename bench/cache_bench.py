@@ -262,6 +262,9 @@ def main():
     ap.add_argument("--pfs-mbit", type=int, default=400, help="the PFS host's link, each way (Mbit/s)")
     ap.add_argument("--bb-mbit", type=int, default=0, help="each storage node's link, each way (0: uncapped)")
     ap.add_argument("--streams", type=int, default=4, help="fio jobs (a file each) in every run")
+    ap.add_argument("--cache-options", default="",
+                    help="more #DW jobdw options of the cache instances (e.g. modified_threshold=1GiB); default: "
+                         "the site's [cache] defaults")
     ap.add_argument("--link-seconds", type=float, default=5, help="length of each raw transfer over the PFS's link")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temporary one under /var/tmp)")
     ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
@@ -335,11 +338,12 @@ def main():
 
         print("a cache instance: the checkpoint …", flush=True)
         mount = job_instance(c, work, "302", f"jobdw type=cache access_mode=striped capacity={a.capacity_mib}MiB "
-                                             f"pfs={pfs}/ckpt")
+                                             f"pfs={pfs}/ckpt {a.cache_options}".strip())
         r["cache_nodes"] = placement(c)
         r["cache_w"] = b.write("c1", mount, "ckpt", a.size_mib)
         since = {s: os.path.getsize(os.path.join(work, s + ".log")) for s in STORAGE}
         t0 = time.time()  # the job's end
+        r["early"] = on_brick(work, "ckpt", "ckpt.")
         end_job(c, work, "302")
         r["drain_wall"] = time.time() - t0
         r["drains"] = drains(c, since)
@@ -353,7 +357,7 @@ def main():
 
         print("a cache instance: cold, warm and working-set reads …", flush=True)
         mount = job_instance(c, work, "303", f"jobdw type=cache access_mode=striped capacity={a.capacity_mib}MiB "
-                                             f"pfs={pfs}/data")
+                                             f"pfs={pfs}/data {a.cache_options}".strip())
         r["cold"] = b.read("c1", f"{mount}/cold", "cold", a.size_mib)
         r["warm"] = b.read("c1", f"{mount}/cold", "cold", a.size_mib)
         b.verify("c1", f"{mount}/cold", "cold", a.size_mib)
@@ -372,6 +376,17 @@ def main():
                 shutil.rmtree(work, ignore_errors=True)
     elapsed = time.time() - started
     report(a, r, ws_mib, elapsed)
+
+
+def on_brick(work, d, prefix):
+    """Bytes of the files d/prefix* that the PFS holds: the blocks allocated to them on p1's
+    brick (sparse files: what the cache's flushes have written so far)."""
+    top = os.path.join(work, "gluster", PFS_HOST, "brick", "b", d)
+    n = 0
+    for name in os.listdir(top):
+        if name.startswith(prefix):
+            n += os.stat(os.path.join(top, name)).st_blocks * 512
+    return n
 
 
 def stop_gluster(g, work):
@@ -406,16 +421,19 @@ def report(a, r, ws_mib, elapsed):
     d = r["drains"]
     dirty = sum(x[2] for x in d)
     span = (max(x[5] for x in d) - min(x[4] for x in d)) if d else 0
-    r["drain_rate"] = dirty / span if span > 0 else 0.0
+    servers_rate = dirty / span if span > 0 else 0.0
     ckpt = a.size_mib << 20
-    r["drain_e2e"] = ckpt / r["drain_wall"]
+    # The drain: what was not yet on the PFS at the job's end, over the time from the job's
+    # end to the end of its teardown (post_run's unmount, the teardown's flush and deletion).
+    early = min(r["early"], ckpt)
+    r["drain_rate"] = (ckpt - early) / r["drain_wall"]
     link_in, link_out = r["link_in"], r["link_out"]
     checks = [
         ("checkpoint write, cache ÷ scratch", r["cache_w"][0] / r["scratch_w"][0], 0.8),
         ("checkpoint write, cache ÷ PFS", r["cache_w"][0] / r["pfs_w"][0], 3.0),
         ("warm re-read, cache ÷ scratch re-read", r["warm"][0] / r["scratch_r"][0], 0.9),
         ("cold read, cache ÷ PFS read", r["cold"][0] / r["pfs_r"][0], 0.8),
-        ("drain (servers' teardown flush) ÷ PFS link into p1", r["drain_rate"] / link_in, 0.8),
+        ("drain (job's end → teardown's end) ÷ PFS link into p1", r["drain_rate"] / link_in, 0.8),
     ]
     rows = [
         ("checkpoint write (fsync at the end)", r["cache_w"][0], r["scratch_w"][0], r["pfs_w"][0]),
@@ -427,13 +445,13 @@ def report(a, r, ws_mib, elapsed):
     for label, cv, sv, pv in rows:
         lines.append(f"| {label} | {mb(cv)} | {mb(sv) if sv else '-'} | {mb(pv) if pv else '-'} |")
     table = "\n".join(lines)
-    early = ckpt - dirty
-    gone = (f"; the other {early / 2**20:.0f} MiB had gone during the burst or before the teardown, past "
-            "modified_threshold or the dirty watermark" if early > 0 else "")
-    drain = (f"Drain: the checkpoint's {a.size_mib} MiB were on the PFS {r['drain_wall']:.1f} s after the job's end "
-             f"(post_run and teardown, {mb(r['drain_e2e'])} MB/s of the checkpoint); the storage servers' own "
-             f"teardown flushes moved {dirty / 2**20:.0f} MiB (what was still dirty{gone}) in {span:.1f} s, "
-             f"{len(d)} server(s) in parallel: {mb(r['drain_rate'])} MB/s. Each: " +
+    drain = (f"Drain: at the job's end {early / 2**20:.0f} MiB of the {a.size_mib} MiB checkpoint were already on "
+             f"the PFS (flushed during the burst: modified_threshold, the dirty watermark; counted as the blocks of "
+             f"its files on p1's brick); the other {(ckpt - early) / 2**20:.0f} MiB reached it in "
+             f"{r['drain_wall']:.1f} s, from the job's end to the end of its teardown (post_run's unmount, the "
+             f"teardown's flush by {len(d)} servers in parallel, the deletion): {mb(r['drain_rate'])} MB/s. The "
+             f"servers' own flushes (their logs: dirty bytes when the teardown's flush started, some of them "
+             f"already on their way) took {span:.1f} s for {dirty / 2**20:.0f} MiB ({mb(servers_rate)} MB/s): " +
              ", ".join(f"{x[0]} {x[2] / 2**20:.0f} MiB in {x[3]:.1f} s" for x in sorted(d)) + ".")
     ceil = (f"Ceilings measured in the run: the PFS's link (tc tbf {a.pfs_mbit} Mbit/s = {a.pfs_mbit / 8:.0f} MB/s "
             f"each way), raw TCP s1-s3 → p1 {mb(link_in)} MB/s, p1 → s1-s3 {mb(link_out)} MB/s; "
@@ -457,7 +475,8 @@ def report(a, r, ws_mib, elapsed):
         f"host p1 whose link is capped at {a.pfs_mbit} Mbit/s each way (tc tbf), mounted on s1-s3 (the cache's "
         f"PFS doors) and on c1 (the PFS used directly). Instances of {a.capacity_mib} MiB, "
         f"`#DW jobdw type=cache|scratch access_mode=striped`, one grain on each storage node, the site's cache "
-        f"defaults (write-behind, read-ahead 4 MiB, modified_threshold 64 MiB, no sync_to_pfs). fio as an ordinary "
+        f"defaults (write-behind, read-ahead 4 MiB, modified_threshold 64 MiB, no sync_to_pfs)"
+        f"{', with ' + a.cache_options + ' on the cache instances' if a.cache_options else ''}. fio as an ordinary "
         f"user on c1, {a.streams} jobs with a file each, 1 MiB blocks, {a.size_mib} MiB in all (working set: "
         f"{ws_mib} MiB); writes fsynced at the end (on a cache, fsync returns once the data is on the burst "
         f"buffer's SSDs: the job-visible time), reads after dropping the page cache; one run each.\n\n"
