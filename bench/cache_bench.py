@@ -34,19 +34,23 @@ with an fsync (end_fsync), every read follows a drop of the page cache. Measured
     verify_only), and a working set --ws-factor times the instance's capacity (laid out
     on the PFS beforehand) read through.
 
+The rounds (--runs, the working set only in the last) each make instances of their own, so
+that every cold read is cold; the figures are the medians, each round's beside them.
+
 Targets (issue 20): checkpoint write >= 0.8x scratch's and >= 3x the PFS's; warm re-read
 >= 0.9x scratch's; cold read >= 0.8x the PFS's own read; the drain >= 0.8x the PFS link's
 measured capacity (3 servers flushing in parallel).
 
 Usage: sudo python3 bench/cache_bench.py [--binary bin/spillway] [--size-mib 1024]
-                                         [--capacity-mib 3072] [--ws-factor 2]
+                                         [--capacity-mib 3072] [--ws-factor 2] [--runs 3]
                                          [--pfs-mbit 400] [--bb-mbit 0] [--streams 4]
+                                         [--cache-options "modified_threshold=1GiB ..."]
                                          [--dir DIR] [--no-write]
 Needs root, iproute2 (ip, tc), util-linux (nsenter, setpriv), fio, glusterfs-server and
 glusterfs-client (scripts/install-deps --bench), python3, and a built binary. Takes
-/tmp/spillway-netns.lock as the e2e tests do. A full run (the defaults) moves about 12 GiB
-through the PFS's link and lasts about 15 minutes; a quick check of the script:
---size-mib 256 --capacity-mib 768.
+/tmp/spillway-netns.lock as the e2e tests do. A full run (the defaults) moves about 14 GiB
+through the PFS's link and lasts about 12 minutes on 2 cores; a quick check of the script:
+--size-mib 256 --capacity-mib 768 --runs 1 --no-write (2 minutes).
 """
 import argparse
 import datetime
@@ -57,6 +61,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -265,6 +270,8 @@ def main():
     ap.add_argument("--cache-options", default="",
                     help="more #DW jobdw options of the cache instances (e.g. modified_threshold=1GiB); default: "
                          "the site's [cache] defaults")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="rounds of every measurement but the working set's (medians reported)")
     ap.add_argument("--link-seconds", type=float, default=5, help="length of each raw transfer over the PFS's link")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temporary one under /var/tmp)")
     ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
@@ -308,7 +315,7 @@ def main():
             mount_pfs(b, g, host, pfs)
             mounted.append(host)
         b.p1(f"chown {NOBODY}:{NOBODY} {pfs}", user=False)
-        for d in ("ckpt", "data", "data/cold", "data/ws"):
+        for d in ("data", "data/cold", "data/ws"):
             if b.p1(f"mkdir -p {pfs}/{d}").returncode != 0:
                 sys.exit(f"mkdir {pfs}/{d} on the PFS failed")
         print(f"laying out the working set ({ws_mib} MiB) on the PFS, on p1 …", flush=True)
@@ -323,48 +330,8 @@ def main():
         r["link_out"] = b.link(False, a.link_seconds)
         print(f"  raw TCP into p1 {r['link_in'] / 1e6:.1f} MB/s, out of p1 {r['link_out'] / 1e6:.1f} MB/s", flush=True)
 
-        print("the PFS used directly from c1 …", flush=True)
-        r["pfs_w"] = b.write("c1", f"{pfs}/data/cold", "cold", a.size_mib)
-        r["pfs_r"] = b.read("c1", f"{pfs}/data/cold", "cold", a.size_mib)
-        print(f"  write {r['pfs_w'][0] / 1e6:.1f} MB/s, read {r['pfs_r'][0] / 1e6:.1f} MB/s", flush=True)
-
-        print("a scratch instance …", flush=True)
-        mount = job_instance(c, work, "301", f"jobdw type=scratch access_mode=striped capacity={a.capacity_mib}MiB")
-        r["scratch_nodes"] = placement(c)
-        r["scratch_w"] = b.write("c1", mount, "ckpt", a.size_mib)
-        r["scratch_r"] = b.read("c1", mount, "ckpt", a.size_mib)
-        end_job(c, work, "301")
-        print(f"  write {r['scratch_w'][0] / 1e6:.1f} MB/s, re-read {r['scratch_r'][0] / 1e6:.1f} MB/s", flush=True)
-
-        print("a cache instance: the checkpoint …", flush=True)
-        mount = job_instance(c, work, "302", f"jobdw type=cache access_mode=striped capacity={a.capacity_mib}MiB "
-                                             f"pfs={pfs}/ckpt {a.cache_options}".strip())
-        r["cache_nodes"] = placement(c)
-        r["cache_w"] = b.write("c1", mount, "ckpt", a.size_mib)
-        since = {s: os.path.getsize(os.path.join(work, s + ".log")) for s in STORAGE}
-        t0 = time.time()  # the job's end
-        r["early"] = on_brick(work, "ckpt", "ckpt.")
-        end_job(c, work, "302")
-        r["drain_wall"] = time.time() - t0
-        r["drains"] = drains(c, since)
-        print(f"  write {r['cache_w'][0] / 1e6:.1f} MB/s; job end to teardown's end {r['drain_wall']:.1f} s; "
-              f"servers' drains {r['drains']}", flush=True)
-        out = b.p1(f"stat -c %s {pfs}/ckpt/ckpt.*").stdout.split()
-        if sorted(int(x) for x in out) != [a.size_mib // a.streams << 20] * a.streams:
-            sys.exit(f"WRONG DATA: the checkpoint's files on the PFS after the teardown have sizes {out}")
-        b.verify(PFS_HOST, f"{pfs}/ckpt", "ckpt", a.size_mib)
-        print("  the checkpoint is on the PFS, verified", flush=True)
-
-        print("a cache instance: cold, warm and working-set reads …", flush=True)
-        mount = job_instance(c, work, "303", f"jobdw type=cache access_mode=striped capacity={a.capacity_mib}MiB "
-                                             f"pfs={pfs}/data {a.cache_options}".strip())
-        r["cold"] = b.read("c1", f"{mount}/cold", "cold", a.size_mib)
-        r["warm"] = b.read("c1", f"{mount}/cold", "cold", a.size_mib)
-        b.verify("c1", f"{mount}/cold", "cold", a.size_mib)
-        r["ws"] = b.read("c1", f"{mount}/ws", "ws", ws_mib)
-        end_job(c, work, "303")
-        print(f"  cold {r['cold'][0] / 1e6:.1f} MB/s, warm {r['warm'][0] / 1e6:.1f} MB/s, "
-              f"working set {r['ws'][0] / 1e6:.1f} MB/s", flush=True)
+        for i in range(a.runs):
+            one_round(a, b, c, work, pfs, i, r, ws_mib if i == a.runs - 1 else 0)
     finally:
         for host in reversed(mounted):
             b.host(host, f"umount -l {pfs}", user=False)
@@ -376,6 +343,63 @@ def main():
                 shutil.rmtree(work, ignore_errors=True)
     elapsed = time.time() - started
     report(a, r, ws_mib, elapsed)
+
+
+def one_round(a, b, c, work, pfs, i, r, ws_mib):
+    """One of --runs rounds: the PFS directly, scratch, the cache's checkpoint and drain, the
+    cache's cold and warm reads (and, ws_mib, the working set); appends to r's lists."""
+    add = lambda key, v: r.setdefault(key, []).append(v)
+    mib = lambda v: f"{v[0] / 1e6:.1f} MB/s"
+    tag = f"round {i + 1} of {a.runs}:"
+    print(f"{tag} the PFS used directly from c1 …", flush=True)
+    add("pfs_w", b.write("c1", f"{pfs}/data/cold", "cold", a.size_mib))
+    add("pfs_r", b.read("c1", f"{pfs}/data/cold", "cold", a.size_mib))
+    print(f"  write {mib(r['pfs_w'][-1])}, read {mib(r['pfs_r'][-1])}", flush=True)
+
+    print(f"{tag} a scratch instance …", flush=True)
+    token = str(310 + 3 * i)
+    mount = job_instance(c, work, token, f"jobdw type=scratch access_mode=striped capacity={a.capacity_mib}MiB")
+    r["scratch_nodes"] = placement(c)
+    add("scratch_w", b.write("c1", mount, "ckpt", a.size_mib))
+    add("scratch_r", b.read("c1", mount, "ckpt", a.size_mib))
+    end_job(c, work, token)
+    print(f"  write {mib(r['scratch_w'][-1])}, re-read {mib(r['scratch_r'][-1])}", flush=True)
+
+    print(f"{tag} a cache instance: the checkpoint, then the drain …", flush=True)
+    token, d = str(311 + 3 * i), f"ckpt{i}"
+    if b.p1(f"mkdir -p {pfs}/{d}").returncode != 0:
+        sys.exit(f"mkdir {pfs}/{d} on the PFS failed")
+    mount = job_instance(c, work, token, f"jobdw type=cache access_mode=striped capacity={a.capacity_mib}MiB "
+                                         f"pfs={pfs}/{d} {a.cache_options}".strip())
+    r["cache_nodes"] = placement(c)
+    add("cache_w", b.write("c1", mount, "ckpt", a.size_mib))
+    since = {s: os.path.getsize(os.path.join(work, s + ".log")) for s in STORAGE}
+    t0 = time.time()  # the job's end
+    early = on_brick(work, d, "ckpt.")
+    end_job(c, work, token)
+    wall = time.time() - t0
+    add("drain", {"early": early, "wall": wall, "servers": drains(c, since)})
+    print(f"  write {mib(r['cache_w'][-1])}; {early / 2**20:.0f} MiB on the PFS at the job's end, the rest "
+          f"{wall:.1f} s later (teardown's end); servers' drains {r['drain'][-1]['servers']}", flush=True)
+    out = b.p1(f"stat -c %s {pfs}/{d}/ckpt.*").stdout.split()
+    if sorted(int(x) for x in out) != [a.size_mib // a.streams << 20] * a.streams:
+        sys.exit(f"WRONG DATA: the checkpoint's files on the PFS after the teardown have sizes {out}")
+    b.verify(PFS_HOST, f"{pfs}/{d}", "ckpt", a.size_mib)
+    b.p1(f"rm -f {pfs}/{d}/ckpt.*")
+    print("  the checkpoint is on the PFS, verified", flush=True)
+
+    print(f"{tag} a cache instance: cold and warm reads{', the working set' if ws_mib else ''} …", flush=True)
+    token = str(312 + 3 * i)
+    mount = job_instance(c, work, token, f"jobdw type=cache access_mode=striped capacity={a.capacity_mib}MiB "
+                                         f"pfs={pfs}/data {a.cache_options}".strip())
+    add("cold", b.read("c1", f"{mount}/cold", "cold", a.size_mib))
+    add("warm", b.read("c1", f"{mount}/cold", "cold", a.size_mib))
+    b.verify("c1", f"{mount}/cold", "cold", a.size_mib)
+    print(f"  cold {mib(r['cold'][-1])}, warm {mib(r['warm'][-1])}", flush=True)
+    if ws_mib:
+        add("ws", b.read("c1", f"{mount}/ws", "ws", ws_mib))
+        print(f"  working set {mib(r['ws'][-1])}", flush=True)
+    end_job(c, work, token)
 
 
 def on_brick(work, d, prefix):
@@ -418,45 +442,58 @@ def placement(c):
 
 def report(a, r, ws_mib, elapsed):
     mb = lambda v: f"{v / 1e6:.0f}" if v >= 1e7 else f"{v / 1e6:.1f}"
-    d = r["drains"]
-    dirty = sum(x[2] for x in d)
-    span = (max(x[5] for x in d) - min(x[4] for x in d)) if d else 0
-    servers_rate = dirty / span if span > 0 else 0.0
     ckpt = a.size_mib << 20
-    # The drain: what was not yet on the PFS at the job's end, over the time from the job's
-    # end to the end of its teardown (post_run's unmount, the teardown's flush and deletion).
-    early = min(r["early"], ckpt)
-    r["drain_rate"] = (ckpt - early) / r["drain_wall"]
+    # The drain of a round: what was not yet on the PFS at the job's end, over the time from
+    # the job's end to the end of its teardown (post_run's unmount, the teardown's flush and
+    # the deletion).
+    for x in r["drain"]:
+        x["rate"] = (ckpt - min(x["early"], ckpt)) / x["wall"]
+        sv = x["servers"]
+        x["dirty"] = sum(y[2] for y in sv)
+        x["span"] = (max(y[5] for y in sv) - min(y[4] for y in sv)) if sv else 0.0
+    M = {k: statistics.median(v[0] for v in r[k]) for k in ("pfs_w", "pfs_r", "scratch_w", "scratch_r", "cache_w",
+                                                             "cold", "warm", "ws")}
+    ordered = sorted(r["drain"], key=lambda x: x["rate"])
+    dm = ordered[(len(ordered) - 1) // 2]  # the median round's drain (the lower middle of an even count)
+    M["drain"] = statistics.median(x["rate"] for x in r["drain"])
     link_in, link_out = r["link_in"], r["link_out"]
     checks = [
-        ("checkpoint write, cache ÷ scratch", r["cache_w"][0] / r["scratch_w"][0], 0.8),
-        ("checkpoint write, cache ÷ PFS", r["cache_w"][0] / r["pfs_w"][0], 3.0),
-        ("warm re-read, cache ÷ scratch re-read", r["warm"][0] / r["scratch_r"][0], 0.9),
-        ("cold read, cache ÷ PFS read", r["cold"][0] / r["pfs_r"][0], 0.8),
-        ("drain (job's end → teardown's end) ÷ PFS link into p1", r["drain_rate"] / link_in, 0.8),
+        ("checkpoint write, cache ÷ scratch", M["cache_w"] / M["scratch_w"], 0.8),
+        ("checkpoint write, cache ÷ PFS", M["cache_w"] / M["pfs_w"], 3.0),
+        ("warm re-read, cache ÷ scratch re-read", M["warm"] / M["scratch_r"], 0.9),
+        ("cold read, cache ÷ PFS read", M["cold"] / M["pfs_r"], 0.8),
+        ("drain (job's end → teardown's end) ÷ PFS link into p1", M["drain"] / link_in, 0.8),
     ]
+    each = lambda k: " / ".join(mb(v[0]) for v in r[k])
     rows = [
-        ("checkpoint write (fsync at the end)", r["cache_w"][0], r["scratch_w"][0], r["pfs_w"][0]),
-        ("cold read (nothing cached)", r["cold"][0], None, r["pfs_r"][0]),
-        ("warm re-read", r["warm"][0], r["scratch_r"][0], None),
-        (f"working set {ws_mib} MiB = {a.ws_factor:g}× capacity, read", r["ws"][0], None, r["pfs_r"][0]),
+        ("checkpoint write (fsync at the end)", "cache_w", "scratch_w", "pfs_w"),
+        ("drain to the PFS after the job", "drain", None, None),
+        ("cold read (nothing cached)", "cold", None, "pfs_r"),
+        ("warm re-read", "warm", "scratch_r", None),
+        (f"working set {ws_mib} MiB = {a.ws_factor:g}× capacity, read", "ws", None, "pfs_r"),
     ]
-    lines = ["| MB/s | cache | scratch | PFS directly |", "|---|---:|---:|---:|"]
-    for label, cv, sv, pv in rows:
-        lines.append(f"| {label} | {mb(cv)} | {mb(sv) if sv else '-'} | {mb(pv) if pv else '-'} |")
+    lines = ["| MB/s (median) | cache | scratch | PFS directly | every round: cache; scratch; PFS |",
+             "|---|---:|---:|---:|---|"]
+    for label, ck, sk, pk in rows:
+        rounds = "; ".join(" / ".join(mb(x["rate"]) for x in r["drain"]) if k == "drain" else each(k)
+                           for k in (ck, sk, pk) if k)
+        lines.append(f"| {label} | {mb(M[ck])} | {mb(M[sk]) if sk else '-'} | {mb(M[pk]) if pk else '-'} | "
+                     f"{rounds} |")
     table = "\n".join(lines)
-    drain = (f"Drain: at the job's end {early / 2**20:.0f} MiB of the {a.size_mib} MiB checkpoint were already on "
-             f"the PFS (flushed during the burst: modified_threshold, the dirty watermark; counted as the blocks of "
-             f"its files on p1's brick); the other {(ckpt - early) / 2**20:.0f} MiB reached it in "
-             f"{r['drain_wall']:.1f} s, from the job's end to the end of its teardown (post_run's unmount, the "
-             f"teardown's flush by {len(d)} servers in parallel, the deletion): {mb(r['drain_rate'])} MB/s. The "
+    early = min(dm["early"], ckpt)
+    sv = dm["servers"]
+    drain = (f"Drain (the median round): at the job's end {early / 2**20:.0f} MiB of the {a.size_mib} MiB checkpoint "
+             f"were already on the PFS (flushed during the burst: modified_threshold, the dirty watermark; counted "
+             f"as the blocks of its files on p1's brick); the other {(ckpt - early) / 2**20:.0f} MiB reached it in "
+             f"{dm['wall']:.1f} s, from the job's end to the end of its teardown (post_run's unmount, the "
+             f"teardown's flush by {len(sv)} servers in parallel, the deletion): {mb(dm['rate'])} MB/s. The "
              f"servers' own flushes (their logs: dirty bytes when the teardown's flush started, some of them "
-             f"already on their way) took {span:.1f} s for {dirty / 2**20:.0f} MiB ({mb(servers_rate)} MB/s): " +
-             ", ".join(f"{x[0]} {x[2] / 2**20:.0f} MiB in {x[3]:.1f} s" for x in sorted(d)) + ".")
+             f"already on their way) took {dm['span']:.1f} s for {dm['dirty'] / 2**20:.0f} MiB: " +
+             ", ".join(f"{x[0]} {x[2] / 2**20:.0f} MiB in {x[3]:.1f} s" for x in sorted(sv)) + ".")
     ceil = (f"Ceilings measured in the run: the PFS's link (tc tbf {a.pfs_mbit} Mbit/s = {a.pfs_mbit / 8:.0f} MB/s "
             f"each way), raw TCP s1-s3 → p1 {mb(link_in)} MB/s, p1 → s1-s3 {mb(link_out)} MB/s; "
-            f"GlusterFS on it from c1: write {mb(r['pfs_w'][0])} MB/s, read {mb(r['pfs_r'][0])} MB/s "
-            f"({r['pfs_w'][0] / link_in:.2f} and {r['pfs_r'][0] / link_out:.2f} of the link).")
+            f"GlusterFS on it from c1: write {mb(M['pfs_w'])} MB/s, read {mb(M['pfs_r'])} MB/s "
+            f"({M['pfs_w'] / link_in:.2f} and {M['pfs_r'] / link_out:.2f} of the link).")
     tl = ["| target | measured | wanted | |", "|---|---:|---:|---|"]
     for label, v, want in checks:
         tl.append(f"| {label} | {v:.2f}× | ≥ {want:g}× | {'met' if v >= want else '**missed**'} |")
@@ -479,7 +516,8 @@ def report(a, r, ws_mib, elapsed):
         f"{', with ' + a.cache_options + ' on the cache instances' if a.cache_options else ''}. fio as an ordinary "
         f"user on c1, {a.streams} jobs with a file each, 1 MiB blocks, {a.size_mib} MiB in all (working set: "
         f"{ws_mib} MiB); writes fsynced at the end (on a cache, fsync returns once the data is on the burst "
-        f"buffer's SSDs: the job-visible time), reads after dropping the page cache; one run each.\n\n"
+        f"buffer's SSDs: the job-visible time), reads after dropping the page cache; {a.runs} round(s), each "
+        f"with instances of its own (the working set in the last), medians reported.\n\n"
         f"{table}\n\n{targets}\n\n{drain}\n\n{ceil}\n\n"
         "The cold read fetches from the PFS through the storage servers (each its own stripes, reading ahead); "
         "the warm re-read is served from their SSDs; the working set, larger than the instance, is read through "
