@@ -292,6 +292,7 @@ def main():
     lock = open("/tmp/spillway-netns.lock", "w")
     print("waiting for /tmp/spillway-netns.lock …", flush=True)
     fcntl.flock(lock, fcntl.LOCK_EX)
+    a.load = os.getloadavg()
     work = a.dir or tempfile.mkdtemp(prefix="spillway-cache-bench-", dir="/var/tmp")
     os.makedirs(work, exist_ok=True)
     os.chmod(work, 0o755)
@@ -506,8 +507,9 @@ def report(a, r, ws_mib, elapsed):
     write_section("cache", (
         "## Cache instances: against scratch and the PFS (issue 20)\n\n"
         f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with "
-        f"`sudo python3 bench/cache_bench.py {' '.join(sys.argv[1:])}` ({sh('fio', '--version').stdout.strip()}, "
-        f"{sh('glusterfs', '--version').stdout.splitlines()[0]}; {elapsed / 60:.0f} minutes). Each host a network "
+        f"`{' '.join(['sudo python3 bench/cache_bench.py'] + sys.argv[1:])}` ({sh('fio', '--version').stdout.strip()}, "
+        f"{sh('glusterfs', '--version').stdout.splitlines()[0]}; {elapsed / 60:.0f} minutes; load average "
+        f"{a.load[0]:.1f} before the run, {os.getloadavg()[0]:.1f} after it). Each host a network "
         f"namespace: 3 storage nodes s1-s3 (links {bb}), compute node c1, and the PFS: GlusterFS, one brick on "
         f"host p1 whose link is capped at {a.pfs_mbit} Mbit/s each way (tc tbf), mounted on s1-s3 (the cache's "
         f"PFS doors) and on c1 (the PFS used directly). Instances of {a.capacity_mib} MiB, "
