@@ -6,8 +6,8 @@ Prints the figures and writes them into BENCHMARKS.md between <!-- cache:begin -
 <!-- cache:end -->. The cluster is real, each host a network namespace on one bridge (as
 bench/warpfs_bench.py and bench/striped_bench.py build it): a controller, storage nodes
 s1-s3, compute node c1, and a PFS host p1. The PFS stand-in is GlusterFS (Debian's, one brick
-on p1; the kernel NFS server needs nfsd in the kernel and is often unusable in network
-namespaces), with p1's link capped both ways with tc tbf at --pfs-mbit, so that the PFS is
+on p1; the kernel NFS server needs nfsd in the kernel, which the reference VM's has not, and
+is often unusable in network namespaces), with p1's link capped both ways with tc tbf at --pfs-mbit, so that the PFS is
 slower than the burst buffer, as on a real machine. It is mounted at the same path on every
 storage node (the storage agents' PFS doors reach it there), on c1 (the PFS used directly)
 and on p1 itself (where the data sets are laid out without crossing the capped link). The
@@ -25,10 +25,12 @@ with an fsync (end_fsync), every read follows a drop of the page cache. Measured
   * a scratch instance: the same write (the checkpoint), then its re-read;
   * checkpoint through a cache instance (pfs= an empty PFS directory): the job-visible
     write (fsync without sync_to_pfs returns once the data is on the SSDs); then the job
-    ends (post_run, teardown) and the drain to the PFS is timed: from the job's end to the
-    end of the teardown, and each storage server's own drain (its agent's log: the bytes
-    dirty when the teardown's flush started, and when it ended); the checkpoint is then
-    checked on the PFS (fio verify_only, crc32c headers written by the job);
+    ends (post_run, teardown) and the drain is what was not yet on the PFS at the job's end
+    (the blocks of its files on p1's brick then) over the time from the job's end to the end
+    of the teardown; each storage server's own teardown flush is shown too (its agent's
+    log: the bytes dirty when it started, and when it ended); the checkpoint is then
+    checked on the PFS (its files' sizes, and fio verify_only of the crc32c headers the
+    job wrote);
   * reads through a cache instance (pfs= the directory the PFS write above made): a cold
     read (nothing cached), a warm re-read (from the SSDs; then checked with fio
     verify_only), and a working set --ws-factor times the instance's capacity (laid out
@@ -48,8 +50,8 @@ Usage: sudo python3 bench/cache_bench.py [--binary bin/spillway] [--size-mib 102
                                          [--dir DIR] [--no-write]
 Needs root, iproute2 (ip, tc), util-linux (nsenter, setpriv), fio, glusterfs-server and
 glusterfs-client (scripts/install-deps --bench), python3, and a built binary. Takes
-/tmp/spillway-netns.lock as the e2e tests do. A full run (the defaults) moves about 14 GiB
-through the PFS's link and lasts about 12 minutes on 2 cores; a quick check of the script:
+/tmp/spillway-netns.lock as the e2e tests do. A full run (the defaults) moves about 18 GiB
+through the PFS's link and lasts about 10 minutes on 2 cores; a quick check of the script:
 --size-mib 256 --capacity-mib 768 --runs 1 --no-write (2 minutes).
 """
 import argparse
@@ -65,7 +67,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from benchmarks_md import write_section
