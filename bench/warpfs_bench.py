@@ -97,8 +97,9 @@ class Cluster:
         return (f'[tls]\ncert_file = "{cert}"\nkey_file = "{key}"\nca_file = "{ca}"\n'
                 f'[warpfs]\ntls = true\n')
 
-    def configs(self, capacity_gib, extra="", storage_extra="", metrics=False):
+    def configs(self, capacity_gib, extra="", storage_extra="", metrics=False, granularity="1GiB"):
         """Writes every host's configuration: extra goes to every file (after the [[pool]]),
+        granularity is the pool's grain (an instance takes whole grains, one per storage node),
         storage_extra into the storage nodes' [agent] section (e.g. fragment_filesystem);
         metrics: every agent serves its Prometheus metrics on port 7703 of its address
         (Cluster.metrics reads them)."""
@@ -111,7 +112,7 @@ class Cluster:
         common = (f'[controller]\nstate_dir = "{w}/state"\nsocket = "{w}/controller.sock"\n'
                   f'listen = "{a["ctl"]}:7700"\ntoken_file = "{token}"\nmount_root = "{w}/mounts"\n'
                   f'[client]\ncontroller = "unix:{w}/controller.sock"\n'
-                  f'[[pool]]\nname = "wlm_pool"\ngranularity = "1GiB"\n' + extra)
+                  f'[[pool]]\nname = "wlm_pool"\ngranularity = "{granularity}"\n' + extra)
         if self.tls:
             common += self.certificates()
 
