@@ -540,7 +540,7 @@ func Defaults() Config {
 		},
 		Cache: Cache{
 			AllowedPFS:        []string{},
-			ModifiedThreshold: Size(64 << 20),
+			ModifiedThreshold: Size(1 << 30),
 			ReadAhead:         Size(4 << 20),
 			HighWatermark:     45,
 			LowWatermark:      20,

@@ -43,7 +43,7 @@ func TestCheckPFSAsOwner(t *testing.T) {
 
 func TestCacheParamsOf(t *testing.T) {
 	p := controllerapi.CacheParamsOf(config.Defaults().Cache)
-	want := model.CacheSettings{ModifiedThreshold: 64 << 20, ReadAhead: 4 << 20, HighWatermark: 45, LowWatermark: 20}
+	want := model.CacheSettings{ModifiedThreshold: 1 << 30, ReadAhead: 4 << 20, HighWatermark: 45, LowWatermark: 20}
 	if p.Defaults != want || len(p.AllowedPFS) != 0 {
 		t.Fatalf("%+v", p)
 	}

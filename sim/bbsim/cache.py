@@ -37,7 +37,7 @@ MiB = 1024**2
 FLUSH_SIZE = 8 * MiB     # adjacent dirty extents go to the PFS in one write of up to 8 MiB
 FETCH_SIZE = 1 * MiB     # a fetch is one extent
 FLUSHES_PER_SERVER = 4   # each server runs at most 4 flushes at once
-DEFAULTS = {"high_watermark": 45, "low_watermark": 20, "modified_threshold": 64 * MiB, "read_ahead": 4 * MiB}
+DEFAULTS = {"high_watermark": 45, "low_watermark": 20, "modified_threshold": 1024 * MiB, "read_ahead": 4 * MiB}
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ def test_settings_missing_from_the_snapshot_take_spillways_defaults(tmp_path):
     path = tmp_path / "bare.json"
     path.write_text(json.dumps(data))
     c = predict(with_pfs(), load_snapshot(path), "5151", IorSpec(nodes=1))["cache"]
-    assert (c["high_watermark"], c["low_watermark"], c["modified_threshold"]) == (45, 20, 64 * MiB)
+    assert (c["high_watermark"], c["low_watermark"], c["modified_threshold"]) == (45, 20, 1024 * MiB)
     assert "pfs_directory" not in c
 
 
