@@ -265,6 +265,58 @@ type CacheFlushStatus struct {
 	Error string `json:"error,omitempty"`
 }
 
+// SwapSpec asks a compute node to attach a swap area (#DW swap, issue 22): a file of Size
+// bytes in a swap instance's namespace, reached through a loop device, made a swap area
+// (mkswap) and switched on (swapon) at Priority. Attaching the same ID again does nothing.
+//
+// The file lives in namespace NamespaceID of fragment FragmentID on StorageNode: the swap
+// instance's namespaces are root's (mode 0700), never a job's namespace, so the job does not
+// see its swap files. When StorageNode is this node the agent uses the fragment's file system
+// directly (the namespace directory); otherwise it mounts the namespace itself (Mount: the
+// controller's grant, MountPath left empty — the agent picks a private path under its state
+// directory) and reaches the file through the mount.
+type SwapSpec struct {
+	ID         int64  `json:"id"`       // the swap area: one per compute node of a job's swap
+	InstanceID int64  `json:"instance"` // the swap instance
+	Job        string `json:"job,omitempty"`
+	Owner      uint32 `json:"owner"` // the job's user (logs, accounting); the file is root's
+	Node       string `json:"node"`  // the compute node (this node)
+	Size       uint64 `json:"size"`  // bytes of swap
+	// Priority is the swapon priority; -1 leaves it to the kernel, which gives each new area
+	// a priority below every area attached before it (the node's own swap is used first).
+	Priority    int        `json:"priority"`
+	StorageNode string     `json:"storage_node"`
+	FragmentID  int64      `json:"fragment"`
+	NamespaceID int64      `json:"namespace"`
+	FileName    string     `json:"file_name"` // the swap file in the namespace root, e.g. "swap-17-c1"
+	Mount       *MountSpec `json:"mount,omitempty"`
+}
+
+// SwapDetachSpec asks a compute node to take a swap area away: swapoff (the kernel brings
+// the swapped pages back into memory), then the loop device, the file and the agent's mount
+// of the namespace go. It is a poll: the first call starts it, every call answers how far it
+// got; a swap area the node does not have answers Done.
+type SwapDetachSpec struct {
+	ID int64 `json:"id"`
+	// Timeout bounds swapoff ([swap] detach_timeout); past it the detach is reported failed
+	// (SwapStatus.Error) and the area stays attached: the node stays usable, its pages safe.
+	Timeout int64 `json:"timeout_ms"`
+}
+
+// SwapStatus is a swap area's state on its compute node.
+type SwapStatus struct {
+	Attached bool   `json:"attached"`         // the area is in /proc/swaps
+	Done     bool   `json:"done"`             // detached: nothing of the area is left on the node
+	Device   string `json:"device,omitempty"` // the loop device, e.g. /dev/loop7
+	// Error is why the last attach or detach failed ("swapoff /dev/loop7: cannot allocate
+	// memory: the swapped pages do not fit in the node's memory").
+	Error string `json:"error,omitempty"`
+	// BytesWritten and BytesRead are what the kernel paged out to and in from the area since
+	// it was attached (the loop device's counters).
+	BytesWritten uint64 `json:"bytes_written"`
+	BytesRead    uint64 `json:"bytes_read"`
+}
+
 // NodeReport is what an agent tells the controller about itself.
 type NodeReport struct {
 	Name     string   `json:"name"`
@@ -330,6 +382,11 @@ type Agent interface {
 	// FlushCache drains a cache fragment's dirty data to its PFS directory (or discards it),
 	// a poll: see CacheFlushSpec.
 	FlushCache(ctx context.Context, spec CacheFlushSpec) (CacheFlushStatus, error)
+
+	// AttachSwap gives this compute node a swap area backed by a swap instance (#DW swap,
+	// issue 22); DetachSwap takes it away, a poll: see SwapSpec and SwapDetachSpec.
+	AttachSwap(ctx context.Context, spec SwapSpec) error
+	DetachSwap(ctx context.Context, spec SwapDetachSpec) (SwapStatus, error)
 }
 
 // Assignment is the controller's answer to a heartbeat: what it keeps on the node. An agent
@@ -341,4 +398,7 @@ type Assignment struct {
 	Fragments  []int64         `json:"fragments"`
 	Namespaces []NamespaceSpec `json:"namespaces"`
 	Mounts     []MountSpec     `json:"mounts"`
+	// Swaps are the swap areas the node should have: an agent detaches (and removes) an area
+	// it has that is not listed, after the same grace period as fragments (an abandoned job's).
+	Swaps []SwapSpec `json:"swaps,omitempty"`
 }

@@ -12,6 +12,17 @@ package agentapi
 // NodeUsage is one storage node's counters: one entry per fragment it holds.
 type NodeUsage struct {
 	Fragments []FragmentUsage `json:"fragments,omitempty"`
+	// Swaps are a compute node's swap areas (issue 22): what the kernel paged out and in.
+	Swaps []SwapUsage `json:"swaps,omitempty"`
+}
+
+// SwapUsage is one swap area's counters on its compute node since it was attached.
+type SwapUsage struct {
+	ID           int64  `json:"id"` // SwapSpec.ID
+	Instance     int64  `json:"instance"`
+	Node         string `json:"node"`
+	BytesWritten uint64 `json:"bytes_written"` // paged out
+	BytesRead    uint64 `json:"bytes_read"`    // paged in
 }
 
 // FragmentUsage is the data path's counters for one fragment (DataWarp's realm fragment).

@@ -186,6 +186,16 @@ func (a *Client) CancelStage(ctx context.Context, key string) (agentapi.StageSta
 	return st, err
 }
 
+// AttachSwap gives the node a swap area (agentapi.Agent): not built yet (issue 22).
+func (a *Client) AttachSwap(ctx context.Context, s agentapi.SwapSpec) error {
+	return fmt.Errorf("swap areas are not built in this agent client yet")
+}
+
+// DetachSwap takes a swap area away, a poll (agentapi.Agent): not built yet (issue 22).
+func (a *Client) DetachSwap(ctx context.Context, s agentapi.SwapDetachSpec) (agentapi.SwapStatus, error) {
+	return agentapi.SwapStatus{Done: true}, nil
+}
+
 // FlushCache drains (or discards) a cache fragment's dirty data: a poll (agentapi.Agent).
 func (a *Client) FlushCache(ctx context.Context, s agentapi.CacheFlushSpec) (agentapi.CacheFlushStatus, error) {
 	var st agentapi.CacheFlushStatus

@@ -72,6 +72,7 @@ type Config struct {
 	Home       Home       `toml:"home"`
 	Limits     Limits     `toml:"limits"`
 	Cache      Cache      `toml:"cache"`
+	Swap       Swap       `toml:"swap"`
 	Pools      []Pool     `toml:"pool"`
 }
 
@@ -98,6 +99,23 @@ type Cache struct {
 	// down to the low one.
 	HighWatermark int `toml:"high_watermark"`
 	LowWatermark  int `toml:"low_watermark"`
+}
+
+// Swap is what the site allows for swap on the burst buffer (#DW swap <size>, issue 22;
+// docs/swap.md): the size a job may ask per compute node, how the areas are switched on, and
+// how long taking one away may take.
+type Swap struct {
+	// MaxPerNode bounds #DW swap's size per compute node; 0: no bound.
+	MaxPerNode Size `toml:"max_per_node"`
+	// Priority is the swapon priority of a burst-buffer swap area: -1 lets the kernel give it
+	// one below every area attached before it, so the node's own swap is used first.
+	Priority int `toml:"priority"`
+	// DetachTimeout bounds swapoff at post_run and teardown: the pages must come back into
+	// memory; past it the detach is reported failed and the area stays attached.
+	DetachTimeout Duration `toml:"detach_timeout"`
+	// LockAgentMemory: a compute node's agent locks its memory (mlockall) once it serves a
+	// swap area through its mount, so that paging out never waits for the agent's own pages.
+	LockAgentMemory bool `toml:"lock_agent_memory"`
 }
 
 // Limits are the site's defaults and bounds of DataWarp's write protection (spec §5.3),
@@ -545,6 +563,12 @@ func Defaults() Config {
 			HighWatermark:     45,
 			LowWatermark:      20,
 		},
+		Swap: Swap{
+			MaxPerNode:      Size(64 << 30),
+			Priority:        -1,
+			DetachTimeout:   Duration(5 * time.Minute),
+			LockAgentMemory: true,
+		},
 		Store: Store{
 			Engine:              "sqlite",
 			EtcdPrefix:          "/spillway/",
@@ -728,6 +752,10 @@ func (c *Config) Validate() error {
 			c.Cache.LowWatermark, c.Cache.HighWatermark))
 	}
 	positive("cache.modified_threshold", int64(c.Cache.ModifiedThreshold))
+	if c.Swap.Priority < -1 || c.Swap.Priority > 32767 {
+		problems = append(problems, fmt.Sprintf("swap.priority is %d; write -1 (the kernel's choice, below the node's own swap) or 0 to 32767", c.Swap.Priority))
+	}
+	positive("swap.detach_timeout", int64(c.Swap.DetachTimeout))
 	for _, dir := range c.Cache.AllowedPFS {
 		if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
 			problems = append(problems, fmt.Sprintf("cache.allowed_pfs %q: give absolute directories in clean form (no .., no trailing /), e.g. \"/lustre\"", dir))
