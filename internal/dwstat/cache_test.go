@@ -53,3 +53,35 @@ func TestCacheConfigurations(t *testing.T) {
 		t.Errorf("appended: %s", appended)
 	}
 }
+
+// TestCacheFlushInTables: a cache fragment's teardown flush shows in dwstat's text tables, not
+// only in --json: the bytes not yet on the PFS, the failure that undid the teardown (also the
+// session's failure column), and what was lost with an offline node.
+func TestCacheFlushInTables(t *testing.T) {
+	var a views.All
+	a.Sessions = []views.Session{{ID: 3, Token: "42", Failure: "teardown undone, the instance is kept: the cache on storage node bb02 could not flush"}, {ID: 4, Token: "43"}}
+	a.Fragments = []views.Fragment{
+		{ID: 8, Instance: 4, Capacity: 1 << 30, Node: "bb1", CacheDirty: 5 << 20},
+		{ID: 9, Instance: 4, Capacity: 1 << 30, Node: "bb02", CacheFlushError: "pfs: no space left on device (ENOSPC) on /lus/me"},
+		{ID: 10, Instance: 4, Capacity: 1 << 30, Node: "bb3", CacheLost: "3MiB not flushed: storage node bb3 offline"},
+		{ID: 11, Instance: 5, Capacity: 1 << 30, Node: "bb3"},
+	}
+	frags := Render(a, []string{"fragments"}, false, Options{Location: time.UTC})
+	for _, want := range []string{"5MiB not yet on the PFS", "flush failed: pfs: no space left on device (ENOSPC) on /lus/me", "lost: 3MiB not flushed: storage node bb3 offline"} {
+		if !strings.Contains(frags, want) {
+			t.Errorf("fragments table lacks %q:\n%s", want, frags)
+		}
+	}
+	lines := strings.Split(strings.TrimRight(frags, "\n"), "\n")
+	if f := strings.Fields(lines[len(lines)-1]); f[len(f)-1] != "-" {
+		t.Errorf("a fragment with no flush: %q", lines[len(lines)-1])
+	}
+	// The free text is not padded: the short rows end with their own text.
+	if strings.HasSuffix(lines[1], " ") {
+		t.Errorf("padded free text: %q", lines[1])
+	}
+	sess := Render(a, []string{"sessions"}, false, Options{Location: time.UTC})
+	if !strings.Contains(sess, "teardown undone, the instance is kept: the cache on storage node bb02 could not flush") {
+		t.Errorf("sessions table lacks the failure:\n%s", sess)
+	}
+}

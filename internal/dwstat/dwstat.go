@@ -4,6 +4,7 @@ package dwstat
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -163,9 +164,10 @@ func align(rows [][]string) string {
 			widths[i] = max(widths[i], len(c))
 		}
 	}
-	// A last column of free text (a stage's error) is written as it is: padded to the longest
-	// message, it would push every row's columns off a terminal.
-	freeText := rows[0][len(rows[0])-1] == "error"
+	// A last column of free text (a stage's error, a session's failure, a cache fragment's
+	// flush) is written as it is: padded to the longest message, it would push every row's
+	// columns off a terminal.
+	freeText := slices.Contains([]string{"error", "failure", "cache"}, rows[0][len(rows[0])-1])
 	var b strings.Builder
 	for _, r := range rows {
 		for i, c := range r {
@@ -259,9 +261,11 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 			rows = append(rows, []string{n.ID, "compute", online, strconv.Itoa(n.Activations), reason})
 		}
 	case "sessions":
-		header, empty = []string{"sess", "state", "token", "creator", "owner", "created", "expiration", "nodes"}, "no sessions"
+		// DataWarp's columns, then Spillway's: why the session is stuck (a failed stage-out or
+		// cache flush that undid its teardown), last and unpadded as it has spaces.
+		header, empty = []string{"sess", "state", "token", "creator", "owner", "created", "expiration", "nodes", "failure"}, "no sessions"
 		for _, s := range a.Sessions {
-			rows = append(rows, []string{id(s.ID), s.State.Flags(), s.Token, s.Creator, strconv.FormatUint(uint64(s.Owner), 10), stamp(s.Created), expiration(s.Expiration), strconv.Itoa(len(s.Links.ClientNodes))})
+			rows = append(rows, []string{id(s.ID), s.State.Flags(), s.Token, s.Creator, strconv.FormatUint(uint64(s.Owner), 10), stamp(s.Created), expiration(s.Expiration), strconv.Itoa(len(s.Links.ClientNodes)), orDash(s.Failure)})
 		}
 	case "instances":
 		header, empty = []string{"inst", "state", "sess", "bytes", "nodes", "created", "expiration", "intact", "label", "public", "confs"}, "no instances"
@@ -291,9 +295,20 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 			rows = append(rows, []string{id(act.ID), act.State.Flags(), id(act.Session), id(act.Configuration), act.Node, act.Mount})
 		}
 	case "fragments":
-		header, empty = []string{"frag", "state", "inst", "capacity", "node"}, "no fragments"
+		// DataWarp's columns, then Spillway's: a cache fragment's teardown flush (its bytes not
+		// yet on the PFS, why it failed, what was lost with its node), last as it has spaces.
+		header, empty = []string{"frag", "state", "inst", "capacity", "node", "cache"}, "no fragments"
 		for _, f := range a.Fragments {
-			rows = append(rows, []string{id(f.ID), f.State.Flags(), id(f.Instance), size(f.Capacity), f.Node})
+			cache := "-"
+			switch {
+			case f.CacheLost != "":
+				cache = "lost: " + f.CacheLost
+			case f.CacheFlushError != "":
+				cache = "flush failed: " + f.CacheFlushError
+			case f.CacheDirty > 0:
+				cache = size(f.CacheDirty) + " not yet on the PFS"
+			}
+			rows = append(rows, []string{id(f.ID), f.State.Flags(), id(f.Instance), size(f.Capacity), f.Node, cache})
 		}
 	case "namespaces":
 		header, empty = []string{"nss", "state", "conf", "frag", "span"}, "no namespaces"

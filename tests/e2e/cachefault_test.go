@@ -432,6 +432,11 @@ func (j *cacheJob) assertFlushFailed(st lifecycle.StepStatus, pfsError string) {
 		!strings.Contains(out, pfsError) {
 		j.c.t.Errorf("dwstat must show the fragment's flush error:\n%s", out)
 	}
+	// An administrator reading the text tables sees it too.
+	if out := spillway(j.c.t, cmdOpts{}, "dwstat", "--config", j.c.config, "sessions", "fragments").stdout; !strings.Contains(out, "teardown undone, the instance is kept") ||
+		!strings.Contains(out, "flush failed: ") || !strings.Contains(out, pfsError) {
+		j.c.t.Errorf("dwstat's tables must show the session's failure and the fragment's flush error:\n%s", out)
+	}
 }
 
 // TestCacheFlushFailureKeepsTheInstance: the PFS full (a small tmpfs) or read-only at teardown
