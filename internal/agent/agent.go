@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -105,6 +106,11 @@ type Agent struct {
 
 	mu     sync.Mutex
 	mounts map[string]*mounted   // by mount path
+	// pathLocks serialize the mounts and unmounts of each mount path (lockPath).
+	pathLocks map[string]*pathLock
+	// heartbeatsSent counts the heartbeats sent (RunHeartbeats): an answer only speaks for
+	// the mounts asked for before its heartbeat left (mounted.confirmed).
+	heartbeatsSent atomic.Uint64
 	stages map[string]*stage.Run // by agentapi.StageSpec.Key
 	// stagedDirs are the namespace directories each stage-in writes into directly (by key):
 	// their mounts' caches are dropped when it ends (staged).
@@ -167,7 +173,7 @@ func New(opt Options) (*Agent, error) {
 		opt.Log = slog.Default()
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
-		mounts: map[string]*mounted{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
+		mounts: map[string]*mounted{}, pathLocks: map[string]*pathLock{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
 		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{},
 		cacheOpen: cacheStores{stores: map[int64]*cachestore.Store{}}, byInstance: map[int64]map[int64]struct{}{}}
 	a.caches = newCacheFlushes()
@@ -787,14 +793,21 @@ func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
 		// server serves whole files behind its own namespace.
 		return fmt.Errorf("mount %s: type=cache of pfs=%s: the mount order names no stripe servers (a controller older than this agent?)", spec.MountPath, spec.Cache.PFS)
 	}
+	// One mount or unmount of a path at a time: an unmount of a path under way (a reconcile's)
+	// must not answer a mount of it "already mounted" and then take it away.
+	unlock := a.lockPath(spec.MountPath)
+	defer unlock()
 	a.mu.Lock()
 	if m := a.mounts[spec.MountPath]; m != nil && m.alive() {
+		// The controller counts on it as of now: a heartbeat's answer computed before it
+		// knew that must not take it away (unmountUnknown).
+		m.since, m.confirmed = time.Now(), a.heartbeatsSent.Load()
 		a.mu.Unlock()
 		return nil
 	}
 	a.mu.Unlock()
 	// Not under a.mu: reaching storage nodes may take warpfs.connect_timeout, and the
-	// heartbeat must not wait (mount serializes mounts of one path itself).
+	// heartbeat must not wait.
 	ls, remote, err := a.mountSource(spec)
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
@@ -804,9 +817,37 @@ func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
 		return fmt.Errorf("mount %s: %w", spec.MountPath, err)
 	}
 	a.mu.Lock()
-	a.mounts[spec.MountPath] = &mounted{m: m, instance: spec.InstanceID, since: time.Now(), remote: remote}
+	a.mounts[spec.MountPath] = &mounted{m: m, instance: spec.InstanceID, since: time.Now(), confirmed: a.heartbeatsSent.Load(), remote: remote}
 	a.mu.Unlock()
 	return nil
+}
+
+// lockPath serializes the mounts and unmounts of one mount path; the returned function
+// unlocks it. The locks of paths nobody waits for are forgotten.
+func (a *Agent) lockPath(path string) (unlock func()) {
+	a.mu.Lock()
+	l := a.pathLocks[path]
+	if l == nil {
+		l = &pathLock{}
+		a.pathLocks[path] = l
+	}
+	l.users++
+	a.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		a.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(a.pathLocks, path)
+		}
+		a.mu.Unlock()
+	}
+}
+
+// pathLock is one mount path's lock and the number of its holders and waiters (under a.mu).
+type pathLock struct {
+	sync.Mutex
+	users int
 }
 
 // mountSource says where a mount's namespace and, for a striped instance, its file data are:
@@ -962,6 +1003,13 @@ func (a *Agent) remoteSpec(spec agentapi.MountSpec, address string, fragmentID i
 
 // Unmount removes a mount.
 func (a *Agent) Unmount(ctx context.Context, activationID int64, mountPath string) error {
+	unlock := a.lockPath(mountPath)
+	defer unlock()
+	return a.unmountLocked(mountPath)
+}
+
+// unmountLocked unmounts a path whose lock (lockPath) the caller holds.
+func (a *Agent) unmountLocked(mountPath string) error {
 	a.mu.Lock()
 	m := a.mounts[mountPath]
 	delete(a.mounts, mountPath)
@@ -1334,7 +1382,10 @@ type mounted struct {
 	m        *mount.Mounted
 	instance int64
 	since    time.Time
-	remote   bool // the namespace is on another node
+	// confirmed is the number of heartbeats sent when the controller last asked for the
+	// mount: the answers to those heartbeats, computed before, may not list it yet.
+	confirmed uint64
+	remote    bool // the namespace is on another node
 	staging  bool // the agent's own mount of a striped namespace, for its stage workers
 }
 

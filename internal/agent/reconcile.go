@@ -19,12 +19,18 @@ const clusterFile = "cluster-id"
 // counts on, and removes fragments and namespaces the controller no longer knows, if they are
 // older than grace (a fragment created a moment ago may not be in an answer computed earlier).
 func (a *Agent) Reconcile(ctx context.Context, as agentapi.Assignment, grace time.Duration) {
+	a.reconcile(ctx, as, grace, a.heartbeatsSent.Load()+1)
+}
+
+// reconcile applies the answer to heartbeat number sent (RunHeartbeats): it says nothing of
+// the mounts the controller asked for after that heartbeat left.
+func (a *Agent) reconcile(ctx context.Context, as agentapi.Assignment, grace time.Duration, sent uint64) {
 	for _, m := range as.Mounts {
 		if err := a.Mount(ctx, m); err != nil {
 			a.opt.Log.Warn("cannot restore a mount the controller expects", "path", m.MountPath, "err", err)
 		}
 	}
-	a.unmountUnknown(as.Mounts, grace)
+	a.unmountUnknown(as.Mounts, grace, sent)
 	if a.ssd == "" {
 		return
 	}
@@ -103,22 +109,36 @@ func (a *Agent) sameCluster(id string) bool {
 	return true
 }
 
-func (a *Agent) unmountUnknown(live []agentapi.MountSpec, grace time.Duration) {
+// unmountUnknown unmounts the mounts the answer to heartbeat number sent does not list, but
+// those the controller asked for within grace or after that heartbeat left (its answer was
+// computed before the controller recorded them: a job may already be running in them).
+func (a *Agent) unmountUnknown(live []agentapi.MountSpec, grace time.Duration, sent uint64) {
 	keep := map[string]bool{}
 	for _, m := range live {
 		keep[m.MountPath] = true
 	}
+	stale := func(path string, m *mounted) bool {
+		return !keep[path] && !m.staging && time.Since(m.since) > grace && m.confirmed < sent
+	}
 	a.mu.Lock()
-	var stale []string
+	var candidates []string
 	for path, m := range a.mounts {
-		if !keep[path] && !m.staging && time.Since(m.since) > grace {
-			stale = append(stale, path)
+		if stale(path, m) {
+			candidates = append(candidates, path)
 		}
 	}
 	a.mu.Unlock()
-	for _, path := range stale {
-		a.opt.Log.Info("unmounting a mount the controller no longer knows", "path", path)
-		a.Unmount(context.Background(), 0, path)
+	for _, path := range candidates {
+		unlock := a.lockPath(path)
+		a.mu.Lock()
+		m := a.mounts[path]
+		still := m != nil && stale(path, m) // not asked for again while we waited for the lock
+		a.mu.Unlock()
+		if still {
+			a.opt.Log.Info("unmounting a mount the controller no longer knows", "path", path)
+			a.unmountLocked(path)
+		}
+		unlock()
 	}
 }
 
@@ -133,6 +153,7 @@ func (a *Agent) RunHeartbeats(ctx context.Context, interval, grace time.Duration
 	failing := false
 	for {
 		report, _ := a.Report(ctx)
+		sent := a.heartbeatsSent.Add(1)
 		as, err := send(ctx, report)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -145,7 +166,7 @@ func (a *Agent) RunHeartbeats(ctx context.Context, interval, grace time.Duration
 				a.opt.Log.Info("reporting to the controller again")
 			}
 			failing = false
-			a.Reconcile(ctx, as, grace)
+			a.reconcile(ctx, as, grace, sent)
 		}
 		select {
 		case <-ctx.Done():

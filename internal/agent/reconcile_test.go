@@ -55,3 +55,55 @@ func TestReconcileSweepsNamespacesAtMostEveryQuarterOfGrace(t *testing.T) {
 		t.Fatalf("a quarter of grace later: namespace 13 kept %v (want false), 11 kept %v (want true)", exists(later), exists(kept))
 	}
 }
+
+// A heartbeat's answer speaks only for the mounts asked for before the heartbeat left: a
+// mount the controller asked for (again) afterwards is kept even if the answer does not list
+// it and grace has passed (issue 23 item 3: after a failover the new leader confirmed a
+// mount, pre_run released the job, and an answer computed before the confirmation was
+// recorded took the mount away under the job). The answer to a later heartbeat does remove it.
+func TestReconcileKeepsAMountAskedForAfterItsHeartbeatLeft(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	ctx := context.Background()
+	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(t.TempDir(), "ssd"), Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 2, FragmentID: 1, InstanceID: 1, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	spec := agentapi.MountSpec{ActivationID: 3, MountPath: filepath.Join(t.TempDir(), "mnt"), StorageNode: "ssd1", FragmentID: 1,
+		NamespaceID: 2, InstanceID: 1, Capacity: 64 * mib, Label: "I1-0"}
+	if err := a.Mount(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	mounted := func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		m := a.mounts[spec.MountPath]
+		return m != nil && m.alive()
+	}
+	sent := a.heartbeatsSent.Add(1) // a heartbeat leaves; its answer will not list the mount
+	time.Sleep(20 * time.Millisecond)
+	if err := a.Mount(ctx, spec); err != nil { // the controller asks for it again meanwhile
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	a.reconcile(ctx, agentapi.Assignment{}, 10*time.Millisecond, sent)
+	if !mounted() {
+		t.Fatal("the answer to a heartbeat sent before the mount was asked for took it away")
+	}
+	if err := os.WriteFile(filepath.Join(spec.MountPath, "job"), []byte("runs\n"), 0o644); err != nil {
+		t.Fatalf("the job's mount after the reconcile: %v", err)
+	}
+	later := a.heartbeatsSent.Add(1)
+	a.reconcile(ctx, agentapi.Assignment{}, 10*time.Millisecond, later)
+	if mounted() {
+		t.Fatal("the answer to a heartbeat sent after the mount was asked for, not listing it, kept it past grace")
+	}
+}

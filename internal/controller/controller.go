@@ -52,6 +52,10 @@ type Controller struct {
 
 	mu       sync.Mutex
 	inflight map[lifecycle.EffectKey]bool
+	// mountsInFlight are the mounts asked of each node (by node, then mount path) whose
+	// outcome is not yet persisted: a heartbeat's answer lists them beside the state's, so
+	// that an agent never takes away a mount whose job pre_run is about to release.
+	mountsInFlight map[string]map[string]agentapi.MountSpec
 	// starting are the stages whose start is decided (in flight or queued) and whose outcome
 	// is not yet recorded: they hold a slot of stage.max_running that the state does not show
 	// yet (startsElsewhere).
@@ -92,17 +96,18 @@ type Controller struct {
 func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger) (*Controller, error) {
 	c := &Controller{
 		cfg: cfg, store: st, dial: dial, log: log, now: time.Now,
-		wake:         make(chan struct{}, 1),
-		changed:      make(chan struct{}),
-		sessionWaits: map[int64]chan struct{}{},
-		inflight:     map[lifecycle.EffectKey]bool{},
-		starting:     map[int64]bool{},
-		parked:       map[int64]bool{},
-		queued:       map[lifecycle.EffectKey]bool{},
-		polls:        map[lifecycle.EffectKey]pollState{},
-		local:        map[string]agentapi.Agent{},
-		remote:       map[string]agentapi.Agent{},
-		remoteAt:     map[string]string{},
+		wake:           make(chan struct{}, 1),
+		changed:        make(chan struct{}),
+		sessionWaits:   map[int64]chan struct{}{},
+		inflight:       map[lifecycle.EffectKey]bool{},
+		mountsInFlight: map[string]map[string]agentapi.MountSpec{},
+		starting:       map[int64]bool{},
+		parked:         map[int64]bool{},
+		queued:         map[lifecycle.EffectKey]bool{},
+		polls:          map[lifecycle.EffectKey]pollState{},
+		local:          map[string]agentapi.Agent{},
+		remote:         map[string]agentapi.Agent{},
+		remoteAt:       map[string]string{},
 		params: lifecycle.Params{
 			MountRoot:              cfg.Controller.MountRoot,
 			MaxSessions:            cfg.Controller.MaxSessions,
@@ -836,6 +841,14 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 		return nil
 	})
 	if err == nil {
+		// The mounts asked of the node and not yet recorded, read before the state: one
+		// recorded after this read is in the snapshot below (mountsInFlight).
+		c.mu.Lock()
+		var asked []agentapi.MountSpec
+		for _, m := range c.mountsInFlight[r.Name] {
+			asked = append(asked, m)
+		}
+		c.mu.Unlock()
 		// What lives on the node, read after the report is in (a snapshot as consistent as
 		// the write's, which writers need not wait for): the node's objects by index.
 		err = c.store.View(ctx, func(tx *store.Tx) error {
@@ -846,6 +859,11 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 			reply = liveOn(w, r.Name)
 			for i := range reply.Mounts {
 				reply.Mounts[i] = c.grant(reply.Mounts[i], r.Name)
+			}
+			for _, m := range asked {
+				if !slices.ContainsFunc(reply.Mounts, func(l agentapi.MountSpec) bool { return l.MountPath == m.MountPath }) {
+					reply.Mounts = append(reply.Mounts, m)
+				}
 			}
 			v, err := store.Meta.Get(tx, clusterIDKey)
 			if err != nil {

@@ -411,6 +411,12 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		c.mu.Lock()
 		delete(c.inflight, e.Key())
 		delete(c.parked, session)
+		if e.Op == lifecycle.OpMount {
+			delete(c.mountsInFlight[e.Node], e.Mount.MountPath)
+			if len(c.mountsInFlight[e.Node]) == 0 {
+				delete(c.mountsInFlight, e.Node)
+			}
+		}
 		if isStart(e) { // its outcome is recorded (or will be found again after a restart)
 			delete(c.starting, e.Ref.ID)
 		}
@@ -448,7 +454,14 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		case lifecycle.OpDeleteNamespace:
 			r.Err = agent.DeleteNamespace(actx, e.Namespace.FragmentID, e.Namespace.ID)
 		case lifecycle.OpMount:
-			r.Err = agent.Mount(actx, c.grant(e.Mount, e.Node))
+			granted := c.grant(e.Mount, e.Node)
+			c.mu.Lock()
+			if c.mountsInFlight[e.Node] == nil {
+				c.mountsInFlight[e.Node] = map[string]agentapi.MountSpec{}
+			}
+			c.mountsInFlight[e.Node][granted.MountPath] = granted // until its outcome is persisted (release)
+			c.mu.Unlock()
+			r.Err = agent.Mount(actx, granted)
 		case lifecycle.OpUnmount:
 			r.Err = agent.Unmount(actx, e.Mount.ActivationID, e.Mount.MountPath)
 		case lifecycle.OpStartStage:

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -418,10 +419,26 @@ func (r *haRun) job(token string, between func(step string)) {
 	mount := strings.TrimPrefix(strings.TrimSpace(string(env)), "DW_JOB_STRIPED=")
 	between("pre_run")
 	r.wlm("--function", "pre_run", "--token", token, "--job", job, "--nodehostnamefile", nodes)
+	// Two different defects would make the job's process miss its instance: pre_run
+	// answering before the mount is there, or the agent taking it away after (a heartbeat's
+	// answer that does not list it yet). Tell them apart.
+	tookAway := func() bool { return r.logHas("node", "unmounting a mount the controller no longer knows") }
+	if !slices.Contains(r.nodeMounts(), filepath.Clean(mount)) {
+		if tookAway() {
+			r.t.Fatalf("the agent took the job's mount %s away as unknown to the controller, before the job could run", mount)
+		}
+		r.t.Fatalf("pre_run returned but %s is not mounted on the node (mounts: %v)", mount, r.nodeMounts())
+	}
 	between("run")
 	out, err := r.onNode("set -e; cd " + mount + "; cat in.dat; echo 'result " + token + "' > out.dat")
 	if err != nil || !strings.Contains(string(out), "staged in "+token) {
+		if tookAway() {
+			r.t.Fatalf("the agent took the job's mount away after pre_run (it logged \"unmounting a mount the controller no longer knows\"); the job's process: %v\n%s", err, out)
+		}
 		r.t.Fatalf("the job's process on node: %v\n%s", err, out)
+	}
+	if tookAway() {
+		r.t.Errorf("the agent unmounted a mount of a running job as unknown to the controller")
 	}
 	between("post_run")
 	r.wlm("--function", "post_run", "--token", token, "--job", job)
