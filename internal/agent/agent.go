@@ -105,13 +105,13 @@ type Agent struct {
 	data   *server.Server // serves this node's namespaces to other hosts (ServeData), or nil
 
 	mu     sync.Mutex
-	mounts map[string]*mounted   // by mount path
+	mounts map[string]*mounted // by mount path
 	// pathLocks serialize the mounts and unmounts of each mount path (lockPath).
 	pathLocks map[string]*pathLock
 	// heartbeatsSent counts the heartbeats sent (RunHeartbeats): an answer only speaks for
 	// the mounts asked for before its heartbeat left (mounted.confirmed).
 	heartbeatsSent atomic.Uint64
-	stages map[string]*stage.Run // by agentapi.StageSpec.Key
+	stages         map[string]*stage.Run // by agentapi.StageSpec.Key
 	// stagedDirs are the namespace directories each stage-in writes into directly (by key):
 	// their mounts' caches are dropped when it ends (staged).
 	stagedDirs map[string][]string
@@ -1386,7 +1386,7 @@ type mounted struct {
 	// mount: the answers to those heartbeats, computed before, may not list it yet.
 	confirmed uint64
 	remote    bool // the namespace is on another node
-	staging  bool // the agent's own mount of a striped namespace, for its stage workers
+	staging   bool // the agent's own mount of a striped namespace, for its stage workers
 }
 
 // alive reports whether the mount is still served.
