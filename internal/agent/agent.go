@@ -108,6 +108,10 @@ type Agent struct {
 	mounts map[string]*mounted // by mount path
 	// pathLocks serialize the mounts and unmounts of each mount path (lockPath).
 	pathLocks map[string]*pathLock
+	// unmountedAt are the paths the controller had unmounted (Unmount) and not mounted
+	// again since, and when: a heartbeat's answer computed before the unmount was recorded
+	// still lists the mount, and must not bring it back (Reconcile, within gc_grace).
+	unmountedAt map[string]time.Time
 	// heartbeatsSent counts the heartbeats sent (RunHeartbeats): an answer only speaks for
 	// the mounts asked for before its heartbeat left (mounted.confirmed).
 	heartbeatsSent atomic.Uint64
@@ -173,7 +177,7 @@ func New(opt Options) (*Agent, error) {
 		opt.Log = slog.Default()
 	}
 	a := &Agent{opt: opt, root: os.Geteuid() == 0, trackers: usage.NewRegistry(),
-		mounts: map[string]*mounted{}, pathLocks: map[string]*pathLock{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
+		mounts: map[string]*mounted{}, pathLocks: map[string]*pathLock{}, unmountedAt: map[string]time.Time{}, stages: map[string]*stage.Run{}, stagedDirs: map[string][]string{}, starting: map[string]chan struct{}{}, stageIns: map[int64]int{},
 		counters: map[int64]*server.Fragment{}, countersSaved: map[int64][]byte{}, metas: map[int64]fragmentMeta{},
 		cacheOpen: cacheStores{stores: map[int64]*cachestore.Store{}}, byInstance: map[int64]map[int64]struct{}{}}
 	a.caches = newCacheFlushes()
@@ -784,6 +788,14 @@ func (a *Agent) forgetTrackerIfUnused(instanceID int64) {
 // Mount exposes a namespace at a mount path: a namespace on this node through the loopback
 // (the fast path), one on another node through that node's data server (warpfs).
 func (a *Agent) Mount(ctx context.Context, spec agentapi.MountSpec) error {
+	a.mu.Lock()
+	delete(a.unmountedAt, spec.MountPath) // asked for again: the restores may bring it back
+	a.mu.Unlock()
+	return a.mount(ctx, spec)
+}
+
+// mount is Mount without forgetting an unmount (a reconcile's restore).
+func (a *Agent) mount(ctx context.Context, spec agentapi.MountSpec) error {
 	if spec.Cache != nil && spec.Cache.Loadbalance && len(spec.Stripes) > 0 {
 		return fmt.Errorf("mount %s: type=cache access_mode=loadbalance of pfs=%s: the mount order names stripe servers, which a load-balanced cache has none of", spec.MountPath, spec.Cache.PFS)
 	}
@@ -1005,6 +1017,9 @@ func (a *Agent) remoteSpec(spec agentapi.MountSpec, address string, fragmentID i
 func (a *Agent) Unmount(ctx context.Context, activationID int64, mountPath string) error {
 	unlock := a.lockPath(mountPath)
 	defer unlock()
+	a.mu.Lock()
+	a.unmountedAt[mountPath] = time.Now()
+	a.mu.Unlock()
 	return a.unmountLocked(mountPath)
 }
 

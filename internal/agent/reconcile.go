@@ -25,8 +25,21 @@ func (a *Agent) Reconcile(ctx context.Context, as agentapi.Assignment, grace tim
 // reconcile applies the answer to heartbeat number sent (RunHeartbeats): it says nothing of
 // the mounts the controller asked for after that heartbeat left.
 func (a *Agent) reconcile(ctx context.Context, as agentapi.Assignment, grace time.Duration, sent uint64) {
+	a.mu.Lock()
+	recentlyUnmounted := map[string]bool{}
+	for path, at := range a.unmountedAt {
+		if time.Since(at) > grace {
+			delete(a.unmountedAt, path) // every answer since was computed after it was recorded
+		} else {
+			recentlyUnmounted[path] = true
+		}
+	}
+	a.mu.Unlock()
 	for _, m := range as.Mounts {
-		if err := a.Mount(ctx, m); err != nil {
+		if recentlyUnmounted[m.MountPath] {
+			continue // the answer predates the controller's record of its unmount (post_run)
+		}
+		if err := a.mount(ctx, m); err != nil {
 			a.opt.Log.Warn("cannot restore a mount the controller expects", "path", m.MountPath, "err", err)
 		}
 	}

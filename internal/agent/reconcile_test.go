@@ -107,3 +107,54 @@ func TestReconcileKeepsAMountAskedForAfterItsHeartbeatLeft(t *testing.T) {
 		t.Fatal("the answer to a heartbeat sent after the mount was asked for, not listing it, kept it past grace")
 	}
 }
+
+// An answer computed before the controller recorded an unmount (post_run's) still lists the
+// mount: it must not bring it back (a job's mount reappeared after post_run, and stayed for
+// gc_grace after its teardown). A mount the controller asks for again is restored as before.
+func TestReconcileDoesNotRestoreAMountJustUnmounted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	ctx := context.Background()
+	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(t.TempDir(), "ssd"), Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 2, FragmentID: 1, InstanceID: 1, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	spec := agentapi.MountSpec{ActivationID: 3, MountPath: filepath.Join(t.TempDir(), "mnt"), StorageNode: "ssd1", FragmentID: 1,
+		NamespaceID: 2, InstanceID: 1, Capacity: 64 * mib, Label: "I1-0"}
+	mounted := func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		m := a.mounts[spec.MountPath]
+		return m != nil && m.alive()
+	}
+	if err := a.Mount(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	stale := agentapi.Assignment{Mounts: []agentapi.MountSpec{spec}} // computed before the unmount was recorded
+	if err := a.Unmount(ctx, 3, spec.MountPath); err != nil {
+		t.Fatal(err)
+	}
+	a.Reconcile(ctx, stale, time.Minute)
+	if mounted() {
+		t.Fatal("an answer listing a mount the controller just had unmounted brought it back")
+	}
+	if err := a.Mount(ctx, spec); err != nil { // asked for again
+		t.Fatal(err)
+	}
+	if err := a.Unmount(ctx, 3, spec.MountPath); err != nil {
+		t.Fatal(err)
+	}
+	a.Reconcile(ctx, stale, 0) // the unmount is older than grace: every answer now knows of it
+	if !mounted() {
+		t.Fatal("a mount the controller lists, unmounted longer than grace ago, was not restored")
+	}
+	a.Unmount(ctx, 3, spec.MountPath)
+}
