@@ -126,6 +126,21 @@ func TestLibdatawarpEveryFunction(t *testing.T) {
 	w.assertClean()
 }
 
+// The calls speak to the controller themselves (issue 23 item 16): with no spillway binary
+// to be found (SPILLWAY_BIN names none, none on the PATH) every kind of call works, none runs
+// a process (no SIGCHLD), none leaves a descriptor open; 16 threads call at once (about 600
+// calls) while a child forked among them calls too. The helper would fail every call here
+// with -EIO.
+func TestLibdatawarpSpeaksToTheControllerItself(t *testing.T) {
+	w, out := libdwWorld(t)
+	r := runDwcheck(t, w, out, "1GiB", []string{"SPILLWAY_BIN=/nonexistent/spillway", "PATH=/usr/bin:/bin"}, libdw.dwcheck, "direct", out)
+	if n := strings.Count("\n"+r.stdout, "\nok "); n < 15 {
+		t.Errorf("only %d checks ran:\n%s", n, r.stdout)
+	}
+	w.waitNoSessions()
+	w.assertClean()
+}
+
 // A cache instance's calls in a real job (type=cache over a PFS directory of the job's user):
 // dw_wait_sync_complete puts a file's data on the PFS, the cache policy reads back as set and
 // sync_on_close puts the data on the PFS by close(), and stages of a cache path are refused
