@@ -608,6 +608,7 @@ static void buf_probe(struct buf *b, const char *given, char **points, int bb)
 		free(dir);
 	}
 	buf_str(b, "}");
+	free(path);
 }
 
 /* ---- one request ------------------------------------------------------------------------ */
@@ -834,8 +835,10 @@ static int dwait(const char *const *paths, size_t n)
 		struct answer ans;
 		struct call c = {.verb = "query", .dw = paths, .ndw = n};
 		int rc = dcall(&c, &ans), pending = 0;
-		if (rc != 0)
+		if (rc != 0) {
+			free(ans.text);
 			return rc;
+		}
 		if (json_int(ans.text, "pending", &pending) != 0)
 			rc = -EIO;
 		free(ans.text);
