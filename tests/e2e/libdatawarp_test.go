@@ -224,7 +224,15 @@ func TestLibdatawarpAutoconfProbe(t *testing.T) {
 
 // The Python package, in a job that gets SPILLWAY_BIN and SPILLWAY_HOME from spillway run
 // itself (not from the test).
-func TestLibdatawarpPython(t *testing.T) {
+func TestLibdatawarpPython(t *testing.T) { testLibdatawarpPython(t, nil) }
+
+// Python's calls go through the C library, which speaks to the controller itself: with no
+// spillway binary to be found they all work (the helper would fail each with EIO).
+func TestLibdatawarpPythonNeedsNoHelper(t *testing.T) {
+	testLibdatawarpPython(t, []string{"SPILLWAY_BIN=/nonexistent/spillway", "PATH=/usr/bin:/bin"})
+}
+
+func testLibdatawarpPython(t *testing.T, extraEnv []string) {
 	w, out := libdwWorld(t)
 	// The system's Python: one under root's home (pyenv) is not for nobody.
 	py := "/usr/bin/python3"
@@ -235,7 +243,7 @@ func TestLibdatawarpPython(t *testing.T) {
 	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\nexec "+py+" "+check+" "+out+"\n")
 	// Readable by nobody: the package from the source tree, the library from the build.
 	env := []string{"PYTHONPATH=" + filepath.Join(repoRoot(), "python"), "SPILLWAY_LIBDATAWARP=" + filepath.Join(libdw.prefix, "lib", "libdatawarp.so.0")}
-	r := w.runEnv(env, "run", script)
+	r := w.runEnv(append(env, extraEnv...), "run", script)
 	if r.code != 0 || !strings.Contains(r.stdout, "failures 0") {
 		t.Fatalf("pycheck in a job:\n%s", r)
 	}
