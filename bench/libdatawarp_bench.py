@@ -13,7 +13,9 @@ a C program linked with libdatawarp (built from libdatawarp/ for the run):
   (d) calls dw_query_file_stage --queries times on the staged file: its latency;
   (e) per-call cost, against the old path: --calls dw_query_file_stage calls on a staged file,
       then --files dw_stage_file_in calls in a row, one small PFS file each (AXL's pattern: one
-      call per file), the dispatch alone (the copies are waited for afterwards, untimed):
+      call per file), the dispatch alone (the copies are waited for afterwards, untimed), then
+      a dw_stage_file_out AT_JOB_END of each of those files and its revoke (requests that
+      start no copy):
       with this library (it speaks to the controller's socket itself) and with the library
       of --baseline-rev (built from git: each call runs `spillway dwcli stage --json`), in
       the same job, alternating.
@@ -124,8 +126,9 @@ CALLS = r"""
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
 static void must(int rc, const char *what) { if (rc != 0) { fprintf(stderr, "%s: %s\n", what, strerror(-rc)); exit(1); } }
 
-/* calls PFS_DIR QUERIES FILES TAG: per-call latency of dw_query_file_stage and of
-   dw_stage_file_in's dispatch, one JSON line. */
+/* calls PFS_DIR QUERIES FILES TAG: per-call latency of dw_query_file_stage, of
+   dw_stage_file_in's dispatch, of dw_stage_file_out AT_JOB_END and of its revoke, one JSON
+   line. */
 int main(int argc, char **argv)
 {
 	const char *pfs = argv[1], *tag = argv[4], *bb = getenv("DW_JOB_STRIPED");
@@ -153,9 +156,23 @@ int main(int argc, char **argv)
 		must(dw_stage_file_in(src, dst), "dw_stage_file_in");
 		printf("%s%.6f", i ? ", " : "", now() - t0);
 	}
-	printf("]}\n");
+	printf("]");
 	fflush(stdout);
 	must(dw_wait_directory_stage(bb), "dw_wait_directory_stage");
+	/* requests that start no copy: a stage-out at job end of each file, then its revoke */
+	for (int w = 0; w < 2; w++) {
+		printf(", \"%s\": [", w ? "revoke" : "at_job_end");
+		for (i = 0; i < files; i++) {
+			double t0;
+			snprintf(src, sizeof(src), "%sin.%s.%d", bb, tag, i);
+			snprintf(dst, sizeof(dst), "%s/out.%s.%d", pfs, tag, i);
+			t0 = now();
+			must(dw_stage_file_out(src, w ? NULL : dst, w ? DW_REVOKE_STAGE_AT_JOB_END : DW_STAGE_AT_JOB_END), "dw_stage_file_out");
+			printf("%s%.6f", i ? ", " : "", now() - t0);
+		}
+		printf("]");
+	}
+	printf("}\n");
 	return 0;
 }
 """
@@ -245,9 +262,10 @@ allow_root = true
             sys.exit(f"the job failed:\n{out.stdout}\n{out.stderr}")
         lines = [json.loads(l) for l in out.stdout.strip().splitlines() if l.startswith("{")]
         data = lines[0]
-        per = {"new": {"query": [], "stage_in": []}, "old": {"query": [], "stage_in": []}}
+        kinds = ("query", "stage_in", "at_job_end", "revoke")
+        per = {"new": {k: [] for k in kinds}, "old": {k: [] for k in kinds}}
         for l in lines[1:]:
-            for k in ("query", "stage_in"):
+            for k in kinds:
                 per["old" if l["tag"] == "old" else "new"][k] += l[k]
     finally:
         if not a.dir:
@@ -260,7 +278,9 @@ allow_root = true
         xs = sorted(xs)
         return xs[min(len(xs) - 1, int(len(xs) * f))]
     rows = []
-    for k, name in (("query", "`dw_query_file_stage`"), ("stage_in", "`dw_stage_file_in`, the dispatch (one small file a call)")):
+    for k, name in (("query", "`dw_query_file_stage`"), ("stage_in", "`dw_stage_file_in`, the dispatch (one small file a call; the copies of the previous ones run meanwhile)"),
+                    ("at_job_end", "`dw_stage_file_out(..., DW_STAGE_AT_JOB_END)` (recorded; no copy starts)"),
+                    ("revoke", "`dw_stage_file_out(..., DW_REVOKE_STAGE_AT_JOB_END)`")):
         n, o = per["new"][k], per["old"][k]
         mn, mo = statistics.median(n), statistics.median(o)
         rows.append(f"| {name} | {mn * 1000:.2f} ({pct(n, 0.9) * 1000:.2f}) | {len(n) / sum(n):.0f} | "
@@ -285,6 +305,8 @@ Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with `pyt
 | call | this library: median ms (90th pct) | calls/s | old path: median ms (90th pct) | calls/s | speed-up |
 |---|---:|---:|---:|---:|---:|
 {rows}
+
+The library's own part of a call (probing the paths, one request on the socket) is well under a millisecond: a query costs the controller's read. A call that records something costs the controller's durable commit besides (the state's SQLite WAL with synchronous=FULL: the request is on the disk before the call returns, as the API promises), and a stage-in's dispatch also shares the machine's cores with the copies of the calls before it.
 
 Ratio = the baseline's time / the API's (1.00 = as fast as `cp` + `sync`). `cp` in the job reads the checkpoint through the job's FUSE mount; the stage worker reads it on the storage node, beside the mount. Each libdatawarp call is one request on the controller's Unix socket (the library probes the paths as the job's user, the controller resolves the session and records the stage). The copy itself is the stage worker's, as the job's user, with DataWarp's fsync of the file.
 """
