@@ -569,20 +569,26 @@ static void buf_stat(struct buf *b, const char *p)
 
 /* buf_probe adds a probe of a path (stagecall.Probe): a burst buffer path (points: the
  * mounts) resolved and with its mount, a PFS path made absolute. */
-static void buf_probe(struct buf *b, const char *given, char **points, int bb)
+static void buf_probe(struct buf *b, const char *given, char **points, int bb, int with_dir)
 {
-	char *path = bb ? canonical(given) : absolute(given);
-	char *dir;
+	char *path, *dir;
 	const char *mount = NULL;
 	size_t i, best = 0;
+	if (*given == '\0') { /* no path: the controller says so (never the current directory) */
+		buf_str(b, "{\"path\":\"\"}");
+		return;
+	}
+	path = bb ? canonical(given) : absolute(given);
 	if (path == NULL) {
 		b->oom = 1;
 		return;
 	}
-	buf_str(b, "{\"given\":");
-	buf_json(b, given);
-	buf_str(b, ",\"path\":");
+	buf_str(b, "{\"path\":");
 	buf_json(b, path);
+	if (strcmp(given, path) != 0) { /* the name given, for messages; a list must stay small */
+		buf_str(b, ",\"given\":");
+		buf_json(b, given);
+	}
 	for (i = 0; bb && points != NULL && points[i] != NULL; i++) {
 		size_t n = strlen(points[i]);
 		if (n > best && strncmp(path, points[i], n) == 0 && (path[n] == '\0' || path[n] == '/' || strcmp(points[i], "/") == 0)) {
@@ -596,7 +602,7 @@ static void buf_probe(struct buf *b, const char *given, char **points, int bb)
 	}
 	buf_str(b, ",\"stat\":");
 	buf_stat(b, path);
-	dir = strdup(path);
+	dir = with_dir ? strdup(path) : NULL;
 	if (dir != NULL) {
 		char *slash = strrchr(dir, '/');
 		if (slash == dir)
@@ -729,7 +735,7 @@ static int dcall(const struct call *c, struct answer *ans)
 	struct answer a = {NULL, 0};
 	char **points;
 	size_t i;
-	int status, rc;
+	int status, rc, dw_dir;
 	if (ans != NULL) {
 		ans->text = NULL;
 		ans->len = 0;
@@ -752,17 +758,19 @@ static int dcall(const struct call *c, struct answer *ans)
 		snprintf(num, sizeof(num), ",\"concurrency\":%lld", c->concurrency);
 		buf_str(&body, num);
 	}
+	/* the directory of a burst buffer path counts for a file staged in only */
+	dw_dir = strcmp(c->verb, "in") == 0 && c->type != NULL && strcmp(c->type, "file") == 0;
 	buf_str(&body, ",\"dw\":[");
 	for (i = 0; i < c->ndw; i++) {
 		if (i > 0)
 			buf_str(&body, ",");
-		buf_probe(&body, c->dw[i], points, 1);
+		buf_probe(&body, c->dw[i], points, 1, dw_dir); /* a list must stay small */
 	}
 	buf_str(&body, "],\"pfs\":[");
 	for (i = 0; i < c->npfs; i++) {
 		if (i > 0)
 			buf_str(&body, ",");
-		buf_probe(&body, c->pfs[i], points, 0);
+		buf_probe(&body, c->pfs[i], points, 0, 1);
 	}
 	if (c->pfs_dir_of_list && c->npfs == 1) {
 		/* each file's destination: the directory joined with the base name of its path */
@@ -782,7 +790,7 @@ static int dcall(const struct call *c, struct answer *ans)
 			}
 			sprintf(dest, "%s/%s", c->pfs[0], base);
 			buf_str(&body, ",");
-			buf_probe(&body, dest, points, 0);
+			buf_probe(&body, dest, points, 0, 0); /* its directory is pfs[0] */
 			free(dest);
 			free(real);
 		}

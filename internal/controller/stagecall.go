@@ -147,7 +147,7 @@ func (s *Server) runStageCall(ctx context.Context, c caller, call stagecall.Call
 			if err != nil {
 				return nil, err
 			}
-			if err := stagecall.QueryCheck(t, p.Given, len(found)); err != nil {
+			if err := stagecall.QueryCheck(t, p.Named(), len(found)); err != nil {
 				return nil, err
 			}
 			total.Complete += counts.Complete
@@ -167,7 +167,7 @@ func (s *Server) runStageCall(ctx context.Context, c caller, call stagecall.Call
 		for i, p := range call.DW {
 			t, err := resolve(i)
 			if err == nil {
-				err = stagecall.TerminateCheck(t, p.Given)
+				err = stagecall.TerminateCheck(t, p.Named())
 			}
 			if err != nil {
 				return map[string]any{"terminated": n}, err

@@ -143,7 +143,7 @@ func (s *Stager) probeBB(p string) (stagecall.Probe, error) {
 		s.mounts = append(points, "") // never nil once read
 	}
 	abs := canonical(p)
-	pr := stagecall.Probe{Given: p, Path: abs, Stat: statOf(abs), Dir: statOf(filepath.Dir(abs))}
+	pr := stagecall.Probe{Given: givenIf(p, abs), Path: abs, Stat: statOf(abs), Dir: statOf(filepath.Dir(abs))}
 	for _, m := range s.mounts {
 		if rel, ok := strings.CutPrefix(abs, m); m != "" && ok && (rel == "" || strings.HasPrefix(rel, "/")) {
 			pr.Mount = m
@@ -162,7 +162,16 @@ func probePFS(p string) stagecall.Probe {
 	if err != nil {
 		return stagecall.Probe{Given: p, Path: p}
 	}
-	return stagecall.Probe{Given: p, Path: abs, Stat: statOf(abs), Dir: statOf(filepath.Dir(abs))}
+	return stagecall.Probe{Given: givenIf(p, abs), Path: abs, Stat: statOf(abs), Dir: statOf(filepath.Dir(abs))}
+}
+
+// givenIf is the name the caller gave when it is not the path sent (a list of 10,000 paths
+// must fit in controller.max_request_bytes).
+func givenIf(given, path string) string {
+	if given == path {
+		return ""
+	}
+	return given
 }
 
 func (s *Stager) probeAll(paths []string) ([]stagecall.Probe, error) {
@@ -265,7 +274,8 @@ func (s *Stager) StageOutList(ctx context.Context, when string, dws []string, pf
 		dir := probePFS(pfsDir)
 		c.PFS = append(c.PFS, dir)
 		for _, t := range ts {
-			c.PFS = append(c.PFS, probePFS(filepath.Join(dir.Path, filepath.Base(t.Path))))
+			dest := filepath.Join(dir.Path, filepath.Base(t.Path))
+			c.PFS = append(c.PFS, stagecall.Probe{Path: dest, Stat: statOf(dest)}) // its directory is dir
 		}
 	}
 	_, err = s.call(ctx, c)

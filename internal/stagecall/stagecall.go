@@ -50,11 +50,19 @@ const (
 
 // Probe is one path of a Call as the client found it.
 type Probe struct {
-	Given string `json:"given"`           // as the caller named it (messages name it)
+	Given string `json:"given,omitempty"` // as the caller named it, for messages ("" = Path)
 	Path  string `json:"path"`            // absolute; a burst buffer path has its links resolved
 	Mount string `json:"mount,omitempty"` // burst buffer paths: the longest fuse.spillway mount point holding Path ("" none)
 	Stat  Stat   `json:"stat"`
 	Dir   Stat   `json:"dir"` // Path's directory's
+}
+
+// Named is the name of the path in messages: as the caller named it.
+func (p Probe) Named() string {
+	if p.Given != "" {
+		return p.Given
+	}
+	return p.Path
 }
 
 // Call is the body of POST /dw/v1/job_stages.
@@ -67,7 +75,8 @@ type Call struct {
 	DW []Probe `json:"dw"`
 	// PFS are the PFS paths: in: the source (list: the files); out: the destination; out
 	// --type list: the directory, then for each DW file its destination in it (the
-	// directory joined with the base name of the file's Path).
+	// directory joined with the base name of the file's Path; its Dir is the directory's,
+	// and need not be sent).
 	PFS         []Probe `json:"pfs,omitempty"`
 	Concurrency int64   `json:"concurrency,omitempty"`
 }
@@ -145,14 +154,14 @@ type Locator func(mount string) (lifecycle.MountInfo, error)
 
 // Resolve finds the session and variable of a probed burst buffer path.
 func Resolve(p Probe, locate Locator) (Target, error) {
-	if p.Given == "" && p.Path == "" {
+	if p.Path == "" {
 		return Target{}, Errorf(syscall.EINVAL, "empty path: give a path under a burst buffer mount ($DW_JOB_STRIPED/...)")
 	}
 	abs := path.Clean(p.Path)
 	m := path.Clean(p.Mount)
 	rel, ok := strings.CutPrefix(abs, m)
 	if p.Mount == "" || !path.IsAbs(abs) || !ok || rel != "" && !strings.HasPrefix(rel, "/") {
-		return Target{}, Errorf(syscall.EINVAL, "%s is not in a burst buffer: give a path under $DW_JOB_STRIPED or another of the job's burst buffer mounts", p.Given)
+		return Target{}, Errorf(syscall.EINVAL, "%s is not in a burst buffer: give a path under $DW_JOB_STRIPED or another of the job's burst buffer mounts", p.Named())
 	}
 	if rel == "" {
 		rel = "/"
@@ -160,7 +169,7 @@ func Resolve(p Probe, locate Locator) (Target, error) {
 	info, err := locate(m)
 	if err != nil {
 		if errors.Is(err, lifecycle.ErrNoSession) {
-			return Target{}, Errorf(syscall.EINVAL, "%s is in %s, a burst buffer mount that is not one of your jobs' (the controller knows no session of yours mounted there)", p.Given, m)
+			return Target{}, Errorf(syscall.EINVAL, "%s is in %s, a burst buffer mount that is not one of your jobs' (the controller knows no session of yours mounted there)", p.Named(), m)
 		}
 		return Target{}, err
 	}
