@@ -129,8 +129,15 @@ func statOf(p string) stagecall.Stat {
 	return out
 }
 
-// probeBB probes a burst buffer path: its links resolved, the mount holding it.
+// probeBB probes a burst buffer path: its links resolved, the mount holding it; its
+// directory too for a file staged in (the only check that reads it: a list must stay small).
 func (s *Stager) probeBB(p string) (stagecall.Probe, error) {
+	pr, err := s.probeBBDir(p)
+	pr.Dir = stagecall.Stat{}
+	return pr, err
+}
+
+func (s *Stager) probeBBDir(p string) (stagecall.Probe, error) {
 	if p == "" {
 		return stagecall.Probe{}, nil
 	}
@@ -204,7 +211,7 @@ func (s *Stager) call(ctx context.Context, c stagecall.Call) (apiclient.StageCal
 
 // StageIn copies pfs into dw now (typ file or directory).
 func (s *Stager) StageIn(ctx context.Context, typ, dw, pfs string) error {
-	t, err := s.probeBB(dw)
+	t, err := s.probeBBDir(dw)
 	if err != nil {
 		return err
 	}

@@ -54,7 +54,7 @@ type Probe struct {
 	Path  string `json:"path"`            // absolute; a burst buffer path has its links resolved
 	Mount string `json:"mount,omitempty"` // burst buffer paths: the longest fuse.spillway mount point holding Path ("" none)
 	Stat  Stat   `json:"stat"`
-	Dir   Stat   `json:"dir"` // Path's directory's
+	Dir   Stat   `json:"dir,omitzero"` // Path's directory's (sent where a check reads it)
 }
 
 // Named is the name of the path in messages: as the caller named it.
