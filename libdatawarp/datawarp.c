@@ -1,17 +1,21 @@
 /*
  * libdatawarp for Spillway: DataWarp's C API (datawarp.h).
  *
- * Staging calls run `spillway dwcli stage ... --json`, the machine interface of Spillway's
- * in-job staging, with posix_spawn, and read its one JSON object: {"errno": N, ...}. The
- * command finds the mount, the session and the controller from the path, acting as the
- * calling user. Stripe calls work on the user.spillway.layout extended attribute directly.
+ * Staging calls are one request each to the controller, POST /dw/v1/job_stages, sent on its
+ * Unix socket by the library itself ("speaking to the controller directly" below): what the
+ * library found of the paths as the calling user goes in, libdatawarp's result comes out,
+ * {"errno": N, ...}. Where that cannot be done (a TCP controller, whose requests need a MUNGE
+ * credential; several controllers; a socket that does not answer) a call runs the helper,
+ * `spillway dwcli stage ... --json`, with posix_spawn, which sends the same request. Stripe
+ * and cache calls work on extended attributes of the caller's descriptors directly.
  *
- * The library keeps no global state: every call is independent and thread-safe. Calls are
- * not interrupted by signals (EINTR is retried; the helper runs in its own process group, so
- * a terminal's Ctrl-C reaches the application, not the helper).
+ * The library keeps no state between calls: every call is independent, thread-safe, and
+ * safe in a child after fork (a socket per call, close-on-exec). Calls are not interrupted
+ * by signals (EINTR is retried; the helper runs in its own process group, so a terminal's
+ * Ctrl-C reaches the application, not the helper).
  *
- * The spillway binary is $SPILLWAY_BIN, else "spillway" on the PATH, else
- * SPILLWAY_PREFIX/bin/spillway (the install prefix, set at build time).
+ * The helper is $SPILLWAY_BIN, else "spillway" on the PATH, else SPILLWAY_PREFIX/bin/spillway
+ * (the install prefix, set at build time).
  */
 #define _GNU_SOURCE
 #include "datawarp.h"

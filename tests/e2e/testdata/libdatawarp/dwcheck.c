@@ -730,6 +730,7 @@ static void check_direct(void)
 	CHECK("direct: the PFS has the file", same(px, "direct\n"), "%s", px);
 	CHECK("direct: stage in", dw_stage_file_in(path(dw, "direct.in"), px) == 0 && dw_wait_file_stage(path(dw, "direct.in")) == 0 &&
 	      same(path(dw, "direct.in"), "direct\n"), "failed");
+	CHECK("direct: EINVAL for an empty path (not the current directory)", dw_stage_file_out("", px, DW_STAGE_IMMEDIATE) == -EINVAL, "not EINVAL");
 	CHECK("direct: EINVAL outside every mount", dw_query_file_stage(pfs, &c, &p, &d, &f) == -EINVAL, "not EINVAL");
 	CHECK("direct: ENOENT for a missing source", dw_stage_file_in(path(dw, "none"), path(pfs, "no-such")) == -ENOENT, "not ENOENT");
 	CHECK("direct: terminate", dw_terminate_file_stage(x) == 0, "failed");
