@@ -20,9 +20,12 @@
 #define _GNU_SOURCE
 #include "datawarp.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -395,16 +398,43 @@ static int file_exists(const char *p)
 	return stat(p, &st) == 0;
 }
 
-/* controller_socket finds the controller as `dwcli stage` does (cli.Connection.Connect):
+/* An endpoint: the controller's Unix socket, or its TCP address with the munged to ask for a
+ * credential. */
+struct endpoint {
+	int tcp;
+	char sock[PATH_MAX];   /* unix: its path */
+	char host[256], port[16];
+	char munge[PATH_MAX];  /* tcp: munged's socket ("" = munge's default) */
+	int connect_ms;        /* tcp: [client] connect_timeout */
+};
+
+/* duration_ms reads a configuration duration ("3s", "500ms", "1m"), or def. */
+static int duration_ms(const char *text, int def)
+{
+	char *end;
+	double v = strtod(text, &end);
+	if (end == text || v < 0)
+		return def;
+	if (strcmp(end, "ms") == 0)
+		return (int)v;
+	if (strcmp(end, "s") == 0)
+		return (int)(v * 1000);
+	if (strcmp(end, "m") == 0)
+		return (int)(v * 60000);
+	return def;
+}
+
+/* controller_endpoint finds the controller as `dwcli stage` does (cli.Connection.Connect):
  * $SPILLWAY_CONFIG, else /etc/spillway/spillway.toml if it exists, its [client] controller;
  * else the one-machine home ($SPILLWAY_HOME, $XDG_DATA_HOME/spillway,
- * ~/.local/share/spillway), its [controller] socket. 0 and the socket's path, or NO_DIRECT
- * (a TCP address, several controllers, no home: the helper says or does what is needed). */
-static int controller_socket(char *out, size_t size)
+ * ~/.local/share/spillway), its [controller] socket. 0, or NO_DIRECT (https, several
+ * controllers, a token file, no home: the helper says or does what is needed). */
+static int controller_endpoint(struct endpoint *e)
 {
 	const char *cfg = secure_getenv("SPILLWAY_CONFIG");
 	char addr[PATH_MAX + 16], file[2 * PATH_MAX + 32], home[2 * PATH_MAX + 8];
 	const char *sock;
+	memset(e, 0, sizeof(*e));
 	if (cfg == NULL || *cfg == '\0')
 		cfg = file_exists("/etc/spillway/spillway.toml") ? "/etc/spillway/spillway.toml" : NULL;
 	if (cfg != NULL) {
@@ -413,12 +443,44 @@ static int controller_socket(char *out, size_t size)
 			return NO_DIRECT; /* the helper names the file it cannot read */
 		if (rc == 0)
 			snprintf(addr, sizeof(addr), "unix:/run/spillway/controller.sock");
-		if (strchr(addr, ',') != NULL || strncmp(addr, "http", 4) == 0)
-			return NO_DIRECT;
+		if (strchr(addr, ',') != NULL || strncmp(addr, "https:", 6) == 0)
+			return NO_DIRECT; /* several controllers (the leader to follow), TLS */
+		if (strncmp(addr, "http://", 7) == 0) {
+			/* a TCP controller: each request with a fresh MUNGE credential of the caller's;
+			   a token file is a service's (the helper sends it) */
+			char *h = addr + 7, *colon, *slash, tok[64];
+			if (toml_string(cfg, "client", "token_file", tok, sizeof(tok)) == 1 && tok[0] != '\0')
+				return NO_DIRECT;
+			if ((slash = strchr(h, '/')) != NULL)
+				*slash = '\0';
+			if (*h == '[') { /* [v6]:port */
+				char *close = strchr(h, ']');
+				if (close == NULL)
+					return NO_DIRECT;
+				*close = '\0';
+				colon = close[1] == ':' ? close + 1 : NULL;
+				h++;
+			} else {
+				colon = strrchr(h, ':');
+				if (colon != NULL)
+					*colon = '\0';
+			}
+			if (strlen(h) >= sizeof(e->host) || (colon != NULL && strlen(colon + 1) >= sizeof(e->port)))
+				return NO_DIRECT;
+			memcpy(e->host, h, strlen(h) + 1);
+			memcpy(e->port, colon != NULL ? colon + 1 : "80", strlen(colon != NULL ? colon + 1 : "80") + 1);
+			if (toml_string(cfg, "client", "munge_socket", e->munge, sizeof(e->munge)) != 1)
+				e->munge[0] = '\0';
+			e->connect_ms = 3000; /* [client] connect_timeout's default */
+			if (toml_string(cfg, "client", "connect_timeout", tok, sizeof(tok)) == 1)
+				e->connect_ms = duration_ms(tok, 3000);
+			e->tcp = 1;
+			return e->host[0] != '\0' ? 0 : NO_DIRECT;
+		}
 		sock = strncmp(addr, "unix:", 5) == 0 ? addr + 5 : addr;
-		if (*sock == '\0' || strlen(sock) >= size)
+		if (*sock != '/' || strlen(sock) >= sizeof(e->sock))
 			return NO_DIRECT;
-		snprintf(out, size, "%s", sock);
+		snprintf(e->sock, sizeof(e->sock), "%s", sock);
 		return 0;
 	}
 	{
@@ -450,10 +512,101 @@ static int controller_socket(char *out, size_t size)
 			return NO_DIRECT;
 		memcpy(addr, file, strlen(file) + 1);
 	}
-	if (addr[0] != '/' || strlen(addr) >= size)
+	if (addr[0] != '/' || strlen(addr) >= sizeof(e->sock))
 		return NO_DIRECT;
-	snprintf(out, size, "%s", addr);
+	snprintf(e->sock, sizeof(e->sock), "%s", addr);
 	return 0;
+}
+
+/* ---- MUNGE, through libmunge when it is installed ----------------------------------------- */
+
+/* munge_credential asks munged (at sock, "" = munge's default) for a credential of the
+ * caller's, with libmunge loaded at run time (a program that never speaks TCP needs none):
+ * 0 and a malloc'd credential; NO_DIRECT without libmunge (the helper runs `munge`); -EIO
+ * when munged refuses. A context per call: libmunge's are not to be shared between threads. */
+#define MUNGE_OPT_SOCKET_ 8 /* munge.h's MUNGE_OPT_SOCKET */
+static int munge_credential(const char *sock, char **cred)
+{
+	typedef int (*encode_f)(char **, void *, const void *, int);
+	typedef void *(*create_f)(void);
+	typedef int (*set_f)(void *, int, ...);
+	typedef void (*destroy_f)(void *);
+	typedef const char *(*strerror_f)(int);
+	void *lib = dlopen("libmunge.so.2", RTLD_NOW | RTLD_LOCAL), *ctx = NULL;
+	encode_f encode;
+	create_f create;
+	set_f set;
+	destroy_f destroy;
+	strerror_f why;
+	int rc;
+	*cred = NULL;
+	if (lib == NULL)
+		return NO_DIRECT;
+	encode = (encode_f)dlsym(lib, "munge_encode");
+	create = (create_f)dlsym(lib, "munge_ctx_create");
+	set = (set_f)dlsym(lib, "munge_ctx_set");
+	destroy = (destroy_f)dlsym(lib, "munge_ctx_destroy");
+	why = (strerror_f)dlsym(lib, "munge_strerror");
+	if (encode == NULL || create == NULL || set == NULL || destroy == NULL) {
+		dlclose(lib);
+		return NO_DIRECT;
+	}
+	if (*sock != '\0') {
+		if ((ctx = create()) == NULL) {
+			dlclose(lib);
+			return -ENOMEM;
+		}
+		set(ctx, MUNGE_OPT_SOCKET_, sock);
+	}
+	rc = encode(cred, ctx, NULL, 0);
+	if (ctx != NULL)
+		destroy(ctx);
+	if (rc != 0) {
+		if (debug_enabled())
+			fprintf(stderr, "libdatawarp: cannot get a MUNGE credential: %s (is munged running, with the cluster's key? [client] munge_socket names its socket)\n",
+				why != NULL ? why(rc) : "munge_encode failed");
+		free(*cred);
+		*cred = NULL;
+		dlclose(lib);
+		return -EIO;
+	}
+	dlclose(lib);
+	return 0;
+}
+
+/* tcp_connect opens a connection to host:port within ms milliseconds: the descriptor, or -1. */
+static int tcp_connect(const struct endpoint *e)
+{
+	struct addrinfo hints, *res = NULL, *ai;
+	int fd = -1;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	if (getaddrinfo(e->host, e->port, &hints, &res) != 0)
+		return -1;
+	for (ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
+		struct pollfd pfd;
+		int err = 0, rc, flags;
+		socklen_t len = sizeof(err);
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+		if (fd < 0)
+			continue;
+		rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+		if (rc != 0 && (errno == EINPROGRESS || errno == EINTR)) {
+			pfd.fd = fd;
+			pfd.events = POLLOUT;
+			while ((rc = poll(&pfd, 1, e->connect_ms)) < 0 && errno == EINTR)
+				; /* a signal restarts the wait (at most twice the bound under a storm of them) */
+			rc = rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0 ? 0 : -1;
+		}
+		flags = fcntl(fd, F_GETFL);
+		if (rc != 0 || flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+			close(fd);
+			fd = -1;
+		}
+	}
+	freeaddrinfo(res);
+	return fd;
 }
 
 /* ---- the paths a call names ------------------------------------------------------------- */
@@ -637,32 +790,50 @@ static int write_all(int fd, const char *p, size_t n)
 	return 0;
 }
 
-/* post sends body to the controller's socket and reads the answer's body into ans: the HTTP
- * status, or NO_DIRECT when the socket does not answer, or a negative errno. */
-static int post(const char *sock, const struct buf *body, struct answer *ans)
+/* post sends body to the controller and reads the answer's body into ans: the HTTP status,
+ * or NO_DIRECT when the controller does not answer there (the helper retries, as the Go
+ * client does, [client] connect_retries times), or a negative errno. */
+static int post(const struct endpoint *e, const struct buf *body, struct answer *ans)
 {
-	struct sockaddr_un sa;
-	char head[256];
+	char head[512];
+	char *cred = NULL;
 	struct buf in = {0};
 	int fd, rc, status = 0;
 	char *sep;
-	if (strlen(sock) >= sizeof(sa.sun_path))
-		return NO_DIRECT;
-	memset(&sa, 0, sizeof(sa));
-	sa.sun_family = AF_UNIX;
-	memcpy(sa.sun_path, sock, strlen(sock));
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -EIO;
-	while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa))) != 0 && errno == EINTR)
-		;
-	if (rc != 0 && errno != EISCONN) {
-		close(fd);
-		return NO_DIRECT;
+	if (e->tcp) {
+		rc = munge_credential(e->munge, &cred); /* one per request: munged refuses a replay */
+		if (rc != 0)
+			return rc;
+		fd = tcp_connect(e);
+		if (fd < 0) {
+			free(cred);
+			return NO_DIRECT;
+		}
+	} else {
+		struct sockaddr_un sa;
+		if (strlen(e->sock) >= sizeof(sa.sun_path))
+			return NO_DIRECT; /* too long for a socket address: the helper's Go client says so */
+		memset(&sa, 0, sizeof(sa));
+		sa.sun_family = AF_UNIX;
+		memcpy(sa.sun_path, e->sock, strlen(e->sock));
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -EIO;
+		while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa))) != 0 && errno == EINTR)
+			;
+		if (rc != 0 && errno != EISCONN) {
+			close(fd);
+			return NO_DIRECT;
+		}
 	}
 	/* HTTP/1.0: the answer is the rest of the stream, never chunked */
-	snprintf(head, sizeof(head), "POST /dw/v1/job_stages HTTP/1.0\r\nHost: spillway\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n", body->len);
-	if (write_all(fd, head, strlen(head)) != 0 || write_all(fd, body->p, body->len) != 0) {
+	snprintf(head, sizeof(head), "POST /dw/v1/job_stages HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s",
+		 e->tcp ? e->host : "spillway", body->len, cred != NULL ? "Authorization: MUNGE " : "\r\n");
+	rc = write_all(fd, head, strlen(head));
+	if (rc == 0 && cred != NULL)
+		rc = write_all(fd, cred, strlen(cred)) != 0 || write_all(fd, "\r\n\r\n", 4) != 0 ? -1 : 0;
+	free(cred);
+	if (rc != 0 || write_all(fd, body->p, body->len) != 0) {
 		close(fd);
 		return NO_DIRECT; /* the controller went away before reading: the helper retries */
 	}
@@ -734,7 +905,7 @@ struct call {
  * ans when ans is not NULL; NO_DIRECT when the helper must make it. */
 static int dcall(const struct call *c, struct answer *ans)
 {
-	char sock[PATH_MAX];
+	struct endpoint ep;
 	struct buf body = {0};
 	struct answer a = {NULL, 0};
 	char **points;
@@ -744,7 +915,7 @@ static int dcall(const struct call *c, struct answer *ans)
 		ans->text = NULL;
 		ans->len = 0;
 	}
-	if (controller_socket(sock, sizeof(sock)) != 0)
+	if (controller_endpoint(&ep) != 0)
 		return NO_DIRECT;
 	points = mount_points();
 	buf_str(&body, "{\"verb\":");
@@ -805,7 +976,7 @@ static int dcall(const struct call *c, struct answer *ans)
 		free(body.p);
 		return -ENOMEM;
 	}
-	status = post(sock, &body, &a);
+	status = post(&ep, &body, &a);
 	free(body.p);
 	if (status == NO_DIRECT || status < 0)
 		return status;
@@ -813,7 +984,7 @@ static int dcall(const struct call *c, struct answer *ans)
 		/* not a call (no credential, ...): {"error": ..., "kind": ...} */
 		rc = errno_of_kind(a.text);
 		if (debug_enabled())
-			fprintf(stderr, "libdatawarp: the controller at %s answered %d: %s", sock, status, a.text);
+			fprintf(stderr, "libdatawarp: the controller at %s answered %d: %s", ep.tcp ? ep.host : ep.sock, status, a.text);
 		free(a.text);
 		return -rc;
 	}
