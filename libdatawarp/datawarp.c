@@ -1,11 +1,11 @@
 /*
  * libdatawarp for Spillway: DataWarp's C API (datawarp.h).
  *
- * Staging calls are one request each to the controller, POST /dw/v1/job_stages, sent on its
- * Unix socket by the library itself ("speaking to the controller directly" below): what the
- * library found of the paths as the calling user goes in, libdatawarp's result comes out,
- * {"errno": N, ...}. Where that cannot be done (a TCP controller, whose requests need a MUNGE
- * credential; several controllers; a socket that does not answer) a call runs the helper,
+ * Staging calls are one request each to the controller, POST /dw/v1/job_stages, sent by the
+ * library itself on its Unix socket, or over TCP with a MUNGE credential ("speaking to the
+ * controller directly" below): what the library found of the paths as the calling user goes
+ * in, libdatawarp's result comes out, {"errno": N, ...}. Where that cannot be done (several
+ * controllers, https, no libmunge, a controller that does not answer) a call runs the helper,
  * `spillway dwcli stage ... --json`, with posix_spawn, which sends the same request. Stripe
  * and cache calls work on extended attributes of the caller's descriptors directly.
  *
@@ -284,9 +284,11 @@ static const char **list_args(const char *const *prefix, size_t nprefix, const c
  * {"errno": N, ...}. No child process, no state kept between calls: a socket per call
  * (SOCK_CLOEXEC), so threads and a child after fork never share one.
  *
- * When the controller cannot be spoken to directly (its address is TCP: a MUNGE credential
- * is needed, which the helper makes; or its socket does not answer: a one-machine home's
- * server the helper starts again), the call runs the helper as before. */
+ * A TCP controller gets the same request with a fresh MUNGE credential of the caller's
+ * (libmunge, loaded at run time). When the controller cannot be spoken to directly (several
+ * controllers: the helper follows the leader; https; no libmunge; no answer: a one-machine
+ * home's server the helper starts again, a controller the helper retries), the call runs the
+ * helper as before. */
 
 #define NO_DIRECT 1 /* dcall: use the helper */
 
