@@ -408,6 +408,7 @@ struct endpoint {
 	char host[256], port[16];
 	char munge[PATH_MAX];  /* tcp: munged's socket ("" = munge's default) */
 	int connect_ms;        /* tcp: [client] connect_timeout */
+	int answer_ms;         /* tcp: [controller] request_timeout + 5 s, as the Go client waits */
 };
 
 /* duration_ms reads a configuration duration ("3s", "500ms", "1m"), or def. */
@@ -476,6 +477,10 @@ static int controller_endpoint(struct endpoint *e)
 			e->connect_ms = 3000; /* [client] connect_timeout's default */
 			if (toml_string(cfg, "client", "connect_timeout", tok, sizeof(tok)) == 1)
 				e->connect_ms = duration_ms(tok, 3000);
+			e->answer_ms = 30000; /* [controller] request_timeout's default */
+			if (toml_string(cfg, "controller", "request_timeout", tok, sizeof(tok)) == 1)
+				e->answer_ms = duration_ms(tok, 30000);
+			e->answer_ms += 5000;
 			e->tcp = 1;
 			return e->host[0] != '\0' ? 0 : NO_DIRECT;
 		}
@@ -602,6 +607,10 @@ static int tcp_connect(const struct endpoint *e)
 			rc = rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0 ? 0 : -1;
 		}
 		flags = fcntl(fd, F_GETFL);
+		if (rc == 0) { /* a host cut off mid-request: the answer is not waited for forever */
+			struct timeval tv = {e->answer_ms / 1000, (e->answer_ms % 1000) * 1000};
+			rc = setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) | setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		}
 		if (rc != 0 || flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
 			close(fd);
 			fd = -1;
@@ -844,6 +853,13 @@ static int post(const struct endpoint *e, const struct buf *body, struct answer 
 		ssize_t n = read(fd, chunk, sizeof(chunk));
 		if (n < 0 && errno == EINTR)
 			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* no answer within the bound */
+			if (debug_enabled())
+				fprintf(stderr, "libdatawarp: the controller at %s did not answer within %d ms ([controller] request_timeout + 5 s)\n", e->host, e->answer_ms);
+			free(in.p);
+			close(fd);
+			return -EIO;
+		}
 		if (n <= 0)
 			break;
 		if (in.len + (size_t)n > MAX_OUTPUT) {
