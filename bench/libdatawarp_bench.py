@@ -15,7 +15,9 @@ a C program linked with libdatawarp (built from libdatawarp/ for the run):
       then --files dw_stage_file_in calls in a row, one small PFS file each (AXL's pattern: one
       call per file), the dispatch alone (the copies are waited for afterwards, untimed), then
       a dw_stage_file_out AT_JOB_END of each of those files and its revoke (requests that
-      start no copy):
+      start no copy);
+  (f) the same calls over TCP with MUNGE (unless --no-tcp; needs munged): a controller and an
+      agent started as daemons, the controller listening on TCP, two munged with one key.
       with this library (it speaks to the controller's socket itself) and with the library
       of --baseline-rev (built from git: each call runs `spillway dwcli stage --json`), in
       the same job, alternating.
@@ -26,7 +28,7 @@ pool's SSD path are directories of the same file system (--dir).
 
 Usage: sudo python3 bench/libdatawarp_bench.py [--binary bin/spillway] [--size-mib 1024]
                                                [--runs 3] [--queries 50] [--calls 200] [--files 100]
-                                               [--baseline-rev 968fcb3] [--dir DIR] [--no-write]
+                                               [--baseline-rev 968fcb3] [--no-tcp] [--dir DIR] [--no-write]
 Needs cc, make, and a built binary (scripts/install-deps builds it).
 """
 import argparse
@@ -178,6 +180,141 @@ int main(int argc, char **argv)
 """
 
 
+def api(sock, method, path, body=None):
+    """One request to the controller's Unix socket, as root: (status, decoded JSON)."""
+    import http.client
+    import socket as socketmod
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+            self.sock.connect(sock)
+    c = Conn("spillway", timeout=60)
+    c.request(method, path, body=json.dumps(body) if body is not None else None, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, json.loads(data) if data else None
+
+
+def wait_for(what, ok, timeout=60):
+    import time
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            if ok():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    sys.exit(f"timed out waiting for {what}")
+
+
+def tcp_calls(a, binary, calls, work, pfs):
+    """(f): the calls programs on a compute node's terms: a controller and an agent as daemons
+    (`spillway controller`, `spillway agent`), the controller listening on TCP and checking
+    MUNGE credentials; the job's calls go to its TCP address with a credential from the node's
+    munged (its own daemon, the cluster's key). Returns the per-call times as in (e)."""
+    import socket as socketmod
+    import time
+    d = os.path.join(work, "tcp")
+    os.makedirs(os.path.join(d, "pfs"), exist_ok=True)
+    procs = []
+    try:
+        key = os.path.join(d, "munge.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(1024))
+        os.chmod(key, 0o400)
+        socks = {}
+        for name in ("munged-controller", "munged-node"):
+            socks[name] = os.path.join(d, name + ".sock")
+            procs.append(subprocess.Popen(["munged", "-F", "-f", "--socket=" + socks[name], "--key-file=" + key,
+                                           "--log-file=" + os.path.join(d, name + ".log"), "--pid-file=" + os.path.join(d, name + ".pid"),
+                                           "--seed-file=" + os.path.join(d, name + ".seed")],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_for(name, lambda n=name: os.path.exists(socks[n]))
+        s = socketmod.socket()
+        s.bind(("127.0.0.1", 0))
+        addr = "127.0.0.1:%d" % s.getsockname()[1]
+        s.close()
+        token = os.path.join(d, "token")
+        with open(token, "w") as f:
+            f.write("libdw-bench-token\n")
+        os.chmod(token, 0o600)
+        cfg = os.path.join(d, "spillway.toml")
+        with open(cfg, "w") as f:
+            f.write(f"""[controller]
+state_dir = "{d}/state"
+socket = "{d}/controller.sock"
+mount_root = "{d}/mounts"
+listen = "{addr}"
+token_file = "{token}"
+munge_socket = "{socks['munged-controller']}"
+[stage]
+allow_root = true
+[agent]
+name = "node1"
+pool = "wlm_pool"
+ssd_path = "{d}/ssd"
+capacity = "4GiB"
+listen = "unix:{d}/agent.sock"
+controller = "unix:{d}/controller.sock"
+token_file = "{token}"
+[client]
+controller = "unix:{d}/controller.sock"
+""")
+        for name in ("controller", "agent"):
+            log = open(os.path.join(d, name + ".log"), "a")
+            procs.append(subprocess.Popen([binary, name, "--config", cfg], stdout=log, stderr=log))
+        ctl = os.path.join(d, "controller.sock")
+        wait_for("the controller", lambda: api(ctl, "GET", "/dw/v1/nodes")[0] == 200)
+        wait_for("the agent", lambda: any(n.get("id") == "node1" for n in api(ctl, "GET", "/dw/v1/nodes")[1].get("nodes", [])))
+        # an agent presenting its node key is no storage node until the administrator admits it
+        api(ctl, "PATCH", "/dw/v1/nodes/node1", {"storage": True})
+        wait_for("the agent's pool", lambda: any(n.get("id") == "node1" and n.get("pool") for n in api(ctl, "GET", "/dw/v1/nodes")[1].get("nodes", [])))
+
+        def step(path, body, name):
+            for _ in range(300):  # the agent's capacity counts once its heartbeat is in
+                code, out = api(ctl, "POST", path, body)
+                if code in (200, 202):
+                    break
+                time.sleep(0.1)
+            else:
+                sys.exit(f"{name}: {code} {out}")
+            wait_for(name, lambda: api(ctl, "GET", f"/dw/v1/sessions/tcp1/status?step={name}&wait=1s")[1].get("done"))
+        step("/dw/v1/sessions", {"token": "tcp1", "creator": "BENCH", "owner": 0, "group": 0,
+                                 "instance": {"capacity": 1 << 30, "pool": "wlm_pool", "type": "scratch", "access_modes": ["striped"]}}, "setup")
+        step("/dw/v1/sessions/tcp1/pre_run", {"nodes": ["node1"]}, "pre_run")
+        mount = api(ctl, "GET", "/dw/v1/sessions/tcp1/paths")[1]["paths"]["DW_JOB_STRIPED"]
+        node = os.path.join(d, "node.toml")
+        with open(node, "w") as f:
+            f.write(f'[client]\ncontroller = "http://{addr}"\nmunge_socket = "{socks["munged-node"]}"\n')
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/", "SPILLWAY_CONFIG": node, "SPILLWAY_BIN": binary, "DW_JOB_STRIPED": mount}
+        kinds = ("query", "stage_in", "at_job_end", "revoke")
+        per = {"new": {k: [] for k in kinds}, "old": {k: [] for k in kinds}}
+        for tag in ("new", "old", "new"):
+            out = run(calls[tag], pfs, str(a.calls), str(a.files), "tcp" + tag + str(len(per[tag]["query"])), env=env)
+            line = json.loads(out.stdout.strip().splitlines()[-1])
+            for k in kinds:
+                per[tag][k] += line[k]
+        api(ctl, "POST", "/dw/v1/sessions/tcp1/post_run")
+        api(ctl, "POST", "/dw/v1/sessions/tcp1/teardown", {"hurry": True})
+        wait_for("the teardown", lambda: not any(x.get("token") == "tcp1" for x in api(ctl, "GET", "/dw/v1/sessions")[1].get("sessions", [])), timeout=120)
+        return per
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for line in open("/proc/mounts"):
+            m = line.split()[1]
+            if m.startswith(d):
+                subprocess.run(["umount", "-l", m], capture_output=True)
+
+
 def run(*cmd, **kw):
     return subprocess.run(list(cmd), check=True, capture_output=True, text=True, **kw)
 
@@ -192,6 +329,7 @@ def main():
     ap.add_argument("--files", type=int, default=100, help="(e): dw_stage_file_in calls per library")
     ap.add_argument("--baseline-rev", default="968fcb3",
                     help="(e): the git revision whose libdatawarp is the old path (default: the last that ran the helper per call)")
+    ap.add_argument("--no-tcp", action="store_true", help="skip (f), the calls over TCP with MUNGE (needs munged)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temporary one under /var/tmp)")
     ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     a = ap.parse_args()
@@ -267,6 +405,9 @@ allow_root = true
         for l in lines[1:]:
             for k in kinds:
                 per["old" if l["tag"] == "old" else "new"][k] += l[k]
+        tcp = None
+        if not a.no_tcp and shutil.which("munged"):
+            tcp = tcp_calls(a, binary, calls, work, pfs)
     finally:
         if not a.dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -277,15 +418,26 @@ allow_root = true
     def pct(xs, f):
         xs = sorted(xs)
         return xs[min(len(xs) - 1, int(len(xs) * f))]
-    rows = []
-    for k, name in (("query", "`dw_query_file_stage`"), ("stage_in", "`dw_stage_file_in`, the dispatch (one small file a call; the copies of the previous ones run meanwhile)"),
-                    ("at_job_end", "`dw_stage_file_out(..., DW_STAGE_AT_JOB_END)` (recorded; no copy starts)"),
-                    ("revoke", "`dw_stage_file_out(..., DW_REVOKE_STAGE_AT_JOB_END)`")):
-        n, o = per["new"][k], per["old"][k]
-        mn, mo = statistics.median(n), statistics.median(o)
-        rows.append(f"| {name} | {mn * 1000:.2f} ({pct(n, 0.9) * 1000:.2f}) | {len(n) / sum(n):.0f} | "
-                    f"{mo * 1000:.1f} ({pct(o, 0.9) * 1000:.1f}) | {len(o) / sum(o):.0f} | {mo / mn:.0f}x |")
-    rows = "\n".join(rows)
+    def table(per):
+        rows = []
+        for k, name in (("query", "`dw_query_file_stage`"), ("stage_in", "`dw_stage_file_in`, the dispatch (one small file a call; the copies of the previous ones run meanwhile)"),
+                        ("at_job_end", "`dw_stage_file_out(..., DW_STAGE_AT_JOB_END)` (recorded; no copy starts)"),
+                        ("revoke", "`dw_stage_file_out(..., DW_REVOKE_STAGE_AT_JOB_END)`")):
+            n, o = per["new"][k], per["old"][k]
+            mn, mo = statistics.median(n), statistics.median(o)
+            rows.append(f"| {name} | {mn * 1000:.2f} ({pct(n, 0.9) * 1000:.2f}) | {len(n) / sum(n):.0f} | "
+                        f"{mo * 1000:.1f} ({pct(o, 0.9) * 1000:.1f}) | {len(o) / sum(o):.0f} | {mo / mn:.0f}x |")
+        return "\n".join(rows)
+    tcp_text = ""
+    if tcp is not None:
+        tcp_text = f"""
+**Over TCP with MUNGE** (f), a cluster's compute node: the controller and an agent as daemons (`spillway controller`, `spillway agent`), the controller listening on TCP; the calls name its `http://` address and authenticate with a fresh MUNGE credential each (this library: libmunge, in the process; the old path: the binary runs `munge -n`), two munged daemons with one key standing for the controller's host and the node. Same calls, same counts. The controller checks each credential by running `unmunge` (a process of its own per request, `internal/munge`): what a TCP call costs beyond a Unix-socket one is mostly that.
+
+| call | this library: median ms (90th pct) | calls/s | old path: median ms (90th pct) | calls/s | speed-up |
+|---|---:|---:|---:|---:|---:|
+{table(tcp)}
+"""
+    rows = table(per)
     size = f"{a.size_mib} MiB" if a.size_mib % 1024 else f"{a.size_mib // 1024} GiB"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = f"""## libdatawarp: a checkpoint staged out through the API
@@ -307,8 +459,8 @@ Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with `pyt
 {rows}
 
 The library's own part of a call (probing the paths, one request on the socket) is well under a millisecond: a query costs the controller's read. A call that records something costs the controller's durable commit besides (the state's SQLite WAL with synchronous=FULL: the request is on the disk before the call returns, as the API promises), and a stage-in's dispatch also shares the machine's cores with the copies of the calls before it.
-
-Ratio = the baseline's time / the API's (1.00 = as fast as `cp` + `sync`). `cp` in the job reads the checkpoint through the job's FUSE mount; the stage worker reads it on the storage node, beside the mount. Each libdatawarp call is one request on the controller's Unix socket (the library probes the paths as the job's user, the controller resolves the session and records the stage). The copy itself is the stage worker's, as the job's user, with DataWarp's fsync of the file.
+{tcp_text}
+Ratio = the baseline's time / the API's (1.00 = as fast as `cp` + `sync`). `cp` in the job reads the checkpoint through the job's FUSE mount; the stage worker reads it on the storage node, beside the mount. Each libdatawarp call is one request to the controller, no child process (the library probes the paths as the job's user, the controller resolves the session and records the stage). The copy itself is the stage worker's, as the job's user, with DataWarp's fsync of the file.
 """
     print(text)
     if not a.no_write:
