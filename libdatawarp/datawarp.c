@@ -530,7 +530,9 @@ static int controller_endpoint(struct endpoint *e)
 /* munge_credential asks munged (at sock, "" = munge's default) for a credential of the
  * caller's, with libmunge loaded at run time (a program that never speaks TCP needs none):
  * 0 and a malloc'd credential; NO_DIRECT without libmunge (the helper runs `munge`); -EIO
- * when munged refuses. A context per call: libmunge's are not to be shared between threads. */
+ * when munged refuses. A context per call: libmunge's are not to be shared between threads.
+ * The library stays loaded once found (each call's dlopen only counts a reference; no
+ * unloading and loading again per call). */
 #define MUNGE_OPT_SOCKET_ 8 /* munge.h's MUNGE_OPT_SOCKET */
 static int munge_credential(const char *sock, char **cred)
 {
@@ -574,10 +576,8 @@ static int munge_credential(const char *sock, char **cred)
 				why != NULL ? why(rc) : "munge_encode failed");
 		free(*cred);
 		*cred = NULL;
-		dlclose(lib);
 		return -EIO;
 	}
-	dlclose(lib);
 	return 0;
 }
 
