@@ -18,7 +18,8 @@ import (
 // A compute node's job reaches a TCP controller (a cluster's): libdatawarp speaks to it
 // itself, each request with a fresh MUNGE credential of the job's user from the node's munged
 // (libmunge, loaded at run time), no child process (dwcheck direct: no SIGCHLD, no spillway
-// binary to be found, 16 threads and a forked child calling). The controller acts as that
+// binary to be found, 16 threads and a forked child calling; no leak under valgrind). The
+// controller acts as that
 // user: nobody's session is staged; another user's calls on the same mount are refused
 // (EINVAL), as on the Unix socket.
 func TestLibdatawarpOverTCPWithMunge(t *testing.T) {
@@ -76,6 +77,17 @@ func TestLibdatawarpOverTCPWithMunge(t *testing.T) {
 	}
 	if data, err := os.ReadFile(filepath.Join(out, "forked.dat")); err != nil || string(data) != "forked\n" {
 		t.Errorf("the forked child's stage-out on the PFS: %q %v", data, err)
+	}
+	// The TCP path leaks nothing either (its credential, its connection).
+	if _, err := exec.LookPath("valgrind"); err == nil {
+		vg := exec.Command("valgrind", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect", "--error-exitcode=99", libdw.dwcheck, "threads", out)
+		vg.Env = []string{"PATH=/usr/bin:/bin", "HOME=/", "SPILLWAY_CONFIG=" + userConfig, "SPILLWAY_BIN=/nonexistent/spillway", "DW_JOB_STRIPED=" + mount}
+		vg.Dir = "/"
+		vg.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobodyUID, Gid: nobodyGID}}
+		b, err := vg.CombinedOutput()
+		if err != nil || !strings.Contains(string(b), "failures 0") {
+			t.Errorf("dwcheck threads over TCP under valgrind: %v\n%s", err, b)
+		}
 	}
 	// Another user on the same node, naming nobody's mount: refused, as no mount of theirs.
 	query := exec.Command("/usr/bin/python3", "-c", `
