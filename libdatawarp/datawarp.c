@@ -998,6 +998,12 @@ static int dcall(const struct call *c, struct answer *ans)
 	free(body.p);
 	if (status == NO_DIRECT || status < 0)
 		return status;
+	if (status == 404 || status == 405) {
+		/* the call always answers 200: a controller older than it (an upgrade under way)
+		   has no such endpoint, and the helper speaks to it as it knows */
+		free(a.text);
+		return NO_DIRECT;
+	}
 	if (status != 200) {
 		/* not a call (no credential, ...): {"error": ..., "kind": ...} */
 		rc = errno_of_kind(a.text);
