@@ -1,30 +1,40 @@
 /*
  * libdatawarp for Spillway: DataWarp's C API (datawarp.h).
  *
- * Staging calls run `spillway dwcli stage ... --json`, the machine interface of Spillway's
- * in-job staging, with posix_spawn, and read its one JSON object: {"errno": N, ...}. The
- * command finds the mount, the session and the controller from the path, acting as the
- * calling user. Stripe calls work on the user.spillway.layout extended attribute directly.
+ * Staging calls are one request each to the controller, POST /dw/v1/job_stages, sent by the
+ * library itself on its Unix socket, or over TCP with a MUNGE credential ("speaking to the
+ * controller directly" below): what the library found of the paths as the calling user goes
+ * in, libdatawarp's result comes out, {"errno": N, ...}. Where that cannot be done (several
+ * controllers, https, no libmunge, a controller that does not answer) a call runs the helper,
+ * `spillway dwcli stage ... --json`, with posix_spawn, which sends the same request. Stripe
+ * and cache calls work on extended attributes of the caller's descriptors directly.
  *
- * The library keeps no global state: every call is independent and thread-safe. Calls are
- * not interrupted by signals (EINTR is retried; the helper runs in its own process group, so
- * a terminal's Ctrl-C reaches the application, not the helper).
+ * The library keeps no state between calls: every call is independent, thread-safe, and
+ * safe in a child after fork (a socket per call, close-on-exec). Calls are not interrupted
+ * by signals (EINTR is retried; the helper runs in its own process group, so a terminal's
+ * Ctrl-C reaches the application, not the helper).
  *
- * The spillway binary is $SPILLWAY_BIN, else "spillway" on the PATH, else
- * SPILLWAY_PREFIX/bin/spillway (the install prefix, set at build time).
+ * The helper is $SPILLWAY_BIN, else "spillway" on the PATH, else SPILLWAY_PREFIX/bin/spillway
+ * (the install prefix, set at build time).
  */
 #define _GNU_SOURCE
 #include "datawarp.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
@@ -263,12 +273,807 @@ static const char **list_args(const char *const *prefix, size_t nprefix, const c
 	return args;
 }
 
+/* ---- speaking to the controller directly ------------------------------------------------ */
+
+/* The staging calls send one request, POST /dw/v1/job_stages, on the controller's Unix
+ * socket (the controller knows the caller from the socket's peer credentials), with what the
+ * library knows of each path: the path with its links resolved (as the caller), the Spillway
+ * mount holding it, and what stat(2) and access(2), asked as the caller, say of it and of its
+ * directory. The controller resolves the session and the variable, makes the checks
+ * (package stagecall, the same code for `dwcli stage`) and answers libdatawarp's result,
+ * {"errno": N, ...}. No child process, no state kept between calls: a socket per call
+ * (SOCK_CLOEXEC), so threads and a child after fork never share one.
+ *
+ * A TCP controller gets the same request with a fresh MUNGE credential of the caller's
+ * (libmunge, loaded at run time). When the controller cannot be spoken to directly (several
+ * controllers: the helper follows the leader; https; no libmunge; no answer: a one-machine
+ * home's server the helper starts again, a controller the helper retries), the call runs the
+ * helper as before. */
+
+#define NO_DIRECT 1 /* dcall: use the helper */
+
+struct buf {
+	char *p;
+	size_t len, cap;
+	int oom;
+};
+
+static void buf_add(struct buf *b, const char *s, size_t n)
+{
+	if (b->oom)
+		return;
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 1024;
+		char *more;
+		while (cap < b->len + n + 1)
+			cap *= 2;
+		more = realloc(b->p, cap);
+		if (more == NULL) {
+			b->oom = 1;
+			return;
+		}
+		b->p = more;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
+/* buf_json adds s as a JSON string. */
+static void buf_json(struct buf *b, const char *s)
+{
+	buf_add(b, "\"", 1);
+	for (; *s != '\0'; s++) {
+		unsigned char c = (unsigned char)*s;
+		char esc[8];
+		if (c == '"' || c == '\\') {
+			esc[0] = '\\';
+			esc[1] = (char)c;
+			buf_add(b, esc, 2);
+		} else if (c < 0x20) {
+			snprintf(esc, sizeof(esc), "\\u%04x", c);
+			buf_add(b, esc, 6);
+		} else {
+			buf_add(b, (const char *)&c, 1);
+		}
+	}
+	buf_add(b, "\"", 1);
+}
+
+/* ---- what the controller's address is --------------------------------------------------- */
+
+/* toml_string reads the string value of key in [section] of a TOML file (the simple
+ * `key = "value"` lines Spillway's configuration files hold): 1 found, 0 not, -1 no file. */
+static int toml_string(const char *file, const char *section, const char *key, char *out, size_t size)
+{
+	FILE *f = fopen(file, "re");
+	char *line = NULL;
+	size_t cap = 0, klen = strlen(key);
+	int in = 0, found = 0;
+	if (f == NULL)
+		return -1;
+	while (!found && getline(&line, &cap, f) > 0) {
+		char *s = line, *v;
+		size_t n = 0;
+		while (*s == ' ' || *s == '\t')
+			s++;
+		if (*s == '[') {
+			char *end = strchr(s, ']');
+			in = end != NULL && (size_t)(end - s - 1) == strlen(section) && strncmp(s + 1, section, strlen(section)) == 0;
+			continue;
+		}
+		if (!in || strncmp(s, key, klen) != 0)
+			continue;
+		v = s + klen;
+		while (*v == ' ' || *v == '\t')
+			v++;
+		if (*v++ != '=')
+			continue;
+		while (*v == ' ' || *v == '\t')
+			v++;
+		if (*v == '\'') { /* a literal string */
+			for (v++; *v != '\0' && *v != '\'' && n + 1 < size; v++)
+				out[n++] = *v;
+		} else if (*v == '"') {
+			for (v++; *v != '\0' && *v != '"' && n + 1 < size; v++) {
+				if (*v == '\\' && v[1] != '\0')
+					v++;
+				out[n++] = *v;
+			}
+		} else {
+			continue;
+		}
+		out[n] = '\0';
+		found = 1;
+	}
+	free(line);
+	fclose(f);
+	return found;
+}
+
+static int file_exists(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0;
+}
+
+/* An endpoint: the controller's Unix socket, or its TCP address with the munged to ask for a
+ * credential. */
+struct endpoint {
+	int tcp;
+	char sock[PATH_MAX];   /* unix: its path */
+	char host[256], port[16];
+	char munge[PATH_MAX];  /* tcp: munged's socket ("" = munge's default) */
+	int connect_ms;        /* tcp: [client] connect_timeout */
+	int answer_ms;         /* tcp: [controller] request_timeout + 5 s, as the Go client waits */
+};
+
+/* duration_ms reads a configuration duration ("3s", "500ms", "1m"), or def. */
+static int duration_ms(const char *text, int def)
+{
+	char *end;
+	double v = strtod(text, &end);
+	if (end == text || v < 0)
+		return def;
+	if (strcmp(end, "ms") == 0)
+		return (int)v;
+	if (strcmp(end, "s") == 0)
+		return (int)(v * 1000);
+	if (strcmp(end, "m") == 0)
+		return (int)(v * 60000);
+	return def;
+}
+
+/* controller_endpoint finds the controller as `dwcli stage` does (cli.Connection.Connect):
+ * $SPILLWAY_CONFIG, else /etc/spillway/spillway.toml if it exists, its [client] controller;
+ * else the one-machine home ($SPILLWAY_HOME, $XDG_DATA_HOME/spillway,
+ * ~/.local/share/spillway), its [controller] socket. 0, or NO_DIRECT (https, several
+ * controllers, a token file, no home: the helper says or does what is needed). */
+static int controller_endpoint(struct endpoint *e)
+{
+	const char *cfg = secure_getenv("SPILLWAY_CONFIG");
+	char addr[PATH_MAX + 16], file[2 * PATH_MAX + 32], home[2 * PATH_MAX + 8];
+	const char *sock;
+	memset(e, 0, sizeof(*e));
+	if (cfg == NULL || *cfg == '\0')
+		cfg = file_exists("/etc/spillway/spillway.toml") ? "/etc/spillway/spillway.toml" : NULL;
+	if (cfg != NULL) {
+		int rc = toml_string(cfg, "client", "controller", addr, sizeof(addr));
+		if (rc < 0)
+			return NO_DIRECT; /* the helper names the file it cannot read */
+		if (rc == 0)
+			snprintf(addr, sizeof(addr), "unix:/run/spillway/controller.sock");
+		if (strchr(addr, ',') != NULL || strncmp(addr, "https:", 6) == 0)
+			return NO_DIRECT; /* several controllers (the leader to follow), TLS */
+		if (strncmp(addr, "http://", 7) == 0) {
+			/* a TCP controller: each request with a fresh MUNGE credential of the caller's;
+			   a token file is a service's (the helper sends it) */
+			char *h = addr + 7, *colon, *slash, tok[64];
+			if (toml_string(cfg, "client", "token_file", tok, sizeof(tok)) == 1 && tok[0] != '\0')
+				return NO_DIRECT;
+			if ((slash = strchr(h, '/')) != NULL)
+				*slash = '\0';
+			if (*h == '[') { /* [v6]:port */
+				char *close = strchr(h, ']');
+				if (close == NULL)
+					return NO_DIRECT;
+				*close = '\0';
+				colon = close[1] == ':' ? close + 1 : NULL;
+				h++;
+			} else {
+				colon = strrchr(h, ':');
+				if (colon != NULL)
+					*colon = '\0';
+			}
+			if (strlen(h) >= sizeof(e->host) || (colon != NULL && strlen(colon + 1) >= sizeof(e->port)))
+				return NO_DIRECT;
+			memcpy(e->host, h, strlen(h) + 1);
+			memcpy(e->port, colon != NULL ? colon + 1 : "80", strlen(colon != NULL ? colon + 1 : "80") + 1);
+			if (toml_string(cfg, "client", "munge_socket", e->munge, sizeof(e->munge)) != 1)
+				e->munge[0] = '\0';
+			e->connect_ms = 3000; /* [client] connect_timeout's default */
+			if (toml_string(cfg, "client", "connect_timeout", tok, sizeof(tok)) == 1)
+				e->connect_ms = duration_ms(tok, 3000);
+			e->answer_ms = 30000; /* [controller] request_timeout's default */
+			if (toml_string(cfg, "controller", "request_timeout", tok, sizeof(tok)) == 1)
+				e->answer_ms = duration_ms(tok, 30000);
+			e->answer_ms += 5000;
+			e->tcp = 1;
+			return e->host[0] != '\0' ? 0 : NO_DIRECT;
+		}
+		sock = strncmp(addr, "unix:", 5) == 0 ? addr + 5 : addr;
+		if (*sock != '/' || strlen(sock) >= sizeof(e->sock))
+			return NO_DIRECT;
+		snprintf(e->sock, sizeof(e->sock), "%s", sock);
+		return 0;
+	}
+	{
+		const char *h = secure_getenv("SPILLWAY_HOME"), *x = secure_getenv("XDG_DATA_HOME"), *u = secure_getenv("HOME");
+		if (h != NULL && *h != '\0') {
+			if (h[0] == '/') {
+				snprintf(home, sizeof(home), "%s", h);
+			} else {
+				char cwd[PATH_MAX];
+				if (getcwd(cwd, sizeof(cwd)) == NULL)
+					return NO_DIRECT;
+				snprintf(home, sizeof(home), "%s/%s", cwd, h);
+			}
+		} else if (x != NULL && *x != '\0') {
+			snprintf(home, sizeof(home), "%s/spillway", x);
+		} else if (u != NULL && *u != '\0') {
+			snprintf(home, sizeof(home), "%s/.local/share/spillway", u);
+		} else {
+			return NO_DIRECT;
+		}
+	}
+	if ((size_t)snprintf(file, sizeof(file), "%s/spillway.toml", home) >= sizeof(file))
+		return NO_DIRECT;
+	switch (toml_string(file, "controller", "socket", addr, sizeof(addr))) {
+	case -1:
+		return NO_DIRECT; /* no home there: the helper says so */
+	case 0:
+		if ((size_t)snprintf(file, sizeof(file), "%s/controller.sock", home) >= sizeof(addr))
+			return NO_DIRECT;
+		memcpy(addr, file, strlen(file) + 1);
+	}
+	if (addr[0] != '/' || strlen(addr) >= sizeof(e->sock))
+		return NO_DIRECT;
+	snprintf(e->sock, sizeof(e->sock), "%s", addr);
+	return 0;
+}
+
+/* ---- MUNGE, through libmunge when it is installed ----------------------------------------- */
+
+/* munge_credential asks munged (at sock, "" = munge's default) for a credential of the
+ * caller's, with libmunge loaded at run time (a program that never speaks TCP needs none):
+ * 0 and a malloc'd credential; NO_DIRECT without libmunge (the helper runs `munge`); -EIO
+ * when munged refuses. A context per call: libmunge's are not to be shared between threads.
+ * The library stays loaded once found (each call's dlopen only counts a reference; no
+ * unloading and loading again per call). */
+#define MUNGE_OPT_SOCKET_ 8 /* munge.h's MUNGE_OPT_SOCKET */
+static int munge_credential(const char *sock, char **cred)
+{
+	typedef int (*encode_f)(char **, void *, const void *, int);
+	typedef void *(*create_f)(void);
+	typedef int (*set_f)(void *, int, ...);
+	typedef void (*destroy_f)(void *);
+	typedef const char *(*strerror_f)(int);
+	void *lib = dlopen("libmunge.so.2", RTLD_NOW | RTLD_LOCAL), *ctx = NULL;
+	encode_f encode;
+	create_f create;
+	set_f set;
+	destroy_f destroy;
+	strerror_f why;
+	int rc;
+	*cred = NULL;
+	if (lib == NULL)
+		return NO_DIRECT;
+	encode = (encode_f)dlsym(lib, "munge_encode");
+	create = (create_f)dlsym(lib, "munge_ctx_create");
+	set = (set_f)dlsym(lib, "munge_ctx_set");
+	destroy = (destroy_f)dlsym(lib, "munge_ctx_destroy");
+	why = (strerror_f)dlsym(lib, "munge_strerror");
+	if (encode == NULL || create == NULL || set == NULL || destroy == NULL) {
+		dlclose(lib);
+		return NO_DIRECT;
+	}
+	if (*sock != '\0') {
+		if ((ctx = create()) == NULL) {
+			dlclose(lib);
+			return -ENOMEM;
+		}
+		set(ctx, MUNGE_OPT_SOCKET_, sock);
+	}
+	rc = encode(cred, ctx, NULL, 0);
+	if (ctx != NULL)
+		destroy(ctx);
+	if (rc != 0) {
+		if (debug_enabled())
+			fprintf(stderr, "libdatawarp: cannot get a MUNGE credential: %s (is munged running, with the cluster's key? [client] munge_socket names its socket)\n",
+				why != NULL ? why(rc) : "munge_encode failed");
+		free(*cred);
+		*cred = NULL;
+		return -EIO;
+	}
+	return 0;
+}
+
+/* tcp_connect opens a connection to host:port within ms milliseconds: the descriptor, or -1. */
+static int tcp_connect(const struct endpoint *e)
+{
+	struct addrinfo hints, *res = NULL, *ai;
+	int fd = -1;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	if (getaddrinfo(e->host, e->port, &hints, &res) != 0)
+		return -1;
+	for (ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
+		struct pollfd pfd;
+		int err = 0, rc, flags;
+		socklen_t len = sizeof(err);
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+		if (fd < 0)
+			continue;
+		rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+		if (rc != 0 && (errno == EINPROGRESS || errno == EINTR)) {
+			pfd.fd = fd;
+			pfd.events = POLLOUT;
+			while ((rc = poll(&pfd, 1, e->connect_ms)) < 0 && errno == EINTR)
+				; /* a signal restarts the wait (at most twice the bound under a storm of them) */
+			rc = rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0 ? 0 : -1;
+		}
+		flags = fcntl(fd, F_GETFL);
+		if (rc == 0) { /* a host cut off mid-request: the answer is not waited for forever */
+			struct timeval tv = {e->answer_ms / 1000, (e->answer_ms % 1000) * 1000};
+			rc = setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) | setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		}
+		if (rc != 0 || flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+			close(fd);
+			fd = -1;
+		}
+	}
+	freeaddrinfo(res);
+	return fd;
+}
+
+/* ---- the paths a call names ------------------------------------------------------------- */
+
+/* mount_points lists the fuse.spillway mount points of /proc/self/mountinfo (a
+ * malloc'd NULL-terminated array of malloc'd strings), or NULL. */
+static char **mount_points(void)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char *line = NULL, **out = NULL;
+	size_t cap = 0, n = 0;
+	if (f == NULL)
+		return NULL;
+	out = calloc(1, sizeof(*out));
+	while (out != NULL && getline(&line, &cap, f) > 0) {
+		char point[PATH_MAX], type[64];
+		char *sep = strstr(line, " - ");
+		char *q, *w, **more;
+		if (sep == NULL || sscanf(line, "%*s %*s %*s %*s %4095s", point) != 1 || sscanf(sep + 3, "%63s", type) != 1)
+			continue;
+		if (strcmp(type, "fuse.spillway") != 0)
+			continue;
+		/* undo the kernel's octal escapes in the mount point */
+		for (q = w = point; *q != '\0'; q++) {
+			if (q[0] == '\\' && q[1] >= '0' && q[1] <= '3' && q[2] >= '0' && q[2] <= '7' && q[3] >= '0' && q[3] <= '7') {
+				*w++ = (char)((q[1] - '0') * 64 + (q[2] - '0') * 8 + (q[3] - '0'));
+				q += 3;
+			} else {
+				*w++ = *q;
+			}
+		}
+		*w = '\0';
+		more = realloc(out, (n + 2) * sizeof(*out));
+		if (more == NULL)
+			break;
+		out = more;
+		if ((out[n] = strdup(point)) != NULL)
+			n++;
+		out[n] = NULL;
+	}
+	free(line);
+	fclose(f);
+	return out;
+}
+
+static void free_points(char **points)
+{
+	size_t i;
+	if (points == NULL)
+		return;
+	for (i = 0; points[i] != NULL; i++)
+		free(points[i]);
+	free(points);
+}
+
+/* absolute makes p absolute (malloc'd): from the current directory when relative. */
+static char *absolute(const char *p)
+{
+	char cwd[PATH_MAX], *out;
+	if (p[0] == '/')
+		return strdup(p);
+	if (getcwd(cwd, sizeof(cwd)) == NULL)
+		return strdup(p); /* the controller refuses a relative path, naming it */
+	out = malloc(strlen(cwd) + strlen(p) + 2);
+	if (out != NULL)
+		sprintf(out, "%s/%s", cwd, p);
+	return out;
+}
+
+/* canonical makes p absolute and resolves its links, as the caller; a missing last
+ * component is kept as named (as instage's did). */
+static char *canonical(const char *p)
+{
+	char *abs = absolute(p), *real, *slash, *dir;
+	if (abs == NULL)
+		return NULL;
+	if ((real = realpath(abs, NULL)) != NULL) {
+		free(abs);
+		return real;
+	}
+	slash = strrchr(abs, '/');
+	if (slash == NULL || slash[1] == '\0')
+		return abs;
+	*slash = '\0';
+	dir = realpath(abs[0] != '\0' ? abs : "/", NULL);
+	*slash = '/';
+	if (dir == NULL)
+		return abs;
+	real = malloc(strlen(dir) + strlen(slash) + 1);
+	if (real != NULL)
+		sprintf(real, "%s%s", strcmp(dir, "/") == 0 ? "" : dir, slash);
+	free(dir);
+	free(abs);
+	return real;
+}
+
+/* buf_stat adds what stat(2) and access(2) say of p, as the caller (stagecall.Stat). */
+static void buf_stat(struct buf *b, const char *p)
+{
+	struct stat st;
+	char num[32];
+	int rc;
+	while ((rc = stat(p, &st)) != 0 && errno == EINTR)
+		;
+	if (rc != 0) {
+		snprintf(num, sizeof(num), "{\"errno\":%d}", errno);
+		buf_str(b, num);
+		return;
+	}
+	buf_str(b, S_ISREG(st.st_mode) ? "{\"kind\":\"file\"" : S_ISDIR(st.st_mode) ? "{\"kind\":\"dir\"" : "{\"kind\":\"other\"");
+	if (access(p, R_OK) == 0)
+		buf_str(b, ",\"r\":true");
+	if (access(p, W_OK | X_OK) == 0)
+		buf_str(b, ",\"wx\":true");
+	buf_str(b, "}");
+}
+
+/* buf_probe adds a probe of a path (stagecall.Probe): a burst buffer path (points: the
+ * mounts) resolved and with its mount, a PFS path made absolute. */
+static void buf_probe(struct buf *b, const char *given, char **points, int bb, int with_dir)
+{
+	char *path, *dir;
+	const char *mount = NULL;
+	size_t i, best = 0;
+	if (*given == '\0') { /* no path: the controller says so (never the current directory) */
+		buf_str(b, "{\"path\":\"\"}");
+		return;
+	}
+	path = bb ? canonical(given) : absolute(given);
+	if (path == NULL) {
+		b->oom = 1;
+		return;
+	}
+	buf_str(b, "{\"path\":");
+	buf_json(b, path);
+	if (strcmp(given, path) != 0) { /* the name given, for messages; a list must stay small */
+		buf_str(b, ",\"given\":");
+		buf_json(b, given);
+	}
+	for (i = 0; bb && points != NULL && points[i] != NULL; i++) {
+		size_t n = strlen(points[i]);
+		if (n > best && strncmp(path, points[i], n) == 0 && (path[n] == '\0' || path[n] == '/' || strcmp(points[i], "/") == 0)) {
+			mount = points[i];
+			best = n;
+		}
+	}
+	if (mount != NULL) {
+		buf_str(b, ",\"mount\":");
+		buf_json(b, mount);
+	}
+	buf_str(b, ",\"stat\":");
+	buf_stat(b, path);
+	dir = with_dir ? strdup(path) : NULL;
+	if (dir != NULL) {
+		char *slash = strrchr(dir, '/');
+		if (slash == dir)
+			slash[1] = '\0';
+		else if (slash != NULL)
+			*slash = '\0';
+		buf_str(b, ",\"dir\":");
+		buf_stat(b, dir);
+		free(dir);
+	}
+	buf_str(b, "}");
+	free(path);
+}
+
+/* ---- one request ------------------------------------------------------------------------ */
+
+static int write_all(int fd, const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t k = send(fd, p, n, MSG_NOSIGNAL); /* a closed socket is an error, not SIGPIPE */
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -1;
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* post sends body to the controller and reads the answer's body into ans: the HTTP status,
+ * or NO_DIRECT when the controller does not answer there (the helper retries, as the Go
+ * client does, [client] connect_retries times), or a negative errno. */
+static int post(const struct endpoint *e, const struct buf *body, struct answer *ans)
+{
+	char head[512];
+	char *cred = NULL;
+	struct buf in = {0};
+	int fd, rc, status = 0;
+	char *sep;
+	if (e->tcp) {
+		rc = munge_credential(e->munge, &cred); /* one per request: munged refuses a replay */
+		if (rc != 0)
+			return rc;
+		fd = tcp_connect(e);
+		if (fd < 0) {
+			free(cred);
+			return NO_DIRECT;
+		}
+	} else {
+		struct sockaddr_un sa;
+		if (strlen(e->sock) >= sizeof(sa.sun_path))
+			return NO_DIRECT; /* too long for a socket address: the helper's Go client says so */
+		memset(&sa, 0, sizeof(sa));
+		sa.sun_family = AF_UNIX;
+		memcpy(sa.sun_path, e->sock, strlen(e->sock));
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -EIO;
+		while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa))) != 0 && errno == EINTR)
+			;
+		if (rc != 0 && errno != EISCONN) {
+			close(fd);
+			return NO_DIRECT;
+		}
+	}
+	/* HTTP/1.0: the answer is the rest of the stream, never chunked */
+	snprintf(head, sizeof(head), "POST /dw/v1/job_stages HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s",
+		 e->tcp ? e->host : "spillway", body->len, cred != NULL ? "Authorization: MUNGE " : "\r\n");
+	rc = write_all(fd, head, strlen(head));
+	if (rc == 0 && cred != NULL)
+		rc = write_all(fd, cred, strlen(cred)) != 0 || write_all(fd, "\r\n\r\n", 4) != 0 ? -1 : 0;
+	free(cred);
+	if (rc != 0 || write_all(fd, body->p, body->len) != 0) {
+		close(fd);
+		return NO_DIRECT; /* the controller went away before reading: the helper retries */
+	}
+	for (;;) {
+		char chunk[16384];
+		ssize_t n = read(fd, chunk, sizeof(chunk));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* no answer within the bound */
+			if (debug_enabled())
+				fprintf(stderr, "libdatawarp: the controller at %s did not answer within %d ms ([controller] request_timeout + 5 s)\n", e->host, e->answer_ms);
+			free(in.p);
+			close(fd);
+			return -EIO;
+		}
+		if (n <= 0)
+			break;
+		if (in.len + (size_t)n > MAX_OUTPUT) {
+			in.oom = 1;
+			break;
+		}
+		buf_add(&in, chunk, (size_t)n);
+	}
+	close(fd);
+	if (in.oom || in.p == NULL) {
+		free(in.p);
+		return in.oom ? -EIO : NO_DIRECT; /* closed without an answer: the helper retries */
+	}
+	sep = strstr(in.p, "\r\n\r\n");
+	if (sep == NULL || sscanf(in.p, "HTTP/%*s %d", &status) != 1) {
+		free(in.p);
+		return -EIO;
+	}
+	sep += 4;
+	memmove(in.p, sep, strlen(sep) + 1);
+	ans->text = in.p;
+	ans->len = strlen(in.p);
+	return status;
+}
+
+/* errno_of_kind is stagecall.ErrnoOfKind: the errno of an error answer's kind. */
+static int errno_of_kind(const char *text)
+{
+	static const struct {
+		const char *kind;
+		int err;
+	} kinds[] = {{"\"busy\"", EBUSY}, {"\"user\"", EINVAL}, {"\"too_large\"", E2BIG}, {"\"not_found\"", ENOENT},
+		     {"\"forbidden\"", EACCES}, {"\"unauthorized\"", EACCES}};
+	const char *k = strstr(text, "\"kind\":");
+	size_t i;
+	if (k == NULL)
+		return EIO;
+	k += 7;
+	while (*k == ' ')
+		k++;
+	for (i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+		if (strncmp(k, kinds[i].kind, strlen(kinds[i].kind)) == 0)
+			return kinds[i].err;
+	return EIO;
+}
+
+/* A call: the verb, its type and when, the burst buffer paths and the PFS paths
+ * (stagecall.Call). pfs_dir_of_list: out --type list, whose PFS paths are the directory and
+ * each file's destination in it. */
+struct call {
+	const char *verb, *type, *when;
+	const char *const *dw;
+	size_t ndw;
+	const char *const *pfs;
+	size_t npfs;
+	int pfs_dir_of_list;
+	long long concurrency;
+};
+
+/* dcall makes a call on the controller's socket: the answer's errno (negated), its text in
+ * ans when ans is not NULL; NO_DIRECT when the helper must make it. */
+static int dcall(const struct call *c, struct answer *ans)
+{
+	struct endpoint ep;
+	struct buf body = {0};
+	struct answer a = {NULL, 0};
+	char **points;
+	size_t i;
+	int status, rc, dw_dir;
+	if (ans != NULL) {
+		ans->text = NULL;
+		ans->len = 0;
+	}
+	if (controller_endpoint(&ep) != 0)
+		return NO_DIRECT;
+	points = mount_points();
+	buf_str(&body, "{\"verb\":");
+	buf_json(&body, c->verb);
+	if (c->type != NULL) {
+		buf_str(&body, ",\"type\":");
+		buf_json(&body, c->type);
+	}
+	if (c->when != NULL) {
+		buf_str(&body, ",\"when\":");
+		buf_json(&body, c->when);
+	}
+	if (c->concurrency != 0) {
+		char num[32];
+		snprintf(num, sizeof(num), ",\"concurrency\":%lld", c->concurrency);
+		buf_str(&body, num);
+	}
+	/* the directory of a burst buffer path counts for a file staged in only */
+	dw_dir = strcmp(c->verb, "in") == 0 && c->type != NULL && strcmp(c->type, "file") == 0;
+	buf_str(&body, ",\"dw\":[");
+	for (i = 0; i < c->ndw; i++) {
+		if (i > 0)
+			buf_str(&body, ",");
+		buf_probe(&body, c->dw[i], points, 1, dw_dir); /* a list must stay small */
+	}
+	buf_str(&body, "],\"pfs\":[");
+	for (i = 0; i < c->npfs; i++) {
+		if (i > 0)
+			buf_str(&body, ",");
+		buf_probe(&body, c->pfs[i], points, 0, 1);
+	}
+	if (c->pfs_dir_of_list && c->npfs == 1) {
+		/* each file's destination: the directory joined with the base name of its path */
+		for (i = 0; i < c->ndw; i++) {
+			char *real = canonical(c->dw[i]), *dest;
+			const char *base;
+			if (real == NULL) {
+				body.oom = 1;
+				break;
+			}
+			base = strrchr(real, '/') != NULL ? strrchr(real, '/') + 1 : real;
+			dest = malloc(strlen(c->pfs[0]) + strlen(base) + 2);
+			if (dest == NULL) {
+				free(real);
+				body.oom = 1;
+				break;
+			}
+			sprintf(dest, "%s/%s", c->pfs[0], base);
+			buf_str(&body, ",");
+			buf_probe(&body, dest, points, 0, 0); /* its directory is pfs[0] */
+			free(dest);
+			free(real);
+		}
+	}
+	buf_str(&body, "]}");
+	free_points(points);
+	if (body.oom) {
+		free(body.p);
+		return -ENOMEM;
+	}
+	status = post(&ep, &body, &a);
+	free(body.p);
+	if (status == NO_DIRECT || status < 0)
+		return status;
+	if (status == 404 || status == 405) {
+		/* the call always answers 200: a controller older than it (an upgrade under way)
+		   has no such endpoint, and the helper speaks to it as it knows */
+		free(a.text);
+		return NO_DIRECT;
+	}
+	if (status != 200) {
+		/* not a call (no credential, ...): {"error": ..., "kind": ...} */
+		rc = errno_of_kind(a.text);
+		if (debug_enabled())
+			fprintf(stderr, "libdatawarp: the controller at %s answered %d: %s", ep.tcp ? ep.host : ep.sock, status, a.text);
+		free(a.text);
+		return -rc;
+	}
+	{
+		const char *e = strstr(a.text, "\"errno\":");
+		if (e == NULL) {
+			if (debug_enabled())
+				fprintf(stderr, "libdatawarp: the controller answered no errno: %s\n", a.text);
+			free(a.text);
+			return -EIO;
+		}
+		rc = (int)strtol(e + 8, NULL, 10);
+	}
+	/* as the helper's: a list over the controller's limit is always said */
+	if (rc != 0 && (debug_enabled() || rc == E2BIG))
+		fprintf(stderr, "libdatawarp: %s", a.text);
+	if (ans != NULL)
+		*ans = a;
+	else
+		free(a.text);
+	return -rc;
+}
+
+/* dwait is dw_wait_*'s direct path: a query until no stage of the paths is waiting or
+ * running (failed ones end the wait, as Cray's did), polled as `dwcli stage wait` polls:
+ * every 10 ms at first, doubling up to 500 ms. */
+static int dwait(const char *const *paths, size_t n)
+{
+	struct timespec delay = {0, 10 * 1000 * 1000};
+	for (;;) {
+		struct answer ans;
+		struct call c = {.verb = "query", .dw = paths, .ndw = n};
+		int rc = dcall(&c, &ans), pending = 0;
+		if (rc != 0) {
+			free(ans.text);
+			return rc;
+		}
+		if (json_int(ans.text, "pending", &pending) != 0)
+			rc = -EIO;
+		free(ans.text);
+		if (rc != 0 || pending == 0)
+			return rc;
+		{
+			struct timespec left = delay;
+			while (nanosleep(&left, &left) != 0 && errno == EINTR)
+				;
+		}
+		delay.tv_nsec *= 2;
+		if (delay.tv_nsec > 500 * 1000 * 1000)
+			delay.tv_nsec = 500 * 1000 * 1000;
+	}
+}
+
 /* ---- staging ------------------------------------------------------------------------------- */
 
 int dw_stage_file_in(const char *dw_file_path, const char *pfs_file_path)
 {
 	if (dw_file_path == NULL || pfs_file_path == NULL)
 		return -EINVAL;
+	{
+		struct call c = {.verb = "in", .type = "file", .dw = &dw_file_path, .ndw = 1, .pfs = &pfs_file_path, .npfs = 1};
+		int rc = dcall(&c, NULL);
+		if (rc != NO_DIRECT)
+			return rc;
+	}
 	const char *args[] = {"in", "--type", "file", "--", dw_file_path, pfs_file_path};
 	return call(args, 6);
 }
@@ -277,6 +1082,12 @@ int dw_stage_directory_in(const char *dw_directory, const char *pfs_directory)
 {
 	if (dw_directory == NULL || pfs_directory == NULL)
 		return -EINVAL;
+	{
+		struct call c = {.verb = "in", .type = "directory", .dw = &dw_directory, .ndw = 1, .pfs = &pfs_directory, .npfs = 1};
+		int rc = dcall(&c, NULL);
+		if (rc != NO_DIRECT)
+			return rc;
+	}
 	const char *args[] = {"in", "--type", "directory", "--", dw_directory, pfs_directory};
 	return call(args, 6);
 }
@@ -288,6 +1099,15 @@ int dw_stage_list_in(const char *dw_directory, const char **pfs_list)
 	int rc;
 	if (dw_directory == NULL || pfs_list == NULL)
 		return -EINVAL;
+	{
+		size_t n = 0;
+		while (pfs_list[n] != NULL)
+			n++;
+		struct call c = {.verb = "in", .type = "list", .dw = &dw_directory, .ndw = 1, .pfs = pfs_list, .npfs = n};
+		rc = dcall(&c, NULL);
+		if (rc != NO_DIRECT)
+			return rc;
+	}
 	const char *prefix[] = {"in", "--type", "list", "--", dw_directory};
 	args = list_args(prefix, 5, pfs_list, &nargs);
 	if (args == NULL)
@@ -302,6 +1122,14 @@ static int stage_out(const char *type, const char *dw, const char *pfs, enum dw_
 	const char *when = when_word(t);
 	if (dw == NULL || when == NULL)
 		return -EINVAL;
+	if (!pfs_ignored(t) && pfs == NULL)
+		return -EINVAL;
+	{
+		struct call c = {.verb = "out", .type = type, .when = when, .dw = &dw, .ndw = 1, .pfs = &pfs, .npfs = pfs_ignored(t) ? 0 : 1};
+		int rc = dcall(&c, NULL);
+		if (rc != NO_DIRECT)
+			return rc;
+	}
 	if (pfs_ignored(t)) {
 		const char *args[] = {"out", "--type", type, "--when", when, "--", dw};
 		return call(args, 7);
@@ -334,6 +1162,16 @@ int dw_stage_list_out(const char **dw_list, const char *pfs_directory, enum dw_s
 		pfs_directory = "/"; /* ignored, as DataWarp does (callers pass anything) */
 	if (pfs_directory == NULL)
 		return -EINVAL;
+	{
+		size_t n = 0;
+		while (dw_list[n] != NULL)
+			n++;
+		struct call c = {.verb = "out", .type = "list", .when = when, .dw = dw_list, .ndw = n,
+				 .pfs = &pfs_directory, .npfs = pfs_ignored(stage_type) ? 0 : 1, .pfs_dir_of_list = 1};
+		rc = dcall(&c, NULL);
+		if (rc != NO_DIRECT)
+			return rc;
+	}
 	const char *prefix[] = {"out", "--type", "list", "--when", when, "--", pfs_directory};
 	args = list_args(prefix, 7, dw_list, &nargs);
 	if (args == NULL)
@@ -353,15 +1191,21 @@ static int query(const char **paths, size_t n, int *complete, int *pending, int 
 	int rc;
 	if (complete == NULL || pending == NULL || deferred == NULL || failed == NULL)
 		return -EINVAL;
-	args = calloc(n + 2, sizeof(*args));
-	if (args == NULL)
-		return -ENOMEM;
-	args[0] = "query";
-	args[1] = "--";
-	for (i = 0; i < n; i++)
-		args[2 + i] = paths[i];
-	rc = run(args, n + 2, &ans);
-	free(args);
+	{
+		struct call c = {.verb = "query", .dw = paths, .ndw = n};
+		rc = dcall(&c, &ans);
+	}
+	if (rc == NO_DIRECT) {
+		args = calloc(n + 2, sizeof(*args));
+		if (args == NULL)
+			return -ENOMEM;
+		args[0] = "query";
+		args[1] = "--";
+		for (i = 0; i < n; i++)
+			args[2 + i] = paths[i];
+		rc = run(args, n + 2, &ans);
+		free(args);
+	}
 	if (rc == 0) {
 		if (json_int(ans.text, "complete", complete) != 0 || json_int(ans.text, "pending", pending) != 0 ||
 		    json_int(ans.text, "deferred", deferred) != 0 || json_int(ans.text, "failed", failed) != 0)
@@ -402,6 +1246,15 @@ static int verb_paths(const char *verb, const char **paths)
 	int rc;
 	if (paths == NULL || paths[0] == NULL)
 		return -EINVAL;
+	{
+		size_t n = 0;
+		while (paths[n] != NULL)
+			n++;
+		struct call c = {.verb = verb, .dw = paths, .ndw = n};
+		rc = dcall(&c, NULL);
+		if (rc != NO_DIRECT)
+			return rc;
+	}
 	const char *prefix[] = {verb, "--"};
 	args = list_args(prefix, 2, paths, &nargs);
 	if (args == NULL)
@@ -429,6 +1282,14 @@ static int wait_paths(const char **paths)
 	int rc;
 	if (paths == NULL || paths[0] == NULL)
 		return -EINVAL;
+	{
+		size_t n = 0;
+		while (paths[n] != NULL)
+			n++;
+		rc = dwait(paths, n);
+		if (rc != NO_DIRECT)
+			return rc;
+	}
 	const char *prefix[] = {"wait", "--failed-ok", "--"};
 	args = list_args(prefix, 3, paths, &nargs);
 	if (args == NULL)
@@ -462,6 +1323,13 @@ int dw_set_stage_concurrency(const char *dw_instance_path, unsigned int concurre
 	if (dw_instance_path == NULL)
 		return -EINVAL;
 	snprintf(n, sizeof(n), "%u", concurrent_stages);
+	{
+		/* 0 is the controller's to refuse (-EINVAL, with its message) */
+		struct call c = {.verb = "concurrency", .dw = &dw_instance_path, .ndw = 1, .concurrency = concurrent_stages};
+		int rc = dcall(&c, NULL);
+		if (rc != NO_DIRECT)
+			return rc;
+	}
 	{
 		const char *args[] = {"concurrency", "--", dw_instance_path, n};
 		return call(args, 4);
@@ -543,8 +1411,14 @@ int dw_open_failed_stage(const char *dw_instance_path, dw_failed_stage_t **handl
 	if (dw_instance_path == NULL || handle == NULL)
 		return -EINVAL;
 	*handle = NULL;
-	const char *args[] = {"list", "--failed", "--", dw_instance_path};
-	rc = run(args, 4, &ans);
+	{
+		struct call c = {.verb = "failed", .dw = &dw_instance_path, .ndw = 1};
+		rc = dcall(&c, &ans);
+	}
+	if (rc == NO_DIRECT) {
+		const char *args[] = {"list", "--failed", "--", dw_instance_path};
+		rc = run(args, 4, &ans);
+	}
 	if (rc != 0) {
 		free(ans.text);
 		return rc;
@@ -794,6 +1668,10 @@ char *dw_get_accounting_data_json(const char *path, int *ecode)
 		goto done;
 	}
 	{
+		struct call c = {.verb = "accounting", .dw = &path, .ndw = 1};
+		rc = dcall(&c, &ans);
+	}
+	if (rc == NO_DIRECT) {
 		const char *args[] = {"accounting", "--", path};
 		rc = run(args, 3, &ans);
 	}

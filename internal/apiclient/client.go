@@ -25,6 +25,7 @@ import (
 	"github.com/spillway-hpc/spillway/internal/controllerapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/munge"
+	"github.com/spillway-hpc/spillway/internal/stagecall"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
 
@@ -652,6 +653,28 @@ func (c *Client) SetStageConcurrency(ctx context.Context, token string, n int) (
 	var out controllerapi.ConcurrencyRequest
 	err := c.Do(ctx, "POST", "/dw/v1/sessions/"+esc(token)+"/job_stages/concurrency", controllerapi.ConcurrencyRequest{Concurrency: n}, &out)
 	return out.Concurrency, err
+}
+
+// StageCallReply is the answer of POST /dw/v1/job_stages: libdatawarp's result, errno 0
+// and the verb's fields, or the errno and the error.
+type StageCallReply struct {
+	Errno       int               `json:"errno"`
+	Error       string            `json:"error,omitempty"`
+	Complete    int               `json:"complete"`
+	Pending     int               `json:"pending"`
+	Deferred    int               `json:"deferred"`
+	Failed      json.RawMessage   `json:"failed,omitempty"` // query: a count; failed: the failed stages
+	Stages      []stagecall.Found `json:"stages,omitempty"`
+	Terminated  int               `json:"terminated"`
+	Concurrency int               `json:"concurrency"`
+	Realm       json.RawMessage   `json:"realm,omitempty"`
+}
+
+// StageCall sends an in-job staging call (package stagecall), the one libdatawarp sends.
+func (c *Client) StageCall(ctx context.Context, call stagecall.Call) (StageCallReply, error) {
+	var out StageCallReply
+	err := c.Do(ctx, "POST", "/dw/v1/job_stages", call, &out)
+	return out, err
 }
 
 // Mount says what burst buffer of the caller's is mounted at a mount point (node "" = any).

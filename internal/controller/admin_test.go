@@ -28,12 +28,12 @@ import (
 // adminWorld is a real controller over a real state database, with no agents: every effect
 // fails as an unreachable agent's would.
 type adminWorld struct {
-	t   *testing.T
+	t   testing.TB
 	c   *Controller
 	srv *Server
 }
 
-func newAdminWorld(t *testing.T, edit func(*config.Config)) *adminWorld {
+func newAdminWorld(t testing.TB, edit func(*config.Config)) *adminWorld {
 	cfg := config.Defaults()
 	cfg.Controller.StateDir = t.TempDir()
 	cfg.Pools = []config.Pool{{Name: "wlm_pool", Granularity: config.Size(1 << 30)}}

@@ -126,6 +126,21 @@ func TestLibdatawarpEveryFunction(t *testing.T) {
 	w.assertClean()
 }
 
+// The calls speak to the controller themselves (issue 23 item 16): with no spillway binary
+// to be found (SPILLWAY_BIN names none, none on the PATH) every kind of call works, none runs
+// a process (no SIGCHLD), none leaves a descriptor open; 16 threads call at once (about 600
+// calls) while a child forked among them calls too. The helper would fail every call here
+// with -EIO.
+func TestLibdatawarpSpeaksToTheControllerItself(t *testing.T) {
+	w, out := libdwWorld(t)
+	r := runDwcheck(t, w, out, "1GiB", []string{"SPILLWAY_BIN=/nonexistent/spillway", "PATH=/usr/bin:/bin"}, libdw.dwcheck, "direct", out)
+	if n := strings.Count("\n"+r.stdout, "\nok "); n < 15 {
+		t.Errorf("only %d checks ran:\n%s", n, r.stdout)
+	}
+	w.waitNoSessions()
+	w.assertClean()
+}
+
 // A cache instance's calls in a real job (type=cache over a PFS directory of the job's user):
 // dw_wait_sync_complete puts a file's data on the PFS, the cache policy reads back as set and
 // sync_on_close puts the data on the PFS by close(), and stages of a cache path are refused
@@ -209,7 +224,15 @@ func TestLibdatawarpAutoconfProbe(t *testing.T) {
 
 // The Python package, in a job that gets SPILLWAY_BIN and SPILLWAY_HOME from spillway run
 // itself (not from the test).
-func TestLibdatawarpPython(t *testing.T) {
+func TestLibdatawarpPython(t *testing.T) { testLibdatawarpPython(t, nil) }
+
+// Python's calls go through the C library, which speaks to the controller itself: with no
+// spillway binary to be found they all work (the helper would fail each with EIO).
+func TestLibdatawarpPythonNeedsNoHelper(t *testing.T) {
+	testLibdatawarpPython(t, []string{"SPILLWAY_BIN=/nonexistent/spillway", "PATH=/usr/bin:/bin"})
+}
+
+func testLibdatawarpPython(t *testing.T, extraEnv []string) {
 	w, out := libdwWorld(t)
 	// The system's Python: one under root's home (pyenv) is not for nobody.
 	py := "/usr/bin/python3"
@@ -220,7 +243,7 @@ func TestLibdatawarpPython(t *testing.T) {
 	script := w.script("job.sh", "#!/bin/sh\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\nexec "+py+" "+check+" "+out+"\n")
 	// Readable by nobody: the package from the source tree, the library from the build.
 	env := []string{"PYTHONPATH=" + filepath.Join(repoRoot(), "python"), "SPILLWAY_LIBDATAWARP=" + filepath.Join(libdw.prefix, "lib", "libdatawarp.so.0")}
-	r := w.runEnv(env, "run", script)
+	r := w.runEnv(append(env, extraEnv...), "run", script)
 	if r.code != 0 || !strings.Contains(r.stdout, "failures 0") {
 		t.Fatalf("pycheck in a job:\n%s", r)
 	}

@@ -5,6 +5,9 @@
  *   dwcheck rotate PFS_DIR     checkpoint rotation: AT_JOB_END on the newest, REVOKE the rest
  *   dwcheck terminate PFS_DIR  terminate a large stage-out while it runs
  *   dwcheck threads PFS_DIR    the same calls from several threads at once
+ *   dwcheck direct PFS_DIR     the calls make no child process (no SIGCHLD), leave no
+ *                              descriptor open, from 16 threads at once and from a child
+ *                              forked while the threads call
  *   dwcheck cache PFS_DIR      a cache instance ($DW_JOB_STRIPED_CACHE over PFS_DIR): sync, policy
  *
  * Prints "ok NAME" or "FAIL NAME: ..." per check and exits with the number of failures.
@@ -15,6 +18,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -634,12 +639,145 @@ static void check_threads(void)
 	CHECK("threads: 4 threads stage, wait and query at once", failed == 0, "%d calls failed", failed);
 }
 
+/* ---- direct: no helper, threads, fork --------------------------------------------------- */
+
+static volatile sig_atomic_t children; /* SIGCHLDs: each helper process that ended sends one */
+static void on_child(int sig) { (void)sig; children++; }
+
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+	if (d == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n - 1; /* the directory's own */
+}
+
+struct many {
+	int n, failed, calls;
+	char what[256];
+};
+
+/* many_worker stages out files of its own and asks about them, many calls in a row. */
+static void *many_worker(void *arg)
+{
+	struct many *m = arg;
+	int k, q, c, p, d, f, rc;
+	for (k = 0; k < 3; k++) {
+		char name[64], *x, *px;
+		snprintf(name, sizeof(name), "m%d.%d", m->n, k);
+		x = path(dw, name);
+		px = path(pfs, name);
+		write_file(x, name);
+		rc = dw_stage_file_out(x, px, DW_STAGE_IMMEDIATE);
+		m->calls++;
+		if (rc != 0) {
+			m->failed++;
+			snprintf(m->what, sizeof(m->what), "stage out %s: %s", x, strerror(-rc));
+			continue;
+		}
+		for (q = 0; q < 10; q++) {
+			rc = dw_query_file_stage(x, &c, &p, &d, &f);
+			m->calls++;
+			if (rc != 0 || c + p + d + f != 1) {
+				m->failed++;
+				snprintf(m->what, sizeof(m->what), "query %s: %d (%d %d %d %d)", x, rc, c, p, d, f);
+			}
+		}
+		rc = dw_wait_file_stage(x);
+		m->calls++;
+		if (rc != 0 || dw_query_file_stage(x, &c, &p, &d, &f) != 0 || c != 1) {
+			m->failed++;
+			snprintf(m->what, sizeof(m->what), "wait %s: %d, complete %d", x, rc, c);
+		}
+	}
+	{
+		char *never = path(dw, "never-staged-by-threads");
+		write_file(never, "x");
+		rc = dw_query_file_stage(never, &c, &p, &d, &f);
+		m->calls++;
+		if (rc != -EINVAL) {
+			m->failed++;
+			snprintf(m->what, sizeof(m->what), "query of a file never staged: %d, want -EINVAL", rc);
+		}
+	}
+	return NULL;
+}
+
+static void check_direct(void)
+{
+	struct sigaction sa;
+	struct many m[16];
+	pthread_t t[16];
+	int i, c, p, d, f, fds, failed = 0, calls = 0, status = -1;
+	char *x = path(dw, "direct.dat"), *px = path(pfs, "direct.dat"), *js;
+	dw_failed_stage_t *h = NULL;
+	pid_t child;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_child;
+	sigaction(SIGCHLD, &sa, NULL);
+	fds = open_fds();
+
+	/* every kind of call once: none may run a process */
+	write_file(x, "direct\n");
+	CHECK("direct: stage out", dw_stage_file_out(x, px, DW_STAGE_IMMEDIATE) == 0, "failed");
+	CHECK("direct: wait", dw_wait_file_stage(x) == 0, "failed");
+	CHECK("direct: query", dw_query_file_stage(x, &c, &p, &d, &f) == 0 && c == 1, "complete %d", c);
+	CHECK("direct: the PFS has the file", same(px, "direct\n"), "%s", px);
+	CHECK("direct: stage in", dw_stage_file_in(path(dw, "direct.in"), px) == 0 && dw_wait_file_stage(path(dw, "direct.in")) == 0 &&
+	      same(path(dw, "direct.in"), "direct\n"), "failed");
+	CHECK("direct: EINVAL for an empty path (not the current directory)", dw_stage_file_out("", px, DW_STAGE_IMMEDIATE) == -EINVAL, "not EINVAL");
+	CHECK("direct: EINVAL outside every mount", dw_query_file_stage(pfs, &c, &p, &d, &f) == -EINVAL, "not EINVAL");
+	CHECK("direct: ENOENT for a missing source", dw_stage_file_in(path(dw, "none"), path(pfs, "no-such")) == -ENOENT, "not ENOENT");
+	CHECK("direct: terminate", dw_terminate_file_stage(x) == 0, "failed");
+	CHECK("direct: concurrency", dw_set_stage_concurrency(dw, 4) == 0, "failed");
+	CHECK("direct: the failed-stage walk", dw_open_failed_stage(dw, &h) == 0 && dw_close_failed_stage(h) == 0, "failed");
+	js = dw_get_accounting_data_json(dw, &c);
+	CHECK("direct: accounting", js != NULL && c == 0 && strncmp(js, "{\"realm\":", 9) == 0, "%s", js ? js : "NULL");
+	free(js);
+	CHECK("direct: no helper process ran", children == 0, "%d processes ended", (int)children);
+
+	/* 16 threads at once */
+	for (i = 0; i < 16; i++) {
+		memset(&m[i], 0, sizeof(m[i]));
+		m[i].n = i;
+		pthread_create(&t[i], NULL, many_worker, &m[i]);
+	}
+	/* a child forked while the threads call: it calls the library itself */
+	child = fork();
+	if (child == 0) {
+		char *cx = path(dw, "forked.dat"), *cpx = path(pfs, "forked.dat");
+		int ok;
+		write_file(cx, "forked\n");
+		ok = dw_stage_file_out(cx, cpx, DW_STAGE_IMMEDIATE) == 0 && dw_wait_file_stage(cx) == 0 &&
+		     dw_query_file_stage(cx, &c, &p, &d, &f) == 0 && c == 1 && same(cpx, "forked\n");
+		_exit(ok ? 0 : 1);
+	}
+	for (i = 0; i < 16; i++) {
+		pthread_join(t[i], NULL);
+		failed += m[i].failed;
+		calls += m[i].calls;
+		if (m[i].failed)
+			printf("  thread %d: %s\n", i, m[i].what);
+	}
+	while (child > 0 && waitpid(child, &status, 0) < 0 && errno == EINTR)
+		;
+	CHECK("direct: 16 threads call at once", failed == 0 && calls >= 16 * 37, "%d of %d calls failed", failed, calls);
+	CHECK("direct: a child forked while threads call uses the library", child > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "status %d", status);
+	CHECK("direct: no descriptor left open", open_fds() == fds, "%d open, %d before", open_fds(), fds);
+}
+
 static void on_alarm(int sig) { (void)sig; }
 
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: dwcheck all|rotate|terminate|threads|cache PFS_DIR\n");
+		fprintf(stderr, "usage: dwcheck all|rotate|terminate|threads|direct|cache PFS_DIR\n");
 		return 100;
 	}
 	dw = getenv("DW_JOB_STRIPED");
@@ -671,6 +809,8 @@ int main(int argc, char **argv)
 		check_terminate();
 	else if (strcmp(argv[1], "threads") == 0)
 		check_threads();
+	else if (strcmp(argv[1], "direct") == 0)
+		check_direct();
 	else
 		return 100;
 	free_paths();
