@@ -526,3 +526,101 @@ func TestUnmountedMountIsNotWaitedFor(t *testing.T) {
 		})
 	}
 }
+
+// A directory's attributes that a mount keeps from its own create's or unlink's reply (the
+// kernel asks for them after every change of the directory's entries), and the absence of
+// security.capability it knows of a file it created, give way to another node's change at
+// once: a mkdir, rmdir or chmod of the directory, a capability set on the file.
+func TestCachedDirectoryAttributesStayCoherent(t *testing.T) {
+	for _, p := range coherencePairs {
+		t.Run(p.name, func(t *testing.T) {
+			_, a, b := mountPair(t, p, 0)
+			dirStat := func(mp string) *syscall.Stat_t {
+				t.Helper()
+				var st syscall.Stat_t
+				if err := syscall.Stat(filepath.Join(mp, "d"), &st); err != nil {
+					t.Fatal(err)
+				}
+				return &st
+			}
+			create := func(mp, name string) {
+				t.Helper()
+				if err := os.WriteFile(filepath.Join(mp, "d", name), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Mkdir(filepath.Join(b, "d"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			create(b, "f1") // b keeps d's attributes from its reply
+			before := dirStat(b)
+			if err := os.Mkdir(filepath.Join(a, "d", "sub"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if st := dirStat(b); st.Nlink != before.Nlink+1 {
+				t.Errorf("after a mkdir on the other node, d has %d links here, want %d", st.Nlink, before.Nlink+1)
+			}
+			create(b, "f2")
+			if err := os.Chmod(filepath.Join(a, "d"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if st := dirStat(b); st.Mode&0o777 != 0o700 {
+				t.Errorf("after a chmod on the other node, d has mode %o here, want 700", st.Mode&0o777)
+			}
+			if err := os.Remove(filepath.Join(b, "d", "f2")); err != nil { // kept from the unlink's reply
+				t.Fatal(err)
+			}
+			links := dirStat(b).Nlink
+			if err := os.Remove(filepath.Join(a, "d", "sub")); err != nil {
+				t.Fatal(err)
+			}
+			if st := dirStat(b); st.Nlink != links-1 {
+				t.Errorf("after an rmdir on the other node, d has %d links here, want %d", st.Nlink, links-1)
+			}
+			// b's own changes that carry no attributes: its mkdir after its create.
+			create(b, "f3")
+			links = dirStat(b).Nlink
+			if err := os.Mkdir(filepath.Join(b, "d", "sub2"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if st := dirStat(b); st.Nlink != links+1 {
+				t.Errorf("after its own mkdir, d has %d links here, want %d", st.Nlink, links+1)
+			}
+
+			// A file b created has no capability, until the other node sets one.
+			capData := []byte{0, 0, 0, 2, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} // v2: CAP_NET_BIND_SERVICE
+			capOf := func(mp, name string) ([]byte, error) {
+				buf := make([]byte, 64)
+				n, err := unix.Getxattr(filepath.Join(mp, "d", name), "security.capability", buf)
+				if err != nil {
+					return nil, err
+				}
+				return buf[:n], nil
+			}
+			for _, setter := range []string{a, b} {
+				name := "cap-" + filepath.Base(setter)
+				create(b, name)
+				f, err := os.OpenFile(filepath.Join(b, "d", name), os.O_RDWR, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.WriteString("x"); err != nil { // the kernel's first write asks
+					t.Fatal(err)
+				}
+				f.Close()
+				if _, err := capOf(b, name); !errors.Is(err, unix.ENODATA) {
+					t.Fatalf("%s: security.capability: %v, want ENODATA", name, err)
+				}
+				if err := unix.Setxattr(filepath.Join(setter, "d", name), "security.capability", capData, 0); err != nil {
+					if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPERM) {
+						t.Skipf("security.capability cannot be set here: %v", err)
+					}
+					t.Fatal(err)
+				}
+				if got, err := capOf(b, name); err != nil || len(got) == 0 {
+					t.Errorf("%s: after a capability was set (by %s), security.capability here: %v %v", name, filepath.Base(setter), got, err)
+				}
+			}
+		})
+	}
+}

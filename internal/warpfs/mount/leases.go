@@ -45,6 +45,150 @@ type leaseState struct {
 	// them, so that an OPEN's reply that one overtook leases nothing. Guarded by mu.
 	sizes map[uint64]map[*stripedFile]struct{}
 	epoch uint64
+
+	// dirs are directories' attributes that the reply to this mount's own create or unlink
+	// in them leased (proto.DirAttrVersion), by inode number: the kernel drops its copy at
+	// every change of a directory's entries and asks again at the next permission check (a
+	// GETATTR per create or unlink, default_permissions), which is answered from here. An
+	// invalidation of the inode ends one, as does a change of the directory by this mount that
+	// does not carry them (changingDir, dirChanged); changing counts those in flight, dirSeq
+	// their starts, so that a reply a later change overtook, or one with another change in
+	// flight beside it, is not kept. Guarded by mu.
+	dirs     map[uint64]cachedAttr
+	changing map[uint64]int
+	dirSeq   map[uint64]uint64
+
+	// noCaps are files this mount created, leased, which have no security.capability
+	// attribute: the kernel asks for it at each new file's first write (to drop file
+	// capabilities), and is answered ENODATA from here until the lease runs out, the inode's
+	// attributes change elsewhere (an invalidation) or this mount sets an attribute of it.
+	// Guarded by mu.
+	noCaps map[uint64]time.Time
+}
+
+// cachedAttr is attributes leased until.
+type cachedAttr struct {
+	attr  proto.Attr
+	until time.Time
+}
+
+// maxCachedAttrs bounds dirs and noCaps: past it, the entries run out are swept.
+const maxCachedAttrs = 4096
+
+// dirToken is a change of a directory by this mount, in flight.
+type dirToken struct {
+	ino, seq, epoch uint64
+}
+
+// changingDir notes that a change of directory ino (its entries or attributes) starts: what
+// dirs held of it is stale from now on.
+func (ls *leaseState) changingDir(ino uint64) dirToken {
+	if ls == nil {
+		return dirToken{}
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	delete(ls.dirs, ino)
+	ls.changing[ino]++
+	ls.dirSeq[ino]++
+	return dirToken{ino: ino, seq: ls.dirSeq[ino], epoch: ls.epoch}
+}
+
+// dirChanged ends the change t: a, the directory's attributes after it (nil: not given), are
+// kept for lease when nothing could have changed them since the server took them — no
+// invalidation came (epoch), no other change of the directory by this mount started after t
+// or is still in flight (one that started before t may have reached the server after it).
+func (ls *leaseState) dirChanged(t dirToken, a *proto.Attr, lease time.Duration) {
+	if ls == nil {
+		return
+	}
+	now := time.Now()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	alone := ls.changing[t.ino] == 1 && ls.dirSeq[t.ino] == t.seq
+	if ls.changing[t.ino]--; ls.changing[t.ino] <= 0 {
+		delete(ls.changing, t.ino)
+		delete(ls.dirSeq, t.ino)
+	}
+	if a == nil || lease <= 0 || a.Ino != t.ino || !alone || ls.epoch != t.epoch {
+		return
+	}
+	if len(ls.dirs) >= maxCachedAttrs {
+		for ino, c := range ls.dirs {
+			if !c.until.After(now) {
+				delete(ls.dirs, ino)
+			}
+		}
+	}
+	if len(ls.dirs) < maxCachedAttrs {
+		ls.dirs[t.ino] = cachedAttr{attr: *a, until: now.Add(lease)}
+	}
+}
+
+// dirAttr is what dirs holds of inode ino, and for how much longer.
+func (ls *leaseState) dirAttr(ino uint64) (proto.Attr, time.Duration, bool) {
+	if ls == nil {
+		return proto.Attr{}, 0, false
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	c, ok := ls.dirs[ino]
+	if !ok {
+		return proto.Attr{}, 0, false
+	}
+	left := time.Until(c.until)
+	if left <= 0 {
+		delete(ls.dirs, ino)
+		return proto.Attr{}, 0, false
+	}
+	return c.attr, left, true
+}
+
+// createdFile notes a regular file this mount created, leased for lease: it has no
+// security.capability attribute (noCaps).
+func (ls *leaseState) createdFile(ino uint64, epoch uint64, lease time.Duration) {
+	if ls == nil || lease <= 0 {
+		return
+	}
+	now := time.Now()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.epoch != epoch {
+		return // an invalidation overtook the reply
+	}
+	if len(ls.noCaps) >= maxCachedAttrs {
+		for ino, until := range ls.noCaps {
+			if !until.After(now) {
+				delete(ls.noCaps, ino)
+			}
+		}
+	}
+	if len(ls.noCaps) < maxCachedAttrs {
+		ls.noCaps[ino] = now.Add(lease)
+	}
+}
+
+// hasNoCaps says whether inode ino is known to have no security.capability attribute.
+func (ls *leaseState) hasNoCaps(ino uint64) bool {
+	if ls == nil {
+		return false
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	until, ok := ls.noCaps[ino]
+	return ok && time.Now().Before(until)
+}
+
+// xattrChanging forgets what noCaps says of inode ino: this mount sets or removes one of its
+// attributes.
+func (ls *leaseState) xattrChanging(ino uint64) {
+	if ls == nil {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.epoch++ // a create's reply on its way keeps nothing either
+	delete(ls.noCaps, ino)
 }
 
 // sizeEpoch is where invalidations are before an OPEN that may be leased.
@@ -90,11 +234,14 @@ func (ls *leaseState) unleaseSize(sf *stripedFile) {
 	}
 }
 
-// dropSizes ends the size leases of inode ino: its attributes changed elsewhere.
+// dropSizes ends the size leases of inode ino, and what dirs and noCaps hold of it: its
+// attributes changed elsewhere.
 func (ls *leaseState) dropSizes(ino uint64) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.epoch++
+	delete(ls.dirs, ino)
+	delete(ls.noCaps, ino)
 	for sf := range ls.sizes[ino] {
 		sf.mu.Lock()
 		sf.sizeUntil, sf.ino = time.Time{}, 0
@@ -111,7 +258,8 @@ const inodeRetry = time.Second
 const maxNodesPerInode = 4
 
 func newLeaseState() *leaseState {
-	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{}}
+	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{},
+		dirs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, dirSeq: map[uint64]uint64{}, noCaps: map[uint64]time.Time{}}
 }
 
 // noteNode notes a node made for a reply: invalidations of its inode number reach it; leased says

@@ -303,6 +303,13 @@ func (n *node) byNodeLease(ctx context.Context, f fs.FileHandle, op proto.Op, bu
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if a, lease, ok := n.be.leases.dirAttr(n.StableAttr().Ino); ok {
+		// A directory this mount just created or removed a name in: its create's or unlink's
+		// reply leased its attributes (leases.go, dirs).
+		n.be.fill(&out.Attr, &a)
+		n.be.attrLease(out, lease)
+		return 0
+	}
 	n.settleAll() // this node's writes behind first: their size and times
 	var rep proto.AttrReply
 	lease, errno := n.byNodeLease(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
@@ -345,6 +352,10 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		return n.truncateStriped(ctx, f, req, out)
 	}
 	n.settleAll() // a truncate, chmod or utimes comes after this node's writes
+	if n.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		tok := n.be.leases.changingDir(n.dirID())
+		defer n.be.leases.dirChanged(tok, nil, 0)
+	}
 
 	var rep proto.AttrReply
 	lease, errno := n.byNodeLease(ctx, f, proto.OpSetattr, func(p string, h uint64) proto.Message {
@@ -551,12 +562,25 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	var rep proto.OpenReply
 	call := &client.Call{Op: op, UID: uid, GID: gid, Reply: &rep, Route: n.in(),
 		Req: &proto.CreateReq{Dir: n.path(), Name: name, Flags: flags, Mode: mode}}
-	if errno := n.be.client.Do(ctx, call); errno != 0 {
+	ls := n.be.leases
+	var epoch uint64
+	var tok dirToken
+	if ls != nil && op == proto.OpCreate {
+		epoch, tok = ls.sizeEpoch(), ls.changingDir(n.dirID())
+	}
+	errno := n.be.client.Do(ctx, call)
+	lease := call.Lease
+	if ls == nil || op == proto.OpTmpfile || errno != 0 {
+		lease = 0
+	}
+	if op == proto.OpCreate {
+		ls.dirChanged(tok, rep.Dir, lease)
+	}
+	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	lease := call.Lease
-	if n.be.leases == nil || op == proto.OpTmpfile {
-		lease = 0
+	if rep.Attr.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		ls.createdFile(rep.Attr.Ino, epoch, lease)
 	}
 	ch := n.child(ctx, &rep.Attr, out, lease)
 	if op == proto.OpCreate {
@@ -599,7 +623,9 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 		return nil, syscall.EROFS
 	}
 	var rep proto.AttrReply
+	tok := n.be.leases.changingDir(n.dirID())
 	lease, listing, errno := n.be.callListing(ctx, route, op, req, &rep)
+	n.be.leases.dirChanged(tok, nil, 0)
 	if errno != 0 {
 		return nil, errno
 	}
@@ -670,7 +696,9 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return syscall.EROFS
 	}
 	var rep proto.RemovedReply
-	errno := n.be.callRoute(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
+	tok := n.be.leases.changingDir(n.dirID())
+	lease, errno := n.be.callLease(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
+	n.be.leases.dirChanged(tok, rep.Dir, lease)
 	if errno == 0 {
 		n.noteName(name, false)
 		n.removed(ctx, name, &rep)
@@ -719,7 +747,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
+	tok := n.be.leases.changingDir(n.dirID())
 	errno := n.be.callRoute(ctx, n.in(), proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
+	n.be.leases.dirChanged(tok, nil, 0)
 	if errno == 0 {
 		n.noteName(name, false)
 	}
@@ -742,7 +772,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	var rep proto.RemovedReply
 	route := client.Route{Parent: n.dirID(), NewParent: dst.dirID()}
+	ls := n.be.leases
+	tok, dstTok := ls.changingDir(n.dirID()), ls.changingDir(dst.dirID())
 	errno := n.be.callRoute(ctx, route, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, &rep)
+	ls.dirChanged(tok, nil, 0)
+	ls.dirChanged(dstTok, nil, 0)
 	if errno == 0 {
 		if flags&unix.RENAME_EXCHANGE == 0 {
 			n.noteName(name, false)
@@ -793,12 +827,32 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 		}
 		return clientXattr(dest, strings.Join(nodes, " "))
 	}
+	if attr == capabilityXattr && n.be.leases.hasNoCaps(n.StableAttr().Ino) {
+		return 0, syscall.ENODATA // a file this mount created, unchanged since (leases.go, noCaps)
+	}
 	var rep proto.XattrReply
 	if errno := n.xattr(ctx, proto.OpGetxattr, proto.XattrReq{Name: attr, Size: uint32(len(dest))}, &rep); errno != 0 {
 		return 0, errno
 	}
 	return xattrResult(dest, &rep), 0
 }
+
+// xattrChanging notes that this mount sets or removes an extended attribute of n (its
+// ctime changes; it may get a security.capability): what the mount kept of its attributes
+// goes (leases.go). The function it returns ends the change.
+func (n *node) xattrChanging() func() {
+	ls := n.be.leases
+	if ls == nil {
+		return func() {}
+	}
+	ls.xattrChanging(n.StableAttr().Ino)
+	tok := ls.changingDir(n.dirID())
+	return func() { ls.dirChanged(tok, nil, 0) }
+}
+
+// capabilityXattr is the attribute the kernel asks for at a file's first write, to drop its
+// file capabilities.
+const capabilityXattr = "security.capability"
 
 // clientXattr answers an attribute the client knows itself (never stored).
 func clientXattr(dest []byte, value string) (uint32, syscall.Errno) {
@@ -838,6 +892,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if errno, handled := n.cacheSetxattr(ctx, attr, data, flags); handled {
 		return errno
 	}
+	defer n.xattrChanging()()
 	return n.xattr(ctx, proto.OpSetxattr, proto.XattrReq{Name: attr, Value: data, Flags: flags}, nil)
 }
 
@@ -848,6 +903,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if errno, handled := n.cacheSetxattr(ctx, attr, nil, 0); handled {
 		return errno
 	}
+	defer n.xattrChanging()()
 	return n.xattr(ctx, proto.OpRemovexattr, proto.XattrReq{Name: attr}, nil)
 }
 

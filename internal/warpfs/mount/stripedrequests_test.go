@@ -495,3 +495,128 @@ func TestStripedSmallFileOnOlderServers(t *testing.T) {
 		t.Errorf("%d objects left", n)
 	}
 }
+
+// mdtestRequests runs mdtest's phases over files files of size bytes in one directory of a
+// four-server striped instance, as one rank does (every file created and written, then every
+// file stat'ed, then read through a read-write descriptor, then removed), and returns each
+// phase's requests per file, the first file left out (it pays for the directory's first
+// lookups): what the steady state costs.
+func mdtestRequests(t *testing.T, size, files int) map[string]map[proto.Op]float64 {
+	in := newCountedInstance(t)
+	m := in.mountAt(t, "cn1")
+	dir := filepath.Join(m.Path(), "mdtest")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte{7}, size)
+	name := func(i int) string { return filepath.Join(dir, fmt.Sprintf("file.mdtest.0.%d", i)) }
+	phases := []struct {
+		name string
+		do   func(p string) error
+	}{
+		{"create", func(p string) error {
+			f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644) // as IOR's POSIX backend
+			if err != nil {
+				return err
+			}
+			if size > 0 {
+				if _, err := f.Write(data); err != nil {
+					return err
+				}
+			}
+			return f.Close()
+		}},
+		{"stat", func(p string) error {
+			st, err := os.Stat(p)
+			if err == nil && st.Size() != int64(size) {
+				err = fmt.Errorf("size %d, want %d", st.Size(), size)
+			}
+			return err
+		}},
+		{"read", func(p string) error {
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				return err
+			}
+			if size > 0 {
+				got := make([]byte, size)
+				if _, err := io.ReadFull(f, got); err != nil {
+					return err
+				}
+			}
+			return f.Close()
+		}},
+		{"remove", os.Remove},
+	}
+	out := map[string]map[proto.Op]float64{}
+	for _, ph := range phases {
+		if err := ph.do(name(0)); err != nil {
+			t.Fatalf("%s of the first file: %v", ph.name, err)
+		}
+		in.settle()
+		for i := 1; i < files; i++ {
+			if err := ph.do(name(i)); err != nil {
+				t.Fatalf("%s of file %d: %v", ph.name, i, err)
+			}
+		}
+		per := map[proto.Op]float64{}
+		for _, c := range in.settle() {
+			for op, n := range c {
+				per[op] += float64(n) / float64(files-1)
+			}
+		}
+		out[ph.name] = per
+	}
+	var total float64
+	for _, ph := range phases {
+		var sum float64
+		var ops []string
+		for op, n := range out[ph.name] {
+			sum += n
+			ops = append(ops, fmt.Sprintf("%s=%.2f", op, n))
+		}
+		slices.Sort(ops)
+		total += sum
+		t.Logf("%d bytes, %s: %.2f requests per file: %s", size, ph.name, sum, strings.Join(ops, " "))
+	}
+	t.Logf("%d bytes: %.2f requests per file", size, total)
+	return out
+}
+
+func perFile(m map[proto.Op]float64) (n float64) {
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// mdtest-easy's steady state (empty files, a directory of their own): a create costs the
+// CREATE and the RELEASE, a remove the UNLINK alone — the kernel's GETATTR of the directory
+// after each (it drops the directory's attributes at every change of its entries, and asks
+// for them at the next permission check) is answered by the mount from the attributes the
+// CREATE's or UNLINK's reply leased (proto.DirAttrVersion): 5 requests per file, 7 before.
+func TestMdtestEasyRequests(t *testing.T) {
+	r := mdtestRequests(t, 0, 20)
+	want := map[string]float64{"create": 2, "stat": 0, "read": 2, "remove": 1}
+	for phase, w := range want {
+		if got := perFile(r[phase]); got > w+0.01 {
+			t.Errorf("%s: %.2f requests per file, want %v: %v", phase, got, w, r[phase])
+		}
+	}
+	if n := r["create"][proto.OpGetattr] + r["remove"][proto.OpGetattr]; n > 0 {
+		t.Errorf("the directory's attributes were asked for %.2f times per file", n)
+	}
+}
+
+// mdtest-hard's steady state (3901-byte files): besides the directory's GETATTR, the
+// kernel's GETXATTR of security.capability at each new file's first write is answered by
+// the mount (a file it created, leased, has none).
+func TestMdtestHardRequests(t *testing.T) {
+	r := mdtestRequests(t, 3901, 20)
+	if n := r["create"][proto.OpGetxattr]; n > 0 {
+		t.Errorf("create: %.2f GETXATTRs per file, want none: %v", n, r["create"])
+	}
+	if n := r["create"][proto.OpGetattr] + r["remove"][proto.OpGetattr]; n > 0 {
+		t.Errorf("the directory's attributes were asked for %.2f times per file: %v %v", n, r["create"], r["remove"])
+	}
+}

@@ -745,7 +745,11 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 		}
 	case *proto.CreateReq:
 		if errno == 0 && r.Name != "" {
-			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, rep.(*proto.OpenReply).Attr.Ino, 0)
+			o := rep.(*proto.OpenReply)
+			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, o.Attr.Ino, 0)
+			if !leased || !l.leaseDirLocked(h, t, until, r.Dir, o.Dir) {
+				o.Dir = nil
+			}
 		}
 	case *proto.MkdirReq:
 		if errno == 0 {
@@ -785,6 +789,11 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 			l.takeBeneath(h, now, &out, p, map[string]map[string]time.Time{})
 			l.moveListingsLocked(h, now, &out, p, "")
 			delete(l.inos, p)
+			if rr, ok := rep.(*proto.RemovedReply); ok && rr.Dir != nil {
+				if leased = l.leaseDirLocked(h, t, until, r.Dir, rr.Dir); !leased {
+					rr.Dir = nil
+				}
+			}
 		}
 	case *proto.RenameReq:
 		if errno == 0 {
@@ -821,6 +830,18 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 		flags |= proto.FlagListing
 	}
 	return flags
+}
+
+// leaseDirLocked leases to h the attributes a create or unlink of its left directory dir
+// with (a, the reply's), unless someone else changed them while the request ran; it says
+// whether it did. h's kernel dropped its own copy at the change and asks for them next: its
+// mount answers that from a (proto.DirAttrVersion).
+func (l *leases) leaseDirLocked(h *holder, t leaseToken, until time.Time, dir string, a *proto.Attr) bool {
+	if h == nil || a == nil || l.changedSinceLocked(t, h, "", false, a.Ino) {
+		return false
+	}
+	l.grantLocked(h, until, dir, false, a.Ino, true)
+	return true
 }
 
 // made records a new entry dir/name (inode ino; also a changed inode, for LINK) and leases it

@@ -905,6 +905,12 @@ func (s *session) removedReply(rep proto.RemovedReply) *proto.RemovedReply {
 	return &rep
 }
 
+// dirAttrs says whether the session's client takes a directory's attributes in the replies
+// to CREATE and UNLINK (DirAttrVersion on), which are only given leased (leases.go).
+func (s *session) dirAttrs() bool {
+	return s.lease != nil && s.lease.h != nil && (s.version == 0 || s.version >= proto.DirAttrVersion)
+}
+
 // exec runs one request of the session as the caller uid:gid and returns its reply message
 // (nil when it has none), or the errno. A READ reads into dest and returns the byte count.
 // Both transports run every request through here: a connection (handle) and an in-process
@@ -984,7 +990,11 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		if op == proto.OpTmpfile {
 			return opened(v.tmpfile(r, uid, gid))
 		}
-		return opened(v.create(r, uid, gid))
+		m, n, errno := opened(v.create(r, uid, gid))
+		if errno == 0 && s.dirAttrs() {
+			m.(*proto.OpenReply).Dir = v.dirAttr(r.Dir)
+		}
+		return m, n, errno
 	case *proto.MkdirReq:
 		if op == proto.OpMknod {
 			return attrReply(v.mknod(r, uid, gid))
@@ -998,6 +1008,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		rep, errno := v.unlink(r, op == proto.OpRmdir)
 		if op == proto.OpRmdir {
 			return empty(errno)
+		}
+		if errno == 0 && s.dirAttrs() {
+			rep.Dir = v.dirAttr(r.Dir)
 		}
 		return s.removedReply(rep), 0, errno
 	case *proto.RenameReq:
