@@ -624,3 +624,96 @@ func TestCachedDirectoryAttributesStayCoherent(t *testing.T) {
 		})
 	}
 }
+
+// A striped file's attributes that a mount keeps from its own size report (at close) give
+// way to every later change: another node's chmod, write and truncate, and this node's own
+// truncate, chmod, link and unlink.
+func TestReportedAttributesStayCoherent(t *testing.T) {
+	for _, p := range coherencePairs {
+		t.Run(p.name, func(t *testing.T) {
+			_, a, b := mountPair(t, p, 0)
+			pb := filepath.Join(b, "f")
+			st := func() *syscall.Stat_t {
+				t.Helper()
+				var st syscall.Stat_t
+				if err := syscall.Stat(pb, &st); err != nil {
+					t.Fatal(err)
+				}
+				return &st
+			}
+			write := func(p string, size int) {
+				t.Helper()
+				f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.WriteAt(make([]byte, size), 0); err != nil {
+					t.Fatal(err)
+				}
+				if err := f.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			check := func(what string, size int64, mode uint32, nlink uint64) {
+				t.Helper()
+				s := st()
+				if s.Size != size || s.Mode&0o777 != mode || uint64(s.Nlink) != nlink {
+					t.Errorf("after %s: size %d mode %o links %d here, want %d %o %d", what, s.Size, s.Mode&0o777, s.Nlink, size, mode, nlink)
+				}
+			}
+			write(pb, 100) // b keeps f's attributes from its size report
+			check("its own write", 100, 0o644, 1)
+			if err := os.Chmod(filepath.Join(a, "f"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			check("a chmod on the other node", 100, 0o600, 1)
+			write(pb, 200)
+			write(filepath.Join(a, "f"), 300)
+			check("a write on the other node", 300, 0o600, 1)
+			write(pb, 400)
+			if err := os.Truncate(filepath.Join(a, "f"), 50); err != nil {
+				t.Fatal(err)
+			}
+			check("a truncate on the other node", 50, 0o600, 1)
+			write(pb, 500)
+			if err := os.Truncate(pb, 10); err != nil {
+				t.Fatal(err)
+			}
+			check("its own truncate", 10, 0o600, 1)
+			write(pb, 600)
+			if err := os.Chmod(pb, 0o640); err != nil {
+				t.Fatal(err)
+			}
+			check("its own chmod", 600, 0o640, 1)
+			// The kernel took the chmod's reply; a write drops it again, and the next stat
+			// asks the mount, which must not answer from the report before the chmod.
+			if err := os.Chmod(pb, 0o660); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(pb, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt([]byte{1}, 0); err != nil {
+				t.Fatal(err)
+			}
+			check("its own chmod and a write", 600, 0o660, 1)
+			f.Close()
+			if err := os.Chmod(pb, 0o640); err != nil {
+				t.Fatal(err)
+			}
+			write(pb, 700)
+			if err := os.Link(pb, filepath.Join(b, "g")); errors.Is(err, unix.EPERM) && p.striped {
+				return // a striped file has one name
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			check("its own link", 700, 0o640, 2)
+			write(pb, 800)
+			if err := os.Remove(filepath.Join(b, "g")); err != nil {
+				t.Fatal(err)
+			}
+			check("its own unlink of the other name", 800, 0o640, 1)
+		})
+	}
+}

@@ -46,17 +46,23 @@ type leaseState struct {
 	sizes map[uint64]map[*stripedFile]struct{}
 	epoch uint64
 
-	// dirs are directories' attributes that the reply to this mount's own create or unlink
-	// in them leased (proto.DirAttrVersion), by inode number: the kernel drops its copy at
-	// every change of a directory's entries and asks again at the next permission check (a
-	// GETATTR per create or unlink, default_permissions), which is answered from here. An
-	// invalidation of the inode ends one, as does a change of the directory by this mount that
-	// does not carry them (changingDir, dirChanged); changing counts those in flight, dirSeq
-	// their starts, so that a reply a later change overtook, or one with another change in
-	// flight beside it, is not kept. Guarded by mu.
-	dirs     map[uint64]cachedAttr
-	changing map[uint64]int
-	dirSeq   map[uint64]uint64
+	// attrs are attributes the replies to this mount's own changes leased, which its kernel
+	// dropped on its own and asks for again (by inode number), answered from here:
+	//   - a directory's after a create or unlink of this mount in it (proto.DirAttrVersion):
+	//     the kernel drops them at every change of a directory's entries and asks at the next
+	//     permission check (default_permissions), a GETATTR per create and per unlink;
+	//   - a striped file's after this mount's size report (at close, fsync, flush): its
+	//     writes made the kernel drop them, and its metadata server's attributes change by
+	//     requests to it alone (this node's later writes count in writtenExtent, as when it
+	//     asks), so a stat after a close asks nothing.
+	// An invalidation of the inode ends one (dropSizes), as does any change of it by this
+	// mount (startChange, endChange: every request that changes an inode's attributes is
+	// bracketed). changing counts those in flight, changeSeq their starts, so that a reply a
+	// later change overtook, or one with another change in flight beside it, is not kept.
+	// Guarded by mu.
+	attrs     map[uint64]cachedAttr
+	changing  map[uint64]int
+	changeSeq map[uint64]uint64
 
 	// noCaps are files this mount created, leased, which have no security.capability
 	// attribute: the kernel asks for it at each new file's first write (to drop file
@@ -72,73 +78,73 @@ type cachedAttr struct {
 	until time.Time
 }
 
-// maxCachedAttrs bounds dirs and noCaps: past it, the entries run out are swept.
+// maxCachedAttrs bounds attrs and noCaps: past it, the entries run out are swept.
 const maxCachedAttrs = 4096
 
-// dirToken is a change of a directory by this mount, in flight.
-type dirToken struct {
+// changeToken is a change of an inode by this mount, in flight.
+type changeToken struct {
 	ino, seq, epoch uint64
 }
 
-// changingDir notes that a change of directory ino (its entries or attributes) starts: what
-// dirs held of it is stale from now on.
-func (ls *leaseState) changingDir(ino uint64) dirToken {
+// startChange notes that a change of inode ino's attributes (a directory's entries too) by
+// this mount starts: what attrs held of it is stale from now on.
+func (ls *leaseState) startChange(ino uint64) changeToken {
 	if ls == nil {
-		return dirToken{}
+		return changeToken{}
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	delete(ls.dirs, ino)
+	delete(ls.attrs, ino)
 	ls.changing[ino]++
-	ls.dirSeq[ino]++
-	return dirToken{ino: ino, seq: ls.dirSeq[ino], epoch: ls.epoch}
+	ls.changeSeq[ino]++
+	return changeToken{ino: ino, seq: ls.changeSeq[ino], epoch: ls.epoch}
 }
 
-// dirChanged ends the change t: a, the directory's attributes after it (nil: not given), are
+// endChange ends the change t: a, the inode's attributes after it (nil: not given), are
 // kept for lease when nothing could have changed them since the server took them — no
-// invalidation came (epoch), no other change of the directory by this mount started after t
-// or is still in flight (one that started before t may have reached the server after it).
-func (ls *leaseState) dirChanged(t dirToken, a *proto.Attr, lease time.Duration) {
+// invalidation came (epoch), no other change of the inode by this mount started after t or
+// is still in flight (one that started before t may have reached the server after it).
+func (ls *leaseState) endChange(t changeToken, a *proto.Attr, lease time.Duration) {
 	if ls == nil {
 		return
 	}
 	now := time.Now()
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	alone := ls.changing[t.ino] == 1 && ls.dirSeq[t.ino] == t.seq
+	alone := ls.changing[t.ino] == 1 && ls.changeSeq[t.ino] == t.seq
 	if ls.changing[t.ino]--; ls.changing[t.ino] <= 0 {
 		delete(ls.changing, t.ino)
-		delete(ls.dirSeq, t.ino)
+		delete(ls.changeSeq, t.ino)
 	}
 	if a == nil || lease <= 0 || a.Ino != t.ino || !alone || ls.epoch != t.epoch {
 		return
 	}
-	if len(ls.dirs) >= maxCachedAttrs {
-		for ino, c := range ls.dirs {
+	if len(ls.attrs) >= maxCachedAttrs {
+		for ino, c := range ls.attrs {
 			if !c.until.After(now) {
-				delete(ls.dirs, ino)
+				delete(ls.attrs, ino)
 			}
 		}
 	}
-	if len(ls.dirs) < maxCachedAttrs {
-		ls.dirs[t.ino] = cachedAttr{attr: *a, until: now.Add(lease)}
+	if len(ls.attrs) < maxCachedAttrs {
+		ls.attrs[t.ino] = cachedAttr{attr: *a, until: now.Add(lease)}
 	}
 }
 
-// dirAttr is what dirs holds of inode ino, and for how much longer.
-func (ls *leaseState) dirAttr(ino uint64) (proto.Attr, time.Duration, bool) {
+// cachedAttr is what attrs holds of inode ino, and for how much longer.
+func (ls *leaseState) cachedAttr(ino uint64) (proto.Attr, time.Duration, bool) {
 	if ls == nil {
 		return proto.Attr{}, 0, false
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	c, ok := ls.dirs[ino]
+	c, ok := ls.attrs[ino]
 	if !ok {
 		return proto.Attr{}, 0, false
 	}
 	left := time.Until(c.until)
 	if left <= 0 {
-		delete(ls.dirs, ino)
+		delete(ls.attrs, ino)
 		return proto.Attr{}, 0, false
 	}
 	return c.attr, left, true
@@ -234,13 +240,13 @@ func (ls *leaseState) unleaseSize(sf *stripedFile) {
 	}
 }
 
-// dropSizes ends the size leases of inode ino, and what dirs and noCaps hold of it: its
+// dropSizes ends the size leases of inode ino, and what attrs and noCaps hold of it: its
 // attributes changed elsewhere.
 func (ls *leaseState) dropSizes(ino uint64) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.epoch++
-	delete(ls.dirs, ino)
+	delete(ls.attrs, ino)
 	delete(ls.noCaps, ino)
 	for sf := range ls.sizes[ino] {
 		sf.mu.Lock()
@@ -259,7 +265,7 @@ const maxNodesPerInode = 4
 
 func newLeaseState() *leaseState {
 	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{},
-		dirs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, dirSeq: map[uint64]uint64{}, noCaps: map[uint64]time.Time{}}
+		attrs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, changeSeq: map[uint64]uint64{}, noCaps: map[uint64]time.Time{}}
 }
 
 // noteNode notes a node made for a reply: invalidations of its inode number reach it; leased says
@@ -306,6 +312,7 @@ func (n *node) OnForget() {
 	defer ls.mu.Unlock()
 	n.forgotten = true
 	ino := n.StableAttr().Ino
+	delete(ls.attrs, ino)
 	list := ls.nodes[ino]
 	for i, o := range list {
 		if o == n {

@@ -303,14 +303,15 @@ func (n *node) byNodeLease(ctx context.Context, f fs.FileHandle, op proto.Op, bu
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	if a, lease, ok := n.be.leases.dirAttr(n.StableAttr().Ino); ok {
-		// A directory this mount just created or removed a name in: its create's or unlink's
-		// reply leased its attributes (leases.go, dirs).
+	n.settleAll() // this node's writes behind first: their size and times
+	if a, lease, ok := n.be.leases.cachedAttr(n.StableAttr().Ino); ok {
+		// A directory this mount just created or removed a name in, a striped file it just
+		// reported the size of: the reply leased its attributes (leases.go, attrs).
+		a.Size = max(a.Size, n.writtenExtent())
 		n.be.fill(&out.Attr, &a)
 		n.be.attrLease(out, lease)
 		return 0
 	}
-	n.settleAll() // this node's writes behind first: their size and times
 	var rep proto.AttrReply
 	lease, errno := n.byNodeLease(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
 		return &proto.NodeReq{Path: p, Handle: h}
@@ -348,14 +349,12 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	req := proto.SetattrReq{Valid: in.Valid & passed, Mode: in.Mode, UID: in.Uid, GID: in.Gid, Size: in.Size,
 		Atime: proto.Timespec{Sec: int64(in.Atime), Nsec: in.Atimensec},
 		Mtime: proto.Timespec{Sec: int64(in.Mtime), Nsec: in.Mtimensec}}
+	tok := n.be.leases.startChange(n.StableAttr().Ino)
+	defer n.be.leases.endChange(tok, nil, 0)
 	if in.Valid&fuse.FATTR_SIZE != 0 && n.be.stripes != nil {
 		return n.truncateStriped(ctx, f, req, out)
 	}
 	n.settleAll() // a truncate, chmod or utimes comes after this node's writes
-	if n.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFDIR {
-		tok := n.be.leases.changingDir(n.dirID())
-		defer n.be.leases.dirChanged(tok, nil, 0)
-	}
 
 	var rep proto.AttrReply
 	lease, errno := n.byNodeLease(ctx, f, proto.OpSetattr, func(p string, h uint64) proto.Message {
@@ -484,6 +483,10 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 	if ls != nil {
 		epoch = ls.sizeEpoch()
 	}
+	if flags&syscall.O_TRUNC != 0 {
+		tok := ls.startChange(n.StableAttr().Ino)
+		defer ls.endChange(tok, nil, 0)
+	}
 	if errno := n.be.client.Do(ctx, call); errno != 0 {
 		return nil, errno
 	}
@@ -564,9 +567,9 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 		Req: &proto.CreateReq{Dir: n.path(), Name: name, Flags: flags, Mode: mode}}
 	ls := n.be.leases
 	var epoch uint64
-	var tok dirToken
+	var tok changeToken
 	if ls != nil && op == proto.OpCreate {
-		epoch, tok = ls.sizeEpoch(), ls.changingDir(n.dirID())
+		epoch, tok = ls.sizeEpoch(), ls.startChange(n.dirID())
 	}
 	errno := n.be.client.Do(ctx, call)
 	lease := call.Lease
@@ -574,7 +577,7 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 		lease = 0
 	}
 	if op == proto.OpCreate {
-		ls.dirChanged(tok, rep.Dir, lease)
+		ls.endChange(tok, rep.Dir, lease)
 	}
 	if errno != 0 {
 		return nil, nil, 0, errno
@@ -623,9 +626,9 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 		return nil, syscall.EROFS
 	}
 	var rep proto.AttrReply
-	tok := n.be.leases.changingDir(n.dirID())
+	tok := n.be.leases.startChange(n.dirID())
 	lease, listing, errno := n.be.callListing(ctx, route, op, req, &rep)
-	n.be.leases.dirChanged(tok, nil, 0)
+	n.be.leases.endChange(tok, nil, 0)
 	if errno != 0 {
 		return nil, errno
 	}
@@ -685,6 +688,8 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	route := n.in()
 	route.NewParent = t.route().Parent
+	tok := n.be.leases.startChange(t.StableAttr().Ino) // its link count
+	defer n.be.leases.endChange(tok, nil, 0)
 	return n.madeRoute(ctx, route, proto.OpLink, &proto.LinkReq{Path: t.path(), Dir: n.path(), Name: name}, out)
 }
 
@@ -696,14 +701,30 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return syscall.EROFS
 	}
 	var rep proto.RemovedReply
-	tok := n.be.leases.changingDir(n.dirID())
+	defer n.childChanging(name)()
+	tok := n.be.leases.startChange(n.dirID())
 	lease, errno := n.be.callLease(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
-	n.be.leases.dirChanged(tok, rep.Dir, lease)
+	n.be.leases.endChange(tok, rep.Dir, lease)
 	if errno == 0 {
 		n.noteName(name, false)
 		n.removed(ctx, name, &rep)
 	}
 	return errno
+}
+
+// childChanging brackets a change of the node named name in n (its link count, its ctime),
+// if the kernel holds it (leases.go, attrs). The function it returns ends the change.
+func (n *node) childChanging(name string) func() {
+	ls := n.be.leases
+	if ls == nil {
+		return func() {}
+	}
+	ch := n.GetChild(name)
+	if ch == nil {
+		return func() {}
+	}
+	tok := ls.startChange(ch.StableAttr().Ino)
+	return func() { ls.endChange(tok, nil, 0) }
 }
 
 // removed removes the objects of a striped file whose last name (name in n) went, now or,
@@ -747,9 +768,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
-	tok := n.be.leases.changingDir(n.dirID())
+	tok := n.be.leases.startChange(n.dirID())
 	errno := n.be.callRoute(ctx, n.in(), proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
-	n.be.leases.dirChanged(tok, nil, 0)
+	n.be.leases.endChange(tok, nil, 0)
 	if errno == 0 {
 		n.noteName(name, false)
 	}
@@ -773,10 +794,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	var rep proto.RemovedReply
 	route := client.Route{Parent: n.dirID(), NewParent: dst.dirID()}
 	ls := n.be.leases
-	tok, dstTok := ls.changingDir(n.dirID()), ls.changingDir(dst.dirID())
+	defer n.childChanging(name)()
+	defer dst.childChanging(newName)() // the file it replaces
+	tok, dstTok := ls.startChange(n.dirID()), ls.startChange(dst.dirID())
 	errno := n.be.callRoute(ctx, route, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, &rep)
-	ls.dirChanged(tok, nil, 0)
-	ls.dirChanged(dstTok, nil, 0)
+	ls.endChange(tok, nil, 0)
+	ls.endChange(dstTok, nil, 0)
 	if errno == 0 {
 		if flags&unix.RENAME_EXCHANGE == 0 {
 			n.noteName(name, false)
@@ -846,8 +869,8 @@ func (n *node) xattrChanging() func() {
 		return func() {}
 	}
 	ls.xattrChanging(n.StableAttr().Ino)
-	tok := ls.changingDir(n.dirID())
-	return func() { ls.dirChanged(tok, nil, 0) }
+	tok := ls.startChange(n.dirID())
+	return func() { ls.endChange(tok, nil, 0) }
 }
 
 // capabilityXattr is the attribute the kernel asks for at a file's first write, to drop its
@@ -1164,6 +1187,8 @@ func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 	if h.node.be.readOnly {
 		return syscall.EROFS
 	}
+	tok := h.node.be.leases.startChange(h.node.StableAttr().Ino)
+	defer h.node.be.leases.endChange(tok, nil, 0)
 	if h.striped != nil {
 		// MFS bounds what a file may allocate, past its end too (FALLOC_FL_KEEP_SIZE): each
 		// server sees only its objects' offsets.

@@ -504,9 +504,18 @@ func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, er
 	uid, gid := caller(ctx)
 	var rep proto.AttrReply
 	call := &client.Call{Op: proto.OpSetattr, UID: uid, GID: gid, Reply: &rep, MinVersion: minVersion}
+	ls := h.node.be.leases
+	tok := ls.startChange(h.node.StableAttr().Ino)
 	errno = h.do(ctx, call, func(id uint64) {
 		call.Req = &proto.SetattrReq{Handle: id, Valid: valid, Size: extent}
 	})
+	// The kernel dropped the file's attributes at its writes and asks for them at the next
+	// stat: this reply's, leased, answer it (leases.go, attrs).
+	var lease time.Duration
+	if errno == 0 && ls != nil {
+		lease = call.Lease
+	}
+	ls.endChange(tok, &rep.Attr, lease)
 	sf.mu.Lock()
 	if errno != 0 {
 		sf.report = true
