@@ -502,7 +502,13 @@ func TestStripedSmallFileOnOlderServers(t *testing.T) {
 // phase's requests per file, the first file left out (it pays for the directory's first
 // lookups): what the steady state costs.
 func mdtestRequests(t *testing.T, size, files int) map[string]map[proto.Op]float64 {
-	in := newCountedInstance(t)
+	return mdtestRequestsOf(t, 0, size, files)
+}
+
+// mdtestRequestsOf is mdtestRequests against servers of protocol versions up to maxVersion
+// (0: the newest).
+func mdtestRequestsOf(t *testing.T, maxVersion uint16, size, files int) map[string]map[proto.Op]float64 {
+	in := newCountedInstanceOf(t, maxVersion)
 	m := in.mountAt(t, "cn1")
 	dir := filepath.Join(m.Path(), "mdtest")
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -624,5 +630,17 @@ func TestMdtestHardRequests(t *testing.T) {
 	// close's size report leased.
 	if n := perFile(r["stat"]); n > 0 {
 		t.Errorf("stat: %.2f requests per file, want none: %v", n, r["stat"])
+	}
+}
+
+// Servers of protocol version 6 send no directory attributes with CREATE and UNLINK: the
+// mount asks for them, as before, and sees every change.
+func TestMdtestOnOlderServers(t *testing.T) {
+	r := mdtestRequestsOf(t, proto.ObjectsVersion, 0, 10)
+	if n := r["create"][proto.OpGetattr]; n != 1 {
+		t.Errorf("create: %.2f GETATTRs per file, want 1 (the directory's): %v", n, r["create"])
+	}
+	if n := r["remove"][proto.OpGetattr]; n != 1 {
+		t.Errorf("remove: %.2f GETATTRs per file, want 1 (the directory's): %v", n, r["remove"])
 	}
 }
