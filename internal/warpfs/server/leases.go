@@ -98,6 +98,10 @@ type leases struct {
 	grants         uint64
 	inflight       int
 	changedEntries map[string]change // path → its last change, while requests are in flight
+	// changedDirs is the last change of an entry of each directory (by path), while requests
+	// are in flight: a directory's attributes changed with it, whether or not the table knew
+	// its inode then (leaseDirLocked).
+	changedDirs map[string]change
 	changedAttrs   map[uint64]change
 	floor          uint64 // requests begun before this change are not leased
 }
@@ -125,7 +129,7 @@ func acquireLeases(dir string, lease time.Duration) *leases {
 	l := registry.m[dir]
 	if l == nil {
 		l = &leases{dir: dir, lease: lease, entries: map[string]map[string]interest{}, attrs: map[uint64]interest{},
-			inos: map[string]uint64{}, holders: map[string]*holder{}, listings: map[string]interest{}, changedEntries: map[string]change{}, changedAttrs: map[uint64]change{}}
+			inos: map[string]uint64{}, holders: map[string]*holder{}, listings: map[string]interest{}, changedEntries: map[string]change{}, changedAttrs: map[uint64]change{}, changedDirs: map[string]change{}}
 		// Files' times come from the kernel's coarse clock, a tick behind: a directory made
 		// just after the process started may look a little older than it.
 		if bornBefore(dir, processStart.Add(-time.Second)) {
@@ -260,6 +264,7 @@ func (l *leases) begin() leaseToken {
 func (l *leases) finishLocked() {
 	l.inflight--
 	if l.inflight == 0 && (len(l.changedEntries) > 0 || len(l.changedAttrs) > 0) {
+		clear(l.changedDirs)
 		clear(l.changedEntries)
 		clear(l.changedAttrs)
 	}
@@ -345,6 +350,7 @@ func (l *leases) recordLocked(by *holder, now time.Time, out *pending, entries [
 	// The changer's own request is in flight; another one's reply may be affected.
 	track := l.inflight > 1
 	if len(l.changedEntries)+len(l.changedAttrs) > maxChangeLog {
+		clear(l.changedDirs)
 		clear(l.changedEntries)
 		clear(l.changedAttrs)
 		l.floor = l.seq
@@ -352,6 +358,8 @@ func (l *leases) recordLocked(by *holder, now time.Time, out *pending, entries [
 	for _, p := range entries {
 		if track {
 			l.note(l.changedEntries, p, by)
+			d, _ := split(p)
+			l.note(l.changedDirs, d, by)
 		}
 		dir, name := split(p)
 		l.dropListingLocked(by, now, out, dir)
@@ -839,6 +847,9 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 func (l *leases) leaseDirLocked(h *holder, t leaseToken, until time.Time, dir string, a *proto.Attr) bool {
 	if h == nil || a == nil || l.changedSinceLocked(t, h, "", false, a.Ino) {
 		return false
+	}
+	if c, ok := l.changedDirs[dir]; ok && c.seq > t.seq && c.by != h {
+		return false // an entry of it changed meanwhile, before the table knew its inode
 	}
 	l.grantLocked(h, until, dir, false, a.Ino, true)
 	return true
