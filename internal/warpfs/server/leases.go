@@ -101,9 +101,9 @@ type leases struct {
 	// changedDirs is the last change of an entry of each directory (by path), while requests
 	// are in flight: a directory's attributes changed with it, whether or not the table knew
 	// its inode then (leaseDirLocked).
-	changedDirs map[string]change
-	changedAttrs   map[uint64]change
-	floor          uint64 // requests begun before this change are not leased
+	changedDirs  map[string]change
+	changedAttrs map[uint64]change
+	floor        uint64 // requests begun before this change are not leased
 }
 
 // change is the last change of something: when (seq) and by whom (nil: several).
