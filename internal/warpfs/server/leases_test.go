@@ -1,11 +1,16 @@
 package server
 
 import (
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // recorder is a holder that answers at once and keeps what it was told.
@@ -191,4 +196,48 @@ func TestDirectoryAttributesOfAChangeAreLeased(t *testing.T) {
 	if flags := a.after(tok, proto.OpUnlink, &proto.EntryReq{Dir: "d", Name: "g"}, unlinked, 0, 0); unlinked.Dir == nil || flags&proto.FlagLease == 0 {
 		t.Errorf("an unlink with nothing else changing d did not lease its attributes (flags %#x)", flags)
 	}
+}
+
+// An extended attribute set by a name the table never leased (a hard link made beside the
+// server) still tells the holders of the file's attributes: a mount that keeps a file it
+// created has no security.capability must hear of one.
+func TestXattrByAnotherNameTellsHolders(t *testing.T) {
+	dir := t.TempDir()
+	open := func() *Local {
+		l, err := OpenLocal(LocalOptions{Dir: dir, Tracker: usage.New("xattr", 1<<30), Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		return l
+	}
+	a, b := open(), open()
+	var mu sync.Mutex
+	var told []proto.Inval
+	a.SetInvalidator(func(items []proto.Inval) {
+		mu.Lock()
+		told = append(told, items...)
+		mu.Unlock()
+	})
+	b.SetInvalidator(func([]proto.Inval) {})
+	rep, _, errno, flags := a.ExecLeased(proto.OpCreate, 0, 0, &proto.CreateReq{Name: "f", Flags: unix.O_RDWR, Mode: 0o644}, nil)
+	if errno != 0 || flags&proto.FlagLease == 0 {
+		t.Fatalf("create: %v, flags %#x", errno, flags)
+	}
+	o := rep.(*proto.OpenReply)
+	a.ExecLeased(proto.OpRelease, 0, 0, &proto.HandleReq{Handle: o.Handle}, nil)
+	if err := os.Link(filepath.Join(dir, "f"), filepath.Join(dir, "g")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, errno, _ := b.ExecLeased(proto.OpSetxattr, 0, 0, &proto.XattrReq{Path: "g", Name: "user.x", Value: []byte("1")}, nil); errno != 0 {
+		t.Fatalf("setxattr: %v", errno)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, it := range told {
+		if it.Ino == o.Attr.Ino && it.What&proto.InvalAttr != 0 {
+			return
+		}
+	}
+	t.Errorf("a setxattr through another name told the file's holder %v, want its attributes dropped (inode %d)", told, o.Attr.Ino)
 }
