@@ -76,6 +76,9 @@ type node struct {
 	// removeOnRelease is the layout of a striped file whose last name went while this node
 	// had it open: its objects go with the last handle.
 	removeOnRelease *removal
+	// behind is the write-behind its striped writer handles share (writebehind.go,
+	// shareBehind); nil when none is open.
+	behind *writeBehind
 
 	forgotten bool // the kernel forgot it (guarded by leaseState.mu)
 
@@ -517,7 +520,11 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length, cache: rep.Cache}
 	h.striped.uid, h.striped.gid = caller(ctx)
 	if n.be.writesBehind(flags, true) {
-		h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
+		if rep.Cache == nil {
+			h.behind = n.shareBehind(h, int(l.Servers))
+		} else { // a cache file's objects are opened with its opener's policy: its own
+			h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
+		}
 	}
 	if rep.Truncated {
 		errno := h.truncateObjects(ctx, 0)
@@ -1095,6 +1102,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
 	h.settle() // an error was the close's to report (Flush)
+	h.leaveBehind()
 	if h.striped != nil {
 		h.reportSize(ctx)
 		h.releaseObjects(ctx)
