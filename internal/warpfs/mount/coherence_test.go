@@ -723,3 +723,35 @@ func TestReportedAttributesStayCoherent(t *testing.T) {
 		})
 	}
 }
+
+// The namespace root's attributes, cached on one node (its own mkdir there gave them, or a
+// stat), give way to another node's mkdir in the root at once, as any directory's.
+func TestRootAttributesStayCoherent(t *testing.T) {
+	for _, p := range coherencePairs {
+		t.Run(p.name, func(t *testing.T) {
+			_, a, b := mountPair(t, p, 0)
+			links := func() uint64 {
+				t.Helper()
+				var st syscall.Stat_t
+				if err := syscall.Stat(b, &st); err != nil {
+					t.Fatal(err)
+				}
+				return uint64(st.Nlink)
+			}
+			for i, maker := range []string{"", b} {
+				if maker != "" {
+					if err := os.Mkdir(filepath.Join(maker, fmt.Sprintf("own%d", i)), 0o755); err != nil {
+						t.Fatal(err)
+					}
+				}
+				before := links()
+				if err := os.Mkdir(filepath.Join(a, fmt.Sprintf("other%d", i)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if got := links(); got != before+1 {
+					t.Errorf("after a mkdir in the root on the other node, the root has %d links here, want %d", got, before+1)
+				}
+			}
+		})
+	}
+}

@@ -64,6 +64,11 @@ type leaseState struct {
 	changing  map[uint64]int
 	changeSeq map[uint64]uint64
 
+	// rootIno is the namespace root's inode number on the server (0: not known yet), rootKey
+	// the root node's own: the server's invalidations name the first (noteRoot). Guarded by
+	// mu.
+	rootIno, rootKey uint64
+
 	// noCaps are files this mount created, leased, which have no security.capability
 	// attribute: the kernel asks for it at each new file's first write (to drop file
 	// capabilities), and is answered ENODATA from here until the lease runs out, the inode's
@@ -84,6 +89,7 @@ const maxCachedAttrs = 4096
 // changeToken is a change of an inode by this mount, in flight.
 type changeToken struct {
 	ino, seq, epoch uint64
+	root            bool // the namespace root's: its attributes carry the server's inode number
 }
 
 // startChange notes that a change of inode ino's attributes (a directory's entries too) by
@@ -116,7 +122,7 @@ func (ls *leaseState) endChange(t changeToken, a *proto.Attr, lease time.Duratio
 		delete(ls.changing, t.ino)
 		delete(ls.changeSeq, t.ino)
 	}
-	if a == nil || lease <= 0 || a.Ino != t.ino || !alone || ls.epoch != t.epoch {
+	if a == nil || lease <= 0 || (a.Ino != t.ino && !(t.root && a.Ino == ls.rootIno)) || !alone || ls.epoch != t.epoch {
 		return
 	}
 	if len(ls.attrs) >= maxCachedAttrs {
@@ -248,6 +254,9 @@ func (ls *leaseState) dropSizes(ino uint64) {
 	ls.epoch++
 	delete(ls.attrs, ino)
 	delete(ls.noCaps, ino)
+	if ino == ls.rootIno {
+		delete(ls.attrs, ls.rootKey)
+	}
 	for sf := range ls.sizes[ino] {
 		sf.mu.Lock()
 		sf.sizeUntil, sf.ino = time.Time{}, 0
@@ -266,6 +275,35 @@ const maxNodesPerInode = 4
 func newLeaseState() *leaseState {
 	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{},
 		attrs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, changeSeq: map[uint64]uint64{}, noCaps: map[uint64]time.Time{}}
+}
+
+// noteRoot notes the namespace root's inode number on the server (ino), from a reply that
+// gave its attributes: the server's invalidations of it then reach the root, whose inode
+// number in the kernel is FUSE's own.
+func (be *backend) noteRoot(ino uint64) {
+	ls := be.leases
+	if ls == nil || ino == 0 || be.root == nil {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.rootIno == ino {
+		return
+	}
+	if old := ls.rootIno; old != 0 {
+		list := ls.nodes[old]
+		for i, o := range list {
+			if o == be.root {
+				ls.nodes[old] = append(list[:i:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(ls.nodes[old]) == 0 {
+			delete(ls.nodes, old)
+		}
+	}
+	ls.rootIno, ls.rootKey = ino, be.root.StableAttr().Ino
+	ls.nodes[ino] = append(ls.nodes[ino], be.root)
 }
 
 // noteNode notes a node made for a reply: invalidations of its inode number reach it; leased says

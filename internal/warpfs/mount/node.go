@@ -320,6 +320,9 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return &proto.NodeReq{Path: p, Handle: h}
 	}, &rep)
 	if errno == 0 {
+		if n == n.be.root {
+			n.be.noteRoot(rep.Attr.Ino) // before the kernel may cache them (lease)
+		}
 		rep.Attr.Size = max(rep.Attr.Size, n.writtenExtent())
 		n.be.fill(&out.Attr, &rep.Attr)
 		n.be.attrLease(out, lease)
@@ -576,7 +579,7 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	var epoch uint64
 	var tok changeToken
 	if ls != nil && op == proto.OpCreate {
-		epoch, tok = ls.sizeEpoch(), ls.startChange(n.dirID())
+		epoch, tok = ls.sizeEpoch(), n.startDirChange()
 	}
 	errno := n.be.client.Do(ctx, call)
 	lease := call.Lease
@@ -633,9 +636,12 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 		return nil, syscall.EROFS
 	}
 	var rep proto.AttrReply
-	tok := n.be.leases.startChange(n.dirID())
+	tok := n.startDirChange()
 	lease, listing, errno := n.be.callListing(ctx, route, op, req, &rep)
-	n.be.leases.endChange(tok, nil, 0)
+	if errno != 0 {
+		lease = 0
+	}
+	n.be.leases.endChange(tok, rep.Dir, lease)
 	if errno != 0 {
 		return nil, errno
 	}
@@ -709,7 +715,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	}
 	var rep proto.RemovedReply
 	defer n.childChanging(name)()
-	tok := n.be.leases.startChange(n.dirID())
+	tok := n.startDirChange()
 	lease, errno := n.be.callLease(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
 	n.be.leases.endChange(tok, rep.Dir, lease)
 	if errno == 0 {
@@ -717,6 +723,15 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		n.removed(ctx, name, &rep)
 	}
 	return errno
+}
+
+// startDirChange starts a change of directory n's entries (leases.go, startChange). The
+// root's inode number in the kernel is FUSE's own, not the server's: the attributes a reply
+// gives it are taken as its own (its path names nothing else).
+func (n *node) startDirChange() changeToken {
+	tok := n.be.leases.startChange(n.dirID())
+	tok.root = n == n.be.root
+	return tok
 }
 
 // childChanging brackets a change of the node named name in n (its link count, its ctime),

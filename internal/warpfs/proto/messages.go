@@ -307,10 +307,16 @@ func (m *SetattrReq) Decode(d *Dec) {
 }
 
 // AttrReply carries a node's attributes.
-type AttrReply struct{ Attr Attr }
+type AttrReply struct {
+	Attr Attr
+	// Dir, in the reply to MKDIR, MKNOD, SYMLINK or LINK (DirAttrVersion on), is the
+	// directory's attributes after the change, leased with the reply's FlagLease (as
+	// OpenReply.Dir); nil otherwise, and then not sent.
+	Dir *Attr
+}
 
-func (m *AttrReply) Encode(e *Enc) { m.Attr.Encode(e) }
-func (m *AttrReply) Decode(d *Dec) { m.Attr.Decode(d) }
+func (m *AttrReply) Encode(e *Enc) { m.Attr.Encode(e); encodeDirAttr(e, m.Dir) }
+func (m *AttrReply) Decode(d *Dec) { m.Attr.Decode(d); m.Dir = decodeDirAttr(d) }
 
 // OpenReq opens an existing file with open(2) flags.
 type OpenReq struct {

@@ -92,9 +92,10 @@ const SyncVersion uint16 = 4
 // WRITE_NAME writes one by name.
 const ObjectsVersion uint16 = 6
 
-// DirAttrVersion is the first version whose replies to CREATE and UNLINK may carry the
-// directory's attributes after the change, leased (OpenReply.Dir, RemovedReply.Dir): the
-// client answers the kernel's GETATTR of the directory, which the change made it drop, itself.
+// DirAttrVersion is the first version whose replies to CREATE, UNLINK, MKDIR, MKNOD, SYMLINK
+// and LINK may carry the directory's attributes after the change, leased (OpenReply.Dir,
+// RemovedReply.Dir, AttrReply.Dir): the client answers the kernel's GETATTR of the
+// directory, which the change made it drop, itself.
 const DirAttrVersion uint16 = 7
 
 // Sizes and limits of the protocol.

@@ -26,6 +26,7 @@ func samples() []struct {
 		{OpAuth, true, &Welcome{Proof: [32]byte{6}, MaxIO: MaxIO, Root: attr}},
 		{OpLookup, false, &PathReq{Path: "a/b/c"}},
 		{OpLookup, true, &AttrReply{Attr: attr}},
+		{OpMkdir, true, &AttrReply{Attr: attr, Dir: &attr}},
 		{OpGetattr, false, &NodeReq{Path: "x", Handle: 12}},
 		{OpSetattr, false, &SetattrReq{Path: "p", Handle: 1, Valid: SetSize | SetMtime, Mode: 0o600, UID: 1, GID: 2, Size: 77, Atime: Timespec{1, 2}, Mtime: Timespec{3, 4}}},
 		{OpOpen, false, &OpenReq{Path: "f", Flags: 0o2}},

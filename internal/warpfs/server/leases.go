@@ -762,6 +762,7 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 	case *proto.MkdirReq:
 		if errno == 0 {
 			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, rep.(*proto.AttrReply).Attr.Ino, 0)
+			l.dirOfMadeLocked(h, t, until, r.Dir, rep, leased)
 			if leased && op == proto.OpMkdir {
 				// Its maker knows every name of the new directory: none. Its kernel may keep
 				// an absence it answered alone for a lease after it stops answering so: the
@@ -777,11 +778,13 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 	case *proto.SymlinkReq:
 		if errno == 0 {
 			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, rep.(*proto.AttrReply).Attr.Ino, 0)
+			l.dirOfMadeLocked(h, t, until, r.Dir, rep, leased)
 		}
 	case *proto.LinkReq:
 		if errno == 0 {
 			ino := rep.(*proto.AttrReply).Attr.Ino
 			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, ino, ino) // its link count changed
+			l.dirOfMadeLocked(h, t, until, r.Dir, rep, leased)
 		}
 	case *proto.AdoptReq:
 		if errno == 0 {
@@ -853,6 +856,18 @@ func (l *leases) leaseDirLocked(h *holder, t leaseToken, until time.Time, dir st
 	}
 	l.grantLocked(h, until, dir, false, a.Ino, true)
 	return true
+}
+
+// dirOfMadeLocked leases the directory's attributes a MKDIR's, MKNOD's, SYMLINK's or LINK's
+// reply carries with what it made (leased), or takes them out of it.
+func (l *leases) dirOfMadeLocked(h *holder, t leaseToken, until time.Time, dir string, rep proto.Message, leased bool) {
+	r, ok := rep.(*proto.AttrReply)
+	if !ok || r.Dir == nil {
+		return
+	}
+	if !leased || !l.leaseDirLocked(h, t, until, dir, r.Dir) {
+		r.Dir = nil
+	}
 }
 
 // made records a new entry dir/name (inode ino; also a changed inode, for LINK) and leases it
