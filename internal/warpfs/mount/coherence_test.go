@@ -526,3 +526,232 @@ func TestUnmountedMountIsNotWaitedFor(t *testing.T) {
 		})
 	}
 }
+
+// A directory's attributes that a mount keeps from its own create's or unlink's reply (the
+// kernel asks for them after every change of the directory's entries), and the absence of
+// security.capability it knows of a file it created, give way to another node's change at
+// once: a mkdir, rmdir or chmod of the directory, a capability set on the file.
+func TestCachedDirectoryAttributesStayCoherent(t *testing.T) {
+	// The co-located mount keeps what its own changes give too (its server in-process):
+	// "remote+local" has it keep, and the remote one change.
+	pairs := append(coherencePairs[:len(coherencePairs):len(coherencePairs)], coherencePair{name: "remote+local", localA: true})
+	for _, p := range pairs {
+		t.Run(p.name, func(t *testing.T) {
+			_, a, b := mountPair(t, p, 0)
+			if p.name == "remote+local" {
+				a, b = b, a
+			}
+			dirStat := func(mp string) *syscall.Stat_t {
+				t.Helper()
+				var st syscall.Stat_t
+				if err := syscall.Stat(filepath.Join(mp, "d"), &st); err != nil {
+					t.Fatal(err)
+				}
+				return &st
+			}
+			create := func(mp, name string) {
+				t.Helper()
+				if err := os.WriteFile(filepath.Join(mp, "d", name), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Mkdir(filepath.Join(b, "d"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			create(b, "f1") // b keeps d's attributes from its reply
+			before := dirStat(b)
+			if err := os.Mkdir(filepath.Join(a, "d", "sub"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if st := dirStat(b); st.Nlink != before.Nlink+1 {
+				t.Errorf("after a mkdir on the other node, d has %d links here, want %d", st.Nlink, before.Nlink+1)
+			}
+			create(b, "f2")
+			if err := os.Chmod(filepath.Join(a, "d"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if st := dirStat(b); st.Mode&0o777 != 0o700 {
+				t.Errorf("after a chmod on the other node, d has mode %o here, want 700", st.Mode&0o777)
+			}
+			if err := os.Remove(filepath.Join(b, "d", "f2")); err != nil { // kept from the unlink's reply
+				t.Fatal(err)
+			}
+			links := dirStat(b).Nlink
+			if err := os.Remove(filepath.Join(a, "d", "sub")); err != nil {
+				t.Fatal(err)
+			}
+			if st := dirStat(b); st.Nlink != links-1 {
+				t.Errorf("after an rmdir on the other node, d has %d links here, want %d", st.Nlink, links-1)
+			}
+			// b's own changes that carry no attributes: its mkdir after its create.
+			create(b, "f3")
+			links = dirStat(b).Nlink
+			if err := os.Mkdir(filepath.Join(b, "d", "sub2"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if st := dirStat(b); st.Nlink != links+1 {
+				t.Errorf("after its own mkdir, d has %d links here, want %d", st.Nlink, links+1)
+			}
+
+			// A file b created has no capability, until the other node sets one.
+			capData := []byte{0, 0, 0, 2, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} // v2: CAP_NET_BIND_SERVICE
+			capOf := func(mp, name string) ([]byte, error) {
+				buf := make([]byte, 64)
+				n, err := unix.Getxattr(filepath.Join(mp, "d", name), "security.capability", buf)
+				if err != nil {
+					return nil, err
+				}
+				return buf[:n], nil
+			}
+			for _, setter := range []string{a, b} {
+				name := "cap-" + filepath.Base(setter)
+				create(b, name)
+				f, err := os.OpenFile(filepath.Join(b, "d", name), os.O_RDWR, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.WriteString("x"); err != nil { // the kernel's first write asks
+					t.Fatal(err)
+				}
+				f.Close()
+				if _, err := capOf(b, name); !errors.Is(err, unix.ENODATA) {
+					t.Fatalf("%s: security.capability: %v, want ENODATA", name, err)
+				}
+				if err := unix.Setxattr(filepath.Join(setter, "d", name), "security.capability", capData, 0); err != nil {
+					if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPERM) {
+						t.Skipf("security.capability cannot be set here: %v", err)
+					}
+					t.Fatal(err)
+				}
+				if got, err := capOf(b, name); err != nil || len(got) == 0 {
+					t.Errorf("%s: after a capability was set (by %s), security.capability here: %v %v", name, filepath.Base(setter), got, err)
+				}
+			}
+		})
+	}
+}
+
+// A striped file's attributes that a mount keeps from its own size report (at close) give
+// way to every later change: another node's chmod, write and truncate, and this node's own
+// truncate, chmod, link and unlink.
+func TestReportedAttributesStayCoherent(t *testing.T) {
+	for _, p := range coherencePairs {
+		t.Run(p.name, func(t *testing.T) {
+			_, a, b := mountPair(t, p, 0)
+			pb := filepath.Join(b, "f")
+			st := func() *syscall.Stat_t {
+				t.Helper()
+				var st syscall.Stat_t
+				if err := syscall.Stat(pb, &st); err != nil {
+					t.Fatal(err)
+				}
+				return &st
+			}
+			write := func(p string, size int) {
+				t.Helper()
+				f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.WriteAt(make([]byte, size), 0); err != nil {
+					t.Fatal(err)
+				}
+				if err := f.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			check := func(what string, size int64, mode uint32, nlink uint64) {
+				t.Helper()
+				s := st()
+				if s.Size != size || s.Mode&0o777 != mode || uint64(s.Nlink) != nlink {
+					t.Errorf("after %s: size %d mode %o links %d here, want %d %o %d", what, s.Size, s.Mode&0o777, s.Nlink, size, mode, nlink)
+				}
+			}
+			write(pb, 100) // b keeps f's attributes from its size report
+			check("its own write", 100, 0o644, 1)
+			if err := os.Chmod(filepath.Join(a, "f"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			check("a chmod on the other node", 100, 0o600, 1)
+			write(pb, 200)
+			write(filepath.Join(a, "f"), 300)
+			check("a write on the other node", 300, 0o600, 1)
+			write(pb, 400)
+			if err := os.Truncate(filepath.Join(a, "f"), 50); err != nil {
+				t.Fatal(err)
+			}
+			check("a truncate on the other node", 50, 0o600, 1)
+			write(pb, 500)
+			if err := os.Truncate(pb, 10); err != nil {
+				t.Fatal(err)
+			}
+			check("its own truncate", 10, 0o600, 1)
+			write(pb, 600)
+			if err := os.Chmod(pb, 0o640); err != nil {
+				t.Fatal(err)
+			}
+			check("its own chmod", 600, 0o640, 1)
+			// The kernel took the chmod's reply; a write drops it again, and the next stat
+			// asks the mount, which must not answer from the report before the chmod.
+			if err := os.Chmod(pb, 0o660); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(pb, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt([]byte{1}, 0); err != nil {
+				t.Fatal(err)
+			}
+			check("its own chmod and a write", 600, 0o660, 1)
+			f.Close()
+			if err := os.Chmod(pb, 0o640); err != nil {
+				t.Fatal(err)
+			}
+			write(pb, 700)
+			if err := os.Link(pb, filepath.Join(b, "g")); errors.Is(err, unix.EPERM) && p.striped {
+				return // a striped file has one name
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			check("its own link", 700, 0o640, 2)
+			write(pb, 800)
+			if err := os.Remove(filepath.Join(b, "g")); err != nil {
+				t.Fatal(err)
+			}
+			check("its own unlink of the other name", 800, 0o640, 1)
+		})
+	}
+}
+
+// The namespace root's attributes, cached on one node (its own mkdir there gave them, or a
+// stat), give way to another node's mkdir in the root at once, as any directory's.
+func TestRootAttributesStayCoherent(t *testing.T) {
+	for _, p := range coherencePairs {
+		t.Run(p.name, func(t *testing.T) {
+			_, a, b := mountPair(t, p, 0)
+			links := func() uint64 {
+				t.Helper()
+				var st syscall.Stat_t
+				if err := syscall.Stat(b, &st); err != nil {
+					t.Fatal(err)
+				}
+				return uint64(st.Nlink)
+			}
+			for i, maker := range []string{"", b} {
+				if maker != "" {
+					if err := os.Mkdir(filepath.Join(maker, fmt.Sprintf("own%d", i)), 0o755); err != nil {
+						t.Fatal(err)
+					}
+				}
+				before := links()
+				if err := os.Mkdir(filepath.Join(a, fmt.Sprintf("other%d", i)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if got := links(); got != before+1 {
+					t.Errorf("after a mkdir in the root on the other node, the root has %d links here, want %d", got, before+1)
+				}
+			}
+		})
+	}
+}

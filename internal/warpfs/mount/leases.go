@@ -45,6 +45,162 @@ type leaseState struct {
 	// them, so that an OPEN's reply that one overtook leases nothing. Guarded by mu.
 	sizes map[uint64]map[*stripedFile]struct{}
 	epoch uint64
+
+	// attrs are attributes the replies to this mount's own changes leased, which its kernel
+	// dropped on its own and asks for again (by inode number), answered from here:
+	//   - a directory's after a create or unlink of this mount in it (proto.DirAttrVersion):
+	//     the kernel drops them at every change of a directory's entries and asks at the next
+	//     permission check (default_permissions), a GETATTR per create and per unlink;
+	//   - a striped file's after this mount's size report (at close, fsync, flush): its
+	//     writes made the kernel drop them, and its metadata server's attributes change by
+	//     requests to it alone (this node's later writes count in writtenExtent, as when it
+	//     asks), so a stat after a close asks nothing.
+	// An invalidation of the inode ends one (dropSizes), as does any change of it by this
+	// mount (startChange, endChange: every request that changes an inode's attributes is
+	// bracketed). changing counts those in flight, changeSeq their starts, so that a reply a
+	// later change overtook, or one with another change in flight beside it, is not kept.
+	// Guarded by mu.
+	attrs     map[uint64]cachedAttr
+	changing  map[uint64]int
+	changeSeq map[uint64]uint64
+
+	// rootIno is the namespace root's inode number on the server (0: not known yet), rootKey
+	// the root node's own: the server's invalidations name the first (noteRoot). Guarded by
+	// mu.
+	rootIno, rootKey uint64
+
+	// noCaps are files this mount created, leased, which have no security.capability
+	// attribute: the kernel asks for it at each new file's first write (to drop file
+	// capabilities), and is answered ENODATA from here until the lease runs out, the inode's
+	// attributes change elsewhere (an invalidation) or this mount sets an attribute of it.
+	// Guarded by mu.
+	noCaps map[uint64]time.Time
+}
+
+// cachedAttr is attributes leased until.
+type cachedAttr struct {
+	attr  proto.Attr
+	until time.Time
+}
+
+// maxCachedAttrs bounds attrs and noCaps: past it, the entries run out are swept.
+const maxCachedAttrs = 4096
+
+// changeToken is a change of an inode by this mount, in flight.
+type changeToken struct {
+	ino, seq, epoch uint64
+	root            bool // the namespace root's: its attributes carry the server's inode number
+}
+
+// startChange notes that a change of inode ino's attributes (a directory's entries too) by
+// this mount starts: what attrs held of it is stale from now on.
+func (ls *leaseState) startChange(ino uint64) changeToken {
+	if ls == nil {
+		return changeToken{}
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	delete(ls.attrs, ino)
+	ls.changing[ino]++
+	ls.changeSeq[ino]++
+	return changeToken{ino: ino, seq: ls.changeSeq[ino], epoch: ls.epoch}
+}
+
+// endChange ends the change t: a, the inode's attributes after it (nil: not given), are
+// kept for lease when nothing could have changed them since the server took them — no
+// invalidation came (epoch), no other change of the inode by this mount started after t or
+// is still in flight (one that started before t may have reached the server after it).
+func (ls *leaseState) endChange(t changeToken, a *proto.Attr, lease time.Duration) {
+	if ls == nil {
+		return
+	}
+	now := time.Now()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	alone := ls.changing[t.ino] == 1 && ls.changeSeq[t.ino] == t.seq
+	if ls.changing[t.ino]--; ls.changing[t.ino] <= 0 {
+		delete(ls.changing, t.ino)
+		delete(ls.changeSeq, t.ino)
+	}
+	if a == nil || lease <= 0 || (a.Ino != t.ino && !(t.root && a.Ino == ls.rootIno)) || !alone || ls.epoch != t.epoch {
+		return
+	}
+	if len(ls.attrs) >= maxCachedAttrs {
+		for ino, c := range ls.attrs {
+			if !c.until.After(now) {
+				delete(ls.attrs, ino)
+			}
+		}
+	}
+	if len(ls.attrs) < maxCachedAttrs {
+		ls.attrs[t.ino] = cachedAttr{attr: *a, until: now.Add(lease)}
+	}
+}
+
+// cachedAttr is what attrs holds of inode ino, and for how much longer.
+func (ls *leaseState) cachedAttr(ino uint64) (proto.Attr, time.Duration, bool) {
+	if ls == nil {
+		return proto.Attr{}, 0, false
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	c, ok := ls.attrs[ino]
+	if !ok {
+		return proto.Attr{}, 0, false
+	}
+	left := time.Until(c.until)
+	if left <= 0 {
+		delete(ls.attrs, ino)
+		return proto.Attr{}, 0, false
+	}
+	return c.attr, left, true
+}
+
+// createdFile notes a regular file this mount created, leased for lease: it has no
+// security.capability attribute (noCaps).
+func (ls *leaseState) createdFile(ino uint64, epoch uint64, lease time.Duration) {
+	if ls == nil || lease <= 0 {
+		return
+	}
+	now := time.Now()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.epoch != epoch {
+		return // an invalidation overtook the reply
+	}
+	if len(ls.noCaps) >= maxCachedAttrs {
+		for ino, until := range ls.noCaps {
+			if !until.After(now) {
+				delete(ls.noCaps, ino)
+			}
+		}
+	}
+	if len(ls.noCaps) < maxCachedAttrs {
+		ls.noCaps[ino] = now.Add(lease)
+	}
+}
+
+// hasNoCaps says whether inode ino is known to have no security.capability attribute.
+func (ls *leaseState) hasNoCaps(ino uint64) bool {
+	if ls == nil {
+		return false
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	until, ok := ls.noCaps[ino]
+	return ok && time.Now().Before(until)
+}
+
+// xattrChanging forgets what noCaps says of inode ino: this mount sets or removes one of its
+// attributes.
+func (ls *leaseState) xattrChanging(ino uint64) {
+	if ls == nil {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.epoch++ // a create's reply on its way keeps nothing either
+	delete(ls.noCaps, ino)
 }
 
 // sizeEpoch is where invalidations are before an OPEN that may be leased.
@@ -90,11 +246,17 @@ func (ls *leaseState) unleaseSize(sf *stripedFile) {
 	}
 }
 
-// dropSizes ends the size leases of inode ino: its attributes changed elsewhere.
+// dropSizes ends the size leases of inode ino, and what attrs and noCaps hold of it: its
+// attributes changed elsewhere.
 func (ls *leaseState) dropSizes(ino uint64) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.epoch++
+	delete(ls.attrs, ino)
+	delete(ls.noCaps, ino)
+	if ino == ls.rootIno {
+		delete(ls.attrs, ls.rootKey)
+	}
 	for sf := range ls.sizes[ino] {
 		sf.mu.Lock()
 		sf.sizeUntil, sf.ino = time.Time{}, 0
@@ -111,7 +273,37 @@ const inodeRetry = time.Second
 const maxNodesPerInode = 4
 
 func newLeaseState() *leaseState {
-	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{}}
+	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{},
+		attrs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, changeSeq: map[uint64]uint64{}, noCaps: map[uint64]time.Time{}}
+}
+
+// noteRoot notes the namespace root's inode number on the server (ino), from a reply that
+// gave its attributes: the server's invalidations of it then reach the root, whose inode
+// number in the kernel is FUSE's own.
+func (be *backend) noteRoot(ino uint64) {
+	ls := be.leases
+	if ls == nil || ino == 0 || be.root == nil {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.rootIno == ino {
+		return
+	}
+	if old := ls.rootIno; old != 0 {
+		list := ls.nodes[old]
+		for i, o := range list {
+			if o == be.root {
+				ls.nodes[old] = append(list[:i:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(ls.nodes[old]) == 0 {
+			delete(ls.nodes, old)
+		}
+	}
+	ls.rootIno, ls.rootKey = ino, be.root.StableAttr().Ino
+	ls.nodes[ino] = append(ls.nodes[ino], be.root)
 }
 
 // noteNode notes a node made for a reply: invalidations of its inode number reach it; leased says
@@ -158,6 +350,7 @@ func (n *node) OnForget() {
 	defer ls.mu.Unlock()
 	n.forgotten = true
 	ino := n.StableAttr().Ino
+	delete(ls.attrs, ino)
 	list := ls.nodes[ino]
 	for i, o := range list {
 		if o == n {

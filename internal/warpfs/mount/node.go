@@ -76,6 +76,9 @@ type node struct {
 	// removeOnRelease is the layout of a striped file whose last name went while this node
 	// had it open: its objects go with the last handle.
 	removeOnRelease *removal
+	// behind is the write-behind its striped writer handles share (writebehind.go,
+	// shareBehind); nil when none is open.
+	behind *writeBehind
 
 	forgotten bool // the kernel forgot it (guarded by leaseState.mu)
 
@@ -304,11 +307,22 @@ func (n *node) byNodeLease(ctx context.Context, f fs.FileHandle, op proto.Op, bu
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	n.settleAll() // this node's writes behind first: their size and times
+	if a, lease, ok := n.be.leases.cachedAttr(n.StableAttr().Ino); ok {
+		// A directory this mount just created or removed a name in, a striped file it just
+		// reported the size of: the reply leased its attributes (leases.go, attrs).
+		a.Size = max(a.Size, n.writtenExtent())
+		n.be.fill(&out.Attr, &a)
+		n.be.attrLease(out, lease)
+		return 0
+	}
 	var rep proto.AttrReply
 	lease, errno := n.byNodeLease(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
 		return &proto.NodeReq{Path: p, Handle: h}
 	}, &rep)
 	if errno == 0 {
+		if n == n.be.root {
+			n.be.noteRoot(rep.Attr.Ino) // before the kernel may cache them (lease)
+		}
 		rep.Attr.Size = max(rep.Attr.Size, n.writtenExtent())
 		n.be.fill(&out.Attr, &rep.Attr)
 		n.be.attrLease(out, lease)
@@ -341,6 +355,8 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	req := proto.SetattrReq{Valid: in.Valid & passed, Mode: in.Mode, UID: in.Uid, GID: in.Gid, Size: in.Size,
 		Atime: proto.Timespec{Sec: int64(in.Atime), Nsec: in.Atimensec},
 		Mtime: proto.Timespec{Sec: int64(in.Mtime), Nsec: in.Mtimensec}}
+	tok := n.be.leases.startChange(n.StableAttr().Ino)
+	defer n.be.leases.endChange(tok, nil, 0)
 	if in.Valid&fuse.FATTR_SIZE != 0 && n.be.stripes != nil {
 		return n.truncateStriped(ctx, f, req, out)
 	}
@@ -473,6 +489,10 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 	if ls != nil {
 		epoch = ls.sizeEpoch()
 	}
+	if flags&syscall.O_TRUNC != 0 {
+		tok := ls.startChange(n.StableAttr().Ino)
+		defer ls.endChange(tok, nil, 0)
+	}
 	if errno := n.be.client.Do(ctx, call); errno != 0 {
 		return nil, errno
 	}
@@ -503,7 +523,11 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length, cache: rep.Cache}
 	h.striped.uid, h.striped.gid = caller(ctx)
 	if n.be.writesBehind(flags, true) {
-		h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
+		if rep.Cache == nil {
+			h.behind = n.shareBehind(h, int(l.Servers))
+		} else { // a cache file's objects are opened with its opener's policy: its own
+			h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
+		}
 	}
 	if rep.Truncated {
 		errno := h.truncateObjects(ctx, 0)
@@ -551,12 +575,25 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	var rep proto.OpenReply
 	call := &client.Call{Op: op, UID: uid, GID: gid, Reply: &rep, Route: n.in(),
 		Req: &proto.CreateReq{Dir: n.path(), Name: name, Flags: flags, Mode: mode}}
-	if errno := n.be.client.Do(ctx, call); errno != 0 {
+	ls := n.be.leases
+	var epoch uint64
+	var tok changeToken
+	if ls != nil && op == proto.OpCreate {
+		epoch, tok = ls.sizeEpoch(), n.startDirChange()
+	}
+	errno := n.be.client.Do(ctx, call)
+	lease := call.Lease
+	if ls == nil || op == proto.OpTmpfile || errno != 0 {
+		lease = 0
+	}
+	if op == proto.OpCreate {
+		ls.endChange(tok, rep.Dir, lease)
+	}
+	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	lease := call.Lease
-	if n.be.leases == nil || op == proto.OpTmpfile {
-		lease = 0
+	if rep.Attr.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		ls.createdFile(rep.Attr.Ino, epoch, lease)
 	}
 	ch := n.child(ctx, &rep.Attr, out, lease)
 	if op == proto.OpCreate {
@@ -599,7 +636,12 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 		return nil, syscall.EROFS
 	}
 	var rep proto.AttrReply
+	tok := n.startDirChange()
 	lease, listing, errno := n.be.callListing(ctx, route, op, req, &rep)
+	if errno != 0 {
+		lease = 0
+	}
+	n.be.leases.endChange(tok, rep.Dir, lease)
 	if errno != 0 {
 		return nil, errno
 	}
@@ -659,6 +701,8 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	route := n.in()
 	route.NewParent = t.route().Parent
+	tok := n.be.leases.startChange(t.StableAttr().Ino) // its link count
+	defer n.be.leases.endChange(tok, nil, 0)
 	return n.madeRoute(ctx, route, proto.OpLink, &proto.LinkReq{Path: t.path(), Dir: n.path(), Name: name}, out)
 }
 
@@ -670,12 +714,39 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return syscall.EROFS
 	}
 	var rep proto.RemovedReply
-	errno := n.be.callRoute(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
+	defer n.childChanging(name)()
+	tok := n.startDirChange()
+	lease, errno := n.be.callLease(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
+	n.be.leases.endChange(tok, rep.Dir, lease)
 	if errno == 0 {
 		n.noteName(name, false)
 		n.removed(ctx, name, &rep)
 	}
 	return errno
+}
+
+// startDirChange starts a change of directory n's entries (leases.go, startChange). The
+// root's inode number in the kernel is FUSE's own, not the server's: the attributes a reply
+// gives it are taken as its own (its path names nothing else).
+func (n *node) startDirChange() changeToken {
+	tok := n.be.leases.startChange(n.dirID())
+	tok.root = n == n.be.root
+	return tok
+}
+
+// childChanging brackets a change of the node named name in n (its link count, its ctime),
+// if the kernel holds it (leases.go, attrs). The function it returns ends the change.
+func (n *node) childChanging(name string) func() {
+	ls := n.be.leases
+	if ls == nil {
+		return func() {}
+	}
+	ch := n.GetChild(name)
+	if ch == nil {
+		return func() {}
+	}
+	tok := ls.startChange(ch.StableAttr().Ino)
+	return func() { ls.endChange(tok, nil, 0) }
 }
 
 // removed removes the objects of a striped file whose last name (name in n) went, now or,
@@ -719,7 +790,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
+	tok := n.be.leases.startChange(n.dirID())
 	errno := n.be.callRoute(ctx, n.in(), proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
+	n.be.leases.endChange(tok, nil, 0)
 	if errno == 0 {
 		n.noteName(name, false)
 	}
@@ -742,7 +815,13 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	var rep proto.RemovedReply
 	route := client.Route{Parent: n.dirID(), NewParent: dst.dirID()}
+	ls := n.be.leases
+	defer n.childChanging(name)()
+	defer dst.childChanging(newName)() // the file it replaces
+	tok, dstTok := ls.startChange(n.dirID()), ls.startChange(dst.dirID())
 	errno := n.be.callRoute(ctx, route, proto.OpRename, &proto.RenameReq{Dir: n.path(), Name: name, NewDir: dst.path(), NewName: newName, Flags: flags}, &rep)
+	ls.endChange(tok, nil, 0)
+	ls.endChange(dstTok, nil, 0)
 	if errno == 0 {
 		if flags&unix.RENAME_EXCHANGE == 0 {
 			n.noteName(name, false)
@@ -793,12 +872,32 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 		}
 		return clientXattr(dest, strings.Join(nodes, " "))
 	}
+	if attr == capabilityXattr && n.be.leases.hasNoCaps(n.StableAttr().Ino) {
+		return 0, syscall.ENODATA // a file this mount created, unchanged since (leases.go, noCaps)
+	}
 	var rep proto.XattrReply
 	if errno := n.xattr(ctx, proto.OpGetxattr, proto.XattrReq{Name: attr, Size: uint32(len(dest))}, &rep); errno != 0 {
 		return 0, errno
 	}
 	return xattrResult(dest, &rep), 0
 }
+
+// xattrChanging notes that this mount sets or removes an extended attribute of n (its
+// ctime changes; it may get a security.capability): what the mount kept of its attributes
+// goes (leases.go). The function it returns ends the change.
+func (n *node) xattrChanging() func() {
+	ls := n.be.leases
+	if ls == nil {
+		return func() {}
+	}
+	ls.xattrChanging(n.StableAttr().Ino)
+	tok := ls.startChange(n.dirID())
+	return func() { ls.endChange(tok, nil, 0) }
+}
+
+// capabilityXattr is the attribute the kernel asks for at a file's first write, to drop its
+// file capabilities.
+const capabilityXattr = "security.capability"
 
 // clientXattr answers an attribute the client knows itself (never stored).
 func clientXattr(dest []byte, value string) (uint32, syscall.Errno) {
@@ -838,6 +937,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if errno, handled := n.cacheSetxattr(ctx, attr, data, flags); handled {
 		return errno
 	}
+	defer n.xattrChanging()()
 	return n.xattr(ctx, proto.OpSetxattr, proto.XattrReq{Name: attr, Value: data, Flags: flags}, nil)
 }
 
@@ -848,6 +948,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if errno, handled := n.cacheSetxattr(ctx, attr, nil, 0); handled {
 		return errno
 	}
+	defer n.xattrChanging()()
 	return n.xattr(ctx, proto.OpRemovexattr, proto.XattrReq{Name: attr}, nil)
 }
 
@@ -1016,6 +1117,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
 	h.settle() // an error was the close's to report (Flush)
+	h.leaveBehind()
 	if h.striped != nil {
 		h.reportSize(ctx)
 		h.releaseObjects(ctx)
@@ -1108,6 +1210,8 @@ func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 	if h.node.be.readOnly {
 		return syscall.EROFS
 	}
+	tok := h.node.be.leases.startChange(h.node.StableAttr().Ino)
+	defer h.node.be.leases.endChange(tok, nil, 0)
 	if h.striped != nil {
 		// MFS bounds what a file may allocate, past its end too (FALLOC_FL_KEEP_SIZE): each
 		// server sees only its objects' offsets.

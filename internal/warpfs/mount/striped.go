@@ -134,10 +134,15 @@ type removal struct {
 type object struct {
 	id, gen uint64
 	open    bool
-	dirty   bool
-	made    bool // this handle created it (or may have): its RELEASE tells the metadata server
-	read    bool // read once by name (readByName)
-	written bool // written once by name (writeByName)
+	dirty   bool // written through the handle (a cache file's close syncs it to the PFS)
+	// writes counts the writes through the handle that reached the object, synced how many
+	// of them an fsync of the object covered: an fsync asks only the servers written since
+	// the last one (a 4 KiB write + fdatasync asks one data server, not every one the
+	// handle ever wrote to).
+	writes, synced uint64
+	made           bool // this handle created it (or may have): its RELEASE tells the metadata server
+	read           bool // read once by name (readByName)
+	written        bool // written once by name (writeByName)
 }
 
 // objectCaller is the uid of requests for stripe objects: the agent's own. The metadata
@@ -227,7 +232,7 @@ func (h *fileHandle) objectHandle(ctx context.Context, s int, stale uint64) (id,
 	if errno != 0 {
 		return 0, 0, false, errno
 	}
-	*o = object{id: rep.Handle, gen: call.UsedGen, open: true, dirty: o.dirty, made: o.made, read: o.read, written: o.written}
+	*o = object{id: rep.Handle, gen: call.UsedGen, open: true, dirty: o.dirty, writes: o.writes, synced: o.synced, made: o.made, read: o.read, written: o.written}
 	return o.id, o.gen, true, 0
 }
 
@@ -460,6 +465,7 @@ func (h *fileHandle) markDirty(s int) {
 	sf := h.striped
 	sf.mu.Lock()
 	sf.objects[s].dirty = true
+	sf.objects[s].writes++
 	sf.dirty = true
 	sf.mu.Unlock()
 }
@@ -504,9 +510,18 @@ func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, er
 	uid, gid := caller(ctx)
 	var rep proto.AttrReply
 	call := &client.Call{Op: proto.OpSetattr, UID: uid, GID: gid, Reply: &rep, MinVersion: minVersion}
+	ls := h.node.be.leases
+	tok := ls.startChange(h.node.StableAttr().Ino)
 	errno = h.do(ctx, call, func(id uint64) {
 		call.Req = &proto.SetattrReq{Handle: id, Valid: valid, Size: extent}
 	})
+	// The kernel dropped the file's attributes at its writes and asks for them at the next
+	// stat: this reply's, leased, answer it (leases.go, attrs).
+	var lease time.Duration
+	if errno == 0 && ls != nil {
+		lease = call.Lease
+	}
+	ls.endChange(tok, &rep.Attr, lease)
 	sf.mu.Lock()
 	if errno != 0 {
 		sf.report = true
@@ -565,10 +580,12 @@ func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Err
 	sf := h.striped
 	// Server -1 stands for the metadata server.
 	pieces := []stripe.Piece{{Server: -1}}
+	writes := make([]uint64, len(sf.objects)) // what each server's fsync covers
 	sf.mu.Lock()
 	for s, o := range sf.objects {
-		if o.dirty {
+		if o.writes != o.synced {
 			pieces = append(pieces, stripe.Piece{Server: s})
+			writes[s] = o.writes
 		}
 	}
 	sf.mu.Unlock()
@@ -578,6 +595,13 @@ func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Err
 		}
 		call := &client.Call{Op: proto.OpFsync, UID: objectCaller}
 		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) { call.Req = &proto.FsyncReq{Handle: id, Flags: flags} })
+		if errno == 0 {
+			sf.mu.Lock()
+			if o := &sf.objects[p.Server]; writes[p.Server] > o.synced {
+				o.synced = writes[p.Server]
+			}
+			sf.mu.Unlock()
+		}
 		return errno
 	}) {
 		if e != 0 {

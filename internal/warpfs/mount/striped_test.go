@@ -452,3 +452,54 @@ func TestStripedSmallWritesBehind(t *testing.T) {
 		t.Fatalf("read back %d bytes, want %d; first difference at %d", len(got), len(want), i)
 	}
 }
+
+// Two processes writing one striped file share the node's write-behind: an error is the
+// writer's whose bytes the failed request carried. One filling its servers past their
+// capacity learns ENOSPC at its close; the other, whose writes fit, closes without error,
+// and its bytes are there.
+func TestSharedWriteBehindErrorsStayWithTheirWriter(t *testing.T) {
+	in := newStripedInstance(t, 4*mib)
+	m := in.mountAt(t, "cn1")
+	p := filepath.Join(m.Path(), "shared")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	small, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte("s"), 1000)
+	if _, err := small.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := small.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	var bigErr error
+	for off := int64(1 << 20); off < 64<<20 && bigErr == nil; off += 1 << 20 {
+		_, bigErr = big.WriteAt(chunk, off)
+	}
+	if err := big.Close(); bigErr == nil {
+		bigErr = err
+	}
+	if !errors.Is(bigErr, syscall.ENOSPC) {
+		t.Errorf("writing 63 MiB into 16 MiB of servers: %v, want ENOSPC", bigErr)
+	}
+	if err := small.Close(); err != nil {
+		t.Errorf("the other writer's close: %v, want none (its writes fit)", err)
+	}
+	got := make([]byte, len(want))
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("the other writer's bytes: %q... (%v)", got[:10], err)
+	}
+}

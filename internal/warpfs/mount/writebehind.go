@@ -6,7 +6,9 @@ package mount
 // where a piece goes differs (pieces, sendObjectPiece in striped.go, sendFilePiece here).
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -22,6 +24,14 @@ import (
 // it dropped, and the next write, flush or fsync returns it, once (as Linux reports a
 // write-back error).
 //
+// A striped file's writers on one node share one (node.shareBehind): the pieces of several
+// processes writing one file side by side (ior-hard's ranks, each a descriptor of its own)
+// join in one request where they continue each other in a server's object. The queued pieces
+// of a server are sent in the order of their offsets when none of them overlap (writes that
+// do not overlap land the same in any order), in the order they were made otherwise. Each
+// writer keeps its own bytes in flight and its own error (writers): a settle waits for its
+// own writes, and an error is its writers' whose bytes the failed request carried.
+//
 // A queue with less than gatherBytes waiting gives the writer up to gatherWait to add to it
 // before it sends (unless someone waits for the writes: a flush, fsync, close, read or stat):
 // a sequential writer's next write(2) is usually a few microseconds away — the page cache
@@ -33,9 +43,26 @@ type writeBehind struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	inflight int64
-	err      syscall.Errno
 	queues   []serverQueue
 	waiters  int // settle and wait calls waiting: nothing may linger
+	writers  map[*fileHandle]*writerState
+	refs     int // the handles sharing it (node.shareBehind), guarded by the node's mu
+}
+
+// writerState is one handle's part of a write-behind: its bytes in flight and its error.
+type writerState struct {
+	inflight int64
+	err      syscall.Errno
+}
+
+// writer is h's part of wb, wb.mu held.
+func (wb *writeBehind) writer(h *fileHandle) *writerState {
+	st := wb.writers[h]
+	if st == nil {
+		st = &writerState{}
+		wb.writers[h] = st
+	}
+	return st
 }
 
 type serverQueue struct {
@@ -57,11 +84,12 @@ const (
 type queuedPiece struct {
 	piece    stripe.Piece
 	data     []byte
-	uid, gid uint32 // the writer (the server clears set-user-ID bits for others than root)
+	uid, gid uint32      // the writer (the server clears set-user-ID bits for others than root)
+	h        *fileHandle // the handle it was written through
 }
 
 func newWriteBehind(limit int64, servers int) *writeBehind {
-	wb := &writeBehind{limit: limit, queues: make([]serverQueue, servers)}
+	wb := &writeBehind{limit: limit, queues: make([]serverQueue, servers), writers: map[*fileHandle]*writerState{}}
 	wb.cond = sync.NewCond(&wb.mu)
 	return wb
 }
@@ -72,23 +100,25 @@ func (h *fileHandle) writeBehind(ctx context.Context, wb *writeBehind, data []by
 	uid, gid := caller(ctx)
 	n := int64(len(data))
 	wb.mu.Lock()
-	for wb.err == 0 && wb.inflight > 0 && wb.inflight+n > wb.limit {
+	st := wb.writer(h)
+	for st.err == 0 && wb.inflight > 0 && wb.inflight+n > wb.limit {
 		wb.cond.Wait()
 	}
-	if wb.err != 0 {
-		errno := wb.takeErrLocked()
+	if st.err != 0 {
+		errno := st.takeErr()
 		wb.mu.Unlock()
 		return 0, errno
 	}
 	buf := append([]byte(nil), data...) // the kernel reuses data once we return
 	wb.inflight += n
+	st.inflight += n
 	for _, p := range h.pieces(start, uint64(n)) {
 		q := &wb.queues[p.Server]
-		q.pending = append(q.pending, queuedPiece{piece: p, data: buf[p.BufOffset : p.BufOffset+p.Length], uid: uid, gid: gid})
+		q.pending = append(q.pending, queuedPiece{piece: p, data: buf[p.BufOffset : p.BufOffset+p.Length], uid: uid, gid: gid, h: h})
 		q.bytes += p.Length
 		if !q.running {
 			q.running = true
-			go h.sendQueue(wb, p.Server)
+			go wb.sendQueue(p.Server)
 		}
 	}
 	wb.cond.Broadcast() // a queue gathering writes may have enough now
@@ -99,11 +129,12 @@ func (h *fileHandle) writeBehind(ctx context.Context, wb *writeBehind, data []by
 	return uint32(n), 0
 }
 
-// sendQueue sends one server's queued pieces in order until the queue is empty. Pieces
-// queued one after the other that continue each other in the object (a sequential writer's
-// small writes, which pile up while the previous request is on its way) go as one request of
-// up to proto.MaxIO bytes: the same bytes in the same order, in fewer round trips.
-func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
+// sendQueue sends one server's queued pieces until the queue is empty. Pieces that
+// continue each other in the object (a sequential writer's small writes, or several writers'
+// side by side, which pile up while the previous request is on its way) go as one request of
+// up to proto.MaxIO bytes, through the handle of the first: the same bytes, in fewer round
+// trips.
+func (wb *writeBehind) sendQueue(s int) {
 	for {
 		wb.mu.Lock()
 		q := &wb.queues[s]
@@ -112,19 +143,25 @@ func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
 			wb.mu.Unlock()
 			return
 		}
-		if q.bytes < gatherBytes && wb.waiters == 0 && wb.err == 0 {
+		if q.bytes < gatherBytes && wb.waiters == 0 {
 			wb.gather(q) // only this goroutine takes from q: it still holds what it held
 		}
+		q.sortByOffset()
 		qp := q.pending[0]
 		run := 1
-		for end := qp.piece.ObjOffset + qp.piece.Length; run < len(q.pending); run++ {
-			next := q.pending[run].piece
-			if next.ObjOffset != end || end+next.Length-qp.piece.ObjOffset > proto.MaxIO ||
-				q.pending[run].uid != qp.uid || q.pending[run].gid != qp.gid {
-				break
+		if wb.writers[qp.h].err == 0 {
+			for end := qp.piece.ObjOffset + qp.piece.Length; run < len(q.pending); run++ {
+				next := q.pending[run]
+				if next.piece.ObjOffset != end || end+next.piece.Length-qp.piece.ObjOffset > proto.MaxIO ||
+					next.uid != qp.uid || next.gid != qp.gid || wb.writers[next.h].err != 0 {
+					break
+				}
+				end += next.piece.Length
 			}
-			end += next.Length
 		}
+		// Who wrote what the request carries: their bytes in flight end with it.
+		carried := make([]queuedPiece, run)
+		copy(carried, q.pending[:run])
 		var merged *[]byte
 		if run > 1 {
 			merged = mergeBuffers.Get().(*[]byte)
@@ -132,33 +169,67 @@ func (h *fileHandle) sendQueue(wb *writeBehind, s int) {
 			for _, p := range q.pending[:run] {
 				data = append(data, p.data...)
 			}
-			qp = queuedPiece{piece: stripe.Piece{Server: s, ObjOffset: qp.piece.ObjOffset, Length: uint64(len(data))}, data: data, uid: qp.uid, gid: qp.gid}
+			qp = queuedPiece{piece: stripe.Piece{Server: s, ObjOffset: qp.piece.ObjOffset, Length: uint64(len(data))}, data: data, uid: qp.uid, gid: qp.gid, h: qp.h}
 		}
 		clear(q.pending[:run]) // the pieces' buffers can go
 		q.pending = q.pending[run:]
 		q.bytes -= qp.piece.Length
-		failed := wb.err != 0
+		failed := wb.writers[qp.h].err != 0
 		wb.mu.Unlock()
 		var errno syscall.Errno
-		if !failed { // after an error the rest is dropped: the writer learns of the error
-			if h.striped != nil {
-				errno = h.sendObjectPiece(qp)
+		if !failed { // after an error the writer's rest is dropped: it learns of the error
+			if qp.h.striped != nil {
+				errno = qp.h.sendObjectPiece(qp)
 			} else {
-				errno = h.sendFilePiece(qp)
+				errno = qp.h.sendFilePiece(qp)
 			}
 		}
 		if merged != nil {
 			mergeBuffers.Put(merged)
 		}
+		if errno == 0 && !failed && qp.h.striped != nil {
+			for _, p := range carried[1:] {
+				if p.h != qp.h {
+					p.h.markDirty(s) // its fsync syncs this server too
+				}
+			}
+		}
 		wb.mu.Lock()
 		wb.inflight -= int64(qp.piece.Length)
-		if errno != 0 && wb.err == 0 {
-			wb.err = errno
+		for _, p := range carried {
+			st := wb.writer(p.h)
+			st.inflight -= int64(p.piece.Length)
+			if errno != 0 && st.err == 0 {
+				st.err = errno
+			}
 		}
 		wb.cond.Broadcast()
 		wb.mu.Unlock()
 	}
 }
+
+// sortByOffset puts the queued pieces in the order of their offsets in the object, unless
+// two of them overlap: then the order they were written in decides what the object holds,
+// and it is kept.
+func (q *serverQueue) sortByOffset() {
+	if len(q.pending) < 2 || len(q.pending) > maxSorted || slices.IsSortedFunc(q.pending, byOffset) {
+		return
+	}
+	sorted := slices.Clone(q.pending)
+	slices.SortStableFunc(sorted, byOffset)
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i-1].piece.ObjOffset+sorted[i-1].piece.Length > sorted[i].piece.ObjOffset {
+			return
+		}
+	}
+	copy(q.pending, sorted)
+}
+
+// maxSorted bounds the queue sortByOffset sorts, a sort per request: a longer one is sent in
+// the order it was written.
+const maxSorted = 256
+
+func byOffset(a, b queuedPiece) int { return cmp.Compare(a.piece.ObjOffset, b.piece.ObjOffset) }
 
 // mergeBuffers hold the runs of pieces sendQueue sends as one request.
 var mergeBuffers = sync.Pool{New: func() any {
@@ -175,21 +246,29 @@ func (h *fileHandle) settle() syscall.Errno {
 	}
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	wb.waitLocked()
-	return wb.takeErrLocked()
+	st := wb.writer(h)
+	if st.inflight > 0 {
+		wb.waiters++
+		wb.cond.Broadcast()
+		for st.inflight > 0 {
+			wb.cond.Wait()
+		}
+		wb.waiters--
+	}
+	return st.takeErr()
 }
 
-// takeErrLocked is the error a write behind met, for the writer to learn. An error that
+// takeErr is the error a write behind met, for the writer to learn. An error that
 // freeing space can cure (ENOSPC, EDQUOT, EFBIG) is told once; any other (EIO: the storage
 // node lost) stays with the handle, and every later write, flush and fsync of it fails:
 // bytes it was told were written are lost, and a close by another process sharing the open
 // file (a child's inherited descriptor) must not take the only report of it (as NFS keeps a
 // fatal write error with its open context).
-func (wb *writeBehind) takeErrLocked() syscall.Errno {
-	errno := wb.err
+func (st *writerState) takeErr() syscall.Errno {
+	errno := st.err
 	switch errno {
 	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG:
-		wb.err = 0
+		st.err = 0
 	}
 	return errno
 }
@@ -204,7 +283,7 @@ func (wb *writeBehind) gather(q *serverQueue) {
 		wb.mu.Unlock()
 	})
 	defer t.Stop()
-	for q.bytes < gatherBytes && wb.waiters == 0 && wb.err == 0 && time.Now().Before(deadline) {
+	for q.bytes < gatherBytes && wb.waiters == 0 && time.Now().Before(deadline) {
 		wb.cond.Wait()
 	}
 }
@@ -320,4 +399,36 @@ func (h *fileHandle) writeOrBehind(ctx context.Context, data []byte, off int64) 
 	}
 	n, errno = h.writeBehind(ctx, wb, data[:length], start)
 	return n, errno, false
+}
+
+// shareBehind is the write-behind of a striped file's writer handle h on this node: one for
+// all of them (see writeBehind), made by the first.
+func (n *node) shareBehind(h *fileHandle, servers int) *writeBehind {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.behind == nil || len(n.behind.queues) != servers {
+		n.behind = newWriteBehind(n.be.writeBehind, servers)
+	}
+	n.behind.refs++
+	return n.behind
+}
+
+// leaveBehind ends h's part in its write-behind, its writes settled: the node's shared one
+// goes with its last writer.
+func (h *fileHandle) leaveBehind() {
+	wb := h.behind
+	if wb == nil {
+		return
+	}
+	wb.mu.Lock()
+	delete(wb.writers, h)
+	wb.mu.Unlock()
+	n := h.node
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.behind == wb {
+		if wb.refs--; wb.refs <= 0 {
+			n.behind = nil
+		}
+	}
 }

@@ -307,10 +307,16 @@ func (m *SetattrReq) Decode(d *Dec) {
 }
 
 // AttrReply carries a node's attributes.
-type AttrReply struct{ Attr Attr }
+type AttrReply struct {
+	Attr Attr
+	// Dir, in the reply to MKDIR, MKNOD, SYMLINK or LINK (DirAttrVersion on), is the
+	// directory's attributes after the change, leased with the reply's FlagLease (as
+	// OpenReply.Dir); nil otherwise, and then not sent.
+	Dir *Attr
+}
 
-func (m *AttrReply) Encode(e *Enc) { m.Attr.Encode(e) }
-func (m *AttrReply) Decode(d *Dec) { m.Attr.Decode(d) }
+func (m *AttrReply) Encode(e *Enc) { m.Attr.Encode(e); encodeDirAttr(e, m.Dir) }
+func (m *AttrReply) Decode(d *Dec) { m.Attr.Decode(d); m.Dir = decodeDirAttr(d) }
 
 // OpenReq opens an existing file with open(2) flags.
 type OpenReq struct {
@@ -345,6 +351,10 @@ type OpenReply struct {
 	// client passes it on in the opens of the file's stripe objects. nil otherwise, and then
 	// not sent.
 	Cache *CacheRef
+	// Dir, in a CREATE's reply (DirAttrVersion on), is the directory's attributes after the
+	// create, leased to the client with the reply's FlagLease; nil when not leased, and then
+	// not sent.
+	Dir *Attr
 }
 
 func (m *OpenReply) Encode(e *Enc) {
@@ -353,13 +363,40 @@ func (m *OpenReply) Encode(e *Enc) {
 	e.Bytes(m.Layout)
 	e.Bool(m.Truncated)
 	m.Cache.encode(e)
+	encodeDirAttr(e, m.Dir)
 }
 func (m *OpenReply) Decode(d *Dec) {
 	m.Handle = d.U64()
 	m.Attr.Decode(d)
 	m.Layout = d.Bytes(MaxLayout)
 	m.Truncated = d.Bool()
-	m.Cache = decodeCacheRef(d)
+	if !atDirAttr(d) {
+		m.Cache = decodeCacheRef(d)
+	}
+	m.Dir = decodeDirAttr(d)
+}
+
+// dirAttrTag opens the trailing directory attributes of OpenReply and RemovedReply, telling
+// them from a CacheRef (version 1 or 2) and RemovedReply's objectsTag.
+const dirAttrTag = 0x81
+
+func encodeDirAttr(e *Enc, a *Attr) {
+	if a != nil {
+		e.U8(dirAttrTag)
+		a.Encode(e)
+	}
+}
+
+func atDirAttr(d *Dec) bool { return d.err == nil && len(d.B) > 0 && d.B[0] == dirAttrTag }
+
+func decodeDirAttr(d *Dec) *Attr {
+	if !atDirAttr(d) {
+		return nil
+	}
+	d.U8()
+	a := &Attr{}
+	a.Decode(d)
+	return a
 }
 
 // CacheRef names a regular file of a cache instance's PFS directory: its path in that
@@ -458,6 +495,10 @@ type RemovedReply struct {
 	// removes the objects on every server of the layout.
 	ObjectsKnown bool
 	Objects      []byte
+	// Dir, in an UNLINK's reply (DirAttrVersion on), is the directory's attributes after the
+	// unlink, leased to the client when the reply has FlagLease; nil otherwise, and then not
+	// sent.
+	Dir *Attr
 }
 
 // MaxObjects bounds a set of servers (a bit per server, stripe.MaxServers of them).
@@ -476,6 +517,7 @@ func (m *RemovedReply) Encode(e *Enc) {
 	case m.Cache != nil:
 		m.Cache.encode(e)
 	}
+	encodeDirAttr(e, m.Dir)
 }
 
 func (m *RemovedReply) Decode(d *Dec) {
@@ -483,13 +525,16 @@ func (m *RemovedReply) Decode(d *Dec) {
 	if d.err != nil || len(d.B) == 0 {
 		return
 	}
-	if d.B[0] == objectsTag {
+	switch d.B[0] {
+	case objectsTag:
 		d.U8()
 		m.ObjectsKnown = true
 		m.Objects = d.Bytes(MaxObjects)
-		return
+	case dirAttrTag:
+	default:
+		m.Cache = decodeCacheRef(d)
 	}
-	m.Cache = decodeCacheRef(d)
+	m.Dir = decodeDirAttr(d)
 }
 
 // CreateReq creates and opens a file Name in directory Dir (CREATE), or an unnamed file in

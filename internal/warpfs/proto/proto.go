@@ -75,7 +75,7 @@ const Magic uint32 = 0x53505746
 // Versions this package speaks. A peer picks the highest both support.
 const (
 	MinVersion uint16 = 3
-	MaxVersion uint16 = 6
+	MaxVersion uint16 = 7
 )
 
 // LeaseVersion is the first version whose servers grant leases and send invalidations
@@ -91,6 +91,12 @@ const SyncVersion uint16 = 4
 // (RemovedReply.Objects), a READ may name an object instead of a handle (ReadReq.Path), and
 // WRITE_NAME writes one by name.
 const ObjectsVersion uint16 = 6
+
+// DirAttrVersion is the first version whose replies to CREATE, UNLINK, MKDIR, MKNOD, SYMLINK
+// and LINK may carry the directory's attributes after the change, leased (OpenReply.Dir,
+// RemovedReply.Dir, AttrReply.Dir): the client answers the kernel's GETATTR of the
+// directory, which the change made it drop, itself.
+const DirAttrVersion uint16 = 7
 
 // Sizes and limits of the protocol.
 const (

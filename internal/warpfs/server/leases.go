@@ -98,8 +98,12 @@ type leases struct {
 	grants         uint64
 	inflight       int
 	changedEntries map[string]change // path → its last change, while requests are in flight
-	changedAttrs   map[uint64]change
-	floor          uint64 // requests begun before this change are not leased
+	// changedDirs is the last change of an entry of each directory (by path), while requests
+	// are in flight: a directory's attributes changed with it, whether or not the table knew
+	// its inode then (leaseDirLocked).
+	changedDirs  map[string]change
+	changedAttrs map[uint64]change
+	floor        uint64 // requests begun before this change are not leased
 }
 
 // change is the last change of something: when (seq) and by whom (nil: several).
@@ -125,7 +129,7 @@ func acquireLeases(dir string, lease time.Duration) *leases {
 	l := registry.m[dir]
 	if l == nil {
 		l = &leases{dir: dir, lease: lease, entries: map[string]map[string]interest{}, attrs: map[uint64]interest{},
-			inos: map[string]uint64{}, holders: map[string]*holder{}, listings: map[string]interest{}, changedEntries: map[string]change{}, changedAttrs: map[uint64]change{}}
+			inos: map[string]uint64{}, holders: map[string]*holder{}, listings: map[string]interest{}, changedEntries: map[string]change{}, changedAttrs: map[uint64]change{}, changedDirs: map[string]change{}}
 		// Files' times come from the kernel's coarse clock, a tick behind: a directory made
 		// just after the process started may look a little older than it.
 		if bornBefore(dir, processStart.Add(-time.Second)) {
@@ -260,6 +264,7 @@ func (l *leases) begin() leaseToken {
 func (l *leases) finishLocked() {
 	l.inflight--
 	if l.inflight == 0 && (len(l.changedEntries) > 0 || len(l.changedAttrs) > 0) {
+		clear(l.changedDirs)
 		clear(l.changedEntries)
 		clear(l.changedAttrs)
 	}
@@ -345,6 +350,7 @@ func (l *leases) recordLocked(by *holder, now time.Time, out *pending, entries [
 	// The changer's own request is in flight; another one's reply may be affected.
 	track := l.inflight > 1
 	if len(l.changedEntries)+len(l.changedAttrs) > maxChangeLog {
+		clear(l.changedDirs)
 		clear(l.changedEntries)
 		clear(l.changedAttrs)
 		l.floor = l.seq
@@ -352,6 +358,8 @@ func (l *leases) recordLocked(by *holder, now time.Time, out *pending, entries [
 	for _, p := range entries {
 		if track {
 			l.note(l.changedEntries, p, by)
+			d, _ := split(p)
+			l.note(l.changedDirs, d, by)
 		}
 		dir, name := split(p)
 		l.dropListingLocked(by, now, out, dir)
@@ -745,11 +753,16 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 		}
 	case *proto.CreateReq:
 		if errno == 0 && r.Name != "" {
-			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, rep.(*proto.OpenReply).Attr.Ino, 0)
+			o := rep.(*proto.OpenReply)
+			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, o.Attr.Ino, 0)
+			if !leased || !l.leaseDirLocked(h, t, until, r.Dir, o.Dir) {
+				o.Dir = nil
+			}
 		}
 	case *proto.MkdirReq:
 		if errno == 0 {
 			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, rep.(*proto.AttrReply).Attr.Ino, 0)
+			l.dirOfMadeLocked(h, t, until, r.Dir, rep, leased)
 			if leased && op == proto.OpMkdir {
 				// Its maker knows every name of the new directory: none. Its kernel may keep
 				// an absence it answered alone for a lease after it stops answering so: the
@@ -765,11 +778,13 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 	case *proto.SymlinkReq:
 		if errno == 0 {
 			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, rep.(*proto.AttrReply).Attr.Ino, 0)
+			l.dirOfMadeLocked(h, t, until, r.Dir, rep, leased)
 		}
 	case *proto.LinkReq:
 		if errno == 0 {
 			ino := rep.(*proto.AttrReply).Attr.Ino
 			leased = l.made(h, t, now, until, &out, r.Dir, r.Name, ino, ino) // its link count changed
+			l.dirOfMadeLocked(h, t, until, r.Dir, rep, leased)
 		}
 	case *proto.AdoptReq:
 		if errno == 0 {
@@ -785,6 +800,11 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 			l.takeBeneath(h, now, &out, p, map[string]map[string]time.Time{})
 			l.moveListingsLocked(h, now, &out, p, "")
 			delete(l.inos, p)
+			if rr, ok := rep.(*proto.RemovedReply); ok && rr.Dir != nil {
+				if leased = l.leaseDirLocked(h, t, until, r.Dir, rr.Dir); !leased {
+					rr.Dir = nil
+				}
+			}
 		}
 	case *proto.RenameReq:
 		if errno == 0 {
@@ -821,6 +841,33 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 		flags |= proto.FlagListing
 	}
 	return flags
+}
+
+// leaseDirLocked leases to h the attributes a create or unlink of its left directory dir
+// with (a, the reply's), unless someone else changed them while the request ran; it says
+// whether it did. h's kernel dropped its own copy at the change and asks for them next: its
+// mount answers that from a (proto.DirAttrVersion).
+func (l *leases) leaseDirLocked(h *holder, t leaseToken, until time.Time, dir string, a *proto.Attr) bool {
+	if h == nil || a == nil || l.changedSinceLocked(t, h, "", false, a.Ino) {
+		return false
+	}
+	if c, ok := l.changedDirs[dir]; ok && c.seq > t.seq && c.by != h {
+		return false // an entry of it changed meanwhile, before the table knew its inode
+	}
+	l.grantLocked(h, until, dir, false, a.Ino, true)
+	return true
+}
+
+// dirOfMadeLocked leases the directory's attributes a MKDIR's, MKNOD's, SYMLINK's or LINK's
+// reply carries with what it made (leased), or takes them out of it.
+func (l *leases) dirOfMadeLocked(h *holder, t leaseToken, until time.Time, dir string, rep proto.Message, leased bool) {
+	r, ok := rep.(*proto.AttrReply)
+	if !ok || r.Dir == nil {
+		return
+	}
+	if !leased || !l.leaseDirLocked(h, t, until, dir, r.Dir) {
+		r.Dir = nil
+	}
 }
 
 // made records a new entry dir/name (inode ino; also a changed inode, for LINK) and leases it

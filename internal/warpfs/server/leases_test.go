@@ -1,11 +1,16 @@
 package server
 
 import (
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // recorder is a holder that answers at once and keeps what it was told.
@@ -138,4 +143,101 @@ func TestSweepForgetsWhatRanOut(t *testing.T) {
 	if entries+attrs+inos+holders != 0 {
 		t.Errorf("after its lease ran out the table holds %d directories, %d inodes, %d paths, %d holders", entries, attrs, inos, holders)
 	}
+}
+
+// A create's or unlink's reply leases the directory's attributes it carries to its client
+// (which is then told of another's change to them), unless someone else changed the
+// directory while it ran: then they are not sent.
+func TestDirectoryAttributesOfAChangeAreLeased(t *testing.T) {
+	l := newTestLeases(t)
+	ra, rb := &recorder{}, &recorder{}
+	a := &leaseUse{l: l, h: l.bind("a/1", ra), own: ra}
+	b := &leaseUse{l: l, h: l.bind("b/1", rb), own: rb}
+	const dirIno = 40
+	create := func(u *leaseUse, name string, ino uint64) (*proto.OpenReply, uint8) {
+		tok := u.before(proto.OpCreate)
+		rep := &proto.OpenReply{Attr: proto.Attr{Ino: ino}, Dir: &proto.Attr{Ino: dirIno}}
+		return rep, u.after(tok, proto.OpCreate, &proto.CreateReq{Dir: "d", Name: name}, rep, 0, 0)
+	}
+	// Racing another's create in d before the table knows d's inode: not leased.
+	tok := a.before(proto.OpCreate)
+	create(b, "first", 39)
+	raced := &proto.OpenReply{Attr: proto.Attr{Ino: 38}, Dir: &proto.Attr{Ino: dirIno}}
+	if a.after(tok, proto.OpCreate, &proto.CreateReq{Dir: "d", Name: "second"}, raced, 0, 0); raced.Dir != nil {
+		t.Error("a create that raced another's create in d, whose inode the table did not know yet, gave d's attributes")
+	}
+	ra.take()
+
+	rep, flags := create(a, "f", 41)
+	if flags&proto.FlagLease == 0 || rep.Dir == nil {
+		t.Fatalf("a's create: flags %#x, directory attributes %v; want them leased", flags, rep.Dir)
+	}
+	// b's create changes d: a, a holder of d's attributes now, is told.
+	create(b, "g", 42)
+	told := false
+	for _, it := range ra.take() {
+		if it.What&proto.InvalAttr != 0 && it.Ino == dirIno {
+			told = true
+		}
+	}
+	if !told {
+		t.Error("b's create in d did not tell a, which holds d's attributes from its own create")
+	}
+
+	// An unlink racing another's create in the directory: its reply gives no attributes.
+	tok = a.before(proto.OpUnlink)
+	create(b, "h", 43)
+	unlinked := &proto.RemovedReply{Dir: &proto.Attr{Ino: dirIno}}
+	if flags := a.after(tok, proto.OpUnlink, &proto.EntryReq{Dir: "d", Name: "f"}, unlinked, 0, 0); unlinked.Dir != nil || flags&proto.FlagLease != 0 {
+		t.Errorf("an unlink that raced b's create in d gave d's attributes (flags %#x, %v)", flags, unlinked.Dir)
+	}
+	unlinked = &proto.RemovedReply{Dir: &proto.Attr{Ino: dirIno}}
+	tok = a.before(proto.OpUnlink)
+	if flags := a.after(tok, proto.OpUnlink, &proto.EntryReq{Dir: "d", Name: "g"}, unlinked, 0, 0); unlinked.Dir == nil || flags&proto.FlagLease == 0 {
+		t.Errorf("an unlink with nothing else changing d did not lease its attributes (flags %#x)", flags)
+	}
+}
+
+// An extended attribute set by a name the table never leased (a hard link made beside the
+// server) still tells the holders of the file's attributes: a mount that keeps a file it
+// created has no security.capability must hear of one.
+func TestXattrByAnotherNameTellsHolders(t *testing.T) {
+	dir := t.TempDir()
+	open := func() *Local {
+		l, err := OpenLocal(LocalOptions{Dir: dir, Tracker: usage.New("xattr", 1<<30), Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		return l
+	}
+	a, b := open(), open()
+	var mu sync.Mutex
+	var told []proto.Inval
+	a.SetInvalidator(func(items []proto.Inval) {
+		mu.Lock()
+		told = append(told, items...)
+		mu.Unlock()
+	})
+	b.SetInvalidator(func([]proto.Inval) {})
+	rep, _, errno, flags := a.ExecLeased(proto.OpCreate, 0, 0, &proto.CreateReq{Name: "f", Flags: unix.O_RDWR, Mode: 0o644}, nil)
+	if errno != 0 || flags&proto.FlagLease == 0 {
+		t.Fatalf("create: %v, flags %#x", errno, flags)
+	}
+	o := rep.(*proto.OpenReply)
+	a.ExecLeased(proto.OpRelease, 0, 0, &proto.HandleReq{Handle: o.Handle}, nil)
+	if err := os.Link(filepath.Join(dir, "f"), filepath.Join(dir, "g")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, errno, _ := b.ExecLeased(proto.OpSetxattr, 0, 0, &proto.XattrReq{Path: "g", Name: "user.x", Value: []byte("1")}, nil); errno != 0 {
+		t.Fatalf("setxattr: %v", errno)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, it := range told {
+		if it.Ino == o.Attr.Ino && it.What&proto.InvalAttr != 0 {
+			return
+		}
+	}
+	t.Errorf("a setxattr through another name told the file's holder %v, want its attributes dropped (inode %d)", told, o.Attr.Ino)
 }

@@ -167,7 +167,16 @@ func (s *session) handleIno(m proto.Message) uint64 {
 		id = r.Handle
 	case *proto.CopyRangeReq:
 		id = r.Out
-	case *proto.XattrReq:
+	case *proto.XattrReq: // SETXATTR, REMOVEXATTR (no other is bracketed)
+		if r.Handle == 0 && s.cache == nil && s.v != nil {
+			// By path: its inode, whichever name the table knows it by (a mount may keep that
+			// the file has no security.capability, which the kernel asks before a write to
+			// drop it: it must hear of one set through another name).
+			if a, errno := s.v.lookup(r.Path); errno == 0 {
+				return a.Ino
+			}
+			return 0
+		}
 		id = r.Handle
 	default:
 		return 0

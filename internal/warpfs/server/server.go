@@ -905,6 +905,23 @@ func (s *session) removedReply(rep proto.RemovedReply) *proto.RemovedReply {
 	return &rep
 }
 
+// dirAttrs says whether the session's client takes a directory's attributes in the replies
+// to CREATE and UNLINK (DirAttrVersion on), which are only given leased (leases.go).
+func (s *session) dirAttrs() bool {
+	return s.lease != nil && s.lease.h != nil && (s.version == 0 || s.version >= proto.DirAttrVersion)
+}
+
+// withDir adds the attributes of directory dir, which a successful MKDIR, MKNOD, SYMLINK or
+// LINK just changed, to its reply when the client takes them (dirAttrs).
+func (s *session) withDir(v *volume, dir string) func(proto.Message, int, syscall.Errno) (proto.Message, int, syscall.Errno) {
+	return func(m proto.Message, n int, errno syscall.Errno) (proto.Message, int, syscall.Errno) {
+		if r, ok := m.(*proto.AttrReply); ok && errno == 0 && s.dirAttrs() {
+			r.Dir = v.dirAttr(dir)
+		}
+		return m, n, errno
+	}
+}
+
 // exec runs one request of the session as the caller uid:gid and returns its reply message
 // (nil when it has none), or the errno. A READ reads into dest and returns the byte count.
 // Both transports run every request through here: a connection (handle) and an in-process
@@ -984,20 +1001,27 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		if op == proto.OpTmpfile {
 			return opened(v.tmpfile(r, uid, gid))
 		}
-		return opened(v.create(r, uid, gid))
+		m, n, errno := opened(v.create(r, uid, gid))
+		if errno == 0 && s.dirAttrs() {
+			m.(*proto.OpenReply).Dir = v.dirAttr(r.Dir)
+		}
+		return m, n, errno
 	case *proto.MkdirReq:
 		if op == proto.OpMknod {
-			return attrReply(v.mknod(r, uid, gid))
+			return s.withDir(v, r.Dir)(attrReply(v.mknod(r, uid, gid)))
 		}
-		return attrReply(v.mkdir(r, uid, gid))
+		return s.withDir(v, r.Dir)(attrReply(v.mkdir(r, uid, gid)))
 	case *proto.SymlinkReq:
-		return attrReply(v.symlink(r, uid, gid))
+		return s.withDir(v, r.Dir)(attrReply(v.symlink(r, uid, gid)))
 	case *proto.LinkReq:
-		return attrReply(v.link(r))
+		return s.withDir(v, r.Dir)(attrReply(v.link(r)))
 	case *proto.EntryReq:
 		rep, errno := v.unlink(r, op == proto.OpRmdir)
 		if op == proto.OpRmdir {
 			return empty(errno)
+		}
+		if errno == 0 && s.dirAttrs() {
+			rep.Dir = v.dirAttr(r.Dir)
 		}
 		return s.removedReply(rep), 0, errno
 	case *proto.RenameReq:

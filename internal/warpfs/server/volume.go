@@ -301,6 +301,22 @@ func (v *volume) lookup(path string) (proto.Attr, syscall.Errno) {
 	return v.attrAt(dirfd, name, &st), 0
 }
 
+// dirAttr is the attributes of the directory at path, as a create or unlink in it just left
+// them (nil when it cannot be stat'ed: the client then asks, as before).
+func (v *volume) dirAttr(path string) *proto.Attr {
+	dirfd, done, errno := v.dirAt(path)
+	if errno != 0 {
+		return nil
+	}
+	defer done()
+	var st unix.Stat_t
+	if unix.Fstat(dirfd, &st) != nil {
+		return nil
+	}
+	a := toAttr(&st)
+	return &a
+}
+
 func (v *volume) getattr(path string, h *handle) (proto.Attr, syscall.Errno) {
 	if h == nil {
 		return v.lookup(path)
