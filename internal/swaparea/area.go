@@ -386,8 +386,10 @@ func ReadCounters(dev string) (Counters, error) {
 
 // Swapoff is a swapoff under way. It runs as a process of its own (util-linux swapoff): the
 // kernel brings every page of the area back into memory before it returns, which may take
-// long or never finish, and only a signal stops it — the kernel then puts the area back as it
-// was, its pages where they were.
+// long or never finish, and only a signal stops it — the kernel then puts the area back, the
+// pages not yet brought back where they were. The kernel looks at signals between the address
+// spaces it walks, not within one: a stopped swapoff may still take a while to end (or finish
+// after all).
 type Swapoff struct {
 	Device  string
 	Started time.Time
@@ -397,9 +399,13 @@ type Swapoff struct {
 	stopped bool
 }
 
+// swapoffArgv is the command that switches dev off (tests run it in a throttled cgroup).
+var swapoffArgv = func(dev string) []string { return []string{"swapoff", dev} }
+
 // StartSwapoff starts switching dev off.
 func StartSwapoff(dev string) (*Swapoff, error) {
-	cmd := exec.Command("swapoff", dev)
+	argv := swapoffArgv(dev)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -409,7 +415,7 @@ func StartSwapoff(dev string) (*Swapoff, error) {
 	go func() {
 		err := cmd.Wait()
 		if err != nil {
-			msg := strings.TrimSpace(out.String())
+			msg := strings.TrimPrefix(strings.TrimSpace(out.String()), "swapoff: "+dev+": ")
 			if strings.Contains(msg, "Cannot allocate memory") {
 				msg += ": the swapped pages do not fit in the node's memory (or in their memory cgroups' limits)"
 			}
@@ -449,6 +455,18 @@ func (s *Swapoff) Stop() {
 	if !s.stopped {
 		s.stopped = true
 		s.cmd.Process.Kill()
+	}
+}
+
+// Ended says whether the swapoff process has ended. A stopped swapoff ends only once the
+// kernel has finished the address space it was bringing back (it looks at signals between
+// them): until then the area is neither usable for new pages nor gone.
+func (s *Swapoff) Ended() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -2,7 +2,9 @@ package swaparea
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -163,5 +165,134 @@ func TestAttachRefusesLinksAndOpenDirectories(t *testing.T) {
 	os.Chmod(open, 0o777)
 	if _, err := Attach(Spec{Root: dir, Rel: "open", Name: "swap-3", Size: 1 << 20, Priority: -1}); err == nil || !strings.Contains(err.Error(), "writable by no one else") {
 		t.Fatalf("a directory anyone may write was used: %v", err)
+	}
+}
+
+// attachWithHog attaches an area on XFS and fills it with the pages of a hog twice its
+// cgroup's limit, which holds them until Finish. oomOff disables the cgroup's OOM killer.
+func attachWithHog(t *testing.T, oomOff bool) (Spec, Area, *swaptest.Hog, string) {
+	t.Helper()
+	exe, _ := os.Executable()
+	fs := swaptest.XFS(t, 512<<20)
+	s := Spec{Root: fs, Rel: ".", Name: "swap-2-c1", Size: areaSize, Priority: -1}
+	a, err := Attach(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if inSwaps(a.Device) {
+			off, _ := StartSwapoff(a.Device)
+			<-off.Done()
+		}
+		Release(s, a.Device)
+	})
+	cg := swaptest.Cgroup(t, cgroupLimit)
+	if oomOff {
+		os.WriteFile(filepath.Join(cg, "memory.oom_control"), []byte("1"), 0)
+	}
+	hog := swaptest.StartHog(t, exe, cg, hogMiB)
+	if !hog.Touched() {
+		t.Fatalf("with a swap area the hog was killed: %s", hog.Out)
+	}
+	return s, a, hog, cg
+}
+
+// A swapoff that cannot bring the pages back (their cgroup is at its limit, its OOM killer
+// off: the kernel cannot charge them) fails; the area stays attached, the pages safe.
+func TestDetachThatCannotBringThePagesBackFails(t *testing.T) {
+	swaptest.Require(t)
+	swaptest.Lock(t)
+	s, a, hog, _ := attachWithHog(t, true)
+	off, err := StartSwapoff(a.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v Verdict
+	var msg string
+	for v, msg = off.Poll(time.Minute); v == Running; v, msg = off.Poll(time.Minute) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if v != Failed || !strings.Contains(msg, "do not fit") || !inSwaps(a.Device) {
+		t.Fatalf("swapoff of pages that cannot come back: %v %q; still attached: %v", v, msg, inSwaps(a.Device))
+	}
+	t.Logf("reported: %s", msg)
+	if ws := hog.Finish(); ws.ExitStatus() != 0 {
+		t.Fatalf("the hog's pages did not come back intact: %v %s", ws, hog.Out)
+	}
+	detach(t, s, a, time.Minute)
+}
+
+// A swapoff past its bound is stopped and reported at once, the node usable meanwhile; the
+// area is not switched off under the job (the kernel ends the stopped swapoff once it has
+// walked the address space it was at, then the area is in /proc/swaps or gone), and a later
+// detach finishes. The swapoff is made slow for real: it runs in a blkio cgroup that reads
+// the swap device at 4 MiB/s, the hog's cgroup given room for its pages.
+func TestDetachPastItsBoundIsStoppedAndReported(t *testing.T) {
+	swaptest.Require(t)
+	if _, err := os.Stat("/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device"); err != nil {
+		t.Skip("no cgroup v1 blkio throttling to slow swapoff down")
+	}
+	swaptest.Lock(t)
+	s, a, hog, cg := attachWithHog(t, false)
+	// Room for the pages to come back: swapoff charges them to the hog's cgroup, and fails
+	// (ENOMEM) where they do not fit.
+	os.WriteFile(filepath.Join(cg, "memory.limit_in_bytes"), []byte("536870912"), 0)
+	blk := filepath.Join("/sys/fs/cgroup/blkio", "spillway-swaptest-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(blk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	syscall.Stat(a.Device, &st)
+	majmin := strconv.Itoa(int(st.Rdev>>8)) + ":" + strconv.Itoa(int(st.Rdev&0xff))
+	t.Cleanup(func() {
+		// Unthrottled, a swapoff still running ends at once.
+		os.WriteFile(filepath.Join(blk, "blkio.throttle.read_bps_device"), []byte(majmin+" 0"), 0)
+		os.WriteFile(filepath.Join(blk, "blkio.throttle.read_iops_device"), []byte(majmin+" 0"), 0)
+		for i := 0; i < 200 && os.Remove(blk) != nil; i++ {
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	for file, v := range map[string]string{"blkio.throttle.read_bps_device": majmin + " 4194304", "blkio.throttle.read_iops_device": majmin + " 1024"} {
+		if err := os.WriteFile(filepath.Join(blk, file), []byte(v), 0); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	defer func(old func(string) []string) { swapoffArgv = old }(swapoffArgv)
+	swapoffArgv = func(dev string) []string {
+		return []string{"sh", "-c", `echo $$ > "$1/cgroup.procs" && exec swapoff "$2"`, "sh", blk, dev}
+	}
+	off, err := StartSwapoff(a.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = time.Second
+	var v Verdict
+	var msg string
+	for v, msg = off.Poll(bound); v == Running; v, msg = off.Poll(bound) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if v != Failed || !strings.Contains(msg, "did not finish within 1s") || time.Since(off.Started) > 5*time.Second {
+		t.Fatalf("a swapoff at 4 MiB/s of 64 MiB and more, bound 1s: %v %q after %s", v, msg, time.Since(off.Started))
+	}
+	if off.Ended() {
+		t.Fatal("the swapoff ended at once: the test did not slow it down")
+	}
+	// The node is usable meanwhile: a new process runs and gets memory.
+	if out, err := exec.Command("sh", "-c", "head -c 16777216 /dev/zero | wc -c").Output(); err != nil || strings.TrimSpace(string(out)) != "16777216" {
+		t.Fatalf("the node is not usable while a stopped swapoff ends: %q %v", out, err)
+	}
+	select {
+	case <-off.Done():
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the stopped swapoff has not ended two minutes later")
+	}
+	swapoffArgv = func(dev string) []string { return []string{"swapoff", dev} }
+	if ws := hog.Finish(); ws.ExitStatus() != 0 {
+		t.Fatalf("the hog's pages did not come back intact: %v %s", ws, hog.Out)
+	}
+	if inSwaps(a.Device) {
+		detach(t, s, a, time.Minute)
+	} else if err := Release(s, a.Device); err != nil {
+		t.Fatal(err)
 	}
 }

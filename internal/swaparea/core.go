@@ -179,7 +179,7 @@ func Judge(finished bool, err error, elapsed, bound time.Duration) (Verdict, str
 	case finished:
 		return Failed, err.Error()
 	case bound > 0 && elapsed >= bound:
-		return Failed, fmt.Sprintf("swapoff did not finish within %s ([swap] detach_timeout): the swapped pages could not all come back into memory in time; the area stays attached and the node usable", bound)
+		return Failed, fmt.Sprintf("swapoff did not finish within %s ([swap] detach_timeout): the swapped pages could not all come back into memory in time; swapoff was stopped and the area stays attached, the node usable", bound)
 	}
 	return Running, ""
 }
