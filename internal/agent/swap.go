@@ -65,6 +65,7 @@ type swapState struct {
 	failed  string            // the failure of the last detach, once reported
 	problem string            // what is wrong with the area now (a storage node lost), "" if nothing
 	probing bool              // a look at its file is under way
+	last    swaparea.Counters // its counters when last read (the loop device goes at swapoff)
 }
 
 type swapAreas struct {
@@ -333,10 +334,10 @@ func (a *Agent) DetachSwap(ctx context.Context, spec agentapi.SwapDetachSpec) (a
 	status := agentapi.SwapStatus{Attached: found && area.Swapping, Device: area.Device, Error: st.problem}
 	if found {
 		if c, err := swaparea.ReadCounters(area.Device); err == nil {
-			c = c.Since(st.rec.Base)
-			status.BytesWritten, status.BytesRead = c.BytesWritten, c.BytesRead
+			st.last = c.Since(st.rec.Base)
 		}
 	}
+	status.BytesWritten, status.BytesRead = st.last.BytesWritten, st.last.BytesRead
 	if st.off != nil {
 		v, msg := st.off.Poll(bound)
 		switch {
