@@ -300,8 +300,8 @@ func TestSwapAreaRemote(t *testing.T) {
 	}
 	stopServing()
 	storage.Close()
-	ws := hog.Finish()
-	if !ws.Signaled() || ws.Signal() != syscall.SIGBUS {
+	// The hog is a Go program: the runtime turns the SIGBUS into a fatal error, exit status 2.
+	if ws := hog.Finish(); !(ws.Signaled() && ws.Signal() == syscall.SIGBUS) && !strings.Contains(hog.Out.String(), "SIGBUS") {
 		t.Errorf("a process whose pages were on a lost storage node ended with %v, not SIGBUS: %s", ws, hog.Out)
 	}
 	var st agentapi.SwapStatus
@@ -311,15 +311,14 @@ func TestSwapAreaRemote(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(st.Error, "cannot be reached") || st.Done || time.Now().After(deadline) {
+		if st.Done || time.Now().After(deadline) {
 			break
 		}
 	}
-	if !strings.Contains(st.Error, "storage node ssd1 of swap area 9") && !st.Done {
-		t.Errorf("the lost storage node is not said: %+v", st)
+	if !st.Done || !strings.Contains(st.Error, "storage node ssd1 of swap area 9") {
+		t.Errorf("the detach of the lost storage node's area: %+v", st)
 	}
 	t.Logf("said: %s", st.Error)
-	detachSwap(t, compute, 9)
 	if inProcSwaps(area.Device) || mountOptions(t, filepath.Join(compute.opt.SSDPath, "swap", "mnt", "9")) != "" {
 		t.Error("the area of the lost storage node is not gone")
 	}
