@@ -15,6 +15,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/swaparea"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,9 +36,6 @@ type SwapOptions struct {
 	DetachTimeout time.Duration
 	// LockMemory: mlockall before the first remote area is attached ([swap] lock_agent_memory).
 	LockMemory bool
-	// ProbeTimeout bounds the look at a remote area's file that each report makes (its
-	// storage node answering); 0: 5 seconds.
-	ProbeTimeout time.Duration
 }
 
 // swapRecord is what the agent keeps about an area, in Dir/<id>.json.
@@ -445,7 +443,8 @@ func (a *Agent) probeSwap(st *swapState, rec swapRecord) {
 }
 
 // reachSwap reads the first byte of a remote area's file through the agent's mount, within
-// ProbeTimeout.
+// warpfs.request_timeout (the mount's own bound on a request; a storage node that refuses
+// connections fails it at once).
 func (a *Agent) reachSwap(rec swapRecord) error {
 	done := make(chan error, 1)
 	go func() {
@@ -464,7 +463,7 @@ func (a *Agent) reachSwap(rec swapRecord) error {
 		}
 		done <- err
 	}()
-	timeout := cmp.Or(a.opt.Swap.ProbeTimeout, 5*time.Second)
+	timeout := cmp.Or(a.opt.Warpfs.RequestTimeout, client.DefaultLimits().RequestTimeout) + time.Second
 	select {
 	case err := <-done:
 		return err

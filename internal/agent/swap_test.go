@@ -247,7 +247,7 @@ func TestSwapAreaRemote(t *testing.T) {
 
 	compute, err := New(Options{Name: "c1", SSDPath: filepath.Join(t.TempDir(), "state"), Token: "swap-secret",
 		Warpfs: client.Limits{RequestTimeout: 3 * time.Second, ConnectTimeout: time.Second, KeepaliveInterval: time.Second},
-		Swap:   SwapOptions{DetachTimeout: time.Minute, LockMemory: true, ProbeTimeout: 2 * time.Second}})
+		Swap:   SwapOptions{DetachTimeout: time.Minute, LockMemory: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
