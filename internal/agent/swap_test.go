@@ -335,3 +335,44 @@ func vmLocked(t *testing.T) int {
 	}
 	return 0
 }
+
+// A detach whose pages cannot come back (the hog's cgroup at its limit, its OOM killer off,
+// so the kernel cannot charge them) is reported with the kernel's reason, the area left
+// attached and the hog's pages intact; the next call after the report tries again, and once
+// the hog has ended the detach finishes.
+func TestSwapDetachThatCannotFinishIsReported(t *testing.T) {
+	swaptest.Require(t)
+	swaptest.Lock(t)
+	a, _ := swapStorage(t, "ssd1")
+	ctx := context.Background()
+	if err := a.AttachSwap(ctx, swapSpec(11, "ssd1", "ssd1")); err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	cg := swaptest.Cgroup(t, swapCgroupLimit)
+	os.WriteFile(filepath.Join(cg, "memory.oom_control"), []byte("1"), 0)
+	hog := swaptest.StartHog(t, exe, cg, swapHogMiB)
+	if !hog.Touched() {
+		t.Fatalf("with a swap area the hog was killed: %s", hog.Out)
+	}
+	var st agentapi.SwapStatus
+	for deadline := time.Now().Add(time.Minute); st.Error == ""; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if st, err = a.DetachSwap(ctx, agentapi.SwapDetachSpec{ID: 11, Timeout: time.Minute.Milliseconds()}); err != nil {
+			t.Fatal(err)
+		}
+		if st.Done || time.Now().After(deadline) {
+			t.Fatalf("the detach of pages that cannot come back: %+v", st)
+		}
+	}
+	if !st.Attached || !strings.Contains(st.Error, "do not fit") || !inProcSwaps(st.Device) {
+		t.Fatalf("a failed detach: %+v (in /proc/swaps: %v)", st, inProcSwaps(st.Device))
+	}
+	t.Logf("reported: %s", st.Error)
+	if ws := hog.Finish(); ws.ExitStatus() != 0 {
+		t.Fatalf("the hog's pages did not come back intact: %v %s", ws, hog.Out)
+	}
+	if st := detachSwap(t, a, 11); st.BytesWritten == 0 {
+		t.Errorf("the final status has no counters: %+v", st)
+	}
+}
