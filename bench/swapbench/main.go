@@ -152,7 +152,7 @@ func run(args []string) error {
 			return err
 		}
 		defer func() { a.Close(); a.DeleteFragment(ctx, 1) }()
-		spec := agentapi.SwapSpec{ID: 1, InstanceID: 1, Node: "c1", Size: size, Priority: -1, StorageNode: "c1", FragmentID: 1, NamespaceID: 2, FileName: "swap-1-c1"}
+		spec := agentapi.SwapSpec{ID: 1, InstanceID: 1, Node: "c1", Size: size, Priority: swaptest.TestPriority, StorageNode: "c1", FragmentID: 1, NamespaceID: 2, FileName: "swap-1-c1"}
 		if err := a.AttachSwap(ctx, spec); err != nil {
 			return err
 		}
@@ -164,7 +164,7 @@ func run(args []string) error {
 			return err
 		}
 		defer a.Close()
-		spec := agentapi.SwapSpec{ID: 1, InstanceID: 1, Node: "c1", Size: size, Priority: -1, StorageNode: "s1", FragmentID: 1, NamespaceID: 2, FileName: "swap-1-c1",
+		spec := agentapi.SwapSpec{ID: 1, InstanceID: 1, Node: "c1", Size: size, Priority: swaptest.TestPriority, StorageNode: "s1", FragmentID: 1, NamespaceID: 2, FileName: "swap-1-c1",
 			Mount: &agentapi.MountSpec{StorageNode: "s1", FragmentID: 1, NamespaceID: 2, InstanceID: 1, Capacity: 4 << 30, DataAddress: *data}}
 		if err := a.AttachSwap(ctx, spec); err != nil {
 			return err
@@ -183,7 +183,7 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
-		for _, argv := range [][]string{{"mkswap", "-q", file}, {"swapon", file}} {
+		for _, argv := range [][]string{{"mkswap", "-q", file}, {"swapon", "-p", strconv.Itoa(swaptest.TestPriority), file}} {
 			if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
 				os.Remove(file)
 				return fmt.Errorf("%s: %v: %s", argv[0], err, out)

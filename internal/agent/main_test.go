@@ -18,6 +18,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == swaptest.HogArg {
 		os.Exit(swaptest.HogMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == swapAgentArg {
+		os.Exit(swapAgentMain(os.Args[2:]))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "pfs-worker" {
 		os.Exit(pfsio.WorkerMain(os.Args[2:], os.Stderr))
 	}

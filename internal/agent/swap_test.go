@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -54,7 +56,7 @@ func swapStorage(t *testing.T, name string) (*Agent, string) {
 }
 
 func swapSpec(id int64, node, storage string) agentapi.SwapSpec {
-	return agentapi.SwapSpec{ID: id, InstanceID: 1, Job: "job-" + strconv.FormatInt(id, 10), Node: node, Size: swapAreaSize, Priority: -1,
+	return agentapi.SwapSpec{ID: id, InstanceID: 1, Job: "job-" + strconv.FormatInt(id, 10), Node: node, Size: swapAreaSize, Priority: swaptest.TestPriority,
 		StorageNode: storage, FragmentID: 1, NamespaceID: 2, FileName: "swap-" + strconv.FormatInt(id, 10) + "-" + node}
 }
 
@@ -77,11 +79,16 @@ func detachSwap(t *testing.T, ag agentapi.Agent, id int64) agentapi.SwapStatus {
 	}
 }
 
-// runHog runs a hog twice its cgroup's limit to its end: whether it completed.
-func runHog(t *testing.T) (bool, string) {
+// runHog runs a hog twice its cgroup's limit to its end: whether it completed. noSwap
+// forbids its cgroup any swap.
+func runHog(t *testing.T, noSwap bool) (bool, string) {
 	t.Helper()
 	exe, _ := os.Executable()
-	hog := swaptest.StartHog(t, exe, swaptest.Cgroup(t, swapCgroupLimit), swapHogMiB)
+	cg := swaptest.Cgroup(t, swapCgroupLimit)
+	if noSwap {
+		swaptest.NoSwap(t, cg)
+	}
+	hog := swaptest.StartHog(t, exe, cg, swapHogMiB)
 	if !hog.Touched() {
 		hog.Finish()
 		return false, hog.Out.String()
@@ -128,7 +135,7 @@ func TestSwapAreaCoLocatedThroughTheAgentAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if ok, out := runHog(t); ok {
+	if ok, out := runHog(t, true); ok {
 		t.Fatalf("without swap the hog completed: %s", out)
 	}
 	spec := swapSpec(5, "ssd1", "ssd1")
@@ -149,7 +156,7 @@ func TestSwapAreaCoLocatedThroughTheAgentAPI(t *testing.T) {
 	if err := c.AttachSwap(ctx, spec); err != nil {
 		t.Fatalf("attaching again: %v", err)
 	}
-	if ok, out := runHog(t); !ok {
+	if ok, out := runHog(t, false); !ok {
 		t.Fatalf("with a swap area the hog did not complete: %s", out)
 	}
 	u := swapUsageOf(t, a, 5)
@@ -270,7 +277,7 @@ func TestSwapAreaRemote(t *testing.T) {
 	if locked := vmLocked(t); locked == 0 {
 		t.Error("the agent serving a remote swap area has no memory locked (VmLck 0)")
 	}
-	if ok, out := runHog(t); !ok {
+	if ok, out := runHog(t, false); !ok {
 		t.Fatalf("with a remote swap area the hog did not complete: %s", out)
 	}
 	if u := swapUsageOf(t, compute, 8); u.BytesWritten == 0 || u.BytesRead == 0 {
@@ -374,5 +381,80 @@ func TestSwapDetachThatCannotFinishIsReported(t *testing.T) {
 	}
 	if st := detachSwap(t, a, 11); st.BytesWritten == 0 {
 		t.Errorf("the final status has no counters: %+v", st)
+	}
+}
+
+// swapAgentArg makes the test binary a compute node's agent that attaches remote swap area
+// 12 and serves it until it is killed (swapAgentMain).
+const swapAgentArg = "swap-agent"
+
+func swapAgentMain(args []string) int {
+	a, err := New(Options{Name: "c1", SSDPath: args[0], Token: "swap-secret", Swap: SwapOptions{LockMemory: true}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	spec := swapSpec(12, "c1", "ssd1")
+	spec.Mount = &agentapi.MountSpec{StorageNode: "ssd1", FragmentID: 1, NamespaceID: 2, InstanceID: 1, Capacity: 1 << 30, DataAddress: args[1]}
+	if err := a.AttachSwap(context.Background(), spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("attached")
+	select {}
+}
+
+// A compute node's agent that stops while it serves a remote area takes the area's mount
+// with it (a loop device cannot be given another file): the agent started again finds the
+// area by its record, says what happened, and detaches it; nothing is left.
+func TestSwapAreaRemoteAfterTheAgentStopped(t *testing.T) {
+	swaptest.Require(t)
+	swaptest.Lock(t)
+	storage, _ := swapStorage(t, "ssd1")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveCtx, stopServing := context.WithCancel(context.Background())
+	defer stopServing()
+	go storage.ServeData(serveCtx, l)
+	state := filepath.Join(t.TempDir(), "state")
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, swapAgentArg, state, l.Addr().String())
+	var out strings.Builder
+	cmd.Stderr = &out
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, _ := stdout.Read(buf)
+	if !strings.Contains(string(buf[:n]), "attached") {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("the agent did not attach: %s", out.String())
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	file := filepath.Join(state, "swap", "mnt", "12", "swap-12-c1")
+	if area, ok := swaparea.Find(file); !ok || !area.Swapping {
+		t.Fatalf("the area is not attached after its agent stopped: %+v %v", area, ok)
+	}
+
+	a, err := New(Options{Name: "c1", SSDPath: state, Token: "swap-secret", Swap: SwapOptions{DetachTimeout: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	st := detachSwap(t, a, 12)
+	if !strings.Contains(st.Error, "ended when that agent process stopped") {
+		t.Errorf("the detach does not say what happened: %+v", st)
+	}
+	t.Logf("said: %s", st.Error)
+	if _, ok := swaparea.Find(file); ok {
+		t.Error("the loop device is still there")
+	}
+	if mountOptions(t, filepath.Join(state, "swap", "mnt", "12")) != "" {
+		t.Error("the dead mount is still there")
 	}
 }
