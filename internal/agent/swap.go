@@ -144,6 +144,22 @@ func (a *Agent) loadSwaps() {
 		}
 		s.areas[rec.Spec.ID] = st
 	}
+	// Areas over files of this agent's with no record (records removed by hand): said, left
+	// alone — the agent does not know whose they are.
+	known := map[string]bool{}
+	for _, st := range s.areas {
+		known[st.rec.area().File()] = true
+	}
+	roots := []string{filepath.Join(dir, "mnt")}
+	if a.ssd != "" {
+		roots = append(roots, filepath.Join(a.ssd, "fragment"))
+	}
+	for _, area := range swaparea.List(roots...) {
+		if area.Swapping && !known[area.File] {
+			a.opt.Log.Warn("a swap area over a file of this agent's has no record: left alone; swapoff it and detach its loop device by hand once its job is gone",
+				"device", area.Device, "file", area.File)
+		}
+	}
 }
 
 func (a *Agent) swapState(id int64, create bool) *swapState {
