@@ -44,6 +44,9 @@ func (a *Agent) reconcile(ctx context.Context, as agentapi.Assignment, grace tim
 		}
 	}
 	a.unmountUnknown(as.Mounts, grace, sent)
+	if a.root {
+		a.reapSwaps(ctx, as, grace)
+	}
 	if a.ssd == "" {
 		return
 	}
@@ -131,7 +134,7 @@ func (a *Agent) unmountUnknown(live []agentapi.MountSpec, grace time.Duration, s
 		keep[m.MountPath] = true
 	}
 	stale := func(path string, m *mounted) bool {
-		return !keep[path] && !m.staging && time.Since(m.since) > grace && m.confirmed < sent
+		return !keep[path] && !m.staging && !m.swap && time.Since(m.since) > grace && m.confirmed < sent
 	}
 	a.mu.Lock()
 	var candidates []string

@@ -159,6 +159,7 @@ func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 		WorkerExe: workerExe, StageLimits: StageLimits(cfg), Mount: MountLimits(cfg), Log: log,
 		PFSWorkerExe: pfsWorkerExe(workerExe), PFS: PFSOptions(cfg), PFSMaxWorkers: cfg.PFS.MaxWorkers,
 		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: FragmentFSLimits(cfg), Endurance: EnduranceOptions(cfg),
+		Swap: SwapOptions(cfg),
 	})
 	if err != nil {
 		st.Close()
@@ -336,6 +337,12 @@ func FragmentFSLimits(cfg config.Config) agent.FragmentFSLimits {
 // EnduranceOptions maps the configuration onto how a storage agent reads its SSD's wear.
 func EnduranceOptions(cfg config.Config) agent.EnduranceOptions {
 	return agent.EnduranceOptions{File: cfg.Agent.EnduranceFile, Interval: cfg.Agent.EnduranceInterval.D(), Timeout: cfg.Agent.EnduranceTimeout.D()}
+}
+
+// SwapOptions is [swap] as the agent takes it: its swap areas' records and remote mounts go
+// under agent.ssd_path ("swap"), on a compute-only node too.
+func SwapOptions(cfg config.Config) agent.SwapOptions {
+	return agent.SwapOptions{DetachTimeout: cfg.Swap.DetachTimeout.D(), LockMemory: cfg.Swap.LockAgentMemory}
 }
 
 // writeBehind is mount.write_behind as package mount takes it: 0 (off) is negative there.
