@@ -56,7 +56,7 @@ func checkInstance(req InstanceRequest, persistent bool, p Params) error {
 			return err
 		}
 	case model.TypeSwap:
-		return userErr("swap is not supported by this Spillway version yet")
+		return userErr("type=swap is not a #DW jobdw type: swap is its own directive, #DW swap <size per compute node>, e.g. #DW swap 4GiB")
 	default:
 		return userErr("type=%s: expected scratch or cache", req.Type)
 	}

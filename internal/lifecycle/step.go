@@ -41,6 +41,9 @@ type Effect struct {
 	Mount     agentapi.MountSpec
 	Stage     agentapi.StageSpec
 	Flush     agentapi.CacheFlushSpec
+	// Swap and SwapDetach are a swap area's attach and detach (swap.go).
+	Swap       agentapi.SwapSpec
+	SwapDetach agentapi.SwapDetachSpec
 	// Part is, for a split stage's runs, 1 + the run's index in Stage.Parts (0 otherwise).
 	Part int
 }
@@ -60,6 +63,7 @@ type Result struct {
 	Err   error
 	Stage agentapi.StageStatus      // for poll-stage
 	Flush agentapi.CacheFlushStatus // for flush-cache
+	Swap  agentapi.SwapStatus       // for detach-swap
 	// NotTheNode marks a failure that is no fault of the effect's node: the controller's own
 	// or a configuration problem (an agent address it cannot dial as given, TLS or
 	// credentials that do not agree). It does not count toward auto-drain.
@@ -245,6 +249,9 @@ func stepStages(w *World, s *model.Session, p Params, now time.Time, running *in
 }
 
 func stepActivation(w *World, s *model.Session, a *model.Activation, p Params, now time.Time) []Effect {
+	if IsSwap(w, a) {
+		return stepSwap(w, s, a, p, now)
+	}
 	if a.State.Actualized && a.State.Goal == model.GoalCreate {
 		return nil
 	}
@@ -435,7 +442,7 @@ func LiveMounts(w *World, node string) []agentapi.MountSpec {
 	var out []agentapi.MountSpec
 	for _, id := range sortedIDs(w.Activations) {
 		a := w.Activations[id]
-		if a.Node == node && a.State.Goal == model.GoalCreate && a.State.Actualized {
+		if a.Node == node && a.State.Goal == model.GoalCreate && a.State.Actualized && !IsSwap(w, a) {
 			out = append(out, mountSpec(w, a))
 		}
 	}
@@ -772,6 +779,8 @@ func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
 		applyStageStatus(w, st, r.Stage, p, now)
 	case OpFlushCache:
 		completeFlush(w, e, r, p, now)
+	case OpAttachSwap, OpDetachSwap:
+		completeSwap(w, e, r, p, now)
 	case OpCancelStage:
 		st := w.Stages[e.Ref.ID]
 		if st == nil || st.Ended() {

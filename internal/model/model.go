@@ -326,8 +326,12 @@ type Configuration struct {
 	ClientCache     bool           `json:"client_cache,omitempty"`
 	// MaxMDS spreads a striped configuration's namespace over every fragment of its instance
 	// (DataWarp's max_mds=yes): one namespace shard per fragment, in fragment order.
-	MaxMDS bool  `json:"max_mds,omitempty"`
-	State  State `json:"state"`
+	MaxMDS bool `json:"max_mds,omitempty"`
+	// SwapSize is a swap configuration's area per compute node (#DW swap <size>, bytes) and
+	// SwapNodes the compute nodes its instance was reserved for at setup (issue 22).
+	SwapSize  uint64 `json:"swap_size,omitempty"`
+	SwapNodes int    `json:"swap_nodes,omitempty"`
+	State     State  `json:"state"`
 }
 
 // Namespace is the file tree of a configuration: one for striped and loadbalance, one per
