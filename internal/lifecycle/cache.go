@@ -32,6 +32,12 @@ func checkInstances(req Setup, p Params) error {
 	if len(req.More) > 0 && req.Persistent {
 		return userErr("create_persistent %s: a persistent instance is one instance", req.Token)
 	}
+	if req.Swap != nil {
+		if req.Persistent {
+			return userErr("create_persistent %s: swap belongs to a job's compute nodes (#DW swap); a persistent instance cannot be of type swap", req.Token)
+		}
+		return CheckSwap(*req.Swap, p.Swap)
+	}
 	return nil
 }
 

@@ -83,13 +83,7 @@ func swapNodes(req Setup) int {
 // createSwapInstance records a job's swap instance: size per node, rounded up to whole grains,
 // times its nodes, placed in whole areas; its configuration and registration.
 func createSwapInstance(w *World, sess *model.Session, req Setup, ids IDSource, p Params, now time.Time) error {
-	if sess.Persistent {
-		return userErr("create_persistent %s: swap belongs to a job's compute nodes (#DW swap); a persistent instance cannot be of type swap", req.Token)
-	}
-	r := *req.Swap
-	if err := CheckSwap(r, p.Swap); err != nil {
-		return err
-	}
+	r := *req.Swap // checked by checkInstances
 	pool := w.Pools[r.Pool]
 	if pool == nil || pool.Granularity == 0 {
 		return userErr("#DW swap pool=%s: no such pool", r.Pool)
