@@ -140,11 +140,11 @@ type Setup struct {
 	// More are the job's further instances, of other types than Instance's (a job may hold a
 	// scratch and a cache instance: two #DW jobdw lines, DataWarp's Phase 3); a persistent
 	// session has none.
-	More        []InstanceRequest `json:"more_instances,omitempty"`
+	More []InstanceRequest `json:"more_instances,omitempty"`
 	// Swap is the job's #DW swap: an instance of type swap of its own (swap.go).
-	Swap        *SwapRequest      `json:"swap,omitempty"`
-	Uses        []string          `json:"uses,omitempty"` // persistent instances (#DW persistentdw)
-	ClientNodes []string          `json:"client_nodes,omitempty"`
+	Swap        *SwapRequest `json:"swap,omitempty"`
+	Uses        []string     `json:"uses,omitempty"` // persistent instances (#DW persistentdw)
+	ClientNodes []string     `json:"client_nodes,omitempty"`
 	// StageOut are the job's stage-outs (#DW stage_out), registered now as deferred and run
 	// when data_out asks for them.
 	StageOut []StageRequest `json:"stage_out,omitempty"`

@@ -286,7 +286,9 @@ func TestSwapDetachFailure(t *testing.T) {
 	h.settle()
 	h.must(ApplyPreRun(h.w, "4", []string{"cn2"}, h, h.p))
 	h.settle()
-	h.swapResult = func(Effect) agentapi.SwapStatus { return agentapi.SwapStatus{Attached: true, Error: "swapoff timed out after 1m30s"} }
+	h.swapResult = func(Effect) agentapi.SwapStatus {
+		return agentapi.SwapStatus{Attached: true, Error: "swapoff timed out after 1m30s"}
+	}
 	h.must(ApplyTeardown(h.w, "4", false))
 	h.settle()
 	st := h.status("4", PhaseTeardown)
