@@ -831,6 +831,9 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 			return err
 		}
 		n.Written = max(n.Written+written, r.Written)
+		if err := recordSwapUsage(tx, r.Name, r.Usage.Swaps); err != nil {
+			return err
+		}
 		n.LastSeen = c.now()
 		n.Online = true
 		if !wasOnline {

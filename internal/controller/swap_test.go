@@ -7,6 +7,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/views"
 )
 
 // swapAgent is the rig's real agent whose swap areas are recorded: attach succeeds, a detach
@@ -46,7 +47,7 @@ func (s *swapAgent) counts() (int, int) {
 // heartbeat lists nothing (an agent reaps what is not listed).
 func TestSwapThroughTheExecutor(t *testing.T) {
 	r := newAcctRig(t)
-	sa := &swapAgent{Agent: r.agent, answers: []agentapi.SwapStatus{{Attached: true}, {Done: true}}}
+	sa := &swapAgent{Agent: r.agent, answers: []agentapi.SwapStatus{{Attached: true}, {Done: true, BytesWritten: 3 << 20, BytesRead: 2 << 20}}}
 	r.c.AddLocalAgent("ssd1", sa)
 	ctx := context.Background()
 	if err := r.c.Setup(ctx, lifecycle.Setup{Token: "s1", Creator: "TEST", Owner: 1000, Group: 1000,
@@ -69,9 +70,14 @@ func TestSwapThroughTheExecutor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rep.Usage.Swaps = []agentapi.SwapUsage{{ID: spec.ID, Instance: spec.InstanceID, Node: "ssd1", BytesWritten: 1 << 20, BytesRead: 1 << 10}}
 	as, err := r.c.Heartbeat(ctx, rep)
 	if err != nil || len(as.Swaps) != 1 || as.Swaps[0].ID != spec.ID {
 		t.Fatalf("heartbeat answer swaps %+v %v", as.Swaps, err)
+	}
+	live, _, err := r.c.Accounting(ctx, spec.InstanceID)
+	if err != nil || len(live.Realm.Swap) != 1 || live.Realm.Swap[0].Node != "ssd1" || live.Realm.SwapBytesWritten != 1<<20 || live.Realm.SwapBytesRead != 1<<10 {
+		t.Fatalf("live accounting of the swap instance: %+v %v", live.Realm.Swap, err)
 	}
 	if err := r.c.PostRun(ctx, "s1"); err != nil {
 		t.Fatal(err)
@@ -93,4 +99,11 @@ func TestSwapThroughTheExecutor(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.settle("s1", lifecycle.PhaseTeardown)
+	// The record counts what the area paged out and in, its detach's final counters.
+	runUntil(t, r.c, "the accounting record", func() bool { return len(r.logLines()) == 1 })
+	rec := r.logLines()[0].Realm
+	if len(rec.Swap) != 1 || rec.Swap[0] != (views.RealmSwap{Node: "ssd1", Area: spec.ID, BytesWritten: 3 << 20, BytesRead: 2 << 20}) ||
+		rec.SwapBytesWritten != 3<<20 || rec.SwapBytesRead != 2<<20 {
+		t.Errorf("accounting record's swap: %+v written %d read %d", rec.Swap, rec.SwapBytesWritten, rec.SwapBytesRead)
+	}
 }

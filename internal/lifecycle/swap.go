@@ -305,6 +305,13 @@ func completeSwap(w *World, e Effect, r Result, p Params, now time.Time) {
 		case r.Err != nil:
 			removeOrRetry(w, KindActivation, a.ID, a, &a.State, r.Err, what, p, now)
 		case r.Swap.Done:
+			// The detach's counters are the area's last: the accounting record keeps them.
+			if c := w.Configurations[a.ConfigurationID]; c != nil {
+				if inst := w.Instances[c.InstanceID]; inst != nil && NoteSwapUsage(inst, agentapi.SwapUsage{ID: a.ID, Node: a.Node,
+					BytesWritten: r.Swap.BytesWritten, BytesRead: r.Swap.BytesRead}) {
+					w.put(inst)
+				}
+			}
 			w.remove(KindActivation, a.ID)
 		case r.Swap.Error != "":
 			// swapoff failed or passed [swap] detach_timeout: the area stays attached and the
@@ -340,4 +347,28 @@ func LiveSwaps(w *World, node string, p Params) []agentapi.SwapSpec {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// NoteSwapUsage records a swap area's counters on its instance, and reports whether they
+// changed. Counters only grow: an older report (a heartbeat sent before the detach's final
+// answer) changes nothing.
+func NoteSwapUsage(inst *model.Instance, u agentapi.SwapUsage) bool {
+	u.Instance = inst.ID
+	for i := range inst.Swap {
+		have := &inst.Swap[i]
+		if have.ID != u.ID {
+			continue
+		}
+		if u.BytesWritten <= have.BytesWritten && u.BytesRead <= have.BytesRead {
+			return false
+		}
+		have.BytesWritten, have.BytesRead = max(have.BytesWritten, u.BytesWritten), max(have.BytesRead, u.BytesRead)
+		return true
+	}
+	if u.BytesWritten == 0 && u.BytesRead == 0 && u.Node == "" {
+		return false
+	}
+	inst.Swap = append(inst.Swap, u)
+	sort.Slice(inst.Swap, func(i, j int) bool { return inst.Swap[i].ID < inst.Swap[j].ID })
+	return true
 }

@@ -201,6 +201,10 @@ type Instance struct {
 	// nodes offline at the flush: set when the flush ends, for the accounting record.
 	CacheDiscarded uint64   `json:"cache_discarded,omitempty"`
 	CacheLost      []string `json:"cache_lost,omitempty"`
+	// Swap are a swap instance's areas' counters (the bytes the kernel paged out to and in
+	// from each, per compute node), from the compute nodes' heartbeats and the final detach;
+	// they outlive the areas, for the accounting record.
+	Swap []agentapi.SwapUsage `json:"swap,omitempty"`
 }
 
 // Fragment is the part of an instance on one storage node.
