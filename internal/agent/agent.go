@@ -86,6 +86,8 @@ type Options struct {
 	PFSWorkerExe  []string
 	PFS           pfsio.Options
 	PFSMaxWorkers int
+	// Swap configures the node's swap areas on the burst buffer (swap.go).
+	Swap SwapOptions
 }
 
 // Agent serves one node.
@@ -123,6 +125,8 @@ type Agent struct {
 	namespaceSweep time.Time
 
 	quotaOnce sync.Once // logs whether fragments get project quotas (quota.go)
+
+	swaps swapAreas // the node's swap areas (swap.go)
 
 	// metas caches each fragment's fragment.json, read or written once (readFragment):
 	// reports, usage and capacity look at every fragment's metadata, often. Filled on
@@ -277,6 +281,9 @@ func (a *Agent) Report(ctx context.Context) (agentapi.NodeReport, error) {
 		a.endMu.Lock()
 		rep.DataErrors, rep.LastDataError = a.dataErrors, a.lastError
 		a.endMu.Unlock()
+	}
+	if a.root {
+		rep.Usage.Swaps = a.swapUsage()
 	}
 	return rep, nil
 }
@@ -1320,6 +1327,12 @@ func (a *Agent) Close() {
 		r.Wait()
 	}
 	for path, m := range mounts {
+		if m.swap {
+			// A swap area's loop device reads through it: an unmount would fail (busy) or
+			// detach it lazily; it ends with this process either way, and the log says so.
+			a.opt.Log.Warn("the agent stops while serving a remote swap area: its pages there cannot come back", "path", path)
+			continue
+		}
 		if err := m.m.Unmount(); err != nil {
 			a.opt.Log.Warn("unmount at shutdown", "path", path, "err", err)
 		}
@@ -1336,6 +1349,7 @@ type mounted struct {
 	since    time.Time
 	remote   bool // the namespace is on another node
 	staging  bool // the agent's own mount of a striped namespace, for its stage workers
+	swap     bool // the agent's own mount of a remote swap area's namespace (swap.go)
 }
 
 // alive reports whether the mount is still served.

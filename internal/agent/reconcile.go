@@ -25,6 +25,9 @@ func (a *Agent) Reconcile(ctx context.Context, as agentapi.Assignment, grace tim
 		}
 	}
 	a.unmountUnknown(as.Mounts, grace)
+	if a.root {
+		a.reapSwaps(ctx, as, grace)
+	}
 	if a.ssd == "" {
 		return
 	}
@@ -111,7 +114,7 @@ func (a *Agent) unmountUnknown(live []agentapi.MountSpec, grace time.Duration) {
 	a.mu.Lock()
 	var stale []string
 	for path, m := range a.mounts {
-		if !keep[path] && !m.staging && time.Since(m.since) > grace {
+		if !keep[path] && !m.staging && !m.swap && time.Since(m.since) > grace {
 			stale = append(stale, path)
 		}
 	}

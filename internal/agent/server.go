@@ -108,6 +108,26 @@ func Handler(a agentapi.Agent, token string, controllerUIDs ...uint32) http.Hand
 		}
 		httpapi.WriteJSON(w, 200, st)
 	})
+	mux.HandleFunc("PUT /agent/v1/swaps/{id}", func(w http.ResponseWriter, r *http.Request) {
+		var spec agentapi.SwapSpec
+		if httpapi.Decode(w, r, &spec) {
+			spec.ID = id(r, "id") // the path names the area
+			do(w, a.AttachSwap(r.Context(), spec))
+		}
+	})
+	mux.HandleFunc("POST /agent/v1/swaps/{id}/detach", func(w http.ResponseWriter, r *http.Request) {
+		var spec agentapi.SwapDetachSpec
+		if !httpapi.Decode(w, r, &spec) {
+			return
+		}
+		spec.ID = id(r, "id")
+		st, err := a.DetachSwap(r.Context(), spec)
+		if err != nil {
+			do(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, 200, st)
+	})
 	self := uint32(os.Geteuid())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer := httpapi.PeerOf(r)

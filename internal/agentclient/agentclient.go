@@ -186,14 +186,16 @@ func (a *Client) CancelStage(ctx context.Context, key string) (agentapi.StageSta
 	return st, err
 }
 
-// AttachSwap gives the node a swap area (agentapi.Agent): not built yet (issue 22).
+// AttachSwap gives the node a swap area (agentapi.Agent).
 func (a *Client) AttachSwap(ctx context.Context, s agentapi.SwapSpec) error {
-	return fmt.Errorf("swap areas are not built in this agent client yet")
+	return a.do(ctx, "PUT", fmt.Sprintf("/agent/v1/swaps/%d", s.ID), s, nil)
 }
 
-// DetachSwap takes a swap area away, a poll (agentapi.Agent): not built yet (issue 22).
+// DetachSwap takes a swap area away, a poll (agentapi.Agent).
 func (a *Client) DetachSwap(ctx context.Context, s agentapi.SwapDetachSpec) (agentapi.SwapStatus, error) {
-	return agentapi.SwapStatus{Done: true}, nil
+	var st agentapi.SwapStatus
+	err := a.do(ctx, "POST", fmt.Sprintf("/agent/v1/swaps/%d/detach", s.ID), s, &st)
+	return st, err
 }
 
 // FlushCache drains (or discards) a cache fragment's dirty data: a poll (agentapi.Agent).
