@@ -159,6 +159,7 @@ func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 		WorkerExe: workerExe, StageLimits: StageLimits(cfg), Mount: MountLimits(cfg), Log: log,
 		PFSWorkerExe: pfsWorkerExe(workerExe), PFS: PFSOptions(cfg), PFSMaxWorkers: cfg.PFS.MaxWorkers,
 		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: FragmentFSLimits(cfg), Endurance: EnduranceOptions(cfg),
+		Swap: SwapOptions(cfg),
 	})
 	if err != nil {
 		st.Close()
@@ -331,6 +332,12 @@ func MountLimits(cfg config.Config) mount.Limits {
 // FragmentFSLimits maps the configuration onto the bounds of making fragment file systems.
 func FragmentFSLimits(cfg config.Config) agent.FragmentFSLimits {
 	return agent.FragmentFSLimits{Mkfs: cfg.Agent.FragmentMkfsTimeout.D(), Mount: cfg.Agent.FragmentMountTimeout.D()}
+}
+
+// SwapOptions maps the configuration's [swap] onto a compute node's swap areas: the bound on
+// a swapoff the node starts itself (the reaper's) and the memory lock.
+func SwapOptions(cfg config.Config) agent.SwapOptions {
+	return agent.SwapOptions{DetachTimeout: cfg.Swap.DetachTimeout.D(), LockMemory: cfg.Swap.LockAgentMemory}
 }
 
 // EnduranceOptions maps the configuration onto how a storage agent reads its SSD's wear.

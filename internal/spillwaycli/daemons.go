@@ -331,7 +331,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		Token: token, Warpfs: embedded.WarpfsClientLimits(cfg), WarpfsServer: embedded.WarpfsServerLimits(cfg),
 		RemoteReadahead: int(cfg.Warpfs.Readahead), DataTLS: clientTLS,
 		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: embedded.FragmentFSLimits(cfg),
-		Endurance: embedded.EnduranceOptions(cfg), Warnings: warnings,
+		Endurance: embedded.EnduranceOptions(cfg), Warnings: warnings, Swap: embedded.SwapOptions(cfg),
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "spillway agent: %v\n", err)
