@@ -229,6 +229,11 @@ func TestSwapJobKilledWhileSwapping(t *testing.T) {
 func TestSwapRemoteComputeNode(t *testing.T) {
 	c := newNetCluster(t)
 	requireSwap(t, c.dir)
+	// A compute-only node keeps its swap areas' records (and its mounts of remote areas)
+	// under its agent.ssd_path: this cluster's, not the machine's default.
+	cfg := c.hosts["hostb"].config
+	raw, _ := os.ReadFile(cfg)
+	os.WriteFile(cfg, []byte(strings.Replace(string(raw), "[agent]\n", "[agent]\nssd_path = \""+filepath.Join(c.dir, "hostb", "ssd")+"\"\n", 1)), 0o644)
 	c.start("ctl")
 	c.start("hosta")
 	c.start("hostb")
