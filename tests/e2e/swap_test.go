@@ -57,6 +57,9 @@ func requireSwap(t *testing.T, under string) {
 		}
 		if loops := loopsOver(under); len(loops) > 0 {
 			t.Errorf("loop devices left over the test's files: %v", loops)
+			for _, l := range loops {
+				exec.Command("losetup", "-d", strings.TrimSuffix(strings.Fields(l)[0], ":")).Run()
+			}
 		}
 	})
 }
@@ -239,9 +242,18 @@ func TestSwapRemoteComputeNode(t *testing.T) {
 	c.start("hostb")
 	cg := memCgroup(t, nobodyUID)
 
+	// The job's process on hostb, as its user: in hostb's network namespace (its own mount
+	// namespace, made by ip netns exec, has a sysfs without the cgroup file systems; swap and
+	// cgroups are the kernel's, the same in every namespace).
+	onHostb := func(script string) *exec.Cmd {
+		cmd := exec.Command("nsenter", "-t", strconv.Itoa(c.hosts["hostb"].cmd.Process.Pid), "-n", "--",
+			"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "/bin/sh", "-c", script)
+		cmd.Env, cmd.Dir = []string{"PATH=/usr/bin:/bin", "HOME=/"}, "/"
+		return cmd
+	}
 	hog := "set -e\n" + hogScript(cg, "")
-	if out, err := c.onHost("hostb", hog).CombinedOutput(); err == nil || strings.Contains(string(out), "verified") {
-		t.Fatalf("without swap the process must be killed: %v\n%s", err, out)
+	if out, err := onHostb(hog).CombinedOutput(); err == nil || strings.Contains(string(out), "verified") || oomKills(cg) == 0 {
+		t.Fatalf("without swap the process must be killed for memory (OOM kills %d): %v\n%s", oomKills(cg), err, out)
 	}
 
 	job := c.jobFile("swap.sh", "#!/bin/bash\n#SBATCH --nodes=1\n#DW swap 512MiB\nsrun ./a.out\n\x00")
@@ -256,9 +268,13 @@ func TestSwapRemoteComputeNode(t *testing.T) {
 	if areas := swapAreas(); len(areas) != 1 || !strings.HasPrefix(areas[0], "/dev/loop") {
 		t.Fatalf("/proc/swaps after pre_run: %v", areas)
 	}
-	out, err := c.onHost("hostb", hog).CombinedOutput()
+	kills := oomKills(cg)
+	out, err := onHostb(hog).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), fmt.Sprintf("verified %d MiB", swapHogMiB)) {
 		t.Fatalf("with the swap area the process must complete: %v\n%s", err, out)
+	}
+	if oomKills(cg) != kills || !strings.Contains(string(out), "/dev/loop") {
+		t.Errorf("the OOM killer ran with swap, or /proc/swaps showed the job no area:\n%s", out)
 	}
 	if dw := c.wlm("--function", "show_configurations"); !strings.Contains(dw, `"swap"`) {
 		t.Errorf("show_configurations lists no swap configuration: %s", dw)
