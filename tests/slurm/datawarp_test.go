@@ -488,11 +488,12 @@ cp "$DW_JOB_STRIPED/tmp" "$DW_JOB_STRIPED_CACHE/both-$SLURM_JOB_ID"
 	}
 }
 
-// Swap (issue 22): a job with swap only — `--bb swap=1` with the datawarp plugin (Slurm
-// writes #DW swap 1GiB), the directive itself with the lua plugin, whose --bb takes directive
-// lines — and a scratch+swap job. While the first runs, its area is in /proc/swaps, Spillway
-// holds at least 1 GiB of the pool for it, real_size says so, and dwstat configurations shows
-// a swap configuration; the job completes, and nothing of its swap is left after it.
+// Swap (issue 22): a job with swap only — `--bb swap=2` with the datawarp plugin (Slurm
+// writes #DW swap 2GiB, and counts it as 2 bytes: one granule), the directive itself with the
+// lua plugin (which counts no swap) — and a scratch+swap job. While the first runs, its area
+// is in /proc/swaps, Spillway holds at least 2 GiB of the pool for it, real_size says so and
+// Slurm took it as the job's size (datawarp), dwstat configurations shows a swap
+// configuration; the job completes, and nothing of its swap is left after it.
 func (c *cluster) swapJobs(t *testing.T) {
 	// Swap is global to the kernel: the tests that attach swap take turns.
 	lock, err := os.OpenFile("/run/spillway-swaptest.lock", os.O_CREATE|os.O_RDWR, 0o600)
@@ -507,9 +508,9 @@ func (c *cluster) swapJobs(t *testing.T) {
 		t.Skipf("this machine has swap already: %v", areas)
 	}
 	var args []string
-	directive := "#DW swap 1GiB\n"
+	directive := "#DW swap 2GiB\n"
 	if c.plugin == "datawarp" {
-		args, directive = []string{"--bb=swap=1"}, ""
+		args, directive = []string{"--bb=swap=2"}, ""
 	}
 	flag := filepath.Join(c.pfs, "swap-go")
 	os.Remove(flag)
@@ -521,18 +522,31 @@ func (c *cluster) swapJobs(t *testing.T) {
 	}
 	r := c.admin("dw_wlm_cli", "--function", "real_size", "--token", id)
 	var size struct{ Capacity uint64 }
-	if err := json.Unmarshal([]byte(r.stdout), &size); err != nil || size.Capacity < 1<<30 {
-		t.Errorf("real_size of the swap job: %s (want at least 1GiB)", r)
+	if err := json.Unmarshal([]byte(r.stdout), &size); err != nil || size.Capacity < 2<<30 {
+		t.Errorf("real_size of the swap job: %s (want at least 2GiB)", r)
 	}
 	r = c.admin("dw_wlm_cli", "--function", "pools")
 	var doc struct {
 		Pools []struct{ Quantity, Free, Granularity uint64 } `json:"pools"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || len(doc.Pools) != 1 || (doc.Pools[0].Quantity-doc.Pools[0].Free)*doc.Pools[0].Granularity < 1<<30 {
-		t.Errorf("pools while the swap job runs: %s (want at least 1GiB held)", r)
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || len(doc.Pools) != 1 || (doc.Pools[0].Quantity-doc.Pools[0].Free)*doc.Pools[0].Granularity < 2<<30 {
+		t.Errorf("pools while the swap job runs: %s (want at least 2GiB held)", r)
 	}
 	if r := c.admin("dwstat", "configurations"); !regexp.MustCompile(`(?m)^ *\d+ +\S+ +\d+ +swap +1$`).MatchString(r.stdout) {
 		t.Errorf("dwstat configurations: %s", r)
+	}
+	if c.plugin == "datawarp" {
+		// Slurm's own count of --bb swap=2 is 2 bytes, one granule (1GiB): its allocation
+		// record keeps that. real_size made the whole 2GiB the job's size, and the pools
+		// answer (read every 30 s) makes Slurm's free space 14GiB: the space its capacity
+		// waits for later jobs count from (the larger of its records and the pools' use).
+		log, _ := os.ReadFile(filepath.Join(c.dir, "log", "slurmctld.log"))
+		if !strings.Contains(string(log), "JobId="+id+" total_size increased from 1073741824 to 2147483648") {
+			t.Errorf("slurmctld did not take real_size as job %s's size", id)
+		}
+		c.waitFor(45*time.Second, "Slurm to see the swap's 2GiB gone from the pool", func() bool {
+			return strings.Contains(c.admin("scontrol", "show", "burst").stdout, " FreeSpace=14GiB ")
+		})
 	}
 	c.writeFile("swap-go", "", 0o644)
 	j := c.waitEnd(id, 2*time.Minute)
