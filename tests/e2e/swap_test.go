@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -128,11 +129,12 @@ func oomKills(cgroup string) int {
 
 // hogScript is a job's body: join the cgroup, show /proc/swaps, touch swapHogMiB MiB (each
 // page its own content), read it back and check it. marker, when set, is touched once the
-// memory is touched, and the job then sleeps (a job to kill while it swaps).
+// memory is touched, and the job then waits (at most 10 minutes) until marker.go exists
+// before it reads its memory back (a job to kill, or to pull the swap from, while it swaps).
 func hogScript(cgroup, marker string) string {
 	wait := ""
 	if marker != "" {
-		wait = fmt.Sprintf("open(%q, 'w').close()\nimport time\ntime.sleep(600)\n", marker)
+		wait = fmt.Sprintf("open(%q, 'w').close()\nimport os, time\nfor _ in range(6000):\n    if os.path.exists(%q): break\n    time.sleep(0.1)\n", marker, marker+".go")
 	}
 	return fmt.Sprintf(`echo $$ > %s/cgroup.procs
 echo "swaps during the job:"
@@ -284,5 +286,94 @@ func TestSwapRemoteComputeNode(t *testing.T) {
 		t.Errorf("/proc/swaps after post_run: %v", areas)
 	}
 	c.wlm("--function", "teardown", "--token", "60", "--job", job)
+	c.assertClean()
+}
+
+// TestSwapStorageNodeLost: storage node hosta dies while the job's process on hostb has pages
+// on its area there. The process is killed when it needs them back (the pages are gone); the
+// session says which area was lost and why; hostb survives (its agent answers, the area is
+// detached at post_run, nothing left in /proc/swaps); hosta cleans up when it comes back.
+func TestSwapStorageNodeLost(t *testing.T) {
+	c := newNetCluster(t)
+	requireSwap(t, c.dir)
+	cfg := c.hosts["hostb"].config
+	raw, _ := os.ReadFile(cfg)
+	os.WriteFile(cfg, []byte(strings.Replace(string(raw), "[agent]\n", "[agent]\nssd_path = \""+filepath.Join(c.dir, "hostb", "ssd")+"\"\n", 1)), 0o644)
+	c.start("ctl")
+	c.start("hosta")
+	c.start("hostb")
+	cg := memCgroup(t, nobodyUID)
+
+	job := c.jobFile("lost.sh", "#!/bin/bash\n#DW swap 512MiB\n\x00")
+	nodes := c.jobFile("nodes", "hostb\n")
+	c.wlm("--function", "setup", "--token", "62", "--caller", "SLURM", "--user", "65534", "--groupid", "65534",
+		"--capacity", "wlm_pool:1GiB", "--job", job, "--nodehostnamefile", nodes)
+	c.wlm("--function", "pre_run", "--token", "62", "--job", job, "--nodehostnamefile", nodes)
+	if len(swapAreas()) != 1 {
+		t.Fatalf("/proc/swaps after pre_run: %v", swapAreas())
+	}
+	flags := filepath.Join(c.dir, "flags")
+	os.Mkdir(flags, 0o777)
+	os.Chmod(flags, 0o777)
+	marker := filepath.Join(flags, "touched")
+	hog := exec.Command("nsenter", "-t", strconv.Itoa(c.hosts["hostb"].cmd.Process.Pid), "-n", "--",
+		"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "/bin/sh", "-c", hogScript(cg, marker))
+	hog.Env, hog.Dir = []string{"PATH=/usr/bin:/bin", "HOME=/"}, "/"
+	var out strings.Builder
+	hog.Stdout, hog.Stderr = &out, &out
+	if err := hog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- hog.Wait() }()
+	t.Cleanup(func() {
+		hog.Process.Kill()
+		select { // a process stuck in a page-in cannot be killed: never wait for ever
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("the process on hostb (pid %d) does not die", hog.Process.Pid)
+		}
+	})
+	waitFor(t, "the process on hostb to touch its memory", func() bool { _, err := os.Stat(marker); return err == nil })
+
+	c.stop("hosta", true)
+	os.WriteFile(marker+".go", nil, 0o644)
+	select {
+	case err := <-done:
+		if err == nil || strings.Contains(out.String(), "verified") {
+			t.Errorf("the process read its memory back although its swap's storage node is gone: %v\n%s", err, out.String())
+		}
+		t.Logf("the process on hostb ended: %v", err)
+	case <-time.After(time.Minute):
+		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stack", hog.Process.Pid))
+		t.Fatalf("the process on hostb neither got its pages nor was killed in a minute:\n%s\n%s", out.String(), raw)
+	}
+	var failure string
+	waitFor(t, "the session to report its lost swap area", func() bool {
+		all, err := c.client.All(context.Background())
+		if err != nil {
+			return false
+		}
+		for _, s := range all.Sessions {
+			if s.Token == "62" {
+				failure = s.Failure
+			}
+		}
+		return strings.Contains(failure, "lost: its storage node hosta is offline")
+	})
+	if !strings.Contains(failure, "compute node hostb") {
+		t.Errorf("session failure: %q", failure)
+	}
+	// hostb survives: its agent still answers, and its area goes at post_run.
+	if out, err := c.onHost("hostb", "echo alive").CombinedOutput(); err != nil || !strings.Contains(string(out), "alive") {
+		t.Errorf("hostb after the loss: %v %s", err, out)
+	}
+	c.wlm("--function", "post_run", "--token", "62", "--job", job)
+	if areas := swapAreas(); len(areas) != 0 {
+		t.Errorf("/proc/swaps after post_run: %v", areas)
+	}
+	c.wlm("--function", "teardown", "--token", "62", "--job", job, "--hurry")
+	c.start("hosta")
+	c.waitFor("hosta to remove the lost job's fragment", func() bool { return len(c.fragments()) == 0 })
 	c.assertClean()
 }
