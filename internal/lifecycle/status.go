@@ -100,6 +100,9 @@ func Status(w *World, token, step string) StepStatus {
 				st.Done = false
 			}
 		}
+		if lost := LostSwaps(w, s); len(lost) > 0 { // the job must not start (or go on) without its swap
+			st.Failed, st.Message = true, strings.Join(lost, "; ")
+		}
 	case PhasePostRun:
 		st.Done = len(w.ActivationsOf(s.ID)) == 0
 		for _, a := range w.ActivationsOf(s.ID) {

@@ -266,23 +266,45 @@ func stepSwap(w *World, s *model.Session, a *model.Activation, p Params, now tim
 	return []Effect{{Op: OpAttachSwap, Ref: Ref{KindActivation, a.ID}, Node: a.Node, Swap: swapSpec(w, s, a, p)}}
 }
 
-// noteLostSwap reports, on the session, an attached swap area whose storage node went
-// offline: the pages the job swapped out there are gone, and the kernel kills what needs them.
+// noteLostSwap records on the session an attached swap area whose storage node went offline
+// (lostSwap), when a step looks at the session; listings and step answers say it at once
+// (LostSwaps).
 func noteLostSwap(w *World, s *model.Session, a *model.Activation) {
-	ns := w.Namespaces[a.NamespaceID]
-	if ns == nil {
-		return
-	}
-	f := w.Fragments[ns.FragmentID]
-	if f == nil || nodeOnline(w, f.Node) {
-		return
-	}
-	msg := fmt.Sprintf("swap area %d of compute node %s lost: its storage node %s is offline; pages the job swapped out there cannot come back, so the job's processes that need them are killed",
-		a.ID, a.Node, f.Node)
-	if s.Failure != msg {
+	if msg := lostSwap(w, a); msg != "" && s.Failure != msg {
 		s.Failure = msg
 		w.put(s)
 	}
+}
+
+// lostSwap says why an attached swap area is lost ("" when it is not): its storage node is
+// offline, the pages the job swapped out there are gone, and the kernel kills what needs them.
+func lostSwap(w *World, a *model.Activation) string {
+	if !a.State.Actualized || a.State.Goal != model.GoalCreate || !IsSwap(w, a) {
+		return ""
+	}
+	ns := w.Namespaces[a.NamespaceID]
+	if ns == nil {
+		return ""
+	}
+	f := w.Fragments[ns.FragmentID]
+	if f == nil || w.Nodes[f.Node] == nil || nodeOnline(w, f.Node) {
+		return ""
+	}
+	return fmt.Sprintf("swap area %d of compute node %s lost: its storage node %s is offline; pages the job swapped out there cannot come back, so the job's processes that need them are killed",
+		a.ID, a.Node, f.Node)
+}
+
+// LostSwaps lists why the session's attached swap areas are lost, if any are: what the
+// session's failure says in listings (dwstat sessions) and step answers while the session is
+// settled and no step records it.
+func LostSwaps(w *World, s *model.Session) []string {
+	var out []string
+	for _, a := range w.ActivationsOf(s.ID) {
+		if msg := lostSwap(w, a); msg != "" {
+			out = append(out, msg)
+		}
+	}
+	return out
 }
 
 // completeSwap records the outcome of an attach or a detach.

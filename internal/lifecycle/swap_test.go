@@ -310,8 +310,16 @@ func TestSwapLostStorageNode(t *testing.T) {
 	h.must(ApplyPreRun(h.w, "3", []string{"cn1", "cn2"}, h, h.p))
 	h.settle()
 	h.w.Nodes["ssd1"].Online = false
-	Step(h.w, h.p, h.now)
 	s := h.w.SessionByToken("3")
+	// Said at once where the session is read (a settled session is not stepped), then
+	// recorded by the next step.
+	if lost := LostSwaps(h.w, s); len(lost) != 2 || !strings.Contains(lost[0], "lost: its storage node ssd1 is offline") {
+		t.Errorf("lost swaps: %q", lost)
+	}
+	if st := h.status("3", PhasePreRun); !st.Failed || !strings.Contains(st.Message, "lost: its storage node ssd1 is offline") {
+		t.Errorf("pre_run status with a lost area: %+v", st)
+	}
+	Step(h.w, h.p, h.now)
 	if !strings.Contains(s.Failure, "compute node cn") || !strings.Contains(s.Failure, "lost: its storage node ssd1 is offline") {
 		t.Errorf("session failure: %q", s.Failure)
 	}

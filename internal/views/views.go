@@ -387,7 +387,7 @@ func buildSessions(w *lifecycle.World) []Session {
 		}
 		out = append(out, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, Expired: s.Expired, ID: s.ID,
 			Links: SessionLinks{ClientNodes: nodes}, Owner: s.Owner, State: stateOf(s.State), Token: s.Token,
-			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: s.Failure, Uses: s.Uses})
+			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: failureOf(w, s), Uses: s.Uses})
 	}
 	return out
 }
@@ -622,4 +622,13 @@ func (a All) VisibleTo(uid uint32) All {
 		}
 	}
 	return out
+}
+
+// failureOf is a session's failure as listings show it: the one recorded, else its lost swap
+// areas (a storage node gone under a settled job: no step has recorded it yet).
+func failureOf(w *lifecycle.World, s *model.Session) string {
+	if s.Failure != "" {
+		return s.Failure
+	}
+	return strings.Join(lifecycle.LostSwaps(w, s), "; ")
 }

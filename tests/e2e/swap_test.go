@@ -324,12 +324,12 @@ func TestSwapStorageNodeLost(t *testing.T) {
 	if err := hog.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- hog.Wait() }()
+	done, ended := make(chan error, 1), make(chan struct{})
+	go func() { err := hog.Wait(); close(ended); done <- err }()
 	t.Cleanup(func() {
 		hog.Process.Kill()
 		select { // a process stuck in a page-in cannot be killed: never wait for ever
-		case <-done:
+		case <-ended:
 		case <-time.After(30 * time.Second):
 			t.Errorf("the process on hostb (pid %d) does not die", hog.Process.Pid)
 		}
@@ -349,7 +349,7 @@ func TestSwapStorageNodeLost(t *testing.T) {
 		t.Fatalf("the process on hostb neither got its pages nor was killed in a minute:\n%s\n%s", out.String(), raw)
 	}
 	var failure string
-	waitFor(t, "the session to report its lost swap area", func() bool {
+	waitFor(t, "the session to report its lost swap area (dwstat sessions)", func() bool {
 		all, err := c.client.All(context.Background())
 		if err != nil {
 			return false
