@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/spillway-hpc/spillway/internal/pfsio"
+	"github.com/spillway-hpc/spillway/internal/swaparea/swaptest"
 	"github.com/spillway-hpc/spillway/internal/traceattack"
 )
 
@@ -14,6 +15,12 @@ import (
 var pfsWorkerExe []string
 
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == swaptest.HogArg {
+		os.Exit(swaptest.HogMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == swapAgentArg {
+		os.Exit(swapAgentMain(os.Args[2:]))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "pfs-worker" {
 		os.Exit(pfsio.WorkerMain(os.Args[2:], os.Stderr))
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/swaparea"
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,9 +36,6 @@ type SwapOptions struct {
 	DetachTimeout time.Duration
 	// LockMemory: mlockall before the first remote area is attached ([swap] lock_agent_memory).
 	LockMemory bool
-	// ProbeTimeout bounds the look at a remote area's file that each report makes (its
-	// storage node answering); 0: 5 seconds.
-	ProbeTimeout time.Duration
 }
 
 // swapRecord is what the agent keeps about an area, in Dir/<id>.json.
@@ -65,6 +63,7 @@ type swapState struct {
 	failed  string            // the failure of the last detach, once reported
 	problem string            // what is wrong with the area now (a storage node lost), "" if nothing
 	probing bool              // a look at its file is under way
+	last    swaparea.Counters // its counters when last read (the loop device goes at swapoff)
 }
 
 type swapAreas struct {
@@ -329,14 +328,18 @@ func (a *Agent) DetachSwap(ctx context.Context, spec agentapi.SwapDetachSpec) (a
 		a.swaps.mu.Unlock()
 		return agentapi.SwapStatus{Done: true}, nil
 	}
+	if st.rec.MountPath != "" && st.off == nil && st.problem == "" && st.rec.Device != "" {
+		// Before swapoff: whether the pages can come back at all is what the job's end says.
+		a.noteSwapReach(st, a.reachSwap(st.rec))
+	}
 	area, found := swaparea.Find(st.rec.area().File())
 	status := agentapi.SwapStatus{Attached: found && area.Swapping, Device: area.Device, Error: st.problem}
 	if found {
 		if c, err := swaparea.ReadCounters(area.Device); err == nil {
-			c = c.Since(st.rec.Base)
-			status.BytesWritten, status.BytesRead = c.BytesWritten, c.BytesRead
+			st.last = c.Since(st.rec.Base)
 		}
 	}
+	status.BytesWritten, status.BytesRead = st.last.BytesWritten, st.last.BytesRead
 	if st.off != nil {
 		v, msg := st.off.Poll(bound)
 		switch {
@@ -379,7 +382,9 @@ func (a *Agent) DetachSwap(ctx context.Context, spec agentapi.SwapDetachSpec) (a
 	}
 	a.opt.Log.Info("detached a swap area", "swap", spec.ID, "job", st.rec.Spec.Job, "paged_out", status.BytesWritten, "paged_in", status.BytesRead)
 	a.forgetSwap(spec.ID)
-	return agentapi.SwapStatus{Done: true, BytesWritten: status.BytesWritten, BytesRead: status.BytesRead}, nil
+	// Done, with what went wrong while it was attached (a lost storage node: its job's
+	// processes were killed), for the job's record.
+	return agentapi.SwapStatus{Done: true, BytesWritten: status.BytesWritten, BytesRead: status.BytesRead, Error: st.problem}, nil
 }
 
 // swapUsage is the node's areas' counters since each was attached, for the report; a remote
@@ -415,8 +420,8 @@ func (a *Agent) swapUsage() []agentapi.SwapUsage {
 	return out
 }
 
-// probeSwap looks at a remote area's file through the agent's mount, within ProbeTimeout, in
-// the background: a storage node that is gone makes the kernel's page-ins of the area fail
+// probeSwap looks at a remote area's file through the agent's mount in the background (one
+// look at a time): a storage node that is gone makes the kernel's page-ins of the area fail
 // (the processes needing those pages are killed with SIGBUS), which the agent says plainly.
 func (a *Agent) probeSwap(st *swapState, rec swapRecord) {
 	st.mu.Lock()
@@ -427,47 +432,60 @@ func (a *Agent) probeSwap(st *swapState, rec swapRecord) {
 	st.probing = true
 	st.mu.Unlock()
 	go func() {
-		done := make(chan error, 1)
-		go func() {
-			a.mu.Lock()
-			m := a.mounts[rec.MountPath]
-			a.mu.Unlock()
-			if m == nil || !m.alive() {
-				done <- errors.New("the agent's mount of its namespace is gone")
-				return
-			}
-			var buf [1]byte
-			f, err := os.Open(rec.area().File())
-			if err == nil {
-				_, err = f.ReadAt(buf[:], 0)
-				f.Close()
-			}
-			done <- err
-		}()
-		var err error
-		timeout := cmp.Or(a.opt.Swap.ProbeTimeout, 5*time.Second)
-		select {
-		case err = <-done:
-		case <-time.After(timeout):
-			err = fmt.Errorf("no answer within %s", timeout)
-		}
+		err := a.reachSwap(rec)
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		st.probing = false
-		if st.rec.Spec.ID != rec.Spec.ID || st.rec.Device != rec.Device {
-			return
-		}
-		switch {
-		case err != nil && st.problem == "":
-			st.problem = fmt.Sprintf("storage node %s of swap area %d (%s) cannot be reached: %v; pages paged out there cannot come back, and a process that needs one is killed (SIGBUS); the node itself is unaffected",
-				rec.Spec.StorageNode, rec.Spec.ID, rec.Device, err)
-			a.opt.Log.Error("a remote swap area's storage node cannot be reached: processes whose pages are there are killed (SIGBUS) when they need them",
-				"swap", rec.Spec.ID, "job", rec.Spec.Job, "storage_node", rec.Spec.StorageNode, "device", rec.Device, "err", err)
-		case err == nil && st.problem != "" && strings.HasPrefix(st.problem, "storage node "):
-			a.opt.Log.Info("a remote swap area's storage node answers again", "swap", rec.Spec.ID, "storage_node", rec.Spec.StorageNode)
-			st.problem = ""
+		if st.rec.Spec.ID == rec.Spec.ID && st.rec.Device == rec.Device {
+			a.noteSwapReach(st, err)
 		}
 	}()
+}
+
+// reachSwap reads the first byte of a remote area's file through the agent's mount, within
+// warpfs.request_timeout (the mount's own bound on a request; a storage node that refuses
+// connections fails it at once).
+func (a *Agent) reachSwap(rec swapRecord) error {
+	done := make(chan error, 1)
+	go func() {
+		a.mu.Lock()
+		m := a.mounts[rec.MountPath]
+		a.mu.Unlock()
+		if m == nil || !m.alive() {
+			done <- errors.New("the agent's mount of its namespace is gone")
+			return
+		}
+		var buf [1]byte
+		f, err := os.Open(rec.area().File())
+		if err == nil {
+			_, err = f.ReadAt(buf[:], 0)
+			f.Close()
+		}
+		done <- err
+	}()
+	timeout := cmp.Or(a.opt.Warpfs.RequestTimeout, client.DefaultLimits().RequestTimeout) + time.Second
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("no answer within %s", timeout)
+	}
+}
+
+// noteSwapReach records (and logs, once) whether a remote area's storage node answered;
+// st.mu is held.
+func (a *Agent) noteSwapReach(st *swapState, err error) {
+	rec := st.rec
+	switch {
+	case err != nil && st.problem == "":
+		st.problem = fmt.Sprintf("storage node %s of swap area %d (%s) cannot be reached: %v; pages paged out there cannot come back, and a process that needs one is killed (SIGBUS); the node itself is unaffected",
+			rec.Spec.StorageNode, rec.Spec.ID, rec.Device, err)
+		a.opt.Log.Error("a remote swap area's storage node cannot be reached: processes whose pages are there are killed (SIGBUS) when they need them",
+			"swap", rec.Spec.ID, "job", rec.Spec.Job, "storage_node", rec.Spec.StorageNode, "device", rec.Device, "err", err)
+	case err == nil && strings.HasPrefix(st.problem, "storage node "):
+		a.opt.Log.Info("a remote swap area's storage node answers again", "swap", rec.Spec.ID, "storage_node", rec.Spec.StorageNode)
+		st.problem = ""
+	}
 }
 
 // reapSwaps detaches the areas the controller no longer lists, once older than grace (an

@@ -345,6 +345,12 @@ func EnduranceOptions(cfg config.Config) agent.EnduranceOptions {
 	return agent.EnduranceOptions{File: cfg.Agent.EnduranceFile, Interval: cfg.Agent.EnduranceInterval.D(), Timeout: cfg.Agent.EnduranceTimeout.D()}
 }
 
+// SwapOptions is [swap] as the agent takes it: its swap areas' records and remote mounts go
+// under agent.ssd_path ("swap"), on a compute-only node too.
+func SwapOptions(cfg config.Config) agent.SwapOptions {
+	return agent.SwapOptions{DetachTimeout: cfg.Swap.DetachTimeout.D(), LockMemory: cfg.Swap.LockAgentMemory}
+}
+
 // writeBehind is mount.write_behind as package mount takes it: 0 (off) is negative there.
 func writeBehind(size config.Size) int {
 	if size == 0 {

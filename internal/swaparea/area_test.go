@@ -62,6 +62,7 @@ func TestAreaLetsAHogTwiceItsLimitComplete(t *testing.T) {
 	exe, _ := os.Executable()
 
 	cg := swaptest.Cgroup(t, cgroupLimit)
+	swaptest.NoSwap(t, cg)
 	hog := swaptest.StartHog(t, exe, cg, hogMiB)
 	if hog.Touched() {
 		t.Fatal("the hog touched twice its cgroup's limit with no swap on the host")
@@ -73,7 +74,7 @@ func TestAreaLetsAHogTwiceItsLimitComplete(t *testing.T) {
 
 	fs := swaptest.XFS(t, 512<<20)
 	os.Mkdir(filepath.Join(fs, "ns"), 0o700)
-	s := Spec{Root: fs, Rel: "ns", Name: "swap-1-c1", Size: areaSize, Priority: 7, Label: "spillway-test"}
+	s := Spec{Root: fs, Rel: "ns", Name: "swap-1-c1", Size: areaSize, Priority: swaptest.TestPriority, Label: "spillway-test"}
 	a, err := Attach(s)
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func TestAreaLetsAHogTwiceItsLimitComplete(t *testing.T) {
 			Release(s, a.Device)
 		}
 	})
-	if !a.Swapping || !inSwaps(a.Device) || a.Priority != 7 || a.File != filepath.Join(fs, "ns", "swap-1-c1") {
+	if !a.Swapping || !inSwaps(a.Device) || a.Priority != swaptest.TestPriority || a.File != filepath.Join(fs, "ns", "swap-1-c1") {
 		t.Fatalf("attached %+v; /proc/swaps has it: %v", a, inSwaps(a.Device))
 	}
 	if !a.DirectIO {
@@ -174,7 +175,7 @@ func attachWithHog(t *testing.T, oomOff bool) (Spec, Area, *swaptest.Hog, string
 	t.Helper()
 	exe, _ := os.Executable()
 	fs := swaptest.XFS(t, 512<<20)
-	s := Spec{Root: fs, Rel: ".", Name: "swap-2-c1", Size: areaSize, Priority: -1}
+	s := Spec{Root: fs, Rel: ".", Name: "swap-2-c1", Size: areaSize, Priority: swaptest.TestPriority}
 	a, err := Attach(s)
 	if err != nil {
 		t.Fatal(err)

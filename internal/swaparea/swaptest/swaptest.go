@@ -44,7 +44,8 @@ func Require(t testing.TB) {
 }
 
 // Lock takes the host's swap test lock until the test ends, and checks at the end that no
-// swap area and no loop device the test made is left.
+// swap area and no loop device over a file of the test's (its temporary directories, named
+// after it) is left. Others' (another suite's run on the host) are not the test's concern.
 func Lock(t testing.TB) {
 	t.Helper()
 	f, err := os.OpenFile(LockFile, os.O_CREATE|os.O_RDWR, 0o600)
@@ -54,18 +55,22 @@ func Lock(t testing.TB) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 		t.Fatal(err)
 	}
-	before := loopsNow()
+	mine := func(file string) bool { return strings.Contains(file, "/"+t.Name()) }
 	t.Cleanup(func() {
 		defer f.Close()
 		if t.Failed() {
 			return
 		}
+		loops := loopsNow()
 		raw, _ := os.ReadFile("/proc/swaps")
-		if lines := strings.Split(strings.TrimSpace(string(raw)), "\n"); len(lines) > 1 {
-			t.Errorf("swap areas left after the test:\n%s", raw)
+		for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n")[1:] {
+			name, _, _ := strings.Cut(line, " ")
+			if mine(name) || mine(loops[filepath.Base(name)]) {
+				t.Errorf("swap area left after the test: %s", line)
+			}
 		}
-		for dev, file := range loopsNow() {
-			if _, ok := before[dev]; !ok {
+		for dev, file := range loops {
+			if mine(file) {
 				t.Errorf("loop device %s (over %s) left after the test", dev, file)
 			}
 		}
@@ -145,6 +150,23 @@ func Cgroup(t testing.TB, limit int64) string {
 	}
 	return path
 }
+
+// NoSwap forbids the cgroup any swap (memory.memsw.limit_in_bytes equal to its memory limit):
+// "without swap" whatever swap areas the host has (another suite's, the node's own).
+func NoSwap(t testing.TB, cgroup string) {
+	t.Helper()
+	limit, err := os.ReadFile(filepath.Join(cgroup, "memory.limit_in_bytes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cgroup, "memory.memsw.limit_in_bytes"), []byte(strings.TrimSpace(string(limit))), 0); err != nil {
+		t.Skipf("cannot forbid a cgroup swap (memory.memsw.limit_in_bytes; swapaccount=1 missing?): %v", err)
+	}
+}
+
+// TestPriority is the swapon priority tests give their areas: above any other area the host
+// may have (another suite's), so that the pages go to the area under test.
+const TestPriority = 32000
 
 // OOMKills is how many processes the kernel's OOM killer killed in the cgroup.
 func OOMKills(cgroup string) int {
