@@ -334,12 +334,6 @@ func FragmentFSLimits(cfg config.Config) agent.FragmentFSLimits {
 	return agent.FragmentFSLimits{Mkfs: cfg.Agent.FragmentMkfsTimeout.D(), Mount: cfg.Agent.FragmentMountTimeout.D()}
 }
 
-// SwapOptions maps the configuration's [swap] onto a compute node's swap areas: the bound on
-// a swapoff the node starts itself (the reaper's) and the memory lock.
-func SwapOptions(cfg config.Config) agent.SwapOptions {
-	return agent.SwapOptions{DetachTimeout: cfg.Swap.DetachTimeout.D(), LockMemory: cfg.Swap.LockAgentMemory}
-}
-
 // EnduranceOptions maps the configuration onto how a storage agent reads its SSD's wear.
 func EnduranceOptions(cfg config.Config) agent.EnduranceOptions {
 	return agent.EnduranceOptions{File: cfg.Agent.EnduranceFile, Interval: cfg.Agent.EnduranceInterval.D(), Timeout: cfg.Agent.EnduranceTimeout.D()}
