@@ -332,3 +332,16 @@ func TestSwapLostStorageNode(t *testing.T) {
 }
 
 func itoa(id ID) string { return fmt.Sprint(id) }
+
+// TestSwapConfigurationIsNotMountedByHand: dwcli create activation refuses a swap
+// configuration (it would be mounted as a file tree, or attached outside pre_run).
+func TestSwapConfigurationIsNotMountedByHand(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	swapParams(h)
+	h.must(ApplySetup(h.w, Setup{Token: "2", Owner: 1001, Group: 1001, ClientNodes: []string{"cn1"}, Swap: &SwapRequest{SizePerNode: 1 << 30, Pool: "wlm_pool"}}, h, h.p, h.now))
+	_, c := swapOf(t, h.w, "2")
+	_, err := ApplyCreateActivation(h.w, "2", ManualActivation{Configuration: c.ID, Mount: "/mnt/x"}, h, h.p)
+	if err == nil || !strings.Contains(err.Error(), "is a job's swap") {
+		t.Errorf("create activation of a swap configuration: %v", err)
+	}
+}
