@@ -278,6 +278,9 @@ func TestSwapDetachFailure(t *testing.T) {
 	if got := h.w.Activations[a.ID]; got == nil || got.State.Attempts != 1 {
 		t.Fatalf("the failed detach: %+v", got)
 	}
+	if st := h.status("6", PhaseTeardown); st.Done || st.Failed || st.Message != want {
+		t.Errorf("teardown status while the detach is retried: %+v", st)
+	}
 	h.settle()
 	assertEmpty(t, h.w)
 
