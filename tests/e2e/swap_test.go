@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-hpc/spillway/internal/views"
 	"golang.org/x/sys/unix"
 )
 
@@ -287,6 +289,26 @@ func TestSwapRemoteComputeNode(t *testing.T) {
 	}
 	c.wlm("--function", "teardown", "--token", "60", "--job", job)
 	c.assertClean()
+	// The swap instance's accounting record counts what hostb paged out to its area and in
+	// from it: at least what the process had beyond its cgroup's limit.
+	var rec views.Realm
+	waitFor(t, "the swap instance's accounting record", func() bool {
+		raw, _ := os.ReadFile(filepath.Join(c.dir, "state", "accounting.log"))
+		for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+			var a views.Accounting
+			if json.Unmarshal([]byte(line), &a) == nil && a.Realm.Token == "60" && len(a.Realm.Swap) > 0 {
+				rec = a.Realm
+				return true
+			}
+		}
+		return false
+	})
+	excess := uint64(swapHogMiB<<20 - swapLimit)
+	if len(rec.Swap) != 1 || rec.Swap[0].Node != "hostb" || rec.Swap[0].BytesWritten < excess/2 || rec.Swap[0].BytesRead == 0 ||
+		rec.SwapBytesWritten != rec.Swap[0].BytesWritten || rec.SwapBytesRead != rec.Swap[0].BytesRead {
+		t.Errorf("accounting of the swap: %+v (written %d, read %d)", rec.Swap, rec.SwapBytesWritten, rec.SwapBytesRead)
+	}
+	t.Logf("hostb paged out %d MiB to its area and in %d MiB", rec.SwapBytesWritten>>20, rec.SwapBytesRead>>20)
 }
 
 // TestSwapStorageNodeLost: storage node hosta dies while the job's process on hostb has pages
