@@ -380,6 +380,9 @@ func shards(w *World, c *model.Configuration) []agentapi.Replica {
 // each.
 // A load-balanced cache is not striped: each of its servers serves whole files (cacheSpec).
 func striped(w *World, c *model.Configuration) bool {
+	if c.Type == model.TypeSwap {
+		return false // a swap area's file is whole on its namespace's fragment (swap.go)
+	}
 	if c.Type == model.TypeCache && c.AccessMode == model.AccessStriped {
 		return true // even on one node: a cache's file data is always in stripe objects, one data path
 	}

@@ -98,6 +98,9 @@ func TestSwapJobLifecycle(t *testing.T) {
 		if e.Namespace.Owner != 0 || e.Namespace.Mode != 0o700 {
 			t.Errorf("swap namespace %+v: want root's, 0700", e.Namespace)
 		}
+		if e.Namespace.Servers != 0 { // an instance on two storage nodes: never striped
+			t.Errorf("swap namespace %+v is striped: an area's file must be whole on its fragment", e.Namespace)
+		}
 		Complete(h.w, e, Result{}, h.p, h.now)
 	}
 	h.w.TakeChanges()
@@ -120,7 +123,7 @@ func TestSwapJobLifecycle(t *testing.T) {
 			}
 		case "cn1": // remote: through a mount of the namespace
 			if sp.StorageNode == "" || sp.StorageNode == "cn1" || sp.Mount == nil || sp.Mount.NamespaceID != sp.NamespaceID ||
-				sp.Mount.FragmentID != sp.FragmentID || sp.Mount.StorageNode != sp.StorageNode || sp.Mount.MountPath != "" {
+				sp.Mount.FragmentID != sp.FragmentID || sp.Mount.StorageNode != sp.StorageNode || sp.Mount.MountPath != "" || len(sp.Mount.Stripes) != 0 {
 				t.Errorf("remote node's area: %+v mount %+v", sp, sp.Mount)
 			}
 		}
