@@ -117,8 +117,9 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 			}
 			allReady = false
 			if ready(f.State, now) {
+				fragCap, instCap := swapCapacities(w, inst, f)
 				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
-					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity,
+					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: fragCap, InstanceCapacity: instCap,
 						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength, Job: s.Token,
 						Cache: instanceCache(w, inst.ID), StripeIndex: cacheStripeIndex(w, inst.ID, f)}})
 			}

@@ -394,3 +394,28 @@ func NoteSwapUsage(inst *model.Instance, u agentapi.SwapUsage) bool {
 	sort.Slice(inst.Swap, func(i, j int) bool { return inst.Swap[i].ID < inst.Swap[j].ID })
 	return true
 }
+
+// SwapAreaSlack is what a swap area's namespace holds besides the area's file: its directory
+// and the file's metadata, which the storage node counts against the fragment's capacity. A
+// swap fragment's capacity as its agent counts it is its grains plus this per area, so that an
+// area of exactly whole grains fits (the pool still counts whole grains).
+const SwapAreaSlack = 1 << 20
+
+// swapCapacities are the capacities a fragment's agent counts for it and its instance: the
+// fragment's and the instance's, plus SwapAreaSlack per area for a swap instance.
+func swapCapacities(w *World, inst *model.Instance, f *model.Fragment) (fragment, instance uint64) {
+	fragment, instance = f.Capacity, inst.Capacity
+	for _, c := range w.ConfigurationsOf(inst.ID) {
+		if c.Type != model.TypeSwap || c.SwapSize == 0 {
+			continue
+		}
+		pool := w.Pools[inst.Pool]
+		if pool == nil || pool.Granularity == 0 {
+			continue
+		}
+		perNode := max(units.Grains(c.SwapSize, pool.Granularity), 1)
+		fragment += f.Grains / perNode * SwapAreaSlack
+		instance += inst.Grains / perNode * SwapAreaSlack
+	}
+	return fragment, instance
+}

@@ -67,6 +67,17 @@ func TestSwapJobLifecycle(t *testing.T) {
 			t.Errorf("fragment %d on %s holds %d grains: not whole areas of 2", f.ID, f.Node, f.Grains)
 		}
 	}
+	// Each area's namespace has room for its file and its own metadata: the agents count a
+	// little more than the grains (an area of exactly whole grains must fit).
+	for _, e := range Step(h.w, h.p, h.now) {
+		if e.Op == OpCreateFragment && e.Fragment.InstanceID == inst.ID {
+			f := h.w.Fragments[e.Fragment.ID]
+			if e.Fragment.Capacity != f.Capacity+f.Grains/2*SwapAreaSlack || e.Fragment.InstanceCapacity != inst.Capacity+3*SwapAreaSlack {
+				t.Errorf("swap fragment spec %+v", e.Fragment)
+			}
+		}
+	}
+	h.w.TakeChanges()
 	if c.Owner != 0 || c.RootPermissions != 0o700 || c.SwapSize != 3<<29 || c.SwapNodes != 3 || c.AccessMode != "" {
 		t.Errorf("swap configuration: %+v", c)
 	}
