@@ -132,6 +132,10 @@ def main():
     raw_out, raw_in = med["raw"]
     ratio = "; ".join(f"{LABEL[k]}: page-out {med[k][0] / raw_out:.2f}x, page-in {med[k][1] / raw_in:.2f}x the raw swap file"
                       for k in ("colocated", "remote") if raw_out > 0 and raw_in > 0)
+    spread = max(max(v) / min(v) for kind in KINDS for v in (
+        [mibs(x["out_bytes"], x["out_seconds"]) for x in results[kind]], [mibs(x["in_bytes"], x["in_seconds"]) for x in results[kind]]) if min(v) > 0)
+    noise = (f"Runs of one kind differ by up to {spread:.1f}x (the disk and the 2 cores are shared with other work): "
+             "the medians compare the kinds, not one run." if spread > 1.3 else "")
     print("\n" + ratio)
     kernel = platform.release()
     text = f"""## Swap on the burst buffer (`#DW swap`)
@@ -148,7 +152,7 @@ locked. Medians of {args.runs} runs, MiB/s:
 |---|---|---|---|---|
 """ + "\n".join(rows) + f"""
 
-{ratio}.
+{ratio}. {noise}
 """
     write_section("swap", text)
 

@@ -137,8 +137,28 @@ func (a *Agent) loadSwaps() {
 			a.opt.Log.Error("a remote swap area lost its mount when the agent restarted", "swap", rec.Spec.ID, "device", found.Device, "job", rec.Spec.Job)
 		case ok:
 			a.opt.Log.Info("found a swap area attached before the agent started", "swap", rec.Spec.ID, "device", found.Device, "swapping", found.Swapping, "job", rec.Spec.Job)
+		default:
+			// Not attached (the node restarted, or the agent died during the attach): its
+			// device may be another's by now. The reaper removes it once the controller lets go.
+			st.rec.Device = ""
 		}
 		s.areas[rec.Spec.ID] = st
+	}
+	// Areas over files of this agent's with no record (records removed by hand): said, left
+	// alone — the agent does not know whose they are.
+	known := map[string]bool{}
+	for _, st := range s.areas {
+		known[st.rec.area().File()] = true
+	}
+	roots := []string{filepath.Join(dir, "mnt")}
+	if a.ssd != "" {
+		roots = append(roots, filepath.Join(a.ssd, "fragment"))
+	}
+	for _, area := range swaparea.List(roots...) {
+		if area.Swapping && !known[area.File] {
+			a.opt.Log.Warn("a swap area over a file of this agent's has no record: left alone; swapoff it and detach its loop device by hand once its job is gone",
+				"device", area.Device, "file", area.File)
+		}
 	}
 }
 
@@ -252,6 +272,7 @@ func (a *Agent) AttachSwap(ctx context.Context, spec agentapi.SwapSpec) error {
 	if err := a.saveSwap(rec); err != nil {
 		return fmt.Errorf("swap area %d: %w", spec.ID, err)
 	}
+	old := st.rec
 	st.rec, st.failed, st.problem = rec, "", ""
 	start := time.Now()
 	area, err := swaparea.Attach(rec.area())
@@ -260,10 +281,12 @@ func (a *Agent) AttachSwap(ctx context.Context, spec agentapi.SwapSpec) error {
 		a.opt.Log.Warn("cannot attach a swap area", "swap", spec.ID, "job", spec.Job, "err", err)
 		return fmt.Errorf("swap area %d: %w", spec.ID, err)
 	}
-	if area.Base != (swaparea.Counters{}) || st.rec.Device == "" {
-		st.rec.Base = area.Base
+	st.rec.Device, st.rec.Base = area.Device, area.Base
+	if area.Base == (swaparea.Counters{}) && old.Device == area.Device {
+		// Found attached (switched on again after a crash): its counters at attach are the
+		// old record's.
+		st.rec.Base = old.Base
 	}
-	st.rec.Device = area.Device
 	if err := a.saveSwap(st.rec); err != nil {
 		a.opt.Log.Warn("cannot save a swap area's record", "swap", spec.ID, "err", err)
 	}
@@ -333,7 +356,9 @@ func (a *Agent) DetachSwap(ctx context.Context, spec agentapi.SwapDetachSpec) (a
 		a.noteSwapReach(st, a.reachSwap(st.rec))
 	}
 	area, found := swaparea.Find(st.rec.area().File())
-	status := agentapi.SwapStatus{Attached: found && area.Swapping, Device: area.Device, Error: st.problem}
+	// Error while not Done means the detach failed (the controller's signal to give up or
+	// try again); what went wrong while the area was attached (st.problem) is said with Done.
+	status := agentapi.SwapStatus{Attached: found && area.Swapping, Device: area.Device}
 	if found {
 		if c, err := swaparea.ReadCounters(area.Device); err == nil {
 			st.last = c.Since(st.rec.Base)
@@ -365,7 +390,6 @@ func (a *Agent) DetachSwap(ctx context.Context, spec agentapi.SwapDetachSpec) (a
 		}
 		st.off, st.failed = off, ""
 		a.opt.Log.Info("detaching a swap area", "swap", spec.ID, "job", st.rec.Spec.Job, "device", area.Device, "bound", bound)
-		status.Error = ""
 		return status, nil
 	}
 	if err := swaparea.Release(st.rec.area(), area.Device); err != nil {
@@ -407,6 +431,9 @@ func (a *Agent) swapUsage() []agentapi.SwapUsage {
 		if rec.Device == "" {
 			continue
 		}
+		if found, ok := swaparea.Find(rec.area().File()); !ok || found.Device != rec.Device {
+			continue // not attached (any more): the device may be another's
+		}
 		c, err := swaparea.ReadCounters(rec.Device)
 		if err != nil {
 			continue
@@ -424,7 +451,9 @@ func (a *Agent) swapUsage() []agentapi.SwapUsage {
 // look at a time): a storage node that is gone makes the kernel's page-ins of the area fail
 // (the processes needing those pages are killed with SIGBUS), which the agent says plainly.
 func (a *Agent) probeSwap(st *swapState, rec swapRecord) {
-	st.mu.Lock()
+	if !st.mu.TryLock() { // an attach or detach under way: the report does not wait
+		return
+	}
 	if st.probing {
 		st.mu.Unlock()
 		return
