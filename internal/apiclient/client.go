@@ -591,6 +591,9 @@ func (c *Client) WaitStep(ctx context.Context, token, step string, timeout time.
 			return st, err
 		}
 		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			if st.Message != "" { // what it waits for (a swap area's failed detach, a cache's flush)
+				return st, fmt.Errorf("%s of %s did not finish within %s (client.step_timeout): %s", step, token, timeout, st.Message)
+			}
 			return st, fmt.Errorf("%s of %s did not finish within %s (client.step_timeout)", step, token, timeout)
 		}
 	}

@@ -255,7 +255,7 @@ func (w *wlm) jobProcess() int {
 // checkSiteLimits refuses a job asking past the site's write-protection bounds ([limits] of
 // the system config; the controller checks them again at setup).
 func checkSiteLimits(s *directive.Script) error {
-	if len(s.JobDWs) == 0 {
+	if len(s.JobDWs) == 0 && s.Swap == nil {
 		return nil
 	}
 	cfg, _, err := LoadSystemConfig("")
@@ -267,6 +267,9 @@ func checkSiteLimits(s *directive.Script) error {
 		if err := lifecycle.CheckInstance(jobspec.InstanceRequest(j), false, p); err != nil {
 			return fmt.Errorf("line %d: #DW jobdw: %v", j.Line, err)
 		}
+	}
+	if s.Swap != nil { // [swap] max_per_node, before the job is queued
+		return lifecycle.CheckSwap(*jobspec.SwapRequest(s.Swap, 0), controllerapi.SwapParamsOf(cfg.Swap))
 	}
 	return nil
 }
@@ -478,10 +481,25 @@ func (w *wlm) setup() int {
 	if err != nil {
 		return w.fail("%v", err)
 	}
+	if req.Swap != nil {
+		// Swap is reserved for the job's compute nodes: Slurm names them at setup only when
+		// it has planned them (--nodehostnamefile); otherwise the count the script asks for
+		// (#SBATCH --nodes, its maximum), as Slurm's plugin counts swap; otherwise one.
+		if len(nodes) == 0 {
+			if raw, err := jobspec.ReadScript(w.a.job); err == nil {
+				req.Swap.Nodes = jobspec.SbatchNodes(raw)
+			}
+		}
+		if req.Swap.Pool == "" && pool != "" && pool != "(null)" {
+			req.Swap.Pool = pool
+		}
+	}
 	if req.Instance != nil {
 		if size == 0 {
 			// Slurm allots no job capacity (a persistent-only job): no instance, and no
-			// stage-out into it to register (data_out says why, if it is asked).
+			// stage-out into it to register (data_out says why, if it is asked). Swap is
+			// reserved whatever Slurm counted (its plugins count swap wrongly or not at
+			// all: docs/swap.md).
 			req.Instance, req.More = nil, nil
 			req.StageOut = jobspec.WithoutJobInstance(req.StageOut, len(req.Uses) > 0)
 		} else {

@@ -639,3 +639,45 @@ func lineAt(path string, offset int64, id string) (bool, error) {
 	}
 	return rec.Realm.RecordID == id, nil
 }
+
+// recordSwapUsage keeps the counters a compute node reported for its swap areas (issue 22)
+// on their instances, for the accounting record: only areas the state has on that node, and
+// an instance is written only when its counters grew.
+func recordSwapUsage(tx *store.Tx, node string, reports []agentapi.SwapUsage) error {
+	for _, u := range reports {
+		a, err := store.Activations.Get(tx, u.ID)
+		if store.IsNotFound(err) {
+			continue // detached: its final counters came with the detach
+		}
+		if err != nil {
+			return err
+		}
+		if a.Node != node {
+			continue
+		}
+		cfg, err := store.Configurations.Get(tx, a.ConfigurationID)
+		if store.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		inst, err := store.Instances.Get(tx, cfg.InstanceID)
+		if store.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if cfg.Type != model.TypeSwap {
+			continue
+		}
+		u.Node = node
+		if lifecycle.NoteSwapUsage(inst, u) {
+			if err := store.Instances.Put(tx, inst); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -125,6 +125,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 			PersistentExpiration:    cfg.Controller.PersistentExpiration.D(),
 			MaxPersistentExpiration: cfg.Controller.MaxPersistentExpiration.D(),
 			Cache:                   controllerapi.CacheParamsOf(cfg.Cache),
+			Swap:                    controllerapi.SwapParamsOf(cfg.Swap),
 		},
 	}
 	c.metrics = newControllerMetrics(c)
@@ -465,6 +466,12 @@ func (c *Controller) Setup(ctx context.Context, req lifecycle.Setup, ordinaryUse
 	for i := range req.More {
 		if req.More[i].Pool == "" {
 			req.More[i].Pool = c.cfg.Controller.DefaultPool
+		}
+	}
+	if req.Swap != nil && req.Swap.Pool == "" { // #DW swap without pool=: the job's buffer's pool, else the default
+		req.Swap.Pool = c.cfg.Controller.DefaultPool
+		if req.Instance != nil {
+			req.Swap.Pool = req.Instance.Pool
 		}
 	}
 	if err := checkPFSAsOwner(req); err != nil {
@@ -829,6 +836,9 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 			return err
 		}
 		n.Written = max(n.Written+written, r.Written)
+		if err := recordSwapUsage(tx, r.Name, r.Usage.Swaps); err != nil {
+			return err
+		}
 		n.LastSeen = c.now()
 		n.Online = true
 		if !wasOnline {
@@ -857,6 +867,7 @@ func (c *Controller) heartbeat(ctx context.Context, r agentapi.NodeReport, admin
 				return err
 			}
 			reply = liveOn(w, r.Name)
+			reply.Swaps = lifecycle.LiveSwaps(w, r.Name, c.params)
 			for i := range reply.Mounts {
 				reply.Mounts[i] = c.grant(reply.Mounts[i], r.Name)
 			}

@@ -482,6 +482,15 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 			r.Stage, r.Err = agent.CancelStage(actx, e.Stage.Key())
 		case lifecycle.OpFlushCache:
 			r.Flush, r.Err = agent.FlushCache(actx, e.Flush)
+		case lifecycle.OpAttachSwap:
+			spec := e.Swap
+			if spec.Mount != nil { // a remote compute node mounts the namespace: its grant
+				m := c.grant(*spec.Mount, e.Node)
+				spec.Mount = &m
+			}
+			r.Err = agent.AttachSwap(actx, spec)
+		case lifecycle.OpDetachSwap:
+			r.Swap, r.Err = agent.DetachSwap(actx, e.SwapDetach)
 		}
 		cancel()
 		if fc, ok := agent.(nodeFaults); ok && r.Err != nil {
@@ -571,7 +580,7 @@ type noAnswers interface {
 // to run; a restart polls again, which is harmless: a poll is idempotent) and their failures
 // are not logged one by one (the object's state keeps the last).
 func isPoll(e lifecycle.Effect) bool {
-	return e.Op == lifecycle.OpPollStage || e.Op == lifecycle.OpFlushCache
+	return e.Op == lifecycle.OpPollStage || e.Op == lifecycle.OpFlushCache || e.Op == lifecycle.OpDetachSwap
 }
 
 // isStart reports whether an effect starts a stage (a split stage's runs are not: the stage

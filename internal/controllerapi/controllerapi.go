@@ -125,3 +125,9 @@ func WriteLimitsOf(l config.Limits) lifecycle.WriteLimits {
 		FilesCreated: l.FilesCreated, FilesCreatedMax: l.FilesCreatedMaximum,
 	}
 }
+
+// SwapParamsOf is the lifecycle's view of the config's [swap]: the controller applies it at
+// setup and pre_run, and dw_wlm_cli's job_process checks a job's #DW swap against it.
+func SwapParamsOf(s config.Swap) lifecycle.SwapParams {
+	return lifecycle.SwapParams{MaxPerNode: uint64(s.MaxPerNode), Priority: s.Priority, DetachTimeout: s.DetachTimeout.D()}
+}

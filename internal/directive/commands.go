@@ -555,7 +555,7 @@ func (d *dctx) swap(args []string, s *Script, seen *seenDirectives) {
 		}
 		if n, ok := d.size("size", sizes[0]); ok {
 			if n == 0 {
-				d.fail("size", sizes[0], "the swap size must be greater than zero", sizeFix)
+				d.fail("size", sizes[0], "the swap size must be greater than zero", "write the swap per compute node, e.g. #DW swap 4GiB")
 			}
 			sw.SizePerNode = n
 		}

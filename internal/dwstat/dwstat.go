@@ -279,7 +279,7 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 		}
 		for _, c := range a.Configurations {
 			if o.ConfigDetails {
-				rows = append(rows, []string{id(c.ID), c.State.Flags(), id(c.Links.Instance), c.Type, c.AccessType, strconv.Itoa(c.Activations), orDash(c.BackingPath)})
+				rows = append(rows, []string{id(c.ID), c.State.Flags(), id(c.Links.Instance), c.Type, orDash(c.AccessType), strconv.Itoa(c.Activations), orDash(c.BackingPath)})
 			} else {
 				rows = append(rows, []string{id(c.ID), c.State.Flags(), id(c.Links.Instance), c.Type, strconv.Itoa(c.Activations)})
 			}
@@ -292,7 +292,7 @@ func table(a views.All, name string, o Options) (rows [][]string, header []strin
 	case "activations":
 		header, empty = []string{"activ", "state", "sess", "conf", "nodes", "mount"}, "no activations"
 		for _, act := range a.Activations {
-			rows = append(rows, []string{id(act.ID), act.State.Flags(), id(act.Session), id(act.Configuration), act.Node, act.Mount})
+			rows = append(rows, []string{id(act.ID), act.State.Flags(), id(act.Session), id(act.Configuration), act.Node, orDash(act.Mount)}) // a swap area has no mount
 		}
 	case "fragments":
 		// DataWarp's columns, then Spillway's: a cache fragment's teardown flush (its bytes not

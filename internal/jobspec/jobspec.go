@@ -15,12 +15,10 @@ import (
 	"github.com/spillway-hpc/spillway/internal/units"
 )
 
-// Supported refuses what this version of Spillway parses but cannot run yet, naming the line.
+// Supported refuses what this version of Spillway parses but cannot run yet, naming the line
+// (nothing today: #DW swap runs since issue 22).
 func Supported(s *directive.Script) error {
 	var problems []string
-	if s.Swap != nil {
-		problems = append(problems, fmt.Sprintf("line %d: #DW swap is not supported by this Spillway version yet", s.Swap.Line))
-	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "\n"))
 	}
@@ -81,7 +79,79 @@ func Setup(s *directive.Script, token, creator string, uid, gid uint32, nodes []
 	for _, p := range s.Persistent {
 		req.Uses = append(req.Uses, p.Name)
 	}
+	if sw := s.Swap; sw != nil {
+		req.Swap = SwapRequest(sw, len(nodes))
+		if req.Swap.Pool == "" && req.Instance != nil {
+			req.Swap.Pool = req.Instance.Pool // a job's buffer and swap come from one pool
+		}
+	}
 	return req, nil
+}
+
+// SwapRequest is the request of a #DW swap for a job reserved on nodes compute nodes (0:
+// unknown, the controller reserves for the setup's client nodes or one).
+func SwapRequest(sw *directive.Swap, nodes int) *lifecycle.SwapRequest {
+	return &lifecycle.SwapRequest{SizePerNode: sw.SizePerNode, Nodes: nodes, Pool: sw.Pool, Line: sw.Line}
+}
+
+// SbatchNodes is the node count a job script asks Slurm for in its #SBATCH lines (-N,
+// --nodes; of a range min-max, max, as Slurm's datawarp plugin counts swap: max_nodes, else
+// min_nodes), 0 when it names none. Slurm reads #SBATCH lines until the first line that is
+// not a comment; so does this.
+func SbatchNodes(raw []byte) int {
+	nodes := 0
+	for i, line := range strings.Split(string(raw), "\n") {
+		line = strings.TrimSpace(line)
+		if i == 0 && strings.HasPrefix(line, "#!") {
+			continue
+		}
+		if line == "" {
+			continue
+		}
+		if !strings.HasPrefix(line, "#") {
+			break
+		}
+		rest, ok := strings.CutPrefix(line, "#SBATCH")
+		if !ok {
+			continue
+		}
+		words := strings.Fields(rest)
+		for j := 0; j < len(words); j++ {
+			w, val := words[j], ""
+			switch {
+			case w == "-N" || w == "--nodes":
+				if j+1 < len(words) {
+					val = words[j+1]
+					j++
+				}
+			case strings.HasPrefix(w, "--nodes="):
+				val = strings.TrimPrefix(w, "--nodes=")
+			case strings.HasPrefix(w, "-N") && len(w) > 2:
+				val = strings.TrimPrefix(w, "-N")
+			default:
+				continue
+			}
+			if n := nodeCount(val); n > 0 {
+				nodes = n
+			}
+		}
+	}
+	return nodes
+}
+
+// nodeCount reads Slurm's node count: N, or min-max (max counts).
+func nodeCount(v string) int {
+	if _, hi, ok := strings.Cut(v, "-"); ok {
+		v = hi
+	}
+	n := 0
+	for _, c := range v {
+		if c < '0' || c > '9' || n > lifecycle.MaxSwapNodes {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
 }
 
 // InstanceRequest is the request of one #DW jobdw: what the job does not name is the site's
@@ -169,6 +239,9 @@ func Summary(s *directive.Script) string {
 	}
 	for _, p := range s.Persistent {
 		parts = append(parts, "persistentdw "+p.Name)
+	}
+	if s.Swap != nil {
+		parts = append(parts, fmt.Sprintf("swap %s per compute node", units.FormatHuman(s.Swap.SizePerNode)))
 	}
 	for _, c := range s.Create {
 		parts = append(parts, fmt.Sprintf("create_persistent %s %s", c.Name, units.FormatHuman(c.Capacity)))

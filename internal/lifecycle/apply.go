@@ -40,6 +40,8 @@ type Params struct {
 	MaxPersistentExpiration time.Duration
 	// Cache is what the site allows and defaults for cache instances ([cache]).
 	Cache CacheParams
+	// Swap is what the site allows for swap on the burst buffer ([swap], swap.go).
+	Swap SwapParams
 }
 
 // CacheParams are the site's rules for cache instances (config [cache]).
@@ -138,9 +140,11 @@ type Setup struct {
 	// More are the job's further instances, of other types than Instance's (a job may hold a
 	// scratch and a cache instance: two #DW jobdw lines, DataWarp's Phase 3); a persistent
 	// session has none.
-	More        []InstanceRequest `json:"more_instances,omitempty"`
-	Uses        []string          `json:"uses,omitempty"` // persistent instances (#DW persistentdw)
-	ClientNodes []string          `json:"client_nodes,omitempty"`
+	More []InstanceRequest `json:"more_instances,omitempty"`
+	// Swap is the job's #DW swap: an instance of type swap of its own (swap.go).
+	Swap        *SwapRequest `json:"swap,omitempty"`
+	Uses        []string     `json:"uses,omitempty"` // persistent instances (#DW persistentdw)
+	ClientNodes []string     `json:"client_nodes,omitempty"`
 	// StageOut are the job's stage-outs (#DW stage_out), registered now as deferred and run
 	// when data_out asks for them.
 	StageOut []StageRequest `json:"stage_out,omitempty"`
@@ -296,6 +300,11 @@ func ApplySetup(w *World, req Setup, ids IDSource, p Params, now time.Time) erro
 			}
 		}
 	}
+	if req.Swap != nil {
+		if err := createSwapInstance(w, sess, req, ids, p, now); err != nil {
+			return err
+		}
+	}
 	w.put(sess)
 	for _, ps := range used {
 		inst := w.InstanceOf(ps.ID)
@@ -415,6 +424,9 @@ func CheckUserQuota(w *World, req Setup, q Quota) error {
 	for _, r := range req.More {
 		asked += r.Capacity
 	}
+	if req.Swap != nil {
+		asked += req.Swap.SizePerNode * uint64(swapNodes(req))
+	}
 	if asked > 0 && q.Capacity > 0 && capacity+asked > q.Capacity {
 		return userErr("uid %d holds %s of instances; %s more would pass its limit of %s (controller.max_capacity_per_user)",
 			req.Owner, units.FormatHuman(capacity), units.FormatHuman(asked), units.FormatHuman(q.Capacity))
@@ -480,6 +492,12 @@ func DefaultRootPermissions(sess *model.Session) uint32 {
 // and its fragments (no configuration yet); label "" is DataWarp's I<id>-0, or the name of
 // a persistent instance.
 func placeInstance(w *World, sess *model.Session, req InstanceRequest, label string, ids IDSource, p Params, now time.Time) (*model.Instance, []*model.Fragment, error) {
+	return placeInstanceIn(w, sess, req, label, 1, ids, p, now)
+}
+
+// placeInstanceIn is placeInstance with fragments of whole units of unit grains: a swap
+// instance's fragments each hold whole swap areas (a file is never split over fragments).
+func placeInstanceIn(w *World, sess *model.Session, req InstanceRequest, label string, unit uint64, ids IDSource, p Params, now time.Time) (*model.Instance, []*model.Fragment, error) {
 	pool := w.Pools[req.Pool]
 	if pool == nil {
 		var names []string
@@ -496,9 +514,21 @@ func placeInstance(w *World, sess *model.Session, req InstanceRequest, label str
 			continue
 		}
 		u := w.UsageOfNode(name)
-		candidates = append(candidates, alloc.Node{Name: name, Grains: u.Grains, Used: u.Used, Instances: u.Instances, Online: n.Online, Drain: n.Drain, Worn: n.Worn})
+		total, used := u.Grains, u.Used
+		if unit > 1 { // counted in units: a node offers the whole units its free grains hold
+			free := uint64(0)
+			if total > used {
+				free = total - used
+			}
+			used = units.Grains(used, unit)
+			total = used + free/unit
+		}
+		candidates = append(candidates, alloc.Node{Name: name, Grains: total, Used: used, Instances: u.Instances, Online: n.Online, Drain: n.Drain, Worn: n.Worn})
 	}
-	placements, err := alloc.Place(candidates, grains, req.Strategy)
+	placements, err := alloc.Place(candidates, grains/max(unit, 1), req.Strategy)
+	for i := range placements {
+		placements[i].Grains *= max(unit, 1)
+	}
 	if err != nil {
 		var ie *alloc.InsufficientError
 		if errors.As(err, &ie) {
@@ -952,6 +982,11 @@ func ApplyPreRun(w *World, token string, nodes []string, ids IDSource, p Params)
 	}
 	for _, e := range Exposures(w, s) {
 		if err := activate(w, s, e.Config, nodes, MountPath(p.MountRoot, s, e.Owner, e.Config), mounted, ids, "pre_run "+token); err != nil {
+			return err
+		}
+	}
+	if c := swapConfigOf(w, s); c != nil { // each node's swap area (swap.go)
+		if err := activateSwap(w, s, c, nodes, ids, "pre_run "+token); err != nil {
 			return err
 		}
 	}

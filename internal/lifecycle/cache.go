@@ -32,6 +32,12 @@ func checkInstances(req Setup, p Params) error {
 	if len(req.More) > 0 && req.Persistent {
 		return userErr("create_persistent %s: a persistent instance is one instance", req.Token)
 	}
+	if req.Swap != nil {
+		if req.Persistent {
+			return userErr("create_persistent %s: swap belongs to a job's compute nodes (#DW swap); a persistent instance cannot be of type swap", req.Token)
+		}
+		return CheckSwap(*req.Swap, p.Swap)
+	}
 	return nil
 }
 
@@ -56,7 +62,7 @@ func checkInstance(req InstanceRequest, persistent bool, p Params) error {
 			return err
 		}
 	case model.TypeSwap:
-		return userErr("swap is not supported by this Spillway version yet")
+		return userErr("type=swap is not a #DW jobdw type: swap is its own directive, #DW swap <size per compute node>, e.g. #DW swap 4GiB")
 	default:
 		return userErr("type=%s: expected scratch or cache", req.Type)
 	}

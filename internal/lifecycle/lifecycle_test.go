@@ -27,7 +27,9 @@ type harness struct {
 	stageResult func(e Effect) agentapi.StageStatus
 	// flushResult decides what a cache flush poll answers (default: Done).
 	flushResult func(e Effect) agentapi.CacheFlushStatus
-	log         []string
+	// swapResult decides what a swap detach poll answers (nil: Done).
+	swapResult func(e Effect) agentapi.SwapStatus
+	log        []string
 }
 
 func (h *harness) NewID(kind string) (ID, error) {
@@ -78,6 +80,12 @@ func (h *harness) settle() {
 			}
 			if e.Op == OpFlushCache && r.Err == nil {
 				r.Flush = h.flushResult(e)
+			}
+			if e.Op == OpDetachSwap && r.Err == nil {
+				r.Swap = agentapi.SwapStatus{Done: true}
+				if h.swapResult != nil {
+					r.Swap = h.swapResult(e)
+				}
 			}
 			Complete(h.w, e, r, h.p, h.now)
 			h.w.TakeChanges()

@@ -160,6 +160,9 @@ func ApplyCreateActivation(w *World, token string, req ManualActivation, ids IDS
 	if owner := w.Sessions[inst.SessionID]; inst.SessionID != s.ID && (owner == nil || !owner.Persistent || !slices.Contains(s.Uses, owner.Token)) {
 		return nil, userErr("configuration %d is not session %d's, nor one of a persistent instance it uses", c.ID, s.ID)
 	}
+	if c.Type == model.TypeSwap {
+		return nil, userErr("configuration %d is a job's swap: its areas are attached by the job's pre_run on its compute nodes, not mounted by hand", c.ID)
+	}
 	if len(s.ClientNodes) == 0 {
 		return nil, userErr("session %d (token %s) has no compute nodes to mount on (dwcli create session --hosts)", s.ID, s.Token)
 	}

@@ -100,11 +100,15 @@ func Status(w *World, token, step string) StepStatus {
 				st.Done = false
 			}
 		}
+		if lost := LostSwaps(w, s); len(lost) > 0 { // the job must not start (or go on) without its swap
+			st.Failed, st.Message = true, strings.Join(lost, "; ")
+		}
 	case PhasePostRun:
 		st.Done = len(w.ActivationsOf(s.ID)) == 0
 		for _, a := range w.ActivationsOf(s.ID) {
 			collect(a.State)
 		}
+		st.Message = swapDetachErrors(w, s) // what the wait is for, while it is retried
 	case PhaseTeardown:
 		st.Done = false
 		// Only what the teardown itself failed to remove: a fuse blown creating an object
@@ -130,6 +134,9 @@ func Status(w *World, token, step string) StepStatus {
 		}
 		if s.State.Goal == model.GoalDestroy {
 			st.Message = flushProgress(w, s) // a cache's data on its way to the PFS, if any
+			if msg := swapDetachErrors(w, s); msg != "" {
+				st.Message = strings.TrimPrefix(st.Message+"; "+msg, "; ")
+			}
 		} else {
 			st.Message = "teardown was not requested"
 			if s.Failure != "" { // undone: a stage-out it waited for failed
@@ -167,4 +174,16 @@ func destOf(s *model.Stage) string {
 		return orDefault(s.DWPath, "(list)")
 	}
 	return s.PFSPath
+}
+
+// swapDetachErrors says why the session's swap areas being detached are not yet ("" when
+// none failed): a swapoff that failed or passed [swap] detach_timeout, retried meanwhile.
+func swapDetachErrors(w *World, s *model.Session) string {
+	var msgs []string
+	for _, a := range w.ActivationsOf(s.ID) {
+		if a.State.Goal == model.GoalDestroy && a.State.Error != "" && !a.State.FuseBlown && IsSwap(w, a) {
+			msgs = append(msgs, a.State.Error)
+		}
+	}
+	return strings.Join(msgs, "; ")
 }

@@ -41,6 +41,9 @@ type Effect struct {
 	Mount     agentapi.MountSpec
 	Stage     agentapi.StageSpec
 	Flush     agentapi.CacheFlushSpec
+	// Swap and SwapDetach are a swap area's attach and detach (swap.go).
+	Swap       agentapi.SwapSpec
+	SwapDetach agentapi.SwapDetachSpec
 	// Part is, for a split stage's runs, 1 + the run's index in Stage.Parts (0 otherwise).
 	Part int
 }
@@ -60,6 +63,7 @@ type Result struct {
 	Err   error
 	Stage agentapi.StageStatus      // for poll-stage
 	Flush agentapi.CacheFlushStatus // for flush-cache
+	Swap  agentapi.SwapStatus       // for detach-swap
 	// NotTheNode marks a failure that is no fault of the effect's node: the controller's own
 	// or a configuration problem (an agent address it cannot dial as given, TLS or
 	// credentials that do not agree). It does not count toward auto-drain.
@@ -113,8 +117,9 @@ func stepCreate(w *World, s *model.Session, p Params, now time.Time, running *in
 			}
 			allReady = false
 			if ready(f.State, now) {
+				fragCap, instCap := swapCapacities(w, inst, f)
 				effects = append(effects, Effect{Op: OpCreateFragment, Ref: Ref{KindFragment, f.ID}, Node: f.Node,
-					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: f.Capacity, InstanceCapacity: inst.Capacity,
+					Fragment: agentapi.FragmentSpec{ID: f.ID, InstanceID: inst.ID, Capacity: fragCap, InstanceCapacity: instCap,
 						WriteLimit: WriteLimit(inst.WriteWindowMultiplier, f.Capacity), WriteWindowLength: inst.WriteWindowLength, Job: s.Token,
 						Cache: instanceCache(w, inst.ID), StripeIndex: cacheStripeIndex(w, inst.ID, f)}})
 			}
@@ -245,6 +250,9 @@ func stepStages(w *World, s *model.Session, p Params, now time.Time, running *in
 }
 
 func stepActivation(w *World, s *model.Session, a *model.Activation, p Params, now time.Time) []Effect {
+	if IsSwap(w, a) {
+		return stepSwap(w, s, a, p, now)
+	}
 	if a.State.Actualized && a.State.Goal == model.GoalCreate {
 		return nil
 	}
@@ -373,6 +381,9 @@ func shards(w *World, c *model.Configuration) []agentapi.Replica {
 // each.
 // A load-balanced cache is not striped: each of its servers serves whole files (cacheSpec).
 func striped(w *World, c *model.Configuration) bool {
+	if c.Type == model.TypeSwap {
+		return false // a swap area's file is whole on its namespace's fragment (swap.go)
+	}
 	if c.Type == model.TypeCache && c.AccessMode == model.AccessStriped {
 		return true // even on one node: a cache's file data is always in stripe objects, one data path
 	}
@@ -435,7 +446,7 @@ func LiveMounts(w *World, node string) []agentapi.MountSpec {
 	var out []agentapi.MountSpec
 	for _, id := range sortedIDs(w.Activations) {
 		a := w.Activations[id]
-		if a.Node == node && a.State.Goal == model.GoalCreate && a.State.Actualized {
+		if a.Node == node && a.State.Goal == model.GoalCreate && a.State.Actualized && !IsSwap(w, a) {
 			out = append(out, mountSpec(w, a))
 		}
 	}
@@ -772,6 +783,8 @@ func Complete(w *World, e Effect, r Result, p Params, now time.Time) {
 		applyStageStatus(w, st, r.Stage, p, now)
 	case OpFlushCache:
 		completeFlush(w, e, r, p, now)
+	case OpAttachSwap, OpDetachSwap:
+		completeSwap(w, e, r, p, now)
 	case OpCancelStage:
 		st := w.Stages[e.Ref.ID]
 		if st == nil || st.Ended() {

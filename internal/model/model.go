@@ -201,6 +201,10 @@ type Instance struct {
 	// nodes offline at the flush: set when the flush ends, for the accounting record.
 	CacheDiscarded uint64   `json:"cache_discarded,omitempty"`
 	CacheLost      []string `json:"cache_lost,omitempty"`
+	// Swap are a swap instance's areas' counters (the bytes the kernel paged out to and in
+	// from each, per compute node), from the compute nodes' heartbeats and the final detach;
+	// they outlive the areas, for the accounting record.
+	Swap []agentapi.SwapUsage `json:"swap,omitempty"`
 }
 
 // Fragment is the part of an instance on one storage node.
@@ -326,8 +330,12 @@ type Configuration struct {
 	ClientCache     bool           `json:"client_cache,omitempty"`
 	// MaxMDS spreads a striped configuration's namespace over every fragment of its instance
 	// (DataWarp's max_mds=yes): one namespace shard per fragment, in fragment order.
-	MaxMDS bool  `json:"max_mds,omitempty"`
-	State  State `json:"state"`
+	MaxMDS bool `json:"max_mds,omitempty"`
+	// SwapSize is a swap configuration's area per compute node (#DW swap <size>, bytes) and
+	// SwapNodes the compute nodes its instance was reserved for at setup (issue 22).
+	SwapSize  uint64 `json:"swap_size,omitempty"`
+	SwapNodes int    `json:"swap_nodes,omitempty"`
+	State     State  `json:"state"`
 }
 
 // Namespace is the file tree of a configuration: one for striped and loadbalance, one per

@@ -215,7 +215,7 @@ func Run(ctx context.Context, o Options) int {
 		}
 		r.phase("destroy", began, "persistent instance %s", d.Name)
 	}
-	if script.JobDW == nil && len(script.Persistent) == 0 {
+	if script.JobDW == nil && len(script.Persistent) == 0 && script.Swap == nil {
 		// Nothing for the job itself: a plain script, or only #BB create/destroy.
 		if r.in.aborted() {
 			r.released()

@@ -77,6 +77,21 @@ type Realm struct {
 	// Cache sums the fragments' cache counters (a cache instance; nil for scratch): the PFS
 	// bytes the cache read and wrote, hits, misses, evictions, and the flush backlog now.
 	Cache *agentapi.CacheUsage `json:"cache,omitempty"`
+	// Swap are a swap instance's areas (#DW swap, issue 22), one per compute node: the bytes
+	// the kernel paged out to (bytes_written) and in from (bytes_read) the node's area;
+	// SwapBytesWritten and SwapBytesRead their sums. The file I/O of the areas on the storage
+	// nodes is in the fragments' bytes as any file's.
+	Swap             []RealmSwap `json:"swap,omitempty"`
+	SwapBytesWritten uint64      `json:"swap_bytes_written,omitempty"`
+	SwapBytesRead    uint64      `json:"swap_bytes_read,omitempty"`
+}
+
+// RealmSwap is one compute node's swap area of a swap instance.
+type RealmSwap struct {
+	Node         string `json:"node"`
+	Area         int64  `json:"area"` // the area's id (its activation)
+	BytesWritten uint64 `json:"bytes_written"`
+	BytesRead    uint64 `json:"bytes_read"`
 }
 
 // RealmFragment is one server of the realm: a fragment on one storage node.
@@ -296,6 +311,11 @@ func BuildAccounting(w *lifecycle.World, inst *model.Instance, usage []*model.Fr
 			continue
 		}
 		r.Clients = append(r.Clients, *clients[name])
+	}
+	for _, u := range inst.Swap {
+		r.Swap = append(r.Swap, RealmSwap{Node: u.Node, Area: u.ID, BytesWritten: u.BytesWritten, BytesRead: u.BytesRead})
+		r.SwapBytesWritten += u.BytesWritten
+		r.SwapBytesRead += u.BytesRead
 	}
 	r.ServerCount, r.NamespaceCount = len(r.Fragments), len(r.Namespaces)
 	return Accounting{Realm: r}

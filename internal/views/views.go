@@ -159,10 +159,14 @@ type Configuration struct {
 	BackingPath     string `json:"backing_path,omitempty"`
 	// Cache is a cache configuration's PFS directory and tunables (nil for scratch): what
 	// `spillway layout` gives bbsim to model its write-behind.
-	Cache       *model.CacheSettings `json:"cache,omitempty"`
-	Activations int                  `json:"activs"`
-	Links       ConfigurationLink    `json:"links"`
-	State       State                `json:"state"`
+	Cache *model.CacheSettings `json:"cache,omitempty"`
+	// SwapSize is a swap configuration's area per compute node (bytes), SwapNodes the
+	// compute nodes its instance was reserved for (#DW swap, issue 22).
+	SwapSize    uint64            `json:"swap_size,omitempty"`
+	SwapNodes   int               `json:"swap_nodes,omitempty"`
+	Activations int               `json:"activs"`
+	Links       ConfigurationLink `json:"links"`
+	State       State             `json:"state"`
 }
 
 // ConfigurationLink links a configuration to its instance.
@@ -383,7 +387,7 @@ func buildSessions(w *lifecycle.World) []Session {
 		}
 		out = append(out, Session{Created: s.Created.Unix(), Creator: s.Creator, Expiration: s.Expiration, Expired: s.Expired, ID: s.ID,
 			Links: SessionLinks{ClientNodes: nodes}, Owner: s.Owner, State: stateOf(s.State), Token: s.Token,
-			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: s.Failure, Uses: s.Uses})
+			Group: s.Group, Persistent: s.Persistent, Phase: s.Phase, Hurry: s.Hurry, Failure: failureOf(w, s), Uses: s.Uses})
 	}
 	return out
 }
@@ -434,6 +438,7 @@ func buildConfigurations(w *lifecycle.World) []Configuration {
 		c := w.Configurations[id]
 		out = append(out, Configuration{ID: c.ID, Type: c.Type, AccessType: AccessType(c.AccessMode), AccessMode: c.AccessMode,
 			RootPermissions: c.RootPermissions, Group: c.Group, BackingPath: c.BackingPath, Cache: cacheSettings(c.Cache), Activations: activs[c.ID],
+			SwapSize: c.SwapSize, SwapNodes: c.SwapNodes,
 			Links: ConfigurationLink{Instance: c.InstanceID}, State: stateOf(c.State)})
 	}
 	return out
@@ -617,4 +622,13 @@ func (a All) VisibleTo(uid uint32) All {
 		}
 	}
 	return out
+}
+
+// failureOf is a session's failure as listings show it: the one recorded, else its lost swap
+// areas (a storage node gone under a settled job: no step has recorded it yet).
+func failureOf(w *lifecycle.World, s *model.Session) string {
+	if s.Failure != "" {
+		return s.Failure
+	}
+	return strings.Join(lifecycle.LostSwaps(w, s), "; ")
 }

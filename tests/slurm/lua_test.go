@@ -22,6 +22,7 @@ func TestLuaPlugin(t *testing.T) {
 	c.run("scancel_hurry", (*cluster).cancelHurry)
 	c.run("scontrol_show_bbstat", (*cluster).showDwstat)
 	c.run("cache_and_scratch_cache", (*cluster).cacheJobs)
+	c.run("swap", (*cluster).swapJobs)
 	c.assertClean()
 }
 

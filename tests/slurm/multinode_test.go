@@ -204,7 +204,8 @@ granularity = "1GiB"
 		if h.name == "ctl2" {
 			continue
 		}
-		role := ""
+		// A compute node keeps its swap areas' records and mounts under its ssd_path.
+		role := fmt.Sprintf("ssd_path = \"%s/ssd/%s\"\n", dir, h.name)
 		if strings.HasPrefix(h.name, "bb") {
 			role = fmt.Sprintf("pool = \"wlm_pool\"\nssd_path = \"%s/ssd/%s\"\ncapacity = \"8GiB\"\ndata_listen = \"%s:7702\"\n", dir, h.name, h.addr)
 		}
@@ -516,7 +517,45 @@ func TestMultiNodeDatawarp(t *testing.T) {
 	m.run("storage_node_dies", func(c *cluster, t *testing.T) { c.storageNodeDies(t, m) })
 	m.run("libdatawarp_checkpoints", func(c *cluster, t *testing.T) { c.libdatawarpCheckpoints(t, m) })
 	m.run("libdatawarp_every_function", func(c *cluster, t *testing.T) { c.libdatawarpEveryFunction(t, m) })
+	m.run("swap_on_two_nodes", (*cluster).swapTwoNodes)
 	m.assertClean()
+}
+
+// A #SBATCH -N2 job with #DW swap 1GiB: Slurm counts the swap as 2 bytes (one granule);
+// Spillway reserves 1GiB for each of the job's 2 nodes (real_size 2GiB), each compute node
+// attaches its own area (remote: the storage nodes are other hosts), and both are gone after
+// the job. /proc/swaps is the machine's: both nodes' areas show in it.
+func (c *cluster) swapTwoNodes(t *testing.T) {
+	lock, err := os.OpenFile("/run/spillway-swaptest.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if areas := procSwaps(); len(areas) != 0 {
+		t.Skipf("this machine has swap already: %v", areas)
+	}
+	id := c.sbatch("swap2.sh", `#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=1 --output=swap2-%j.out
+#DW swap 1GiB`+c.pool()+`
+set -e
+srun sh -c 'echo "$SLURMD_NODENAME swaps $(grep -c /dev/loop /proc/swaps)"' | sort
+`)
+	j := c.waitEnd(id, 2*time.Minute)
+	out := c.read("swap2-" + id + ".out")
+	if j["JobState"] != "COMPLETED" || !strings.Contains(out, "cn1 swaps 2\ncn2 swaps 2\n") {
+		t.Fatalf("swap job %s: %s %s\n%s", id, j["JobState"], j["ExitCode"], out)
+	}
+	log, _ := os.ReadFile(filepath.Join(c.dir, "log", "slurmctld.log"))
+	if !strings.Contains(string(log), "JobId="+id+" total_size increased from 1073741824 to 2147483648") {
+		t.Errorf("slurmctld did not take real_size (2 nodes x 1GiB) as job %s's size", id)
+	}
+	c.assertGone(id)
+	if areas := procSwaps(); len(areas) != 0 {
+		t.Errorf("/proc/swaps after the job: %v", areas)
+	}
 }
 
 // TestMultiNodeLua runs a job across two compute nodes through burst_buffer/lua.
