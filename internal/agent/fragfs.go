@@ -38,6 +38,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spillway-hpc/spillway/internal/loopdev"
 	"github.com/spillway-hpc/spillway/internal/units"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
@@ -60,10 +61,6 @@ func DefaultFragmentFSLimits() FragmentFSLimits {
 }
 
 const (
-	loFlagsAutoclear = 4  // LO_FLAGS_AUTOCLEAR
-	loFlagsDirectIO  = 16 // LO_FLAGS_DIRECT_IO
-	loopMajor        = 7
-
 	// xfsMinImage: mkfs.xfs (xfsprogs 5.19 on) refuses file systems of 300 MiB or less.
 	xfsMinImage = 320 << 20
 	// reserveName holds what the file system offers beyond the fragment's capacity and
@@ -169,7 +166,7 @@ func (a *Agent) fragmentMount(id int64) (dev uint64, mounted bool, err error) {
 // loopBacking is the file behind loop device dev, as the kernel names it ("" when dev is no
 // attached loop device); " (deleted)" is cut off.
 func loopBacking(dev uint64) string {
-	if unix.Major(dev) != loopMajor {
+	if unix.Major(dev) != loopdev.Major {
 		return ""
 	}
 	raw, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(dev), unix.Minor(dev)))
@@ -183,7 +180,7 @@ func loopBacking(dev uint64) string {
 // image (the kernel's record of the backing file's device and inode, LOOP_GET_STATUS64: no
 // path compared, so symbolic links and bind mounts in the SSD path do not matter).
 func loopBackedBy(dev uint64, image string) bool {
-	if unix.Major(dev) != loopMajor {
+	if unix.Major(dev) != loopdev.Major {
 		return false
 	}
 	link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(dev), unix.Minor(dev)))
@@ -358,39 +355,7 @@ func attachLoop(image string) (int, string, error) {
 		return -1, "", &os.PathError{Op: "open", Path: image, Err: err}
 	}
 	defer unix.Close(img)
-	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, "", &os.PathError{Op: "open", Path: "/dev/loop-control", Err: err}
-	}
-	defer unix.Close(ctl)
-	var last error
-	for try := 0; try < 20; try++ {
-		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return -1, "", fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
-		}
-		dev := "/dev/loop" + strconv.Itoa(n)
-		fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			// udev may not have made the node of a new device yet.
-			last = &os.PathError{Op: "open", Path: dev, Err: err}
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		cfg := unix.LoopConfig{Fd: uint32(img)}
-		cfg.Info.Flags = loFlagsAutoclear | loFlagsDirectIO
-		copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], image)
-		err = unix.IoctlLoopConfigure(fd, &cfg)
-		if err == nil {
-			return fd, dev, nil
-		}
-		unix.Close(fd)
-		if !errors.Is(err, unix.EBUSY) {
-			return -1, "", fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err)
-		}
-		last = fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err) // taken by someone else meanwhile
-	}
-	return -1, "", last
+	return loopdev.Attach(img, image)
 }
 
 // reserveExcess holds, in a preallocated file at the root of the fragment's file system

@@ -7,13 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/loopdev"
 )
 
 // Spec is a swap area to attach: the file Name in the directory Rel beneath Root. Root is the
@@ -160,7 +161,7 @@ func Attach(s Spec) (Area, error) {
 		defer unix.Close(d)
 		backing = d
 	}
-	loop, dev, err := attachLoop(backing, s.File())
+	loop, dev, err := loopdev.Attach(backing, s.File())
 	if err != nil {
 		return Area{}, fmt.Errorf("loop device over %s: %w", s.File(), err)
 	}
@@ -232,49 +233,6 @@ func reserve(f int, size int64) error {
 		off += int64(w)
 	}
 	return nil
-}
-
-const (
-	loopMajor         = 7
-	loFlagsAutoclear  = 4
-	loFlagsDirectIO   = 16
-	loopConfigureBusy = 20 // tries when another process takes the free device first
-)
-
-// attachLoop attaches the open file to a free loop device; it returns the device open.
-func attachLoop(file int, name string) (int, string, error) {
-	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, "", &os.PathError{Op: "open", Path: "/dev/loop-control", Err: err}
-	}
-	defer unix.Close(ctl)
-	var last error
-	for try := 0; try < loopConfigureBusy; try++ {
-		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return -1, "", fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
-		}
-		dev := "/dev/loop" + strconv.Itoa(n)
-		fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			last = &os.PathError{Op: "open", Path: dev, Err: err} // udev may not have made it yet
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		cfg := unix.LoopConfig{Fd: uint32(file)}
-		cfg.Info.Flags = loFlagsAutoclear | loFlagsDirectIO
-		copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], name)
-		err = unix.IoctlLoopConfigure(fd, &cfg)
-		if err == nil {
-			return fd, dev, nil
-		}
-		unix.Close(fd)
-		if !errors.Is(err, unix.EBUSY) {
-			return -1, "", fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err)
-		}
-		last = fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err)
-	}
-	return -1, "", last
 }
 
 func sysLoop(dev, file string) string {

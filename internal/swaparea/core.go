@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spillway-hpc/spillway/internal/mounttable"
 )
 
 // MinPages is the fewest pages a swap area may have: the kernel refuses smaller areas
@@ -97,28 +99,9 @@ func ParseSwaps(text string) ([]SwapsEntry, error) {
 		if err1 != nil || err2 != nil || err3 != nil {
 			return nil, fmt.Errorf("/proc/swaps: line %q: size, used and priority must be numbers", line)
 		}
-		out = append(out, SwapsEntry{Filename: unescapeOctal(f[0]), Type: f[1], Size: size << 10, Used: used << 10, Priority: prio})
+		out = append(out, SwapsEntry{Filename: mounttable.Unescape(f[0]), Type: f[1], Size: size << 10, Used: used << 10, Priority: prio})
 	}
 	return out, sc.Err()
-}
-
-// unescapeOctal undoes the kernel's seq_file escapes (\040 for a blank, \011, \012, \134).
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Counters are what the kernel paged out to and in from an area: its loop device's sectors
