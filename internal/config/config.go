@@ -234,6 +234,10 @@ type Controller struct {
 	// transaction deletes after a record is written: a transaction's writes stay bounded
 	// (etcd refuses more than store.etcd_max_txn_ops).
 	AccountingBatch int `toml:"accounting_batch"`
+	// DecodedCache is how many decoded stage records the controller keeps by their bytes
+	// (store.Decoded): every decision on a session reads all its stages, and one whose bytes
+	// did not change is copied instead of decoded again. 0 keeps none.
+	DecodedCache int `toml:"decoded_cache"`
 	// AccountingRefreshTimeout is how long a query of a live instance's accounting waits for
 	// the storage nodes holding its fragments to report their counters now (the answer is
 	// then current, not the last heartbeat's); a node that has not answered by then keeps
@@ -546,6 +550,7 @@ func Defaults() Config {
 			RunLease:                 Duration(2 * time.Minute),
 			MountCapabilityLifetime:  Duration(7 * 24 * time.Hour),
 			AccountingBatch:          64,
+			DecodedCache:             50_000,
 			AccountingRefreshTimeout: Duration(2 * time.Second),
 			AccountingRefreshLimit:   64,
 			EnduranceThreshold:       10,
@@ -919,6 +924,9 @@ func (c *Config) Validate() error {
 	}
 	positive("store.restore_batch", int64(c.Store.RestoreBatch))
 	positive("controller.accounting_batch", int64(c.Controller.AccountingBatch))
+	if c.Controller.DecodedCache < 0 {
+		problems = append(problems, "controller.decoded_cache must be 0 (keep no decoded stages) or more")
+	}
 	if c.Controller.AccountingRefreshLimit < 0 {
 		problems = append(problems, "controller.accounting_refresh_limit must be 0 (no refresh) or more")
 	}

@@ -94,6 +94,7 @@ type Controller struct {
 // New creates a controller over a store. Pools listed in the configuration are created if
 // missing.
 func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger) (*Controller, error) {
+	store.SetDecodedLimit(cfg.Controller.DecodedCache) // the process's (one controller a process)
 	c := &Controller{
 		cfg: cfg, store: st, dial: dial, log: log, now: time.Now,
 		wake:           make(chan struct{}, 1),
