@@ -314,6 +314,14 @@ type Executor struct {
 	MaxInFlight     int      `toml:"max_in_flight"`     // agent calls running at once
 	Tick            Duration `toml:"tick"`              // how often the executor looks even if nothing woke it
 	AgentTimeout    Duration `toml:"agent_timeout"`     // one call to an agent
+	// YieldToRequests is how many API requests' write transactions one of the executor's
+	// lets go first while it waits for its turn (SQLite takes writers one at a time): a
+	// libdatawarp call waits for the transaction under way, not for the executor's queue.
+	YieldToRequests int `toml:"yield_to_requests"`
+	// WakeDelay gathers the executor's wake-ups by requests: the first wakes it this long
+	// after it, and the requests until then are decided in one pass (a burst of in-job stage
+	// calls starts its stages together, not a pass each). 0: at once.
+	WakeDelay Duration `toml:"wake_delay"`
 }
 
 // Stage limits the data movers.
@@ -594,6 +602,8 @@ func Defaults() Config {
 			RetryBackoffMax: Duration(30 * time.Second),
 			MaxInFlight:     32,
 			Tick:            Duration(500 * time.Millisecond),
+			YieldToRequests: 16,
+			WakeDelay:       Duration(5 * time.Millisecond),
 			AgentTimeout:    Duration(60 * time.Second),
 		},
 		Stage: Stage{
@@ -769,6 +779,12 @@ func (c *Config) Validate() error {
 	positive("executor.max_attempts", int64(c.Executor.MaxAttempts))
 	positive("executor.max_in_flight", int64(c.Executor.MaxInFlight))
 	positive("executor.tick", int64(c.Executor.Tick))
+	if c.Executor.YieldToRequests < 0 {
+		problems = append(problems, "executor.yield_to_requests must be 0 (writers in turn) or more")
+	}
+	if c.Executor.WakeDelay < 0 || c.Executor.WakeDelay > c.Executor.Tick {
+		problems = append(problems, fmt.Sprintf("executor.wake_delay (%s) must be from 0 (at once) to executor.tick (%s), e.g. \"5ms\"", c.Executor.WakeDelay.D(), c.Executor.Tick.D()))
+	}
 	positive("executor.retry_backoff", int64(c.Executor.RetryBackoff))
 	positive("executor.agent_timeout", int64(c.Executor.AgentTimeout))
 	positive("stage.max_running", int64(c.Stage.MaxRunning))

@@ -44,6 +44,9 @@ type Controller struct {
 	now    func() time.Time
 
 	wake chan struct{}
+	// wakeGathered wakes the executor executor.wake_delay later (wakeGather): the in-job stage
+	// calls of a burst are decided in one pass.
+	wakeGathered chan struct{}
 
 	changeMu sync.Mutex
 	changed  chan struct{} // closed (and replaced) whenever the state changes
@@ -98,6 +101,7 @@ func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger)
 	c := &Controller{
 		cfg: cfg, store: st, dial: dial, log: log, now: time.Now,
 		wake:           make(chan struct{}, 1),
+		wakeGathered:   make(chan struct{}, 1),
 		changed:        make(chan struct{}),
 		sessionWaits:   map[int64]chan struct{}{},
 		inflight:       map[lifecycle.EffectKey]bool{},
@@ -290,6 +294,19 @@ func (c *Controller) wakeUp() {
 	}
 }
 
+// wakeGather asks the executor to look executor.wake_delay from the first such call: what
+// the calls until then asked for is decided in one pass, its stages started together.
+func (c *Controller) wakeGather() {
+	if c.cfg.Executor.WakeDelay <= 0 {
+		c.wakeUp()
+		return
+	}
+	select {
+	case c.wakeGathered <- struct{}{}:
+	default:
+	}
+}
+
 // view loads a consistent world.
 func (c *Controller) view(ctx context.Context) (*lifecycle.World, error) {
 	var w *lifecycle.World
@@ -443,9 +460,17 @@ func (c *Controller) decideOnTx(ctx context.Context, token string, more []string
 	if crashName != "" {
 		crashpoint.Hit(crashName)
 	}
-	c.wakeUp()
+	if gatherWake[crashName] {
+		c.wakeGather()
+	} else {
+		c.wakeUp()
+	}
 	return nil
 }
+
+// gatherWake are the requests that come in bursts (a job's libdatawarp calls, one a file):
+// they wake the executor executor.wake_delay later (wakeGather), the others at once.
+var gatherWake = map[string]bool{"request-persisted:job_stages": true, "request-persisted:terminate": true}
 
 // Setup creates a job or persistent session. ordinaryUser applies the per-user quota (controller.max_*_per_user); the workload manager
 // and administrators are not limited.
