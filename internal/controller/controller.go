@@ -327,6 +327,16 @@ var wholeTables = []string{"sessions", "instances", "fragments", "configurations
 // the previous listing: what dwstat costs follows what changed, not the state. The objects
 // are shared: read them, never change them.
 func (c *Controller) viewShared(ctx context.Context) (*lifecycle.World, error) {
+	return c.viewSharedOf(ctx, wholeTables)
+}
+
+// mountTables are the tables a mount's lookup reads (lifecycle.Locate): not the stages, which
+// a job staging a checkpoint file by file makes the largest, and which every in-job stage
+// call would otherwise list.
+var mountTables = []string{"sessions", "instances", "fragments", "configurations", "namespaces", "registrations", "activations"}
+
+// viewSharedOf is viewShared with only some tables (the others empty).
+func (c *Controller) viewSharedOf(ctx context.Context, tables []string) (*lifecycle.World, error) {
 	var w *lifecycle.World
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		var err error
@@ -337,7 +347,7 @@ func (c *Controller) viewShared(ctx context.Context) (*lifecycle.World, error) {
 		if w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D()); err != nil {
 			return err
 		}
-		for _, t := range wholeTables {
+		for _, t := range tables {
 			if err := c.listInto(tx, w, t); err != nil {
 				return err
 			}
