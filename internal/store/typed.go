@@ -160,6 +160,20 @@ type IDTable[T any] struct {
 // Get returns the object with the given id.
 func (t IDTable[T]) Get(tx *Tx, id int64) (*T, error) { return t.get(tx, idKey(id)) }
 
+// IDs returns the ids of every object of the table in order, decoding none.
+func (t IDTable[T]) IDs(tx *Tx) ([]int64, error) {
+	var out []int64
+	err := tx.kv.Scan(t.kind, func(key string, _ []byte) error {
+		id, err := strconv.ParseInt(key, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s %s: not an id key: %v", t.kind, key, err)
+		}
+		out = append(out, id)
+		return nil
+	})
+	return out, err
+}
+
 // Delete removes the object with the given id (and its entry in the child index).
 func (t IDTable[T]) Delete(tx *Tx, id int64) error {
 	if len(t.parents) > 0 || t.count != nil {
