@@ -13,14 +13,28 @@ import (
 // up to yieldLimit of them while it waits: a request that records something (a
 // libdatawarp call, a heartbeat) waits for at most the transaction under way, not for a
 // queue of the executor's, and the executor still gets its turn under a steady stream of
-// requests. With yieldLimit 0 turns are taken in arrival order (about: Go's mutex).
+// requests. Requests take their turns in their order of arrival; with yieldLimit 0 a
+// background transaction waits for none but those ahead of it.
 type writers struct {
 	mu         sync.Mutex
 	cond       *sync.Cond
 	busy       bool
-	waiting    int    // requests' transactions waiting for their turn
-	granted    uint64 // turns given to requests' transactions so far
+	waiting    int      // requests' transactions waiting for their turn
+	tickets    uint64   // requests' tickets handed out: they go in their order
+	granted    uint64   // turns given to requests' transactions so far (the ticket served)
+	background []uint64 // the background transactions waiting: granted when each began
 	yieldLimit uint64
+}
+
+// overdue reports whether a background transaction waiting has let yieldLimit requests go
+// first: the next turn is its (the requests wait for it).
+func (w *writers) overdue() bool {
+	for _, since := range w.background {
+		if w.granted-since >= w.yieldLimit {
+			return true
+		}
+	}
+	return false
 }
 
 func newWriters() *writers {
@@ -43,7 +57,9 @@ func (w *writers) lock(ctx context.Context) error {
 	defer w.mu.Unlock()
 	if !store.IsBackground(ctx) {
 		w.waiting++
-		for w.busy {
+		ticket := w.tickets
+		w.tickets++
+		for w.busy || w.overdue() || ticket != w.granted {
 			w.cond.Wait()
 		}
 		w.waiting--
@@ -52,6 +68,16 @@ func (w *writers) lock(ctx context.Context) error {
 		return nil
 	}
 	since := w.granted
+	w.background = append(w.background, since)
+	defer func() { // this one's entry (one of those with its since: any is as good)
+		for i, s := range w.background {
+			if s == since {
+				w.background = append(w.background[:i], w.background[i+1:]...)
+				break
+			}
+		}
+		w.cond.Broadcast() // the requests an overdue entry held back
+	}()
 	for w.busy || (w.waiting > 0 && w.granted-since < w.yieldLimit) {
 		if err := ctx.Err(); err != nil {
 			return err
