@@ -18,7 +18,7 @@ import (
 // most executor.max_in_flight at once and one per object.
 func (c *Controller) Run(ctx context.Context) error {
 	ctx = store.Background(ctx) // its transactions let the requests' go first
-	c.swept.Store(false) // the first pass reads the whole state (a new leader's too)
+	c.swept.Store(false)        // the first pass reads the whole state (a new leader's too)
 	c.unparkAll()
 	tick := time.NewTicker(c.cfg.Executor.Tick.D())
 	defer tick.Stop()
