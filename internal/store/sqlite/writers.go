@@ -14,7 +14,7 @@ import (
 // libdatawarp call, a heartbeat) waits for at most the transaction under way, not for a
 // queue of the executor's, and the executor still gets its turn under a steady stream of
 // requests. Requests take their turns in their order of arrival; with yieldLimit 0 a
-// background transaction waits for none but those ahead of it.
+// waiting background transaction takes the next turn.
 type writers struct {
 	mu         sync.Mutex
 	cond       *sync.Cond
