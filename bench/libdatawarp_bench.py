@@ -438,6 +438,9 @@ allow_root = true
 {table(tcp)}
 """
     rows = table(per)
+    small = os.path.join(os.path.dirname(os.path.abspath(binary)), "spillway-stage-worker")
+    worker = ("the small `spillway-stage-worker` beside the binary" if os.access(small, os.X_OK)
+              else "`spillway stage-worker`: no small `spillway-stage-worker` beside the binary")
     size = f"{a.size_mib} MiB" if a.size_mib % 1024 else f"{a.size_mib // 1024} GiB"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = f"""## libdatawarp: a checkpoint staged out through the API
@@ -458,7 +461,7 @@ Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with `pyt
 |---|---:|---:|---:|---:|---:|
 {rows}
 
-The library's own part of a call (probing the paths, one request on the socket) is well under a millisecond: a query costs the controller's read. A call that records something costs the controller's durable commit besides (the state's SQLite WAL with synchronous=FULL: the request is on the disk before the call returns, as the API promises), and a stage-in's dispatch also shares the machine's cores with the copies of the calls before it.
+The library's own part of a call (probing the paths, one request on the socket) is well under a millisecond: a query costs the controller's read. A call that records something costs the controller's durable commit besides (the state's SQLite WAL with synchronous=FULL: the request is on the disk before the call returns, as the API promises), and a stage-in's dispatch also shares the machine's cores with the copies of the calls before it: the executor's transactions that start them (the call's goes first: `executor.yield_to_requests`; a burst's calls wake the executor once per `executor.wake_delay`) and their stage workers ({worker}, one process a stage).
 {tcp_text}
 Ratio = the baseline's time / the API's (1.00 = as fast as `cp` + `sync`). `cp` in the job reads the checkpoint through the job's FUSE mount; the stage worker reads it on the storage node, beside the mount. Each libdatawarp call is one request to the controller, no child process (the library probes the paths as the job's user, the controller resolves the session and records the stage). The copy itself is the stage worker's, as the job's user, with DataWarp's fsync of the file.
 """

@@ -234,6 +234,10 @@ type Controller struct {
 	// transaction deletes after a record is written: a transaction's writes stay bounded
 	// (etcd refuses more than store.etcd_max_txn_ops).
 	AccountingBatch int `toml:"accounting_batch"`
+	// DecodedCache is how many decoded stage records the controller keeps by their bytes
+	// (store.Decoded): every decision on a session reads all its stages, and one whose bytes
+	// did not change is copied instead of decoded again. 0 keeps none.
+	DecodedCache int `toml:"decoded_cache"`
 	// AccountingRefreshTimeout is how long a query of a live instance's accounting waits for
 	// the storage nodes holding its fragments to report their counters now (the answer is
 	// then current, not the last heartbeat's); a node that has not answered by then keeps
@@ -310,6 +314,14 @@ type Executor struct {
 	MaxInFlight     int      `toml:"max_in_flight"`     // agent calls running at once
 	Tick            Duration `toml:"tick"`              // how often the executor looks even if nothing woke it
 	AgentTimeout    Duration `toml:"agent_timeout"`     // one call to an agent
+	// YieldToRequests is how many API requests' write transactions one of the executor's
+	// lets go first while it waits for its turn (SQLite takes writers one at a time): a
+	// libdatawarp call waits for the transaction under way, not for the executor's queue.
+	YieldToRequests int `toml:"yield_to_requests"`
+	// WakeDelay gathers the executor's wake-ups by requests: the first wakes it this long
+	// after it, and the requests until then are decided in one pass (a burst of in-job stage
+	// calls starts its stages together, not a pass each). 0: at once.
+	WakeDelay Duration `toml:"wake_delay"`
 }
 
 // Stage limits the data movers.
@@ -546,6 +558,7 @@ func Defaults() Config {
 			RunLease:                 Duration(2 * time.Minute),
 			MountCapabilityLifetime:  Duration(7 * 24 * time.Hour),
 			AccountingBatch:          64,
+			DecodedCache:             50_000,
 			AccountingRefreshTimeout: Duration(2 * time.Second),
 			AccountingRefreshLimit:   64,
 			EnduranceThreshold:       10,
@@ -589,6 +602,8 @@ func Defaults() Config {
 			RetryBackoffMax: Duration(30 * time.Second),
 			MaxInFlight:     32,
 			Tick:            Duration(500 * time.Millisecond),
+			YieldToRequests: 16,
+			WakeDelay:       Duration(5 * time.Millisecond),
 			AgentTimeout:    Duration(60 * time.Second),
 		},
 		Stage: Stage{
@@ -764,6 +779,12 @@ func (c *Config) Validate() error {
 	positive("executor.max_attempts", int64(c.Executor.MaxAttempts))
 	positive("executor.max_in_flight", int64(c.Executor.MaxInFlight))
 	positive("executor.tick", int64(c.Executor.Tick))
+	if c.Executor.YieldToRequests < 0 {
+		problems = append(problems, "executor.yield_to_requests must be 0 (writers in turn) or more")
+	}
+	if c.Executor.WakeDelay < 0 || c.Executor.WakeDelay > c.Executor.Tick {
+		problems = append(problems, fmt.Sprintf("executor.wake_delay (%s) must be from 0 (at once) to executor.tick (%s), e.g. \"5ms\"", c.Executor.WakeDelay.D(), c.Executor.Tick.D()))
+	}
 	positive("executor.retry_backoff", int64(c.Executor.RetryBackoff))
 	positive("executor.agent_timeout", int64(c.Executor.AgentTimeout))
 	positive("stage.max_running", int64(c.Stage.MaxRunning))
@@ -919,6 +940,9 @@ func (c *Config) Validate() error {
 	}
 	positive("store.restore_batch", int64(c.Store.RestoreBatch))
 	positive("controller.accounting_batch", int64(c.Controller.AccountingBatch))
+	if c.Controller.DecodedCache < 0 {
+		problems = append(problems, "controller.decoded_cache must be 0 (keep no decoded stages) or more")
+	}
 	if c.Controller.AccountingRefreshLimit < 0 {
 		problems = append(problems, "controller.accounting_refresh_limit must be 0 (no refresh) or more")
 	}

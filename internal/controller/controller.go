@@ -44,6 +44,9 @@ type Controller struct {
 	now    func() time.Time
 
 	wake chan struct{}
+	// wakeGathered wakes the executor executor.wake_delay later (wakeGather): the in-job stage
+	// calls of a burst are decided in one pass.
+	wakeGathered chan struct{}
 
 	changeMu sync.Mutex
 	changed  chan struct{} // closed (and replaced) whenever the state changes
@@ -94,9 +97,11 @@ type Controller struct {
 // New creates a controller over a store. Pools listed in the configuration are created if
 // missing.
 func New(cfg config.Config, st *store.Store, dial AgentDialer, log *slog.Logger) (*Controller, error) {
+	store.SetDecodedLimit(cfg.Controller.DecodedCache) // the process's (one controller a process)
 	c := &Controller{
 		cfg: cfg, store: st, dial: dial, log: log, now: time.Now,
 		wake:           make(chan struct{}, 1),
+		wakeGathered:   make(chan struct{}, 1),
 		changed:        make(chan struct{}),
 		sessionWaits:   map[int64]chan struct{}{},
 		inflight:       map[lifecycle.EffectKey]bool{},
@@ -290,6 +295,19 @@ func (c *Controller) wakeUp() {
 	}
 }
 
+// wakeGather asks the executor to look executor.wake_delay from the first such call: what
+// the calls until then asked for is decided in one pass, its stages started together.
+func (c *Controller) wakeGather() {
+	if c.cfg.Executor.WakeDelay <= 0 {
+		c.wakeUp()
+		return
+	}
+	select {
+	case c.wakeGathered <- struct{}{}:
+	default:
+	}
+}
+
 // view loads a consistent world.
 func (c *Controller) view(ctx context.Context) (*lifecycle.World, error) {
 	var w *lifecycle.World
@@ -310,6 +328,16 @@ var wholeTables = []string{"sessions", "instances", "fragments", "configurations
 // the previous listing: what dwstat costs follows what changed, not the state. The objects
 // are shared: read them, never change them.
 func (c *Controller) viewShared(ctx context.Context) (*lifecycle.World, error) {
+	return c.viewSharedOf(ctx, wholeTables)
+}
+
+// mountTables are the tables a mount's lookup reads (lifecycle.Locate): not the stages, which
+// a job staging a checkpoint file by file makes the largest, and which every in-job stage
+// call would otherwise list.
+var mountTables = []string{"sessions", "instances", "fragments", "configurations", "namespaces", "registrations", "activations"}
+
+// viewSharedOf is viewShared with only some tables (the others empty).
+func (c *Controller) viewSharedOf(ctx context.Context, tables []string) (*lifecycle.World, error) {
 	var w *lifecycle.World
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		var err error
@@ -320,7 +348,7 @@ func (c *Controller) viewShared(ctx context.Context) (*lifecycle.World, error) {
 		if w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D()); err != nil {
 			return err
 		}
-		for _, t := range wholeTables {
+		for _, t := range tables {
 			if err := c.listInto(tx, w, t); err != nil {
 				return err
 			}
@@ -443,9 +471,17 @@ func (c *Controller) decideOnTx(ctx context.Context, token string, more []string
 	if crashName != "" {
 		crashpoint.Hit(crashName)
 	}
-	c.wakeUp()
+	if gatherWake[crashName] {
+		c.wakeGather()
+	} else {
+		c.wakeUp()
+	}
 	return nil
 }
+
+// gatherWake are the requests that come in bursts (a job's libdatawarp calls, one a file):
+// they wake the executor executor.wake_delay later (wakeGather), the others at once.
+var gatherWake = map[string]bool{"request-persisted:job_stages": true, "request-persisted:terminate": true}
 
 // Setup creates a job or persistent session. ordinaryUser applies the per-user quota (controller.max_*_per_user); the workload manager
 // and administrators are not limited.

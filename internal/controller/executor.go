@@ -17,7 +17,8 @@ import (
 // every executor.tick), settles what needs no agent, and runs the effects that are due, at
 // most executor.max_in_flight at once and one per object.
 func (c *Controller) Run(ctx context.Context) error {
-	c.swept.Store(false) // the first pass reads the whole state (a new leader's too)
+	ctx = store.Background(ctx) // its transactions let the requests' go first
+	c.swept.Store(false)        // the first pass reads the whole state (a new leader's too)
 	c.unparkAll()
 	tick := time.NewTicker(c.cfg.Executor.Tick.D())
 	defer tick.Stop()
@@ -30,6 +31,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	due := time.NewTimer(time.Hour)
 	due.Stop()
 	defer due.Stop()
+	gather := time.NewTimer(time.Hour) // wakeGather's delay
+	gather.Stop()
+	defer gather.Stop()
+	var gatherC <-chan time.Time // set while a gathered wake-up waits
 	for {
 		next := c.runOnce(ctx, &wg)
 		var dueC <-chan time.Time
@@ -37,21 +42,38 @@ func (c *Controller) Run(ctx context.Context) error {
 			due.Reset(next)
 			dueC = due.C
 		}
+	wait:
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.wake:
+		case <-c.wakeGathered:
+			if gatherC == nil {
+				gather.Reset(c.cfg.Executor.WakeDelay.D())
+				gatherC = gather.C
+			}
+			goto wait // the pass at the delay's end (or sooner, woken otherwise) sees it
+		case <-gatherC:
 		case <-tick.C:
 			c.unparkAll() // a safety net: whatever parked a session, the tick looks at it again
 		case <-dueC:
 		}
 		due.Stop()
+		if gatherC != nil { // this pass sees what the gathered calls asked for
+			gather.Stop()
+			select {
+			case <-gather.C:
+			default:
+			}
+			gatherC = nil
+		}
 	}
 }
 
 // RunOnce performs one pass (tests use it to drive the executor step by step) and waits for
 // its effects, and those queued, to end.
 func (c *Controller) RunOnce(ctx context.Context) {
+	ctx = store.Background(ctx)
 	var wg sync.WaitGroup
 	c.runOnce(ctx, &wg)
 	wg.Wait()

@@ -45,7 +45,7 @@ func (s *Server) stageCall(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) runStageCall(ctx context.Context, c caller, call stagecall.Call) (map[string]any, error) {
-	world, err := s.c.viewShared(ctx)
+	world, err := s.c.viewSharedOf(ctx, mountTables) // the mounts' lookup reads no stage
 	if err != nil {
 		return nil, err
 	}

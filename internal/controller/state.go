@@ -366,13 +366,16 @@ func (c *Controller) persistTouched(tx *store.Tx, ch lifecycle.Changes) (map[int
 }
 
 // pruneStageHistory deletes the oldest finished stages beyond keep.
+// It reads their ids, not their records: every transaction that ends an in-job stage
+// replaced by a newer one archives it, and decoding the whole history each time cost more
+// than the rest of the transaction.
 func pruneStageHistory(tx *store.Tx, keep int) error {
-	kept, err := store.StageHistory.List(tx)
+	kept, err := store.StageHistory.IDs(tx)
 	if err != nil {
 		return err
 	}
 	for i := 0; i < len(kept)-keep; i++ {
-		if err := store.StageHistory.Delete(tx, kept[i].ID); err != nil {
+		if err := store.StageHistory.Delete(tx, kept[i]); err != nil {
 			return err
 		}
 	}

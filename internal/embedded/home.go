@@ -137,8 +137,9 @@ type Running struct {
 }
 
 // start brings up the controller and the agent (the server then serves the API). workerExe
-// is the argv prefix of the stage worker (the spillway binary and "stage-worker").
-func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
+// is the argv prefix of the stage worker (the spillway binary and "stage-worker", or the
+// small spillway-stage-worker), pfsWorker the PFS door worker's.
+func (h *Home) start(log *slog.Logger, workerExe, pfsWorker []string) (*Running, error) {
 	cfg := h.Config
 	st, err := engines.OpenState(context.Background(), &cfg, log)
 	if err != nil {
@@ -157,7 +158,7 @@ func (h *Home) start(log *slog.Logger, workerExe []string) (*Running, error) {
 	ag, err := agent.New(agent.Options{
 		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity),
 		WorkerExe: workerExe, StageLimits: StageLimits(cfg), Mount: MountLimits(cfg), Log: log,
-		PFSWorkerExe: pfsWorkerExe(workerExe), PFS: PFSOptions(cfg), PFSMaxWorkers: cfg.PFS.MaxWorkers,
+		PFSWorkerExe: pfsWorker, PFS: PFSOptions(cfg), PFSMaxWorkers: cfg.PFS.MaxWorkers,
 		FragmentFS: cfg.Agent.FragmentFilesystem, FragmentFSLimits: FragmentFSLimits(cfg), Endurance: EnduranceOptions(cfg),
 		Swap: SwapOptions(cfg),
 	})
@@ -260,15 +261,6 @@ func StageLimits(cfg config.Config) stage.Limits {
 		MaxStderrBytes:   int(cfg.Stage.WorkerStderrLimit),
 		AllowRoot:        cfg.Stage.AllowRoot,
 	}
-}
-
-// pfsWorkerExe is the PFS door worker's argv prefix beside the stage worker's ({exe,
-// "stage-worker"}): the same program.
-func pfsWorkerExe(stageWorker []string) []string {
-	if len(stageWorker) == 0 {
-		return nil
-	}
-	return []string{stageWorker[0], "pfs-worker"}
 }
 
 // PFSOptions are the bounds of a cache instance's doors to the PFS ([pfs]).

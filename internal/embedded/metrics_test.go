@@ -32,7 +32,7 @@ func TestHomeServesMetrics(t *testing.T) {
 	h.Config.Home.IdleTimeout = config.Duration(time.Minute)
 	h.Config.Home.ReapInterval = config.Duration(100 * time.Millisecond)
 	served := make(chan error, 1)
-	go func() { served <- h.Serve(slog.New(slog.NewTextHandler(io.Discard, nil)), nil) }()
+	go func() { served <- h.Serve(slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil) }()
 	t.Cleanup(func() {
 		// A home whose directory is gone stops its server (homeGone).
 		os.Rename(dir, dir+".gone")

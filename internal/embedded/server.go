@@ -336,14 +336,15 @@ func (o ctlOps) Teardown(ctx context.Context, token string, hurry bool) error {
 
 // Serve is `spillway home serve`: it runs the home's controller and agent, serves the API on
 // the home's socket, cleans up after `spillway run`s that are gone, and returns once it has
-// been idle for home.idle_timeout, or on SIGTERM or SIGINT.
-func (h *Home) Serve(log *slog.Logger, workerExe []string) error {
+// been idle for home.idle_timeout, or on SIGTERM or SIGINT. stageWorker and pfsWorker are
+// the workers' argv prefixes ({exe, "stage-worker"} or the small binary; {exe, "pfs-worker"}).
+func (h *Home) Serve(log *slog.Logger, stageWorker, pfsWorker []string) error {
 	cfg := h.Config
 	configTime := time.Time{}
 	if st, err := os.Stat(h.path(ConfigName)); err == nil {
 		configTime = st.ModTime()
 	}
-	r, err := h.start(log, workerExe)
+	r, err := h.start(log, stageWorker, pfsWorker)
 	if err != nil {
 		return err
 	}

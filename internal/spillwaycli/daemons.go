@@ -326,7 +326,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ag, err := agent.New(agent.Options{
 		Name: name, Pool: cfg.Agent.Pool, SSDPath: cfg.Agent.SSDPath, Capacity: uint64(cfg.Agent.Capacity), Address: advertise,
-		WorkerExe: []string{exe, "stage-worker"}, StageLimits: embedded.StageLimits(cfg), Mount: embedded.MountLimits(cfg), Log: log,
+		WorkerExe: StageWorkerCommand(exe), StageLimits: embedded.StageLimits(cfg), Mount: embedded.MountLimits(cfg), Log: log,
 		PFSWorkerExe: []string{exe, "pfs-worker"}, PFS: embedded.PFSOptions(cfg), PFSMaxWorkers: cfg.PFS.MaxWorkers,
 		Token: token, Warpfs: embedded.WarpfsClientLimits(cfg), WarpfsServer: embedded.WarpfsServerLimits(cfg),
 		RemoteReadahead: int(cfg.Warpfs.Readahead), DataTLS: clientTLS,

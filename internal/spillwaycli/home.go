@@ -68,7 +68,7 @@ func homeMain(args []string, stdout, stderr io.Writer) int {
 			return 78
 		}
 		defer stop()
-		if err := home.Serve(log, []string{exe, "stage-worker"}); err != nil {
+		if err := home.Serve(log, StageWorkerCommand(exe), []string{exe, "pfs-worker"}); err != nil {
 			fmt.Fprintf(stderr, "spillway home serve: %v\n", err)
 			return 1
 		}

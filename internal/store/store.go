@@ -66,3 +66,18 @@ type IndexJoiner interface {
 	// entry lists that does not exist is an error wrapping ErrNotFound.
 	ScanJoined(indexKind, prefix, kind string, fn func(key string, value []byte) error) error
 }
+
+type backgroundKey struct{}
+
+// Background marks ctx's write transactions as background work (the executor's): an engine
+// that serializes its writers (SQLite) lets the requests' transactions waiting beside them
+// go first, up to executor.yield_to_requests of them.
+func Background(ctx context.Context) context.Context {
+	return context.WithValue(ctx, backgroundKey{}, true)
+}
+
+// IsBackground reports whether ctx was marked by Background.
+func IsBackground(ctx context.Context) bool {
+	b, _ := ctx.Value(backgroundKey{}).(bool)
+	return b
+}

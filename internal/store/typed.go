@@ -57,6 +57,8 @@ type Table[T any] struct {
 	// count, when set, keeps the totals (Totals) of the kind: Put and Delete call it with
 	// the object stored before (nil: none) and after (nil: deleted).
 	count func(tx *Tx, old, new *T) error
+	// decoded, when set, keeps decoded records by their bytes (Decoded: the stages).
+	decoded *Decoded[T]
 }
 
 // idKey renders numeric ids so that key order is numeric order.
@@ -76,12 +78,23 @@ func (t Table[T]) get(tx *Tx, key string) (*T, error) {
 
 // decode turns a record of the kind into its object.
 func (t Table[T]) decode(key string, raw []byte) (*T, error) {
+	if t.decoded != nil {
+		if obj, ok := t.decoded.get(key, raw); ok {
+			return obj, nil
+		}
+	}
 	obj := new(T)
 	if err := json.Unmarshal(raw, obj); err != nil {
 		return nil, fmt.Errorf("%s %s: corrupt record: %v", t.kind, key, err)
 	}
+	if t.decoded != nil {
+		t.decoded.put(key, raw, obj)
+	}
 	return obj, nil
 }
+
+// Decoded is the table's cache of decoded records, nil when it keeps none.
+func (t Table[T]) Decoded() *Decoded[T] { return t.decoded }
 
 // Put stores obj under its key (and its entry in the child index).
 func (t Table[T]) Put(tx *Tx, obj *T) error {
@@ -127,9 +140,9 @@ func (t Table[T]) List(tx *Tx) ([]*T, error) {
 func (t Table[T]) Filter(tx *Tx, keep func(*T) bool) ([]*T, error) {
 	var out []*T
 	err := tx.kv.Scan(t.kind, func(key string, raw []byte) error {
-		obj := new(T)
-		if err := json.Unmarshal(raw, obj); err != nil {
-			return fmt.Errorf("%s %s: corrupt record: %v", t.kind, key, err)
+		obj, err := t.decode(key, raw)
+		if err != nil {
+			return err
 		}
 		if keep == nil || keep(obj) {
 			out = append(out, obj)
@@ -146,6 +159,20 @@ type IDTable[T any] struct {
 
 // Get returns the object with the given id.
 func (t IDTable[T]) Get(tx *Tx, id int64) (*T, error) { return t.get(tx, idKey(id)) }
+
+// IDs returns the ids of every object of the table in order, decoding none.
+func (t IDTable[T]) IDs(tx *Tx) ([]int64, error) {
+	var out []int64
+	err := tx.kv.Scan(t.kind, func(key string, _ []byte) error {
+		id, err := strconv.ParseInt(key, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s %s: not an id key: %v", t.kind, key, err)
+		}
+		out = append(out, id)
+		return nil
+	})
+	return out, err
+}
 
 // Delete removes the object with the given id (and its entry in the child index).
 func (t IDTable[T]) Delete(tx *Tx, id int64) error {
@@ -302,7 +329,8 @@ var (
 	Activations    = onNode(childOf("activation", func(o *model.Activation) int64 { return o.ID }, "session", func(o *model.Activation) int64 { return o.SessionID }), func(o *model.Activation) string { return o.Node })
 	// Stages are counted while running (Totals.RunningStages: stage.max_running holds over
 	// every session, whatever world a decision loads).
-	Stages = counted(childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID }), countRunningStages)
+	// Their decoded records are kept (Decoded): every decision on a session reads them all.
+	Stages = decodedBy(counted(childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID }), countRunningStages), cloneStage)
 	// StageHistory keeps finished stages after their sessions went (stage.history of them).
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Usage is the data path's counters per fragment (accounting), by fragment id.

@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	}
 	os.Chmod(dir, 0o755)
 	binary, smallBinary = filepath.Join(dir, "spillway"), filepath.Join(dir, "dw_wlm_cli")
-	build := exec.Command("go", "build", "-o", dir+"/", "github.com/spillway-hpc/spillway/cmd/spillway", "github.com/spillway-hpc/spillway/cmd/dw_wlm_cli")
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/spillway-hpc/spillway/cmd/spillway", "github.com/spillway-hpc/spillway/cmd/dw_wlm_cli", "github.com/spillway-hpc/spillway/cmd/spillway-stage-worker")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building spillway and dw_wlm_cli:", err)

@@ -138,9 +138,12 @@ in_root sh -c 'cd /root/debs && DEBIAN_FRONTEND=noninteractive apt-get install -
 for p in spillway libdatawarp0 libdatawarp-dev python3-spillway-datawarp fuse3; do
 	in_root dpkg-query -W -f='${Status}\n' "$p" | grep -qx 'install ok installed' || fail "$p is not installed"
 done
-for n in spillway dwstat dwcli dw_wlm_cli; do
+for n in spillway dwstat dwcli dw_wlm_cli spillway-stage-worker; do
 	[ -x "$root/usr/bin/$n" ] || fail "/usr/bin/$n missing"
 done
+# The agent starts the small stage worker beside spillway: a file of its own, not a link.
+[ -f "$root/usr/bin/spillway-stage-worker" ] && [ ! -L "$root/usr/bin/spillway-stage-worker" ] || fail "/usr/bin/spillway-stage-worker is not a file of its own"
+cmp -s "$root/usr/bin/spillway-stage-worker" "$root/usr/bin/spillway" && fail "/usr/bin/spillway-stage-worker is the full spillway binary"
 # dw_wlm_cli is the small binary of DataWarp's commands; dwstat and dwcli are links to it.
 [ -f "$root/usr/bin/dw_wlm_cli" ] && [ ! -L "$root/usr/bin/dw_wlm_cli" ] || fail "/usr/bin/dw_wlm_cli is not a file of its own"
 cmp -s "$root/usr/bin/dw_wlm_cli" "$root/usr/bin/spillway" && fail "/usr/bin/dw_wlm_cli is the full spillway binary"
@@ -268,8 +271,8 @@ say "upgraded: the edited configuration kept, the services back on their state"
 # --- remove and purge ----------------------------------------------------------------------
 stop_units
 in_root env DEBIAN_FRONTEND=noninteractive apt-get remove -y spillway >"$dir/remove.log" 2>&1 || fail "apt-get remove spillway failed"
-[ ! -e "$root/usr/bin/spillway" ] && [ ! -e "$root/usr/bin/dw_wlm_cli" ] && [ ! -L "$root/usr/bin/dwstat" ] ||
-	fail "apt remove left /usr/bin/spillway, dw_wlm_cli or dwstat"
+[ ! -e "$root/usr/bin/spillway" ] && [ ! -e "$root/usr/bin/dw_wlm_cli" ] && [ ! -L "$root/usr/bin/dwstat" ] && [ ! -e "$root/usr/bin/spillway-stage-worker" ] ||
+	fail "apt remove left /usr/bin/spillway, dw_wlm_cli, dwstat or spillway-stage-worker"
 [ ! -e "$root/lib/systemd/system/spillway-agent.service" ] || fail "apt remove left the units"
 [ -f "$root/etc/spillway/spillway.toml" ] || fail "apt remove removed the configuration"
 [ -d "$root/var/lib/spillway/controller" ] || fail "apt remove removed the controller's state"

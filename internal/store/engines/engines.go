@@ -36,7 +36,12 @@ func Open(ctx context.Context, cfg *config.Config) (store.Engine, error) {
 	if cfg.Store.Engine == "etcd" {
 		return openEtcd(ctx, cfg)
 	}
-	return sqlite.Open(SQLitePath(cfg))
+	e, err := sqlite.Open(SQLitePath(cfg))
+	if err != nil {
+		return nil, err
+	}
+	e.YieldToRequests(cfg.Executor.YieldToRequests)
+	return e, nil
 }
 
 // OpenReader opens the engine to read it beside a running controller (a backup): the sqlite

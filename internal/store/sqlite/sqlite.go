@@ -49,7 +49,7 @@ var ErrLocked = errors.New("state database locked")
 type Engine struct {
 	db      *sql.DB
 	lock    *os.File
-	writeMu sync.Mutex // one writer at a time: SQLite serializes writers anyway, this avoids SQLITE_BUSY
+	writeMu *writers // one writer at a time, the requests' before the executor's (writers)
 	// readOnly: opened by OpenReadOnly, without the lock; Update is refused.
 	readOnly bool
 	// stmts are the statements every transaction runs, prepared once (database/sql keeps
@@ -198,13 +198,21 @@ func Open(path string) (*Engine, error) {
 		lock.Close()
 		return nil, fmt.Errorf("state database %s: %w", path, err)
 	}
-	e := &Engine{db: db, lock: lock, log: &changeLog{}}
+	e := &Engine{db: db, lock: lock, log: &changeLog{}, writeMu: newWriters()}
 	if err := e.prepare(); err != nil {
 		db.Close()
 		lock.Close()
 		return nil, fmt.Errorf("state database %s: %w", path, err)
 	}
 	return e, nil
+}
+
+// YieldToRequests sets how many requests' write transactions a background one (the
+// executor's, store.Background) lets go first while it waits (executor.yield_to_requests).
+func (e *Engine) YieldToRequests(n int) {
+	if e.writeMu != nil {
+		e.writeMu.setYieldLimit(n)
+	}
 }
 
 // OpenReadOnly opens an existing database for reading only, beside the controller that holds
@@ -285,8 +293,10 @@ func (e *Engine) Update(ctx context.Context, fn func(store.KV) error) error {
 	if e.readOnly {
 		return store.ErrReadOnly
 	}
-	e.writeMu.Lock()
-	defer e.writeMu.Unlock()
+	if err := e.writeMu.lock(ctx); err != nil {
+		return err
+	}
+	defer e.writeMu.unlock()
 	tx, err := e.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
