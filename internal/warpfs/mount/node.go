@@ -431,7 +431,7 @@ func (n *node) truncated(size uint64) {
 	for h := range n.handles {
 		if sf := h.striped; sf != nil {
 			sf.mu.Lock()
-			sf.known, sf.extent = size, min(sf.extent, size)
+			sf.known, sf.extent, sf.durable = size, min(sf.extent, size), min(sf.durable, size)
 			sf.mu.Unlock()
 		}
 	}

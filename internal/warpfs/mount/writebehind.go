@@ -37,6 +37,11 @@ import (
 // a sequential writer's next write(2) is usually a few microseconds away — the page cache
 // even sends an unaligned write as two requests, its first partial page alone — and joins the
 // same request instead of following it in one of its own.
+//
+// An fsync of a striped file marks its writer's pieces still queued (askSync): the request
+// that carries the last marked piece of a server asks that server to sync the object after
+// writing (proto.OpWriteSync), and the fsync needs no request of its own there — a write and
+// the fdatasync after it cost one round trip, not two.
 type writeBehind struct {
 	limit int64
 
@@ -69,6 +74,9 @@ type serverQueue struct {
 	pending []queuedPiece
 	bytes   uint64 // in pending
 	running bool
+	// syncFull says an fsync (not an fdatasync) marked pieces pending: the sync that
+	// carries them is a full one.
+	syncFull bool
 }
 
 // reopenRetry is how often a write behind retries to open its file again on a storage node
@@ -86,6 +94,7 @@ type queuedPiece struct {
 	data     []byte
 	uid, gid uint32      // the writer (the server clears set-user-ID bits for others than root)
 	h        *fileHandle // the handle it was written through
+	sync     bool        // an fsync waits for it: the request carrying it syncs, if last (askSync)
 }
 
 func newWriteBehind(limit int64, servers int) *writeBehind {
@@ -162,6 +171,7 @@ func (wb *writeBehind) sendQueue(s int) {
 		// Who wrote what the request carries: their bytes in flight end with it.
 		carried := make([]queuedPiece, run)
 		copy(carried, q.pending[:run])
+		sync := q.syncing(run)
 		var merged *[]byte
 		if run > 1 {
 			merged = mergeBuffers.Get().(*[]byte)
@@ -175,11 +185,25 @@ func (wb *writeBehind) sendQueue(s int) {
 		q.pending = q.pending[run:]
 		q.bytes -= qp.piece.Length
 		failed := wb.writers[qp.h].err != 0
+		var writers []*fileHandle
+		if sync.on && !failed {
+			for h := range wb.writers {
+				writers = append(writers, h)
+			}
+		}
 		wb.mu.Unlock()
+		covered := writesBefore(writers, s)
 		var errno syscall.Errno
+		synced := false
 		if !failed { // after an error the writer's rest is dropped: it learns of the error
 			if qp.h.striped != nil {
-				errno = qp.h.sendObjectPiece(qp)
+				errno, synced = qp.h.sendObjectPiece(qp, sync)
+				if synced {
+					// The server synced the object: every write there before is durable.
+					for _, c := range covered {
+						c.done()
+					}
+				}
 			} else {
 				errno = qp.h.sendFilePiece(qp)
 			}
@@ -187,7 +211,7 @@ func (wb *writeBehind) sendQueue(s int) {
 		if merged != nil {
 			mergeBuffers.Put(merged)
 		}
-		if errno == 0 && !failed && qp.h.striped != nil {
+		if errno == 0 && !failed && !synced && qp.h.striped != nil {
 			for _, p := range carried[1:] {
 				if p.h != qp.h {
 					p.h.markDirty(s) // its fsync syncs this server too
@@ -206,6 +230,90 @@ func (wb *writeBehind) sendQueue(s int) {
 		wb.cond.Broadcast()
 		wb.mu.Unlock()
 	}
+}
+
+// syncAfter asks the server to sync the object after a write (fsync, or with flags 1
+// fdatasync).
+type syncAfter struct {
+	on    bool
+	flags uint32
+}
+
+// syncing says whether the request carrying the first run pieces of q syncs: it carries a
+// piece an fsync marked, and none stays queued. wb.mu held.
+func (q *serverQueue) syncing(run int) syncAfter {
+	marked := false
+	for _, p := range q.pending[:run] {
+		marked = marked || p.sync
+	}
+	if !marked {
+		return syncAfter{}
+	}
+	for _, p := range q.pending[run:] {
+		if p.sync {
+			return syncAfter{}
+		}
+	}
+	sa := syncAfter{on: true, flags: 1}
+	if q.syncFull {
+		sa.flags = 0
+	}
+	q.syncFull = false
+	return sa
+}
+
+// askSync marks h's pieces queued for the servers of a striped file: the request carrying
+// the last of them on each server syncs the object there too (fsync with flags 0, fdatasync
+// with 1), in the same round trip.
+func (h *fileHandle) askSync(flags uint32) {
+	wb := h.behind
+	if wb == nil || h.striped == nil || h.striped.cache != nil {
+		// (a cache file's sync is its server's FSYNC, which may put it on the PFS: sync_to_pfs)
+		return
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	for s := range wb.queues {
+		q := &wb.queues[s]
+		for i := range q.pending {
+			if q.pending[i].h == h {
+				q.pending[i].sync = true
+				if flags&1 == 0 {
+					q.syncFull = true
+				}
+			}
+		}
+	}
+}
+
+// syncedWrites is a handle's count of writes that reached an object, taken before a request
+// that syncs the object: once it did, they are durable.
+type syncedWrites struct {
+	sf     *stripedFile
+	s      int
+	writes uint64
+}
+
+func (c syncedWrites) done() {
+	c.sf.mu.Lock()
+	if o := &c.sf.objects[c.s]; c.writes > o.synced {
+		o.synced = c.writes
+	}
+	c.sf.mu.Unlock()
+}
+
+// writesBefore is the writes of handles hs that reached server s so far: a sync of the
+// object there covers them. (Not under wb.mu: an object's open holds sf.mu for a round trip.)
+func writesBefore(hs []*fileHandle, s int) []syncedWrites {
+	var out []syncedWrites
+	for _, h := range hs {
+		if sf := h.striped; sf != nil {
+			sf.mu.Lock()
+			out = append(out, syncedWrites{sf: sf, s: s, writes: sf.objects[s].writes})
+			sf.mu.Unlock()
+		}
+	}
+	return out
 }
 
 // sortByOffset puts the queued pieces in the order of their offsets in the object, unless
