@@ -110,7 +110,7 @@ type stripedFile struct {
 	// durable is how far the size this handle reported and synced on the metadata server
 	// reaches: an fdatasync of writes below it needs no size report (syncMetadata).
 	durable uint64
-	dirty   bool     // data written since the last fsync
+	dirty   bool // data written since the last fsync
 	// sizeUntil is when the lease on known (the OPEN's, leases.go: leaseSize) ends; ino
 	// is the file's inode number while it lasts.
 	sizeUntil time.Time
