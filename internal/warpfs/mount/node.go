@@ -1198,8 +1198,13 @@ func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if h.striped != nil {
 		return h.fsyncStriped(ctx, flags)
 	}
+	// Writes still queued go with the sync (askSync): then no FSYNC is owed.
+	marked := h.askSync(flags)
 	if errno := h.settle(); errno != 0 {
 		return errno
+	}
+	if marked && h.writesSynced() {
+		return 0
 	}
 	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message {
 		return &proto.FsyncReq{Handle: id, Flags: flags}

@@ -38,10 +38,10 @@ import (
 // even sends an unaligned write as two requests, its first partial page alone — and joins the
 // same request instead of following it in one of its own.
 //
-// An fsync of a striped file marks its writer's pieces still queued (askSync): the request
-// that carries the last marked piece of a server asks that server to sync the object after
-// writing (proto.OpWriteSync), and the fsync needs no request of its own there — a write and
-// the fdatasync after it cost one round trip, not two.
+// An fsync marks its writer's pieces still queued (askSync): the request that carries the
+// last marked piece of a server asks that server to sync the file (a striped file's object)
+// after writing (proto.OpWriteSync), and the fsync needs no request of its own there — a
+// write and the fdatasync after it cost one round trip, not two.
 type writeBehind struct {
 	limit int64
 
@@ -58,6 +58,10 @@ type writeBehind struct {
 type writerState struct {
 	inflight int64
 	err      syscall.Errno
+	// A one-server instance's file: the requests that carried the handle's writes, synced
+	// how many of them a WRITE_SYNC covered (the fsync then needs no FSYNC). A striped
+	// file counts by server (object.writes).
+	writes, synced uint64
 }
 
 // writer is h's part of wb, wb.mu held.
@@ -186,9 +190,17 @@ func (wb *writeBehind) sendQueue(s int) {
 		q.bytes -= qp.piece.Length
 		failed := wb.writers[qp.h].err != 0
 		var writers []*fileHandle
+		var fileWrites map[*writerState]uint64 // a one-server file's, that a sync covers
 		if sync.on && !failed {
-			for h := range wb.writers {
-				writers = append(writers, h)
+			if qp.h.striped != nil {
+				for h := range wb.writers {
+					writers = append(writers, h)
+				}
+			} else {
+				fileWrites = map[*writerState]uint64{}
+				for _, st := range wb.writers {
+					fileWrites[st] = st.writes
+				}
 			}
 		}
 		wb.mu.Unlock()
@@ -205,7 +217,7 @@ func (wb *writeBehind) sendQueue(s int) {
 					}
 				}
 			} else {
-				errno = qp.h.sendFilePiece(qp)
+				errno, synced = qp.h.sendFilePiece(qp, sync)
 			}
 		}
 		if merged != nil {
@@ -225,6 +237,14 @@ func (wb *writeBehind) sendQueue(s int) {
 			st.inflight -= int64(p.piece.Length)
 			if errno != 0 && st.err == 0 {
 				st.err = errno
+			}
+			if errno == 0 && !failed && !synced {
+				st.writes++
+			}
+		}
+		for st, n := range fileWrites {
+			if synced && n > st.synced {
+				st.synced = n // synced with this request: every write before too
 			}
 		}
 		wb.cond.Broadcast()
@@ -262,14 +282,14 @@ func (q *serverQueue) syncing(run int) syncAfter {
 	return sa
 }
 
-// askSync marks h's pieces queued for the servers of a striped file: the request carrying
-// the last of them on each server syncs the object there too (fsync with flags 0, fdatasync
-// with 1), in the same round trip.
-func (h *fileHandle) askSync(flags uint32) {
+// askSync marks h's queued pieces: the request carrying the last of them on each server
+// syncs the file (a striped file's object) there too (fsync with flags 0, fdatasync with 1),
+// in the same round trip. marked says whether there were any.
+func (h *fileHandle) askSync(flags uint32) (marked bool) {
 	wb := h.behind
-	if wb == nil || h.striped == nil || h.striped.cache != nil {
+	if wb == nil || h.striped != nil && h.striped.cache != nil {
 		// (a cache file's sync is its server's FSYNC, which may put it on the PFS: sync_to_pfs)
-		return
+		return false
 	}
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
@@ -277,13 +297,27 @@ func (h *fileHandle) askSync(flags uint32) {
 		q := &wb.queues[s]
 		for i := range q.pending {
 			if q.pending[i].h == h {
-				q.pending[i].sync = true
+				q.pending[i].sync, marked = true, true
 				if flags&1 == 0 {
 					q.syncFull = true
 				}
 			}
 		}
 	}
+	return marked
+}
+
+// writesSynced says whether every request that carried h's writes of a one-server file was
+// synced by a WRITE_SYNC (writerState.synced).
+func (h *fileHandle) writesSynced() bool {
+	wb := h.behind
+	if wb == nil {
+		return false
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	st := wb.writers[h]
+	return st != nil && st.writes == st.synced
 }
 
 // syncedWrites is a handle's count of writes that reached an object, taken before a request
@@ -457,8 +491,9 @@ func (h *fileHandle) pieces(start, n uint64) []stripe.Piece {
 // instance full, or the maximum file size reached) is sent on, so that the server says why
 // the rest cannot be written. The writer was told its write was done: a connection lost
 // meanwhile (the storage agent restarting) does not fail it while the file can be opened
-// again within the request's deadline.
-func (h *fileHandle) sendFilePiece(qp queuedPiece) syscall.Errno {
+// again within the request's deadline. With sync.on the file is synced after the write in
+// the same request (WRITE_SYNC), where the server can: synced says it was.
+func (h *fileHandle) sendFilePiece(qp queuedPiece, sync syncAfter) (errno syscall.Errno, synced bool) {
 	ctx, cancel := h.node.be.opCtx(context.Background())
 	defer cancel()
 	data, off := qp.data, qp.piece.ObjOffset
@@ -467,27 +502,36 @@ func (h *fileHandle) sendFilePiece(qp queuedPiece) syscall.Errno {
 		id, gen := h.current()
 		call := &client.Call{Op: proto.OpWrite, UID: qp.uid, GID: qp.gid, Data: data, Reply: &rep, Gen: gen,
 			Req: &proto.WriteReq{Handle: id, Offset: off}}
+		if sync.on {
+			call.Op, call.MinVersion = proto.OpWriteSync, proto.WriteSyncVersion
+			call.Req = &proto.WriteSyncReq{Handle: id, Offset: off, Flags: sync.flags}
+		}
 		errno := h.node.be.client.Do(ctx, call)
+		if errno == syscall.EPROTONOSUPPORT && sync.on {
+			sync.on = false // a server too old: written as before, the fsync sends an FSYNC
+			continue
+		}
 		if errno == syscall.ESTALE {
 			for h.reopen(ctx, gen) != 0 {
 				select {
 				case <-ctx.Done():
-					return syscall.EIO
+					return syscall.EIO, false
 				case <-time.After(reopenRetry):
 				}
 			}
 			continue
 		}
 		if errno != 0 {
-			return errno
+			return errno, false
 		}
 		if rep.N == 0 {
-			return syscall.ENOSPC
+			return syscall.ENOSPC, false
 		}
 		n := min(rep.N, uint64(len(data)))
 		data, off = data[n:], off+n
+		synced = sync.on && len(data) == 0 // a short write was not synced: the rest's request syncs
 	}
-	return 0
+	return 0, synced
 }
 
 // writeOrBehind is a write(2) of a file of a one-server instance, through the write-behind
