@@ -117,6 +117,12 @@ func BenchmarkWrite1MiBDirect(b *testing.B) { benchmarkWrite(b, true, 1<<20) }
 //	go test -run '^$' -bench StripedRemote -cpuprofile cpu.out ./internal/warpfs/mount
 func stripedRemoteMount(b *testing.B) string {
 	b.Helper()
+	return remoteMount(b, true)
+}
+
+// remoteMount mounts a namespace served over the network: striped over servers, or on one.
+func remoteMount(b *testing.B, striped bool) string {
+	b.Helper()
 	dir, err := os.MkdirTemp(testBase, "bench-")
 	if err != nil {
 		b.Fatal(err)
@@ -126,7 +132,10 @@ func stripedRemoteMount(b *testing.B) string {
 	if err := os.Mkdir(src, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	be := testBackend{name: "striped-remote", remote: true, striped: true}
+	be := testBackend{name: "remote", remote: true, striped: striped}
+	if striped {
+		be.name = "striped-remote"
+	}
 	spec := be.prepare(b, Spec{MountPath: filepath.Join(dir, "mnt"), SourceDir: src, Tracker: usage.New("bench", 1<<40),
 		Logger: log.New(io.Discard, "", 0)})
 	m, err := Mount(spec)
@@ -171,8 +180,13 @@ func BenchmarkStripedRemoteStat(b *testing.B) {
 
 // BenchmarkStripedRemoteWriteFdatasync appends 4 KiB and fdatasyncs, as a log writer does
 // (and fio's latency job: its median, p50-µs, is what bench/ reports).
-func BenchmarkStripedRemoteWriteFdatasync(b *testing.B) {
-	root := stripedRemoteMount(b)
+func BenchmarkStripedRemoteWriteFdatasync(b *testing.B) { benchmarkWriteFdatasync(b, true) }
+
+// BenchmarkRemoteWriteFdatasync is the same on a one-server instance on another node.
+func BenchmarkRemoteWriteFdatasync(b *testing.B) { benchmarkWriteFdatasync(b, false) }
+
+func benchmarkWriteFdatasync(b *testing.B, striped bool) {
+	root := remoteMount(b, striped)
 	f, err := os.Create(filepath.Join(root, "log"))
 	if err != nil {
 		b.Fatal(err)
