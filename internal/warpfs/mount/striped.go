@@ -108,7 +108,9 @@ type stripedFile struct {
 	extent  uint64   // one past the last byte written or allocated through this handle
 	report  bool     // the size and mtime need reporting to the metadata server
 	// durable is how far the size this handle reported and synced on the metadata server
-	// reaches: an fdatasync of writes below it needs no size report (syncMetadata).
+	// reaches: an fdatasync of writes below it needs no size report (syncMetadata), while
+	// the handle holds its size lease (ino not 0): another node's change of the file's
+	// attributes (a truncate) ends the lease first.
 	durable uint64
 	dirty   bool // data written since the last fsync
 	// sizeUntil is when the lease on known (the OPEN's, leases.go: leaseSize) ends; ino
@@ -617,13 +619,14 @@ func (n *node) sizeReported(from *fileHandle, size uint64) {
 // syncMetadata is the metadata server's part of fsync(2): the size report, and the stub
 // synced (the size is in its extended attribute). An fdatasync of writes inside the size
 // this handle already made durable needs neither (the mtime is no data: it is reported at
-// close or at the next fsync).
+// close or at the next fsync) — while nobody else changed the file's size since: the
+// handle's size lease (leases.go) holds. Without leases it reports every time.
 func (h *fileHandle) syncMetadata(ctx context.Context, flags uint32) syscall.Errno {
 	sf := h.striped
 	sf.mu.Lock()
-	extent, durable := sf.extent, sf.durable
+	extent, durable, leased := sf.extent, sf.durable, sf.ino != 0
 	sf.mu.Unlock()
-	if flags&1 != 0 && extent <= durable {
+	if flags&1 != 0 && extent <= durable && leased {
 		return 0
 	}
 	synced, errno := h.sendReport(ctx, true)
