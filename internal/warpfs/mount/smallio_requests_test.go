@@ -55,7 +55,6 @@ func TestSmallIORequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.Close()
 	for i := 0; i < countedServers; i++ { // the first object opened (fio's job starts so too)
 		g.Write(buf)
 		unix.Fdatasync(int(g.Fd()))
@@ -75,6 +74,8 @@ func TestSmallIORequests(t *testing.T) {
 	if st, err := os.Stat(g.Name()); err != nil || st.Size() != int64((n+countedServers)*len(buf)) {
 		t.Errorf("the appended file's size: %v %v, want %d", st, err, (n+countedServers)*len(buf))
 	}
+	g.Close()
+	in.settle()
 
 	const ranks, segs, xfer = 4, 20, 47008
 	shared := filepath.Join(m.Path(), "ior-hard")
