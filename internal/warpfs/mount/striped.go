@@ -656,10 +656,21 @@ func (h *fileHandle) syncMetadata(ctx context.Context, flags uint32) syscall.Err
 func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Errno {
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
-	h.askSync(flags)
+	marked := h.askSync(flags)
 	meta := make(chan syscall.Errno, 1)
-	go func() { meta <- h.syncMetadata(ctx, flags) }()
+	report := func() { go func() { meta <- h.syncMetadata(ctx, flags) }() }
+	if marked {
+		report() // beside the WRITE_SYNC: one round trip for both
+	}
 	errno := h.settle()
+	if !marked {
+		// Nothing queued (a cache file, a write already on its way): the size after the data
+		// reached its servers, as before, so that another node seeing it reads the bytes.
+		if errno != 0 {
+			return errno
+		}
+		report()
+	}
 	if errno == 0 {
 		errno = h.syncObjects(ctx, flags)
 	}
