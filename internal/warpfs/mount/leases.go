@@ -260,6 +260,7 @@ func (ls *leaseState) dropSizes(ino uint64) {
 	for sf := range ls.sizes[ino] {
 		sf.mu.Lock()
 		sf.sizeUntil, sf.ino = time.Time{}, 0
+		sf.durable = 0 // someone else changed it: the next fdatasync reports (syncMetadata)
 		sf.mu.Unlock()
 	}
 	delete(ls.sizes, ino)

@@ -345,6 +345,8 @@ func (sh *shards) Do(ctx context.Context, call *client.Call) syscall.Errno {
 		return sh.byHandle(ctx, call, r.Handle, func(h uint64) { r.Handle = h })
 	case *proto.WriteReq:
 		return sh.byHandle(ctx, call, r.Handle, func(h uint64) { r.Handle = h })
+	case *proto.WriteSyncReq:
+		return sh.byHandle(ctx, call, r.Handle, func(h uint64) { r.Handle = h })
 	case *proto.FsyncReq:
 		return sh.byHandle(ctx, call, r.Handle, func(h uint64) { r.Handle = h })
 	case *proto.FallocateReq:

@@ -431,7 +431,7 @@ func (n *node) truncated(size uint64) {
 	for h := range n.handles {
 		if sf := h.striped; sf != nil {
 			sf.mu.Lock()
-			sf.known, sf.extent = size, min(sf.extent, size)
+			sf.known, sf.extent, sf.durable = size, min(sf.extent, size), min(sf.durable, size)
 			sf.mu.Unlock()
 		}
 	}
@@ -1198,8 +1198,13 @@ func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if h.striped != nil {
 		return h.fsyncStriped(ctx, flags)
 	}
+	// Writes still queued go with the sync (askSync): then no FSYNC is owed.
+	marked := h.askSync(flags)
 	if errno := h.settle(); errno != 0 {
 		return errno
+	}
+	if marked && h.writesSynced() {
+		return 0
 	}
 	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message {
 		return &proto.FsyncReq{Handle: id, Flags: flags}

@@ -13,10 +13,12 @@ import (
 )
 
 // TestSmallIORequests counts what small I/O costs per operation on a four-server striped
-// instance: a 4 KiB write + fdatasync (fio's latency job: 3 requests, the write, the FSYNC of
-// its server and the size report with the stub's sync; before, an FSYNC to every server the
-// descriptor had written to), and logs ior-hard's 47008-byte transfers by four writers of one
-// shared file, then their reads.
+// instance: a 4 KiB write + fdatasync (fio's latency job) is one request, a WRITE_SYNC to the
+// server holding the bytes, when the write lands inside the size already made durable
+// (before: 3, the write, the FSYNC of its server after its answer and the size report with
+// the stub's sync), and two at once when it grows the file, the WRITE_SYNC and the size
+// report with the stub's sync (fio's own job: its file grows at every write); and logs
+// ior-hard's 47008-byte transfers by four writers of one shared file, then their reads.
 func TestSmallIORequests(t *testing.T) {
 	in := newCountedInstance(t)
 	m := in.mountAt(t, "cn1")
@@ -42,13 +44,37 @@ func TestSmallIORequests(t *testing.T) {
 		}
 	}
 	c := phaseCounts(in.settle())
-	t.Logf("4 KiB write + fdatasync, %d times: %v", n, c)
-	// Each fdatasync asks the one data server written since the last (and the metadata
-	// server its size report and sync), not every server the descriptor ever wrote to.
-	if got := c.ops(proto.OpFsync); got != n {
-		t.Errorf("%d fdatasyncs after a 4 KiB write each sent %d FSYNCs to data servers, want %d: %v", n, got, n, c)
-	}
+	t.Logf("4 KiB write + fdatasync inside the file, %d times: %v", n, c)
+	checkWriteSyncs(t, "a 4 KiB write inside the file", n, 0, c)
 	f.Close()
+	in.settle()
+
+	// fio's job: a new file, 4 KiB appended and fdatasync'd at a time. Its size grows at
+	// every write, and the metadata server hears it (synced) at the same time.
+	g, err := os.OpenFile(filepath.Join(m.Path(), "grow"), os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < countedServers; i++ { // the first object opened (fio's job starts so too)
+		g.Write(buf)
+		unix.Fdatasync(int(g.Fd()))
+	}
+	in.settle()
+	for i := 0; i < n; i++ {
+		if _, err := g.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fdatasync(int(g.Fd())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c = phaseCounts(in.settle())
+	t.Logf("4 KiB append + fdatasync, %d times: %v", n, c)
+	checkWriteSyncs(t, "a 4 KiB append", n, n, c)
+	if st, err := os.Stat(g.Name()); err != nil || st.Size() != int64((n+countedServers)*len(buf)) {
+		t.Errorf("the appended file's size: %v %v, want %d", st, err, (n+countedServers)*len(buf))
+	}
+	g.Close()
 	in.settle()
 
 	const ranks, segs, xfer = 4, 20, 47008
@@ -92,6 +118,25 @@ func TestSmallIORequests(t *testing.T) {
 	run(false)
 	c = phaseCounts(in.settle())
 	t.Logf("ior-hard read, %d transfers: %v", ranks*segs, c)
+}
+
+// checkWriteSyncs checks the requests of n writes each followed by an fdatasync, reports
+// of them to the metadata server (SETATTR with the stub's sync): each write goes with its
+// sync to its one server, a WRITE_SYNC. Where the machine was slow enough that the write left
+// (its gathering, gatherWait, ran out) before the fdatasync came, that write is followed by
+// an FSYNC, as before; most of them must not be. A server's first write through the handle
+// after one by name opens the object there (a CREATE), once.
+func checkWriteSyncs(t *testing.T, what string, n, reports int, c phaseCounts) {
+	t.Helper()
+	data := c[1:]
+	syncs, fsyncs := data.ops(proto.OpWriteSync), data.ops(proto.OpFsync)
+	plain := data.ops(proto.OpWrite) + data.ops(proto.OpWriteName)
+	creates := data.ops(proto.OpCreate)
+	if syncs+fsyncs != n || plain != fsyncs || syncs < n*3/4 || creates > countedServers ||
+		c[0][proto.OpSetattr] != reports || c.total() != n+fsyncs+creates+reports {
+		t.Errorf("%d fdatasyncs after %s took %d requests (%d WRITE_SYNC, %d FSYNC), want %d WRITE_SYNC (at least %d of them, the rest a write and an FSYNC) and %d size reports: %v",
+			n, what, c.total(), syncs, fsyncs, n, n*3/4, reports, c)
+	}
 }
 
 // Four processes writing one striped file side by side (ior-hard: 47008-byte transfers, each

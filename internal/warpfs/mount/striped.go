@@ -107,7 +107,12 @@ type stripedFile struct {
 	known   uint64   // the logical size as last heard from the metadata server
 	extent  uint64   // one past the last byte written or allocated through this handle
 	report  bool     // the size and mtime need reporting to the metadata server
-	dirty   bool     // data written since the last fsync
+	// durable is how far the size this handle reported and synced on the metadata server
+	// reaches: an fdatasync of writes below it needs no size report (syncMetadata), while
+	// the handle holds its size lease (ino not 0): another node's change of the file's
+	// attributes (a truncate) ends the lease first.
+	durable uint64
+	dirty   bool // data written since the last fsync
 	// sizeUntil is when the lease on known (the OPEN's, leases.go: leaseSize) ends; ino
 	// is the file's inode number while it lasts.
 	sizeUntil time.Time
@@ -440,16 +445,23 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 	return uint32(n), 0 // short when cut at the maximum file size: the next write gets EFBIG
 }
 
-// sendObjectPiece writes one piece of a striped file's write-behind to its server's object.
-func (h *fileHandle) sendObjectPiece(qp queuedPiece) syscall.Errno {
+// sendObjectPiece writes one piece of a striped file's write-behind to its server's object,
+// syncing the object after when sync.on and the server can (synced says it did).
+func (h *fileHandle) sendObjectPiece(qp queuedPiece, sync syncAfter) (errno syscall.Errno, synced bool) {
 	ctx, cancel := h.node.be.opCtx(context.Background())
 	defer cancel()
+	if sync.on {
+		if errno, handled := h.writeSync(ctx, qp, sync.flags); handled {
+			return errno, errno == 0
+		}
+		// A server too old for WRITE_SYNC: written as before, the fsync sends an FSYNC.
+	}
 	if _, handled, errno := h.writeByName(ctx, qp.piece.Server, qp.piece.ObjOffset, qp.data); handled {
-		return errno
+		return errno, false
 	}
 	var rep proto.CountReply
 	call := &client.Call{Op: proto.OpWrite, UID: objectCaller, Data: qp.data, Reply: &rep}
-	_, errno := h.onObject(ctx, qp.piece.Server, call, func(id uint64) {
+	_, errno = h.onObject(ctx, qp.piece.Server, call, func(id uint64) {
 		call.Req = &proto.WriteReq{Handle: id, Offset: qp.piece.ObjOffset}
 	})
 	if errno == 0 && rep.N < uint64(len(qp.data)) {
@@ -458,7 +470,53 @@ func (h *fileHandle) sendObjectPiece(qp queuedPiece) syscall.Errno {
 	if errno == 0 {
 		h.markDirty(qp.piece.Server)
 	}
-	return errno
+	return errno, false
+}
+
+// writeSync writes a piece of the write-behind and syncs its object (fsync, or fdatasync
+// with flags 1) in one request, proto.OpWriteSync: by name the first time the handle writes
+// there (as writeByName), else through the object's handle. handled is false when the
+// server is too old for it (nothing was sent).
+func (h *fileHandle) writeSync(ctx context.Context, qp queuedPiece, flags uint32) (errno syscall.Errno, handled bool) {
+	sf := h.striped
+	s := qp.piece.Server
+	var rep proto.CountReply
+	call := &client.Call{Op: proto.OpWriteSync, UID: objectCaller, Data: qp.data, Reply: &rep, MinVersion: proto.WriteSyncVersion}
+	sf.mu.Lock()
+	o := &sf.objects[s]
+	byName := !o.open && !o.written && h.flags&(syscall.O_DIRECT|syscall.O_SYNC|syscall.O_DSYNC) == 0
+	made := o.made
+	if byName {
+		o.written, o.made = true, true // made before: a write whose reply is lost may have made it
+	}
+	sf.mu.Unlock()
+	if byName {
+		call.Req = &proto.WriteSyncReq{Name: stripe.ObjectName(sf.layout.ID), Offset: qp.piece.ObjOffset, Flags: flags}
+		errno = h.node.be.stripes[s].Do(ctx, call)
+	} else {
+		_, errno = h.onObject(ctx, s, call, func(id uint64) {
+			call.Req = &proto.WriteSyncReq{Handle: id, Offset: qp.piece.ObjOffset, Flags: flags}
+		})
+	}
+	if errno == syscall.EPROTONOSUPPORT {
+		if byName {
+			sf.mu.Lock()
+			o.written, o.made = false, made
+			sf.mu.Unlock()
+		}
+		return 0, false
+	}
+	if errno == 0 && rep.N < uint64(len(qp.data)) {
+		errno = syscall.ENOSPC // a server writes short only when its share is full
+	}
+	if errno == 0 {
+		// Written and synced: dirty for a cache file's close, no FSYNC owed.
+		sf.mu.Lock()
+		sf.objects[s].dirty = true
+		sf.dirty = true
+		sf.mu.Unlock()
+	}
+	return errno, true
 }
 
 func (h *fileHandle) markDirty(s int) {
@@ -527,6 +585,10 @@ func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, er
 		sf.report = true
 	} else {
 		sf.known = rep.Attr.Size
+		if sync {
+			// The stub synced holds this size: writes below it need no report to be found.
+			sf.durable = max(sf.durable, rep.Attr.Size)
+		}
 	}
 	sf.mu.Unlock()
 	if errno == 0 {
@@ -555,8 +617,18 @@ func (n *node) sizeReported(from *fileHandle, size uint64) {
 }
 
 // syncMetadata is the metadata server's part of fsync(2): the size report, and the stub
-// synced (the size is in its extended attribute).
+// synced (the size is in its extended attribute). An fdatasync of writes inside the size
+// this handle already made durable needs neither (the mtime is no data: it is reported at
+// close or at the next fsync) — while nobody else changed the file's size since: the
+// handle's size lease (leases.go) holds. Without leases it reports every time.
 func (h *fileHandle) syncMetadata(ctx context.Context, flags uint32) syscall.Errno {
+	sf := h.striped
+	sf.mu.Lock()
+	extent, durable, leased := sf.extent, sf.durable, sf.ino != 0
+	sf.mu.Unlock()
+	if flags&1 != 0 && extent <= durable && leased {
+		return 0
+	}
 	synced, errno := h.sendReport(ctx, true)
 	if errno != 0 || synced {
 		return errno
@@ -564,22 +636,54 @@ func (h *fileHandle) syncMetadata(ctx context.Context, flags uint32) syscall.Err
 	if errno := h.reportSize(ctx); errno != 0 {
 		return errno
 	}
-	return h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message { return &proto.FsyncReq{Handle: id, Flags: flags} }, nil)
+	errno = h.handleCall(ctx, proto.OpFsync, func(id uint64) proto.Message { return &proto.FsyncReq{Handle: id, Flags: flags} }, nil)
+	if errno == 0 {
+		sf.mu.Lock()
+		sf.durable = max(sf.durable, extent)
+		sf.mu.Unlock()
+	}
+	return errno
 }
 
 // fsyncStriped makes every server holding data written through this handle sync it, and
 // the metadata server the size: all at once, since they are different servers (the size
-// report and the stub's sync, on the same one, in that order). The data reached its servers
-// before (settle), so another node that sees the new size reads the data, durable or not.
+// report and the stub's sync, on the same one, in that order). A server this handle's
+// writes are still queued for syncs with the request that carries the last of them
+// (askSync, proto.OpWriteSync): a write and the fdatasync after it cost one round trip, to
+// the server holding the bytes (and, when the file grew, the size report to the metadata
+// server at the same time). Only a server whose writes were sent before (or that is too old
+// for WRITE_SYNC) gets an FSYNC of its own, once they are answered (settle).
 func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Errno {
-	if errno := h.settle(); errno != 0 {
-		return errno
-	}
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
+	marked := h.askSync(flags)
+	meta := make(chan syscall.Errno, 1)
+	report := func() { go func() { meta <- h.syncMetadata(ctx, flags) }() }
+	if marked {
+		report() // beside the WRITE_SYNC: one round trip for both
+	}
+	errno := h.settle()
+	if !marked {
+		// Nothing queued (a cache file, a write already on its way): the size after the data
+		// reached its servers, as before, so that another node seeing it reads the bytes.
+		if errno != 0 {
+			return errno
+		}
+		report()
+	}
+	if errno == 0 {
+		errno = h.syncObjects(ctx, flags)
+	}
+	if e := <-meta; errno == 0 {
+		errno = e
+	}
+	return errno
+}
+
+// syncObjects sends an FSYNC to every server written through h since its last sync.
+func (h *fileHandle) syncObjects(ctx context.Context, flags uint32) syscall.Errno {
 	sf := h.striped
-	// Server -1 stands for the metadata server.
-	pieces := []stripe.Piece{{Server: -1}}
+	var pieces []stripe.Piece
 	writes := make([]uint64, len(sf.objects)) // what each server's fsync covers
 	sf.mu.Lock()
 	for s, o := range sf.objects {
@@ -590,9 +694,6 @@ func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Err
 	}
 	sf.mu.Unlock()
 	for _, e := range parallel(pieces, func(p stripe.Piece) syscall.Errno {
-		if p.Server < 0 {
-			return h.syncMetadata(ctx, flags)
-		}
 		call := &client.Call{Op: proto.OpFsync, UID: objectCaller}
 		_, errno := h.onObject(ctx, p.Server, call, func(id uint64) { call.Req = &proto.FsyncReq{Handle: id, Flags: flags} })
 		if errno == 0 {

@@ -22,10 +22,19 @@ type localTransport struct{ local *server.Local }
 
 func (t localTransport) Do(ctx context.Context, call *client.Call) syscall.Errno {
 	req := call.Req
-	if w, ok := req.(*proto.WriteReq); ok && call.Data != nil {
-		with := *w // the network client sends the data after the request; here it rides along
-		with.Data = call.Data
-		req = &with
+	switch w := req.(type) {
+	case *proto.WriteReq:
+		if call.Data != nil {
+			with := *w // the network client sends the data after the request; here it rides along
+			with.Data = call.Data
+			req = &with
+		}
+	case *proto.WriteSyncReq:
+		if call.Data != nil {
+			with := *w
+			with.Data = call.Data
+			req = &with
+		}
 	}
 	rep, n, errno, flags := t.local.ExecLeased(call.Op, call.UID, call.GID, req, call.Dest)
 	call.UsedGen, call.N, call.Lease, call.Listing = localGeneration, n, 0, false

@@ -37,6 +37,11 @@ import (
 // a sequential writer's next write(2) is usually a few microseconds away — the page cache
 // even sends an unaligned write as two requests, its first partial page alone — and joins the
 // same request instead of following it in one of its own.
+//
+// An fsync marks its writer's pieces still queued (askSync): the request that carries the
+// last marked piece of a server asks that server to sync the file (a striped file's object)
+// after writing (proto.OpWriteSync), and the fsync needs no request of its own there — a
+// write and the fdatasync after it cost one round trip, not two.
 type writeBehind struct {
 	limit int64
 
@@ -53,6 +58,10 @@ type writeBehind struct {
 type writerState struct {
 	inflight int64
 	err      syscall.Errno
+	// A one-server instance's file: the requests that carried the handle's writes, synced
+	// how many of them a WRITE_SYNC covered (the fsync then needs no FSYNC). A striped
+	// file counts by server (object.writes).
+	writes, synced uint64
 }
 
 // writer is h's part of wb, wb.mu held.
@@ -69,6 +78,9 @@ type serverQueue struct {
 	pending []queuedPiece
 	bytes   uint64 // in pending
 	running bool
+	// syncFull says an fsync (not an fdatasync) marked pieces pending: the sync that
+	// carries them is a full one.
+	syncFull bool
 }
 
 // reopenRetry is how often a write behind retries to open its file again on a storage node
@@ -86,6 +98,7 @@ type queuedPiece struct {
 	data     []byte
 	uid, gid uint32      // the writer (the server clears set-user-ID bits for others than root)
 	h        *fileHandle // the handle it was written through
+	sync     bool        // an fsync waits for it: the request carrying it syncs, if last (askSync)
 }
 
 func newWriteBehind(limit int64, servers int) *writeBehind {
@@ -162,6 +175,7 @@ func (wb *writeBehind) sendQueue(s int) {
 		// Who wrote what the request carries: their bytes in flight end with it.
 		carried := make([]queuedPiece, run)
 		copy(carried, q.pending[:run])
+		sync := q.syncing(run)
 		var merged *[]byte
 		if run > 1 {
 			merged = mergeBuffers.Get().(*[]byte)
@@ -175,19 +189,41 @@ func (wb *writeBehind) sendQueue(s int) {
 		q.pending = q.pending[run:]
 		q.bytes -= qp.piece.Length
 		failed := wb.writers[qp.h].err != 0
+		var writers []*fileHandle
+		var fileWrites map[*writerState]uint64 // a one-server file's, that a sync covers
+		if sync.on && !failed {
+			if qp.h.striped != nil {
+				for h := range wb.writers {
+					writers = append(writers, h)
+				}
+			} else {
+				fileWrites = map[*writerState]uint64{}
+				for _, st := range wb.writers {
+					fileWrites[st] = st.writes
+				}
+			}
+		}
 		wb.mu.Unlock()
+		covered := writesBefore(writers, s)
 		var errno syscall.Errno
+		synced := false
 		if !failed { // after an error the writer's rest is dropped: it learns of the error
 			if qp.h.striped != nil {
-				errno = qp.h.sendObjectPiece(qp)
+				errno, synced = qp.h.sendObjectPiece(qp, sync)
+				if synced {
+					// The server synced the object: every write there before is durable.
+					for _, c := range covered {
+						c.done()
+					}
+				}
 			} else {
-				errno = qp.h.sendFilePiece(qp)
+				errno, synced = qp.h.sendFilePiece(qp, sync)
 			}
 		}
 		if merged != nil {
 			mergeBuffers.Put(merged)
 		}
-		if errno == 0 && !failed && qp.h.striped != nil {
+		if errno == 0 && !failed && !synced && qp.h.striped != nil {
 			for _, p := range carried[1:] {
 				if p.h != qp.h {
 					p.h.markDirty(s) // its fsync syncs this server too
@@ -202,10 +238,116 @@ func (wb *writeBehind) sendQueue(s int) {
 			if errno != 0 && st.err == 0 {
 				st.err = errno
 			}
+			if errno == 0 && !failed && !synced {
+				st.writes++
+			}
+		}
+		for st, n := range fileWrites {
+			if synced && n > st.synced {
+				st.synced = n // synced with this request: every write before too
+			}
 		}
 		wb.cond.Broadcast()
 		wb.mu.Unlock()
 	}
+}
+
+// syncAfter asks the server to sync the object after a write (fsync, or with flags 1
+// fdatasync).
+type syncAfter struct {
+	on    bool
+	flags uint32
+}
+
+// syncing says whether the request carrying the first run pieces of q syncs: it carries a
+// piece an fsync marked, and none stays queued. wb.mu held.
+func (q *serverQueue) syncing(run int) syncAfter {
+	marked := false
+	for _, p := range q.pending[:run] {
+		marked = marked || p.sync
+	}
+	if !marked {
+		return syncAfter{}
+	}
+	for _, p := range q.pending[run:] {
+		if p.sync {
+			return syncAfter{}
+		}
+	}
+	sa := syncAfter{on: true, flags: 1}
+	if q.syncFull {
+		sa.flags = 0
+	}
+	q.syncFull = false
+	return sa
+}
+
+// askSync marks h's queued pieces: the request carrying the last of them on each server
+// syncs the file (a striped file's object) there too (fsync with flags 0, fdatasync with 1),
+// in the same round trip. marked says whether there were any.
+func (h *fileHandle) askSync(flags uint32) (marked bool) {
+	wb := h.behind
+	if wb == nil || h.striped != nil && h.striped.cache != nil {
+		// (a cache file's sync is its server's FSYNC, which may put it on the PFS: sync_to_pfs)
+		return false
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	for s := range wb.queues {
+		q := &wb.queues[s]
+		for i := range q.pending {
+			if q.pending[i].h == h {
+				q.pending[i].sync, marked = true, true
+				if flags&1 == 0 {
+					q.syncFull = true
+				}
+			}
+		}
+	}
+	return marked
+}
+
+// writesSynced says whether every request that carried h's writes of a one-server file was
+// synced by a WRITE_SYNC (writerState.synced).
+func (h *fileHandle) writesSynced() bool {
+	wb := h.behind
+	if wb == nil {
+		return false
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	st := wb.writers[h]
+	return st != nil && st.writes == st.synced
+}
+
+// syncedWrites is a handle's count of writes that reached an object, taken before a request
+// that syncs the object: once it did, they are durable.
+type syncedWrites struct {
+	sf     *stripedFile
+	s      int
+	writes uint64
+}
+
+func (c syncedWrites) done() {
+	c.sf.mu.Lock()
+	if o := &c.sf.objects[c.s]; c.writes > o.synced {
+		o.synced = c.writes
+	}
+	c.sf.mu.Unlock()
+}
+
+// writesBefore is the writes of handles hs that reached server s so far: a sync of the
+// object there covers them. (Not under wb.mu: an object's open holds sf.mu for a round trip.)
+func writesBefore(hs []*fileHandle, s int) []syncedWrites {
+	var out []syncedWrites
+	for _, h := range hs {
+		if sf := h.striped; sf != nil {
+			sf.mu.Lock()
+			out = append(out, syncedWrites{sf: sf, s: s, writes: sf.objects[s].writes})
+			sf.mu.Unlock()
+		}
+	}
+	return out
 }
 
 // sortByOffset puts the queued pieces in the order of their offsets in the object, unless
@@ -349,8 +491,9 @@ func (h *fileHandle) pieces(start, n uint64) []stripe.Piece {
 // instance full, or the maximum file size reached) is sent on, so that the server says why
 // the rest cannot be written. The writer was told its write was done: a connection lost
 // meanwhile (the storage agent restarting) does not fail it while the file can be opened
-// again within the request's deadline.
-func (h *fileHandle) sendFilePiece(qp queuedPiece) syscall.Errno {
+// again within the request's deadline. With sync.on the file is synced after the write in
+// the same request (WRITE_SYNC), where the server can: synced says it was.
+func (h *fileHandle) sendFilePiece(qp queuedPiece, sync syncAfter) (errno syscall.Errno, synced bool) {
 	ctx, cancel := h.node.be.opCtx(context.Background())
 	defer cancel()
 	data, off := qp.data, qp.piece.ObjOffset
@@ -359,27 +502,36 @@ func (h *fileHandle) sendFilePiece(qp queuedPiece) syscall.Errno {
 		id, gen := h.current()
 		call := &client.Call{Op: proto.OpWrite, UID: qp.uid, GID: qp.gid, Data: data, Reply: &rep, Gen: gen,
 			Req: &proto.WriteReq{Handle: id, Offset: off}}
+		if sync.on {
+			call.Op, call.MinVersion = proto.OpWriteSync, proto.WriteSyncVersion
+			call.Req = &proto.WriteSyncReq{Handle: id, Offset: off, Flags: sync.flags}
+		}
 		errno := h.node.be.client.Do(ctx, call)
+		if errno == syscall.EPROTONOSUPPORT && sync.on {
+			sync.on = false // a server too old: written as before, the fsync sends an FSYNC
+			continue
+		}
 		if errno == syscall.ESTALE {
 			for h.reopen(ctx, gen) != 0 {
 				select {
 				case <-ctx.Done():
-					return syscall.EIO
+					return syscall.EIO, false
 				case <-time.After(reopenRetry):
 				}
 			}
 			continue
 		}
 		if errno != 0 {
-			return errno
+			return errno, false
 		}
 		if rep.N == 0 {
-			return syscall.ENOSPC
+			return syscall.ENOSPC, false
 		}
 		n := min(rep.N, uint64(len(data)))
 		data, off = data[n:], off+n
+		synced = sync.on && len(data) == 0 // a short write was not synced: the rest's request syncs
 	}
-	return 0
+	return 0, synced
 }
 
 // writeOrBehind is a write(2) of a file of a one-server instance, through the write-behind

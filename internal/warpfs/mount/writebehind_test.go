@@ -20,6 +20,13 @@ import (
 // mounts so far.
 func remoteWriteRequests(t testing.TB) float64 {
 	t.Helper()
+	return remoteRequests(t, "write")
+}
+
+// remoteRequests counts the requests of op (the metric's label: "write", "fsync") servers of
+// this process answered for remote mounts so far.
+func remoteRequests(t testing.TB, op string) float64 {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(server.Collectors()...)
 	mfs, err := reg.Gather()
@@ -36,7 +43,7 @@ func remoteWriteRequests(t testing.TB) float64 {
 			for _, l := range m.Label {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["op"] == "write" && labels["transport"] == "remote" {
+			if labels["op"] == op && labels["transport"] == "remote" {
 				n += m.GetCounter().GetValue()
 			}
 		}
@@ -100,6 +107,50 @@ func TestOneServerSmallWritesBehind(t *testing.T) {
 				t.Fatalf("the server holds %d bytes, want %d (%v); first difference at %d", len(got), len(want), err, i)
 			}
 		})
+	}
+}
+
+// A one-server instance on another node: a 4 KiB write + fdatasync is one request, a
+// WRITE_SYNC (before: the write, then an FSYNC after its answer), and the server's copy
+// holds the bytes when fdatasync returns. Where the machine was slow enough that the write
+// left before the fdatasync came, an FSYNC follows it, as before; most must not.
+func TestOneServerWriteFdatasync(t *testing.T) {
+	src, mp := dirs(t)
+	m := testBackend{name: "remote", remote: true}.mount(t, Spec{MountPath: mp, SourceDir: src, Tracker: usage.New("instance 21", 64*mib)})
+	f, err := os.OpenFile(filepath.Join(m.Path(), "log"), os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const n = 20
+	count := func() (syncs, fsyncs, writes float64) {
+		return remoteRequests(t, "write_sync"), remoteRequests(t, "fsync"), remoteRequests(t, "write")
+	}
+	s0, f0, w0 := count()
+	var want []byte
+	for i := range n {
+		b := bytes.Repeat([]byte{byte('a' + i)}, 4096)
+		if _, err := f.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		sync := f.Sync // fsync(2) and fdatasync(2) in turns
+		if i%2 == 1 {
+			sync = func() error { return syscall.Fdatasync(int(f.Fd())) }
+		}
+		if err := sync(); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, b...)
+		if got, err := os.ReadFile(filepath.Join(src, "log")); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("after sync %d the server holds %d bytes (%v), want %d", i, len(got), err, len(want))
+		}
+	}
+	s1, f1, w1 := count()
+	syncs, fsyncs, writes := s1-s0, f1-f0, w1-w0
+	t.Logf("%d writes + syncs: %.0f WRITE_SYNC, %.0f FSYNC, %.0f WRITE", n, syncs, fsyncs, writes)
+	if syncs+writes != n || fsyncs != writes || syncs < n*3/4 {
+		t.Errorf("%d writes each followed by a sync: %.0f WRITE_SYNC, %.0f FSYNC, %.0f WRITE; want a WRITE_SYNC each (at least %d)",
+			n, syncs, fsyncs, writes, n*3/4)
 	}
 }
 

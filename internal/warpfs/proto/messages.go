@@ -795,6 +795,32 @@ func (m *WriteNameReq) Decode(d *Dec) {
 	m.Data = d.Rest()
 }
 
+// WriteSyncReq writes Data at Offset of a handle's file (Handle), or of the regular file Name
+// of the root directory (a stripe object, created if missing and closed after, as
+// WRITE_NAME) when Handle is 0, then syncs the file as FsyncReq.Flags say (bit 0: data only,
+// fdatasync), and answers once (OpWriteSync). The reply counts the bytes written; a short
+// write is not synced. Data is the rest of the body (not length-prefixed).
+type WriteSyncReq struct {
+	Handle, Offset uint64
+	Flags          uint32
+	Name           string
+	Data           []byte
+}
+
+func (m *WriteSyncReq) Encode(e *Enc) {
+	e.U64(m.Handle)
+	e.U64(m.Offset)
+	e.U32(m.Flags)
+	e.Str(m.Name)
+	e.Raw(m.Data)
+}
+
+func (m *WriteSyncReq) Decode(d *Dec) {
+	m.Handle, m.Offset, m.Flags = d.U64(), d.U64(), d.U32()
+	m.Name = d.Str(MaxName)
+	m.Data = d.Rest()
+}
+
 // CountReply is a number: bytes written or copied, a new offset.
 type CountReply struct{ N uint64 }
 
@@ -969,6 +995,8 @@ func NewRequest(op Op) Message {
 		return &WriteReq{}
 	case OpWriteName:
 		return &WriteNameReq{}
+	case OpWriteSync:
+		return &WriteSyncReq{}
 	case OpFsync:
 		return &FsyncReq{}
 	case OpFallocate:
@@ -1001,7 +1029,7 @@ func NewReply(op Op) Message {
 		return &DataReply{}
 	case OpReaddir:
 		return &ReaddirReply{}
-	case OpWrite, OpLseek, OpCopyRange, OpWriteName:
+	case OpWrite, OpLseek, OpCopyRange, OpWriteName, OpWriteSync:
 		return &CountReply{}
 	case OpStatfs:
 		return &StatfsReply{}

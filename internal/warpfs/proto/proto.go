@@ -75,7 +75,7 @@ const Magic uint32 = 0x53505746
 // Versions this package speaks. A peer picks the highest both support.
 const (
 	MinVersion uint16 = 3
-	MaxVersion uint16 = 7
+	MaxVersion uint16 = 8
 )
 
 // LeaseVersion is the first version whose servers grant leases and send invalidations
@@ -97,6 +97,11 @@ const ObjectsVersion uint16 = 6
 // RemovedReply.Dir, AttrReply.Dir): the client answers the kernel's GETATTR of the
 // directory, which the change made it drop, itself.
 const DirAttrVersion uint16 = 7
+
+// WriteSyncVersion is the first version whose servers take WRITE_SYNC (OpWriteSync): a
+// write and the fsync or fdatasync after it in one request, as a write behind followed by
+// fsync(2) needs.
+const WriteSyncVersion uint16 = 8
 
 // Sizes and limits of the protocol.
 const (
@@ -158,6 +163,9 @@ const (
 	// creating it: a striped file's object written once, in one request where a CREATE, a
 	// WRITE and a RELEASE were three.
 	OpWriteName Op = 47 // WriteNameReq → CountReply
+	// OpWriteSync (WriteSyncVersion on) writes, then fsyncs or fdatasyncs the file, and
+	// answers once: the queued write an fsync(2) waits for and its sync in one round trip.
+	OpWriteSync Op = 48 // WriteSyncReq → CountReply
 )
 
 var opNames = map[Op]string{
@@ -168,7 +176,7 @@ var opNames = map[Op]string{
 	OpReaddir: "READDIR", OpRelease: "RELEASE", OpRead: "READ", OpWrite: "WRITE", OpFsync: "FSYNC",
 	OpFallocate: "FALLOCATE", OpLseek: "LSEEK", OpCopyRange: "COPY_RANGE", OpStatfs: "STATFS",
 	OpGetxattr: "GETXATTR", OpListxattr: "LISTXATTR", OpSetxattr: "SETXATTR", OpRemovexattr: "REMOVEXATTR",
-	OpAdopt: "ADOPT", OpInval: "INVAL", OpBye: "BYE", OpWriteName: "WRITE_NAME",
+	OpAdopt: "ADOPT", OpInval: "INVAL", OpBye: "BYE", OpWriteName: "WRITE_NAME", OpWriteSync: "WRITE_SYNC",
 }
 
 func (o Op) String() string {

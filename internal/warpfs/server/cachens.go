@@ -371,7 +371,7 @@ func modifying(op proto.Op) bool {
 	switch op {
 	case proto.OpSetattr, proto.OpCreate, proto.OpTmpfile, proto.OpMkdir, proto.OpMknod, proto.OpSymlink,
 		proto.OpLink, proto.OpUnlink, proto.OpRmdir, proto.OpRename, proto.OpSetxattr, proto.OpRemovexattr,
-		proto.OpAdopt, proto.OpWrite, proto.OpFallocate, proto.OpCopyRange:
+		proto.OpAdopt, proto.OpWrite, proto.OpWriteSync, proto.OpFallocate, proto.OpCopyRange:
 		return true
 	}
 	return false
@@ -411,7 +411,7 @@ func (c *cacheNS) exec(s *session, op proto.Op, uid, gid uint32, m proto.Message
 		}
 		s.put(hd)
 		return &proto.Empty{}, 0, 0
-	case *proto.ReadReq, *proto.WriteReq, *proto.FallocateReq, *proto.LseekReq, *proto.CopyRangeReq, *proto.AdoptReq:
+	case *proto.ReadReq, *proto.WriteReq, *proto.WriteSyncReq, *proto.FallocateReq, *proto.LseekReq, *proto.CopyRangeReq, *proto.AdoptReq:
 		return nil, 0, syscall.EOPNOTSUPP // a cache file's data is on the stripe servers
 	}
 	door, errno := c.t.door(uid, gid)

@@ -824,7 +824,7 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 		if handleIno != 0 {
 			l.recordLocked(h, now, &out, nil, []uint64{handleIno}, true)
 		}
-	case *proto.WriteReq, *proto.FallocateReq, *proto.CopyRangeReq:
+	case *proto.WriteReq, *proto.WriteSyncReq, *proto.FallocateReq, *proto.CopyRangeReq:
 		if handleIno != 0 && (len(l.attrs[handleIno]) > 0 || l.inflight > 1) {
 			l.recordLocked(h, now, &out, nil, []uint64{handleIno}, true)
 		}

@@ -163,6 +163,8 @@ func (s *session) handleIno(m proto.Message) uint64 {
 		id, passthrough = r.Handle, true
 	case *proto.WriteReq:
 		id = r.Handle
+	case *proto.WriteSyncReq:
+		id = r.Handle
 	case *proto.FallocateReq:
 		id = r.Handle
 	case *proto.CopyRangeReq:
@@ -227,7 +229,7 @@ func (dp *dataPathMetrics) record(t transport, op proto.Op, start time.Time, rep
 	switch op {
 	case proto.OpRead:
 		dp.readBytes[t].Add(float64(n))
-	case proto.OpWrite, proto.OpCopyRange, proto.OpWriteName:
+	case proto.OpWrite, proto.OpCopyRange, proto.OpWriteName, proto.OpWriteSync:
 		if c, ok := rep.(*proto.CountReply); ok {
 			dp.writtenBytes[t].Add(float64(c.N))
 		}

@@ -1100,12 +1100,43 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			v.acct.wrote(n, r.Offset+uint64(n))
 		}
 		return count(int64(n), errno)
+	case *proto.WriteSyncReq:
+		// A write and the fsync after it, answered once: the file is synced only when all of
+		// the data was written (a short write says why with the next request, as WRITE's).
+		writeSync := func(hd *handle) (n int, errno syscall.Errno) {
+			n, errno = v.write(hd, int64(len(r.Data)), int64(min(r.Offset, 1<<62)), uid, func(l int64) (int, error) {
+				return unix.Pwrite(hd.fd, r.Data[:l], int64(r.Offset))
+			})
+			if n > 0 || errno == 0 {
+				v.acct.wrote(n, r.Offset+uint64(n))
+			}
+			if errno == 0 && n == len(r.Data) {
+				errno = syncFile(hd.fd, r.Flags)
+			}
+			return n, errno
+		}
+		var n int
+		var errno syscall.Errno
+		if r.Handle != 0 {
+			errno = withHandle(r.Handle, func(hd *handle) (e syscall.Errno) {
+				n, e = writeSync(hd)
+				return e
+			})
+		} else {
+			if !v.objects {
+				return nil, 0, syscall.EPERM // by name only stripe objects, as WRITE_NAME
+			}
+			hd, _, e := v.create(&proto.CreateReq{Name: r.Name, Flags: unix.O_WRONLY | unix.O_CREAT, Mode: 0o600}, uid, gid)
+			if e != 0 {
+				return nil, 0, e
+			}
+			n, errno = writeSync(hd)
+			v.closeFile(hd)
+		}
+		return count(int64(n), errno)
 	case *proto.FsyncReq:
 		return empty(withHandle(r.Handle, func(hd *handle) syscall.Errno {
-			if r.Flags&1 != 0 {
-				return errnoOf(unix.Fdatasync(hd.fd))
-			}
-			return errnoOf(unix.Fsync(hd.fd))
+			return syncFile(hd.fd, r.Flags)
 		}))
 	case *proto.FallocateReq:
 		return empty(withHandle(r.Handle, func(hd *handle) syscall.Errno {
@@ -1147,6 +1178,14 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		return &rep, 0, errno
 	}
 	return nil, 0, syscall.ENOSYS
+}
+
+// syncFile is an fsync (flags bit 0: fdatasync) of fd.
+func syncFile(fd int, flags uint32) syscall.Errno {
+	if flags&1 != 0 {
+		return errnoOf(unix.Fdatasync(fd))
+	}
+	return errnoOf(unix.Fsync(fd))
 }
 
 // ioBuf is a buffer for one READ or WRITE's data, aligned for O_DIRECT.
