@@ -650,30 +650,20 @@ func (h *fileHandle) syncMetadata(ctx context.Context, flags uint32) syscall.Err
 // report and the stub's sync, on the same one, in that order). A server this handle's
 // writes are still queued for syncs with the request that carries the last of them
 // (askSync, proto.OpWriteSync): a write and the fdatasync after it cost one round trip, to
-// the server holding the bytes (and, when the file grew, the size report to the metadata
-// server at the same time). Only a server whose writes were sent before (or that is too old
-// for WRITE_SYNC) gets an FSYNC of its own, once they are answered (settle).
+// the server holding the bytes. Only a server whose writes were sent before (or that is too
+// old for WRITE_SYNC) gets an FSYNC of its own, once they are answered (settle). The size
+// goes to the metadata server after the data reached its servers, never beside it: another
+// node that sees the new size reads the bytes, not zeros in their place.
 func (h *fileHandle) fsyncStriped(ctx context.Context, flags uint32) syscall.Errno {
 	ctx, cancel := h.node.be.opCtx(ctx)
 	defer cancel()
-	marked := h.askSync(flags)
+	h.askSync(flags)
+	if errno := h.settle(); errno != 0 {
+		return errno
+	}
 	meta := make(chan syscall.Errno, 1)
-	report := func() { go func() { meta <- h.syncMetadata(ctx, flags) }() }
-	if marked {
-		report() // beside the WRITE_SYNC: one round trip for both
-	}
-	errno := h.settle()
-	if !marked {
-		// Nothing queued (a cache file, a write already on its way): the size after the data
-		// reached its servers, as before, so that another node seeing it reads the bytes.
-		if errno != 0 {
-			return errno
-		}
-		report()
-	}
-	if errno == 0 {
-		errno = h.syncObjects(ctx, flags)
-	}
+	go func() { meta <- h.syncMetadata(ctx, flags) }()
+	errno := h.syncObjects(ctx, flags)
 	if e := <-meta; errno == 0 {
 		errno = e
 	}
