@@ -10,10 +10,10 @@ import (
 
 // A node shows its own processes every byte they wrote and closed: four writers of one
 // striped file (ior-hard's interleaved transfers) close it, and at once its size is all they
-// wrote and every transfer reads back. A GETATTR of one writer's (the kernel asks at its
-// writes, for the mode) answered by the metadata server before another writer's size report
-// at close reached it, and completed after that writer's handle was released, gave the
-// kernel a size below what the released handle wrote.
+// wrote and every transfer reads back. Before, the writers' size reports at close overlapped:
+// the metadata server took a smaller one first, but its reply came back last and was kept
+// (leased) as the file's attributes, and the next stat or read (the kernel asks at every
+// buffered read) saw a transfer less — on about 1 round in 30.
 func TestOwnWritesNeverShrinkAfterClose(t *testing.T) {
 	in := newStripedInstance(t, 64*mib)
 	m := in.mountAt(t, "cn1")
