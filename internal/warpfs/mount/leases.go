@@ -90,6 +90,10 @@ const maxCachedAttrs = 4096
 type changeToken struct {
 	ino, seq, epoch uint64
 	root            bool // the namespace root's: its attributes carry the server's inode number
+	// overlapped: another change of the inode was in flight when this one started; the
+	// server may take that one after this one, so this reply's attributes may be older than
+	// what it then holds (four writers' size reports at close: the smaller one last).
+	overlapped bool
 }
 
 // startChange notes that a change of inode ino's attributes (a directory's entries too) by
@@ -101,15 +105,17 @@ func (ls *leaseState) startChange(ino uint64) changeToken {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	delete(ls.attrs, ino)
+	overlapped := ls.changing[ino] > 0
 	ls.changing[ino]++
 	ls.changeSeq[ino]++
-	return changeToken{ino: ino, seq: ls.changeSeq[ino], epoch: ls.epoch}
+	return changeToken{ino: ino, seq: ls.changeSeq[ino], epoch: ls.epoch, overlapped: overlapped}
 }
 
 // endChange ends the change t: a, the inode's attributes after it (nil: not given), are
 // kept for lease when nothing could have changed them since the server took them — no
-// invalidation came (epoch), no other change of the inode by this mount started after t or
-// is still in flight (one that started before t may have reached the server after it).
+// invalidation came (epoch), and t was this mount's only change of the inode in flight all
+// along: none started after t, none is still in flight, and none was when t started (one
+// that started before t may have reached the server after it, even if its reply came first).
 func (ls *leaseState) endChange(t changeToken, a *proto.Attr, lease time.Duration) {
 	if ls == nil {
 		return
@@ -117,7 +123,7 @@ func (ls *leaseState) endChange(t changeToken, a *proto.Attr, lease time.Duratio
 	now := time.Now()
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	alone := ls.changing[t.ino] == 1 && ls.changeSeq[t.ino] == t.seq
+	alone := !t.overlapped && ls.changing[t.ino] == 1 && ls.changeSeq[t.ino] == t.seq
 	if ls.changing[t.ino]--; ls.changing[t.ino] <= 0 {
 		delete(ls.changing, t.ino)
 		delete(ls.changeSeq, t.ino)

@@ -307,10 +307,14 @@ func (n *node) byNodeLease(ctx context.Context, f fs.FileHandle, op proto.Op, bu
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	n.settleAll() // this node's writes behind first: their size and times
+	// What this node's handles wrote, before the server's (or the cached) attributes are
+	// taken and after: a handle released meanwhile reported its size at close, but perhaps
+	// after the server answered, and it is gone from writtenExtent after.
+	written := n.writtenExtent()
 	if a, lease, ok := n.be.leases.cachedAttr(n.StableAttr().Ino); ok {
 		// A directory this mount just created or removed a name in, a striped file it just
 		// reported the size of: the reply leased its attributes (leases.go, attrs).
-		a.Size = max(a.Size, n.writtenExtent())
+		a.Size = max(a.Size, written, n.writtenExtent())
 		n.be.fill(&out.Attr, &a)
 		n.be.attrLease(out, lease)
 		return 0
@@ -323,7 +327,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		if n == n.be.root {
 			n.be.noteRoot(rep.Attr.Ino) // before the kernel may cache them (lease)
 		}
-		rep.Attr.Size = max(rep.Attr.Size, n.writtenExtent())
+		rep.Attr.Size = max(rep.Attr.Size, written, n.writtenExtent())
 		n.be.fill(&out.Attr, &rep.Attr)
 		n.be.attrLease(out, lease)
 	}
