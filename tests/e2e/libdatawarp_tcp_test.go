@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,23 +24,7 @@ func TestLibdatawarpOverTCPWithMunge(t *testing.T) {
 	requireRoot(t)
 	buildLibdatawarp(t)
 	c := newCluster(t)
-	sock := startMunged(t, c.dir, "munged-controller")
-	userSock := startMunged(t, c.dir, "munged-compute-node")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	token := filepath.Join(c.dir, "token")
-	os.WriteFile(token, []byte("libdw-tcp-token\n"), 0o600)
-	c.configure("controller", fmt.Sprintf("listen = %q\ntoken_file = %q\nmunge_socket = %q\n", addr, token, sock))
-	c.configure("agent", fmt.Sprintf("token_file = %q\n", token))
-	c.startController()
-	c.startAgent()
-	// What a compute node has: the controller's address and munged, no token.
-	userConfig := filepath.Join(c.dir, "compute.toml")
-	os.WriteFile(userConfig, []byte(fmt.Sprintf("[client]\ncontroller = \"http://%s\"\nmunge_socket = %q\nconnect_retries = 1\n", addr, userSock)), 0o644)
+	_, _, userConfig := c.startOverTCPWithMunge(t) // what a compute node has: the address and munged, no token
 
 	ctx := context.Background()
 	job := "tcpjob1"

@@ -18,21 +18,19 @@ import (
 // startMunged runs a munged of the test's own in dir (package mungetest).
 func startMunged(t *testing.T, dir, name string) string { return mungetest.Start(t, dir, name) }
 
-// TestUsersOnOtherHostsAuthenticateWithMunge: a TCP controller takes MUNGE credentials from
-// users: they act as themselves (their own persistent instance, refused another's), a
-// credential is good once, a request without one is refused with the way to get one, and a
-// MUNGE credential of root grants no administration.
-func TestUsersOnOtherHostsAuthenticateWithMunge(t *testing.T) {
-	requireRoot(t)
-	c := newCluster(t)
+// startOverTCPWithMunge starts the cluster's controller listening on TCP with MUNGE (its own
+// munged) and its agent (with the cluster's token), and returns the controller's address and
+// what a user on another host has: a munged of its own with the cluster's key (its socket) and
+// a configuration naming that address and munged, no token.
+func (c *cluster) startOverTCPWithMunge(t *testing.T) (addr, userSock, userConfig string) {
+	t.Helper()
 	sock := startMunged(t, c.dir, "munged-controller")
-	// The users' host has a munged of its own, with the cluster's key.
-	userSock := startMunged(t, c.dir, "munged-user-host")
+	userSock = startMunged(t, c.dir, "munged-user-host")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
+	addr = l.Addr().String()
 	l.Close()
 	token := filepath.Join(c.dir, "token")
 	os.WriteFile(token, []byte("munge-test-token\n"), 0o600)
@@ -40,10 +38,19 @@ func TestUsersOnOtherHostsAuthenticateWithMunge(t *testing.T) {
 	c.configure("agent", fmt.Sprintf("token_file = %q\n", token))
 	c.startController()
 	c.startAgent()
-
-	// What a user on another host has: the controller's address and munged, no token.
-	userConfig := filepath.Join(c.dir, "user.toml")
+	userConfig = filepath.Join(c.dir, "user.toml")
 	os.WriteFile(userConfig, []byte(fmt.Sprintf("[client]\ncontroller = \"http://%s\"\nmunge_socket = %q\nconnect_retries = 1\n", addr, userSock)), 0o644)
+	return addr, userSock, userConfig
+}
+
+// TestUsersOnOtherHostsAuthenticateWithMunge: a TCP controller takes MUNGE credentials from
+// users: they act as themselves (their own persistent instance, refused another's), a
+// credential is good once, a request without one is refused with the way to get one, and a
+// MUNGE credential of root grants no administration.
+func TestUsersOnOtherHostsAuthenticateWithMunge(t *testing.T) {
+	requireRoot(t)
+	c := newCluster(t)
+	addr, userSock, userConfig := c.startOverTCPWithMunge(t)
 	as := func(uid uint32, args ...string) result {
 		t.Helper()
 		cmd := exec.Command(binary, args...)
