@@ -50,8 +50,9 @@ func (w *writers) setYieldLimit(n int) {
 	w.mu.Unlock()
 }
 
-// lock waits for ctx's turn to write. A waiter wakes on every turn's end, so ctx's end is
-// seen then (a turn lasts one transaction).
+// lock waits for ctx's turn to write. A request's transaction waits for its ticket whatever
+// ctx says (a ticket given up would hold back every one behind it; a turn lasts one
+// transaction); a background one gives up when ctx ends, seen at every turn's end.
 func (w *writers) lock(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
