@@ -98,8 +98,8 @@ mistake on the command line.
       How the instance is used: its namespace(s), owned by the session's user, the root
       with mode MODE (octal, e.g. 0755 or 2770; default 0700 for a job, 0755 for a persistent
       instance) and group GID (default the session's). One configuration per access mode;
-      private is not for persistent instances; --type cache (--backing-path) and swap are
-      refused in this version.
+      private is not for persistent instances; --type cache and swap are not made by hand
+      (#DW jobdw type=cache pfs=DIR, spillway persistent create --type cache; #DW swap SIZE).
   create activation --session ID --configuration ID --mount NAME
       Mount the configuration on every compute node of the session (its --hosts), at
       controller.mount_root/NAME (NAME alone, or that whole path): the session's own

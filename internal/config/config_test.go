@@ -85,6 +85,9 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		"[cache]\nhigh_watermark = 20\n":                                                       "cache.low_watermark (20) and cache.high_watermark (20) are percentages of a cache's capacity: 0 <= low < high <= 100 (the defaults are 20 and 45)",
 		"[cache]\nhigh_watermark = 101\n":                                                      "cache.low_watermark (20) and cache.high_watermark (101)",
 		"[cache]\nmodified_threshold = \"0\"\n":                                                "cache.modified_threshold must be greater than 0",
+		"[swap]\npriority = -5\n":                                                              "swap.priority is -5; write -1 (the kernel's choice, below the node's own swap) or 0 to 32767",
+		"[swap]\npriority = 40000\n":                                                           "swap.priority is 40000",
+		"[swap]\ndetach_timeout = \"0s\"\n":                                                    "swap.detach_timeout must be greater than 0",
 		"[cache]\nallowed_pfs = [\"/lustre/\"]\n":                                              "cache.allowed_pfs \"/lustre/\": give absolute directories in clean form (no .., no trailing /), e.g. \"/lustre\"",
 		"[cache]\nallowed_pfs = [\"lustre\"]\n":                                                "cache.allowed_pfs \"lustre\": give absolute directories",
 	}

@@ -106,7 +106,7 @@ func ApplyCreateConfiguration(w *World, token string, req ManualConfiguration, i
 	case model.TypeCache:
 		return 0, userErr("--type cache: a cache configuration is not made by hand in this version; make a cache instance with #DW jobdw type=cache pfs=DIR or spillway persistent create NAME --type cache --pfs DIR")
 	case model.TypeSwap:
-		return 0, userErr("--type swap: swap is not supported by this Spillway version yet")
+		return 0, userErr("--type swap: a swap configuration is not made by hand; ask for swap in the job script with #DW swap SIZE (Slurm: --bb \"swap=N\"), and pre_run gives each compute node its area")
 	default:
 		return 0, userErr("--type %s: expected scratch, cache or swap", req.Type)
 	}

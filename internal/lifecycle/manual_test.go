@@ -72,6 +72,8 @@ func TestManualInstance(t *testing.T) {
 			`--access-mode "sideways": expected stripe, private or ldbal (or striped, loadbalance)`},
 		{second(ApplyCreateConfiguration(h.w, "manual1", ManualConfiguration{Instance: iid, Type: "cache", AccessMode: "stripe", BackingPath: "/lustre/p"}, h, h.p)),
 			"--type cache: a cache configuration is not made by hand in this version; make a cache instance with #DW jobdw type=cache pfs=DIR or spillway persistent create NAME --type cache --pfs DIR"},
+		{second(ApplyCreateConfiguration(h.w, "manual1", ManualConfiguration{Instance: iid, Type: "swap"}, h, h.p)),
+			`--type swap: a swap configuration is not made by hand; ask for swap in the job script with #DW swap SIZE (Slurm: --bb "swap=N"), and pre_run gives each compute node its area`},
 		{second(ApplyCreateConfiguration(h.w, "manual1", ManualConfiguration{Instance: 99, AccessMode: "private"}, h, h.p)),
 			"session 1 (token manual1) has no instance 99 (dwstat instances: the sess column)"},
 		{second(ApplyCreateActivation(h.w, "manual1", ManualActivation{Configuration: cid, Mount: "/etc"}, h, h.p)),
