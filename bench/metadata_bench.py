@@ -27,6 +27,10 @@ against (all set up at the start, measured in turns in each repetition):
   s4, s4cc   the same over 4 storage nodes (4 GiB, striped over all four)
   p4         access_mode=private over 4 storage nodes
   gluster    GlusterFS distribute over the same 4 storage hosts' bricks
+  fuse       the raw directory mounted again through go-fuse's loopback file system
+             (bench/fusefloor: names and attributes cached 10 s, no network, no server):
+             the floor of any go-fuse client on this machine, the kernel's FUSE round
+             trips and the daemon's work alone
 
 Each figure is the median of --repeat repetitions, with its ratio to raw and to GlusterFS, and
 beside it the CPU per operation (per MiB for IOR): client + server, read from the cgroup CPU
@@ -88,13 +92,14 @@ TARGETS = [
     ("s4cc", "striped(client_cache), 4 servers", "access_mode=striped(client_cache) capacity=4GiB"),
     ("p4", "private, 4 servers", "access_mode=private capacity=4GiB"),
     ("gluster", "GlusterFS distribute, 4 bricks", None),
+    ("fuse", "go-fuse loopback of the raw directory (FUSE's floor)", None),
 ]
 LABEL = {k: label for k, label, _ in TARGETS}
 REQUESTS = r'spillway_warpfs_requests_total\{op="([^"]+)",transport="remote"\}'
 
 # The CPU groups: what each target's CPU is the sum of (the workload's own is always counted).
-GROUPS = ("workload", "spillway-client", "spillway-server", "gluster-client", "gluster-server", "other")
-DAEMONS = {"raw": ((), ()), "gluster": (("gluster-client",), ("gluster-server",))}
+GROUPS = ("workload", "spillway-client", "spillway-server", "gluster-client", "gluster-server", "fuse-client", "other")
+DAEMONS = {"raw": ((), ()), "gluster": (("gluster-client",), ("gluster-server",)), "fuse": (("fuse-client",), ())}
 SPILLWAY_DAEMONS = (("spillway-client",), ("spillway-server",))
 
 
@@ -195,6 +200,24 @@ def build_ior(src, cache):
         os.chmod(os.path.abspath(cache), 0o755)
     version = "IOR " + (commit[:12] if commit else os.path.basename(dest))
     return bindir, version
+
+
+def start_fuse_floor(raw, mountpoint, cgroup_procs):
+    """Builds bench/fusefloor and mounts raw again at mountpoint through it (its process in
+    the cgroup whose cgroup.procs is cgroup_procs); returns the process."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    exe = os.path.join(tempfile.mkdtemp(prefix="fusefloor-"), "fusefloor")
+    r = sh("go", "build", "-o", exe, "./bench/fusefloor", check=False, cwd=os.path.dirname(here))
+    if r.returncode != 0:
+        sys.exit(f"building bench/fusefloor failed: {r.stdout}{r.stderr}")
+    os.makedirs(mountpoint, exist_ok=True)
+    p = subprocess.Popen([exe, raw, mountpoint], stdout=subprocess.PIPE, text=True)
+    with open(cgroup_procs, "w") as f:
+        f.write(str(p.pid))
+    if p.stdout.readline().strip() != "mounted":
+        p.kill()
+        sys.exit("bench/fusefloor did not mount")
+    return p
 
 
 class Run:
@@ -452,6 +475,7 @@ def main():
     c = Cluster(binary, work, storage=STORAGE, compute=COMPUTE)
     b = Bench(c, a, work)
     g, gmnt = None, os.path.join(work, "gluster-mount")
+    floor = None
     mounts = {"raw": raw}
     results = {t: [] for t in targets}
     failures = []
@@ -465,6 +489,10 @@ def main():
             if key in targets and directive:
                 print(f"instance {key}: #DW jobdw type=scratch {directive} …", flush=True)
                 mounts[key] = job_instance(c, work, str(200 + i), f"jobdw type=scratch {directive}")
+        if "fuse" in targets:
+            print("go-fuse loopback of the raw directory …", flush=True)
+            floor = start_fuse_floor(raw, os.path.join(work, "fuse-mount"), groups.procs("fuse-client"))
+            mounts["fuse"] = os.path.join(work, "fuse-mount")
         if "gluster" in targets:
             print("GlusterFS, 4 bricks …", flush=True)
             g = Gluster(c, work)
@@ -504,6 +532,13 @@ def main():
     finally:
         if g:
             g.close("c1", gmnt)
+        if floor:
+            floor.terminate()
+            try:
+                floor.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                floor.kill()
+                sh("umount", "-l", os.path.join(work, "fuse-mount"), check=False)
         c.close()
         groups.close()
         if not a.dir:

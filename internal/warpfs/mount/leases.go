@@ -63,6 +63,10 @@ type leaseState struct {
 	attrs     map[uint64]cachedAttr
 	changing  map[uint64]int
 	changeSeq map[uint64]uint64
+	// layouts are the stripe layouts of the striped files this mount created or opened (by
+	// inode number, from the replies): with the file's attributes in attrs, an open asks
+	// nothing (node.openLazily). Guarded by mu.
+	layouts map[uint64][]byte
 
 	// rootIno is the namespace root's inode number on the server (0: not known yet), rootKey
 	// the root node's own: the server's invalidations name the first (noteRoot). Guarded by
@@ -160,6 +164,68 @@ func (ls *leaseState) cachedAttr(ino uint64) (proto.Attr, time.Duration, bool) {
 		return proto.Attr{}, 0, false
 	}
 	return c.attr, left, true
+}
+
+// keepCreated keeps the attributes and layout of a striped file this mount just created
+// (its CREATE's reply, leased for lease), unless an invalidation came since epoch or a change
+// of the inode by this mount is in flight: the file's metadata server's attributes change by
+// requests to it alone, which this mount brackets (startChange), so they answer a GETATTR
+// and let an open ask nothing until then.
+func (ls *leaseState) keepCreated(a *proto.Attr, layout []byte, epoch uint64, lease time.Duration) {
+	if ls == nil || lease <= 0 || len(layout) == 0 {
+		return
+	}
+	now := time.Now()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.epoch != epoch || ls.changing[a.Ino] > 0 || len(ls.attrs) >= maxCachedAttrs {
+		return
+	}
+	ls.attrs[a.Ino] = cachedAttr{attr: *a, until: now.Add(lease)}
+	ls.noteLayoutLocked(a.Ino, layout)
+}
+
+// noteLayout notes the layout of the striped file ino, from a reply that gave it.
+func (ls *leaseState) noteLayout(ino uint64, layout []byte) {
+	if ls == nil || len(layout) == 0 {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.noteLayoutLocked(ino, layout)
+}
+
+func (ls *leaseState) noteLayoutLocked(ino uint64, layout []byte) {
+	if len(ls.layouts) >= maxCachedAttrs {
+		for i := range ls.layouts {
+			if _, ok := ls.attrs[i]; !ok {
+				delete(ls.layouts, i)
+			}
+		}
+	}
+	if len(ls.layouts) < maxCachedAttrs {
+		ls.layouts[ino] = append([]byte(nil), layout...)
+	}
+}
+
+// openable returns what an open of the striped file ino without asking needs: its
+// attributes, leased for how much longer, and its layout; ok false when this mount does not
+// hold both.
+func (ls *leaseState) openable(ino uint64) (a proto.Attr, lease time.Duration, layout []byte, ok bool) {
+	if ls == nil {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	c, ok1 := ls.attrs[ino]
+	l, ok2 := ls.layouts[ino]
+	if !ok1 || !ok2 || ls.changing[ino] > 0 {
+		return
+	}
+	if lease = time.Until(c.until); lease <= 0 {
+		return
+	}
+	return c.attr, lease, l, true
 }
 
 // createdFile notes a regular file this mount created, leased for lease: it has no
@@ -260,6 +326,7 @@ func (ls *leaseState) dropSizes(ino uint64) {
 	ls.epoch++
 	delete(ls.attrs, ino)
 	delete(ls.noCaps, ino)
+	delete(ls.layouts, ino)
 	if ino == ls.rootIno {
 		delete(ls.attrs, ls.rootKey)
 	}
@@ -281,7 +348,7 @@ const maxNodesPerInode = 4
 
 func newLeaseState() *leaseState {
 	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{},
-		attrs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, changeSeq: map[uint64]uint64{}, noCaps: map[uint64]time.Time{}}
+		attrs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, changeSeq: map[uint64]uint64{}, layouts: map[uint64][]byte{}, noCaps: map[uint64]time.Time{}}
 }
 
 // noteRoot notes the namespace root's inode number on the server (ino), from a reply that
@@ -358,6 +425,7 @@ func (n *node) OnForget() {
 	n.forgotten = true
 	ino := n.StableAttr().Ino
 	delete(ls.attrs, ino)
+	delete(ls.layouts, ino)
 	list := ls.nodes[ino]
 	for i, o := range list {
 		if o == n {

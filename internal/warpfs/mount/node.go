@@ -248,7 +248,12 @@ func (n *node) anyHandle() *fileHandle {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for h := range n.handles {
-		return h
+		h.mu.Lock()
+		lazy := h.lazy
+		h.mu.Unlock()
+		if !lazy { // one not opened on the server would open it: the path does as well
+			return h
+		}
 	}
 	return nil
 }
@@ -393,6 +398,9 @@ func (n *node) truncateStriped(ctx context.Context, f fs.FileHandle, req proto.S
 		defer opened.Release(ctx)
 		h = opened
 	}
+	if errno := h.materialize(ctx); errno != 0 { // a writer is registered before its objects change
+		return errno
+	}
 	var rep proto.AttrReply
 	setattr := func() syscall.Errno {
 		return h.handleCall(ctx, proto.OpSetattr, func(id uint64) proto.Message {
@@ -474,11 +482,69 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return nil, 0, syscall.EROFS
 	}
 	flags &^= fuse.FMODE_EXEC
-	h, errno := n.open(ctx, flags)
-	if errno != 0 {
-		return nil, 0, errno
+	h := n.openLazily(ctx, flags)
+	if h == nil {
+		var errno syscall.Errno
+		if h, errno = n.open(ctx, flags); errno != 0 {
+			return nil, 0, errno
+		}
 	}
-	return h, n.openFlags(flags), 0
+	return h, n.openFlags(flags) | h.noFlush(), 0
+}
+
+// noFlush is FOPEN_NOFLUSH for a handle whose close has nothing to do: a striped file's
+// reader (not a cache instance's, whose close may flush to the PFS) queues no writes and
+// reports no size, so the kernel need not ask at every close (mdtest's read phase: one round
+// trip of three).
+func (h *fileHandle) noFlush() uint32 {
+	if h.striped != nil && h.striped.cache == nil && h.flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		return fuse.FOPEN_NOFLUSH
+	}
+	return 0
+}
+
+// lazyOpenFlags are the open flags that need the metadata server at the open itself.
+const lazyOpenFlags = syscall.O_TRUNC | syscall.O_APPEND | syscall.O_DIRECT | syscall.O_SYNC | syscall.O_DSYNC | syscall.O_CREAT
+
+// openLazily opens a striped file without asking its metadata server, when this mount holds
+// its attributes, leased, and its layout (leases.go, attrs and layouts): the kernel checked the
+// caller's permission against those attributes (default_permissions), nobody else changed
+// the file since (the server would have told this mount first), and its data is on the
+// stripe servers, which a handle reaches without the metadata server's. The first request
+// that needs the metadata server's handle opens it there (materialize): a write, truncate,
+// fallocate or fsync, a read past the leased size once the lease ran out, or this node's
+// unlink of the file (its handle keeps the file's stub, as an open one does). Returns nil
+// where it cannot.
+//
+// What a lazy handle changes, said in docs/mounts.md: where another node renames or removes
+// the file while it is open here, the first request that needs the metadata server fails with
+// ESTALE (the name no longer leads to the file), where an open handle would have gone on.
+func (n *node) openLazily(ctx context.Context, flags uint32) *fileHandle {
+	be := n.be
+	if be.leases == nil || be.stripes == nil || be.local != nil || flags&lazyOpenFlags != 0 ||
+		n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil
+	}
+	ls := be.leases
+	epoch := ls.sizeEpoch()
+	a, lease, layout, ok := ls.openable(n.StableAttr().Ino)
+	if !ok {
+		return nil
+	}
+	l, err := stripe.Decode(layout)
+	if err != nil || int(l.Servers) != len(be.stripes) {
+		return nil
+	}
+	h := n.addHandle(0, 0, flags)
+	h.lazy = true
+	h.uid, h.gid = caller(ctx)
+	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: a.Size}
+	h.striped.uid, h.striped.gid = h.uid, h.gid
+	if be.writesBehind(flags, true) {
+		h.behind = n.shareBehind(h, int(l.Servers))
+	}
+	ls.leaseSize(h.striped, a.Ino, epoch, lease)
+	return h
 }
 
 // open opens the node's file on the server and registers the handle.
@@ -501,6 +567,9 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 		return nil, errno
 	}
 	h, errno := n.opened(ctx, &rep, call.UsedGen, flags)
+	if errno == 0 && ls != nil && h.striped != nil && rep.Cache == nil {
+		ls.noteLayout(rep.Attr.Ino, rep.Layout) // a cache file's open fetches from the PFS: never lazy
+	}
 	if errno == 0 && ls != nil && call.Lease > 0 && h.striped != nil {
 		// A striped file: the server leased its size (attributes), so a read past it needs
 		// no GETATTR until someone else changes it.
@@ -598,6 +667,9 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	}
 	if rep.Attr.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		ls.createdFile(rep.Attr.Ino, epoch, lease)
+		if !rep.Truncated && n.be.stripes != nil && rep.Cache == nil {
+			ls.keepCreated(&rep.Attr, rep.Layout, epoch, lease)
+		}
 	}
 	ch := n.child(ctx, &rep.Attr, out, lease)
 	if op == proto.OpCreate {
@@ -718,6 +790,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return syscall.EROFS
 	}
 	var rep proto.RemovedReply
+	n.materializeChild(ctx, name)
 	defer n.childChanging(name)()
 	tok := n.startDirChange()
 	lease, errno := n.be.callLease(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
@@ -820,6 +893,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	var rep proto.RemovedReply
 	route := client.Route{Parent: n.dirID(), NewParent: dst.dirID()}
 	ls := n.be.leases
+	n.materializeChild(ctx, name)      // its handles then follow it by the server's handle
+	dst.materializeChild(ctx, newName) // the file it replaces: kept while open
 	defer n.childChanging(name)()
 	defer dst.childChanging(newName)() // the file it replaces
 	tok, dstTok := ls.startChange(n.dirID()), ls.startChange(dst.dirID())
@@ -1005,6 +1080,10 @@ type fileHandle struct {
 	mu  sync.Mutex
 	id  uint64
 	gen uint64 // the connection generation the handle belongs to
+	// lazy says the metadata server has not opened the file yet (openLazily): the first
+	// request that needs it opens it (materialize) as its opener, uid:gid.
+	lazy     bool
+	uid, gid uint32
 
 	// striped is set for a file of a striped instance, whose data is in stripe objects.
 	striped *stripedFile
@@ -1023,6 +1102,9 @@ func (h *fileHandle) current() (uint64, uint64) {
 // opened, the file is opened again by its path (creation and truncation flags dropped) and
 // the request sent once more; a file that has no name any more fails with EIO.
 func (h *fileHandle) do(ctx context.Context, call *client.Call, setID func(uint64)) syscall.Errno {
+	if errno := h.materialize(ctx); errno != 0 {
+		return errno
+	}
 	for attempt := 0; ; attempt++ {
 		id, gen := h.current()
 		setID(id)
@@ -1039,6 +1121,64 @@ func (h *fileHandle) do(ctx context.Context, call *client.Call, setID func(uint6
 			}
 			return syscall.EIO
 		}
+	}
+}
+
+// materialize opens a handle opened lazily (openLazily) on the metadata server, as its opener
+// did, by the name this node knows the file by. A name that no longer leads to the file
+// (another node renamed or removed it) gives ESTALE: the file's layout ID tells.
+func (h *fileHandle) materialize(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.lazy {
+		return 0
+	}
+	be := h.node.be
+	var rep proto.OpenReply
+	call := &client.Call{Op: proto.OpOpen, UID: h.uid, GID: h.gid, Req: &proto.OpenReq{Path: h.node.path(), Flags: h.flags}, Reply: &rep, Route: h.node.route()}
+	errno := be.client.Do(ctx, call)
+	if errno == syscall.ENOENT {
+		return syscall.ESTALE
+	}
+	if errno != 0 {
+		return errno
+	}
+	if l, err := stripe.Decode(rep.Layout); err != nil || l.ID != h.striped.layout.ID {
+		be.client.Do(ctx, &client.Call{Op: proto.OpRelease, Gen: call.UsedGen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: rep.Handle}})
+		return syscall.ESTALE
+	}
+	h.id, h.gen, h.lazy = rep.Handle, call.UsedGen, false
+	return 0
+}
+
+// materializeChild is materializeHandles of the child name of n, if this node knows it.
+func (n *node) materializeChild(ctx context.Context, name string) {
+	if n.be.leases == nil {
+		return // no lazy handles
+	}
+	if ch := n.GetChild(name); ch != nil {
+		if c, ok := ch.Operations().(*node); ok {
+			c.materializeHandles(ctx)
+		}
+	}
+}
+
+// materializeHandles opens on the metadata server this node's handles of n opened lazily,
+// before this node removes n's name: an open handle keeps the file (and its size reports) as
+// POSIX says, where its name would then lead nowhere.
+func (n *node) materializeHandles(ctx context.Context) {
+	n.mu.Lock()
+	var lazy []*fileHandle
+	for h := range n.handles {
+		h.mu.Lock()
+		if h.lazy {
+			lazy = append(lazy, h)
+		}
+		h.mu.Unlock()
+	}
+	n.mu.Unlock()
+	for _, h := range lazy {
+		h.materialize(ctx) // a failure is the handle's next request's to report
 	}
 }
 
@@ -1130,9 +1270,14 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		}
 	}
 	id, gen := h.current()
+	h.mu.Lock()
+	lazy := h.lazy
+	h.mu.Unlock()
 	// A handle of a connection that is gone is gone with it.
 	release := &client.Call{Op: proto.OpRelease, Gen: gen, NoReconnect: true, OneWay: true, Req: &proto.HandleReq{Handle: id}}
-	if h.striped != nil && (h.flags&syscall.O_ACCMODE != syscall.O_RDONLY || h.flags&syscall.O_TRUNC != 0) {
+	if lazy {
+		release = nil // never opened on the metadata server: nothing to release there
+	} else if h.striped != nil && (h.flags&syscall.O_ACCMODE != syscall.O_RDONLY || h.flags&syscall.O_TRUNC != 0) {
 		// A writer says where it made objects: the metadata server then knows which servers
 		// to ask when the file is removed (proto.HandleReq.Objects).
 		reported := *release

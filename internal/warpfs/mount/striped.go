@@ -402,6 +402,11 @@ func (h *fileHandle) readStriped(ctx context.Context, dest []byte, off int64) (f
 
 func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	be := h.node.be
+	// A writer is registered on the metadata server before its first object changes (its
+	// stub's record of the servers holding objects turns unknown).
+	if errno := h.materialize(ctx); errno != 0 {
+		return 0, errno
+	}
 	start := uint64(off)
 	length := uint64(len(data))
 	if be.maxFileSize > 0 && start+length > be.maxFileSize {
@@ -724,6 +729,9 @@ func (h *fileHandle) releaseObjects(ctx context.Context) {
 func (h *fileHandle) allocateStriped(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
 	if mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0 {
 		return syscall.EOPNOTSUPP // they would move data across servers
+	}
+	if errno := h.materialize(ctx); errno != 0 {
+		return errno
 	}
 	h.node.settleAll()
 	ctx, cancel := h.node.be.opCtx(ctx)

@@ -1,0 +1,191 @@
+package mount
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+)
+
+// lazyFile creates name on m with content and closes it: m then holds its attributes
+// (leased) and layout, and opens it without asking the metadata server.
+func lazyFile(t *testing.T, m *Mounted, name, content string) string {
+	t.Helper()
+	p := filepath.Join(m.Path(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// readAt reads up to 100 bytes of f at 0.
+func readAt(f *os.File) (string, error) {
+	buf := make([]byte, 100)
+	n, err := f.ReadAt(buf, 0)
+	if n > 0 || errors.Is(err, os.ErrClosed) {
+		err = nil
+	}
+	return string(buf[:n]), err
+}
+
+// A file this node created is opened and closed without a request to its metadata server,
+// for reading and for reading and writing (as mdtest's read phase opens): the mount holds
+// its attributes, leased, and its layout. Its data comes from its stripe server.
+func TestLazyOpenAsksNothing(t *testing.T) {
+	in := newCountedInstance(t)
+	m := in.mountAt(t, "cn1")
+	p := lazyFile(t, m, "f", "hello")
+	in.settle()
+	for _, flags := range []int{os.O_RDONLY, os.O_RDWR} {
+		f, err := os.OpenFile(p, flags, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := readAt(f)
+		if err != nil || got != "hello" {
+			t.Errorf("flags %#o: read %q, %v; want hello", flags, got, err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		c := phaseCounts(in.settle())
+		if len(c[0]) != 0 {
+			t.Errorf("flags %#o: open, read, close asked the metadata server: %v", flags, c)
+		}
+		if c[1:].ops(proto.OpRead) != 1 {
+			t.Errorf("flags %#o: want one READ from the stripe server: %v", flags, c)
+		}
+	}
+	// A writer registers with the metadata server at its first write, and its size is seen
+	// after the close, here and on another node.
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(" world"), 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if c := phaseCounts(in.settle()); c[0][proto.OpOpen] != 1 {
+		t.Errorf("a lazily opened writer's first write: want one OPEN on the metadata server: %v", c)
+	}
+	other := in.mountAt(t, "cn2")
+	if b, err := os.ReadFile(filepath.Join(other.Path(), "f")); err != nil || string(b) != "hello world" {
+		t.Errorf("another node reads %q, %v; want hello world", b, err)
+	}
+}
+
+// A file opened lazily here and appended to by another node: the next read here past the
+// size it knew sees the new bytes (the metadata server told this node, which then asks).
+func TestLazyOpenSeesOtherNodesWrites(t *testing.T) {
+	in := newCountedInstance(t)
+	a, b := in.mountAt(t, "cn1"), in.mountAt(t, "cn2")
+	p := lazyFile(t, a, "grows", "first ")
+	in.settle()
+	r, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if c := phaseCounts(in.settle()); len(c[0]) != 0 {
+		t.Fatalf("the open was not lazy: %v", c)
+	}
+	w, err := os.OpenFile(filepath.Join(b.Path(), "grows"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteString("second"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAt(r); err != nil || got != "first second" {
+		t.Errorf("read %q, %v; want %q", got, err, "first second")
+	}
+	if st, err := r.Stat(); err != nil || st.Size() != int64(len("first second")) {
+		t.Errorf("fstat: %v, %v; want size %d", st, err, len("first second"))
+	}
+}
+
+// Another node renames a file open here lazily and puts a new file at its name: this node
+// never reads or stats the new file through its descriptor. Its data is the old file's
+// (the layout names the objects); what needs the metadata server fails with ESTALE, the
+// name no longer leading to the file (docs/mounts.md).
+func TestLazyOpenNeverFollowsARenamedName(t *testing.T) {
+	in := newCountedInstance(t)
+	a, b := in.mountAt(t, "cn1"), in.mountAt(t, "cn2")
+	p := lazyFile(t, a, "f", "old")
+	in.settle()
+	r, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if c := phaseCounts(in.settle()); len(c[0]) != 0 {
+		t.Fatalf("the open was not lazy: %v", c)
+	}
+	if err := os.Rename(filepath.Join(b.Path(), "f"), filepath.Join(b.Path(), "g")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(b.Path(), "f"), []byte("a new and longer file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAt(r)
+	t.Logf("read through the descriptor: %q, %v", got, err)
+	if err == nil && got != "old" {
+		t.Errorf("read %q through the renamed file's descriptor, want %q or an error", got, "old")
+	}
+	st, err := r.Stat()
+	t.Logf("fstat: %v, %v", st, err)
+	if err == nil && st.Size() != 3 {
+		t.Errorf("fstat gave size %d (the new file's?), want 3 or an error", st.Size())
+	} else if err != nil && !errors.Is(err, syscall.ESTALE) {
+		t.Errorf("fstat: %v, want ESTALE", err)
+	}
+	_, err = r.WriteAt([]byte("X"), 0)
+	t.Logf("write: %v", err)
+	if err == nil {
+		t.Errorf("a write through the descriptor succeeded: it must not reach the new file")
+	}
+	if got, err := os.ReadFile(filepath.Join(b.Path(), "f")); err != nil || string(got) != "a new and longer file" {
+		t.Errorf("the new file reads %q, %v", got, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(b.Path(), "g")); err != nil || string(got) != "old" {
+		t.Errorf("the renamed file reads %q, %v", got, err)
+	}
+}
+
+// This node removes a file it has open lazily: the descriptor goes on, as POSIX says (the
+// handle is opened on the metadata server before the name goes).
+func TestLazyOpenSurvivesOwnUnlink(t *testing.T) {
+	in := newCountedInstance(t)
+	m := in.mountAt(t, "cn1")
+	p := lazyFile(t, m, "tmp", "hello")
+	in.settle()
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if c := phaseCounts(in.settle()); len(c[0]) != 0 {
+		t.Fatalf("the open was not lazy: %v", c)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(" world"), 5); err != nil {
+		t.Fatalf("write after unlink: %v", err)
+	}
+	if got, err := readAt(f); err != nil || got != "hello world" {
+		t.Errorf("read after unlink %q, %v; want hello world", got, err)
+	}
+	if st, err := f.Stat(); err != nil || st.Size() != 11 {
+		t.Errorf("fstat after unlink: %v, %v; want size 11", st, err)
+	}
+}
