@@ -202,16 +202,18 @@ def build_ior(src, cache):
     return bindir, version
 
 
-def start_fuse_floor(raw, mountpoint, cgroup_procs):
-    """Builds bench/fusefloor and mounts raw again at mountpoint through it (its process in
-    the cgroup whose cgroup.procs is cgroup_procs); returns the process."""
+def start_fuse_floor(c, host, raw, mountpoint, cgroup_procs):
+    """Builds bench/fusefloor and mounts raw again at mountpoint through it, in host's mount
+    namespace (its process in the cgroup whose cgroup.procs is cgroup_procs); returns the
+    process."""
     here = os.path.dirname(os.path.abspath(__file__))
     exe = os.path.join(tempfile.mkdtemp(prefix="fusefloor-"), "fusefloor")
     r = sh("go", "build", "-o", exe, "./bench/fusefloor", check=False, cwd=os.path.dirname(here))
     if r.returncode != 0:
         sys.exit(f"building bench/fusefloor failed: {r.stdout}{r.stderr}")
     os.makedirs(mountpoint, exist_ok=True)
-    p = subprocess.Popen([exe, raw, mountpoint], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(["nsenter", "-t", str(c.procs[host].pid), "-m", "--", exe, raw, mountpoint],
+                         stdout=subprocess.PIPE, text=True)
     with open(cgroup_procs, "w") as f:
         f.write(str(p.pid))
     if p.stdout.readline().strip() != "mounted":
@@ -238,7 +240,9 @@ class Run:
         spill = target not in DAEMONS
         req0 = self.c.metrics(STORAGE, REQUESTS) if spill else {}
         u0 = self.groups.usage()
+        started = time.time()
         out = fn()
+        seconds = time.time() - started
         u1 = self.groups.usage()
         req1 = self.c.metrics(STORAGE, REQUESTS) if spill else {}
         if out is None:
@@ -251,8 +255,8 @@ class Run:
         client = work + sum(u1[g] - u0[g] for g in clients)
         server = sum(u1[g] - u0[g] for g in servers)
         requests = {k[0]: req1.get(k, 0) - req0.get(k, 0) for k in req1}
-        return {"value": figure, "units": units, "client": client, "server": server,
-                "requests": {k: v for k, v in requests.items() if v}}
+        return {"value": figure, "units": units, "client": client, "server": server, "started": started,
+                "seconds": seconds, "requests": {k: v for k, v in requests.items() if v}}
 
     def shell(self, target, script, what):
         """Runs script as the user in the workload's cgroup; returns its output, or None (recorded) on failure."""
@@ -491,7 +495,7 @@ def main():
                 mounts[key] = job_instance(c, work, str(200 + i), f"jobdw type=scratch {directive}")
         if "fuse" in targets:
             print("go-fuse loopback of the raw directory …", flush=True)
-            floor = start_fuse_floor(raw, os.path.join(work, "fuse-mount"), groups.procs("fuse-client"))
+            floor = start_fuse_floor(c, "c1", raw, os.path.join(work, "fuse-mount"), groups.procs("fuse-client"))
             mounts["fuse"] = os.path.join(work, "fuse-mount")
         if "gluster" in targets:
             print("GlusterFS, 4 bricks …", flush=True)
@@ -538,7 +542,7 @@ def main():
                 floor.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 floor.kill()
-                sh("umount", "-l", os.path.join(work, "fuse-mount"), check=False)
+                c.on("c1", f"umount -l {work}/fuse-mount", user=False)
         c.close()
         groups.close()
         if not a.dir:

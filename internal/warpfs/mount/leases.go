@@ -66,7 +66,8 @@ type leaseState struct {
 	// layouts are the stripe layouts of the striped files this mount created or opened (by
 	// inode number, from the replies): with the file's attributes in attrs, an open asks
 	// nothing (node.openLazily). Guarded by mu.
-	layouts map[uint64][]byte
+	layouts      map[uint64][]byte
+	layoutsSwept time.Time
 
 	// rootIno is the namespace root's inode number on the server (0: not known yet), rootKey
 	// the root node's own: the server's invalidations name the first (noteRoot). Guarded by
@@ -87,8 +88,9 @@ type cachedAttr struct {
 	until time.Time
 }
 
-// maxCachedAttrs bounds attrs and noCaps: past it, the entries run out are swept.
-const maxCachedAttrs = 4096
+// maxCachedAttrs bounds attrs, layouts and noCaps: past it, the entries run out are swept.
+// mdtest-easy's four ranks make 4,000 files within a lease.
+const maxCachedAttrs = 1 << 14
 
 // changeToken is a change of an inode by this mount, in flight.
 type changeToken struct {
@@ -196,7 +198,9 @@ func (ls *leaseState) noteLayout(ino uint64, layout []byte) {
 }
 
 func (ls *leaseState) noteLayoutLocked(ino uint64, layout []byte) {
-	if len(ls.layouts) >= maxCachedAttrs {
+	if now := time.Now(); len(ls.layouts) >= maxCachedAttrs && now.Sub(ls.layoutsSwept) > time.Second {
+		// At most a sweep a second: a full table of live entries is not scanned per create.
+		ls.layoutsSwept = now
 		for i := range ls.layouts {
 			if _, ok := ls.attrs[i]; !ok {
 				delete(ls.layouts, i)
