@@ -202,6 +202,16 @@ def build_ior(src, cache):
     return bindir, version
 
 
+def slab_drops():
+    """How many times the kernel's dentry and inode caches were dropped (drop_caches) since boot:
+    a phase during which another process dropped them finds no cached names."""
+    try:
+        with open("/proc/vmstat") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("drop_slab ")), 0)
+    except OSError:
+        return 0
+
+
 def start_fuse_floor(c, host, raw, mountpoint, cgroup_procs):
     """Builds bench/fusefloor and mounts raw again at mountpoint through it, in host's mount
     namespace (its process in the cgroup whose cgroup.procs is cgroup_procs); returns the
@@ -240,9 +250,11 @@ class Run:
         spill = target not in DAEMONS
         req0 = self.c.metrics(STORAGE, REQUESTS) if spill else {}
         u0 = self.groups.usage()
+        drops0 = slab_drops()
         started = time.time()
         out = fn()
         seconds = time.time() - started
+        drops = slab_drops() - drops0
         u1 = self.groups.usage()
         req1 = self.c.metrics(STORAGE, REQUESTS) if spill else {}
         if out is None:
@@ -256,7 +268,7 @@ class Run:
         server = sum(u1[g] - u0[g] for g in servers)
         requests = {k[0]: req1.get(k, 0) - req0.get(k, 0) for k in req1}
         return {"value": figure, "units": units, "client": client, "server": server, "started": started,
-                "seconds": seconds, "requests": {k: v for k, v in requests.items() if v}}
+                "seconds": seconds, "caches_dropped": drops, "requests": {k: v for k, v in requests.items() if v}}
 
     def shell(self, target, script, what):
         """Runs script as the user in the workload's cgroup; returns its output, or None (recorded) on failure."""
