@@ -547,7 +547,6 @@ func (c *Client) connect(ctx context.Context) (*conn, proto.Attr, error) {
 	nc.SetDeadline(time.Time{})
 	cn := &conn{c: c, nc: nc, br: br, version: ch.Version, pending: map[uint64]*waiter{}, done: make(chan struct{}),
 		lease: time.Duration(w.LeaseMillis) * time.Millisecond}
-	cn.bw = proto.NewBatchWriter(nc, func() { nc.SetWriteDeadline(time.Now().Add(c.lim.RequestTimeout)) })
 	now := time.Now().UnixNano()
 	cn.lastRecv.Store(now)
 	cn.lastSend.Store(now)
@@ -587,8 +586,7 @@ type conn struct {
 	version uint16        // the protocol version the server chose
 	lease   time.Duration // how long a leased reply may be cached (0: none)
 
-	// bw writes the requests of concurrent callers together (proto.BatchWriter).
-	bw *proto.BatchWriter
+	wmu sync.Mutex
 
 	mu      sync.Mutex
 	pending map[uint64]*waiter
@@ -711,7 +709,16 @@ func (cn *conn) abandon(id uint64, w *waiter, why error) error {
 }
 
 func (cn *conn) write(frame, data []byte) error {
-	err := cn.bw.Send(frame, data)
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
+	cn.nc.SetWriteDeadline(time.Now().Add(cn.c.lim.RequestTimeout))
+	var err error
+	if len(data) > 0 {
+		bufs := net.Buffers{frame, data}
+		_, err = bufs.WriteTo(cn.nc)
+	} else {
+		_, err = cn.nc.Write(frame)
+	}
 	cn.lastSend.Store(time.Now().UnixNano())
 	return err
 }

@@ -371,7 +371,6 @@ func (s *Server) serveConn(pc *pendingConn) {
 		"instance", sess.instance, "read_only", sess.v.readOnly)
 	c := &srvConn{s: s, nc: nc, br: br, sess: sess, sem: make(chan struct{}, s.lim.MaxInFlight),
 		version: sess.version, notified: map[uint64]chan struct{}{}}
-	c.bw = proto.NewBatchWriter(nc, func() { nc.SetWriteDeadline(time.Now().Add(s.lim.IdleTimeout)) })
 	if sess.leasing {
 		sess.lease.h, sess.lease.own = sess.lease.l.bind(sess.incarnation, c), c
 	}
@@ -697,8 +696,7 @@ type srvConn struct {
 	sess *session
 	sem  chan struct{}
 	wg   sync.WaitGroup
-	// bw writes the replies of concurrent requests together (proto.BatchWriter).
-	bw *proto.BatchWriter
+	wmu  sync.Mutex
 
 	version uint16 // the protocol version the handshake chose
 
@@ -846,7 +844,17 @@ func (c *srvConn) replyData(h proto.Header, data []byte) {
 }
 
 func (c *srvConn) send(frame, data []byte) {
-	if err := c.bw.Send(frame, data); err != nil {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.nc.SetWriteDeadline(time.Now().Add(c.s.lim.IdleTimeout))
+	var err error
+	if len(data) > 0 {
+		bufs := net.Buffers{frame, data}
+		_, err = bufs.WriteTo(c.nc)
+	} else {
+		_, err = c.nc.Write(frame)
+	}
+	if err != nil {
 		c.nc.Close() // the reader ends the connection
 	}
 }
