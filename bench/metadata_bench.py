@@ -421,6 +421,41 @@ def rows(ior):
     return r
 
 
+# Issue 21's targets: (phase, against GlusterFS (×, or at most × for a latency), against raw
+# (None: none)), for striped over 4 servers in its default mode.
+GOALS = [("easy_create", 4, None), ("easy_stat", 10, 0.25), ("easy_read", 10, 0.25), ("easy_remove", 4, None),
+         ("hard_create", 3, None), ("hard_stat", 10, None), ("randread", 3, 0.4), ("sync", 0.6, None),
+         ("iorhard_write", 3, None), ("iorhard_read", 3, None)]
+
+
+def targets_summary(med):
+    """Issue 21's targets against this run: s4 ÷ GlusterFS (and ÷ raw where the target names it),
+    met or not, and what the FUSE floor (the fuse target) reaches against GlusterFS: a target
+    above it cannot be met by any go-fuse client on this machine."""
+    s4, g, raw, floor = (med.get(t, {}) for t in ("s4", "gluster", "raw", "fuse"))
+    out = []
+    for key, vs_g, vs_raw in GOALS:
+        if key not in s4 or key not in g or not g[key]["value"]:
+            continue
+        latency = key == "sync"
+        r = s4[key]["value"] / g[key]["value"]
+        met = r <= vs_g if latency else r >= vs_g
+        text = f"{key.replace('_', ' ')} {r:.2f}× G (target {'≤' if latency else '≥'} {vs_g}×"
+        if vs_raw and key in raw and raw[key]["value"]:
+            rr = s4[key]["value"] / raw[key]["value"]
+            met = met and rr >= vs_raw
+            text += f", and ≥ {vs_raw}× raw: {rr:.2f}×"
+        text += ")"
+        if key in floor and floor[key]["value"]:
+            fr = floor[key]["value"] / g[key]["value"]
+            text += f", FUSE floor {fr:.2f}× G, s4 at {s4[key]['value'] / floor[key]['value']:.2f}× the floor"
+        out.append(("met: " if met else "missed: ") + text)
+    if not out:
+        return ""
+    return ("Issue 21's targets (striped over 4 servers, default mode, against GlusterFS on the same bricks; the FUSE "
+            "floor is the fuse target's figure against GlusterFS's):\n\n" + "".join(f"- {line}\n" for line in out))
+
+
 def request_cell(requests, per=1):
     """The requests of one operation ({op: requests per unit}, times per): the total, then by operation."""
     ops = sorted(((v * per, op) for op, v in requests.items() if v * per >= 0.05), reverse=True)
@@ -635,7 +670,8 @@ def main():
         breakdown += f"- {LABEL[t]}: " + ", ".join(f"{op.upper()} {v:.1f}" for op, v in ops if v >= 0.05) + "\n"
 
     failed = "".join(f"- {f}\n" for f in failures)
-    print("\n" + table + "\n\n" + rtable + "\n\n" + breakdown + ("\nFailures:\n" + failed if failed else ""))
+    goals = targets_summary(med)
+    print("\n" + table + "\n\n" + rtable + "\n\n" + breakdown + "\n" + goals + ("\nFailures:\n" + failed if failed else ""))
     print(f"\n{elapsed / 60:.1f} minutes; load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end")
     if a.no_write:
         return
@@ -677,6 +713,7 @@ def main():
         "Requests the storage agents answered per operation (spillway_warpfs_requests_total, transport remote, "
         "summed over s1-s4):\n\n"
         f"{rtable}\n\nBy operation, one {'mdtest-easy' if bindir else 'mdtest-easy-like'} file (all its phases):\n\n{breakdown}\n"
+        f"{goals}\n"
         + ("Failed runs (left out of the medians):\n\n" + failed + "\n" if failed else "")
         + "All storage nodes share this VM's one disk and its 2 cores with the client and the MPI ranks.\n"))
 
