@@ -4,8 +4,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 )
@@ -187,5 +190,43 @@ func TestLazyOpenSurvivesOwnUnlink(t *testing.T) {
 	}
 	if st, err := f.Stat(); err != nil || st.Size() != 11 {
 		t.Errorf("fstat after unlink: %v, %v; want size 11", st, err)
+	}
+}
+
+// Only the file's owner opens it lazily: for anyone else the kernel's check of the mode bits
+// may let in what an ACL on the server refuses, so the open asks the metadata server.
+func TestLazyOpenOnlyForTheOwner(t *testing.T) {
+	in := newCountedInstance(t)
+	m := in.mountAt(t, "cn1")
+	for d := filepath.Dir(m.Path()); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755) // the test's directories: uid 65534 reaches the mount
+	}
+	if err := os.Chmod(m.Path(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := lazyFile(t, m, "roots", "data") // root's, 0644
+	in.settle()
+	// Open it as uid 65534: FUSE names the caller by its file system uid (this thread's).
+	func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		unix.Setfsgid(65534)
+		unix.Setfsuid(65534)
+		defer unix.Setfsgid(0)
+		defer unix.Setfsuid(0)
+		fd, err := unix.Open(p, unix.O_RDONLY, 0)
+		if err != nil {
+			t.Fatalf("open as uid 65534: %v", err)
+		}
+		unix.Close(fd)
+	}()
+	if c := phaseCounts(in.settle()); c[0][proto.OpOpen] != 1 {
+		t.Errorf("an open by another user than the owner: want one OPEN on the metadata server: %v", c)
+	}
+	if f, err := os.Open(p); err == nil { // the owner's open stays lazy
+		f.Close()
+	}
+	if c := phaseCounts(in.settle()); len(c[0]) != 0 {
+		t.Errorf("the owner's open asked the metadata server: %v", c)
 	}
 }

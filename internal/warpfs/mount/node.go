@@ -528,7 +528,10 @@ func (n *node) openLazily(ctx context.Context, flags uint32) *fileHandle {
 	ls := be.leases
 	epoch := ls.sizeEpoch()
 	a, lease, layout, ok := ls.openable(n.StableAttr().Ino)
-	if !ok {
+	if uid, _ := caller(ctx); !ok || uid != a.UID {
+		// The owner only: the kernel checked the mode bits alone (default_permissions without
+		// POSIX ACLs), which are exact for the owner, where an ACL on the server may refuse
+		// another user that the mode bits let in. Others open on the server, as before.
 		return nil
 	}
 	l, err := stripe.Decode(layout)
