@@ -1001,9 +1001,17 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		if op == proto.OpTmpfile {
 			return opened(v.tmpfile(r, uid, gid))
 		}
-		m, n, errno := opened(v.create(r, uid, gid))
+		hd, attr, errno := v.create(r, uid, gid)
+		var dir *proto.Attr
+		if hd != nil {
+			dir, hd.dirAttr = hd.dirAttr, nil
+		}
+		m, n, errno := opened(hd, attr, errno)
 		if errno == 0 && s.dirAttrs() {
-			m.(*proto.OpenReply).Dir = v.dirAttr(r.Dir)
+			if dir == nil { // as the create left it, else asked now
+				dir = v.dirAttr(r.Dir)
+			}
+			m.(*proto.OpenReply).Dir = dir
 		}
 		return m, n, errno
 	case *proto.MkdirReq:
@@ -1020,7 +1028,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		if op == proto.OpRmdir {
 			return empty(errno)
 		}
-		if errno == 0 && s.dirAttrs() {
+		if errno != 0 || !s.dirAttrs() {
+			rep.Dir = nil
+		} else if rep.Dir == nil { // as the unlink left it, else asked now
 			rep.Dir = v.dirAttr(r.Dir)
 		}
 		return s.removedReply(rep), 0, errno

@@ -641,6 +641,12 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 		unix.Close(fd)
 		return nil, proto.Attr{}, errnoOf(err)
 	}
+	return v.finishOpenStat(fd, &st, flags, created, parent, uid, gid, mode, layout)
+}
+
+// finishOpenStat is finishOpen of a descriptor the caller has just stat'ed as st.
+func (v *volume) finishOpenStat(fd int, stp *unix.Stat_t, flags uint32, created bool, parent *unix.Stat_t, uid, gid, mode uint32, layout *stripe.Layout) (*handle, proto.Attr, syscall.Errno) {
+	st := *stp
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 	case syscall.S_IFDIR:
@@ -780,7 +786,7 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	created := true
 	l := v.lockDirOf(dirfd, &parent)
 	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
-	l.unlock()
+	dir := l.unlock()
 	if errors.Is(err, syscall.EEXIST) && r.Flags&unix.O_EXCL == 0 {
 		// Another client created it meanwhile: open it, and leave its owner alone.
 		created = false
@@ -793,7 +799,11 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	if created {
 		inheritKept(fd, dirfd) // its directory's kept stripe configuration (one server)
 	}
-	return v.finishOpen(fd, r.Flags, created, &parent, uid, gid, r.Mode, nil)
+	h, a, errno := v.finishOpen(fd, r.Flags, created, &parent, uid, gid, r.Mode, nil)
+	if h != nil {
+		h.dirAttr = dir
+	}
+	return h, a, errno
 }
 
 // tmpfile creates a file with no name (O_TMPFILE): its space is released when it is closed.
@@ -1133,17 +1143,23 @@ func (v *volume) lockDirOf(fd int, st *unix.Stat_t) *dirLock {
 	return l
 }
 
-// unlock settles the directory's footprint and unlocks it.
-func (l *dirLock) unlock() {
+// unlock settles the directory's footprint and unlocks it. It returns the directory's
+// attributes as the change left them (nil: not known), which a CREATE's or UNLINK's reply
+// carries (the stat it takes anyway: no second one for the reply).
+func (l *dirLock) unlock() *proto.Attr {
 	if l == nil {
-		return
+		return nil
 	}
 	var st unix.Stat_t
+	var a *proto.Attr
 	if unix.Fstat(l.fd, &st) == nil {
 		l.v.settle(0, l.before, usage.Footprint(&st))
+		at := toAttr(&st)
+		a = &at
 	}
 	l.in.sizeMu.Unlock()
 	l.v.inodes.put(l.in)
+	return a
 }
 
 // lockDirs locks two directories (once if they are the same) in a fixed order; unlock in
@@ -1152,7 +1168,7 @@ func (v *volume) lockDirs(a, b int) (unlock func()) {
 	var sa, sb unix.Stat_t
 	if unix.Fstat(a, &sa) != nil || unix.Fstat(b, &sb) != nil || keyOf(&sa) == keyOf(&sb) {
 		l := v.lockDir(a)
-		return l.unlock
+		return func() { l.unlock() }
 	}
 	ka, kb := keyOf(&sa), keyOf(&sb)
 	if kb.dev < ka.dev || kb.dev == ka.dev && kb.ino < ka.ino {
@@ -1226,7 +1242,7 @@ func (v *volume) unlink(r *proto.EntryReq, dir bool) (proto.RemovedReply, syscal
 	}
 	l := v.lockDir(dirfd)
 	err := unix.Unlinkat(dirfd, r.Name, 0)
-	l.unlock()
+	layout.Dir = l.unlock()
 	if isFile {
 		v.finish(rm, err == nil)
 	}
@@ -1818,6 +1834,9 @@ type handle struct {
 
 	layout    []byte // a striped file's layout, for the open's reply
 	truncated bool   // the open emptied the striped file (O_TRUNC)
+	// dirAttr is the directory's attributes as the create that made the file left them,
+	// for the CREATE's reply (nil: asked then).
+	dirAttr *proto.Attr
 
 	kernelWrites bool // the kernel writes through it itself (see volume.kernelWrites)
 
