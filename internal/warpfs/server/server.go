@@ -370,7 +370,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	s.log.Info("warpfs: client connected", "client", sess.client, "remote", nc.RemoteAddr().String(),
 		"instance", sess.instance, "read_only", sess.v.readOnly)
 	c := &srvConn{s: s, nc: nc, br: br, sess: sess, sem: make(chan struct{}, s.lim.MaxInFlight),
-		version: sess.version, notified: map[uint64]chan struct{}{}}
+		work: make(chan request), version: sess.version, notified: map[uint64]chan struct{}{}}
 	if sess.leasing {
 		sess.lease.h, sess.lease.own = sess.lease.l.bind(sess.incarnation, c), c
 	}
@@ -379,6 +379,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	c.closed = true
 	c.nmu.Unlock()
 	c.wg.Wait()
+	close(c.work) // the idle workers end
 	sess.lease.leave()
 	sess.closeAll()
 	sess.closeCache()
@@ -698,6 +699,13 @@ type srvConn struct {
 	wg   sync.WaitGroup
 	wmu  sync.Mutex
 
+	// work hands a request to a worker waiting idle (dispatch). Workers outlive their
+	// request: a new goroutine per request paid for its creation and, above all, for
+	// growing its stack to the handlers' depth at every request (a tenth of a create's CPU).
+	// There are at most MaxInFlight of them (each holds sem while it works, and one starts
+	// only when none is idle); they end with the connection.
+	work chan request
+
 	version uint16 // the protocol version the handshake chose
 
 	// The notifications sent (leases.go) and not yet answered.
@@ -762,7 +770,30 @@ func (c *srvConn) loop() error {
 		}
 		c.sem <- struct{}{}
 		c.wg.Add(1)
-		go c.handle(h, m, buf)
+		c.dispatch(request{h: h, m: m, buf: buf})
+	}
+}
+
+// request is a request read, for a worker.
+type request struct {
+	h   proto.Header
+	m   proto.Message
+	buf *ioBuf
+}
+
+// dispatch hands r to an idle worker, or starts one.
+func (c *srvConn) dispatch(r request) {
+	select {
+	case c.work <- r:
+	default:
+		go c.worker(r)
+	}
+}
+
+// worker handles r, then whatever dispatch hands it, until the connection ends.
+func (c *srvConn) worker(r request) {
+	for ok := true; ok; r, ok = <-c.work {
+		c.handle(r.h, r.m, r.buf)
 	}
 }
 
