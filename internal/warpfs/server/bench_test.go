@@ -184,3 +184,60 @@ func now() phase {
 	unix.Getrusage(unix.RUSAGE_SELF, &ru)
 	return phase{wall: time.Now(), cpu: ru.Utime.Nano() + ru.Stime.Nano()}
 }
+
+// The server's cost of a small stripe object written once by name (WRITE_NAME: created,
+// written and closed, as a striped file's first small write makes it on a data server) and
+// removed (UNLINK by name), against the raw open(O_CREAT), write, close and unlink.
+//
+//	SPILLWAY_BENCH_DIR=/dev/shm go test -run '^$' -bench 'WriteName' -benchtime 2000x -cpuprofile cpu.out ./internal/warpfs/server
+func BenchmarkWriteName(b *testing.B) {
+	if unix.Geteuid() != 0 {
+		b.Skip("objects are created as their caller: root only")
+	}
+	data := make([]byte, 3901) // mdtest-hard's files
+	b.Run("raw", func(b *testing.B) {
+		dir := benchDir(b)
+		names := benchNames(b.N)
+		b.ResetTimer()
+		start := now()
+		for i := 0; i < b.N; i++ {
+			fd, err := unix.Open(filepath.Join(dir, names[i]), unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := unix.Pwrite(fd, data, 0); err != nil {
+				b.Fatal(err)
+			}
+			unix.Close(fd)
+		}
+		created := now()
+		for i := 0; i < b.N; i++ {
+			if err := unix.Unlink(filepath.Join(dir, names[i])); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reportPhases(b, start, created)
+	})
+	b.Run("server", func(b *testing.B) {
+		l, err := OpenLocal(LocalOptions{Dir: benchDir(b), Tracker: usage.New("bench", 1<<40), Name: "bench", Stripes: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		names := benchNames(b.N)
+		b.ResetTimer()
+		start := now()
+		for i := 0; i < b.N; i++ {
+			if _, _, errno := l.Exec(proto.OpWriteName, 0, 0, &proto.WriteNameReq{Name: names[i], Data: data}, nil); errno != 0 {
+				b.Fatal(errno)
+			}
+		}
+		created := now()
+		for i := 0; i < b.N; i++ {
+			if _, _, errno := l.Exec(proto.OpUnlink, 0, 0, &proto.EntryReq{Name: names[i]}, nil); errno != 0 {
+				b.Fatal(errno)
+			}
+		}
+		reportPhases(b, start, created)
+	})
+}

@@ -1134,6 +1134,7 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			return nil, 0, errno
 		}
 		defer v.closeFile(hd)
+		hd.grows = true // a new object, most often (volume.write)
 		n, errno := v.write(hd, int64(len(r.Data)), int64(min(r.Offset, 1<<62)), uid, func(l int64) (int, error) {
 			return unix.Pwrite(hd.fd, r.Data[:l], int64(r.Offset))
 		})
@@ -1171,6 +1172,7 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			if e != 0 {
 				return nil, 0, e
 			}
+			hd.grows = true // a new object, most often (volume.write)
 			n, errno = writeSync(hd)
 			v.closeFile(hd)
 		}

@@ -587,10 +587,13 @@ func (v *volume) newFile(fd int, flags uint32, st *unix.Stat_t, orphan bool) *ha
 	in.sizeMu.Lock()
 	if !in.tracked {
 		// Its state now, under the lock: st may be older than another handle's last write
-		// and close, which the tracker counted.
-		var now unix.Stat_t
-		if unix.Fstat(fd, &now) == nil {
-			st = &now
+		// and close, which the tracker counted. Not an orphan's (a file made with no name,
+		// O_TMPFILE): nobody else can open it, st is its state.
+		if !orphan {
+			var now unix.Stat_t
+			if unix.Fstat(fd, &now) == nil {
+				st = &now
+			}
 		}
 		in.charged = usage.Footprint(st)
 		in.tracked = true
@@ -827,11 +830,7 @@ func (v *volume) createObject(dirfd int, parent *unix.Stat_t, r *proto.CreateReq
 	if err != nil {
 		return nil, proto.Attr{}, false, 0, false
 	}
-	t := &target{fd: fd, real: true}
-	if err := unix.Fstat(fd, &t.st); err != nil {
-		unix.Close(fd)
-		return nil, proto.Attr{}, false, errnoOf(err), true
-	}
+	t := &target{fd: fd, real: true, st: unix.Stat_t{Mode: syscall.S_IFREG}} // own stats it
 	v.own(t, parent, uid, gid, r.Mode)
 	v.tracker.Charge(usage.Footprint(&t.st)) // given back at its close if it is never linked (orphan)
 	h = v.newFile(fd, r.Flags, &t.st, true)
@@ -1448,6 +1447,9 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 
 	// Fast path: the write stays inside the file's footprint, which it then changes by a block
 	// at most (its last one, filling a hole). Its size cannot change meanwhile.
+	if h.grows {
+		return v.grow(h, t, off, length, caller, do)
+	}
 	in.sizeMu.RLock()
 	if err := unix.Fstat(h.fd, &t.st); err != nil {
 		in.sizeMu.RUnlock()
@@ -1471,7 +1473,14 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 		return max(w, 0), errnoOf(err)
 	}
 	in.sizeMu.RUnlock()
+	return v.grow(h, t, off, length, caller, do)
+}
 
+// grow is write's path for a write that may grow the file: under the exclusive lock, what it
+// adds reserved first.
+func (v *volume) grow(h *handle, t *target, off, length int64, caller uint32, do func(length int64) (int, error)) (int, syscall.Errno) {
+	in := h.in
+	end := off + length
 	in.sizeMu.Lock()
 	defer in.sizeMu.Unlock()
 	if err := unix.Fstat(h.fd, &t.st); err != nil {
@@ -1723,8 +1732,9 @@ func (v *volume) closeFile(h *handle) {
 		v.tracker.Release(in.charged)
 		in.charged = 0
 		unix.Close(h.fd)
-	} else if st.Blocks == 0 && st.Size == 0 && !h.kernelWrites {
-		// An empty file holds no blocks a close could trim (a create and release, a stub).
+	} else if !h.kernelWrites && uint64(st.Blocks)*512 <= roundUp(uint64(max(st.Size, 0)), uint64(max(st.Blksize, 512))) {
+		// No block past its end, which is all a close could trim (an empty file, a stub, a
+		// small object written once).
 		unix.Close(h.fd)
 	} else {
 		// The close itself may give blocks back: XFS trims what it preallocated past the end
@@ -1745,6 +1755,8 @@ func (v *volume) closeFile(h *handle) {
 	in.sizeMu.Unlock()
 	v.inodes.put(in)
 }
+
+func roundUp(n, to uint64) uint64 { return (n + to - 1) / to * to }
 
 // inodeKey identifies a file on the storage node.
 type inodeKey struct{ dev, ino uint64 }
@@ -1837,6 +1849,11 @@ type handle struct {
 	// dirAttr is the directory's attributes as the create that made the file left them,
 	// for the CREATE's reply (nil: asked then).
 	dirAttr *proto.Attr
+	// grows: the handle's one write most likely grows the file (a stripe object a WRITE_NAME
+	// creates, most often): it takes the path that may grow it at once, without the fast
+	// path's look at the size first (which that path takes again). Only the request that
+	// made the handle uses it.
+	grows bool
 
 	kernelWrites bool // the kernel writes through it itself (see volume.kernelWrites)
 
