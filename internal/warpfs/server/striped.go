@@ -215,10 +215,11 @@ func (v *volume) stubOf(t *target) (stripe.Layout, bool) {
 }
 
 // setLength changes a stub's logical size: to size, or (atLeast) to size if larger. Stripe
-// objects are the client's business; the stub's own size stays 0.
-func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
+// objects are the client's business; the stub's own size stays 0. It returns the logical size
+// it left.
+func (v *volume) setLength(t *target, size uint64, atLeast bool) (uint64, syscall.Errno) {
 	if v.maxFileSize > 0 && size > uint64(v.maxFileSize) || size > 1<<62 {
-		return syscall.EFBIG
+		return 0, syscall.EFBIG
 	}
 	in := v.inodes.get(keyOf(&t.st))
 	defer v.inodes.put(in)
@@ -226,19 +227,19 @@ func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
 	defer in.sizeMu.Unlock()
 	l, rec, ok := readStub(t.fd)
 	if !ok {
-		return syscall.EIO
+		return 0, syscall.EIO
 	}
 	if atLeast {
 		v.acct.sizeReported(size)
 	}
 	if atLeast && l.Length >= size || l.Length == size {
-		return 0
+		return l.Length, 0
 	}
 	l.Length = size
 	if !atLeast && in.stubWriters == 0 {
 		rec = nil // a truncate by name, not through a writer's handle: objects may follow
 	}
-	return writeStub(t.fd, l, rec)
+	return size, writeStub(t.fd, l, rec)
 }
 
 // removedLayout is the layout of the regular file dirfd/name if it is a striped stub, and

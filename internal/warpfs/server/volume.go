@@ -489,6 +489,7 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 			return proto.Attr{}, errno
 		}
 	}
+	length := int64(-1) // a stub's logical size as this request left it (-1: not changed)
 	if r.Valid&(proto.SetSize|proto.SetSizeAtLeast) != 0 {
 		switch {
 		case t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR:
@@ -497,9 +498,11 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 			return proto.Attr{}, syscall.EINVAL
 		}
 		if _, stub := v.stubOf(t); stub {
-			if errno := v.setLength(t, r.Size, r.Valid&proto.SetSize == 0); errno != 0 {
+			n, errno := v.setLength(t, r.Size, r.Valid&proto.SetSize == 0)
+			if errno != 0 {
 				return proto.Attr{}, errno
 			}
+			length = int64(n)
 			if r.Valid&proto.SetSize != 0 && r.Valid&(proto.SetMtime|proto.SetMtimeNow) == 0 {
 				r.Valid |= proto.SetMtimeNow // what truncate(2) does to a file's times
 			}
@@ -565,6 +568,11 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 	var st unix.Stat_t
 	if err := unix.Fstat(t.fd, &st); err != nil {
 		return proto.Attr{}, errnoOf(err)
+	}
+	if length >= 0 { // stubAttr, from the size just set (a size report: no read of it again)
+		a := toAttr(&st)
+		a.Size, a.Blocks = uint64(length), (uint64(length)+511)/512
+		return a, 0
 	}
 	return v.stubAttr(t.fd, &st), 0
 }
@@ -683,7 +691,7 @@ func (v *volume) finishOpenStat(fd int, stp *unix.Stat_t, flags uint32, created 
 		}
 		// The client truncates the objects of a striped file opened with O_TRUNC.
 		if !created && flags&unix.O_TRUNC != 0 && l.Length > 0 {
-			if errno := v.setLength(t, 0, false); errno != 0 {
+			if _, errno := v.setLength(t, 0, false); errno != 0 {
 				v.closeFile(h)
 				return nil, proto.Attr{}, errno
 			}
