@@ -73,8 +73,8 @@ func decodeStub(b []byte, err error) (stripe.Layout, []byte, bool) {
 }
 
 // readLayoutAt reads the layout of dirfd/name without opening it: through the directory's
-// descriptor (/proc/self/fd/N is the directory itself, not a path resolved again), and
-// without following name if it is a symbolic link (whose trusted attributes no user can set).
+// descriptor (lgetxattrAt: the directory itself, not a path resolved again), and without
+// following name if it is a symbolic link (whose trusted attributes no user can set).
 func readLayoutAt(dirfd int, name string) (stripe.Layout, bool) {
 	l, _, ok := readStubAt(dirfd, name)
 	return l, ok
@@ -82,7 +82,7 @@ func readLayoutAt(dirfd int, name string) (stripe.Layout, bool) {
 
 func readStubAt(dirfd int, name string) (stripe.Layout, []byte, bool) {
 	var buf [maxStub]byte
-	n, err := unix.Lgetxattr(procPath(dirfd)+"/"+name, LayoutXattr, buf[:])
+	n, err := lgetxattrAt(dirfd, name, LayoutXattr, buf[:])
 	return decodeStub(buf[:max(n, 0)], err)
 }
 
