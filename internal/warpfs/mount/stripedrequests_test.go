@@ -740,3 +740,41 @@ func TestRemovedFilesLeaveNoCapsRoom(t *testing.T) {
 		t.Errorf("%d GETXATTRs for %d new files written, want none", asked, files)
 	}
 }
+
+// A striped file's writes reach its metadata server as their size report at the close, with
+// the time of the change: another node sees the file's mtime move with its writes (the size
+// report asked for it, and the server took only the size).
+func TestStripedWritesMoveMtimeElsewhere(t *testing.T) {
+	in := newCountedInstance(t)
+	a := in.mountAt(t, "cn1")
+	b := in.mountAt(t, "cn2")
+	pa, pb := filepath.Join(a.Path(), "f"), filepath.Join(b.Path(), "f")
+	if err := os.WriteFile(pa, []byte("first"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	f, err := os.OpenFile(pa, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("and more"), 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Size() != 13 {
+		t.Errorf("size on the other node: %d, want 13", after.Size())
+	}
+	if !after.ModTime().After(before.ModTime()) {
+		t.Errorf("mtime on the other node after the writes and close: %v, was %v before them: want later", after.ModTime(), before.ModTime())
+	}
+}

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -532,7 +533,9 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 			return proto.Attr{}, errnoOf(err)
 		}
 	}
-	if r.Valid&(proto.SetAtime|proto.SetMtime) != 0 {
+	// A time "now" alone says to set it too: a striped file's size report asks for its mtime
+	// so (SetSizeAtLeast|SetMtimeNow), the kernel's utimensat(UTIME_NOW) with both bits.
+	if r.Valid&(proto.SetAtime|proto.SetMtime|proto.SetAtimeNow|proto.SetMtimeNow) != 0 {
 		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
 		set := func(i int, valid, now uint32, t proto.Timespec) {
 			switch {
@@ -547,7 +550,7 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 		var err error
 		if t.link() {
 			err = unix.UtimesNanoAt(t.dirfd, t.name, ts, unix.AT_SYMLINK_NOFOLLOW)
-		} else {
+		} else if err = futimens(t.fd, ts); err == unix.EBADF { // an O_PATH descriptor
 			err = unix.UtimesNanoAt(unix.AT_FDCWD, procPath(t.fd), ts, 0)
 		}
 		if err != nil {
@@ -1765,6 +1768,16 @@ func (v *volume) closeFile(h *handle) {
 }
 
 func roundUp(n, to uint64) uint64 { return (n + to - 1) / to * to }
+
+// futimens sets the times of the file open as fd (utimensat with no path): through the
+// descriptor, without a walk of /proc/self/fd. An O_PATH descriptor gets EBADF.
+func futimens(fd int, ts []unix.Timespec) error {
+	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
 
 // inodeKey identifies a file on the storage node.
 type inodeKey struct{ dev, ino uint64 }
