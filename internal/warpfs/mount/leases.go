@@ -77,7 +77,8 @@ type leaseState struct {
 	// noCaps are files this mount created, leased, which have no security.capability
 	// attribute: the kernel asks for it at each new file's first write (to drop file
 	// capabilities), and is answered ENODATA from here until the lease runs out, the inode's
-	// attributes change elsewhere (an invalidation) or this mount sets an attribute of it.
+	// attributes change elsewhere (an invalidation), this mount sets an attribute of it or
+	// the kernel forgets it (OnForget).
 	// Guarded by mu.
 	noCaps map[uint64]time.Time
 }
@@ -439,6 +440,9 @@ func (n *node) OnForget() {
 	}
 	if len(list) == 0 {
 		delete(ls.nodes, ino)
+		// The kernel asks no more of it; a file that takes its inode number later is not
+		// this one (and mdtest's thousands of removed files would fill the table).
+		delete(ls.noCaps, ino)
 	} else {
 		ls.nodes[ino] = list
 	}

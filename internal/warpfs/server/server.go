@@ -370,7 +370,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	s.log.Info("warpfs: client connected", "client", sess.client, "remote", nc.RemoteAddr().String(),
 		"instance", sess.instance, "read_only", sess.v.readOnly)
 	c := &srvConn{s: s, nc: nc, br: br, sess: sess, sem: make(chan struct{}, s.lim.MaxInFlight),
-		version: sess.version, notified: map[uint64]chan struct{}{}}
+		work: make(chan request), version: sess.version, notified: map[uint64]chan struct{}{}}
 	if sess.leasing {
 		sess.lease.h, sess.lease.own = sess.lease.l.bind(sess.incarnation, c), c
 	}
@@ -379,6 +379,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	c.closed = true
 	c.nmu.Unlock()
 	c.wg.Wait()
+	close(c.work) // the idle workers end
 	sess.lease.leave()
 	sess.closeAll()
 	sess.closeCache()
@@ -698,6 +699,13 @@ type srvConn struct {
 	wg   sync.WaitGroup
 	wmu  sync.Mutex
 
+	// work hands a request to a worker waiting idle (dispatch). Workers outlive their
+	// request: a new goroutine per request paid for its creation and, above all, for
+	// growing its stack to the handlers' depth at every request (a tenth of a create's CPU).
+	// There are at most MaxInFlight of them (each holds sem while it works, and one starts
+	// only when none is idle); they end with the connection.
+	work chan request
+
 	version uint16 // the protocol version the handshake chose
 
 	// The notifications sent (leases.go) and not yet answered.
@@ -762,7 +770,30 @@ func (c *srvConn) loop() error {
 		}
 		c.sem <- struct{}{}
 		c.wg.Add(1)
-		go c.handle(h, m, buf)
+		c.dispatch(request{h: h, m: m, buf: buf})
+	}
+}
+
+// request is a request read, for a worker.
+type request struct {
+	h   proto.Header
+	m   proto.Message
+	buf *ioBuf
+}
+
+// dispatch hands r to an idle worker, or starts one.
+func (c *srvConn) dispatch(r request) {
+	select {
+	case c.work <- r:
+	default:
+		go c.worker(r)
+	}
+}
+
+// worker handles r, then whatever dispatch hands it, until the connection ends.
+func (c *srvConn) worker(r request) {
+	for ok := true; ok; r, ok = <-c.work {
+		c.handle(r.h, r.m, r.buf)
 	}
 }
 
@@ -1001,9 +1032,17 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		if op == proto.OpTmpfile {
 			return opened(v.tmpfile(r, uid, gid))
 		}
-		m, n, errno := opened(v.create(r, uid, gid))
+		hd, attr, errno := v.create(r, uid, gid)
+		var dir *proto.Attr
+		if hd != nil {
+			dir, hd.dirAttr = hd.dirAttr, nil
+		}
+		m, n, errno := opened(hd, attr, errno)
 		if errno == 0 && s.dirAttrs() {
-			m.(*proto.OpenReply).Dir = v.dirAttr(r.Dir)
+			if dir == nil { // as the create left it, else asked now
+				dir = v.dirAttr(r.Dir)
+			}
+			m.(*proto.OpenReply).Dir = dir
 		}
 		return m, n, errno
 	case *proto.MkdirReq:
@@ -1020,7 +1059,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		if op == proto.OpRmdir {
 			return empty(errno)
 		}
-		if errno == 0 && s.dirAttrs() {
+		if errno != 0 || !s.dirAttrs() {
+			rep.Dir = nil
+		} else if rep.Dir == nil { // as the unlink left it, else asked now
 			rep.Dir = v.dirAttr(r.Dir)
 		}
 		return s.removedReply(rep), 0, errno
@@ -1093,6 +1134,7 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			return nil, 0, errno
 		}
 		defer v.closeFile(hd)
+		hd.grows = true // a new object, most often (volume.write)
 		n, errno := v.write(hd, int64(len(r.Data)), int64(min(r.Offset, 1<<62)), uid, func(l int64) (int, error) {
 			return unix.Pwrite(hd.fd, r.Data[:l], int64(r.Offset))
 		})
@@ -1130,6 +1172,7 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			if e != 0 {
 				return nil, 0, e
 			}
+			hd.grows = true // a new object, most often (volume.write)
 			n, errno = writeSync(hd)
 			v.closeFile(hd)
 		}

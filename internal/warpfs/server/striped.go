@@ -21,6 +21,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
 // LayoutXattr holds a stub's or a directory's layout. The agent sets it on a striped
@@ -45,9 +46,14 @@ func readLayout(fd int) (stripe.Layout, bool) {
 
 // readStub reads the layout of the node open as fd and, for a file's stub, the record of
 // where its objects are that follows it in the attribute (ObjectsRecord; nil: none).
+// A real descriptor is read through itself; an O_PATH one, which the f* calls refuse (EBADF),
+// by its /proc name (a walk of /proc/self/fd/N: a create and its release pay several).
 func readStub(fd int) (stripe.Layout, []byte, bool) {
 	var buf [maxStub]byte
-	n, err := unix.Getxattr(procPath(fd), LayoutXattr, buf[:])
+	n, err := unix.Fgetxattr(fd, LayoutXattr, buf[:])
+	if err == unix.EBADF {
+		n, err = unix.Getxattr(procPath(fd), LayoutXattr, buf[:])
+	}
 	return decodeStub(buf[:max(n, 0)], err)
 }
 
@@ -67,8 +73,8 @@ func decodeStub(b []byte, err error) (stripe.Layout, []byte, bool) {
 }
 
 // readLayoutAt reads the layout of dirfd/name without opening it: through the directory's
-// descriptor (/proc/self/fd/N is the directory itself, not a path resolved again), and
-// without following name if it is a symbolic link (whose trusted attributes no user can set).
+// descriptor (lgetxattrAt: the directory itself, not a path resolved again), and without
+// following name if it is a symbolic link (whose trusted attributes no user can set).
 func readLayoutAt(dirfd int, name string) (stripe.Layout, bool) {
 	l, _, ok := readStubAt(dirfd, name)
 	return l, ok
@@ -76,7 +82,7 @@ func readLayoutAt(dirfd int, name string) (stripe.Layout, bool) {
 
 func readStubAt(dirfd int, name string) (stripe.Layout, []byte, bool) {
 	var buf [maxStub]byte
-	n, err := unix.Lgetxattr(procPath(dirfd)+"/"+name, LayoutXattr, buf[:])
+	n, err := lgetxattrAt(dirfd, name, LayoutXattr, buf[:])
 	return decodeStub(buf[:max(n, 0)], err)
 }
 
@@ -87,8 +93,14 @@ func writeLayout(fd int, l stripe.Layout) syscall.Errno {
 }
 
 // writeStub writes a stub's layout and the record of its objects (nil: none, unknown).
+// As readStub, through the descriptor itself unless it is an O_PATH one.
 func writeStub(fd int, l stripe.Layout, rec []byte) syscall.Errno {
-	return errnoOf(unix.Setxattr(procPath(fd), LayoutXattr, append(l.Encode(), rec...), 0))
+	b := append(l.Encode(), rec...)
+	err := unix.Fsetxattr(fd, LayoutXattr, b, 0)
+	if err == unix.EBADF {
+		err = unix.Setxattr(procPath(fd), LayoutXattr, b, 0)
+	}
+	return errnoOf(err)
 }
 
 // newFileID is a file's object name: random, so that no two files of an instance share
@@ -131,11 +143,8 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 	if err != nil {
 		return nil, proto.Attr{}, false, errnoOf(err)
 	}
-	t := &target{fd: fd, real: true}
-	if err := unix.Fstat(fd, &t.st); err != nil {
-		unix.Close(fd)
-		return nil, proto.Attr{}, false, errnoOf(err)
-	}
+	// A regular file: own stats it (after its owner is set), no need to before.
+	t := &target{fd: fd, real: true, st: unix.Stat_t{Mode: syscall.S_IFREG}}
 	v.own(t, parent, uid, gid, r.Mode)
 	layout, _, errno := v.layoutFor(fd, dirfd, !writes(r.Flags) && r.Flags&unix.O_TRUNC == 0)
 	if errno != 0 {
@@ -144,12 +153,18 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 	}
 	l := v.lockDirOf(dirfd, parent)
 	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
-	l.unlock()
+	dir := l.unlock()
 	if err == nil {
-		if fp, _, err := footprintOf(fd); err == nil {
-			v.tracker.Charge(fp) // its layout's attribute, if it takes a block
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return nil, proto.Attr{}, true, errnoOf(err)
 		}
-		h, a, errno = v.finishOpen(fd, r.Flags, false, nil, 0, 0, 0, &layout)
+		v.tracker.Charge(usage.Footprint(&st)) // its layout's attribute, if it takes a block
+		h, a, errno = v.finishOpenStat(fd, &st, r.Flags, false, nil, 0, 0, 0, &layout)
+		if h != nil {
+			h.dirAttr = dir
+		}
 		return h, a, true, errno
 	}
 	unix.Close(fd)
@@ -200,10 +215,11 @@ func (v *volume) stubOf(t *target) (stripe.Layout, bool) {
 }
 
 // setLength changes a stub's logical size: to size, or (atLeast) to size if larger. Stripe
-// objects are the client's business; the stub's own size stays 0.
-func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
+// objects are the client's business; the stub's own size stays 0. It returns the logical size
+// it left.
+func (v *volume) setLength(t *target, size uint64, atLeast bool) (uint64, syscall.Errno) {
 	if v.maxFileSize > 0 && size > uint64(v.maxFileSize) || size > 1<<62 {
-		return syscall.EFBIG
+		return 0, syscall.EFBIG
 	}
 	in := v.inodes.get(keyOf(&t.st))
 	defer v.inodes.put(in)
@@ -211,19 +227,19 @@ func (v *volume) setLength(t *target, size uint64, atLeast bool) syscall.Errno {
 	defer in.sizeMu.Unlock()
 	l, rec, ok := readStub(t.fd)
 	if !ok {
-		return syscall.EIO
+		return 0, syscall.EIO
 	}
 	if atLeast {
 		v.acct.sizeReported(size)
 	}
 	if atLeast && l.Length >= size || l.Length == size {
-		return 0
+		return l.Length, 0
 	}
 	l.Length = size
 	if !atLeast && in.stubWriters == 0 {
 		rec = nil // a truncate by name, not through a writer's handle: objects may follow
 	}
-	return writeStub(t.fd, l, rec)
+	return size, writeStub(t.fd, l, rec)
 }
 
 // removedLayout is the layout of the regular file dirfd/name if it is a striped stub, and

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -489,6 +490,7 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 			return proto.Attr{}, errno
 		}
 	}
+	length := int64(-1) // a stub's logical size as this request left it (-1: not changed)
 	if r.Valid&(proto.SetSize|proto.SetSizeAtLeast) != 0 {
 		switch {
 		case t.st.Mode&syscall.S_IFMT == syscall.S_IFDIR:
@@ -497,9 +499,11 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 			return proto.Attr{}, syscall.EINVAL
 		}
 		if _, stub := v.stubOf(t); stub {
-			if errno := v.setLength(t, r.Size, r.Valid&proto.SetSize == 0); errno != 0 {
+			n, errno := v.setLength(t, r.Size, r.Valid&proto.SetSize == 0)
+			if errno != 0 {
 				return proto.Attr{}, errno
 			}
+			length = int64(n)
 			if r.Valid&proto.SetSize != 0 && r.Valid&(proto.SetMtime|proto.SetMtimeNow) == 0 {
 				r.Valid |= proto.SetMtimeNow // what truncate(2) does to a file's times
 			}
@@ -529,7 +533,9 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 			return proto.Attr{}, errnoOf(err)
 		}
 	}
-	if r.Valid&(proto.SetAtime|proto.SetMtime) != 0 {
+	// A time "now" alone says to set it too: a striped file's size report asks for its mtime
+	// so (SetSizeAtLeast|SetMtimeNow), the kernel's utimensat(UTIME_NOW) with both bits.
+	if r.Valid&(proto.SetAtime|proto.SetMtime|proto.SetAtimeNow|proto.SetMtimeNow) != 0 {
 		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
 		set := func(i int, valid, now uint32, t proto.Timespec) {
 			switch {
@@ -544,7 +550,7 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 		var err error
 		if t.link() {
 			err = unix.UtimesNanoAt(t.dirfd, t.name, ts, unix.AT_SYMLINK_NOFOLLOW)
-		} else {
+		} else if err = futimens(t.fd, ts); err == unix.EBADF { // an O_PATH descriptor
 			err = unix.UtimesNanoAt(unix.AT_FDCWD, procPath(t.fd), ts, 0)
 		}
 		if err != nil {
@@ -565,6 +571,11 @@ func (v *volume) setattr(r *proto.SetattrReq, h *handle, caller uint32) (proto.A
 	var st unix.Stat_t
 	if err := unix.Fstat(t.fd, &st); err != nil {
 		return proto.Attr{}, errnoOf(err)
+	}
+	if length >= 0 { // stubAttr, from the size just set (a size report: no read of it again)
+		a := toAttr(&st)
+		a.Size, a.Blocks = uint64(length), (uint64(length)+511)/512
+		return a, 0
 	}
 	return v.stubAttr(t.fd, &st), 0
 }
@@ -587,10 +598,13 @@ func (v *volume) newFile(fd int, flags uint32, st *unix.Stat_t, orphan bool) *ha
 	in.sizeMu.Lock()
 	if !in.tracked {
 		// Its state now, under the lock: st may be older than another handle's last write
-		// and close, which the tracker counted.
-		var now unix.Stat_t
-		if unix.Fstat(fd, &now) == nil {
-			st = &now
+		// and close, which the tracker counted. Not an orphan's (a file made with no name,
+		// O_TMPFILE): nobody else can open it, st is its state.
+		if !orphan {
+			var now unix.Stat_t
+			if unix.Fstat(fd, &now) == nil {
+				st = &now
+			}
 		}
 		in.charged = usage.Footprint(st)
 		in.tracked = true
@@ -641,6 +655,12 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 		unix.Close(fd)
 		return nil, proto.Attr{}, errnoOf(err)
 	}
+	return v.finishOpenStat(fd, &st, flags, created, parent, uid, gid, mode, layout)
+}
+
+// finishOpenStat is finishOpen of a descriptor the caller has just stat'ed as st.
+func (v *volume) finishOpenStat(fd int, stp *unix.Stat_t, flags uint32, created bool, parent *unix.Stat_t, uid, gid, mode uint32, layout *stripe.Layout) (*handle, proto.Attr, syscall.Errno) {
+	st := *stp
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 	case syscall.S_IFDIR:
@@ -674,7 +694,7 @@ func (v *volume) finishOpen(fd int, flags uint32, created bool, parent *unix.Sta
 		}
 		// The client truncates the objects of a striped file opened with O_TRUNC.
 		if !created && flags&unix.O_TRUNC != 0 && l.Length > 0 {
-			if errno := v.setLength(t, 0, false); errno != 0 {
+			if _, errno := v.setLength(t, 0, false); errno != 0 {
 				v.closeFile(h)
 				return nil, proto.Attr{}, errno
 			}
@@ -780,7 +800,7 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	created := true
 	l := v.lockDirOf(dirfd, &parent)
 	fd, err := unix.Openat(dirfd, r.Name, base|unix.O_CREAT|unix.O_EXCL, r.Mode&0o7777)
-	l.unlock()
+	dir := l.unlock()
 	if errors.Is(err, syscall.EEXIST) && r.Flags&unix.O_EXCL == 0 {
 		// Another client created it meanwhile: open it, and leave its owner alone.
 		created = false
@@ -793,7 +813,11 @@ func (v *volume) create(r *proto.CreateReq, uid, gid uint32) (*handle, proto.Att
 	if created {
 		inheritKept(fd, dirfd) // its directory's kept stripe configuration (one server)
 	}
-	return v.finishOpen(fd, r.Flags, created, &parent, uid, gid, r.Mode, nil)
+	h, a, errno := v.finishOpen(fd, r.Flags, created, &parent, uid, gid, r.Mode, nil)
+	if h != nil {
+		h.dirAttr = dir
+	}
+	return h, a, errno
 }
 
 // tmpfile creates a file with no name (O_TMPFILE): its space is released when it is closed.
@@ -817,11 +841,7 @@ func (v *volume) createObject(dirfd int, parent *unix.Stat_t, r *proto.CreateReq
 	if err != nil {
 		return nil, proto.Attr{}, false, 0, false
 	}
-	t := &target{fd: fd, real: true}
-	if err := unix.Fstat(fd, &t.st); err != nil {
-		unix.Close(fd)
-		return nil, proto.Attr{}, false, errnoOf(err), true
-	}
+	t := &target{fd: fd, real: true, st: unix.Stat_t{Mode: syscall.S_IFREG}} // own stats it
 	v.own(t, parent, uid, gid, r.Mode)
 	v.tracker.Charge(usage.Footprint(&t.st)) // given back at its close if it is never linked (orphan)
 	h = v.newFile(fd, r.Flags, &t.st, true)
@@ -1133,17 +1153,23 @@ func (v *volume) lockDirOf(fd int, st *unix.Stat_t) *dirLock {
 	return l
 }
 
-// unlock settles the directory's footprint and unlocks it.
-func (l *dirLock) unlock() {
+// unlock settles the directory's footprint and unlocks it. It returns the directory's
+// attributes as the change left them (nil: not known), which a CREATE's or UNLINK's reply
+// carries (the stat it takes anyway: no second one for the reply).
+func (l *dirLock) unlock() *proto.Attr {
 	if l == nil {
-		return
+		return nil
 	}
 	var st unix.Stat_t
+	var a *proto.Attr
 	if unix.Fstat(l.fd, &st) == nil {
 		l.v.settle(0, l.before, usage.Footprint(&st))
+		at := toAttr(&st)
+		a = &at
 	}
 	l.in.sizeMu.Unlock()
 	l.v.inodes.put(l.in)
+	return a
 }
 
 // lockDirs locks two directories (once if they are the same) in a fixed order; unlock in
@@ -1152,7 +1178,7 @@ func (v *volume) lockDirs(a, b int) (unlock func()) {
 	var sa, sb unix.Stat_t
 	if unix.Fstat(a, &sa) != nil || unix.Fstat(b, &sb) != nil || keyOf(&sa) == keyOf(&sb) {
 		l := v.lockDir(a)
-		return l.unlock
+		return func() { l.unlock() }
 	}
 	ka, kb := keyOf(&sa), keyOf(&sb)
 	if kb.dev < ka.dev || kb.dev == ka.dev && kb.ino < ka.ino {
@@ -1226,7 +1252,7 @@ func (v *volume) unlink(r *proto.EntryReq, dir bool) (proto.RemovedReply, syscal
 	}
 	l := v.lockDir(dirfd)
 	err := unix.Unlinkat(dirfd, r.Name, 0)
-	l.unlock()
+	layout.Dir = l.unlock()
 	if isFile {
 		v.finish(rm, err == nil)
 	}
@@ -1432,6 +1458,9 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 
 	// Fast path: the write stays inside the file's footprint, which it then changes by a block
 	// at most (its last one, filling a hole). Its size cannot change meanwhile.
+	if h.grows {
+		return v.grow(h, t, off, length, caller, do)
+	}
 	in.sizeMu.RLock()
 	if err := unix.Fstat(h.fd, &t.st); err != nil {
 		in.sizeMu.RUnlock()
@@ -1455,7 +1484,14 @@ func (v *volume) write(h *handle, length, off int64, caller uint32, do func(leng
 		return max(w, 0), errnoOf(err)
 	}
 	in.sizeMu.RUnlock()
+	return v.grow(h, t, off, length, caller, do)
+}
 
+// grow is write's path for a write that may grow the file: under the exclusive lock, what it
+// adds reserved first.
+func (v *volume) grow(h *handle, t *target, off, length int64, caller uint32, do func(length int64) (int, error)) (int, syscall.Errno) {
+	in := h.in
+	end := off + length
 	in.sizeMu.Lock()
 	defer in.sizeMu.Unlock()
 	if err := unix.Fstat(h.fd, &t.st); err != nil {
@@ -1707,8 +1743,9 @@ func (v *volume) closeFile(h *handle) {
 		v.tracker.Release(in.charged)
 		in.charged = 0
 		unix.Close(h.fd)
-	} else if st.Blocks == 0 && st.Size == 0 && !h.kernelWrites {
-		// An empty file holds no blocks a close could trim (a create and release, a stub).
+	} else if !h.kernelWrites && uint64(st.Blocks)*512 <= roundUp(uint64(max(st.Size, 0)), uint64(max(st.Blksize, 512))) {
+		// No block past its end, which is all a close could trim (an empty file, a stub, a
+		// small object written once).
 		unix.Close(h.fd)
 	} else {
 		// The close itself may give blocks back: XFS trims what it preallocated past the end
@@ -1728,6 +1765,18 @@ func (v *volume) closeFile(h *handle) {
 	}
 	in.sizeMu.Unlock()
 	v.inodes.put(in)
+}
+
+func roundUp(n, to uint64) uint64 { return (n + to - 1) / to * to }
+
+// futimens sets the times of the file open as fd (utimensat with no path): through the
+// descriptor, without a walk of /proc/self/fd. An O_PATH descriptor gets EBADF.
+func futimens(fd int, ts []unix.Timespec) error {
+	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // inodeKey identifies a file on the storage node.
@@ -1818,6 +1867,14 @@ type handle struct {
 
 	layout    []byte // a striped file's layout, for the open's reply
 	truncated bool   // the open emptied the striped file (O_TRUNC)
+	// dirAttr is the directory's attributes as the create that made the file left them,
+	// for the CREATE's reply (nil: asked then).
+	dirAttr *proto.Attr
+	// grows: the handle's one write most likely grows the file (a stripe object a WRITE_NAME
+	// creates, most often): it takes the path that may grow it at once, without the fast
+	// path's look at the size first (which that path takes again). Only the request that
+	// made the handle uses it.
+	grows bool
 
 	kernelWrites bool // the kernel writes through it itself (see volume.kernelWrites)
 
