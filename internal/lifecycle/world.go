@@ -123,6 +123,10 @@ type Elsewhere struct {
 	// RunningStages are the stages running, or being started, that this world does not
 	// count itself: stage.max_running holds over every session (Step).
 	RunningStages int
+	// InJobStages are, by session, the in-job stages (libdatawarp's, dwcli stage's) this
+	// world does not hold: a request recording in-job stages loads only those of the paths it
+	// names, and counts the others for stage.max_job_stages (ApplyCheckedInJobStages).
+	InJobStages map[ID]int
 }
 
 // NodeShare is what fragments add up to on one node.
