@@ -26,7 +26,7 @@ import (
 // (SetDecodedLimit); past it, it forgets every parent.
 type Children[T any] struct {
 	mu      sync.Mutex
-	clone   func(*T) *T
+	copy    func(dst, src *T) // a deep copy
 	src     any    // the engine of version
 	version uint64 // the children are the state of this version
 	tx      uint64 // the transaction synced last (its serial)
@@ -45,8 +45,15 @@ type childSet[T any] struct {
 	dirty map[string]bool
 }
 
-func newChildren[T any](clone func(*T) *T) *Children[T] {
-	return &Children[T]{clone: clone, parents: map[string]*childSet[T]{}, owner: map[string]string{}}
+func newChildren[T any](copy func(dst, src *T)) *Children[T] {
+	return &Children[T]{copy: copy, parents: map[string]*childSet[T]{}, owner: map[string]string{}}
+}
+
+// clone is a deep copy of o.
+func (c *Children[T]) clone(o *T) *T {
+	d := new(T)
+	c.copy(d, o)
+	return d
 }
 
 // Hits counts the listings answered from the cache (wholly or with the few children written
@@ -193,15 +200,19 @@ func (t IDTable[T]) childrenCached(tx *Tx, prefix string, keep func(*T) bool) ([
 		}
 		slices.Sort(set.order)
 	}
-	n := len(set.order)
-	if keep != nil {
-		n = 0
-	}
-	out := make([]*T, 0, n)
+	kept := make([]*T, 0, len(set.order))
 	for _, k := range set.order {
 		if o := set.rows[k]; keep == nil || keep(o) {
-			out = append(out, c.clone(o))
+			kept = append(kept, o)
 		}
+	}
+	// The copies in one allocation: a session's hundreds of stages are copied at every
+	// decision on it.
+	copies := make([]T, len(kept))
+	out := make([]*T, len(kept))
+	for i, o := range kept {
+		c.copy(&copies[i], o)
+		out[i] = &copies[i]
 	}
 	return out, true, nil
 }
@@ -221,11 +232,11 @@ func filter[T any](objs []*T, keep func(*T) bool) []*T {
 }
 
 // childrenKept keeps t's children by parent (Children); t has one parent.
-func childrenKept[T any](t IDTable[T], clone func(*T) *T) IDTable[T] {
+func childrenKept[T any](t IDTable[T], copy func(dst, src *T)) IDTable[T] {
 	if len(t.parents) != 1 {
 		panic("store: Children keeps the children of a table with one parent")
 	}
-	t.children = newChildren(clone)
+	t.children = newChildren(copy)
 	return t
 }
 

@@ -356,7 +356,7 @@ var (
 	// Their decoded records are kept (Decoded): every decision on a session reads them all.
 	// And each session's, as committed (Children): a write transaction reads again only
 	// those written since.
-	Stages = childrenKept(decodedBy(counted(childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID }), countRunningStages), cloneStage), cloneStage)
+	Stages = childrenKept(decodedBy(counted(childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID }), countRunningStages), cloneStage), copyStage)
 	// StageHistory keeps finished stages after their sessions went (stage.history of them).
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Usage is the data path's counters per fragment (accounting), by fragment id.
