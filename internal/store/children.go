@@ -27,9 +27,9 @@ import (
 type Children[T any] struct {
 	mu      sync.Mutex
 	copy    func(dst, src *T) // a deep copy
-	src     any    // the engine of version
-	version uint64 // the children are the state of this version
-	tx      uint64 // the transaction synced last (its serial)
+	src     any               // the engine of version
+	version uint64            // the children are the state of this version
+	tx      uint64            // the transaction synced last (its serial)
 	parents map[string]*childSet[T]
 	owner   map[string]string // a child's key → its parent's prefix (one parent a table: Stages)
 	records int               // held, over every parent
