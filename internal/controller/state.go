@@ -236,6 +236,9 @@ func loadSessionsWorld(tx *store.Tx, ids []int64, now time.Time, nodeTimeout tim
 			return nil, err
 		}
 	}
+	// Looked up by parent through an index: a step walks a session's stages several times
+	// (each walk a sort of hundreds), and the index is built once per new object.
+	w.Index()
 	return w, countElsewhere(tx, w)
 }
 
