@@ -106,6 +106,19 @@ type queuedEffect struct {
 	wg      *sync.WaitGroup
 }
 
+// dueNow splits the due index: the sessions due by now, and the earliest due time still to
+// come (zero: none).
+func dueNow(due map[int64]time.Time, now time.Time) (selected []int64, wake time.Time) {
+	for id, at := range due {
+		if !at.After(now) {
+			selected = append(selected, id)
+		} else if wake.IsZero() || at.Before(wake) {
+			wake = at
+		}
+	}
+	return selected, wake
+}
+
 // runOnce returns how soon a skipped effect (a stage poll not yet due) wants another pass;
 // 0 when none.
 func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Duration {
@@ -115,6 +128,30 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	var wake time.Time // the earliest due time still to come
 	var touched map[int64]bool
 	changed := false
+	if c.swept.Load() {
+		// Most wake-ups find nothing to decide (an outcome already stepped its session): seen
+		// in a read, beside the writers, they cost no turn of the write transaction the
+		// requests wait for. Whatever is marked due after this read wakes the executor again.
+		idle := false
+		err := c.store.View(ctx, func(tx *store.Tx) error {
+			due, err := store.DueSessions(tx)
+			if err != nil {
+				return err
+			}
+			var selected []int64
+			selected, wake = dueNow(due, c.now())
+			idle = len(c.unparked(selected)) == 0
+			return nil
+		})
+		if err == nil && idle {
+			c.metrics.passOver(nil, 0, false)
+			c.flushAccounting(ctx)
+			if wake.IsZero() {
+				return 0
+			}
+			return max(wake.Sub(c.now()), time.Millisecond)
+		}
+	}
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		due, err := store.DueSessions(tx)
@@ -122,14 +159,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 			return err
 		}
 		var selected []int64
-		wake = time.Time{}
-		for id, at := range due {
-			if !at.After(now) {
-				selected = append(selected, id)
-			} else if wake.IsZero() || at.Before(wake) {
-				wake = at
-			}
-		}
+		selected, wake = dueNow(due, now)
 		whole = !c.swept.Load()
 		if !whole {
 			if selected = c.unparked(selected); len(selected) == 0 {
@@ -533,6 +563,12 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 	}
 	if !isPoll(e) {
 		crashpoint.Hit("after-effect:" + e.Op)
+	}
+	if lifecycle.PollSaysNothingNew(w, e, r) {
+		// A running stage as the pass saw it: recording it would change nothing, and its
+		// transaction (a session's load and step) is one the requests would wait for. The
+		// passes keep polling it.
+		return
 	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
 	var touched map[int64]bool
