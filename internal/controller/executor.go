@@ -564,10 +564,10 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 	if !isPoll(e) {
 		crashpoint.Hit("after-effect:" + e.Op)
 	}
-	if lifecycle.PollSaysNothingNew(w, e, r) {
-		// A running stage as the pass saw it: recording it would change nothing, and its
-		// transaction (a session's load and step) is one the requests would wait for. The
-		// passes keep polling it.
+	if lifecycle.PollSaysNothingNew(w, e, r) && c.pollSaysNothingNew(ctx, e, r) {
+		// The running stage as it is recorded: recording the answer would change nothing,
+		// and its transaction (a session's load and step) is one the requests would wait
+		// for. The passes keep polling it.
 		return
 	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
@@ -618,6 +618,25 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		// Polls are paced by the passes (dispatch's pacing needs their wake-up).
 		c.dispatch(ctx, q.wg, recorded, next, true, c.now(), false)
 	}
+}
+
+// pollSaysNothingNew is lifecycle.PollSaysNothingNew on the stage as recorded now (read
+// beside the writers), not as the pass that sent the poll saw it: a poll that failed since
+// left a retry count that this answer must clear. Only this poll's outcome can change the
+// stage's counts and retries meanwhile (one effect per object at a time); a request that
+// ends it meanwhile leaves nothing for the answer to change either.
+func (c *Controller) pollSaysNothingNew(ctx context.Context, e lifecycle.Effect, r lifecycle.Result) bool {
+	var st *model.Stage
+	if err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		st, err = store.Stages.Get(tx, e.Ref.ID)
+		return err
+	}); err != nil {
+		return false
+	}
+	w := lifecycle.NewWorld()
+	w.Stages[st.ID] = st
+	return lifecycle.PollSaysNothingNew(w, e, r)
 }
 
 // nodeFaults is an agent whose errors may be no fault of its node (a remote agent's client,
