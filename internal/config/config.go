@@ -360,6 +360,9 @@ type Stage struct {
 	CopyBufferSize    Size     `toml:"copy_buffer_size"`    // buffer of one copy when the kernel cannot copy itself
 	MaxWarnings       int      `toml:"max_warnings"`        // warnings kept per stage; later ones are counted
 	WorkerStderrLimit Size     `toml:"worker_stderr_limit"` // a worker's standard error kept to explain a crash
+	// WorkerNice is the nice value stage workers run at (0 to 19; 0: the agent's own): copies
+	// yield the CPU to the data path and the requests sharing the node.
+	WorkerNice int `toml:"worker_nice"`
 
 	// History is how many finished stages the controller keeps after their sessions went
 	// (dwstat stages, GET /dw/v1/stage_history), the newest; 0 keeps none.
@@ -627,6 +630,7 @@ func Defaults() Config {
 			CopyBufferSize:     Size(1 << 20),
 			MaxWarnings:        100,
 			WorkerStderrLimit:  Size(16 << 10),
+			WorkerNice:         10,
 		},
 		Agent: Agent{
 			SSDPath:              "/var/lib/spillway/ssd",
@@ -900,6 +904,9 @@ func (c *Config) Validate() error {
 	positive("stage.copy_buffer_size", int64(c.Stage.CopyBufferSize))
 	positive("stage.max_warnings", int64(c.Stage.MaxWarnings))
 	positive("stage.worker_stderr_limit", int64(c.Stage.WorkerStderrLimit))
+	if c.Stage.WorkerNice < 0 || c.Stage.WorkerNice > 19 {
+		problems = append(problems, fmt.Sprintf("stage.worker_nice = %d: give a nice value from 0 (stage workers run at the agent's priority) to 19 (the lowest)", c.Stage.WorkerNice))
+	}
 	positive("home.idle_timeout", int64(c.Home.IdleTimeout))
 	positive("home.start_timeout", int64(c.Home.StartTimeout))
 	positive("home.stop_timeout", int64(c.Home.StopTimeout))

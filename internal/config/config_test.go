@@ -262,3 +262,22 @@ func TestCacheSection(t *testing.T) {
 		t.Fatalf("got %+v\nwant %+v", c.Cache, want)
 	}
 }
+
+// stage.worker_nice is a nice value a process may lower itself to: 0 to 19, 10 by default;
+// anything else is refused naming the key and the range.
+func TestStageWorkerNice(t *testing.T) {
+	if n := Defaults().Stage.WorkerNice; n != 10 {
+		t.Errorf("stage.worker_nice defaults to %d, want 10", n)
+	}
+	for text, want := range map[string]int{"[stage]\nworker_nice = 0\n": 0, "[stage]\nworker_nice = 19\n": 19} {
+		cfg, err := Parse([]byte(text), "nice", Defaults())
+		if err != nil || cfg.Stage.WorkerNice != want {
+			t.Errorf("%q: %d %v, want %d", text, cfg.Stage.WorkerNice, err, want)
+		}
+	}
+	for _, text := range []string{"[stage]\nworker_nice = -5\n", "[stage]\nworker_nice = 20\n"} {
+		if _, err := Parse([]byte(text), "nice", Defaults()); err == nil || !strings.Contains(err.Error(), "stage.worker_nice") || !strings.Contains(err.Error(), "from 0") {
+			t.Errorf("%q: %v, want a refusal naming stage.worker_nice and its range", text, err)
+		}
+	}
+}

@@ -341,15 +341,21 @@ func (c *Controller) viewSharedOf(ctx context.Context, tables []string) (*lifecy
 	var w *lifecycle.World
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		var err error
-		if !tx.Versioned() {
-			w, err = loadWorld(tx, c.now(), c.cfg.Controller.NodeTimeout.D())
-			return err
-		}
 		if w, err = loadNodesAndPools(tx, c.now(), c.cfg.Controller.NodeTimeout.D()); err != nil {
 			return err
 		}
+		// A read that cannot tell its version (a commit was under way when it took its
+		// snapshot, as often in a burst of calls, or an engine that does not number its
+		// commits) reads the tables asked for from the store: still not the others (it read
+		// the whole state, every stage of every session, at each in-job stage call).
+		versioned := tx.Versioned()
 		for _, t := range tables {
-			if err := c.listInto(tx, w, t); err != nil {
+			if versioned {
+				err = c.listInto(tx, w, t)
+			} else {
+				err = loadTableInto(tx, w, t)
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -437,13 +443,19 @@ func (c *Controller) decideOn(ctx context.Context, token string, more []string, 
 // decideOnTx is decideOn whose fn also gets the transaction (to read more, never to write:
 // what it decides is persisted from the world's changes).
 func (c *Controller) decideOnTx(ctx context.Context, token string, more []string, crashName string, fn func(tx *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
+	return c.decideOnWhere(ctx, token, more, nil, crashName, fn)
+}
+
+// decideOnWhere is decideOnTx whose session world holds only the stages keep keeps (nil:
+// all; a whole world holds all).
+func (c *Controller) decideOnWhere(ctx context.Context, token string, more []string, keep stageFilter, crashName string, fn func(tx *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error) error {
 	var touched map[int64]bool
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		var w *lifecycle.World
 		var err error
 		if token != "" {
-			if w, err = loadSessionWorld(tx, token, now, c.cfg.Controller.NodeTimeout.D(), more...); err != nil {
+			if w, err = loadSessionWorldWhere(tx, token, now, c.cfg.Controller.NodeTimeout.D(), keep, more...); err != nil {
 				return err
 			}
 			if s := w.SessionByToken(token); s != nil && (s.Persistent || lifecycle.NeedsWhole(w, now)) {
@@ -564,7 +576,14 @@ func (c *Controller) JobStages(ctx context.Context, token string, reqs []lifecyc
 	if err := lifecycle.CheckInJobStages(reqs, c.cfg.Stage.MaxPathsPerRequest); err != nil {
 		return err
 	}
-	return c.decideOn(ctx, token, nil, "request-persisted:job_stages", func(w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
+	// The decision reads the stages of the paths asked about, and counts the session's other
+	// in-job stages (stage.max_job_stages): a call costs the same in a session of thousands.
+	paths := make(map[string]bool, len(reqs))
+	for _, r := range reqs {
+		paths["$"+r.DWVar+r.DWPath] = true
+	}
+	keep := func(st *model.Stage) bool { return st.InJob && paths[st.DWPath] }
+	return c.decideOnWhere(ctx, token, nil, keep, "request-persisted:job_stages", func(_ *store.Tx, w *lifecycle.World, ids lifecycle.IDSource, now time.Time) error {
 		return lifecycle.ApplyCheckedInJobStages(w, token, reqs, c.cfg.Stage.MaxJobStages, ids, now)
 	})
 }

@@ -106,6 +106,19 @@ type queuedEffect struct {
 	wg      *sync.WaitGroup
 }
 
+// dueNow splits the due index: the sessions due by now, and the earliest due time still to
+// come (zero: none).
+func dueNow(due map[int64]time.Time, now time.Time) (selected []int64, wake time.Time) {
+	for id, at := range due {
+		if !at.After(now) {
+			selected = append(selected, id)
+		} else if wake.IsZero() || at.Before(wake) {
+			wake = at
+		}
+	}
+	return selected, wake
+}
+
 // runOnce returns how soon a skipped effect (a stage poll not yet due) wants another pass;
 // 0 when none.
 func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Duration {
@@ -115,6 +128,30 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 	var wake time.Time // the earliest due time still to come
 	var touched map[int64]bool
 	changed := false
+	if c.swept.Load() {
+		// Most wake-ups find nothing to decide (an outcome already stepped its session): seen
+		// in a read, beside the writers, they cost no turn of the write transaction the
+		// requests wait for. Whatever is marked due after this read wakes the executor again.
+		idle := false
+		err := c.store.View(ctx, func(tx *store.Tx) error {
+			due, err := store.DueSessions(tx)
+			if err != nil {
+				return err
+			}
+			var selected []int64
+			selected, wake = dueNow(due, c.now())
+			idle = len(c.unparked(selected)) == 0
+			return nil
+		})
+		if err == nil && idle {
+			c.metrics.passOver(nil, 0, false)
+			c.flushAccounting(ctx)
+			if wake.IsZero() {
+				return 0
+			}
+			return max(wake.Sub(c.now()), time.Millisecond)
+		}
+	}
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		now := c.now()
 		due, err := store.DueSessions(tx)
@@ -122,14 +159,7 @@ func (c *Controller) runOnce(ctx context.Context, wg *sync.WaitGroup) time.Durat
 			return err
 		}
 		var selected []int64
-		wake = time.Time{}
-		for id, at := range due {
-			if !at.After(now) {
-				selected = append(selected, id)
-			} else if wake.IsZero() || at.Before(wake) {
-				wake = at
-			}
-		}
+		selected, wake = dueNow(due, now)
 		whole = !c.swept.Load()
 		if !whole {
 			if selected = c.unparked(selected); len(selected) == 0 {
@@ -534,6 +564,12 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 	if !isPoll(e) {
 		crashpoint.Hit("after-effect:" + e.Op)
 	}
+	if lifecycle.PollSaysNothingNew(w, e, r) && c.pollSaysNothingNew(ctx, e, r) {
+		// The running stage as it is recorded: recording the answer would change nothing,
+		// and its transaction (a session's load and step) is one the requests would wait
+		// for. The passes keep polling it.
+		return
+	}
 	drained := "" // the reason, when this outcome drained the node (auto-drain)
 	var touched map[int64]bool
 	var recorded *lifecycle.World // the world the outcome was recorded in
@@ -582,6 +618,25 @@ func (c *Controller) perform(ctx context.Context, q queuedEffect) {
 		// Polls are paced by the passes (dispatch's pacing needs their wake-up).
 		c.dispatch(ctx, q.wg, recorded, next, true, c.now(), false)
 	}
+}
+
+// pollSaysNothingNew is lifecycle.PollSaysNothingNew on the stage as recorded now (read
+// beside the writers), not as the pass that sent the poll saw it: a poll that failed since
+// left a retry count that this answer must clear. Only this poll's outcome can change the
+// stage's counts and retries meanwhile (one effect per object at a time); a request that
+// ends it meanwhile leaves nothing for the answer to change either.
+func (c *Controller) pollSaysNothingNew(ctx context.Context, e lifecycle.Effect, r lifecycle.Result) bool {
+	var st *model.Stage
+	if err := c.store.View(ctx, func(tx *store.Tx) error {
+		var err error
+		st, err = store.Stages.Get(tx, e.Ref.ID)
+		return err
+	}); err != nil {
+		return false
+	}
+	w := lifecycle.NewWorld()
+	w.Stages[st.ID] = st
+	return lifecycle.PollSaysNothingNew(w, e, r)
 }
 
 // nodeFaults is an agent whose errors may be no fault of its node (a remote agent's client,

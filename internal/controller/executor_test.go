@@ -8,6 +8,8 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
+	"github.com/spillway-hpc/spillway/internal/model"
+	"github.com/spillway-hpc/spillway/internal/store"
 )
 
 // gatedAgent is the rig's real agent with its fragment creations held at a gate: each
@@ -200,5 +202,38 @@ func TestAnEffectsOutcomeStartsTheSessionsNextEffect(t *testing.T) {
 	st, err := r.c.Status(context.Background(), "57", lifecycle.PhaseSetup)
 	if err != nil || !st.Done {
 		t.Fatalf("setup after its fragment's creation, with no pass since: %+v %v", st, err)
+	}
+}
+
+// A poll's answer that says nothing new of a running stage skips its outcome's transaction
+// only when the stage as recorded holds what the answer says: after a failed poll (a retry
+// count and an error recorded since the pass that sent this one saw the stage), the answer
+// is news, and is recorded to clear them.
+func TestPollSkippedOnlyWhenTheRecordedStageHoldsItsAnswer(t *testing.T) {
+	r := newAcctRig(t)
+	ctx := context.Background()
+	running := &model.Stage{ID: 41, SessionID: 9, Direction: "in", Type: "file", Status: model.StageRunning,
+		FilesTotal: 1, BytesTotal: 4096, InJob: true}
+	put := func(st *model.Stage) {
+		t.Helper()
+		if err := r.st.Update(ctx, func(tx *store.Tx) error { return store.Stages.Put(tx, st) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll := lifecycle.Effect{Op: lifecycle.OpPollStage, Ref: lifecycle.Ref{Kind: lifecycle.KindStage, ID: 41}, Node: "ssd1", Stage: agentapi.StageSpec{ID: 41}}
+	answer := lifecycle.Result{Stage: agentapi.StageStatus{ID: 41, Known: true, Status: model.StageRunning, FilesTotal: 1, BytesTotal: 4096}}
+	put(running)
+	if !r.c.pollSaysNothingNew(ctx, poll, answer) {
+		t.Errorf("an answer the recorded stage holds is news")
+	}
+	failed := *running
+	failed.State.Attempts, failed.State.Error = 1, "poll-stage: connection refused"
+	put(&failed)
+	if r.c.pollSaysNothingNew(ctx, poll, answer) {
+		t.Errorf("an answer after a failed poll was recorded is said to be nothing new: the retry count would stay")
+	}
+	gone := lifecycle.Effect{Op: lifecycle.OpPollStage, Ref: lifecycle.Ref{Kind: lifecycle.KindStage, ID: 42}, Node: "ssd1"}
+	if r.c.pollSaysNothingNew(ctx, gone, answer) {
+		t.Errorf("a poll of a stage no longer recorded is said to be nothing new")
 	}
 }

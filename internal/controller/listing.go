@@ -111,6 +111,30 @@ func (c *Controller) listInto(tx *store.Tx, w *lifecycle.World, table string) er
 	return fmt.Errorf("listing: no table %q to read", table)
 }
 
+// loadTableInto is listInto from the store, without the listings' cache: objects of the
+// caller's own.
+func loadTableInto(tx *store.Tx, w *lifecycle.World, table string) error {
+	switch table {
+	case "sessions":
+		return loadInto(tx, store.Sessions, w.Sessions, func(o *model.Session) int64 { return o.ID })
+	case "instances":
+		return loadInto(tx, store.Instances, w.Instances, func(o *model.Instance) int64 { return o.ID })
+	case "configurations":
+		return loadInto(tx, store.Configurations, w.Configurations, func(o *model.Configuration) int64 { return o.ID })
+	case "fragments":
+		return loadInto(tx, store.Fragments, w.Fragments, func(o *model.Fragment) int64 { return o.ID })
+	case "namespaces":
+		return loadInto(tx, store.Namespaces, w.Namespaces, func(o *model.Namespace) int64 { return o.ID })
+	case "registrations":
+		return loadInto(tx, store.Registrations, w.Registrations, func(o *model.Registration) int64 { return o.ID })
+	case "activations":
+		return loadInto(tx, store.Activations, w.Activations, func(o *model.Activation) int64 { return o.ID })
+	case "stages":
+		return loadInto(tx, store.Stages, w.Stages, func(o *model.Stage) int64 { return o.ID })
+	}
+	return fmt.Errorf("listing: no table %q to read", table)
+}
+
 func sharedInto[T any](tx *store.Tx, cache *store.Shared, table store.IDTable[T], into map[int64]*T, id func(*T) int64) error {
 	all, err := table.ListShared(tx, cache)
 	if err != nil {

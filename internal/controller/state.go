@@ -51,11 +51,21 @@ func loadWorld(tx *store.Tx, now time.Time, nodeTimeout time.Duration) (*lifecyc
 // Paths, the ownership checks and the requests on jobs answer from it. A missing token gives
 // a world without it; more are other sessions to hold (a setup's persistent instances).
 func loadSessionWorld(tx *store.Tx, token string, now time.Time, nodeTimeout time.Duration, more ...string) (*lifecycle.World, error) {
+	return loadSessionWorldWhere(tx, token, now, nodeTimeout, nil, more...)
+}
+
+// stageFilter picks the stages a decision reads (nil: all). It reads what it is given and
+// keeps nothing of it (store.IDTable.ChildrenWhere).
+type stageFilter func(*model.Stage) bool
+
+// loadSessionWorldWhere is loadSessionWorld holding only the stages keep keeps: the in-job
+// stages it leaves out are counted in the world's Elsewhere.InJobStages.
+func loadSessionWorldWhere(tx *store.Tx, token string, now time.Time, nodeTimeout time.Duration, keep stageFilter, more ...string) (*lifecycle.World, error) {
 	w, err := loadNodesAndPools(tx, now, nodeTimeout)
 	if err != nil {
 		return nil, err
 	}
-	if err := addTokens(tx, w, append([]string{token}, more...)); err != nil {
+	if err := addTokensWhere(tx, w, append([]string{token}, more...), keep); err != nil {
 		return nil, err
 	}
 	return w, countElsewhere(tx, w)
@@ -71,6 +81,11 @@ func readSessionWorld(tx *store.Tx, token string) (*lifecycle.World, error) {
 
 // addTokens adds the sessions of tokens (those that exist) with addSession.
 func addTokens(tx *store.Tx, w *lifecycle.World, tokens []string) error {
+	return addTokensWhere(tx, w, tokens, nil)
+}
+
+// addTokensWhere is addTokens with the stages keep keeps (addSessionWhere).
+func addTokensWhere(tx *store.Tx, w *lifecycle.World, tokens []string, keep stageFilter) error {
 	for _, t := range tokens {
 		s, err := store.SessionByToken(tx, t)
 		if store.IsNotFound(err) {
@@ -80,7 +95,7 @@ func addTokens(tx *store.Tx, w *lifecycle.World, tokens []string) error {
 			return err
 		}
 		if w.Sessions[s.ID] == nil {
-			if err := addSession(tx, w, s); err != nil {
+			if err := addSessionWhere(tx, w, s, keep); err != nil {
 				return err
 			}
 		}
@@ -183,7 +198,7 @@ func countElsewhere(tx *store.Tx, w *lifecycle.World) error {
 		}
 	}
 	w.Elsewhere = lifecycle.Elsewhere{Sessions: max(0, t.Sessions-len(w.Sessions)), Nodes: map[string]lifecycle.NodeShare{},
-		RunningStages: max(0, t.RunningStages-running)}
+		RunningStages: max(0, t.RunningStages-running), InJobStages: w.Elsewhere.InJobStages}
 	for node, n := range t.Nodes {
 		w.Elsewhere.Nodes[node] = lifecycle.NodeShare{Grains: n.Grains, Fragments: n.Fragments}
 	}
@@ -221,12 +236,20 @@ func loadSessionsWorld(tx *store.Tx, ids []int64, now time.Time, nodeTimeout tim
 			return nil, err
 		}
 	}
+	// Looked up by parent through an index: a step walks a session's stages several times
+	// (each walk a sort of hundreds), and the index is built once per new object.
+	w.Index()
 	return w, countElsewhere(tx, w)
 }
 
 // addSession adds a session, its objects, and the persistent instances it uses with theirs.
 func addSession(tx *store.Tx, w *lifecycle.World, s *model.Session) error {
-	if err := loadSessionObjects(tx, w, s); err != nil {
+	return addSessionWhere(tx, w, s, nil)
+}
+
+// addSessionWhere is addSession with the stages keep keeps (loadSessionObjectsWhere).
+func addSessionWhere(tx *store.Tx, w *lifecycle.World, s *model.Session, keep stageFilter) error {
+	if err := loadSessionObjectsWhere(tx, w, s, keep); err != nil {
 		return err
 	}
 	for _, name := range s.Uses {
@@ -240,7 +263,7 @@ func addSession(tx *store.Tx, w *lifecycle.World, s *model.Session) error {
 		if w.Sessions[ps.ID] != nil {
 			continue
 		}
-		if err := loadSessionObjects(tx, w, ps); err != nil {
+		if err := loadSessionObjectsWhere(tx, w, ps, keep); err != nil {
 			return err
 		}
 	}
@@ -249,6 +272,12 @@ func addSession(tx *store.Tx, w *lifecycle.World, s *model.Session) error {
 
 // loadSessionObjects adds a session and its objects to w (by the child index).
 func loadSessionObjects(tx *store.Tx, w *lifecycle.World, s *model.Session) error {
+	return loadSessionObjectsWhere(tx, w, s, nil)
+}
+
+// loadSessionObjectsWhere is loadSessionObjects with the stages keep keeps (nil: all); the
+// in-job stages it leaves out are counted in w.Elsewhere.InJobStages.
+func loadSessionObjectsWhere(tx *store.Tx, w *lifecycle.World, s *model.Session, keep stageFilter) error {
 	w.Sessions[s.ID] = s
 	if err := childrenInto(tx, store.Registrations, lifecycle.KindSession, s.ID, w.Registrations, func(o *model.Registration) int64 { return o.ID }); err != nil {
 		return err
@@ -256,8 +285,33 @@ func loadSessionObjects(tx *store.Tx, w *lifecycle.World, s *model.Session) erro
 	if err := childrenInto(tx, store.Activations, lifecycle.KindSession, s.ID, w.Activations, func(o *model.Activation) int64 { return o.ID }); err != nil {
 		return err
 	}
-	if err := childrenInto(tx, store.Stages, lifecycle.KindSession, s.ID, w.Stages, func(o *model.Stage) int64 { return o.ID }); err != nil {
-		return err
+	if keep == nil {
+		if err := childrenInto(tx, store.Stages, lifecycle.KindSession, s.ID, w.Stages, func(o *model.Stage) int64 { return o.ID }); err != nil {
+			return err
+		}
+	} else {
+		left := 0
+		stages, err := store.Stages.ChildrenWhere(tx, lifecycle.KindSession, s.ID, func(st *model.Stage) bool {
+			if keep(st) {
+				return true
+			}
+			if st.InJob {
+				left++
+			}
+			return false
+		})
+		if err != nil {
+			return err
+		}
+		for _, st := range stages {
+			w.Stages[st.ID] = st
+		}
+		if left > 0 {
+			if w.Elsewhere.InJobStages == nil {
+				w.Elsewhere.InJobStages = map[int64]int{}
+			}
+			w.Elsewhere.InJobStages[s.ID] += left
+		}
 	}
 	instances, err := store.Instances.ChildrenOf(tx, lifecycle.KindSession, s.ID)
 	if err != nil {

@@ -259,6 +259,7 @@ func StageLimits(cfg config.Config) stage.Limits {
 		MaxLineBytes:     int(cfg.Stage.WorkerOutputLimit),
 		MaxWarnings:      cfg.Stage.MaxWarnings,
 		MaxStderrBytes:   int(cfg.Stage.WorkerStderrLimit),
+		Nice:             cfg.Stage.WorkerNice,
 		AllowRoot:        cfg.Stage.AllowRoot,
 	}
 }

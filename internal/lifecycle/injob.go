@@ -155,7 +155,7 @@ func ApplyCheckedInJobStages(w *World, token string, reqs []InJobStage, maxHeld 
 	if len(reqs) == 0 {
 		return userErr("stage: no stage requests given")
 	}
-	held := 0
+	held := w.Elsewhere.InJobStages[s.ID]
 	byPath := map[string][]*model.Stage{}
 	for _, st := range w.StagesOf(s.ID) {
 		if st.InJob {

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -835,6 +836,32 @@ func cancelPending(w *World, s *model.Session, st *model.Stage, now time.Time) [
 	return []Effect{{Op: OpCancelStage, Ref: Ref{KindStage, st.ID}, Node: node, Stage: agentapi.StageSpec{ID: st.ID}}}
 }
 
+// stageStatusAsKnown reports whether an agent's answer about a running stage says nothing
+// the stage does not hold already: still running, the same counts and warnings, no retry
+// under way. applyStageStatus then changes nothing.
+func stageStatusAsKnown(st *model.Stage, ss agentapi.StageStatus) bool {
+	warnings := st.Warnings
+	if len(ss.Warnings) > 0 {
+		warnings = ss.Warnings[:min(len(ss.Warnings), maxStageWarnings)]
+	}
+	return ss.Known && ss.Status == model.StageRunning && st.Status == model.StageRunning &&
+		st.FilesTotal == ss.FilesTotal && st.FilesDone == ss.FilesDone &&
+		st.BytesTotal == ss.BytesTotal && st.BytesDone == ss.BytesDone &&
+		slices.Equal(warnings, st.Warnings) && st.State.Attempts == 0 && st.State.Error == ""
+}
+
+// PollSaysNothingNew reports whether Complete(w, e, r) would change nothing: e is a poll of a
+// running stage (not a part of a split one) that w holds, answered without error with what
+// the stage holds already. The executor then records nothing (no write transaction, which
+// the requests would wait for).
+func PollSaysNothingNew(w *World, e Effect, r Result) bool {
+	if e.Op != OpPollStage || e.Part > 0 || r.Err != nil {
+		return false
+	}
+	st := w.Stages[e.Ref.ID]
+	return st != nil && stageStatusAsKnown(st, r.Stage)
+}
+
 func applyStageStatus(w *World, st *model.Stage, ss agentapi.StageStatus, p Params, now time.Time) {
 	if !ss.Known {
 		// The agent restarted and lost the stage: start it again, a bounded number of times.
@@ -846,6 +873,9 @@ func applyStageStatus(w *World, st *model.Stage, ss agentapi.StageStatus, p Para
 		st.FilesDone, st.BytesDone = 0, 0
 		w.put(st)
 		return
+	}
+	if stageStatusAsKnown(st, ss) {
+		return // no news: nothing to write (most polls of a short stage)
 	}
 	st.FilesTotal, st.FilesDone = ss.FilesTotal, ss.FilesDone
 	st.BytesTotal, st.BytesDone = ss.BytesTotal, ss.BytesDone

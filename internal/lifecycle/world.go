@@ -15,6 +15,7 @@
 package lifecycle
 
 import (
+	"cmp"
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"slices"
 	"sort"
@@ -108,7 +109,7 @@ func byParent[T any](m map[ID]*T, parent, id func(*T) ID) map[ID][]*T {
 		out[parent(o)] = append(out[parent(o)], o)
 	}
 	for _, list := range out {
-		sort.Slice(list, func(i, j int) bool { return id(list[i]) < id(list[j]) })
+		slices.SortFunc(list, func(a, b *T) int { return cmp.Compare(id(a), id(b)) })
 	}
 	return out
 }
@@ -123,6 +124,10 @@ type Elsewhere struct {
 	// RunningStages are the stages running, or being started, that this world does not
 	// count itself: stage.max_running holds over every session (Step).
 	RunningStages int
+	// InJobStages are, by session, the in-job stages (libdatawarp's, dwcli stage's) this
+	// world does not hold: a request recording in-job stages loads only those of the paths it
+	// names, and counts the others for stage.max_job_stages (ApplyCheckedInJobStages).
+	InJobStages map[ID]int
 }
 
 // NodeShare is what fragments add up to on one node.
@@ -485,7 +490,9 @@ func matching[T any](m map[ID]*T, keep func(*T) bool, id func(*T) ID) []*T {
 			out = append(out, o)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return id(out[i]) < id(out[j]) })
+	// slices.SortFunc: sort.Slice's reflection cost most of a session's walk (hundreds of
+	// stages, walked several times a decision).
+	slices.SortFunc(out, func(a, b *T) int { return cmp.Compare(id(a), id(b)) })
 	return out
 }
 
@@ -494,7 +501,7 @@ func sortedIDs[T any](m map[ID]T) []ID {
 	for id := range m {
 		ids = append(ids, id)
 	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	slices.Sort(ids)
 	return ids
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -157,6 +158,9 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	if err := cmd.Start(); err != nil {
 		r.finishEarly(fmt.Errorf("cannot start the staging worker %s as uid %d: %v", exe[0], spec.UID, err))
 		return r
+	}
+	if r.limits.Nice > 0 {
+		lowerPriority(cmd.Process.Pid, r.limits.Nice)
 	}
 	workersAlive.Add(1)
 	r.mu.Lock()
@@ -545,4 +549,27 @@ func stderrTail(b *asuser.HeadBuffer) string {
 		return ""
 	}
 	return "; its error output: " + text
+}
+
+// lowerPriority gives every thread of process pid the nice value n, at once after its exec
+// (most of a small file's stage is the worker's start). setpriority(2) sets one thread on
+// Linux, and a thread takes the value of the thread that makes it: every thread listed is
+// set, twice over for one made while the first pass ran. Best effort: a worker that is gone
+// already is noticed by Wait.
+func lowerPriority(pid, n int) {
+	set := map[int]bool{}
+	for pass := 0; pass < 2; pass++ {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return
+		}
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil || set[tid] {
+				continue
+			}
+			unix.Setpriority(unix.PRIO_PROCESS, tid, n)
+			set[tid] = true
+		}
+	}
 }

@@ -85,6 +85,11 @@ type Limits struct {
 	// small files one flush is far cheaper than one per file. syncfs also flushes other
 	// writers' data on that file system, which is why it is not the default.
 	SyncAtEnd bool
+	// Nice (stage.worker_nice) is the nice value a worker runs at, 0 to 19 (0: the agent's
+	// own priority). A copy is background work: it yields the CPU to the data path's server
+	// and the controller's requests sharing the node (a libdatawarp call waiting for its
+	// answer while the copies of the calls before it run), and takes what they leave.
+	Nice int
 	// AllowRoot (stage.allow_root) permits stages for uid 0. Off by default: a stage for uid 0
 	// is far more often a missing uid (the zero value) than a real root-owned job, and staging
 	// as root would bypass every permission on the PFS.
@@ -182,6 +187,9 @@ func (l Limits) Validate() error {
 		if c.bad {
 			return fmt.Errorf("staging limit %s is negative; use a positive value, or 0 for the default", c.name)
 		}
+	}
+	if l.Nice < 0 || l.Nice > 19 {
+		return fmt.Errorf("staging limit Nice is %d; give a nice value from 0 (the agent's priority) to 19", l.Nice)
 	}
 	if l.MaxLineBytes > 0 && l.MaxLineBytes < minLineBytes {
 		return fmt.Errorf("staging limit MaxLineBytes is %d; it must be at least %d", l.MaxLineBytes, minLineBytes)

@@ -100,7 +100,14 @@ func (d *Decoded[T]) Misses() int64 { return d.miss.Load() }
 
 // cloneStage is a deep copy of a stage: its slices and map are its own.
 func cloneStage(s *model.Stage) *model.Stage {
-	c := *s
+	c := new(model.Stage)
+	copyStage(c, s)
+	return c
+}
+
+// copyStage makes c a deep copy of s.
+func copyStage(c, s *model.Stage) {
+	*c = *s
 	c.Warnings = cloneSlice(s.Warnings)
 	c.Parts = cloneSlice(s.Parts)
 	if s.Moved != nil {
@@ -109,7 +116,6 @@ func cloneStage(s *model.Stage) *model.Stage {
 			c.Moved[k] = v
 		}
 	}
-	return &c
 }
 
 // cloneSlice copies a slice, keeping nil nil and empty empty (as decoding made them).

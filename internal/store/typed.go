@@ -59,6 +59,8 @@ type Table[T any] struct {
 	count func(tx *Tx, old, new *T) error
 	// decoded, when set, keeps decoded records by their bytes (Decoded: the stages).
 	decoded *Decoded[T]
+	// children, when set, keeps each parent's children as committed (Children: the stages).
+	children *Children[T]
 }
 
 // idKey renders numeric ids so that key order is numeric order.
@@ -206,10 +208,32 @@ func (t IDTable[T]) ChildrenOf(tx *Tx, parentKind string, parentID int64) ([]*T,
 
 // ChildrenOfKey is ChildrenOf for a parent named by its key (a node's name).
 func (t IDTable[T]) ChildrenOfKey(tx *Tx, parentKind, parentKey string) ([]*T, error) {
+	return t.childrenWhere(tx, parentKind, parentKey, nil)
+}
+
+// ChildrenWhere is ChildrenOf of the children keep keeps. keep reads what it is given and
+// keeps nothing of it: a table that keeps its children (Children) gives it its own records,
+// and copies only those kept.
+func (t IDTable[T]) ChildrenWhere(tx *Tx, parentKind string, parentID int64, keep func(*T) bool) ([]*T, error) {
+	return t.childrenWhere(tx, parentKind, idKey(parentID), keep)
+}
+
+func (t IDTable[T]) childrenWhere(tx *Tx, parentKind, parentKey string, keep func(*T) bool) ([]*T, error) {
 	if len(t.parents) == 0 {
 		return nil, fmt.Errorf("%s has no parent: no child index", t.kind)
 	}
 	prefix := childKey(parentRef{parentKind, parentKey}, t.kind, "")
+	if t.children != nil {
+		if out, ok, err := t.childrenCached(tx, prefix, keep); ok {
+			return out, err
+		}
+	}
+	out, err := t.childrenRead(tx, prefix)
+	return filter(out, keep), err
+}
+
+// childrenRead reads the children listed under prefix in the child index from the store.
+func (t IDTable[T]) childrenRead(tx *Tx, prefix string) ([]*T, error) {
 	if j, ok := tx.kv.(IndexJoiner); ok {
 		var out []*T
 		err := j.ScanJoined(childIndex, prefix, t.kind, func(key string, raw []byte) error {
@@ -330,7 +354,9 @@ var (
 	// Stages are counted while running (Totals.RunningStages: stage.max_running holds over
 	// every session, whatever world a decision loads).
 	// Their decoded records are kept (Decoded): every decision on a session reads them all.
-	Stages = decodedBy(counted(childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID }), countRunningStages), cloneStage)
+	// And each session's, as committed (Children): a write transaction reads again only
+	// those written since.
+	Stages = childrenKept(decodedBy(counted(childOf("stage", func(o *model.Stage) int64 { return o.ID }, "session", func(o *model.Stage) int64 { return o.SessionID }), countRunningStages), cloneStage), copyStage)
 	// StageHistory keeps finished stages after their sessions went (stage.history of them).
 	StageHistory = byID("stage_history", func(o *model.FinishedStage) int64 { return o.ID })
 	// Usage is the data path's counters per fragment (accounting), by fragment id.
