@@ -606,7 +606,7 @@ func Defaults() Config {
 			MaxInFlight:     32,
 			Tick:            Duration(500 * time.Millisecond),
 			YieldToRequests: 16,
-			WakeDelay:       Duration(5 * time.Millisecond),
+			WakeDelay:       Duration(20 * time.Millisecond),
 			AgentTimeout:    Duration(60 * time.Second),
 		},
 		Stage: Stage{
