@@ -28,9 +28,9 @@ against (all set up at the start, measured in turns in each repetition):
   p4         access_mode=private over 4 storage nodes
   gluster    GlusterFS distribute over the same 4 storage hosts' bricks
   fuse       the raw directory mounted again through go-fuse's loopback file system
-             (bench/fusefloor: names and attributes cached 10 s, no network, no server):
-             the floor of any go-fuse client on this machine, the kernel's FUSE round
-             trips and the daemon's work alone
+             (bench/fusefloor: names and attributes cached 10 s, no network, no server, every
+             read and write a FUSE round trip, no passthrough): the floor of any go-fuse
+             client on this machine, the kernel's FUSE round trips and the daemon's work alone
 
 Each figure is the median of --repeat repetitions, with its ratio to raw and to GlusterFS, and
 beside it the CPU per operation (per MiB for IOR): client + server, read from the cgroup CPU

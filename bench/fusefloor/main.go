@@ -3,12 +3,15 @@
 // Spillway lease: bench/metadata_bench.py's "fuse" target. What a workload costs there is the
 // floor of any go-fuse file system on this machine — the kernel's FUSE round trips and the
 // daemon's — with no network and no server: how far above it a Spillway mount is, and how far
-// GlusterFS-relative targets can be reached by a FUSE client at all.
+// GlusterFS-relative targets can be reached by a FUSE client at all. Every read and write is a
+// FUSE round trip, as a network file system's are: the kernel's passthrough of a file's I/O to
+// its backing file (which go-fuse's loopback uses where it can) is turned off.
 //
 // Usage: fusefloor DIR MOUNTPOINT   (as root; runs until SIGTERM or SIGINT, then unmounts)
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -24,11 +27,17 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: fusefloor DIR MOUNTPOINT\n\nMounts DIR at MOUNTPOINT through go-fuse's loopback file system, names and attributes\ncached for 10 s (a Spillway lease), until SIGTERM or SIGINT.")
 		os.Exit(2)
 	}
-	root, err := fs.NewLoopbackRoot(os.Args[1])
-	if err != nil {
+	var st syscall.Stat_t
+	if err := syscall.Stat(os.Args[1], &st); err != nil {
 		fmt.Fprintln(os.Stderr, "fusefloor:", err)
 		os.Exit(1)
 	}
+	data := &fs.LoopbackRoot{Path: os.Args[1], Dev: uint64(st.Dev)}
+	data.NewNode = func(r *fs.LoopbackRoot, _ *fs.Inode, _ string, _ *syscall.Stat_t) fs.InodeEmbedder {
+		return &node{fs.LoopbackNode{RootData: r}}
+	}
+	root := data.NewNode(data, nil, "", &st)
+	data.RootNode = root
 	lease := 10 * time.Second // warpfs.lease's default
 	server, err := fs.Mount(os.Args[2], root, &fs.Options{
 		EntryTimeout: &lease, AttrTimeout: &lease, NegativeTimeout: &lease,
@@ -44,4 +53,52 @@ func main() {
 	go func() { <-sig; server.Unmount() }()
 	fmt.Println("mounted") // the bench waits for this line
 	server.Wait()
+}
+
+// node is go-fuse's loopback node whose files are served through FUSE, never passed through.
+type node struct{ fs.LoopbackNode }
+
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	fh, fl, errno := n.LoopbackNode.Open(ctx, flags)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	return &served{fh}, fl, 0
+}
+
+func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	in, fh, fl, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	return in, &served{fh}, fl, 0
+}
+
+// served forwards a loopback file's operations, but not its descriptor for passthrough.
+type served struct{ fh fs.FileHandle }
+
+func (f *served) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	return f.fh.(fs.FileReader).Read(ctx, dest, off)
+}
+func (f *served) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	return f.fh.(fs.FileWriter).Write(ctx, data, off)
+}
+func (f *served) Flush(ctx context.Context) syscall.Errno { return f.fh.(fs.FileFlusher).Flush(ctx) }
+func (f *served) Release(ctx context.Context) syscall.Errno {
+	return f.fh.(fs.FileReleaser).Release(ctx)
+}
+func (f *served) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	return f.fh.(fs.FileFsyncer).Fsync(ctx, flags)
+}
+func (f *served) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+	return f.fh.(fs.FileGetattrer).Getattr(ctx, out)
+}
+func (f *served) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return f.fh.(fs.FileSetattrer).Setattr(ctx, in, out)
+}
+func (f *served) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	return f.fh.(fs.FileLseeker).Lseek(ctx, off, whence)
+}
+func (f *served) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	return f.fh.(fs.FileAllocater).Allocate(ctx, off, size, mode)
 }
