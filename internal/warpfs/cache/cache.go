@@ -1433,9 +1433,10 @@ func (c *Cache) tryTruncate(w *waiter) bool {
 			if e.state == Dirty && e.hullEmpty() {
 				c.setState(e, Clean)
 			}
-			if e.logHi > cut {
-				e.logHi, e.logEnd = cut, min(e.logEnd, cut)
-			}
+			// The log's end goes down with the extent's even where its dirty hull lies below the
+			// cut: a later dirty record carries logEnd, and replayed after the truncate's record
+			// it would bring back the bytes cut (and their charge: past the capacity).
+			e.logHi, e.logEnd = min(e.logHi, cut), min(e.logEnd, cut)
 		}
 	}
 	f.pfsEnd = min(f.pfsEnd, w.size)

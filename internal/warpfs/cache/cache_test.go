@@ -735,3 +735,28 @@ func TestPolicyText(t *testing.T) {
 		}
 	}
 }
+
+// A truncate that cuts an extent whose dirty bytes lie below the cut but whose end lies past
+// it: a later write's record must carry the cut end, or the recovered cache brings the bytes
+// cut back, charged (the model test once found the recovered cache over its capacity so).
+func TestRecoveredExtentKeepsItsTruncatedEnd(t *testing.T) {
+	s := tsim(t, tConfig(), tE)
+	h := s.open(Override{})
+	if r := s.read(h, 0, tE); r.Status == Wait { // fetched: clean, its end tE
+		s.settle(rand.New(rand.NewSource(1)), r.Waiter)
+		s.apply(s.c.ReadDone(h, 0, tE))
+	}
+	s.wantState(0, Clean)
+	s.write(h, 0, 100, 2) // dirty [0,100), its end still tE
+	s.applyR(s.c.Truncate(fk, 1000))
+	s.apply(s.c.TruncateDone(fk, s.attrs(fk), nil))
+	s.write(h, 100, 100, 3) // the hull grows: a new dirty record
+	live := s.c.used
+	c, _, err := Recover(tConfig(), append(s.log, s.c.Log()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.used != live || c.used != roundUp(1000, Block) {
+		t.Fatalf("recovered used %d, live %d, want %d (the truncated extent's)", c.used, live, roundUp(1000, Block))
+	}
+}

@@ -465,7 +465,7 @@ func TestModel(t *testing.T) {
 		if os.Getenv("SEED") != "" && fmt.Sprint(seed) != os.Getenv("SEED") {
 			continue
 		}
-		runModel(t, seed, 1500, modelConfig(), false)
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runModel(t, seed, 1500, modelConfig(), false) })
 	}
 }
 
