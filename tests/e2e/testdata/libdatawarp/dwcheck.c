@@ -615,9 +615,20 @@ static void *worker(void *arg)
 		x = path(dw, name);
 		px = path(pfs, name);
 		write_file(x, name);
-		if (dw_stage_file_out(x, px, DW_STAGE_IMMEDIATE) != 0 || dw_wait_file_stage(x) != 0 ||
-		    dw_query_file_stage(x, &c, &p, &d, &f) != 0 || c != 1 || !same(px, name))
+		int out = dw_stage_file_out(x, px, DW_STAGE_IMMEDIATE), wait = -1, query = -1, ok = 0;
+		c = p = d = f = -1;
+		if (out == 0)
+			wait = dw_wait_file_stage(x);
+		if (wait == 0)
+			query = dw_query_file_stage(x, &c, &p, &d, &f);
+		if (query == 0 && c == 1)
+			ok = same(px, name);
+		if (!ok) {
+			/* which call, and what it said: a rare failure here must explain itself */
+			fprintf(stderr, "threads: %s: stage_out %d, wait %d, query %d (complete %d pending %d deferred %d failed %d), PFS copy %s\n",
+				name, out, wait, query, c, p, d, f, query == 0 && c == 1 ? "differs" : "not checked");
 			j->failed++;
+		}
 	}
 	return NULL;
 }
