@@ -308,7 +308,12 @@ func TestSwapAreaRemote(t *testing.T) {
 	stopServing()
 	storage.Close()
 	// The hog is a Go program: the runtime turns the SIGBUS into a fatal error, exit status 2.
-	if ws := hog.Finish(); !(ws.Signaled() && ws.Signal() == syscall.SIGBUS) && !strings.Contains(hog.Out.String(), "SIGBUS") {
+	// Where the page the kernel would write the signal's frame on (the runtime's signal stack)
+	// was on the lost node too, the kernel cannot deliver the SIGBUS and kills it with SIGSEGV
+	// instead (seen on a loaded machine): the same outcome, the process alone pays.
+	ws := hog.Finish()
+	forced := ws.Signaled() && ws.Signal() == syscall.SIGSEGV && hog.Out.Len() == 0
+	if !(ws.Signaled() && ws.Signal() == syscall.SIGBUS) && !strings.Contains(hog.Out.String(), "SIGBUS") && !forced {
 		t.Errorf("a process whose pages were on a lost storage node ended with %v, not SIGBUS: %s", ws, hog.Out)
 	}
 	var st agentapi.SwapStatus
