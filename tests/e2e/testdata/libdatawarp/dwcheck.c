@@ -103,9 +103,11 @@ static void write_file(const char *p, const char *content)
 	close(fd); /* EINTR here still closed it; the data went with the writes */
 }
 
+/* The buffer is each thread's own: the threads check compares copies from 4 threads at once
+ * (a shared buffer let one thread's copy be compared against another's name). */
 static char *read_file(const char *p)
 {
-	static char buf[4096];
+	static __thread char buf[4096];
 	size_t n = 0;
 	int fd = (int)R(open(p, O_RDONLY));
 	if (fd < 0)
@@ -625,8 +627,10 @@ static void *worker(void *arg)
 			ok = same(px, name);
 		if (!ok) {
 			/* which call, and what it said: a rare failure here must explain itself */
-			fprintf(stderr, "threads: %s: stage_out %d, wait %d, query %d (complete %d pending %d deferred %d failed %d), PFS copy %s\n",
-				name, out, wait, query, c, p, d, f, query == 0 && c == 1 ? "differs" : "not checked");
+			const char *got = query == 0 && c == 1 ? read_file(px) : NULL;
+			fprintf(stderr, "threads: %s: stage_out %d, wait %d, query %d (complete %d pending %d deferred %d failed %d), PFS copy %s%s%s\n",
+				name, out, wait, query, c, p, d, f, query == 0 && c == 1 ? "differs: " : "not checked",
+				got ? "holds " : "", query == 0 && c == 1 ? (got ? got : "cannot be read") : "");
 			j->failed++;
 		}
 	}
