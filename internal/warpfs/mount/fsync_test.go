@@ -128,3 +128,57 @@ func TestFdatasyncOnOlderServers(t *testing.T) {
 		t.Errorf("read back: %v", err)
 	}
 }
+
+// fio's fdatasync latency job, as bench/ runs it: the file allocated to its size by one
+// handle (fallocate), then written 4 KiB at a time from its start through another, each
+// write followed by fdatasync. The size the writes stay inside is the metadata server's
+// already: once its stub is synced (the first fdatasync), an fdatasync is the data's alone —
+// no request to the metadata server, one round trip's worth to the server holding the bytes.
+func TestFdatasyncInsideTheAllocatedSizeAsksOnlyTheDataServer(t *testing.T) {
+	in := newCountedInstance(t)
+	m := in.mountAt(t, "cn1")
+	p := filepath.Join(m.Path(), "sync.0.0")
+	const size = 1 << 20
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	f, err = os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := bytes.Repeat([]byte("s"), 4096)
+	write := func(i int) {
+		t.Helper()
+		if _, err := f.WriteAt(buf, int64(i*4096)); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0)
+	in.settle()
+	const writes = 40
+	for i := 1; i <= writes; i++ {
+		write(i)
+	}
+	got := phaseCounts(in.settle())
+	t.Logf("%d fdatasyncs: %s", writes, got)
+	if n := len(got[0]); n != 0 {
+		t.Errorf("%d fdatasyncs inside the allocated size asked the metadata server: %s", writes, got)
+	}
+	// Each write and its sync: a WRITE then an FSYNC, or one WRITE_SYNC.
+	if n := got.total(); n > 2*writes {
+		t.Errorf("%d fdatasyncs of 4 KiB took %d requests (more than 2 each): %s", writes, n, got)
+	}
+	// And the size the metadata server holds is the allocated one, synced.
+	if l, _ := backingLayout(t, in.src, "sync.0.0"); l.Length != size {
+		t.Errorf("the metadata server holds a size of %d bytes, not the %d allocated", l.Length, size)
+	}
+}
