@@ -327,6 +327,8 @@ class Run:
             easy = f"mdtest -n {a.easy_files} -u -F -L -N 1 -d {directory}/mdt-easy"
             hard = f"mdtest -n {a.hard_files} -F -N 1 -w 3901 -e 3901 -d {directory}/mdt-hard"
             for prefix, base, files in (("easy", easy, a.easy_files), ("hard", hard, a.hard_files)):
+                if f"mdtest-{prefix}" not in a.workloads:
+                    continue
                 for phase, flag in (("create", "-C"), ("stat", "-T"), ("read", "-E"), ("remove", "-r")):
                     def one(base=base, flag=flag, files=files, what=f"mdtest-{prefix} {phase}"):
                         o = self.mpirun(target, f"{base} {flag}", what)
@@ -340,6 +342,8 @@ class Run:
             easy = f"ior -a POSIX -t 1m -b {a.easy_mib}m -F -C -Q 1 -g -e -o {directory}/ior-easy/file"
             self.shell(target, f"mkdir -p {directory}/ior-hard {directory}/ior-easy", "mkdir")
             for prefix, base, mib in (("iorhard", hard, n * seg * 47008 / 2**20), ("ioreasy", easy, n * a.easy_mib)):
+                if prefix.replace("ior", "ior-") not in a.workloads:
+                    continue
                 for phase, flags in (("write", "-w -k"), ("read", "-r")):
                     def one(base=base, flags=flags, mib=mib, phase=phase, what=f"{prefix} {phase}"):
                         o = self.mpirun(target, f"{base} {flags}", what)
@@ -356,11 +360,13 @@ class Run:
             rec = self.measure(target, name, lambda: (0, run()))
             out[name] = rec
             return rec["units"]
-        rr, rw = self.b.random(host, directory, measure=fio_measure)
-        out["randread"].update(value=rr, units=out["randread"]["units"]["jobs"][0]["read"]["total_ios"])
-        out["randwrite"].update(value=rw, units=out["randwrite"]["units"]["jobs"][0]["write"]["total_ios"])
-        p50 = self.b.fdatasync_p50(host, directory, measure=fio_measure)
-        out["sync"].update(value=p50, units=out["sync"]["units"]["jobs"][0]["write"]["total_ios"])
+        if "random" in a.workloads:
+            rr, rw = self.b.random(host, directory, measure=fio_measure)
+            out["randread"].update(value=rr, units=out["randread"]["units"]["jobs"][0]["read"]["total_ios"])
+            out["randwrite"].update(value=rw, units=out["randwrite"]["units"]["jobs"][0]["write"]["total_ios"])
+        if "sync" in a.workloads:
+            p50 = self.b.fdatasync_p50(host, directory, measure=fio_measure)
+            out["sync"].update(value=p50, units=out["sync"]["units"]["jobs"][0]["write"]["total_ios"])
         return out
 
     def fio_fallback(self, target, directory, out):
@@ -432,6 +438,18 @@ def parse_ior(out, phase):
     if not m and "Summary of all tests" in out:
         m = re.search(r"^" + phase + r"\s+([0-9.]+)\s", out.split("Summary of all tests", 1)[1], re.M)
     return float(m.group(1)) if m else None
+
+
+# The workloads a run may be limited to (--workloads).
+WORKLOADS = ["mdtest-easy", "mdtest-hard", "ior-hard", "ior-easy", "random", "sync"]
+
+
+def workload_of(key):
+    """The workload (WORKLOADS) a row's key belongs to."""
+    if key in ("randread", "randwrite"):
+        return "random"
+    prefix = key.split("_")[0]
+    return {"easy": "mdtest-easy", "hard": "mdtest-hard", "iorhard": "ior-hard", "ioreasy": "ior-easy"}.get(prefix, prefix)
 
 
 # The rows of the report: key, label, unit of the figure, unit of the CPU column, higher is better
@@ -524,12 +542,21 @@ def main():
                          "run on a sparse file (loop device, direct I/O), as a burst-buffer node's NVMe would be "
                          "formatted: the root file system here is ext4 without a journal, whose create scans "
                          "recently deleted inodes (a create costs 60-700 µs depending on the last 30 s's deletes)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help="which workloads to run, comma-separated (" + ", ".join(WORKLOADS) + "); a partial run "
+                         "prints its figures and does not update BENCHMARKS.md")
     ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     ap.add_argument("--json", default=None, help="also write every repetition's records (figure, units, CPU, requests "
                     "by operation) to this file")
     a = ap.parse_args()
     a.size_mib = 256  # striped_bench's Bench: the random-I/O file
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
+    a.workloads = [w for w in a.workloads.split(",") if w]
+    for w in a.workloads:
+        if w not in WORKLOADS:
+            sys.exit(f"--workloads: unknown {w} (known: {', '.join(WORKLOADS)})")
+    if set(a.workloads) != set(WORKLOADS):
+        a.no_write = True  # BENCHMARKS.md's table holds whole runs only
     targets = [t for t in a.targets.split(",") if t]
     for t in targets:
         if t not in LABEL:
@@ -667,6 +694,8 @@ def main():
     cols = [t for t in targets]
     lines = ["| workload | " + " | ".join(LABEL[t] for t in cols) + " |", "|---|" + "---:|" * len(cols)]
     for key, label, cpu_unit, _ in rows(bool(bindir)):
+        if workload_of(key) not in a.workloads:
+            continue
         cells = []
         for t in cols:
             m = med[t].get(key)
@@ -690,7 +719,8 @@ def main():
 
     # Requests per operation on the storage agents (Spillway targets).
     spill = [t for t in cols if t not in DAEMONS]
-    req_rows = [k for k, _, _, _ in rows(bool(bindir)) if k not in ("randread", "randwrite", "sync")]
+    req_rows = [k for k, _, _, _ in rows(bool(bindir))
+                if k not in ("randread", "randwrite", "sync") and workload_of(k) in a.workloads]
     rlines = ["| requests per operation | " + " | ".join(LABEL[t] for t in spill) + " |", "|---|" + "---:|" * len(spill)]
     labels = {k: l for k, l, _, _ in rows(bool(bindir))}
     for key in req_rows:

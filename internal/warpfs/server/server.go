@@ -374,6 +374,11 @@ func (s *Server) serveConn(pc *pendingConn) {
 	if sess.leasing {
 		sess.lease.h, sess.lease.own = sess.lease.l.bind(sess.incarnation, c), c
 	}
+	if sc, ok := nc.(syscall.Conn); ok && sess.cache == nil {
+		if raw, err := sc.SyscallConn(); err == nil {
+			c.raw, sess.spans = raw, true
+		}
+	}
 	err = c.loop()
 	c.nmu.Lock()
 	c.closed = true
@@ -587,6 +592,9 @@ type session struct {
 	fullLogged   atomic.Bool
 	panicked     atomic.Bool // a request's handler panicked (contained)
 	version      uint16      // the protocol version of its connection (0: in-process)
+	// spans: a READ's answer is a fileSpan (sendfile.go) that its connection sends, not
+	// bytes read into dest.
+	spans bool
 
 	// lease is the session's part in its namespace's leases (leases.go); nil: none. leasing
 	// says its client may hold them (it is told of other sessions' changes).
@@ -707,6 +715,10 @@ type srvConn struct {
 	work chan request
 
 	version uint16 // the protocol version the handshake chose
+
+	// raw is the socket under nc when it is a plain one (not TLS): READs' data go from their
+	// files to it with sendfile (sendfile.go). nil: they are copied through a buffer.
+	raw syscall.RawConn
 
 	// The notifications sent (leases.go) and not yet answered.
 	nmu        sync.Mutex
@@ -909,6 +921,18 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 	if f := c.s.opt.OnRequest; f != nil {
 		f(h.Op)
 	}
+	if h.Op == proto.OpRead && c.raw != nil {
+		rep, _, errno, _ := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, nil)
+		if sp, ok := rep.(*fileSpan); ok && errno == 0 {
+			c.sendSpan(h, sp)
+			return
+		}
+		if errno == 0 {
+			errno = syscall.EIO // a READ's answer always is a span here
+		}
+		c.reply(h, errno, nil)
+		return
+	}
 	if h.Op == proto.OpRead {
 		out := getBuf()
 		defer putBuf(out)
@@ -1091,7 +1115,15 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			return nil, 0, syscall.EINVAL
 		}
 		var n int
+		var sp *fileSpan
 		pread := func(hd *handle) syscall.Errno {
+			if s.spans {
+				var errno syscall.Errno
+				if sp, errno = span(hd.fd, r.Offset, min(int(r.Size), proto.MaxIO)); errno == 0 {
+					n = sp.n
+				}
+				return errno
+			}
 			var err error
 			n, err = unix.Pread(hd.fd, dest[:min(int(r.Size), len(dest))], int64(r.Offset))
 			return errnoOf(err)
@@ -1109,6 +1141,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		}
 		if errno == 0 {
 			v.acct.read(n, r.Offset+uint64(n))
+		}
+		if sp != nil {
+			return sp, n, errno
 		}
 		return nil, n, errno
 	case *proto.WriteReq:
