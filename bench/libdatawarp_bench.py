@@ -17,10 +17,11 @@ a C program linked with libdatawarp (built from libdatawarp/ for the run):
       a dw_stage_file_out AT_JOB_END of each of those files and its revoke (requests that
       start no copy);
   (f) the same calls over TCP with MUNGE (unless --no-tcp; needs munged): a controller and an
-      agent started as daemons, the controller listening on TCP, two munged with one key.
-      with this library (it speaks to the controller's socket itself) and with the library
-      of --baseline-rev (built from git: each call runs `spillway dwcli stage --json`), in
-      the same job, alternating.
+      agent started as daemons, the controller listening on TCP, two munged with one key:
+      with this library (it speaks to the controller itself, with a credential from libmunge)
+      and with the library of --baseline-rev (built from git: each call runs `spillway dwcli
+      stage --json`), in the same job, alternating; and, the control, this library on the
+      same daemons' Unix socket (no TCP, no MUNGE): what TCP and MUNGE add to a call.
 
 (b) and (c) alternate, --runs times each, each after a drop of the page cache (as root), so
 that every copy reads the checkpoint from the disk; medians are reported. The PFS stand-in and the
@@ -289,11 +290,17 @@ controller = "unix:{d}/controller.sock"
         node = os.path.join(d, "node.toml")
         with open(node, "w") as f:
             f.write(f'[client]\ncontroller = "http://{addr}"\nmunge_socket = "{socks["munged-node"]}"\n')
+        # the control: this library on the same daemons' Unix socket (no TCP, no MUNGE)
+        local = os.path.join(d, "local.toml")
+        with open(local, "w") as f:
+            f.write(f'[client]\ncontroller = "unix:{ctl}"\n')
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/", "SPILLWAY_CONFIG": node, "SPILLWAY_BIN": binary, "DW_JOB_STRIPED": mount}
         kinds = ("query", "stage_in", "at_job_end", "revoke")
-        per = {"new": {k: [] for k in kinds}, "old": {k: [] for k in kinds}}
-        for tag in ("new", "old", "new"):
-            out = run(calls[tag], pfs, str(a.calls), str(a.files), "tcp" + tag + str(len(per[tag]["query"])), env=env)
+        per = {"new": {k: [] for k in kinds}, "old": {k: [] for k in kinds}, "unix": {k: [] for k in kinds}}
+        for tag in ("new", "unix", "old", "new", "unix"):
+            prog = calls["old" if tag == "old" else "new"]
+            out = run(prog, pfs, str(a.calls), str(a.files), "tcp" + tag + str(len(per[tag]["query"])),
+                      env=dict(env, SPILLWAY_CONFIG=local) if tag == "unix" else env)
             line = json.loads(out.stdout.strip().splitlines()[-1])
             for k in kinds:
                 per[tag][k] += line[k]
@@ -428,14 +435,29 @@ allow_root = true
             rows.append(f"| {name} | {mn * 1000:.2f} ({pct(n, 0.9) * 1000:.2f}) | {len(n) / sum(n):.0f} | "
                         f"{mo * 1000:.1f} ({pct(o, 0.9) * 1000:.1f}) | {len(o) / sum(o):.0f} | {mo / mn:.0f}x |")
         return "\n".join(rows)
+    def control(per):
+        rows = []
+        for k, name in (("query", "`dw_query_file_stage`"), ("stage_in", "`dw_stage_file_in`, the dispatch"),
+                        ("at_job_end", "`dw_stage_file_out(..., DW_STAGE_AT_JOB_END)`"),
+                        ("revoke", "`dw_stage_file_out(..., DW_REVOKE_STAGE_AT_JOB_END)`")):
+            t, u = per["new"][k], per["unix"][k]
+            mt, mu = statistics.median(t), statistics.median(u)
+            rows.append(f"| {name} | {mt * 1000:.2f} ({pct(t, 0.9) * 1000:.2f}) | {mu * 1000:.2f} ({pct(u, 0.9) * 1000:.2f}) | {(mt - mu) * 1000:+.2f} |")
+        return "\n".join(rows)
     tcp_text = ""
     if tcp is not None:
         tcp_text = f"""
-**Over TCP with MUNGE** (f), a cluster's compute node: the controller and an agent as daemons (`spillway controller`, `spillway agent`), the controller listening on TCP; the calls name its `http://` address and authenticate with a fresh MUNGE credential each (this library: libmunge, in the process; the old path: the binary runs `munge -n`), two munged daemons with one key standing for the controller's host and the node. Same calls, same counts. The controller checks each credential by running `unmunge` (a process of its own per request, `internal/munge`): what a TCP call costs beyond a Unix-socket one is mostly that.
+**Over TCP with MUNGE** (f), a cluster's compute node: the controller and an agent as daemons (`spillway controller`, `spillway agent`), the controller listening on TCP; the calls name its `http://` address and authenticate with a fresh MUNGE credential each (this library: libmunge, in the process; the old path: the binary asks munged on its socket), two munged daemons with one key standing for the controller's host and the node. Same calls, same counts. The controller checks each credential by asking its munged on its socket (munged's client protocol, `internal/munge`: one round trip, no process per request; it ran `unmunge` for each before).
 
 | call | this library: median ms (90th pct) | calls/s | old path: median ms (90th pct) | calls/s | speed-up |
 |---|---:|---:|---:|---:|---:|
 {table(tcp)}
+
+The same daemons, this library over TCP with MUNGE against over their Unix socket (no credential: the caller is its uid), alternating, the same counts: what TCP and MUNGE add to a call.
+
+| call | over TCP with MUNGE: median ms (90th pct) | over the Unix socket: median ms (90th pct) | difference, ms |
+|---|---:|---:|---:|
+{control(tcp)}
 """
     rows = table(per)
     small = os.path.join(os.path.dirname(os.path.abspath(binary)), "spillway-stage-worker")

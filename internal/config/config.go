@@ -206,8 +206,8 @@ type Controller struct {
 	// network (an IPv4 /24, an IPv6 /64) in a minute; past it that network's credentials are
 	// refused (429) without being decoded until the minute's budget refills.
 	MungeFailuresPerMinute int `toml:"munge_failures_per_minute"`
-	// MaxMungeDecodes bounds the unmunge processes running at once; a request waits for a
-	// slot within request_timeout.
+	// MaxMungeDecodes bounds the credentials being decoded by munged at once (one connection
+	// to its socket each); a request waits for a slot within request_timeout.
 	MaxMungeDecodes int `toml:"max_munge_decodes"`
 
 	// EnduranceThreshold is the remaining SSD endurance, in percent of the rated life, below

@@ -13,9 +13,10 @@ import (
 	"github.com/spillway-hpc/spillway/internal/netgroup"
 )
 
-// mungeGate bounds what MUNGE credentials cost the controller. Each one is decoded by an
-// unmunge process (a fork and a round trip to munged): a credential that does not have the
-// form of one is refused without it; at most max_munge_decodes run at once; and a network
+// mungeGate bounds what MUNGE credentials cost the controller. Each one is a round trip to
+// munged (its socket; munged decrypts it and checks it against its replay cache): a credential
+// that does not have the form of one is refused without it; at most max_munge_decodes are at
+// munged at once; and a network
 // (an IPv4 /24, an IPv6 /64: one host or allocation's addresses) whose credentials failed
 // munge_failures_per_minute times in the last minute is refused without decoding until its
 // budget refills. A user's good credentials never use up the budget.
@@ -27,7 +28,7 @@ type mungeGate struct {
 	mu       sync.Mutex
 	failures map[string]*failureBudget
 
-	decodes atomic.Int64 // unmunge processes run (tests)
+	decodes atomic.Int64 // credentials asked of munged (tests)
 	now     func() time.Time
 }
 

@@ -13,14 +13,14 @@ import (
 	"github.com/spillway-hpc/spillway/internal/mungetest"
 )
 
-// Credentials without MUNGE's form cost no unmunge; well-formed ones that munged refuses are
+// Credentials without MUNGE's form cost munged nothing; well-formed ones that munged refuses are
 // decoded at most controller.munge_failures_per_minute times a minute per network, then
 // answered 429 undecoded, while other networks are decoded as before.
 func TestBadMungeCredentialsAreCheap(t *testing.T) {
 	a := newAdminWorld(t, nil)
 	g := a.srv.munge
-	// A munged of the test's own judges the credentials (without one, unmunge retries its
-	// socket for seconds), and the gate's clock stands still: however slowly the machine
+	// A munged of the test's own judges the credentials (without one, every credential is
+	// unavailable, not refused), and the gate's clock stands still: however slowly the machine
 	// decodes, no budget refills during the test.
 	g.socket = mungetest.Start(t, t.TempDir(), "munged")
 	frozen := time.Now()
@@ -40,7 +40,7 @@ func TestBadMungeCredentialsAreCheap(t *testing.T) {
 		}
 	}
 	if n := g.decodes.Load(); n != 0 {
-		t.Errorf("junk cost %d unmunge runs, want 0", n)
+		t.Errorf("junk cost %d decodes, want 0", n)
 	}
 	forged := func() string {
 		b := make([]byte, 102)
