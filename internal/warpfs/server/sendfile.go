@@ -14,9 +14,14 @@ import (
 // where a pread into a buffer and a write from it copied every byte twice in the server — a
 // fifth of a storage node's CPU in ior-hard's read phase (perf, bench/metadata_bench.py).
 
+// minSpan is the smallest READ sent from its file: below it the copies cost less than
+// sendfile's extra system calls (the descriptor's duplicate, its size, its close).
+const minSpan = 64 << 10
+
 // fileSpan is a READ's answer still in its file: n bytes at off of fd, a duplicate of the
 // handle's descriptor that the reply closes (the handle may be released meanwhile). It is
-// exec's reply to a READ on a session whose connection sends spans (session.spans).
+// exec's reply to a READ of at least minSpan bytes on a session whose connection sends spans
+// (session.spans).
 type fileSpan struct {
 	fd  int
 	off int64

@@ -592,8 +592,8 @@ type session struct {
 	fullLogged   atomic.Bool
 	panicked     atomic.Bool // a request's handler panicked (contained)
 	version      uint16      // the protocol version of its connection (0: in-process)
-	// spans: a READ's answer is a fileSpan (sendfile.go) that its connection sends, not
-	// bytes read into dest.
+	// spans: a READ of at least minSpan bytes is answered with a fileSpan (sendfile.go) that
+	// its connection sends, not with bytes read into dest.
 	spans bool
 
 	// lease is the session's part in its namespace's leases (leases.go); nil: none. leasing
@@ -921,24 +921,16 @@ func (c *srvConn) handle(h proto.Header, m proto.Message, buf *ioBuf) {
 	if f := c.s.opt.OnRequest; f != nil {
 		f(h.Op)
 	}
-	if h.Op == proto.OpRead && c.raw != nil {
-		rep, _, errno, _ := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, nil)
-		if sp, ok := rep.(*fileSpan); ok && errno == 0 {
-			c.sendSpan(h, sp)
-			return
-		}
-		if errno == 0 {
-			errno = syscall.EIO // a READ's answer always is a span here
-		}
-		c.reply(h, errno, nil)
-		return
-	}
 	if h.Op == proto.OpRead {
 		out := getBuf()
 		defer putBuf(out)
-		_, n, errno, _ := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, out.b)
+		rep, n, errno, _ := c.sess.measured(transportRemote, h.Op, h.UID, h.GID, m, out.b)
 		if errno != 0 {
 			c.reply(h, errno, nil)
+			return
+		}
+		if sp, ok := rep.(*fileSpan); ok {
+			c.sendSpan(h, sp) // its bytes go from the file (sendfile.go)
 			return
 		}
 		c.replyData(h, out.b[:n])
@@ -1117,7 +1109,7 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		var n int
 		var sp *fileSpan
 		pread := func(hd *handle) syscall.Errno {
-			if s.spans {
+			if s.spans && r.Size >= minSpan {
 				var errno syscall.Errno
 				if sp, errno = span(hd.fd, r.Offset, min(int(r.Size), proto.MaxIO)); errno == 0 {
 					n = sp.n
