@@ -21,7 +21,6 @@ import (
 	"github.com/spillway-hpc/spillway/internal/httpapi"
 	"github.com/spillway-hpc/spillway/internal/lifecycle"
 	"github.com/spillway-hpc/spillway/internal/model"
-	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/nodekey"
 	"github.com/spillway-hpc/spillway/internal/views"
 )
@@ -115,7 +114,7 @@ func NewServer(c *Controller, token string, wlmUsers []string, log *slog.Logger)
 	s.handle("POST /dw/v1/sessions/{token}/job_stages/terminate", s.terminateJobStages)
 	s.handle("POST /dw/v1/sessions/{token}/job_stages/concurrency", s.jobStageConcurrency)
 	s.handle("GET /dw/v1/mounts", s.mount)
-	s.handle("POST "+stageCallPath, s.stageCall)
+	s.handle("POST /dw/v1/job_stages", s.stageCall)
 	s.handle("GET /dw/v1/accounting", s.allAccounting)
 	s.handle("GET /dw/v1/instances/{id}/accounting", s.instanceAccounting)
 	s.handle("GET /dw/v1/sessions/{token}/accounting", s.sessionAccounting)
@@ -170,20 +169,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			who = caller{known: true, node: node}
 		case isMunge:
 			ctx, cancel := context.WithTimeout(r.Context(), s.c.cfg.Controller.RequestTimeout.D())
-			var id munge.Identity
-			var err error
-			if r.Method == http.MethodPost && r.URL.Path == stageCallPath && r.ContentLength >= 0 && r.ContentLength <= maxPreparedBody &&
-				s.munge.admits(r.RemoteAddr, cred) {
-				// A stage call (libdatawarp's, one per file) reads its body and the mounts
-				// while munged decodes the credential: read-only work, used by the handler only
-				// once the credential is good (prepareStageCall).
-				decoded := make(chan struct{})
-				go func() { defer close(decoded); id, err = s.munge.decode(ctx, r.RemoteAddr, cred) }()
-				r = s.prepareStageCall(ctx, w, r)
-				<-decoded
-			} else {
-				id, err = s.munge.decode(ctx, r.RemoteAddr, cred)
-			}
+			id, err := s.munge.decode(ctx, r.RemoteAddr, cred)
 			cancel()
 			if err != nil {
 				httpapi.WriteError(w, mungeStatus(err), "unauthorized", err.Error())

@@ -54,12 +54,6 @@ func (e errMungeThrottled) Error() string {
 		"check munged and munge.key on that host, then retry in a minute", e.network)
 }
 
-// admits says whether decode would ask munged about cred (its form, its network's budget):
-// what a request may prepare meanwhile is bounded as munged's work is.
-func (g *mungeGate) admits(remoteAddr, cred string) bool {
-	return munge.WellFormed(cred) == nil && g.hasBudget(netgroup.Of(remoteAddr), g.now())
-}
-
 // decode checks cred for a caller at remoteAddr.
 func (g *mungeGate) decode(ctx context.Context, remoteAddr, cred string) (munge.Identity, error) {
 	if err := munge.WellFormed(cred); err != nil {

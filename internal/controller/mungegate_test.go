@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"net/http"
@@ -11,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-hpc/spillway/internal/config"
-	"github.com/spillway-hpc/spillway/internal/munge"
 	"github.com/spillway-hpc/spillway/internal/mungetest"
 )
 
@@ -83,50 +80,5 @@ func TestBadMungeCredentialsAreCheap(t *testing.T) {
 		if code != http.StatusServiceUnavailable || !strings.Contains(out, "munged") {
 			t.Fatalf("a credential while munged is down (try %d): %d %s", i+1, code, out)
 		}
-	}
-}
-
-// A stage call over TCP reads its body and the mounts while munged decodes its credential
-// (ServeHTTP): the answers stay those of a credential checked first. A good credential's call
-// is served once; the same credential again (a replay) is refused 401, as is a forged one even
-// with a body that is no call at all (not 400); a good credential's body past
-// controller.max_request_bytes is 413.
-func TestStageCallOverMungeChecksTheCredentialFirst(t *testing.T) {
-	a := newAdminWorld(t, func(c *config.Config) { c.Controller.MaxRequestBytes = config.Size(4 << 10) })
-	a.srv.munge.socket = mungetest.Start(t, t.TempDir(), "munged")
-	call := func(cred, body string) (int, string) {
-		req := httptest.NewRequest("POST", "/dw/v1/job_stages", strings.NewReader(body))
-		req.RemoteAddr = "192.0.2.10:4000"
-		req.Header.Set("Authorization", "MUNGE "+cred)
-		rec := httptest.NewRecorder()
-		a.srv.ServeHTTP(rec, req)
-		return rec.Code, rec.Body.String()
-	}
-	encode := func() string {
-		cred, err := munge.Encode(context.Background(), a.srv.munge.socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cred
-	}
-	query := `{"verb":"query","dw":[{"path":"/nowhere/f","stat":{"errno":2}}]}`
-	cred := encode()
-	if code, out := call(cred, query); code != http.StatusOK || !strings.Contains(out, `"errno":`) {
-		t.Fatalf("a good credential's query: %d %s", code, out)
-	}
-	if code, out := call(cred, query); code != http.StatusUnauthorized || !strings.Contains(strings.ToLower(out), "replay") {
-		t.Errorf("the same credential again: %d %s", code, out)
-	}
-	b := make([]byte, 102)
-	rand.Read(b)
-	forged := "MUNGE:" + base64.StdEncoding.EncodeToString(b) + ":"
-	if code, out := call(forged, "not json"); code != http.StatusUnauthorized {
-		t.Errorf("a forged credential with a body that is no call: %d %s, want 401", code, out)
-	}
-	if code, out := call(encode(), `{"verb":"query","dw":[{"path":"`+strings.Repeat("a", 8<<10)+`"}]}`); code != http.StatusRequestEntityTooLarge {
-		t.Errorf("a body past max_request_bytes: %d %s, want 413", code, out)
-	}
-	if code, out := call(encode(), "not json"); code != http.StatusBadRequest {
-		t.Errorf("a good credential with a body that is no call: %d %s, want 400", code, out)
 	}
 }

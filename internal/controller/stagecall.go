@@ -1,10 +1,8 @@
 package controller
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"syscall"
 
@@ -19,54 +17,6 @@ import (
 // ...} (what `dwcli stage --json` prints): the call was served, and its outcome is an errno.
 // Only a request that is not one (bad JSON, no credential, not the leader) gets an error
 // status.
-// stageCallPath is the stage call's endpoint.
-const stageCallPath = "/dw/v1/job_stages"
-
-// preparedCall is what a stage call over TCP reads while munged decodes its caller's
-// credential (ServeHTTP): the mounts it is resolved against.
-type preparedCall struct {
-	world *lifecycle.World
-	err   error
-}
-
-type preparedKey struct{}
-
-// maxPreparedBody bounds the body a stage call may have read before its credential is checked
-// (an unproven caller's memory): a call on one file sends well under 1 KiB, with the longest
-// paths about 9 KiB; a longer one (a list) is read once its credential is good, as any request.
-const maxPreparedBody = 16 << 10
-
-// prepareStageCall reads r's body and the mounts, the read-only part of a stage call, before
-// its caller is known: nothing is answered or written here, and what is read is used only
-// once the credential is good (a refused one is answered as any other request's). A body
-// past controller.max_request_bytes is answered by the handler (413), as without it.
-func (s *Server) prepareStageCall(ctx context.Context, w http.ResponseWriter, r *http.Request) *http.Request {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.c.cfg.Controller.MaxRequestBytes)))
-	r.Body = &readBody{Reader: bytes.NewReader(body), err: err}
-	if err != nil {
-		return r
-	}
-	p := &preparedCall{}
-	p.world, p.err = s.c.viewSharedOf(ctx, mountTables)
-	return r.WithContext(context.WithValue(r.Context(), preparedKey{}, p))
-}
-
-// readBody is a body read already: its bytes, then the error its reading ended with.
-type readBody struct {
-	*bytes.Reader
-	err error
-}
-
-func (b *readBody) Read(p []byte) (int, error) {
-	n, err := b.Reader.Read(p)
-	if err == io.EOF && b.err != nil {
-		err = b.err
-	}
-	return n, err
-}
-
-func (b *readBody) Close() error { return nil }
-
 func (s *Server) stageCall(w http.ResponseWriter, r *http.Request) {
 	var call stagecall.Call
 	if !httpapi.Decode(w, r, &call) {
@@ -95,13 +45,7 @@ func (s *Server) stageCall(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) runStageCall(ctx context.Context, c caller, call stagecall.Call) (map[string]any, error) {
-	var world *lifecycle.World
-	var err error
-	if p, _ := ctx.Value(preparedKey{}).(*preparedCall); p != nil {
-		world, err = p.world, p.err // read while munged decoded the credential
-	} else {
-		world, err = s.c.viewSharedOf(ctx, mountTables) // the mounts' lookup reads no stage
-	}
+	world, err := s.c.viewSharedOf(ctx, mountTables) // the mounts' lookup reads no stage
 	if err != nil {
 		return nil, err
 	}
