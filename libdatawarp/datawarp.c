@@ -5,7 +5,7 @@
  * library itself on its Unix socket, or over TCP with a MUNGE credential ("speaking to the
  * controller directly" below): what the library found of the paths as the calling user goes
  * in, libdatawarp's result comes out, {"errno": N, ...}. Where that cannot be done (several
- * controllers, https, no libmunge, a controller that does not answer) a call runs the helper,
+ * controllers, https, no credential, a controller that does not answer) a call runs the helper,
  * `spillway dwcli stage ... --json`, with posix_spawn, which sends the same request. Stripe
  * and cache calls work on extended attributes of the caller's descriptors directly.
  *
@@ -28,6 +28,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,9 +285,11 @@ static const char **list_args(const char *const *prefix, size_t nprefix, const c
  * {"errno": N, ...}. No child process, no state kept between calls: a socket per call
  * (SOCK_CLOEXEC), so threads and a child after fork never share one.
  *
- * A TCP controller gets the same request with a fresh MUNGE credential of the caller's
- * (libmunge, loaded at run time). When the controller cannot be spoken to directly (several
- * controllers: the helper follows the leader; https; no libmunge; no answer: a one-machine
+ * A TCP controller gets the same request, in one write, with a fresh MUNGE credential of the
+ * caller's (asked of munged before the paths are probed, in its own protocol; libmunge, loaded
+ * at run time, when that fails). When the controller cannot be spoken to directly (several
+ * controllers: the helper follows the leader; https; no credential: munged's protocol failed
+ * and libmunge is not installed; no answer: a one-machine
  * home's server the helper starts again, a controller the helper retries), the call runs the
  * helper as before. */
 
@@ -801,18 +804,106 @@ static int write_all(int fd, const char *p, size_t n)
 	return 0;
 }
 
+static int read_full(int fd, unsigned char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t k = read(fd, p, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -1;
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* ---- MUNGE, asked of munged while the paths are probed ------------------------------------
+ *
+ * A call over TCP needs a fresh credential from the node's munged: a round trip to another
+ * process, which on a busy node waits for a core as long as it works. The library asks for it
+ * first (munge_ask), probes the call's paths meanwhile, and then reads it (munge_take), in
+ * munged's own client protocol, as the controller decodes it (internal/munge/proto.go has the
+ * format): one ENC_REQ with munged's defaults and no payload, what `munge -n` asks for. When
+ * that fails (munged unreachable, its listen queue full, a refusal) munge_credential asks
+ * again through libmunge, with its retries and its reasons. */
+
+#define MUNGE_DEFAULT_SOCKET "/run/munge/munge.socket.2" /* munge's own default */
+#define MUNGE_WAIT_MS 2000                                /* libmunge's bound on an exchange */
+
+/* munge_ask sends munged (at sock, "" = its default) a request for a credential of the
+ * caller's: the connection its answer comes on, or -1. */
+static int munge_ask(const char *sock)
+{
+	static const unsigned char req[11 + 20] = {
+		0x00, 0x60, 0x6D, 0x4B, 4, 2, 0, 0, 0, 0, 20, /* magic, version 4, ENC_REQ, retry 0, body length */
+		1, 1, 1, 0,                                   /* cipher, mac, zip: munged's defaults; no realm */
+		0, 0, 0, 0,                                   /* ttl: munged's default */
+		0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, /* any uid and gid may decode it */
+		0, 0, 0, 0};                                  /* no payload */
+	struct timeval tv = {MUNGE_WAIT_MS / 1000, (MUNGE_WAIT_MS % 1000) * 1000};
+	struct sockaddr_un sa;
+	int fd, rc;
+	if (*sock == '\0')
+		sock = MUNGE_DEFAULT_SOCKET;
+	if (strlen(sock) >= sizeof(sa.sun_path))
+		return -1;
+	memset(&sa, 0, sizeof(sa));
+	sa.sun_family = AF_UNIX;
+	memcpy(sa.sun_path, sock, strlen(sock));
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa))) != 0 && errno == EINTR)
+		;
+	if ((rc != 0 && errno != EISCONN) || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 || write_all(fd, (const char *)req, sizeof(req)) != 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static uint32_t be32(const unsigned char *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+
+/* munge_take reads munged's answer to munge_ask on fd, and closes it: 0 and a malloc'd
+ * credential, or -1 (munged's refusal included: libmunge then says why). */
+static int munge_take(int fd, char **cred)
+{
+	unsigned char hdr[11], *body = NULL;
+	uint32_t size = 0, off, n;
+	int rc = -1;
+	*cred = NULL;
+	if (read_full(fd, hdr, sizeof(hdr)) == 0 && be32(hdr) == 0x00606D4B && hdr[4] == 4 && hdr[5] == 3 /* ENC_RSP */ &&
+	    (size = be32(hdr + 7)) >= 6 && size <= 4096 && (body = malloc(size)) != NULL && read_full(fd, body, size) == 0 &&
+	    body[0] == 0 /* success */) {
+		/* error u8, message (u8 length), credential (u32 length, NUL-ended) */
+		off = 2 + (uint32_t)body[1];
+		if (off + 4 <= size && (n = be32(body + off)) > 6 && n <= size - off - 4 && body[off + 4 + n - 1] == '\0' &&
+		    strncmp((const char *)body + off + 4, "MUNGE:", 6) == 0)
+			rc = (*cred = strdup((const char *)body + off + 4)) != NULL ? 0 : -1;
+	}
+	free(body);
+	close(fd);
+	return rc;
+}
+
 /* post sends body to the controller and reads the answer's body into ans: the HTTP status,
  * or NO_DIRECT when the controller does not answer there (the helper retries, as the Go
- * client does, [client] connect_retries times), or a negative errno. */
-static int post(const struct endpoint *e, const struct buf *body, struct answer *ans)
+ * client does, [client] connect_retries times), or a negative errno. Over TCP, mfd is
+ * munge_ask's connection (or -1), which post closes. */
+static int post(const struct endpoint *e, const struct buf *body, struct answer *ans, int mfd)
 {
 	char head[512];
 	char *cred = NULL;
-	struct buf in = {0};
+	struct buf in = {0}, req = {0};
 	int fd, rc, status = 0;
 	char *sep;
 	if (e->tcp) {
-		rc = munge_credential(e->munge, &cred); /* one per request: munged refuses a replay */
+		/* one per request: munged refuses a replay */
+		rc = mfd >= 0 ? munge_take(mfd, &cred) : -1;
+		if (rc != 0)
+			rc = munge_credential(e->munge, &cred);
 		if (rc != 0)
 			return rc;
 		fd = tcp_connect(e);
@@ -837,14 +928,26 @@ static int post(const struct endpoint *e, const struct buf *body, struct answer 
 			return NO_DIRECT;
 		}
 	}
-	/* HTTP/1.0: the answer is the rest of the stream, never chunked */
+	/* HTTP/1.0: the answer is the rest of the stream, never chunked. The request goes in one
+	 * write: pieces written apart each wake the controller (and over TCP, Nagle's algorithm
+	 * holds each piece after the first until the one before it is acknowledged). */
 	snprintf(head, sizeof(head), "POST /dw/v1/job_stages HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s",
 		 e->tcp ? e->host : "spillway", body->len, cred != NULL ? "Authorization: MUNGE " : "\r\n");
-	rc = write_all(fd, head, strlen(head));
-	if (rc == 0 && cred != NULL)
-		rc = write_all(fd, cred, strlen(cred)) != 0 || write_all(fd, "\r\n\r\n", 4) != 0 ? -1 : 0;
+	buf_str(&req, head);
+	if (cred != NULL) {
+		buf_str(&req, cred);
+		buf_str(&req, "\r\n\r\n");
+	}
 	free(cred);
-	if (rc != 0 || write_all(fd, body->p, body->len) != 0) {
+	buf_add(&req, body->p, body->len);
+	if (req.oom) {
+		free(req.p);
+		close(fd);
+		return -ENOMEM;
+	}
+	rc = write_all(fd, req.p, req.len);
+	free(req.p);
+	if (rc != 0) {
 		close(fd);
 		return NO_DIRECT; /* the controller went away before reading: the helper retries */
 	}
@@ -928,13 +1031,15 @@ static int dcall(const struct call *c, struct answer *ans)
 	struct answer a = {NULL, 0};
 	char **points;
 	size_t i;
-	int status, rc, dw_dir;
+	int status, rc, dw_dir, mfd = -1;
 	if (ans != NULL) {
 		ans->text = NULL;
 		ans->len = 0;
 	}
 	if (controller_endpoint(&ep) != 0)
 		return NO_DIRECT;
+	if (ep.tcp) /* munged makes the credential while the paths are probed */
+		mfd = munge_ask(ep.munge);
 	points = mount_points();
 	buf_str(&body, "{\"verb\":");
 	buf_json(&body, c->verb);
@@ -992,9 +1097,11 @@ static int dcall(const struct call *c, struct answer *ans)
 	free_points(points);
 	if (body.oom) {
 		free(body.p);
+		if (mfd >= 0)
+			close(mfd);
 		return -ENOMEM;
 	}
-	status = post(&ep, &body, &a);
+	status = post(&ep, &body, &a, mfd);
 	free(body.p);
 	if (status == NO_DIRECT || status < 0)
 		return status;

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,7 +16,7 @@ import (
 
 // A compute node's job reaches a TCP controller (a cluster's): libdatawarp speaks to it
 // itself, each request with a fresh MUNGE credential of the job's user from the node's munged
-// (libmunge, loaded at run time), no child process (dwcheck direct: no SIGCHLD, no spillway
+// (asked of munged in its own protocol; libmunge only when that fails), no child process (dwcheck direct: no SIGCHLD, no spillway
 // binary to be found, 16 threads and a forked child calling; no leak under valgrind). The
 // controller acts as that
 // user: nobody's session is staged; another user's calls on the same mount are refused
@@ -60,6 +61,26 @@ func TestLibdatawarpOverTCPWithMunge(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(out, "forked.dat")); err != nil || string(data) != "forked\n" {
 		t.Errorf("the forked child's stage-out on the PFS: %q %v", data, err)
 	}
+	// A node with munged but without libmunge (the library asks munged itself, in its
+	// protocol): the calls still go direct, no helper. libmunge is hidden in a mount namespace
+	// of the run's own.
+	if lib := libmungePath(t); lib != "" {
+		out2 := filepath.Join(c.dir, "pfs", "out-nolibmunge")
+		os.MkdirAll(out2, 0o755)
+		os.Chown(out2, nobodyUID, nobodyGID)
+		cx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		cmd := exec.CommandContext(cx, "unshare", "-m", "--propagation", "private", "sh", "-c",
+			`mount --bind /dev/null "$1" && exec setpriv --reuid=`+strconv.Itoa(nobodyUID)+` --regid=`+strconv.Itoa(nobodyGID)+` --clear-groups "$2" direct "$3"`,
+			"sh", lib, libdw.dwcheck, out2)
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/", "SPILLWAY_CONFIG=" + userConfig, "SPILLWAY_BIN=/nonexistent/spillway",
+			"DW_JOB_STRIPED=" + mount, "SPILLWAY_DATAWARP_DEBUG=1"}
+		cmd.Dir = "/"
+		b, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil || !strings.Contains(string(b), "failures 0") || strings.Count("\n"+string(b), "\nok ") < 15 {
+			t.Fatalf("dwcheck direct over TCP with munged but no libmunge, as nobody: %v\n%s", err, b)
+		}
+	}
 	// The TCP path leaks nothing either (its credential, its connection).
 	if _, err := exec.LookPath("valgrind"); err == nil {
 		vg := exec.Command("valgrind", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect", "--error-exitcode=99", libdw.dwcheck, "threads", out)
@@ -87,4 +108,20 @@ print("rc", lib.dw_query_directory_stage(sys.argv[2].encode(), *p))
 	}
 	c.step(job, lifecycle.PhasePostRun, func() error { return c.client.PostRun(ctx, job) })
 	c.step(job, lifecycle.PhaseTeardown, func() error { return c.client.Teardown(ctx, job, true) })
+}
+
+// libmungePath is the file the dynamic loader opens for libmunge.so.2 (ldconfig's cache), or
+// "" when none is installed.
+func libmungePath(t *testing.T) string {
+	b, err := exec.Command("ldconfig", "-p").Output()
+	if err != nil {
+		t.Logf("ldconfig -p: %v", err)
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if name, path, ok := strings.Cut(strings.TrimSpace(line), " => "); ok && strings.HasPrefix(name, "libmunge.so.2 ") {
+			return path
+		}
+	}
+	return ""
 }
