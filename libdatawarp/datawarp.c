@@ -854,10 +854,14 @@ static int munge_ask(const char *sock)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -1;
+	/* the time-outs first: a connect to a listen queue that is full waits, within SO_SNDTIMEO */
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 || setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+		close(fd);
+		return -1;
+	}
 	while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa))) != 0 && errno == EINTR)
 		;
-	if ((rc != 0 && errno != EISCONN) || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
-	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 || write_all(fd, (const char *)req, sizeof(req)) != 0) {
+	if ((rc != 0 && errno != EISCONN) || write_all(fd, (const char *)req, sizeof(req)) != 0) {
 		close(fd);
 		return -1;
 	}
