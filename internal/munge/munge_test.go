@@ -123,7 +123,13 @@ func TestDecodeRefusesWithMungesReason(t *testing.T) {
 	good := fresh(node)
 	body := strings.TrimSuffix(strings.TrimPrefix(good, "MUNGE:"), ":")
 	flipped := []byte(body)
-	flipped[len(flipped)/2] ^= 1 // another base64 letter: a MAC that does not match
+	// Another base64 letter in the middle (a bit flipped could leave the alphabet, '+' to '*',
+	// which never reaches munged): a MAC that does not match.
+	if mid := len(flipped) / 2; flipped[mid] == 'A' {
+		flipped[mid] = 'B'
+	} else {
+		flipped[mid] = 'A'
+	}
 
 	cases := []struct {
 		name, cred string
