@@ -90,52 +90,44 @@ func (c *Controller) listingWorld(ctx context.Context, table string, private boo
 
 // listInto adds every object of one table to w, through the listings' cache.
 func (c *Controller) listInto(tx *store.Tx, w *lifecycle.World, table string) error {
-	switch table {
-	case "sessions":
-		return sharedInto(tx, &c.listed, store.Sessions, w.Sessions, func(o *model.Session) int64 { return o.ID })
-	case "instances":
-		return sharedInto(tx, &c.listed, store.Instances, w.Instances, func(o *model.Instance) int64 { return o.ID })
-	case "configurations":
-		return sharedInto(tx, &c.listed, store.Configurations, w.Configurations, func(o *model.Configuration) int64 { return o.ID })
-	case "fragments":
-		return sharedInto(tx, &c.listed, store.Fragments, w.Fragments, func(o *model.Fragment) int64 { return o.ID })
-	case "namespaces":
-		return sharedInto(tx, &c.listed, store.Namespaces, w.Namespaces, func(o *model.Namespace) int64 { return o.ID })
-	case "registrations":
-		return sharedInto(tx, &c.listed, store.Registrations, w.Registrations, func(o *model.Registration) int64 { return o.ID })
-	case "activations":
-		return sharedInto(tx, &c.listed, store.Activations, w.Activations, func(o *model.Activation) int64 { return o.ID })
-	case "stages":
-		return sharedInto(tx, &c.listed, store.Stages, w.Stages, func(o *model.Stage) int64 { return o.ID })
-	}
-	return fmt.Errorf("listing: no table %q to read", table)
+	return tableInto(tx, &c.listed, w, table)
 }
 
 // loadTableInto is listInto from the store, without the listings' cache: objects of the
 // caller's own.
 func loadTableInto(tx *store.Tx, w *lifecycle.World, table string) error {
+	return tableInto(tx, nil, w, table)
+}
+
+// tableInto adds every object of one table to w: through cache, or from the store (nil).
+func tableInto(tx *store.Tx, cache *store.Shared, w *lifecycle.World, table string) error {
 	switch table {
 	case "sessions":
-		return loadInto(tx, store.Sessions, w.Sessions, func(o *model.Session) int64 { return o.ID })
+		return sharedInto(tx, cache, store.Sessions, w.Sessions, func(o *model.Session) int64 { return o.ID })
 	case "instances":
-		return loadInto(tx, store.Instances, w.Instances, func(o *model.Instance) int64 { return o.ID })
+		return sharedInto(tx, cache, store.Instances, w.Instances, func(o *model.Instance) int64 { return o.ID })
 	case "configurations":
-		return loadInto(tx, store.Configurations, w.Configurations, func(o *model.Configuration) int64 { return o.ID })
+		return sharedInto(tx, cache, store.Configurations, w.Configurations, func(o *model.Configuration) int64 { return o.ID })
 	case "fragments":
-		return loadInto(tx, store.Fragments, w.Fragments, func(o *model.Fragment) int64 { return o.ID })
+		return sharedInto(tx, cache, store.Fragments, w.Fragments, func(o *model.Fragment) int64 { return o.ID })
 	case "namespaces":
-		return loadInto(tx, store.Namespaces, w.Namespaces, func(o *model.Namespace) int64 { return o.ID })
+		return sharedInto(tx, cache, store.Namespaces, w.Namespaces, func(o *model.Namespace) int64 { return o.ID })
 	case "registrations":
-		return loadInto(tx, store.Registrations, w.Registrations, func(o *model.Registration) int64 { return o.ID })
+		return sharedInto(tx, cache, store.Registrations, w.Registrations, func(o *model.Registration) int64 { return o.ID })
 	case "activations":
-		return loadInto(tx, store.Activations, w.Activations, func(o *model.Activation) int64 { return o.ID })
+		return sharedInto(tx, cache, store.Activations, w.Activations, func(o *model.Activation) int64 { return o.ID })
 	case "stages":
-		return loadInto(tx, store.Stages, w.Stages, func(o *model.Stage) int64 { return o.ID })
+		return sharedInto(tx, cache, store.Stages, w.Stages, func(o *model.Stage) int64 { return o.ID })
 	}
 	return fmt.Errorf("listing: no table %q to read", table)
 }
 
+// sharedInto adds a table's objects to into: through cache, or from the store (nil: objects
+// of the caller's own, loadInto).
 func sharedInto[T any](tx *store.Tx, cache *store.Shared, table store.IDTable[T], into map[int64]*T, id func(*T) int64) error {
+	if cache == nil {
+		return loadInto(tx, table, into, id)
+	}
 	all, err := table.ListShared(tx, cache)
 	if err != nil {
 		return err
