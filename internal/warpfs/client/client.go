@@ -712,13 +712,7 @@ func (cn *conn) write(frame, data []byte) error {
 	cn.wmu.Lock()
 	defer cn.wmu.Unlock()
 	cn.nc.SetWriteDeadline(time.Now().Add(cn.c.lim.RequestTimeout))
-	var err error
-	if len(data) > 0 {
-		bufs := net.Buffers{frame, data}
-		_, err = bufs.WriteTo(cn.nc)
-	} else {
-		_, err = cn.nc.Write(frame)
-	}
+	err := proto.WriteFrame(cn.nc, frame, data)
 	cn.lastSend.Store(time.Now().UnixNano())
 	return err
 }

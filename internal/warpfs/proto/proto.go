@@ -66,6 +66,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"syscall"
 )
 
@@ -230,6 +231,18 @@ type Header struct {
 var ErrMalformed = errors.New("malformed warpfs frame")
 
 // PutHeader writes h into b[:HeaderSize].
+// WriteFrame writes a frame and the raw data after it (none: nil) to nc, in one system call
+// where it can (writev).
+func WriteFrame(nc net.Conn, frame, data []byte) error {
+	if len(data) == 0 {
+		_, err := nc.Write(frame)
+		return err
+	}
+	bufs := net.Buffers{frame, data}
+	_, err := bufs.WriteTo(nc)
+	return err
+}
+
 func PutHeader(b []byte, h Header) {
 	_ = b[HeaderSize-1]
 	binary.BigEndian.PutUint32(b[0:], h.BodyLen+HeaderSize-4)

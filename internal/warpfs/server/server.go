@@ -890,14 +890,7 @@ func (c *srvConn) send(frame, data []byte) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.nc.SetWriteDeadline(time.Now().Add(c.s.lim.IdleTimeout))
-	var err error
-	if len(data) > 0 {
-		bufs := net.Buffers{frame, data}
-		_, err = bufs.WriteTo(c.nc)
-	} else {
-		_, err = c.nc.Write(frame)
-	}
-	if err != nil {
+	if err := proto.WriteFrame(c.nc, frame, data); err != nil {
 		c.nc.Close() // the reader ends the connection
 	}
 }
