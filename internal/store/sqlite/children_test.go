@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -17,12 +16,7 @@ import (
 // transaction that has written reads its own writes; one that rolls back leaves the cache
 // with the committed stages; each reader gets its own copies.
 func TestStageChildrenAreTheCommittedStages(t *testing.T) {
-	e, err := Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	st := store.New(e)
+	_, st := openTestStore(t)
 	ctx := context.Background()
 	stage := func(id, session int64, status string) *model.Stage {
 		return &model.Stage{ID: id, SessionID: session, Direction: "in", Type: "file", PFSPath: fmt.Sprintf("/pfs/%d", id),

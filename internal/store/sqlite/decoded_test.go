@@ -16,12 +16,7 @@ import (
 // reader gets its own deep copy (a decision changes what it read), a record written since is
 // decoded afresh, and what is read always equals the record's bytes.
 func TestDecodedStagesAreCopiesOfTheirBytes(t *testing.T) {
-	e, err := Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	st := store.New(e)
+	_, st := openTestStore(t)
 	ctx := context.Background()
 	full := func(id int64) *model.Stage {
 		return &model.Stage{ID: id, SessionID: 7, Direction: "in", Type: "file", PFSPath: "/pfs/f", DWPath: "/f", Status: model.StageRunning,

@@ -18,12 +18,7 @@ import (
 // putting and deleting records all the while, every listing equals List in its own
 // transaction.
 func TestSharedListingReadsWhatChanged(t *testing.T) {
-	e, err := Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	st := store.New(e)
+	e, st := openTestStore(t)
 	ctx := context.Background()
 	put := func(tx *store.Tx, id int64, label string) error {
 		return store.Instances.Put(tx, &model.Instance{ID: id, SessionID: id % 7, Label: label, Pool: "wlm_pool"})
@@ -193,12 +188,7 @@ func TestChangeLogForgetsWholeCommits(t *testing.T) {
 // wrote them since: one changed behind the log's back is not, one committed is; a write that
 // rolls back leaves the committed record; a record missing, then created, is found.
 func TestRowsReadAgainWhatCommitsWrote(t *testing.T) {
-	e, err := Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	st := store.New(e)
+	e, st := openTestStore(t)
 	ctx := context.Background()
 	var rows store.Rows[model.FragmentUsage]
 	put := func(id int64, node string) {
@@ -284,4 +274,16 @@ func TestRowsReadAgainWhatCommitsWrote(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// openTestStore opens an engine on a new database in the test's directory (closed at its end)
+// and the store over it.
+func openTestStore(t *testing.T) (*Engine, *store.Store) {
+	t.Helper()
+	e, err := Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, store.New(e)
 }
