@@ -93,7 +93,10 @@ func TestOneServerSmallWritesBehind(t *testing.T) {
 				t.Fatal(err)
 			}
 			requests := remoteWriteRequests(t) - before
-			if requests > writes/3 { // each rewrite, going back, starts two requests more
+			// Each rewrite, going back, starts two requests more; the kernel's writeback of the
+			// O_RDWR file's pages, on a loaded machine, cuts a few more runs (74 seen against
+			// ~55 idle). Not gathered, it would be one request a write or more (222).
+			if requests > writes/2 {
 				t.Errorf("%.0f WRITE requests for %d writes of %d bytes: not gathered", requests, writes+writes/9, c.block)
 			} else {
 				t.Logf("%.0f WRITE requests for %d writes of %d bytes", requests, writes+writes/9, c.block)
