@@ -478,6 +478,9 @@ type Mount struct {
 	// WriteBehind is how many bytes of a striped file's writes may be on their way to the
 	// servers after write(2) returned, per open file; 0 turns it off.
 	WriteBehind Size `toml:"write_behind"`
+	// UnlinksBehind is how many removals of files a mount may have on their way to the
+	// storage node after unlink(2) returned (in directories it made); 0 turns it off.
+	UnlinksBehind int `toml:"unlinks_behind"`
 }
 
 // Client is how commands (dw_wlm_cli, dwstat, spillway run) reach the controller.
@@ -649,6 +652,7 @@ func Defaults() Config {
 			ClientCacheTimeout: Duration(1 * time.Second),
 			MaxWrite:           Size(1 << 20),
 			WriteBehind:        Size(16 << 20),
+			UnlinksBehind:      32,
 			UnmountTimeout:     Duration(10 * time.Second),
 		},
 		Warpfs: Warpfs{
@@ -795,6 +799,9 @@ func (c *Config) Validate() error {
 	positive("stage.max_job_concurrency", int64(c.Stage.MaxJobConcurrency))
 	if c.Stage.History < 0 {
 		problems = append(problems, "stage.history must be 0 (keep no finished stages) or more")
+	}
+	if c.Mount.UnlinksBehind < 0 {
+		problems = append(problems, "mount.unlinks_behind must be 0 (every unlink waits for the storage node) or more")
 	}
 	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
 	positive("stage.poll_interval", int64(c.Stage.PollInterval))

@@ -318,6 +318,7 @@ func MountLimits(cfg config.Config) mount.Limits {
 		MaxWrite:           int(cfg.Mount.MaxWrite),
 		UnmountBusyTimeout: cfg.Mount.UnmountTimeout.D(),
 		WriteBehind:        writeBehind(cfg.Mount.WriteBehind),
+		UnlinksBehind:      unlinksBehind(cfg.Mount.UnlinksBehind),
 		Lease:              leaseOf(cfg),
 	}
 }
@@ -336,6 +337,14 @@ func EnduranceOptions(cfg config.Config) agent.EnduranceOptions {
 // under agent.ssd_path ("swap"), on a compute-only node too.
 func SwapOptions(cfg config.Config) agent.SwapOptions {
 	return agent.SwapOptions{DetachTimeout: cfg.Swap.DetachTimeout.D(), LockMemory: cfg.Swap.LockAgentMemory}
+}
+
+// unlinksBehind is mount.unlinks_behind as package mount takes it: 0 (off) is negative there.
+func unlinksBehind(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
 
 // writeBehind is mount.write_behind as package mount takes it: 0 (off) is negative there.

@@ -137,6 +137,7 @@ type Client struct {
 	down bool
 
 	invalidator atomic.Pointer[func(items []proto.Inval)]
+	settler     atomic.Pointer[func(items []proto.Inval)]
 	// incarnation names this client's mount to servers across reconnections (proto.Auth).
 	incarnation uint64
 }
@@ -253,6 +254,12 @@ const maxLeaseDelay = time.Second
 // client changed, and must return once everything it names is dropped from the caches. Until
 // it is set, no reply is cached.
 func (c *Client) SetInvalidator(drop func(items []proto.Inval)) { c.invalidator.Store(&drop) }
+
+// SetSettler makes settle run before the invalidator, without the bound the invalidator has
+// (proto.MaxNotifyWait): it returns once the client's own requests that the notification's
+// sender must find done have their answers (a listing recalled: the mount's removals behind
+// in that directory, each bounded by the request timeout).
+func (c *Client) SetSettler(settle func(items []proto.Inval)) { c.settler.Store(&settle) }
 
 // Route tells a sharded mount where the entries a request names by path live.
 type Route struct {
@@ -777,6 +784,9 @@ func (cn *conn) notified(h proto.Header) error {
 		return fmt.Errorf("notification: %w", err)
 	}
 	go func() {
+		if settle := cn.c.settler.Load(); settle != nil {
+			(*settle)(req.Items)
+		}
 		if drop := cn.c.invalidator.Load(); drop != nil {
 			proto.DropWithin(*drop, req.Items)
 		}

@@ -347,6 +347,9 @@ type cutProxy struct {
 	addr string
 	mu   sync.Mutex
 	dead bool
+	// delay holds what the client sends back this long before it goes on: a slow link
+	// from the client (its requests), not to it.
+	delay time.Duration
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
@@ -380,14 +383,14 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 			mu.Lock()
 			conns = append(conns, c, s)
 			mu.Unlock()
-			go p.pipe(c, s)
-			go p.pipe(s, c)
+			go p.pipe(c, s, true)
+			go p.pipe(s, c, false)
 		}
 	}()
 	return p
 }
 
-func (p *cutProxy) pipe(from, to net.Conn) {
+func (p *cutProxy) pipe(from, to net.Conn, up bool) {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := from.Read(buf)
@@ -395,8 +398,11 @@ func (p *cutProxy) pipe(from, to net.Conn) {
 			return
 		}
 		p.mu.Lock()
-		dead := p.dead
+		dead, delay := p.dead, p.delay
 		p.mu.Unlock()
+		if up && delay > 0 {
+			time.Sleep(delay)
+		}
 		if dead {
 			continue // dropped on the floor
 		}
@@ -404,6 +410,12 @@ func (p *cutProxy) pipe(from, to net.Conn) {
 			return
 		}
 	}
+}
+
+func (p *cutProxy) slow(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
+	p.mu.Unlock()
 }
 
 func (p *cutProxy) cut() {

@@ -565,6 +565,7 @@ func (be *backend) enableLeases() time.Duration {
 		if lease > 0 {
 			be.leases = newLeaseState()
 			t.SetInvalidator(be.drop)
+			t.SetSettler(be.settleRecalled)
 		}
 	case localTransport:
 		lease = t.local.Lease()
@@ -640,8 +641,8 @@ func (n *node) noteName(name string, exists bool) {
 	}
 }
 
-// dropListing ends the listing of the directory at path (another mount changed an entry of
-// it) and drops every absence it answered alone from the kernel.
+// dropListing ends the listing of the directory at path (another mount looks up, lists or
+// changes an entry of it) and drops every absence it answered alone from the kernel.
 func (be *backend) dropListing(path string) {
 	if be.root == nil {
 		return

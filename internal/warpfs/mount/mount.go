@@ -219,6 +219,12 @@ type Limits struct {
 	// opened O_SYNC, O_DSYNC or O_DIRECT never write behind, nor O_APPEND on a one-server
 	// instance, nor files of a namespace on this host (no network to wait for).
 	WriteBehind int
+	// UnlinksBehind is how many removals of files may be on their way to a remote namespace's
+	// server after unlink(2) returned (unlinkbehind.go): only in a directory this mount made
+	// and nobody else has looked in since. Default 32 (half of a connection's requests in
+	// flight, warpfs.max_in_flight: the mount's other requests always find room); negative
+	// turns it off (every unlink waits for the server).
+	UnlinksBehind int
 
 	// ProbeTimeout bounds the stat of a mount path before mounting or unmounting: a mount
 	// whose server does not answer within it is treated as hung and aborted. Default 5s.
@@ -261,6 +267,9 @@ func (l Limits) withDefaults() Limits {
 	defInt(&l.MaxBackground, 64)
 	if l.WriteBehind == 0 {
 		l.WriteBehind = 16 << 20
+	}
+	if l.UnlinksBehind == 0 {
+		l.UnlinksBehind = 32
 	}
 	defInt(&l.PreferredIOSize, kernelMaxRequest)
 	def(&l.ProbeTimeout, 5*time.Second)
@@ -970,7 +979,17 @@ func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 		timeout:     c.Limits().RequestTimeout,
 		writeBehind: int64(max(l.WriteBehind, 0)),
 		maxFileSize: spec.MaxFileSize,
+		unlinkSlots: unlinkSlots(l),
+		log:         logger,
 	}, nil
+}
+
+// unlinkSlots is the bound of a remote mount's removals on their way (nil: none go behind).
+func unlinkSlots(l Limits) chan struct{} {
+	if l.UnlinksBehind <= 0 {
+		return nil
+	}
+	return make(chan struct{}, min(l.UnlinksBehind, 1<<16))
 }
 
 // openLocal serves a namespace of this host from this process.

@@ -16,6 +16,7 @@ package mount
 
 import (
 	"context"
+	"log"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,23 @@ type backend struct {
 	// leases is the mount's side of coherent caching (leases.go); nil when the namespace's
 	// server grants none.
 	leases *leaseState
+
+	// unlinkSlots bounds the removals on their way (unlinkbehind.go: Limits.UnlinksBehind);
+	// nil: every unlink waits for the storage node. unlinking counts those on their way for
+	// the unmount, unlinksFailed those the storage node refused after the caller had its
+	// answer.
+	unlinkSlots   chan struct{}
+	unlinking     sync.WaitGroup
+	unlinksBehind atomic.Int64 // sent behind, all told
+	unlinksFailed atomic.Int64
+	log           *log.Logger
+}
+
+// logf logs a message of the mount's, where it has a log.
+func (be *backend) logf(format string, args ...any) {
+	if be.log != nil {
+		be.log.Printf(format, args...)
+	}
 }
 
 // node is one file or directory of a namespace.
@@ -88,6 +106,12 @@ type node struct {
 	listingUntil time.Time
 	names        map[string]struct{}
 	absent       map[string]struct{}
+	// unlinks are this mount's removals of names in the directory on their way
+	// (unlinkbehind.go; guarded by mu).
+	unlinks pendingUnlinks
+	// madeHere says this mount created the file, with one link, and has neither linked nor
+	// moved it since: its removal may go behind (unlinkbehind.go; guarded by mu).
+	madeHere bool
 }
 
 var (
@@ -265,6 +289,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if n.answerAbsent(name) {
 		return nil, syscall.ENOENT // kept for the negative timeout: the lease
 	}
+	n.settleUnlinks()
 	var rep proto.AttrReply
 	lease, errno := n.be.callLease(ctx, n.in(), proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep)
 	if errno == syscall.ENOENT && n.be.leases != nil && lease == 0 {
@@ -645,6 +670,7 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 		return nil, nil, 0, syscall.EROFS
 	}
 	flags &^= fuse.FMODE_EXEC
+	n.settleUnlinks()
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -677,10 +703,18 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	ch := n.child(ctx, &rep.Attr, out, lease)
 	if op == proto.OpCreate {
 		n.noteName(name, true)
+		if call.Listing && lease > 0 {
+			n.renewListing(lease)
+		}
 	}
 	child, ok := ch.Operations().(*node)
 	if !ok {
 		return nil, nil, 0, syscall.EIO
+	}
+	if op == proto.OpCreate && rep.Attr.Nlink == 1 {
+		child.mu.Lock()
+		child.madeHere = true
+		child.mu.Unlock()
 	}
 	h, errno := child.opened(ctx, &rep, call.UsedGen, flags)
 	if errno != 0 {
@@ -714,6 +748,7 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 	if n.be.readOnly {
 		return nil, syscall.EROFS
 	}
+	n.settleUnlinks()
 	var rep proto.AttrReply
 	tok := n.startDirChange()
 	lease, listing, errno := n.be.callListing(ctx, route, op, req, &rep)
@@ -780,6 +815,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	route := n.in()
 	route.NewParent = t.route().Parent
+	t.notMadeHere()
 	tok := n.be.leases.startChange(t.StableAttr().Ino) // its link count
 	defer n.be.leases.endChange(tok, nil, 0)
 	return n.madeRoute(ctx, route, proto.OpLink, &proto.LinkReq{Path: t.path(), Dir: n.path(), Name: name}, out)
@@ -792,14 +828,21 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
+	if n.unlinkBehind(ctx, name) {
+		return 0
+	}
+	n.settleUnlinks()
 	var rep proto.RemovedReply
 	n.materializeChild(ctx, name)
 	defer n.childChanging(name)()
 	tok := n.startDirChange()
-	lease, errno := n.be.callLease(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
+	lease, listing, errno := n.be.callListing(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
 	n.be.leases.endChange(tok, rep.Dir, lease)
 	if errno == 0 {
 		n.noteName(name, false)
+		if listing {
+			n.renewListing(lease)
+		}
 		n.removed(ctx, name, &rep)
 	}
 	return errno
@@ -870,6 +913,8 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.be.readOnly {
 		return syscall.EROFS
 	}
+	n.settleUnlinks()
+	n.settleChildUnlinks(name) // its names must be gone first
 	tok := n.be.leases.startChange(n.dirID())
 	errno := n.be.callRoute(ctx, n.in(), proto.OpRmdir, &proto.EntryReq{Dir: n.path(), Name: name}, nil)
 	n.be.leases.endChange(tok, nil, 0)
@@ -896,6 +941,15 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	var rep proto.RemovedReply
 	route := client.Route{Parent: n.dirID(), NewParent: dst.dirID()}
 	ls := n.be.leases
+	n.settleUnlinks()
+	dst.settleUnlinks()
+	n.settleChildUnlinks(name) // a directory moved: its removals under its old path first
+	dst.settleChildUnlinks(newName)
+	if ch := n.GetChild(name); ch != nil {
+		if c, ok := ch.Operations().(*node); ok {
+			c.notMadeHere() // where it goes, its links may be others' too
+		}
+	}
 	n.materializeChild(ctx, name)      // its handles then follow it by the server's handle
 	dst.materializeChild(ctx, newName) // the file it replaces: kept while open
 	defer n.childChanging(name)()
@@ -1068,6 +1122,7 @@ func (n *node) Ioctl(ctx context.Context, f fs.FileHandle, cmd uint32, arg uint6
 }
 
 func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	n.settleUnlinks()
 	d := &dirStream{node: n}
 	if errno := d.open(ctx); errno != 0 {
 		return nil, errno

@@ -92,6 +92,7 @@ const ServersXattr = "user.spillway.servers"
 
 // close ends the backend's connections.
 func (be *backend) close() {
+	be.unlinking.Wait() // removals on their way: each bounded by the request timeout
 	be.client.Close()
 	for _, t := range be.stripes {
 		t.Close()

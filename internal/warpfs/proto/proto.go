@@ -210,7 +210,10 @@ const (
 	FlagOneWay uint8 = 2
 	// FlagListing, on a leased MKDIR reply: the client knows every name of the new directory
 	// (none) and may answer lookups of others as absent while the lease lasts; the server
-	// tells it (InvalListing) before anyone else adds a name.
+	// tells it (InvalListing) before anyone else adds a name — or, since the mount may then
+	// remove names without waiting for the server (its unlinks behind), looks one up or lists
+	// them. On a CREATE or UNLINK reply: the client's listing of the request's directory is
+	// renewed for another lease.
 	FlagListing uint8 = 4
 )
 

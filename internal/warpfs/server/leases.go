@@ -35,6 +35,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -89,6 +90,9 @@ type leases struct {
 	// listings are the holders that know every name of a directory (by path): its maker,
 	// until anyone else changes one of its entries (proto.FlagListing).
 	listings map[string]interest
+	// listed is len(listings), set under mu after any change that may add one: a request
+	// looks at listings (recall) only when some directory has one.
+	listed atomic.Int64
 
 	// holders are the clients' mounts by incarnation (proto.Auth): a mount that reconnects
 	// takes its holder back, with what its kernel still caches.
@@ -669,6 +673,93 @@ func waitFor(done <-chan struct{}, until time.Time) {
 	}
 }
 
+// recall ends the other holders' listings of the directories whose entries a request (op,
+// m) looks up, lists or changes, and waits for each to answer, before the request runs. A
+// mount that holds a directory's listing may have removals of its names on their way, sent
+// before its unlink returned (the mount's unlinks behind, mount/unlinkbehind.go): it answers
+// once they are done, so this request finds them done — as it would have had the mount
+// waited for each. A holder that does not answer is waited out, as for a change.
+//
+// Listings are dropped at a change of their directory's entries anyway (dropListingLocked);
+// recall drops them before a lookup or a listing by someone else too, and before the change
+// rather than after it.
+func (u *leaseUse) recall(op proto.Op, m proto.Message) {
+	if u == nil || u.l.listed.Load() == 0 {
+		return
+	}
+	var dirs [4]string
+	n := entryDirs(op, m, &dirs)
+	if n == 0 {
+		return
+	}
+	l := u.l
+	now := time.Now()
+	var out pending
+	l.mu.Lock()
+	for _, d := range dirs[:n] {
+		if len(l.listings[d]) > 0 {
+			l.dropListingLocked(u.h, now, &out, d) // u.h nil: a session that holds nothing; everyone's
+		}
+	}
+	l.listed.Store(int64(len(l.listings)))
+	l.mu.Unlock()
+	l.wait(&out, time.Time{})
+}
+
+// entryDirs puts in dirs the directories whose entries request m (op) looks up, lists or
+// changes, and returns how many.
+func entryDirs(op proto.Op, m proto.Message, dirs *[4]string) int {
+	n := 0
+	add := func(d string) { dirs[n] = d; n++ }
+	parent := func(p string) { d, _ := split(p); add(d) }
+	switch r := m.(type) {
+	case *proto.PathReq:
+		if op == proto.OpOpendir {
+			add(r.Path)
+		} else if r.Path != "" {
+			parent(r.Path)
+		}
+	case *proto.NodeReq:
+		if r.Handle == 0 && r.Path != "" {
+			parent(r.Path)
+		}
+	case *proto.OpenReq:
+		if r.Path != "" {
+			parent(r.Path)
+		}
+	case *proto.SetattrReq:
+		if r.Handle == 0 && r.Path != "" {
+			parent(r.Path)
+		}
+	case *proto.XattrReq:
+		if r.Handle == 0 && r.Path != "" {
+			parent(r.Path)
+		}
+	case *proto.CreateReq:
+		if r.Name != "" {
+			add(r.Dir)
+		}
+	case *proto.MkdirReq:
+		add(r.Dir)
+	case *proto.SymlinkReq:
+		add(r.Dir)
+	case *proto.LinkReq:
+		add(r.Dir)
+		parent(r.Path)
+	case *proto.EntryReq:
+		add(r.Dir)
+		if op == proto.OpRmdir {
+			add(join(r.Dir, r.Name)) // its names must be gone first
+		}
+	case *proto.RenameReq:
+		add(r.Dir)
+		add(r.NewDir)
+		add(join(r.Dir, r.Name))
+		add(join(r.NewDir, r.NewName))
+	}
+	return n
+}
+
 // leaseUse is a session's side of its namespace's table.
 type leaseUse struct {
 	l   *leases
@@ -758,6 +849,7 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 			if !leased || !l.leaseDirLocked(h, t, until, r.Dir, o.Dir) {
 				o.Dir = nil
 			}
+			listing = l.renewListingLocked(h, now, r.Dir)
 		}
 	case *proto.MkdirReq:
 		if errno == 0 {
@@ -805,6 +897,9 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 					rr.Dir = nil
 				}
 			}
+			if op == proto.OpUnlink {
+				listing = l.renewListingLocked(h, now, r.Dir)
+			}
 		}
 	case *proto.RenameReq:
 		if errno == 0 {
@@ -830,6 +925,7 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 		}
 	}
 	l.finishLocked()
+	l.listed.Store(int64(len(l.listings)))
 	grace := l.graceLocked(now)
 	l.mu.Unlock()
 	l.wait(&out, grace)
@@ -841,6 +937,21 @@ func (u *leaseUse) after(t leaseToken, op proto.Op, m, rep proto.Message, errno 
 		flags |= proto.FlagListing
 	}
 	return flags
+}
+
+// renewListingLocked extends h's listing of dir, if it still holds it, after a create or an
+// unlink of h's in it: the mount goes on knowing every name of a directory it keeps changing
+// alone (proto.FlagListing on the reply of a CREATE or UNLINK).
+func (l *leases) renewListingLocked(h *holder, now time.Time, dir string) bool {
+	if h == nil {
+		return false
+	}
+	until, ok := l.listings[dir][h]
+	if !ok || !until.After(now) {
+		return false
+	}
+	l.listings[dir][h] = now.Add(2 * l.lease)
+	return true
 }
 
 // leaseDirLocked leases to h the attributes a create or unlink of its left directory dir

@@ -241,3 +241,70 @@ func TestXattrByAnotherNameTellsHolders(t *testing.T) {
 	}
 	t.Errorf("a setxattr through another name told the file's holder %v, want its attributes dropped (inode %d)", told, o.Attr.Ino)
 }
+
+// gate is a holder that answers only when released.
+type gate struct {
+	recorder
+	release chan struct{}
+}
+
+func (g *gate) invalidate(items []proto.Inval) (<-chan struct{}, bool) {
+	g.recorder.invalidate(items)
+	return g.release, true
+}
+
+// A listing's holder may have removals of the directory's names on their way (the mount's
+// unlinks behind): anyone else's lookup, listing or change of a name there recalls the
+// listing and waits for the holder's answer before it runs; the holder's own do not, and its
+// creates and unlinks there renew it.
+func TestListingRecalledBeforeOthersLookIn(t *testing.T) {
+	l := newTestLeases(t)
+	ga := &gate{release: make(chan struct{})}
+	rb := &recorder{}
+	a := &leaseUse{l: l, h: l.bind("a/1", ga), own: ga}
+	b := &leaseUse{l: l, h: l.bind("b/1", rb), own: rb}
+	tok := a.before(proto.OpMkdir)
+	a.after(tok, proto.OpMkdir, &proto.MkdirReq{Name: "d"}, &proto.AttrReply{Attr: proto.Attr{Ino: 3}}, 0, 0)
+	a.recall(proto.OpLookup, &proto.PathReq{Path: "d/x"}) // its own: nothing to wait for
+	tok = a.before(proto.OpUnlink)
+	if f := a.after(tok, proto.OpUnlink, &proto.EntryReq{Dir: "d", Name: "x"}, &proto.RemovedReply{}, 0, 0); f&proto.FlagListing == 0 {
+		t.Errorf("a's UNLINK in its listed directory has flags %#x, want the listing renewed", f)
+	}
+	if got := ga.take(); len(got) != 0 {
+		t.Fatalf("a was told %v of its own requests", got)
+	}
+	for _, c := range []struct {
+		op proto.Op
+		m  proto.Message
+	}{
+		{proto.OpOpendir, &proto.PathReq{Path: "d"}},
+		{proto.OpLookup, &proto.PathReq{Path: "d/x"}},
+		{proto.OpCreate, &proto.CreateReq{Dir: "d", Name: "y"}},
+		{proto.OpRmdir, &proto.EntryReq{Dir: "", Name: "d"}},
+		{proto.OpRename, &proto.RenameReq{Dir: "", Name: "d", NewDir: "", NewName: "e"}},
+	} {
+		// The listing again, as a fresh MKDIR gives it.
+		l.mu.Lock()
+		l.listings["d"] = interest{a.h: time.Now().Add(time.Minute)}
+		l.listed.Store(1)
+		l.mu.Unlock()
+		done := make(chan struct{})
+		go func() { b.recall(c.op, c.m); close(done) }()
+		select {
+		case <-done:
+			t.Fatalf("b's %s ran before a answered the recall", c.op)
+		case <-time.After(50 * time.Millisecond):
+		}
+		ga.release <- struct{}{} // unblocked: a answered (a send, so each recall takes one)
+		<-done
+		got := ga.take()
+		if len(got) != 1 || got[0].What != proto.InvalListing || got[0].Path != "d" {
+			t.Errorf("b's %s: a was told %v, want d's listing", c.op, got)
+		}
+	}
+	// Nobody holds a listing: nothing is recalled, nothing waited for.
+	b.recall(proto.OpLookup, &proto.PathReq{Path: "d/x"})
+	if got := ga.take(); len(got) != 0 {
+		t.Errorf("with no listing held, a was told %v", got)
+	}
+}

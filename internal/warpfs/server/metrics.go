@@ -128,6 +128,7 @@ func Collectors() []prometheus.Collector {
 func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno, uint8) {
 	dataPath.inFlight.Inc()
 	start := time.Now()
+	s.lease.recall(op, m) // before it runs: a listing's holder's removals on their way land first
 	tok := s.lease.before(op)
 	var ino uint64
 	if tok.ok {

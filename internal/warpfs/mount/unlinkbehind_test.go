@@ -1,0 +1,206 @@
+package mount
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
+)
+
+// unlinkPair mounts one namespace on two nodes: a reaches the storage node through a proxy
+// that can slow its requests, b directly.
+func unlinkPair(t *testing.T) (src string, a, b *Mounted, proxy *cutProxy) {
+	t.Helper()
+	src, mp := dirs(t)
+	tr := usage.New("unlinks", 1<<30)
+	addr := startLeaseServer(t, server.Target{Dir: src, Tracker: tr}, 0)
+	proxy = newCutProxy(t, addr)
+	a = mount(t, Spec{MountPath: mp + "-a", Remote: &Remote{Address: proxy.addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3}, Logger: quietLogger(t)})
+	b = mount(t, Spec{MountPath: mp + "-b", Remote: &Remote{Address: addr, Token: testToken, Client: "b", NamespaceID: 1, InstanceID: 3}, Logger: quietLogger(t)})
+	return src, a, b, proxy
+}
+
+func makeFiles(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func missing(t *testing.T, p string) {
+	t.Helper()
+	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("%s: %v, want it missing", p, err)
+	}
+}
+
+// Removals in a directory a node made go without waiting for the storage node, however slow
+// its link: and another node sees every one of them at its next call, since the storage node
+// recalls the remover's listing (and the remover lands its removals) before that call runs.
+func TestUnlinksBehindAreSeenElsewhereAtOnce(t *testing.T) {
+	src, a, b, proxy := unlinkPair(t)
+	names := []string{"f0", "f1", "f2", "f3", "f4", "f5"}
+	makeFiles(t, filepath.Join(a.Path(), "d"), names...)
+	proxy.slow(100 * time.Millisecond) // each of a's requests reaches the server 100 ms late
+	for _, n := range names {
+		if err := os.Remove(filepath.Join(a.Path(), "d", n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.backend.unlinksBehind.Load(); got != int64(len(names)) {
+		t.Fatalf("%d removals went behind, want %d", got, len(names))
+	}
+	// Without the recall b would find most of them still there.
+	for _, n := range names {
+		missing(t, filepath.Join(b.Path(), "d", n))
+	}
+	if ents, err := os.ReadDir(filepath.Join(b.Path(), "d")); err != nil || len(ents) != 0 {
+		t.Fatalf("b lists %v (%v), want nothing", ents, err)
+	}
+	for _, n := range names {
+		missing(t, filepath.Join(src, "d", n))
+	}
+	// a's listing went with the recall: its later removals there wait for the server.
+	makeFiles(t, filepath.Join(a.Path(), "d"), "g")
+	if err := os.Remove(filepath.Join(a.Path(), "d", "g")); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.backend.unlinksBehind.Load(); got != int64(len(names)) {
+		t.Fatalf("a removal after the recall went behind (%d)", got)
+	}
+	missing(t, filepath.Join(src, "d", "g"))
+}
+
+// The remover's own next calls in the directory come after its removals: a file made again
+// under a removed name right after is the new one, and stays.
+func TestCreateAfterUnlinkBehindKeepsTheNewFile(t *testing.T) {
+	src, a, b, proxy := unlinkPair(t)
+	dir := filepath.Join(a.Path(), "e")
+	makeFiles(t, dir, "x", "y")
+	proxy.slow(100 * time.Millisecond)
+	if err := os.Remove(filepath.Join(dir, "x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "x"), []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "y")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "y"), 0o755); err != nil { // a directory in its place
+		t.Fatal(err)
+	}
+	if a.backend.unlinksBehind.Load() == 0 {
+		t.Fatal("no removal went behind")
+	}
+	if got, err := os.ReadFile(filepath.Join(b.Path(), "e", "x")); err != nil || string(got) != "new" {
+		t.Fatalf("b reads e/x as %q (%v), want the new file", got, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(src, "e", "x")); err != nil || string(got) != "new" {
+		t.Fatalf("the server holds e/x as %q (%v), want the new file", got, err)
+	}
+	if st, err := os.Stat(filepath.Join(src, "e", "y")); err != nil || !st.IsDir() {
+		t.Fatalf("the server's e/y: %v %v, want the new directory", st, err)
+	}
+	// Removing the directory itself waits for the removals in it.
+	if err := os.Remove(filepath.Join(dir, "x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "y")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(dir); err != nil {
+		t.Fatalf("rmdir after the removals in it: %v", err)
+	}
+	missing(t, filepath.Join(src, "e"))
+}
+
+// A removal the storage node refuses after the caller had its answer shows the file again
+// (logged), rather than leaving the node's cache claiming it is gone.
+func TestUnlinkBehindRefusedShowsTheFileAgain(t *testing.T) {
+	src, a, _, proxy := unlinkPair(t)
+	dir := filepath.Join(a.Path(), "d")
+	makeFiles(t, dir, "f")
+	// The directory made immutable on the storage node: its unlink fails EPERM there.
+	fd, err := unix.Open(filepath.Join(src, "d"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if err == nil {
+		err = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsImmutableFl))
+	}
+	if err != nil {
+		t.Skipf("cannot make a directory immutable here: %v", err)
+	}
+	t.Cleanup(func() { unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags)) })
+	proxy.slow(50 * time.Millisecond)
+	if err := os.Remove(filepath.Join(dir, "f")); err != nil {
+		t.Fatal(err)
+	}
+	if a.backend.unlinksBehind.Load() != 1 {
+		t.Fatal("the removal did not go behind")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.backend.unlinksFailed.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the refused removal was not noticed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	a.backend.unlinking.Wait()
+	if got, err := os.ReadFile(filepath.Join(dir, "f")); err != nil || string(got) != "f" {
+		t.Fatalf("after the refused removal a reads d/f as %q (%v), want it back", got, err)
+	}
+}
+
+// fsImmutableFl is FS_IMMUTABLE_FL of linux/fs.h (chattr +i).
+const fsImmutableFl = 0x00000010
+
+// Removals on their way when the storage agent restarts are sent again on the mount's next
+// connection (the first may have landed: ENOENT then), never lost.
+func TestUnlinksBehindLandAfterAServerRestart(t *testing.T) {
+	const lease = 2 * time.Second
+	src, mp := dirs(t)
+	tr := usage.New("unlinks", 1<<30)
+	target := server.Target{Dir: src, Tracker: tr}
+	addr, stop := startLeaseServerOn(t, "127.0.0.1:0", target, lease)
+	proxy := newCutProxy(t, addr)
+	limits := client.Limits{KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond, RequestTimeout: 20 * time.Second}
+	a := mount(t, Spec{MountPath: mp + "-a", Remote: &Remote{Address: proxy.addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
+	names := []string{"f0", "f1", "f2", "f3"}
+	makeFiles(t, filepath.Join(a.Path(), "d"), names...)
+	proxy.slow(200 * time.Millisecond)
+	for _, n := range names {
+		if err := os.Remove(filepath.Join(a.Path(), "d", n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.backend.unlinksBehind.Load(); got != int64(len(names)) {
+		t.Fatalf("%d removals went behind, want %d", got, len(names))
+	}
+	stop() // most of them are still in the slow link
+	proxy.slow(0)
+	startLeaseServerOn(t, addr, target, lease)
+	a.backend.unlinking.Wait()
+	if n := a.backend.unlinksFailed.Load(); n != 0 {
+		t.Fatalf("%d removals failed", n)
+	}
+	for _, n := range names {
+		missing(t, filepath.Join(src, "d", n))
+	}
+}
