@@ -439,8 +439,11 @@ func (r *Run) supervise(reserve func(bytes uint64) error) {
 		}
 	}
 	if clean {
+		// From here on a stop (a cancel, the timeout) comes too late and does nothing: the
+		// worker may serve another stage soon.
 		r.mu.Lock()
 		stopping := r.stopReason != ""
+		r.ended = r.ended || !stopping
 		r.mu.Unlock()
 		if !stopping {
 			r.endCleanly(final)
@@ -494,7 +497,6 @@ func (r *Run) endCleanly(final *event) {
 	p := r.proc
 	handed := r.handedOver()
 	r.mu.Lock()
-	r.ended = true
 	r.settle(final, nil, false)
 	r.mu.Unlock()
 	switch {

@@ -174,7 +174,30 @@ func (p *proc) usable(uid uint32) error {
 	if state := privdrop.StatusField(string(status), "State"); strings.HasPrefix(state, "Z") || strings.HasPrefix(state, "X") {
 		return errors.New("it exited")
 	}
-	return asuser.CheckSealed(p.pid, uid, workerName)
+	if err := asuser.CheckSealed(p.pid, uid, workerName); err != nil {
+		return err
+	}
+	return holdsNoDirectory(p.pid)
+}
+
+// holdsNoDirectory checks that an idle worker closed its stage's directories, as it said: a
+// root agent can see its descriptors (an agent of the worker's own uid cannot, the worker
+// being non-dumpable; it has nothing but that uid's anyway).
+func holdsNoDirectory(pid int) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if fi, err := os.Stat(dir + e.Name()); err == nil && fi.IsDir() {
+			return fmt.Errorf("it still holds a directory (descriptor %s) between stages", e.Name())
+		}
+	}
+	return nil
 }
 
 // idle is a worker waiting in the pool, watched by one goroutine until it is taken.

@@ -402,3 +402,39 @@ func TestNonRootAgentReusesWorkers(t *testing.T) {
 		t.Errorf("the worker served %d stages", one.proc.served)
 	}
 }
+
+// A worker that kept a directory open after its stage (it said it had closed them) is not
+// handed the next one; the same worker without it is.
+func TestWorkerHoldingADirectoryIsNotReused(t *testing.T) {
+	if !isRoot() {
+		t.Skip("needs root: the agent reads the worker's descriptors")
+	}
+	freshPool(t)
+	a := newArea(t)
+	s, limits := fakeSpec(a)
+	serve := `while read req; do seq=$(echo "$req" | sed 's/.*"seq":\([0-9]*\).*/\1/')
+echo '{"event":"plan","files":1,"bytes":9,"seq":'$seq'}'; read answer
+echo '{"event":"done","files":1,"bytes":9,"seq":'$seq',"more":true}'; done`
+	for _, c := range []struct {
+		name, script string
+		reused       bool
+	}{
+		{"closes its directories", serve, true},
+		{"keeps one open", "exec 5</\n" + serve, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			exe := []string{"/bin/sh", "-c", c.script}
+			first := Start(context.Background(), exe, s, limits, nil)
+			if st := first.Wait(); st.Status != "complete" {
+				t.Fatalf("%s %s", st.Status, st.Error)
+			}
+			second := Start(context.Background(), exe, s, limits, nil)
+			if st := second.Wait(); st.Status != "complete" {
+				t.Fatalf("%s %s", st.Status, st.Error)
+			}
+			if reused := second.proc == first.proc; reused != c.reused {
+				t.Errorf("the second stage ran in the first one's worker: %v, want %v", reused, c.reused)
+			}
+		})
+	}
+}
