@@ -141,7 +141,7 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		id = &privdrop.Identity{UID: credential.Uid, GID: credential.Gid, Groups: credential.Groups}
 	}
 	key := poolKey(exe, id, r.limits.Nice)
-	p := pool.take(key, spec.UID)
+	p := pool.take(key)
 	if p == nil {
 		if p, err = spawn(exe, id, r.limits, key); err != nil {
 			closeAll(rootFiles)

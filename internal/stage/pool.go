@@ -7,7 +7,8 @@ package stage
 // its exact credential (uid, gid, supplementary groups), program and nice value, and the next
 // stage of that key takes it instead of starting a process. Before each stage the agent checks
 // it again as it did the first time (every thread the user's, untraced, not dumpable: the
-// handoff's asuser.AcceptTagged), and the stage's lines carry its sequence number.
+// handoff's asuser.AcceptTagged, after a cheaper look when it is taken), and the stage's lines
+// carry its sequence number.
 //
 // Nothing abnormal is ever reused: a stage canceled, timed out, stalled, a protocol error, a
 // worker that wrote on stderr or sent anything while idle, or that exited, is killed or
@@ -158,9 +159,11 @@ func (p *proc) kill() {
 	}()
 }
 
-// usable checks a worker taken from the pool: still there (not a zombie), and sealed as uid
-// as it was when it last received directories.
-func (p *proc) usable(uid uint32) error {
+// usable checks a worker taken from the pool, cheaply (one file of /proc, and its descriptors
+// when the agent is root): still there (not a zombie), its main thread untraced, and holding
+// no file or directory. The full check — every thread the user's, none traced, not dumpable —
+// is the handoff's (asuser.AcceptTagged), right before the stage's directories are sent.
+func (p *proc) usable() error {
 	p.mu.Lock()
 	reaped := p.reaped
 	p.mu.Unlock()
@@ -174,16 +177,18 @@ func (p *proc) usable(uid uint32) error {
 	if state := privdrop.StatusField(string(status), "State"); strings.HasPrefix(state, "Z") || strings.HasPrefix(state, "X") {
 		return errors.New("it exited")
 	}
-	if err := asuser.CheckSealed(p.pid, uid, workerName); err != nil {
-		return err
+	if tracer := privdrop.StatusField(string(status), "TracerPid"); tracer != "0" {
+		return fmt.Errorf("it is traced by pid %s", tracer)
 	}
-	return holdsNoDirectory(p.pid)
+	return holdsNothing(p.pid)
 }
 
-// holdsNoDirectory checks that an idle worker closed its stage's directories, as it said: a
-// root agent can see its descriptors (an agent of the worker's own uid cannot, the worker
-// being non-dumpable; it has nothing but that uid's anyway).
-func holdsNoDirectory(pid int) error {
+// holdsNothing checks that an idle worker closed its stage's files and directories, as it
+// said: between stages it holds pipes and sockets, and what the Go runtime keeps (the
+// cgroup's CPU quota file, for GOMAXPROCS). A root agent can see its descriptors (an agent
+// of the worker's own uid cannot, the worker being non-dumpable; it has nothing but that
+// uid's anyway).
+func holdsNothing(pid int) error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
@@ -193,9 +198,11 @@ func holdsNoDirectory(pid int) error {
 		return err
 	}
 	for _, e := range entries {
-		if fi, err := os.Stat(dir + e.Name()); err == nil && fi.IsDir() {
-			return fmt.Errorf("it still holds a directory (descriptor %s) between stages", e.Name())
+		target, err := os.Readlink(dir + e.Name())
+		if err != nil || !strings.HasPrefix(target, "/") || strings.HasPrefix(target, "/sys/") || strings.HasPrefix(target, "/proc/") {
+			continue // gone, or a pipe, a socket, an eventpoll; the runtime's
 		}
+		return fmt.Errorf("it still holds %s (descriptor %s) between stages", target, e.Name())
 	}
 	return nil
 }
@@ -292,8 +299,8 @@ func (pl *workerPool) watch(it *idle, limits Limits) {
 	}
 }
 
-// take returns an idle worker of key fit for a stage of uid, or nil.
-func (pl *workerPool) take(key string, uid uint32) *proc {
+// take returns an idle worker of key fit for a stage, or nil.
+func (pl *workerPool) take(key string) *proc {
 	for {
 		pl.mu.Lock()
 		list := pl.idle[key]
@@ -316,7 +323,7 @@ func (pl *workerPool) take(key string, uid uint32) *proc {
 		if bad {
 			continue // the watcher dealt with it
 		}
-		if err := it.p.usable(uid); err != nil {
+		if err := it.p.usable(); err != nil {
 			it.p.kill()
 			continue
 		}

@@ -311,7 +311,9 @@ func TestMisbehavingWorkerIsNotReused(t *testing.T) {
 }
 
 // The agent checks an idle worker again before it hands it a stage: one that is traced (even
-// by root) is killed, and the stage runs in a fresh worker.
+// by root) gets no directories. A traced main thread is seen when the worker is taken (the
+// stage runs in a fresh worker); any other traced thread by the handoff's full check (the
+// stage fails saying so, and the worker is killed).
 func TestTracedIdleWorkerIsNotHandedAStage(t *testing.T) {
 	if !isRoot() {
 		t.Skip("needs root: traces a non-dumpable worker")
@@ -320,34 +322,71 @@ func TestTracedIdleWorkerIsNotHandedAStage(t *testing.T) {
 	if err != nil {
 		t.Skip("/usr/bin/python3 (the tracer) is not installed")
 	}
-	freshPool(t)
-	limits := poolLimits(30*time.Second, 10)
-	r, _ := stageFile(t, limits, workerExe, nil)
-	tracer := exec.Command(python, "-c", `
+	for _, thread := range []string{"main", "other"} {
+		t.Run(thread, func(t *testing.T) {
+			freshPool(t)
+			limits := poolLimits(30*time.Second, 10)
+			// A traced thread stops at the SIGTERM and waits for its tracer: it dies only
+			// from the SIGKILL, and is reaped once the tracer goes.
+			limits.CancelGrace = 300 * time.Millisecond
+			r, _ := stageFile(t, limits, workerExe, nil)
+			tid := r.proc.pid
+			if thread == "other" {
+				tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", r.proc.pid))
+				for _, task := range tasks {
+					if n, _ := strconv.Atoi(task.Name()); n != r.proc.pid {
+						tid = n
+					}
+				}
+				if tid == r.proc.pid {
+					t.Fatal("the worker has one thread only")
+				}
+			}
+			tracer := exec.Command(python, "-c", `
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
 ok = libc.ptrace(0x4206, int(sys.argv[1]), None, None) == 0  # PTRACE_SEIZE
 print("seized" if ok else "not seized: errno %d" % ctypes.get_errno(), flush=True)
 sys.stdin.read()
-`, strconv.Itoa(r.proc.pid))
-	stdin, _ := tracer.StdinPipe()
-	stdout, _ := tracer.StdoutPipe()
-	if err := tracer.Start(); err != nil {
-		t.Fatal(err)
+`, strconv.Itoa(tid))
+			stdin, _ := tracer.StdinPipe()
+			stdout, _ := tracer.StdoutPipe()
+			if err := tracer.Start(); err != nil {
+				t.Fatal(err)
+			}
+			stopTracer := func() { stdin.Close(); tracer.Wait() }
+			defer stopTracer()
+			line := make([]byte, 64)
+			n, _ := stdout.Read(line)
+			if got := strings.TrimSpace(string(line[:n])); got != "seized" {
+				t.Fatalf("the tracer: %q", got)
+			}
+			if thread == "main" {
+				next, _ := stageFile(t, limits, workerExe, nil)
+				if next.proc == r.proc || !next.fresh {
+					t.Errorf("the traced worker (pid %d) was handed the next stage", r.proc.pid)
+				}
+			} else {
+				a := newArea(t)
+				src := filepath.Join(a.pfs, "in.dat")
+				writeFile(t, src, "x", 0o644, past)
+				r2 := Start(context.Background(), workerExe, spec(a, "in", "file", src, "$DW_JOB_STRIPED/in.dat"), limits, nil)
+				st := r2.Wait()
+				if r2.proc != r.proc {
+					t.Fatalf("the stage did not go to the idle worker (pid %d), the test tests nothing", r.proc.pid)
+				}
+				want := fmt.Sprintf("thread %d) is traced by pid", tid)
+				if st.Status != "failed" || !strings.Contains(st.Error, want) {
+					t.Errorf("a stage given the worker with a traced thread: %s %q, want failed with %q", st.Status, st.Error, want)
+				}
+				if exists(filepath.Join(a.ns, "in.dat")) {
+					t.Error("the stage wrote into its namespace")
+				}
+			}
+			stopTracer() // the killed worker is the tracer's to reap first
+			gone(t, r.proc, 10*time.Second, "a traced idle worker")
+		})
 	}
-	stopTracer := func() { stdin.Close(); tracer.Wait() }
-	defer stopTracer()
-	line := make([]byte, 64)
-	n, _ := stdout.Read(line)
-	if got := strings.TrimSpace(string(line[:n])); got != "seized" {
-		t.Fatalf("the tracer: %q", got)
-	}
-	next, _ := stageFile(t, limits, workerExe, nil)
-	if next.proc == r.proc || !next.fresh {
-		t.Errorf("the traced worker (pid %d) was handed the next stage", r.proc.pid)
-	}
-	stopTracer() // the killed worker is the tracer's to reap first
-	gone(t, r.proc, 10*time.Second, "a traced idle worker")
 }
 
 // The job's user cannot use their own idle worker to reach the directories of a stage: not
@@ -403,8 +442,8 @@ func TestNonRootAgentReusesWorkers(t *testing.T) {
 	}
 }
 
-// A worker that kept a directory open after its stage (it said it had closed them) is not
-// handed the next one; the same worker without it is.
+// A worker that kept a directory (or a file) open after its stage (it said it had closed
+// them) is not handed the next one; the same worker without it is.
 func TestWorkerHoldingADirectoryIsNotReused(t *testing.T) {
 	if !isRoot() {
 		t.Skip("needs root: the agent reads the worker's descriptors")
