@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
 	"os"
 	"os/exec"
 	"sort"
@@ -53,11 +52,10 @@ type Run struct {
 	fresh bool   // proc was started for this stage
 
 	// The handoff of the stage's directories (handoff.go): handed once they are, handoffDone
-	// closed when handOver returned (handoffErr), handoffMu orders the two with the wake-up
-	// of a handOver still waiting when the stage ends.
+	// closed when handOver returned; handoffMu orders the two with the wake-up of a handOver
+	// still waiting when the stage ends.
 	handoffMu   sync.Mutex
 	handed      bool
-	handoffErr  error
 	handoffDone chan struct{}
 
 	cancelCh chan struct{}
@@ -183,7 +181,7 @@ func (r *Run) handOff(rootFiles []*os.File) {
 	}()
 	err := handOver(r.proc.handoff, r.proc.pid, r.spec.UID, r.seq, rootFiles)
 	r.handoffMu.Lock()
-	r.handed, r.handoffErr = err == nil, err
+	r.handed = err == nil
 	r.handoffMu.Unlock()
 	close(r.handoffDone)
 	if err != nil && !errors.Is(err, asuser.ErrNotAsked) {
