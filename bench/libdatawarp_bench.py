@@ -212,6 +212,32 @@ def wait_for(what, ok, timeout=60):
     sys.exit(f"timed out waiting for {what}")
 
 
+def cpu_of(pid):
+    """CPU seconds of process pid so far: its own (user + system), and its children's, reaped
+    (cutime, cstime) or alive (the stage workers an agent keeps between stages)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def times(p):
+        with open(f"/proc/{p}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return [int(x) for x in fields[11:15]]  # utime, stime, cutime, cstime
+    live = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = f.read().split()
+        except OSError:
+            continue
+        for c in children:
+            try:
+                t = times(c)
+                live += sum(t)
+            except OSError:
+                pass
+    u, s, cu, cs = times(pid)
+    return (u + s) / tick, (cu + cs + live) / tick
+
+
 def tcp_calls(a, binary, calls, work, pfs):
     """(f): the calls programs on a compute node's terms: a controller and an agent as daemons
     (`spillway controller`, `spillway agent`), the controller listening on TCP and checking
@@ -298,20 +324,29 @@ controller = "unix:{d}/controller.sock"
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/", "SPILLWAY_CONFIG": node, "SPILLWAY_BIN": binary, "DW_JOB_STRIPED": mount}
         kinds = ("query", "stage_in", "at_job_end", "revoke")
         per = {"new": {k: [] for k in kinds}, "old": {k: [] for k in kinds}, "unix": {k: [] for k in kinds}}
+        controller_pid, agent_pid = procs[-2].pid, procs[-1].pid
+        cpu = {"new": [], "old": [], "unix": []}  # per run: seconds of the controller, the agent, its workers
         # A run first, not counted: the daemons' first calls pay their warm-up (a fresh
         # controller's caches and heap), 0.7-0.9 ms on that run's median stage-in, which the
         # run that happens to go first would carry; a cluster's daemons run for days.
         run(calls["new"], pfs, str(a.calls), str(a.files), "tcpwarm", env=env)
         for tag in ("new", "unix", "old", "new", "unix"):
             prog = calls["old" if tag == "old" else "new"]
+            c0, (a0, w0) = sum(cpu_of(controller_pid)), cpu_of(agent_pid)
             out = run(prog, pfs, str(a.calls), str(a.files), "tcp" + tag + str(len(per[tag]["query"])),
                       env=dict(env, SPILLWAY_CONFIG=local) if tag == "unix" else env)
+            # the copies of the last stage-ins end after the calls: wait for them (the agent
+            # idle), then count
+            time.sleep(1)
+            c1, (a1, w1) = sum(cpu_of(controller_pid)), cpu_of(agent_pid)
+            cpu[tag].append((c1 - c0, a1 - a0, w1 - w0))
             line = json.loads(out.stdout.strip().splitlines()[-1])
             for k in kinds:
                 per[tag][k] += line[k]
         api(ctl, "POST", "/dw/v1/sessions/tcp1/post_run")
         api(ctl, "POST", "/dw/v1/sessions/tcp1/teardown", {"hurry": True})
         wait_for("the teardown", lambda: not any(x.get("token") == "tcp1" for x in api(ctl, "GET", "/dw/v1/sessions")[1].get("sessions", [])), timeout=120)
+        per["cpu"] = cpu
         return per
     finally:
         for p in reversed(procs):
@@ -449,6 +484,13 @@ allow_root = true
             mt, mu = statistics.median(t), statistics.median(u)
             rows.append(f"| {name} | {mt * 1000:.2f} ({pct(t, 0.9) * 1000:.2f}) | {mu * 1000:.2f} ({pct(u, 0.9) * 1000:.2f}) | {(mt - mu) * 1000:+.2f} |")
         return "\n".join(rows)
+    def cpu_rows(cpu):
+        rows = []
+        for tag, name in (("new", "this library over TCP with MUNGE"), ("unix", "this library over the Unix socket"), ("old", "the old path")):
+            if cpu[tag]:
+                c, ag, w = (statistics.median(r[i] for r in cpu[tag]) * 1000 / a.files for i in range(3))
+                rows.append(f"| {name} | {c:.2f} | {ag:.2f} | {w:.2f} |")
+        return "\n".join(rows)
     tcp_text = ""
     if tcp is not None:
         tcp_text = f"""
@@ -463,6 +505,12 @@ The same daemons, this library over TCP with MUNGE against over their Unix socke
 | call | over TCP with MUNGE: median ms (90th pct) | over the Unix socket: median ms (90th pct) | difference, ms |
 |---|---:|---:|---:|
 {control(tcp)}
+
+CPU of the daemons per run of the calls program ({a.calls} queries, {a.files} stage-ins of a 4 KiB file, {a.files} stage-outs at job end and their revokes), from /proc: the controller, the agent itself, and the agent's stage workers (reaped or alive), per stage-in; median of the runs.
+
+| run | controller, ms per stage-in | agent, ms per stage-in | stage workers, ms per stage-in |
+|---|---:|---:|---:|
+{cpu_rows(tcp["cpu"])}
 """
     rows = table(per)
     small = os.path.join(os.path.dirname(os.path.abspath(binary)), "spillway-stage-worker")
@@ -488,7 +536,7 @@ Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with `pyt
 |---|---:|---:|---:|---:|---:|
 {rows}
 
-The library's own part of a call (probing the paths, one request on the socket) is well under a millisecond: a query costs the controller's read. A call that records something costs the controller's durable commit besides (the state's SQLite WAL with synchronous=FULL: the request is on the disk before the call returns, as the API promises), and a stage-in's dispatch also shares the machine's cores with the copies of the calls before it: the executor's transactions that start them (the call's goes first: `executor.yield_to_requests`; a burst's calls wake the executor once per `executor.wake_delay`) and their stage workers ({worker}, one process a stage).
+The library's own part of a call (probing the paths, one request on the socket) is well under a millisecond: a query costs the controller's read. A call that records something costs the controller's durable commit besides (the state's SQLite WAL with synchronous=FULL: the request is on the disk before the call returns, as the API promises), and a stage-in's dispatch also shares the machine's cores with the copies of the calls before it: the executor's transactions that start them (the call's goes first: `executor.yield_to_requests`; a burst's calls wake the executor once per `executor.wake_delay`) and their stage workers ({worker}, one process for a burst of one user's stages: a worker is kept between them, `stage.worker_idle_timeout`).
 {tcp_text}
 Ratio = the baseline's time / the API's (1.00 = as fast as `cp` + `sync`). `cp` in the job reads the checkpoint through the job's FUSE mount; the stage worker reads it on the storage node, beside the mount. Each libdatawarp call is one request to the controller, no child process (the library probes the paths as the job's user, the controller resolves the session and records the stage). The copy itself is the stage worker's, as the job's user, with DataWarp's fsync of the file.
 """

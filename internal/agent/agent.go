@@ -1389,6 +1389,8 @@ func (a *Agent) Close() {
 	for _, r := range stages {
 		r.Wait()
 	}
+	// Workers kept for a next stage hold nothing, and have no next stage now.
+	stage.CloseIdleWorkers(a.opt.StageLimits.WithDefaults().CancelGrace)
 	for path, m := range mounts {
 		if m.swap {
 			// A swap area's loop device reads through it: an unmount would fail (busy) or

@@ -29,7 +29,7 @@ type agentCollector struct {
 	a *Agent
 
 	capacity, allocated, used, fragments, ssdSize, ssdFree, mounts, stageWorkers, stageRuns, connections *prometheus.Desc
-	workerProcesses, workersStuck                                                                        *prometheus.Desc
+	workerProcesses, workersStuck, workersIdle                                                           *prometheus.Desc
 	// Cache fragments' stores (issue 20), by fragment and instance.
 	cachePFSRead, cachePFSWritten, cacheHits, cacheMisses, cacheEvictions, cacheFlushErrors, cacheDirty, cacheUsed *prometheus.Desc
 }
@@ -50,6 +50,7 @@ func newAgentCollector(a *Agent) *agentCollector {
 		stageRuns:       d("stage_runs", "Stage runs this agent keeps (running or finished, until the controller has their outcome)."),
 		workerProcesses: d("stage_worker_processes", "Stage worker processes alive on this node (started and not yet exited), whatever their stage's state: a canceled or stalled stage's worker counts until it is gone."),
 		workersStuck:    d("stage_workers_stuck", "Stage worker processes still alive stage.cancel_grace after SIGKILL: blocked in the kernel, typically on a FUSE file system whose server does not answer (a user's own, stopped); their stages have ended without them, and they exit when the server answers or the FUSE connection is aborted."),
+		workersIdle:     d("stage_workers_idle", "Stage worker processes waiting for the next stage of their user (stage.worker_idle_timeout); they hold no directory, and are counted in spillway_agent_stage_worker_processes too."),
 		connections:     d("warpfs_connections", "Connections to this node's data server (agent.data_listen), handshakes included; 0 without one."),
 
 		cachePFSRead:     d("cache_pfs_read_bytes_total", "Bytes a cache fragment's store read from the PFS (misses and read-ahead), since the agent opened the store.", "fragment", "instance"),
@@ -65,7 +66,7 @@ func newAgentCollector(a *Agent) *agentCollector {
 
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.capacity, c.allocated, c.used, c.fragments, c.ssdSize, c.ssdFree,
-		c.mounts, c.stageWorkers, c.stageRuns, c.connections, c.workerProcesses, c.workersStuck,
+		c.mounts, c.stageWorkers, c.stageRuns, c.connections, c.workerProcesses, c.workersStuck, c.workersIdle,
 		c.cachePFSRead, c.cachePFSWritten, c.cacheHits, c.cacheMisses, c.cacheEvictions, c.cacheFlushErrors, c.cacheDirty, c.cacheUsed} {
 		ch <- d
 	}
@@ -105,6 +106,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	alive, stuck := stage.WorkerProcesses()
 	gauge(c.workerProcesses, float64(alive))
 	gauge(c.workersStuck, float64(stuck))
+	gauge(c.workersIdle, float64(stage.IdleWorkers()))
 	a.dataMu.Lock()
 	data := a.data
 	a.dataMu.Unlock()

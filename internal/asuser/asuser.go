@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -246,6 +247,52 @@ func Dial(sockType int) (int, error) {
 	return pair[0], nil
 }
 
+// DialTagged is Dial for a worker that serves several requests (a stage worker kept between
+// stages): fd 3 stays open for the next one, and the message carries tag (the request's
+// sequence number), so that the agent never takes one request's socket for another's.
+func DialTagged(sockType int, tag []byte) (int, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, sockType|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("cannot make a socket to the agent: %v", err)
+	}
+	msg := append([]byte{'?'}, tag...)
+	err = unix.Sendmsg(HandoffFd, msg, unix.UnixRights(pair[1]), nil, 0)
+	for err == unix.EINTR {
+		err = unix.Sendmsg(HandoffFd, msg, unix.UnixRights(pair[1]), nil, 0)
+	}
+	unix.Close(pair[1])
+	if err != nil {
+		unix.Close(pair[0])
+		return -1, fmt.Errorf("cannot reach the agent: %v", err)
+	}
+	return pair[0], nil
+}
+
+// AcceptTagged is Accept on the agent's end of a kept worker's fd 3 (DialTagged): the message
+// must carry exactly tag. conn is read with its deadline, so that the caller can stop the
+// wait (SetReadDeadline) without closing a socket the worker's next request will use.
+func AcceptTagged(conn *net.UnixConn, workerPid int, uid uint32, who string, tag []byte) (int, error) {
+	want := append([]byte{'?'}, tag...)
+	buf := make([]byte, len(want)+1)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return -1, fmt.Errorf("%w (%v)", ErrNotAsked, err)
+	}
+	if n == 0 {
+		return -1, fmt.Errorf("%w (the socket was closed)", ErrNotAsked)
+	}
+	fds, err := parseRights(oob[:oobn], 1)
+	if err != nil {
+		return -1, fmt.Errorf("%s sent a request without its socket: %v", who, err)
+	}
+	if string(buf[:n]) != string(want) {
+		unix.Close(fds[0])
+		return -1, fmt.Errorf("%s asked for request %x during request %x; it is not used again", who, buf[min(n, 1):n], tag)
+	}
+	return checkAsker(fds[0], workerPid, uid, who)
+}
+
 // ErrNotAsked: the worker closed its end of the handoff socket (or died) without dialing.
 var ErrNotAsked = errors.New("the worker never asked")
 
@@ -258,7 +305,11 @@ func Accept(agent int, workerPid int, uid uint32, who string) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("%w (%v)", ErrNotAsked, err)
 	}
-	sock := reply[0]
+	return checkAsker(reply[0], workerPid, uid, who)
+}
+
+// checkAsker takes the socket sock a worker sent if its pid made it and it is sealed as uid.
+func checkAsker(sock, workerPid int, uid uint32, who string) (int, error) {
 	cred, err := unix.GetsockoptUcred(sock, unix.SOL_SOCKET, unix.SO_PEERCRED)
 	if err != nil {
 		unix.Close(sock)
@@ -278,19 +329,46 @@ func Accept(agent int, workerPid int, uid uint32, who string) (int, error) {
 
 // ReceiveFds reads one message carrying exactly want descriptors.
 func ReceiveFds(sock, want int) ([]int, error) {
-	buf := make([]byte, 1)
+	fds, _, err := receiveFds(sock, want, 1)
+	return fds, err
+}
+
+// ReceiveFdsTagged is ReceiveFds of a message that must carry exactly tag.
+func ReceiveFdsTagged(sock, want int, tag []byte) ([]int, error) {
+	fds, got, err := receiveFds(sock, want, len(tag)+1)
+	if err != nil {
+		return nil, err
+	}
+	if string(got) != string(tag) {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("the descriptors came for request %x, not %x", got, tag)
+	}
+	return fds, nil
+}
+
+// receiveFds reads one message of at most size bytes carrying exactly want descriptors.
+func receiveFds(sock, want, size int) ([]int, []byte, error) {
+	buf := make([]byte, size)
 	oob := make([]byte, unix.CmsgSpace(4*want))
 	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	for err == unix.EINTR {
 		n, oobn, _, _, err = unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if n == 0 {
-		return nil, fmt.Errorf("the socket was closed")
+		return nil, nil, fmt.Errorf("the socket was closed")
 	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	fds, err := parseRights(oob[:oobn], want)
+	return fds, buf[:n], err
+}
+
+// parseRights is the descriptors of a message's control data, exactly want of them.
+func parseRights(oob []byte, want int) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil || len(msgs) != 1 {
 		return nil, fmt.Errorf("no descriptors in the message")
 	}
@@ -312,16 +390,25 @@ func ReceiveFds(sock, want int) ([]int, error) {
 type HeadBuffer struct {
 	mu  sync.Mutex
 	buf []byte
+	any bool
 	Max int
 }
 
 func (b *HeadBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.any = b.any || len(p) > 0
 	if room := b.Max - len(b.buf); room > 0 {
 		b.buf = append(b.buf, p[:min(room, len(p))]...)
 	}
 	return len(p), nil
+}
+
+// Wrote says whether anything was written at all.
+func (b *HeadBuffer) Wrote() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.any
 }
 
 // Text is what was kept, without surrounding space.

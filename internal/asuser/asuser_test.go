@@ -3,12 +3,14 @@ package asuser
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -96,5 +98,51 @@ func TestAcceptRefusesASocketOfAnotherProcess(t *testing.T) {
 	worker.Close()
 	if _, err := Accept(int(agent.Fd()), os.Getpid(), uint32(os.Getuid()), "w"); !errors.Is(err, ErrNotAsked) {
 		t.Errorf("a worker that never asked: %v", err)
+	}
+}
+
+// A worker kept for several requests asks on the same fd 3 each time, its message numbered:
+// the agent takes a socket only with the number of the request it waits for, and a message
+// of another request (a stale one) is refused, its socket closed.
+func TestAcceptTaggedTakesOnlyItsRequest(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: the asker is this process, sealed only as root")
+	}
+	agentEnd, workerEnd, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer workerEnd.Close()
+	conn, err := net.FileConn(agentEnd)
+	agentEnd.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(tag string) {
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(pair[0])
+		defer unix.Close(pair[1])
+		if err := unix.Sendmsg(int(workerEnd.Fd()), append([]byte{'?'}, tag...), unix.UnixRights(pair[1]), nil, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask("\x00\x00\x00\x00\x00\x00\x00\x01")
+	if _, err := AcceptTagged(conn.(*net.UnixConn), os.Getpid(), 0, "the test worker", []byte("\x00\x00\x00\x00\x00\x00\x00\x02")); err == nil || !strings.Contains(err.Error(), "asked for request 0000000000000001 during request 0000000000000002") {
+		t.Errorf("a stale request: %v", err)
+	}
+	ask("\x00\x00\x00\x00\x00\x00\x00\x02")
+	sock, err := AcceptTagged(conn.(*net.UnixConn), os.Getpid(), 0, "the test worker", []byte("\x00\x00\x00\x00\x00\x00\x00\x02"))
+	if err != nil {
+		t.Fatalf("the request waited for: %v", err)
+	}
+	unix.Close(sock)
+	// Nobody asks: a deadline ends the wait without closing the socket.
+	conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := AcceptTagged(conn.(*net.UnixConn), os.Getpid(), 0, "the test worker", []byte("x")); !errors.Is(err, ErrNotAsked) {
+		t.Errorf("no request: %v, want ErrNotAsked", err)
 	}
 }

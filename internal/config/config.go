@@ -363,6 +363,12 @@ type Stage struct {
 	// WorkerNice is the nice value stage workers run at (0 to 19; 0: the agent's own): copies
 	// yield the CPU to the data path and the requests sharing the node.
 	WorkerNice int `toml:"worker_nice"`
+	// A stage worker that ended a stage cleanly waits WorkerIdleTimeout for the next stage of
+	// the same credential; at most MaxIdleWorkers wait so, and a worker exits after
+	// WorkerMaxStages stages (1: a process per stage).
+	WorkerIdleTimeout Duration `toml:"worker_idle_timeout"`
+	MaxIdleWorkers    int      `toml:"max_idle_workers"`
+	WorkerMaxStages   int      `toml:"worker_max_stages"`
 
 	// History is how many finished stages the controller keeps after their sessions went
 	// (dwstat stages, GET /dw/v1/stage_history), the newest; 0 keeps none.
@@ -634,6 +640,9 @@ func Defaults() Config {
 			MaxWarnings:        100,
 			WorkerStderrLimit:  Size(16 << 10),
 			WorkerNice:         10,
+			WorkerIdleTimeout:  Duration(5 * time.Second),
+			MaxIdleWorkers:     8,
+			WorkerMaxStages:    100,
 		},
 		Agent: Agent{
 			SSDPath:              "/var/lib/spillway/ssd",
@@ -911,6 +920,9 @@ func (c *Config) Validate() error {
 	positive("stage.copy_buffer_size", int64(c.Stage.CopyBufferSize))
 	positive("stage.max_warnings", int64(c.Stage.MaxWarnings))
 	positive("stage.worker_stderr_limit", int64(c.Stage.WorkerStderrLimit))
+	positive("stage.worker_idle_timeout", int64(c.Stage.WorkerIdleTimeout))
+	positive("stage.max_idle_workers", int64(c.Stage.MaxIdleWorkers))
+	positive("stage.worker_max_stages", int64(c.Stage.WorkerMaxStages))
 	if c.Stage.WorkerNice < 0 || c.Stage.WorkerNice > 19 {
 		problems = append(problems, fmt.Sprintf("stage.worker_nice = %d: give a nice value from 0 (stage workers run at the agent's priority) to 19 (the lowest)", c.Stage.WorkerNice))
 	}

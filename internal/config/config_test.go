@@ -282,3 +282,22 @@ func TestStageWorkerNice(t *testing.T) {
 		}
 	}
 }
+
+// The stage worker pool's limits: defaults, a value read, and 0 or less refused naming the key
+// (worker_max_stages = 1 is how reuse is turned off).
+func TestStageWorkerPoolLimits(t *testing.T) {
+	d := Defaults().Stage
+	if d.WorkerIdleTimeout.D() != 5*time.Second || d.MaxIdleWorkers != 8 || d.WorkerMaxStages != 100 {
+		t.Errorf("defaults %v, %d, %d; want 5s, 8, 100", d.WorkerIdleTimeout.D(), d.MaxIdleWorkers, d.WorkerMaxStages)
+	}
+	cfg, err := Parse([]byte("[stage]\nworker_idle_timeout = \"2s\"\nmax_idle_workers = 3\nworker_max_stages = 1\n"), "pool", Defaults())
+	if err != nil || cfg.Stage.WorkerIdleTimeout.D() != 2*time.Second || cfg.Stage.MaxIdleWorkers != 3 || cfg.Stage.WorkerMaxStages != 1 {
+		t.Errorf("read %+v %v", cfg.Stage, err)
+	}
+	for _, key := range []string{"worker_idle_timeout = \"0s\"", "max_idle_workers = 0", "worker_max_stages = -1"} {
+		name := "stage." + strings.Fields(key)[0]
+		if _, err := Parse([]byte("[stage]\n"+key+"\n"), "pool", Defaults()); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%q: %v, want a refusal naming %s", key, err, name)
+		}
+	}
+}

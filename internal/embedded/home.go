@@ -261,6 +261,10 @@ func StageLimits(cfg config.Config) stage.Limits {
 		MaxStderrBytes:   int(cfg.Stage.WorkerStderrLimit),
 		Nice:             cfg.Stage.WorkerNice,
 		AllowRoot:        cfg.Stage.AllowRoot,
+
+		WorkerIdleTimeout: cfg.Stage.WorkerIdleTimeout.D(),
+		MaxIdleWorkers:    cfg.Stage.MaxIdleWorkers,
+		WorkerMaxStages:   cfg.Stage.WorkerMaxStages,
 	}
 }
 

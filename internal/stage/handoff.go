@@ -10,8 +10,9 @@ package stage
 // checked again that the worker is the user's, untraced and non-dumpable (asuser.Accept).
 
 import (
-	"errors"
+	"encoding/binary"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -25,14 +26,13 @@ import (
 const handoffRoot = "handoff:"
 
 // handOver answers the worker's request for its directories on the agent's end: it accepts
-// the worker's fresh socket (asuser.Accept checks who made it and that the worker is sealed)
-// and sends the directories on it. It returns when it has, or when the worker is gone or the
-// caller shut agent down.
-func handOver(agent int, workerPid int, uid uint32, roots []*os.File) error {
-	sock, err := asuser.Accept(agent, workerPid, uid, workerName)
-	if errors.Is(err, asuser.ErrNotAsked) {
-		return nil // the worker never asked (it had no directories to stage, or died)
-	}
+// the worker's fresh socket (asuser.AcceptTagged checks who made it, that it is for this stage
+// and that the worker is sealed) and sends the directories on it, tagged with the stage's
+// sequence number. It returns when it has, or when the worker is gone or the caller set
+// agent's read deadline (the stage ended without asking).
+func handOver(agent *net.UnixConn, workerPid int, uid uint32, seq uint64, roots []*os.File) error {
+	tag := seqTag(seq)
+	sock, err := asuser.AcceptTagged(agent, workerPid, uid, workerName, tag)
 	if err != nil {
 		return err
 	}
@@ -41,15 +41,20 @@ func handOver(agent int, workerPid int, uid uint32, roots []*os.File) error {
 	for i, f := range roots {
 		fds[i] = int(f.Fd())
 	}
-	if err := unix.Sendmsg(sock, []byte{'d'}, unix.UnixRights(fds...), nil, 0); err != nil {
+	if err := unix.Sendmsg(sock, tag, unix.UnixRights(fds...), nil, 0); err != nil {
 		return fmt.Errorf("cannot hand the instance's directories to the staging worker: %v", err)
 	}
 	return nil
 }
 
+// seqTag is a stage's sequence number as the handoff's messages carry it.
+func seqTag(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+
 // receiveRoots is the worker's side: once it is non-dumpable, it asks for its directories and
-// turns the "handoff:<i>" roots of its spec into paths of the descriptors it received.
-func receiveRoots(roots map[string]string) error {
+// turns the "handoff:<i>" roots of its spec into paths of the descriptors it received, which
+// it returns (closed when the stage ends). A request with a sequence number comes from an
+// agent that may send more: fd 3 stays open for them, and every message carries the number.
+func receiveRoots(roots map[string]string, seq uint64) ([]int, error) {
 	n := 0
 	for _, dir := range roots {
 		if strings.HasPrefix(dir, handoffRoot) {
@@ -57,17 +62,30 @@ func receiveRoots(roots map[string]string) error {
 		}
 	}
 	if n == 0 {
-		unix.Close(asuser.HandoffFd)
-		return nil
+		if seq == 0 {
+			unix.Close(asuser.HandoffFd)
+		}
+		return nil, nil
 	}
-	sock, err := asuser.Dial(unix.SOCK_STREAM)
+	var sock int
+	var err error
+	if seq == 0 {
+		sock, err = asuser.Dial(unix.SOCK_STREAM)
+	} else {
+		sock, err = asuser.DialTagged(unix.SOCK_STREAM, seqTag(seq))
+	}
 	if err != nil {
-		return fmt.Errorf("cannot ask for the instance's directories: %v", err)
+		return nil, fmt.Errorf("cannot ask for the instance's directories: %v", err)
 	}
 	defer unix.Close(sock)
-	fds, err := asuser.ReceiveFds(sock, n)
+	var fds []int
+	if seq == 0 {
+		fds, err = asuser.ReceiveFds(sock, n)
+	} else {
+		fds, err = asuser.ReceiveFdsTagged(sock, n, seqTag(seq))
+	}
 	if err != nil {
-		return fmt.Errorf("the agent did not hand over the instance's directories: %v", err)
+		return nil, fmt.Errorf("the agent did not hand over the instance's directories: %v", err)
 	}
 	for name, dir := range roots {
 		i, err := strconv.Atoi(strings.TrimPrefix(dir, handoffRoot))
@@ -76,5 +94,5 @@ func receiveRoots(roots map[string]string) error {
 		}
 		roots[name] = "/proc/self/fd/" + strconv.Itoa(fds[i])
 	}
-	return nil
+	return fds, nil
 }

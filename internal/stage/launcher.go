@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"sort"
@@ -42,15 +41,23 @@ type Run struct {
 	warnings   []string
 	dropped    int    // warnings beyond MaxWarnings
 	stopReason string // set once, by stop
-	exited     bool   // the worker has been reaped: its pid may be reused
 	refused    error  // the reserve function's answer
 	protoErr   error
 	lastSign   time.Time // the worker's last planning, plan, progress or warning line
 	abandoned  bool      // killed, and still not gone CancelGrace later: the run ended without it
+	ended      bool      // the worker was reaped, or is back in the pool: nothing more to signal
 
-	cmd      *exec.Cmd
-	stdin    io.WriteCloser
-	stderr   *asuser.HeadBuffer
+	proc  *proc  // the worker serving the stage
+	seq   uint64 // the stage's sequence number (workerRequest.Seq)
+	fresh bool   // proc was started for this stage
+
+	// The handoff of the stage's directories (handoff.go): handed once they are, handoffDone
+	// closed when handOver returned; handoffMu orders the two with the wake-up of a handOver
+	// still waiting when the stage ends.
+	handoffMu   sync.Mutex
+	handed      bool
+	handoffDone chan struct{}
+
 	cancelCh chan struct{}
 	cancel   sync.Once
 	done     chan struct{}
@@ -71,9 +78,13 @@ func WorkerProcesses() (alive, stuck int64) { return workersAlive.Load(), worker
 // finish marks the run ended (once).
 func (r *Run) finish() { r.doneOnce.Do(func() { close(r.done) }) }
 
-// Start runs spec in a new worker process and returns at once; the stage's fate is read with
+// nextSeq numbers the stages of this process (workerRequest.Seq).
+var nextSeq atomic.Uint64
+
+// Start runs spec in a worker process and returns at once; the stage's fate is read with
 // Status, Wait or Done. exe is the worker's argv prefix, e.g. {"/proc/self/exe",
-// "stage-worker"}; it must be executable by the stage's user.
+// "stage-worker"}; it must be executable by the stage's user. The worker is one that ended a
+// stage of the same credential cleanly and waits for another (pool.go), or a new one.
 //
 // When the agent runs as root the worker gets the stage's uid, gid and the uid's supplementary
 // groups (from the user database); otherwise the agent may only stage for its own uid.
@@ -87,12 +98,13 @@ func (r *Run) finish() { r.doneOnce.Do(func() { close(r.done) }) }
 // as the agent, not one of a single request.
 func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Limits, reserve func(bytes uint64) error) *Run {
 	r := &Run{
-		spec:     spec,
-		limits:   limits.WithDefaults(),
-		prefix:   directivePrefix(spec),
-		status:   agentapi.StageStatus{ID: spec.ID, Known: true, Status: "running"},
-		cancelCh: make(chan struct{}),
-		done:     make(chan struct{}),
+		spec:        spec,
+		limits:      limits.WithDefaults(),
+		prefix:      directivePrefix(spec),
+		status:      agentapi.StageStatus{ID: spec.ID, Known: true, Status: "running"},
+		cancelCh:    make(chan struct{}),
+		done:        make(chan struct{}),
+		handoffDone: make(chan struct{}),
 	}
 	if err := limits.Validate(); err != nil {
 		r.finishEarly(err)
@@ -112,22 +124,10 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 		r.finishEarly(err)
 		return r
 	}
-	agentEnd, workerEnd, err := asuser.Pair()
+	r.seq = nextSeq.Add(1)
+	request, err := json.Marshal(workerRequest{StageSpec: workerSpec, Limits: &r.limits, Seq: r.seq})
 	if err != nil {
 		closeAll(rootFiles)
-		r.finishEarly(err)
-		return r
-	}
-	defer workerEnd.Close() // the worker has its own copy once started
-	started := false
-	defer func() {
-		if !started { // the handoff below owns them once the worker runs
-			agentEnd.Close()
-			closeAll(rootFiles)
-		}
-	}()
-	request, err := json.Marshal(workerRequest{StageSpec: workerSpec, Limits: &r.limits})
-	if err != nil {
 		r.finishEarly(fmt.Errorf("cannot encode the stage request: %v", err))
 		return r
 	}
@@ -138,74 +138,83 @@ func Start(ctx context.Context, exe []string, spec agentapi.StageSpec, limits Li
 	if credential != nil {
 		id = &privdrop.Identity{UID: credential.Uid, GID: credential.Gid, Groups: credential.Groups}
 	}
-	// fd 3 (asuser.HandoffFd): the worker asks for its directories there. Its stdin ending
-	// stops it, so it outlives no agent.
-	cmd := asuser.Command(exe, id, workerEnd)
-	r.stderr = &asuser.HeadBuffer{Max: r.limits.MaxStderrBytes}
-	cmd.Stderr = r.stderr
-	cmd.WaitDelay = r.limits.CancelGrace
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		r.finishEarly(fmt.Errorf("cannot start the staging worker: %v", err))
-		return r
+	key := poolKey(exe, id, r.limits.Nice)
+	p := pool.take(key)
+	if p == nil {
+		if p, err = spawn(exe, id, r.limits, key); err != nil {
+			closeAll(rootFiles)
+			r.finishEarly(fmt.Errorf("cannot start the staging worker %s as uid %d: %v", exe[0], spec.UID, err))
+			return r
+		}
+		r.fresh = true
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		r.finishEarly(fmt.Errorf("cannot start the staging worker: %v", err))
-		return r
-	}
-	asuser.MarkDescriptorsCloseOnExec()
-	if err := cmd.Start(); err != nil {
-		r.finishEarly(fmt.Errorf("cannot start the staging worker %s as uid %d: %v", exe[0], spec.UID, err))
-		return r
-	}
-	if r.limits.Nice > 0 {
-		lowerPriority(cmd.Process.Pid, r.limits.Nice)
-	}
-	workersAlive.Add(1)
+	p.served++
 	r.mu.Lock()
-	r.cmd, r.stdin, r.lastSign = cmd, stdin, time.Now()
+	r.proc, r.lastSign = p, time.Now()
 	r.mu.Unlock()
-	started = true
+	if len(rootFiles) == 0 {
+		r.handed = true
+		close(r.handoffDone)
+	} else {
+		// A stage before may have stopped its own wait on this socket (its deadline).
+		p.handoff.SetReadDeadline(time.Time{})
+		go r.handOff(rootFiles)
+	}
+	// Written aside so that a large request never blocks supervise; a worker that dies before
+	// reading it is noticed by its output ending.
+	go p.stdin.Write(append(request, '\n'))
+	go r.watch(ctx)
+	go r.supervise(reserve)
+	return r
+}
+
+// handOff gives the worker the stage's directories when it asks for them, and closes the
+// agent's copies. A worker that never asks is not waited for past the stage's end.
+func (r *Run) handOff(rootFiles []*os.File) {
+	defer closeAll(rootFiles)
 	go func() {
-		defer closeAll(rootFiles)
-		// A worker that never asks: stop waiting when the run ends. Shutdown wakes the
-		// receive; the descriptor is closed here only, once nothing can use it any more.
-		agentFd := int(agentEnd.Fd())
-		var mu sync.Mutex
-		closed, handed := false, make(chan struct{})
-		go func() {
-			select {
-			case <-r.done:
-			case <-handed:
-			}
-			mu.Lock()
-			if !closed {
-				unix.Shutdown(agentFd, unix.SHUT_RDWR)
-			}
-			mu.Unlock()
-		}()
-		err := handOver(agentFd, cmd.Process.Pid, spec.UID, rootFiles)
-		mu.Lock()
-		closed = true
-		agentEnd.Close()
-		mu.Unlock()
-		close(handed)
-		if err != nil {
-			r.mu.Lock()
-			if r.protoErr == nil {
-				r.protoErr = err
-			}
-			r.mu.Unlock()
-			r.stop(stopProtocol)
+		select {
+		case <-r.done:
+			r.stopHandoff()
+		case <-r.handoffDone:
 		}
 	}()
-	// Written aside so that a large request never blocks supervise; a worker that dies before
-	// reading it is noticed by Wait.
-	go stdin.Write(append(request, '\n'))
-	go r.watch(ctx)
-	go r.supervise(stdout, reserve)
-	return r
+	err := handOver(r.proc.handoff, r.proc.pid, r.spec.UID, r.seq, rootFiles)
+	r.handoffMu.Lock()
+	r.handed = err == nil
+	r.handoffMu.Unlock()
+	close(r.handoffDone)
+	if err != nil && !errors.Is(err, asuser.ErrNotAsked) {
+		r.mu.Lock()
+		if r.protoErr == nil {
+			r.protoErr = err
+		}
+		r.mu.Unlock()
+		r.stop(stopProtocol)
+	}
+}
+
+// stopHandoff wakes a handOver still waiting for the worker to ask, without closing the socket.
+func (r *Run) stopHandoff() {
+	r.handoffMu.Lock()
+	defer r.handoffMu.Unlock()
+	if !r.handed {
+		r.proc.handoff.SetReadDeadline(time.Now())
+	}
+}
+
+// handedOver says, once the stage's result is in, whether the worker took exactly this
+// stage's directories (or there were none): only then may it serve another stage.
+func (r *Run) handedOver() bool {
+	select {
+	case <-r.handoffDone:
+	default:
+		r.stopHandoff()
+		<-r.handoffDone
+	}
+	r.handoffMu.Lock()
+	defer r.handoffMu.Unlock()
+	return r.handed
 }
 
 // openRoots opens the stage's namespace directories for the worker, which receives them once
@@ -257,8 +266,9 @@ func workerCredential(spec agentapi.StageSpec, agentUID int, allowRoot bool, gro
 	return &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: list}, nil
 }
 
-// userGroups lists the supplementary groups of uid from the user database, as login would.
-func userGroups(uid, gid uint32) ([]uint32, error) { return privdrop.UserGroups(uid) }
+// userGroups lists the supplementary groups of uid from the user database, as login would (a
+// variable: the tests give a user other groups).
+var userGroups = func(uid, gid uint32) ([]uint32, error) { return privdrop.UserGroups(uid) }
 
 // finishEarly fails a run that never started a worker.
 func (r *Run) finishEarly(err error) {
@@ -311,13 +321,13 @@ func (r *Run) alive() {
 // CancelGrace. Only the first reason counts.
 func (r *Run) stop(reason string) {
 	r.mu.Lock()
-	if r.stopReason != "" || r.exited {
+	if r.stopReason != "" || r.ended {
 		r.mu.Unlock()
 		return
 	}
 	r.stopReason = reason
 	r.mu.Unlock()
-	r.stdin.Close()
+	r.proc.stdin.Close()
 	r.signal(syscall.SIGTERM)
 	time.AfterFunc(r.limits.CancelGrace, func() {
 		r.signal(syscall.SIGKILL)
@@ -331,42 +341,55 @@ func (r *Run) stop(reason string) {
 // stuck until it is reaped.
 func (r *Run) abandon() {
 	r.mu.Lock()
-	if r.exited || r.abandoned {
+	if r.ended || r.abandoned {
 		r.mu.Unlock()
 		return
 	}
 	r.abandoned = true
 	workersStuck.Add(1)
-	r.settle(nil, nil)
+	r.settle(nil, nil, true)
 	r.status.Error += fmt.Sprintf("; its worker (pid %d) did not exit %v after SIGKILL: it is blocked in the kernel, typically on a file system (a FUSE server) that does not answer, and ends when that answers (spillway_agent_stage_workers_stuck counts it)",
-		r.cmd.Process.Pid, r.limits.CancelGrace)
+		r.proc.pid, r.limits.CancelGrace)
 	r.mu.Unlock()
 	r.finish()
 }
 
-// signal sends sig to the worker's process group while the worker is known not to have been
-// reaped (after that its pid, and so its group id, may belong to someone else).
+// signal sends sig to the worker's process group while it serves this stage and is known not
+// to have been reaped.
 func (r *Run) signal(sig syscall.Signal) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.exited {
-		return
+	ended := r.ended
+	r.mu.Unlock()
+	if !ended {
+		r.proc.signal(sig)
 	}
-	syscall.Kill(-r.cmd.Process.Pid, sig)
 }
 
-// supervise reads the worker's events until it exits, answers its plan, and settles the status.
-func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
-	scanner := bufio.NewScanner(stdout)
-	scanner.Buffer(make([]byte, 0, 4096), r.limits.MaxLineBytes)
+// supervise reads the worker's events until the stage's result (or the worker's end), answers
+// its plan, settles the status, and keeps the worker for another stage when the stage ended
+// cleanly.
+func (r *Run) supervise(reserve func(bytes uint64) error) {
+	p := r.proc
 	var final *event
 	planned := false
 	var protoErr error
-	for protoErr == nil && scanner.Scan() {
+	clean := false // the stage's result came, numbered, from a worker that waits for more
+	for line := range p.lines {
+		if protoErr != nil {
+			continue // until the worker is gone
+		}
 		var ev event
-		if err := json.Unmarshal(scanner.Bytes(), &ev); err != nil {
+		if err := json.Unmarshal(line, &ev); err != nil {
 			protoErr = fmt.Errorf("the staging worker sent a line that is not a JSON event: %v", err)
-			break
+			r.stopForProtocol(protoErr)
+			continue
+		}
+		// A worker's first stage may speak without numbers (a worker that serves one stage,
+		// or one that failed before it read the request); any other line must be this stage's.
+		if ev.Seq != r.seq && !(ev.Seq == 0 && r.fresh) {
+			protoErr = fmt.Errorf("the staging worker sent a line of stage %d during stage %d", ev.Seq, r.seq)
+			r.stopForProtocol(protoErr)
+			continue
 		}
 		switch {
 		case final != nil:
@@ -386,8 +409,10 @@ func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
 			r.mu.Lock()
 			r.status.FilesTotal, r.status.BytesTotal = ev.Files, ev.Bytes
 			r.mu.Unlock()
-			answer, _ := json.Marshal(r.decide(reserve, max(ev.Bytes, ev.Charge)))
-			r.stdin.Write(append(answer, '\n')) // a worker that is gone is noticed by Wait
+			d := r.decide(reserve, max(ev.Bytes, ev.Charge))
+			d.Seq = r.seq
+			answer, _ := json.Marshal(d)
+			p.stdin.Write(append(answer, '\n')) // a worker that is gone is noticed by its output ending
 		case ev.Event == eventProgress && planned, ev.Event == eventDone && planned:
 			r.alive()
 			r.mu.Lock()
@@ -402,34 +427,84 @@ func (r *Run) supervise(stdout io.Reader, reserve func(bytes uint64) error) {
 		default:
 			protoErr = fmt.Errorf("the staging worker sent an unexpected %q event", ev.Event)
 		}
+		if protoErr != nil {
+			r.stopForProtocol(protoErr)
+			continue
+		}
+		if final != nil && final.Seq == r.seq && final.More {
+			clean = true
+			break // the worker now waits for another request: nothing more comes
+		}
 	}
-	if err := scanner.Err(); err != nil && protoErr == nil {
+	if clean {
+		// From here on a stop (a cancel, the timeout) comes too late and does nothing: the
+		// worker may serve another stage soon.
+		r.mu.Lock()
+		stopping := r.stopReason != ""
+		r.ended = r.ended || !stopping
+		r.mu.Unlock()
+		if !stopping {
+			r.endCleanly(final)
+			return
+		}
+		// Stopped meanwhile: its stdin is closed and it is going; wait for it as for any.
+		go func() {
+			for range p.lines {
+			}
+		}()
+	}
+	if err := p.readErr; err != nil && protoErr == nil && !clean {
 		if errors.Is(err, bufio.ErrTooLong) {
 			protoErr = fmt.Errorf("the staging worker sent a line longer than %d bytes (limit stage.worker_output_limit)", r.limits.MaxLineBytes)
 		} else {
 			protoErr = fmt.Errorf("cannot read the staging worker's output: %v", err)
 		}
+		r.stopForProtocol(protoErr)
 	}
-	if protoErr != nil {
-		r.mu.Lock()
-		r.protoErr = protoErr
-		r.mu.Unlock()
-		r.stop(stopProtocol)
-		io.Copy(io.Discard, stdout) // until the worker is gone
-	}
-	waitErr := r.cmd.Wait()
+	<-p.exited
 	r.mu.Lock()
-	r.exited = true
+	r.ended = true
 	abandoned := r.abandoned
 	if !abandoned { // else the run has ended already, saying why
-		r.settle(final, waitErr)
+		if clean {
+			r.settle(final, nil, false)
+		} else {
+			r.settle(final, p.waitErr, true)
+		}
 	}
 	r.mu.Unlock()
-	workersAlive.Add(-1)
 	if abandoned {
 		workersStuck.Add(-1)
 	}
-	r.stdin.Close()
+	r.finish()
+}
+
+// stopForProtocol records the first protocol error and stops the worker.
+func (r *Run) stopForProtocol(err error) {
+	r.mu.Lock()
+	if r.protoErr == nil {
+		r.protoErr = err
+	}
+	r.mu.Unlock()
+	r.stop(stopProtocol)
+}
+
+// endCleanly settles a stage whose numbered result came from a worker waiting for more, and
+// keeps the worker for the next stage of its credential when nothing speaks against it.
+func (r *Run) endCleanly(final *event) {
+	p := r.proc
+	handed := r.handedOver()
+	r.mu.Lock()
+	r.settle(final, nil, false)
+	r.mu.Unlock()
+	switch {
+	case !handed, p.stderr.Wrote():
+		// It did not take this stage's directories as it should have, or it complained:
+		// nothing of it is trusted for another stage.
+		p.kill()
+	default:
+		pool.put(p, r.limits)
+	}
 	r.finish()
 }
 
@@ -452,9 +527,10 @@ func (r *Run) decide(reserve func(bytes uint64) error, bytes uint64) decision {
 	return decision{Go: true}
 }
 
-// settle decides the final status from the last event, the exit status and why the agent
-// stopped the worker, if it did. The worker's exit status and final event must agree.
-func (r *Run) settle(final *event, waitErr error) {
+// settle decides the final status from the last event, the exit status (when exitKnown: the
+// worker served this stage only, or did not end it cleanly) and why the agent stopped the
+// worker, if it did. The worker's exit status and final event must agree.
+func (r *Run) settle(final *event, waitErr error, exitKnown bool) {
 	s := &r.status
 	fail := func(format string, args ...any) {
 		s.Status = "failed"
@@ -478,13 +554,13 @@ func (r *Run) settle(final *event, waitErr error) {
 	case final != nil && final.Event == eventFailed:
 		s.Status = "failed"
 		s.Error = final.Error
-		if waitErr == nil {
+		if waitErr == nil && exitKnown {
 			s.Error += " (the staging worker then exited with status 0)"
 		}
 	case final != nil && final.Event == eventDone:
 		fail("the staging worker reported success but then %v", exitText(waitErr))
 	default:
-		fail("the staging worker %s without reporting a result%s", exitText(waitErr), stderrTail(r.stderr))
+		fail("the staging worker %s without reporting a result%s", exitText(waitErr), stderrTail(r.proc.stderr))
 	}
 }
 
@@ -533,7 +609,8 @@ func (r *Run) Cancel() {
 	r.cancel.Do(func() { close(r.cancelCh) })
 }
 
-// Done is closed when the stage has ended and its worker is gone.
+// Done is closed when the stage has ended and its worker is gone, or idle (pool.go) for the
+// next stage of its credential having closed this one's directories.
 func (r *Run) Done() <-chan struct{} { return r.done }
 
 // Wait blocks until the stage has ended and returns its final status.

@@ -12,20 +12,26 @@
 // the last component of every written path is opened with O_NOFOLLOW, so neither ".." nor a
 // symbolic link planted in the instance can make a stage read or write outside the instance.
 //
-// The launcher and the worker talk JSON lines over the worker's stdin and stdout:
+// The launcher and the worker talk JSON lines over the worker's stdin and stdout, every line
+// of a stage carrying its sequence number S (unique among the agent's stages):
 //
-//	agent → worker  {StageSpec fields…, "limits":{…}}      one line
-//	worker → agent  {"event":"warning","message":"…"}      any number, at any time
-//	worker → agent  {"event":"planning","files":n}         while planning, at most once per ProgressInterval
-//	worker → agent  {"event":"plan","files":N,"bytes":B,"charge":C}    once
-//	agent → worker  {"go":true}  or  {"refuse":"<reason>"}  once
-//	worker → agent  {"event":"progress","files":n,"bytes":b} at most once per ProgressInterval
-//	worker → agent  {"event":"done",…} or {"event":"failed","error":"…"}  last line
+//	agent → worker  {StageSpec fields…, "limits":{…}, "seq":S}  one line
+//	worker → agent  {"event":"warning","message":"…","seq":S}    any number, at any time
+//	worker → agent  {"event":"planning","files":n,"seq":S}       while planning, at most once per ProgressInterval
+//	worker → agent  {"event":"plan","files":N,"bytes":B,"charge":C,"seq":S}    once
+//	agent → worker  {"go":true,"seq":S}  or  {"refuse":"<reason>","seq":S}  once
+//	worker → agent  {"event":"progress","files":n,"bytes":b,"seq":S} at most once per ProgressInterval
+//	worker → agent  {"event":"done",…,"seq":S,"more":true} or {"event":"failed","error":"…","seq":S,"more":true}  the stage's last line
 //
 // After the decision the agent keeps the worker's stdin open; closing it (or SIGTERM) asks the
 // worker to stop, remove the file it was writing and report "failed". A worker that sends no
 // planning, plan, progress or warning line for StallTimeout is stopped so, and killed with
 // SIGKILL CancelGrace later.
+//
+// "more" says the worker has closed the stage's directories and waits for the next request:
+// the agent keeps it for the next stage of the same credential (pool.go) or closes its stdin,
+// and it exits. A worker that ends without "more" (stopped, or a protocol error on either side)
+// exits; one sent a request without a sequence number serves that stage only.
 package stage
 
 import (
@@ -94,6 +100,17 @@ type Limits struct {
 	// is far more often a missing uid (the zero value) than a real root-owned job, and staging
 	// as root would bypass every permission on the PFS.
 	AllowRoot bool
+	// WorkerIdleTimeout (stage.worker_idle_timeout) is how long a worker that ended a stage
+	// cleanly waits for the next stage of the same credential before it is told to exit
+	// (pool.go): a burst of stages of one user pays for one process, not one each.
+	WorkerIdleTimeout time.Duration
+	// MaxIdleWorkers (stage.max_idle_workers) caps the workers waiting so, all credentials
+	// together; a worker ending a stage when the pool is full exits.
+	MaxIdleWorkers int
+	// WorkerMaxStages (stage.worker_max_stages) is how many stages one worker serves before it
+	// exits, bounding whatever a long-lived worker could gather; 1 starts a worker for every
+	// stage.
+	WorkerMaxStages int
 }
 
 // DefaultLimits returns the limits used for every zero field.
@@ -112,6 +129,10 @@ func DefaultLimits() Limits {
 		MaxLineBytes:     64 << 10,
 		MaxWarnings:      100,
 		MaxStderrBytes:   16 << 10,
+
+		WorkerIdleTimeout: 5 * time.Second,
+		MaxIdleWorkers:    8,
+		WorkerMaxStages:   100,
 	}
 }
 
@@ -157,6 +178,15 @@ func (l Limits) WithDefaults() Limits {
 	if l.MaxStderrBytes == 0 {
 		l.MaxStderrBytes = d.MaxStderrBytes
 	}
+	if l.WorkerIdleTimeout == 0 {
+		l.WorkerIdleTimeout = d.WorkerIdleTimeout
+	}
+	if l.MaxIdleWorkers == 0 {
+		l.MaxIdleWorkers = d.MaxIdleWorkers
+	}
+	if l.WorkerMaxStages == 0 {
+		l.WorkerMaxStages = d.WorkerMaxStages
+	}
 	return l
 }
 
@@ -183,6 +213,9 @@ func (l Limits) Validate() error {
 		{"MaxLineBytes", l.MaxLineBytes < 0},
 		{"MaxWarnings", l.MaxWarnings < 0},
 		{"MaxStderrBytes", l.MaxStderrBytes < 0},
+		{"WorkerIdleTimeout", l.WorkerIdleTimeout < 0},
+		{"MaxIdleWorkers", l.MaxIdleWorkers < 0},
+		{"WorkerMaxStages", l.WorkerMaxStages < 0},
 	} {
 		if c.bad {
 			return fmt.Errorf("staging limit %s is negative; use a positive value, or 0 for the default", c.name)
@@ -226,10 +259,16 @@ type event struct {
 	Message string `json:"message,omitempty"`
 	Error   string `json:"error,omitempty"`
 	Mode    uint32 `json:"mode,omitempty"` // eventProtected
+	// Seq is the stage's sequence number (workerRequest.Seq), on every line of the stage.
+	Seq uint64 `json:"seq,omitempty"`
+	// More, on a final line (done, failed): the worker has closed the stage's directories
+	// and waits for another request; without it the worker exits.
+	More bool `json:"more,omitempty"`
 }
 
 // decision is the agent's answer to a plan.
 type decision struct {
 	Go     bool   `json:"go,omitempty"`
 	Refuse string `json:"refuse,omitempty"`
+	Seq    uint64 `json:"seq,omitempty"` // the request's
 }

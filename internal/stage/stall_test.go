@@ -24,6 +24,7 @@ func TestStalledStageIsEnded(t *testing.T) {
 	limits := testLimits()
 	limits.StallTimeout = 500 * time.Millisecond
 	limits.CancelGrace = 300 * time.Millisecond
+	CloseIdleWorkers(10 * time.Second) // the earlier tests' idle workers: only this stage's is counted
 	exe := []string{workerExe[0], "stage-worker-stalls"}
 	r := Start(context.Background(), exe, spec(a, "in", "file", src, "$DW_JOB_STRIPED/input"), limits, nil)
 	select {
@@ -36,8 +37,8 @@ func TestStalledStageIsEnded(t *testing.T) {
 	if st.Status != "failed" || !strings.Contains(st.Error, "stage_in: no progress for 500ms (stage.stall_timeout)") {
 		t.Errorf("status %q error %q, want failed with no progress for 500ms (stage.stall_timeout)", st.Status, st.Error)
 	}
-	if err := syscall.Kill(r.cmd.Process.Pid, 0); !errors.Is(err, syscall.ESRCH) {
-		t.Errorf("the stalled worker (pid %d) is still there: %v", r.cmd.Process.Pid, err)
+	if err := syscall.Kill(r.proc.pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the stalled worker (pid %d) is still there: %v", r.proc.pid, err)
 	}
 	if alive, stuck := WorkerProcesses(); alive != 0 || stuck != 0 {
 		t.Errorf("worker processes counted after the stage ended: %d alive, %d stuck", alive, stuck)
@@ -73,7 +74,7 @@ func TestWorkerRunsAtItsNiceValue(t *testing.T) {
 	r := Start(context.Background(), exe, spec(a, "in", "file", src, "$DW_JOB_STRIPED/input"), limits, nil)
 	defer r.Cancel()
 	r.mu.Lock()
-	pid := r.cmd.Process.Pid
+	pid := r.proc.pid
 	r.mu.Unlock()
 	time.Sleep(200 * time.Millisecond) // copying: its threads are all made
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))

@@ -81,6 +81,7 @@ func TestStuckWorkerEndsItsStageAndIsCounted(t *testing.T) {
 	}
 	t.Cleanup(func() { release(); server.Unmount() })
 
+	CloseIdleWorkers(10 * time.Second) // the earlier tests' idle workers: only this stage's is counted
 	limits := testLimits()
 	limits.StallTimeout = 500 * time.Millisecond
 	limits.CancelGrace = 300 * time.Millisecond

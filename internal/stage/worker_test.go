@@ -434,8 +434,26 @@ func TestUserCannotReachTheWorkersDirectories(t *testing.T) {
 	case <-r.Done():
 		t.Fatalf("the stage ended before its plan: %+v", r.Status())
 	}
-	pid := r.cmd.Process.Pid
-	attack := `
+	pid := r.proc.pid
+	out, err := reachAsStager(t, python, pid)
+	close(release)
+	if err != nil {
+		t.Fatalf("the attacker: %v %s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "reached nothing" {
+		t.Errorf("the job's user, attacking its stage worker: %s", got)
+	}
+	if st := r.Wait(); st.Status != "complete" {
+		t.Errorf("the stage after the attack: %+v", st)
+	}
+	if got := readFile(t, filepath.Join(a.ns, "in.dat")); len(got) != 4096 {
+		t.Errorf("staged file has %d bytes, want 4096", len(got))
+	}
+}
+
+// reachScript is what the job's user tries against a worker process (argv[1]): its
+// descriptors, cwd, root, memory, and ptrace.
+const reachScript = `
 import ctypes, os, sys
 pid = sys.argv[1]
 got = []
@@ -456,22 +474,13 @@ if libc.ptrace(16, int(pid), None, None) == 0:  # PTRACE_ATTACH
     got.append("ptrace")
 print("reached: " + ", ".join(got) if got else "reached nothing")
 `
-	cmd := exec.Command(python, "-c", attack, fmt.Sprint(pid))
+
+// reachAsStager runs reachScript as the staging user against the worker pid.
+func reachAsStager(t *testing.T, python string, pid int) ([]byte, error) {
+	t.Helper()
+	cmd := exec.Command(python, "-c", reachScript, fmt.Sprint(pid))
 	uid, gid := stageIdentity()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
 	cmd.Dir = "/"
-	out, err := cmd.CombinedOutput()
-	close(release)
-	if err != nil {
-		t.Fatalf("the attacker: %v %s", err, out)
-	}
-	if got := strings.TrimSpace(string(out)); got != "reached nothing" {
-		t.Errorf("the job's user, attacking its stage worker: %s", got)
-	}
-	if st := r.Wait(); st.Status != "complete" {
-		t.Errorf("the stage after the attack: %+v", st)
-	}
-	if got := readFile(t, filepath.Join(a.ns, "in.dat")); len(got) != 4096 {
-		t.Errorf("staged file has %d bytes, want 4096", len(got))
-	}
+	return cmd.CombinedOutput()
 }
