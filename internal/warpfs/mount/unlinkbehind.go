@@ -80,7 +80,7 @@ func (n *node) unlinkBehind(ctx context.Context, name string) bool {
 		return false // as many on their way as the mount allows: this one waits
 	}
 	// The listing and the name are checked, and the removal counted, under the lock a recall
-	// takes (dropListing): a recall either comes first (then this goes the usual way) or
+	// takes (settleRecalled): a recall either comes first (then this goes the usual way) or
 	// finds the removal counted and waits for it.
 	n.mu.Lock()
 	_, made := n.names[name]
