@@ -1124,6 +1124,13 @@ func (a *Agent) StartStage(ctx context.Context, spec agentapi.StageSpec) error {
 		}
 	}
 	spec.Roots = roots
+	if spec.Direction == model.StageOut {
+		// The job's removals still on their way from its compute nodes land before the
+		// worker reads the namespace (warpfs unlinks behind).
+		for _, dir := range roots {
+			server.RecallListings(dir)
+		}
+	}
 	var charged *usage.Tracker
 	if spec.Direction == model.StageIn && len(spec.Striped) == 0 {
 		t, err := a.tracker(spec.Instance)

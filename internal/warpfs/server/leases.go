@@ -1077,6 +1077,28 @@ func (l *leases) graceLocked(now time.Time) time.Time {
 	return l.graceUntil
 }
 
+// RecallListings makes every mount that holds a listing of a directory of the namespace at
+// dir give it up, and waits for each to answer (its removals behind there landed: the mount's
+// unlinks behind), or for its listing to run out: before a stage-out's worker reads the
+// namespace's directory itself, it finds every file the job removed gone.
+func RecallListings(dir string) {
+	registry.mu.Lock()
+	l := registry.m[path.Clean(dir)]
+	registry.mu.Unlock()
+	if l == nil {
+		return
+	}
+	now := time.Now()
+	var out pending
+	l.mu.Lock()
+	for d := range l.listings {
+		l.dropListingLocked(nil, now, &out, d)
+	}
+	l.listed.Store(int64(len(l.listings)))
+	l.mu.Unlock()
+	l.wait(&out, time.Time{})
+}
+
 // InvalidateNamespace makes every client that caches names or attributes of the namespace at
 // dir drop them, and returns once they did (or their leases ran out): for what changed the
 // namespace beside its server.

@@ -308,3 +308,25 @@ func TestListingRecalledBeforeOthersLookIn(t *testing.T) {
 		t.Errorf("with no listing held, a was told %v", got)
 	}
 }
+
+// Before a stage-out reads a namespace's directory itself, every listing of it is recalled
+// and its holder's answer waited for (its removals behind landed).
+func TestRecallListingsWaitsForTheHolders(t *testing.T) {
+	l := newTestLeases(t)
+	ga := &gate{release: make(chan struct{})}
+	a := &leaseUse{l: l, h: l.bind("a/1", ga), own: ga}
+	tok := a.before(proto.OpMkdir)
+	a.after(tok, proto.OpMkdir, &proto.MkdirReq{Dir: "out", Name: "d"}, &proto.AttrReply{Attr: proto.Attr{Ino: 3}}, 0, 0)
+	done := make(chan struct{})
+	go func() { RecallListings(l.dir); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("RecallListings returned before the holder answered")
+	case <-time.After(50 * time.Millisecond):
+	}
+	ga.release <- struct{}{}
+	<-done
+	if got := ga.take(); len(got) != 1 || got[0].What != proto.InvalListing || got[0].Path != "out/d" {
+		t.Errorf("the holder was told %v, want out/d's listing", got)
+	}
+}
