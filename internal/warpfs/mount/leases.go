@@ -644,24 +644,22 @@ func (n *node) noteName(name string, exists bool) {
 // dropListing ends the listing of the directory at path (another mount looks up, lists or
 // changes an entry of it) and drops every absence it answered alone from the kernel.
 func (be *backend) dropListing(path string) {
+	if n := be.dirNode(path); n != nil {
+		n.forgetListing()
+	}
+}
+
+// dirNode is the node of the directory at path, if the kernel holds it (nil otherwise).
+func (be *backend) dirNode(path string) *node {
 	if be.root == nil {
-		return
+		return nil // not mounted yet: the kernel holds nothing
 	}
 	dir := be.root.EmbeddedInode()
 	for _, c := range splitComponents(path) {
 		if dir = dir.GetChild(c); dir == nil {
-			return
+			return nil
 		}
 	}
-	n, ok := dir.Operations().(*node)
-	if !ok {
-		return
-	}
-	n.mu.Lock()
-	absent := n.absent
-	n.names, n.absent = nil, nil
-	n.mu.Unlock()
-	for name := range absent {
-		dir.NotifyEntry(name)
-	}
+	n, _ := dir.Operations().(*node)
+	return n
 }

@@ -172,19 +172,10 @@ func (n *node) notMadeHere() {
 // this mount's requests, each bounded by the request timeout.
 func (be *backend) settleRecalled(items []proto.Inval) {
 	for _, it := range items {
-		if it.What&proto.InvalListing == 0 || be.root == nil {
+		if it.What&proto.InvalListing == 0 {
 			continue
 		}
-		dir := be.root.EmbeddedInode()
-		for _, c := range splitComponents(it.Path) {
-			if dir = dir.GetChild(c); dir == nil {
-				break
-			}
-		}
-		if dir == nil {
-			continue
-		}
-		if n, ok := dir.Operations().(*node); ok {
+		if n := be.dirNode(it.Path); n != nil {
 			n.mu.Lock()
 			n.names = nil // the absences it answered are dropped with the notification (dropListing)
 			n.mu.Unlock()
@@ -215,7 +206,8 @@ func (n *node) renewListing(lease time.Duration) {
 	}
 }
 
-// forgetListing ends n's listing: the names are asked for again.
+// forgetListing ends n's listing: the names are asked for again, and the absences it
+// answered alone are dropped from the kernel.
 func (n *node) forgetListing() {
 	n.mu.Lock()
 	absent := n.absent
