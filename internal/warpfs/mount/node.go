@@ -109,8 +109,9 @@ type node struct {
 	// unlinks are this mount's removals of names in the directory on their way
 	// (unlinkbehind.go; guarded by mu).
 	unlinks pendingUnlinks
-	// madeHere says this mount created the file, with one link, and has neither linked nor
-	// moved it since: its removal may go behind (unlinkbehind.go; guarded by mu).
+	// madeHere says this mount created the file, empty and with one link, and has neither
+	// written, resized, linked nor moved it since: its removal may go behind
+	// (unlinkbehind.go; guarded by mu).
 	madeHere bool
 }
 
@@ -389,6 +390,9 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	req := proto.SetattrReq{Valid: in.Valid & passed, Mode: in.Mode, UID: in.Uid, GID: in.Gid, Size: in.Size,
 		Atime: proto.Timespec{Sec: int64(in.Atime), Nsec: in.Atimensec},
 		Mtime: proto.Timespec{Sec: int64(in.Mtime), Nsec: in.Mtimensec}}
+	if in.Valid&fuse.FATTR_SIZE != 0 {
+		n.notMadeHere()
+	}
 	tok := n.be.leases.startChange(n.StableAttr().Ino)
 	defer n.be.leases.endChange(tok, nil, 0)
 	if in.Valid&fuse.FATTR_SIZE != 0 && n.be.stripes != nil {
@@ -711,7 +715,7 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 	if !ok {
 		return nil, nil, 0, syscall.EIO
 	}
-	if op == proto.OpCreate && rep.Attr.Nlink == 1 {
+	if op == proto.OpCreate && rep.Attr.Nlink == 1 && rep.Attr.Size == 0 {
 		child.mu.Lock()
 		child.madeHere = true
 		child.mu.Unlock()
@@ -1098,6 +1102,7 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	}
 	hin.node.settleAll() // the server copies what it holds: this node's writes first
 	hout.node.settleAll()
+	hout.node.notMadeHere()
 	in, inGen := hin.current()
 	outID, outGen := hout.current()
 	if inGen != outGen {
@@ -1291,6 +1296,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	h.node.be.writes.Add(1)
+	h.node.notMadeHere() // it holds data: its removal frees space, which waits
 	if h.node.be.readOnly {
 		return 0, syscall.EROFS
 	}
@@ -1419,6 +1425,7 @@ func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 }
 
 func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	h.node.notMadeHere()
 	if h.node.be.readOnly {
 		return syscall.EROFS
 	}

@@ -16,10 +16,12 @@ package mount
 //     this mount that names the directory's entries waits for its removals first
 //     (settleUnlinks): a create of the same name cannot overtake the removal.
 //
-// Only what cannot fail on the storage node where it did not fail in the kernel goes behind:
-// a regular file this mount made (its name is in the listing) with the one link its create
-// gave it, neither linked nor moved since (another name's link count would change), with no
-// handle open here (an open file keeps its objects until its last close), in a directory
+// Only what cannot fail on the storage node where it did not fail in the kernel, and frees no
+// space, goes behind: an empty regular file this mount made (its name is in the listing) with
+// the one link its create gave it, neither written, resized, linked nor moved since (another
+// name's link count would change; a file holding data frees space, which a write right after
+// the unlink may need: "rm old; write new" in a full instance must not fail), with no handle
+// open here (an open file keeps its objects until its last close), in a directory
 // whose attributes the mount holds leased (the kernel asks for them at its next permission
 // check: they are answered here, their times moved to now). A removal the storage node refuses anyway (a
 // disk error) is logged, and the listing dropped so that the name is asked for again: the
@@ -60,9 +62,9 @@ func (n *node) unlinkBehind(ctx context.Context, name string) bool {
 	if !ok {
 		return false
 	}
-	// Its one name, as this mount's create made it: a file with other links keeps an inode
-	// whose link count and ctime the removal changes, which a stat by another name would then
-	// read from the server before the removal lands.
+	// Empty, with its one name, as this mount's create made it: a file with other links keeps
+	// an inode whose link count and ctime the removal changes, which a stat by another name
+	// would then read from the server before the removal lands; a file with data frees space.
 	child.mu.Lock()
 	open := len(child.handles) > 0 || child.removeOnRelease != nil
 	oneName := child.madeHere
@@ -157,7 +159,7 @@ func (n *node) settleUnlinks() {
 	}
 }
 
-// notMadeHere ends n's removals behind: it is linked or moved (madeHere).
+// notMadeHere ends n's removals behind: it is written, resized, linked or moved (madeHere).
 func (n *node) notMadeHere() {
 	n.mu.Lock()
 	n.madeHere = false
