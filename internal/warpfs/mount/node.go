@@ -106,6 +106,10 @@ type node struct {
 	listingUntil time.Time
 	names        map[string]struct{}
 	absent       map[string]struct{}
+	// recalled are the absences a recalled listing had answered alone, taken with the
+	// listing's end (settleRecalled) and dropped from the kernel with the notification
+	// (dropListing): a name made meanwhile is not among them.
+	recalled map[string]struct{}
 	// unlinks are this mount's removals of names in the directory on their way
 	// (unlinkbehind.go; guarded by mu).
 	unlinks pendingUnlinks

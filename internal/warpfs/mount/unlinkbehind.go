@@ -179,7 +179,15 @@ func (be *backend) settleRecalled(items []proto.Inval) {
 		}
 		if n := be.dirNode(it.Path); n != nil {
 			n.mu.Lock()
-			n.names = nil // the absences it answered are dropped with the notification (dropListing)
+			// Ended at once, its absences kept aside for the notification's drop (bounded:
+			// dropListing), not left for names this mount makes meanwhile to be dropped.
+			for name := range n.absent {
+				if n.recalled == nil {
+					n.recalled = map[string]struct{}{}
+				}
+				n.recalled[name] = struct{}{}
+			}
+			n.names, n.absent = nil, nil
 			n.mu.Unlock()
 			n.settleUnlinks()
 		}
@@ -213,7 +221,14 @@ func (n *node) renewListing(lease time.Duration) {
 func (n *node) forgetListing() {
 	n.mu.Lock()
 	absent := n.absent
-	n.names, n.absent = nil, nil
+	if absent == nil {
+		absent = n.recalled
+	} else {
+		for name := range n.recalled {
+			absent[name] = struct{}{}
+		}
+	}
+	n.names, n.absent, n.recalled = nil, nil, nil
 	n.mu.Unlock()
 	for name := range absent {
 		n.NotifyEntry(name)
