@@ -34,6 +34,11 @@ Workloads (each a run of its own, measured with the CPU of its processes):
     completion latency is reported too) and with libaio at iodepth 32; 1 MiB sequential
     read and write (psync).
 
+Then the Go prototype (internal/fuseuring: FUSE over io_uring in Go, a fixed tree answering
+LOOKUP and GETATTR) runs a stat loop against itself over /dev/fuse and go-fuse v2's fs
+package over /dev/fuse (bench/fuseuringstat; --stats 0 leaves it out): what the transport
+buys a Go server, with no C library's thread model in the comparison.
+
 CPU is the cgroup accounting (bench/metadata_bench.py's CpuGroups) of the workload's
 processes and of each daemon; the kernel's work counts in the process it ran for. Each cell
 gives the median rate of --repeat repetitions, then the CPU per operation (per MiB for the
@@ -47,7 +52,7 @@ liburing-dev (Debian), meson (Debian or pip) and ninja; the repository holds no 
 
 Usage: sudo python3 bench/fuse_uring_bench.py --libfuse-src DIR [--repeat 3]
            [--variants raw,gofuse,dev,uring] [--files 8000] [--threads 4] [--size-mib 256]
-           [--runtime 5] [--xfs GIB | --dir DIR] [--json FILE] [--write]
+           [--runtime 5] [--stats 100000] [--xfs GIB | --dir DIR] [--json FILE] [--write]
 Prints the table; --write also puts it in BENCHMARKS.md between <!-- fuse-uring:begin -->
 and <!-- fuse-uring:end -->. Takes /tmp/spillway-netns.lock, as the other benchmarks do, so
 that none runs at the same time. About 12 minutes with the defaults on 2 cores.
@@ -427,9 +432,9 @@ def savings(med, a):
         if not d or not u or not d["cpu"]:
             continue
         scale = 1e3 if cpu_unit == "ms/MiB" else 1e6
-        saved = (d["cpu"] - u["cpu"]) * scale
+        diff = (u["cpu"] - d["cpu"]) * scale
         text = (f"{label.rsplit(',', 1)[0]}: {num(d['cpu'] * scale)} → {num(u['cpu'] * scale)} {cpu_unit} "
-                f"({saved:+.1f}, {100 * (u['cpu'] / d['cpu'] - 1):+.0f} %; daemon {num(d['daemon'] * scale)} → "
+                f"({diff:+.1f}, {100 * (u['cpu'] / d['cpu'] - 1):+.0f} %; daemon {num(d['daemon'] * scale)} → "
                 f"{num(u['daemon'] * scale)}), rate {u['value'] / d['value']:.2f}×")
         if "lat_us" in d and "lat_us" in u:
             text += f", latency {num(d['lat_us'])} → {num(u['lat_us'])} µs"
@@ -450,6 +455,8 @@ def main():
                     "sparse file (loop device, direct I/O), as issue 21's tables were; 0 with --dir")
     ap.add_argument("--dir", default=None, help="scratch directory instead of the XFS")
     ap.add_argument("--json", default=None, help="also write every repetition's records to this file")
+    ap.add_argument("--stats", type=int, default=100000, help="stats of each run of the Go prototype's stat loop "
+                    "(bench/fuseuringstat; 0 leaves it out)")
     ap.add_argument("--write", action="store_true", help="put the table in BENCHMARKS.md (section fuse-uring)")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
@@ -485,9 +492,11 @@ def main():
     if r.returncode != 0:
         sys.exit(f"building the metadata loop failed: {r.stdout}{r.stderr}")
     fusefloor = os.path.join(tmp, "fusefloor")
-    r = sh("go", "build", "-o", fusefloor, "./bench/fusefloor", check=False, cwd=ROOT)
-    if r.returncode != 0:
-        sys.exit(f"building bench/fusefloor failed: {r.stdout}{r.stderr}")
+    statbench = os.path.join(tmp, "fuseuringstat")
+    for exe, pkg in ((fusefloor, "./bench/fusefloor"), (statbench, "./bench/fuseuringstat")):
+        r = sh("go", "build", "-o", exe, pkg, check=False, cwd=ROOT)
+        if r.returncode != 0:
+            sys.exit(f"building {pkg} failed: {r.stdout}{r.stderr}")
     gofuse = re.search(r"github.com/hanwen/go-fuse/v2 (\S+)", open(os.path.join(ROOT, "go.mod")).read())
     lock = open("/tmp/spillway-netns.lock", "w")
     print("waiting for /tmp/spillway-netns.lock …", flush=True)
@@ -499,6 +508,7 @@ def main():
                else f"a directory of {fs_type(work)}")
     groups = CpuGroups(("workload",) + DAEMONS)
     daemons, mounts, results = {}, {}, {v: [] for v in variants}
+    proto = ""
     b = None
     try:
         for v in variants:
@@ -532,6 +542,13 @@ def main():
                 got = results[v][-1]
                 summary = ", ".join(f"{k} {num(r['value'])}" for k, r in got.items() if r)
                 print(f"repetition {rep + 1}, {v} ({time.time() - t0:.0f} s, load {l0:.2f}): {summary}", flush=True)
+        if a.stats and "uring" in variants:  # the Go prototype, while enable_uring is on
+            print("the Go prototype's stat loop (bench/fuseuringstat) …", flush=True)
+            r = sh(statbench, "-stats", str(a.stats), "-repeat", str(a.repeat), "-threads", f"1,{a.threads}",
+                   check=False)
+            if r.returncode != 0:
+                sys.exit(f"bench/fuseuringstat failed: {r.stdout}{r.stderr}")
+            proto = r.stdout.strip()
     finally:
         for d in daemons.values():
             d.close()
@@ -556,6 +573,8 @@ def main():
                  f"{max(loads):.2f} at the runs' starts" if loads else "")
     failed = "".join(f"- {f}\n" for f in b.failures) if b else ""
     print("\n" + tab + "\n\nio_uring against /dev/fuse (same daemon), CPU per operation daemon + workload:\n\n" + sav)
+    if proto:
+        print("The Go prototype (internal/fuseuring, bench/fuseuringstat), a stat loop:\n\n" + proto + "\n")
     print("".join(f"note: {n}\n" for n in notes) + (("Failures:\n" + failed) if failed else ""))
     print(f"{elapsed / 60:.1f} minutes; {load_note}")
     if not a.write:
@@ -568,7 +587,7 @@ def main():
         "## FUSE over io_uring: what it would buy (issue 21, item 4)\n\n"
         f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, with `{cmd} --write` (LIBFUSE_SRC: "
         f"a clone of https://github.com/libfuse/libfuse, libfuse {libfuse_version}) in {elapsed / 60:.0f} minutes, on {fs_note}; go-fuse {gofuse.group(1) if gofuse else '?'}. "
-        f"Medians of {a.repeat} repetitions, the variants in turns; {load_note} (2 cores shared with other work: "
+        f"Medians of {a.repeat} repetition{'s' if a.repeat > 1 else ''}, the variants in turns; {load_note} (2 cores shared with other work: "
         "compare the variants, measured in turns, more than the absolute figures).\n\n"
         "dev and uring are libfuse's `example/passthrough_hp --nopassthrough --nosplice` (every read and write a "
         "FUSE request), the same daemon over /dev/fuse and with `-o io_uring` (its FUSE_INIT status said "
@@ -582,6 +601,13 @@ def main():
         "the cgroup accounting; the daemon's context switches per operation "
         "(cs) and, for uring, the completions on its rings per operation (CQE: its FUSE requests).\n\n"
         f"{tab}\n\nio_uring against /dev/fuse, the same daemon (CPU per operation, daemon + workload):\n\n{sav}\n"
+        + (("### The Go prototype: a stat loop\n\ninternal/fuseuring serves a fixed tree (files of known sizes, entry and "
+            "attribute timeouts 0: each stat is a LOOKUP and a GETATTR) over io_uring (a ring per CPU queue, served "
+            "inline by a goroutine locked to a thread pinned to that CPU) and, with the same handler, over /dev/fuse "
+            "(2 goroutines reading it, one writev per answer); go-fuse v2's fs package serves the same tree. "
+            f"`bench/fuseuringstat -stats {a.stats} -repeat {a.repeat} -threads 1,{a.threads}`: the stat loop in a "
+            "child process; each cell the median rate, the CPU per stat of the server + the loop (core-µs, getrusage), "
+            "the requests per stat the prototype counted.\n\n" + proto + "\n\n") if proto else "")
         + "".join(f"Note: {n}\n\n" for n in notes)
         + ("Failed runs (left out of the medians):\n\n" + failed + "\n" if failed else "")))
 
