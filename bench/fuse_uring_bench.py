@@ -8,6 +8,10 @@
   dev      libfuse's example/passthrough_hp over /dev/fuse (read + writev per request)
   uring    the same daemon with `-o io_uring`: requests and replies through the kernel's
            FUSE-over-io_uring queues (one per CPU, one io_uring_enter per request)
+  gfdev, gfuring   with --gofuse-src DIR (a tree of github.com/hanwen/go-fuse's experimental
+           `iouring` branch, the maintainer's own prototype, not in a release): bench/fusefloor
+           built against it (a module made for the run, replace => DIR), without and with its
+           MountOptions.EnableIoUring: the transport in go-fuse itself
 
 dev and uring are the same program with the same options (--nopassthrough, so every read
 and write is a FUSE round trip, and --nosplice, so /dev/fuse is read and written with plain
@@ -85,9 +89,13 @@ VARIANTS = [
     ("gofuse", "go-fuse v2 loopback, /dev/fuse (FUSE floor)"),
     ("dev", "libfuse passthrough_hp, /dev/fuse"),
     ("uring", "libfuse passthrough_hp, io_uring"),
+    # with --gofuse-src: bench/fusefloor built against go-fuse's experimental iouring branch
+    ("gfdev", "go-fuse iouring branch, /dev/fuse"),
+    ("gfuring", "go-fuse iouring branch, io_uring"),
 ]
 LABEL = dict(VARIANTS)
-DAEMONS = ("gofuse", "dev", "uring")
+DAEMONS = ("gofuse", "dev", "uring", "gfdev", "gfuring")
+BRANCH = ("gfdev", "gfuring")
 
 MD_PHASES = ("create", "stat", "open", "remove")
 # fio jobs: key, label, fio options, the direction fio counts, unit of the rate
@@ -222,6 +230,31 @@ def build_libfuse(src, tmp):
     return exe, version.group(1) if version else "?"
 
 
+def build_fusefloor_branch(src, tmp):
+    """bench/fusefloor built against the go-fuse tree src (its iouring branch), in a module of
+    its own made in tmp; returns the executable."""
+    src = os.path.abspath(src)
+    try:
+        api = open(os.path.join(src, "fuse", "api.go")).read()
+    except OSError:
+        sys.exit(f"--gofuse-src {src}: not a source tree of github.com/hanwen/go-fuse (no fuse/api.go)")
+    if "EnableIoUring" not in api:
+        sys.exit(f"--gofuse-src {src}: this go-fuse has no MountOptions.EnableIoUring (use its iouring branch)")
+    mod = os.path.join(tmp, "fusefloor-branch")
+    os.makedirs(mod)
+    shutil.copy(os.path.join(HERE, "fusefloor", "main.go"), mod)
+    go = re.search(r"^go (\S+)", open(os.path.join(ROOT, "go.mod")).read(), re.M).group(1)
+    with open(os.path.join(mod, "go.mod"), "w") as f:
+        f.write(f"module fusefloorbranch\n\ngo {go}\n\nrequire github.com/hanwen/go-fuse/v2 v2.0.0\n\n"
+                f"replace github.com/hanwen/go-fuse/v2 => {src}\n")
+    exe = os.path.join(tmp, "fusefloor-branch.bin")
+    for step in (["go", "mod", "tidy"], ["go", "build", "-o", exe, "."]):
+        r = sh(*step, check=False, cwd=mod)
+        if r.returncode != 0:
+            sys.exit(f"building bench/fusefloor against {src}: {' '.join(step)}: {r.stdout}{r.stderr}")
+    return exe
+
+
 def mounted(path):
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -254,6 +287,16 @@ class Daemon:
         """libfuse's FUSE_INIT status line about io_uring (None for go-fuse)."""
         m = re.search(r"FUSE_INIT: (io_uring=\S+)", open(self.log).read())
         return m.group(1) if m else None
+
+    def rings(self):
+        """How many io_urings the daemon has open."""
+        n = 0
+        for fd in glob.glob(f"/proc/{self.p.pid}/fd/*"):
+            try:
+                n += os.readlink(fd) == "anon_inode:[io_uring]"
+            except OSError:
+                pass
+        return n
 
     def ring_completions(self):
         """Completions so far on the daemon's io_urings (CqHead of their fdinfo)."""
@@ -407,8 +450,9 @@ def table(med, variants, a):
                 cells.append("failed")
                 continue
             parts = [f"**{num(m['value'])}**" + ("" if m["n"] == a.repeat else f" [{m['n']} of {a.repeat}]")]
-            if v == "uring" and "dev" in med and key in med["dev"] and med["dev"][key]["value"]:
-                parts[0] += f" ({m['value'] / med['dev'][key]['value']:.2f}× dev)"
+            ref = {"uring": "dev", "gfuring": "gfdev"}.get(v)
+            if ref in med and key in med[ref] and med[ref][key]["value"]:
+                parts[0] += f" ({m['value'] / med[ref][key]['value']:.2f}× {ref})"
             if "lat_us" in m:
                 parts.append(f"{num(m['lat_us'])} µs/I/O")
             cpu = f"{num(m['cpu'] * scale)} {cpu_unit}"
@@ -416,19 +460,19 @@ def table(med, variants, a):
                 cpu += f" ({num(m['daemon'] * scale)} + {num(m['workload'] * scale)})"
             parts.append(cpu)
             if v in DAEMONS and cpu_unit == "µs":
-                parts.append(f"{m['switches']:.1f} cs" + (f", {m['ring']:.1f} CQE" if v == "uring" else ""))
+                parts.append(f"{m['switches']:.1f} cs" + (f", {m['ring']:.1f} CQE" if v in ("uring", "gfuring") else ""))
             cells.append("<br>".join(parts))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def savings(med, a):
-    """What uring saves against dev, per row: CPU per operation and rate."""
-    if "uring" not in med or "dev" not in med:
+def savings(med, a, ref="dev", new="uring"):
+    """What new (io_uring) saves against ref (/dev/fuse), per row: CPU per operation and rate."""
+    if new not in med or ref not in med:
         return ""
     out = []
     for key, label, cpu_unit in rows(a):
-        d, u = med["dev"].get(key), med["uring"].get(key)
+        d, u = med[ref].get(key), med[new].get(key)
         if not d or not u or not d["cpu"]:
             continue
         scale = 1e3 if cpu_unit == "ms/MiB" else 1e6
@@ -445,7 +489,10 @@ def savings(med, a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--libfuse-src", required=True, help="a source tree of github.com/libfuse/libfuse (3.17 or later)")
-    ap.add_argument("--variants", default=",".join(k for k, _ in VARIANTS), help="what to measure, comma-separated")
+    ap.add_argument("--variants", default=None, help="what to measure, comma-separated (default: all; gfdev and "
+                    "gfuring with --gofuse-src only)")
+    ap.add_argument("--gofuse-src", default=None, help="a source tree of go-fuse's iouring branch "
+                    "(github.com/hanwen/go-fuse): adds the variants gfdev and gfuring")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions (the figures are their medians)")
     ap.add_argument("--files", type=int, default=8000, help="files of each metadata run, split over its threads")
     ap.add_argument("--threads", type=int, default=4, help="threads of the parallel metadata runs (also run with 1)")
@@ -460,7 +507,11 @@ def main():
     ap.add_argument("--write", action="store_true", help="put the table in BENCHMARKS.md (section fuse-uring)")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
+    if a.variants is None:
+        a.variants = ",".join(k for k, _ in VARIANTS if a.gofuse_src or k not in BRANCH)
     variants = [v for v in a.variants.split(",") if v]
+    if any(v in BRANCH for v in variants) and not a.gofuse_src:
+        sys.exit("--variants gfdev, gfuring: need --gofuse-src (a tree of go-fuse's iouring branch)")
     for v in variants:
         if v not in LABEL:
             sys.exit(f"--variants: unknown {v} (known: {', '.join(LABEL)})")
@@ -497,6 +548,7 @@ def main():
         r = sh("go", "build", "-o", exe, pkg, check=False, cwd=ROOT)
         if r.returncode != 0:
             sys.exit(f"building {pkg} failed: {r.stdout}{r.stderr}")
+    fusefloor_branch = build_fusefloor_branch(a.gofuse_src, tmp) if a.gofuse_src else None
     gofuse = re.search(r"github.com/hanwen/go-fuse/v2 (\S+)", open(os.path.join(ROOT, "go.mod")).read())
     lock = open("/tmp/spillway-netns.lock", "w")
     print("waiting for /tmp/spillway-netns.lock …", flush=True)
@@ -506,7 +558,7 @@ def main():
     work = xfs.mnt if xfs else (a.dir or tempfile.mkdtemp(prefix="fuse-uring-bench-", dir="/var/tmp"))
     fs_note = (f"an XFS of {a.xfs} GiB on a loop device (direct I/O) over a sparse file, made for the run" if xfs
                else f"a directory of {fs_type(work)}")
-    groups = CpuGroups(("workload",) + DAEMONS)
+    groups = CpuGroups(("workload",) + tuple(v for v in variants if v in DAEMONS))
     daemons, mounts, results = {}, {}, {v: [] for v in variants}
     proto = ""
     b = None
@@ -521,6 +573,8 @@ def main():
             os.makedirs(mnt)
             if v == "gofuse":
                 argv = [fusefloor, src, mnt]
+            elif v in BRANCH:
+                argv = [fusefloor_branch] + (["--io-uring"] if v == "gfuring" else []) + [src, mnt]
             else:
                 argv = [passthrough_hp, "--foreground", "--nopassthrough", "--nosplice", "-o", "allow_other"] + \
                        (["-o", "io_uring"] if v == "uring" else []) + [src, mnt]
@@ -529,6 +583,12 @@ def main():
             want = {"dev": "io_uring=off:disabled", "uring": "io_uring=on"}.get(v)
             if want and daemons[v].status() != want:
                 sys.exit(f"{LABEL[v]}: libfuse says {daemons[v].status()}, not {want}; its log: {daemons[v].log}")
+            if v in BRANCH:
+                time.sleep(0.5)  # the rings are set up after INIT's answer
+                rings = daemons[v].rings()
+                want = f"{rings} io_urings"
+                if (v == "gfuring") != (rings > 0):
+                    sys.exit(f"{LABEL[v]}: the daemon has {rings} io_urings open; its log: {daemons[v].log}")
             print(f"{LABEL[v]} mounted at {mnt}" + (f" ({want})" if want else ""), flush=True)
         for v in variants:  # fio's file, written once
             sh("fio", "--name=layout", f"--filename={mounts[v]}/fio.dat", f"--size={a.size_mib}M", "--rw=write",
@@ -568,11 +628,13 @@ def main():
             json.dump({"argv": sys.argv[1:], "failures": b.failures, "results": results}, f,
                       indent=1)
     med = summarize(results, variants, a)
-    tab, sav = table(med, variants, a), savings(med, a)
+    tab, sav, gfsav = table(med, variants, a), savings(med, a), savings(med, a, "gfdev", "gfuring")
     load_note = (f"load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end, {min(loads):.2f}–"
                  f"{max(loads):.2f} at the runs' starts" if loads else "")
     failed = "".join(f"- {f}\n" for f in b.failures) if b else ""
     print("\n" + tab + "\n\nio_uring against /dev/fuse (same daemon), CPU per operation daemon + workload:\n\n" + sav)
+    if gfsav:
+        print("go-fuse's iouring branch, io_uring against /dev/fuse:\n\n" + gfsav)
     if proto:
         print("The Go prototype (internal/fuseuring, bench/fuseuringstat), a stat loop:\n\n" + proto + "\n")
     print("".join(f"note: {n}\n" for n in notes) + (("Failures:\n" + failed) if failed else ""))
@@ -581,7 +643,7 @@ def main():
         return
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cmd = " ".join(["sudo python3 bench/fuse_uring_bench.py"] +
-                   ["LIBFUSE_SRC" if x == a.libfuse_src else x
+                   ["LIBFUSE_SRC" if x == a.libfuse_src else "GOFUSE_SRC" if x == a.gofuse_src else x
                     for x in sys.argv[1:] if x != "--write"])
     write_section("fuse-uring", (
         "## FUSE over io_uring: what it would buy (issue 21, item 4)\n\n"
@@ -591,7 +653,10 @@ def main():
         "compare the variants, measured in turns, more than the absolute figures).\n\n"
         "dev and uring are libfuse's `example/passthrough_hp --nopassthrough --nosplice` (every read and write a "
         "FUSE request), the same daemon over /dev/fuse and with `-o io_uring` (its FUSE_INIT status said "
-        "`io_uring=on`); go-fuse is bench/fusefloor, issue 21's FUSE floor. The metadata rows are mdtest-easy's "
+        "`io_uring=on`); go-fuse is bench/fusefloor, issue 21's FUSE floor"
+        + ("; gfdev and gfuring are bench/fusefloor built against GOFUSE_SRC, a tree of go-fuse's experimental "
+           "`iouring` branch (github.com/hanwen/go-fuse, not in a release), without and with its "
+           "`MountOptions.EnableIoUring`" if a.gofuse_src else "") + ". The metadata rows are mdtest-easy's "
         f"phases on {a.files} empty files (a directory per thread), by a C loop (the script's MDLOOP) with 1 and "
         f"{a.threads} threads, each phase a run of its own, the stat phase after a drop of the dentry and inode "
         "caches (else no request reaches the daemon); fio: one process, O_DIRECT, a "
@@ -601,6 +666,7 @@ def main():
         "the cgroup accounting; the daemon's context switches per operation "
         "(cs) and, for uring, the completions on its rings per operation (CQE: its FUSE requests).\n\n"
         f"{tab}\n\nio_uring against /dev/fuse, the same daemon (CPU per operation, daemon + workload):\n\n{sav}\n"
+        + (f"go-fuse's iouring branch (GOFUSE_SRC), io_uring against /dev/fuse:\n\n{gfsav}\n" if gfsav else "")
         + (("### The Go prototype: a stat loop\n\ninternal/fuseuring serves a fixed tree (files of known sizes, entry and "
             "attribute timeouts 0: each stat is a LOOKUP and a GETATTR) over io_uring (a ring per CPU queue, served "
             "inline by a goroutine locked to a thread pinned to that CPU) and, with the same handler, over /dev/fuse "
