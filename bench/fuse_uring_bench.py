@@ -284,9 +284,14 @@ class Daemon:
             time.sleep(0.1)
 
     def status(self):
-        """libfuse's FUSE_INIT status line about io_uring (None for go-fuse)."""
-        m = re.search(r"FUSE_INIT: (io_uring=\S+)", open(self.log).read())
-        return m.group(1) if m else None
+        """libfuse's FUSE_INIT status line about io_uring (None for go-fuse), waited for: the mount
+        appears before the daemon has answered INIT and logged it."""
+        deadline = time.time() + 10
+        while True:
+            m = re.search(r"FUSE_INIT: (io_uring=\S+)", open(self.log).read())
+            if m or time.time() > deadline:
+                return m.group(1) if m else None
+            time.sleep(0.05)
 
     def rings(self):
         """How many io_urings the daemon has open."""
