@@ -41,7 +41,9 @@ Workloads (each a run of its own, measured with the CPU of its processes):
 Then the Go prototype (internal/fuseuring: FUSE over io_uring in Go, a fixed tree answering
 LOOKUP and GETATTR) runs a stat loop against itself over /dev/fuse and go-fuse v2's fs
 package over /dev/fuse (bench/fuseuringstat; --stats 0 leaves it out): what the transport
-buys a Go server, with no C library's thread model in the comparison.
+buys a Go server, with no C library's thread model in the comparison; its io_uring both with
+each request handled on the queue's thread and on a goroutine of its own, and again with
+handlers that sleep --delay-us (a network file system's wait).
 
 CPU is the cgroup accounting (bench/metadata_bench.py's CpuGroups) of the workload's
 processes and of each daemon; the kernel's work counts in the process it ran for. Each cell
@@ -56,7 +58,7 @@ liburing-dev (Debian), meson (Debian or pip) and ninja; the repository holds no 
 
 Usage: sudo python3 bench/fuse_uring_bench.py --libfuse-src DIR [--repeat 3]
            [--variants raw,gofuse,dev,uring] [--files 8000] [--threads 4] [--size-mib 256]
-           [--runtime 5] [--stats 100000] [--gofuse-src DIR] [--xfs GIB | --dir DIR] [--json FILE] [--write]
+           [--runtime 5] [--stats 100000] [--delay-us 200] [--gofuse-src DIR] [--xfs GIB | --dir DIR] [--json FILE] [--write]
 Prints the table; --write also puts it in BENCHMARKS.md between <!-- fuse-uring:begin -->
 and <!-- fuse-uring:end -->. Takes /tmp/spillway-netns.lock, as the other benchmarks do, so
 that none runs at the same time. About 8 minutes with the defaults on 2 cores, 11 with --gofuse-src.
@@ -509,6 +511,9 @@ def main():
     ap.add_argument("--json", default=None, help="also write every repetition's records to this file")
     ap.add_argument("--stats", type=int, default=100000, help="stats of each run of the Go prototype's stat loop "
                     "(bench/fuseuringstat; 0 leaves it out)")
+    ap.add_argument("--delay-us", type=int, default=200, help="the prototype's stat loop again (16 threads, 16 "
+                    "ring entries and /dev/fuse readers) with every request's handler sleeping this long, as a "
+                    "network file system's waits (0 leaves it out)")
     ap.add_argument("--write", action="store_true", help="put the table in BENCHMARKS.md (section fuse-uring)")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
@@ -565,7 +570,7 @@ def main():
                else f"a directory of {fs_type(work)}")
     groups = CpuGroups(("workload",) + tuple(v for v in variants if v in DAEMONS))
     daemons, mounts, results = {}, {}, {v: [] for v in variants}
-    proto = ""
+    proto, proto_delay = "", ""
     b = None
     try:
         for v in variants:
@@ -614,6 +619,13 @@ def main():
             if r.returncode != 0:
                 sys.exit(f"bench/fuseuringstat failed: {r.stdout}{r.stderr}")
             proto = r.stdout.strip()
+            if a.delay_us:  # handlers that wait: what the queue's thread serializes
+                print(f"… with handlers that wait {a.delay_us} µs", flush=True)
+                r = sh(statbench, "-stats", str(a.stats // 10), "-repeat", str(a.repeat), "-threads", "16",
+                       "-delay", f"{a.delay_us}us", "-readers", "16", "-entries", "16", check=False)
+                if r.returncode != 0:
+                    sys.exit(f"bench/fuseuringstat -delay failed: {r.stdout}{r.stderr}")
+                proto_delay = r.stdout.strip()
     finally:
         for d in daemons.values():
             d.close()
@@ -642,6 +654,8 @@ def main():
         print("go-fuse's iouring branch, io_uring against /dev/fuse:\n\n" + gfsav)
     if proto:
         print("The Go prototype (internal/fuseuring, bench/fuseuringstat), a stat loop:\n\n" + proto + "\n")
+    if proto_delay:
+        print(f"The same with handlers that wait {a.delay_us} µs:\n\n" + proto_delay + "\n")
     print("".join(f"note: {n}\n" for n in notes) + (("Failures:\n" + failed) if failed else ""))
     print(f"{elapsed / 60:.1f} minutes; {load_note}")
     if not a.write:
@@ -678,7 +692,13 @@ def main():
             "(2 goroutines reading it, one writev per answer); go-fuse v2's fs package serves the same tree. "
             f"`bench/fuseuringstat -stats {a.stats} -repeat {a.repeat} -threads 1,{a.threads}`: the stat loop in a "
             "child process; each cell the median rate, the CPU per stat of the server + the loop (core-µs, getrusage), "
-            "the requests per stat the prototype counted.\n\n" + proto + "\n\n") if proto else "")
+            "the requests per stat the prototype counted. Its io_uring is measured twice: each request handled on "
+            "its queue's thread (as libfuse and go-fuse's branch do), and on a goroutine of its own whose answer "
+            "goes back to the queue's thread through an eventfd the ring polls (what a handler that waits needs).\n\n"
+            + proto + "\n\n") if proto else "")
+        + ((f"With every LOOKUP and GETATTR blocked {a.delay_us} µs in nanosleep (a handler waiting on the network; 16 threads, "
+            "16 ring entries per CPU queue, 16 goroutines reading /dev/fuse; go-fuse left out):\n\n"
+            + proto_delay + "\n\n") if proto_delay else "")
         + "".join(f"Note: {n}\n\n" for n in notes)
         + ("Failed runs (left out of the medians):\n\n" + failed + "\n" if failed else "")))
 

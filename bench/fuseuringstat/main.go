@@ -7,7 +7,14 @@
 // (the child) are counted apart. Part of bench/fuse_uring_bench.py, which sets
 // /sys/module/fuse/parameters/enable_uring for it; prints a Markdown table.
 //
-// Usage: fuseuringstat [-files 1000] [-stats 100000] [-threads 1,4] [-repeat 3]   (as root)
+// The prototype's io_uring runs twice: each request handled on its queue's thread (as libfuse
+// and go-fuse's iouring branch do) and on a goroutine of its own (Workers). With -delay every
+// LOOKUP and GETATTR sleeps, as a network file system's handler waits: what the queue's thread
+// serializes.
+//
+// Usage: fuseuringstat [-files 1000] [-stats 100000] [-threads 1,4] [-repeat 3] [-delay 0]
+//
+//	[-readers 2] [-entries 4]   (as root)
 package main
 
 import (
@@ -36,9 +43,16 @@ func main() {
 	threadList := flag.String("threads", "1,4", "threads of the stat loop, comma-separated (a run each)")
 	repeat := flag.Int("repeat", 3, "repetitions (the figures are their medians)")
 	loop := flag.String("loop", "", "internal: run the stat loop on this directory")
+	flag.DurationVar(&delay, "delay", 0, "every LOOKUP and GETATTR of the prototype sleeps this long (a handler "+
+		"waiting on the network); go-fuse is then left out")
+	flag.IntVar(&readers, "readers", 2, "goroutines reading /dev/fuse in the prototype's /dev/fuse variant")
+	flag.IntVar(&entries, "entries", 4, "ring entries per CPU queue in the prototype's io_uring variants")
 	flag.Parse()
 	if *loop != "" {
 		os.Exit(statLoop(*loop, *files, *stats, *threadList))
+	}
+	if delay > 0 {
+		variants = slices.DeleteFunc(variants, func(v string) bool { return v == "gofuse" })
 	}
 	if err := run(*files, *stats, *threadList, *repeat); err != nil {
 		fmt.Fprintln(os.Stderr, "fuseuringstat:", err)
@@ -123,22 +137,29 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	return 0
 }
 
-var variants = []string{"uring", "dev", "gofuse"}
+var (
+	variants = []string{"uring", "uringw", "dev", "gofuse"}
+	delay    time.Duration
+	readers  int
+	entries  int
+)
 
 var labels = map[string]string{
-	"uring":  "Go prototype, io_uring",
+	"uring":  "Go prototype, io_uring, handled on the queue's thread",
+	"uringw": "Go prototype, io_uring, handled on a goroutine each",
 	"dev":    "Go prototype, /dev/fuse",
 	"gofuse": "go-fuse v2 fs, /dev/fuse",
 }
 
 func mount(v, dir string, files int) (server, error) {
 	switch v {
-	case "uring", "dev":
+	case "uring", "uringw", "dev":
 		t := fuseuring.Dev
-		if v == "uring" {
+		if v != "dev" {
 			t = fuseuring.Uring
 		}
-		s, err := fuseuring.Mount(dir, fuseuring.Options{Files: files, Transport: t})
+		s, err := fuseuring.Mount(dir, fuseuring.Options{Files: files, Transport: t, Workers: v == "uringw",
+			Entries: entries, Readers: readers, Delay: delay})
 		if err != nil {
 			return nil, err
 		}
@@ -247,7 +268,7 @@ func run(files, stats int, threadList string, repeat int) error {
 			}
 			rate := m(func(r record) float64 { return r.rate })
 			cell := fmt.Sprintf("**%.0f**", rate)
-			if v == "uring" {
+			if v == "uring" || v == "uringw" {
 				dev := results["dev/"+strconv.Itoa(t)]
 				if len(dev) > 0 {
 					cell += fmt.Sprintf(" (%.2f× /dev/fuse)", rate/medianRate(dev))

@@ -28,6 +28,7 @@ const (
 	offCQRing         = 0x8000000
 	offSQEs           = 0x10000000
 	opURingCmd        = 46
+	opPollAdd         = 6
 	sqeSize           = 128
 	cqeSize           = 16
 	sqeCmdOffset      = 48 // where a URING_CMD's command area begins in the SQE

@@ -38,6 +38,15 @@ type Options struct {
 	Transport Transport // Uring falls back to Dev when the kernel does not offer it
 	Entries   int       // ring entries per CPU queue (Uring), default 2
 	Readers   int       // goroutines reading /dev/fuse (Dev), default 2
+	// Workers (Uring): each request is handled on a goroutine of its own, its answer handed
+	// back to the queue's thread (which alone submits to the ring) through an eventfd the
+	// ring polls, instead of inline on that thread: what a handler that blocks (a network
+	// round trip) needs so that a queue keeps serving.
+	Workers bool
+	// Delay is slept by every LOOKUP and GETATTR, blocked in nanosleep(2): a handler waiting
+	// on something (a network file system's do). Not time.Sleep: Go's timers fire late while
+	// every thread is blocked in a system call, which would measure the runtime, not the queue.
+	Delay time.Duration
 }
 
 // The FUSE protocol's parts the prototype speaks (include/uapi/linux/fuse.h).
@@ -224,6 +233,7 @@ func (s *Server) handle(opcode uint32, node uint64, opIn, payload, out []byte) (
 	case opDestroy:
 		return 0, 0, true
 	case opLookup:
+		s.wait()
 		name := payload
 		if i := strings.IndexByte(string(name), 0); i >= 0 {
 			name = name[:i]
@@ -240,6 +250,7 @@ func (s *Server) handle(opcode uint32, node uint64, opIn, payload, out []byte) (
 		s.attr(out[40:], uint64(i)+2)
 		return entryOutSize, 0, true
 	case opGetattr:
+		s.wait()
 		if node != 1 && (node < 2 || node >= uint64(s.opts.Files)+2) {
 			return 0, -int32(syscall.ENOENT), true
 		}
@@ -248,6 +259,14 @@ func (s *Server) handle(opcode uint32, node uint64, opIn, payload, out []byte) (
 		return attrOutSize, 0, true
 	}
 	return 0, -int32(syscall.ENOSYS), true
+}
+
+func (s *Server) wait() {
+	if s.opts.Delay > 0 {
+		ts := unix.NsecToTimespec(s.opts.Delay.Nanoseconds())
+		for unix.Nanosleep(&ts, &ts) == unix.EINTR {
+		}
+	}
 }
 
 // attr writes struct fuse_attr of node: 1 the root directory, 2+i file f<i> of size i.
@@ -398,6 +417,15 @@ func (s *Server) queue(q int, started chan<- error) {
 		e.iov[1].SetLen(len(e.payload))
 		s.command(r.sqe(), cmdRegister, q, uint64(i), 0, e)
 	}
+	var w *workers
+	if s.opts.Workers {
+		if w, err = newWorkers(); err != nil {
+			started <- fmt.Errorf("queue %d: %w", q, err)
+			return
+		}
+		defer w.close()
+		w.poll(r.sqe())
+	}
 	if err := r.enter(0); err != nil {
 		started <- fmt.Errorf("queue %d: registering: %w", q, err)
 		return
@@ -405,12 +433,39 @@ func (s *Server) queue(q int, started chan<- error) {
 	started <- nil
 	live := k
 	le := binary.LittleEndian
+	// answer handles the request in entry i and writes its COMMIT_AND_FETCH, on any goroutine
+	// when commit is nil (workers), else on this one.
+	answer := func(i uint64) {
+		e := &ents[i]
+		h := e.headers[ringInOut:]
+		opcode, unique, node := le.Uint32(h[4:]), le.Uint64(h[8:]), le.Uint64(h[16:])
+		size := le.Uint32(e.headers[ringEntInOut+16:])
+		m, errno, _ := s.handle(opcode, node, e.headers[ringOpIn:ringEntInOut], e.payload[:size], e.payload)
+		s.ringRequests.Add(1)
+		if errno != 0 {
+			m = 0
+		}
+		putOutHeader(h, outHeaderSize+m, errno, unique)
+		le.PutUint32(e.headers[ringEntInOut+16:], uint32(m))
+		if w != nil {
+			w.done(i, unique)
+			return
+		}
+		s.command(r.sqe(), cmdCommitAndFetch, q, i, unique, e)
+	}
 	for live > 0 {
 		if err := r.enter(1); err != nil {
 			s.fail(fmt.Errorf("queue %d: %w", q, err))
 			return
 		}
 		r.completions(func(i uint64, res int32) {
+			if i == pollTag { // answers from the workers
+				for _, a := range w.take() {
+					s.command(r.sqe(), cmdCommitAndFetch, q, a.entry, a.unique, &ents[a.entry])
+				}
+				w.poll(r.sqe())
+				return
+			}
 			if res < 0 { // the connection ended (ENOTCONN) or the command failed
 				if res != -int32(unix.ENOTCONN) && res != -int32(unix.ECANCELED) {
 					s.fail(fmt.Errorf("queue %d entry %d: %w", q, i, syscall.Errno(-res)))
@@ -418,20 +473,67 @@ func (s *Server) queue(q int, started chan<- error) {
 				live--
 				return
 			}
-			e := &ents[i]
-			h := e.headers[ringInOut:]
-			opcode, unique, node := le.Uint32(h[4:]), le.Uint64(h[8:]), le.Uint64(h[16:])
-			size := le.Uint32(e.headers[ringEntInOut+16:])
-			m, errno, _ := s.handle(opcode, node, e.headers[ringOpIn:ringEntInOut], e.payload[:size], e.payload)
-			s.ringRequests.Add(1)
-			if errno != 0 {
-				m = 0
+			if w != nil {
+				w.wg.Add(1)
+				go func() { defer w.wg.Done(); answer(i) }()
+				return
 			}
-			putOutHeader(h, outHeaderSize+m, errno, unique)
-			le.PutUint32(e.headers[ringEntInOut+16:], uint32(m))
-			s.command(r.sqe(), cmdCommitAndFetch, q, i, unique, e)
+			answer(i)
 		})
 	}
+}
+
+const pollTag = ^uint64(0)
+
+// workers hands answers made on other goroutines back to a queue's thread.
+type workers struct {
+	efd     int
+	mu      sync.Mutex
+	answers []answered
+	wg      sync.WaitGroup
+}
+
+type answered struct{ entry, unique uint64 }
+
+func newWorkers() (*workers, error) {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	return &workers{efd: efd}, nil
+}
+
+// poll writes the SQE that completes (user data pollTag) once an answer is waiting.
+func (w *workers) poll(sqe []byte) {
+	le := binary.LittleEndian
+	sqe[0] = opPollAdd
+	le.PutUint32(sqe[4:], uint32(w.efd))
+	le.PutUint32(sqe[28:], unix.POLLIN)
+	le.PutUint64(sqe[32:], pollTag)
+}
+
+func (w *workers) done(entry, unique uint64) {
+	w.mu.Lock()
+	w.answers = append(w.answers, answered{entry, unique})
+	w.mu.Unlock()
+	one := [8]byte{1}
+	unix.Write(w.efd, one[:])
+}
+
+// take returns the answers waiting and clears the eventfd.
+func (w *workers) take() []answered {
+	var buf [8]byte
+	unix.Read(w.efd, buf[:])
+	w.mu.Lock()
+	a := w.answers
+	w.answers = nil
+	w.mu.Unlock()
+	return a
+}
+
+func (w *workers) close() {
+	w.wg.Wait()
+	unix.Close(w.efd)
 }
 
 // command writes a FUSE_IO_URING_CMD_* SQE for entry i of queue q.
