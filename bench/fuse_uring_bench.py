@@ -696,8 +696,9 @@ def main():
             "its queue's thread (as libfuse and go-fuse's branch do), and on a goroutine of its own whose answer "
             "goes back to the queue's thread through an eventfd the ring polls (what a handler that waits needs).\n\n"
             + proto + "\n\n") if proto else "")
-        + ((f"With every LOOKUP and GETATTR blocked {a.delay_us} µs in nanosleep (a handler waiting on the network; 16 threads, "
-            "16 ring entries per CPU queue, 16 goroutines reading /dev/fuse; go-fuse left out):\n\n"
+        + ((f"With every LOOKUP and GETATTR blocked {a.delay_us} µs in nanosleep (a handler waiting on the "
+            "network; 16 threads, 16 ring entries per CPU queue, 16 goroutines reading /dev/fuse; go-fuse left "
+            "out):\n\n"
             + proto_delay + "\n\n") if proto_delay else "")
         + "".join(f"Note: {n}\n\n" for n in notes)
         + ("Failed runs (left out of the medians):\n\n" + failed + "\n" if failed else "")))
