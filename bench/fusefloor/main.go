@@ -7,7 +7,12 @@
 // FUSE round trip, as a network file system's are: the kernel's passthrough of a file's I/O to
 // its backing file (which go-fuse's loopback uses where it can) is turned off.
 //
-// Usage: fusefloor DIR MOUNTPOINT   (as root; runs until SIGTERM or SIGINT, then unmounts)
+// With --io-uring it sets MountOptions.EnableIoUring, which only go-fuse's experimental
+// io_uring branch has (github.com/hanwen/go-fuse, branch iouring): bench/fuse_uring_bench.py
+// builds it against that tree (--gofuse-src) to measure the transport in go-fuse itself;
+// built against a go-fuse without the field it refuses the flag.
+//
+// Usage: fusefloor [--io-uring] DIR MOUNTPOINT   (as root; runs until SIGTERM or SIGINT, then unmounts)
 package main
 
 import (
@@ -15,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"reflect"
 	"syscall"
 	"time"
 
@@ -23,26 +29,39 @@ import (
 )
 
 func main() {
-	if len(os.Args) != 3 || os.Args[1] == "--help" || os.Args[1] == "-h" {
-		fmt.Fprintln(os.Stderr, "usage: fusefloor DIR MOUNTPOINT\n\nMounts DIR at MOUNTPOINT through go-fuse's loopback file system, names and attributes\ncached for 10 s (a Spillway lease), until SIGTERM or SIGINT.")
+	args := os.Args[1:]
+	uring := len(args) > 0 && args[0] == "--io-uring"
+	if uring {
+		args = args[1:]
+	}
+	if len(args) != 2 || args[0] == "--help" || args[0] == "-h" {
+		fmt.Fprintln(os.Stderr, "usage: fusefloor [--io-uring] DIR MOUNTPOINT\n\nMounts DIR at MOUNTPOINT through go-fuse's loopback file system, names and attributes\ncached for 10 s (a Spillway lease), until SIGTERM or SIGINT. --io-uring: FUSE over io_uring,\nwith a go-fuse that has MountOptions.EnableIoUring (its iouring branch).")
 		os.Exit(2)
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat(os.Args[1], &st); err != nil {
+	if err := syscall.Stat(args[0], &st); err != nil {
 		fmt.Fprintln(os.Stderr, "fusefloor:", err)
 		os.Exit(1)
 	}
-	data := &fs.LoopbackRoot{Path: os.Args[1], Dev: uint64(st.Dev)}
+	data := &fs.LoopbackRoot{Path: args[0], Dev: uint64(st.Dev)}
 	data.NewNode = func(r *fs.LoopbackRoot, _ *fs.Inode, _ string, _ *syscall.Stat_t) fs.InodeEmbedder {
 		return &node{fs.LoopbackNode{RootData: r}}
 	}
 	root := data.NewNode(data, nil, "", &st)
 	data.RootNode = root
 	lease := 10 * time.Second // warpfs.lease's default
-	server, err := fs.Mount(os.Args[2], root, &fs.Options{
-		EntryTimeout: &lease, AttrTimeout: &lease, NegativeTimeout: &lease,
-		MountOptions: fuse.MountOptions{AllowOther: true, FsName: "fusefloor", Name: "fusefloor",
-			Options: []string{"default_permissions"}, MaxWrite: 1 << 20},
+	mo := fuse.MountOptions{AllowOther: true, FsName: "fusefloor", Name: "fusefloor",
+		Options: []string{"default_permissions"}, MaxWrite: 1 << 20}
+	if uring { // by name: the field exists only in go-fuse's iouring branch
+		f := reflect.ValueOf(&mo).Elem().FieldByName("EnableIoUring")
+		if !f.IsValid() {
+			fmt.Fprintln(os.Stderr, "fusefloor: --io-uring: this go-fuse has no MountOptions.EnableIoUring (build against its iouring branch)")
+			os.Exit(2)
+		}
+		f.SetBool(true)
+	}
+	server, err := fs.Mount(args[1], root, &fs.Options{
+		EntryTimeout: &lease, AttrTimeout: &lease, NegativeTimeout: &lease, MountOptions: mo,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fusefloor: mount:", err)
