@@ -50,8 +50,12 @@ func main() {
 	root := data.NewNode(data, nil, "", &st)
 	data.RootNode = root
 	lease := 10 * time.Second // warpfs.lease's default
+	// The kernel settings Spillway's mounts ask for (mount.Mount): a floor without ASYNC_DIO
+	// serves an iodepth of 32 one request at a time, and would bound what no Spillway mount
+	// is bound by.
 	mo := fuse.MountOptions{AllowOther: true, FsName: "fusefloor", Name: "fusefloor",
-		Options: []string{"default_permissions"}, MaxWrite: 1 << 20}
+		Options: []string{"default_permissions"}, MaxWrite: 1 << 20, MaxBackground: 64,
+		ExtraCapabilities: fuse.CAP_ASYNC_DIO}
 	if uring { // by name: the field exists only in go-fuse's iouring branch
 		f := reflect.ValueOf(&mo).Elem().FieldByName("EnableIoUring")
 		if !f.IsValid() {
