@@ -115,8 +115,8 @@ type node struct {
 	unlinks pendingUnlinks
 	// madeHere says this mount created the file, empty and with one link, and has neither
 	// written, resized, linked nor moved it since: its removal may go behind
-	// (unlinkbehind.go; guarded by mu).
-	madeHere bool
+	// (unlinkbehind.go). Atomic: every write clears it, without the node's lock.
+	madeHere atomic.Bool
 }
 
 var (
@@ -720,9 +720,7 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 		return nil, nil, 0, syscall.EIO
 	}
 	if op == proto.OpCreate && rep.Attr.Nlink == 1 && rep.Attr.Size == 0 {
-		child.mu.Lock()
-		child.madeHere = true
-		child.mu.Unlock()
+		child.madeHere.Store(true)
 	}
 	h, errno := child.opened(ctx, &rep, call.UsedGen, flags)
 	if errno != 0 {
@@ -953,10 +951,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	dst.settleUnlinks()
 	n.settleChildUnlinks(name) // a directory moved: its removals under its old path first
 	dst.settleChildUnlinks(newName)
-	if ch := n.GetChild(name); ch != nil {
-		if c, ok := ch.Operations().(*node); ok {
-			c.notMadeHere() // where it goes, its links may be others' too
-		}
+	if c := n.childNode(name); c != nil {
+		c.notMadeHere() // where it goes, its links may be others' too
 	}
 	n.materializeChild(ctx, name)      // its handles then follow it by the server's handle
 	dst.materializeChild(ctx, newName) // the file it replaces: kept while open
@@ -1223,11 +1219,18 @@ func (n *node) materializeChild(ctx context.Context, name string) {
 	if n.be.leases == nil {
 		return // no lazy handles
 	}
-	if ch := n.GetChild(name); ch != nil {
-		if c, ok := ch.Operations().(*node); ok {
-			c.materializeHandles(ctx)
-		}
+	if c := n.childNode(name); c != nil {
+		c.materializeHandles(ctx)
 	}
+}
+
+// childNode is n's child name, if this mount knows it (nil otherwise).
+func (n *node) childNode(name string) *node {
+	if ch := n.GetChild(name); ch != nil {
+		c, _ := ch.Operations().(*node)
+		return c
+	}
+	return nil
 }
 
 // materializeHandles opens on the metadata server this node's handles of n opened lazily,

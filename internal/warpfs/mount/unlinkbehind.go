@@ -54,22 +54,18 @@ func (n *node) unlinkBehind(ctx context.Context, name string) bool {
 	if be.unlinkSlots == nil || be.leases == nil || be.local != nil || n == be.root {
 		return false
 	}
-	ch := n.GetChild(name)
-	if ch == nil || ch.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG {
+	// Empty, with its one name, as this mount's create made it (madeHere): a file with other
+	// links keeps an inode whose link count and ctime the removal changes, which a stat by
+	// another name would then read from the server before the removal lands; a file with
+	// data frees space. Not open here: an open file keeps its objects until its last close.
+	child := n.childNode(name)
+	if child == nil || child.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG || !child.madeHere.Load() {
 		return false
 	}
-	child, ok := ch.Operations().(*node)
-	if !ok {
-		return false
-	}
-	// Empty, with its one name, as this mount's create made it: a file with other links keeps
-	// an inode whose link count and ctime the removal changes, which a stat by another name
-	// would then read from the server before the removal lands; a file with data frees space.
 	child.mu.Lock()
 	open := len(child.handles) > 0 || child.removeOnRelease != nil
-	oneName := child.madeHere
 	child.mu.Unlock()
-	if open || !oneName {
+	if open {
 		return false
 	}
 	dirIno := n.StableAttr().Ino
@@ -100,7 +96,7 @@ func (n *node) unlinkBehind(ctx context.Context, name string) bool {
 
 	be.unlinksBehind.Add(1)
 	be.leases.touchDir(dirIno, time.Now())
-	childTok := be.leases.startChange(ch.StableAttr().Ino) // its link count: asked for again
+	childTok := be.leases.startChange(child.StableAttr().Ino) // its link count: asked for again
 	uid, gid := caller(ctx)
 	req := &proto.EntryReq{Dir: n.path(), Name: name}
 	route := n.in()
@@ -161,9 +157,9 @@ func (n *node) settleUnlinks() {
 
 // notMadeHere ends n's removals behind: it is written, resized, linked or moved (madeHere).
 func (n *node) notMadeHere() {
-	n.mu.Lock()
-	n.madeHere = false
-	n.mu.Unlock()
+	if n.madeHere.Load() { // a write's check: no store (and no cache line taken) once clear
+		n.madeHere.Store(false)
+	}
 }
 
 // settleRecalled is the client's settler (client.SetSettler): for each listing the server
@@ -196,10 +192,8 @@ func (be *backend) settleRecalled(items []proto.Inval) {
 
 // settleChildUnlinks is settleUnlinks of n's child name, if this mount knows it.
 func (n *node) settleChildUnlinks(name string) {
-	if ch := n.GetChild(name); ch != nil {
-		if c, ok := ch.Operations().(*node); ok {
-			c.settleUnlinks()
-		}
+	if c := n.childNode(name); c != nil {
+		c.settleUnlinks()
 	}
 }
 
