@@ -27,12 +27,19 @@ import (
 type requestCounter struct {
 	mu  sync.Mutex
 	ops map[proto.Op]int
+	// held, while not nil, holds the server's writes (WRITE, WRITE_NAME) until it is closed:
+	// a test can have its writes queue up in the mount whatever the machine's timing.
+	held chan struct{}
 }
 
 func (c *requestCounter) add(op proto.Op) {
 	c.mu.Lock()
 	c.ops[op]++
+	held := c.held
 	c.mu.Unlock()
+	if held != nil && (op == proto.OpWrite || op == proto.OpWriteName) {
+		<-held
+	}
 	if os.Getenv("SPILLWAY_TEST_TRACE") != "" {
 		fmt.Fprintf(os.Stderr, "%s %p %s\n", time.Now().Format("05.000000"), c, op)
 	}
@@ -108,6 +115,25 @@ func startCountingServer(t *testing.T, dir string, c *requestCounter, maxVersion
 		o.OnRequest, o.MaxVersion = c.add, maxVersion
 	})
 	return s.addr
+}
+
+// holdWrites has the stripe servers hold every write they get until the returned function
+// is called.
+func (in *countedInstance) holdWrites() (release func()) {
+	held := make(chan struct{})
+	for _, c := range in.stripes {
+		c.mu.Lock()
+		c.held = held
+		c.mu.Unlock()
+	}
+	return func() {
+		for _, c := range in.stripes {
+			c.mu.Lock()
+			c.held = nil
+			c.mu.Unlock()
+		}
+		close(held)
+	}
 }
 
 func (in *countedInstance) mountAt(t *testing.T, node string) *Mounted {
