@@ -43,7 +43,7 @@ func (a *Agent) reconcile(ctx context.Context, as agentapi.Assignment, grace tim
 			a.opt.Log.Warn("cannot restore a mount the controller expects", "path", m.MountPath, "err", err)
 		}
 	}
-	a.unmountUnknown(as.Mounts, grace, sent)
+	a.unmountUnknown(as.Mounts, as.Expected, grace, sent)
 	if a.root {
 		a.reapSwaps(ctx, as, grace)
 	}
@@ -125,13 +125,17 @@ func (a *Agent) sameCluster(id string) bool {
 	return true
 }
 
-// unmountUnknown unmounts the mounts the answer to heartbeat number sent does not list, but
-// those the controller asked for within grace or after that heartbeat left (its answer was
-// computed before the controller recorded them: a job may already be running in them).
-func (a *Agent) unmountUnknown(live []agentapi.MountSpec, grace time.Duration, sent uint64) {
+// unmountUnknown unmounts the mounts the answer to heartbeat number sent does not list (as
+// made or as expected), but those the controller asked for within grace or after that
+// heartbeat left (its answer was computed before the controller recorded them: a job may
+// already be running in them).
+func (a *Agent) unmountUnknown(live []agentapi.MountSpec, expected []string, grace time.Duration, sent uint64) {
 	keep := map[string]bool{}
 	for _, m := range live {
 		keep[m.MountPath] = true
+	}
+	for _, path := range expected {
+		keep[path] = true
 	}
 	stale := func(path string, m *mounted) bool {
 		return !keep[path] && !m.staging && !m.swap && time.Since(m.since) > grace && m.confirmed < sent

@@ -108,6 +108,52 @@ func TestReconcileKeepsAMountAskedForAfterItsHeartbeatLeft(t *testing.T) {
 	}
 }
 
+// A heartbeat's answer that lists a mount as expected (wanted, its outcome not yet recorded:
+// a new leader's first answers after its predecessor asked for it) keeps it, however old;
+// the next answer that names it neither way takes it away.
+func TestReconcileKeepsAMountTheControllerExpects(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	ctx := context.Background()
+	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(t.TempDir(), "ssd"), Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 2, FragmentID: 1, InstanceID: 1, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	spec := agentapi.MountSpec{ActivationID: 3, MountPath: filepath.Join(t.TempDir(), "mnt"), StorageNode: "ssd1", FragmentID: 1,
+		NamespaceID: 2, InstanceID: 1, Capacity: 64 * mib, Label: "I1-0"}
+	if err := a.Mount(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	mounted := func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		m := a.mounts[spec.MountPath]
+		return m != nil && m.alive()
+	}
+	time.Sleep(20 * time.Millisecond) // older than the grace below
+	sent := a.heartbeatsSent.Add(1)   // left after the mount was asked for
+	a.reconcile(ctx, agentapi.Assignment{Expected: []string{spec.MountPath}}, 10*time.Millisecond, sent)
+	if !mounted() {
+		t.Fatal("an answer that expects the mount took it away")
+	}
+	if err := os.WriteFile(filepath.Join(spec.MountPath, "job"), []byte("runs\n"), 0o644); err != nil {
+		t.Fatalf("the job's mount after the reconcile: %v", err)
+	}
+	later := a.heartbeatsSent.Add(1)
+	a.reconcile(ctx, agentapi.Assignment{}, 10*time.Millisecond, later)
+	if mounted() {
+		t.Fatal("an answer that names the mount neither made nor expected kept it past grace")
+	}
+}
+
 // An answer computed before the controller recorded an unmount (post_run's) still lists the
 // mount: it must not bring it back (a job's mount reappeared after post_run, and stayed for
 // gc_grace after its teardown). A mount the controller asks for again is restored as before.

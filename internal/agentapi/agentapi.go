@@ -398,6 +398,11 @@ type Assignment struct {
 	Fragments  []int64         `json:"fragments"`
 	Namespaces []NamespaceSpec `json:"namespaces"`
 	Mounts     []MountSpec     `json:"mounts"`
+	// Expected are the mount paths of mounts the controller wants on the node but has not
+	// recorded as made (a mount asked for whose outcome is not persisted, or not asked yet:
+	// after a failover the new leader asks again). The agent keeps such a mount if it has it,
+	// and does not make it on this list's word: the controller's own request does.
+	Expected []string `json:"expected,omitempty"`
 	// Swaps are the swap areas the node should have: an agent detaches (and removes) an area
 	// it has that is not listed, after the same grace period as fragments (an abandoned job's).
 	Swaps []SwapSpec `json:"swaps,omitempty"`

@@ -974,6 +974,7 @@ func liveOn(w *lifecycle.World, node string) agentapi.Assignment {
 		}
 	}
 	r.Mounts = lifecycle.LiveMounts(w, node)
+	r.Expected = lifecycle.ExpectedMounts(w, node)
 	return r
 }
 

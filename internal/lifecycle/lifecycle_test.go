@@ -1203,3 +1203,36 @@ func TestMaxMDSShards(t *testing.T) {
 		t.Errorf("max_mds without striped: %v", err)
 	}
 }
+
+// A mount the world wants and has not recorded as made is expected on its node
+// (agentapi.Assignment.Expected), so that an agent keeps it while a controller — perhaps a new
+// leader whose predecessor asked for it and crashed before persisting the outcome — asks
+// again; once made it is live, no longer expected.
+func TestExpectedMountsUntilMade(t *testing.T) {
+	h := newHarness(t, "ssd1")
+	h.must(ApplySetup(h.w, jobSetup("46", 1<<30, "striped"), h, h.p, h.now))
+	h.settle()
+	h.must(ApplyPreRun(h.w, "46", []string{"cn1"}, h, h.p))
+	h.w.TakeChanges()
+	var mountOps []Effect
+	for _, e := range Step(h.w, h.p, h.now) {
+		if e.Op == OpMount {
+			mountOps = append(mountOps, e)
+		}
+	}
+	if len(mountOps) != 1 {
+		t.Fatalf("pre_run asked for %d mounts, want 1", len(mountOps))
+	}
+	expected := ExpectedMounts(h.w, "cn1")
+	if len(expected) != 1 || expected[0] != mountOps[0].Mount.MountPath || len(LiveMounts(h.w, "cn1")) != 0 {
+		t.Fatalf("while the mount is asked for: expected %v, live %v; want %s expected only", expected, LiveMounts(h.w, "cn1"), mountOps[0].Mount.MountPath)
+	}
+	if other := ExpectedMounts(h.w, "cn2"); len(other) != 0 {
+		t.Errorf("another node is expected to have %v", other)
+	}
+	Complete(h.w, mountOps[0], Result{}, h.p, h.now)
+	h.w.TakeChanges()
+	if expected, live := ExpectedMounts(h.w, "cn1"), LiveMounts(h.w, "cn1"); len(expected) != 0 || len(live) != 1 {
+		t.Fatalf("once made: expected %v, live %d mounts; want none expected and it live", expected, len(live))
+	}
+}

@@ -454,6 +454,21 @@ func LiveMounts(w *World, node string) []agentapi.MountSpec {
 	return out
 }
 
+// ExpectedMounts are the mount paths of the mounts the world wants on node and has not
+// recorded as made (agentapi.Assignment.Expected): a heartbeat's answer lists them so that the
+// agent does not take away a mount whose outcome a controller (perhaps one that since lost its
+// leadership) had not persisted yet.
+func ExpectedMounts(w *World, node string) []string {
+	var out []string
+	for _, id := range sortedIDs(w.Activations) {
+		a := w.Activations[id]
+		if a.Node == node && a.State.Goal == model.GoalCreate && !a.State.Actualized && !IsSwap(w, a) && a.MountPath != "" {
+			out = append(out, a.MountPath)
+		}
+	}
+	return out
+}
+
 // NamespaceLocator is how the controller names a namespace to the agent that holds it; the
 // agent turns it into a directory under its SSD path.
 func NamespaceLocator(fragmentID, namespaceID ID) string {
