@@ -62,31 +62,10 @@ func TestReconcileSweepsNamespacesAtMostEveryQuarterOfGrace(t *testing.T) {
 // mount, pre_run released the job, and an answer computed before the confirmation was
 // recorded took the mount away under the job). The answer to a later heartbeat does remove it.
 func TestReconcileKeepsAMountAskedForAfterItsHeartbeatLeft(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
 	ctx := context.Background()
-	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(t.TempDir(), "ssd"), Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 2, FragmentID: 1, InstanceID: 1, Mode: 0o755}); err != nil {
-		t.Fatal(err)
-	}
-	spec := agentapi.MountSpec{ActivationID: 3, MountPath: filepath.Join(t.TempDir(), "mnt"), StorageNode: "ssd1", FragmentID: 1,
-		NamespaceID: 2, InstanceID: 1, Capacity: 64 * mib, Label: "I1-0"}
+	a, spec, mounted := mountReconcileAgent(t)
 	if err := a.Mount(ctx, spec); err != nil {
 		t.Fatal(err)
-	}
-	mounted := func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		m := a.mounts[spec.MountPath]
-		return m != nil && m.alive()
 	}
 	sent := a.heartbeatsSent.Add(1) // a heartbeat leaves; its answer will not list the mount
 	time.Sleep(20 * time.Millisecond)
@@ -94,63 +73,41 @@ func TestReconcileKeepsAMountAskedForAfterItsHeartbeatLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(20 * time.Millisecond)
-	a.reconcile(ctx, agentapi.Assignment{}, 10*time.Millisecond, sent)
-	if !mounted() {
-		t.Fatal("the answer to a heartbeat sent before the mount was asked for took it away")
-	}
-	if err := os.WriteFile(filepath.Join(spec.MountPath, "job"), []byte("runs\n"), 0o644); err != nil {
-		t.Fatalf("the job's mount after the reconcile: %v", err)
-	}
-	later := a.heartbeatsSent.Add(1)
-	a.reconcile(ctx, agentapi.Assignment{}, 10*time.Millisecond, later)
-	if mounted() {
-		t.Fatal("the answer to a heartbeat sent after the mount was asked for, not listing it, kept it past grace")
-	}
+	keptThenTakenAway(t, a, spec.MountPath, mounted, agentapi.Assignment{}, sent,
+		"the answer to a heartbeat sent before the mount was asked for")
 }
 
 // A heartbeat's answer that lists a mount as expected (wanted, its outcome not yet recorded:
 // a new leader's first answers after its predecessor asked for it) keeps it, however old;
 // the next answer that names it neither way takes it away.
 func TestReconcileKeepsAMountTheControllerExpects(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
 	ctx := context.Background()
-	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(t.TempDir(), "ssd"), Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 2, FragmentID: 1, InstanceID: 1, Mode: 0o755}); err != nil {
-		t.Fatal(err)
-	}
-	spec := agentapi.MountSpec{ActivationID: 3, MountPath: filepath.Join(t.TempDir(), "mnt"), StorageNode: "ssd1", FragmentID: 1,
-		NamespaceID: 2, InstanceID: 1, Capacity: 64 * mib, Label: "I1-0"}
+	a, spec, mounted := mountReconcileAgent(t)
 	if err := a.Mount(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	mounted := func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		m := a.mounts[spec.MountPath]
-		return m != nil && m.alive()
-	}
 	time.Sleep(20 * time.Millisecond) // older than the grace below
 	sent := a.heartbeatsSent.Add(1)   // left after the mount was asked for
-	a.reconcile(ctx, agentapi.Assignment{Expected: []string{spec.MountPath}}, 10*time.Millisecond, sent)
+	keptThenTakenAway(t, a, spec.MountPath, mounted, agentapi.Assignment{Expected: []string{spec.MountPath}}, sent,
+		"an answer that expects the mount")
+}
+
+// keptThenTakenAway checks that answer, to heartbeat number sent, keeps the mount at path
+// (grace 10 ms, passed) and that it still serves a job, then that the answer to the next
+// heartbeat, listing nothing, takes it away.
+func keptThenTakenAway(t *testing.T, a *Agent, path string, mounted func() bool, answer agentapi.Assignment, sent uint64, what string) {
+	t.Helper()
+	ctx := context.Background()
+	a.reconcile(ctx, answer, 10*time.Millisecond, sent)
 	if !mounted() {
-		t.Fatal("an answer that expects the mount took it away")
+		t.Fatalf("%s took it away", what)
 	}
-	if err := os.WriteFile(filepath.Join(spec.MountPath, "job"), []byte("runs\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(path, "job"), []byte("runs\n"), 0o644); err != nil {
 		t.Fatalf("the job's mount after the reconcile: %v", err)
 	}
-	later := a.heartbeatsSent.Add(1)
-	a.reconcile(ctx, agentapi.Assignment{}, 10*time.Millisecond, later)
+	a.reconcile(ctx, agentapi.Assignment{}, 10*time.Millisecond, a.heartbeatsSent.Add(1))
 	if mounted() {
-		t.Fatal("an answer that names the mount neither made nor expected kept it past grace")
+		t.Fatal("the answer to a later heartbeat, naming the mount neither made nor expected, kept it past grace")
 	}
 }
 
@@ -158,29 +115,8 @@ func TestReconcileKeepsAMountTheControllerExpects(t *testing.T) {
 // mount: it must not bring it back (a job's mount reappeared after post_run, and stayed for
 // gc_grace after its teardown). A mount the controller asks for again is restored as before.
 func TestReconcileDoesNotRestoreAMountJustUnmounted(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
 	ctx := context.Background()
-	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(t.TempDir(), "ssd"), Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 2, FragmentID: 1, InstanceID: 1, Mode: 0o755}); err != nil {
-		t.Fatal(err)
-	}
-	spec := agentapi.MountSpec{ActivationID: 3, MountPath: filepath.Join(t.TempDir(), "mnt"), StorageNode: "ssd1", FragmentID: 1,
-		NamespaceID: 2, InstanceID: 1, Capacity: 64 * mib, Label: "I1-0"}
-	mounted := func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		m := a.mounts[spec.MountPath]
-		return m != nil && m.alive()
-	}
+	a, spec, mounted := mountReconcileAgent(t)
 	if err := a.Mount(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -203,4 +139,34 @@ func TestReconcileDoesNotRestoreAMountJustUnmounted(t *testing.T) {
 		t.Fatal("a mount the controller lists, unmounted longer than grace ago, was not restored")
 	}
 	a.Unmount(ctx, 3, spec.MountPath)
+}
+
+// mountReconcileAgent is an agent (root only) with a fragment and namespace, and the spec of a
+// mount of it, not yet made; mounted says whether the agent has that mount.
+func mountReconcileAgent(t *testing.T) (a *Agent, spec agentapi.MountSpec, mounted func() bool) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	ctx := context.Background()
+	a, err := New(Options{Name: "ssd1", Pool: "p", SSDPath: filepath.Join(t.TempDir(), "ssd"), Capacity: 256 * mib, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	if err := a.CreateFragment(ctx, agentapi.FragmentSpec{ID: 1, InstanceID: 1, Capacity: 64 * mib, InstanceCapacity: 64 * mib}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateNamespace(ctx, agentapi.NamespaceSpec{ID: 2, FragmentID: 1, InstanceID: 1, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	spec = agentapi.MountSpec{ActivationID: 3, MountPath: filepath.Join(t.TempDir(), "mnt"), StorageNode: "ssd1", FragmentID: 1,
+		NamespaceID: 2, InstanceID: 1, Capacity: 64 * mib, Label: "I1-0"}
+	mounted = func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		m := a.mounts[spec.MountPath]
+		return m != nil && m.alive()
+	}
+	return a, spec, mounted
 }
