@@ -31,11 +31,19 @@ type Error struct {
 	Kind  string `json:"kind"` // user, not_found, busy, forbidden, unauthorized, internal
 }
 
-// WriteJSON answers with a JSON body.
+// WriteJSON answers with a JSON body, its length said (Content-Length): an HTTP/1.0 client
+// keeping its connection (libdatawarp) can only keep it after an answer whose length is known,
+// and json.Encoder holds the whole text before writing it anyway.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":"encoding the answer: `+strings.ReplaceAll(err.Error(), `"`, `'`)+`","kind":"internal"}`)
+	}
+	body = append(body, '\n')
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
+	w.Write(body)
 }
 
 // WriteError answers with an error body.
