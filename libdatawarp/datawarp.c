@@ -9,9 +9,11 @@
  * `spillway dwcli stage ... --json`, with posix_spawn, which sends the same request. Stripe
  * and cache calls work on extended attributes of the caller's descriptors directly.
  *
- * The library keeps no state between calls: every call is independent, thread-safe, and
- * safe in a child after fork (a socket per call, close-on-exec). Calls are not interrupted
- * by signals (EINTR is retried; the helper runs in its own process group, so a terminal's
+ * The library keeps one thing between calls, the connection of the last answered call, for the
+ * next ("a connection kept for the next call" below): taken by one call at a time (an atomic
+ * exchange), never used by a child after fork, nor after the caller's euid or egid changed,
+ * close-on-exec. Every call is thread-safe and safe in a child after fork. Calls are not
+ * interrupted by signals (EINTR is retried; the helper runs in its own process group, so a terminal's
  * Ctrl-C reaches the application, not the helper).
  *
  * The helper is $SPILLWAY_BIN, else "spillway" on the PATH, else SPILLWAY_PREFIX/bin/spillway
@@ -285,12 +287,13 @@ static const char **list_args(const char *const *prefix, size_t nprefix, const c
  * mount holding it, and what stat(2) and access(2), asked as the caller, say of it and of its
  * directory. The controller resolves the session and the variable, makes the checks
  * (package stagecall, the same code for `dwcli stage`) and answers libdatawarp's result,
- * {"errno": N, ...}. No child process, no state kept between calls: a socket per call
- * (SOCK_CLOEXEC), so threads and a child after fork never share one.
+ * {"errno": N, ...}. No child process; the connection is kept for the next call when the
+ * controller offers it (below), never shared by two threads nor by a child after fork.
  *
  * A TCP controller gets the same request, in one write, with a fresh MUNGE credential of the
- * caller's (asked of munged before the paths are probed, in its own protocol; libmunge, loaded
- * at run time, when that fails). When the controller cannot be spoken to directly (several
+ * caller's on a connection's first request (asked of munged before the paths are probed, in
+ * its own protocol; libmunge, loaded at run time, when that fails); later requests on a kept
+ * connection claim the identity that credential proved. When the controller cannot be spoken to directly (several
  * controllers: the helper follows the leader; https; no credential: munged's protocol failed
  * and libmunge is not installed; no answer: a one-machine
  * home's server the helper starts again, a controller the helper retries), the call runs the
