@@ -9,9 +9,11 @@
  * `spillway dwcli stage ... --json`, with posix_spawn, which sends the same request. Stripe
  * and cache calls work on extended attributes of the caller's descriptors directly.
  *
- * The library keeps no state between calls: every call is independent, thread-safe, and
- * safe in a child after fork (a socket per call, close-on-exec). Calls are not interrupted
- * by signals (EINTR is retried; the helper runs in its own process group, so a terminal's
+ * The library keeps one thing between calls, the connection of the last answered call, for the
+ * next ("a connection kept for the next call" below): taken by one call at a time (an atomic
+ * exchange), never used by a child after fork, nor after the caller's euid or egid changed,
+ * close-on-exec. Every call is thread-safe and safe in a child after fork. Calls are not
+ * interrupted by signals (EINTR is retried; the helper runs in its own process group, so a terminal's
  * Ctrl-C reaches the application, not the helper).
  *
  * The helper is $SPILLWAY_BIN, else "spillway" on the PATH, else SPILLWAY_PREFIX/bin/spillway
@@ -26,12 +28,15 @@
 #include <limits.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -282,12 +287,13 @@ static const char **list_args(const char *const *prefix, size_t nprefix, const c
  * mount holding it, and what stat(2) and access(2), asked as the caller, say of it and of its
  * directory. The controller resolves the session and the variable, makes the checks
  * (package stagecall, the same code for `dwcli stage`) and answers libdatawarp's result,
- * {"errno": N, ...}. No child process, no state kept between calls: a socket per call
- * (SOCK_CLOEXEC), so threads and a child after fork never share one.
+ * {"errno": N, ...}. No child process; the connection is kept for the next call when the
+ * controller offers it (below), never shared by two threads nor by a child after fork.
  *
  * A TCP controller gets the same request, in one write, with a fresh MUNGE credential of the
- * caller's (asked of munged before the paths are probed, in its own protocol; libmunge, loaded
- * at run time, when that fails). When the controller cannot be spoken to directly (several
+ * caller's on a connection's first request (asked of munged before the paths are probed, in
+ * its own protocol; libmunge, loaded at run time, when that fails); later requests on a kept
+ * connection claim the identity that credential proved. When the controller cannot be spoken to directly (several
  * controllers: the helper follows the leader; https; no credential: munged's protocol failed
  * and libmunge is not installed; no answer: a one-machine
  * home's server the helper starts again, a controller the helper retries), the call runs the
@@ -892,104 +898,359 @@ static int munge_take(int fd, char **cred)
 	return rc;
 }
 
+/* ---- a connection kept for the next call ---------------------------------------------------
+ *
+ * A new connection costs a call more than its request: over TCP a MUNGE credential (a round
+ * trip to the node's munged, a decode by the controller's) and a connect and accept. So the
+ * library keeps the connection of a call's answer for the next call, when the controller
+ * offers it: Keep-Alive: timeout=N (its controller.idle_timeout), and over TCP
+ * Spillway-Connection-Identity: S, the controller bound the identity of the connection's first
+ * MUNGE credential to the connection for S more seconds (controller.munge_connection_lifetime);
+ * later requests on it claim that identity with Authorization: MUNGE-connection, and carry no
+ * credential (docs/security.md).
+ *
+ * One slot, taken by an atomic exchange (no lock, so none held across a fork): a thread that
+ * finds it empty opens a connection of its own and offers it back after its call (the slot
+ * keeps the newest; the one it held is closed), so no two threads ever use one connection. A
+ * kept connection is used again only
+ *   - by the process that opened it: a child after fork closes its copy (pthread_atfork; the
+ *     pid is compared as well, for a clone that runs no fork handlers);
+ *   - by the euid and egid that opened it: the controller knows the connection by the identity
+ *     proved on it then (after setuid or seteuid a call opens a new connection);
+ *   - to the same controller (SPILLWAY_CONFIG changed between calls: a new connection);
+ *   - within half the idle time the controller announced, and at most KEEP_IDLE_MAX_MS, so
+ *     that the controller never closes it while a request is on its way; over TCP also a
+ *     second before the identity's lifetime ends;
+ *   - when poll(2) finds nothing on it: a controller that closed it (a restart, an idle
+ *     timeout shorter than announced) has sent its end.
+ * Root's calls keep nothing (a process that drops its privileges keeps no connection of
+ * root's), and the connection is close-on-exec.
+ *
+ * A request on a kept connection is sent again, on a new connection with a fresh credential,
+ * only when the controller cannot have acted on it: the request did not all leave (the
+ * controller never read a whole body), or the controller refused the connection's identity
+ * (401: it expired). A kept connection that ends without an answer after the request left
+ * fails the call with EIO: the stage may have been made, and is never made twice. */
+
+#define KEEP_IDLE_MAX_MS 30000 /* the library's own bound on reuse, whatever the controller says */
+
+struct conn {
+	int fd;
+	pid_t pid;
+	uid_t euid;
+	gid_t egid;
+	long long until_ms;          /* CLOCK_MONOTONIC: used again only before */
+	long long identity_until_ms; /* TCP: the connection's identity ends (less a second) */
+	char where[PATH_MAX + 300];  /* the endpoint (endpoint_key) */
+};
+
+static struct conn *_Atomic kept;
+
+static long long mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void conn_close(struct conn *c)
+{
+	if (c != NULL) {
+		close(c->fd);
+		free(c);
+	}
+}
+
+static void endpoint_key(const struct endpoint *e, char *out, size_t size)
+{
+	if (e->tcp)
+		snprintf(out, size, "tcp %s %s", e->host, e->port);
+	else
+		snprintf(out, size, "unix %s", e->sock);
+}
+
+/* conn_take takes the kept connection for a call to e, when it may be used: the connection,
+ * or NULL (one that may not is closed). */
+static struct conn *conn_take(const struct endpoint *e)
+{
+	struct conn *c = atomic_exchange(&kept, NULL);
+	char where[sizeof(c->where)];
+	struct pollfd pfd;
+	int rc;
+	if (c == NULL)
+		return NULL;
+	endpoint_key(e, where, sizeof(where));
+	if (c->pid != getpid() || c->euid != geteuid() || c->egid != getegid() || strcmp(c->where, where) != 0 || mono_ms() >= c->until_ms) {
+		conn_close(c);
+		return NULL;
+	}
+	pfd.fd = c->fd;
+	pfd.events = POLLIN | POLLRDHUP;
+	pfd.revents = 0;
+	while ((rc = poll(&pfd, 1, 0)) < 0 && errno == EINTR)
+		;
+	if (rc != 0) { /* its end (or anything: nothing comes unasked), or an error */
+		if (debug_enabled())
+			fprintf(stderr, "libdatawarp: the controller closed the kept connection; a new one\n");
+		conn_close(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* conn_offer keeps c for a next call; the connection kept before is closed. */
+static void conn_offer(struct conn *c)
+{
+	if (c != NULL)
+		conn_close(atomic_exchange(&kept, c));
+}
+
+/* A child after fork never uses its parent's connection: its copy is closed. */
+static void conn_after_fork(void) { conn_close(atomic_exchange(&kept, NULL)); }
+
+__attribute__((constructor)) static void conn_init(void) { pthread_atfork(NULL, NULL, conn_after_fork); }
+
+/* header_value finds header name (case-insensitive) in an answer's head of hlen bytes: its
+ * value and *vlen, or NULL. */
+static const char *header_value(const char *head, size_t hlen, const char *name, size_t *vlen)
+{
+	const char *end = head + hlen, *p = memchr(head, '\n', hlen);
+	size_t n = strlen(name);
+	while (p != NULL && p + 1 < end) {
+		const char *line = p + 1, *eol = memchr(line, '\n', (size_t)(end - line)), *v, *ve;
+		if (eol == NULL)
+			eol = end;
+		if ((size_t)(eol - line) > n && strncasecmp(line, name, n) == 0 && line[n] == ':') {
+			for (v = line + n + 1; v < eol && (*v == ' ' || *v == '\t'); v++)
+				;
+			for (ve = eol; ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'); ve--)
+				;
+			*vlen = (size_t)(ve - v);
+			return v;
+		}
+		p = eol < end ? eol : NULL;
+	}
+	return NULL;
+}
+
+/* header_number reads the number after prefix in header name's value (prefix "" = the value
+ * itself), or -1. */
+static long long header_number(const char *head, size_t hlen, const char *name, const char *prefix)
+{
+	size_t vlen, plen = strlen(prefix);
+	const char *v = header_value(head, hlen, name, &vlen), *at;
+	char num[32];
+	size_t i = 0;
+	if (v == NULL)
+		return -1;
+	if (plen > 0) {
+		for (at = v; at + plen <= v + vlen && strncasecmp(at, prefix, plen) != 0; at++)
+			;
+		if (at + plen > v + vlen)
+			return -1;
+		vlen -= (size_t)(at + plen - v);
+		v = at + plen;
+	}
+	while (i < vlen && i + 1 < sizeof(num) && v[i] >= '0' && v[i] <= '9') {
+		num[i] = v[i];
+		i++;
+	}
+	num[i] = '\0';
+	return i > 0 ? strtoll(num, NULL, 10) : -1;
+}
+
+/* unix_connect opens a connection to the controller's socket: the descriptor, or NO_DIRECT
+ * (no controller there), or -EIO. */
+static int unix_connect(const struct endpoint *e)
+{
+	struct sockaddr_un sa;
+	int fd, rc;
+	if (strlen(e->sock) >= sizeof(sa.sun_path))
+		return NO_DIRECT; /* too long for a socket address: the helper's Go client says so */
+	memset(&sa, 0, sizeof(sa));
+	sa.sun_family = AF_UNIX;
+	memcpy(sa.sun_path, e->sock, strlen(e->sock));
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -EIO;
+	while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa))) != 0 && errno == EINTR)
+		;
+	if (rc != 0 && errno != EISCONN) {
+		close(fd);
+		return NO_DIRECT;
+	}
+	return fd;
+}
+
 /* post sends body to the controller and reads the answer's body into ans: the HTTP status,
  * or NO_DIRECT when the controller does not answer there (the helper retries, as the Go
  * client does, [client] connect_retries times), or a negative errno. Over TCP, mfd is
- * munge_ask's connection (or -1), which post closes. */
-static int post(const struct endpoint *e, const struct buf *body, struct answer *ans, int mfd)
+ * munge_ask's connection (or -1), which post closes. kc is a kept connection to use (or
+ * NULL), which post keeps again or closes. */
+static int post(const struct endpoint *e, const struct buf *body, struct answer *ans, int mfd, struct conn *kc)
 {
-	char head[512];
-	char *cred = NULL;
-	struct buf in = {0}, req = {0};
-	int fd, rc, status = 0;
-	char *sep;
-	if (e->tcp) {
-		/* one per request: munged refuses a replay */
-		rc = mfd >= 0 ? munge_take(mfd, &cred) : -1;
-		if (rc != 0)
-			rc = munge_credential(e->munge, &cred);
-		if (rc != 0)
-			return rc;
-		fd = tcp_connect(e);
-		if (fd < 0) {
-			free(cred);
-			return NO_DIRECT;
-		}
-	} else {
-		struct sockaddr_un sa;
-		if (strlen(e->sock) >= sizeof(sa.sun_path))
-			return NO_DIRECT; /* too long for a socket address: the helper's Go client says so */
-		memset(&sa, 0, sizeof(sa));
-		sa.sun_family = AF_UNIX;
-		memcpy(sa.sun_path, e->sock, strlen(e->sock));
-		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-			return -EIO;
-		while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa))) != 0 && errno == EINTR)
-			;
-		if (rc != 0 && errno != EISCONN) {
-			close(fd);
-			return NO_DIRECT;
-		}
-	}
-	/* HTTP/1.0: the answer is the rest of the stream, never chunked. The request goes in one
-	 * write: pieces written apart each wake the controller (and over TCP, Nagle's algorithm
-	 * holds each piece after the first until the one before it is acknowledged). */
-	snprintf(head, sizeof(head), "POST /dw/v1/job_stages HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s",
-		 e->tcp ? e->host : "spillway", body->len, cred != NULL ? "Authorization: MUNGE " : "\r\n");
-	buf_str(&req, head);
-	if (cred != NULL) {
-		buf_str(&req, cred);
-		buf_str(&req, "\r\n\r\n");
-	}
-	free(cred);
-	buf_add(&req, body->p, body->len);
-	if (req.oom) {
-		free(req.p);
-		close(fd);
-		return -ENOMEM;
-	}
-	rc = write_all(fd, req.p, req.len);
-	free(req.p);
-	if (rc != 0) {
-		close(fd);
-		return NO_DIRECT; /* the controller went away before reading: the helper retries */
-	}
+	const int keep_ok = geteuid() != 0;
+	int again = 0;
 	for (;;) {
-		char chunk[16384];
-		ssize_t n = read(fd, chunk, sizeof(chunk));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* no answer within the bound */
-			if (debug_enabled())
-				fprintf(stderr, "libdatawarp: the controller at %s did not answer within %d ms ([controller] request_timeout + 5 s)\n", e->host, e->answer_ms);
+		char head[512];
+		char *cred = NULL, *sep;
+		struct buf in = {0}, req = {0};
+		int fd, rc, status = 0, reused = kc != NULL, timed_out = 0;
+		size_t hlen = 0;
+		long long clen = -1, idle_s = -1, identity_s = -1;
+		int framed = 0, keep = 0;
+		if (reused) {
+			fd = kc->fd;
+		} else if (e->tcp) {
+			/* one per connection: munged refuses a replay */
+			if (mfd < 0 && again)
+				mfd = munge_ask(e->munge);
+			rc = mfd >= 0 ? munge_take(mfd, &cred) : -1;
+			mfd = -1;
+			if (rc != 0)
+				rc = munge_credential(e->munge, &cred);
+			if (rc != 0)
+				return rc;
+			fd = tcp_connect(e);
+			if (fd < 0) {
+				free(cred);
+				return NO_DIRECT;
+			}
+		} else if ((fd = unix_connect(e)) < 0) {
+			return fd;
+		}
+		/* HTTP/1.0: an answer the controller cannot frame (no Content-Length) is the rest of
+		 * the stream, never chunked; one it frames keeps the connection open when asked
+		 * (Connection: keep-alive). The request goes in one write: pieces written apart each
+		 * wake the controller (and over TCP, Nagle's algorithm holds each piece after the
+		 * first until the one before it is acknowledged). */
+		snprintf(head, sizeof(head), "POST /dw/v1/job_stages HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s%s",
+			 e->tcp ? e->host : "spillway", body->len, keep_ok ? "Connection: keep-alive\r\n" : "",
+			 reused && e->tcp ? "Authorization: MUNGE-connection\r\n" : "");
+		buf_str(&req, head);
+		if (cred != NULL) {
+			buf_str(&req, "Authorization: MUNGE ");
+			buf_str(&req, cred);
+			buf_str(&req, keep_ok ? "\r\nSpillway-Connection-Identity: bind\r\n" : "\r\n");
+		}
+		buf_str(&req, "\r\n");
+		free(cred);
+		buf_add(&req, body->p, body->len);
+		if (req.oom) {
+			free(req.p);
+			if (reused)
+				conn_offer(kc); /* unused: still good */
+			else
+				close(fd);
+			return -ENOMEM;
+		}
+		rc = write_all(fd, req.p, req.len);
+		free(req.p);
+		if (rc != 0) {
+			if (reused) {
+				conn_close(kc);
+				kc = NULL;
+				if (!again) { /* the request did not all leave: not acted on; a new connection */
+					again = 1;
+					continue;
+				}
+			} else {
+				close(fd);
+			}
+			return NO_DIRECT; /* the controller went away before reading: the helper retries */
+		}
+		for (;;) {
+			char chunk[16384];
+			size_t want = sizeof(chunk);
+			ssize_t n;
+			if (framed) { /* no more than the answer: the connection may carry the next */
+				if (in.len >= hlen + (size_t)clen)
+					break;
+				if (hlen + (size_t)clen - in.len < want)
+					want = hlen + (size_t)clen - in.len;
+			}
+			n = read(fd, chunk, want);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* no answer within the bound */
+				timed_out = 1;
+				break;
+			}
+			if (n <= 0)
+				break;
+			if (in.len + (size_t)n > MAX_OUTPUT) {
+				in.oom = 1;
+				break;
+			}
+			buf_add(&in, chunk, (size_t)n);
+			if (hlen == 0 && in.p != NULL && (sep = strstr(in.p, "\r\n\r\n")) != NULL) {
+				size_t vlen;
+				const char *conn;
+				hlen = (size_t)(sep + 4 - in.p);
+				clen = header_number(in.p, hlen, "Content-Length", "");
+				conn = header_value(in.p, hlen, "Connection", &vlen);
+				framed = clen >= 0 && conn != NULL && vlen == 10 && strncasecmp(conn, "keep-alive", 10) == 0;
+				idle_s = header_number(in.p, hlen, "Keep-Alive", "timeout=");
+				identity_s = header_number(in.p, hlen, "Spillway-Connection-Identity", "");
+			}
+		}
+		if (in.oom || timed_out || hlen == 0 || (framed && in.len < hlen + (size_t)clen) || sscanf(in.p, "HTTP/%*s %d", &status) != 1) {
+			int answered = in.p != NULL;
 			free(in.p);
+			if (reused)
+				conn_close(kc);
+			else
+				close(fd);
+			if (timed_out) {
+				if (debug_enabled())
+					fprintf(stderr, "libdatawarp: the controller at %s did not answer within %d ms ([controller] request_timeout + 5 s)\n", e->host, e->answer_ms);
+				return -EIO;
+			}
+			if (reused && !answered) {
+				if (debug_enabled())
+					fprintf(stderr, "libdatawarp: the kept connection to the controller ended without an answer; the call may have been made, so it is not sent again\n");
+				return -EIO;
+			}
+			return !answered ? NO_DIRECT : -EIO; /* closed without an answer: the helper retries */
+		}
+		if (status == 401 && reused && e->tcp && !again) {
+			/* the connection's identity expired: the controller did not act; a new connection
+			   with a fresh credential */
+			free(in.p);
+			conn_close(kc);
+			kc = NULL;
+			again = 1;
+			continue;
+		}
+		keep = keep_ok && framed && idle_s >= 1 && (!e->tcp || identity_s >= 1);
+		if (keep && kc == NULL && (kc = malloc(sizeof(*kc))) != NULL) {
+			kc->fd = fd;
+			kc->pid = getpid();
+			kc->euid = geteuid();
+			kc->egid = getegid();
+			endpoint_key(e, kc->where, sizeof(kc->where));
+		}
+		if (keep && kc != NULL) {
+			long long now = mono_ms(), idle_ms = idle_s * 1000 / 2;
+			if (idle_ms > KEEP_IDLE_MAX_MS)
+				idle_ms = KEEP_IDLE_MAX_MS;
+			kc->until_ms = now + idle_ms;
+			if (e->tcp) {
+				kc->identity_until_ms = now + identity_s * 1000 - 1000;
+				if (kc->identity_until_ms < kc->until_ms)
+					kc->until_ms = kc->identity_until_ms;
+			}
+			conn_offer(kc);
+		} else if (kc != NULL) {
+			conn_close(kc);
+		} else {
 			close(fd);
-			return -EIO;
 		}
-		if (n <= 0)
-			break;
-		if (in.len + (size_t)n > MAX_OUTPUT) {
-			in.oom = 1;
-			break;
-		}
-		buf_add(&in, chunk, (size_t)n);
+		memmove(in.p, in.p + hlen, in.len - hlen + 1);
+		ans->text = in.p;
+		ans->len = in.len - hlen;
+		return status;
 	}
-	close(fd);
-	if (in.oom || in.p == NULL) {
-		free(in.p);
-		return in.oom ? -EIO : NO_DIRECT; /* closed without an answer: the helper retries */
-	}
-	sep = strstr(in.p, "\r\n\r\n");
-	if (sep == NULL || sscanf(in.p, "HTTP/%*s %d", &status) != 1) {
-		free(in.p);
-		return -EIO;
-	}
-	sep += 4;
-	memmove(in.p, sep, strlen(sep) + 1);
-	ans->text = in.p;
-	ans->len = strlen(in.p);
-	return status;
 }
 
 /* errno_of_kind is stagecall.ErrnoOfKind: the errno of an error answer's kind. */
@@ -1033,6 +1294,7 @@ static int dcall(const struct call *c, struct answer *ans)
 	struct endpoint ep;
 	struct buf body = {0};
 	struct answer a = {NULL, 0};
+	struct conn *kc;
 	char **points;
 	size_t i;
 	int status, rc, dw_dir, mfd = -1;
@@ -1042,7 +1304,8 @@ static int dcall(const struct call *c, struct answer *ans)
 	}
 	if (controller_endpoint(&ep) != 0)
 		return NO_DIRECT;
-	if (ep.tcp) /* munged makes the credential while the paths are probed */
+	kc = conn_take(&ep);
+	if (ep.tcp && kc == NULL) /* munged makes the credential while the paths are probed */
 		mfd = munge_ask(ep.munge);
 	points = mount_points();
 	buf_str(&body, "{\"verb\":");
@@ -1103,9 +1366,10 @@ static int dcall(const struct call *c, struct answer *ans)
 		free(body.p);
 		if (mfd >= 0)
 			close(mfd);
+		conn_offer(kc);
 		return -ENOMEM;
 	}
-	status = post(&ep, &body, &a, mfd);
+	status = post(&ep, &body, &a, mfd, kc);
 	free(body.p);
 	if (status == NO_DIRECT || status < 0)
 		return status;

@@ -209,6 +209,11 @@ type Controller struct {
 	// MaxMungeDecodes bounds the credentials being decoded by munged at once (one connection
 	// to its socket each); a request waits for a slot within request_timeout.
 	MaxMungeDecodes int `toml:"max_munge_decodes"`
+	// MungeConnectionLifetime bounds how long a TCP connection keeps the identity its MUNGE
+	// credential proved, for later requests on it that claim it (Authorization:
+	// MUNGE-connection, libdatawarp's kept connection); 0 = never kept (each request brings
+	// a credential).
+	MungeConnectionLifetime Duration `toml:"munge_connection_lifetime"`
 
 	// EnduranceThreshold is the remaining SSD endurance, in percent of the rated life, below
 	// which a storage node takes no new fragments (DataWarp); 0 turns it off.
@@ -562,6 +567,7 @@ func Defaults() Config {
 			ReservedConnections:      128,
 			MungeFailuresPerMinute:   60,
 			MaxMungeDecodes:          16,
+			MungeConnectionLifetime:  Duration(5 * time.Minute),
 			MaxSessionsPerUser:       100,
 			MaxPersistentPerUser:     10,
 			MaxNodesPerRequest:       100_000,
@@ -850,6 +856,9 @@ func (c *Config) Validate() error {
 	positive("controller.max_request_bytes", int64(c.Controller.MaxRequestBytes))
 	positive("controller.munge_failures_per_minute", int64(c.Controller.MungeFailuresPerMinute))
 	positive("controller.max_munge_decodes", int64(c.Controller.MaxMungeDecodes))
+	if c.Controller.MungeConnectionLifetime < 0 {
+		problems = append(problems, "controller.munge_connection_lifetime must be 0 (a credential per request) or more, e.g. \"5m\" (munged's credential lifetime)")
+	}
 	positive("controller.max_sessions", int64(c.Controller.MaxSessions))
 	if p := c.Controller.AccountingLog; p != "" && !filepath.IsAbs(p) {
 		problems = append(problems, fmt.Sprintf("controller.accounting_log %q must be an absolute path (or \"\" for accounting.log in controller.state_dir)", p))

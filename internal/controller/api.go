@@ -167,12 +167,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			who.known, who.privileged = true, true
 		case isNode:
 			who = caller{known: true, node: node}
+		case auth == controllerapi.MungeConnectionScheme:
+			uid, gid, ok := s.connectionIdentity(w, r)
+			if !ok {
+				return
+			}
+			who, viaMunge = caller{uid: uid, gid: gid, known: true}, true
 		case isMunge:
 			ctx, cancel := context.WithTimeout(r.Context(), s.c.cfg.Controller.RequestTimeout.D())
 			id, err := s.munge.decode(ctx, r.RemoteAddr, cred)
 			cancel()
 			if err != nil {
 				httpapi.WriteError(w, mungeStatus(err), "unauthorized", err.Error())
+				return
+			}
+			if !s.bindConnection(w, r, id.UID, id.GID) {
 				return
 			}
 			who, viaMunge = caller{uid: id.UID, gid: id.GID, known: true}, true
@@ -187,6 +196,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.Authenticated(w, r) // its connection may hold a reserved slot (controller.reserved_connections)
+	if !r.ProtoAtLeast(1, 1) && strings.EqualFold(r.Header.Get("Connection"), "keep-alive") {
+		// An HTTP/1.0 client keeping its connection (libdatawarp): told how long it stays
+		// open idle, or that it does not when it would crowd out other connections.
+		if httpapi.KeepAliveRoom(r) {
+			w.Header().Set("Keep-Alive", fmt.Sprintf("timeout=%d", int(s.c.cfg.Controller.IdleTimeout.D()/time.Second)))
+		} else {
+			w.Header().Set("Connection", "close")
+		}
+	}
 	if who.node != "" && (r.Method != "POST" || r.URL.Path != "/dw/v1/nodes/"+who.node+"/heartbeat") {
 		httpapi.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf(
 			"node %s's credential only sends that node's heartbeats; administration needs controller.token_file's secret", who.node))
@@ -216,6 +234,54 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// bindConnection checks a MUNGE credential's identity against its connection's: one identity
+// per connection, so a credential of another user on a connection bound to a first one is
+// refused (401, and the connection closed), never served as either. A request asking for it
+// (Spillway-Connection-Identity: bind) binds the identity to the connection, for its later
+// requests that claim it, for controller.munge_connection_lifetime; the answer says how long.
+func (s *Server) bindConnection(w http.ResponseWriter, r *http.Request, uid, gid uint32) bool {
+	conn := httpapi.IdentityOf(r)
+	if conn == nil {
+		return true
+	}
+	if buid, bgid, bound := conn.Bound(); bound && (buid != uid || bgid != gid) {
+		w.Header().Set("Connection", "close")
+		httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", fmt.Sprintf(
+			"this connection proved uid %d gid %d with its first MUNGE credential, and this credential is uid %d gid %d's: "+
+				"a connection keeps one identity; open a new connection for another user", buid, bgid, uid, gid))
+		return false
+	}
+	lifetime := s.c.cfg.Controller.MungeConnectionLifetime.D()
+	if lifetime <= 0 || !strings.EqualFold(r.Header.Get(controllerapi.ConnectionIdentityHeader), "bind") {
+		return true
+	}
+	conn.Bind(uid, gid, time.Now())
+	w.Header().Set(controllerapi.ConnectionIdentityHeader, strconv.Itoa(int(lifetime/time.Second)))
+	return true
+}
+
+// connectionIdentity is the identity a request claims with Authorization: MUNGE-connection:
+// its connection's, bound by an earlier request's MUNGE credential less than
+// controller.munge_connection_lifetime ago; otherwise the request is refused (401) and its
+// connection closed (the client sends a fresh credential on a new one).
+func (s *Server) connectionIdentity(w http.ResponseWriter, r *http.Request) (uid, gid uint32, ok bool) {
+	lifetime := s.c.cfg.Controller.MungeConnectionLifetime.D()
+	var left time.Duration
+	if conn := httpapi.IdentityOf(r); conn != nil {
+		uid, gid, left, ok = conn.Claim(time.Now(), lifetime)
+	}
+	if !ok {
+		w.Header().Set("Connection", "close")
+		httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", fmt.Sprintf(
+			"Authorization: %s claims the identity this connection proved with a MUNGE credential (%s: bind), and it has none: "+
+				"none was proved on it, or longer ago than controller.munge_connection_lifetime (%s); send Authorization: MUNGE with a fresh credential",
+			controllerapi.MungeConnectionScheme, controllerapi.ConnectionIdentityHeader, lifetime))
+		return 0, 0, false
+	}
+	w.Header().Set(controllerapi.ConnectionIdentityHeader, strconv.Itoa(int(left/time.Second)))
+	return uid, gid, true
 }
 
 func (s *Server) fail(w http.ResponseWriter, err error) {

@@ -21,6 +21,16 @@ type APIError = httpapi.Error
 // LeaderHeader names the leader's API address in a not_leader answer.
 const LeaderHeader = "Spillway-Leader"
 
+// A TCP connection keeps the identity a MUNGE credential proved on it (docs/security.md): a
+// request with Authorization: MUNGE <credential> and ConnectionIdentityHeader: bind binds it,
+// and the answer says for how many more seconds it holds (ConnectionIdentityHeader: N); later
+// requests on that connection claim it with Authorization: MungeConnectionScheme, and carry no
+// credential.
+const (
+	ConnectionIdentityHeader = "Spillway-Connection-Identity"
+	MungeConnectionScheme    = "MUNGE-connection"
+)
+
 // StagesRequest is the body of data_in and data_out.
 type StagesRequest struct {
 	Stages []lifecycle.StageRequest `json:"stages"`

@@ -31,11 +31,19 @@ type Error struct {
 	Kind  string `json:"kind"` // user, not_found, busy, forbidden, unauthorized, internal
 }
 
-// WriteJSON answers with a JSON body.
+// WriteJSON answers with a JSON body, its length said (Content-Length): an HTTP/1.0 client
+// keeping its connection (libdatawarp) can only keep it after an answer whose length is known,
+// and json.Encoder holds the whole text before writing it anyway.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":"encoding the answer: `+strings.ReplaceAll(err.Error(), `"`, `'`)+`","kind":"internal"}`)
+	}
+	body = append(body, '\n')
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
+	w.Write(body)
 }
 
 // WriteError answers with an error body.
@@ -72,8 +80,10 @@ type Peer struct {
 
 type peerKey struct{}
 
-// ConnContext records the peer's uid for Unix-socket connections.
+// ConnContext records the peer's uid for Unix-socket connections, and gives every
+// connection its ConnIdentity.
 func ConnContext(ctx context.Context, conn net.Conn) context.Context {
+	ctx = context.WithValue(ctx, identityKey{}, &ConnIdentity{})
 	if lc, ok := conn.(*limitedConn); ok {
 		ctx = context.WithValue(ctx, connKey{}, lc)
 		conn = lc.Conn
@@ -82,6 +92,71 @@ func ConnContext(ctx context.Context, conn net.Conn) context.Context {
 		return context.WithValue(ctx, peerKey{}, p)
 	}
 	return ctx
+}
+
+// ConnIdentity is the identity one connection proved with a MUNGE credential, kept for its
+// later requests that claim it. One identity per connection: it is bound once, and never
+// changes to another.
+type ConnIdentity struct {
+	mu       sync.Mutex
+	bound    bool
+	uid, gid uint32
+	at       time.Time // when it was proved last
+}
+
+type identityKey struct{}
+
+// IdentityOf is r's connection's ConnIdentity; nil for a request that came on no connection of
+// NewServer's (a test's recorder).
+func IdentityOf(r *http.Request) *ConnIdentity {
+	id, _ := r.Context().Value(identityKey{}).(*ConnIdentity)
+	return id
+}
+
+// Bind records uid and gid, proved at now, as the connection's identity: false when it is
+// bound to another.
+func (c *ConnIdentity) Bind(uid, gid uint32, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bound && (c.uid != uid || c.gid != gid) {
+		return false
+	}
+	c.bound, c.uid, c.gid, c.at = true, uid, gid, now
+	return true
+}
+
+// Bound reports the identity the connection is bound to, however old.
+func (c *ConnIdentity) Bound() (uid, gid uint32, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.uid, c.gid, c.bound
+}
+
+// Claim is the connection's identity when it was proved less than lifetime before now, and
+// how long it stays valid; ok false otherwise.
+func (c *ConnIdentity) Claim(now time.Time, lifetime time.Duration) (uid, gid uint32, left time.Duration, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	left = c.at.Add(lifetime).Sub(now)
+	if !c.bound || left <= 0 {
+		return 0, 0, 0, false
+	}
+	return c.uid, c.gid, left, true
+}
+
+// KeepAliveRoom reports whether r's connection may stay open for a next request without
+// crowding others out: its peer holds at most half of MaxConnectionsPerPeer and the server at
+// most half of MaxConnections. A client that keeps idle connections (libdatawarp, one per
+// process) is told to close them past that, so that they cannot keep out its peer's or
+// anyone's next connection.
+func KeepAliveRoom(r *http.Request) bool {
+	c, _ := r.Context().Value(connKey{}).(*limitedConn)
+	if c == nil {
+		return true // not limited (root on the Unix socket)
+	}
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	return 2*c.l.perPeer[c.peer] <= c.l.lim.MaxConnectionsPerPeer && 2*c.l.total <= c.l.lim.MaxConnections
 }
 
 // peerCred reads a Unix-socket peer's credentials.

@@ -15,7 +15,7 @@ import (
 )
 
 // A compute node's job reaches a TCP controller (a cluster's): libdatawarp speaks to it
-// itself, each request with a fresh MUNGE credential of the job's user from the node's munged
+// itself, each connection's first request with a fresh MUNGE credential of the job's user from the node's munged
 // (asked of munged in its own protocol; libmunge only when that fails), no child process (dwcheck direct: no SIGCHLD, no spillway
 // binary to be found, 16 threads and a forked child calling; no leak under valgrind). The
 // controller acts as that

@@ -20,6 +20,7 @@ var libdw struct {
 	dir     string // build directory (0755: jobs run as nobody)
 	prefix  string
 	dwcheck string // linked with the shared library
+	dwkeep  string // testdata/libdatawarp/dwkeep.c, linked with the shared library
 	static  string // linked with libdatawarp.a
 }
 
@@ -69,6 +70,13 @@ func buildLibdatawarp(t *testing.T) {
 		args = append(args, "-Wl,-rpath,"+filepath.Join(libdw.prefix, "lib"), "-lpthread")
 		if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
 			fail("cc dwcheck.c $(pkg-config --cflags --libs cray-datawarp)", out, err)
+			return
+		}
+		libdw.dwkeep = filepath.Join(dir, "dwkeep")
+		args = append([]string{"-Wall", "-o", libdw.dwkeep, filepath.Join(filepath.Dir(check), "dwkeep.c")}, strings.Fields(string(flags))...)
+		args = append(args, "-Wl,-rpath,"+filepath.Join(libdw.prefix, "lib"), "-lpthread")
+		if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+			fail("cc dwkeep.c $(pkg-config --cflags --libs cray-datawarp)", out, err)
 			return
 		}
 		libdw.static = filepath.Join(dir, "dwcheck-static")
