@@ -26,19 +26,8 @@ func TestIdleConnectionsFromManyAddressesCannotShutOutAuthenticatedCallers(t *te
 	const secret = "conn-test-secret"
 	w := newAdminWorld(t, nil)
 	srv := NewServer(w.c, secret, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		srv.Serve(ctx, l, httpapi.Limits{MaxConnections: 64, MaxConnectionsPerPeer: 64,
-			MaxConnectionsPerNetwork: 64, ReservedConnections: 16, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	}()
-	t.Cleanup(func() { cancel(); <-served })
-	addr := l.Addr().String()
+	addr := serveTCP(t, srv, httpapi.Limits{MaxConnections: 64, MaxConnectionsPerPeer: 64,
+		MaxConnectionsPerNetwork: 64, ReservedConnections: 16, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 
 	// 20 addresses × 4 idle connections: 80, more than max_connections. They stay open on
 	// their side (the server closes some; reading them would tell which, and is not needed).
@@ -105,4 +94,21 @@ func TestIdleConnectionsFromManyAddressesCannotShutOutAuthenticatedCallers(t *te
 	if _, err := br.ReadByte(); err != io.EOF {
 		t.Errorf("an unauthenticated request on a probation connection: the connection stayed open (%v)", err)
 	}
+}
+
+// serveTCP serves srv on a TCP port of 127.0.0.1 with lim until the test ends: its address.
+func serveTCP(t *testing.T, srv *Server, lim httpapi.Limits) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(ctx, l, lim)
+	}()
+	t.Cleanup(func() { cancel(); <-served })
+	return l.Addr().String()
 }

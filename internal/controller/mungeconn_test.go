@@ -2,7 +2,6 @@ package controller
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -48,17 +47,7 @@ func TestMungeConnectionIdentity(t *testing.T) {
 	a.setup("nob", nobody, 0)
 	a.setup("oth", other, 0)
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		httpapi.Serve(ctx, l, a.srv, httpapi.Limits{MaxConnectionsPerPeer: 4, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	}()
-	t.Cleanup(func() { cancel(); <-served })
+	addr := serveTCP(t, a.srv, httpapi.Limits{MaxConnectionsPerPeer: 4, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 
 	cred := func(uid uint32) string {
 		t.Helper()
@@ -76,7 +65,7 @@ func TestMungeConnectionIdentity(t *testing.T) {
 	}
 	dial := func() *conn {
 		t.Helper()
-		c, err := net.Dial("tcp", l.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -36,18 +35,7 @@ func TestLibdatawarpKeepsItsConnection(t *testing.T) {
 
 	ctx := context.Background()
 	job := "keepjob1"
-	setup := lifecycle.Setup{Token: job, Creator: "TEST", Owner: nobodyUID, Group: nobodyGID,
-		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}
-	c.step(job, lifecycle.PhaseSetup, func() error { return c.client.Setup(ctx, setup) })
-	c.step(job, lifecycle.PhasePreRun, func() error { return c.client.PreRun(ctx, job, []string{"storage1"}) })
-	paths, err := c.client.Paths(ctx, job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mount := paths["DW_JOB_STRIPED"]
-	out := filepath.Join(c.dir, "pfs", "out")
-	os.MkdirAll(out, 0o755)
-	os.Chown(out, nobodyUID, nobodyGID)
+	mount, out := c.nobodysStripedJob(t, job)
 
 	// dwkeep runs a mode of dwkeep as nobody (as root for setuid); between calls, pause (if
 	// not nil) runs once dwkeep says "paused".

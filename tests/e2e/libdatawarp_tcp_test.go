@@ -29,18 +29,7 @@ func TestLibdatawarpOverTCPWithMunge(t *testing.T) {
 
 	ctx := context.Background()
 	job := "tcpjob1"
-	setup := lifecycle.Setup{Token: job, Creator: "TEST", Owner: nobodyUID, Group: nobodyGID,
-		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}
-	c.step(job, lifecycle.PhaseSetup, func() error { return c.client.Setup(ctx, setup) })
-	c.step(job, lifecycle.PhasePreRun, func() error { return c.client.PreRun(ctx, job, []string{"storage1"}) })
-	paths, err := c.client.Paths(ctx, job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mount := paths["DW_JOB_STRIPED"]
-	out := filepath.Join(c.dir, "pfs", "out")
-	os.MkdirAll(out, 0o755)
-	os.Chown(out, nobodyUID, nobodyGID)
+	mount, out := c.nobodysStripedJob(t, job)
 
 	as := func(uid uint32, args ...string) (string, int) {
 		t.Helper()
@@ -124,4 +113,23 @@ func libmungePath(t *testing.T) string {
 		}
 	}
 	return ""
+}
+
+// nobodysStripedJob sets up job, nobody's, a striped scratch instance of 1 GiB mounted on
+// storage1, and makes a PFS directory nobody owns: the mount's path and that directory.
+func (c *cluster) nobodysStripedJob(t *testing.T, job string) (mount, out string) {
+	t.Helper()
+	ctx := context.Background()
+	setup := lifecycle.Setup{Token: job, Creator: "TEST", Owner: nobodyUID, Group: nobodyGID,
+		Instance: &lifecycle.InstanceRequest{Capacity: 1 << 30, Pool: "wlm_pool", Type: "scratch", AccessModes: []string{"striped"}}}
+	c.step(job, lifecycle.PhaseSetup, func() error { return c.client.Setup(ctx, setup) })
+	c.step(job, lifecycle.PhasePreRun, func() error { return c.client.PreRun(ctx, job, []string{"storage1"}) })
+	paths, err := c.client.Paths(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = filepath.Join(c.dir, "pfs", "out")
+	os.MkdirAll(out, 0o755)
+	os.Chown(out, nobodyUID, nobodyGID)
+	return paths["DW_JOB_STRIPED"], out
 }

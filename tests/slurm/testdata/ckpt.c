@@ -23,23 +23,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int failures;
+#include "../../e2e/testdata/libdatawarp/check.h"
+
 
 /* ckpt.1 is this many times larger than the others: its stage-out lasts long enough to be seen. */
 #define FIRST_FACTOR 6L
 
-#define CHECK(name, cond, ...)                         \
-	do {                                           \
-		if (cond) {                            \
-			printf("ok %s\n", name);       \
-		} else {                               \
-			printf("FAIL %s: ", name);     \
-			printf(__VA_ARGS__);           \
-			printf("\n");                  \
-			failures++;                    \
-		}                                      \
-		fflush(stdout);                        \
-	} while (0)
 
 static void write_ckpt(const char *p, int n, long mib)
 {

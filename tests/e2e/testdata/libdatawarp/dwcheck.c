@@ -30,22 +30,11 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
+#include "check.h"
+
 static const char *dw; /* $DW_JOB_STRIPED, ending in '/' */
 static const char *pfs;
 
-#define CHECK(name, cond, ...)                                      \
-	do {                                                        \
-		if (cond) {                                         \
-			printf("ok %s\n", name);                    \
-		} else {                                            \
-			printf("FAIL %s: ", name);                  \
-			printf(__VA_ARGS__);                        \
-			printf("\n");                               \
-			failures++;                                 \
-		}                                                   \
-		fflush(stdout);                                     \
-	} while (0)
 
 /* Paths the checks make, freed at the end (so that valgrind reports only the library's
  * leaks). */

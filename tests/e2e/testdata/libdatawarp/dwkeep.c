@@ -39,21 +39,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures;
+#include "check.h"
+
 static const char *dw, *pfs, *peer;
 
-#define CHECK(name, cond, ...)                         \
-	do {                                           \
-		if (cond) {                            \
-			printf("ok %s\n", name);       \
-		} else {                               \
-			printf("FAIL %s: ", name);     \
-			printf(__VA_ARGS__);           \
-			printf("\n");                  \
-			failures++;                    \
-		}                                      \
-		fflush(stdout);                        \
-	} while (0)
 
 /* conns counts this process's connections to the controller; *ino is one's socket inode. */
 static int conns(unsigned long *ino)
