@@ -545,6 +545,9 @@ def main():
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
                     help="which workloads to run, comma-separated (" + ", ".join(WORKLOADS) + "); a partial run "
                          "prints its figures and does not update BENCHMARKS.md")
+    ap.add_argument("--fragment-fs", choices=("directory", "xfs-loop"), default="directory",
+                    help="the storage nodes' agent.fragment_filesystem: xfs-loop makes every fragment an XFS of "
+                         "its own (its own journal, as a node's own SSD has), on a loop device over a sparse file")
     ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     ap.add_argument("--json", default=None, help="also write every repetition's records (figure, units, CPU, requests "
                     "by operation) to this file")
@@ -592,6 +595,8 @@ def main():
     os.chmod(work, 0o755)
     fs_note = (f"an XFS of {a.xfs} GiB on a loop device (direct I/O) over a sparse file, made for the run" if xfs
                else f"the scratch directory's file system ({fs_type(work)})")
+    if a.fragment_fs == "xfs-loop":
+        fs_note += " (the storage nodes' fragments each an XFS of its own on a loop device: agent.fragment_filesystem = xfs-loop)"
     raw = os.path.join(work, "raw")
     os.makedirs(raw)
     os.chown(raw, NOBODY, NOBODY)
@@ -605,7 +610,7 @@ def main():
     failures = []
     try:
         c.netns()
-        c.configs(capacity_gib=8, metrics=True)
+        c.configs(capacity_gib=8, metrics=True, storage_extra=f'fragment_filesystem = "{a.fragment_fs}"\n')
         for name in ("ctl",) + STORAGE + COMPUTE:
             c.start(name, groups.procs({"c1": "spillway-client"}.get(name, "spillway-server" if name in STORAGE
                                                                      else "other")))
