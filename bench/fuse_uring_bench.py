@@ -295,23 +295,26 @@ class Daemon:
                 return m.group(1) if m else None
             time.sleep(0.05)
 
-    def rings(self):
-        """How many io_urings the daemon has open."""
-        n = 0
+    def ring_fds(self):
+        """The /proc paths of the daemon's open io_uring descriptors."""
+        out = []
         for fd in glob.glob(f"/proc/{self.p.pid}/fd/*"):
             try:
-                n += os.readlink(fd) == "anon_inode:[io_uring]"
+                if os.readlink(fd) == "anon_inode:[io_uring]":
+                    out.append(fd)
             except OSError:
                 pass
-        return n
+        return out
+
+    def rings(self):
+        """How many io_urings the daemon has open."""
+        return len(self.ring_fds())
 
     def ring_completions(self):
         """Completions so far on the daemon's io_urings (CqHead of their fdinfo)."""
         total = 0
-        for fd in glob.glob(f"/proc/{self.p.pid}/fd/*"):
+        for fd in self.ring_fds():
             try:
-                if os.readlink(fd) != "anon_inode:[io_uring]":
-                    continue
                 with open(fd.replace("/fd/", "/fdinfo/")) as f:
                     total += int(re.search(r"^CqHead:\s*(\d+)", f.read(), re.M).group(1))
             except (OSError, AttributeError):

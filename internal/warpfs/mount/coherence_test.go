@@ -427,12 +427,8 @@ func (p *cutProxy) cut() {
 // A storage server restarted under two mounts: what a mount cached before the restart is
 // dropped or waited out, never shown stale after another mount's change.
 func TestServerRestartKeepsMountsCoherent(t *testing.T) {
-	const lease = 2 * time.Second
-	src, mp := dirs(t)
-	tr := usage.New("coherence", 1<<30)
-	target := server.Target{Dir: src, Tracker: tr}
-	addr, stop := startLeaseServerOn(t, "127.0.0.1:0", target, lease)
-	limits := client.Limits{KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond, RequestTimeout: 20 * time.Second}
+	rs := newRestartableServer(t, "coherence")
+	mp, addr, limits := rs.mp, rs.addr, rs.limits
 	mpA, mpB := mp+"-a", mp+"-b"
 	mount(t, Spec{MountPath: mpA, Remote: &Remote{Address: addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
 	mount(t, Spec{MountPath: mpB, Remote: &Remote{Address: addr, Token: testToken, Client: "b", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
@@ -443,8 +439,8 @@ func TestServerRestartKeepsMountsCoherent(t *testing.T) {
 	for _, p := range []string{b, filepath.Join(mpB, "g")} {
 		os.Lstat(p) // b caches f, and that g does not exist
 	}
-	stop()
-	startLeaseServerOn(t, addr, target, lease)
+	rs.stop()
+	rs.start()
 	if err := os.Chmod(a, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -766,4 +762,32 @@ func TestRootAttributesStayCoherent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restartableServer is a leasing storage server (a 2 s lease) on a source directory of its
+// own, which a test stops and starts again at the same address, and the client limits under
+// which a mount notices the restart quickly.
+type restartableServer struct {
+	t             *testing.T
+	src, mp, addr string
+	target        server.Target
+	limits        client.Limits
+	stop          func()
+}
+
+func newRestartableServer(t *testing.T, name string) *restartableServer {
+	t.Helper()
+	src, mp := dirs(t)
+	rs := &restartableServer{t: t, src: src, mp: mp, target: server.Target{Dir: src, Tracker: usage.New(name, 1<<30)},
+		limits: client.Limits{KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond, RequestTimeout: 20 * time.Second}}
+	rs.addr, rs.stop = startLeaseServerOn(t, "127.0.0.1:0", rs.target, restartLease)
+	return rs
+}
+
+// restartLease is a restartable server's lease.
+const restartLease = 2 * time.Second
+
+// start starts the server again at its address (after stop).
+func (rs *restartableServer) start() {
+	_, rs.stop = startLeaseServerOn(rs.t, rs.addr, rs.target, restartLease)
 }

@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spillway-hpc/spillway/internal/warpfs/client"
 	"github.com/spillway-hpc/spillway/internal/warpfs/server"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
@@ -175,13 +174,9 @@ const fsImmutableFl = 0x00000010
 // Removals on their way when the storage agent restarts are sent again on the mount's next
 // connection (the first may have landed: ENOENT then), never lost.
 func TestUnlinksBehindLandAfterAServerRestart(t *testing.T) {
-	const lease = 2 * time.Second
-	src, mp := dirs(t)
-	tr := usage.New("unlinks", 1<<30)
-	target := server.Target{Dir: src, Tracker: tr}
-	addr, stop := startLeaseServerOn(t, "127.0.0.1:0", target, lease)
-	proxy := newCutProxy(t, addr)
-	limits := client.Limits{KeepaliveInterval: 300 * time.Millisecond, ReconnectWait: 50 * time.Millisecond, RequestTimeout: 20 * time.Second}
+	rs := newRestartableServer(t, "unlinks")
+	src, mp, limits := rs.src, rs.mp, rs.limits
+	proxy := newCutProxy(t, rs.addr)
 	a := mount(t, Spec{MountPath: mp + "-a", Remote: &Remote{Address: proxy.addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3, Limits: limits}, Logger: quietLogger(t)})
 	names := []string{"f0", "f1", "f2", "f3"}
 	makeFiles(t, filepath.Join(a.Path(), "d"), names...)
@@ -194,9 +189,9 @@ func TestUnlinksBehindLandAfterAServerRestart(t *testing.T) {
 	if got := a.backend.unlinksBehind.Load(); got != int64(len(names)) {
 		t.Fatalf("%d removals went behind, want %d", got, len(names))
 	}
-	stop() // most of them are still in the slow link
+	rs.stop() // most of them are still in the slow link
 	proxy.slow(0)
-	startLeaseServerOn(t, addr, target, lease)
+	rs.start()
 	a.backend.unlinking.Wait()
 	if n := a.backend.unlinksFailed.Load(); n != 0 {
 		t.Fatalf("%d removals failed", n)
