@@ -492,6 +492,9 @@ type Mount struct {
 	// UnlinksBehind is how many removals of files a mount may have on their way to the
 	// storage node after unlink(2) returned (in directories it made); 0 turns it off.
 	UnlinksBehind int `toml:"unlinks_behind"`
+	// CreatesBehind is how many creates of files a mount may have on their way to the
+	// storage node after open(2) returned (in directories it made); 0 turns it off.
+	CreatesBehind int `toml:"creates_behind"`
 }
 
 // Client is how commands (dw_wlm_cli, dwstat, spillway run) reach the controller.
@@ -668,6 +671,7 @@ func Defaults() Config {
 			MaxWrite:           Size(1 << 20),
 			WriteBehind:        Size(16 << 20),
 			UnlinksBehind:      32,
+			CreatesBehind:      32,
 			UnmountTimeout:     Duration(10 * time.Second),
 		},
 		Warpfs: Warpfs{
@@ -817,6 +821,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Mount.UnlinksBehind < 0 {
 		problems = append(problems, "mount.unlinks_behind must be 0 (every unlink waits for the storage node) or more")
+	}
+	if c.Mount.CreatesBehind < 0 {
+		problems = append(problems, "mount.creates_behind must be 0 (every create waits for the storage node) or more")
 	}
 	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
 	positive("stage.poll_interval", int64(c.Stage.PollInterval))

@@ -323,6 +323,7 @@ func MountLimits(cfg config.Config) mount.Limits {
 		UnmountBusyTimeout: cfg.Mount.UnmountTimeout.D(),
 		WriteBehind:        writeBehind(cfg.Mount.WriteBehind),
 		UnlinksBehind:      unlinksBehind(cfg.Mount.UnlinksBehind),
+		CreatesBehind:      unlinksBehind(cfg.Mount.CreatesBehind),
 		Lease:              leaseOf(cfg),
 	}
 }
@@ -343,7 +344,8 @@ func SwapOptions(cfg config.Config) agent.SwapOptions {
 	return agent.SwapOptions{DetachTimeout: cfg.Swap.DetachTimeout.D(), LockMemory: cfg.Swap.LockAgentMemory}
 }
 
-// unlinksBehind is mount.unlinks_behind as package mount takes it: 0 (off) is negative there.
+// unlinksBehind is mount.unlinks_behind (or creates_behind) as package mount takes it: 0
+// (off) is negative there.
 func unlinksBehind(n int) int {
 	if n <= 0 {
 		return -1

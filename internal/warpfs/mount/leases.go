@@ -563,6 +563,7 @@ func (be *backend) enableLeases() time.Duration {
 	case *client.Client:
 		lease = t.Lease()
 		if lease > 0 {
+			be.lease = lease
 			be.leases = newLeaseState()
 			t.SetInvalidator(be.drop)
 			t.SetSettler(be.settleRecalled)

@@ -225,6 +225,11 @@ type Limits struct {
 	// flight, warpfs.max_in_flight: the mount's other requests always find room); negative
 	// turns it off (every unlink waits for the server).
 	UnlinksBehind int
+	// CreatesBehind is how many creates of files may be on their way to a remote striped
+	// namespace's server after open(2) returned (createbehind.go): only in a directory this
+	// mount made and nobody else has looked in since. Default 32; negative turns it off
+	// (every create waits for the server).
+	CreatesBehind int
 
 	// ProbeTimeout bounds the stat of a mount path before mounting or unmounting: a mount
 	// whose server does not answer within it is treated as hung and aborted. Default 5s.
@@ -270,6 +275,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.UnlinksBehind == 0 {
 		l.UnlinksBehind = 32
+	}
+	if l.CreatesBehind == 0 {
+		l.CreatesBehind = 32
 	}
 	defInt(&l.PreferredIOSize, kernelMaxRequest)
 	def(&l.ProbeTimeout, 5*time.Second)
@@ -980,6 +988,7 @@ func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 		writeBehind: int64(max(l.WriteBehind, 0)),
 		maxFileSize: spec.MaxFileSize,
 		unlinkSlots: unlinkSlots(l),
+		createSlots: createSlots(l),
 		log:         logger,
 	}, nil
 }
@@ -990,6 +999,14 @@ func unlinkSlots(l Limits) chan struct{} {
 		return nil
 	}
 	return make(chan struct{}, min(l.UnlinksBehind, 1<<16))
+}
+
+// createSlots is the bound of a remote mount's creates on their way (nil: none go behind).
+func createSlots(l Limits) chan struct{} {
+	if l.CreatesBehind <= 0 {
+		return nil
+	}
+	return make(chan struct{}, min(l.CreatesBehind, 1<<10))
 }
 
 // openLocal serves a namespace of this host from this process.

@@ -74,7 +74,20 @@ type backend struct {
 	unlinking     sync.WaitGroup
 	unlinksBehind atomic.Int64 // sent behind, all told
 	unlinksFailed atomic.Int64
-	log           *log.Logger
+
+	// createSlots bounds the creates on their way (createbehind.go: Limits.CreatesBehind);
+	// nil: every create waits for the storage node. stubs are the files the storage node
+	// made ahead for them; creating counts the creates and reservations on their way for
+	// the unmount, createsFailed the creates the storage node refused after the caller had
+	// its answer.
+	createSlots   chan struct{}
+	stubs         stubPool
+	creating      sync.WaitGroup
+	createsBehind atomic.Int64 // sent behind, all told
+	createsFailed atomic.Int64
+	// lease is how long the storage node leases what it gives (0: it leases nothing).
+	lease time.Duration
+	log   *log.Logger
 }
 
 // logf logs a message of the mount's, where it has a log.
@@ -117,6 +130,12 @@ type node struct {
 	// written, resized, linked nor moved it since: its removal may go behind
 	// (unlinkbehind.go). Atomic: every write clears it, without the node's lock.
 	madeHere atomic.Bool
+	// placing is this file's create behind while it is on its way, or one that failed
+	// (createbehind.go); nil once it landed, and for every other node.
+	placing atomic.Pointer[placement]
+	// creates counts this mount's creates in the directory while it held the listing
+	// (guarded by mu): the second asks for files made ahead (createbehind.go).
+	creates int
 }
 
 var (
@@ -317,6 +336,9 @@ func (n *node) byNode(ctx context.Context, f fs.FileHandle, op proto.Op, build f
 // byNodeLease is byNode that also says how long the kernel may cache the attributes the
 // reply gives (leases.go).
 func (n *node) byNodeLease(ctx context.Context, f fs.FileHandle, op proto.Op, build func(path string, handle uint64) proto.Message, reply proto.Message) (time.Duration, syscall.Errno) {
+	if errno := n.placed(); errno != 0 {
+		return 0, errno
+	}
 	h, _ := f.(*fileHandle)
 	if h == nil {
 		h = n.anyHandle()
@@ -585,6 +607,9 @@ func (n *node) openLazily(ctx context.Context, flags uint32) *fileHandle {
 
 // open opens the node's file on the server and registers the handle.
 func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Errno) {
+	if errno := n.placed(); errno != 0 {
+		return nil, errno
+	}
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
@@ -618,25 +643,10 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 // the open truncated it.
 func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, flags uint32) (*fileHandle, syscall.Errno) {
 	h := n.addHandle(rep.Handle, gen, flags)
-	if len(rep.Layout) == 0 {
-		if n.be.stripes == nil && n.be.local == nil && n.be.writesBehind(flags, false) {
-			h.behind = newWriteBehind(n.be.writeBehind, 1)
-		}
-		return h, 0
-	}
-	l, err := stripe.Decode(rep.Layout)
-	if err != nil || int(l.Servers) != len(n.be.stripes) {
+	uid, gid := caller(ctx)
+	if errno := h.fillOpened(rep, gen, uid, gid); errno != 0 {
 		h.Release(ctx)
-		return nil, syscall.EIO // a layout for another instance's servers: never served
-	}
-	h.striped = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length, cache: rep.Cache}
-	h.striped.uid, h.striped.gid = caller(ctx)
-	if n.be.writesBehind(flags, true) {
-		if rep.Cache == nil {
-			h.behind = n.shareBehind(h, int(l.Servers))
-		} else { // a cache file's objects are opened with its opener's policy: its own
-			h.behind = newWriteBehind(n.be.writeBehind, int(l.Servers))
-		}
+		return nil, errno
 	}
 	if rep.Truncated {
 		errno := h.truncateObjects(ctx, 0)
@@ -653,6 +663,42 @@ func (n *node) opened(ctx context.Context, rep *proto.OpenReply, gen uint64, fla
 		n.truncated(0)
 	}
 	return h, 0
+}
+
+// fillOpened gives h what the server opened (rep, on connection generation gen) for
+// uid:gid: its handle, and a striped file's layout and write-behind. Under the node's lock,
+// as the node's readers of its handles take it: a handle created behind (createbehind.go)
+// is filled once its PLACE is answered, the kernel's requests on the node meanwhile.
+func (h *fileHandle) fillOpened(rep *proto.OpenReply, gen uint64, uid, gid uint32) syscall.Errno {
+	n := h.node
+	var sf *stripedFile
+	var wb *writeBehind
+	if len(rep.Layout) == 0 {
+		if n.be.stripes == nil && n.be.local == nil && n.be.writesBehind(h.flags, false) {
+			wb = newWriteBehind(n.be.writeBehind, 1)
+		}
+	} else {
+		l, err := stripe.Decode(rep.Layout)
+		if err != nil || int(l.Servers) != len(n.be.stripes) {
+			return syscall.EIO // a layout for another instance's servers: never served
+		}
+		sf = &stripedFile{layout: l, objects: make([]object, l.Servers), known: l.Length, cache: rep.Cache}
+		sf.uid, sf.gid = uid, gid
+		if n.be.writesBehind(h.flags, true) {
+			if rep.Cache == nil {
+				wb = n.shareBehind(h, int(l.Servers))
+			} else { // a cache file's objects are opened with its opener's policy: its own
+				wb = newWriteBehind(n.be.writeBehind, int(l.Servers))
+			}
+		}
+	}
+	h.mu.Lock()
+	h.id, h.gen = rep.Handle, gen
+	h.mu.Unlock()
+	n.mu.Lock()
+	h.striped, h.behind = sf, wb
+	n.mu.Unlock()
+	return 0
 }
 
 func (n *node) addHandle(id, gen uint64, flags uint32) *fileHandle {
@@ -678,6 +724,11 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 		return nil, nil, 0, syscall.EROFS
 	}
 	flags &^= fuse.FMODE_EXEC
+	if op == proto.OpCreate {
+		if ch, h, fl, ok := n.createBehind(ctx, name, flags, mode, out); ok {
+			return ch, h, fl, 0
+		}
+	}
 	n.settleUnlinks()
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
@@ -818,6 +869,9 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	// A file with no name (O_TMPFILE) cannot be linked by path.
 	if _, parent := t.Parent(); parent == nil {
 		return nil, syscall.EXDEV
+	}
+	if errno := t.placed(); errno != 0 {
+		return nil, errno
 	}
 	route := n.in()
 	route.NewParent = t.route().Parent
@@ -1097,7 +1151,16 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
 	hin, ok1 := fhIn.(*fileHandle)
 	hout, ok2 := fhOut.(*fileHandle)
-	if !ok1 || !ok2 || hin.striped != nil || hout.striped != nil {
+	if !ok1 || !ok2 {
+		return 0, syscall.ENOTSUP
+	}
+	if errno := hin.node.placed(); errno != 0 {
+		return 0, errno
+	}
+	if errno := hout.node.placed(); errno != 0 {
+		return 0, errno
+	}
+	if hin.striped != nil || hout.striped != nil {
 		return 0, syscall.ENOTSUP // the kernel copies through read and write
 	}
 	hin.node.settleAll() // the server copies what it holds: this node's writes first
@@ -1271,6 +1334,9 @@ func (h *fileHandle) reopen(ctx context.Context, stale uint64) syscall.Errno {
 
 func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	h.node.be.reads.Add(1)
+	if errno := h.node.placed(); errno != 0 {
+		return nil, errno
+	}
 	if h.striped != nil {
 		return h.readStriped(ctx, dest, off)
 	}
@@ -1303,6 +1369,9 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	h.node.be.writes.Add(1)
+	if errno := h.node.placed(); errno != 0 {
+		return 0, errno
+	}
 	h.node.notMadeHere() // it holds data: its removal frees space, which waits
 	if h.node.be.readOnly {
 		return 0, syscall.EROFS
@@ -1326,9 +1395,13 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	n := h.node
+	failed := n.placed() // its create behind first: the handle is the PLACE's
 	n.mu.Lock()
 	delete(n.handles, h)
 	n.mu.Unlock()
+	if failed != 0 {
+		return 0 // never opened on the server
+	}
 	ctx, cancel := n.be.opCtx(ctx)
 	defer cancel()
 	h.settle() // an error was the close's to report (Flush)
@@ -1395,6 +1468,11 @@ func (h *fileHandle) PassthroughFd() (int, bool) {
 // writer reports the size its writes reached, so that stat is exact after close on every
 // node.
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	if done, errno := h.node.placedYet(); !done || errno != 0 {
+		// Created behind and on its way: nothing was written (a write waits for it), so
+		// nothing to flush, and the close does not wait; one refused is the close's error.
+		return errno
+	}
 	if errno := h.settle(); errno != 0 || h.striped == nil {
 		return errno
 	}
@@ -1415,6 +1493,9 @@ func (h *fileHandle) handleCall(ctx context.Context, op proto.Op, build func(id 
 }
 
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if errno := h.node.placed(); errno != 0 {
+		return errno
+	}
 	if h.striped != nil {
 		return h.fsyncStriped(ctx, flags)
 	}
@@ -1432,6 +1513,9 @@ func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 }
 
 func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	if errno := h.node.placed(); errno != 0 {
+		return errno
+	}
 	h.node.notMadeHere()
 	if h.node.be.readOnly {
 		return syscall.EROFS
@@ -1453,6 +1537,9 @@ func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 }
 
 func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if errno := h.node.placed(); errno != 0 {
+		return 0, errno
+	}
 	if h.striped != nil {
 		// A striped file is data from start to end as far as seeking goes: no server is
 		// asked where its holes are.

@@ -93,6 +93,7 @@ const ServersXattr = "user.spillway.servers"
 // close ends the backend's connections.
 func (be *backend) close() {
 	be.unlinking.Wait() // removals on their way: each bounded by the request timeout
+	be.creating.Wait()  // creates and reservations too
 	be.client.Close()
 	for _, t := range be.stripes {
 		t.Close()

@@ -42,9 +42,13 @@ import (
 const unlinkBehindMargin = time.Second
 
 // pendingUnlinks are a directory's removals on their way (guarded by its node's mu).
+// They count its creates behind too (createbehind.go); removals are the unlinks alone: no
+// create of a name goes behind while a removal there is on its way (the same name's would
+// race it).
 type pendingUnlinks struct {
-	n    int
-	done chan struct{} // closed when n falls to 0; nil while none is pending
+	n        int
+	removals int
+	done     chan struct{} // closed when n falls to 0; nil while none is pending
 }
 
 // unlinkBehind removes name from n without waiting for the storage node, and says whether it
@@ -92,6 +96,7 @@ func (n *node) unlinkBehind(ctx context.Context, name string) bool {
 		n.unlinks.done = make(chan struct{})
 	}
 	n.unlinks.n++
+	n.unlinks.removals++
 	n.mu.Unlock()
 
 	be.unlinksBehind.Add(1)
@@ -135,6 +140,7 @@ func (n *node) unlinkBehind(ctx context.Context, name string) bool {
 			n.NotifyEntry(name)
 		}
 		n.mu.Lock()
+		n.unlinks.removals--
 		if n.unlinks.n--; n.unlinks.n == 0 {
 			close(n.unlinks.done)
 			n.unlinks.done = nil
@@ -190,10 +196,10 @@ func (be *backend) settleRecalled(items []proto.Inval) {
 	}
 }
 
-// settleChildUnlinks is settleUnlinks of n's child name, if this mount knows it.
+// settleChildUnlinks is settleTree of n's child name, if this mount knows it.
 func (n *node) settleChildUnlinks(name string) {
 	if c := n.childNode(name); c != nil {
-		c.settleUnlinks()
+		c.settleTree()
 	}
 }
 

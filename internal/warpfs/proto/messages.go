@@ -560,6 +560,56 @@ func (m *CreateReq) Decode(d *Dec) {
 	m.Cache = decodeCacheRef(d)
 }
 
+// ReserveReq asks for Count (at most MaxReserve) empty files made ahead in directory Dir
+// (RESERVE), as the caller's create there with Mode would make them.
+type ReserveReq struct {
+	Dir         string
+	Mode, Count uint32
+}
+
+func (m *ReserveReq) Encode(e *Enc) { e.Str(m.Dir); e.U32(m.Mode); e.U32(m.Count) }
+func (m *ReserveReq) Decode(d *Dec) {
+	m.Dir = d.Str(MaxPath)
+	m.Mode, m.Count = d.U32(), d.U32()
+}
+
+// ReserveReply lists the inode numbers of the files a RESERVE made (perhaps fewer than
+// asked, never none), all alike: Attr is the first one's (its mode, owner and group).
+type ReserveReply struct {
+	Attr Attr
+	Inos []uint64
+}
+
+func (m *ReserveReply) Encode(e *Enc) {
+	m.Attr.Encode(e)
+	e.U32(uint32(len(m.Inos)))
+	for _, ino := range m.Inos {
+		e.U64(ino)
+	}
+}
+func (m *ReserveReply) Decode(d *Dec) {
+	m.Attr.Decode(d)
+	n := d.U32()
+	if n > MaxReserve {
+		d.fail("reserved files")
+		return
+	}
+	m.Inos = make([]uint64, 0, n)
+	for i := uint32(0); i < n && d.Err() == nil; i++ {
+		m.Inos = append(m.Inos, d.U64())
+	}
+}
+
+// PlaceReq creates file Name in Dir (PLACE) from the reserved file Stub (its inode number):
+// as a CREATE with O_EXCL, Flags the open's, Mode the one the RESERVE was asked.
+type PlaceReq struct {
+	Stub uint64
+	CreateReq
+}
+
+func (m *PlaceReq) Encode(e *Enc) { e.U64(m.Stub); m.CreateReq.Encode(e) }
+func (m *PlaceReq) Decode(d *Dec) { m.Stub = d.U64(); m.CreateReq.Decode(d) }
+
 // MkdirReq creates a directory (MKDIR) or a special file (MKNOD, with Rdev).
 type MkdirReq struct {
 	Dir, Name  string
@@ -973,6 +1023,10 @@ func NewRequest(op Op) Message {
 		return &OpenReq{}
 	case OpCreate, OpTmpfile:
 		return &CreateReq{}
+	case OpReserve:
+		return &ReserveReq{}
+	case OpPlace:
+		return &PlaceReq{}
 	case OpMkdir, OpMknod:
 		return &MkdirReq{}
 	case OpSymlink:
@@ -1021,8 +1075,10 @@ func NewReply(op Op) Message {
 		return &Welcome{}
 	case OpLookup, OpGetattr, OpSetattr, OpMkdir, OpMknod, OpSymlink, OpLink:
 		return &AttrReply{}
-	case OpOpen, OpCreate, OpTmpfile:
+	case OpOpen, OpCreate, OpTmpfile, OpPlace:
 		return &OpenReply{}
+	case OpReserve:
+		return &ReserveReply{}
 	case OpOpendir:
 		return &HandleReply{}
 	case OpReadlink:

@@ -76,7 +76,7 @@ const Magic uint32 = 0x53505746
 // Versions this package speaks. A peer picks the highest both support.
 const (
 	MinVersion uint16 = 3
-	MaxVersion uint16 = 8
+	MaxVersion uint16 = 9
 )
 
 // LeaseVersion is the first version whose servers grant leases and send invalidations
@@ -103,6 +103,12 @@ const DirAttrVersion uint16 = 7
 // write and the fsync or fdatasync after it in one request, as a write behind followed by
 // fsync(2) needs.
 const WriteSyncVersion uint16 = 8
+
+// StubVersion is the first version whose servers take RESERVE and PLACE (OpReserve,
+// OpPlace): empty files made ahead in a directory, without a name, whose inode numbers a
+// mount may answer creates with before the server acts (its creates behind), and the
+// create that gives one its name.
+const StubVersion uint16 = 9
 
 // Sizes and limits of the protocol.
 const (
@@ -167,6 +173,21 @@ const (
 	// OpWriteSync (WriteSyncVersion on) writes, then fsyncs or fdatasyncs the file, and
 	// answers once: the queued write an fsync(2) waits for and its sync in one round trip.
 	OpWriteSync Op = 48 // WriteSyncReq → CountReply
+	// OpReserve (StubVersion on) makes up to Count empty files without a name in a
+	// directory, as a create there by the caller with Mode would make them, kept by the
+	// connection's session for a later PLACE: their inode numbers.
+	OpReserve Op = 49 // ReserveReq → ReserveReply
+	// OpPlace (StubVersion on) is a CREATE (O_EXCL) that names one of the session's
+	// reserved files instead of making one, and opens nothing: its reply's Handle is 0 (the
+	// client opens the file by name when it needs a handle).
+	OpPlace Op = 50 // PlaceReq → OpenReply
+)
+
+// MaxReserve is the most files one RESERVE makes; MaxStubs the most a connection's session
+// keeps made ahead (a RESERVE past it drops its oldest).
+const (
+	MaxReserve = 64
+	MaxStubs   = 256
 )
 
 var opNames = map[Op]string{
@@ -178,6 +199,7 @@ var opNames = map[Op]string{
 	OpFallocate: "FALLOCATE", OpLseek: "LSEEK", OpCopyRange: "COPY_RANGE", OpStatfs: "STATFS",
 	OpGetxattr: "GETXATTR", OpListxattr: "LISTXATTR", OpSetxattr: "SETXATTR", OpRemovexattr: "REMOVEXATTR",
 	OpAdopt: "ADOPT", OpInval: "INVAL", OpBye: "BYE", OpWriteName: "WRITE_NAME", OpWriteSync: "WRITE_SYNC",
+	OpReserve: "RESERVE", OpPlace: "PLACE",
 }
 
 func (o Op) String() string {

@@ -371,7 +371,8 @@ func modifying(op proto.Op) bool {
 	switch op {
 	case proto.OpSetattr, proto.OpCreate, proto.OpTmpfile, proto.OpMkdir, proto.OpMknod, proto.OpSymlink,
 		proto.OpLink, proto.OpUnlink, proto.OpRmdir, proto.OpRename, proto.OpSetxattr, proto.OpRemovexattr,
-		proto.OpAdopt, proto.OpWrite, proto.OpWriteSync, proto.OpFallocate, proto.OpCopyRange:
+		proto.OpAdopt, proto.OpWrite, proto.OpWriteSync, proto.OpFallocate, proto.OpCopyRange,
+		proto.OpReserve, proto.OpPlace:
 		return true
 	}
 	return false
@@ -381,6 +382,9 @@ func modifying(op proto.Op) bool {
 func (c *cacheNS) exec(s *session, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno) {
 	if (c.v.readOnly || c.t.Loadbalance) && modifying(op) {
 		return nil, 0, syscall.EROFS
+	}
+	if op == proto.OpReserve || op == proto.OpPlace {
+		return nil, 0, syscall.EOPNOTSUPP // a cache file is the PFS's: made there, by its user
 	}
 	switch r := m.(type) {
 	case *proto.HandleReq:

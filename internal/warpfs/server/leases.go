@@ -701,6 +701,17 @@ func (u *leaseUse) recall(op proto.Op, m proto.Message) {
 			l.dropListingLocked(u.h, now, &out, d) // u.h nil: a session that holds nothing; everyone's
 		}
 	}
+	if r, ok := m.(*proto.RenameReq); ok && op == proto.OpRename {
+		// The directories beneath a moved one too: their holders' requests on their way
+		// (creates and unlinks behind) name them by their old paths.
+		for _, moved := range []string{join(r.Dir, r.Name), join(r.NewDir, r.NewName)} {
+			for d := range l.listings {
+				if strings.HasPrefix(d, moved+"/") && len(l.listings[d]) > 0 {
+					l.dropListingLocked(u.h, now, &out, d)
+				}
+			}
+		}
+	}
 	l.listed.Store(int64(len(l.listings)))
 	l.mu.Unlock()
 	l.wait(&out, time.Time{})
@@ -779,7 +790,7 @@ func (u *leaseUse) before(op proto.Op) leaseToken {
 func leaseRelevant(op proto.Op) bool {
 	switch op {
 	case proto.OpRead, proto.OpReaddir, proto.OpStatfs, proto.OpGetxattr,
-		proto.OpListxattr, proto.OpLseek, proto.OpOpendir, proto.OpReadlink, proto.OpPing:
+		proto.OpListxattr, proto.OpLseek, proto.OpOpendir, proto.OpReadlink, proto.OpPing, proto.OpReserve:
 		return false
 	}
 	return true

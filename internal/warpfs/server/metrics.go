@@ -128,7 +128,11 @@ func Collectors() []prometheus.Collector {
 func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Message, dest []byte) (proto.Message, int, syscall.Errno, uint8) {
 	dataPath.inFlight.Inc()
 	start := time.Now()
-	s.lease.recall(op, m) // before it runs: a listing's holder's removals on their way land first
+	lm := m // what the leases see: a PLACE is a CREATE to them
+	if p, ok := m.(*proto.PlaceReq); ok {
+		lm = &p.CreateReq
+	}
+	s.lease.recall(op, lm) // before it runs: a listing's holder's removals on their way land first
 	tok := s.lease.before(op)
 	var ino uint64
 	if tok.ok {
@@ -137,7 +141,7 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 	rep, n, errno, panicked := s.contained(op, uid, gid, m, dest)
 	var flags uint8
 	if tok.ok {
-		flags = s.lease.after(tok, op, m, rep, uint32(errno), ino)
+		flags = s.lease.after(tok, op, lm, rep, uint32(errno), ino)
 	}
 	dataPath.record(t, op, start, rep, n, errno)
 	if panicked {

@@ -387,6 +387,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	close(c.work) // the idle workers end
 	sess.lease.leave()
 	sess.closeAll()
+	sess.closeStubs()
 	sess.closeCache()
 	sess.v.close()
 	s.mu.Lock()
@@ -609,6 +610,10 @@ type session struct {
 	mu      sync.Mutex
 	handles map[uint64]*handle
 	next    uint64
+	// stubs are the files made ahead for the session's client, by inode number (stubs.go);
+	// each is an open file, counted with handles against maxOpenFiles.
+	stubs     map[uint64]reservedStub
+	stubOrder []uint64 // the stubs' inode numbers, oldest first (and some placed since)
 }
 
 // noteFull logs, once per session, that the instance refused to grow: the user only sees
@@ -625,7 +630,7 @@ func (s *session) noteFull(requested uint64) {
 // add registers a new handle, or closes it and fails with EMFILE past the limit.
 func (s *session) add(h *handle) (uint64, syscall.Errno) {
 	s.mu.Lock()
-	if len(s.handles) >= s.maxOpenFiles {
+	if len(s.handles)+len(s.stubs) >= s.maxOpenFiles {
 		s.mu.Unlock()
 		s.closeFile(h)
 		return 0, syscall.EMFILE
@@ -1054,6 +1059,24 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			m.(*proto.OpenReply).Dir = dir
 		}
 		return m, n, errno
+	case *proto.ReserveReq:
+		rep, errno := s.reserve(v, r, uid, gid)
+		if errno != 0 {
+			return nil, 0, errno
+		}
+		return rep, 0, 0
+	case *proto.PlaceReq:
+		rep, dir, errno := s.place(v, r, uid, gid)
+		if errno != 0 {
+			return nil, 0, errno
+		}
+		if s.dirAttrs() {
+			if dir == nil {
+				dir = v.dirAttr(r.Dir)
+			}
+			rep.Dir = dir
+		}
+		return rep, 0, 0
 	case *proto.MkdirReq:
 		if op == proto.OpMknod {
 			return s.withDir(v, r.Dir)(attrReply(v.mknod(r, uid, gid)))

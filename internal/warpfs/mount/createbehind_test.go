@@ -1,0 +1,271 @@
+package mount
+
+import (
+	"bytes"
+	"log"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/server"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
+)
+
+// createPair mounts one striped namespace on two nodes: a reaches its metadata server through
+// a proxy that can slow its requests, b directly. With rs, the metadata server is rs's (a
+// server that can be stopped and started again).
+func createPair(t *testing.T, rs *restartableServer) (src string, a, b *Mounted, proxy *cutProxy, logs *strings.Builder) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
+	}
+	var mp, addr string
+	if rs != nil {
+		src, mp, addr = rs.src, rs.mp, rs.addr
+	} else {
+		src, mp = dirs(t)
+	}
+	l := stripe.Layout{Size: testStripeSize, Width: testStripeServers, Servers: testStripeServers}
+	if err := unix.Setxattr(src, server.LayoutXattr, l.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	tr := usage.New("creates", 1<<30)
+	var stripes []Server
+	for _, dir := range stripeDirs(src) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		saddr := startLeaseServer(t, server.Target{Dir: dir, Tracker: tr}, 0)
+		stripes = append(stripes, Server{Remote: &Remote{Address: saddr, Token: testToken, Client: "n", FragmentID: 1, InstanceID: 3}})
+	}
+	if rs == nil {
+		addr = startLeaseServer(t, server.Target{Dir: src, Tracker: tr}, 0)
+	}
+	proxy = newCutProxy(t, addr)
+	remote := func(address, client string) *Remote {
+		r := &Remote{Address: address, Token: testToken, Client: client, NamespaceID: 1, InstanceID: 3}
+		if rs != nil {
+			r.Limits = rs.limits
+		}
+		return r
+	}
+	logs = &strings.Builder{}
+	a = mount(t, Spec{MountPath: mp + "-a", Remote: remote(proxy.addr, "a"), Stripes: stripes, Logger: log.New(logs, "", 0)})
+	b = mount(t, Spec{MountPath: mp + "-b", Remote: remote(addr, "b"), Stripes: stripes, Logger: quietLogger(t)})
+	return src, a, b, proxy, logs
+}
+
+// readyToCreateBehind makes directory dir on a and two files in it (the second asks the
+// storage node for files made ahead), and waits until a holds some.
+func readyToCreateBehind(t *testing.T, a *Mounted, dir string) {
+	t.Helper()
+	makeFiles(t, dir, "first", "second")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a.backend.stubs.mu.Lock()
+		held := a.backend.stubs.held
+		a.backend.stubs.mu.Unlock()
+		if held > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the storage node made no files ahead")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func inode(t *testing.T, p string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// Creates in a directory a node made go without waiting for the storage node, however slow its
+// link; another node sees every file at its next call, with the inode number the creator
+// saw: the storage node recalls the creator's listing, and the creator lands its creates,
+// before that call runs.
+func TestCreatesBehindAreSeenElsewhereAtOnce(t *testing.T) {
+	src, a, b, proxy, _ := createPair(t, nil)
+	dir := filepath.Join(a.Path(), "d")
+	readyToCreateBehind(t, a, dir)
+	names := []string{"f0", "f1", "f2"}
+	proxy.slow(100 * time.Millisecond) // each of a's requests reaches the server 100 ms late
+	inos := map[string]uint64{}
+	for _, n := range names {
+		makeFiles(t, dir, n)
+		inos[n] = inode(t, filepath.Join(dir, n))
+	}
+	if got := a.backend.createsBehind.Load(); got != int64(len(names)) {
+		t.Fatalf("%d creates went behind, want %d", got, len(names))
+	}
+	// Without the recall b would find most of them missing.
+	for _, n := range names {
+		if ino := inode(t, filepath.Join(b.Path(), "d", n)); ino != inos[n] {
+			t.Errorf("%s: b sees inode %d, a %d", n, ino, inos[n])
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(b.Path(), "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	for _, e := range ents {
+		listed = append(listed, e.Name())
+	}
+	sort.Strings(listed)
+	if strings.Join(listed, " ") != "f0 f1 f2 first second" {
+		t.Errorf("b lists %v, want f0 f1 f2 first second", listed)
+	}
+	for _, n := range names {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(src, "d", n), &st); err != nil || st.Ino != inos[n] || st.Mode != syscall.S_IFREG|0o644 {
+			t.Errorf("%s on the server: %v, inode %d mode %o; want inode %d, 0644", n, err, st.Ino, st.Mode, inos[n])
+		}
+	}
+	// a's listing went with the recall: its later creates there wait for the server.
+	makeFiles(t, dir, "g")
+	if got := a.backend.createsBehind.Load(); got != int64(len(names)) {
+		t.Errorf("a create after the recall went behind (%d)", got)
+	}
+}
+
+// A file created behind is written, changed and read at once, as any: its first write, chmod
+// and new open wait for its create; what b then reads is what a wrote.
+func TestCreateBehindThenWrite(t *testing.T) {
+	src, a, b, proxy, _ := createPair(t, nil)
+	dir := filepath.Join(a.Path(), "w")
+	readyToCreateBehind(t, a, dir)
+	proxy.slow(50 * time.Millisecond)
+	data := bytes.Repeat([]byte("spillway"), 10000)
+	p := filepath.Join(dir, "data")
+	if err := os.WriteFile(p, data, 0o644); err != nil { // the mode its files ahead were made with
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("a reads back %d bytes (%v), want %d", len(got), err, len(data))
+	}
+	if a.backend.createsBehind.Load() != 1 {
+		t.Fatalf("%d creates went behind, want 1", a.backend.createsBehind.Load())
+	}
+	if got, err := os.ReadFile(filepath.Join(b.Path(), "w", "data")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("b reads %d bytes (%v), want %d", len(got), err, len(data))
+	}
+	if st, err := os.Stat(filepath.Join(src, "w", "data")); err != nil || st.Mode().Perm() != 0o640 {
+		t.Fatalf("the server's w/data: %v %v, want mode 0640", st, err)
+	}
+}
+
+// A create the storage node refuses after its caller had its answer (here: the directory
+// made immutable meanwhile) is logged, and its name dropped: the file does not show, and the
+// handle's next operation fails.
+func TestCreateBehindRefusedDropsTheName(t *testing.T) {
+	src, a, _, proxy, logs := createPair(t, nil)
+	dir := filepath.Join(a.Path(), "r")
+	readyToCreateBehind(t, a, dir)
+	proxy.slow(300 * time.Millisecond)
+	f, err := os.OpenFile(filepath.Join(dir, "late"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if a.backend.createsBehind.Load() != 1 {
+		t.Fatalf("%d creates went behind, want 1", a.backend.createsBehind.Load())
+	}
+	d, err := os.Open(filepath.Join(src, "r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := unix.IoctlSetPointerInt(int(d.Fd()), unix.FS_IOC_SETFLAGS, fsImmutableFl); err != nil {
+		t.Skipf("chattr +i: %v", err)
+	}
+	defer unix.IoctlSetPointerInt(int(d.Fd()), unix.FS_IOC_SETFLAGS, 0)
+	if _, err := f.Write([]byte("x")); err == nil {
+		t.Fatal("a write to a file whose create was refused succeeded")
+	}
+	if a.backend.createsFailed.Load() != 1 {
+		t.Fatalf("%d creates failed, want 1", a.backend.createsFailed.Load())
+	}
+	unix.IoctlSetPointerInt(int(d.Fd()), unix.FS_IOC_SETFLAGS, 0)
+	proxy.slow(0)
+	missing(t, filepath.Join(dir, "late"))
+	missing(t, filepath.Join(src, "r", "late"))
+	if !strings.Contains(logs.String(), "failed on the storage node") {
+		t.Errorf("the refusal was not logged: %q", logs.String())
+	}
+}
+
+// Creates on their way when the storage agent restarts are made again on the mount's next
+// connection (the files made ahead went with the first), never lost.
+func TestCreatesBehindLandAfterAServerRestart(t *testing.T) {
+	rs := newRestartableServer(t, "creates")
+	src, a, _, proxy, _ := createPair(t, rs)
+	dir := filepath.Join(a.Path(), "d")
+	readyToCreateBehind(t, a, dir)
+	names := []string{"f0", "f1", "f2"}
+	proxy.slow(200 * time.Millisecond)
+	for _, n := range names {
+		makeFiles(t, dir, n)
+	}
+	if got := a.backend.createsBehind.Load(); got != int64(len(names)) {
+		t.Fatalf("%d creates went behind, want %d", got, len(names))
+	}
+	rs.stop() // most of them are still in the slow link
+	proxy.slow(0)
+	rs.start()
+	a.backend.creating.Wait()
+	if n := a.backend.createsFailed.Load(); n != 0 {
+		t.Fatalf("%d creates failed", n)
+	}
+	for _, n := range names {
+		if _, err := os.Lstat(filepath.Join(src, "d", n)); err != nil {
+			t.Errorf("%s: %v on the server", n, err)
+		}
+		if _, err := os.Lstat(filepath.Join(dir, n)); err != nil {
+			t.Errorf("%s: %v on a", n, err)
+		}
+	}
+}
+
+// Another node's rename of a directory above one with creates on their way waits for them:
+// the storage node recalls the listings beneath the moved directory too, since the creates
+// name their directory by its old path.
+func TestCreatesBehindLandBeforeAnAncestorMoves(t *testing.T) {
+	src, a, b, proxy, _ := createPair(t, nil)
+	dir := filepath.Join(a.Path(), "p", "q", "d")
+	readyToCreateBehind(t, a, dir)
+	names := []string{"f0", "f1", "f2"}
+	proxy.slow(150 * time.Millisecond)
+	for _, n := range names {
+		makeFiles(t, dir, n)
+	}
+	if got := a.backend.createsBehind.Load(); got != int64(len(names)) {
+		t.Fatalf("%d creates went behind, want %d", got, len(names))
+	}
+	if err := os.Rename(filepath.Join(b.Path(), "p"), filepath.Join(b.Path(), "p2")); err != nil {
+		t.Fatal(err)
+	}
+	a.backend.creating.Wait()
+	if n := a.backend.createsFailed.Load(); n != 0 {
+		t.Fatalf("%d creates failed", n)
+	}
+	for _, n := range names {
+		if _, err := os.Lstat(filepath.Join(src, "p2", "q", "d", n)); err != nil {
+			t.Errorf("%s: %v on the server", n, err)
+		}
+	}
+}

@@ -1,0 +1,227 @@
+package server
+
+// Files made ahead (proto.StubVersion): a mount that answers creates before the storage node
+// acts (package mount, createbehind.go) must give the kernel each new file's inode number at
+// once, so it asks for empty files made ahead in the directory (RESERVE), and later names one
+// (PLACE, a CREATE that makes nothing).
+//
+// A reserved file ("stub") is made as a create by its caller would make it: without a name
+// (O_TMPFILE) in the very directory, so that it inherits what the directory gives (a default
+// ACL, a set-group-ID directory's group), owned by the caller, with the mode asked; it is
+// admitted against the namespace's MFC and write window at once, so that its PLACE is not
+// refused for them later, when its creator has had its answer. The session keeps it open
+// (counted with its open files, warpfs.max_open_files), at most proto.MaxStubs of them: a
+// RESERVE past that drops the oldest. A PLACE gives it its layout and its
+// name (linkat: only where the name is free) and its times (now), and answers as a CREATE.
+//
+// Nameless, a stub needs no cleanup: one the session never placed goes with the session's
+// descriptors — its close, the agent's exit or crash — and its admission is given back. Only
+// placed files were ever visible.
+
+import (
+	"errors"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
+)
+
+// reservedStub is a file made ahead for the session, not named yet.
+type reservedStub struct {
+	fd             int
+	dir            inodeKey // the directory it was made in
+	uid, gid, mode uint32   // its creator and the mode it was asked for
+}
+
+// reserve makes up to r.Count stubs in r.Dir for uid:gid (RESERVE).
+func (s *session) reserve(v *volume, r *proto.ReserveReq, uid, gid uint32) (*proto.ReserveReply, syscall.Errno) {
+	if v.readOnly {
+		return nil, syscall.EROFS
+	}
+	if !v.striped {
+		return nil, syscall.EOPNOTSUPP // a file holding its own data is made by CREATE
+	}
+	want := int(min(r.Count, proto.MaxReserve))
+	s.mu.Lock()
+	want = min(want, s.maxOpenFiles-len(s.handles)-len(s.stubs))
+	s.mu.Unlock()
+	if want <= 0 {
+		return nil, syscall.EMFILE
+	}
+	dirfd, done, errno := v.dirAt(r.Dir)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer done()
+	var parent unix.Stat_t
+	if err := unix.Fstat(dirfd, &parent); err != nil {
+		return nil, errnoOf(err)
+	}
+	if parent.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return nil, syscall.ENOTDIR
+	}
+	if errno := v.roomForEntry(); errno != 0 {
+		return nil, errno
+	}
+	rep := &proto.ReserveReply{}
+	for len(rep.Inos) < want {
+		if errno = v.acct.startCreate(); errno != 0 {
+			break
+		}
+		fd, err := unix.Openat(dirfd, ".", unix.O_RDWR|unix.O_TMPFILE|unix.O_CLOEXEC, r.Mode&0o7777)
+		if err != nil {
+			v.acct.createDone(false)
+			errno = errnoOf(err)
+			break
+		}
+		t := &target{fd: fd, real: true, st: unix.Stat_t{Mode: syscall.S_IFREG}} // own stats it
+		v.own(t, &parent, uid, gid, r.Mode)
+		if len(rep.Inos) == 0 {
+			rep.Attr = toAttr(&t.st)
+		}
+		s.mu.Lock()
+		if s.stubs == nil {
+			s.stubs = map[uint64]reservedStub{}
+		}
+		s.stubs[t.st.Ino] = reservedStub{fd: fd, dir: keyOf(&parent), uid: uid, gid: gid, mode: r.Mode}
+		s.stubOrder = append(s.stubOrder, t.st.Ino)
+		old := s.oldStubsLocked()
+		s.mu.Unlock()
+		for _, st := range old {
+			v.dropStub(st)
+		}
+		rep.Inos = append(rep.Inos, t.st.Ino)
+	}
+	if len(rep.Inos) == 0 {
+		return nil, errno
+	}
+	return rep, 0
+}
+
+// oldStubsLocked takes away the session's oldest stubs past proto.MaxStubs, for the caller
+// to drop: a client that went on to other directories leaves its earlier ones unused.
+func (s *session) oldStubsLocked() []reservedStub {
+	var old []reservedStub
+	for len(s.stubs) > proto.MaxStubs && len(s.stubOrder) > 0 {
+		ino := s.stubOrder[0]
+		s.stubOrder = s.stubOrder[1:]
+		if st, ok := s.stubs[ino]; ok {
+			delete(s.stubs, ino)
+			old = append(old, st)
+		}
+	}
+	if len(s.stubOrder) > 2*proto.MaxStubs { // mostly placed ones: keep those still here
+		kept := make([]uint64, 0, len(s.stubs))
+		for _, ino := range s.stubOrder {
+			if _, ok := s.stubs[ino]; ok {
+				kept = append(kept, ino)
+			}
+		}
+		s.stubOrder = kept
+	}
+	return old
+}
+
+// takeStub takes the session's stub ino away from its reserve (false: it has none).
+func (s *session) takeStub(ino uint64) (reservedStub, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.stubs[ino]
+	if ok {
+		delete(s.stubs, ino)
+	}
+	return st, ok
+}
+
+// dropStub closes a stub never placed and gives its admission back.
+func (v *volume) dropStub(st reservedStub) {
+	unix.Close(st.fd)
+	v.acct.createDone(false)
+}
+
+// closeStubs drops the stubs the session never placed (its end).
+func (s *session) closeStubs() {
+	s.mu.Lock()
+	stubs := s.stubs
+	s.stubs, s.stubOrder = nil, nil
+	s.mu.Unlock()
+	for _, st := range stubs {
+		s.v.dropStub(st)
+	}
+}
+
+// place names the session's stub r.Stub r.Name in r.Dir (PLACE): a CREATE with O_EXCL that
+// opens nothing — the reply's handle is 0, and its client opens the file when it first needs
+// a handle of the metadata server (a write, fsync, truncate), by name, as after an open it
+// made without asking (package mount, openLazily). A file created and closed unwritten (most
+// of mdtest's, marker files) then costs no open and no RELEASE here. ESTALE: the session has
+// no such stub (it was reserved on an earlier connection); the caller creates the file anew.
+func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.OpenReply, *proto.Attr, syscall.Errno) {
+	if v.readOnly {
+		return nil, nil, syscall.EROFS
+	}
+	if errno := nameErrno(r.Name); errno != 0 {
+		return nil, nil, errno
+	}
+	if r.Flags&unix.O_ACCMODE == unix.O_ACCMODE {
+		return nil, nil, syscall.EINVAL
+	}
+	st, ok := s.takeStub(r.Stub)
+	if !ok {
+		return nil, nil, syscall.ESTALE
+	}
+	defer unix.Close(st.fd)
+	placed := false
+	defer func() {
+		if !placed {
+			v.acct.createDone(false)
+		}
+	}()
+	if st.uid != uid || st.gid != gid || st.mode != r.Mode {
+		return nil, nil, syscall.EINVAL // another's, or made for another mode
+	}
+	dirfd, done, errno := v.dirAt(r.Dir)
+	if errno != 0 {
+		return nil, nil, errno
+	}
+	defer done()
+	var parent unix.Stat_t
+	if err := unix.Fstat(dirfd, &parent); err != nil {
+		return nil, nil, errnoOf(err)
+	}
+	if keyOf(&parent) != st.dir {
+		return nil, nil, syscall.EXDEV // made in another directory: its inheritance is that one's
+	}
+	// Not open for writing here: its record says it has no objects, until a writer opens it.
+	layout, _, errno := v.layoutFor(st.fd, dirfd, true)
+	if errno != 0 {
+		return nil, nil, errno
+	}
+	// Its times are its creation's, as the caller was told (now), not its reservation's.
+	futimensNow(st.fd)
+	l := v.lockDirOf(dirfd, &parent)
+	err := unix.Linkat(st.fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
+	dir := l.unlock()
+	if err != nil {
+		if errors.Is(err, syscall.EEXIST) {
+			return nil, nil, syscall.EEXIST
+		}
+		return nil, nil, errnoOf(err)
+	}
+	placed = true
+	v.acct.createDone(true)
+	var fst unix.Stat_t
+	if err := unix.Fstat(st.fd, &fst); err != nil {
+		return nil, nil, errnoOf(err)
+	}
+	v.tracker.Charge(usage.Footprint(&fst)) // its layout's attribute, if it takes a block
+	return &proto.OpenReply{Attr: toAttr(&fst), Layout: layout.Encode()}, dir, 0
+}
+
+// futimensNow sets the times of the file open as fd to now: futimens(2), which x/sys/unix
+// has no call for (its Futimes goes through /proc/self/fd: a path walk, as dear as the link).
+func futimensNow(fd int) {
+	unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, 0, 0, 0, 0) // no path, no times: now
+}

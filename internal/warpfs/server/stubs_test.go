@@ -1,0 +1,148 @@
+package server
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spillway-hpc/spillway/internal/warpfs/client"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
+)
+
+// Files made ahead (RESERVE) are nameless until a PLACE names one: as its reserver's create
+// would have made it, with the inode number RESERVE gave; only once, only in the directory it
+// was made in, only where the name is free, only for the mode it was made for. A session's
+// stubs never placed go with it.
+func TestReserveAndPlace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute, and stubs are chowned: root only")
+	}
+	f := newFixture(t, Limits{})
+	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
+	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(f.dir, "d")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	const uid, gid = 4242, 4343
+	as := func(c *client.Client, op proto.Op, req, reply proto.Message) syscall.Errno {
+		return c.Do(context.Background(), &client.Call{Op: op, UID: uid, GID: gid, Req: req, Reply: reply})
+	}
+	c := f.client()
+	var res proto.ReserveReply
+	if errno := as(c, proto.OpReserve, &proto.ReserveReq{Dir: "d", Mode: 0o640, Count: 5}, &res); errno != 0 {
+		t.Fatalf("RESERVE: %v", errno)
+	}
+	if len(res.Inos) != 5 || res.Attr.UID != uid || res.Attr.GID != gid || res.Attr.Mode != syscall.S_IFREG|0o640 {
+		t.Fatalf("RESERVE gave %d files, attributes %+v; want 5, regular 0640, %d:%d", len(res.Inos), res.Attr, uid, gid)
+	}
+	if names, _ := os.ReadDir(dir); len(names) != 0 {
+		t.Fatalf("reserved files have names: %v", names)
+	}
+
+	place := func(stub uint64, d, name string, mode uint32) (proto.OpenReply, syscall.Errno) {
+		var rep proto.OpenReply
+		req := &proto.PlaceReq{Stub: stub, CreateReq: proto.CreateReq{Dir: d, Name: name, Flags: syscall.O_WRONLY | syscall.O_CREAT | syscall.O_EXCL, Mode: mode}}
+		return rep, as(c, proto.OpPlace, req, &rep)
+	}
+	time.Sleep(1100 * time.Millisecond)                // reserved well before it is placed
+	before := time.Now().Add(-50 * time.Millisecond) // the kernel's clock for file times is coarse
+	rep, errno := place(res.Inos[0], "d", "a", 0o640)
+	if errno != 0 {
+		t.Fatalf("PLACE: %v", errno)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(dir, "a"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Attr.Ino != res.Inos[0] || st.Ino != res.Inos[0] || st.Uid != uid || st.Gid != gid || st.Mode != syscall.S_IFREG|0o640 || st.Nlink != 1 {
+		t.Errorf("placed: reply inode %d, on disk inode %d %o %d:%d nlink %d; want inode %d, 0640, %d:%d, one link",
+			rep.Attr.Ino, st.Ino, st.Mode, st.Uid, st.Gid, st.Nlink, res.Inos[0], uid, gid)
+	}
+	if time.Unix(st.Mtim.Unix()).Before(before) {
+		t.Errorf("placed file's mtime %v is older than its PLACE (%v)", time.Unix(st.Mtim.Unix()), before)
+	}
+	buf := make([]byte, 256)
+	n, err := unix.Lgetxattr(filepath.Join(dir, "a"), LayoutXattr, buf)
+	l, rec, ok := decodeStub(buf[:max(n, 0)], err)
+	if !ok || l.ID == 0 || len(rep.Layout) == 0 {
+		t.Errorf("placed file has no stripe layout (on disk %v %v, in the reply %d bytes)", err, ok, len(rep.Layout))
+	}
+	if objects, known := decodeObjects(rec); !known || len(objects) != 0 {
+		t.Errorf("placed file's record of objects: known %v, %v; want known, none (nobody opened it to write)", known, objects)
+	}
+	if rep.Handle != 0 {
+		t.Errorf("PLACE opened a handle (%d): it opens nothing", rep.Handle)
+	}
+
+	for _, tc := range []struct {
+		what      string
+		stub      uint64
+		dir, name string
+		mode      uint32
+		want      syscall.Errno
+	}{
+		{"placed twice", res.Inos[0], "d", "b", 0o640, syscall.ESTALE},
+		{"never reserved", 1 << 50, "d", "b", 0o640, syscall.ESTALE},
+		{"a name taken", res.Inos[1], "d", "a", 0o640, syscall.EEXIST},
+		{"in another directory", res.Inos[2], "", "b", 0o640, syscall.EXDEV},
+		{"for another mode", res.Inos[3], "d", "b", 0o600, syscall.EINVAL},
+		{"refused once: dropped", res.Inos[1], "d", "b", 0o640, syscall.ESTALE},
+	} {
+		if _, errno := place(tc.stub, tc.dir, tc.name, tc.mode); errno != tc.want {
+			t.Errorf("PLACE %s: %v, want %v", tc.what, errno, tc.want)
+		}
+	}
+	if names, _ := os.ReadDir(dir); len(names) != 1 {
+		t.Errorf("names after the refused PLACEs: %v, want only a", names)
+	}
+	for _, tc := range []struct {
+		what string
+		req  proto.ReserveReq
+		want syscall.Errno
+	}{
+		{"no such directory", proto.ReserveReq{Dir: "nowhere", Mode: 0o644, Count: 1}, syscall.ENOENT},
+		{"a file", proto.ReserveReq{Dir: "d/a", Mode: 0o644, Count: 1}, syscall.ENOTDIR},
+		{"outside", proto.ReserveReq{Dir: "../outside", Mode: 0o644, Count: 1}, syscall.EINVAL},
+	} {
+		if errno := as(c, proto.OpReserve, &tc.req, &proto.ReserveReply{}); errno != tc.want {
+			t.Errorf("RESERVE in %s: %v, want %v", tc.what, errno, tc.want)
+		}
+	}
+
+	// The stubs a session never placed close with it.
+	c2 := f.client()
+	if errno := as(c2, proto.OpReserve, &proto.ReserveReq{Dir: "d", Mode: 0o600, Count: 7}, &res); errno != 0 || len(res.Inos) != 7 {
+		t.Fatalf("second session's RESERVE: %v, %d files", errno, len(res.Inos))
+	}
+	held := func() int {
+		n := 0
+		fds, _ := os.ReadDir("/proc/self/fd")
+		for _, fd := range fds {
+			if to, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && strings.HasPrefix(to, dir+"/#") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := held(); n != 7+1 { // the first session's last stub, never placed
+		t.Errorf("%d nameless files open, want 8", n)
+	}
+	c2.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for held() != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := held(); n != 1 {
+		t.Errorf("%d nameless files still open after their session closed, want 1 (the first session's)", n)
+	}
+}
