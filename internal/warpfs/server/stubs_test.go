@@ -54,7 +54,7 @@ func TestReserveAndPlace(t *testing.T) {
 		req := &proto.PlaceReq{Stub: stub, CreateReq: proto.CreateReq{Dir: d, Name: name, Flags: syscall.O_WRONLY | syscall.O_CREAT | syscall.O_EXCL, Mode: mode}}
 		return rep, as(c, proto.OpPlace, req, &rep)
 	}
-	time.Sleep(1100 * time.Millisecond)                // reserved well before it is placed
+	time.Sleep(1100 * time.Millisecond)              // reserved well before it is placed
 	before := time.Now().Add(-50 * time.Millisecond) // the kernel's clock for file times is coarse
 	rep, errno := place(res.Inos[0], "d", "a", 0o640)
 	if errno != 0 {
