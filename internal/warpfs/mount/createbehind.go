@@ -313,6 +313,7 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 			req.CreateReq.Flags &^= syscall.O_EXCL
 			if errno = be.client.Do(ctx, call); errno == 0 && rep.Attr.Ino != ino {
 				be.logf("warpfs: %s, created behind, was made again after its connection was lost: inode %d, not %d", req.Dir+"/"+name, rep.Attr.Ino, ino)
+				ls.forgetAttr(ino)
 				defer n.NotifyEntry(name) // the kernel looks it up again: its inode number
 			}
 		}
