@@ -95,8 +95,9 @@ type stubBatch struct {
 // stubPool are the files the storage node made ahead for this mount, by key. A key's batch
 // grows as its directory keeps taking them (8, 16, ... up to the creates behind allowed), so
 // that a directory with one new file costs few (firstReserve). The pool holds at most proto.MaxStubs, the
-// server's bound per connection: past it the oldest key's go (the server drops its oldest
-// then; a PLACE of one it dropped gets ESTALE and becomes a plain CREATE).
+// server's bound per connection, and files for at most maxStubKeys keys: past either the
+// oldest key's go (past proto.MaxStubs the server drops its oldest too; a PLACE of one it
+// dropped gets ESTALE and becomes a plain CREATE).
 type stubPool struct {
 	mu        sync.Mutex
 	batches   map[stubKey]*stubBatch
@@ -134,10 +135,45 @@ func (p *stubPool) giveBack(key stubKey, ino, gen uint64) {
 // opened lazily (openLazily's lazyOpenFlags, less those a new file makes no-ops).
 const notLazyFlags = lazyOpenFlags &^ (syscall.O_CREAT | syscall.O_TRUNC)
 
+// maxStubKeys bounds the keys (directories, callers, modes) the pool keeps files made ahead
+// for: past it the oldest key's go, as past proto.MaxStubs files.
+const maxStubKeys = 64
+
 // firstReserve is how many files a directory's first RESERVE asks for (at its second
 // create); the next ask twice as many, up to the creates behind allowed. A key asks again
 // once fewer than a batch are left.
 const firstReserve = 8
+
+// addLocked adds files made ahead for key on connection generation gen (a RESERVE's answer),
+// replacing those of an earlier connection, and drops the oldest keys' past the pool's
+// bounds.
+func (p *stubPool) addLocked(key stubKey, gen uint64, attr proto.Attr, inos []uint64) {
+	if p.batches == nil {
+		p.batches, p.next = map[stubKey]*stubBatch{}, map[stubKey]int{}
+	}
+	b := p.batches[key]
+	if b == nil || b.gen != gen {
+		if b != nil {
+			p.held -= len(b.inos)
+		} else {
+			p.order = append(p.order, key)
+		}
+		b = &stubBatch{gen: gen}
+		p.batches[key] = b
+	}
+	b.attr = attr
+	b.inos = append(b.inos, inos...)
+	p.held += len(inos)
+	for (p.held > proto.MaxStubs || len(p.order) > maxStubKeys) && len(p.order) > 1 {
+		old := p.order[0]
+		p.order = p.order[1:]
+		if ob := p.batches[old]; ob != nil {
+			p.held -= len(ob.inos)
+		}
+		delete(p.batches, old)
+		delete(p.next, old)
+	}
+}
 
 // reserveAhead asks the storage node, aside, for files made ahead for key in directory n.
 func (n *node) reserveAhead(key stubKey) {
@@ -178,28 +214,7 @@ func (n *node) reserveAhead(key stubKey) {
 		case errno != 0 || len(rep.Inos) == 0:
 			p.next[key] = count // asked again by the next create that finds none
 		default:
-			b := p.batches[key]
-			if b == nil || b.gen != call.UsedGen {
-				if b != nil {
-					p.held -= len(b.inos)
-				} else {
-					p.order = append(p.order, key)
-				}
-				b = &stubBatch{gen: call.UsedGen}
-				p.batches[key] = b
-			}
-			b.attr = rep.Attr
-			b.inos = append(b.inos, rep.Inos...)
-			p.held += len(rep.Inos)
-			for p.held > proto.MaxStubs && len(p.order) > 1 {
-				old := p.order[0]
-				p.order = p.order[1:]
-				if ob := p.batches[old]; ob != nil {
-					p.held -= len(ob.inos)
-				}
-				delete(p.batches, old)
-				delete(p.next, old)
-			}
+			p.addLocked(key, call.UsedGen, rep.Attr, rep.Inos)
 		}
 	}()
 }
