@@ -78,8 +78,8 @@ func (n *node) unlinkBehind(ctx context.Context, name string) bool {
 	}
 	select {
 	case be.unlinkSlots <- struct{}{}:
-	default:
-		return false // as many on their way as the mount allows: this one waits
+	case <-ctx.Done(): // interrupted while as many as the mount allows were on their way
+		return false
 	}
 	// The listing and the name are checked, and the removal counted, under the lock a recall
 	// takes (settleRecalled): a recall either comes first (then this goes the usual way) or
