@@ -1253,13 +1253,20 @@ func (h *fileHandle) do(ctx context.Context, call *client.Call, setID func(uint6
 // materialize opens a handle opened lazily (openLazily) on the metadata server, as its opener
 // did, by the name this node knows the file by. A name that no longer leads to the file
 // (another node renamed or removed it) gives ESTALE: the file's layout ID tells.
-func (h *fileHandle) materialize(ctx context.Context) syscall.Errno {
+func (h *fileHandle) materialize(_ context.Context) syscall.Errno {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.lazy {
 		return 0
 	}
 	be := h.node.be
+	// Not ended by the caller's interruption (a signal to the calling thread: FUSE's
+	// INTERRUPT, which Go programs get from their runtime's preemption alone): an OPEN that
+	// landed after its caller stopped waiting would leave a handle open on the server and be
+	// sent again, and a removal that goes on after it (materializeHandles) would leave the
+	// descriptor nothing to open. Bounded by the request timeout.
+	ctx, cancel := be.opCtx(context.Background())
+	defer cancel()
 	var rep proto.OpenReply
 	call := &client.Call{Op: proto.OpOpen, UID: h.uid, GID: h.gid, Req: &proto.OpenReq{Path: h.node.path(), Flags: h.flags}, Reply: &rep, Route: h.node.route()}
 	errno := be.client.Do(ctx, call)
