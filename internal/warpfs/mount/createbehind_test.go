@@ -99,15 +99,11 @@ func TestCreatesBehindAreSeenElsewhereAtOnce(t *testing.T) {
 	src, a, b, proxy, _ := createPair(t, nil)
 	dir := filepath.Join(a.Path(), "d")
 	readyToCreateBehind(t, a, dir)
-	names := []string{"f0", "f1", "f2"}
 	proxy.slow(100 * time.Millisecond) // each of a's requests reaches the server 100 ms late
+	names := createBehind(t, a, dir, "f0", "f1", "f2")
 	inos := map[string]uint64{}
 	for _, n := range names {
-		makeFiles(t, dir, n)
 		inos[n] = inode(t, filepath.Join(dir, n))
-	}
-	if got := a.backend.createsBehind.Load(); got != int64(len(names)) {
-		t.Fatalf("%d creates went behind, want %d", got, len(names))
 	}
 	// Without the recall b would find most of them missing.
 	for _, n := range names {
@@ -216,27 +212,43 @@ func TestCreatesBehindLandAfterAServerRestart(t *testing.T) {
 	src, a, _, proxy, _ := createPair(t, rs)
 	dir := filepath.Join(a.Path(), "d")
 	readyToCreateBehind(t, a, dir)
-	names := []string{"f0", "f1", "f2"}
 	proxy.slow(200 * time.Millisecond)
-	for _, n := range names {
-		makeFiles(t, dir, n)
-	}
-	if got := a.backend.createsBehind.Load(); got != int64(len(names)) {
-		t.Fatalf("%d creates went behind, want %d", got, len(names))
-	}
+	names := createBehind(t, a, dir, "f0", "f1", "f2")
 	rs.stop() // most of them are still in the slow link
 	proxy.slow(0)
 	rs.start()
+	landed(t, a, filepath.Join(src, "d"), names)
+	for _, n := range names {
+		if _, err := os.Lstat(filepath.Join(dir, n)); err != nil {
+			t.Errorf("%s: %v on a", n, err)
+		}
+	}
+}
+
+// createBehind creates names in dir on a, and fails unless they all went behind.
+func createBehind(t *testing.T, a *Mounted, dir string, names ...string) []string {
+	t.Helper()
+	before := a.backend.createsBehind.Load()
+	for _, n := range names {
+		makeFiles(t, dir, n)
+	}
+	if got := a.backend.createsBehind.Load() - before; got != int64(len(names)) {
+		t.Fatalf("%d creates went behind, want %d", got, len(names))
+	}
+	return names
+}
+
+// landed waits until a's creates on their way are answered, and fails unless none was
+// refused and every one of names is in the server's directory dir.
+func landed(t *testing.T, a *Mounted, dir string, names []string) {
+	t.Helper()
 	a.backend.creating.Wait()
 	if n := a.backend.createsFailed.Load(); n != 0 {
 		t.Fatalf("%d creates failed", n)
 	}
 	for _, n := range names {
-		if _, err := os.Lstat(filepath.Join(src, "d", n)); err != nil {
-			t.Errorf("%s: %v on the server", n, err)
-		}
 		if _, err := os.Lstat(filepath.Join(dir, n)); err != nil {
-			t.Errorf("%s: %v on a", n, err)
+			t.Errorf("%s: %v on the server", n, err)
 		}
 	}
 }
@@ -248,24 +260,10 @@ func TestCreatesBehindLandBeforeAnAncestorMoves(t *testing.T) {
 	src, a, b, proxy, _ := createPair(t, nil)
 	dir := filepath.Join(a.Path(), "p", "q", "d")
 	readyToCreateBehind(t, a, dir)
-	names := []string{"f0", "f1", "f2"}
 	proxy.slow(150 * time.Millisecond)
-	for _, n := range names {
-		makeFiles(t, dir, n)
-	}
-	if got := a.backend.createsBehind.Load(); got != int64(len(names)) {
-		t.Fatalf("%d creates went behind, want %d", got, len(names))
-	}
+	names := createBehind(t, a, dir, "f0", "f1", "f2")
 	if err := os.Rename(filepath.Join(b.Path(), "p"), filepath.Join(b.Path(), "p2")); err != nil {
 		t.Fatal(err)
 	}
-	a.backend.creating.Wait()
-	if n := a.backend.createsFailed.Load(); n != 0 {
-		t.Fatalf("%d creates failed", n)
-	}
-	for _, n := range names {
-		if _, err := os.Lstat(filepath.Join(src, "p2", "q", "d", n)); err != nil {
-			t.Errorf("%s: %v on the server", n, err)
-		}
-	}
+	landed(t, a, filepath.Join(src, "p2", "q", "d"), names)
 }
