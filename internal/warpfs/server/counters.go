@@ -15,6 +15,7 @@ import (
 
 	"github.com/spillway-hpc/spillway/internal/agentapi"
 	"github.com/spillway-hpc/spillway/internal/units"
+	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 )
 
 // counters are a fragment's own.
@@ -138,6 +139,20 @@ func (a *account) startCreate() syscall.Errno {
 		return errno
 	}
 	return a.admitFile()
+}
+
+// reservable is how many files may be made ahead (stubs.go) at most: half of what the
+// namespace's MFC has left, so that the files made ahead never take every create left from
+// the creates that do not use them.
+func (a *account) reservable() int {
+	if a.frag == nil || a.objects {
+		return proto.MaxReserve
+	}
+	spare, limited := a.nsFiles.spareCreates()
+	if !limited {
+		return proto.MaxReserve
+	}
+	return int(min(spare/2, proto.MaxReserve))
 }
 
 // admitFile counts a file about to be created, or refuses it past the namespace's MFC

@@ -213,6 +213,19 @@ func (n *Namespace) startCreate() syscall.Errno {
 }
 
 // createFailed gives back the count of a create startCreate admitted that did not happen.
+// spareCreates is how many more files the namespace may create under its MFC, and whether
+// it has one.
+func (n *Namespace) spareCreates() (uint64, bool) {
+	if n == nil {
+		return 0, false
+	}
+	limit := n.mfc.Load()
+	if limit == 0 {
+		return 0, false
+	}
+	return limit - min(limit, n.filesCreated.Load()), true
+}
+
 func (n *Namespace) createFailed() {
 	if n != nil {
 		n.filesCreated.Add(^uint64(0))

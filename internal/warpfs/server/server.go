@@ -1046,7 +1046,13 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		if op == proto.OpTmpfile {
 			return opened(v.tmpfile(r, uid, gid))
 		}
-		hd, attr, errno := v.create(r, uid, gid)
+		var hd *handle
+		var attr proto.Attr
+		var errno syscall.Errno
+		s.createPastMFC(func() syscall.Errno {
+			hd, attr, errno = v.create(r, uid, gid)
+			return errno
+		})
 		var dir *proto.Attr
 		if hd != nil {
 			dir, hd.dirAttr = hd.dirAttr, nil

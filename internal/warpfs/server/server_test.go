@@ -36,6 +36,8 @@ type fixture struct {
 	outside string // a directory next to it
 	tracker *usage.Tracker
 	logs    *logBuffer
+	// fragment, when set before the first dial, counts the sessions' creates (MFC).
+	fragment *Fragment
 }
 
 // logBuffer collects the server's log; safe for concurrent use.
@@ -99,7 +101,7 @@ func newFixtureHolding(t testing.TB, lim Limits, held, node string) *fixture {
 		if namespace != 1 && !stripes {
 			return Target{}, errors.New("namespace 2 does not exist on this node")
 		}
-		return Target{Dir: f.dir, Tracker: f.tracker}, nil
+		return Target{Dir: f.dir, Tracker: f.tracker, Fragment: f.fragment}, nil
 	}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -9,7 +9,9 @@ package server
 // (O_TMPFILE) in the very directory, so that it inherits what the directory gives (a default
 // ACL, a set-group-ID directory's group), owned by the caller, with the mode asked; it is
 // admitted against the namespace's MFC and write window at once, so that its PLACE is not
-// refused for them later, when its creator has had its answer. The session keeps it open
+// refused for them later, when its creator has had its answer (at most half of what the MFC
+// has left is made ahead, and a create the MFC refuses while its session holds files ahead
+// takes the admission of one of them: createPastMFC). The session keeps it open
 // (counted with its open files, warpfs.max_open_files), at most proto.MaxStubs of them: a
 // RESERVE past that drops the oldest. A PLACE gives it its layout and its
 // name (linkat: only where the name is free) and its times (now), and answers as a CREATE.
@@ -43,7 +45,7 @@ func (s *session) reserve(v *volume, r *proto.ReserveReq, uid, gid uint32) (*pro
 	if !v.striped {
 		return nil, syscall.EOPNOTSUPP // a file holding its own data is made by CREATE
 	}
-	want := int(min(r.Count, proto.MaxReserve))
+	want := min(int(min(r.Count, proto.MaxReserve)), v.acct.reservable())
 	s.mu.Lock()
 	want = min(want, s.maxOpenFiles-len(s.handles)-len(s.stubs))
 	s.mu.Unlock()
@@ -122,6 +124,31 @@ func (s *session) oldStubsLocked() []reservedStub {
 		s.stubOrder = kept
 	}
 	return old
+}
+
+// createPastMFC runs a create (CREATE, MKNOD, SYMLINK) and, if the namespace's MFC refused it
+// while this session holds files made ahead, drops the oldest (giving back its admission)
+// and runs it once more: the session's own files ahead never refuse its creates.
+func (s *session) createPastMFC(create func() syscall.Errno) {
+	if create() != syscall.EMFILE {
+		return
+	}
+	s.mu.Lock()
+	var old []reservedStub
+	for len(s.stubOrder) > 0 && len(old) == 0 {
+		ino := s.stubOrder[0]
+		s.stubOrder = s.stubOrder[1:]
+		if st, ok := s.stubs[ino]; ok {
+			delete(s.stubs, ino)
+			old = append(old, st)
+		}
+	}
+	s.mu.Unlock()
+	if len(old) == 0 {
+		return
+	}
+	s.v.dropStub(old[0])
+	create()
 }
 
 // takeStub takes the session's stub ino away from its reserve (false: it has none).

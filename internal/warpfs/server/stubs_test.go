@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,5 +145,46 @@ func TestReserveAndPlace(t *testing.T) {
 	}
 	if n := held(); n != 1 {
 		t.Errorf("%d nameless files still open after their session closed, want 1 (the first session's)", n)
+	}
+}
+
+// Files made ahead take at most half of what the namespace's MFC has left, and never refuse
+// their own session's creates: a CREATE past MFC while the session holds some takes the
+// admission of one (which is then gone).
+func TestReservedFilesYieldToCreatesAtMFC(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
+	}
+	f := newFixture(t, Limits{})
+	const mfc = 10
+	f.fragment = NewFragment(1, 1, FragmentLimits{}, nil)
+	f.fragment.Namespace(1).SetLimits(mfc, 0)
+	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
+	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	var res proto.ReserveReply
+	if errno := do(c, proto.OpReserve, &proto.ReserveReq{Mode: 0o644, Count: 8}, &res); errno != 0 || len(res.Inos) != mfc/2 {
+		t.Fatalf("RESERVE of 8 with MFC %d: %v, %d files; want %d", mfc, errno, len(res.Inos), mfc/2)
+	}
+	created := 0
+	for ; created < 2*mfc; created++ {
+		var rep proto.OpenReply
+		req := &proto.CreateReq{Name: fmt.Sprintf("f%d", created), Flags: syscall.O_WRONLY | syscall.O_CREAT | syscall.O_EXCL, Mode: 0o644}
+		if errno := do(c, proto.OpCreate, req, &rep); errno != 0 {
+			if errno != syscall.EMFILE {
+				t.Fatalf("create %d: %v, want EMFILE at most", created, errno)
+			}
+			break
+		}
+		do(c, proto.OpRelease, &proto.HandleReq{Handle: rep.Handle}, nil)
+	}
+	if created != mfc {
+		t.Errorf("%d creates before EMFILE, want %d: the session's files ahead gave their admissions", created, mfc)
+	}
+	req := &proto.PlaceReq{Stub: res.Inos[0], CreateReq: proto.CreateReq{Name: "placed", Flags: syscall.O_WRONLY | syscall.O_CREAT | syscall.O_EXCL, Mode: 0o644}}
+	if errno := do(c, proto.OpPlace, req, &proto.OpenReply{}); errno != syscall.ESTALE {
+		t.Errorf("PLACE of a file ahead whose admission a create took: %v, want ESTALE", errno)
 	}
 }
