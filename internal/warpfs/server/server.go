@@ -631,6 +631,11 @@ func (s *session) noteFull(requested uint64) {
 func (s *session) add(h *handle) (uint64, syscall.Errno) {
 	s.mu.Lock()
 	if len(s.handles)+len(s.stubs) >= s.maxOpenFiles {
+		if old, ok := s.oldestStubLocked(); ok { // files made ahead give way to opens
+			s.mu.Unlock()
+			s.v.dropStub(old)
+			return s.add(h)
+		}
 		s.mu.Unlock()
 		s.closeFile(h)
 		return 0, syscall.EMFILE

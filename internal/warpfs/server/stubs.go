@@ -12,8 +12,9 @@ package server
 // refused for them later, when its creator has had its answer (at most half of what the MFC
 // has left is made ahead, and a create the MFC refuses while its session holds files ahead
 // takes the admission of one of them: createPastMFC). The session keeps it open
-// (counted with its open files, warpfs.max_open_files), at most proto.MaxStubs of them: a
-// RESERVE past that drops the oldest. A PLACE gives it its layout and its
+// (counted with its open files, warpfs.max_open_files: an open past that limit drops the
+// oldest instead of failing), at most proto.MaxStubs of them: a RESERVE past that drops the
+// oldest. A PLACE gives it its layout and its
 // name (linkat: only where the name is free) and its times (now), and answers as a CREATE.
 //
 // Nameless, a stub needs no cleanup: one the session never placed goes with the session's
@@ -106,13 +107,12 @@ func (s *session) reserve(v *volume, r *proto.ReserveReq, uid, gid uint32) (*pro
 // to drop: a client that went on to other directories leaves its earlier ones unused.
 func (s *session) oldStubsLocked() []reservedStub {
 	var old []reservedStub
-	for len(s.stubs) > proto.MaxStubs && len(s.stubOrder) > 0 {
-		ino := s.stubOrder[0]
-		s.stubOrder = s.stubOrder[1:]
-		if st, ok := s.stubs[ino]; ok {
-			delete(s.stubs, ino)
-			old = append(old, st)
+	for len(s.stubs) > proto.MaxStubs {
+		st, ok := s.oldestStubLocked()
+		if !ok {
+			break
 		}
+		old = append(old, st)
 	}
 	if len(s.stubOrder) > 2*proto.MaxStubs { // mostly placed ones: keep those still here
 		kept := make([]uint64, 0, len(s.stubs))
@@ -134,21 +134,27 @@ func (s *session) createPastMFC(create func() syscall.Errno) {
 		return
 	}
 	s.mu.Lock()
-	var old []reservedStub
-	for len(s.stubOrder) > 0 && len(old) == 0 {
+	old, ok := s.oldestStubLocked()
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	s.v.dropStub(old)
+	create()
+}
+
+// oldestStubLocked takes the session's oldest file made ahead away from it, for the caller
+// to drop (false: it holds none).
+func (s *session) oldestStubLocked() (reservedStub, bool) {
+	for len(s.stubOrder) > 0 {
 		ino := s.stubOrder[0]
 		s.stubOrder = s.stubOrder[1:]
 		if st, ok := s.stubs[ino]; ok {
 			delete(s.stubs, ino)
-			old = append(old, st)
+			return st, true
 		}
 	}
-	s.mu.Unlock()
-	if len(old) == 0 {
-		return
-	}
-	s.v.dropStub(old[0])
-	create()
+	return reservedStub{}, false
 }
 
 // takeStub takes the session's stub ino away from its reserve (false: it has none).

@@ -188,3 +188,34 @@ func TestReservedFilesYieldToCreatesAtMFC(t *testing.T) {
 		t.Errorf("PLACE of a file ahead whose admission a create took: %v, want ESTALE", errno)
 	}
 }
+
+// Files made ahead count with the session's open files, and give way to opens: past
+// warpfs.max_open_files an open drops the oldest rather than failing.
+func TestReservedFilesYieldToOpens(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
+	}
+	f := newFixture(t, Limits{MaxOpenFiles: 3})
+	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
+	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	var res proto.ReserveReply
+	if errno := do(c, proto.OpReserve, &proto.ReserveReq{Mode: 0o644, Count: 8}, &res); errno != 0 || len(res.Inos) != 3 {
+		t.Fatalf("RESERVE of 8 with 3 open files allowed: %v, %d files; want 3", errno, len(res.Inos))
+	}
+	opened := 0
+	for ; opened < 5; opened++ {
+		req := &proto.CreateReq{Name: fmt.Sprintf("f%d", opened), Flags: syscall.O_RDWR | syscall.O_CREAT, Mode: 0o644}
+		if errno := do(c, proto.OpCreate, req, &proto.OpenReply{}); errno != 0 {
+			if errno != syscall.EMFILE {
+				t.Fatalf("open %d: %v", opened, errno)
+			}
+			break
+		}
+	}
+	if opened != 3 {
+		t.Errorf("%d files opened before EMFILE with a limit of 3 and 3 files made ahead, want 3", opened)
+	}
+}
