@@ -2,6 +2,8 @@ package mount
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"log"
 	"os"
 	"path/filepath"
@@ -266,4 +268,47 @@ func TestCreatesBehindLandBeforeAnAncestorMoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	landed(t, a, filepath.Join(src, "p2", "q", "d"), names)
+}
+
+// The storage agent stopped at any moment of a burst of creates — a RESERVE on its way, files
+// made ahead and unused, PLACEs on their way or landed with their answers lost — and started
+// again: every create that returned is on the server afterwards, none refused after it
+// returned. (A create that waited for the server and lost its connection fails with EIO, as
+// before: it was not acknowledged.)
+func TestCreatesBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
+	for step := 0; step < 6; step++ {
+		t.Run(fmt.Sprintf("after %d ms", 15*step), func(t *testing.T) {
+			rs := newRestartableServer(t, "creates")
+			src, a, _, proxy, _ := createPair(t, rs)
+			dir := filepath.Join(a.Path(), "d")
+			readyToCreateBehind(t, a, dir)
+			proxy.slow(10 * time.Millisecond)
+			made := make(chan string, 64)
+			go func() {
+				defer close(made)
+				for i := 0; i < 24; i++ {
+					name := fmt.Sprintf("f%d", i)
+					if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+						if !errors.Is(err, syscall.EIO) {
+							t.Errorf("%s: %v, want success or EIO", name, err)
+						}
+						continue
+					}
+					made <- name
+				}
+			}()
+			time.Sleep(time.Duration(15*step) * time.Millisecond)
+			rs.stop()
+			rs.start()
+			var names []string
+			for n := range made {
+				names = append(names, n)
+			}
+			proxy.slow(0)
+			if a.backend.createsBehind.Load() == 0 {
+				t.Error("no create went behind")
+			}
+			landed(t, a, filepath.Join(src, "d"), names)
+		})
+	}
 }
