@@ -2,9 +2,11 @@ package mount
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -228,5 +230,55 @@ func TestUnlinkOfAFileWithDataWaits(t *testing.T) {
 	}
 	if got := a.backend.unlinksBehind.Load(); got != 0 {
 		t.Errorf("%d removals went behind, want none", got)
+	}
+}
+
+// The storage agent stopped at any moment of a burst of removals, and started again: every
+// removal that returned is done on the server afterwards. (A removal that waited for the
+// server and lost its connection fails with EIO, as before: it was not acknowledged.)
+func TestUnlinksBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
+	for step := 0; step < 6; step++ {
+		t.Run(fmt.Sprintf("after %d ms", 15*step), func(t *testing.T) {
+			rs := newRestartableServer(t, "unlinks")
+			proxy := newCutProxy(t, rs.addr)
+			a := mount(t, Spec{MountPath: rs.mp + "-a", Remote: &Remote{Address: proxy.addr, Token: testToken, Client: "a", NamespaceID: 1, InstanceID: 3, Limits: rs.limits}, Logger: quietLogger(t)})
+			var names []string
+			for i := 0; i < 24; i++ {
+				names = append(names, fmt.Sprintf("f%d", i))
+			}
+			makeFiles(t, filepath.Join(a.Path(), "d"), names...)
+			proxy.slow(10 * time.Millisecond)
+			removed := make(chan string, len(names))
+			go func() {
+				defer close(removed)
+				for _, n := range names {
+					if err := os.Remove(filepath.Join(a.Path(), "d", n)); err != nil {
+						if !errors.Is(err, syscall.EIO) {
+							t.Errorf("%s: %v, want success or EIO", n, err)
+						}
+						continue
+					}
+					removed <- n
+				}
+			}()
+			time.Sleep(time.Duration(15*step) * time.Millisecond)
+			rs.stop()
+			rs.start()
+			var gone []string
+			for n := range removed {
+				gone = append(gone, n)
+			}
+			proxy.slow(0)
+			a.backend.unlinking.Wait()
+			if a.backend.unlinksBehind.Load() == 0 {
+				t.Error("no removal went behind")
+			}
+			if n := a.backend.unlinksFailed.Load(); n != 0 {
+				t.Errorf("%d removals failed after they returned", n)
+			}
+			for _, n := range gone {
+				missing(t, filepath.Join(rs.src, "d", n))
+			}
+		})
 	}
 }
