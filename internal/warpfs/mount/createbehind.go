@@ -105,7 +105,10 @@ type stubPool struct {
 	held      int       // files in batches
 	next      map[stubKey]int
 	reserving map[stubKey]bool
-	off       bool // the server takes no RESERVE: no create goes behind
+	// refused are keys whose RESERVE the server refused (MFC, a full instance, the write
+	// window), not asked again until then.
+	refused map[stubKey]time.Time
+	off     bool // the server takes no RESERVE: no create goes behind
 }
 
 // take takes a file made ahead for key, and says whether the key runs low (ask for more).
@@ -114,7 +117,7 @@ func (p *stubPool) take(key stubKey) (ino, gen uint64, attr proto.Attr, ok, low 
 	defer p.mu.Unlock()
 	b := p.batches[key]
 	if p.off || b == nil || len(b.inos) == 0 {
-		return 0, 0, proto.Attr{}, false, !p.off && !p.reserving[key]
+		return 0, 0, proto.Attr{}, false, !p.off && !p.reserving[key] && time.Now().After(p.refused[key])
 	}
 	ino, b.inos = b.inos[0], b.inos[1:]
 	p.held--
@@ -138,6 +141,9 @@ const notLazyFlags = lazyOpenFlags &^ (syscall.O_CREAT | syscall.O_TRUNC)
 // maxStubKeys bounds the keys (directories, callers, modes) the pool keeps files made ahead
 // for: past it the oldest key's go, as past proto.MaxStubs files.
 const maxStubKeys = 64
+
+// reserveRetry is how long a key whose RESERVE was refused waits before asking again.
+const reserveRetry = time.Second
 
 // firstReserve is how many files a directory's first RESERVE asks for (at its second
 // create); the next ask twice as many, up to the creates behind allowed. A key asks again
@@ -212,7 +218,14 @@ func (n *node) reserveAhead(key stubKey) {
 		case errno == syscall.EPROTONOSUPPORT || errno == syscall.EOPNOTSUPP:
 			p.off = true // an older server, or a namespace whose files hold their data
 		case errno != 0 || len(rep.Inos) == 0:
-			p.next[key] = count // asked again by the next create that finds none
+			p.next[key] = count // asked again by a create that finds none, a second later
+			if p.refused == nil {
+				p.refused = map[stubKey]time.Time{}
+			}
+			if len(p.refused) >= maxStubKeys {
+				clear(p.refused)
+			}
+			p.refused[key] = time.Now().Add(reserveRetry)
 		default:
 			p.addLocked(key, call.UsedGen, rep.Attr, rep.Inos)
 		}

@@ -2,6 +2,7 @@ package mount
 
 import (
 	"testing"
+	"time"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
 )
@@ -66,5 +67,19 @@ func TestStubPool(t *testing.T) {
 	}
 	if q.held != proto.MaxStubs {
 		t.Errorf("%d files held, want %d (the newest key's batch alone)", q.held, proto.MaxStubs)
+	}
+}
+
+// A key whose RESERVE was refused does not ask again for reserveRetry.
+func TestStubPoolWaitsAfterARefusal(t *testing.T) {
+	var p stubPool
+	k := stubKey{dir: 7}
+	p.refused = map[stubKey]time.Time{k: time.Now().Add(time.Hour)}
+	if _, _, _, _, low := p.take(k); low {
+		t.Error("a refused key asked again at once")
+	}
+	p.refused[k] = time.Now().Add(-time.Millisecond)
+	if _, _, _, _, low := p.take(k); !low {
+		t.Error("a key refused long ago did not ask again")
 	}
 }

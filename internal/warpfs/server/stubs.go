@@ -126,7 +126,7 @@ func (s *session) oldStubsLocked() []reservedStub {
 	return old
 }
 
-// createPastMFC runs a create (CREATE, MKNOD, SYMLINK) and, if the namespace's MFC refused it
+// createPastMFC runs a CREATE and, if the namespace's MFC refused it
 // while this session holds files made ahead, drops the oldest (giving back its admission)
 // and runs it once more: the session's own files ahead never refuse its creates.
 func (s *session) createPastMFC(create func() syscall.Errno) {
