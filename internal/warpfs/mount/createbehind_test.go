@@ -282,28 +282,14 @@ func TestCreatesBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
 			src, a, _, proxy, _ := createPair(t, rs)
 			dir := filepath.Join(a.Path(), "d")
 			readyToCreateBehind(t, a, dir)
-			proxy.slow(10 * time.Millisecond)
-			made := make(chan string, 64)
-			go func() {
-				defer close(made)
-				for i := 0; i < 24; i++ {
-					name := fmt.Sprintf("f%d", i)
-					if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
-						if !errors.Is(err, syscall.EIO) {
-							t.Errorf("%s: %v, want success or EIO", name, err)
-						}
-						continue
-					}
-					made <- name
-				}
-			}()
-			time.Sleep(time.Duration(15*step) * time.Millisecond)
-			rs.stop()
-			rs.start()
 			var names []string
-			for n := range made {
-				names = append(names, n)
+			for i := 0; i < 24; i++ {
+				names = append(names, fmt.Sprintf("f%d", i))
 			}
+			proxy.slow(10 * time.Millisecond)
+			names = acrossRestart(t, rs, time.Duration(15*step)*time.Millisecond, names, func(name string) error {
+				return os.WriteFile(filepath.Join(dir, name), nil, 0o644)
+			})
 			proxy.slow(0)
 			if a.backend.createsBehind.Load() == 0 {
 				t.Error("no create went behind")
@@ -311,4 +297,32 @@ func TestCreatesBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
 			landed(t, a, filepath.Join(src, "d"), names)
 		})
 	}
+}
+
+// acrossRestart runs do on each of names in turn while rs is stopped after wait and started
+// again, and returns the names do succeeded for; do may fail with EIO alone (a request that
+// waited for the server and lost its connection).
+func acrossRestart(t *testing.T, rs *restartableServer, wait time.Duration, names []string, do func(name string) error) []string {
+	t.Helper()
+	done := make(chan string, len(names))
+	go func() {
+		defer close(done)
+		for _, n := range names {
+			if err := do(n); err != nil {
+				if !errors.Is(err, syscall.EIO) {
+					t.Errorf("%s: %v, want success or EIO", n, err)
+				}
+				continue
+			}
+			done <- n
+		}
+	}()
+	time.Sleep(wait)
+	rs.stop()
+	rs.start()
+	var ok []string
+	for n := range done {
+		ok = append(ok, n)
+	}
+	return ok
 }

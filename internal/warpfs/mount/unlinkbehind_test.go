@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -248,26 +247,9 @@ func TestUnlinksBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
 			}
 			makeFiles(t, filepath.Join(a.Path(), "d"), names...)
 			proxy.slow(10 * time.Millisecond)
-			removed := make(chan string, len(names))
-			go func() {
-				defer close(removed)
-				for _, n := range names {
-					if err := os.Remove(filepath.Join(a.Path(), "d", n)); err != nil {
-						if !errors.Is(err, syscall.EIO) {
-							t.Errorf("%s: %v, want success or EIO", n, err)
-						}
-						continue
-					}
-					removed <- n
-				}
-			}()
-			time.Sleep(time.Duration(15*step) * time.Millisecond)
-			rs.stop()
-			rs.start()
-			var gone []string
-			for n := range removed {
-				gone = append(gone, n)
-			}
+			gone := acrossRestart(t, rs, time.Duration(15*step)*time.Millisecond, names, func(name string) error {
+				return os.Remove(filepath.Join(a.Path(), "d", name))
+			})
 			proxy.slow(0)
 			a.backend.unlinking.Wait()
 			if a.backend.unlinksBehind.Load() == 0 {
