@@ -151,9 +151,7 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 		unix.Close(fd)
 		return nil, proto.Attr{}, false, errno
 	}
-	l := v.lockDirOf(dirfd, parent)
-	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
-	dir := l.unlock()
+	dir, err := v.linkIn(fd, dirfd, parent, r.Name)
 	if err == nil {
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {

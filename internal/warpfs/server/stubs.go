@@ -22,7 +22,6 @@ package server
 // placed files were ever visible.
 
 import (
-	"errors"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -124,6 +123,14 @@ func (s *session) oldStubsLocked() []reservedStub {
 		s.stubOrder = kept
 	}
 	return old
+}
+
+// linkIn gives the nameless file open as fd the name name in directory dirfd (parent its
+// state), under the directory's lock, and returns the directory's attributes after it.
+func (v *volume) linkIn(fd, dirfd int, parent *unix.Stat_t, name string) (*proto.Attr, error) {
+	l := v.lockDirOf(dirfd, parent)
+	err := unix.Linkat(fd, "", dirfd, name, unix.AT_EMPTY_PATH)
+	return l.unlock(), err
 }
 
 // createPastMFC runs a CREATE and, if the namespace's MFC refused it
@@ -234,14 +241,9 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 	}
 	// Its times are its creation's, as the caller was told (now), not its reservation's.
 	futimensNow(st.fd)
-	l := v.lockDirOf(dirfd, &parent)
-	err := unix.Linkat(st.fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
-	dir := l.unlock()
+	dir, err := v.linkIn(st.fd, dirfd, &parent, r.Name)
 	if err != nil {
-		if errors.Is(err, syscall.EEXIST) {
-			return nil, nil, syscall.EEXIST
-		}
-		return nil, nil, errnoOf(err)
+		return nil, nil, errnoOf(err) // EEXIST: the name is taken
 	}
 	placed = true
 	v.acct.createDone(true)

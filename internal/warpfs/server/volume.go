@@ -845,9 +845,7 @@ func (v *volume) createObject(dirfd int, parent *unix.Stat_t, r *proto.CreateReq
 	v.own(t, parent, uid, gid, r.Mode)
 	v.tracker.Charge(usage.Footprint(&t.st)) // given back at its close if it is never linked (orphan)
 	h = v.newFile(fd, r.Flags, &t.st, true)
-	l := v.lockDirOf(dirfd, parent)
-	err = unix.Linkat(fd, "", dirfd, r.Name, unix.AT_EMPTY_PATH)
-	l.unlock()
+	_, err = v.linkIn(fd, dirfd, parent, r.Name)
 	if err == nil {
 		h.in.mu.Lock()
 		h.in.orphan = false
