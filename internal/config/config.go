@@ -495,6 +495,10 @@ type Mount struct {
 	// CreatesBehind is how many creates of files a mount may have on their way to the
 	// storage node after open(2) returned (in directories it made); 0 turns it off.
 	CreatesBehind int `toml:"creates_behind"`
+	// CreateWriteWait is how long a create that went behind waits for the new file's first
+	// write before it is sent, so that it can register the writer (no open, no close on
+	// the metadata server); 0 sends it at once.
+	CreateWriteWait Duration `toml:"create_write_wait"`
 }
 
 // Client is how commands (dw_wlm_cli, dwstat, spillway run) reach the controller.
@@ -672,6 +676,7 @@ func Defaults() Config {
 			WriteBehind:        Size(16 << 20),
 			UnlinksBehind:      32,
 			CreatesBehind:      32,
+			CreateWriteWait:    Duration(2 * time.Millisecond),
 			UnmountTimeout:     Duration(10 * time.Second),
 		},
 		Warpfs: Warpfs{
@@ -824,6 +829,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Mount.CreatesBehind < 0 {
 		problems = append(problems, "mount.creates_behind must be 0 (every create waits for the storage node) or more")
+	}
+	if w := c.Mount.CreateWriteWait.D(); w < 0 || w > time.Second {
+		problems = append(problems, "mount.create_write_wait must be between 0 (a create behind is sent at once) and 1s (each one waiting holds a slot of mount.creates_behind)")
 	}
 	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
 	positive("stage.poll_interval", int64(c.Stage.PollInterval))

@@ -324,6 +324,7 @@ func MountLimits(cfg config.Config) mount.Limits {
 		WriteBehind:        writeBehind(cfg.Mount.WriteBehind),
 		UnlinksBehind:      unlinksBehind(cfg.Mount.UnlinksBehind),
 		CreatesBehind:      unlinksBehind(cfg.Mount.CreatesBehind),
+		CreateWriteWait:    createWriteWait(cfg.Mount.CreateWriteWait.D()),
 		Lease:              leaseOf(cfg),
 	}
 }
@@ -351,6 +352,15 @@ func unlinksBehind(n int) int {
 		return -1
 	}
 	return n
+}
+
+// createWriteWait is mount.create_write_wait as package mount takes it: 0 (none) is negative
+// there.
+func createWriteWait(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 // writeBehind is mount.write_behind as package mount takes it: 0 (off) is negative there.

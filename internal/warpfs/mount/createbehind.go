@@ -27,7 +27,8 @@ package mount
 // window, already), opened without O_APPEND, O_DIRECT, O_SYNC or O_DSYNC. Its first write,
 // fsync, setattr or new open waits for the PLACE; close does not (nothing to flush). The
 // PLACE opens nothing on the metadata server: the handle is opened there by name when it
-// needs to be (materialize, as a lazy open's), so a file closed unwritten costs no RELEASE. A PLACE that fails anyway (a disk error) is logged, the name
+// needs to be (materialize, as a lazy open's), so a file closed unwritten costs no RELEASE;
+// a file written at once is opened by its PLACE, held back for that (placement). A PLACE that fails anyway (a disk error) is logged, the name
 // dropped from the kernel and the listing, and the open handle's next operation returns the
 // error. A PLACE lost with its connection is made again as a plain CREATE (which finds the
 // file if the PLACE had landed); should that give another inode number, the kernel is told
@@ -48,9 +49,35 @@ import (
 
 // placement is a create behind on its way: done is closed when the storage node answered,
 // errno then its answer (0: the file has its name there).
+//
+// Its PLACE waits, at most Limits.CreateWriteWait (2 ms: an application that creates a file
+// writes it at once), for the first of: its creator's first write (then the PLACE opens the
+// file for the creator's handle, PlaceReq.Writer, so its writes need no OPEN on the
+// metadata server, and its size report at close releases it, so no RELEASE either: an
+// mdtest-hard file is three requests, not five), the file's close, any other request about
+// the file, and a request of this mount's or another node's that must find the directory's
+// creates landed (settleUnlinks, through pendingUnlinks.hurry). Each of those calls hurry.
 type placement struct {
 	done  chan struct{}
 	errno syscall.Errno
+
+	creator *fileHandle
+	mu      sync.Mutex
+	go_     chan struct{} // closed (once: sent) to send the PLACE now
+	sent    bool          // go_ is closed
+	writer  bool          // the PLACE opens the file for creator (its first write came first)
+}
+
+// hurry sends the PLACE now, opening the file for its creator's handle if writer, unless
+// it is sent already.
+func (p *placement) hurry(writer bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.sent {
+		p.writer = p.writer || writer
+		p.sent = true
+		close(p.go_)
+	}
 }
 
 // placed waits until n, if it was created behind, has landed on the storage node, and
@@ -60,16 +87,28 @@ func (n *node) placed() syscall.Errno {
 	if p == nil {
 		return 0
 	}
+	p.hurry(false)
 	<-p.done // bounded by the request timeout
 	return p.errno
 }
 
-// placedYet says whether n's create behind, if any, has been answered, and how.
+// placedAsWriter is placed for a write through h: if h is the handle the create behind
+// answered with and its PLACE has not left yet, the PLACE opens the file for h.
+func (n *node) placedAsWriter(h *fileHandle) syscall.Errno {
+	if p := n.placing.Load(); p != nil && p.creator == h {
+		p.hurry(true)
+	}
+	return n.placed()
+}
+
+// placedYet says whether n's create behind, if any, has been answered, and how; its PLACE
+// leaves now if it had not.
 func (n *node) placedYet() (bool, syscall.Errno) {
 	p := n.placing.Load()
 	if p == nil {
 		return true, 0
 	}
+	p.hurry(false)
 	select {
 	case <-p.done:
 		return true, p.errno
@@ -289,6 +328,10 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 	if n.unlinks.n == 0 {
 		n.unlinks.done = make(chan struct{})
 	}
+	if n.unlinks.hurry == nil {
+		n.unlinks.hurry = make(chan struct{})
+	}
+	hurry := n.unlinks.hurry
 	n.unlinks.n++
 	n.mu.Unlock()
 
@@ -312,14 +355,15 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 		return nil, nil, 0, false
 	}
 	child.madeHere.Store(true)
-	p := &placement{done: make(chan struct{})}
-	child.placing.Store(p)
 	// Its handle is opened on the metadata server only when it needs one (a write, fsync,
-	// truncate: materialize), as a lazy open's: the PLACE opens nothing.
+	// truncate: materialize), as a lazy open's: the PLACE opens nothing — unless the first
+	// write comes before the PLACE leaves: the PLACE opens it then (placement).
 	h := child.addHandle(0, 0, flags&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_TRUNC))
 	h.mu.Lock()
 	h.lazy, h.uid, h.gid = true, uid, gid
 	h.mu.Unlock()
+	p := &placement{done: make(chan struct{}), go_: make(chan struct{}), creator: h}
+	child.placing.Store(p)
 
 	req := &proto.PlaceReq{Stub: ino, CreateReq: proto.CreateReq{Dir: n.path(), Name: name, Flags: flags | syscall.O_EXCL, Mode: mode}}
 	route := n.in()
@@ -327,12 +371,37 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 	go func() {
 		defer be.creating.Done()
 		defer func() { <-be.createSlots }()
+		wait := time.NewTimer(be.placeDelay)
+		select {
+		case <-p.go_:
+		case <-hurry:
+		case <-wait.C:
+		}
+		wait.Stop()
+		p.mu.Lock()
+		if !p.sent {
+			p.sent = true
+			close(p.go_)
+		}
+		req.Writer = p.writer && !be.noPlacedWriters.Load()
+		p.mu.Unlock()
 		epoch := ls.sizeEpoch()
 		var rep proto.OpenReply
 		call := &client.Call{Op: proto.OpPlace, UID: uid, GID: gid, Req: req, Reply: &rep, Route: route, Gen: gen, MinVersion: proto.StubVersion}
+		if req.Writer {
+			call.MinVersion = proto.PlacedWriterVersion
+		}
 		ctx, cancel := be.opCtx(context.Background())
 		defer cancel()
 		errno := be.client.Do(ctx, call)
+		if errno == syscall.EPROTONOSUPPORT && req.Writer {
+			// A storage node of the version before: placed as before, its first write opens it.
+			be.noPlacedWriters.Store(true)
+			req.Writer = false
+			rep = proto.OpenReply{}
+			call = &client.Call{Op: proto.OpPlace, UID: uid, GID: gid, Req: req, Reply: &rep, Route: route, Gen: gen, MinVersion: proto.StubVersion}
+			errno = be.client.Do(ctx, call)
+		}
 		if errno == syscall.ESTALE || errno == syscall.EIO || errno == syscall.EPROTONOSUPPORT {
 			// The file made ahead went with its connection (or the PLACE was lost with it,
 			// perhaps after it landed): the file is made, or found, by a plain CREATE.
@@ -356,6 +425,11 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 			h.mu.Lock()
 			h.lazy = rep.Handle == 0 // a plain CREATE's reply opened it
 			h.mu.Unlock()
+			if errno == 0 && rep.Handle != 0 && call.Op == proto.OpPlace {
+				h.writing.Lock()
+				h.closeByReport = true
+				h.writing.Unlock()
+			}
 		}
 		if errno != 0 {
 			be.logf("warpfs: the create of %s (returned to its caller already) failed on the storage node: %v; the name is dropped", req.Dir+"/"+name, errno)

@@ -65,14 +65,20 @@ func createPair(t *testing.T, rs *restartableServer) (src string, a, b *Mounted,
 }
 
 // readyToCreateBehind makes directory dir on a and two files in it (the second asks the
-// storage node for files made ahead), and waits until a holds some.
+// storage node for files made ahead), and waits until a holds some for dir.
 func readyToCreateBehind(t *testing.T, a *Mounted, dir string) {
 	t.Helper()
 	makeFiles(t, dir, "first", "second")
+	ino := inode(t, dir)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
+		held := 0
 		a.backend.stubs.mu.Lock()
-		held := a.backend.stubs.held
+		for key, b := range a.backend.stubs.batches {
+			if key.dir == ino {
+				held += len(b.inos)
+			}
+		}
 		a.backend.stubs.mu.Unlock()
 		if held > 0 {
 			return
@@ -164,6 +170,51 @@ func TestCreateBehindThenWrite(t *testing.T) {
 	}
 	if st, err := os.Stat(filepath.Join(src, "w", "data")); err != nil || st.Mode().Perm() != 0o640 {
 		t.Fatalf("the server's w/data: %v %v, want mode 0640", st, err)
+	}
+}
+
+// A file created behind is written through the handle its PLACE opened, not by its name:
+// another node that renames it between two writes and the close finds all of it under its
+// new name, and one that removes it leaves the writer's close a success.
+func TestCreateBehindWrittenWhileAnotherNodeMovesIt(t *testing.T) {
+	_, a, b, _, _ := createPair(t, nil)
+	first, second := bytes.Repeat([]byte("a"), 3000), bytes.Repeat([]byte("b"), 5000)
+	// write creates dir/name on a (behind), writes first, runs between, writes second, closes.
+	write := func(dir, name string, between func()) error {
+		readyToCreateBehind(t, a, filepath.Join(a.Path(), dir))
+		behind := a.backend.createsBehind.Load()
+		f, err := os.OpenFile(filepath.Join(a.Path(), dir, name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		if a.backend.createsBehind.Load() != behind+1 {
+			t.Fatalf("the create of %s/%s did not go behind", dir, name)
+		}
+		if _, err := f.Write(first); err != nil {
+			return err
+		}
+		between()
+		if _, err := f.Write(second); err != nil {
+			return err
+		}
+		return f.Close()
+	}
+	if err := write("m", "moved", func() {
+		if err := os.Rename(filepath.Join(b.Path(), "m", "moved"), filepath.Join(b.Path(), "m", "there")); err != nil {
+			t.Fatal(err)
+		}
+	}); err != nil {
+		t.Fatalf("writing a file another node renamed meanwhile: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(b.Path(), "m", "there")); err != nil || !bytes.Equal(got, append(first, second...)) {
+		t.Errorf("b reads %d bytes of the renamed file (%v), want %d", len(got), err, len(first)+len(second))
+	}
+	if err := write("r", "removed", func() {
+		if err := os.Remove(filepath.Join(b.Path(), "r", "removed")); err != nil {
+			t.Fatal(err)
+		}
+	}); err != nil {
+		t.Errorf("writing a file another node removed meanwhile: %v, want success (it is open)", err)
 	}
 }
 
@@ -295,6 +346,54 @@ func TestCreatesBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
 				t.Error("no create went behind")
 			}
 			landed(t, a, filepath.Join(src, "d"), names)
+		})
+	}
+}
+
+// Files created behind and written at once — the PLACE opens each for its write, the size
+// report at close releases that handle — with the storage agent stopped at any moment and
+// started again: every file whose close returned holds all its data, as another node reads
+// it, and removing every file leaves no object on the stripe servers (where a file's objects
+// are was recorded, or is unknown and looked for on every server).
+func TestCreatesBehindWrittenSurviveAServerStopAtAnyMoment(t *testing.T) {
+	data := bytes.Repeat([]byte("spillway"), 488) // 3904 bytes: mdtest-hard's size, about
+	for step := 0; step < 6; step++ {
+		t.Run(fmt.Sprintf("after %d ms", 15*step), func(t *testing.T) {
+			rs := newRestartableServer(t, "written")
+			src, a, b, proxy, _ := createPair(t, rs)
+			dir := filepath.Join(a.Path(), "d")
+			readyToCreateBehind(t, a, dir)
+			var all []string
+			for i := 0; i < 24; i++ {
+				all = append(all, fmt.Sprintf("f%d", i))
+			}
+			proxy.slow(10 * time.Millisecond)
+			names := acrossRestart(t, rs, time.Duration(15*step)*time.Millisecond, all, func(name string) error {
+				return os.WriteFile(filepath.Join(dir, name), data, 0o644)
+			})
+			proxy.slow(0)
+			if a.backend.createsBehind.Load() == 0 {
+				t.Error("no create went behind")
+			}
+			landed(t, a, filepath.Join(src, "d"), names)
+			for _, n := range names {
+				if got, err := os.ReadFile(filepath.Join(b.Path(), "d", n)); err != nil || !bytes.Equal(got, data) {
+					t.Errorf("%s, written and closed on a: b reads %d bytes (%v), want %d", n, len(got), err, len(data))
+				}
+			}
+			for _, n := range all {
+				if err := os.Remove(filepath.Join(b.Path(), "d", n)); err != nil && !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("removing %s: %v", n, err)
+				}
+			}
+			for _, sd := range stripeDirs(src) {
+				filepath.WalkDir(sd, func(p string, d os.DirEntry, err error) error {
+					if err == nil && d.Type().IsRegular() {
+						t.Errorf("object %s left after every file was removed", p)
+					}
+					return nil
+				})
+			}
 		})
 	}
 }

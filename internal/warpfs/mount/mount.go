@@ -230,6 +230,10 @@ type Limits struct {
 	// mount made and nobody else has looked in since. Default 32; negative turns it off
 	// (every create waits for the server).
 	CreatesBehind int
+	// CreateWriteWait is how long a create behind waits for the new file's first write
+	// before its PLACE is sent, to register the writer (createbehind.go, placement).
+	// Default 2ms; negative sends it at once.
+	CreateWriteWait time.Duration
 
 	// ProbeTimeout bounds the stat of a mount path before mounting or unmounting: a mount
 	// whose server does not answer within it is treated as hung and aborted. Default 5s.
@@ -278,6 +282,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.CreatesBehind == 0 {
 		l.CreatesBehind = 32
+	}
+	if l.CreateWriteWait == 0 {
+		l.CreateWriteWait = 2 * time.Millisecond
 	}
 	defInt(&l.PreferredIOSize, kernelMaxRequest)
 	def(&l.ProbeTimeout, 5*time.Second)
@@ -989,6 +996,7 @@ func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 		maxFileSize: spec.MaxFileSize,
 		unlinkSlots: unlinkSlots(l),
 		createSlots: createSlots(l),
+		placeDelay:  max(l.CreateWriteWait, 0),
 		log:         logger,
 	}, nil
 }

@@ -85,6 +85,12 @@ type backend struct {
 	creating      sync.WaitGroup
 	createsBehind atomic.Int64 // sent behind, all told
 	createsFailed atomic.Int64
+	// noPlacedWriters: a storage node refused a PLACE registering its writer (an older
+	// version); creates behind are placed without it from then on.
+	noPlacedWriters atomic.Bool
+	// placeDelay is how long a create behind's PLACE waits for the file's first write
+	// (Limits.CreateWriteWait; placement).
+	placeDelay time.Duration
 	// lease is how long the storage node leases what it gives (0: it leases nothing).
 	lease time.Duration
 	log   *log.Logger
@@ -1211,6 +1217,16 @@ type fileHandle struct {
 	lazy     bool
 	uid, gid uint32
 
+	// closeByReport says the handle is the one the PLACE of the file's create behind opened
+	// for its first write (proto.PlaceReq.Writer): its size report at close releases it on
+	// the metadata server in the same request (sendReport, proto.SetattrReq.Release), and
+	// it is lazy again after. A write holds writing (read) from its look at the handle
+	// (materialize) until its pieces are queued; that report holds it (write) until it is
+	// answered, so that it names every server the handle's writes made objects on, and a
+	// write after it opens the file again.
+	writing       sync.RWMutex
+	closeByReport bool
+
 	// striped is set for a file of a striped instance, whose data is in stripe objects.
 	striped *stripedFile
 	// behind carries the handle's writes after write(2) returned (writebehind.go); nil:
@@ -1376,7 +1392,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	h.node.be.writes.Add(1)
-	if errno := h.node.placed(); errno != 0 {
+	if errno := h.node.placedAsWriter(h); errno != 0 {
 		return 0, errno
 	}
 	h.node.notMadeHere() // it holds data: its removal frees space, which waits

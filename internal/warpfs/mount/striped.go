@@ -406,6 +406,8 @@ func (h *fileHandle) writeStriped(ctx context.Context, data []byte, off int64) (
 	be := h.node.be
 	// A writer is registered on the metadata server before its first object changes (its
 	// stub's record of the servers holding objects turns unknown).
+	h.writing.RLock()
+	defer h.writing.RUnlock()
 	if errno := h.materialize(ctx); errno != 0 {
 		return 0, errno
 	}
@@ -557,12 +559,26 @@ func (h *fileHandle) reportSize(ctx context.Context) syscall.Errno {
 // requests.
 func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, errno syscall.Errno) {
 	sf := h.striped
+	// The handle a PLACE opened releases itself with its report at close (not an fsync's),
+	// saying where it made objects: no write goes on meanwhile (writing), and those queued
+	// before have landed.
+	closing := false
+	if !sync {
+		h.writing.Lock()
+		if closing = h.closeByReport; closing {
+			defer h.writing.Unlock()
+			h.closeByReport = false
+			h.settle() // a piece that failed was its write's or the close's to report
+		} else {
+			h.writing.Unlock()
+		}
+	}
 	sf.mu.Lock()
 	report, extent := sf.report, sf.extent
 	sf.report = false
 	sf.mu.Unlock()
 	if !report {
-		return false, 0
+		return false, 0 // a handle not released here is released by Release
 	}
 	valid := uint32(proto.SetSizeAtLeast | proto.SetMtimeNow)
 	var minVersion uint16
@@ -577,9 +593,28 @@ func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, er
 	call := &client.Call{Op: proto.OpSetattr, UID: uid, GID: gid, Reply: &rep, MinVersion: minVersion}
 	ls := h.node.be.leases
 	tok := ls.startChange(h.node.StableAttr().Ino)
-	errno = h.do(ctx, call, func(id uint64) {
-		call.Req = &proto.SetattrReq{Handle: id, Valid: valid, Size: extent}
-	})
+	if closing {
+		objects := h.madeObjects()
+		call.MinVersion = proto.PlacedWriterVersion
+		errno = h.do(ctx, call, func(id uint64) {
+			call.Req = &proto.SetattrReq{Handle: id, Valid: valid, Size: extent, Release: true, Objects: objects}
+		})
+		if errno == 0 {
+			// Released there: the next request that needs the metadata server's handle
+			// opens the file again (materialize), as after a lazy open.
+			h.mu.Lock()
+			h.id, h.lazy = 0, true
+			h.mu.Unlock()
+		} else if errno == syscall.EPROTONOSUPPORT { // a storage node of the version before, restarted
+			call = &client.Call{Op: proto.OpSetattr, UID: uid, GID: gid, Reply: &rep}
+			closing = false
+		}
+	}
+	if !closing {
+		errno = h.do(ctx, call, func(id uint64) {
+			call.Req = &proto.SetattrReq{Handle: id, Valid: valid, Size: extent}
+		})
+	}
 	// The kernel dropped the file's attributes at its writes and asks for them at the next
 	// stat: this reply's, leased, answer it (leases.go, attrs).
 	var lease time.Duration

@@ -49,6 +49,9 @@ type pendingUnlinks struct {
 	n        int
 	removals int
 	done     chan struct{} // closed when n falls to 0; nil while none is pending
+	// hurry is closed to send at once the PLACEs of creates behind that wait for their
+	// creator's first write (placement); nil while none waits.
+	hurry chan struct{}
 }
 
 // unlinkBehind removes name from n without waiting for the storage node, and says whether it
@@ -155,6 +158,10 @@ func (n *node) unlinkBehind(ctx context.Context, name string) bool {
 func (n *node) settleUnlinks() {
 	n.mu.Lock()
 	done := n.unlinks.done
+	if n.unlinks.hurry != nil {
+		close(n.unlinks.hurry) // creates behind waiting for a first write leave now
+		n.unlinks.hurry = nil
+	}
 	n.mu.Unlock()
 	if done != nil {
 		<-done // each is bounded by the request timeout

@@ -285,6 +285,12 @@ type SetattrReq struct {
 	UID, GID     uint32
 	Size         uint64
 	Atime, Mtime Timespec
+	// Release (PlacedWriterVersion on), on a request naming a handle, releases the handle
+	// once the change is made, as a RELEASE with Objects would (HandleReq): a striped file's
+	// writer's size report at close and the release after it in one request. The handle
+	// stays open if the change fails.
+	Release bool
+	Objects []byte
 }
 
 func (m *SetattrReq) Encode(e *Enc) {
@@ -297,6 +303,9 @@ func (m *SetattrReq) Encode(e *Enc) {
 	e.U64(m.Size)
 	m.Atime.Encode(e)
 	m.Mtime.Encode(e)
+	if m.Release { // a trailing field: sent only to servers of PlacedWriterVersion on
+		e.Bytes(m.Objects)
+	}
 }
 
 func (m *SetattrReq) Decode(d *Dec) {
@@ -304,6 +313,10 @@ func (m *SetattrReq) Decode(d *Dec) {
 	m.Handle, m.Valid, m.Mode, m.UID, m.GID, m.Size = d.U64(), d.U32(), d.U32(), d.U32(), d.U32(), d.U64()
 	m.Atime.Decode(d)
 	m.Mtime.Decode(d)
+	if len(d.B) > 0 {
+		m.Release = true
+		m.Objects = d.Bytes(MaxObjects)
+	}
 }
 
 // AttrReply carries a node's attributes.
@@ -602,13 +615,35 @@ func (m *ReserveReply) Decode(d *Dec) {
 
 // PlaceReq creates file Name in Dir (PLACE) from the reserved file Stub (its inode number):
 // as a CREATE with O_EXCL, Flags the open's, Mode the one the RESERVE was asked.
+//
+// Writer (PlacedWriterVersion on) opens the file for its creator's writes, as a CREATE
+// does (OpenReply.Handle): a mount whose create went behind and whose first write came
+// before its PLACE left then needs no OPEN. A PLACE carries no CacheRef (cache namespaces
+// take none).
 type PlaceReq struct {
 	Stub uint64
 	CreateReq
+	Writer bool
 }
 
-func (m *PlaceReq) Encode(e *Enc) { e.U64(m.Stub); m.CreateReq.Encode(e) }
-func (m *PlaceReq) Decode(d *Dec) { m.Stub = d.U64(); m.CreateReq.Decode(d) }
+func (m *PlaceReq) Encode(e *Enc) {
+	e.U64(m.Stub)
+	e.Str(m.Dir)
+	e.Str(m.Name)
+	e.U32(m.Flags)
+	e.U32(m.Mode)
+	if m.Writer { // a trailing field: sent only to servers of PlacedWriterVersion on
+		e.U8(1)
+	}
+}
+func (m *PlaceReq) Decode(d *Dec) {
+	m.Stub = d.U64()
+	m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxName)
+	m.Flags, m.Mode = d.U32(), d.U32()
+	if len(d.B) > 0 {
+		m.Writer = d.U8() == 1
+	}
+}
 
 // MkdirReq creates a directory (MKDIR) or a special file (MKNOD, with Rdev).
 type MkdirReq struct {

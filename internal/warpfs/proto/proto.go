@@ -76,7 +76,7 @@ const Magic uint32 = 0x53505746
 // Versions this package speaks. A peer picks the highest both support.
 const (
 	MinVersion uint16 = 3
-	MaxVersion uint16 = 9
+	MaxVersion uint16 = 10
 )
 
 // LeaseVersion is the first version whose servers grant leases and send invalidations
@@ -109,6 +109,12 @@ const WriteSyncVersion uint16 = 8
 // mount may answer creates with before the server acts (its creates behind), and the
 // create that gives one its name.
 const StubVersion uint16 = 9
+
+// PlacedWriterVersion is the first version whose servers take a PLACE that opens the new
+// file for its writer (PlaceReq.Writer) and a size report that releases its handle
+// (SetattrReq.Release): a file created behind, written and closed at once costs no OPEN and
+// no RELEASE on the metadata server.
+const PlacedWriterVersion uint16 = 10
 
 // Sizes and limits of the protocol.
 const (

@@ -71,6 +71,8 @@ func samples() []struct {
 		{OpReserve, false, &ReserveReq{Dir: "d/e", Mode: 0o644, Count: 32}},
 		{OpReserve, true, &ReserveReply{Attr: Attr{Ino: 9, Mode: 0o100644, UID: 5, GID: 6}, Inos: []uint64{9, 10, 1 << 40}}},
 		{OpPlace, false, &PlaceReq{Stub: 1 << 40, CreateReq: CreateReq{Dir: "d", Name: "n", Flags: 0o301, Mode: 0o644}}},
+		{OpPlace, false, &PlaceReq{Stub: 1 << 40, CreateReq: CreateReq{Dir: "d", Name: "n", Flags: 0o301, Mode: 0o644}, Writer: true}},
+		{OpSetattr, false, &SetattrReq{Handle: 9, Valid: SetSizeAtLeast | SetMtimeNow, Size: 3901, Release: true, Objects: []byte{0b0100}}},
 		{OpFsync, false, &FsyncReq{Handle: 1, Flags: 1}},
 		{OpFallocate, false, &FallocateReq{Handle: 1, Offset: 2, Length: 3, Mode: 1}},
 		{OpLseek, false, &LseekReq{Handle: 1, Offset: 2, Whence: 3}},

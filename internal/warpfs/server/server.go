@@ -1039,12 +1039,21 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		defer s.put(hd)
 		return attrReply(v.getattr(r.Path, hd))
 	case *proto.SetattrReq:
+		if r.Release && r.Handle == 0 {
+			return nil, 0, syscall.EINVAL // only a handle is released
+		}
 		hd, errno := optional(r.Handle)
 		if errno != 0 {
 			return nil, 0, errno
 		}
 		defer s.put(hd)
-		return attrReply(v.setattr(r, hd, uid))
+		a, errno := v.setattr(r, hd, uid)
+		if errno == 0 && r.Release {
+			// A writer's size report at close and its RELEASE in one (proto.SetattrReq).
+			hd.noteReported(r.Objects)
+			s.release(r.Handle)
+		}
+		return attrReply(a, errno)
 	case *proto.OpenReq:
 		return opened(v.openFile(r.Path, r.Flags))
 	case *proto.CreateReq:

@@ -112,10 +112,10 @@ func newFileID() uint64 {
 }
 
 // layoutFor gives a regular file just created under a directory of a striped namespace its
-// layout; nothing in an unstriped one. empty says the file is not opened for writing as it
-// is made: its record says it has no objects (otherwise it has none, unknown, until its
-// writer closes).
-func (v *volume) layoutFor(fd, dirfd int, empty bool) (stripe.Layout, bool, syscall.Errno) {
+// layout; nothing in an unstriped one. rec is the record of its objects: noObjects() when
+// the file is not opened for writing as it is made, nil (none, unknown, until its writer
+// closes) when it is.
+func (v *volume) layoutFor(fd, dirfd int, rec []byte) (stripe.Layout, bool, syscall.Errno) {
 	if !v.striped {
 		inheritKept(fd, dirfd)
 		return stripe.Layout{}, false, 0
@@ -125,10 +125,6 @@ func (v *volume) layoutFor(fd, dirfd int, empty bool) (stripe.Layout, bool, sysc
 		dir = v.rootLayout
 	}
 	l := dir.ForFile(newFileID())
-	var rec []byte
-	if empty {
-		rec = objectsRecord(nil, true)
-	}
 	return l, true, writeStub(fd, l, rec)
 }
 
@@ -146,7 +142,7 @@ func (v *volume) createStub(dirfd int, parent *unix.Stat_t, r *proto.CreateReq, 
 	// A regular file: own stats it (after its owner is set), no need to before.
 	t := &target{fd: fd, real: true, st: unix.Stat_t{Mode: syscall.S_IFREG}}
 	v.own(t, parent, uid, gid, r.Mode)
-	layout, _, errno := v.layoutFor(fd, dirfd, !writes(r.Flags) && r.Flags&unix.O_TRUNC == 0)
+	layout, _, errno := v.layoutFor(fd, dirfd, recordFor(r.Flags))
 	if errno != 0 {
 		unix.Close(fd)
 		return nil, proto.Attr{}, false, errno
@@ -277,6 +273,15 @@ func decodeObjects(rec []byte) (set []byte, known bool) {
 		return nil, false
 	}
 	return append([]byte{}, rec[1:]...), true
+}
+
+// recordFor is the record of the objects of a file just made and opened with flags: none,
+// known, unless it is opened for writing.
+func recordFor(flags uint32) []byte {
+	if writes(flags) || flags&unix.O_TRUNC != 0 {
+		return nil
+	}
+	return objectsRecord(nil, true)
 }
 
 func objectsRecord(set []byte, known bool) []byte {

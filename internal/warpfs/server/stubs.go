@@ -196,8 +196,10 @@ func (s *session) closeStubs() {
 // opens nothing — the reply's handle is 0, and its client opens the file when it first needs
 // a handle of the metadata server (a write, fsync, truncate), by name, as after an open it
 // made without asking (package mount, openLazily). A file created and closed unwritten (most
-// of mdtest's, marker files) then costs no open and no RELEASE here. ESTALE: the session has
-// no such stub (it was reserved on an earlier connection); the caller creates the file anew.
+// of mdtest's, marker files) then costs no open and no RELEASE here. With r.Writer (its
+// creator wrote before the PLACE left) it opens the file for writing, as a CREATE does: a
+// handle past the session's open files leaves the reply's 0. ESTALE: the session has no
+// such stub (it was reserved on an earlier connection); the caller creates the file anew.
 func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.OpenReply, *proto.Attr, syscall.Errno) {
 	if v.readOnly {
 		return nil, nil, syscall.EROFS
@@ -212,7 +214,12 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 	if !ok {
 		return nil, nil, syscall.ESTALE
 	}
-	defer unix.Close(st.fd)
+	kept := false // the stub's descriptor became a handle's
+	defer func() {
+		if !kept {
+			unix.Close(st.fd)
+		}
+	}()
 	placed := false
 	defer func() {
 		if !placed {
@@ -235,7 +242,11 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 		return nil, nil, syscall.EXDEV // made in another directory: its inheritance is that one's
 	}
 	// Not open for writing here: its record says it has no objects, until a writer opens it.
-	layout, _, errno := v.layoutFor(st.fd, dirfd, true)
+	rec := recordFor(0)
+	if r.Writer {
+		rec = recordFor(r.Flags)
+	}
+	layout, _, errno := v.layoutFor(st.fd, dirfd, rec)
 	if errno != 0 {
 		return nil, nil, errno
 	}
@@ -252,7 +263,18 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 		return nil, nil, errnoOf(err)
 	}
 	v.tracker.Charge(usage.Footprint(&fst)) // its layout's attribute, if it takes a block
-	return &proto.OpenReply{Attr: toAttr(&fst), Layout: layout.Encode()}, dir, 0
+	rep := &proto.OpenReply{Attr: toAttr(&fst), Layout: layout.Encode()}
+	if r.Writer && writes(r.Flags) {
+		kept = true
+		hd, a, errno := v.finishOpenStat(st.fd, &fst, r.Flags, false, nil, 0, 0, 0, &layout)
+		if errno != 0 {
+			return rep, dir, 0 // placed: its first write opens it
+		}
+		if id, errno := s.add(hd); errno == 0 {
+			rep.Handle, rep.Attr = id, a
+		}
+	}
+	return rep, dir, 0
 }
 
 // futimensNow sets the times of the file open as fd to now: futimens(2), which x/sys/unix

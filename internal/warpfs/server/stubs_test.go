@@ -219,3 +219,86 @@ func TestReservedFilesYieldToOpens(t *testing.T) {
 		t.Errorf("%d files opened before EMFILE with a limit of 3 and 3 files made ahead, want 3", opened)
 	}
 }
+
+// A PLACE whose creator wrote before it left opens the file for writing (PlaceReq.Writer),
+// as a CREATE does; the writer's size report at close may release that handle in the same
+// request (SetattrReq.Release), saying where its objects are, as a RELEASE would: the record
+// is then known. A report that fails keeps the handle.
+func TestPlaceOpensForItsWriter(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute, and stubs are chowned: root only")
+	}
+	f := newFixture(t, Limits{})
+	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
+	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	var res proto.ReserveReply
+	if errno := do(c, proto.OpReserve, &proto.ReserveReq{Mode: 0o644, Count: 2}, &res); errno != 0 || len(res.Inos) != 2 {
+		t.Fatalf("RESERVE: %v, %d files", errno, len(res.Inos))
+	}
+	place := func(stub uint64, name string, flags uint32) proto.OpenReply {
+		t.Helper()
+		var rep proto.OpenReply
+		req := &proto.PlaceReq{Stub: stub, Writer: true, CreateReq: proto.CreateReq{Name: name, Flags: flags | syscall.O_CREAT | syscall.O_EXCL, Mode: 0o644}}
+		if errno := do(c, proto.OpPlace, req, &rep); errno != 0 {
+			t.Fatalf("PLACE of %s for its writer: %v", name, errno)
+		}
+		return rep
+	}
+	record := func(name string) (stripe.Layout, []byte, bool) {
+		t.Helper()
+		buf := make([]byte, 256)
+		n, err := unix.Lgetxattr(filepath.Join(f.dir, name), LayoutXattr, buf)
+		l, rec, ok := decodeStub(buf[:max(n, 0)], err)
+		if !ok {
+			t.Fatalf("%s has no stub: %v", name, err)
+		}
+		objects, known := decodeObjects(rec)
+		return l, objects, known
+	}
+	report := func(handle, size uint64, release bool) (proto.Attr, syscall.Errno) {
+		var rep proto.AttrReply
+		req := &proto.SetattrReq{Handle: handle, Valid: proto.SetSizeAtLeast | proto.SetMtimeNow, Size: size, Release: release, Objects: []byte{0b0100}}
+		errno := do(c, proto.OpSetattr, req, &rep)
+		return rep.Attr, errno
+	}
+
+	w := place(res.Inos[0], "w", syscall.O_WRONLY)
+	if w.Handle == 0 {
+		t.Fatal("PLACE for its writer opened nothing")
+	}
+	if _, objects, known := record("w"); known {
+		t.Errorf("a file open for writing has its objects recorded as known (%v): want unknown until its writer closes", objects)
+	}
+	if _, errno := report(0, 1, true); errno != syscall.EINVAL {
+		t.Errorf("a report releasing no handle: %v, want EINVAL", errno)
+	}
+	if _, errno := report(w.Handle, 1<<63, true); errno != syscall.EFBIG {
+		t.Errorf("a report past the largest size: %v, want EFBIG", errno)
+	}
+	before := time.Now().Add(-50 * time.Millisecond)
+	a, errno := report(w.Handle, 3901, true) // the failed one kept the handle
+	if errno != 0 || a.Size != 3901 {
+		t.Fatalf("the writer's report at close: %v, size %d; want 3901", errno, a.Size)
+	}
+	if l, objects, known := record("w"); l.Length != 3901 || !known || len(objects) != 1 || objects[0] != 0b0100 {
+		t.Errorf("after the report that released the handle: length %d, objects %v known %v; want 3901, [0b0100] known", l.Length, objects, known)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(f.dir, "w"), &st); err != nil || time.Unix(st.Mtim.Unix()).Before(before) {
+		t.Errorf("mtime after the report %v (%v), want after %v", time.Unix(st.Mtim.Unix()), err, before)
+	}
+	if errno := do(c, proto.OpRelease, &proto.HandleReq{Handle: w.Handle}, nil); errno != syscall.EBADF {
+		t.Errorf("RELEASE of the handle the report released: %v, want EBADF", errno)
+	}
+
+	// Not opened for writing: nothing to open.
+	if r := place(res.Inos[1], "r", syscall.O_RDONLY); r.Handle != 0 {
+		t.Errorf("PLACE for its writer of a read-only open opened handle %d", r.Handle)
+	}
+	if _, objects, known := record("r"); !known || len(objects) != 0 {
+		t.Errorf("record of a file placed for a reader: %v known %v, want none, known", objects, known)
+	}
+}

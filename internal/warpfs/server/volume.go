@@ -897,7 +897,7 @@ func (v *volume) tmpfile(r *proto.CreateReq, uid, gid uint32) (*handle, proto.At
 		return nil, proto.Attr{}, errnoOf(err)
 	}
 	v.own(&target{fd: fd, real: true, st: st}, &parent, uid, gid, r.Mode)
-	l, striped, errno := v.layoutFor(fd, dirfd, false)
+	l, striped, errno := v.layoutFor(fd, dirfd, nil)
 	if errno != 0 {
 		unix.Close(fd)
 		return nil, proto.Attr{}, errno
@@ -1005,7 +1005,7 @@ func (v *volume) mknod(r *proto.MkdirReq, uid, gid uint32) (proto.Attr, syscall.
 		if err != nil {
 			return proto.Attr{}, errnoOf(err)
 		}
-		_, _, errno := v.layoutFor(fd, dirfd, true)
+		_, _, errno := v.layoutFor(fd, dirfd, recordFor(0))
 		unix.Close(fd)
 		if errno != 0 {
 			unix.Unlinkat(dirfd, r.Name, 0)
