@@ -459,6 +459,7 @@ func (n *node) truncateStriped(ctx context.Context, f fs.FileHandle, req proto.S
 		defer opened.Release(ctx)
 		h = opened
 	}
+	h.releaseAtLastClose()
 	if errno := h.materialize(ctx); errno != 0 { // a writer is registered before its objects change
 		return errno
 	}

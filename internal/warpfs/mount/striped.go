@@ -644,6 +644,16 @@ func (h *fileHandle) sendReport(ctx context.Context, sync bool) (synced bool, er
 	return errno == 0, errno
 }
 
+// releaseAtLastClose makes a handle its PLACE opened an ordinary one (closeByReport), before
+// a change of its objects outside a write (fallocate, truncate): such a change does not hold
+// writing, so the RELEASE at the last close, when nothing can change them any more, says
+// where they are.
+func (h *fileHandle) releaseAtLastClose() {
+	h.writing.Lock()
+	h.closeByReport = false
+	h.writing.Unlock()
+}
+
 // sizeReported tells this node's other handles of the file that it is now at least size
 // bytes long (a handle's size report).
 func (n *node) sizeReported(from *fileHandle, size uint64) {
@@ -784,6 +794,7 @@ func (h *fileHandle) allocateStriped(ctx context.Context, off, size uint64, mode
 	if mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0 {
 		return syscall.EOPNOTSUPP // they would move data across servers
 	}
+	h.releaseAtLastClose()
 	if errno := h.materialize(ctx); errno != 0 {
 		return errno
 	}
