@@ -327,27 +327,7 @@ func TestCreatesBehindLandBeforeAnAncestorMoves(t *testing.T) {
 // returned. (A create that waited for the server and lost its connection fails with EIO, as
 // before: it was not acknowledged.)
 func TestCreatesBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
-	for step := 0; step < 6; step++ {
-		t.Run(fmt.Sprintf("after %d ms", 15*step), func(t *testing.T) {
-			rs := newRestartableServer(t, "creates")
-			src, a, _, proxy, _ := createPair(t, rs)
-			dir := filepath.Join(a.Path(), "d")
-			readyToCreateBehind(t, a, dir)
-			var names []string
-			for i := 0; i < 24; i++ {
-				names = append(names, fmt.Sprintf("f%d", i))
-			}
-			proxy.slow(10 * time.Millisecond)
-			names = acrossRestart(t, rs, time.Duration(15*step)*time.Millisecond, names, func(name string) error {
-				return os.WriteFile(filepath.Join(dir, name), nil, 0o644)
-			})
-			proxy.slow(0)
-			if a.backend.createsBehind.Load() == 0 {
-				t.Error("no create went behind")
-			}
-			landed(t, a, filepath.Join(src, "d"), names)
-		})
-	}
+	createsAcrossRestarts(t, "creates", func(p string) error { return os.WriteFile(p, nil, 0o644) }, nil)
 }
 
 // Files created behind and written at once — the PLACE opens each for its write, the size
@@ -357,25 +337,8 @@ func TestCreatesBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
 // are was recorded, or is unknown and looked for on every server).
 func TestCreatesBehindWrittenSurviveAServerStopAtAnyMoment(t *testing.T) {
 	data := bytes.Repeat([]byte("spillway"), 488) // 3904 bytes: mdtest-hard's size, about
-	for step := 0; step < 6; step++ {
-		t.Run(fmt.Sprintf("after %d ms", 15*step), func(t *testing.T) {
-			rs := newRestartableServer(t, "written")
-			src, a, b, proxy, _ := createPair(t, rs)
-			dir := filepath.Join(a.Path(), "d")
-			readyToCreateBehind(t, a, dir)
-			var all []string
-			for i := 0; i < 24; i++ {
-				all = append(all, fmt.Sprintf("f%d", i))
-			}
-			proxy.slow(10 * time.Millisecond)
-			names := acrossRestart(t, rs, time.Duration(15*step)*time.Millisecond, all, func(name string) error {
-				return os.WriteFile(filepath.Join(dir, name), data, 0o644)
-			})
-			proxy.slow(0)
-			if a.backend.createsBehind.Load() == 0 {
-				t.Error("no create went behind")
-			}
-			landed(t, a, filepath.Join(src, "d"), names)
+	createsAcrossRestarts(t, "written", func(p string) error { return os.WriteFile(p, data, 0o644) },
+		func(t *testing.T, src string, b *Mounted, all, names []string) {
 			for _, n := range names {
 				if got, err := os.ReadFile(filepath.Join(b.Path(), "d", n)); err != nil || !bytes.Equal(got, data) {
 					t.Errorf("%s, written and closed on a: b reads %d bytes (%v), want %d", n, len(got), err, len(data))
@@ -393,6 +356,37 @@ func TestCreatesBehindWrittenSurviveAServerStopAtAnyMoment(t *testing.T) {
 					}
 					return nil
 				})
+			}
+		})
+}
+
+// createsAcrossRestarts creates 24 files d/f0… on node a with create (behind, through a link
+// slowed 10 ms a request) while the metadata server is stopped 0, 15, … 75 ms in and started
+// again, checks that every create that returned landed, and hands the rest to check (nil:
+// nothing more): the subtest, the server's directory, node b, all the names and those whose
+// create returned.
+func createsAcrossRestarts(t *testing.T, label string, create func(path string) error, check func(t *testing.T, src string, b *Mounted, all, names []string)) {
+	for step := 0; step < 6; step++ {
+		t.Run(fmt.Sprintf("after %d ms", 15*step), func(t *testing.T) {
+			rs := newRestartableServer(t, label)
+			src, a, b, proxy, _ := createPair(t, rs)
+			dir := filepath.Join(a.Path(), "d")
+			readyToCreateBehind(t, a, dir)
+			var all []string
+			for i := 0; i < 24; i++ {
+				all = append(all, fmt.Sprintf("f%d", i))
+			}
+			proxy.slow(10 * time.Millisecond)
+			names := acrossRestart(t, rs, time.Duration(15*step)*time.Millisecond, all, func(name string) error {
+				return create(filepath.Join(dir, name))
+			})
+			proxy.slow(0)
+			if a.backend.createsBehind.Load() == 0 {
+				t.Error("no create went behind")
+			}
+			landed(t, a, filepath.Join(src, "d"), names)
+			if check != nil {
+				check(t, src, b, all, names)
 			}
 		})
 	}

@@ -4,14 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"net"
-	"os"
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
-	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
 
 // A stub records which servers hold its objects: what its writers' RELEASEs said, once the
@@ -20,14 +16,7 @@ import (
 // writer has not closed yet; a stub never opened for writing has none. UNLINK and RENAME's
 // replies say so, to clients of ObjectsVersion on only.
 func TestStubRecordsItsObjects(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
-	}
-	f := newFixture(t, Limits{})
-	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
-	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
-		t.Fatal(err)
-	}
+	f := newStripedFixture(t, Limits{})
 	c := f.client()
 	create := func(name string, flags uint32) uint64 {
 		t.Helper()

@@ -17,19 +17,27 @@ import (
 	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 )
 
+// newStripedFixture is newFixture of a striped namespace (a layout of 4 servers on its
+// root), which needs root: its layout is a trusted extended attribute, its stubs chowned.
+func newStripedFixture(t *testing.T, lim Limits) *fixture {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a striped namespace's layout is a trusted extended attribute, and stubs are chowned: root only")
+	}
+	f := newFixture(t, lim)
+	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
+	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // Files made ahead (RESERVE) are nameless until a PLACE names one: as its reserver's create
 // would have made it, with the inode number RESERVE gave; only once, only in the directory it
 // was made in, only where the name is free, only for the mode it was made for. A session's
 // stubs never placed go with it.
 func TestReserveAndPlace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a striped namespace's layout is a trusted extended attribute, and stubs are chowned: root only")
-	}
-	f := newFixture(t, Limits{})
-	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
-	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
-		t.Fatal(err)
-	}
+	f := newStripedFixture(t, Limits{})
 	dir := filepath.Join(f.dir, "d")
 	if err := os.Mkdir(dir, 0o777); err != nil {
 		t.Fatal(err)
@@ -152,17 +160,10 @@ func TestReserveAndPlace(t *testing.T) {
 // their own session's creates: a CREATE past MFC while the session holds some takes the
 // admission of one (which is then gone).
 func TestReservedFilesYieldToCreatesAtMFC(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
-	}
-	f := newFixture(t, Limits{})
+	f := newStripedFixture(t, Limits{})
 	const mfc = 10
 	f.fragment = NewFragment(1, 1, FragmentLimits{}, nil)
 	f.fragment.Namespace(1).SetLimits(mfc, 0)
-	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
-	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
-		t.Fatal(err)
-	}
 	c := f.client()
 	var res proto.ReserveReply
 	if errno := do(c, proto.OpReserve, &proto.ReserveReq{Mode: 0o644, Count: 8}, &res); errno != 0 || len(res.Inos) != mfc/2 {
@@ -192,14 +193,7 @@ func TestReservedFilesYieldToCreatesAtMFC(t *testing.T) {
 // Files made ahead count with the session's open files, and give way to opens: past
 // warpfs.max_open_files an open drops the oldest rather than failing.
 func TestReservedFilesYieldToOpens(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
-	}
-	f := newFixture(t, Limits{MaxOpenFiles: 3})
-	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
-	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
-		t.Fatal(err)
-	}
+	f := newStripedFixture(t, Limits{MaxOpenFiles: 3})
 	c := f.client()
 	var res proto.ReserveReply
 	if errno := do(c, proto.OpReserve, &proto.ReserveReq{Mode: 0o644, Count: 8}, &res); errno != 0 || len(res.Inos) != 3 {
@@ -225,14 +219,7 @@ func TestReservedFilesYieldToOpens(t *testing.T) {
 // request (SetattrReq.Release), saying where its objects are, as a RELEASE would: the record
 // is then known. A report that fails keeps the handle.
 func TestPlaceOpensForItsWriter(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a striped namespace's layout is a trusted extended attribute, and stubs are chowned: root only")
-	}
-	f := newFixture(t, Limits{})
-	root := stripe.Layout{Size: 1 << 20, Width: 4, Servers: 4}
-	if err := unix.Setxattr(f.dir, LayoutXattr, root.Encode(), 0); err != nil {
-		t.Fatal(err)
-	}
+	f := newStripedFixture(t, Limits{})
 	c := f.client()
 	var res proto.ReserveReply
 	if errno := do(c, proto.OpReserve, &proto.ReserveReq{Mode: 0o644, Count: 2}, &res); errno != 0 || len(res.Inos) != 2 {
