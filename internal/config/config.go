@@ -496,8 +496,8 @@ type Mount struct {
 	// storage node after open(2) returned (in directories it made); 0 turns it off.
 	CreatesBehind int `toml:"creates_behind"`
 	// CreateWriteWait is how long a create that went behind waits for the new file's first
-	// write before it is sent, so that it can register the writer (no open, no close on
-	// the metadata server); 0 sends it at once.
+	// write before it is sent, so that the create opens the file for that write (no open,
+	// no release on the metadata server); 0 sends it at once.
 	CreateWriteWait Duration `toml:"create_write_wait"`
 }
 

@@ -231,8 +231,8 @@ type Limits struct {
 	// (every create waits for the server).
 	CreatesBehind int
 	// CreateWriteWait is how long a create behind waits for the new file's first write
-	// before its PLACE is sent, to register the writer (createbehind.go, placement).
-	// Default 2ms; negative sends it at once.
+	// before its PLACE is sent, so that the PLACE opens the file for it (createbehind.go,
+	// placement). Default 2ms; negative sends it at once.
 	CreateWriteWait time.Duration
 
 	// ProbeTimeout bounds the stat of a mount path before mounting or unmounting: a mount
