@@ -378,11 +378,8 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 		case <-wait.C:
 		}
 		wait.Stop()
+		p.hurry(false) // it leaves now: a first write from here on opens the file itself
 		p.mu.Lock()
-		if !p.sent {
-			p.sent = true
-			close(p.go_)
-		}
 		req.Writer = p.writer && !be.noPlacedWriters.Load()
 		p.mu.Unlock()
 		epoch := ls.sizeEpoch()

@@ -85,8 +85,8 @@ type backend struct {
 	creating      sync.WaitGroup
 	createsBehind atomic.Int64 // sent behind, all told
 	createsFailed atomic.Int64
-	// noPlacedWriters: a storage node refused a PLACE registering its writer (an older
-	// version); creates behind are placed without it from then on.
+	// noPlacedWriters: a storage node refused a PLACE opening the file for its writer (an
+	// older version); creates behind are placed without that from then on.
 	noPlacedWriters atomic.Bool
 	// placeDelay is how long a create behind's PLACE waits for the file's first write
 	// (Limits.CreateWriteWait; placement).

@@ -241,10 +241,13 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 	if keyOf(&parent) != st.dir {
 		return nil, nil, syscall.EXDEV // made in another directory: its inheritance is that one's
 	}
-	// Not open for writing here: its record says it has no objects, until a writer opens it.
+	// Opened for its creator's write (its first write came before the PLACE), as a CREATE
+	// does: the record of its objects unknown until that writer closes. Otherwise not open
+	// for writing here: its record says it has no objects, until a writer opens it.
+	writer := r.Writer && writes(r.Flags)
 	rec := recordFor(0)
-	if r.Writer {
-		rec = recordFor(r.Flags)
+	if writer {
+		rec = nil
 	}
 	layout, _, errno := v.layoutFor(st.fd, dirfd, rec)
 	if errno != 0 {
@@ -264,7 +267,7 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 	}
 	v.tracker.Charge(usage.Footprint(&fst)) // its layout's attribute, if it takes a block
 	rep := &proto.OpenReply{Attr: toAttr(&fst), Layout: layout.Encode()}
-	if r.Writer && writes(r.Flags) {
+	if writer {
 		kept = true
 		hd, a, errno := v.finishOpenStat(st.fd, &fst, r.Flags, false, nil, 0, 0, 0, &layout)
 		if errno != 0 {
