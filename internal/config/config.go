@@ -499,6 +499,10 @@ type Mount struct {
 	// write before it is sent, so that the create opens the file for that write (no open,
 	// no release on the metadata server); 0 sends it at once.
 	CreateWriteWait Duration `toml:"create_write_wait"`
+	// CreateWholeMax is the most a create behind's creator may write before the create is
+	// sent, for the create to carry the whole file (a small file written and closed at once
+	// is one request); 0 turns it off.
+	CreateWholeMax Size `toml:"create_whole_max"`
 }
 
 // Client is how commands (dw_wlm_cli, dwstat, spillway run) reach the controller.
@@ -677,6 +681,7 @@ func Defaults() Config {
 			UnlinksBehind:      32,
 			CreatesBehind:      32,
 			CreateWriteWait:    Duration(2 * time.Millisecond),
+			CreateWholeMax:     Size(64 << 10),
 			UnmountTimeout:     Duration(10 * time.Second),
 		},
 		Warpfs: Warpfs{
@@ -832,6 +837,9 @@ func (c *Config) Validate() error {
 	}
 	if w := c.Mount.CreateWriteWait.D(); w < 0 || w > time.Second {
 		problems = append(problems, "mount.create_write_wait must be between 0 (a create behind is sent at once) and 1s (each one waiting holds a slot of mount.creates_behind)")
+	}
+	if c.Mount.CreateWholeMax > 1<<20 {
+		problems = append(problems, "mount.create_whole_max must be between 0 (no file is placed whole) and 1MiB (one request's data)")
 	}
 	positive("stage.files_in_flight", int64(c.Stage.FilesInFlight))
 	positive("stage.poll_interval", int64(c.Stage.PollInterval))

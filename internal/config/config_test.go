@@ -186,6 +186,7 @@ func TestStoreEngineChoice(t *testing.T) {
 		"[store]\nengine = \"etcd\"\netcd_endpoints = [\"x\"]\n[controller]\naccounting_batch = 125\n": "controller.accounting_batch (125) must be at most store.etcd_max_txn_ops - 8",
 		"[controller]\naccounting_refresh_limit = -1\n":                                                "controller.accounting_refresh_limit must be 0 (no refresh) or more",
 		"[mount]\nunlinks_behind = -1\n":                                                               "mount.unlinks_behind must be 0 (every unlink waits for the storage node) or more",
+		"[mount]\ncreate_whole_max = \"2MiB\"\n":                                                       "mount.create_whole_max must be between 0 (no file is placed whole) and 1MiB (one request's data)",
 		"[mount]\ncreate_write_wait = \"2s\"\n":                                                        "mount.create_write_wait must be between 0 (a create behind is sent at once) and 1s (each one waiting holds a slot of mount.creates_behind)",
 		"[mount]\ncreates_behind = -1\n":                                                               "mount.creates_behind must be 0 (every create waits for the storage node) or more",
 		"[controller]\nmunge_connection_lifetime = \"-1s\"\n":                                          `line 2 (last key "controller.munge_connection_lifetime"): "-1s" is negative`,

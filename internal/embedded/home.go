@@ -325,6 +325,7 @@ func MountLimits(cfg config.Config) mount.Limits {
 		UnlinksBehind:      unlinksBehind(cfg.Mount.UnlinksBehind),
 		CreatesBehind:      unlinksBehind(cfg.Mount.CreatesBehind),
 		CreateWriteWait:    createWriteWait(cfg.Mount.CreateWriteWait.D()),
+		CreateWholeMax:     createWholeMax(cfg.Mount.CreateWholeMax),
 		Lease:              leaseOf(cfg),
 	}
 }
@@ -352,6 +353,15 @@ func unlinksBehind(n int) int {
 		return -1
 	}
 	return n
+}
+
+// createWholeMax is mount.create_whole_max as package mount takes it: 0 (off) is negative
+// there.
+func createWholeMax(s config.Size) int {
+	if s == 0 {
+		return -1
+	}
+	return int(s)
 }
 
 // createWriteWait is mount.create_write_wait as package mount takes it: 0 (none) is negative

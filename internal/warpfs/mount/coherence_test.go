@@ -44,6 +44,13 @@ func startLeaseServer(t *testing.T, target server.Target, lease time.Duration) s
 
 // startLeaseServerOn is startLeaseServer on addr; stop stops it (before the test's end).
 func startLeaseServerOn(t *testing.T, addr string, target server.Target, lease time.Duration) (string, func()) {
+	return startServerHolding(t, addr, target, nil, lease)
+}
+
+// startServerHolding is startLeaseServerOn for a server that also holds stripes of the
+// instance, as the first fragment's storage node does: sessions of stripes get stripes
+// (nil: target, as every test server's).
+func startServerHolding(t *testing.T, addr string, target server.Target, stripes *server.Target, lease time.Duration) (string, func()) {
 	t.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -51,7 +58,10 @@ func startLeaseServerOn(t *testing.T, addr string, target server.Target, lease t
 	}
 	srv := server.New(server.Options{Token: testToken, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 		Limits: server.Limits{Lease: lease},
-		Resolve: func(fragment, namespace, instance int64, stripes bool) (server.Target, error) {
+		Resolve: func(fragment, namespace, instance int64, objects bool) (server.Target, error) {
+			if objects && stripes != nil {
+				return *stripes, nil
+			}
 			return target, nil
 		}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -771,6 +781,7 @@ type restartableServer struct {
 	t             *testing.T
 	src, mp, addr string
 	target        server.Target
+	stripes       *server.Target // the first stripe server's, when it holds one (newRestartableServerHolding)
 	limits        client.Limits
 	stop          func()
 }
@@ -784,10 +795,25 @@ func newRestartableServer(t *testing.T, name string) *restartableServer {
 	return rs
 }
 
+// newRestartableServerHolding is newRestartableServer for a metadata server that is also the
+// instance's first stripe server (createPair mounts it so), as the first fragment's storage
+// node is: files created behind and closed at once are placed whole there.
+func newRestartableServerHolding(t *testing.T, name string) *restartableServer {
+	t.Helper()
+	rs := newRestartableServer(t, name)
+	rs.stop()
+	rs.stripes = &server.Target{Dir: stripeDirs(rs.src)[0], Tracker: rs.target.Tracker}
+	if err := os.MkdirAll(rs.stripes.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rs.start()
+	return rs
+}
+
 // restartLease is a restartable server's lease.
 const restartLease = 2 * time.Second
 
 // start starts the server again at its address (after stop).
 func (rs *restartableServer) start() {
-	_, rs.stop = startLeaseServerOn(rs.t, rs.addr, rs.target, restartLease)
+	_, rs.stop = startServerHolding(rs.t, rs.addr, rs.target, rs.stripes, restartLease)
 }

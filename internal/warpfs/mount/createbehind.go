@@ -24,8 +24,9 @@ package mount
 // Only what cannot fail on the storage node where it did not fail here goes behind: a new
 // regular file in a directory whose listing says the name is free, made ahead for the same
 // caller and mode (the RESERVE admitted it against the instance's limits, MFC and write
-// window, already), opened without O_APPEND, O_DIRECT, O_SYNC or O_DSYNC. Its first write,
-// fsync, setattr or new open waits for the PLACE; close does not (nothing to flush). The
+// window, already), opened without O_APPEND, O_DIRECT, O_SYNC or O_DSYNC. Its first write
+// past what its PLACE may carry (placement.held), fsync, setattr or new open waits for the
+// PLACE; close does when it sends the held writes (it reports what they met), else not. The
 // PLACE opens nothing on the metadata server: the handle is opened there by name when it
 // needs to be (materialize, as a lazy open's), so a file closed unwritten costs no RELEASE;
 // a file written at once is opened by its PLACE, held back for that (placement). A PLACE that fails anyway (a disk error) is logged, the name
@@ -57,6 +58,14 @@ import (
 // mdtest-hard file is three requests, not five), the file's close, any other request about
 // the file, and a request of this mount's or another node's that must find the directory's
 // creates landed (settleUnlinks, through pendingUnlinks.hurry). Each of those calls hurry.
+//
+// The creator's writes from offset 0 are held for the PLACE (hold), up to Limits.CreateWholeMax:
+// closed with them (closeHeld), the file is placed whole — the PLACE carries its data, kept on
+// the metadata server's own stripe server, and the file is closed there: a small file created,
+// written and closed at once (mdtest-hard's, a job's log or marker files) is one request, not
+// three (the PLACE opening it, the data, the size report releasing it). Sent for any other
+// reason, the PLACE opens the file for the creator and the held bytes follow as its first
+// write, before anything else may use the file.
 type placement struct {
 	done  chan struct{}
 	errno syscall.Errno
@@ -66,6 +75,8 @@ type placement struct {
 	go_     chan struct{} // closed (once: sent) to send the PLACE now
 	sent    bool          // go_ is closed
 	writer  bool          // the PLACE opens the file for creator (its first write came first)
+	held    []byte        // the creator's writes from offset 0, not sent yet
+	whole   bool          // the creator closed the file with held: the PLACE carries them
 }
 
 // hurry sends the PLACE now, opening the file for its creator's handle if writer, unless
@@ -99,6 +110,60 @@ func (n *node) placedAsWriter(h *fileHandle) syscall.Errno {
 		p.hurry(true)
 	}
 	return n.placed()
+}
+
+// hold keeps a write through h for the PLACE of the file h created behind, and says whether
+// it did: only while the PLACE has not left, for writes that continue the held bytes from
+// offset 0 within Limits.CreateWholeMax (and the file's maximum size) on a handle that
+// writes behind (an error of the held bytes' write, should they go the usual way, is then
+// its close's or fsync's to report, as any write behind's).
+func (n *node) hold(h *fileHandle, data []byte, off int64) bool {
+	p := n.placing.Load()
+	be := n.be
+	if p == nil || p.creator != h || be.wholeOn == 0 || be.noWholePlaces.Load() || !be.writesBehind(h.flags, true) {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	end := len(p.held) + len(data)
+	if p.sent || off != int64(len(p.held)) || end > be.wholeMax || be.maxFileSize > 0 && uint64(end) > be.maxFileSize {
+		return false
+	}
+	p.held = append(p.held, data...) // a copy: go-fuse reuses data's buffer
+	return true
+}
+
+// closeHeld is the close of h, the creator of n, while its writes are held: the PLACE leaves
+// with them, whole, and the close waits for it, so that it reports what the data met. held
+// false: no writes held, nothing done.
+func (n *node) closeHeld(h *fileHandle) (errno syscall.Errno, held bool) {
+	p := n.placing.Load()
+	if p == nil || p.creator != h {
+		return 0, false
+	}
+	p.mu.Lock()
+	held = len(p.held) > 0
+	if held && !p.sent {
+		p.whole = true
+	}
+	p.mu.Unlock()
+	if !held {
+		return 0, false
+	}
+	p.hurry(false)
+	<-p.done // bounded by the request timeout
+	return p.errno, true
+}
+
+// heldExtent is how far the creator's held writes reach (0: none held).
+func (n *node) heldExtent() uint64 {
+	p := n.placing.Load()
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return uint64(len(p.held))
 }
 
 // placedYet says whether n's create behind, if any, has been answered, and how; its PLACE
@@ -380,17 +445,45 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 		wait.Stop()
 		p.hurry(false) // it leaves now: a first write from here on opens the file itself
 		p.mu.Lock()
-		req.Writer = p.writer && !be.noPlacedWriters.Load()
+		held, whole := p.held, p.whole
+		req.Writer = (p.writer || len(held) > 0) && !be.noPlacedWriters.Load()
 		p.mu.Unlock()
+		if whole {
+			req.Writer, req.DataServer, req.Data = false, be.wholeOn-1, held
+		}
 		epoch := ls.sizeEpoch()
 		var rep proto.OpenReply
 		call := &client.Call{Op: proto.OpPlace, UID: uid, GID: gid, Req: req, Reply: &rep, Route: route, Gen: gen, MinVersion: proto.StubVersion}
-		if req.Writer {
+		switch {
+		case whole:
+			call.MinVersion = proto.InlinePlaceVersion
+		case req.Writer:
 			call.MinVersion = proto.PlacedWriterVersion
 		}
 		ctx, cancel := be.opCtx(context.Background())
 		defer cancel()
 		errno := be.client.Do(ctx, call)
+		if whole && errno != 0 {
+			// Not placed whole: the held bytes go as the creator's first write. A storage
+			// node of a version before, or one that could not keep the data (its directory
+			// fixes where files start, its stripe is smaller, no room) left the file made
+			// ahead unused: it is placed open for the creator, where an error of the held
+			// bytes meets their write and the close reports it. One that lost it (ESTALE, a
+			// connection lost: EIO) has it made by a plain CREATE below.
+			whole, req.Data = false, nil
+			if errno == syscall.EPROTONOSUPPORT {
+				be.noWholePlaces.Store(true)
+			}
+			if errno != syscall.ESTALE && errno != syscall.EIO && errno != syscall.EINTR {
+				req.Writer = !be.noPlacedWriters.Load()
+				rep = proto.OpenReply{}
+				call = &client.Call{Op: proto.OpPlace, UID: uid, GID: gid, Req: req, Reply: &rep, Route: route, Gen: gen, MinVersion: proto.StubVersion}
+				if req.Writer {
+					call.MinVersion = proto.PlacedWriterVersion
+				}
+				errno = be.client.Do(ctx, call)
+			}
+		}
 		if errno == syscall.EPROTONOSUPPORT && req.Writer {
 			// A storage node of the version before: placed as before, its first write opens it.
 			be.noPlacedWriters.Store(true)
@@ -426,6 +519,16 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 				h.writing.Lock()
 				h.closeByReport = true
 				h.writing.Unlock()
+			}
+			if errno == 0 && whole {
+				be.placedWhole.Add(1)
+			}
+			if errno == 0 && len(held) > 0 && !whole {
+				// The held bytes are the creator's first write, queued before anything
+				// else may use the file (every request about it waits for done).
+				if _, werr := h.writeStriped(ctx, held, 0); werr != 0 {
+					h.failBehind(werr)
+				}
 			}
 		}
 		if errno != 0 {

@@ -7,6 +7,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -40,27 +41,46 @@ func createPair(t *testing.T, rs *restartableServer) (src string, a, b *Mounted,
 	}
 	tr := usage.New("creates", 1<<30)
 	var stripes []Server
-	for _, dir := range stripeDirs(src) {
+	for i, dir := range stripeDirs(src) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
+		if i == 0 && rs != nil && rs.stripes != nil {
+			stripes = append(stripes, Server{}) // the metadata server's own, set per mount below
+			continue
+		}
 		saddr := startLeaseServer(t, server.Target{Dir: dir, Tracker: tr}, 0)
-		stripes = append(stripes, Server{Remote: &Remote{Address: saddr, Token: testToken, Client: "n", FragmentID: 1, InstanceID: 3}})
+		stripes = append(stripes, Server{Remote: &Remote{Address: saddr, Token: testToken, Client: "n", FragmentID: 2 + int64(i), InstanceID: 3}})
 	}
 	if rs == nil {
 		addr = startLeaseServer(t, server.Target{Dir: src, Tracker: tr}, 0)
 	}
 	proxy = newCutProxy(t, addr)
 	remote := func(address, client string) *Remote {
-		r := &Remote{Address: address, Token: testToken, Client: client, NamespaceID: 1, InstanceID: 3}
+		r := &Remote{Address: address, Token: testToken, Client: client, FragmentID: 1, NamespaceID: 1, InstanceID: 3}
 		if rs != nil {
 			r.Limits = rs.limits
 		}
 		return r
 	}
+	// A metadata server holding the first stripes is reached for them as for the namespace:
+	// through the proxy from a.
+	stripesVia := func(address string) []Server {
+		out := slices.Clone(stripes)
+		if out[0].Remote == nil {
+			out[0] = Server{Remote: &Remote{Address: address, Token: testToken, Client: "n", FragmentID: 1, InstanceID: 3, Limits: rs.limits}}
+		}
+		return out
+	}
+	// Files placed whole are so however slow the machine: a create behind waits for its
+	// file's close as long as allowed (it leaves at once at any other call about the file).
+	var limits Limits
+	if rs != nil && rs.stripes != nil {
+		limits.CreateWriteWait = time.Second
+	}
 	logs = &strings.Builder{}
-	a = mount(t, Spec{MountPath: mp + "-a", Remote: remote(proxy.addr, "a"), Stripes: stripes, Logger: log.New(logs, "", 0)})
-	b = mount(t, Spec{MountPath: mp + "-b", Remote: remote(addr, "b"), Stripes: stripes, Logger: quietLogger(t)})
+	a = mount(t, Spec{MountPath: mp + "-a", Remote: remote(proxy.addr, "a"), Stripes: stripesVia(proxy.addr), Limits: limits, Logger: log.New(logs, "", 0)})
+	b = mount(t, Spec{MountPath: mp + "-b", Remote: remote(addr, "b"), Stripes: stripesVia(addr), Limits: limits, Logger: quietLogger(t)})
 	return src, a, b, proxy, logs
 }
 
@@ -177,7 +197,14 @@ func TestCreateBehindThenWrite(t *testing.T) {
 // another node that renames it between two writes and the close finds all of it under its
 // new name, and one that removes it leaves the writer's close a success.
 func TestCreateBehindWrittenWhileAnotherNodeMovesIt(t *testing.T) {
-	_, a, b, _, _ := createPair(t, nil)
+	t.Run("objects elsewhere", func(t *testing.T) { writtenWhileMoved(t, nil) })
+	// The first write held for a whole PLACE: the other node's look sends it as the first
+	// write, before the rename or removal runs.
+	t.Run("placed whole", func(t *testing.T) { writtenWhileMoved(t, newRestartableServerHolding(t, "moves")) })
+}
+
+func writtenWhileMoved(t *testing.T, rs *restartableServer) {
+	_, a, b, _, _ := createPair(t, rs)
 	first, second := bytes.Repeat([]byte("a"), 3000), bytes.Repeat([]byte("b"), 5000)
 	// write creates dir/name on a (behind), writes first, runs between, writes second, closes.
 	write := func(dir, name string, between func()) error {
@@ -215,6 +242,96 @@ func TestCreateBehindWrittenWhileAnotherNodeMovesIt(t *testing.T) {
 		}
 	}); err != nil {
 		t.Errorf("writing a file another node removed meanwhile: %v, want success (it is open)", err)
+	}
+}
+
+// Where the metadata server holds the first stripes (the first fragment's node does), a file
+// created behind, written and closed at once is placed whole: its data rides in the PLACE,
+// one request. Whatever else happens before the close sends the held bytes as the file's
+// first write instead, and nothing is lost or reordered: a stat (sees the size held), a read
+// through the same descriptor, an fsync, more than CreateWholeMax, a first write past
+// offset 0, a directory that fixes where its files start (the server refuses the data).
+func TestPlacedWhole(t *testing.T) {
+	_, a, b, _, _ := createPair(t, newRestartableServerHolding(t, "whole"))
+	dir := filepath.Join(a.Path(), "d")
+	readyToCreateBehind(t, a, dir)
+	if err := os.Mkdir(filepath.Join(dir, "fixed"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(filepath.Join(dir, "fixed"), stripe.UserXattr, []byte("start=1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	readyToCreateBehind(t, a, filepath.Join(dir, "fixed"))
+	small := bytes.Repeat([]byte("spillway"), 488)
+	cases := []struct {
+		name  string
+		whole bool
+		write func(f *os.File) ([]byte, error) // the file's bytes after
+	}{
+		{"one write", true, func(f *os.File) ([]byte, error) { _, err := f.Write(small); return small, err }},
+		{"two writes", true, func(f *os.File) ([]byte, error) {
+			if _, err := f.Write(small[:1000]); err != nil {
+				return nil, err
+			}
+			_, err := f.Write(small[1000:])
+			return small, err
+		}},
+		{"a stat before the close", true, func(f *os.File) ([]byte, error) {
+			f.Write(small)
+			st, err := f.Stat()
+			if err == nil && st.Size() != int64(len(small)) {
+				err = fmt.Errorf("stat says %d bytes, want %d", st.Size(), len(small))
+			}
+			return small, err
+		}},
+		{"a read before the close", false, func(f *os.File) ([]byte, error) {
+			f.Write(small)
+			got := make([]byte, len(small))
+			if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, small) {
+				return nil, fmt.Errorf("read back %q… (%v)", got[:8], err)
+			}
+			return small, nil
+		}},
+		{"an fsync", false, func(f *os.File) ([]byte, error) { f.Write(small); return small, f.Sync() }},
+		{"past the most held", false, func(f *os.File) ([]byte, error) {
+			big := bytes.Repeat(small, 20) // 78 KB, past 64 KiB
+			_, err := f.Write(big)
+			return big, err
+		}},
+		{"a first write past 0", false, func(f *os.File) ([]byte, error) {
+			_, err := f.WriteAt(small, 100)
+			return append(make([]byte, 100), small...), err
+		}},
+		{"fixed/in a directory that fixes its files' start", false, func(f *os.File) ([]byte, error) { _, err := f.Write(small); return small, err }},
+	}
+	wants := map[string][]byte{}
+	for _, c := range cases {
+		name := strings.ReplaceAll(c.name, " ", "-")
+		whole := a.backend.placedWhole.Load()
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := c.write(f)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if err := f.Close(); err != nil {
+			t.Errorf("%s: close: %v", c.name, err)
+		}
+		if got := a.backend.placedWhole.Load() - whole; got != map[bool]int64{true: 1, false: 0}[c.whole] {
+			t.Errorf("%s: %d files placed whole, want whole %v (%d behind)", c.name, got, c.whole, a.backend.createsBehind.Load())
+		}
+		wants[c.name] = want
+	}
+	// b looks last: its first look takes a's listing, and a's creates there wait from then on.
+	for _, c := range cases {
+		name := strings.ReplaceAll(c.name, " ", "-")
+		for _, m := range []*Mounted{a, b} {
+			if got, err := os.ReadFile(filepath.Join(m.Path(), "d", name)); err != nil || !bytes.Equal(got, wants[c.name]) {
+				t.Errorf("%s: %s reads %d bytes (%v), want the %d written", c.name, m.Path(), len(got), err, len(wants[c.name]))
+			}
+		}
 	}
 }
 
@@ -327,7 +444,7 @@ func TestCreatesBehindLandBeforeAnAncestorMoves(t *testing.T) {
 // returned. (A create that waited for the server and lost its connection fails with EIO, as
 // before: it was not acknowledged.)
 func TestCreatesBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
-	createsAcrossRestarts(t, "creates", func(p string) error { return os.WriteFile(p, nil, 0o644) }, nil)
+	createsAcrossRestarts(t, newRestartableServer, func(p string) error { return os.WriteFile(p, nil, 0o644) }, nil)
 }
 
 // Files created behind and written at once — the PLACE opens each for its write, the size
@@ -336,8 +453,21 @@ func TestCreatesBehindSurviveAServerStopAtAnyMoment(t *testing.T) {
 // it, and removing every file leaves no object on the stripe servers (where a file's objects
 // are was recorded, or is unknown and looked for on every server).
 func TestCreatesBehindWrittenSurviveAServerStopAtAnyMoment(t *testing.T) {
+	writtenAcrossRestarts(t, newRestartableServer)
+}
+
+// The same with a metadata server that holds the first stripes too, as the first fragment's
+// node does: each file, written and closed at once, is placed whole (its data in its PLACE,
+// kept there) — what a stop between the object's data and the file's name leaves.
+func TestCreatesPlacedWholeSurviveAServerStopAtAnyMoment(t *testing.T) {
+	writtenAcrossRestarts(t, newRestartableServerHolding)
+}
+
+// writtenAcrossRestarts is createsAcrossRestarts of files written and closed at once (os.WriteFile),
+// whose data node b reads back, and whose objects go with them.
+func writtenAcrossRestarts(t *testing.T, newServer func(*testing.T, string) *restartableServer) {
 	data := bytes.Repeat([]byte("spillway"), 488) // 3904 bytes: mdtest-hard's size, about
-	createsAcrossRestarts(t, "written", func(p string) error { return os.WriteFile(p, data, 0o644) },
+	createsAcrossRestarts(t, newServer, func(p string) error { return os.WriteFile(p, data, 0o644) },
 		func(t *testing.T, src string, b *Mounted, all, names []string) {
 			for _, n := range names {
 				if got, err := os.ReadFile(filepath.Join(b.Path(), "d", n)); err != nil || !bytes.Equal(got, data) {
@@ -365,10 +495,10 @@ func TestCreatesBehindWrittenSurviveAServerStopAtAnyMoment(t *testing.T) {
 // again, checks that every create that returned landed, and hands the rest to check (nil:
 // nothing more): the subtest, the server's directory, node b, all the names and those whose
 // create returned.
-func createsAcrossRestarts(t *testing.T, label string, create func(path string) error, check func(t *testing.T, src string, b *Mounted, all, names []string)) {
+func createsAcrossRestarts(t *testing.T, newServer func(*testing.T, string) *restartableServer, create func(path string) error, check func(t *testing.T, src string, b *Mounted, all, names []string)) {
 	for step := 0; step < 6; step++ {
 		t.Run(fmt.Sprintf("after %d ms", 15*step), func(t *testing.T) {
-			rs := newRestartableServer(t, label)
+			rs := newServer(t, "creates")
 			src, a, b, proxy, _ := createPair(t, rs)
 			dir := filepath.Join(a.Path(), "d")
 			readyToCreateBehind(t, a, dir)
@@ -383,6 +513,9 @@ func createsAcrossRestarts(t *testing.T, label string, create func(path string) 
 			proxy.slow(0)
 			if a.backend.createsBehind.Load() == 0 {
 				t.Error("no create went behind")
+			}
+			if rs.stripes != nil && a.backend.placedWhole.Load() == 0 {
+				t.Error("no file was placed whole")
 			}
 			landed(t, a, filepath.Join(src, "d"), names)
 			if check != nil {

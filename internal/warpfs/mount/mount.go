@@ -234,6 +234,11 @@ type Limits struct {
 	// before its PLACE is sent, so that the PLACE opens the file for it (createbehind.go,
 	// placement). Default 2ms; negative sends it at once.
 	CreateWriteWait time.Duration
+	// CreateWholeMax is the most a create behind's creator may write before the file's
+	// PLACE leaves for the PLACE to carry it (createbehind.go, placement.held): a small file
+	// created, written and closed at once is one request. Default 64 KiB, at most 1 MiB;
+	// negative turns it off.
+	CreateWholeMax int
 
 	// ProbeTimeout bounds the stat of a mount path before mounting or unmounting: a mount
 	// whose server does not answer within it is treated as hung and aborted. Default 5s.
@@ -286,6 +291,10 @@ func (l Limits) withDefaults() Limits {
 	if l.CreateWriteWait == 0 {
 		l.CreateWriteWait = 2 * time.Millisecond
 	}
+	if l.CreateWholeMax == 0 {
+		l.CreateWholeMax = 64 << 10
+	}
+	l.CreateWholeMax = min(l.CreateWholeMax, kernelMaxRequest) // one PLACE's body
 	defInt(&l.PreferredIOSize, kernelMaxRequest)
 	def(&l.ProbeTimeout, 5*time.Second)
 	def(&l.UnmountBusyTimeout, 10*time.Second)
@@ -997,6 +1006,7 @@ func dialRemote(spec Spec, l Limits, logger *log.Logger) (*backend, error) {
 		unlinkSlots: unlinkSlots(l),
 		createSlots: createSlots(l),
 		placeDelay:  max(l.CreateWriteWait, 0),
+		wholeMax:    max(l.CreateWholeMax, 0),
 		log:         logger,
 	}, nil
 }

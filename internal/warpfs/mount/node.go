@@ -84,6 +84,7 @@ type backend struct {
 	stubs         stubPool
 	creating      sync.WaitGroup
 	createsBehind atomic.Int64 // sent behind, all told
+	placedWhole   atomic.Int64 // of those, placed with their data (placement.held)
 	createsFailed atomic.Int64
 	// noPlacedWriters: a storage node refused a PLACE opening the file for its writer (an
 	// older version); creates behind are placed without that from then on.
@@ -91,6 +92,14 @@ type backend struct {
 	// placeDelay is how long a create behind's PLACE waits for the file's first write
 	// (Limits.CreateWriteWait; placement).
 	placeDelay time.Duration
+	// wholeMax is the most a create behind's creator may write before its PLACE leaves,
+	// for the PLACE to carry the whole file (Limits.CreateWholeMax; placement.held); 0:
+	// none. wholeOn is 1 + the metadata server's index among the stripe servers, which
+	// keeps such a file's data (0: it holds no stripes, nothing goes whole).
+	// noWholePlaces: a storage node refused such a PLACE (an older version).
+	wholeMax      int
+	wholeOn       uint32
+	noWholePlaces atomic.Bool
 	// lease is how long the storage node leases what it gives (0: it leases nothing).
 	lease time.Duration
 	log   *log.Logger
@@ -215,17 +224,17 @@ func (be *backend) callRoute(ctx context.Context, route client.Route, op proto.O
 // callLease is callRoute that also says how long the kernel may cache what the reply gives
 // (0: not at all; leases.go).
 func (be *backend) callLease(ctx context.Context, route client.Route, op proto.Op, req, reply proto.Message) (time.Duration, syscall.Errno) {
-	lease, _, errno := be.callListing(ctx, route, op, req, reply)
+	lease, _, errno := be.callListing(ctx, route, op, req, reply, 0)
 	return lease, errno
 }
 
 // callListing is callLease that also says whether the mount knows every name of the
 // directory the request made (proto.FlagListing).
-func (be *backend) callListing(ctx context.Context, route client.Route, op proto.Op, req, reply proto.Message) (time.Duration, bool, syscall.Errno) {
+func (be *backend) callListing(ctx context.Context, route client.Route, op proto.Op, req, reply proto.Message, minVersion uint16) (time.Duration, bool, syscall.Errno) {
 	ctx, cancel := be.opCtx(ctx)
 	defer cancel()
 	uid, gid := caller(ctx)
-	call := &client.Call{Op: op, UID: uid, GID: gid, Req: req, Reply: reply, Route: route}
+	call := &client.Call{Op: op, UID: uid, GID: gid, Req: req, Reply: reply, Route: route, MinVersion: minVersion}
 	errno := be.client.Do(ctx, call)
 	if be.leases == nil {
 		return 0, false, errno
@@ -402,7 +411,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 func (n *node) writtenExtent() uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var extent uint64
+	extent := n.heldExtent() // a create behind's writes held for its PLACE
 	for h := range n.handles {
 		if sf := h.striped; sf != nil {
 			sf.mu.Lock()
@@ -815,7 +824,7 @@ func (n *node) madeRoute(ctx context.Context, route client.Route, op proto.Op, r
 	n.settleUnlinks()
 	var rep proto.AttrReply
 	tok := n.startDirChange()
-	lease, listing, errno := n.be.callListing(ctx, route, op, req, &rep)
+	lease, listing, errno := n.be.callListing(ctx, route, op, req, &rep, 0)
 	if errno != 0 {
 		lease = 0
 	}
@@ -903,7 +912,21 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	n.materializeChild(ctx, name)
 	defer n.childChanging(name)()
 	tok := n.startDirChange()
-	lease, listing, errno := n.be.callListing(ctx, n.in(), proto.OpUnlink, &proto.EntryReq{Dir: n.path(), Name: name}, &rep)
+	req := &proto.EntryReq{Dir: n.path(), Name: name}
+	var minVersion uint16
+	if be := n.be; be.wholeOn > 0 && !be.noWholePlaces.Load() && !n.childOpen(name) {
+		// The metadata server removes the object it holds itself (a file placed whole has
+		// no other): one request. Not for a file open here, whose objects wait for its
+		// last close (removed).
+		req.Local, minVersion = be.wholeOn, proto.InlinePlaceVersion
+	}
+	lease, listing, errno := n.be.callListing(ctx, n.in(), proto.OpUnlink, req, &rep, minVersion)
+	if errno == syscall.EPROTONOSUPPORT && req.Local > 0 {
+		n.be.noWholePlaces.Store(true) // a storage node of a version before: as before
+		req.Local = 0
+		rep = proto.RemovedReply{}
+		lease, listing, errno = n.be.callListing(ctx, n.in(), proto.OpUnlink, req, &rep, 0)
+	}
 	n.be.leases.endChange(tok, rep.Dir, lease)
 	if errno == 0 {
 		n.noteName(name, false)
@@ -913,6 +936,21 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		n.removed(ctx, name, &rep)
 	}
 	return errno
+}
+
+// childOpen says whether this node has the file named name in n open.
+func (n *node) childOpen(name string) bool {
+	ch := n.GetChild(name)
+	if ch == nil {
+		return false
+	}
+	child, ok := ch.Operations().(*node)
+	if !ok {
+		return false
+	}
+	child.mu.Lock()
+	defer child.mu.Unlock()
+	return len(child.handles) > 0
 }
 
 // startDirChange starts a change of directory n's entries (leases.go, startChange). The
@@ -1393,6 +1431,10 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	h.node.be.writes.Add(1)
+	if h.node.hold(h, data, off) {
+		h.node.notMadeHere() // it holds data: its removal frees space, which waits
+		return uint32(len(data)), 0
+	}
 	if errno := h.node.placedAsWriter(h); errno != 0 {
 		return 0, errno
 	}
@@ -1492,7 +1534,11 @@ func (h *fileHandle) PassthroughFd() (int, bool) {
 // writer reports the size its writes reached, so that stat is exact after close on every
 // node.
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
-	if done, errno := h.node.placedYet(); !done || errno != 0 {
+	if errno, held := h.node.closeHeld(h); held {
+		if errno != 0 {
+			return errno
+		}
+	} else if done, errno := h.node.placedYet(); !done || errno != 0 {
 		// Created behind and on its way: nothing was written (a write waits for it), so
 		// nothing to flush, and the close does not wait; one refused is the close's error.
 		return errno

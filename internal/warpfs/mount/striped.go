@@ -63,6 +63,10 @@ func (be *backend) openStripes(spec Spec, limits Limits, path string, logger *lo
 		default:
 			return fmt.Errorf("stripe server %d of %d names neither a directory nor a remote node", i+1, len(spec.Stripes))
 		}
+		if st.Remote != nil && spec.Remote != nil && len(spec.MDS) <= 1 && st.Remote.FragmentID == spec.Remote.FragmentID &&
+			st.Remote.Address == spec.Remote.Address {
+			be.wholeOn = uint32(i) + 1 // the metadata server's own stripes: where files placed whole keep their data
+		}
 		be.stripes = append(be.stripes, t)
 		be.stripeNodes = append(be.stripeNodes, st.Node)
 	}

@@ -87,6 +87,14 @@ func newCountedInstance(t *testing.T) *countedInstance {
 // maxVersion (0: the newest).
 func newCountedInstanceOf(t *testing.T, maxVersion uint16) *countedInstance {
 	t.Helper()
+	return newCountedInstanceWith(t, maxVersion, false)
+}
+
+// newCountedInstanceWith is newCountedInstanceOf; with holding, the metadata server is also
+// the first stripe server (as the first fragment's storage node is), and counts its
+// requests (stripe server 0 counts none).
+func newCountedInstanceWith(t *testing.T, maxVersion uint16, holding bool) *countedInstance {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("a striped namespace's layout is a trusted extended attribute: root only")
 	}
@@ -96,7 +104,11 @@ func newCountedInstanceOf(t *testing.T, maxVersion uint16) *countedInstance {
 		t.Fatal(err)
 	}
 	in := &countedInstance{src: src, mds: &requestCounter{ops: map[proto.Op]int{}}}
-	in.mdsAddr = startCountingServer(t, src, in.mds, maxVersion)
+	var held string // the stripes the metadata server holds
+	if holding {
+		held = src + ".c0"
+	}
+	in.mdsAddr = startCountingServer(t, src, held, in.mds, maxVersion)
 	for i := 0; i < countedServers; i++ {
 		dir := fmt.Sprintf("%s.c%d", src, i)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -104,16 +116,30 @@ func newCountedInstanceOf(t *testing.T, maxVersion uint16) *countedInstance {
 		}
 		c := &requestCounter{ops: map[proto.Op]int{}}
 		in.stripes = append(in.stripes, c)
-		in.addrs = append(in.addrs, startCountingServer(t, dir, c, maxVersion))
+		if dir == held {
+			in.addrs = append(in.addrs, in.mdsAddr)
+			continue
+		}
+		in.addrs = append(in.addrs, startCountingServer(t, dir, "", c, maxVersion))
 	}
 	return in
 }
 
-func startCountingServer(t *testing.T, dir string, c *requestCounter, maxVersion uint16) string {
+// startCountingServer serves dir, and stripes (unless "") to sessions of stripe objects.
+func startCountingServer(t *testing.T, dir, stripes string, c *requestCounter, maxVersion uint16) string {
 	t.Helper()
 	target := server.Target{Dir: dir, Tracker: usage.New("server "+filepath.Base(dir), 64*mib)}
 	s := startServerWith(t, "", target, quietSlog(t), nil, func(o *server.Options) {
 		o.OnRequest, o.MaxVersion = c.add, maxVersion
+		if stripes != "" {
+			objects := server.Target{Dir: stripes, Tracker: target.Tracker}
+			o.Resolve = func(_, _, _ int64, forObjects bool) (server.Target, error) {
+				if forObjects {
+					return objects, nil
+				}
+				return target, nil
+			}
+		}
 	})
 	return s.addr
 }
@@ -544,7 +570,11 @@ func mdtestRequestsOf(t *testing.T, maxVersion uint16, size, files int) map[stri
 // one directory at once (as mdtest-hard's ranks do), each on files files of its own: the
 // requests are per file still.
 func mdtestRanksRequests(t *testing.T, maxVersion uint16, size, files, ranks int) map[string]map[proto.Op]float64 {
-	in := newCountedInstanceOf(t, maxVersion)
+	return mdtestOn(t, newCountedInstanceOf(t, maxVersion), size, files, ranks)
+}
+
+// mdtestOn is mdtestRanksRequests on instance in.
+func mdtestOn(t *testing.T, in *countedInstance, size, files, ranks int) map[string]map[proto.Op]float64 {
 	// A create behind waits for its file's first write however busy the machine (the
 	// longest wait allowed): its count does not depend on how soon the write came.
 	in.limits.CreateWriteWait = time.Second
@@ -587,6 +617,9 @@ func mdtestRanksRequests(t *testing.T, maxVersion uint16, size, files, ranks int
 				got := make([]byte, size)
 				if _, err := io.ReadFull(f, got); err != nil {
 					return err
+				}
+				if !bytes.Equal(got, data) {
+					return fmt.Errorf("read other bytes than were written")
 				}
 			}
 			return f.Close()
@@ -712,6 +745,55 @@ func TestMdtestHardRequests(t *testing.T) {
 	// The read opens lazily: the stripe server's READ alone.
 	if n := perFile(r["read"]); n > 1.01 || r["read"][proto.OpRead] < 0.99 {
 		t.Errorf("read: %.2f requests per file, want the READ alone: %v", n, r["read"])
+	}
+}
+
+// Where the metadata server holds stripes of its instance too (the first fragment's storage
+// node does), an mdtest-hard file is placed whole: its 3901 bytes ride in the PLACE, kept in
+// the file's object on that server, and the file is closed there — one request a file, not
+// three (no WRITE_NAME, no size report); it reads back from there (the read phase checks
+// the bytes) and its removal asks that one server.
+func TestMdtestHardRequestsPlacedWhole(t *testing.T) {
+	in := newCountedInstanceWith(t, 0, true)
+	r := mdtestOn(t, in, 3901, 20, 1)
+	create := r["create"]
+	if n := create[proto.OpPlace] + create[proto.OpCreate]; n < 0.99 || n > 1.01 {
+		t.Errorf("create: %.2f PLACEs and CREATEs per file, want 1: %v", n, create)
+	}
+	if n := create[proto.OpPlace]; n < 0.8 {
+		t.Errorf("create: %.2f PLACEs per file, want most files created behind: %v", n, create)
+	}
+	if plain := create[proto.OpCreate] + 0.01; create[proto.OpWriteName]+create[proto.OpWrite] > plain || create[proto.OpSetattr] > plain || create[proto.OpOpen] > 0 {
+		t.Errorf("create: writes, size reports or opens beyond the plain creates' (%.2f per file): %v", create[proto.OpCreate], create)
+	}
+	if n := r["read"][proto.OpRead]; n < 0.99 || perFile(r["read"]) > 1.01 {
+		t.Errorf("read: %v, want the READ alone", r["read"])
+	}
+	if n := perFile(r["stat"]); n > 0 {
+		t.Errorf("stat: %.2f requests per file, want none: %v", n, r["stat"])
+	}
+	// The metadata server removes the object it holds with the name; the files made by a
+	// plain CREATE (before the first files made ahead came) have theirs anywhere.
+	if n := r["remove"][proto.OpUnlink]; n > 1+create[proto.OpCreate]+0.01 {
+		t.Errorf("remove: %.2f UNLINKs per file, want 1 (the name, its object with it): %v", n, r["remove"])
+	}
+	if n := in.objectsLeft(t); n != 0 {
+		t.Errorf("%d objects left after every file was removed", n)
+	}
+}
+
+// A metadata server of the version before takes no PLACE with the file's data: the mount
+// sends the held bytes as the file's first write, as before (3 requests a file), and
+// stops trying.
+func TestPlacedWholeOnOlderServers(t *testing.T) {
+	in := newCountedInstanceWith(t, proto.PlacedWriterVersion, true)
+	r := mdtestOn(t, in, 3901, 10, 1)
+	create := r["create"]
+	if create[proto.OpWriteName] < 0.99 || create[proto.OpSetattr] > 1.01 || create[proto.OpPlace] > 1.01 {
+		t.Errorf("create: %v, want a PLACE, a WRITE_NAME and a size report per file", create)
+	}
+	if n := in.objectsLeft(t); n != 0 {
+		t.Errorf("%d objects left after every file was removed", n)
 	}
 }
 

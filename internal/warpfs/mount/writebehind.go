@@ -400,6 +400,20 @@ func (h *fileHandle) settle() syscall.Errno {
 	return st.takeErr()
 }
 
+// failBehind keeps errno as an error of h's writes behind, for its next flush or fsync to
+// report (a write made for h, not by its caller: the bytes a create behind held).
+func (h *fileHandle) failBehind(errno syscall.Errno) {
+	wb := h.behind
+	if wb == nil {
+		return
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	if st := wb.writer(h); st.err == 0 {
+		st.err = errno
+	}
+}
+
 // takeErr is the error a write behind met, for the writer to learn. An error that
 // freeing space can cure (ENOSPC, EDQUOT, EFBIG) is told once; any other (EIO: the storage
 // node lost) stays with the handle, and every later write, flush and fsync of it fails:

@@ -620,10 +620,20 @@ func (m *ReserveReply) Decode(d *Dec) {
 // does (OpenReply.Handle): a mount whose create went behind and whose first write came
 // before its PLACE left then needs no OPEN. A PLACE carries no CacheRef (cache namespaces
 // take none).
+//
+// Data (InlinePlaceVersion on), when not empty, is the whole file, written and closed by its
+// creator before the PLACE left: the server keeps it in the file's object on its own stripe
+// server, DataServer (its index among the instance's servers, which the file's layout then
+// starts at), and places the file closed, its size len(Data) — a small file is one request.
+// A server that cannot (the directory fixes its files' start, its stripe is smaller than
+// Data, it holds no stripes of the instance) answers EOPNOTSUPP having done nothing: the stub
+// is still the session's, for a PLACE without Data. Data is the rest of the body.
 type PlaceReq struct {
 	Stub uint64
 	CreateReq
-	Writer bool
+	Writer     bool
+	DataServer uint32
+	Data       []byte
 }
 
 func (m *PlaceReq) Encode(e *Enc) {
@@ -632,8 +642,12 @@ func (m *PlaceReq) Encode(e *Enc) {
 	e.Str(m.Name)
 	e.U32(m.Flags)
 	e.U32(m.Mode)
-	if m.Writer { // a trailing field: sent only to servers of PlacedWriterVersion on
-		e.U8(1)
+	if m.Writer || len(m.Data) > 0 { // trailing fields: sent only to servers of PlacedWriterVersion on
+		e.Bool(m.Writer)
+	}
+	if len(m.Data) > 0 { // and these to servers of InlinePlaceVersion on
+		e.U32(m.DataServer)
+		e.Raw(m.Data)
 	}
 }
 func (m *PlaceReq) Decode(d *Dec) {
@@ -642,6 +656,10 @@ func (m *PlaceReq) Decode(d *Dec) {
 	m.Flags, m.Mode = d.U32(), d.U32()
 	if len(d.B) > 0 {
 		m.Writer = d.U8() == 1
+	}
+	if len(d.B) > 0 {
+		m.DataServer = d.U32()
+		m.Data = d.Rest()
 	}
 }
 
@@ -679,11 +697,30 @@ type EntryReq struct {
 	// Cache, on the UNLINK of a stripe object of a cache instance's file, is the PFS file
 	// that went (RemovedReply.Cache).
 	Cache *CacheRef
+	// Local (InlinePlaceVersion on; never with Cache), on the UNLINK of a striped file that
+	// is not open on the client, is 1 + the metadata server's own index among the instance's
+	// stripe servers: the server removes the file's object it holds there itself, and
+	// leaves it out of RemovedReply.Objects (a file placed whole has no other). 0: none.
+	Local uint32
 }
 
-func (m *EntryReq) Encode(e *Enc) { e.Str(m.Dir); e.Str(m.Name); m.Cache.encode(e) }
+func (m *EntryReq) Encode(e *Enc) {
+	e.Str(m.Dir)
+	e.Str(m.Name)
+	if m.Local > 0 { // a trailing field: a tag, as RemovedReply's Objects, told from a CacheRef
+		e.U8(objectsTag)
+		e.U32(m.Local)
+		return
+	}
+	m.Cache.encode(e)
+}
 func (m *EntryReq) Decode(d *Dec) {
 	m.Dir, m.Name = d.Str(MaxPath), d.Str(MaxName)
+	if len(d.B) > 0 && d.B[0] == objectsTag {
+		d.U8()
+		m.Local = d.U32()
+		return
+	}
 	m.Cache = decodeCacheRef(d)
 }
 

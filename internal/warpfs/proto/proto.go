@@ -76,7 +76,7 @@ const Magic uint32 = 0x53505746
 // Versions this package speaks. A peer picks the highest both support.
 const (
 	MinVersion uint16 = 3
-	MaxVersion uint16 = 10
+	MaxVersion uint16 = 11
 )
 
 // LeaseVersion is the first version whose servers grant leases and send invalidations
@@ -115,6 +115,11 @@ const StubVersion uint16 = 9
 // (SetattrReq.Release): a file created behind, written and closed at once costs no OPEN and
 // no RELEASE on the metadata server.
 const PlacedWriterVersion uint16 = 10
+
+// InlinePlaceVersion is the first version whose servers take a PLACE carrying the whole
+// file (PlaceReq.Data): a small file created behind, written and closed at once is one
+// request, its data kept on the metadata server's own stripe server.
+const InlinePlaceVersion uint16 = 11
 
 // Sizes and limits of the protocol.
 const (

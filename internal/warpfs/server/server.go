@@ -388,6 +388,7 @@ func (s *Server) serveConn(pc *pendingConn) {
 	sess.lease.leave()
 	sess.closeAll()
 	sess.closeStubs()
+	sess.closeObjects()
 	sess.closeCache()
 	sess.v.close()
 	s.mu.Lock()
@@ -520,6 +521,28 @@ func (s *Server) handshake(pc *pendingConn, br *bufio.Reader) (*session, error) 
 	sess := &session{log: s.log, maxOpenFiles: s.lim.MaxOpenFiles, v: v, client: auth.Client, instance: auth.Instance,
 		handles: map[uint64]*handle{}, version: version, cache: cache}
 	v.noteFull = sess.noteFull
+	if !auth.Stripes && t.Cache == nil && v.striped {
+		sess.openObjects = func() (*volume, error) {
+			ot, err := s.opt.Resolve(auth.Fragment, auth.Namespace, auth.Instance, true)
+			if err != nil {
+				return nil, err
+			}
+			ov, err := openVolume(ot.Dir, ot.Tracker, s.inodes)
+			if err != nil {
+				return nil, err
+			}
+			ov.readOnly, ov.maxFileSize, ov.objects = v.readOnly, v.maxFileSize, true
+			ov.acct = newAccount(ot.Fragment, auth.Namespace, auth.Client, true)
+			if ot.ProjectQuota != 0 {
+				ov.useQuota(ot.ProjectQuota)
+			}
+			if ot.FragmentDevice != 0 {
+				ov.useFragmentFS(ot.FragmentDevice)
+			}
+			ov.noteFull = sess.noteFull
+			return ov, nil
+		}
+	}
 	w := proto.Welcome{Proof: proto.ServerProof(key, ch.Nonce, hello.Nonce), MaxIO: proto.MaxIO, Root: root}
 	var l *leases
 	if t.Cache == nil { // a cache namespace is the PFS's, which others change unseen: no leases
@@ -614,6 +637,13 @@ type session struct {
 	// each is an open file, counted with handles against maxOpenFiles.
 	stubs     map[uint64]reservedStub
 	stubOrder []uint64 // the stubs' inode numbers, oldest first (and some placed since)
+
+	// openObjects opens this node's stripes of the session's instance, where a PLACE with
+	// the file's data keeps it (stubs.go, writeWhole); nil: the session cannot (a session of
+	// stripes, a cache namespace, an in-process one). objects is what it opened. Guarded by
+	// mu.
+	openObjects func() (*volume, error)
+	objects     *volume
 }
 
 // noteFull logs, once per session, that the instance refused to grow: the user only sees
@@ -1115,6 +1145,9 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 			rep.Dir = nil
 		} else if rep.Dir == nil { // as the unlink left it, else asked now
 			rep.Dir = v.dirAttr(r.Dir)
+		}
+		if errno == 0 && r.Local > 0 {
+			s.removeLocalObject(&rep, r.Local-1)
 		}
 		return s.removedReply(rep), 0, errno
 	case *proto.RenameReq:

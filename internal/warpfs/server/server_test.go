@@ -38,6 +38,9 @@ type fixture struct {
 	logs    *logBuffer
 	// fragment, when set before the first dial, counts the sessions' creates (MFC).
 	fragment *Fragment
+	// objects, when set, is the directory sessions of stripe objects get (else dir, as the
+	// namespace's).
+	objects string
 }
 
 // logBuffer collects the server's log; safe for concurrent use.
@@ -100,6 +103,9 @@ func newFixtureHolding(t testing.TB, lim Limits, held, node string) *fixture {
 	f.srv = New(Options{Token: held, Node: node, Log: log, Limits: lim, Resolve: func(fragment, namespace, instance int64, stripes bool) (Target, error) {
 		if namespace != 1 && !stripes {
 			return Target{}, errors.New("namespace 2 does not exist on this node")
+		}
+		if stripes && f.objects != "" {
+			return Target{Dir: f.objects, Tracker: f.tracker, Fragment: f.fragment}, nil
 		}
 		return Target{Dir: f.dir, Tracker: f.tracker, Fragment: f.fragment}, nil
 	}})

@@ -22,11 +22,13 @@ package server
 // placed files were ever visible.
 
 import (
+	"slices"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/proto"
+	"github.com/spillway-hpc/spillway/internal/warpfs/stripe"
 	"github.com/spillway-hpc/spillway/internal/warpfs/usage"
 )
 
@@ -210,8 +212,25 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 	if r.Flags&unix.O_ACCMODE == unix.O_ACCMODE {
 		return nil, nil, syscall.EINVAL
 	}
+	dirfd, done, errno := v.dirAt(r.Dir)
+	if errno != 0 {
+		return nil, nil, errno
+	}
+	defer done()
+	// A file whose data came with it: its layout and its data first, so that a refusal (no
+	// room) leaves the stub to the session, for a PLACE without the data.
+	var whole stripe.Layout
+	if len(r.Data) > 0 {
+		if whole, errno = s.wholeLayout(v, dirfd, r); errno != 0 {
+			return nil, nil, errno
+		}
+		if errno := s.writeWhole(whole, r.Data); errno != 0 {
+			return nil, nil, errno
+		}
+	}
 	st, ok := s.takeStub(r.Stub)
 	if !ok {
+		s.dropWhole(whole)
 		return nil, nil, syscall.ESTALE
 	}
 	kept := false // the stub's descriptor became a handle's
@@ -224,16 +243,12 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 	defer func() {
 		if !placed {
 			v.acct.createDone(false)
+			s.dropWhole(whole)
 		}
 	}()
 	if st.uid != uid || st.gid != gid || st.mode != r.Mode {
 		return nil, nil, syscall.EINVAL // another's, or made for another mode
 	}
-	dirfd, done, errno := v.dirAt(r.Dir)
-	if errno != 0 {
-		return nil, nil, errno
-	}
-	defer done()
 	var parent unix.Stat_t
 	if err := unix.Fstat(dirfd, &parent); err != nil {
 		return nil, nil, errnoOf(err)
@@ -243,13 +258,25 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 	}
 	// Opened for its creator's write (its first write came before the PLACE), as a CREATE
 	// does: the record of its objects unknown until that writer closes. Otherwise not open
-	// for writing here: its record says it has no objects, until a writer opens it.
-	writer := r.Writer && writes(r.Flags)
-	rec := recordFor(0)
-	if writer {
-		rec = nil
+	// for writing here: its record says it has no objects, until a writer opens it. A whole
+	// file's record names the one object its data went to, written before the file has a
+	// name: an agent stopped between the two leaves an object no file names, never a file
+	// without its data.
+	writer := r.Writer && writes(r.Flags) && len(r.Data) == 0
+	var layout stripe.Layout
+	if len(r.Data) > 0 {
+		layout = whole
+		on := make([]byte, r.DataServer/8+1)
+		on[r.DataServer/8] = 1 << (r.DataServer % 8)
+		errno = writeStub(st.fd, layout, objectsRecord(on, true))
+		v.acct.sizeReported(layout.Length)
+	} else {
+		rec := recordFor(0)
+		if writer {
+			rec = nil
+		}
+		layout, _, errno = v.layoutFor(st.fd, dirfd, rec)
 	}
-	layout, _, errno := v.layoutFor(st.fd, dirfd, rec)
 	if errno != 0 {
 		return nil, nil, errno
 	}
@@ -266,7 +293,9 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 		return nil, nil, errnoOf(err)
 	}
 	v.tracker.Charge(usage.Footprint(&fst)) // its layout's attribute, if it takes a block
-	rep := &proto.OpenReply{Attr: toAttr(&fst), Layout: layout.Encode()}
+	a := toAttr(&fst)
+	a.Size, a.Blocks = layout.Length, (layout.Length+511)/512 // stubAttr's, without reading it back
+	rep := &proto.OpenReply{Attr: a, Layout: layout.Encode()}
 	if writer {
 		kept = true
 		hd, a, errno := v.finishOpenStat(st.fd, &fst, r.Flags, false, nil, 0, 0, 0, &layout)
@@ -278,6 +307,118 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 		}
 	}
 	return rep, dir, 0
+}
+
+// wholeLayout is the layout of a file placed with its data (PlaceReq.Data): the directory's,
+// starting at the server that keeps the data, r.DataServer, this one. EOPNOTSUPP where it
+// cannot be: the session has no stripes here, the directory fixes where its files start,
+// the data does not fit in one stripe.
+func (s *session) wholeLayout(v *volume, dirfd int, r *proto.PlaceReq) (stripe.Layout, syscall.Errno) {
+	if !v.striped || s.openObjects == nil {
+		return stripe.Layout{}, syscall.EOPNOTSUPP
+	}
+	if _, errno := s.localObjects(); errno != 0 {
+		return stripe.Layout{}, errno
+	}
+	dir, ok := readLayout(dirfd)
+	if !ok {
+		dir = v.rootLayout
+	}
+	if dir.ID == stripe.FixedStart || uint64(len(r.Data)) > dir.Size || r.DataServer >= dir.Servers {
+		return stripe.Layout{}, syscall.EOPNOTSUPP
+	}
+	l := dir.ForFile(newFileID())
+	l.Start, l.Length = r.DataServer, uint64(len(r.Data))
+	return l, 0
+}
+
+// writeWhole writes a whole file's data into its object on this node's stripes, as a
+// WRITE_NAME from the client would (the object made unnamed, charged, then named; the write
+// window and the capacity counted).
+func (s *session) writeWhole(l stripe.Layout, data []byte) syscall.Errno {
+	ov, errno := s.localObjects()
+	if errno != 0 {
+		return errno
+	}
+	hd, _, errno := ov.create(&proto.CreateReq{Name: stripe.ObjectName(l.ID), Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL, Mode: 0o600}, 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	hd.grows = true // a new object (volume.write)
+	n, errno := ov.write(hd, int64(len(data)), 0, 0, func(l int64) (int, error) {
+		return unix.Pwrite(hd.fd, data[:l], 0)
+	})
+	ov.closeFile(hd)
+	if n > 0 || errno == 0 {
+		ov.acct.wrote(n, uint64(n))
+	}
+	if errno == 0 && n < len(data) {
+		errno = syscall.ENOSPC // written short only when the share is full
+	}
+	if errno != 0 {
+		s.dropWhole(l)
+	}
+	return errno
+}
+
+// dropWhole removes the object writeWhole made for a file that was not placed after all.
+func (s *session) dropWhole(l stripe.Layout) {
+	if l.ID == 0 {
+		return
+	}
+	if ov, errno := s.localObjects(); errno == 0 {
+		ov.unlink(&proto.EntryReq{Name: stripe.ObjectName(l.ID)}, false)
+	}
+}
+
+// removeLocalObject removes the object of a file just unlinked (rep) that this node holds
+// as stripe server local, if the record says it is there, and leaves it out of the record
+// the client gets: a file placed whole is then removed in one request. An object this node
+// did not remove (none there) stays in the record, for the client to.
+func (s *session) removeLocalObject(rep *proto.RemovedReply, local uint32) {
+	if !rep.ObjectsKnown || s.openObjects == nil || int(local/8) >= len(rep.Objects) || rep.Objects[local/8]&(1<<(local%8)) == 0 {
+		return
+	}
+	l, err := stripe.Decode(rep.Layout)
+	if err != nil || local >= l.Servers {
+		return
+	}
+	ov, errno := s.localObjects()
+	if errno != 0 {
+		return
+	}
+	if _, errno := ov.unlink(&proto.EntryReq{Name: stripe.ObjectName(l.ID)}, false); errno != 0 {
+		return // not here after all (ENOENT: the client named another server's): the client's to remove
+	}
+	objects := slices.Clone(rep.Objects)
+	objects[local/8] &^= 1 << (local % 8)
+	rep.Objects = objects
+}
+
+// localObjects is this node's stripes of the session's instance, opened at its first whole
+// PLACE and kept until the session ends (closeObjects).
+func (s *session) localObjects() (*volume, syscall.Errno) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.objects == nil {
+		ov, err := s.openObjects()
+		if err != nil {
+			s.log.Warn("warpfs: this node's stripes cannot be opened for files placed whole", "client", s.client, "err", err)
+			return nil, syscall.EOPNOTSUPP
+		}
+		s.objects = ov
+	}
+	return s.objects, 0
+}
+
+// closeObjects closes what localObjects opened.
+func (s *session) closeObjects() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.objects != nil {
+		s.objects.close()
+		s.objects = nil
+	}
 }
 
 // futimensNow sets the times of the file open as fd to now: futimens(2), which x/sys/unix

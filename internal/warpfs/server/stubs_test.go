@@ -1,10 +1,12 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -287,5 +289,92 @@ func TestPlaceOpensForItsWriter(t *testing.T) {
 	}
 	if _, objects, known := record("r"); !known || len(objects) != 0 {
 		t.Errorf("record of a file placed for a reader: %v known %v, want none, known", objects, known)
+	}
+}
+
+// A PLACE carrying the whole file (PlaceReq.Data) keeps the data in the file's object on this
+// node's stripes — the layout starts there, the record names it — and places the file closed,
+// its size the data's; where the data cannot go whole (past a stripe, a directory that fixes
+// its files' start, a server the layout has not) it is refused with EOPNOTSUPP and the stub
+// stays, for a PLACE without it. An UNLINK naming this node's stripes (EntryReq.Local)
+// removes the object with the name.
+func TestPlaceWhole(t *testing.T) {
+	f := newStripedFixture(t, Limits{})
+	f.objects = filepath.Join(filepath.Dir(f.dir), "stripes")
+	fixed := filepath.Join(f.dir, "fixed")
+	for _, d := range []string{f.objects, fixed} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fixedLayout := stripe.Layout{ID: stripe.FixedStart, Size: 1 << 20, Width: 1, Servers: 4, Start: 3}
+	if err := unix.Setxattr(fixed, LayoutXattr, fixedLayout.Encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	reserve := func(dir string) uint64 {
+		t.Helper()
+		var res proto.ReserveReply
+		if errno := do(c, proto.OpReserve, &proto.ReserveReq{Dir: dir, Mode: 0o644, Count: 1}, &res); errno != 0 || len(res.Inos) != 1 {
+			t.Fatalf("RESERVE in %q: %v", dir, errno)
+		}
+		return res.Inos[0]
+	}
+	place := func(stub uint64, dir, name string, server uint32, data []byte) (proto.OpenReply, syscall.Errno) {
+		var rep proto.OpenReply
+		req := &proto.PlaceReq{Stub: stub, DataServer: server, Data: data,
+			CreateReq: proto.CreateReq{Dir: dir, Name: name, Flags: syscall.O_WRONLY | syscall.O_CREAT | syscall.O_EXCL, Mode: 0o644}}
+		return rep, do(c, proto.OpPlace, req, &rep)
+	}
+	data := bytes.Repeat([]byte("whole"), 800)
+
+	rep, errno := place(reserve(""), "", "w", 2, data)
+	if errno != 0 || rep.Handle != 0 || rep.Attr.Size != uint64(len(data)) {
+		t.Fatalf("PLACE with the data: %v, handle %d, size %d; want no handle, size %d", errno, rep.Handle, rep.Attr.Size, len(data))
+	}
+	buf := make([]byte, 256)
+	n, err := unix.Lgetxattr(filepath.Join(f.dir, "w"), LayoutXattr, buf)
+	l, rec, ok := decodeStub(buf[:max(n, 0)], err)
+	objects, known := decodeObjects(rec)
+	if !ok || l.Start != 2 || l.Length != uint64(len(data)) || !known || !bytes.Equal(objects, []byte{0b0100}) {
+		t.Fatalf("placed whole: layout %+v, objects %v known %v; want start 2, length %d, [0b0100] known", l, objects, known, len(data))
+	}
+	object := filepath.Join(f.objects, stripe.ObjectName(l.ID))
+	if got, err := os.ReadFile(object); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("its object holds %d bytes (%v), want the %d placed", len(got), err, len(data))
+	}
+
+	stub := reserve("")
+	for _, refused := range []struct {
+		why    string
+		server uint32
+		data   []byte
+	}{
+		{"past a stripe", 0, make([]byte, 1<<20+1)},
+		{"a server the layout has not", 4, data},
+	} {
+		if _, errno := place(stub, "", "r", refused.server, refused.data); errno != syscall.EOPNOTSUPP {
+			t.Errorf("PLACE with data %s: %v, want EOPNOTSUPP", refused.why, errno)
+		}
+	}
+	if _, errno := place(stub, "", "r", 0, nil); errno != 0 {
+		t.Errorf("PLACE without the data after refusals: %v, want the stub still there", errno)
+	}
+	if _, errno := place(reserve("fixed"), "fixed", "f", 0, data); errno != syscall.EOPNOTSUPP {
+		t.Errorf("PLACE with data in a directory that fixes its files' start: %v, want EOPNOTSUPP", errno)
+	}
+	if entries, _ := os.ReadDir(f.objects); len(entries) != 1 {
+		t.Errorf("the refused PLACEs left objects: %v", entries)
+	}
+
+	var removed proto.RemovedReply
+	if errno := do(c, proto.OpUnlink, &proto.EntryReq{Name: "w", Local: 3}, &removed); errno != 0 {
+		t.Fatalf("UNLINK: %v", errno)
+	}
+	if !removed.ObjectsKnown || slices.ContainsFunc(removed.Objects, func(b byte) bool { return b != 0 }) {
+		t.Errorf("UNLINK naming this node's stripes: objects %v known %v, want none left for the client", removed.Objects, removed.ObjectsKnown)
+	}
+	if _, err := os.Stat(object); !os.IsNotExist(err) {
+		t.Errorf("the object after the UNLINK naming this node's stripes: %v, want removed", err)
 	}
 }
