@@ -175,6 +175,7 @@ func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 	if spec.Logger != nil {
 		logTo = slog.New(slog.NewTextHandler(spec.Logger.Writer(), nil))
 	}
+	var held *server.Target // the stripes the namespace's server holds
 	if b.striped {
 		l := stripe.Layout{Size: testStripeSize, Width: testStripeServers, Servers: testStripeServers}
 		if err := unix.Setxattr(spec.SourceDir, server.LayoutXattr, l.Encode(), 0); err != nil {
@@ -186,6 +187,13 @@ func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 			}
 			frag := serverFragment(spec.Fragment, i)
 			st := Server{Dir: dir, Tracker: spec.Tracker, Fragment: frag}
+			if b.remote && i == 0 && b.shards <= 1 {
+				// The namespace's server holds the first stripes, as the first fragment's
+				// storage node does (files created behind are placed whole there): set below.
+				held = &server.Target{Dir: dir, Tracker: spec.Tracker, Fragment: frag}
+				spec.Stripes = append(spec.Stripes, Server{})
+				continue
+			}
 			if b.remote {
 				s := startServerFor(t, "", server.Target{Dir: dir, Tracker: spec.Tracker, Fragment: frag}, logTo, nil)
 				// As the agent's: the mount's namespace, which the objects' session counts to.
@@ -225,8 +233,21 @@ func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 	if !b.remote {
 		return spec
 	}
-	s := startServerFor(t, "", server.Target{Dir: spec.SourceDir, Tracker: spec.Tracker, Fragment: spec.Fragment}, logTo, nil)
+	target := server.Target{Dir: spec.SourceDir, Tracker: spec.Tracker, Fragment: spec.Fragment}
+	s := startServerWith(t, "", target, logTo, nil, func(o *server.Options) {
+		if held != nil {
+			o.Resolve = func(_, _, _ int64, stripes bool) (server.Target, error) {
+				if stripes {
+					return *held, nil
+				}
+				return target, nil
+			}
+		}
+	})
 	spec.Remote = &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: spec.NamespaceID, InstanceID: 3}
+	if held != nil {
+		spec.Stripes[0] = Server{Remote: &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: spec.NamespaceID, InstanceID: 3}}
+	}
 	spec.SourceDir, spec.Tracker = "", nil
 	return spec
 }

@@ -118,7 +118,7 @@ func TestUnlinksBehindAreSeenElsewhereAtOnce(t *testing.T) {
 func TestCreateAfterUnlinkBehindKeepsTheNewFile(t *testing.T) {
 	src, a, b, proxy := unlinkPair(t)
 	dir := filepath.Join(a.Path(), "e")
-	makeFiles(t, dir, "x", "y")
+	makeClosedFiles(t, a, "e", "x", "y")
 	proxy.slow(100 * time.Millisecond)
 	if err := os.Remove(filepath.Join(dir, "x")); err != nil {
 		t.Fatal(err)
@@ -162,7 +162,7 @@ func TestCreateAfterUnlinkBehindKeepsTheNewFile(t *testing.T) {
 func TestUnlinkBehindRefusedShowsTheFileAgain(t *testing.T) {
 	src, a, _, proxy := unlinkPair(t)
 	dir := filepath.Join(a.Path(), "d")
-	makeFiles(t, dir, "f")
+	makeClosedFiles(t, a, "d", "f") // closed: an open file is removed the usual way
 	// The directory made immutable on the storage node: its unlink fails EPERM there.
 	fd, err := unix.Open(filepath.Join(src, "d"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
