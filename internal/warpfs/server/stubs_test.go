@@ -360,6 +360,14 @@ func TestPlaceWhole(t *testing.T) {
 	if _, errno := place(stub, "", "r", 0, nil); errno != 0 {
 		t.Errorf("PLACE without the data after refusals: %v, want the stub still there", errno)
 	}
+	// No room (the fixture's instance is 1 MiB): refused, the stub kept, no object left.
+	stub = reserve("")
+	if _, errno := place(stub, "", "full", 1, make([]byte, 1<<20)); errno != syscall.ENOSPC {
+		t.Errorf("PLACE with more data than the instance has room for: %v, want ENOSPC", errno)
+	}
+	if _, errno := place(stub, "", "full", 1, nil); errno != 0 {
+		t.Errorf("PLACE without the data after ENOSPC: %v, want the stub still there", errno)
+	}
 	if _, errno := place(reserve("fixed"), "fixed", "f", 0, data); errno != syscall.EOPNOTSUPP {
 		t.Errorf("PLACE with data in a directory that fixes its files' start: %v, want EOPNOTSUPP", errno)
 	}
