@@ -144,6 +144,9 @@ func (s *session) measured(t transport, op proto.Op, uid, gid uint32, m proto.Me
 		flags = s.lease.after(tok, op, lm, rep, uint32(errno), ino)
 	}
 	dataPath.record(t, op, start, rep, n, errno)
+	if p, ok := m.(*proto.PlaceReq); ok && errno == 0 && len(p.Data) > 0 {
+		dataPath.writtenBytes[t].Add(float64(len(p.Data))) // a file placed whole: its data
+	}
 	if panicked {
 		return nil, 0, errno, 0 // a defect of the server, not of the medium
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
 	"github.com/spillway-hpc/spillway/internal/warpfs/client"
@@ -328,6 +329,12 @@ func TestPlaceWhole(t *testing.T) {
 	}
 	data := bytes.Repeat([]byte("whole"), 800)
 
+	counted := func() float64 {
+		var m dto.Metric
+		dataPath.writtenBytes[transportRemote].Write(&m)
+		return m.GetCounter().GetValue()
+	}
+	written := counted()
 	rep, errno := place(reserve(""), "", "w", 2, data)
 	if errno != 0 || rep.Handle != 0 || rep.Attr.Size != uint64(len(data)) {
 		t.Fatalf("PLACE with the data: %v, handle %d, size %d; want no handle, size %d", errno, rep.Handle, rep.Attr.Size, len(data))
@@ -338,6 +345,9 @@ func TestPlaceWhole(t *testing.T) {
 	objects, known := decodeObjects(rec)
 	if !ok || l.Start != 2 || l.Length != uint64(len(data)) || !known || !bytes.Equal(objects, []byte{0b0100}) {
 		t.Fatalf("placed whole: layout %+v, objects %v known %v; want start 2, length %d, [0b0100] known", l, objects, known, len(data))
+	}
+	if got := counted() - written; got < float64(len(data)) {
+		t.Errorf("bytes written counted %.0f for a PLACE of %d", got, len(data))
 	}
 	object := filepath.Join(f.objects, stripe.ObjectName(l.ID))
 	if got, err := os.ReadFile(object); err != nil || !bytes.Equal(got, data) {
