@@ -92,6 +92,18 @@ func stripeDirs(src string) []string {
 
 const testToken = "mount-test-token"
 
+// resolveHolding is a test server's Resolve: sessions of stripe objects get stripes (as the
+// first fragment's storage node serves its own stripes beside the namespace), every other
+// session target; stripes nil: target for all, as most test servers.
+func resolveHolding(target server.Target, stripes *server.Target) server.Resolver {
+	return func(_, _, _ int64, objects bool) (server.Target, error) {
+		if objects && stripes != nil {
+			return *stripes, nil
+		}
+		return target, nil
+	}
+}
+
 // testServer is a warpfs server in this process, serving one directory.
 type testServer struct {
 	addr   string
@@ -235,14 +247,7 @@ func (b testBackend) prepare(t testing.TB, spec Spec) Spec {
 	}
 	target := server.Target{Dir: spec.SourceDir, Tracker: spec.Tracker, Fragment: spec.Fragment}
 	s := startServerWith(t, "", target, logTo, nil, func(o *server.Options) {
-		if held != nil {
-			o.Resolve = func(_, _, _ int64, stripes bool) (server.Target, error) {
-				if stripes {
-					return *held, nil
-				}
-				return target, nil
-			}
-		}
+		o.Resolve = resolveHolding(target, held)
 	})
 	spec.Remote = &Remote{Address: s.addr, Token: testToken, Client: "test-node", FragmentID: 1, NamespaceID: spec.NamespaceID, InstanceID: 3}
 	if held != nil {

@@ -57,13 +57,8 @@ func startServerHolding(t *testing.T, addr string, target server.Target, stripes
 		t.Fatal(err)
 	}
 	srv := server.New(server.Options{Token: testToken, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
-		Limits: server.Limits{Lease: lease},
-		Resolve: func(fragment, namespace, instance int64, objects bool) (server.Target, error) {
-			if objects && stripes != nil {
-				return *stripes, nil
-			}
-			return target, nil
-		}})
+		Limits:  server.Limits{Lease: lease},
+		Resolve: resolveHolding(target, stripes)})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { srv.Serve(ctx, l); close(done) }()

@@ -453,16 +453,16 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 		}
 		epoch := ls.sizeEpoch()
 		var rep proto.OpenReply
-		call := &client.Call{Op: proto.OpPlace, UID: uid, GID: gid, Req: req, Reply: &rep, Route: route, Gen: gen, MinVersion: proto.StubVersion}
-		switch {
-		case whole:
-			call.MinVersion = proto.InlinePlaceVersion
-		case req.Writer:
-			call.MinVersion = proto.PlacedWriterVersion
+		var call *client.Call
+		// place sends req as it is now, into a fresh reply.
+		place := func(ctx context.Context) syscall.Errno {
+			rep = proto.OpenReply{}
+			call = &client.Call{Op: proto.OpPlace, UID: uid, GID: gid, Req: req, Reply: &rep, Route: route, Gen: gen, MinVersion: placeVersion(req)}
+			return be.client.Do(ctx, call)
 		}
 		ctx, cancel := be.opCtx(context.Background())
 		defer cancel()
-		errno := be.client.Do(ctx, call)
+		errno := place(ctx)
 		if whole && errno != 0 {
 			// Not placed whole: the held bytes go as the creator's first write. A storage
 			// node of a version before, or one that could not keep the data (its directory
@@ -476,21 +476,14 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 			}
 			if errno != syscall.ESTALE && errno != syscall.EIO && errno != syscall.EINTR {
 				req.Writer = !be.noPlacedWriters.Load()
-				rep = proto.OpenReply{}
-				call = &client.Call{Op: proto.OpPlace, UID: uid, GID: gid, Req: req, Reply: &rep, Route: route, Gen: gen, MinVersion: proto.StubVersion}
-				if req.Writer {
-					call.MinVersion = proto.PlacedWriterVersion
-				}
-				errno = be.client.Do(ctx, call)
+				errno = place(ctx)
 			}
 		}
 		if errno == syscall.EPROTONOSUPPORT && req.Writer {
 			// A storage node of the version before: placed as before, its first write opens it.
 			be.noPlacedWriters.Store(true)
 			req.Writer = false
-			rep = proto.OpenReply{}
-			call = &client.Call{Op: proto.OpPlace, UID: uid, GID: gid, Req: req, Reply: &rep, Route: route, Gen: gen, MinVersion: proto.StubVersion}
-			errno = be.client.Do(ctx, call)
+			errno = place(ctx)
 		}
 		if errno == syscall.ESTALE || errno == syscall.EIO || errno == syscall.EPROTONOSUPPORT {
 			// The file made ahead went with its connection (or the PLACE was lost with it,
@@ -551,6 +544,18 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 		n.mu.Unlock()
 	}()
 	return ch, h, n.openFlags(flags), true
+}
+
+// placeVersion is the protocol version a PLACE needs: one carrying the file's data, or one
+// opening the file for its writer, a newer one than a plain PLACE.
+func placeVersion(r *proto.PlaceReq) uint16 {
+	switch {
+	case len(r.Data) > 0:
+		return proto.InlinePlaceVersion
+	case r.Writer:
+		return proto.PlacedWriterVersion
+	}
+	return proto.StubVersion
 }
 
 // settleTree waits for the removals and creates on their way in n and every directory below

@@ -132,13 +132,7 @@ func startCountingServer(t *testing.T, dir, stripes string, c *requestCounter, m
 	s := startServerWith(t, "", target, quietSlog(t), nil, func(o *server.Options) {
 		o.OnRequest, o.MaxVersion = c.add, maxVersion
 		if stripes != "" {
-			objects := server.Target{Dir: stripes, Tracker: target.Tracker}
-			o.Resolve = func(_, _, _ int64, forObjects bool) (server.Target, error) {
-				if forObjects {
-					return objects, nil
-				}
-				return target, nil
-			}
+			o.Resolve = resolveHolding(target, &server.Target{Dir: stripes, Tracker: target.Tracker})
 		}
 	})
 	return s.addr

@@ -1225,18 +1225,7 @@ func (s *session) exec(op proto.Op, uid, gid uint32, m proto.Message, dest []byt
 		if !v.objects {
 			return nil, 0, syscall.EPERM // only stripe objects: a namespace's files are the metadata server's
 		}
-		hd, _, errno := v.create(&proto.CreateReq{Name: r.Name, Flags: unix.O_WRONLY | unix.O_CREAT, Mode: 0o600}, uid, gid)
-		if errno != 0 {
-			return nil, 0, errno
-		}
-		defer v.closeFile(hd)
-		hd.grows = true // a new object, most often (volume.write)
-		n, errno := v.write(hd, int64(len(r.Data)), int64(min(r.Offset, 1<<62)), uid, func(l int64) (int, error) {
-			return unix.Pwrite(hd.fd, r.Data[:l], int64(r.Offset))
-		})
-		if n > 0 || errno == 0 {
-			v.acct.wrote(n, r.Offset+uint64(n))
-		}
+		n, errno := v.writeObject(r.Name, r.Offset, r.Data, uid, gid, 0)
 		return count(int64(n), errno)
 	case *proto.WriteSyncReq:
 		// A write and the fsync after it, answered once: the file is synced only when all of

@@ -128,6 +128,25 @@ func (v *volume) layoutFor(fd, dirfd int, rec []byte) (stripe.Layout, bool, sysc
 	return l, true, writeStub(fd, l, rec)
 }
 
+// writeObject writes data at off of the stripe object name, created if missing (flags may
+// add O_EXCL), and closes it: WRITE_NAME, and a file placed whole (stubs.go, writeWhole). It
+// counts what it wrote.
+func (v *volume) writeObject(name string, off uint64, data []byte, uid, gid, flags uint32) (int, syscall.Errno) {
+	hd, _, errno := v.create(&proto.CreateReq{Name: name, Flags: unix.O_WRONLY | unix.O_CREAT | flags, Mode: 0o600}, uid, gid)
+	if errno != 0 {
+		return 0, errno
+	}
+	defer v.closeFile(hd)
+	hd.grows = true // a new object, most often (volume.write)
+	n, errno := v.write(hd, int64(len(data)), int64(min(off, 1<<62)), uid, func(l int64) (int, error) {
+		return unix.Pwrite(hd.fd, data[:l], int64(off))
+	})
+	if n > 0 || errno == 0 {
+		v.acct.wrote(n, off+uint64(n))
+	}
+	return n, errno
+}
+
 // createStub creates a striped file: made without a name, given its owner and layout, then
 // linked in, so that no other client can ever open it before it has its layout (and would
 // take it for a file holding its own data). A name another client created meanwhile is

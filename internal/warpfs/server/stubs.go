@@ -311,14 +311,11 @@ func (s *session) place(v *volume, r *proto.PlaceReq, uid, gid uint32) (*proto.O
 
 // wholeLayout is the layout of a file placed with its data (PlaceReq.Data): the directory's,
 // starting at the server that keeps the data, r.DataServer, this one. EOPNOTSUPP where it
-// cannot be: the session has no stripes here, the directory fixes where its files start,
-// the data does not fit in one stripe.
+// cannot be: the directory fixes where its files start, the data does not fit in one stripe
+// (or the session has no stripes here: writeWhole).
 func (s *session) wholeLayout(v *volume, dirfd int, r *proto.PlaceReq) (stripe.Layout, syscall.Errno) {
-	if !v.striped || s.openObjects == nil {
+	if !v.striped {
 		return stripe.Layout{}, syscall.EOPNOTSUPP
-	}
-	if _, errno := s.localObjects(); errno != 0 {
-		return stripe.Layout{}, errno
 	}
 	dir, ok := readLayout(dirfd)
 	if !ok {
@@ -332,26 +329,14 @@ func (s *session) wholeLayout(v *volume, dirfd int, r *proto.PlaceReq) (stripe.L
 	return l, 0
 }
 
-// writeWhole writes a whole file's data into its object on this node's stripes, as a
-// WRITE_NAME from the client would (the object made unnamed, charged, then named; the write
-// window and the capacity counted).
+// writeWhole writes a whole file's data into its new object on this node's stripes, as a
+// WRITE_NAME from the client would (volume.writeObject).
 func (s *session) writeWhole(l stripe.Layout, data []byte) syscall.Errno {
 	ov, errno := s.localObjects()
 	if errno != 0 {
 		return errno
 	}
-	hd, _, errno := ov.create(&proto.CreateReq{Name: stripe.ObjectName(l.ID), Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL, Mode: 0o600}, 0, 0)
-	if errno != 0 {
-		return errno
-	}
-	hd.grows = true // a new object (volume.write)
-	n, errno := ov.write(hd, int64(len(data)), 0, 0, func(l int64) (int, error) {
-		return unix.Pwrite(hd.fd, data[:l], 0)
-	})
-	ov.closeFile(hd)
-	if n > 0 || errno == 0 {
-		ov.acct.wrote(n, uint64(n))
-	}
+	n, errno := ov.writeObject(stripe.ObjectName(l.ID), 0, data, 0, 0, unix.O_EXCL)
 	if errno == 0 && n < len(data) {
 		errno = syscall.ENOSPC // written short only when the share is full
 	}
@@ -363,11 +348,8 @@ func (s *session) writeWhole(l stripe.Layout, data []byte) syscall.Errno {
 
 // dropWhole removes the object writeWhole made for a file that was not placed after all.
 func (s *session) dropWhole(l stripe.Layout) {
-	if l.ID == 0 {
-		return
-	}
-	if ov, errno := s.localObjects(); errno == 0 {
-		ov.unlink(&proto.EntryReq{Name: stripe.ObjectName(l.ID)}, false)
+	if l.ID != 0 {
+		s.unlinkLocalObject(l.ID)
 	}
 }
 
@@ -383,11 +365,7 @@ func (s *session) removeLocalObject(rep *proto.RemovedReply, local uint32) {
 	if err != nil || local >= l.Servers {
 		return
 	}
-	ov, errno := s.localObjects()
-	if errno != 0 {
-		return
-	}
-	if _, errno := ov.unlink(&proto.EntryReq{Name: stripe.ObjectName(l.ID)}, false); errno != 0 {
+	if s.unlinkLocalObject(l.ID) != 0 {
 		return // not here after all (ENOENT: the client named another server's): the client's to remove
 	}
 	objects := slices.Clone(rep.Objects)
@@ -395,9 +373,22 @@ func (s *session) removeLocalObject(rep *proto.RemovedReply, local uint32) {
 	rep.Objects = objects
 }
 
+// unlinkLocalObject removes the object of file id from this node's stripes.
+func (s *session) unlinkLocalObject(id uint64) syscall.Errno {
+	ov, errno := s.localObjects()
+	if errno != 0 {
+		return errno
+	}
+	_, errno = ov.unlink(&proto.EntryReq{Name: stripe.ObjectName(id)}, false)
+	return errno
+}
+
 // localObjects is this node's stripes of the session's instance, opened at its first whole
-// PLACE and kept until the session ends (closeObjects).
+// PLACE and kept until the session ends (closeObjects). EOPNOTSUPP: the session has none.
 func (s *session) localObjects() (*volume, syscall.Errno) {
+	if s.openObjects == nil {
+		return nil, syscall.EOPNOTSUPP
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.objects == nil {
