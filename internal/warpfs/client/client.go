@@ -179,6 +179,14 @@ func (c *Client) Lease() time.Duration {
 	return c.cur.lease
 }
 
+// Gen is the current connection's generation: it grows at every reconnection (a handle
+// opened on an older one is gone with it).
+func (c *Client) Gen() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
 // Address is the storage node's data address.
 func (c *Client) Address() string { return c.opt.Address }
 

@@ -71,6 +71,13 @@ func startServerHolding(t *testing.T, addr string, target server.Target, stripes
 // mountPair mounts one namespace twice and returns both mount paths.
 func mountPair(t *testing.T, p coherencePair, lease time.Duration) (string, string, string) {
 	t.Helper()
+	src, a, b, _ := mountPairB(t, p, lease)
+	return src, a, b
+}
+
+// mountPairB is mountPair that also returns mount b.
+func mountPairB(t *testing.T, p coherencePair, lease time.Duration) (string, string, string, *Mounted) {
+	t.Helper()
 	src, mp := dirs(t)
 	tr := usage.New("coherence", 1<<30)
 	var stripes []Server
@@ -97,8 +104,8 @@ func mountPair(t *testing.T, p coherencePair, lease time.Duration) (string, stri
 		a = Spec{MountPath: mpA, SourceDir: src, Tracker: tr, AllowOther: true, Logger: quietLogger(t)}
 	}
 	mount(t, a)
-	mount(t, Spec{MountPath: mpB, Remote: remote("node-b"), Stripes: stripes, AllowOther: true, Logger: quietLogger(t)})
-	return src, mpA, mpB
+	mb := mount(t, Spec{MountPath: mpB, Remote: remote("node-b"), Stripes: stripes, AllowOther: true, Logger: quietLogger(t)})
+	return src, mpA, mpB, mb
 }
 
 func TestCoherentCachingAcrossNodes(t *testing.T) {

@@ -543,7 +543,7 @@ func (n *node) createBehind(ctx context.Context, name string, flags, mode uint32
 		}
 		n.mu.Unlock()
 	}()
-	return ch, h, n.openFlags(flags), true
+	return ch, h, n.openFlags(flags, nil), true
 }
 
 // placeVersion is the protocol version a PLACE needs: one carrying the file's data, or one

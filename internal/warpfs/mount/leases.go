@@ -87,6 +87,10 @@ type leaseState struct {
 	// the kernel forgets it (OnForget).
 	// Guarded by mu.
 	noCaps map[uint64]time.Time
+
+	// kept are the regular files whose pages the kernel may keep across opens, and why
+	// (keptdata.go), by inode number. Guarded by mu.
+	kept map[uint64]keptData
 }
 
 // cachedAttr is attributes leased until.
@@ -288,6 +292,9 @@ func (ls *leaseState) xattrChanging(ino uint64) {
 
 // sizeEpoch is where invalidations are before an OPEN that may be leased.
 func (ls *leaseState) sizeEpoch() uint64 {
+	if ls == nil {
+		return 0
+	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	return ls.epoch
@@ -338,6 +345,7 @@ func (ls *leaseState) dropSizes(ino uint64) {
 	delete(ls.attrs, ino)
 	delete(ls.noCaps, ino)
 	delete(ls.layouts, ino)
+	ls.dataChangedLocked(ino)
 	if ino == ls.rootIno {
 		delete(ls.attrs, ls.rootKey)
 	}
@@ -359,7 +367,8 @@ const maxNodesPerInode = 4
 
 func newLeaseState() *leaseState {
 	return &leaseState{nodes: map[uint64][]*node{}, given: map[uint64]time.Time{}, sizes: map[uint64]map[*stripedFile]struct{}{},
-		attrs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, changeSeq: map[uint64]uint64{}, layouts: map[uint64][]byte{}, noCaps: map[uint64]time.Time{}}
+		attrs: map[uint64]cachedAttr{}, changing: map[uint64]int{}, changeSeq: map[uint64]uint64{}, layouts: map[uint64][]byte{}, noCaps: map[uint64]time.Time{},
+		kept: map[uint64]keptData{}}
 }
 
 // noteRoot notes the namespace root's inode number on the server (ino), from a reply that
@@ -462,6 +471,7 @@ func (n *node) OnForget() {
 		// The kernel asks no more of it; a file that takes its inode number later is not
 		// this one (and mdtest's thousands of removed files would fill the table).
 		delete(ls.noCaps, ino)
+		delete(ls.kept, ino) // its pages went with it
 	} else {
 		ls.nodes[ino] = list
 	}

@@ -51,6 +51,7 @@ type backend struct {
 
 	reads  atomic.Int64 // READ requests served (passthrough reads never reach the server)
 	writes atomic.Int64 // WRITE requests served (passthrough writes never reach the server)
+	kept   atomic.Int64 // opens that kept the pages the kernel held (keptdata.go)
 	// directMmap says the kernel maps files opened with FOPEN_DIRECT_IO (Linux 6.6 and
 	// later): then files opened O_DIRECT get it (openFlags).
 	directMmap atomic.Bool
@@ -330,6 +331,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	}
 	n.settleUnlinks()
 	var rep proto.AttrReply
+	epoch := n.be.leases.sizeEpoch()
 	lease, errno := n.be.callLease(ctx, n.in(), proto.OpLookup, &proto.PathReq{Path: n.childPath(name)}, &rep)
 	if errno == syscall.ENOENT && n.be.leases != nil && lease == 0 {
 		// Not leased: the kernel must not keep the absence either (the mount's negative
@@ -339,6 +341,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if errno != 0 {
 		return nil, errno
 	}
+	n.be.leases.leaseData(&rep.Attr, lease, epoch)
 	return n.child(ctx, &rep.Attr, out, lease), 0
 }
 
@@ -392,10 +395,12 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return 0
 	}
 	var rep proto.AttrReply
+	epoch := n.be.leases.sizeEpoch()
 	lease, errno := n.byNodeLease(ctx, f, proto.OpGetattr, func(p string, h uint64) proto.Message {
 		return &proto.NodeReq{Path: p, Handle: h}
 	}, &rep)
 	if errno == 0 {
+		n.be.leases.leaseData(&rep.Attr, lease, epoch)
 		if n == n.be.root {
 			n.be.noteRoot(rep.Attr.Ino) // before the kernel may cache them (lease)
 		}
@@ -433,6 +438,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		Mtime: proto.Timespec{Sec: int64(in.Mtime), Nsec: in.Mtimensec}}
 	if in.Valid&fuse.FATTR_SIZE != 0 {
 		n.notMadeHere()
+		n.be.leases.dataWriting(n.StableAttr().Ino)
 	}
 	tok := n.be.leases.startChange(n.StableAttr().Ino)
 	defer n.be.leases.endChange(tok, nil, 0)
@@ -537,15 +543,22 @@ func (n *node) truncated(size uint64) {
 // direct write, as for O_DIRECT on a local file system. Read-only mounts that pass reads
 // to the kernel (passthrough) keep doing so; on kernels that cannot map such files
 // (before 6.6) O_DIRECT files keep the page cache's path.
-func (n *node) openFlags(flags uint32) uint32 {
-	if n.be.keepCache {
+//
+// A file opened for reading keeps the pages the kernel cached at earlier opens while nobody
+// can have changed it since (keptdata.go); with client_cache on a mount whose server grants
+// no leases, every open keeps them (until the file's times or size change).
+//
+// h is the open's handle (nil for a create's).
+func (n *node) openFlags(flags uint32, h *fileHandle) uint32 {
+	if n.be.keepCache && n.be.leases == nil {
 		return fuse.FOPEN_KEEP_CACHE
 	}
-	if (flags&syscall.O_ACCMODE == syscall.O_WRONLY && !n.be.kernelWrites) ||
+	keep := n.keepCacheFlag(flags, h) // and notes a writer's open
+	if (flags&syscall.O_ACCMODE == syscall.O_WRONLY && !n.be.kernelWrites && !n.be.keepCache) ||
 		(flags&syscall.O_DIRECT != 0 && !n.be.passthrough && n.be.directMmap.Load()) {
 		return fuse.FOPEN_DIRECT_IO
 	}
-	return 0
+	return keep
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
@@ -560,7 +573,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			return nil, 0, errno
 		}
 	}
-	return h, n.openFlags(flags) | h.noFlush(), 0
+	return h, n.openFlags(flags, h) | h.noFlush(), 0
 }
 
 // noFlush is FOPEN_NOFLUSH for a handle whose close has nothing to do: a striped file's
@@ -646,6 +659,9 @@ func (n *node) open(ctx context.Context, flags uint32) (*fileHandle, syscall.Err
 	h, errno := n.opened(ctx, &rep, call.UsedGen, flags)
 	if errno == 0 && ls != nil && h.striped != nil && rep.Cache == nil {
 		ls.noteLayout(rep.Attr.Ino, rep.Layout) // a cache file's open fetches from the PFS: never lazy
+	}
+	if errno == 0 && flags&syscall.O_TRUNC == 0 {
+		ls.leaseData(&rep.Attr, call.Lease, epoch)
 	}
 	if errno == 0 && ls != nil && call.Lease > 0 && h.striped != nil {
 		// A striped file: the server leased its size (attributes), so a read past it needs
@@ -797,7 +813,7 @@ func (n *node) created(ctx context.Context, op proto.Op, name string, flags, mod
 		l := h.striped.layout
 		child.removeOnRelease = &removal{layout: l} // a file with no name: its objects go when it is closed
 	}
-	return ch, h, n.openFlags(flags), 0
+	return ch, h, n.openFlags(flags, nil), 0
 }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
@@ -1271,6 +1287,13 @@ type fileHandle struct {
 	// behind carries the handle's writes after write(2) returned (writebehind.go); nil:
 	// every write waits for its server.
 	behind *writeBehind
+
+	// keepAfter: the kernel dropped the file's pages at this open, under a lease; at the
+	// handle's first request (the kernel is done with the open then) what is read from
+	// then on is fresh (keptdata.go), unless something ended that meanwhile: keepTok and
+	// keepGen, set before the open returned.
+	keepAfter        atomic.Bool
+	keepTok, keepGen uint64
 }
 
 func (h *fileHandle) current() (uint64, uint64) {
@@ -1396,6 +1419,7 @@ func (h *fileHandle) reopen(ctx context.Context, stale uint64) syscall.Errno {
 
 func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	h.node.be.reads.Add(1)
+	h.openDone()
 	if errno := h.node.placed(); errno != 0 {
 		return nil, errno
 	}
@@ -1460,6 +1484,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 }
 
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
+	h.openDone()
 	n := h.node
 	failed := n.placed() // its create behind first: the handle is the PLACE's
 	n.mu.Lock()
@@ -1472,6 +1497,9 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	defer cancel()
 	h.settle() // an error was the close's to report (Flush)
 	h.leaveBehind()
+	if h.flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		n.be.leases.dataWriting(n.StableAttr().Ino) // what it wrote is all in now
+	}
 	if h.striped != nil {
 		h.reportSize(ctx)
 		h.releaseObjects(ctx)
