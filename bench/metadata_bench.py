@@ -344,10 +344,14 @@ class Run:
             for prefix, base, mib in (("iorhard", hard, n * seg * 47008 / 2**20), ("ioreasy", easy, n * a.easy_mib)):
                 if prefix.replace("ior", "ior-") not in a.workloads:
                     continue
-                for phase, flags in (("write", "-w -k"), ("read", "-r")):
+                # ior-easy's files are read a second time by the same node: what its page cache
+                # keeps across opens (another node's writes would be seen: the mounts' leases).
+                phases = ((("write", "-w -k"), ("read", "-r -k"), ("reread", "-r")) if prefix == "ioreasy"
+                          else (("write", "-w -k"), ("read", "-r")))
+                for phase, flags in phases:
                     def one(base=base, flags=flags, mib=mib, phase=phase, what=f"{prefix} {phase}"):
                         o = self.mpirun(target, f"{base} {flags}", what)
-                        rate = parse_ior(o, phase) if o is not None else None
+                        rate = parse_ior(o, "read" if phase == "reread" else phase) if o is not None else None
                         if o is not None and rate is None:
                             return self.fail(target, f"{what}: no rate in IOR's output", o)
                         return None if rate is None else (rate, mib)
@@ -409,10 +413,13 @@ class Run:
                   f"--offset_increment=47008 --size={seg * n * 47008} --io_size={seg * 47008}")
         perfile = f"--directory={directory} --name=ioreasy --numjobs={n} --ioengine=psync --bs=1M --size={a.easy_mib}M"
         for prefix, base, hole in (("iorhard", shared, f":{(n - 1) * 47008}"), ("ioreasy", perfile, "")):
-            for phase in ("write", "read"):
+            for phase in ("write", "read") + (("reread",) if prefix == "ioreasy" else ()):
                 def one(base=base, phase=phase, hole=hole, prefix=prefix):
-                    extra = "--end_fsync=1" if phase == "write" else ""
-                    j = fio(f"{base} --rw={phase}{hole} {extra}", f"fio {prefix} {phase}", phase)
+                    # fio drops the page cache before it reads (invalidate=1), as IOR does not:
+                    # the second read keeps it, as IOR's would
+                    extra = {"write": "--end_fsync=1", "reread": "--invalidate=0"}.get(phase, "")
+                    rw = "read" if phase == "reread" else phase
+                    j = fio(f"{base} --rw={rw}{hole} {extra}", f"fio {prefix} {phase}", rw)
                     return None if j is None else (j["bw_bytes"] / 2**20, j["io_bytes"] / 2**20)
                 out[f"{prefix}_{phase}"] = self.measure(target, f"{prefix}_{phase}", one)
         self.shell(target, f"rm -rf {directory}/iorhard {directory}/ioreasy.* {directory}/easy {directory}/hard", "rm")
@@ -465,6 +472,8 @@ def rows(ior):
                          ("ioreasy", "ior-easy" if ior else "ior-easy-like (fio, 1 MiB, 4 jobs a file each)")):
         for phase in ("write", "read"):
             r.append((f"{prefix}_{phase}", f"{what} {phase}, MiB/s", "ms/MiB", True))
+    r.append(("ioreasy_reread", ("ior-easy" if ior else "ior-easy-like") + " read again on the same node, MiB/s",
+              "ms/MiB", True))
     r += [("randread", "fio 4 KiB random read, IOPS", "µs", True),
           ("randwrite", "fio 4 KiB random write, IOPS", "µs", True),
           ("sync", "fio 4 KiB write + fdatasync p50, µs", "µs", False)]

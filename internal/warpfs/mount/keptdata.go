@@ -53,17 +53,29 @@ func (ls *leaseState) leaseData(a *proto.Attr, lease time.Duration, epoch uint64
 	if ls == nil || lease <= 0 || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return
 	}
-	now := time.Now()
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.epoch != epoch {
 		return
 	}
+	ls.leaseDataLocked(a, lease, time.Now())
+}
+
+// leaseDataLocked is leaseData once the reply is known to count (ls.mu held): also for the
+// attributes the replies to this mount's own changes lease (endChange, keepCreated).
+func (ls *leaseState) leaseDataLocked(a *proto.Attr, lease time.Duration, now time.Time) {
+	if lease <= 0 || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return
+	}
 	d, ok := ls.kept[a.Ino]
 	if !ok && len(ls.kept) >= maxCachedAttrs {
+		if now.Sub(ls.keptSwept) < time.Second {
+			return // at most a sweep a second: a full table of live entries is not scanned per reply
+		}
+		ls.keptSwept = now
 		for ino, o := range ls.kept {
-			if !o.until.After(now) && !o.fresh {
-				delete(ls.kept, ino)
+			if !o.until.After(now) {
+				delete(ls.kept, ino) // a fresh one's pages are dropped at its next open
 			}
 		}
 		if len(ls.kept) >= maxCachedAttrs {

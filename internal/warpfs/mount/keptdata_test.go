@@ -12,7 +12,7 @@ import (
 // cache at every open for reading (FOPEN_KEEP_CACHE), for as long as nobody changed it: a
 // change made elsewhere while this node holds the file's lease drops the pages before it is
 // acknowledged; one made after the lease ran out (nobody told this node) is noticed at the
-// next open by the file's change time; this node's own writes drop them too.
+// next open by the file's change time; this node's own writes drop them too, once.
 func TestDataKeptAcrossOpens(t *testing.T) {
 	scrape := serveMetrics(t)
 	// Bytes the servers read for mounts, and the opens that kept the pages: the machine's
@@ -102,6 +102,11 @@ func TestDataKeptAcrossOpens(t *testing.T) {
 				t.Fatal(err)
 			}
 			read(content('4'), "rewritten on b")
+			keptBefore = kept()
+			read(content('4'), "read again after b's own write")
+			if k := kept() - keptBefore; k != 1 {
+				t.Errorf("the second open for reading after b's own write kept the pages %d times, want 1", k)
+			}
 		})
 	}
 }

@@ -90,7 +90,8 @@ type leaseState struct {
 
 	// kept are the regular files whose pages the kernel may keep across opens, and why
 	// (keptdata.go), by inode number. Guarded by mu.
-	kept map[uint64]keptData
+	kept      map[uint64]keptData
+	keptSwept time.Time
 }
 
 // cachedAttr is attributes leased until.
@@ -158,6 +159,7 @@ func (ls *leaseState) endChange(t changeToken, a *proto.Attr, lease time.Duratio
 	if len(ls.attrs) < maxCachedAttrs {
 		ls.attrs[t.ino] = cachedAttr{attr: *a, until: now.Add(lease)}
 	}
+	ls.leaseDataLocked(a, lease, now)
 }
 
 // cachedAttr is what attrs holds of inode ino, and for how much longer.
@@ -196,6 +198,7 @@ func (ls *leaseState) keepCreated(a *proto.Attr, layout []byte, epoch uint64, le
 	}
 	ls.attrs[a.Ino] = cachedAttr{attr: *a, until: now.Add(lease)}
 	ls.noteLayoutLocked(a.Ino, layout)
+	ls.leaseDataLocked(a, lease, now)
 }
 
 // noteLayout notes the layout of the striped file ino, from a reply that gave it.
