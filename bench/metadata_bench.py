@@ -783,7 +783,8 @@ def main():
         + ((f"mdtest-easy: `mdtest -n {a.easy_files} -u -F -L -N 1`; mdtest-hard: `mdtest -n {a.hard_files} -F -N 1 "
             f"-w 3901 -e 3901`, each phase a run of its own (`-C`, `-T`, `-E`, `-r`); ior-hard: `ior -a POSIX -t 47008 "
             f"-b 47008 -s {a.segments} -C -Q 1 -g -e`, ior-easy: `ior -a POSIX -t 1m -b {a.easy_mib}m -F -C -Q 1 -g -e`, "
-            "each a write run (`-w -k`) then a read run (`-r`), no cache drop between (as IO500). mdtest's files "
+            "each a write run (`-w -k`) then a read run (`-r`), no cache drop between (as IO500); ior-easy's files "
+            "are read a second time by the same node (`-r -k`, then `-r`: \"read again\"). mdtest's files "
             "are five path components below the mount point (`io500-R/mdt-easy/test-dir.0-0/mdtest_tree.N.0/file`): "
             "where nothing is cached, each component costs a LOOKUP and a GETATTR in every phase.")
            if bindir else

@@ -18,9 +18,9 @@ package mount
 //
 // Otherwise the kernel drops them at the open, as it always did, and — where the mount holds
 // the lease — what is read from then on is kept (marked so at the handle's first request,
-// once the kernel is done with the open). What stays as before: two nodes writing one file at once see each other's bytes at
-// their next open after the other's close, fsync or size report (close-to-open), as they see
-// its size.
+// once the kernel is done with the open). What stays as before: two nodes writing one file
+// at once see each other's bytes at their next open after the other's close, fsync or size
+// report (close-to-open), as they see its size.
 
 import (
 	"syscall"
@@ -112,9 +112,9 @@ func (ls *leaseState) dataWriting(ino uint64) {
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if d, ok := ls.kept[ino]; ok && d.fresh {
+	if d, ok := ls.kept[ino]; ok {
 		d.fresh = false
-		d.breaks++
+		d.breaks++ // a reader's drop under way marks nothing fresh either
 		ls.kept[ino] = d
 	}
 }
