@@ -46,6 +46,12 @@ type keptData struct {
 	breaks uint64
 }
 
+// endFresh ends what makes d's pages fresh; a drop under way (keptPages' tok) marks nothing.
+func (d *keptData) endFresh() {
+	d.fresh = false
+	d.breaks++
+}
+
 // leaseData notes a leased reply's attributes a of a regular file, leased for lease; epoch
 // is where invalidations were before its request left (sizeEpoch): one that came since may
 // have ended the lease the reply gave, so the reply counts for nothing.
@@ -83,8 +89,7 @@ func (ls *leaseState) leaseDataLocked(a *proto.Attr, lease time.Duration, now ti
 		}
 	}
 	if d.fresh && (d.ctime != a.Ctime || d.size != a.Size) {
-		d.fresh = false
-		d.breaks++
+		d.endFresh()
 	}
 	until := now.Add(lease)
 	if now.Before(d.until) && d.until.After(until) {
@@ -98,8 +103,8 @@ func (ls *leaseState) leaseDataLocked(a *proto.Attr, lease time.Duration, now ti
 // file (an invalidation, which also ended the lease on its attributes). ls.mu is held.
 func (ls *leaseState) dataChangedLocked(ino uint64) {
 	if d, ok := ls.kept[ino]; ok {
-		d.until, d.fresh = time.Time{}, false
-		d.breaks++
+		d.until = time.Time{}
+		d.endFresh()
 		ls.kept[ino] = d
 	}
 }
@@ -113,8 +118,7 @@ func (ls *leaseState) dataWriting(ino uint64) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if d, ok := ls.kept[ino]; ok {
-		d.fresh = false
-		d.breaks++ // a reader's drop under way marks nothing fresh either
+		d.endFresh()
 		ls.kept[ino] = d
 	}
 }
