@@ -102,10 +102,15 @@ func TestDataKeptAcrossOpens(t *testing.T) {
 				t.Fatal(err)
 			}
 			read(content('4'), "rewritten on b")
+			// The writer's release (which the kernel sends after close, later under load) ends
+			// the drop of a reader opened before it: a later open keeps the pages.
 			keptBefore = kept()
-			read(content('4'), "read again after b's own write")
-			if k := kept() - keptBefore; k != 1 {
-				t.Errorf("the second open for reading after b's own write kept the pages %d times, want 1", k)
+			for i := 0; i < 20 && kept() == keptBefore; i++ {
+				time.Sleep(50 * time.Millisecond)
+				read(content('4'), "read again after b's own write")
+			}
+			if kept() == keptBefore {
+				t.Errorf("20 opens for reading after b's own write (and its release) never kept the pages")
 			}
 		})
 	}
